@@ -1,0 +1,160 @@
+"""Typed, validated configuration for the Guard and its detectors.
+
+Every threshold a detector uses lives here with its default and the reason for it, so that one
+default configuration serves every run and nothing is a magic number inside a detector.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trainguard.errors import ConfigError
+
+Policy = Literal["observe", "protect", "halt"]
+POLICIES: tuple[str, ...] = ("observe", "protect", "halt")
+SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
+
+
+def _require(condition: bool, field_name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field_name}: {message}")
+
+
+def _positive(value: float, name: str) -> None:
+    _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, name,
+             f"must be a finite number > 0, got {value!r}")
+
+
+def _at_least(value: int, minimum: int, name: str) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, name,
+             f"must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class DetectorConfig:
+    """Thresholds of the built-in detectors. Defaults are meant to stay silent on healthy runs."""
+
+    grad_norm_abs_threshold: float = 1000.0
+    """The guide's rule of thumb (§2.1): a pre-clip global gradient norm above this explodes."""
+    grad_norm_ratio: float = 10.0
+    """Adaptive rule: a norm this many times the run's robust baseline (median of recent steps)."""
+    grad_norm_error_ratio: float = 100.0
+    """An adaptive explosion this many times the baseline is reported as an error, not a warning."""
+    grad_norm_zscore: float = 6.0
+    """...and also this many robust standard deviations above it in log space (noise guard)."""
+
+    loss_spike_ratio: float = 3.0
+    """A loss this many times the robust recent baseline is a spike (a 3x jump, §2.2)."""
+    loss_spike_zscore: float = 6.0
+    """...and also this many robust standard deviations above it in log space (noise guard)."""
+    loss_spike_early_ratio: float = 5.0
+    """Before the baseline is warm, a jump of this many times the first losses is a spike."""
+    loss_spike_error_ratio: float = 100.0
+    """A spike this many times the baseline (2.3 -> 1e8 is 4e7x) is an error, not a warning."""
+
+    divergence_ratio: float = 1.5
+    """Sustained divergence: the smoothed loss stays this many times above its best value..."""
+    divergence_patience: int = 20
+    """...for this many consecutive steps."""
+    divergence_span: int = 50
+    """Span (in steps) of the exponential moving average that smooths the loss for divergence."""
+
+    extreme_weight_abs: float = 1e6
+    """A weight with |w| above this is extreme (§2.1)."""
+
+    fp16_limit_fraction: float = 0.5
+    """Activations or fp16 gradients above this share of the float16 maximum (65504) are at risk."""
+    min_loss_scale: float = 1.0
+    """An AMP loss scale below this has collapsed: the model overflows float16 even unscaled."""
+    overflow_skips: int = 5
+    """This many GradScaler overflow skips within `overflow_window` steps (after warm-up) is bad."""
+    overflow_window: int = 50
+    """Window, in steps, for counting GradScaler overflow skips."""
+
+    baseline_window: int = 50
+    """Number of recent healthy steps that form the robust (median/MAD) baselines."""
+    warmup_steps: int = 10
+    """Adaptive detectors stay silent until their baseline holds this many steps."""
+    min_log_scale: float = 0.05
+    """Floor for the robust spread in log space, so very smooth curves do not inflate z-scores."""
+    max_named_params: int = 5
+    """Events about several parameters name at most this many of them in their message."""
+
+    def __post_init__(self) -> None:
+        for name in ("grad_norm_abs_threshold", "grad_norm_ratio", "grad_norm_error_ratio",
+                     "grad_norm_zscore", "loss_spike_ratio", "loss_spike_zscore",
+                     "loss_spike_early_ratio",
+                     "loss_spike_error_ratio", "divergence_ratio", "extreme_weight_abs",
+                     "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
+            _positive(getattr(self, name), f"DetectorConfig.{name}")
+        for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
+                     "divergence_ratio"):
+            _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
+                     f"must be > 1, got {getattr(self, name)!r}")
+        _require(self.fp16_limit_fraction <= 1, "DetectorConfig.fp16_limit_fraction",
+                 f"must be <= 1, got {self.fp16_limit_fraction!r}")
+        for name, minimum in (("divergence_patience", 1), ("divergence_span", 1),
+                              ("overflow_skips", 1), ("overflow_window", 1),
+                              ("baseline_window", 3), ("warmup_steps", 0),
+                              ("max_named_params", 1)):
+            _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
+
+
+@dataclass(kw_only=True, slots=True)
+class GuardConfig:
+    """How the Guard watches and protects a run."""
+
+    policy: Policy = "protect"
+    """`observe`: record and warn only. `protect`: clip, and skip steps whose loss or gradients
+    are non-finite without touching optimizer state. `halt`: on an event of `halt_severity` or
+    worse, write a crash snapshot and raise `TrainingDiverged`."""
+    max_grad_norm: float | None = 1.0
+    """Global gradient-norm clipping limit (the guide's max_norm=1.0); None disables clipping."""
+    sample_every: int = 50
+    """Heavy probes (weights, update ratio, activations, optimizer state) run every this many steps,
+    and on the step after any event."""
+    sample_all_steps: bool = False
+    """Run the heavy probes on every step (for debugging; costs more)."""
+    halt_severity: str = "error"
+    """Under `halt`, the least severe event that stops the run."""
+    snapshot_dir: str | None = None
+    """Where `halt` writes crash snapshots; defaults to the run_dir (or ./trainguard_snapshots)."""
+    max_consecutive_skips: int = 25
+    """Under `protect`, this many consecutive skipped steps mean the run cannot heal by skipping:
+    the Guard halts with a snapshot instead of skipping forever."""
+    activation_probe: bool = True
+    """Attach forward hooks on sampled steps: activation range, sparsity and non-finite share."""
+    store: bool = True
+    """Write the embedded run store when a run_dir is given."""
+    console: bool = True
+    """Print events as they happen (through the `trainguard` logger and stderr)."""
+    detectors: DetectorConfig = field(default_factory=DetectorConfig)
+    """Thresholds of the built-in detectors."""
+
+    def __post_init__(self) -> None:
+        _require(self.policy in POLICIES, "GuardConfig.policy",
+                 f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.max_grad_norm is not None:
+            _positive(self.max_grad_norm, "GuardConfig.max_grad_norm")
+        _at_least(self.sample_every, 1, "GuardConfig.sample_every")
+        _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
+        _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",
+                 f"unknown severity {self.halt_severity!r}; choose one of {', '.join(SEVERITIES)}")
+        if isinstance(self.detectors, dict):
+            self.detectors = DetectorConfig(**self.detectors)
+        _require(isinstance(self.detectors, DetectorConfig), "GuardConfig.detectors",
+                 "must be a DetectorConfig")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GuardConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"GuardConfig: unknown field(s) {', '.join(unknown)}")
+        return cls(**data)

@@ -1,0 +1,29 @@
+"""Detectors turn a step's signals into events. One detector per module, one stable `kind` each."""
+
+from __future__ import annotations
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Detector
+from trainguard.detect.extreme_weight import ExtremeWeight
+from trainguard.detect.fp16_overflow import Fp16Overflow
+from trainguard.detect.grad_explosion import GradExplosion
+from trainguard.detect.loss_divergence import LossDivergence
+from trainguard.detect.loss_spike import LossSpike
+from trainguard.detect.nonfinite_grad import NonFiniteGrad
+from trainguard.detect.nonfinite_loss import NonFiniteLoss
+from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
+from trainguard.detect.nonfinite_weight import NonFiniteWeight
+
+DETECTOR_TYPES: tuple[type[Detector], ...] = (
+    NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
+    LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow,
+)
+KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
+
+
+def default_detectors(config: DetectorConfig) -> list[Detector]:
+    return [t(config) for t in DETECTOR_TYPES]
+
+
+__all__ = ["DETECTOR_TYPES", "KINDS", "Detector", "default_detectors"] + [
+    t.__name__ for t in DETECTOR_TYPES]

@@ -1,0 +1,40 @@
+"""The detector contract: `check(signals) -> events`, with explicit, serialisable state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainguard.config import DetectorConfig
+from trainguard.events import Event, Severity
+from trainguard.signals import StepSignals
+
+
+class Detector:
+    """Base class. Subclasses set `kind` and implement `check`; stateful ones extend the state
+    methods so a resumed job keeps its baselines."""
+
+    kind: str = ""
+    reads_sampled_only: bool = False
+    """True for detectors that only look at heavy-probe results (safe to run at close)."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        raise NotImplementedError
+
+    def event(self, step: int, severity: Severity, message: str, *, param: str | None = None,
+              value: float | None = None, **details: Any) -> Event:
+        return Event(kind=self.kind, step=step, severity=severity, message=message, param=param,
+                     value=value, details=details)
+
+    def name_list(self, names: list[str]) -> str:
+        shown = names[: self.config.max_named_params]
+        more = len(names) - len(shown)
+        return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state

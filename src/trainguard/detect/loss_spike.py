@@ -1,0 +1,63 @@
+"""`loss_spike`: a sudden jump of the loss against a robust recent baseline.
+
+Catches the guide's "rocket launch" (2.3 -> 1e8) and smaller jumps (3x by default) that stand far
+outside the run's own noise. Works in log space on positive losses. Before the baseline is warm
+(the first `warmup_steps` steps) a jump must reach `loss_spike_early_ratio` against the few values
+seen so far, so that a learning rate that blows the run up at its very first steps is caught.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Detector
+from trainguard.events import Event
+from trainguard.signals import RobustBaseline, StepSignals, safe_log
+
+
+class LossSpike(Detector):
+    kind = "loss_spike"
+
+    def __init__(self, config: DetectorConfig) -> None:
+        super().__init__(config)
+        self.baseline = RobustBaseline(config.baseline_window, config.min_log_scale)
+        self.active = False
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        cfg = self.config
+        if signals.loss is None:
+            return []
+        log_loss = safe_log(signals.loss)
+        if not math.isfinite(log_loss):
+            return []
+        n = len(self.baseline)
+        if n == 0:
+            self.baseline.admit(log_loss)
+            return []
+        median, scale = self.baseline.stats()
+        excess = log_loss - median
+        warm = n >= cfg.warmup_steps
+        threshold = math.log(cfg.loss_spike_ratio if warm else cfg.loss_spike_early_ratio)
+        spike = excess >= threshold and excess >= cfg.loss_spike_zscore * scale
+        self.baseline.admit(min(log_loss, median + threshold) if spike else log_loss)
+        if not spike:
+            self.active = False
+            return []
+        if self.active:
+            return []
+        self.active = True
+        ratio = math.exp(excess)
+        typical = math.exp(median)
+        severity = "error" if ratio >= cfg.loss_spike_error_ratio else "warning"
+        return [self.event(signals.step, severity,
+                           f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median "
+                           f"{typical:.4g}", value=signals.loss, baseline=typical, ratio=ratio)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline.state_dict(), "active": self.active}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.baseline.load_state_dict(state["baseline"])
+        self.active = bool(state["active"])

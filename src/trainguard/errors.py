@@ -1,0 +1,43 @@
+"""Exceptions raised by trainguard. Each carries one clear message meant for a person."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainguard.events import Event, StepReport
+
+
+class TrainguardError(Exception):
+    """Base class: a problem the user can fix, reported as one clear message."""
+
+
+class ConfigError(TrainguardError, ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+class UsageError(TrainguardError, ValueError):
+    """The Guard was given objects it cannot work with (wrong model, loss or optimizer)."""
+
+
+class StoreError(TrainguardError):
+    """A run directory is missing, corrupt or not a trainguard run."""
+
+
+class SnapshotError(TrainguardError):
+    """A crash snapshot cannot be read."""
+
+
+class TrainingDiverged(TrainguardError):
+    """Raised by the `halt` policy: training went bad and a crash snapshot was written.
+
+    `snapshot_path` is where the state from just before the bad update lies (None if it could not
+    be written), `events` the events that caused the halt and `report` the final StepReport.
+    """
+
+    def __init__(self, message: str, *, snapshot_path: str | None, events: list[Event],
+                 report: StepReport | None = None) -> None:
+        super().__init__(message)
+        self.snapshot_path = snapshot_path
+        self.events = events
+        self.report = report

@@ -1,0 +1,67 @@
+"""What the Guard tells its users: events (something happened) and step reports (what it did)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["info", "warning", "error", "critical"]
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+
+Action = Literal["applied", "clipped", "skipped", "halted", "rolled_back"]
+
+
+def at_least(severity: str, threshold: str) -> bool:
+    """True when `severity` is as bad as `threshold` or worse."""
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK[threshold]
+
+
+@dataclass(slots=True)
+class Event:
+    """One finding at one step. `kind` is a stable code (for example `nonfinite_grad`)."""
+
+    kind: str
+    step: int
+    severity: Severity
+    message: str
+    param: str | None = None
+    """Qualified name of the parameter (or module) the event is about, when there is one."""
+    value: float | None = None
+    """The measured value that triggered the event (a norm, a loss, a ratio)."""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "severity": self.severity,
+                "message": self.message, "param": self.param, "value": self.value,
+                "details": self.details}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Event:
+        return cls(kind=data["kind"], step=int(data["step"]), severity=data["severity"],
+                   message=data["message"], param=data.get("param"), value=data.get("value"),
+                   details=dict(data.get("details") or {}))
+
+    def __str__(self) -> str:
+        return f"[step {self.step}] {self.severity.upper()} {self.kind}: {self.message}"
+
+
+@dataclass(slots=True)
+class StepReport:
+    """What happened at one optimizer step."""
+
+    step: int
+    loss: float | None
+    grad_norm: float
+    """Global gradient norm before clipping (NaN or inf when gradients were non-finite)."""
+    action: Action
+    events: list[Event] = field(default_factory=list)
+    lr: float | None = None
+    loss_scale: float | None = None
+    clip_coef: float = 1.0
+    """The factor gradients were multiplied by (1.0 when not clipped)."""
+    sampled: bool = False
+    """Whether the heavy probes ran on this step."""
+
+    @property
+    def skipped(self) -> bool:
+        return self.action == "skipped"

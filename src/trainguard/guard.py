@@ -1,0 +1,151 @@
+"""`Guard`: the plain-PyTorch-loop driver of the engine.
+
+    guard = trainguard.Guard(model, optimizer, scheduler, scaler, run_dir="runs/exp1")
+    for batch in loader:
+        loss = model(**batch).loss
+        loss.backward()                      # or scaler.scale(loss).backward()
+        report = guard.step(loss, batch=batch)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+
+`guard.step` replaces clip_grad_norm_ + optimizer.step() + scheduler.step() (and the scaler's
+unscale_/step/update). On a skipped step the scheduler does not advance: the schedule follows the
+updates that were really applied.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.config import GuardConfig
+from trainguard.engine import Engine, Measurement
+from trainguard.errors import TrainingDiverged, UsageError
+from trainguard.events import Event, StepReport
+from trainguard.policy import Decision
+from trainguard.remedies import drop_grads, scale_grads
+from trainguard.sinks import Sink
+from trainguard.snapshot import build_snapshot, write_snapshot
+
+
+class Guard:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                 scaler: Any = None, *, config: GuardConfig | None = None,
+                 run_dir: str | Path | None = None, sinks: list[Sink] | None = None) -> None:
+        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
+            raise UsageError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.engine = Engine(model, [optimizer], config=config, run_dir=run_dir, scaler=scaler,
+                             sinks=sinks or ())
+        self.scaler = self.engine.scaler
+        self.config = self.engine.config
+
+    # -- public API ------------------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, in order."""
+        return self.engine.events
+
+    @property
+    def global_step(self) -> int:
+        """Number of steps taken so far (the index of the next step)."""
+        return self.engine.step
+
+    def step(self, loss: Any, *, batch: Any = None) -> StepReport:
+        """Check the gradients of this step, then apply, clip, skip or halt.
+
+        Call after `loss.backward()` (or `scaler.scale(loss).backward()`), with the unscaled loss.
+        """
+        if self.engine.closed:
+            raise UsageError("this Guard is closed; create a new one to keep training")
+        engine = self.engine
+        if self.scaler is not None:
+            self._unscale()
+        measurement = engine.measure(loss, lr=self.optimizer.param_groups[0].get("lr"))
+        decision = engine.decide(measurement)
+        fired = bool(decision.events)
+        if decision.action == "halted":
+            self._halt(measurement, batch, decision)
+        if decision.applies_update:
+            scale_grads(measurement.grads, decision.clip_coef)
+            engine.before_update()
+            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            engine.after_update(applied=True, fired=fired)
+        else:
+            drop_grads(engine.watched.params)
+            if self.scaler is not None:
+                self.scaler.update()  # lowers the scale after an overflow, as scaler.step would
+            engine.after_update(applied=False, fired=fired)
+        return engine.finish(measurement, decision)
+
+    def close(self) -> None:
+        """Flush the last measurements and close the run store."""
+        self.engine.close()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, TrainingDiverged):
+            status = "halted"
+        elif exc is not None:
+            status = "crashed"
+        else:
+            status = "finished"
+        self.engine.close(status=status)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Guard's own state (baselines, counters), for checkpoints of long jobs."""
+        return self.engine.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.engine.load_state_dict(state)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _unscale(self) -> None:
+        from torch.amp.grad_scaler import OptState
+
+        state = self.scaler._per_optimizer_states[id(self.optimizer)]
+        if state["stage"] is OptState.READY:
+            self.scaler.unscale_(self.optimizer)
+
+    def _halt(self, measurement: Measurement, batch: Any, decision: Decision) -> None:
+        """Snapshot the state from before this step's update, record, close, and raise."""
+        engine = self.engine
+        step = measurement.signals.step
+        causes = engine.halt_events(decision)
+        path = self._snapshot_path(step)
+        written: str | None = None
+        try:
+            snapshot = build_snapshot(
+                step=step, model=self.model, optimizers=[self.optimizer],
+                scheduler=self.scheduler, scaler=self.scaler, batch=batch,
+                events=[e.to_dict() for e in engine.events + decision.events],
+                config=self.config.to_dict(),
+                extra={"guard": engine.state_dict()})
+            written = str(write_snapshot(path, snapshot))
+        except Exception as exc:  # still halt, and say why there is no snapshot
+            engine.sinks.on_event(Event(kind="snapshot_failed", step=step, severity="error",
+                                        message=f"could not write {path}: {exc}"))
+        drop_grads(engine.watched.params)
+        report = engine.finish(measurement, decision)
+        engine.close(status="halted")
+        raise TrainingDiverged(
+            f"training halted at step {step}: " + "; ".join(e.message for e in causes)
+            + (f". Crash snapshot: {written}" if written else ""),
+            snapshot_path=written, events=causes, report=report)
+
+    def _snapshot_path(self, step: int) -> Path:
+        base = Path(self.config.snapshot_dir) if self.config.snapshot_dir else (
+            self.engine.run_dir if self.engine.run_dir is not None
+            else Path("trainguard_snapshots"))
+        return base / f"crash_step{step}.pt"

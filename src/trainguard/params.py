@@ -1,0 +1,52 @@
+"""Which parameters a Guard watches, and their names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainguard.errors import UsageError
+
+
+@dataclass(slots=True)
+class WatchedParams:
+    """The trainable parameters of a model that its optimizer updates, in model order."""
+
+    names: list[str]
+    params: list[torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
+def watched_params(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> WatchedParams:
+    """Match optimizer parameters to model names; reject what cannot be monitored."""
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    names_by_id: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=True):
+        names_by_id.setdefault(id(param), name)
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise UsageError("the model has no trainable parameters (every parameter has "
+                         "requires_grad=False): there is nothing to train or to watch")
+    in_optimizer: set[int] = set()
+    for optimizer in optimizers:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UsageError(f"optimizer must be a torch.optim.Optimizer, got "
+                             f"{type(optimizer).__name__}")
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) not in names_by_id:
+                    raise UsageError(
+                        f"the optimizer holds a parameter of shape {tuple(param.shape)} that is "
+                        "not in the model: build the optimizer from this model's parameters "
+                        "(model.parameters()) or pass the model that owns them")
+                in_optimizer.add(id(param))
+    names = [n for n, p in trainable if id(p) in in_optimizer]
+    params = [p for _, p in trainable if id(p) in in_optimizer]
+    if not params:
+        raise UsageError("none of the model's trainable parameters is in the optimizer")
+    return WatchedParams(names=names, params=params)

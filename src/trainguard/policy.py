@@ -1,0 +1,59 @@
+"""Policies turn a step's signals and events into one action for the driver to carry out.
+
+    observe  record and warn; apply every step as configured (clipping included)
+    protect  clip to max_grad_norm; skip steps whose loss or gradients are non-finite; halt when
+             `max_consecutive_skips` steps in a row had to be skipped
+    halt     as protect, but stop at the first event of `halt_severity` or worse
+
+Comparisons are written so that NaN takes the safe branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainguard.config import GuardConfig
+from trainguard.events import Action, Event, at_least
+from trainguard.remedies.clip import clip_coefficient
+from trainguard.signals import StepSignals
+
+
+@dataclass(slots=True)
+class Decision:
+    action: Action
+    clip_coef: float = 1.0
+    reason: str = ""
+    events: list[Event] = field(default_factory=list)
+    """Events raised by the policy itself (added to the detectors' events by the engine)."""
+
+    @property
+    def applies_update(self) -> bool:
+        return self.action in ("applied", "clipped")
+
+
+def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
+                  consecutive_skips: int) -> Decision:
+    finite = signals.loss_finite and signals.grads_finite
+    if config.policy == "halt":
+        serious = [e for e in events if at_least(e.severity, config.halt_severity)]
+        if serious:
+            return Decision("halted", reason=f"{serious[0].kind} at step {signals.step}")
+    if config.policy != "observe" and not finite:
+        if signals.amp_overflow:
+            reason = "GradScaler overflow: the scaler skips this step and lowers its scale"
+        else:
+            reason = "non-finite loss or gradients"
+        if consecutive_skips + 1 >= config.max_consecutive_skips and not signals.amp_overflow:
+            limit = Event(kind="skip_limit", step=signals.step, severity="critical",
+                          message=f"{consecutive_skips + 1} consecutive steps had non-finite "
+                                  "loss or gradients: skipping cannot heal this run",
+                          value=float(consecutive_skips + 1))
+            return Decision("halted", reason="skip limit reached", events=[limit])
+        return Decision("skipped", reason=reason)
+    if signals.amp_overflow:
+        # even under observe, the scaler itself refuses to apply an overflowed step
+        return Decision("skipped", reason="GradScaler overflow")
+    coef = clip_coefficient(signals.grad_norm, config.max_grad_norm)
+    if coef < 1.0:
+        return Decision("clipped", clip_coef=coef, reason="gradient norm above max_grad_norm")
+    return Decision("applied")

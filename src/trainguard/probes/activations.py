@@ -1,0 +1,87 @@
+"""Activation range, sparsity and non-finite share via forward hooks, attached on sampled steps.
+
+Metric keys (per hooked module, in the order the modules ran):
+    act_maxabs      max |output|
+    act_zero_frac   share of exact zeros (sparsity; dead ReLUs show here)
+    act_nonfinite   share of NaN/inf values
+    act_fp16        1 when the output was float16 (so its limit is 65504), else 0
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _first_float_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output if output.is_floating_point() else None
+    if isinstance(output, (tuple, list)):
+        for item in output:
+            found = _first_float_tensor(item)
+            if found is not None:
+                return found
+    if isinstance(output, dict):
+        for item in output.values():
+            found = _first_float_tensor(item)
+            if found is not None:
+                return found
+    if hasattr(output, "to_tuple"):  # transformers ModelOutput
+        return _first_float_tensor(output.to_tuple())
+    return None
+
+
+class ActivationProbe:
+    """Hooks every leaf module with parameters (and activation functions) while attached."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._names: list[str] = []
+        self._stats: list[torch.Tensor] = []
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def attach(self) -> None:
+        if self._handles:
+            return
+        self._names, self._stats = [], []
+        for name, module in self.model.named_modules():
+            if name and not any(True for _ in module.children()):
+                self._handles.append(module.register_forward_hook(self._hook(name)))
+
+    def _hook(self, name: str):
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            tensor = _first_float_tensor(output)
+            if tensor is None or tensor.numel() == 0:
+                return
+            with torch.no_grad():
+                t = tensor.detach()
+                finite = torch.isfinite(t)
+                stats = torch.stack([
+                    torch.linalg.vector_norm(t.float(), math.inf),
+                    (t == 0).float().mean(),
+                    (~finite).float().mean(),
+                    torch.ones((), device=t.device) * float(t.dtype == torch.float16),
+                ])
+            self._names.append(name)
+            self._stats.append(stats)
+        return hook
+
+    def detach(self) -> tuple[list[str], dict[str, torch.Tensor]] | None:
+        """Remove the hooks; return the module names and stacked stats of the forward they saw."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if not self._stats:
+            return None
+        device = self._stats[0].device
+        table = torch.stack([s.to(device) for s in self._stats])
+        names, self._names, self._stats = self._names, [], []
+        return names, {"act_maxabs": table[:, 0], "act_zero_frac": table[:, 1],
+                       "act_nonfinite": table[:, 2], "act_fp16": table[:, 3]}

@@ -1,0 +1,54 @@
+"""Per-parameter and global gradient norms for every step, with fused ops and no host sync.
+
+Metric keys (host side, per step):
+    loss                 the scalar loss (NaN/inf kept)
+    grad_norm            global L2 norm of all gradients, before clipping
+    param_grad_norm      L2 norm of each watched parameter's gradient (0 when it has no gradient)
+    fp16_grad_maxabs     max |g| over float16 gradients (only when some gradient is float16)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainguard.params import WatchedParams
+from trainguard.probes.packing import DevicePack
+
+
+class GradientProbe:
+    def __init__(self, watched: WatchedParams) -> None:
+        self.watched = watched
+
+    def grads(self) -> tuple[list[int], list[torch.Tensor]]:
+        """Indices (into the watched list) and tensors of the gradients present this step."""
+        index: list[int] = []
+        grads: list[torch.Tensor] = []
+        for i, param in enumerate(self.watched.params):
+            grad = param.grad
+            if grad is not None:
+                index.append(i)
+                grads.append(grad)
+        return index, grads
+
+    def measure(self, pack: DevicePack,
+                device: torch.device) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
+        """Add gradient metrics to `pack`; returns the present gradients and the global norm."""
+        index, grads = self.grads()
+        if grads:
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+            if len(grads) == len(self.watched):
+                per_param = torch.stack([n.to(device) for n in norms])
+            else:
+                per_param = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
+                per_param[index] = torch.stack([n.to(device) for n in norms])
+            global_norm = torch.linalg.vector_norm(per_param)
+        else:
+            per_param = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
+            global_norm = per_param.sum()
+        pack.add("grad_norm", global_norm)
+        pack.add("param_grad_norm", per_param)
+        half = [g for g in grads if g.dtype == torch.float16]
+        if half:
+            maxes = torch._foreach_norm(half, float("inf"), dtype=torch.float32)
+            pack.add("fp16_grad_maxabs", torch.stack([m.to(device) for m in maxes]).amax())
+        return index, grads, global_norm

@@ -1,0 +1,48 @@
+"""Optimizer-state health (Adam moments and friends), measured on sampled steps only.
+
+Metric keys (per watched parameter): `optstate_<key>_norm` and `optstate_<key>_maxabs` for each
+tensor-valued state entry shaped like the parameter (for Adam: exp_avg, exp_avg_sq). A NaN or inf
+norm means the state is poisoned.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from trainguard.params import WatchedParams
+
+
+class OptimizerStateProbe:
+    def __init__(self, watched: WatchedParams, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.watched = watched
+        self.optimizers = optimizers
+
+    @torch.no_grad()
+    def measure(self, device: torch.device) -> dict[str, torch.Tensor]:
+        states: dict[int, dict] = {}
+        for optimizer in self.optimizers:
+            for param, state in optimizer.state.items():
+                states[id(param)] = state
+        keys: list[str] = []
+        for p in self.watched.params:
+            for key, value in states.get(id(p), {}).items():
+                if (isinstance(value, torch.Tensor) and value.shape == p.shape
+                        and value.is_floating_point() and key not in keys):
+                    keys.append(key)
+        out: dict[str, torch.Tensor] = {}
+        for key in keys:
+            index, tensors = [], []
+            for i, p in enumerate(self.watched.params):
+                value = states.get(id(p), {}).get(key)
+                if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                    index.append(i)
+                    tensors.append(value)
+            norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
+            maxes = torch._foreach_norm(tensors, math.inf, dtype=torch.float32)
+            for suffix, values in (("norm", norms), ("maxabs", maxes)):
+                full = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
+                full[index] = torch.stack([v.to(device) for v in values])
+                out[f"optstate_{key}_{suffix}"] = full
+        return out

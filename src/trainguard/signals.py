@@ -1,0 +1,100 @@
+"""Host-side view of one step, and the running baselines detectors compare it against."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAD_TO_STD = 1.4826  # scales a median absolute deviation to a normal standard deviation
+
+
+@dataclass(slots=True)
+class SampledStats:
+    """Heavy-probe results measured at `step` (read on the host one step later)."""
+
+    step: int
+    per_param: dict[str, np.ndarray] = field(default_factory=dict)
+    module_names: list[str] = field(default_factory=list)
+    per_module: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepSignals:
+    """Everything measured at one step, on the host. Values may be NaN or inf."""
+
+    step: int
+    loss: float | None
+    grad_norm: float
+    param_grad_norm: np.ndarray
+    param_names: list[str]
+    lr: float | None = None
+    loss_scale: float | None = None
+    amp_overflow: bool = False
+    """The GradScaler found inf/NaN in the scaled gradients while the loss was finite."""
+    fp16_grad_maxabs: float | None = None
+    sampled: list[SampledStats] = field(default_factory=list)
+    """Heavy-probe results that arrived with this step's transfer (usually from the step before)."""
+
+    @property
+    def loss_finite(self) -> bool:
+        return self.loss is None or math.isfinite(self.loss)
+
+    @property
+    def grads_finite(self) -> bool:
+        return math.isfinite(self.grad_norm)
+
+    def nonfinite_params(self) -> list[str]:
+        bad = np.flatnonzero(~np.isfinite(self.param_grad_norm))
+        return [self.param_names[i] for i in bad]
+
+
+class RobustBaseline:
+    """Median and MAD of the last `window` admitted values, in log space.
+
+    NaN-safe: non-finite values are never admitted. Callers admit anomalous values winsorised to
+    their threshold, so one spike cannot poison the baseline but a lasting change of regime is
+    learned slowly.
+    """
+
+    def __init__(self, window: int, min_scale: float) -> None:
+        self.window = window
+        self.min_scale = min_scale
+        self.values: deque[float] = deque(maxlen=window)
+        self._stats: tuple[float, float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def admit(self, log_value: float) -> None:
+        if math.isfinite(log_value):
+            self.values.append(log_value)
+            self._stats = None
+
+    def stats(self) -> tuple[float, float]:
+        """(median, robust standard deviation) of the admitted log values."""
+        if self._stats is None:
+            ordered = sorted(self.values)
+            n = len(ordered)
+            median = (ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2]))
+            deviations = sorted(abs(v - median) for v in ordered)
+            mad = (deviations[n // 2] if n % 2
+                   else 0.5 * (deviations[n // 2 - 1] + deviations[n // 2]))
+            self._stats = (median, max(mad * MAD_TO_STD, self.min_scale))
+        return self._stats
+
+    def state_dict(self) -> dict:
+        return {"values": list(self.values)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values = deque(state["values"], maxlen=self.window)
+        self._stats = None
+
+
+def safe_log(value: float) -> float:
+    """log of a positive finite value; -inf for 0, NaN for anything else."""
+    if not math.isfinite(value) or value < 0:
+        return math.nan
+    return math.log(value) if value > 0 else -math.inf

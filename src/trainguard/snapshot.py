@@ -1,0 +1,144 @@
+"""Crash snapshots: everything needed to replay the step that went bad.
+
+A snapshot holds the model, optimizer, scheduler and scaler states as they were *before* the bad
+update, the RNG states, the step, the offending batch when known, the events and the config. It is
+written atomically (temporary file, fsync, rename) and only holds types that
+`torch.load(weights_only=True)` accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainguard.errors import SnapshotError
+
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format", "step", "model", "optimizer", "rng", "events")
+
+
+def portable(value: Any) -> Any:
+    """Convert a value to what `torch.load(weights_only=True)` can read; tensors go to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if value is None or type(value) in (bool, int, float, str, bytes):
+        return value
+    for plain in (bool, int, float, str, bytes):  # subclasses (TorchVersion, IntEnum) -> plain
+        if isinstance(value, plain):
+            return plain(value)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {(k if isinstance(k, (str, int, float, bool)) else repr(k)): portable(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        converted = [portable(v) for v in value]
+        return converted if isinstance(value, list) else tuple(converted)
+    if hasattr(value, "items") and callable(value.items):  # BatchEncoding and friends
+        return {str(k): portable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": (version, tuple(internal), gauss),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def build_snapshot(*, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer],
+                   scheduler: Any = None, scaler: Any = None, batch: Any = None,
+                   events: list[dict[str, Any]] | None = None,
+                   config: dict[str, Any] | None = None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    snap: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizers[0].state_dict() if len(optimizers) == 1
+        else [o.state_dict() for o in optimizers],
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": rng_state(),
+        "batch": batch,
+        "events": events or [],
+        "config": config or {},
+        "torch_version": torch.__version__,
+    }
+    if extra:
+        snap.update(extra)
+    return portable(snap)
+
+
+def write_snapshot(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Path:
+    """Write atomically: readers see either no file or the whole snapshot."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(snapshot, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the rename is still atomic
+    return target
+
+
+def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a crash snapshot safely (weights_only=True); one clear error when it is unusable."""
+    source = Path(path)
+    if not source.is_file():
+        raise SnapshotError(f"no snapshot at {source}")
+    try:
+        snap = torch.load(source, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile, OSError,
+            ValueError) as exc:
+        raise SnapshotError(f"{source} is not a readable trainguard snapshot "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(snap, dict) or any(key not in snap for key in REQUIRED_KEYS):
+        raise SnapshotError(f"{source} is not a trainguard snapshot (missing keys)")
+    if snap["format"] != FORMAT_VERSION:
+        raise SnapshotError(f"{source} has snapshot format {snap['format']}, this trainguard "
+                            f"reads format {FORMAT_VERSION}")
+    return snap

@@ -1,0 +1,43 @@
+"""Shared fixtures: real small models trained on structured synthetic data."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from trainguard.demo import MarkovLanguage, TinyCausalLM
+
+
+@dataclass
+class Setup:
+    model: TinyCausalLM
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    language: MarkovLanguage
+
+    def batch(self, size: int = 8, length: int = 17) -> torch.Tensor:
+        return self.language.batch(size, length)
+
+
+def make_setup(lr: float = 3e-3, warmup: int = 20, total: int = 300, seed: int = 0,
+               d_model: int = 32) -> Setup:
+    torch.manual_seed(seed)
+    language = MarkovLanguage(vocab_size=32, seed=seed)
+    model = TinyCausalLM(vocab_size=32, d_model=d_model, n_layer=2, n_head=2, max_len=32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    scheduler = None
+    if warmup:
+        def schedule(step: int) -> float:
+            return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, total)
+                                                                       / total))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return Setup(model, optimizer, scheduler, language)
+
+
+@pytest.fixture
+def setup_factory() -> Callable[..., Setup]:
+    return make_setup
