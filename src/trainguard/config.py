@@ -43,11 +43,19 @@ class DetectorConfig:
     """Adaptive rule: a norm this many times the run's robust baseline (median of recent steps)."""
     grad_norm_error_ratio: float = 100.0
     """An adaptive explosion this many times the baseline is reported as an error, not a warning."""
+    grad_norm_abs_min_ratio: float = 2.0
+    """Once the baseline is warm, the absolute rule also needs the norm to be this many times the
+    run's typical norm (and outside its noise), so a run whose normal norm is near 1000 is not
+    flagged by noise."""
     grad_norm_zscore: float = 6.0
     """...and also this many robust standard deviations above it in log space (noise guard)."""
 
-    loss_spike_ratio: float = 3.0
-    """A loss this many times the robust recent baseline is a spike (a 3x jump, §2.2)."""
+    loss_spike_ratio: float = 2.5
+    """A loss this many times the recent median is a spike. Below 3 so that a 3x jump (§2.2) is
+    caught even on a falling curve, where the median trails the newest losses."""
+    loss_spike_level_window: int = 10
+    """The spike baseline is the median of this many most recent steps (short, so it follows a
+    falling curve); the noise scale comes from the longer `baseline_window`."""
     loss_spike_zscore: float = 6.0
     """...and also this many robust standard deviations above it in log space (noise guard)."""
     loss_spike_early_ratio: float = 5.0
@@ -74,6 +82,9 @@ class DetectorConfig:
     overflow_window: int = 50
     """Window, in steps, for counting GradScaler overflow skips."""
 
+    rearm_steps: int = 5
+    """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the
+    detector, so a signal hovering around its threshold is one event, not many."""
     baseline_window: int = 50
     """Number of recent healthy steps that form the robust (median/MAD) baselines."""
     warmup_steps: int = 10
@@ -85,8 +96,8 @@ class DetectorConfig:
 
     def __post_init__(self) -> None:
         for name in ("grad_norm_abs_threshold", "grad_norm_ratio", "grad_norm_error_ratio",
-                     "grad_norm_zscore", "loss_spike_ratio", "loss_spike_zscore",
-                     "loss_spike_early_ratio",
+                     "grad_norm_zscore", "grad_norm_abs_min_ratio", "loss_spike_ratio",
+                     "loss_spike_zscore", "loss_spike_early_ratio",
                      "loss_spike_error_ratio", "divergence_ratio", "extreme_weight_abs",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
@@ -99,6 +110,7 @@ class DetectorConfig:
         for name, minimum in (("divergence_patience", 1), ("divergence_span", 1),
                               ("overflow_skips", 1), ("overflow_window", 1),
                               ("baseline_window", 3), ("warmup_steps", 0),
+                              ("loss_spike_level_window", 1), ("rearm_steps", 1),
                               ("max_named_params", 1)):
             _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
 

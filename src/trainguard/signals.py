@@ -76,14 +76,15 @@ class RobustBaseline:
     def stats(self) -> tuple[float, float]:
         """(median, robust standard deviation) of the admitted log values."""
         if self._stats is None:
-            ordered = sorted(self.values)
-            n = len(ordered)
-            median = (ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2]))
-            deviations = sorted(abs(v - median) for v in ordered)
-            mad = (deviations[n // 2] if n % 2
-                   else 0.5 * (deviations[n // 2 - 1] + deviations[n // 2]))
+            median = _median(list(self.values))
+            mad = _median([abs(v - median) for v in self.values])
             self._stats = (median, max(mad * MAD_TO_STD, self.min_scale))
         return self._stats
+
+    def recent_median(self, count: int) -> float:
+        """Median of the `count` most recent admitted values."""
+        n = len(self.values)
+        return _median([self.values[i] for i in range(max(0, n - count), n)])
 
     def state_dict(self) -> dict:
         return {"values": list(self.values)}
@@ -91,6 +92,12 @@ class RobustBaseline:
     def load_state_dict(self, state: dict) -> None:
         self.values = deque(state["values"], maxlen=self.window)
         self._stats = None
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
 def safe_log(value: float) -> float:

@@ -9,6 +9,37 @@ from trainguard.events import Event, Severity
 from trainguard.signals import StepSignals
 
 
+class Episode:
+    """Reports an anomaly once: fires when it starts, re-arms after `rearm_steps` calm steps."""
+
+    def __init__(self, rearm_steps: int) -> None:
+        self.rearm_steps = rearm_steps
+        self.active = False
+        self.calm = 0
+
+    def update(self, anomalous: bool) -> bool:
+        """True when this step starts a new episode."""
+        if anomalous:
+            self.calm = 0
+            if self.active:
+                return False
+            self.active = True
+            return True
+        if self.active:
+            self.calm += 1
+            if self.calm >= self.rearm_steps:
+                self.active = False
+                self.calm = 0
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"active": self.active, "calm": self.calm}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.active = bool(state["active"])
+        self.calm = int(state["calm"])
+
+
 class Detector:
     """Base class. Subclasses set `kind` and implement `check`; stateful ones extend the state
     methods so a resumed job keeps its baselines."""

@@ -67,7 +67,7 @@ class Fp16Overflow(Detector):
                                      f"float16 gradients reached {grad_max:.4g} (float16 max "
                                      f"{FP16_MAX:g})", value=grad_max, symptom="gradient"))
 
-        if signals.amp_overflow:
+        if signals.amp_overflow and step >= cfg.overflow_window:  # ignore initial calibration
             self.overflow_steps.append(step)
         while self.overflow_steps and self.overflow_steps[0] <= step - cfg.overflow_window:
             self.overflow_steps.popleft()

@@ -1,9 +1,10 @@
 """`grad_explosion`: the pre-clip global gradient norm is far above normal.
 
 Two rules. The guide's absolute rule of thumb (norm > `grad_norm_abs_threshold`, 1000) applies
-while the run's own typical norm is below that threshold. The adaptive rule compares the norm with
-a robust baseline of this run (median and MAD of recent log-norms), so a model whose normal norm is
-50 and one whose normal norm is 0.5 are judged on their own scale.
+before the baseline is warm, and afterwards when the norm is also `grad_norm_abs_min_ratio` times
+the run's typical norm and outside its noise (`grad_norm_zscore`). The adaptive rule compares the
+norm with a robust baseline of this run (median and MAD of recent log-norms), so a model whose
+normal norm is 50 and one whose normal norm is 0.5 are judged on their own scale.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from typing import Any
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.base import Detector
+from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
 from trainguard.signals import RobustBaseline, StepSignals, safe_log
 
@@ -23,7 +24,7 @@ class GradExplosion(Detector):
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
         self.baseline = RobustBaseline(config.baseline_window, config.min_log_scale)
-        self.active = False
+        self.episode = Episode(config.rearm_steps)
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
@@ -31,26 +32,20 @@ class GradExplosion(Detector):
         log_norm = safe_log(norm)
         if signals.amp_overflow or not math.isfinite(log_norm):
             return []
-        warm = len(self.baseline) >= cfg.warmup_steps and len(self.baseline) > 0
+        warm = len(self.baseline) >= max(cfg.warmup_steps, 1)
         median, scale = self.baseline.stats() if warm else (math.nan, math.nan)
         typical = math.exp(median) if warm else math.nan
-        adaptive = (warm and log_norm - median >= math.log(cfg.grad_norm_ratio)
-                    and log_norm - median >= cfg.grad_norm_zscore * scale)
+        excess = log_norm - median if warm else math.nan
+        noise_ok = warm and excess >= cfg.grad_norm_zscore * scale
+        adaptive = noise_ok and excess >= math.log(cfg.grad_norm_ratio)
         absolute = norm > cfg.grad_norm_abs_threshold and (
-            not warm or typical < cfg.grad_norm_abs_threshold)
+            not warm or (noise_ok and excess >= math.log(cfg.grad_norm_abs_min_ratio)))
         anomalous = adaptive or absolute
-        if anomalous:
-            cap = (median + math.log(cfg.grad_norm_ratio) if warm
-                   else math.log(cfg.grad_norm_abs_threshold))
-            self.baseline.admit(min(log_norm, cap))
-        else:
-            self.baseline.admit(log_norm)
-        if not anomalous:
-            self.active = False
+        # before warm-up there is no baseline to protect: admit the raw value
+        self.baseline.admit(min(log_norm, median + math.log(cfg.grad_norm_ratio))
+                            if anomalous and warm else log_norm)
+        if not self.episode.update(anomalous):
             return []
-        if self.active:
-            return []
-        self.active = True
         ratio = norm / typical if warm else math.nan
         if absolute:
             severity = "error"
@@ -69,8 +64,8 @@ class GradExplosion(Detector):
                            baseline=typical if warm else None, ratio=ratio if warm else None)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline.state_dict(), "active": self.active}
+        return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.baseline.load_state_dict(state["baseline"])
-        self.active = bool(state["active"])
+        self.episode.load_state_dict(state["episode"])

@@ -1,8 +1,11 @@
 """`loss_divergence`: a sustained upward trend of the loss.
 
-The loss is smoothed with an exponential moving average in log space (span `divergence_span`);
-the run diverges when the smoothed loss stays `divergence_ratio` times above the best smoothed
-value seen for `divergence_patience` consecutive steps. Noise and single spikes do not qualify.
+The loss is smoothed in log space by a bias-corrected exponential moving average (span
+`divergence_span`; until it has seen many steps it is close to the plain mean of the losses so
+far, so one unlucky first batch does not set the reference). The run diverges when the smoothed
+loss stays `divergence_ratio` times above the best smoothed value seen since `warmup_steps` for
+`divergence_patience` consecutive steps. Each loss enters the average capped at twice that ratio
+above it, so a single huge spike does not qualify on its own.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import math
 from typing import Any
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.base import Detector
+from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
 from trainguard.signals import StepSignals, safe_log
 
@@ -21,11 +24,16 @@ class LossDivergence(Detector):
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
-        self.ema: float | None = None
-        self.best = math.inf
+        self.raw = 0.0
+        """Exponential moving sum without bias correction (starts at 0, like Adam's moments)."""
         self.seen = 0
+        self.best = math.inf
         self.above = 0
-        self.active = False
+        self.episode = Episode(config.rearm_steps)
+
+    def smoothed(self) -> float:
+        decay = 1.0 - 2.0 / (self.config.divergence_span + 1)
+        return self.raw / (1.0 - decay ** self.seen)
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
@@ -34,35 +42,33 @@ class LossDivergence(Detector):
         log_loss = safe_log(signals.loss)
         if not math.isfinite(log_loss):
             return []
-        alpha = 2.0 / (cfg.divergence_span + 1)
-        self.ema = log_loss if self.ema is None else self.ema + alpha * (log_loss - self.ema)
+        margin = math.log(cfg.divergence_ratio)
+        if self.seen:
+            log_loss = min(log_loss, self.smoothed() + 2 * margin)
+        decay = 1.0 - 2.0 / (cfg.divergence_span + 1)
+        self.raw = decay * self.raw + (1 - decay) * log_loss
         self.seen += 1
-        self.best = min(self.best, self.ema)
+        ema = self.smoothed()
         if self.seen <= cfg.warmup_steps:
             return []
-        rise = self.ema - self.best
-        if rise < math.log(cfg.divergence_ratio):
-            self.above = 0
-            self.active = False
+        self.best = min(self.best, ema)
+        rise = ema - self.best
+        self.above = self.above + 1 if rise >= margin else 0
+        if not self.episode.update(self.above >= cfg.divergence_patience):
             return []
-        self.above += 1
-        if self.above < cfg.divergence_patience or self.active:
-            return []
-        self.active = True
-        ratio = math.exp(rise)
         return [self.event(signals.step, "error",
-                           f"smoothed loss {math.exp(self.ema):.4g} has stayed above "
+                           f"smoothed loss {math.exp(ema):.4g} has stayed above "
                            f"{cfg.divergence_ratio:g}x its best {math.exp(self.best):.4g} for "
-                           f"{self.above} steps", value=math.exp(self.ema), ratio=ratio,
+                           f"{self.above} steps", value=math.exp(ema), ratio=math.exp(rise),
                            best=math.exp(self.best))]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema, "best": self.best, "seen": self.seen, "above": self.above,
-                "active": self.active}
+        return {"raw": self.raw, "seen": self.seen, "best": self.best, "above": self.above,
+                "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ema = state["ema"]
-        self.best = float(state["best"])
+        self.raw = float(state["raw"])
         self.seen = int(state["seen"])
+        self.best = float(state["best"])
         self.above = int(state["above"])
-        self.active = bool(state["active"])
+        self.episode.load_state_dict(state["episode"])

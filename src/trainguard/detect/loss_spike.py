@@ -1,9 +1,11 @@
 """`loss_spike`: a sudden jump of the loss against a robust recent baseline.
 
-Catches the guide's "rocket launch" (2.3 -> 1e8) and smaller jumps (3x by default) that stand far
-outside the run's own noise. Works in log space on positive losses. Before the baseline is warm
-(the first `warmup_steps` steps) a jump must reach `loss_spike_early_ratio` against the few values
-seen so far, so that a learning rate that blows the run up at its very first steps is caught.
+Catches the guide's "rocket launch" (2.3 -> 1e8) and smaller jumps (3x) that stand far outside the
+run's own noise. The baseline level is the median of the last `loss_spike_level_window` losses
+(short, so it follows a falling curve); the noise scale is the MAD over `baseline_window` steps.
+Works in log space on positive losses. Before the baseline is warm (the first `warmup_steps`
+steps) a jump must reach `loss_spike_early_ratio` against the few values seen so far, so that a
+learning rate that blows the run up at its very first steps is caught.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 from typing import Any
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.base import Detector
+from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
 from trainguard.signals import RobustBaseline, StepSignals, safe_log
 
@@ -23,7 +25,7 @@ class LossSpike(Detector):
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
         self.baseline = RobustBaseline(config.baseline_window, config.min_log_scale)
-        self.active = False
+        self.episode = Episode(config.rearm_steps)
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
@@ -36,28 +38,25 @@ class LossSpike(Detector):
         if n == 0:
             self.baseline.admit(log_loss)
             return []
-        median, scale = self.baseline.stats()
-        excess = log_loss - median
+        _, scale = self.baseline.stats()
+        level = self.baseline.recent_median(cfg.loss_spike_level_window)
+        excess = log_loss - level
         warm = n >= cfg.warmup_steps
         threshold = math.log(cfg.loss_spike_ratio if warm else cfg.loss_spike_early_ratio)
         spike = excess >= threshold and excess >= cfg.loss_spike_zscore * scale
-        self.baseline.admit(min(log_loss, median + threshold) if spike else log_loss)
-        if not spike:
-            self.active = False
+        self.baseline.admit(min(log_loss, level + threshold) if spike else log_loss)
+        if not self.episode.update(spike):
             return []
-        if self.active:
-            return []
-        self.active = True
         ratio = math.exp(excess)
-        typical = math.exp(median)
+        typical = math.exp(level)
         severity = "error" if ratio >= cfg.loss_spike_error_ratio else "warning"
         return [self.event(signals.step, severity,
                            f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median "
                            f"{typical:.4g}", value=signals.loss, baseline=typical, ratio=ratio)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline.state_dict(), "active": self.active}
+        return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.baseline.load_state_dict(state["baseline"])
-        self.active = bool(state["active"])
+        self.episode.load_state_dict(state["episode"])

@@ -1,0 +1,143 @@
+"""Every built-in detector honours the contract of trainguard.detect.base.Detector."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.detect.synth import (
+    NAMES,
+    default_config,
+    event_key,
+    healthy_grad_norms,
+    healthy_losses,
+    healthy_weight_stats,
+    restored,
+    signals,
+)
+from trainguard.config import SEVERITIES
+from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
+from trainguard.events import Event
+from trainguard.signals import SampledStats, StepSignals
+
+MODULES = ["embed", "head"]
+PER_PARAM_KEYS = ["weight_mean", "weight_std", "weight_maxabs", "weight_nonfinite",
+                  "weight_norm", "update_ratio", "optstate_exp_avg_norm",
+                  "optstate_exp_avg_maxabs", "optstate_exp_avg_sq_norm",
+                  "optstate_exp_avg_sq_maxabs"]
+PER_MODULE_KEYS = ["act_maxabs", "act_zero_frac", "act_nonfinite", "act_fp16"]
+IDS = [t.__name__ for t in DETECTOR_TYPES]
+
+
+def all_nan(step: int) -> StepSignals:
+    nan = np.full(len(NAMES), np.nan, dtype=np.float32)
+    sample = SampledStats(step=step - 1, per_param={k: nan.copy() for k in PER_PARAM_KEYS},
+                          module_names=list(MODULES),
+                          per_module={k: np.full(len(MODULES), np.nan, dtype=np.float32)
+                                      for k in PER_MODULE_KEYS})
+    return StepSignals(step=step, loss=math.nan, grad_norm=math.nan, param_grad_norm=nan,
+                       param_names=list(NAMES), lr=math.nan, loss_scale=math.nan,
+                       amp_overflow=False, fp16_grad_maxabs=math.nan, sampled=[sample])
+
+
+def busy_run(n: int = 120) -> list[StepSignals]:
+    """A run that gives every stateful detector something to remember, faults included."""
+    losses = healthy_losses(n, 0)
+    norms = healthy_grad_norms(n, 0)
+    steps = []
+    for s in range(n):
+        kwargs: dict = {"loss": float(losses[s]), "grad_norm": float(norms[s]),
+                        "loss_scale": 2.0 ** 15, "fp16_grad_maxabs": 100.0}
+        if s == 60:
+            kwargs.update(loss=1e8, grad_norm=5000.0)
+        if s in (70, 72, 74, 76, 78):
+            kwargs.update(grad_norm=math.inf, amp_overflow=True, fp16_grad_maxabs=None)
+        if s == 80:
+            kwargs.update(loss=math.nan, grad_norm=math.nan)
+        if s % 25 == 1:
+            kwargs["sampled"] = [SampledStats(step=s - 1, per_param=healthy_weight_stats(s))]
+        steps.append(signals(s, **kwargs))
+    return steps
+
+
+def test_kinds_are_unique_and_non_empty() -> None:
+    kinds = [t.kind for t in DETECTOR_TYPES]
+    assert all(isinstance(k, str) and k for k in kinds)
+    assert len(set(kinds)) == len(kinds)
+    assert tuple(kinds) == KINDS
+    assert [d.kind for d in default_detectors(default_config())] == kinds
+
+
+@pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
+def test_is_a_detector_with_its_own_kind(detector_type: type[Detector]) -> None:
+    assert issubclass(detector_type, Detector)
+    assert detector_type.kind != Detector.kind
+    assert "kind" in vars(detector_type)
+
+
+@pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
+def test_all_nan_signals_do_not_raise(detector_type: type[Detector]) -> None:
+    detector = detector_type(default_config())
+    for step in range(1, 60):
+        events = detector.check(all_nan(step))
+        check_events(detector, events)
+    json.dumps(detector.state_dict(), allow_nan=True)
+
+
+@pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
+def test_missing_loss_does_not_raise(detector_type: type[Detector]) -> None:
+    detector = detector_type(default_config())
+    for step, norm in enumerate(healthy_grad_norms(60, 0)):
+        events = detector.check(signals(step, loss=None, grad_norm=float(norm)))
+        check_events(detector, events)
+    # the shape of the signals the engine builds at close, to flush the last heavy probes
+    closing = StepSignals(step=60, loss=None, grad_norm=0.0, param_grad_norm=np.zeros(2),
+                          param_names=list(NAMES),
+                          sampled=[SampledStats(step=59, per_param=healthy_weight_stats(59))])
+    check_events(detector, detector.check(closing))
+
+
+@pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
+def test_no_parameters_does_not_raise(detector_type: type[Detector]) -> None:
+    detector = detector_type(default_config())
+    for step in range(30):
+        check_events(detector, detector.check(StepSignals(
+            step=step, loss=1.0 if step != 20 else 1e9, grad_norm=1.0 if step != 20 else 5e3,
+            param_grad_norm=np.zeros(0, dtype=np.float32), param_names=[])))
+
+
+@pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
+def test_state_round_trips_through_json(detector_type: type[Detector]) -> None:
+    config = default_config()
+    steps = busy_run()
+    original = detector_type(config)
+    for s in steps[:75]:  # cut in the middle of the overflow burst
+        original.check(s)
+    state = original.state_dict()
+    text = json.dumps(state, allow_nan=True)
+    clone = restored(original)
+    assert json.dumps(clone.state_dict(), allow_nan=True) == text
+    for s in steps[75:]:
+        assert [event_key(e) for e in original.check(s)] == [event_key(e) for e in clone.check(s)]
+    json.dumps(original.state_dict(), allow_nan=True)
+
+
+@pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
+def test_fresh_state_round_trips(detector_type: type[Detector]) -> None:
+    fresh = detector_type(default_config())
+    clone = restored(fresh)
+    assert json.dumps(clone.state_dict(), allow_nan=True) \
+        == json.dumps(fresh.state_dict(), allow_nan=True)
+
+
+def check_events(detector: Detector, events: list[Event]) -> None:
+    for event in events:
+        assert isinstance(event, Event)
+        assert event.kind == detector.kind
+        assert event.severity in SEVERITIES
+        assert event.message
+        assert event.param is None or isinstance(event.param, str)
+        json.dumps(event.to_dict(), allow_nan=True)

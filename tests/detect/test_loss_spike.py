@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tests.detect.synth import (
+    HEALTHY_STEPS,
+    INF,
+    NAN,
+    SEEDS,
+    assert_same_decisions,
+    default_config,
+    healthy_losses,
+    loss_run,
+    restored,
+    run,
+    signals,
+    steps_of,
+)
+from trainguard.detect import LossSpike
+
+WARMUP = default_config().warmup_steps
+
+
+def smooth(n: int, level: float = 2.3, seed: int = 0, noise: float = 0.01) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return level * np.exp(rng.normal(0.0, noise, n))
+
+
+def test_rocket_launch_is_an_error() -> None:
+    detector = LossSpike(default_config())
+    assert run(detector, loss_run(smooth(100, 2.3, noise=0.05))) == []
+    event, = run(detector, loss_run([1e8], start=100))
+    assert (event.kind, event.step, event.severity) == ("loss_spike", 100, "error")
+    assert event.value == 1e8
+    assert event.details["baseline"] == pytest.approx(2.3, rel=0.05)
+    assert event.details["ratio"] == pytest.approx(1e8 / 2.3, rel=0.05)
+
+
+def test_rocket_launch_is_caught_before_warmup() -> None:
+    detector = LossSpike(default_config())
+    events = run(detector, loss_run([2.3, 2.31, 2.29, 1e8]))
+    assert [(e.step, e.severity) for e in events] == [(3, "error")]
+
+
+def test_threefold_jump_on_a_smooth_curve_is_a_warning() -> None:
+    detector = LossSpike(default_config())
+    losses = smooth(200, 1.2)
+    assert run(detector, loss_run(losses)) == []
+    jump = 3.0 * float(losses[-50:].max())  # 3x every recent loss
+    event, = run(detector, loss_run([jump], start=200))
+    assert (event.step, event.severity) == (200, "warning")
+    assert event.details["ratio"] >= 3.0
+
+
+def test_threefold_jump_on_a_slowly_declining_curve_is_a_warning() -> None:
+    found = {}
+    for seed in SEEDS:
+        rng = np.random.default_rng(seed)
+        losses = 2.3 * np.exp(-0.0009 * np.arange(300) + rng.normal(0.0, 0.01, 300))
+        detector = LossSpike(default_config())
+        assert run(detector, loss_run(losses)) == []
+        events = run(detector, loss_run([3.0 * float(losses[-1])], start=300))
+        found[seed] = [(e.step, e.severity) for e in events]
+    assert found == {seed: [(300, "warning")] for seed in SEEDS}
+
+
+def test_spike_is_admitted_to_the_baseline_winsorised() -> None:
+    detector = LossSpike(default_config())
+    run(detector, loss_run(smooth(100, 1.0, noise=0.05)))
+    median = detector.baseline.recent_median(default_config().loss_spike_level_window)
+    run(detector, loss_run([1e8], start=100))
+    assert detector.baseline.values[-1] == pytest.approx(
+        median + math.log(default_config().loss_spike_ratio))
+
+
+def test_threefold_fluctuation_on_a_very_noisy_curve_is_not_a_spike() -> None:
+    rng = np.random.default_rng(0)
+    losses = 2.0 * np.exp(rng.normal(0.0, 0.5, 200))
+    detector = LossSpike(default_config())
+    assert run(detector, loss_run(losses)) == []
+    median = float(np.median(losses[-50:]))
+    assert run(detector, loss_run([3.0 * median, 3.5 * median], start=200)) == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("noise", [0.02, 0.1, 0.3, 0.5])
+def test_silent_on_a_healthy_run(seed: int, noise: float) -> None:
+    losses = healthy_losses(HEALTHY_STEPS, seed, noise=noise)
+    assert run(LossSpike(default_config()), loss_run(losses)) == []
+
+
+def test_silent_on_a_fast_initial_drop() -> None:
+    losses = 0.5 + 10.0 * np.exp(-np.arange(300) / 10.0)
+    assert run(LossSpike(default_config()), loss_run(losses)) == []
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF, 0.0, -1.5, None])
+def test_bad_losses_neither_crash_nor_poison_the_baseline(bad: float | None) -> None:
+    detector = LossSpike(default_config())
+    run(detector, loss_run(smooth(100, 1.0, noise=0.05)))
+    before = (len(detector.baseline), detector.baseline.stats())
+    assert run(detector, [signals(100 + i, loss=bad) for i in range(30)]) == []
+    assert (len(detector.baseline), detector.baseline.stats()) == before
+    assert run(detector, loss_run(smooth(20, 1.0, seed=1, noise=0.05), start=130)) == []
+    event, = run(detector, loss_run([5.0], start=150))
+    assert (event.step, event.severity) == (150, "warning")
+
+
+def test_no_threefold_event_before_warmup() -> None:
+    early = LossSpike(default_config())
+    assert run(early, loss_run([*smooth(WARMUP - 1, 1.0), 3.5])) == []
+    warm = LossSpike(default_config())
+    assert steps_of(run(warm, loss_run([*smooth(WARMUP, 1.0), 3.5]))) == [WARMUP]
+
+
+def test_nonfinite_losses_do_not_count_towards_warmup() -> None:
+    detector = LossSpike(default_config())
+    losses = list(smooth(WARMUP - 1, 1.0)) + [NAN] * 20 + [3.5]
+    assert run(detector, loss_run(losses)) == []
+
+
+def test_one_event_per_sustained_episode_and_rearmed_after_recovery() -> None:
+    detector = LossSpike(default_config())
+    losses = np.concatenate([smooth(100, 1.0, seed=0, noise=0.05),
+                             smooth(10, 10.0, seed=1, noise=0.05),   # sustained 10x
+                             smooth(50, 1.0, seed=2, noise=0.05),    # recovery
+                             smooth(3, 8.0, seed=3, noise=0.05)])    # second episode
+    assert steps_of(run(detector, loss_run(losses))) == [100, 160]
+
+
+def test_an_episode_hovering_around_the_threshold_is_one_event() -> None:
+    steps_by_seed = {}
+    for seed in SEEDS:
+        losses = np.concatenate([smooth(100, 1.0, seed=seed, noise=0.05),
+                                 smooth(20, 3.3, seed=seed + 1, noise=0.1),
+                                 smooth(50, 1.0, seed=seed + 2, noise=0.05)])
+        steps_by_seed[seed] = steps_of(run(LossSpike(default_config()), loss_run(losses)))
+    assert steps_by_seed == {seed: [100] for seed in SEEDS}
+
+
+def test_severity_follows_the_error_ratio() -> None:
+    detector = LossSpike(default_config())
+    run(detector, loss_run(smooth(100, 1.0, noise=0.05)))
+    warning, = run(detector, loss_run([50.0], start=100))
+    run(detector, loss_run(smooth(50, 1.0, seed=1, noise=0.05), start=101))
+    error, = run(detector, loss_run([500.0], start=151))
+    assert (warning.severity, error.severity) == ("warning", "error")
+
+
+def test_state_round_trip_preserves_behaviour() -> None:
+    config = default_config()
+    original = LossSpike(config)
+    prefix = loss_run([*smooth(100, 1.0, noise=0.05), 10.0, 11.0])
+    assert steps_of(run(original, prefix)) == [100]
+    clone = restored(original)
+    assert clone.state_dict() == original.state_dict()
+    continuation = loss_run([12.0, *smooth(5, 1.0, seed=1, noise=0.05), 4.0,
+                             *smooth(20, 1.0, seed=2, noise=0.05)], start=102)
+    events = assert_same_decisions(original, clone, continuation)
+    assert [(e.step, e.severity) for e in events] == [(108, "warning")]
+    # the state matters: a fresh detector (not warm) lets the 4x jump pass
+    assert run(LossSpike(config), continuation) == []
+    assert math.isclose(events[0].details["baseline"], 1.0, rel_tol=0.1)

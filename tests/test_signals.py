@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from trainguard.signals import MAD_TO_STD, RobustBaseline, StepSignals, safe_log
+
+
+@pytest.mark.parametrize("value, expected", [(1.0, 0.0), (math.e, 1.0), (1e-30, math.log(1e-30)),
+                                             (1e300, math.log(1e300))])
+def test_safe_log_of_positive_values(value: float, expected: float) -> None:
+    assert safe_log(value) == pytest.approx(expected)
+
+
+def test_safe_log_of_zero_is_minus_inf() -> None:
+    assert safe_log(0.0) == -math.inf
+
+
+@pytest.mark.parametrize("value", [-1.0, -1e-12, math.nan, math.inf, -math.inf])
+def test_safe_log_of_negative_or_nonfinite_is_nan(value: float) -> None:
+    assert math.isnan(safe_log(value))
+
+
+def test_median_and_mad_odd_count() -> None:
+    baseline = RobustBaseline(window=10, min_scale=0.01)
+    for v in (0.0, 1.0, 2.0, 3.0, 100.0):
+        baseline.admit(v)
+    median, scale = baseline.stats()
+    assert median == 2.0
+    # deviations 2, 1, 0, 1, 98 -> MAD 1
+    assert scale == pytest.approx(MAD_TO_STD)
+
+
+def test_median_and_mad_even_count() -> None:
+    baseline = RobustBaseline(window=10, min_scale=0.01)
+    for v in (4.0, 1.0, 3.0, 2.0):
+        baseline.admit(v)
+    median, scale = baseline.stats()
+    assert median == 2.5
+    # deviations 1.5, 0.5, 0.5, 1.5 -> MAD 1
+    assert scale == pytest.approx(MAD_TO_STD)
+
+
+def test_scale_is_floored_on_a_constant_signal() -> None:
+    baseline = RobustBaseline(window=10, min_scale=0.05)
+    for _ in range(10):
+        baseline.admit(1.0)
+    assert baseline.stats() == (1.0, 0.05)
+
+
+def test_mad_matches_normal_std_on_gaussian_data() -> None:
+    rng = np.random.default_rng(0)
+    baseline = RobustBaseline(window=5000, min_scale=1e-6)
+    for v in rng.normal(3.0, 0.4, 5000):
+        baseline.admit(float(v))
+    median, scale = baseline.stats()
+    assert median == pytest.approx(3.0, abs=0.03)
+    assert scale == pytest.approx(0.4, rel=0.05)
+
+
+def test_only_the_last_window_values_count() -> None:
+    baseline = RobustBaseline(window=3, min_scale=0.01)
+    for v in range(10):
+        baseline.admit(float(v))
+    assert len(baseline) == 3
+    assert baseline.stats()[0] == 8.0
+
+
+def test_nonfinite_values_are_never_admitted() -> None:
+    baseline = RobustBaseline(window=5, min_scale=0.01)
+    for v in (1.0, 2.0, 3.0):
+        baseline.admit(v)
+    before = baseline.stats()
+    for bad in (math.nan, math.inf, -math.inf, safe_log(0.0), safe_log(-2.0), safe_log(math.nan)):
+        baseline.admit(bad)
+    assert len(baseline) == 3
+    assert baseline.stats() == before
+    assert all(math.isfinite(v) for v in baseline.values)
+
+
+def test_one_outlier_does_not_move_the_median() -> None:
+    baseline = RobustBaseline(window=50, min_scale=0.01)
+    for i in range(20):
+        baseline.admit(1.0 + 0.01 * (i % 3))
+    median = baseline.stats()[0]
+    baseline.admit(1e6)
+    assert baseline.stats()[0] == pytest.approx(median, abs=0.011)
+
+
+def test_stats_are_recomputed_after_admit() -> None:
+    baseline = RobustBaseline(window=3, min_scale=0.01)
+    baseline.admit(1.0)
+    assert baseline.stats()[0] == 1.0
+    baseline.admit(5.0)
+    baseline.admit(6.0)
+    assert baseline.stats()[0] == 5.0
+
+
+def test_state_round_trips_through_json() -> None:
+    baseline = RobustBaseline(window=4, min_scale=0.05)
+    for v in (0.5, -1.0, 2.0, 0.25, 7.0):
+        baseline.admit(v)
+    state = json.loads(json.dumps(baseline.state_dict(), allow_nan=True))
+    clone = RobustBaseline(window=4, min_scale=0.05)
+    clone.load_state_dict(state)
+    assert list(clone.values) == list(baseline.values)
+    assert clone.stats() == baseline.stats()
+    baseline.admit(3.0)
+    clone.admit(3.0)
+    assert clone.stats() == baseline.stats()
+    assert len(clone) == 4
+
+
+def test_loading_more_values_than_the_window_keeps_the_latest() -> None:
+    baseline = RobustBaseline(window=3, min_scale=0.05)
+    baseline.load_state_dict({"values": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    assert list(baseline.values) == [3.0, 4.0, 5.0]
+    assert baseline.stats()[0] == 4.0
+
+
+def test_loading_state_invalidates_cached_stats() -> None:
+    baseline = RobustBaseline(window=5, min_scale=0.05)
+    baseline.admit(1.0)
+    assert baseline.stats()[0] == 1.0
+    baseline.load_state_dict({"values": [9.0]})
+    assert baseline.stats()[0] == 9.0
+
+
+def test_step_signals_finiteness_helpers() -> None:
+    names = ["a.weight", "b.weight", "c.bias"]
+    healthy = StepSignals(step=0, loss=1.0, grad_norm=2.0,
+                          param_grad_norm=np.array([1.0, 1.0, 1.0]), param_names=names)
+    assert healthy.loss_finite and healthy.grads_finite
+    assert healthy.nonfinite_params() == []
+    bad = StepSignals(step=1, loss=math.nan, grad_norm=math.inf,
+                      param_grad_norm=np.array([1.0, math.inf, math.nan]), param_names=names)
+    assert not bad.loss_finite and not bad.grads_finite
+    assert bad.nonfinite_params() == ["b.weight", "c.bias"]
+    no_loss = StepSignals(step=2, loss=None, grad_norm=1.0, param_grad_norm=np.ones(3),
+                          param_names=names)
+    assert no_loss.loss_finite
