@@ -256,6 +256,7 @@ def test_halt_writes_a_snapshot_that_loads_with_weights_only(tmp_path) -> None:
     assert trainguard.load_snapshot(error.snapshot_path)["step"] == 4
     reader = trainguard.RunReader(tmp_path / "run")
     assert reader.meta()["status"] == "halted"
+    assert reader.summary()["snapshot"] == error.snapshot_path
     assert reader.steps()[-1]["action"] == "halted"
 
 

@@ -129,6 +129,8 @@ def _show(args: argparse.Namespace) -> int:
     out.write(f"run        {summary['run_dir']}\n")
     out.write(f"status     {summary['status']} (policy {summary['policy']}, "
               f"trainguard {summary['trainguard_version']})\n")
+    if summary.get("snapshot"):
+        out.write(f"snapshot   {summary['snapshot']}\n")
     out.write(f"steps      {summary['steps']} recorded"
               + (f" ({summary['first_step']}..{summary['last_step']})" if summary["steps"] else "")
               + "\n")

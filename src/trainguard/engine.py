@@ -147,11 +147,7 @@ class Engine:
             if seen is not None:
                 self._pending.append(_Pending(step=step, module_names=seen[0], per_module=seen[1]))
         pending, self._pending = self._pending, []
-        for i, item in enumerate(pending):
-            for key, tensor in item.per_param.items():
-                pack.add(f"p{i}:{key}", tensor)
-            for key, tensor in item.per_module.items():
-                pack.add(f"m{i}:{key}", tensor)
+        _pack_pending(pack, pending)
         host = pack.fetch()
 
         loss_value = float(host["loss"][0]) if "loss" in host else None
@@ -159,12 +155,7 @@ class Engine:
         loss_scale = float(host["loss_scale"][0]) if "loss_scale" in host else None
         lr_value = float(host["lr"][0]) if "lr" in host else (None if lr is None else float(lr))
         loss_finite = loss_value is None or math.isfinite(loss_value)
-        sampled = [SampledStats(
-            step=item.step,
-            per_param={k: host[f"p{i}:{k}"] for k in item.per_param},
-            module_names=item.module_names,
-            per_module={k: host[f"m{i}:{k}"] for k in item.per_module})
-            for i, item in enumerate(pending)]
+        sampled = _unpack_pending(host, pending)
         signals = StepSignals(
             step=step, loss=loss_value, grad_norm=grad_norm,
             param_grad_norm=host["param_grad_norm"], param_names=self.watched.names,
@@ -286,13 +277,8 @@ class Engine:
         """Bring the last heavy-probe results to the host (one transfer) and record them."""
         pack = DevicePack()
         pending, self._pending = self._pending, []
-        for i, item in enumerate(pending):
-            for key, tensor in item.per_param.items():
-                pack.add(f"p{i}:{key}", tensor)
-        host = pack.fetch()
-        sampled = [SampledStats(step=item.step,
-                                per_param={k: host[f"p{i}:{k}"] for k in item.per_param})
-                   for i, item in enumerate(pending)]
+        _pack_pending(pack, pending)
+        sampled = _unpack_pending(pack.fetch(), pending)
         signals = StepSignals(step=self.step, loss=None, grad_norm=0.0,
                               param_grad_norm=np.zeros(len(self.watched)),
                               param_names=self.watched.names, sampled=sampled)
@@ -304,6 +290,22 @@ class Engine:
                     if self.store is not None:
                         self.store.put_event(event)
         self._store_sampled(sampled)
+
+
+def _pack_pending(pack: DevicePack, pending: list[_Pending]) -> None:
+    for i, item in enumerate(pending):
+        for key, tensor in item.per_param.items():
+            pack.add(f"p{i}:{key}", tensor)
+        for key, tensor in item.per_module.items():
+            pack.add(f"m{i}:{key}", tensor)
+
+
+def _unpack_pending(host: dict[str, np.ndarray], pending: list[_Pending]) -> list[SampledStats]:
+    return [SampledStats(step=item.step,
+                         per_param={k: host[f"p{i}:{k}"] for k in item.per_param},
+                         module_names=item.module_names,
+                         per_module={k: host[f"m{i}:{k}"] for k in item.per_module})
+            for i, item in enumerate(pending)]
 
 
 def _scaler_enabled(scaler: Any) -> bool:

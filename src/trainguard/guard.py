@@ -138,6 +138,8 @@ class Guard:
                                         message=f"could not write {path}: {exc}"))
         drop_grads(engine.watched.params)
         report = engine.finish(measurement, decision)
+        if engine.store is not None and written:
+            engine.store.put_meta("snapshot", written)
         engine.close(status="halted")
         raise TrainingDiverged(
             f"training halted at step {step}: " + "; ".join(e.message for e in causes)

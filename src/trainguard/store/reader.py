@@ -153,6 +153,7 @@ class RunReader:
             "status": meta.get("status", "unknown"),
             "trainguard_version": meta.get("trainguard_version"),
             "policy": meta.get("config", {}).get("policy"),
+            "snapshot": meta.get("snapshot"),
             "steps": len(rows),
             "first_step": rows[0]["step"] if rows else None,
             "last_step": rows[-1]["step"] if rows else None,

@@ -1,0 +1,58 @@
+"""The catalogue of root causes, in one place.
+
+Scenario ground truth, diagnosis rankings and reports all speak these codes. `docs/causes.md`
+describes each one for people (symptom, detection, fix, the guide's section).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    code: str
+    title: str
+    guide_section: str
+    """Section of the reference guide that discusses it."""
+    fix: str
+    """The guide's recommendation, in one line."""
+
+
+_ALL = (
+    Cause("lr_too_high", "Learning rate too high for the fine-tuning mode", "3.1",
+          "Use Adam(W) 1e-6..5e-5 for full fine-tuning, 1e-4..5e-3 for LoRA."),
+    Cause("missing_warmup", "No learning-rate warmup", "3.1, 6",
+          "Warm the LR up linearly (e.g. 500 steps), then cosine decay."),
+    Cause("lora_scaling", "LoRA alpha/r too large", "5.1",
+          "Keep lora_alpha / r <= 1 and use lora_dropout = 0.1."),
+    Cause("bad_init", "Badly initialised new layer", "3.3.1, 6",
+          "Initialise new heads with std 0.02 (or Kaiming for hidden layers)."),
+    Cause("input_scale", "Input normalisation differs from pre-training", "3.2",
+          "Normalise inputs as in pre-training ([0, 1] or [-1, 1], same channel order)."),
+    Cause("nonfinite_input", "NaN or Inf in the input batch", "3.2",
+          "Find and clean the sample; check the data pipeline for divisions by zero."),
+    Cause("outlier_batch", "Outlier batch with extreme input values", "3.2",
+          "Check data statistics per batch; clip or drop the outliers; skip the batch."),
+    Cause("fp16_overflow", "float16 overflow under mixed precision", "3.3.2",
+          "Use autocast with a GradScaler, keep softmax/norms in fp32, or train in bf16."),
+    Cause("batch_truncated", "Batches silently truncated", "3.4.2",
+          "Assert the real batch size equals the configured one; fix the loader or memory."),
+    Cause("optimizer_eps", "Adam epsilon/betas too aggressive", "5.3",
+          "Use eps >= 1e-8 (1e-6 under fp16) and betas (0.9, 0.999)."),
+    Cause("tokenizer_mismatch", "Token ids from a different tokenizer or vocabulary", "3.2",
+          "Use the tokenizer the model was trained with; check ids < vocabulary size."),
+    Cause("numerical_op", "A numerically unsafe operation (log(0), division by zero)", "3.3.2",
+          "Clamp arguments (log(x.clamp_min(eps))), use fused stable ops."),
+    Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
+          "Check DDP initialisation and that every parameter's gradient is all-reduced."),
+)
+
+CAUSES: dict[str, Cause] = {c.code: c for c in _ALL}
+
+
+def cause(code: str) -> Cause:
+    try:
+        return CAUSES[code]
+    except KeyError:
+        raise KeyError(f"unknown cause code {code!r}; known: {', '.join(CAUSES)}") from None
