@@ -133,7 +133,7 @@ class Engine:
     def measure(self, loss: Any, *, lr: float | torch.Tensor | None = None) -> Measurement:
         """Probe the step (gradients final and unscaled) with one device-to-host transfer."""
         loss_t = loss_tensor(loss)
-        pack = DevicePack()
+        pack = DevicePack(self.device)
         if loss_t is not None:
             pack.add("loss", loss_t.float())
         _, grads, _ = self.grad_probe.measure(pack, self.device)
@@ -275,7 +275,7 @@ class Engine:
 
     def _flush_pending(self) -> None:
         """Bring the last heavy-probe results to the host (one transfer) and record them."""
-        pack = DevicePack()
+        pack = DevicePack(self.device)
         pending, self._pending = self._pending, []
         _pack_pending(pack, pending)
         sampled = _unpack_pending(pack.fetch(), pending)

@@ -11,7 +11,9 @@ from trainguard.transfer import to_host
 class DevicePack:
     """Named 1-D float segments that travel to the host together in a single transfer."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device
+        """Where the segments are gathered (the model's device): one copy from there to the host."""
         self._names: list[str] = []
         self._tensors: list[torch.Tensor] = []
 
@@ -26,7 +28,7 @@ class DevicePack:
         """One device-to-host transfer for everything added; returns float64 arrays by name."""
         if not self._tensors:
             return {}
-        device = self._tensors[0].device
+        device = self.device if self.device is not None else self._tensors[0].device
         parts = [t.to(device=device, dtype=torch.float32) for t in self._tensors]
         host = to_host(torch.cat(parts))
         out: dict[str, np.ndarray] = {}
