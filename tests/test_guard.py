@@ -349,3 +349,20 @@ def test_unknown_policy_and_wrong_types() -> None:
         Guard(model, "adam")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=r"torch\.nn\.Module"):
         Guard("model", optimizer)  # type: ignore[arg-type]
+
+
+def test_parameters_unfrozen_later_are_watched() -> None:
+    setup = make_setup()
+    for param in setup.model.blocks.parameters():
+        param.requires_grad_(False)
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
+    train(guard, setup, 2)
+    for param in setup.model.blocks.parameters():
+        param.requires_grad_(True)
+    loss = setup.model.loss(setup.batch())
+    loss.backward()
+    name = "blocks.layers.0.linear1.weight"
+    dict(setup.model.named_parameters())[name].grad[0, 0] = float("nan")
+    report = guard.step(loss)
+    assert report.action == "skipped"
+    assert next(e for e in report.events if e.kind == "nonfinite_grad").param == name

@@ -12,7 +12,11 @@ from trainguard.errors import UsageError
 
 @dataclass(slots=True)
 class WatchedParams:
-    """The trainable parameters of a model that its optimizer updates, in model order."""
+    """The model's parameters that its optimizer updates, in model order.
+
+    Parameters frozen when the Guard starts but held by the optimizer are watched too, so that
+    progressive unfreezing (or a backbone unfrozen later) stays measured and clipped.
+    """
 
     names: list[str]
     params: list[torch.Tensor]
@@ -45,8 +49,9 @@ def watched_params(model: nn.Module, optimizers: list[torch.optim.Optimizer]) ->
                         "not in the model: build the optimizer from this model's parameters "
                         "(model.parameters()) or pass the model that owns them")
                 in_optimizer.add(id(param))
-    names = [n for n, p in trainable if id(p) in in_optimizer]
-    params = [p for _, p in trainable if id(p) in in_optimizer]
-    if not params:
+    held = [(n, p) for n, p in model.named_parameters() if id(p) in in_optimizer]
+    if not any(p.requires_grad for _, p in held):
         raise UsageError("none of the model's trainable parameters is in the optimizer")
+    names = [n for n, _ in held]
+    params = [p for _, p in held]
     return WatchedParams(names=names, params=params)
