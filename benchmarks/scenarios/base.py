@@ -1,0 +1,87 @@
+"""What a scenario is: a real small fine-tune, healthy or with one known fault.
+
+A scenario's `build(seed)` returns a `Workload`: the model, optimizer, schedule and a
+deterministic data stream, plus the loss and evaluation functions. Faults are part of the
+workload (a bad learning rate, a poisoned batch at `onset_step`, ...), so every strategy that runs
+the scenario meets exactly the same fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.diagnose.causes import CAUSES
+
+Batch = Any
+
+
+@dataclass
+class Workload:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: Callable[[int, int], Batch]
+    """batch(step, micro) -> the micro-batch `micro` of optimizer step `step` (deterministic)."""
+    loss: Callable[[nn.Module, Batch, int], torch.Tensor]
+    """loss(model, batch, step) -> scalar loss for one micro-batch (before accumulation scaling)."""
+    evaluate: Callable[[nn.Module], float]
+    """Held-out loss of the model in eval mode, without gradients (NaN if the model is broken)."""
+    scheduler: Any = None
+    scaler: torch.amp.GradScaler | None = None
+    autocast: torch.dtype | None = None
+    accumulation: int = 1
+    batch_size: int = 0
+    """The configured batch size (what a truncated loader silently falls short of)."""
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    family: str
+    """Model family: gpt2, gpt2_lora, bert_cls, image_cls, diffusion, lstm."""
+    build: Callable[[int], Workload]
+    steps: int
+    cause: str | None = None
+    """Ground-truth cause code from trainguard.diagnose.causes, or None for a healthy run."""
+    onset_step: int | None = None
+    """First step at which the fault acts (0 for faults present from the start)."""
+    sudden: bool = True
+    """Sudden faults (a bad batch) are held to the latency target; gradual ones (a slow climb)
+    are not."""
+    severity: str = ""
+    description: str = ""
+    recoverable: bool = True
+    """Whether a protection strategy can in principle bring this run back (a transient fault),
+    as opposed to a configuration that stays broken whatever is skipped."""
+    distributed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cause is not None and self.cause not in CAUSES:
+            raise ValueError(f"{self.name}: unknown cause code {self.cause!r}")
+        if (self.cause is None) != (self.onset_step is None):
+            raise ValueError(f"{self.name}: a faulty scenario needs an onset_step, a healthy one "
+                             "must not have one")
+
+    @property
+    def healthy(self) -> bool:
+        return self.cause is None
+
+
+def lm_eval(model: nn.Module, batches: list[torch.Tensor],
+            loss: Callable[[nn.Module, Batch, int], torch.Tensor]) -> float:
+    """Mean held-out loss; NaN when the model produces non-finite values."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            values = [float(loss(model, b, -1)) for b in batches]
+    except (RuntimeError, ValueError, IndexError):
+        return float("nan")
+    finally:
+        model.train(was_training)
+    return sum(values) / len(values)

@@ -1,0 +1,340 @@
+"""GPT-2 fine-tuning scenarios: full fine-tuning (family "gpt2") and LoRA (family "gpt2_lora").
+
+Model: a real `transformers.GPT2LMHeadModel` built from a config (2 layers, 64 wide, 4 heads,
+vocabulary 64, dropout 0 for determinism). It is pre-trained for a few seconds on a sparse Markov
+chain language (`trainguard.demo.MarkovLanguage`, 3 likely successors per token), then fine-tuned
+on a related language: the same chain with a quarter of its rows given new successors. The
+fine-tune loss therefore starts well above its floor (the pre-trained model is confidently wrong on
+those rows) and really falls. LoRA scenarios wrap the same pre-trained model with `peft`
+(adapters on c_attn, c_proj and c_fc; the base weights are frozen).
+
+Tiny models want larger learning rates than the guide's 7B ranges, so each mode has a calibrated
+sane LR with a 20-step linear warmup then cosine decay over 200 steps: `SANE_FULL_LR` = 3e-3 (full
+fine-tuning trains equally well from 3e-3 to about 0.1 with warmup) and `SANE_LORA_LR` = 2e-2
+(LoRA trains well from 1e-2 to 3e-2 and breaks at 0.1). The LR faults are the guide's multiples
+of these.
+
+Faults (guide sections from `trainguard.diagnose.causes`):
+    lr_too_high (3.1)          100x the sane full fine-tuning LR; 10x the sane LoRA LR. Adam's
+                               per-step update is about lr in every weight, so the pre-trained
+                               weights are thrown far from the basin the fine-tune starts in.
+    missing_warmup (3.1, 6)    5e-2 without warmup. With the 20-step warmup this LR trains as well
+                               as the sane one; without it, Adam's first steps move every weight
+                               by about lr at once, before its moment estimates have settled, and
+                               the model never recovers within the run.
+    lora_scaling (5.1)         lora_alpha / r = 64 at the sane LoRA LR: the adapter's effective
+                               step is 64 times larger. (At LoRA LR 1e-2 the same scaling only
+                               degrades the fine-tune; at 2e-2 it breaks it.)
+    tokenizer_mismatch (3.2)   (a) the training data is encoded with a wrong vocabulary (a fixed
+                               permutation of ids) from step 0: the loss starts far above the
+                               pre-trained model's, then falls as the model learns a scrambled
+                               language, which ruins it on correctly encoded text; (b) one batch
+                               at the onset step holds ids from a larger vocabulary (>= 64): the
+                               embedding lookup raises an IndexError.
+    numerical_op (3.3.2)       a confidence regulariser sum(p * log p) whose softmax temperature
+                               collapses at the onset step: the softmax underflows to exact zeros,
+                               0 * log(0) is NaN, and so are the loss and every gradient.
+    batch_truncated (3.4.2)    from the onset step the loader silently yields 2 sequences
+                               instead of 16, so the gradient noise grows past what the LR was
+                               tuned for. On this tiny model that degrades the fine-tune (about
+                               as much as training with batches of 2 throughout) but does not
+                               break it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainguard.demo.data import MarkovLanguage
+
+from ..base import Batch, Scenario, Workload, lm_eval
+from ..pretrain import pretrained
+
+if TYPE_CHECKING:
+    from transformers import GPT2Config
+
+VOCAB_SIZE = 64
+SEQ_LEN = 32
+BATCH_SIZE = 16
+STEPS = 200
+LANGUAGE_SEED = 7
+CHANGED_ROW_SHARE = 0.25
+"""Share of the pre-training chain's rows that the fine-tuning language gives new successors."""
+EVAL_BATCHES = 4
+
+SANE_FULL_LR = 3e-3
+SANE_LORA_LR = 2e-2
+WARMUP_STEPS = 20
+MISSING_WARMUP_LR = 5e-2
+ONSET_STEP = 60
+
+PRETRAIN_KEY = "gpt2_l2_e64_h4_v64_markov7_b3_adamw5e-3_s150_b32_t1_v2"
+PRETRAIN_STEPS = 150
+PRETRAIN_LR = 5e-3
+
+# Separate random streams so that training, held-out and pre-training data never overlap.
+_TRAIN_STREAM, _EVAL_STREAM, _PRETRAIN_STREAM, _VOCABULARY_STREAM = 0, 1, 2, 3
+
+
+def _stream_seed(seed: int, stream: int, step: int, micro: int = 0) -> int:
+    return ((seed * 7919 + stream) * 1_000_003 + step) * 101 + micro
+
+
+def _generator(seed: int, stream: int, step: int, micro: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(_stream_seed(seed, stream, step, micro))
+
+
+# -- the languages -------------------------------------------------------------------------------
+def pretraining_transition() -> torch.Tensor:
+    return MarkovLanguage(VOCAB_SIZE, branching=3, seed=LANGUAGE_SEED).transition
+
+
+def finetuning_transition() -> torch.Tensor:
+    """The pre-training chain with a quarter of its rows given new successors."""
+    transition = pretraining_transition().clone()
+    generator = torch.Generator().manual_seed(LANGUAGE_SEED + 1000)
+    changed = torch.randperm(VOCAB_SIZE, generator=generator)[:int(VOCAB_SIZE * CHANGED_ROW_SHARE)]
+    for token in changed.tolist():
+        logits = torch.full((VOCAB_SIZE,), -1e9)
+        successors = torch.randperm(VOCAB_SIZE, generator=generator)[:3]
+        logits[successors] = torch.randn(3, generator=generator)
+        transition[token] = torch.softmax(logits, dim=-1)
+    return transition
+
+
+def sample_sequences(transition: torch.Tensor, batch_size: int,
+                     generator: torch.Generator) -> torch.Tensor:
+    tokens = torch.empty(batch_size, SEQ_LEN, dtype=torch.long)
+    tokens[:, 0] = torch.randint(VOCAB_SIZE, (batch_size,), generator=generator)
+    for i in range(1, SEQ_LEN):
+        tokens[:, i] = torch.multinomial(transition[tokens[:, i - 1]], 1,
+                                         generator=generator).squeeze(1)
+    return tokens
+
+
+# -- the model -----------------------------------------------------------------------------------
+def gpt2_config() -> GPT2Config:
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB_SIZE, n_positions=64,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      bos_token_id=None, eos_token_id=None)
+
+
+def _pretrain(model: nn.Module) -> None:
+    """A few seconds of AdamW on the pre-training chain, from a fixed initialisation."""
+    from transformers import GPT2LMHeadModel
+
+    # A fixed initialisation: the cached weights must not depend on the caller's RNG state.
+    with torch.random.fork_rng():
+        torch.manual_seed(LANGUAGE_SEED)
+        model.load_state_dict(GPT2LMHeadModel(gpt2_config()).state_dict())
+    transition = pretraining_transition()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(warmup_cosine, warmup=10, total=PRETRAIN_STEPS))
+    model.train()
+    # One thread, so the cached weights do not depend on the thread count of whichever process
+    # trains them first (the faulty runs are chaotic enough to amplify a last-bit difference).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in range(PRETRAIN_STEPS):
+            tokens = sample_sequences(transition, 32, _generator(0, _PRETRAIN_STREAM, step))
+            next_token_loss(model, tokens).backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def pretrained_gpt2() -> nn.Module:
+    from transformers import GPT2LMHeadModel
+
+    return pretrained(PRETRAIN_KEY, GPT2LMHeadModel(gpt2_config()), _pretrain)
+
+
+def next_token_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=tokens[:, :-1]).logits.float()
+
+
+def next_token_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = next_token_logits(model, tokens)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+
+
+def warmup_cosine(step: int, warmup: int, total: int) -> float:
+    """LR multiplier: linear warmup over `warmup` steps, then cosine decay to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# -- a recipe: everything a scenario varies ------------------------------------------------------
+@dataclass(frozen=True)
+class Recipe:
+    lora: bool = False
+    lr: float = SANE_FULL_LR
+    warmup_steps: int = WARMUP_STEPS
+    steps: int = STEPS
+    batch_size: int = BATCH_SIZE
+    accumulation: int = 1
+    autocast: torch.dtype | None = None
+    lora_r: int = 8
+    lora_alpha: int = 8
+    lora_dropout: float = 0.1
+    # Faults (all off by default).
+    permuted_vocabulary: bool = False
+    """tokenizer_mismatch (a): every training batch is encoded with a permuted vocabulary."""
+    foreign_ids_at: int | None = None
+    """tokenizer_mismatch (b): the batch of this step holds ids from a larger vocabulary."""
+    temperature_collapse_at: int | None = None
+    """numerical_op: from this step the regulariser's softmax temperature collapses."""
+    truncated_from: int | None = None
+    truncated_size: int = 2
+    """batch_truncated: from `truncated_from` on, batches hold `truncated_size` sequences."""
+
+
+FOREIGN_VOCAB_SIZE = 100
+"""Size of the larger vocabulary that the foreign batch was encoded with."""
+FOREIGN_ROWS = 4
+REGULARISER_WEIGHT = 0.01
+SANE_TEMPERATURE = 1.0
+COLLAPSED_TEMPERATURE = 1e-3
+
+
+def confidence_regulariser(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Negative entropy sum(p * log p) of the tempered softmax, written without clamping."""
+    p = torch.softmax(logits / temperature, dim=-1)
+    return (p * torch.log(p)).sum(-1).mean()
+
+
+def build(seed: int, recipe: Recipe) -> Workload:
+    transition = finetuning_transition()
+    model = pretrained_gpt2()
+    if recipe.lora:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=recipe.lora_r, lora_alpha=recipe.lora_alpha,
+                          lora_dropout=recipe.lora_dropout, fan_in_fan_out=True,
+                          target_modules=["c_attn", "c_proj", "c_fc"])
+        with warnings.catch_warnings():
+            # peft still calls a transformers helper that transformers 5 deprecates.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
+                                    category=FutureWarning)
+            model = get_peft_model(model, lora)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(warmup_cosine, warmup=recipe.warmup_steps, total=recipe.steps))
+    held_out = [sample_sequences(transition, BATCH_SIZE, _generator(seed, _EVAL_STREAM, i))
+                for i in range(EVAL_BATCHES)]
+    wrong_vocabulary = torch.randperm(VOCAB_SIZE, generator=_generator(seed, _VOCABULARY_STREAM, 0))
+
+    def batch(step: int, micro: int) -> Batch:
+        size = recipe.batch_size
+        if recipe.truncated_from is not None and step >= recipe.truncated_from:
+            size = recipe.truncated_size
+        generator = _generator(seed, _TRAIN_STREAM, step, micro)
+        tokens = sample_sequences(transition, size, generator)
+        if recipe.permuted_vocabulary:
+            tokens = wrong_vocabulary[tokens]
+        if step == recipe.foreign_ids_at:
+            # A few rows come from a source tokenized with a larger vocabulary.
+            tokens[:FOREIGN_ROWS] = torch.randint(VOCAB_SIZE, FOREIGN_VOCAB_SIZE,
+                                                  (FOREIGN_ROWS, SEQ_LEN), generator=generator)
+        return tokens
+
+    def loss(model: nn.Module, tokens: Batch, step: int) -> torch.Tensor:
+        if recipe.temperature_collapse_at is None or step < 0:
+            return next_token_loss(model, tokens)
+        logits = next_token_logits(model, tokens)
+        task = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+        # The temperature bug: from the onset step the logits are divided by a tiny value, so all
+        # but the top token get probability exactly 0 and log(0) = -inf.
+        temperature = (COLLAPSED_TEMPERATURE if step >= recipe.temperature_collapse_at
+                       else SANE_TEMPERATURE)
+        return task + REGULARISER_WEIGHT * confidence_regulariser(logits, temperature)
+
+    return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
+                    evaluate=lambda m: lm_eval(m, held_out, loss), scheduler=scheduler,
+                    autocast=recipe.autocast, accumulation=recipe.accumulation,
+                    batch_size=recipe.batch_size)
+
+
+def _scenario(name: str, recipe: Recipe, description: str, **fault: Any) -> Scenario:
+    return Scenario(name=name, family="gpt2_lora" if recipe.lora else "gpt2",
+                    build=partial(build, recipe=recipe), steps=recipe.steps,
+                    description=description, **fault)
+
+
+def scenarios() -> list[Scenario]:
+    full = Recipe()
+    lora = Recipe(lora=True, lr=SANE_LORA_LR)
+    sane = f"AdamW {SANE_FULL_LR:g} with {WARMUP_STEPS}-step warmup + cosine"
+    sane_lora = f"AdamW {SANE_LORA_LR:g} with {WARMUP_STEPS}-step warmup + cosine"
+    warmup_multiple = MISSING_WARMUP_LR / SANE_FULL_LR
+    return [
+        # -- healthy ------------------------------------------------------------------------------
+        _scenario("gpt2_healthy", full, f"full fine-tune, fp32, batch {BATCH_SIZE}, sane {sane}"),
+        _scenario("gpt2_healthy_no_warmup", replace(full, lr=SANE_FULL_LR / 3, warmup_steps=0),
+                  f"full fine-tune without warmup at a modest LR {SANE_FULL_LR / 3:.0e} "
+                  "(a third of the sane LR), cosine decay"),
+        _scenario("gpt2_healthy_bf16", replace(full, autocast=torch.bfloat16),
+                  f"full fine-tune under bf16 autocast, sane {sane}"),
+        _scenario("gpt2_healthy_accumulation", replace(full, batch_size=4, accumulation=4),
+                  f"full fine-tune, 4 accumulated micro-batches of 4, sane {sane}"),
+        _scenario("gpt2_healthy_small_batch", replace(full, batch_size=2),
+                  f"full fine-tune with noisy batches of 2 sequences, sane {sane}"),
+        _scenario("gpt2_lora_healthy", lora,
+                  f"LoRA r=8 alpha=8 (alpha/r=1), lora_dropout 0.1, sane {sane_lora}"),
+        # -- faulty -------------------------------------------------------------------------------
+        _scenario("gpt2_lr_too_high", replace(full, lr=100 * SANE_FULL_LR),
+                  f"full fine-tune at {100 * SANE_FULL_LR:g} = 100x the sane LR "
+                  f"{SANE_FULL_LR:g} (warmup + cosine kept)",
+                  cause="lr_too_high", onset_step=0, sudden=False, recoverable=False),
+        _scenario("gpt2_lora_lr_too_high", replace(lora, lr=10 * SANE_LORA_LR),
+                  f"LoRA r=8 alpha=8 at {10 * SANE_LORA_LR:g} = 10x the sane LoRA LR "
+                  f"{SANE_LORA_LR:g} (warmup + cosine kept)",
+                  cause="lr_too_high", onset_step=0, sudden=False, recoverable=False),
+        _scenario("gpt2_missing_warmup", replace(full, lr=MISSING_WARMUP_LR, warmup_steps=0),
+                  f"full fine-tune at {MISSING_WARMUP_LR:g} (~{warmup_multiple:.0f}x the sane "
+                  f"LR), cosine but no warmup; the same LR trains well with a {WARMUP_STEPS}-step "
+                  "warmup",
+                  cause="missing_warmup", onset_step=0, sudden=False, recoverable=False),
+        _scenario("gpt2_lora_scaling", replace(lora, lora_alpha=512),
+                  f"LoRA r=8 alpha=512 (alpha/r=64), lora_dropout 0.1, sane {sane_lora}",
+                  cause="lora_scaling", onset_step=0, sudden=False, recoverable=False),
+        _scenario("gpt2_tokenizer_permuted", replace(full, permuted_vocabulary=True),
+                  f"training data encoded with a wrong vocabulary (a fixed permutation of the "
+                  f"{VOCAB_SIZE} ids) from step 0; held-out data encoded correctly",
+                  cause="tokenizer_mismatch", onset_step=0, sudden=False, recoverable=False),
+        _scenario("gpt2_tokenizer_foreign_ids", replace(full, foreign_ids_at=ONSET_STEP),
+                  f"at step {ONSET_STEP}, {FOREIGN_ROWS} sequences of the batch come from a "
+                  f"{FOREIGN_VOCAB_SIZE}-token vocabulary (ids >= {VOCAB_SIZE})",
+                  cause="tokenizer_mismatch", onset_step=ONSET_STEP, sudden=True,
+                  recoverable=True),
+        _scenario("gpt2_numerical_op", replace(full, temperature_collapse_at=ONSET_STEP),
+                  f"loss + {REGULARISER_WEIGHT:g} * sum(p log p) with an unclamped log; from step "
+                  f"{ONSET_STEP} a temperature bug ({COLLAPSED_TEMPERATURE:g}) underflows the "
+                  "softmax to exact 0, so the loss is NaN",
+                  cause="numerical_op", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_batch_truncated",
+                  replace(full, truncated_from=ONSET_STEP, truncated_size=2),
+                  f"from step {ONSET_STEP} the loader silently yields 2 sequences instead of "
+                  f"{BATCH_SIZE}, at the sane LR tuned for {BATCH_SIZE}; on this tiny model it "
+                  "degrades the fine-tune rather than breaking it",
+                  cause="batch_truncated", onset_step=ONSET_STEP, sudden=False,
+                  recoverable=False),
+    ]

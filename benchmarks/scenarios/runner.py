@@ -1,0 +1,133 @@
+"""Run one scenario under one strategy and score it against the ground truth."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard import GuardConfig, TrainingDiverged
+from trainguard.events import SEVERITY_RANK
+
+from .base import Scenario, Workload
+from .strategies import Stepper, make_stepper
+
+DETECTION_SEVERITY = "warning"
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    family: str
+    cause: str | None
+    onset_step: int | None
+    strategy: str
+    steps_run: int
+    outcome: str
+    """finished, halted (trainguard stopped it), crashed (an exception) or nan (finished with
+    non-finite weights)."""
+    final_eval_loss: float
+    train_losses: list[float]
+    actions: dict[str, int]
+    events: list[dict[str, Any]]
+    seconds: float
+    error: str = ""
+    detected: bool | None = None
+    latency: int | None = None
+    false_alarms: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def score(result: RunResult, scenario: Scenario) -> None:
+    """Fill detected / latency / false_alarms from the events and the ground truth."""
+    events = result.events
+    if scenario.healthy:
+        result.false_alarms = len(events)
+        return
+    onset = scenario.onset_step or 0
+    result.false_alarms = sum(1 for e in events if e["step"] < onset)
+    hits = [e["step"] for e in events if e["step"] >= onset
+            and SEVERITY_RANK[e["severity"]] >= SEVERITY_RANK[DETECTION_SEVERITY]]
+    result.detected = bool(hits)
+    result.latency = (min(hits) - onset) if hits else None
+
+
+def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, float]:
+    """Forward/backward of every micro-batch of `step`, then the stepper's optimizer step.
+
+    Under DDP, gradients are all-reduced on the last micro-batch only, as accumulation should.
+    """
+    model = workload.model
+    batch = None
+    step_loss = torch.zeros(())
+    for micro in range(workload.accumulation):
+        batch = workload.batch(step, micro)
+        last = micro == workload.accumulation - 1
+        sync = (nullcontext() if last or not isinstance(model, nn.parallel.DistributedDataParallel)
+                else model.no_sync())
+        with sync:
+            with torch.autocast("cpu", dtype=workload.autocast or torch.bfloat16,
+                                enabled=workload.autocast is not None):
+                loss = workload.loss(model, batch, step)
+            scaled = loss / workload.accumulation
+            (workload.scaler.scale(scaled) if workload.scaler is not None
+             else scaled).backward()
+        step_loss = step_loss + scaled.detach().float()
+    action = stepper.step(step_loss, batch)
+    workload.optimizer.zero_grad(set_to_none=True)
+    return action, float(step_loss)
+
+
+def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
+                 config: GuardConfig | None = None, seed: int = 0,
+                 steps: int | None = None) -> RunResult:
+    if scenario.distributed:
+        from .distributed import run_distributed
+
+        result = run_distributed(scenario, strategy, config=config, seed=seed, steps=steps)
+        score(result, scenario)
+        return result
+    torch.manual_seed(seed)
+    workload = scenario.build(seed)
+    stepper = make_stepper(strategy, workload, config)
+    total = steps if steps is not None else scenario.steps
+    losses: list[float] = []
+    actions: dict[str, int] = {}
+    outcome, error = "finished", ""
+    started = time.perf_counter()
+    step = 0
+    try:
+        for step in range(total):
+            action, loss = one_step(workload, stepper, step)
+            actions[action] = actions.get(action, 0) + 1
+            losses.append(loss)
+        step = total
+    except TrainingDiverged as exc:
+        outcome, error = "halted", str(exc).splitlines()[0][:300]
+        actions["halted"] = actions.get("halted", 0) + 1
+    except Exception as exc:  # the outcome of a broken run, recorded rather than raised
+        first_line = (str(exc).splitlines() or [""])[0][:300]
+        outcome, error = "crashed", f"{type(exc).__name__}: {first_line}"
+    finally:
+        stepper.close()
+    eval_loss = workload.evaluate(workload.model)
+    if outcome == "finished" and not all(torch.isfinite(p).all()
+                                         for p in workload.model.parameters()):
+        outcome = "nan"
+    result = RunResult(
+        scenario=scenario.name, family=scenario.family, cause=scenario.cause,
+        onset_step=scenario.onset_step, strategy=strategy, steps_run=step, outcome=outcome,
+        final_eval_loss=eval_loss if math.isfinite(eval_loss) else float("nan"),
+        train_losses=losses, actions=actions,
+        events=[e.to_dict() for e in stepper.events],
+        seconds=time.perf_counter() - started, error=error, notes=dict(workload.notes))
+    score(result, scenario)
+    return result

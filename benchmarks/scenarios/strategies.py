@@ -1,0 +1,141 @@
+"""Ways to take an optimizer step, compared on the same scenarios.
+
+    none            optimizer.step() as is (the scaler's step/update under fp16)
+    clip            clip_grad_norm_(1.0) first, like the Hugging Face Trainer default
+    skip_nonfinite  skip the step when the gradient norm is not finite, like a GradScaler does
+    zclip           ZClip adaptive clipping (the `zclip` package), then the step
+    trainguard      trainguard.Guard with a given GuardConfig (default: protect)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from typing import Any
+
+import torch
+
+import trainguard
+from trainguard import Guard, GuardConfig
+
+from .base import Workload
+
+STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "trainguard")
+
+
+class Stepper:
+    """Takes one optimizer step after the backward passes of that step."""
+
+    name = ""
+    events: list[trainguard.Event]
+
+    def __init__(self, workload: Workload) -> None:
+        self.w = workload
+        self.events = []
+
+    def step(self, loss: torch.Tensor, batch: Any) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    # -- helpers shared by the plain strategies --------------------------------------------------
+    def _unscale(self) -> None:
+        if self.w.scaler is not None:
+            self.w.scaler.unscale_(self.w.optimizer)
+
+    def _apply(self) -> None:
+        if self.w.scaler is not None:
+            self.w.scaler.step(self.w.optimizer)
+            self.w.scaler.update()
+        else:
+            self.w.optimizer.step()
+        if self.w.scheduler is not None:
+            self.w.scheduler.step()
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for p in self.w.model.parameters() if p.grad is not None]
+
+
+class NoProtection(Stepper):
+    name = "none"
+
+    def step(self, loss: torch.Tensor, batch: Any) -> str:
+        self._apply()
+        return "applied"
+
+
+class ClipGradNorm(Stepper):
+    name = "clip"
+
+    def step(self, loss: torch.Tensor, batch: Any) -> str:
+        self._unscale()
+        torch.nn.utils.clip_grad_norm_(self._params(), 1.0)
+        self._apply()
+        return "applied"
+
+
+class SkipNonFinite(Stepper):
+    name = "skip_nonfinite"
+
+    def step(self, loss: torch.Tensor, batch: Any) -> str:
+        self._unscale()
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self._params()])
+        if not math.isfinite(float(norm)):
+            if self.w.scaler is not None:
+                self.w.scaler.update()
+            return "skipped"
+        self._apply()
+        return "applied"
+
+
+class ZClipStepper(Stepper):
+    name = "zclip"
+
+    def __init__(self, workload: Workload) -> None:
+        super().__init__(workload)
+        from zclip import ZClip
+
+        self.zclip = ZClip(mode="zscore", alpha=0.97, z_thresh=2.5, max_grad_norm=1.0)
+
+    def step(self, loss: torch.Tensor, batch: Any) -> str:
+        self._unscale()
+        self.zclip.step(self.w.model)
+        self._apply()
+        return "applied"
+
+
+class GuardStepper(Stepper):
+    name = "trainguard"
+
+    def __init__(self, workload: Workload, config: GuardConfig | None = None,
+                 run_dir: str | None = None) -> None:
+        super().__init__(workload)
+        config = config or GuardConfig(console=False)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if config.snapshot_dir is None:  # crash snapshots of benchmark runs are not kept
+            self._tmp = tempfile.TemporaryDirectory(prefix="trainguard-scenario-")
+            config = dataclasses.replace(config, snapshot_dir=self._tmp.name)
+        self.guard = Guard(workload.model, workload.optimizer, workload.scheduler,
+                           workload.scaler, config=config, run_dir=run_dir)
+        self.events = self.guard.events
+
+    def step(self, loss: torch.Tensor, batch: Any) -> str:
+        return self.guard.step(loss, batch=batch).action
+
+    def close(self) -> None:
+        self.guard.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def make_stepper(name: str, workload: Workload, config: GuardConfig | None = None,
+                 run_dir: str | None = None) -> Stepper:
+    if name == "trainguard":
+        return GuardStepper(workload, config, run_dir)
+    table: dict[str, type[Stepper]] = {"none": NoProtection, "clip": ClipGradNorm,
+                                       "skip_nonfinite": SkipNonFinite, "zclip": ZClipStepper}
+    if name not in table:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    return table[name](workload)

@@ -1,0 +1,61 @@
+"""The scenario suite as a whole: its catalogue, its scoring, and every strategy it compares."""
+
+from __future__ import annotations
+
+import pytest
+from benchmarks.scenarios import all_scenarios, scenario
+from benchmarks.scenarios.base import Scenario
+from benchmarks.scenarios.runner import RunResult, run_scenario, score
+from benchmarks.scenarios.strategies import STRATEGIES
+
+from trainguard.diagnose.causes import CAUSES
+
+
+def test_catalogue_covers_every_cause_and_enough_healthy_runs() -> None:
+    scenarios = all_scenarios()
+    healthy = [s for s in scenarios if s.healthy]
+    faulty = [s for s in scenarios if not s.healthy]
+    assert len(healthy) >= 12 and len(faulty) >= 14
+    assert {s.cause for s in faulty} == set(CAUSES), "one scenario per cause code at least"
+    assert {"gpt2", "gpt2_lora", "bert_cls", "image_cls", "diffusion", "lstm"} <= {
+        s.family for s in scenarios}
+    for s in faulty:
+        assert s.onset_step is not None and 0 <= s.onset_step < s.steps, s.name
+
+
+def test_a_scenario_needs_consistent_ground_truth() -> None:
+    build = scenario("lstm_healthy_sgd").build
+    with pytest.raises(ValueError, match="onset_step"):
+        Scenario("x", "lstm", build, 10, cause="lr_too_high")
+    with pytest.raises(ValueError, match="unknown cause"):
+        Scenario("x", "lstm", build, 10, cause="gremlins", onset_step=0)
+
+
+def _result(events: list[tuple[int, str]], onset: int | None) -> RunResult:
+    return RunResult(scenario="s", family="f", cause=None if onset is None else "outlier_batch",
+                     onset_step=onset, strategy="trainguard", steps_run=10, outcome="finished",
+                     final_eval_loss=1.0, train_losses=[], actions={},
+                     events=[{"step": step, "severity": sev, "kind": "k"} for step, sev in events],
+                     seconds=0.0)
+
+
+def test_scoring_counts_detection_latency_and_false_alarms() -> None:
+    build = scenario("lstm_healthy_sgd").build
+    faulty = Scenario("s", "f", build, 10, cause="outlier_batch", onset_step=5)
+    healthy = Scenario("h", "f", build, 10)
+    result = _result([(2, "warning"), (5, "info"), (7, "error")], onset=5)
+    score(result, faulty)
+    assert (result.detected, result.latency, result.false_alarms) == (True, 2, 1)
+    result = _result([(6, "info")], onset=5)
+    score(result, faulty)
+    assert (result.detected, result.latency) == (False, None), "info events do not count"
+    result = _result([(1, "info")], onset=None)
+    score(result, healthy)
+    assert result.false_alarms == 1 and result.detected is None
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_runs_a_scenario(strategy: str) -> None:
+    result = run_scenario(scenario("lstm_numerical_op"), strategy, steps=5)
+    assert result.outcome == "finished" and result.steps_run == 5
+    assert len(result.train_losses) == 5
