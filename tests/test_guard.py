@@ -366,3 +366,24 @@ def test_parameters_unfrozen_later_are_watched() -> None:
     report = guard.step(loss)
     assert report.action == "skipped"
     assert next(e for e in report.events if e.kind == "nonfinite_grad").param == name
+
+
+def test_a_monitoring_bug_does_not_stop_training(monkeypatch, caplog) -> None:
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, setup.scheduler, config=GuardConfig(**QUIET))
+    train(guard, setup, 2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("probe bug")
+
+    monkeypatch.setattr(guard.engine.grad_probe, "measure", broken)
+    weights = setup.model.head.weight.detach().clone()
+    lr = setup.optimizer.param_groups[0]["lr"]
+    with caplog.at_level("ERROR", logger="trainguard"):
+        [report] = train(guard, setup, 1)
+    assert report.action == "applied" and report.events[0].kind == "monitor_error"
+    assert not torch.equal(weights, setup.model.head.weight), "the step was still applied"
+    assert setup.optimizer.param_groups[0]["lr"] != lr, "and the schedule advanced"
+    assert "probe bug" in caplog.text
+    monkeypatch.undo()
+    assert train(guard, setup, 1)[0].step == 3, "and guarding resumes"

@@ -191,8 +191,13 @@ class Engine:
         if not applied:
             self.weight_probe.forget()
         if self._sampled_now or fired:
-            per_param = self.weight_probe.measure(self.device)
-            per_param.update(self.optstate_probe.measure(self.device))
+            try:
+                per_param = self.weight_probe.measure(self.device)
+                per_param.update(self.optstate_probe.measure(self.device))
+            except Exception as exc:  # heavy probes are optional; training goes on
+                log.error("trainguard: sampled probes failed at step %d (%s: %s)", self.step,
+                          type(exc).__name__, exc)
+                return
             self._pending.append(_Pending(step=self.step, per_param=per_param))
         else:
             self.weight_probe.forget()

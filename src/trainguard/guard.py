@@ -15,6 +15,7 @@ updates that were really applied.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,14 @@ from torch import nn
 
 from trainguard.config import GuardConfig
 from trainguard.engine import Engine, Measurement
-from trainguard.errors import TrainingDiverged, UsageError
+from trainguard.errors import TrainguardError, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
 from trainguard.policy import Decision
 from trainguard.remedies import drop_grads, scale_grads
 from trainguard.sinks import Sink
 from trainguard.snapshot import build_snapshot, write_snapshot
+
+log = logging.getLogger("trainguard")
 
 
 class Guard:
@@ -66,8 +69,13 @@ class Guard:
         engine = self.engine
         if self.scaler is not None:
             self._unscale()
-        measurement = engine.measure(loss, lr=self.optimizer.param_groups[0].get("lr"))
-        decision = engine.decide(measurement)
+        try:
+            measurement = engine.measure(loss, lr=self.optimizer.param_groups[0].get("lr"))
+            decision = engine.decide(measurement)
+        except TrainguardError:
+            raise
+        except Exception as exc:  # a monitoring bug must not kill the run: step unguarded
+            return self._unguarded_step(exc)
         fired = bool(decision.events)
         if decision.action == "halted":
             self._halt(measurement, batch, decision)
@@ -111,6 +119,32 @@ class Guard:
         self.engine.load_state_dict(state)
 
     # -- internals -------------------------------------------------------------------------------
+    def _unguarded_step(self, error: Exception) -> StepReport:
+        """What the loop would do without trainguard: clip, step, schedule. Reported, not raised."""
+        engine = self.engine
+        step = engine.step
+        event = Event(kind="monitor_error", step=step, severity="warning",
+                      message=f"trainguard could not check this step ({type(error).__name__}: "
+                              f"{error}); it was applied unguarded")
+        log.error("trainguard: %s", event.message)
+        params = [p for p in engine.watched.params if p.grad is not None]
+        if self.config.max_grad_norm is not None and params:
+            torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        engine.events.append(event)
+        engine.sinks.on_event(event)
+        if engine.store is not None:
+            engine.store.put_event(event)
+        engine.step += 1
+        return StepReport(step=step, loss=None, grad_norm=float("nan"), action="applied",
+                          events=[event])
+
     def _unscale(self) -> None:
         from torch.amp.grad_scaler import OptState
 

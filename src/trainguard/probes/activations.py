@@ -9,11 +9,14 @@ Metric keys (per hooked module, in the order the modules ran):
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger("trainguard")
 
 
 def _first_float_tensor(output: Any) -> torch.Tensor | None:
@@ -42,6 +45,7 @@ class ActivationProbe:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._names: list[str] = []
         self._stats: list[torch.Tensor] = []
+        self.failures = 0
 
     @property
     def attached(self) -> bool:
@@ -57,18 +61,22 @@ class ActivationProbe:
 
     def _hook(self, name: str):
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            tensor = _first_float_tensor(output)
-            if tensor is None or tensor.numel() == 0:
+            try:
+                tensor = _first_float_tensor(output)
+                if tensor is None or tensor.numel() == 0:
+                    return
+                with torch.no_grad():
+                    t = tensor.detach()
+                    stats = torch.stack([
+                        torch.linalg.vector_norm(t.float(), math.inf),
+                        (t == 0).float().mean(),
+                        (~torch.isfinite(t)).float().mean(),
+                        torch.ones((), device=t.device) * float(t.dtype == torch.float16),
+                    ])
+            except Exception as exc:  # never break the user's forward pass
+                self.failures += 1
+                log.debug("trainguard: activation probe skipped %s (%s)", name, exc)
                 return
-            with torch.no_grad():
-                t = tensor.detach()
-                finite = torch.isfinite(t)
-                stats = torch.stack([
-                    torch.linalg.vector_norm(t.float(), math.inf),
-                    (t == 0).float().mean(),
-                    (~finite).float().mean(),
-                    torch.ones((), device=t.device) * float(t.dtype == torch.float16),
-                ])
             self._names.append(name)
             self._stats.append(stats)
         return hook
