@@ -7,6 +7,7 @@ divergence at the step they happen, protect the run, and record everything for l
 __version__ = "0.1.0"
 
 from trainguard.config import DetectorConfig, GuardConfig
+from trainguard.diagnose import Finding, preflight
 from trainguard.errors import (
     ConfigError,
     SnapshotError,
@@ -21,7 +22,7 @@ from trainguard.snapshot import load_snapshot
 from trainguard.store import RunReader
 
 __all__ = [
-    "ConfigError", "DetectorConfig", "Event", "Guard", "GuardConfig", "RunReader",
+    "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "RunReader",
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
-    "UsageError", "__version__", "load_snapshot",
+    "UsageError", "__version__", "load_snapshot", "preflight",
 ]

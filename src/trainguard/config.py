@@ -137,6 +137,8 @@ class GuardConfig:
     max_consecutive_skips: int = 25
     """Under `protect`, this many consecutive skipped steps mean the run cannot heal by skipping:
     the Guard halts with a snapshot instead of skipping forever."""
+    preflight: bool = True
+    """Audit the model, optimizer and scheduler when the Guard starts (trainguard.preflight)."""
     activation_probe: bool = True
     """Attach forward hooks on sampled steps: activation range, sparsity and non-finite share."""
     store: bool = True

@@ -16,6 +16,7 @@ updates that were really applied.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from trainguard.config import GuardConfig
+from trainguard.diagnose import Finding, preflight
 from trainguard.engine import Engine, Measurement
 from trainguard.errors import TrainguardError, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
@@ -47,6 +49,10 @@ class Guard:
                              sinks=sinks or ())
         self.scaler = self.engine.scaler
         self.config = self.engine.config
+        self.findings: list[Finding] = []
+        """What the preflight audit found when the Guard started (worst first)."""
+        if self.config.preflight:
+            self._run_preflight()
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -119,6 +125,21 @@ class Guard:
         self.engine.load_state_dict(state)
 
     # -- internals -------------------------------------------------------------------------------
+    def _run_preflight(self) -> None:
+        try:
+            self.findings = preflight(self.model, self.optimizer, self.scheduler,
+                                      scaler=self.scaler, max_grad_norm=self.config.max_grad_norm,
+                                      clipping_known=True)
+        except Exception as exc:  # an audit bug must not stop training
+            log.error("trainguard: preflight audit failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if self.config.console:
+            for finding in self.findings:
+                if finding.severity != "info":
+                    print(f"trainguard preflight {finding}", file=sys.stderr, flush=True)
+        if self.engine.store is not None:
+            self.engine.store.put_meta("preflight", [f.to_dict() for f in self.findings])
+
     def _unguarded_step(self, error: Exception) -> StepReport:
         """What the loop would do without trainguard: clip, step, schedule. Reported, not raised."""
         engine = self.engine

@@ -1,5 +1,7 @@
 """Diagnosis: why a run went wrong. The cause catalogue is the vocabulary every part shares."""
 
 from trainguard.diagnose.causes import CAUSES, Cause, cause
+from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.preflight import preflight
 
-__all__ = ["CAUSES", "Cause", "cause"]
+__all__ = ["CAUSES", "Cause", "Finding", "cause", "preflight"]
