@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -59,27 +60,44 @@ class RobustBaseline:
     learned slowly.
     """
 
+    MAD_REFRESH = 8
+    """The spread is recomputed every this many admitted values (it only guards against noise
+    and moves slowly); the median is always exact."""
+
     def __init__(self, window: int, min_scale: float) -> None:
         self.window = window
         self.min_scale = min_scale
         self.values: deque[float] = deque(maxlen=window)
-        self._stats: tuple[float, float] | None = None
+        self._sorted: list[float] = []
+        self._scale: float | None = None
+        self._since_scale = 0
 
     def __len__(self) -> int:
         return len(self.values)
 
     def admit(self, log_value: float) -> None:
-        if math.isfinite(log_value):
-            self.values.append(log_value)
-            self._stats = None
+        if not math.isfinite(log_value):
+            return
+        if len(self.values) == self.window:
+            del self._sorted[bisect.bisect_left(self._sorted, self.values[0])]
+        self.values.append(log_value)
+        bisect.insort(self._sorted, log_value)
+        self._since_scale += 1
+        if self._since_scale >= self.MAD_REFRESH or len(self.values) <= self.MAD_REFRESH:
+            self._scale = None
+
+    def median(self) -> float:
+        ordered, n = self._sorted, len(self._sorted)
+        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
     def stats(self) -> tuple[float, float]:
         """(median, robust standard deviation) of the admitted log values."""
-        if self._stats is None:
-            median = _median(list(self.values))
+        median = self.median()
+        if self._scale is None:
             mad = _median([abs(v - median) for v in self.values])
-            self._stats = (median, max(mad * MAD_TO_STD, self.min_scale))
-        return self._stats
+            self._scale = max(mad * MAD_TO_STD, self.min_scale)
+            self._since_scale = 0
+        return median, self._scale
 
     def recent_median(self, count: int) -> float:
         """Median of the `count` most recent admitted values."""
@@ -87,11 +105,14 @@ class RobustBaseline:
         return _median([self.values[i] for i in range(max(0, n - count), n)])
 
     def state_dict(self) -> dict:
-        return {"values": list(self.values)}
+        return {"values": list(self.values), "scale": self._scale,
+                "since_scale": self._since_scale}
 
     def load_state_dict(self, state: dict) -> None:
         self.values = deque(state["values"], maxlen=self.window)
-        self._stats = None
+        self._sorted = sorted(self.values)
+        self._scale = state.get("scale")
+        self._since_scale = int(state.get("since_scale", 0))
 
 
 def _median(values: list[float]) -> float:

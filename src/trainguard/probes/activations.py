@@ -10,7 +10,6 @@ Metric keys (per hooked module, in the order the modules ran):
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import torch
@@ -37,8 +36,12 @@ def _first_float_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
+SKIPPED_MODULES = (nn.Dropout, nn.Identity)
+"""Leaf modules whose output says nothing new (dropout zeros would read as dead units)."""
+
+
 class ActivationProbe:
-    """Hooks every leaf module with parameters (and activation functions) while attached."""
+    """Hooks every leaf module except dropout and identity while attached."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -56,7 +59,8 @@ class ActivationProbe:
             return
         self._names, self._stats = [], []
         for name, module in self.model.named_modules():
-            if name and not any(True for _ in module.children()):
+            if (name and not any(True for _ in module.children())
+                    and not isinstance(module, SKIPPED_MODULES)):
                 self._handles.append(module.register_forward_hook(self._hook(name)))
 
     def _hook(self, name: str):
@@ -67,10 +71,12 @@ class ActivationProbe:
                     return
                 with torch.no_grad():
                     t = tensor.detach()
+                    n = t.numel()
+                    low, high = torch.aminmax(t)  # NaN and inf show through both
                     stats = torch.stack([
-                        torch.linalg.vector_norm(t.float(), math.inf),
-                        (t == 0).float().mean(),
-                        (~torch.isfinite(t)).float().mean(),
+                        torch.maximum(low.abs(), high.abs()).float(),
+                        1.0 - torch.count_nonzero(t).float() / n,
+                        torch.count_nonzero(t - t).float() / n,  # inf - inf and NaN give NaN
                         torch.ones((), device=t.device) * float(t.dtype == torch.float16),
                     ])
             except Exception as exc:  # never break the user's forward pass

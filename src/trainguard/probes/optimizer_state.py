@@ -1,13 +1,11 @@
 """Optimizer-state health (Adam moments and friends), measured on sampled steps only.
 
-Metric keys (per watched parameter): `optstate_<key>_norm` and `optstate_<key>_maxabs` for each
-tensor-valued state entry shaped like the parameter (for Adam: exp_avg, exp_avg_sq). A NaN or inf
-norm means the state is poisoned.
+Metric keys (per watched parameter): `optstate_<key>_norm` for each tensor-valued state entry
+shaped like the parameter (for Adam: exp_avg, exp_avg_sq). A NaN or inf norm means the state is
+poisoned. One fused pass per state entry.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -40,9 +38,10 @@ class OptimizerStateProbe:
                     index.append(i)
                     tensors.append(value)
             norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
-            maxes = torch._foreach_norm(tensors, math.inf, dtype=torch.float32)
-            for suffix, values in (("norm", norms), ("maxabs", maxes)):
+            stacked = torch.stack([v.to(device) for v in norms])
+            if len(index) != len(self.watched):  # parameters without state read as 0
                 full = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
-                full[index] = torch.stack([v.to(device) for v in values])
-                out[f"optstate_{key}_{suffix}"] = full
+                full[torch.tensor(index, device=device)] = stacked
+                stacked = full
+            out[f"optstate_{key}_norm"] = stacked
         return out

@@ -1,12 +1,16 @@
-"""Weight health and update size, measured on sampled steps only.
+"""Weight health and update size, measured on sampled steps only, with fused multi-tensor ops.
 
 Metric keys (per watched parameter, one array per key):
     weight_mean, weight_std, weight_maxabs   statistics of the values after the step
-    weight_nonfinite                         count of NaN/inf values
+    weight_nonfinite                         1 when the parameter holds any NaN/inf, else 0
     weight_norm                              L2 norm after the step
     update_ratio                             ||W_after - W_before|| / max(||W_before||, ||W_after||)
                                              (when a copy from before the step exists; the max
                                              keeps zero-initialised biases at 1, not infinity)
+
+Three cheap passes over the weights (L2 norm fused across parameters, min/max, sum); the
+standard deviation comes from the first and second moments, and NaN/inf show through min/max.
+The update ratio needs one copy of the weights from before the step, subtracted in place.
 """
 
 from __future__ import annotations
@@ -22,40 +26,41 @@ class WeightProbe:
     def __init__(self, watched: WatchedParams) -> None:
         self.watched = watched
         self._before: list[torch.Tensor] | None = None
+        self._before_norms: list[torch.Tensor] | None = None
+        self._numel: torch.Tensor | None = None
 
     def remember(self) -> None:
         """Copy the weights before the optimizer step, to measure the update afterwards."""
         with torch.no_grad():
             self._before = [p.detach().clone() for p in self.watched.params]
+            self._before_norms = list(torch._foreach_norm(self._before, 2, dtype=torch.float32))
 
     def forget(self) -> None:
         self._before = None
+        self._before_norms = None
 
     @torch.no_grad()
     def measure(self, device: torch.device) -> dict[str, torch.Tensor]:
         params = [p.detach() for p in self.watched.params]
-        means, stds, maxabs, nonfinite = [], [], [], []
-        for p in params:
-            values = p.float() if p.dtype != torch.float32 else p
-            std, mean = torch.std_mean(values, correction=0) if values.numel() else (
-                values.new_zeros(()), values.new_zeros(()))
-            means.append(mean)
-            stds.append(std)
-            maxabs.append(torch.linalg.vector_norm(values, float("inf")))
-            nonfinite.append((~torch.isfinite(values)).sum())
 
-        def stack(xs: list[torch.Tensor]) -> torch.Tensor:
+        def stack(xs: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
             return torch.stack([x.to(device=device, dtype=torch.float32) for x in xs])
 
-        norms = torch._foreach_norm(params, 2, dtype=torch.float32)
-        out = {"weight_mean": stack(means), "weight_std": stack(stds),
-               "weight_maxabs": stack(maxabs), "weight_nonfinite": stack(nonfinite),
-               "weight_norm": stack(list(norms))}
-        if self._before is not None:
-            deltas = torch._foreach_sub(params, self._before)
-            delta_norms = stack(list(torch._foreach_norm(deltas, 2, dtype=torch.float32)))
-            before_norms = stack(list(torch._foreach_norm(self._before, 2, dtype=torch.float32)))
-            scale = torch.maximum(before_norms, out["weight_norm"]).clamp_min(1e-12)
+        if self._numel is None or self._numel.device != device:
+            self._numel = torch.tensor([max(p.numel(), 1) for p in params], dtype=torch.float32,
+                                       device=device)
+        norms = stack(torch._foreach_norm(params, 2, dtype=torch.float32))
+        extremes = [torch.aminmax(p) for p in params]
+        maxabs = torch.maximum(stack([e.min for e in extremes]).abs(),
+                               stack([e.max for e in extremes]).abs())
+        mean = stack([p.sum(dtype=torch.float32) for p in params]) / self._numel
+        var = (norms.square() / self._numel - mean.square()).clamp_min(0)
+        out = {"weight_mean": mean, "weight_std": var.sqrt(), "weight_maxabs": maxabs,
+               "weight_nonfinite": (~torch.isfinite(maxabs)).float(), "weight_norm": norms}
+        if self._before is not None and self._before_norms is not None:
+            torch._foreach_sub_(self._before, params)  # before - after, in place: no second copy
+            delta_norms = stack(torch._foreach_norm(self._before, 2, dtype=torch.float32))
+            scale = torch.maximum(stack(self._before_norms), norms).clamp_min(1e-12)
             out["update_ratio"] = delta_norms / scale
-            self._before = None
+            self.forget()
         return out
