@@ -18,6 +18,9 @@ from trainguard.probes.packing import DevicePack
 class GradientProbe:
     def __init__(self, watched: WatchedParams) -> None:
         self.watched = watched
+        devices = {p.device for p in watched.params}
+        self.one_device = len(devices) == 1
+        self.has_half = any(p.dtype == torch.float16 for p in watched.params)
 
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
         """Indices (into the watched list) and tensors of the gradients present this step."""
@@ -36,18 +39,19 @@ class GradientProbe:
         index, grads = self.grads()
         if grads:
             norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+            stacked = torch.stack(norms if self.one_device else [n.to(device) for n in norms])
             if len(grads) == len(self.watched):
-                per_param = torch.stack([n.to(device) for n in norms])
+                per_param = stacked
             else:
                 per_param = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
-                per_param[index] = torch.stack([n.to(device) for n in norms])
+                per_param[index] = stacked
             global_norm = torch.linalg.vector_norm(per_param)
         else:
             per_param = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
             global_norm = per_param.sum()
         pack.add("grad_norm", global_norm)
         pack.add("param_grad_norm", per_param)
-        half = [g for g in grads if g.dtype == torch.float16]
+        half = [g for g in grads if g.dtype == torch.float16] if self.has_half else []
         if half:
             maxes = torch._foreach_norm(half, float("inf"), dtype=torch.float32)
             pack.add("fp16_grad_maxabs", torch.stack([m.to(device) for m in maxes]).amax())
