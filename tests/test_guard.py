@@ -141,12 +141,13 @@ def test_one_device_to_host_transfer_per_step_and_no_item_calls(monkeypatch) -> 
             items.append(caller)
         return original_item(self)
 
-    for step in range(3, 23):  # includes sampled steps 5, 10, 15, 20
-        loss = setup.model.loss(setup.batch())
+    for step in range(3, 23):  # includes sampled steps 5, 10, 15, 20 (batch inspected there)
+        batch = setup.batch()
+        loss = setup.model.loss(batch)
         loss.backward()
         before = transfer_count()
         monkeypatch.setattr(torch.Tensor, "item", counting_item)
-        report = guard.step(loss)
+        report = guard.step(loss, batch={"input_ids": batch})
         monkeypatch.setattr(torch.Tensor, "item", original_item)
         assert transfer_count() - before == 1, f"step {step}"
         assert report.sampled == (step % 5 == 0)

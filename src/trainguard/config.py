@@ -137,6 +137,12 @@ class GuardConfig:
     max_consecutive_skips: int = 25
     """Under `protect`, this many consecutive skipped steps mean the run cannot heal by skipping:
     the Guard halts with a snapshot instead of skipping forever."""
+    batch_size: int | None = None
+    """The configured batch size. Batches smaller than it for two steps in a row are reported
+    (silent truncation, §3.4.2); None takes the first batch's size as the reference."""
+    inspect_batches: bool = True
+    """Inspect the batch given to `guard.step` on the first step, on sampled steps and on any
+    step with an event (range, non-finite values, token ids, masks, outliers)."""
     preflight: bool = True
     """Audit the model, optimizer and scheduler when the Guard starts (trainguard.preflight)."""
     activation_probe: bool = True
@@ -155,6 +161,8 @@ class GuardConfig:
             _positive(self.max_grad_norm, "GuardConfig.max_grad_norm")
         _at_least(self.sample_every, 1, "GuardConfig.sample_every")
         _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
+        if self.batch_size is not None:
+            _at_least(self.batch_size, 1, "GuardConfig.batch_size")
         _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",
                  f"unknown severity {self.halt_severity!r}; choose one of {', '.join(SEVERITIES)}")
         if isinstance(self.detectors, dict):

@@ -48,6 +48,8 @@ class Measurement:
 
     signals: StepSignals
     grads: list[torch.Tensor] = field(default_factory=list)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    """Host copies of the extra device tensors the driver asked to carry (e.g. batch stats)."""
 
 
 @dataclass(slots=True)
@@ -130,7 +132,8 @@ class Engine:
             self.activation_probe.attach()
 
     # -- 1. measure ------------------------------------------------------------------------------
-    def measure(self, loss: Any, *, lr: float | torch.Tensor | None = None) -> Measurement:
+    def measure(self, loss: Any, *, lr: float | torch.Tensor | None = None,
+                extra: dict[str, torch.Tensor] | None = None) -> Measurement:
         """Probe the step (gradients final and unscaled) with one device-to-host transfer."""
         loss_t = loss_tensor(loss)
         pack = DevicePack(self.device)
@@ -148,6 +151,8 @@ class Engine:
                 self._pending.append(_Pending(step=step, module_names=seen[0], per_module=seen[1]))
         pending, self._pending = self._pending, []
         _pack_pending(pack, pending)
+        for key, tensor in (extra or {}).items():
+            pack.add(f"x:{key}", tensor)
         host = pack.fetch()
 
         loss_value = float(host["loss"][0]) if "loss" in host else None
@@ -164,7 +169,8 @@ class Engine:
             fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
                               else None),
             sampled=sampled)
-        return Measurement(signals=signals, grads=grads)
+        return Measurement(signals=signals, grads=grads,
+                           extra={k: host[f"x:{k}"] for k in (extra or {})})
 
     # -- 2. decide -------------------------------------------------------------------------------
     def decide(self, measurement: Measurement) -> Decision:

@@ -20,6 +20,10 @@ class UsageError(TrainguardError, ValueError):
     """The Guard was given objects it cannot work with (wrong model, loss or optimizer)."""
 
 
+class BatchError(UsageError):
+    """A batch cannot be fed to the model (e.g. token ids beyond the embedding table)."""
+
+
 class StoreError(TrainguardError):
     """A run directory is missing, corrupt or not a trainguard run."""
 

@@ -25,8 +25,16 @@ from torch import nn
 
 from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding, preflight
+from trainguard.diagnose.batch import (
+    BatchHistory,
+    BatchStatsOnDevice,
+    FieldStats,
+    batch_size_of,
+    describe_batch,
+    inspect_batch,
+)
 from trainguard.engine import Engine, Measurement
-from trainguard.errors import TrainguardError, TrainingDiverged, UsageError
+from trainguard.errors import BatchError, TrainguardError, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
 from trainguard.policy import Decision
 from trainguard.remedies import drop_grads, scale_grads
@@ -49,6 +57,10 @@ class Guard:
                              sinks=sinks or ())
         self.scaler = self.engine.scaler
         self.config = self.engine.config
+        self._reference_batch_size: int | None = None
+        self._short_steps = 0
+        self._batch_history = BatchHistory()
+        self._active_batch_checks: set[str] = set()
         self.findings: list[Finding] = []
         """What the preflight audit found when the Guard started (worst first)."""
         if self.config.preflight:
@@ -75,14 +87,24 @@ class Guard:
         engine = self.engine
         if self.scaler is not None:
             self._unscale()
+        batch_stats = None
+        if batch is not None and self.config.inspect_batches and engine._sampled_now:
+            batch_stats = self._batch_stats_on_device(batch)  # travels with the step's transfer
         try:
-            measurement = engine.measure(loss, lr=self.optimizer.param_groups[0].get("lr"))
+            measurement = engine.measure(
+                loss, lr=self.optimizer.param_groups[0].get("lr"),
+                extra={"batch": batch_stats.tensor} if batch_stats is not None else None)
             decision = engine.decide(measurement)
         except TrainguardError:
             raise
         except Exception as exc:  # a monitoring bug must not kill the run: step unguarded
             return self._unguarded_step(exc)
         fired = bool(decision.events)
+        if batch is not None and self.config.inspect_batches:
+            known = (batch_stats.read(measurement.extra["batch"]) if batch_stats is not None
+                     else None)
+            decision.events.extend(self._batch_events(batch, measurement.signals.step, fired,
+                                                      known))
         if decision.action == "halted":
             self._halt(measurement, batch, decision)
         if decision.applies_update:
@@ -124,7 +146,68 @@ class Guard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state)
 
+    def check_batch(self, batch: Any) -> list[Finding]:
+        """Inspect a batch *before* the forward pass; raise BatchError for one the model cannot
+        take (token ids beyond the embedding table), with a clear message instead of an obscure
+        index error or device-side assert deep inside the model."""
+        findings = inspect_batch(batch, model=self.model,
+                                 expected_batch_size=self.config.batch_size)
+        fatal = [f for f in findings if f.check == "batch_token_ids"]
+        if fatal:
+            raise BatchError(f"{fatal[0].message} Fix: {fatal[0].fix}")
+        return findings
+
     # -- internals -------------------------------------------------------------------------------
+    def _batch_stats_on_device(self, batch: Any) -> BatchStatsOnDevice | None:
+        try:
+            stats = BatchStatsOnDevice(batch)
+        except Exception as exc:  # inspection is advisory
+            log.error("trainguard: batch statistics failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        return stats if stats.tensor is not None else None
+
+    def _batch_events(self, batch: Any, step: int, fired: bool,
+                      stats: list[FieldStats] | None) -> list[Event]:
+        """Cheap batch-size check every step; full inspection on the first, sampled and
+        anomalous steps. Each finding is reported once until it goes away."""
+        events: list[Event] = []
+        try:
+            size = batch_size_of(batch)
+            if size is not None:
+                if self._reference_batch_size is None:
+                    self._reference_batch_size = self.config.batch_size or size
+                short = size < self._reference_batch_size
+                self._short_steps = self._short_steps + 1 if short else 0
+                if self._short_steps == 2:  # one short batch is an epoch's tail; two are not
+                    events.append(Event(
+                        kind="batch_size", step=step, severity="warning",
+                        message=f"batches hold {size} samples where {self._reference_batch_size}"
+                                " were configured: they are being silently truncated",
+                        value=float(size), details={"cause": "batch_truncated",
+                                                    "expected": self._reference_batch_size}))
+            if stats is None:
+                if not fired:
+                    return events
+                stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
+            findings = inspect_batch(batch, model=self.model, history=self._batch_history,
+                                     stats=stats)
+            current = {f.check for f in findings}
+            for finding in findings:
+                if finding.check in self._active_batch_checks:
+                    continue
+                events.append(Event(
+                    kind=finding.check, step=step, severity=finding.severity,
+                    message=f"{finding.message} Fix: {finding.fix}",
+                    param=finding.evidence.get("field"),
+                    details={"cause": finding.cause, **finding.evidence}))
+            self._active_batch_checks = current
+            if not findings:
+                self._batch_history.update(stats)
+        except Exception as exc:  # inspection is advisory; never stop training for it
+            log.error("trainguard: batch inspection failed at step %d (%s: %s)", step,
+                      type(exc).__name__, exc)
+        return events
+
     def _run_preflight(self) -> None:
         try:
             self.findings = preflight(self.model, self.optimizer, self.scheduler,

@@ -1,0 +1,233 @@
+"""Batch inspection: what is in a batch, and what is wrong with it.
+
+`describe_batch` summarises every tensor field (shape, dtype, range, mean/std, non-finite counts)
+with one transfer; `inspect_batch` turns that summary into findings: non-finite inputs, images
+outside the expected normalisation range, token ids outside the embedding table, attention masks
+that are not 0/1 or empty, a batch smaller than configured (silent truncation), and, given the
+running statistics of earlier batches (`BatchHistory`), fields far outside their usual range.
+Meant for the first batch and for anomalous steps, not for every step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.diagnose.finding import Finding
+from trainguard.transfer import to_host
+
+TOKEN_FIELDS = ("input_ids", "labels", "decoder_input_ids", "token_type_ids")
+MASK_FIELDS = ("attention_mask",)
+OUTLIER_RATIO = 50.0
+"""A field whose max |x| is this many times its running typical value is an outlier batch."""
+
+
+@dataclass(slots=True)
+class FieldStats:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    min: float
+    max: float
+    mean: float
+    std: float
+    maxabs: float
+    nonfinite: int
+    nan: int
+
+    @property
+    def is_float(self) -> bool:
+        return "float" in self.dtype or "bfloat" in self.dtype
+
+
+def _fields(batch: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(batch, torch.Tensor):
+        return [(prefix or "input", batch)]
+    if isinstance(batch, Mapping) or (hasattr(batch, "items") and callable(batch.items)):
+        out = []
+        for key, value in batch.items():
+            out.extend(_fields(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(batch, (list, tuple)):
+        out = []
+        for i, value in enumerate(batch):
+            out.extend(_fields(value, f"{prefix}[{i}]" if prefix else f"[{i}]"))
+        return out
+    return []
+
+
+def batch_size_of(batch: Any) -> int | None:
+    """Leading dimension of the batch's first tensor (host metadata only: no transfer)."""
+    for _, tensor in _fields(batch):
+        if tensor.dim() > 0:
+            return int(tensor.shape[0])
+    return None
+
+
+class BatchStatsOnDevice:
+    """The statistics of a batch's fields, computed on the device and not yet transferred, so
+    that they can travel with a step's single transfer."""
+
+    WIDTH = 7
+
+    def __init__(self, batch: Any) -> None:
+        self.fields = [(n, t) for n, t in _fields(batch) if t.numel() > 0]
+        self.tensor = _field_stats(self.fields) if self.fields else None
+
+    def read(self, host: Any) -> list[FieldStats]:
+        rows = host.reshape(len(self.fields), self.WIDTH)
+        return [FieldStats(name=name, shape=tuple(t.shape),
+                           dtype=str(t.dtype).replace("torch.", ""), numel=t.numel(),
+                           min=float(r[0]), max=float(r[1]), mean=float(r[2]), std=float(r[3]),
+                           maxabs=float(r[4]), nonfinite=int(r[5]), nan=int(r[6]))
+                for (name, t), r in zip(self.fields, rows, strict=True)]
+
+
+def describe_batch(batch: Any) -> list[FieldStats]:
+    """Statistics of every tensor in a batch (dict, tuple, list or tensor), one transfer."""
+    on_device = BatchStatsOnDevice(batch)
+    if on_device.tensor is None:
+        return []
+    return on_device.read(to_host(on_device.tensor))
+
+
+def _field_stats(fields: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    device = fields[0][1].device
+    rows = []
+    with torch.no_grad():
+        for _, tensor in fields:
+            t = tensor.detach()
+            values = t.double() if not t.is_floating_point() else t.float()
+            finite = torch.isfinite(values)
+            clean = torch.where(finite, values, torch.zeros((), dtype=values.dtype,
+                                                             device=values.device))
+            count = finite.sum().clamp_min(1)
+            mean = clean.sum() / count
+            var = (torch.where(finite, (values - mean) ** 2, 0.0).sum() / count)
+            big = torch.finfo(values.dtype).max
+            rows.append(torch.stack([
+                torch.where(finite, values, big).min(), torch.where(finite, values, -big).max(),
+                mean, var.sqrt(), clean.abs().max(), (~finite).sum(), torch.isnan(values).sum(),
+            ]).double().to(device))
+    return torch.stack(rows).reshape(-1)
+
+
+def embedding_size(model: nn.Module | None) -> int | None:
+    """Rows of the model's input embedding table, when it has one."""
+    if model is None:
+        return None
+    getter = getattr(model, "get_input_embeddings", None)
+    if callable(getter):
+        try:
+            embedding = getter()
+            if isinstance(embedding, nn.Embedding):
+                return embedding.num_embeddings
+        except (NotImplementedError, AttributeError):
+            pass
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            return module.num_embeddings
+    return None
+
+
+@dataclass
+class BatchHistory:
+    """Running typical max |x| per float field, to recognise an outlier batch."""
+
+    typical: dict[str, float] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)
+
+    def update(self, stats: list[FieldStats]) -> None:
+        for s in stats:
+            if not s.is_float or not math.isfinite(s.maxabs) or s.nonfinite:
+                continue
+            n = self.seen.get(s.name, 0)
+            old = self.typical.get(s.name, s.maxabs)
+            # geometric running mean: robust to the scale of the field
+            value = math.exp((math.log(max(old, 1e-30)) * n + math.log(max(s.maxabs, 1e-30)))
+                             / (n + 1))
+            self.typical[s.name] = value
+            self.seen[s.name] = n + 1
+
+
+def _looks_like_images(s: FieldStats) -> bool:
+    return s.is_float and len(s.shape) == 4 and s.shape[1] in (1, 3, 4)
+
+
+def inspect_batch(batch: Any, *, model: nn.Module | None = None,
+                  expected_batch_size: int | None = None,
+                  history: BatchHistory | None = None,
+                  stats: list[FieldStats] | None = None) -> list[Finding]:
+    """Findings about one batch; `stats` may be passed when already described."""
+    stats = describe_batch(batch) if stats is None else stats
+    findings: list[Finding] = []
+    vocab = embedding_size(model)
+    for s in stats:
+        base = s.name.rsplit(".", 1)[-1]
+        if s.nonfinite:
+            findings.append(Finding(
+                "batch_nonfinite", "error",
+                f"field '{s.name}' holds {s.nonfinite} non-finite value(s) ({s.nan} NaN) of "
+                f"{s.numel}.", "find the sample (a corrupt file, a division by zero in "
+                "preprocessing) and clean or drop it.", cause="nonfinite_input",
+                evidence={"field": s.name, "nonfinite": s.nonfinite, "nan": s.nan}))
+        if _looks_like_images(s) and s.max > 2.0 and s.max <= 255.0 and s.min >= 0:
+            findings.append(Finding(
+                "batch_image_range", "warning",
+                f"field '{s.name}' looks like images with values in [{s.min:.3g}, {s.max:.3g}]: "
+                "unnormalised 0-255 pixels where models expect [0, 1] or [-1, 1].",
+                "divide by 255 (and normalise with the pre-training mean/std).",
+                cause="input_scale", evidence={"field": s.name, "min": s.min, "max": s.max}))
+        if base in TOKEN_FIELDS and not s.is_float and vocab is not None:
+            limit = vocab
+            bad_high = s.max >= limit
+            bad_low = s.min < 0 and base != "labels"  # labels use -100 for ignored positions
+            if bad_high or bad_low:
+                findings.append(Finding(
+                    "batch_token_ids", "error",
+                    f"field '{s.name}' holds ids from {s.min:.0f} to {s.max:.0f}, outside the "
+                    f"embedding table of {vocab} rows: the data were tokenised with another "
+                    "vocabulary.", "use the tokenizer the model was trained with; resize the "
+                    "embeddings only if tokens were really added.", cause="tokenizer_mismatch",
+                    evidence={"field": s.name, "min": s.min, "max": s.max, "vocab": vocab}))
+        if base in MASK_FIELDS:
+            if s.min < 0 or s.max > 1:
+                findings.append(Finding(
+                    "batch_attention_mask", "warning",
+                    f"'{s.name}' has values outside 0/1 ([{s.min:g}, {s.max:g}]).",
+                    "build the mask from the tokenizer (1 = token, 0 = padding).",
+                    evidence={"field": s.name}))
+            elif s.max == 0:
+                findings.append(Finding(
+                    "batch_attention_mask", "error",
+                    f"'{s.name}' masks every position: the batch has no tokens to attend to.",
+                    "check padding and truncation.", evidence={"field": s.name}))
+        if history is not None and s.is_float and not s.nonfinite:
+            typical = history.typical.get(s.name)
+            if (typical and history.seen.get(s.name, 0) >= 3
+                    and s.maxabs > OUTLIER_RATIO * typical):
+                findings.append(Finding(
+                    "batch_outlier", "warning",
+                    f"field '{s.name}' reaches |x| = {s.maxabs:.3g}, {s.maxabs / typical:.3g}x "
+                    f"its typical {typical:.3g} in earlier batches.",
+                    "check this batch's samples; clip or drop outliers, or skip the batch.",
+                    cause="outlier_batch",
+                    evidence={"field": s.name, "maxabs": s.maxabs, "typical": typical}))
+    if expected_batch_size is not None and stats:
+        sizes = {s.shape[0] for s in stats if s.shape}
+        actual = max(sizes) if sizes else None
+        if actual is not None and actual < expected_batch_size:
+            findings.append(Finding(
+                "batch_size", "warning",
+                f"the batch holds {actual} samples where {expected_batch_size} were configured: "
+                "the loader or a memory fallback is silently truncating batches.",
+                "assert len(batch) == batch_size in the loader; fix the source of truncation.",
+                cause="batch_truncated",
+                evidence={"actual": actual, "expected": expected_batch_size}))
+    return findings

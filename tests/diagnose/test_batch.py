@@ -1,0 +1,128 @@
+"""The batch inspector flags each data fault, and the Guard reports them as events."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from trainguard import Guard, GuardConfig
+from trainguard.diagnose.batch import BatchHistory, describe_batch, inspect_batch
+from trainguard.errors import BatchError
+from trainguard.transfer import transfer_count
+
+from ..conftest import make_setup
+
+
+def checks(findings) -> set[str]:
+    return {f.check for f in findings}
+
+
+def images(scale: float = 1.0, n: int = 8) -> torch.Tensor:
+    return torch.rand(n, 3, 8, 8, generator=torch.Generator().manual_seed(0)) * scale
+
+
+def test_describe_counts_nonfinite_values_explicitly() -> None:
+    x = images()
+    x[0, 0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    [stats] = describe_batch(x)
+    assert (stats.nonfinite, stats.nan) == (3, 1)
+    assert 0 <= stats.min and stats.max <= 1, "range of the finite values"
+    before = transfer_count()
+    describe_batch({"a": x, "b": torch.arange(5)})
+    assert transfer_count() - before == 1
+
+
+def test_nonfinite_inputs() -> None:
+    x = images()
+    x[2, 1, 3, 3] = float("nan")
+    [finding] = inspect_batch({"pixel_values": x, "labels": torch.zeros(8, dtype=torch.long)})
+    assert finding.check == "batch_nonfinite" and finding.cause == "nonfinite_input"
+    assert finding.severity == "error" and "pixel_values" in finding.message
+
+
+@pytest.mark.parametrize("scale, low, flagged", [(255.0, 0.0, True), (1.0, 0.0, False),
+                                                 (2.0, -1.0, False)])
+def test_image_normalisation_range(scale: float, low: float, flagged: bool) -> None:
+    findings = inspect_batch((images(scale) + low, torch.zeros(8, dtype=torch.long)))
+    assert ("batch_image_range" in checks(findings)) == flagged
+    if flagged:
+        assert findings[0].cause == "input_scale"
+
+
+def test_token_ids_beyond_the_embedding_table() -> None:
+    setup = make_setup()  # vocabulary of 32
+    ids = setup.batch()
+    assert inspect_batch({"input_ids": ids}, model=setup.model) == []
+    foreign = ids.clone()
+    foreign[0, 0] = 40
+    [finding] = inspect_batch({"input_ids": foreign}, model=setup.model)
+    assert finding.check == "batch_token_ids" and finding.cause == "tokenizer_mismatch"
+    assert "32 rows" in finding.message
+    labels = torch.full_like(ids, -100)
+    assert inspect_batch({"input_ids": ids, "labels": labels}, model=setup.model) == []
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
+    with pytest.raises(BatchError, match=r"ids from \d+ to 40, outside the embedding table"):
+        guard.check_batch({"input_ids": foreign})
+    assert guard.check_batch({"input_ids": ids}) == []
+
+
+def test_attention_masks() -> None:
+    ids = torch.ones(2, 4, dtype=torch.long)
+    assert "batch_attention_mask" in checks(
+        inspect_batch({"input_ids": ids, "attention_mask": torch.full((2, 4), 2)}))
+    [empty] = inspect_batch({"input_ids": ids, "attention_mask": torch.zeros(2, 4)})
+    assert empty.severity == "error"
+    assert inspect_batch({"input_ids": ids, "attention_mask": torch.ones(2, 4)}) == []
+
+
+def test_outlier_batch_against_running_statistics() -> None:
+    history = BatchHistory()
+    for seed in range(5):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+        history.update(describe_batch(x))
+    normal = torch.randn(8, 16)
+    assert inspect_batch(normal, history=history) == []
+    [finding] = inspect_batch(normal * 1000, history=history)
+    assert finding.check == "batch_outlier" and finding.cause == "outlier_batch"
+
+
+def test_silently_truncated_batches() -> None:
+    [finding] = inspect_batch(torch.zeros(4, 3), expected_batch_size=16)
+    assert finding.check == "batch_size" and finding.cause == "batch_truncated"
+    assert inspect_batch(torch.zeros(16, 3), expected_batch_size=16) == []
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.head = nn.Linear(4 * 6 * 6, 2)
+
+    def forward(self, x):
+        return self.head(self.conv(x).flatten(1))
+
+
+def step(guard: Guard, model: nn.Module, x: torch.Tensor):
+    loss = (model(x) * 0.0).sum()  # gradients of zero: only the batch can raise events
+    loss.backward()
+    report = guard.step(loss, batch={"pixel_values": x})
+    guard.optimizer.zero_grad(set_to_none=True)
+    return report
+
+
+def test_the_guard_reports_batch_faults_as_events() -> None:
+    model = Tiny()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False))
+    report = step(guard, model, images(255.0))
+    assert [e.kind for e in report.events] == ["batch_image_range"], "first batch inspected"
+    assert report.events[0].details["cause"] == "input_scale"
+    assert step(guard, model, images(255.0)).events == [], "reported once"
+    for _ in range(3):  # an epoch's last short batch is normal ...
+        step(guard, model, images(255.0))
+    assert step(guard, model, images(255.0, n=3)).events == []
+    assert step(guard, model, images(255.0)).events == []
+    step(guard, model, images(255.0, n=3))  # ... but two in a row are truncation
+    [event] = step(guard, model, images(255.0, n=3)).events
+    assert event.kind == "batch_size" and event.details["cause"] == "batch_truncated"
