@@ -70,6 +70,7 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
     step_loss = torch.zeros(())
     for micro in range(workload.accumulation):
         batch = workload.batch(step, micro)
+        stepper.before_forward(batch)
         last = micro == workload.accumulation - 1
         sync = (nullcontext() if last or not isinstance(model, nn.parallel.DistributedDataParallel)
                 else model.no_sync())

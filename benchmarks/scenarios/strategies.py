@@ -18,6 +18,7 @@ import torch
 
 import trainguard
 from trainguard import Guard, GuardConfig
+from trainguard.errors import BatchError
 
 from .base import Workload
 
@@ -36,6 +37,9 @@ class Stepper:
 
     def step(self, loss: torch.Tensor, batch: Any) -> str:
         raise NotImplementedError
+
+    def before_forward(self, batch: Any) -> None:
+        """Called with every micro-batch before the forward pass."""
 
     def close(self) -> None:
         pass
@@ -123,6 +127,16 @@ class GuardStepper(Stepper):
 
     def step(self, loss: torch.Tensor, batch: Any) -> str:
         return self.guard.step(loss, batch=batch).action
+
+    def before_forward(self, batch: Any) -> None:
+        """`guard.check_batch`: a batch the model cannot take fails with a clear message (and is
+        recorded as the event that detected it) instead of an index error inside the model."""
+        try:
+            self.guard.check_batch(batch)
+        except BatchError as exc:
+            self.events.append(trainguard.Event(kind="batch_token_ids", severity="error",
+                                                step=self.guard.global_step, message=str(exc)))
+            raise
 
     def close(self) -> None:
         self.guard.close()
