@@ -59,6 +59,7 @@ def test_token_ids_beyond_the_embedding_table() -> None:
     [finding] = inspect_batch({"input_ids": foreign}, model=setup.model)
     assert finding.check == "batch_token_ids" and finding.cause == "tokenizer_mismatch"
     assert "32 rows" in finding.message
+    assert checks(inspect_batch(foreign, model=setup.model)) == {"batch_token_ids"}, "bare ids"
     labels = torch.full_like(ids, -100)
     assert inspect_batch({"input_ids": ids, "labels": labels}, model=setup.model) == []
     guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))

@@ -21,7 +21,7 @@ from torch import nn
 from trainguard.diagnose.finding import Finding
 from trainguard.transfer import to_host
 
-TOKEN_FIELDS = ("input_ids", "labels", "decoder_input_ids", "token_type_ids")
+TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_type_ids")
 MASK_FIELDS = ("attention_mask",)
 OUTLIER_RATIO = 50.0
 """A field whose max |x| is this many times its running typical value is an outlier batch."""
@@ -184,7 +184,9 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
                 "unnormalised 0-255 pixels where models expect [0, 1] or [-1, 1].",
                 "divide by 255 (and normalise with the pre-training mean/std).",
                 cause="input_scale", evidence={"field": s.name, "min": s.min, "max": s.max}))
-        if base in TOKEN_FIELDS and not s.is_float and vocab is not None:
+        # a bare integer tensor fed to a model with an embedding table is token ids too
+        token_field = base in TOKEN_FIELDS or s.name == "input"
+        if token_field and not s.is_float and vocab is not None:
             limit = vocab
             bad_high = s.max >= limit
             bad_low = s.min < 0 and base != "labels"  # labels use -100 for ignored positions
