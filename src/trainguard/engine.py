@@ -120,6 +120,11 @@ class Engine:
         self._schedule_sampling(self.step)
 
     # -- sampling ------------------------------------------------------------------------------
+    @property
+    def sampled_now(self) -> bool:
+        """Whether the step about to be measured runs the heavy probes."""
+        return self._sampled_now
+
     def is_sampled(self, step: int) -> bool:
         cfg = self.config
         return cfg.sample_all_steps or step % cfg.sample_every == 0

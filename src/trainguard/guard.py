@@ -88,7 +88,7 @@ class Guard:
         if self.scaler is not None:
             self._unscale()
         batch_stats = None
-        if batch is not None and self.config.inspect_batches and engine._sampled_now:
+        if batch is not None and self.config.inspect_batches and engine.sampled_now:
             batch_stats = self._batch_stats_on_device(batch)  # travels with the step's transfer
         try:
             measurement = engine.measure(
