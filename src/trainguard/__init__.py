@@ -7,7 +7,7 @@ divergence at the step they happen, protect the run, and record everything for l
 __version__ = "0.1.0"
 
 from trainguard.config import DetectorConfig, GuardConfig
-from trainguard.diagnose import Finding, preflight
+from trainguard.diagnose import Finding, preflight, replay
 from trainguard.errors import (
     ConfigError,
     SnapshotError,
@@ -24,5 +24,5 @@ from trainguard.store import RunReader
 __all__ = [
     "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "RunReader",
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
-    "UsageError", "__version__", "load_snapshot", "preflight",
+    "UsageError", "__version__", "load_snapshot", "preflight", "replay",
 ]

@@ -33,9 +33,10 @@ from trainguard.diagnose.batch import (
     describe_batch,
     inspect_batch,
 )
+from trainguard.diagnose.replay import LossFn, replay
 from trainguard.engine import Engine, Measurement
 from trainguard.errors import BatchError, TrainguardError, TrainingDiverged, UsageError
-from trainguard.events import Event, StepReport
+from trainguard.events import Event, StepReport, at_least
 from trainguard.policy import Decision
 from trainguard.remedies import drop_grads, scale_grads
 from trainguard.sinks import Sink
@@ -47,12 +48,16 @@ log = logging.getLogger("trainguard")
 class Guard:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                  scaler: Any = None, *, config: GuardConfig | None = None,
-                 run_dir: str | Path | None = None, sinks: list[Sink] | None = None) -> None:
+                 run_dir: str | Path | None = None, sinks: list[Sink] | None = None,
+                 replay_fn: LossFn | None = None) -> None:
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise UsageError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.replay_fn = replay_fn
+        """loss_fn(model, batch) -> loss. When given, a step with an error-level event is replayed
+        on the state from before its update to name the first bad module and parameter."""
         self.engine = Engine(model, [optimizer], config=config, run_dir=run_dir, scaler=scaler,
                              sinks=sinks or ())
         self.scaler = self.engine.scaler
@@ -105,6 +110,9 @@ class Guard:
                      else None)
             decision.events.extend(self._batch_events(batch, measurement.signals.step, fired,
                                                       known))
+        if self.replay_fn is not None and batch is not None and any(
+                at_least(e.severity, "error") for e in decision.events):
+            self._replay(batch, decision.events)
         if decision.action == "halted":
             self._halt(measurement, batch, decision)
         if decision.applies_update:
@@ -158,6 +166,27 @@ class Guard:
         return findings
 
     # -- internals -------------------------------------------------------------------------------
+    def _replay(self, batch: Any, events: list[Event]) -> None:
+        """The update has not been applied yet, so the model holds the state from before it."""
+        try:
+            report = replay(self.model, batch, self.replay_fn)  # type: ignore[arg-type]
+        except Exception as exc:  # diagnosis is best effort
+            log.error("trainguard: replay failed (%s: %s)", type(exc).__name__, exc)
+            return
+        summary = report.summary()
+        run = report.first
+        details = {"summary": summary, "deterministic": report.deterministic,
+                   "first_nonfinite_module": run.first_nonfinite_module.module
+                   if run.first_nonfinite_module else None,
+                   "first_overflow_module": run.first_overflow_module.module
+                   if run.first_overflow_module else None,
+                   "first_nonfinite_grad": run.first_nonfinite_grad}
+        for event in events:
+            if at_least(event.severity, "error"):
+                event.details["replay"] = details
+        if self.config.console:
+            print(f"trainguard replay: {summary}", file=sys.stderr, flush=True)
+
     def _batch_stats_on_device(self, batch: Any) -> BatchStatsOnDevice | None:
         try:
             stats = BatchStatsOnDevice(batch)
