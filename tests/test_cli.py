@@ -43,6 +43,7 @@ def test_show_summarises_a_run(recorded_run: Path, capsys) -> None:
     assert "nonfinite_loss" in out and "nonfinite_grad" in out
     assert "skipped 1" in out
     assert "worst parameters" in out
+    assert "likely causes" in out and "numerical_op" in out, "a NaN loss from a finite batch"
 
 
 def test_show_json_is_strict_json_with_nan_spelled_out(recorded_run: Path, capsys) -> None:

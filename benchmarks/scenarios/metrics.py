@@ -19,7 +19,12 @@ def totals(results: list[RunResult], scenarios: dict[str, Scenario],
     sudden = [r.latency for r in detected
               if scenarios[r.scenario].sudden and r.latency is not None]
     latencies = [r.latency for r in detected if r.latency is not None]
+    top1 = [r for r in faulty if r.diagnosis[:1] == [r.cause]]
+    top3 = [r for r in faulty if r.cause in r.diagnosis[:3]]
     return {
+        "top1": len(top1) / len(faulty) if faulty else math.nan,
+        "top3": len(top3) / len(faulty) if faulty else math.nan,
+        "top3_missed": [r.scenario for r in faulty if r.cause not in r.diagnosis[:3]],
         "strategy": strategy,
         "faulty": len(faulty),
         "healthy": len(healthy),
@@ -46,7 +51,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 def table(results: list[RunResult], scenarios: dict[str, Scenario]) -> str:
     header = (f"{'scenario':<34}{'strategy':<15}{'cause':<19}{'onset':>6}{'outcome':>9}"
-              f"{'detected':>9}{'latency':>8}{'false':>6}{'eval loss':>10}{'first event':>40}")
+              f"{'detected':>9}{'latency':>8}{'false':>6}{'eval loss':>10}{'first event':>28}"
+              f"  {'diagnosis (top 3)'}")
     lines = [header, "-" * len(header)]
     for r in results:
         first = next((e for e in r.events if e["step"] >= (r.onset_step or 0)), None)
@@ -56,7 +62,8 @@ def table(results: list[RunResult], scenarios: dict[str, Scenario]) -> str:
         detected = "-" if r.detected is None else ("yes" if r.detected else "NO")
         lines.append(f"{r.scenario:<34}{r.strategy:<15}{r.cause or 'healthy':<19}"
                      f"{_fmt(r.onset_step):>6}{r.outcome:>9}{detected:>9}{_fmt(r.latency):>8}"
-                     f"{r.false_alarms:>6}{_fmt(r.final_eval_loss):>10}{event:>40}")
+                     f"{r.false_alarms:>6}{_fmt(r.final_eval_loss):>10}{event:>28}"
+                     f"  {', '.join(r.diagnosis[:3]) or '-'}")
     return "\n".join(lines)
 
 
@@ -68,6 +75,8 @@ def summary_lines(summary: dict[str, Any]) -> str:
         f"  {', '.join(summary['healthy_with_events']) or ''}",
         f"  faulty runs with events before onset: "
         f"{', '.join(summary['faulty_with_early_events']) or 'none'}",
+        f"  cause accuracy: top-1 {_fmt(summary['top1'])}, top-3 {_fmt(summary['top3'])}"
+        f"  (top-3 misses: {', '.join(summary['top3_missed']) or 'none'})",
         f"  latency median {_fmt(summary['median_latency'])} max {_fmt(summary['max_latency'])}"
         f"  (sudden faults: median {_fmt(summary['median_latency_sudden'])}, max "
         f"{_fmt(summary['max_latency_sudden'])})",

@@ -40,6 +40,8 @@ class RunResult:
     detected: bool | None = None
     latency: int | None = None
     false_alarms: int = 0
+    diagnosis: list[str] = field(default_factory=list)
+    """Ranked cause codes from trainguard's diagnosis, most likely first."""
     notes: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,6 +131,7 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         final_eval_loss=eval_loss if math.isfinite(eval_loss) else float("nan"),
         train_losses=losses, actions=actions,
         events=[e.to_dict() for e in stepper.events],
-        seconds=time.perf_counter() - started, error=error, notes=dict(workload.notes))
+        seconds=time.perf_counter() - started, error=error, notes=dict(workload.notes),
+        diagnosis=stepper.diagnosis())
     score(result, scenario)
     return result

@@ -18,7 +18,6 @@ import torch
 
 import trainguard
 from trainguard import Guard, GuardConfig
-from trainguard.errors import BatchError
 
 from .base import Workload
 
@@ -40,6 +39,10 @@ class Stepper:
 
     def before_forward(self, batch: Any) -> None:
         """Called with every micro-batch before the forward pass."""
+
+    def diagnosis(self) -> list[str]:
+        """Ranked cause codes, most likely first (only trainguard diagnoses)."""
+        return []
 
     def close(self) -> None:
         pass
@@ -128,15 +131,13 @@ class GuardStepper(Stepper):
     def step(self, loss: torch.Tensor, batch: Any) -> str:
         return self.guard.step(loss, batch=batch).action
 
+    def diagnosis(self) -> list[str]:
+        return [cause.code for cause in self.guard.diagnose()]
+
     def before_forward(self, batch: Any) -> None:
-        """`guard.check_batch`: a batch the model cannot take fails with a clear message (and is
-        recorded as the event that detected it) instead of an index error inside the model."""
-        try:
-            self.guard.check_batch(batch)
-        except BatchError as exc:
-            self.events.append(trainguard.Event(kind="batch_token_ids", severity="error",
-                                                step=self.guard.global_step, message=str(exc)))
-            raise
+        """`guard.check_batch`: a batch the model cannot take fails with a clear message (and an
+        event that detected it) instead of an index error inside the model."""
+        self.guard.check_batch(batch)
 
     def close(self) -> None:
         self.guard.close()

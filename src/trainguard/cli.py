@@ -146,6 +146,17 @@ def _show(args: argparse.Namespace) -> int:
                   f"{event['message']}\n")
     if len(summary["events"]) > args.events:
         out.write(f"  ... {len(summary['events']) - args.events} more (use --events N)\n")
+    if summary.get("diagnosis"):
+        out.write("likely causes\n")
+        for cause in summary["diagnosis"][:3]:
+            out.write(f"  {cause['code']:<20} {cause['confidence']:.0%}  "
+                      f"{'; '.join(cause['evidence'][:2])}\n")
+            out.write(f"  {'':<20}       fix: {cause['fix']}\n")
+    serious = [f for f in summary.get("preflight", []) if f["severity"] != "info"]
+    if serious:
+        out.write("preflight\n")
+        for finding in serious:
+            out.write(f"  {finding['severity']:<8} {finding['check']:<14} {finding['message']}\n")
     if summary["worst_params"]:
         out.write("worst parameters (non-finite gradient steps, largest gradient norm)\n")
         width = max(len(w["param"]) for w in summary["worst_params"])

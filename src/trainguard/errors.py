@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainguard.events import Event, StepReport
@@ -40,8 +40,10 @@ class TrainingDiverged(TrainguardError):
     """
 
     def __init__(self, message: str, *, snapshot_path: str | None, events: list[Event],
-                 report: StepReport | None = None) -> None:
+                 report: StepReport | None = None, diagnosis: list[Any] | None = None) -> None:
         super().__init__(message)
         self.snapshot_path = snapshot_path
         self.events = events
         self.report = report
+        self.diagnosis = diagnosis or []
+        """Ranked likely causes (trainguard.diagnose.ranking.RankedCause), most likely first."""

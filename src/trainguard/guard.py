@@ -33,6 +33,7 @@ from trainguard.diagnose.batch import (
     describe_batch,
     inspect_batch,
 )
+from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.diagnose.replay import LossFn, replay
 from trainguard.engine import Engine, Measurement
 from trainguard.errors import BatchError, TrainguardError, TrainingDiverged, UsageError
@@ -131,14 +132,32 @@ class Guard:
             engine.after_update(applied=False, fired=fired)
         return engine.finish(measurement, decision)
 
+    def diagnose(self) -> list[RankedCause]:
+        """Ranked likely causes of what went wrong so far (empty for a healthy run)."""
+        try:
+            return rank_causes(self.engine.events, self.findings)
+        except Exception as exc:  # diagnosis is best effort
+            log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
+            return []
+
+    def _store_diagnosis(self) -> list[RankedCause]:
+        diagnosis = self.diagnose()
+        if diagnosis and self.engine.store is not None and not self.engine.closed:
+            self.engine.store.put_meta("diagnosis", [c.to_dict() for c in diagnosis])
+        return diagnosis
+
     def close(self) -> None:
-        """Flush the last measurements and close the run store."""
+        """Flush the last measurements, store the diagnosis and close the run store."""
+        if not self.engine.closed:
+            self._store_diagnosis()
         self.engine.close()
 
     def __enter__(self) -> Guard:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self.engine.closed:
+            self._store_diagnosis()
         if isinstance(exc, TrainingDiverged):
             status = "halted"
         elif exc is not None:
@@ -162,7 +181,16 @@ class Guard:
                                  expected_batch_size=self.config.batch_size)
         fatal = [f for f in findings if f.check == "batch_token_ids"]
         if fatal:
-            raise BatchError(f"{fatal[0].message} Fix: {fatal[0].fix}")
+            finding = fatal[0]
+            event = Event(kind=finding.check, step=self.engine.step, severity="error",
+                          message=f"{finding.message} Fix: {finding.fix}",
+                          param=finding.evidence.get("field"),
+                          details={"cause": finding.cause, **finding.evidence})
+            self.engine.events.append(event)
+            self.engine.sinks.on_event(event)
+            if self.engine.store is not None:
+                self.engine.store.put_event(event)
+            raise BatchError(event.message)
         return findings
 
     # -- internals -------------------------------------------------------------------------------
@@ -305,13 +333,17 @@ class Guard:
                                         message=f"could not write {path}: {exc}"))
         drop_grads(engine.watched.params)
         report = engine.finish(measurement, decision)
+        diagnosis = self._store_diagnosis()
+        if diagnosis and self.config.console:
+            print("trainguard diagnosis: " + " | ".join(str(c) for c in diagnosis[:3]),
+                  file=sys.stderr, flush=True)
         if engine.store is not None and written:
             engine.store.put_meta("snapshot", written)
         engine.close(status="halted")
         raise TrainingDiverged(
             f"training halted at step {step}: " + "; ".join(e.message for e in causes)
             + (f". Crash snapshot: {written}" if written else ""),
-            snapshot_path=written, events=causes, report=report)
+            snapshot_path=written, events=causes, report=report, diagnosis=diagnosis)
 
     def _snapshot_path(self, step: int) -> Path:
         base = Path(self.config.snapshot_dir) if self.config.snapshot_dir else (

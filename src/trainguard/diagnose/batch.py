@@ -212,7 +212,7 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
                     "check padding and truncation.", evidence={"field": s.name}))
         if history is not None and s.is_float and not s.nonfinite:
             typical = history.typical.get(s.name)
-            if (typical and history.seen.get(s.name, 0) >= 3
+            if (typical and history.seen.get(s.name, 0) >= 2
                     and s.maxabs > OUTLIER_RATIO * typical):
                 findings.append(Finding(
                     "batch_outlier", "warning",

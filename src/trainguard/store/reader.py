@@ -154,6 +154,8 @@ class RunReader:
             "trainguard_version": meta.get("trainguard_version"),
             "policy": meta.get("config", {}).get("policy"),
             "snapshot": meta.get("snapshot"),
+            "diagnosis": meta.get("diagnosis", []),
+            "preflight": meta.get("preflight", []),
             "steps": len(rows),
             "first_step": rows[0]["step"] if rows else None,
             "last_step": rows[-1]["step"] if rows else None,

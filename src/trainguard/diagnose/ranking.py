@@ -1,0 +1,138 @@
+"""Cause ranking: combine events, preflight and batch findings, and replay into ranked causes.
+
+Every piece of evidence votes for cause codes with a weight that says how specific it is: a batch
+holding NaN points at `nonfinite_input` almost alone, while a loss spike early in the run could be
+several configuration causes, which the preflight findings then separate. Confidence is a cause's
+share of all votes. The rules are generic (no scenario names, no model names); the weights are in
+one table below.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.diagnose.causes import CAUSES
+from trainguard.diagnose.finding import Finding
+from trainguard.events import Event, at_least
+
+FINDING_WEIGHT = {"critical": 3.0, "error": 2.0, "warning": 1.0, "info": 0.2}
+BATCH_FINDING_WEIGHT = 4.0
+"""A data fault seen in the very batch of a bad step is the most specific evidence there is."""
+CONFIG_CAUSES = {"lr_too_high", "missing_warmup", "lora_scaling", "bad_init"}
+EARLY_STEPS = 20
+"""Trouble within this many steps of the start points at the configuration."""
+
+
+@dataclass
+class RankedCause:
+    code: str
+    confidence: float
+    score: float
+    evidence: list[str] = field(default_factory=list)
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "confidence": self.confidence, "score": self.score,
+                "evidence": self.evidence, "fix": self.fix}
+
+    def __str__(self) -> str:
+        return (f"{self.code} ({self.confidence:.0%}): {'; '.join(self.evidence[:3])}. "
+                f"Fix: {self.fix}")
+
+
+class _Votes:
+    def __init__(self) -> None:
+        self.score: dict[str, float] = defaultdict(float)
+        self.evidence: dict[str, list[str]] = defaultdict(list)
+        self.fixes: dict[str, str] = {}
+
+    def add(self, code: str | None, weight: float, why: str, fix: str | None = None) -> None:
+        if code is None or code not in CAUSES or weight <= 0:
+            return
+        self.score[code] += weight
+        if why not in self.evidence[code]:
+            self.evidence[code].append(why)
+        if fix and code not in self.fixes:
+            self.fixes[code] = fix
+
+
+def rank_causes(events: list[Event], findings: list[Finding] | None = None,
+                *, top: int = 5) -> list[RankedCause]:
+    """Ranked causes for a run's events. Empty when nothing of warning severity happened."""
+    serious = [e for e in events if at_least(e.severity, "warning")]
+    if not serious:
+        return []
+    findings = findings or []
+    votes = _Votes()
+    first_step = min(e.step for e in serious)
+    kinds = {e.kind for e in serious}
+    early = first_step < EARLY_STEPS
+
+    instability = kinds & {"grad_explosion", "loss_spike", "loss_divergence", "extreme_weight"}
+    for f in findings:
+        weight = FINDING_WEIGHT[f.severity]
+        if f.cause in CONFIG_CAUSES and not instability:
+            weight *= 0.25  # a bad setting explains instability, not a sudden NaN mid-run
+        votes.add(f.cause, weight, f.message, f.fix)
+    no_warmup = any(f.cause == "missing_warmup" for f in findings)
+
+    batch_causes = set()
+    for e in serious:
+        cause = e.details.get("cause") if e.kind.startswith("batch_") else None
+        if cause:
+            batch_causes.add(cause)
+            # a normalisation mismatch shows from the first batch; later it is one odd batch
+            weight = (BATCH_FINDING_WEIGHT if cause != "input_scale" or e.step == 0 else 1.0)
+            votes.add(cause, weight, f"step {e.step}: {e.message.split(' Fix:')[0]}")
+
+    nonfinite = kinds & {"nonfinite_loss", "nonfinite_grad"}
+    if nonfinite and "nonfinite_input" not in batch_causes:
+        replayed = next((e.details.get("replay") for e in serious if e.details.get("replay")),
+                        None)
+        if "fp16_overflow" in kinds:
+            votes.add("fp16_overflow", 3.0, "non-finite values with float16 values at the limit")
+        elif any(f.check == "precision" for f in findings):
+            votes.add("optimizer_eps", 1.5, "non-finite values while float16 weights are trained")
+        else:
+            where = (f" (replay: first non-finite output in {replayed['first_nonfinite_module']})"
+                     if replayed and replayed.get("first_nonfinite_module") else "")
+            votes.add("numerical_op", 2.0, f"the loss turned non-finite at step {first_step} "
+                      f"with a finite batch{where}")
+            votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)")
+    if "fp16_overflow" in kinds:
+        votes.add("fp16_overflow", 2.0, "float16 overflow reported")
+    if kinds & {"nonfinite_weight", "nonfinite_optimizer_state", "extreme_weight"}:
+        votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
+        votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
+
+    jumps = [e for e in serious if e.kind in ("grad_explosion", "loss_spike", "loss_divergence")]
+    for e in jumps:
+        param = e.param or ""
+        if "lora_" in param:
+            votes.add("lora_scaling", 1.5, f"step {e.step}: {e.kind} in LoRA adapter {param}")
+        if any(f.check == "layer_init" and f.evidence.get("param") == param for f in findings):
+            votes.add("bad_init", 2.0, f"step {e.step}: {e.kind} in the badly initialised {param}")
+        single = e.kind != "loss_divergence" and not [
+            o for o in jumps if o is not e and abs(o.step - e.step) > 5]
+        if e.step == 0:
+            # before any update: the initial weights or the data, not the learning rate
+            votes.add("bad_init", 1.5, f"step 0: {e.kind} before any update was applied")
+            votes.add("input_scale", 0.5, f"step 0: {e.kind} before any update was applied")
+        elif not early and single:
+            votes.add("outlier_batch", 1.5, f"step {e.step}: a single {e.kind} late in the run")
+        elif early:
+            votes.add("lr_too_high", 1.0, f"step {e.step}: {e.kind} early in the run")
+            votes.add("missing_warmup", 2.0 if no_warmup else 0.3,
+                      f"step {e.step}: {e.kind} in the first steps"
+                      + (" of a schedule without warmup" if no_warmup else ""))
+            votes.add("bad_init", 0.3, f"step {e.step}: {e.kind} early in the run")
+        else:
+            votes.add("lr_too_high", 1.0, f"step {e.step}: repeated {e.kind}")
+
+    total = sum(votes.score.values()) or 1.0
+    ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
+    return [RankedCause(code=code, confidence=score / total, score=score,
+                        evidence=votes.evidence[code],
+                        fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]

@@ -1,0 +1,92 @@
+"""Cause ranking combines events, findings and replay into ranked causes with evidence and fixes."""
+
+from __future__ import annotations
+
+import pytest
+
+import trainguard
+from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.ranking import rank_causes
+from trainguard.events import Event
+
+from ..conftest import make_setup
+from ..test_guard import train
+
+
+def event(kind: str, step: int, severity: str = "error", **details) -> Event:
+    return Event(kind=kind, step=step, severity=severity, message=kind, details=details)
+
+
+def codes(ranked) -> list[str]:
+    return [c.code for c in ranked]
+
+
+def test_a_healthy_run_has_no_diagnosis() -> None:
+    lr = Finding("mode_and_lr", "error", "LR high", "lower it", cause="lr_too_high")
+    assert rank_causes([], [lr]) == []
+    assert rank_causes([event("loss_spike", 40, "info")], [lr]) == []
+
+
+def test_a_nan_batch_beats_configuration_findings() -> None:
+    events = [event("nonfinite_loss", 80), event("nonfinite_grad", 80),
+              event("batch_nonfinite", 80, cause="nonfinite_input")]
+    lr = Finding("mode_and_lr", "error", "LR high", "lower it", cause="lr_too_high")
+    ranked = rank_causes(events, [lr])
+    assert codes(ranked)[0] == "nonfinite_input"
+    assert ranked[0].confidence > 0.5 and ranked[0].evidence and ranked[0].fix
+
+
+def test_a_nan_with_a_clean_batch_points_at_a_numerical_op() -> None:
+    replayed = {"first_nonfinite_module": "loss_head"}
+    ranked = rank_causes([event("nonfinite_loss", 60, replay=replayed)])
+    assert codes(ranked)[0] == "numerical_op"
+    assert "loss_head" in ranked[0].evidence[0]
+
+
+def test_an_explosion_at_step_zero_is_not_the_learning_rate() -> None:
+    init = Finding("layer_init", "error", "head std 100", "std 0.02", cause="bad_init",
+                   evidence={"param": "head.weight"})
+    lr = Finding("mode_and_lr", "error", "LR high", "lower it", cause="lr_too_high")
+    explosion = Event("grad_explosion", 0, "error", "big", param="head.weight")
+    assert codes(rank_causes([explosion], [init, lr]))[0] == "bad_init"
+
+
+def test_early_instability_without_warmup_points_at_warmup() -> None:
+    warmup = Finding("warmup", "warning", "no warmup", "warm up", cause="missing_warmup")
+    ranked = rank_causes([event("loss_spike", 1, "warning")], [warmup])
+    assert codes(ranked)[0] == "missing_warmup"
+    assert codes(rank_causes([event("loss_spike", 1, "warning")]))[0] == "lr_too_high"
+
+
+def test_a_single_late_spike_is_an_outlier_batch() -> None:
+    ranked = rank_causes([event("grad_explosion", 120), event("loss_spike", 120, "warning")])
+    assert codes(ranked)[0] == "outlier_batch"
+
+
+def test_lora_parameters_in_the_evidence_point_at_lora_scaling() -> None:
+    spike = Event("grad_explosion", 30, "error", "big",
+                  param="base_model.model.h.0.attn.c_attn.lora_B.default.weight")
+    assert "lora_scaling" in codes(rank_causes([spike]))[:2]
+
+
+@pytest.mark.parametrize("source", ["guard", "error"])
+def test_the_guard_diagnoses_stores_and_raises_with_the_diagnosis(tmp_path, source) -> None:
+    setup = make_setup()
+    policy = "halt" if source == "error" else "protect"
+    guard = trainguard.Guard(setup.model, setup.optimizer, run_dir=tmp_path,
+                             config=trainguard.GuardConfig(console=False, policy=policy))
+    train(guard, setup, 3)
+    batch = {"tokens": setup.batch().float()}
+    batch["tokens"][0, 0] = float("nan")
+    loss = setup.model.loss(setup.batch()) * float("nan")
+    loss.backward()
+    if source == "error":
+        with pytest.raises(trainguard.TrainingDiverged) as info:
+            guard.step(loss, batch=batch)
+        assert info.value.diagnosis[0].code == "nonfinite_input"
+    else:
+        guard.step(loss, batch=batch)
+        assert guard.diagnose()[0].code == "nonfinite_input"
+        guard.close()
+    summary = trainguard.RunReader(tmp_path).summary()
+    assert summary["diagnosis"][0]["code"] == "nonfinite_input"
