@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import trainguard
 from trainguard import GuardConfig
@@ -99,3 +100,46 @@ def test_demo_runs_healthy_then_exploding(tmp_path: Path) -> None:
     exploding = trainguard.RunReader(tmp_path / "exploding").summary()
     assert healthy["events"] == [] and healthy["status"] == "finished"
     assert exploding["events"] and exploding["loss"]["last"] > 3 * exploding["loss"]["first"]
+
+
+FACTORY = str(Path(__file__).parent / "diagnose" / "factory_for_cli.py")
+
+
+def test_replay_a_crash_snapshot_names_the_bad_module(tmp_path: Path) -> None:
+    from .diagnose.factory_for_cli import model_and_loss
+
+    model, loss_fn = model_and_loss()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = trainguard.Guard(model, optimizer, run_dir=tmp_path,
+                             config=GuardConfig(console=False, policy="halt"))
+    with torch.no_grad():
+        model.blocks.layers[1].linear2.weight[0, 0] = float("nan")
+    batch = {"input_ids": torch.randint(0, 32, (4, 9))}
+    loss = loss_fn(model, batch)
+    loss.backward()
+    with pytest.raises(trainguard.TrainingDiverged) as info:
+        guard.step(loss, batch=batch)
+    result = run_cli("replay", info.value.snapshot_path, "--factory",
+                     f"{FACTORY}:model_and_loss")
+    assert result.returncode == 0, result.stderr
+    assert "first non-finite output: blocks.layers.1.linear2 (Linear)" in result.stdout
+    assert "deterministic" in result.stdout
+
+
+def test_replay_and_doctor_bad_input_exit_2(tmp_path: Path) -> None:
+    garbage = tmp_path / "x.pt"
+    garbage.write_bytes(b"junk" * 50)
+    for args in (["replay", str(garbage), "--factory", f"{FACTORY}:model_and_loss"],
+                 ["replay", str(tmp_path / "none.pt"), "--factory", "x:y"],
+                 ["doctor", "--factory", "no_such_module_xyz:f"],
+                 ["doctor", "--factory", "nocolon"]):
+        result = run_cli(*args)
+        assert result.returncode == 2, args
+        assert "Traceback" not in result.stderr and result.stderr.startswith("trainguard: error")
+
+
+def test_doctor_audits_a_setup() -> None:
+    result = run_cli("doctor", "--factory", f"{FACTORY}:bad_setup")
+    assert result.returncode == 0, result.stderr
+    assert "ERROR mode_and_lr" in result.stdout and "adam_settings" in result.stdout
+    assert "WARNING warmup" in result.stdout

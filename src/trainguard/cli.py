@@ -2,6 +2,8 @@
 
     trainguard demo              a healthy and an exploding fine-tune, detected as they happen
     trainguard show RUN_DIR      what a run did: steps, losses, events, worst layers (--json)
+    trainguard replay SNAPSHOT   rerun a crash snapshot's bad step and name where it went wrong
+    trainguard doctor            audit a training setup before it runs
 
 Problems with the input (a missing or corrupt run directory, bad arguments) print one message
 and exit with code 2; nothing is written half-way.
@@ -66,7 +68,94 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print machine-readable JSON")
     show.add_argument("--events", type=int, default=20, metavar="N",
                       help="list at most N events (default: 20)")
+    replay_cmd = commands.add_parser(
+        "replay", help="rerun the bad step of a crash snapshot and name where it went wrong",
+        description="Load a crash snapshot (weights_only), rebuild the model with FACTORY, restore "
+                    "the state from just before the bad step and the RNG, rerun the saved batch "
+                    "with forward and gradient hooks, and name the first non-finite module and "
+                    "parameter. FACTORY is 'module:function' (or 'path/to/file.py:function'); the "
+                    "function takes no arguments and returns (model, loss_fn) where "
+                    "loss_fn(model, batch) -> loss.")
+    replay_cmd.add_argument("snapshot", metavar="SNAPSHOT")
+    replay_cmd.add_argument("--factory", required=True, metavar="FACTORY")
+    replay_cmd.add_argument("--runs", type=_positive_int, default=2,
+                            help="reruns, to tell deterministic from transient faults (default 2)")
+
+    doctor = commands.add_parser(
+        "doctor", help="audit a training setup before it runs (preflight)",
+        description="Run trainguard's preflight audit on the objects FACTORY builds. FACTORY is "
+                    "'module:function' (or 'path/to/file.py:function'); the function takes no "
+                    "arguments and returns (model, optimizer) or (model, optimizer, scheduler).")
+    doctor.add_argument("--factory", required=True, metavar="FACTORY")
     return parser
+
+
+def _load_factory(spec: str) -> Any:
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    from trainguard.errors import UsageError
+
+    module_name, sep, function = spec.rpartition(":")
+    if not sep or not module_name or not function:
+        raise UsageError(f"FACTORY must look like 'module:function', got {spec!r}")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise UsageError(f"no file {path}")
+            loaded = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loaded)  # type: ignore[arg-type]
+            loaded.loader.exec_module(module)  # type: ignore[union-attr]
+        else:
+            module = importlib.import_module(module_name)
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise UsageError(f"{module_name} has no function {function!r}")
+    return factory
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from trainguard.diagnose.replay import replay
+    from trainguard.errors import SnapshotError, UsageError
+    from trainguard.snapshot import load_snapshot, restore_rng_state
+
+    snapshot = load_snapshot(args.snapshot)
+    built = _load_factory(args.factory)()
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise UsageError("the factory must return (model, loss_fn)")
+    model, loss_fn = built
+    try:
+        model.load_state_dict(snapshot["model"])
+    except (RuntimeError, KeyError) as exc:
+        raise SnapshotError(f"the snapshot does not fit the factory's model: "
+                            f"{str(exc).splitlines()[0][:200]}") from None
+    if snapshot.get("batch") is None:
+        raise SnapshotError("the snapshot holds no batch (pass batch= to guard.step)")
+    restore_rng_state(snapshot["rng"])
+    report = replay(model, snapshot["batch"], loss_fn, runs=args.runs)
+    print(f"snapshot of step {snapshot['step']}: {report.summary()}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from trainguard.diagnose.preflight import preflight
+    from trainguard.errors import UsageError
+
+    built = _load_factory(args.factory)()
+    if not (isinstance(built, tuple) and len(built) in (2, 3)):
+        raise UsageError("the factory must return (model, optimizer[, scheduler])")
+    findings = preflight(*built)
+    if not findings:
+        print("preflight: no findings")
+    for finding in findings:
+        print(finding)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "show":
             return _show(args)
+        if args.command == "replay":
+            return _replay(args)
+        if args.command == "doctor":
+            return _doctor(args)
     except TrainguardError as exc:
         print(f"trainguard: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,10 +9,8 @@ written atomically (temporary file, fsync, rename) and only holds types that
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -132,8 +130,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SnapshotError(f"no snapshot at {source}")
     try:
         snap = torch.load(source, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile, OSError,
-            ValueError) as exc:
+    except Exception as exc:  # any unreadable file (pickle, zip, memo errors) is one message
         raise SnapshotError(f"{source} is not a readable trainguard snapshot "
                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
     if not isinstance(snap, dict) or any(key not in snap for key in REQUIRED_KEYS):

@@ -1,0 +1,18 @@
+"""Factories the CLI tests load with --factory."""
+
+from __future__ import annotations
+
+import torch
+
+from trainguard.demo import TinyCausalLM
+
+
+def model_and_loss():
+    torch.manual_seed(0)
+    return TinyCausalLM(vocab_size=32, d_model=32, n_layer=2, n_head=2, max_len=32), (
+        lambda model, batch: model.loss(batch["input_ids"]))
+
+
+def bad_setup():
+    model = TinyCausalLM(vocab_size=32, d_model=32, n_layer=1, n_head=2, max_len=32)
+    return model, torch.optim.AdamW(model.parameters(), lr=1.0, eps=1e-16, betas=(0.9, 0.9))
