@@ -114,6 +114,8 @@ class Guard:
         if self.replay_fn is not None and batch is not None and any(
                 at_least(e.severity, "error") for e in decision.events):
             self._replay(batch, decision.events)
+        if any(at_least(e.severity, "warning") for e in decision.events):
+            self._attach_diagnosis(decision.events)
         if decision.action == "halted":
             self._halt(measurement, batch, decision)
         if decision.applies_update:
@@ -194,6 +196,24 @@ class Guard:
         return findings
 
     # -- internals -------------------------------------------------------------------------------
+    def _attach_diagnosis(self, events: list[Event]) -> None:
+        """Rank causes with this step's events included; attach and print the top three."""
+        try:
+            ranked = rank_causes(self.engine.events + events, self.findings, top=3)
+        except Exception as exc:  # diagnosis is best effort
+            log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if not ranked:
+            return
+        likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+        for event in events:
+            if at_least(event.severity, "warning"):
+                event.details["likely_causes"] = likely
+        if self.config.console:
+            print("trainguard likely causes: " + ", ".join(
+                f"{c.code} {c.confidence:.0%}" for c in ranked) + f". Fix: {ranked[0].fix}",
+                file=sys.stderr, flush=True)
+
     def _replay(self, batch: Any, events: list[Event]) -> None:
         """The update has not been applied yet, so the model holds the state from before it."""
         try:

@@ -90,3 +90,15 @@ def test_the_guard_diagnoses_stores_and_raises_with_the_diagnosis(tmp_path, sour
         guard.close()
     summary = trainguard.RunReader(tmp_path).summary()
     assert summary["diagnosis"][0]["code"] == "nonfinite_input"
+
+
+def test_events_carry_their_likely_causes() -> None:
+    setup = make_setup()
+    guard = trainguard.Guard(setup.model, setup.optimizer,
+                             config=trainguard.GuardConfig(console=False))
+    train(guard, setup, 3)
+    loss = setup.model.loss(setup.batch()) * float("nan")
+    loss.backward()
+    report = guard.step(loss, batch={"tokens": setup.batch()})
+    for event in report.events:
+        assert event.details["likely_causes"][0]["code"] == "numerical_op"
