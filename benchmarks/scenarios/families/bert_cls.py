@@ -49,10 +49,9 @@ Scenarios:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypedDict
 
 import torch
@@ -190,29 +189,17 @@ def presence_batch(n: int, generator: torch.Generator) -> Batch:
     return Batch(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels)
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Pre-train on one thread, so the cached weights do not depend on the thread count of
-    whichever process trains them first."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
 
 def _pretrain_presence(model: nn.Module) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.01)
     scheduler = warmup_cosine(optimizer, PRETRAIN_STEPS)
     model.train()
-    with _one_thread():
-        for step in range(PRETRAIN_STEPS):
-            batch = presence_batch(BATCH, _generator(PRETRAIN_SEED, _STREAM_PRETRAIN, step))
-            classifier_loss(model, batch, step).backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+    for step in range(PRETRAIN_STEPS):
+        batch = presence_batch(BATCH, _generator(PRETRAIN_SEED, _STREAM_PRETRAIN, step))
+        classifier_loss(model, batch, step).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def _quiet_classifier(num_labels: int) -> BertForSequenceClassification:

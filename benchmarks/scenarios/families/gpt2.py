@@ -142,19 +142,14 @@ def _pretrain(model: nn.Module) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, partial(warmup_cosine, warmup=10, total=PRETRAIN_STEPS))
     model.train()
-    # One thread, so the cached weights do not depend on the thread count of whichever process
-    # trains them first (the faulty runs are chaotic enough to amplify a last-bit difference).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for step in range(PRETRAIN_STEPS):
-            tokens = sample_sequences(transition, 32, _generator(0, _PRETRAIN_STREAM, step))
-            next_token_loss(model, tokens).backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-    finally:
-        torch.set_num_threads(threads)
+    # pretrain.pretrained runs this on one thread, so the cached weights do not depend on the
+    # thread count of whichever process trains them first
+    for step in range(PRETRAIN_STEPS):
+        tokens = sample_sequences(transition, 32, _generator(0, _PRETRAIN_STREAM, step))
+        next_token_loss(model, tokens).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def pretrained_gpt2() -> nn.Module:

@@ -31,10 +31,9 @@ Scenarios:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypedDict
 
 import torch
@@ -144,28 +143,16 @@ def token_average_loss(model: nn.Module, batch: Batch, step: int) -> torch.Tenso
     return (per_token * real.reshape(-1)).sum() / real.sum()
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Pre-train on one thread, so the cached weights do not depend on the thread count of
-    whichever process trains them first."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
 
 def _pretrain(model: nn.Module) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=PRETRAIN_LR)
     transition = _transition("base")
     model.train()
-    with _one_thread():
-        for step in range(PRETRAIN_STEPS):
-            generator = _generator(PRETRAIN_SEED, _STREAM_PRETRAIN, step)
-            token_average_loss(model, documents(transition, ADAM_BATCH, generator), step).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    for step in range(PRETRAIN_STEPS):
+        generator = _generator(PRETRAIN_SEED, _STREAM_PRETRAIN, step)
+        token_average_loss(model, documents(transition, ADAM_BATCH, generator), step).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def _base_model(layers: int, hidden: int) -> LSTMLanguageModel:
