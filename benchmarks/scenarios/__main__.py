@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -12,21 +11,12 @@ from pathlib import Path
 import torch
 
 from trainguard import GuardConfig
+from trainguard.store.writer import strict_json
 
 from . import all_scenarios
 from .metrics import summary_lines, table, totals
 from .runner import run_scenario
 from .strategies import STRATEGIES
-
-
-def _clean(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwall time {time.perf_counter() - started:.0f}s for {len(results)} runs")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_clean({"results": [r.to_dict() for r in results],
+        args.json.write_text(json.dumps(strict_json({"results": [r.to_dict() for r in results],
                                                 "totals": summaries}), indent=1))
     return 0
 

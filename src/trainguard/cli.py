@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -190,17 +189,6 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jsonable(value: Any) -> Any:
-    """Strict JSON: non-finite numbers become the strings "nan", "inf" and "-inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -211,11 +199,12 @@ def _fmt(value: Any) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     from trainguard.store import RunReader
+    from trainguard.store.writer import strict_json
 
     with RunReader(args.run_dir) as reader:
         summary = reader.summary()
     if args.json:
-        print(json.dumps(_jsonable(summary), indent=2, allow_nan=False))
+        print(json.dumps(strict_json(summary), indent=2, allow_nan=False))
         return 0
     out = sys.stdout
     loss = summary["loss"]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainguard.probes.activations import _first_float_tensor
+from trainguard.probes.activations import first_float_tensor
 
 FP16_MAX = 65504.0
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -96,7 +96,7 @@ def _run_once(model: nn.Module, batch: Any, loss_fn: LossFn) -> ReplayRun:
 
     def forward_hook(name: str):
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            tensor = _first_float_tensor(output)
+            tensor = first_float_tensor(output)
             if tensor is None or tensor.numel() == 0:
                 return
             with torch.no_grad():

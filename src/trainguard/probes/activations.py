@@ -18,21 +18,21 @@ from torch import nn
 log = logging.getLogger("trainguard")
 
 
-def _first_float_tensor(output: Any) -> torch.Tensor | None:
+def first_float_tensor(output: Any) -> torch.Tensor | None:
     if isinstance(output, torch.Tensor):
         return output if output.is_floating_point() else None
     if isinstance(output, (tuple, list)):
         for item in output:
-            found = _first_float_tensor(item)
+            found = first_float_tensor(item)
             if found is not None:
                 return found
     if isinstance(output, dict):
         for item in output.values():
-            found = _first_float_tensor(item)
+            found = first_float_tensor(item)
             if found is not None:
                 return found
     if hasattr(output, "to_tuple"):  # transformers ModelOutput
-        return _first_float_tensor(output.to_tuple())
+        return first_float_tensor(output.to_tuple())
     return None
 
 
@@ -66,7 +66,7 @@ class ActivationProbe:
     def _hook(self, name: str):
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             try:
-                tensor = _first_float_tensor(output)
+                tensor = first_float_tensor(output)
                 if tensor is None or tensor.numel() == 0:
                     return
                 with torch.no_grad():

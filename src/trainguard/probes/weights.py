@@ -19,8 +19,6 @@ import torch
 
 from trainguard.params import WatchedParams
 
-WEIGHT_KEYS = ("weight_mean", "weight_std", "weight_maxabs", "weight_nonfinite", "weight_norm")
-
 
 class WeightProbe:
     def __init__(self, watched: WatchedParams) -> None:
