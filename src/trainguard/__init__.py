@@ -6,7 +6,7 @@ divergence at the step they happen, protect the run, and record everything for l
 
 __version__ = "0.1.0"
 
-from trainguard.config import DetectorConfig, GuardConfig
+from trainguard.config import DetectorConfig, GuardConfig, RecoveryConfig
 from trainguard.diagnose import Finding, preflight, replay
 from trainguard.errors import (
     ConfigError,
@@ -22,7 +22,8 @@ from trainguard.snapshot import load_snapshot
 from trainguard.store import RunReader
 
 __all__ = [
-    "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "RunReader",
+    "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "RecoveryConfig",
+    "RunReader",
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
     "UsageError", "__version__", "load_snapshot", "preflight", "replay",
 ]

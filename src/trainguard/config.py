@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from trainguard.errors import ConfigError
 
-Policy = Literal["observe", "protect", "halt"]
-POLICIES: tuple[str, ...] = ("observe", "protect", "halt")
+Policy = Literal["observe", "protect", "halt", "recover"]
+POLICIES: tuple[str, ...] = ("observe", "protect", "halt", "recover")
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
 
 
@@ -116,13 +116,60 @@ class DetectorConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class RecoveryConfig:
+    """How the `recover` policy brings a broken run back (the guide's §6 rescue, automated)."""
+
+    ring_size: int = 3
+    """How many verified-good training states are kept (model, optimizer, scheduler, scaler,
+    RNG, guard baselines), oldest dropped first."""
+    ring_every: int = 50
+    """A good-state candidate is taken after every this many steps (and before the first)."""
+    confirm_steps: int = 5
+    """A candidate becomes "good" only after this many following steps without an event or a
+    skip, and only if its weights and optimizer moments are all finite."""
+    settle_steps: int = 10
+    """After a loss spike or gradient explosion (whose update is skipped), the loss has this many
+    steps to come back near its level from before; otherwise the run is rolled back."""
+    settle_ratio: float = 1.5
+    """"Back near its level": the median of the last few losses at most this many times the
+    median from before the trouble."""
+    rollback_after_skips: int = 3
+    """This many consecutive non-finite steps mean the state itself is broken: roll back."""
+    lr_backoff: float = 0.1
+    """On a rollback the learning rate is multiplied by this (the guide: divide it by 10)..."""
+    lr_ramp_steps: int = 100
+    """...and ramped back linearly over this many steps. A second rollback lowers the ceiling the
+    ramp returns to by the same factor, since a fault that comes back is a learning rate that is
+    too high, not a bad batch."""
+    max_grad_norm: float = 0.5
+    """After a rollback, global clipping is tightened to this limit (the guide's 0.5)."""
+    max_rollbacks: int = 3
+    """A run that needs more rollbacks than this halts with a crash snapshot and a diagnosis."""
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("ring_size", 1), ("ring_every", 1), ("confirm_steps", 0),
+                              ("settle_steps", 1), ("rollback_after_skips", 1),
+                              ("lr_ramp_steps", 0), ("max_rollbacks", 0)):
+            _at_least(getattr(self, name), minimum, f"RecoveryConfig.{name}")
+        _positive(self.max_grad_norm, "RecoveryConfig.max_grad_norm")
+        _positive(self.settle_ratio, "RecoveryConfig.settle_ratio")
+        _require(self.settle_ratio > 1, "RecoveryConfig.settle_ratio",
+                 f"must be > 1, got {self.settle_ratio!r}")
+        _positive(self.lr_backoff, "RecoveryConfig.lr_backoff")
+        _require(self.lr_backoff <= 1, "RecoveryConfig.lr_backoff",
+                 f"must be <= 1, got {self.lr_backoff!r}")
+
+
+@dataclass(kw_only=True, slots=True)
 class GuardConfig:
     """How the Guard watches and protects a run."""
 
     policy: Policy = "protect"
     """`observe`: record and warn only. `protect`: clip, and skip steps whose loss or gradients
     are non-finite without touching optimizer state. `halt`: on an event of `halt_severity` or
-    worse, write a crash snapshot and raise `TrainingDiverged`."""
+    worse, write a crash snapshot and raise `TrainingDiverged`. `recover`: as protect, and roll
+    back to the last good state (LR backed off, clipping tightened) when skipping does not heal
+    the run; see `RecoveryConfig`."""
     max_grad_norm: float | None = 1.0
     """Global gradient-norm clipping limit (the guide's max_norm=1.0); None disables clipping."""
     sample_every: int = 50
@@ -151,8 +198,13 @@ class GuardConfig:
     """Write the embedded run store when a run_dir is given."""
     console: bool = True
     """Print events as they happen (through the `trainguard` logger and stderr)."""
+    desync_every: int = 200
+    """Under torch.distributed, compare cheap per-parameter weight fingerprints across ranks every
+    this many steps (the guide's §3.4.1 desync check) and name the parameters that drifted."""
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     """Thresholds of the built-in detectors."""
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    """Settings of the `recover` policy (the good-state ring is kept only under `recover`)."""
 
     def __post_init__(self) -> None:
         _require(self.policy in POLICIES, "GuardConfig.policy",
@@ -161,6 +213,7 @@ class GuardConfig:
             _positive(self.max_grad_norm, "GuardConfig.max_grad_norm")
         _at_least(self.sample_every, 1, "GuardConfig.sample_every")
         _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
+        _at_least(self.desync_every, 1, "GuardConfig.desync_every")
         if self.batch_size is not None:
             _at_least(self.batch_size, 1, "GuardConfig.batch_size")
         _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",
@@ -169,6 +222,10 @@ class GuardConfig:
             self.detectors = DetectorConfig(**self.detectors)
         _require(isinstance(self.detectors, DetectorConfig), "GuardConfig.detectors",
                  "must be a DetectorConfig")
+        if isinstance(self.recovery, dict):
+            self.recovery = RecoveryConfig(**self.recovery)
+        _require(isinstance(self.recovery, RecoveryConfig), "GuardConfig.recovery",
+                 "must be a RecoveryConfig")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

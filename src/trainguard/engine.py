@@ -100,6 +100,8 @@ class Engine:
         self.step = 0
         """Index of the next step (the first step is 0)."""
         self.consecutive_skips = 0
+        self.max_grad_norm = self.config.max_grad_norm
+        """The clipping limit in force (the recover policy tightens it after a rollback)."""
         self.closed = False
         self._pending: list[_Pending] = []
         self._sample_next = False
@@ -187,7 +189,8 @@ class Engine:
             except Exception as exc:  # a detector bug must not kill the run
                 log.error("trainguard: detector %s failed at step %d (%s: %s); it is skipped",
                           detector.kind, signals.step, type(exc).__name__, exc)
-        decision = choose_action(self.config, signals, events, self.consecutive_skips)
+        decision = choose_action(self.config, signals, events, self.consecutive_skips,
+                                 max_grad_norm=self.max_grad_norm)
         decision.events = events + decision.events
         return decision
 
@@ -266,15 +269,22 @@ class Engine:
     # -- state and shutdown ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "consecutive_skips": self.consecutive_skips,
-                "detectors": {d.kind: d.state_dict() for d in self.detectors}}
+                "detectors": self.detector_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.consecutive_skips = int(state["consecutive_skips"])
-        for detector in self.detectors:
-            if detector.kind in state["detectors"]:
-                detector.load_state_dict(state["detectors"][detector.kind])
+        self.restore_detectors(state["detectors"])
         self._schedule_sampling(self.step)
+
+    def detector_state(self) -> dict[str, Any]:
+        return {d.kind: d.state_dict() for d in self.detectors}
+
+    def restore_detectors(self, state: dict[str, Any]) -> None:
+        """Put the detectors' baselines back (on resume, or on a rollback that forgets steps)."""
+        for detector in self.detectors:
+            if detector.kind in state:
+                detector.load_state_dict(state[detector.kind])
 
     def close(self, status: str = "finished") -> None:
         if self.closed:

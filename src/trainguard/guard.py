@@ -39,6 +39,7 @@ from trainguard.engine import Engine, Measurement
 from trainguard.errors import BatchError, TrainguardError, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport, at_least
 from trainguard.policy import Decision
+from trainguard.recovery import Recovery, Verdict
 from trainguard.remedies import drop_grads, scale_grads
 from trainguard.sinks import Sink
 from trainguard.snapshot import build_snapshot, write_snapshot
@@ -71,6 +72,13 @@ class Guard:
         """What the preflight audit found when the Guard started (worst first)."""
         if self.config.preflight:
             self._run_preflight()
+        self.recovery: Recovery | None = None
+        """The `recover` policy's ring, judgement, LR backoff and skip list (None otherwise)."""
+        if self.config.policy == "recover":
+            self.recovery = Recovery(engine=self.engine, model=model, optimizers=[optimizer],
+                                     scheduler=scheduler, scaler=self.scaler, config=self.config)
+            self.recovery.start()
+        self._data_position = 0
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -83,23 +91,35 @@ class Guard:
         """Number of steps taken so far (the index of the next step)."""
         return self.engine.step
 
-    def step(self, loss: Any, *, batch: Any = None) -> StepReport:
-        """Check the gradients of this step, then apply, clip, skip or halt.
+    @property
+    def skipped_data(self) -> set[Any]:
+        """Data ids that rollbacks blamed (see `trainguard.recovery.SkippingSampler`)."""
+        return self.recovery.skipped_data if self.recovery is not None else set()
+
+    def step(self, loss: Any, *, batch: Any = None, data_ids: Any = None) -> StepReport:
+        """Check the gradients of this step, then apply, clip, skip, roll back or halt.
 
         Call after `loss.backward()` (or `scaler.scale(loss).backward()`), with the unscaled loss.
+        `data_ids` names the data of this step for the `recover` policy's skip list (for example
+        the dataset indices of the batch); by default it is the batch's running position.
         """
         if self.engine.closed:
             raise UsageError("this Guard is closed; create a new one to keep training")
         engine = self.engine
         if self.scaler is not None:
             self._unscale()
+        if data_ids is None:
+            data_ids = self._data_position
+        self._data_position += 1
         batch_stats = None
         if batch is not None and self.config.inspect_batches and engine.sampled_now:
             batch_stats = self._batch_stats_on_device(batch)  # travels with the step's transfer
+        extra = self.recovery.extra() if self.recovery is not None else {}
+        if batch_stats is not None:
+            extra["batch"] = batch_stats.tensor  # type: ignore[assignment]
         try:
             measurement = engine.measure(
-                loss, lr=self.optimizer.param_groups[0].get("lr"),
-                extra={"batch": batch_stats.tensor} if batch_stats is not None else None)
+                loss, lr=self.optimizer.param_groups[0].get("lr"), extra=extra or None)
             decision = engine.decide(measurement)
         except TrainguardError:
             raise
@@ -114,6 +134,8 @@ class Guard:
         if self.replay_fn is not None and batch is not None and any(
                 at_least(e.severity, "error") for e in decision.events):
             self._replay(batch, decision.events)
+        if self.recovery is not None:
+            self._recover(measurement, decision, data_ids)
         if any(at_least(e.severity, "warning") for e in decision.events):
             self._attach_diagnosis(decision.events)
         if decision.action == "halted":
@@ -124,15 +146,42 @@ class Guard:
             self.optimizer.step()
             if self.scaler is not None:
                 self.scaler.update()
-            if self.scheduler is not None:
+            if self.recovery is not None:
+                self.recovery.step_scheduler()
+            elif self.scheduler is not None:
                 self.scheduler.step()
             engine.after_update(applied=True, fired=fired)
+        elif decision.action == "rolled_back":
+            drop_grads(engine.watched.params)
+            engine.after_update(applied=False, fired=True)
         else:
             drop_grads(engine.watched.params)
             if self.scaler is not None:
                 self.scaler.update()  # lowers the scale after an overflow, as scaler.step would
             engine.after_update(applied=False, fired=fired)
-        return engine.finish(measurement, decision)
+        report = engine.finish(measurement, decision)
+        if self.recovery is not None and decision.applies_update:
+            self.recovery.after_applied()
+        return report
+
+    def rollback(self, reason: str = "rollback requested by the training loop", *,
+                 to_step: int | None = None) -> Event:
+        """Roll back now (between steps) to the newest good state taken at or before `to_step`
+        (default: the newest), with the same LR backoff and clipping as an automatic rollback.
+        Only under the `recover` policy."""
+        if self.recovery is None:
+            raise UsageError("rollback needs GuardConfig(policy='recover') (it keeps good states)")
+        if not self.recovery.can_roll_back():
+            raise UsageError("there is no good state to roll back to yet")
+        step = self.engine.step - 1
+        onset = step + 1 if to_step is None else to_step
+        event = self.recovery.rollback(Verdict("rollback", reason, onset=onset), step,
+                                       mid_step=False)
+        self.engine.events.append(event)
+        self.engine.sinks.on_event(event)
+        if self.engine.store is not None:
+            self.engine.store.put_event(event)
+        return event
 
     def diagnose(self) -> list[RankedCause]:
         """Ranked likely causes of what went wrong so far (empty for a healthy run)."""
@@ -169,11 +218,19 @@ class Guard:
         self.engine.close(status=status)
 
     def state_dict(self) -> dict[str, Any]:
-        """The Guard's own state (baselines, counters), for checkpoints of long jobs."""
-        return self.engine.state_dict()
+        """The Guard's own state (baselines, counters, recovery's skip list and LR backoff), for
+        checkpoints of long jobs. The good states themselves are not included."""
+        state = self.engine.state_dict()
+        state["data_position"] = self._data_position
+        if self.recovery is not None:
+            state["recovery"] = self.recovery.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state)
+        self._data_position = int(state.get("data_position", self._data_position))
+        if self.recovery is not None and "recovery" in state:
+            self.recovery.load_state_dict(state["recovery"])
 
     def check_batch(self, batch: Any) -> list[Finding]:
         """Inspect a batch *before* the forward pass; raise BatchError for one the model cannot
@@ -196,6 +253,47 @@ class Guard:
         return findings
 
     # -- internals -------------------------------------------------------------------------------
+    def _recover(self, measurement: Measurement, decision: Decision, data_ids: Any) -> None:
+        """Let the recover policy turn the decision into a skip, a rollback or a halt."""
+        recovery = self.recovery
+        assert recovery is not None
+        try:
+            verdict = recovery.review(measurement, decision.events, decision.applies_update,
+                                      data_ids)
+        except Exception as exc:  # judgement is advisory; the policy's decision stands
+            log.error("trainguard: recovery review failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if verdict is None or decision.action == "halted":
+            return
+        step = measurement.signals.step
+        if verdict.action == "skip":
+            if decision.applies_update:
+                decision.action, decision.clip_coef, decision.reason = "skipped", 1.0, \
+                    verdict.reason
+            return
+        if verdict.action == "rollback" and recovery.can_roll_back():
+            try:
+                event = recovery.rollback(verdict, step)
+            except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
+                event = Event(kind="rollback_failed", step=step, severity="critical",
+                              message=f"{verdict.reason}; the rollback failed "
+                                      f"({type(exc).__name__}: {exc})")
+                decision.action, decision.reason = "halted", "rollback failed"
+                decision.events.append(event)
+                return
+            decision.action, decision.clip_coef, decision.reason = "rolled_back", 1.0, \
+                verdict.reason
+            decision.events.append(event)
+            if self.config.console:
+                print(f"trainguard: {event.message}", file=sys.stderr, flush=True)
+            return
+        why = verdict.reason if verdict.action == "halt" else \
+            f"{verdict.reason}, and there is no good state to roll back to"
+        decision.events.append(Event(kind="rollback_limit", step=step, severity="critical",
+                                     message=f"{why}: recovery gives up",
+                                     value=float(recovery.controller.rollbacks)))
+        decision.action, decision.reason = "halted", why
+
     def _attach_diagnosis(self, events: list[Event]) -> None:
         """Rank causes with this step's events included; attach and print the top three."""
         try:

@@ -3,6 +3,7 @@
     observe  record and warn; apply every step as configured (clipping included)
     protect  clip to max_grad_norm; skip steps whose loss or gradients are non-finite; halt when
              `max_consecutive_skips` steps in a row had to be skipped
+    recover  as protect here; the driver's `Recovery` then decides on rollbacks
     halt     as protect, but stop at the first event of `halt_severity` or worse
 
 Comparisons are written so that NaN takes the safe branch.
@@ -32,7 +33,8 @@ class Decision:
 
 
 def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
-                  consecutive_skips: int) -> Decision:
+                  consecutive_skips: int, *, max_grad_norm: float | None = None) -> Decision:
+    """`max_grad_norm` is the limit in force (defaults to the configured one)."""
     finite = signals.loss_finite and signals.grads_finite
     if config.policy == "halt":
         serious = [e for e in events if at_least(e.severity, config.halt_severity)]
@@ -53,7 +55,8 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
     if signals.amp_overflow:
         # even under observe, the scaler itself refuses to apply an overflowed step
         return Decision("skipped", reason="GradScaler overflow")
-    coef = clip_coefficient(signals.grad_norm, config.max_grad_norm)
+    limit = config.max_grad_norm if max_grad_norm is None else max_grad_norm
+    coef = clip_coefficient(signals.grad_norm, limit)
     if coef < 1.0:
         return Decision("clipped", clip_coef=coef, reason="gradient norm above max_grad_norm")
     return Decision("applied")

@@ -1,0 +1,179 @@
+"""The `recover` policy's judgement: when skipping is enough, and when the run must roll back.
+
+    non-finite loss/gradients   skip the update (as `protect`); `rollback_after_skips` in a row
+                                mean the state itself is broken: roll back
+    loss spike, grad explosion  skip that update (its batch is the suspect) and watch: later steps
+                                whose loss is still a spike are skipped too; if the loss is not
+                                back near its earlier level within `settle_steps`, the run has
+                                taken off: roll back to before the spike
+    divergence, non-finite or   the state is already bad: roll back at once
+    extreme weights/moments
+    more than `max_rollbacks`   halt with a crash snapshot and a diagnosis
+
+Everything here runs on host floats the engine has already fetched: no device work.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trainguard.config import DetectorConfig, RecoveryConfig
+from trainguard.events import Event, at_least
+from trainguard.signals import StepSignals
+
+ROLL_BACK_AT_ONCE = ("loss_divergence", "nonfinite_weight", "nonfinite_optimizer_state",
+                     "extreme_weight")
+"""Events that mean the weights or optimizer state are already bad: skipping cannot help."""
+WATCH_AFTER = ("loss_spike", "grad_explosion")
+"""Events whose update is skipped and whose aftermath decides between settling and rollback."""
+
+REFERENCE_LOSSES = 10
+"""Calm losses kept as the reference level of the run before any trouble."""
+SETTLED_WINDOW = 3
+"""The loss is back when the median of this many latest losses is near the reference."""
+
+
+@dataclass(slots=True)
+class Verdict:
+    action: Literal["skip", "rollback", "halt"]
+    reason: str
+    onset: int = 0
+    """The step where the trouble began: a rollback goes to a good state from no later than it."""
+    bad_steps: list[int] = field(default_factory=list)
+    """Steps whose batches are suspects, to be skipped by the data pipeline from now on."""
+    relapse: bool = True
+    """The run trained and went bad (rather than only meeting bad data whose updates were kept
+    out): if it happens again while the LR is still backed off, the LR itself is too high."""
+
+
+@dataclass(slots=True)
+class _Trouble:
+    start: int
+    reference: float
+    losses: list[float] = field(default_factory=list)
+    applied: int = 0
+    """Updates applied since the trouble began: with none, the state is still the one from
+    before it, and rolling back would change nothing."""
+
+
+class RecoveryController:
+    def __init__(self, config: RecoveryConfig, detectors: DetectorConfig,
+                 sample_every: int) -> None:
+        self.config = config
+        self.detectors = detectors
+        self.sample_every = sample_every
+        self.rollbacks = 0
+        self.calm_losses: deque[float] = deque(maxlen=REFERENCE_LOSSES)
+        self.trouble: _Trouble | None = None
+        self.skip_streak: list[int] = []
+
+    def review(self, signals: StepSignals, events: list[Event],
+               applies_update: bool = True) -> Verdict | None:
+        """Judge one step; None leaves the policy's decision (apply, clip or skip) as it is."""
+        step = signals.step
+        serious = [e for e in events if at_least(e.severity, "warning")]
+        kinds = {e.kind for e in serious}
+        verdict = self._judge(signals, step, kinds)
+        if verdict is None and applies_update and self.trouble is not None:
+            self.trouble.applied += 1
+        if verdict is not None and verdict.action == "rollback" \
+                and self.rollbacks >= self.config.max_rollbacks:
+            return Verdict("halt", f"{verdict.reason}, and the run was already rolled back "
+                                   f"{self.rollbacks} times", onset=verdict.onset)
+        finite_loss = signals.loss is not None and math.isfinite(signals.loss)
+        if verdict is None and not serious and self.trouble is None and finite_loss:
+            self.calm_losses.append(float(signals.loss))  # type: ignore[arg-type]
+        return verdict
+
+    def _judge(self, signals: StepSignals, step: int, kinds: set[str]) -> Verdict | None:
+        cfg = self.config
+        at_once = [k for k in ROLL_BACK_AT_ONCE if k in kinds]
+        if at_once:
+            return Verdict("rollback", f"{at_once[0]} at step {step}",
+                           onset=self._onset(at_once[0], step))
+        if not (signals.loss_finite and signals.grads_finite):
+            if signals.amp_overflow:
+                return None  # routine GradScaler overflow: the scaler handles it
+            self.skip_streak.append(step)
+            if len(self.skip_streak) >= cfg.rollback_after_skips:
+                streak = self.skip_streak
+                return Verdict("rollback", f"{len(streak)} consecutive steps had non-finite loss "
+                                           "or gradients", onset=streak[0], bad_steps=list(streak))
+            return Verdict("skip", f"non-finite loss or gradients at step {step}", onset=step,
+                           bad_steps=[step])
+        self.skip_streak = []
+        watched = [k for k in WATCH_AFTER if k in kinds]
+        if watched:
+            if self.trouble is None:
+                reference = (statistics.median(self.calm_losses) if self.calm_losses
+                             else math.nan)
+                self.trouble = _Trouble(start=step, reference=reference)
+            return Verdict("skip", f"{watched[0]} at step {step}: its update is skipped",
+                           onset=self.trouble.start, bad_steps=[step])
+        if self.trouble is not None:
+            return self._follow_trouble(signals, step)
+        return None
+
+    def _follow_trouble(self, signals: StepSignals, step: int) -> Verdict | None:
+        trouble = self.trouble
+        assert trouble is not None
+        if signals.loss is not None:
+            trouble.losses.append(signals.loss)
+        recent = trouble.losses[-SETTLED_WINDOW:]
+        if not math.isfinite(trouble.reference) or (
+                len(recent) == SETTLED_WINDOW
+                and statistics.median(recent) <= trouble.reference * self.config.settle_ratio):
+            self.trouble = None  # settled: skipping the spike was enough
+            return None
+        if step - trouble.start >= self.config.settle_steps:
+            # Even with every update since kept out, the state may be bad: the update that did the
+            # damage is often the one *before* the spike (its own loss looked normal).
+            latest = statistics.median(recent) if recent else math.nan
+            return Verdict("rollback", f"the loss has not come back since step {trouble.start} "
+                                       f"({latest:.4g} against {trouble.reference:.4g} before)",
+                           onset=trouble.start - 1, bad_steps=[trouble.start],
+                           relapse=trouble.applied > 0)
+        loss = signals.loss
+        if loss is not None and loss >= trouble.reference * self.detectors.loss_spike_ratio:
+            # still spiking (the detector reports an episode once): keep these updates out too,
+            # so a burst of bad batches does no harm and a healthy state can settle by itself
+            return Verdict("skip", f"loss {loss:.4g} still {loss / trouble.reference:.3g}x its "
+                                   f"level from before step {trouble.start}: update skipped",
+                           onset=trouble.start, bad_steps=[step])
+        return None
+
+    def _onset(self, kind: str, step: int) -> int:
+        """Estimate when a late-detected fault began, to roll back to a state from before it."""
+        det = self.detectors
+        if kind == "loss_divergence":  # smoothed over ~span/2 steps, then `patience` steps above
+            return step - det.divergence_patience - det.divergence_span // 2
+        if kind in ("nonfinite_weight", "nonfinite_optimizer_state", "extreme_weight"):
+            return step - self.sample_every  # seen on a sampled step: went bad since the last one
+        return step
+
+    def rolled_back(self) -> None:
+        self.rollbacks += 1
+        self.trouble = None
+        self.skip_streak = []
+
+    def state_dict(self) -> dict[str, Any]:
+        trouble = self.trouble
+        return {"rollbacks": self.rollbacks, "calm_losses": list(self.calm_losses),
+                "skip_streak": list(self.skip_streak),
+                "trouble": None if trouble is None else {
+                    "start": trouble.start, "reference": trouble.reference,
+                    "losses": list(trouble.losses), "applied": trouble.applied}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rollbacks = int(state["rollbacks"])
+        self.calm_losses = deque((float(v) for v in state["calm_losses"]),
+                                 maxlen=REFERENCE_LOSSES)
+        self.skip_streak = [int(s) for s in state["skip_streak"]]
+        trouble = state.get("trouble")
+        self.trouble = None if trouble is None else _Trouble(
+            start=int(trouble["start"]), reference=float(trouble["reference"]),
+            losses=[float(v) for v in trouble["losses"]], applied=int(trouble["applied"]))

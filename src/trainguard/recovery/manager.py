@@ -1,0 +1,151 @@
+"""`Recovery`: the `recover` policy's moving parts (good-state ring, judgement, LR backoff, data
+skip list) behind a few calls a driver makes around each step."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.config import GuardConfig
+from trainguard.engine import Engine, Measurement
+from trainguard.events import Event, at_least
+from trainguard.recovery.controller import RecoveryController, Verdict
+from trainguard.recovery.data import flatten_ids
+from trainguard.recovery.lr import LRBackoff
+from trainguard.recovery.ring import GoodStateRing
+from trainguard.recovery.state import SavedState, capture, restore
+from trainguard.transfer import to_host
+
+log = logging.getLogger("trainguard")
+
+RING_FLAG = "ring_finite"
+"""Name of the candidate's finite flag in the step's packed transfer."""
+
+
+class Recovery:
+    def __init__(self, *, engine: Engine, model: nn.Module,
+                 optimizers: list[torch.optim.Optimizer], scheduler: Any, scaler: Any,
+                 config: GuardConfig) -> None:
+        self.engine = engine
+        self.model = model
+        self.optimizers = optimizers
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.config = config.recovery
+        self.ring = GoodStateRing(self.config.ring_size, self.config.confirm_steps)
+        self.controller = RecoveryController(self.config, config.detectors, config.sample_every)
+        self.lr = LRBackoff(optimizers, self.config.lr_ramp_steps)
+        self.skipped_data: set[Any] = set()
+        """Data ids the rollbacks blamed; `SkippingSampler` and resumable pipelines skip them."""
+        self.rolled_back_steps = 0
+        """Updates thrown away by rollbacks (the extra compute recovery cost)."""
+        self._recent_ids: deque[tuple[int, list[Any]]] = deque(
+            maxlen=self.config.settle_steps + self.config.rollback_after_skips + 2)
+
+    # -- around each step ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Keep the state training starts from as the first good state (checked directly)."""
+        state = self._capture()
+        finite = state.finite is None or bool(to_host(state.finite.reshape(1))[0] == 1.0)
+        if not self.ring.promote_now(state, finite=finite):
+            log.error("trainguard: the initial weights or optimizer state are not finite; "
+                      "there is no good state to roll back to yet")
+
+    def extra(self) -> dict[str, torch.Tensor]:
+        flag = self.ring.pending_flag()
+        return {RING_FLAG: flag} if flag is not None else {}
+
+    def review(self, measurement: Measurement, events: list[Event], applies_update: bool,
+               data_ids: Any) -> Verdict | None:
+        signals = measurement.signals
+        self._recent_ids.append((signals.step, flatten_ids(data_ids)))
+        calm = applies_update and not any(at_least(e.severity, "warning") for e in events)
+        verdict = self.controller.review(signals, events, applies_update)
+        if verdict is not None:
+            calm = False
+            if verdict.action == "skip":  # a batch whose update is kept out is a suspect too
+                self.skipped_data.update(self._ids_of(verdict.bad_steps))
+        self.ring.observe(flag=measurement.extra.get(RING_FLAG), calm=calm)
+        return verdict
+
+    def step_scheduler(self) -> None:
+        """The scheduler step of an applied update, with any LR backoff kept on top."""
+        self.lr.around_scheduler_step(self.scheduler)
+
+    def after_applied(self) -> None:
+        """After an applied update: offer the new state to the ring at its interval."""
+        if self.engine.step % self.config.ring_every == 0:
+            try:
+                self.ring.offer(self._capture(reuse=self.ring.spare))
+            except Exception as exc:  # a failed copy only costs a rollback point
+                log.error("trainguard: could not keep a good state at step %d (%s: %s)",
+                          self.engine.step, type(exc).__name__, exc)
+
+    # -- rollback ----------------------------------------------------------------------------------
+    def can_roll_back(self) -> bool:
+        return len(self.ring) > 0
+
+    def rollback(self, verdict: Verdict, step: int, *, mid_step: bool = True) -> Event:
+        """Restore the newest good state from before the trouble, back the LR off, tighten
+        clipping, and blame the suspect batches. Returns the event that says so."""
+        target = self.ring.latest_before(verdict.onset)
+        assert target is not None  # callers check can_roll_back()
+        # a run that goes bad again while the LR is still backed off: the LR itself is too high
+        lowered = self.lr.active and verdict.relapse
+        ceiling = self.lr.ceiling * self.config.lr_backoff if lowered else 1.0
+        if self.scaler is not None and mid_step:
+            self.scaler.update()  # closes the scaler's step (the driver called unscale_)
+        restore(target, model=self.model, optimizers=self.optimizers, scheduler=self.scheduler,
+                scaler=self.scaler)
+        self.engine.restore_detectors(target.guard)
+        self.lr.begin(ceiling * self.config.lr_backoff, ceiling, target.extra["pure_lrs"])
+        limit = self.config.max_grad_norm
+        current = self.engine.max_grad_norm
+        self.engine.max_grad_norm = limit if current is None else min(current, limit)
+        self.ring.discard_after(target.step)
+        blamed = self._ids_of(verdict.bad_steps)
+        self.skipped_data.update(blamed)
+        self.controller.rolled_back()
+        thrown = step + 1 - target.step
+        self.rolled_back_steps += thrown
+        return Event(
+            kind="rollback", step=step, severity="warning",
+            message=f"{verdict.reason}: rolled back to the good state from step {target.step} "
+                    f"({thrown} steps undone), LR x{self.lr.factor():g} ramping to "
+                    f"x{ceiling:g} over {self.config.lr_ramp_steps} steps, clipping at "
+                    f"{self.engine.max_grad_norm:g}"
+                    + (f", {len(blamed)} data id(s) skipped from now on" if blamed else ""),
+            value=float(target.step),
+            details={"to_step": target.step, "steps_undone": thrown,
+                     "lr_factor": self.lr.factor(), "lr_ceiling": ceiling,
+                     "max_grad_norm": self.engine.max_grad_norm, "skipped_data": blamed[:50],
+                     "rollbacks": self.controller.rollbacks, "reason": verdict.reason})
+
+    def _ids_of(self, steps: list[int]) -> list[Any]:
+        return [i for s, ids in self._recent_ids if s in steps for i in ids]
+
+    # -- state -------------------------------------------------------------------------------------
+    def _capture(self, reuse: SavedState | None = None) -> SavedState:
+        return capture(step=self.engine.step, model=self.model, optimizers=self.optimizers,
+                       scheduler=self.scheduler, scaler=self.scaler,
+                       guard_state=self.engine.detector_state(),
+                       extra={"pure_lrs": self.lr.pure_lrs()}, reuse=reuse)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Judgement, backoff and skip list (the saved states themselves stay in memory)."""
+        return {"controller": self.controller.state_dict(), "lr": self.lr.state_dict(),
+                "skipped_data": sorted(self.skipped_data, key=repr),
+                "rolled_back_steps": self.rolled_back_steps,
+                "max_grad_norm": self.engine.max_grad_norm}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self.lr.load_state_dict(state["lr"])
+        self.skipped_data = set(state["skipped_data"])
+        self.rolled_back_steps = int(state["rolled_back_steps"])
+        self.engine.max_grad_norm = state["max_grad_norm"]
+

@@ -1,0 +1,86 @@
+"""The recover policy's judgement on host signals alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from trainguard import DetectorConfig, Event, RecoveryConfig
+from trainguard.recovery import RecoveryController
+from trainguard.signals import StepSignals
+
+
+def _signals(step: int, loss: float, grad_norm: float = 1.0) -> StepSignals:
+    return StepSignals(step=step, loss=loss, grad_norm=grad_norm,
+                       param_grad_norm=np.array([grad_norm]), param_names=["w"])
+
+
+def _spike(step: int) -> Event:
+    return Event(kind="loss_spike", step=step, severity="error", message="spike")
+
+
+def _controller(**settings: object) -> RecoveryController:
+    return RecoveryController(RecoveryConfig(**settings), DetectorConfig(),  # type: ignore[arg-type]
+                              sample_every=50)
+
+
+def _calm(c: RecoveryController, steps: range, loss: float = 2.0) -> None:
+    for step in steps:
+        assert c.review(_signals(step, loss), []) is None
+
+
+def test_a_spike_that_settles_costs_one_skipped_update() -> None:
+    c = _controller(settle_steps=10)
+    _calm(c, range(20))
+    verdict = c.review(_signals(20, 50.0), [_spike(20)])
+    assert verdict is not None and verdict.action == "skip" and verdict.bad_steps == [20]
+    _calm(c, range(21, 40))
+    assert c.trouble is None and c.rollbacks == 0
+
+
+def test_a_spike_that_does_not_settle_rolls_back_to_before_it() -> None:
+    c = _controller(settle_steps=5)
+    _calm(c, range(20))
+    c.review(_signals(20, 50.0), [_spike(20)])
+    verdicts = [c.review(_signals(s, 4.5), [], applies_update=True) for s in range(21, 26)]
+    assert [v.action if v else None for v in verdicts] == [None] * 4 + ["rollback"]
+    rollback = verdicts[-1]
+    assert rollback.onset == 19 and rollback.relapse  # updates were applied: the run went bad
+
+
+def test_a_burst_of_bad_batches_is_skipped_whole_and_is_not_a_relapse() -> None:
+    c = _controller(settle_steps=5)
+    _calm(c, range(20))
+    c.review(_signals(20, 50.0), [_spike(20)])
+    verdicts = [c.review(_signals(s, 60.0), [], applies_update=False) for s in range(21, 26)]
+    assert [v.action for v in verdicts] == ["skip"] * 4 + ["rollback"]
+    assert not verdicts[-1].relapse
+
+
+def test_divergence_rolls_back_at_once_to_before_its_estimated_start() -> None:
+    det = DetectorConfig()
+    c = _controller()
+    event = Event(kind="loss_divergence", step=200, severity="error", message="diverging")
+    verdict = c.review(_signals(200, 9.0), [event])
+    assert verdict.action == "rollback"
+    assert verdict.onset == 200 - det.divergence_patience - det.divergence_span // 2
+
+
+def test_non_finite_streak_rolls_back_then_the_cap_halts() -> None:
+    c = _controller(rollback_after_skips=2, max_rollbacks=1)
+    _calm(c, range(5))
+    assert c.review(_signals(5, math.nan, math.nan), []).action == "skip"
+    assert c.review(_signals(6, math.nan, math.nan), []).action == "rollback"
+    c.rolled_back()
+    c.review(_signals(7, math.nan, math.nan), [])
+    assert c.review(_signals(8, math.nan, math.nan), []).action == "halt"
+
+
+def test_state_round_trip_in_the_middle_of_trouble() -> None:
+    c = _controller()
+    _calm(c, range(20))
+    c.review(_signals(20, 50.0), [_spike(20)])
+    other = _controller()
+    other.load_state_dict(c.state_dict())
+    assert other.state_dict() == c.state_dict()

@@ -1,0 +1,128 @@
+"""The recover policy driven by a real Guard in a real training loop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainguard import Guard, GuardConfig, RecoveryConfig, TrainingDiverged, UsageError
+
+from .helpers import make_workload, recover_guard, run
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_rolling_back_and_replaying_the_same_data_gives_the_same_losses() -> None:
+    w = make_workload()
+    guard = recover_guard(w, lr_backoff=1.0, max_grad_norm=1.0)  # a plain restore
+    first = [r.loss for r in run(guard, w, range(30))]
+    event = guard.rollback(to_step=20)
+    assert event.details["to_step"] == 20 and event.details["steps_undone"] == 10
+    again = [r.loss for r in run(guard, w, range(20, 30))]
+    assert again == first[20:]  # bitwise: weights, Adam moments, schedule and dropout RNG
+    guard.close()
+
+
+def test_damaged_weights_are_rolled_back_with_lr_backed_off_and_clipping_tightened() -> None:
+    w = make_workload()
+    guard = recover_guard(w, settle_steps=5)
+    before = run(guard, w, range(40))
+    typical = sorted(r.loss for r in before[30:])[5]
+    with torch.no_grad():  # a destructive update, as a huge bad batch would make
+        for p in w.model.parameters():
+            p.mul_(30.0)
+    reports = run(guard, w, range(40, 60))
+    actions = [r.action for r in reports]
+    assert actions[0] == "skipped"  # the spike: its update is kept out
+    back = next(i for i, r in enumerate(reports) if r.action == "rolled_back")
+    assert all(a == "skipped" for a in actions[1:back])  # still spiking: kept out too
+    event = next(e for e in reports[back].events if e.kind == "rollback")
+    to_step = event.details["to_step"]
+    assert to_step <= 40 and to_step % 10 == 0
+    # the next step trains from the restored state: losses are back to their earlier level
+    assert reports[1].loss > 100 * typical
+    assert max(r.loss for r in reports[back + 1:back + 6]) < 3 * typical
+    assert guard.engine.max_grad_norm == 0.5
+    pure = w.scheduler.get_last_lr()[0]
+    assert 0.1 * pure <= w.optimizer.param_groups[0]["lr"] < pure
+    guard.close()
+
+
+def test_state_right_after_a_rollback_is_the_good_state() -> None:
+    w = make_workload()
+    guard = recover_guard(w, lr_backoff=1.0)
+    states = {}
+    for step in range(25):
+        states[step] = _state(w.model)
+        run(guard, w, range(step, step + 1))
+    guard.rollback(to_step=20)
+    for name, value in w.model.state_dict().items():
+        assert torch.equal(value, states[20][name]), name
+    assert w.scheduler.last_epoch == 20
+
+
+def test_a_nan_streak_rolls_back_and_blames_the_data() -> None:
+    w = make_workload()
+    guard = recover_guard(w, rollback_after_skips=3)
+    run(guard, w, range(20), data_ids=True)
+    reports = run(guard, w, range(20, 26), scale={20: math.nan, 21: math.nan, 22: math.nan},
+                  data_ids=True)
+    assert [r.action for r in reports[:3]] == ["skipped", "skipped", "rolled_back"]
+    assert {20, 21, 22} <= guard.skipped_data
+    assert all(torch.isfinite(p).all() for p in w.model.parameters())
+    assert reports[-1].action in ("applied", "clipped")
+
+
+def test_rollbacks_are_capped_then_the_run_halts_with_a_diagnosis(tmp_path) -> None:
+    w = make_workload()
+    guard = recover_guard(w, rollback_after_skips=2, max_rollbacks=2)
+    guard.config.snapshot_dir = str(tmp_path)
+    run(guard, w, range(20))
+    always_nan = {s: math.nan for s in range(20, 40)}
+    with pytest.raises(TrainingDiverged) as info:
+        run(guard, w, range(20, 40), scale=always_nan)
+    kinds = [e.kind for e in guard.events]
+    assert kinds.count("rollback") == 2 and kinds[-1] == "rollback_limit"
+    assert info.value.diagnosis and info.value.snapshot_path is not None
+    assert "recovery gives up" in str(info.value)
+
+
+def test_guard_state_round_trip_keeps_baselines_skip_list_and_backoff() -> None:
+    w = make_workload()
+    guard = recover_guard(w, rollback_after_skips=2)
+    run(guard, w, range(30), data_ids=True)
+    run(guard, w, range(30, 33), scale={30: math.nan, 31: math.nan}, data_ids=True)
+    state = guard.state_dict()
+    assert guard.recovery.controller.rollbacks == 1
+    resumed = Guard(w.model, w.optimizer, w.scheduler,
+                    config=GuardConfig(policy="recover", console=False,
+                                       recovery=RecoveryConfig(ring_every=10)))
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+    assert resumed.skipped_data == guard.skipped_data == {30, 31}
+    assert resumed.recovery.lr.factor() == guard.recovery.lr.factor() < 1
+    assert resumed.engine.max_grad_norm == 0.5
+    assert resumed.global_step == guard.global_step
+
+
+def test_healthy_run_never_rolls_back_and_matches_protect() -> None:
+    results = {}
+    for policy in ("protect", "recover"):
+        w = make_workload()
+        guard = Guard(w.model, w.optimizer, w.scheduler,
+                      config=GuardConfig(policy=policy, console=False))
+        results[policy] = [r.loss for r in run(guard, w, range(120))]
+        assert guard.events == []
+        guard.close()
+    assert results["recover"] == results["protect"]
+
+
+def test_rollback_needs_the_recover_policy() -> None:
+    w = make_workload()
+    guard = Guard(w.model, w.optimizer, w.scheduler, config=GuardConfig(console=False))
+    with pytest.raises(UsageError, match="recover"):
+        guard.rollback()

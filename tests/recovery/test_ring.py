@@ -1,0 +1,64 @@
+"""The good-state ring keeps only verified, confirmed states, newest last."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainguard.recovery.ring import GoodStateRing
+from trainguard.recovery.state import capture
+
+from .helpers import make_workload
+
+
+def _state(w, step: int):
+    return capture(step=step, model=w.model, optimizers=[w.optimizer], scheduler=w.scheduler,
+                   scaler=None, guard_state={})
+
+
+def test_candidate_becomes_good_after_a_finite_flag_and_calm_steps() -> None:
+    w = make_workload()
+    ring = GoodStateRing(size=2, confirm_steps=3)
+    ring.offer(_state(w, 10))
+    assert ring.pending_flag() is not None
+    assert ring.observe(flag=np.array([1.0]), calm=True) is None
+    assert ring.observe(flag=None, calm=True) is None
+    promoted = ring.observe(flag=None, calm=True)
+    assert promoted is not None and promoted.step == 10 and len(ring) == 1
+
+
+def test_a_poisoned_candidate_is_never_kept() -> None:
+    w = make_workload()
+    with torch.no_grad():
+        w.model[0].weight[0, 0] = float("nan")
+    ring = GoodStateRing(size=2, confirm_steps=0)
+    state = _state(w, 10)
+    ring.offer(state)
+    flag = ring.pending_flag()
+    assert flag is not None and flag.item() == 0.0
+    assert ring.observe(flag=flag.reshape(1).numpy(), calm=True) is None
+    assert len(ring) == 0 and ring.candidate is None
+    assert not ring.promote_now(_state(w, 0), finite=False)  # nor as the initial state
+    assert len(ring) == 0
+
+
+def test_an_event_before_confirmation_drops_the_candidate() -> None:
+    w = make_workload()
+    ring = GoodStateRing(size=2, confirm_steps=3)
+    ring.offer(_state(w, 10))
+    ring.observe(flag=np.array([1.0]), calm=True)
+    ring.observe(flag=None, calm=False)
+    assert ring.candidate is None and len(ring) == 0
+
+
+def test_ring_keeps_the_newest_states_and_finds_the_one_before_a_step() -> None:
+    w = make_workload()
+    ring = GoodStateRing(size=2, confirm_steps=0)
+    for step in (0, 10, 20):
+        ring.promote_now(_state(w, step), finite=True)
+    assert [s.step for s in ring.good] == [10, 20]
+    assert ring.latest_before(25).step == 20
+    assert ring.latest_before(19).step == 10
+    assert ring.latest_before(3).step == 10  # nothing that old: the oldest kept
+    ring.discard_after(10)
+    assert [s.step for s in ring.good] == [10]
