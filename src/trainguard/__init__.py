@@ -6,6 +6,7 @@ divergence at the step they happen, protect the run, and record everything for l
 
 __version__ = "0.1.0"
 
+from trainguard import recipes
 from trainguard.config import DetectorConfig, GuardConfig, RecoveryConfig
 from trainguard.diagnose import Finding, preflight, replay
 from trainguard.errors import (
@@ -25,5 +26,5 @@ __all__ = [
     "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "RecoveryConfig",
     "RunReader",
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
-    "UsageError", "__version__", "load_snapshot", "preflight", "replay",
+    "UsageError", "__version__", "load_snapshot", "preflight", "recipes", "replay",
 ]

@@ -1,0 +1,17 @@
+"""The recipe tests use tiny models that gain nothing from a second thread and slow down badly
+when two threads compete for a busy CPU: run them on one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
