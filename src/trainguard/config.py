@@ -172,6 +172,12 @@ class GuardConfig:
     the run; see `RecoveryConfig`."""
     max_grad_norm: float | None = 1.0
     """Global gradient-norm clipping limit (the guide's max_norm=1.0); None disables clipping."""
+    clip_rule: Any = None
+    """An extra clipping rule from `trainguard.remedies` (LayerwiseClip, AdaptiveClip, a chain),
+    applied after the global `max_grad_norm` clip to the norms the Guard already measured."""
+    agc: Any = None
+    """Adaptive gradient clipping relative to weight norms (`trainguard.remedies.AGC`), applied
+    last, on the device."""
     sample_every: int = 50
     """Heavy probes (weights, update ratio, activations, optimizer state) run every this many steps,
     and on the step after any event."""
@@ -222,13 +228,29 @@ class GuardConfig:
             self.detectors = DetectorConfig(**self.detectors)
         _require(isinstance(self.detectors, DetectorConfig), "GuardConfig.detectors",
                  "must be a DetectorConfig")
+        if self.clip_rule is not None:
+            from trainguard.remedies import ClipRule
+
+            _require(isinstance(self.clip_rule, ClipRule), "GuardConfig.clip_rule",
+                     f"must be a trainguard.remedies clipping rule, got "
+                     f"{type(self.clip_rule).__name__}")
+        if self.agc is not None:
+            from trainguard.remedies import AGC
+
+            _require(isinstance(self.agc, AGC), "GuardConfig.agc",
+                     f"must be a trainguard.remedies.AGC, got {type(self.agc).__name__}")
         if isinstance(self.recovery, dict):
             self.recovery = RecoveryConfig(**self.recovery)
         _require(isinstance(self.recovery, RecoveryConfig), "GuardConfig.recovery",
                  "must be a RecoveryConfig")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain data (rules are described in words: they are objects, not settings)."""
+        rules = {"clip_rule": self.clip_rule, "agc": self.agc}
+        plain = dataclasses.asdict(dataclasses.replace(self, clip_rule=None, agc=None))
+        for name, rule in rules.items():
+            plain[name] = rule.describe() if rule is not None else None
+        return plain
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GuardConfig:
@@ -236,4 +258,7 @@ class GuardConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"GuardConfig: unknown field(s) {', '.join(unknown)}")
+        # a stored config describes its rules in words; they cannot be rebuilt from that
+        data = {k: v for k, v in data.items()
+                if not (k in ("clip_rule", "agc") and isinstance(v, str))}
         return cls(**data)

@@ -40,7 +40,7 @@ from trainguard.errors import BatchError, TrainguardError, TrainingDiverged, Usa
 from trainguard.events import Event, StepReport, at_least
 from trainguard.policy import Decision
 from trainguard.recovery import Recovery, Verdict
-from trainguard.remedies import drop_grads, scale_grads
+from trainguard.remedies import apply_coefficients, drop_grads, scale_grads
 from trainguard.sinks import Sink
 from trainguard.snapshot import build_snapshot, write_snapshot
 
@@ -142,6 +142,7 @@ class Guard:
             self._halt(measurement, batch, decision)
         if decision.applies_update:
             scale_grads(measurement.grads, decision.clip_coef)
+            self._apply_clip_rules(measurement, decision.clip_coef)
             engine.before_update()
             self.optimizer.step()
             if self.scaler is not None:
@@ -222,6 +223,8 @@ class Guard:
         checkpoints of long jobs. The good states themselves are not included."""
         state = self.engine.state_dict()
         state["data_position"] = self._data_position
+        if self.config.clip_rule is not None:
+            state["clip_rule"] = self.config.clip_rule.state_dict()
         if self.recovery is not None:
             state["recovery"] = self.recovery.state_dict()
         return state
@@ -229,6 +232,8 @@ class Guard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.engine.load_state_dict(state)
         self._data_position = int(state.get("data_position", self._data_position))
+        if self.config.clip_rule is not None and "clip_rule" in state:
+            self.config.clip_rule.load_state_dict(state["clip_rule"])
         if self.recovery is not None and "recovery" in state:
             self.recovery.load_state_dict(state["recovery"])
 
@@ -253,6 +258,24 @@ class Guard:
         return findings
 
     # -- internals -------------------------------------------------------------------------------
+    def _apply_clip_rules(self, measurement: Measurement, coef: float) -> None:
+        """The configured extra clipping, on the norms as the global clip left them."""
+        rule, agc = self.config.clip_rule, self.config.agc
+        if rule is None and agc is None:
+            return
+        signals = measurement.signals
+        try:
+            if rule is not None:
+                coefs = rule.coefficients(signals.param_grad_norm * coef,
+                                          signals.grad_norm * coef, signals.param_names)
+                apply_coefficients(self.engine.watched.params, coefs)
+            if agc is not None:
+                agc.apply(self.engine.watched.params, self.engine.watched.names,
+                          grad_norms=signals.param_grad_norm * coef if rule is None else None)
+        except Exception as exc:  # a remedy bug must not kill the run; the global clip stands
+            log.error("trainguard: clipping rule failed at step %d (%s: %s)", signals.step,
+                      type(exc).__name__, exc)
+
     def _recover(self, measurement: Measurement, decision: Decision, data_ids: Any) -> None:
         """Let the recover policy turn the decision into a skip, a rollback or a halt."""
         recovery = self.recovery

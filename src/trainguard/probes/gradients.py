@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from trainguard.params import WatchedParams
+from trainguard.probes.norms import float32_norms
 from trainguard.probes.packing import DevicePack
 
 
@@ -38,7 +39,7 @@ class GradientProbe:
         """Add gradient metrics to `pack`; returns the present gradients and the global norm."""
         index, grads = self.grads()
         if grads:
-            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+            norms = float32_norms(grads)
             stacked = torch.stack(norms if self.one_device else [n.to(device) for n in norms])
             if len(grads) == len(self.watched):
                 per_param = stacked
@@ -56,3 +57,4 @@ class GradientProbe:
             maxes = torch._foreach_norm(half, float("inf"), dtype=torch.float32)
             pack.add("fp16_grad_maxabs", torch.stack([m.to(device) for m in maxes]).amax())
         return index, grads, global_norm
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from trainguard.params import WatchedParams
+from trainguard.probes.norms import float32_norms
 
 
 class OptimizerStateProbe:
@@ -37,7 +38,7 @@ class OptimizerStateProbe:
                 if isinstance(value, torch.Tensor) and value.shape == p.shape:
                     index.append(i)
                     tensors.append(value)
-            norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
+            norms = float32_norms(tensors)
             stacked = torch.stack([v.to(device) for v in norms])
             if len(index) != len(self.watched):  # parameters without state read as 0
                 full = torch.zeros(len(self.watched), dtype=torch.float32, device=device)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from trainguard.params import WatchedParams
+from trainguard.probes.norms import float32_norms
 
 
 class WeightProbe:
@@ -31,7 +32,7 @@ class WeightProbe:
         """Copy the weights before the optimizer step, to measure the update afterwards."""
         with torch.no_grad():
             self._before = [p.detach().clone() for p in self.watched.params]
-            self._before_norms = list(torch._foreach_norm(self._before, 2, dtype=torch.float32))
+            self._before_norms = float32_norms(self._before)
 
     def forget(self) -> None:
         self._before = None
@@ -47,7 +48,7 @@ class WeightProbe:
         if self._numel is None or self._numel.device != device:
             self._numel = torch.tensor([max(p.numel(), 1) for p in params], dtype=torch.float32,
                                        device=device)
-        norms = stack(torch._foreach_norm(params, 2, dtype=torch.float32))
+        norms = stack(float32_norms(params))
         extremes = [torch.aminmax(p) for p in params]
         maxabs = torch.maximum(stack([e.min for e in extremes]).abs(),
                                stack([e.max for e in extremes]).abs())
@@ -57,7 +58,7 @@ class WeightProbe:
                "weight_nonfinite": (~torch.isfinite(maxabs)).float(), "weight_norm": norms}
         if self._before is not None and self._before_norms is not None:
             torch._foreach_sub_(self._before, params)  # before - after, in place: no second copy
-            delta_norms = stack(torch._foreach_norm(self._before, 2, dtype=torch.float32))
+            delta_norms = stack(float32_norms(self._before))
             scale = torch.maximum(stack(self._before_norms), norms).clamp_min(1e-12)
             out["update_ratio"] = delta_norms / scale
             self.forget()

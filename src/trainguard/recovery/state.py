@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainguard.probes.norms import float32_norms
 from trainguard.snapshot import restore_rng_state, rng_state
 
 
@@ -96,7 +97,7 @@ def finite_flag(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> to
         by_device.setdefault(tensor.device, []).append(tensor)
     flags = []
     for group in by_device.values():
-        norms = torch._foreach_norm(group, 2, dtype=torch.float32)
+        norms = float32_norms(group)
         flags.append(torch.stack(norms).isfinite().all().to(device))
     return torch.stack(flags).all().float()
 

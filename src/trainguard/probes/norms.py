@@ -1,0 +1,24 @@
+"""Fused L2 norms accumulated in float32, for gradients, weights and optimizer state alike."""
+
+from __future__ import annotations
+
+import torch
+
+
+def float32_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One float32 L2 norm per tensor with `torch._foreach_norm`.
+
+    A fused norm cannot narrow its input, so float64 tensors (rare, but a float64 model must be
+    guarded too) are normed in their own precision and converted after."""
+    if not any(t.dtype == torch.float64 for t in tensors):
+        return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+    norms: list[torch.Tensor | None] = [None] * len(tensors)
+    double = [i for i, t in enumerate(tensors) if t.dtype == torch.float64]
+    other = [i for i, t in enumerate(tensors) if t.dtype != torch.float64]
+    if other:
+        for i, n in zip(other, torch._foreach_norm([tensors[i] for i in other], 2,
+                                                    dtype=torch.float32), strict=True):
+            norms[i] = n
+    for i, n in zip(double, torch._foreach_norm([tensors[i] for i in double], 2), strict=True):
+        norms[i] = n.float()
+    return norms  # type: ignore[return-value]
