@@ -26,6 +26,12 @@ from torch import nn
 from trainguard import __version__
 from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
+from trainguard.distributed import (
+    LocalShardGradientProbe,
+    RankAgreement,
+    describe,
+    distributed_context,
+)
 from trainguard.errors import UsageError
 from trainguard.events import Action, Event, StepReport, at_least
 from trainguard.params import watched_params
@@ -91,7 +97,14 @@ class Engine:
         self.watched = watched_params(model, optimizers)
         self.device = self.watched.params[0].device
         self.scaler = scaler if scaler is not None and _scaler_enabled(scaler) else None
-        self.grad_probe = GradientProbe(self.watched)
+        self.dist = distributed_context(self.device)
+        """This rank under torch.distributed (world size > 1); None for a single process."""
+        self.ranks = RankAgreement(self.dist, self.watched) if self.dist is not None else None
+        """One all-reduce per step and the desync check, so that every rank decides alike."""
+        self.is_main = self.dist is None or self.dist.is_main
+        """Only rank 0 writes the run store and runs the sinks and the console."""
+        self.grad_probe = (GradientProbe(self.watched) if self.dist is None
+                           else LocalShardGradientProbe(self.watched))
         self.weight_probe = WeightProbe(self.watched)
         self.optstate_probe = OptimizerStateProbe(self.watched, optimizers)
         self.activation_probe = ActivationProbe(model) if self.config.activation_probe else None
@@ -108,9 +121,9 @@ class Engine:
         self._sampled_now = False
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.store = (RunStore(self.run_dir) if self.run_dir is not None and self.config.store
-                      else None)
-        all_sinks = list(sinks)
-        if self.config.console:
+                      and self.is_main else None)
+        all_sinks = list(sinks) if self.is_main else []
+        if self.config.console and self.is_main:
             all_sinks.insert(0, ConsoleSink())
         self.sinks = SinkSet(all_sinks)
         if self.store is not None:
@@ -119,6 +132,8 @@ class Engine:
             self.store.put_meta("param_names", self.watched.names)
             self.store.put_meta("param_shapes", [list(p.shape) for p in self.watched.params])
             self.store.put_meta("status", "running")
+            if self.dist is not None:
+                self.store.put_meta("distributed", describe(self.dist))
         self._schedule_sampling(self.step)
 
     # -- sampling ------------------------------------------------------------------------------
@@ -143,7 +158,8 @@ class Engine:
                 extra: dict[str, torch.Tensor] | None = None) -> Measurement:
         """Probe the step (gradients final and unscaled) with one device-to-host transfer."""
         loss_t = loss_tensor(loss)
-        pack = DevicePack(self.device)
+        # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
+        pack = DevicePack(self.device) if self.ranks is None else self.ranks.step_pack(self.device)
         if loss_t is not None:
             pack.add("loss", loss_t.float())
         _, grads, _ = self.grad_probe.measure(pack, self.device)
@@ -224,6 +240,7 @@ class Engine:
             self.consecutive_skips += 1
         elif action != "halted":
             self.consecutive_skips = 0
+        decision.events.extend(self._check_desync(signals.step))
         report = StepReport(step=signals.step, loss=signals.loss, grad_norm=signals.grad_norm,
                             action=action, events=decision.events, lr=signals.lr,
                             loss_scale=signals.loss_scale, clip_coef=decision.clip_coef,
@@ -234,6 +251,18 @@ class Engine:
         if action != "halted":
             self._schedule_sampling(self.step)
         return report
+
+    def _check_desync(self, step: int) -> list[Event]:
+        """Under torch.distributed, every `desync_every` steps (from step 0, to catch replicas
+        that never started equal): do the ranks' copies of the weights still agree?"""
+        if self.ranks is None or step % self.config.desync_every:
+            return []
+        try:
+            return self.ranks.check_desync(step)
+        except Exception as exc:  # a monitoring bug must not kill the run
+            log.error("trainguard: desync check failed at step %d (%s: %s)", step,
+                      type(exc).__name__, exc)
+            return []
 
     def _record(self, report: StepReport, signals: StepSignals) -> None:
         self.events.extend(report.events)

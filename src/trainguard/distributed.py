@@ -1,0 +1,329 @@
+"""trainguard under torch.distributed (DDP, FSDP2): one decision for all ranks.
+
+Every rank runs its own Engine. Left alone, each would see only its own loss and, under FSDP2,
+only its own shard of each gradient: a NaN loss on one rank would skip the step there and apply it
+elsewhere, and the replicas would part. Here:
+
+- `DistributedContext`: rank, world size and the device collectives use. It exists only when a
+  process group of more than one rank is initialised, so single-process runs pay nothing.
+- `RankAgreement.step_pack`: one all-reduce per step, of one small float64 vector, right before
+  the Engine's one device-to-host transfer (or right after it, on the host, when a gloo group
+  serves a model on an accelerator). Every rank then reads the same loss (the mean over ranks,
+  NaN/inf on any rank showing on all), the same per-parameter and global gradient norms (those of
+  the unsharded gradients under FSDP2), so detectors and the policy decide alike everywhere.
+- `LocalShardGradientProbe`: measures the local shard of a sharded (DTensor) gradient, whose
+  squared norms the all-reduce adds up.
+- `RankAgreement.check_desync` (guide §3.4.1): cheap per-parameter fingerprints of the replicated
+  weights, gathered from every rank and compared; names the parameters that drifted apart.
+- `DistributedContext.agree_max`: for a decision a driver takes from rank-local data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainguard.errors import UsageError
+from trainguard.events import Event
+from trainguard.params import WatchedParams
+from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.packing import DevicePack
+from trainguard.transfer import to_host
+
+DESYNC_RTOL = 1e-12
+"""Fingerprints of a parameter differ when they part by more than this, relative to its norm.
+Replicas kept in sync are bitwise equal; float64 fingerprints of equal weights differ by ~1e-16
+at most (a different summation order), while one float32 ulp in one of 1000 weights is ~6e-11."""
+
+AGREED = ("loss", "grad_norm", "param_grad_norm", "fp16_grad_maxabs")
+"""The step signals that every rank must read alike (segment names of the Engine's DevicePack)."""
+
+# Layout of the vector each rank contributes to the step's all-reduce.
+_LOSS, _LOSS_RANKS, _LOSS_NONFINITE, _FP16, _FP16_RANKS, _HEAD = range(6)
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedContext:
+    """This process's place in an initialised process group of more than one rank."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    """Where collectives run: the CPU for gloo, the current CUDA device for nccl."""
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only rank that writes the run store and prints."""
+        return self.rank == 0
+
+    def agree_max(self, code: int) -> int:
+        """The largest `code` over all ranks, e.g. the most severe action any rank chose.
+
+        A collective (every rank must call it at the same point) with one read on the host: meant
+        for decisions taken from rank-local data, not for every step's signals.
+        """
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise UsageError(f"agree_max takes an int code, got {type(code).__name__}")
+        value = torch.tensor([code], dtype=torch.int64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(to_host(value)[0])
+
+
+def distributed_context(model_device: torch.device) -> DistributedContext | None:
+    """The context of this rank, or None outside a process group of more than one rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.get_world_size()
+    if world <= 1:
+        return None
+    backend = str(dist.get_backend())
+    return DistributedContext(rank=dist.get_rank(), world_size=world,
+                              device=collective_device(backend, model_device), backend=backend)
+
+
+def collective_device(backend: str, model_device: torch.device) -> torch.device:
+    """The device whose tensors `backend` reduces."""
+    name = backend.lower()
+    if name == "gloo":
+        return torch.device("cpu")
+    if name == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if ":" in name:  # "cpu:gloo,cuda:nccl": the model's device if the group serves it
+        served = {part.split(":")[0] for part in name.split(",") if ":" in part}
+        if model_device.type in served:
+            return model_device
+        return torch.device("cpu")
+    return model_device  # other backends (mpi, ucc, xccl, ...) reduce where the model lives
+
+
+# -- sharded tensors -----------------------------------------------------------------------------
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (sharing its storage); any other tensor as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
+def shard_count(tensor: torch.Tensor) -> int:
+    """In how many parts a DTensor is split across its mesh (1 for a replicated tensor)."""
+    placements = getattr(tensor, "placements", None)
+    mesh = getattr(tensor, "device_mesh", None)
+    if placements is None or mesh is None:
+        return 1
+    count = 1
+    for dim, placement in enumerate(placements):
+        if placement.is_shard():
+            count *= mesh.size(dim)
+    return count
+
+
+class LocalShardGradientProbe(GradientProbe):
+    """The gradient probe on each gradient's local shard (DTensor.to_local()).
+
+    The returned gradients share storage with the sharded ones, so clipping them in place clips
+    the DTensors; their norms are the shards' norms until the step's all-reduce combines them.
+    """
+
+    def grads(self) -> tuple[list[int], list[torch.Tensor]]:
+        index, grads = super().grads()
+        return index, [local_tensor(g) for g in grads]
+
+
+# -- agreement -----------------------------------------------------------------------------------
+class RankAgreement:
+    """Keeps the Engines of all ranks in agreement on one watched model."""
+
+    def __init__(self, context: DistributedContext, watched: WatchedParams) -> None:
+        self.context = context
+        self.watched = watched
+        world = context.world_size
+        counts = [shard_count(p) for p in watched.params]
+        # Each rank contributes shards/world of its squared norm: a sharded gradient's shards add
+        # up to the whole, a replicated (DDP) gradient counts once, as the mean over ranks.
+        self.shares = torch.tensor([c / world for c in counts], dtype=torch.float64,
+                                   device=context.device)
+        self.replicated = [i for i, c in enumerate(counts) if c == 1]
+        """Watched parameters whose copies must be equal on every rank (checked for desync)."""
+        self._numel = np.array([max(watched.params[i].numel(), 1) for i in self.replicated],
+                               dtype=np.float64)
+        self._reported: tuple[str, ...] = ()
+
+    def step_pack(self, model_device: torch.device, *, on_host: bool | None = None) -> AgreedPack:
+        """The DevicePack of one step: the agreed signals are reduced across ranks at fetch.
+
+        `on_host`: reduce after the transfer, on the host copy; by default only when collectives
+        run on the CPU and the model does not (gloo serving an accelerator).
+        """
+        if on_host is None:
+            on_host = self.context.device.type == "cpu" and model_device.type != "cpu"
+        return AgreedPack(model_device, self, on_host=on_host)
+
+    # The all-reduce, on tensors of the collective device (or of the host, on the host path).
+    def local_vector(self, loss: torch.Tensor | None, fp16_maxabs: torch.Tensor | None,
+                     param_norms: torch.Tensor) -> torch.Tensor:
+        """This rank's values, float64 on the collective device; no host sync."""
+        device = self.context.device
+        norms = param_norms.reshape(-1).to(device=device, dtype=torch.float64)
+        head = torch.zeros(_HEAD, dtype=torch.float64, device=device)
+        if loss is not None:
+            value = loss.reshape(()).to(device=device, dtype=torch.float64)
+            head[_LOSS] = value
+            head[_LOSS_RANKS] = 1.0
+            head[_LOSS_NONFINITE] = (~torch.isfinite(value)).to(torch.float64)
+        if fp16_maxabs is not None:
+            head[_FP16] = fp16_maxabs.reshape(()).to(device=device, dtype=torch.float64)
+            head[_FP16_RANKS] = 1.0
+        return torch.cat([head, norms])
+
+    def reduce(self, local: torch.Tensor) -> torch.Tensor:
+        """One SUM all-reduce; returns [loss, loss_ranks, fp16_maxabs, fp16_ranks, grad_norm,
+        per-parameter norms...], identical on every rank.
+
+        SUM keeps NaN (NaN + x is NaN) and +inf; +inf on one rank and -inf on another give NaN,
+        still non-finite. Values are divided by the world size before the sum, so finite losses
+        near the float limit cannot overflow to inf. float64: squared norms up to 1e154 are safe.
+        The float16 gradient maximum is the mean of the ranks' maxima: exact for replicated (DDP)
+        gradients, whose maxima are equal; a sum cannot recover the maximum over shards.
+        """
+        world = float(self.context.world_size)
+        contribution = local.clone()
+        contribution[_LOSS] = local[_LOSS] / world
+        contribution[_FP16] = local[_FP16] / world
+        contribution[_HEAD:] = local[_HEAD:].square() * self.shares
+        dist.all_reduce(contribution, op=dist.ReduceOp.SUM)
+        loss = contribution[_LOSS] * world / contribution[_LOSS_RANKS]  # 0/0 if no rank had one
+        # A rank's non-finite loss stays non-finite whatever the others add (belt and braces).
+        loss = torch.where((contribution[_LOSS_NONFINITE] > 0) & torch.isfinite(loss),
+                           torch.full_like(loss, math.nan), loss)
+        fp16 = contribution[_FP16] * world / contribution[_FP16_RANKS]
+        squares = contribution[_HEAD:]
+        head = torch.stack([loss, contribution[_LOSS_RANKS], fp16, contribution[_FP16_RANKS],
+                            squares.sum().sqrt()])
+        return torch.cat([head, squares.sqrt()])
+
+    @staticmethod
+    def split(agreed: np.ndarray) -> dict[str, np.ndarray]:
+        """The host view of `reduce`'s result, by DevicePack segment name."""
+        out = {"grad_norm": agreed[4:5], "param_grad_norm": agreed[5:]}
+        if agreed[1] > 0:
+            out["loss"] = agreed[0:1]
+        if agreed[3] > 0:
+            out["fp16_grad_maxabs"] = agreed[2:3]
+        return out
+
+    # -- desync check (guide §3.4.1) -------------------------------------------------------------
+    def fingerprints(self) -> torch.Tensor:
+        """[norm; sum] of each replicated parameter, float64 on the collective device."""
+        device = self.context.device
+        params = [local_tensor(self.watched.params[i]).detach() for i in self.replicated]
+        norms = torch._foreach_norm(params, 2, dtype=torch.float64)
+        sums = [p.sum(dtype=torch.float64) for p in params]
+        return torch.stack([torch.stack([n.to(device) for n in norms]),
+                            torch.stack([s.to(device) for s in sums])])
+
+    @torch.no_grad()
+    def check_desync(self, step: int) -> list[Event]:
+        """Gather every rank's fingerprints (one all-gather, one host read) and compare them.
+
+        A collective: every rank calls it at the same step. Reports a drifted set of parameters
+        once, and again only when the set changes.
+        """
+        if not self.replicated:
+            return []
+        world = self.context.world_size
+        mine = self.fingerprints()
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        table = to_host(torch.stack(gathered).reshape(-1)).reshape(world, 2, -1)
+        relative = replica_difference(table, self._numel)
+        drifted = np.flatnonzero(relative > DESYNC_RTOL)
+        names = tuple(self.watched.names[self.replicated[i]] for i in drifted)
+        if names == self._reported:
+            return []
+        self._reported = names
+        if not names:
+            return []
+        worst = int(drifted[np.argmax(relative[drifted])])
+        ranks = [r for r in range(1, world)
+                 if replica_difference(table[[0, r]], self._numel)[worst] > DESYNC_RTOL]
+        largest = float(relative[worst])
+        worst_name = self.watched.names[self.replicated[worst]]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        message = (f"replicas out of sync across ranks: {len(names)} parameter(s) differ, most "
+                   f"{worst_name} (relative difference {largest:.3g}; rank(s) "
+                   f"{', '.join(map(str, ranks))} differ from rank 0): {shown}")
+        return [Event(kind="ddp_desync", step=step, severity="error", message=message,
+                      param=worst_name, value=largest,
+                      details={"cause": "ddp_desync", "params": list(names),
+                               "max_rel_diff": largest, "ranks": ranks})]
+
+
+def replica_difference(table: np.ndarray, numel: np.ndarray) -> np.ndarray:
+    """Per parameter, how far the ranks' fingerprints part, relative to the parameter's norm.
+
+    `table` is [ranks, 2 (norm, sum), params]. A sum differs by at most sqrt(numel) times the
+    norm, hence its scaling. A fingerprint finite on some ranks and not on others is infinitely
+    far; one non-finite on every rank cannot be compared (non-finite weights are reported by
+    their own detector) and counts as equal.
+    """
+    finite = np.isfinite(table)
+    all_finite = finite.all(axis=0)
+    mixed = (finite.any(axis=0) & ~all_finite).any(axis=0)
+    clean = np.where(all_finite, table, 0.0)
+    spread = clean.max(axis=0) - clean.min(axis=0)
+    scale = np.maximum(np.abs(clean[:, 0, :]).max(axis=0), np.finfo(np.float64).tiny)
+    relative = np.maximum(spread[0], spread[1] / np.sqrt(numel)) / scale
+    return np.where(mixed, np.inf, relative)
+
+
+class AgreedPack(DevicePack):
+    """A DevicePack whose agreed segments (`AGREED`) are reduced across ranks when fetched.
+
+    Other segments travel as they are. With collectives on the model's device the all-reduce runs
+    before the one transfer; with collectives on the CPU (gloo) and the model elsewhere it runs
+    after it, on the host copy, so that no second device-to-host transfer is needed.
+    """
+
+    def __init__(self, device: torch.device | None, agreement: RankAgreement, *,
+                 on_host: bool) -> None:
+        super().__init__(device)
+        self._agreement = agreement
+        self._on_host = on_host
+        self._local: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name in AGREED:
+            self._local[name] = tensor.detach().reshape(-1)
+        else:
+            super().add(name, tensor)
+
+    def fetch(self) -> dict[str, np.ndarray]:
+        agreement, local = self._agreement, self._local
+        if self._on_host:
+            for name, tensor in local.items():
+                super().add(f"local:{name}", tensor)
+            host = super().fetch()
+            raw = {name: torch.from_numpy(host.pop(f"local:{name}")) for name in local}
+            agreed_t = agreement.reduce(agreement.local_vector(
+                raw.get("loss"), raw.get("fp16_grad_maxabs"), raw["param_grad_norm"]))
+            agreed = agreed_t.cpu().numpy()  # already there: collectives on the CPU
+        else:
+            vector = agreement.reduce(agreement.local_vector(
+                local.get("loss"), local.get("fp16_grad_maxabs"), local["param_grad_norm"]))
+            super().add("agreed", vector)
+            host = super().fetch()
+            agreed = host.pop("agreed")
+        host.update(agreement.split(agreed))
+        return host
+
+
+def describe(context: DistributedContext | None) -> dict[str, Any]:
+    """Rank, world size and backend for the run store (empty for a single process)."""
+    if context is None:
+        return {}
+    return {"rank": context.rank, "world_size": context.world_size, "backend": context.backend}

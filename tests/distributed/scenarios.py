@@ -1,0 +1,218 @@
+"""What each rank runs in the distributed tests: real DDP and FSDP2 training under a Guard.
+
+Every function is called as `fn(rank, world, ...)` inside an initialised gloo process group and
+returns plain data (lists, dicts, floats) for the test to compare across ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from trainguard import Guard, GuardConfig, TrainingDiverged
+from trainguard.transfer import transfer_count
+
+IN_FEATURES = 8
+
+
+def mlp(seed: int = 0, width: int = 16) -> nn.Sequential:
+    """The same initial weights on every rank."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(IN_FEATURES, width), nn.Tanh(), nn.Linear(width, 1))
+
+
+def regression_batch(rank: int, step: int, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """A smooth regression task; each rank draws its own samples."""
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(size, IN_FEATURES, generator=generator)
+    y = torch.tanh(x[:, :4].sum(dim=1, keepdim=True)) + 0.5 * x[:, 4:5]
+    return x, y
+
+
+def flat_weights(model: nn.Module) -> list[float]:
+    return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()]).tolist()
+
+
+def event_view(report: Any) -> list[tuple[str, str, int]]:
+    return [(e.kind, e.severity, e.step) for e in report.events]
+
+
+def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, Any]:
+    """Rank 1 alone meets a non-finite loss at steps 4, 7 and 9 (each of a different kind)."""
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False), run_dir=run_dir)
+    actions, losses, events, transfers = [], [], [], []
+    for step in range(12):
+        x, y = regression_batch(rank, step)
+        if step == 4 and rank == 1:
+            x[3, 2] = math.nan  # a poisoned sample: NaN loss, and NaN gradients after all-reduce
+        loss = F.mse_loss(model(x), y)
+        if step == 7 and rank == 1:
+            loss = loss + math.inf  # inf loss with finite gradients: rank 0 sees nothing itself
+        if step == 9:
+            loss = loss + (math.inf if rank == 1 else -math.inf)  # opposite infinities
+        loss.backward()
+        before = transfer_count()
+        report = guard.step(loss)
+        transfers.append(transfer_count() - before)
+        optimizer.zero_grad(set_to_none=True)
+        actions.append(report.action)
+        losses.append(report.loss)
+        events.append(event_view(report))
+    guard.close()
+    state = optimizer.state_dict()["state"]
+    return {"actions": actions, "losses": losses, "events": events, "transfers": transfers,
+            "weights": flat_weights(model),
+            "adam_steps": sorted({float(s["step"]) for s in state.values()}),
+            "has_store": guard.engine.store is not None,
+            "context": (guard.engine.dist.rank, guard.engine.dist.world_size,
+                        str(guard.engine.dist.device), guard.engine.dist.is_main)}
+
+
+def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int,
+                          snapshot_dir: str) -> dict[str, Any]:
+    """Rank 1 alone gets an outlier batch (targets 40x) at `spike_step`, under the halt policy.
+
+    Rank 0's own loss stays calm: it can only halt with rank 1 if it sees the spike too.
+    """
+    model = DistributedDataParallel(mlp(seed=1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    config = GuardConfig(console=False, policy="halt", max_grad_norm=None,
+                         snapshot_dir=f"{snapshot_dir}/rank{rank}")
+    guard = Guard(model, optimizer, config=config)
+    own_losses, losses, actions = [], [], []
+    halt: dict[str, Any] | None = None
+    for step in range(spike_step + 3):
+        x, y = regression_batch(rank, step)
+        if step == spike_step and rank == 1:
+            y = y * 40.0
+        own = F.mse_loss(model(x), y)
+        own.backward()
+        own_losses.append(own.item())
+        try:
+            report = guard.step(own)
+        except TrainingDiverged as exc:
+            assert exc.report is not None
+            halt = {"step": exc.report.step, "loss": exc.report.loss,
+                    "events": [(e.kind, e.severity, e.step, e.message) for e in exc.events]}
+            break
+        optimizer.zero_grad(set_to_none=True)
+        actions.append(report.action)
+        losses.append(report.loss)
+    guard.close()
+    return {"own_losses": own_losses, "losses": losses, "actions": actions, "halt": halt,
+            "weights": flat_weights(model)}
+
+
+def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float) -> dict[str, Any]:
+    """FSDP2 (fully_shard) on unevenly split layers next to an unsharded copy on the full data.
+
+    FSDP2 averages gradients over ranks, so the copy's loss is the mean of the ranks' losses.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    reference = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+    torch.manual_seed(0)
+    for p in reference.parameters():
+        nn.init.normal_(p, std=0.5)
+    model = copy.deepcopy(reference)
+    fully_shard(model[0])
+    fully_shard(model[2])
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, max_grad_norm=max_grad_norm),
+                  run_dir=run_dir)
+    norms, ref_norms, ref_param_norms, losses, ref_losses, actions = [], [], [], [], [], []
+    for step in range(4):
+        data = [(torch.randn(8, 6, generator=torch.Generator().manual_seed(10 * step + r)),
+                 torch.randn(8, 3, generator=torch.Generator().manual_seed(500 + 10 * step + r)))
+                for r in range(world)]
+        x, y = data[rank]
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        report = guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        norms.append(report.grad_norm)
+        losses.append(report.loss)
+        actions.append(report.action)
+
+        ref_loss = sum(F.mse_loss(reference(xr), yr) for xr, yr in data) / world
+        ref_loss.backward()
+        ref_param_norms.append([float(p.grad.norm()) for p in reference.parameters()])
+        ref_norms.append(float(nn.utils.clip_grad_norm_(reference.parameters(), max_grad_norm)))
+        ref_optimizer.step()
+        ref_optimizer.zero_grad(set_to_none=True)
+        ref_losses.append(float(ref_loss))
+    guard.close()
+    full = [p.full_tensor().detach() for p in model.parameters()]
+    weight_gap = max(float((a - b).abs().max()) for a, b in zip(full, reference.parameters(),
+                                                                strict=True))
+    local_shapes = [tuple(p.to_local().shape) for p in model.parameters()]
+    return {"norms": norms, "ref_norms": ref_norms, "ref_param_norms": ref_param_norms,
+            "losses": losses, "ref_losses": ref_losses, "actions": actions,
+            "weight_gap": weight_gap, "local_shapes": local_shapes,
+            "names": guard.engine.watched.names}
+
+
+def ddp_desync(rank: int, world: int, run_dir: str, param: str) -> dict[str, Any]:
+    """Rank 1 nudges one element of `param` after step 5; the check runs every 4 steps."""
+    model = DistributedDataParallel(mlp(seed=2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, desync_every=4),
+                  run_dir=run_dir)
+    for step in range(13):
+        x, y = regression_batch(rank, step)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        if step == 5 and rank == 1:
+            with torch.no_grad():
+                dict(model.named_parameters())[param].view(-1)[0] += 1e-4
+    guard.close()
+    desync = [e for e in guard.events if e.kind == "ddp_desync"]
+    context = guard.engine.dist
+    assert context is not None
+    return {"events": [(e.step, e.severity, e.param, e.details["params"], e.details["ranks"],
+                        e.details["cause"], e.value) for e in desync],
+            "has_store": guard.engine.store is not None,
+            "agree_max": context.agree_max(3 * rank + 1)}
+
+
+def agreement_paths(rank: int, world: int) -> dict[str, Any]:
+    """The step pack's two paths (all-reduce before the transfer, or after it on the host) on
+    gradients that differ across ranks (no DDP), with rank 1's loss +inf, then absent."""
+    from trainguard.engine import Engine
+
+    model = mlp(seed=3)
+    engine = Engine(model, [torch.optim.SGD(model.parameters(), lr=0.1)],
+                    config=GuardConfig(console=False))
+    assert engine.ranks is not None
+    x, y = regression_batch(rank, 0)
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    losses = {"inf_on_rank1": loss.detach() + (math.inf if rank == 1 else 0.0),
+              "rank0_only": loss.detach() if rank == 0 else None}
+    out: dict[str, Any] = {"own_loss": loss.item(),
+                           "own_norms": [float(p.grad.norm()) for p in model.parameters()]}
+    for case, value in losses.items():
+        for on_host in (False, True):
+            pack = engine.ranks.step_pack(engine.device, on_host=on_host)
+            if value is not None:
+                pack.add("loss", value)
+            engine.grad_probe.measure(pack, engine.device)
+            pack.add("lr", torch.tensor([0.25 + rank]))
+            before = transfer_count()
+            host = pack.fetch()
+            out[f"{case}:{on_host}"] = {k: v.tolist() for k, v in host.items()}
+            out[f"{case}:{on_host}:transfers"] = transfer_count() - before
+    engine.close()
+    return out

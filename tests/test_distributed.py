@@ -1,0 +1,227 @@
+"""trainguard under torch.distributed: every rank reaches the same decision.
+
+The two-rank tests run real DDP and FSDP2 training on two gloo processes (tests/distributed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainguard import Guard, GuardConfig, RunReader, UsageError
+from trainguard.distributed import (
+    DESYNC_RTOL,
+    DistributedContext,
+    collective_device,
+    distributed_context,
+    local_tensor,
+    replica_difference,
+    shard_count,
+)
+from trainguard.transfer import transfer_count
+
+from .conftest import make_setup
+from .distributed import scenarios
+from .distributed.harness import run_ranks
+
+QUIET = GuardConfig(console=False)
+
+
+# -- a single process: no context, no collective ---------------------------------------------------
+def test_a_single_process_has_no_context_and_one_transfer_per_step() -> None:
+    assert not dist.is_initialized()
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, config=QUIET)
+    assert guard.engine.dist is None and guard.engine.ranks is None and guard.engine.is_main
+    assert distributed_context(torch.device("cpu")) is None
+    counts = []
+    for _ in range(5):
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        before = transfer_count()
+        guard.step(loss)
+        counts.append(transfer_count() - before)
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert counts == [1] * 5
+
+
+def test_a_process_group_of_one_rank_has_no_context(tmp_path) -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert distributed_context(torch.device("cpu")) is None
+        setup = make_setup()
+        guard = Guard(setup.model, setup.optimizer, config=QUIET, run_dir=tmp_path / "run")
+        assert guard.engine.dist is None and guard.engine.store is not None
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        assert guard.step(loss).action in ("applied", "clipped")
+        guard.close()
+    finally:
+        dist.destroy_process_group()
+    with RunReader(tmp_path / "run") as reader:
+        assert "distributed" not in reader.meta()
+
+
+def test_collectives_run_on_the_device_the_backend_serves() -> None:
+    cpu, accel = torch.device("cpu"), torch.device("xpu", 0)
+    assert collective_device("gloo", accel) == cpu
+    assert collective_device("cpu:gloo,xpu:xccl", accel) == accel
+    assert collective_device("cpu:gloo,cuda:nccl", cpu) == cpu
+    assert collective_device("cpu:gloo,cuda:nccl", accel) == cpu
+    assert collective_device("mpi", accel) == accel
+
+
+def test_agree_max_wants_an_int_code() -> None:
+    context = DistributedContext(rank=1, world_size=2, device=torch.device("cpu"), backend="gloo")
+    assert not context.is_main
+    for code in (1.5, True, "2"):
+        with pytest.raises(UsageError, match="int code"):
+            context.agree_max(code)  # type: ignore[arg-type]
+
+
+def test_plain_tensors_are_one_whole_shard() -> None:
+    weight = nn.Parameter(torch.ones(3, 2))
+    assert shard_count(weight) == 1
+    assert local_tensor(weight) is weight
+
+
+# -- fingerprint comparison ----------------------------------------------------------------------
+def fingerprint_table(weights: list[list[np.ndarray]]) -> np.ndarray:
+    """[ranks, (norm, sum), params] as the desync check gathers it."""
+    return np.array([[[np.linalg.norm(w) for w in rank], [w.sum() for w in rank]]
+                     for rank in weights])
+
+
+def test_equal_replicas_do_not_differ_and_one_nudged_weight_does() -> None:
+    rng = np.random.default_rng(0)
+    params = [rng.normal(size=1000).astype(np.float32).astype(np.float64),
+              rng.normal(size=10).astype(np.float32).astype(np.float64)]
+    numel = np.array([p.size for p in params], dtype=np.float64)
+    equal = fingerprint_table([params, [p.copy() for p in params]])
+    assert replica_difference(equal, numel).tolist() == [0.0, 0.0]
+
+    reordered = fingerprint_table([params, [p[::-1].copy() for p in params]])
+    assert (replica_difference(reordered, numel) < DESYNC_RTOL).all()  # summation order only
+
+    nudged = [p.copy() for p in params]
+    nudged[0][7] = np.nextafter(np.float32(nudged[0][7]), np.float32(np.inf))  # one float32 ulp
+    difference = replica_difference(fingerprint_table([params, nudged]), numel)
+    assert difference[0] > DESYNC_RTOL and difference[1] == 0.0
+
+
+def test_a_weight_non_finite_on_one_rank_only_is_infinitely_far() -> None:
+    params = [np.ones(4), np.ones(3)]
+    broken = [np.array([1.0, math.nan, 1.0, 1.0]), np.ones(3)]
+    numel = np.array([4.0, 3.0])
+    difference = replica_difference(fingerprint_table([params, broken]), numel)
+    assert difference.tolist() == [math.inf, 0.0]
+    # NaN on every rank: nothing to compare (nonfinite_weight reports it), not a desync
+    both = replica_difference(fingerprint_table([broken, broken]), numel)
+    assert both.tolist() == [0.0, 0.0]
+
+
+# -- two ranks -------------------------------------------------------------------------------------
+def test_ddp_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    rank0, rank1 = run_ranks(scenarios.ddp_nonfinite_on_one_rank, str(run_dir))
+    assert rank0["context"] == (0, 2, "cpu", True)
+    assert rank1["context"] == (1, 2, "cpu", False)
+    skipped = [i for i, action in enumerate(rank0["actions"]) if action == "skipped"]
+    assert skipped == [4, 7, 9]
+    for key in ("actions", "events"):
+        assert rank0[key] == rank1[key], key
+    # the loss every rank reads: NaN (poisoned sample), +inf (rank 1 only), NaN (+inf and -inf)
+    for losses in (rank0["losses"], rank1["losses"]):
+        assert math.isnan(losses[4]) and losses[7] == math.inf and math.isnan(losses[9])
+        assert all(math.isfinite(v) for i, v in enumerate(losses) if i not in skipped)
+    assert [e[0] for e in rank0["events"][7]] == ["nonfinite_loss"]  # rank 0's own loss was fine
+    # the replicas stay finite and identical, and Adam counted only the applied steps
+    assert rank0["weights"] == rank1["weights"]
+    assert all(math.isfinite(w) for w in rank0["weights"])
+    assert rank0["adam_steps"] == rank1["adam_steps"] == [12.0 - len(skipped)]
+    # one transfer per step (step 0 also runs the desync check)
+    assert rank0["transfers"][1:] == [1] * 11 and rank0["transfers"][0] == 2
+    # only rank 0 writes the store
+    assert rank0["has_store"] and not rank1["has_store"]
+    with RunReader(run_dir) as reader:
+        assert reader.meta()["distributed"] == {"rank": 0, "world_size": 2, "backend": "gloo"}
+        stored = [(e.kind, e.step) for e in reader.events()]
+    assert stored == [("nonfinite_loss", 4), ("nonfinite_grad", 4), ("nonfinite_loss", 7),
+                      ("nonfinite_loss", 9)]
+
+
+def test_ddp_loss_spike_on_one_rank_halts_every_rank_at_the_same_step(tmp_path) -> None:
+    spike = 20
+    rank0, rank1 = run_ranks(scenarios.ddp_spike_on_one_rank, spike, str(tmp_path))
+    own0, own1 = rank0["own_losses"][spike], rank1["own_losses"][spike]
+    assert own1 > 100 * own0 and own0 < 3 * np.median(rank0["own_losses"][:spike])
+    for rank in (rank0, rank1):
+        assert rank["halt"] is not None, "both ranks must halt"
+        assert rank["halt"]["step"] == spike
+        assert rank["halt"]["loss"] == pytest.approx((own0 + own1) / 2, rel=1e-6)
+        assert ("loss_spike", "error", spike) in [e[:3] for e in rank["halt"]["events"]]
+    assert rank0["halt"] == rank1["halt"]
+    assert rank0["actions"] == rank1["actions"] == ["applied"] * spike
+    assert rank0["weights"] == rank1["weights"]
+
+
+def test_fsdp2_global_grad_norm_is_that_of_the_unsharded_model(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    rank0, rank1 = run_ranks(scenarios.fsdp2_global_norm, str(run_dir), 0.5)
+    assert rank0["local_shapes"] != rank1["local_shapes"], "the layers must really be sharded"
+    for rank in (rank0, rank1):
+        assert rank["actions"] == ["clipped"] * 4
+        np.testing.assert_allclose(rank["norms"], rank["ref_norms"], rtol=1e-5)
+        np.testing.assert_allclose(rank["losses"], rank["ref_losses"], rtol=1e-6)
+        assert rank["weight_gap"] < 1e-6  # clipped with the global norm, as the unsharded model
+    assert rank0["norms"] == rank1["norms"]
+    with RunReader(run_dir) as reader:
+        assert reader.param_names() == rank0["names"] == ["0.weight", "0.bias", "2.weight",
+                                                          "2.bias"]
+        steps, per_param = reader.param_grad_norms()
+    assert steps.tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(per_param, rank0["ref_param_norms"], rtol=1e-5)
+
+
+def test_desync_names_the_perturbed_parameter_on_every_rank(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    rank0, rank1 = run_ranks(scenarios.ddp_desync, str(run_dir), "module.0.bias")
+    # checks at steps 0, 4, 8 and 12; the nudge after step 5 shows at 8, once
+    for rank in (rank0, rank1):
+        assert len(rank["events"]) == 1
+        step, severity, param, params, ranks, cause, value = rank["events"][0]
+        assert (step, severity, param, params, ranks, cause) == (
+            8, "error", "module.0.bias", ["module.0.bias"], [1], "ddp_desync")
+        assert DESYNC_RTOL < value < 1e-2
+    assert rank0["events"] == rank1["events"]
+    assert rank0["has_store"] and not rank1["has_store"]
+    with RunReader(run_dir) as reader:
+        stored = [e for e in reader.events() if e.kind == "ddp_desync"]
+    assert [(e.step, e.param, e.details["params"]) for e in stored] == [
+        (8, "module.0.bias", ["module.0.bias"])]
+    assert rank0["agree_max"] == rank1["agree_max"] == 4
+
+
+def test_both_reduction_paths_agree_on_gradients_that_differ_across_ranks() -> None:
+    rank0, rank1 = run_ranks(scenarios.agreement_paths)
+    # replicated gradients that differ (a desync, or no_sync) agree as the mean of squares
+    norms = np.sqrt((np.square(rank0["own_norms"]) + np.square(rank1["own_norms"])) / 2)
+    for rank, lr in ((rank0, 0.25), (rank1, 1.25)):
+        for on_host in (False, True):
+            inf = rank[f"inf_on_rank1:{on_host}"]
+            assert inf["loss"] == [math.inf]
+            np.testing.assert_allclose(inf["param_grad_norm"], norms, rtol=1e-6)
+            np.testing.assert_allclose(inf["grad_norm"], [np.linalg.norm(norms)], rtol=1e-6)
+            assert inf["lr"] == [lr]  # not agreed: travels as it is
+            only0 = rank[f"rank0_only:{on_host}"]
+            np.testing.assert_allclose(only0["loss"], [rank0["own_loss"]], rtol=1e-6)
+            assert rank[f"inf_on_rank1:{on_host}:transfers"] == 1
+        assert "fp16_grad_maxabs" not in rank["inf_on_rank1:False"]
+    assert rank0["inf_on_rank1:False"]["param_grad_norm"] == rank1[
+        "inf_on_rank1:False"]["param_grad_norm"]
