@@ -225,3 +225,13 @@ def test_both_reduction_paths_agree_on_gradients_that_differ_across_ranks() -> N
         assert "fp16_grad_maxabs" not in rank["inf_on_rank1:False"]
     assert rank0["inf_on_rank1:False"]["param_grad_norm"] == rank1[
         "inf_on_rank1:False"]["param_grad_norm"]
+
+
+def test_ddp_recover_rolls_back_every_rank_to_the_same_state() -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_recover_on_one_rank)
+    assert ("batch_nonfinite", 5) in rank1["batch_events"]  # rank 1's own finding...
+    assert ("batch_nonfinite", 5) not in rank0["batch_events"]  # ...that rank 0 cannot see
+    assert "rolled_back" in rank0["actions"]
+    for key in ("actions", "events", "ring", "weights"):
+        assert rank0[key] == rank1[key], key
+    assert all(math.isfinite(w) for w in rank0["weights"])

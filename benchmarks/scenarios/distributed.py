@@ -4,8 +4,9 @@ Each rank is a process with one torch thread, forked from a forkserver that has 
 and the scenario's module once. It joins a gloo process group over 127.0.0.1, builds the
 scenario's workload (the workload wraps its model in DistributedDataParallel and picks its own
 data shard from `rank_and_world()`), and runs the same step loop as `runner.run_scenario` with
-its own stepper from `strategies.make_stepper`. trainguard is not distributed-aware: every rank
-has its own Guard that sees only its own loss and its own (all-reduced) gradients.
+its own stepper from `strategies.make_stepper`. Every rank has its own Guard; under the process
+group they agree on the step's signals with one all-reduce per step (`trainguard.distributed`), so
+they take the same decisions, and they compare weight fingerprints every `desync_every` steps.
 
 Besides training, every rank takes part in a few collectives of its own that never touch the
 model:
@@ -268,4 +269,5 @@ def _run_rank(scenario: Scenario, strategy: str, config: GuardConfig | None, see
         onset_step=scenario.onset_step, strategy=strategy, steps_run=step, outcome=outcome,
         final_eval_loss=eval_loss if math.isfinite(eval_loss) else float("nan"),
         train_losses=losses, actions=actions, events=[e.to_dict() for e in stepper.events],
-        seconds=time.perf_counter() - started, error=error, notes=notes)
+        seconds=time.perf_counter() - started, error=error, notes=notes,
+        diagnosis=stepper.diagnosis())

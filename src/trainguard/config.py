@@ -204,7 +204,7 @@ class GuardConfig:
     """Write the embedded run store when a run_dir is given."""
     console: bool = True
     """Print events as they happen (through the `trainguard` logger and stderr)."""
-    desync_every: int = 200
+    desync_every: int = 50
     """Under torch.distributed, compare cheap per-parameter weight fingerprints across ranks every
     this many steps (the guide's §3.4.1 desync check) and name the parameters that drifted."""
     detectors: DetectorConfig = field(default_factory=DetectorConfig)

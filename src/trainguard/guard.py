@@ -307,7 +307,7 @@ class Guard:
             decision.action, decision.clip_coef, decision.reason = "rolled_back", 1.0, \
                 verdict.reason
             decision.events.append(event)
-            if self.config.console:
+            if self._console:
                 print(f"trainguard: {event.message}", file=sys.stderr, flush=True)
             return
         why = verdict.reason if verdict.action == "halt" else \
@@ -330,7 +330,7 @@ class Guard:
         for event in events:
             if at_least(event.severity, "warning"):
                 event.details["likely_causes"] = likely
-        if self.config.console:
+        if self._console:
             print("trainguard likely causes: " + ", ".join(
                 f"{c.code} {c.confidence:.0%}" for c in ranked) + f". Fix: {ranked[0].fix}",
                 file=sys.stderr, flush=True)
@@ -353,7 +353,7 @@ class Guard:
         for event in events:
             if at_least(event.severity, "error"):
                 event.details["replay"] = details
-        if self.config.console:
+        if self._console:
             print(f"trainguard replay: {summary}", file=sys.stderr, flush=True)
 
     def _batch_stats_on_device(self, batch: Any) -> BatchStatsOnDevice | None:
@@ -414,7 +414,7 @@ class Guard:
         except Exception as exc:  # an audit bug must not stop training
             log.error("trainguard: preflight audit failed (%s: %s)", type(exc).__name__, exc)
             return
-        if self.config.console:
+        if self._console:
             for finding in self.findings:
                 if finding.severity != "info":
                     print(f"trainguard preflight {finding}", file=sys.stderr, flush=True)
@@ -475,7 +475,7 @@ class Guard:
         drop_grads(engine.watched.params)
         report = engine.finish(measurement, decision)
         diagnosis = self._store_diagnosis()
-        if diagnosis and self.config.console:
+        if diagnosis and self._console:
             print("trainguard diagnosis: " + " | ".join(str(c) for c in diagnosis[:3]),
                   file=sys.stderr, flush=True)
         if engine.store is not None and written:
@@ -486,8 +486,14 @@ class Guard:
             + (f". Crash snapshot: {written}" if written else ""),
             snapshot_path=written, events=causes, report=report, diagnosis=diagnosis)
 
+    @property
+    def _console(self) -> bool:
+        """Print to the console (only rank 0 does under torch.distributed)."""
+        return self.config.console and self.engine.is_main
+
     def _snapshot_path(self, step: int) -> Path:
         base = Path(self.config.snapshot_dir) if self.config.snapshot_dir else (
             self.engine.run_dir if self.engine.run_dir is not None
             else Path("trainguard_snapshots"))
-        return base / f"crash_step{step}.pt"
+        rank = f"_rank{self.engine.dist.rank}" if self.engine.dist is not None else ""
+        return base / f"crash_step{step}{rank}.pt"

@@ -6,8 +6,9 @@ import pytest
 from benchmarks.scenarios.families import ddp
 from benchmarks.scenarios.runner import run_scenario
 
-STEPS = 50
-"""Enough for the healthy loss to fall far and for the desync (from step 20) to show."""
+STEPS = 60
+"""Enough for the healthy loss to fall far, for the desync (from step 20) to show, and for the
+Guard's cross-rank check (every `desync_every` = 50 steps) to run after it."""
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,11 @@ def test_desync_drifts_apart_unseen_by_each_rank(by_name: dict) -> None:
     drift = result.notes["replica_drift"]
     assert drift[scenario.onset_step] == 0.0  # in sync until the backbone is unfrozen
     assert drift[STEPS] > 0.05 and drift[STEPS] > drift[scenario.onset_step + 10] > 0.0
-    # Each rank's own loss keeps falling, so a single-rank view has nothing to flag: trainguard
-    # has no cross-rank check yet (update this when it gets one).
-    assert result.detected is False
+    # Each rank's own loss keeps falling, so a single-rank view has nothing to flag; the Guard's
+    # cross-rank fingerprint check names the drifting backbone at its first run after the onset.
+    assert result.detected is True
+    assert [(e["kind"], e["step"]) for e in result.events] == [("ddp_desync", 50)]
+    assert result.diagnosis[:1] == ["ddp_desync"]
     assert result.train_losses[-1] < 0.3 * result.train_losses[0]
     # Rank 0 has lost the other rank's domain.
     assert result.final_eval_loss > 2.0

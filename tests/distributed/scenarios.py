@@ -216,3 +216,37 @@ def agreement_paths(rank: int, world: int) -> dict[str, Any]:
             out[f"{case}:{on_host}:transfers"] = transfer_count() - before
     engine.close()
     return out
+
+
+def ddp_recover_on_one_rank(rank: int, world: int) -> dict[str, Any]:
+    """Policy recover. Rank 1 alone has a NaN in an unused batch field on the sampled steps 5 and
+    10 (a batch finding of that rank only, right when a good-state candidate is confirmed), and
+    NaN inputs at steps 25-27, which roll the run back."""
+    from trainguard import RecoveryConfig
+
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = GuardConfig(policy="recover", console=False, sample_every=5,
+                         recovery=RecoveryConfig(ring_every=5, confirm_steps=2,
+                                                 rollback_after_skips=3))
+    guard = Guard(model, optimizer, config=config)
+    actions, events, batch_events = [], [], []
+    for step in range(40):
+        x, y = regression_batch(rank, step)
+        aux = torch.zeros(4)
+        if rank == 1 and step in (5, 10):
+            aux[0] = math.nan
+        if rank == 1 and step in (25, 26, 27):
+            x[0, 0] = math.nan
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        report = guard.step(loss, batch={"x": x, "y": y, "aux": aux})
+        optimizer.zero_grad(set_to_none=True)
+        actions.append(report.action)
+        events.append([(e.kind, e.step, e.details.get("to_step")) for e in report.events
+                       if not e.kind.startswith("batch_")])
+        batch_events.extend((e.kind, e.step) for e in report.events
+                            if e.kind.startswith("batch_"))
+    guard.close()
+    return {"actions": actions, "events": events, "weights": flat_weights(model),
+            "ring": [s.step for s in guard.recovery.ring.good], "batch_events": batch_events}

@@ -103,6 +103,9 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
             votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)")
     if "fp16_overflow" in kinds:
         votes.add("fp16_overflow", 2.0, "float16 overflow reported")
+    for e in serious:
+        if e.kind == "ddp_desync":  # measured directly: replicas hold different weights
+            votes.add("ddp_desync", 4.0, f"step {e.step}: {e.message}")
     if kinds & {"nonfinite_weight", "nonfinite_optimizer_state", "extreme_weight"}:
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")

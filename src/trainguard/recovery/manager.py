@@ -63,13 +63,21 @@ class Recovery:
                data_ids: Any) -> Verdict | None:
         signals = measurement.signals
         self._recent_ids.append((signals.step, flatten_ids(data_ids)))
-        calm = applies_update and not any(at_least(e.severity, "warning") for e in events)
-        verdict = self.controller.review(signals, events, applies_update)
+        # Batch findings are rank-local under torch.distributed; everything else here comes from
+        # signals all ranks agreed on, so every rank keeps the same ring and makes the same call.
+        shared = [e for e in events if not e.kind.startswith("batch_")]
+        calm = applies_update and not any(at_least(e.severity, "warning") for e in shared)
+        verdict = self.controller.review(signals, shared, applies_update)
         if verdict is not None:
             calm = False
             if verdict.action == "skip":  # a batch whose update is kept out is a suspect too
                 self.skipped_data.update(self._ids_of(verdict.bad_steps))
-        self.ring.observe(flag=measurement.extra.get(RING_FLAG), calm=calm)
+        flag = measurement.extra.get(RING_FLAG)
+        if flag is not None and self.engine.dist is not None:
+            # each rank checked its own shard (FSDP) or replica: good only if good everywhere
+            bad = self.engine.dist.agree_max(0 if bool((flag == 1.0).all()) else 1)
+            flag = flag * 0 + (0.0 if bad else 1.0)
+        self.ring.observe(flag=flag, calm=calm)
         return verdict
 
     def step_scheduler(self) -> None:
