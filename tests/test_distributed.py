@@ -185,8 +185,15 @@ def test_fsdp2_global_grad_norm_is_that_of_the_unsharded_model(tmp_path) -> None
         assert reader.param_names() == rank0["names"] == ["0.weight", "0.bias", "2.weight",
                                                           "2.bias"]
         steps, per_param = reader.param_grad_norms()
+        # sampled weight statistics of the sharded parameters agree with the unsharded ones
+        sampled, maxabs = reader.param_metric("weight_maxabs")
+        _, weight_norms = reader.param_metric("weight_norm")
     assert steps.tolist() == [0, 1, 2, 3]
     np.testing.assert_allclose(per_param, rank0["ref_param_norms"], rtol=1e-5)
+    assert sampled.tolist() == [0, 2]  # sampled after the updates of steps 0 and 2
+    np.testing.assert_allclose(maxabs, [rank0["ref_maxabs"][s] for s in (0, 2)], rtol=1e-6)
+    np.testing.assert_allclose(weight_norms, [rank0["ref_weight_norms"][s] for s in (0, 2)],
+                               rtol=1e-5)
 
 
 def test_desync_names_the_perturbed_parameter_on_every_rank(tmp_path) -> None:

@@ -32,6 +32,7 @@ from trainguard.errors import UsageError
 from trainguard.events import Event
 from trainguard.params import WatchedParams
 from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.local import local_tensor
 from trainguard.probes.packing import DevicePack
 from trainguard.transfer import to_host
 
@@ -41,6 +42,8 @@ Replicas kept in sync are bitwise equal; float64 fingerprints of equal weights d
 at most (a different summation order), while one float32 ulp in one of 1000 weights is ~6e-11."""
 
 AGREED = ("loss", "grad_norm", "param_grad_norm", "fp16_grad_maxabs")
+SAMPLED_MAX = ("weight_maxabs", "weight_nonfinite")
+"""Sampled per-parameter statistics agreed as the maximum over ranks (exact over shards)."""
 """The step signals that every rank must read alike (segment names of the Engine's DevicePack)."""
 
 # Layout of the vector each rank contributes to the step's all-reduce.
@@ -103,12 +106,6 @@ def collective_device(backend: str, model_device: torch.device) -> torch.device:
 
 
 # -- sharded tensors -----------------------------------------------------------------------------
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a DTensor (sharing its storage); any other tensor as it is."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if to_local is not None else tensor
-
-
 def shard_count(tensor: torch.Tensor) -> int:
     """In how many parts a DTensor is split across its mesh (1 for a replicated tensor)."""
     placements = getattr(tensor, "placements", None)
@@ -206,6 +203,33 @@ class RankAgreement:
                             squares.sum().sqrt()])
         return torch.cat([head, squares.sqrt()])
 
+    def reduce_sampled(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Agree on the sampled statistics that detectors act on, so a weight that went
+        non-finite or extreme on one rank's shard is seen by every rank: maxima (|w|, non-finite
+        flags) by MAX, norms (weights, optimizer moments) like the gradient norms. Two small
+        all-reduces, only on steps that carry sampled statistics. Means and spreads stay this
+        rank's own (of its shard under FSDP2)."""
+        device = self.context.device
+        out: dict[str, torch.Tensor] = {}
+        for op in ("max", "norm"):
+            names = [n for n in local if _sampled_reduction(n) == op]
+            if not names:
+                continue
+            parts = [local[n].to(device=device, dtype=torch.float64) for n in names]
+            flat = torch.cat(parts)
+            if op == "max":
+                dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+            else:
+                shares = torch.cat([self.shares] * len(names))
+                flat = flat.square() * shares
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                flat = flat.sqrt()
+            offset = 0
+            for name, part in zip(names, parts, strict=True):
+                out[name] = flat[offset:offset + part.numel()]
+                offset += part.numel()
+        return out
+
     @staticmethod
     def split(agreed: np.ndarray) -> dict[str, np.ndarray]:
         """The host view of `reduce`'s result, by DevicePack segment name."""
@@ -295,15 +319,21 @@ class AgreedPack(DevicePack):
         self._agreement = agreement
         self._on_host = on_host
         self._local: dict[str, torch.Tensor] = {}
+        self._sampled: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if name in AGREED:
             self._local[name] = tensor.detach().reshape(-1)
+        elif _sampled_reduction(name) is not None and not self._on_host:
+            self._sampled[name] = tensor.detach().reshape(-1)
         else:
             super().add(name, tensor)
 
     def fetch(self) -> dict[str, np.ndarray]:
         agreement, local = self._agreement, self._local
+        if self._sampled:  # heavy-probe results of a sampled step: decisions read them too
+            for name, tensor in agreement.reduce_sampled(self._sampled).items():
+                super().add(name, tensor)
         if self._on_host:
             for name, tensor in local.items():
                 super().add(f"local:{name}", tensor)
@@ -327,3 +357,15 @@ def describe(context: DistributedContext | None) -> dict[str, Any]:
     if context is None:
         return {}
     return {"rank": context.rank, "world_size": context.world_size, "backend": context.backend}
+
+
+def _sampled_reduction(name: str) -> str | None:
+    """How a pending sampled segment ("p<i>:<key>") is agreed across ranks, if at all."""
+    prefix, _, key = name.partition(":")
+    if not key or not prefix.startswith("p"):
+        return None
+    if key in SAMPLED_MAX:
+        return "max"
+    if key.endswith("_norm"):
+        return "norm"
+    return None

@@ -247,7 +247,10 @@ class Engine:
                             sampled=self._sampled_now)
         self._record(report, signals)
         self.step += 1
-        self._sample_next = bool(decision.events)
+        # Under torch.distributed batch findings are rank-local; sampling must stay in step on
+        # every rank (sampled statistics are agreed with collectives).
+        self._sample_next = any(self.dist is None or not e.kind.startswith("batch_")
+                                for e in decision.events)
         if action != "halted":
             self._schedule_sampling(self.step)
         return report

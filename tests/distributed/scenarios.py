@@ -128,9 +128,11 @@ def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float)
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, max_grad_norm=max_grad_norm),
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, max_grad_norm=max_grad_norm,
+                                                       sample_every=2),
                   run_dir=run_dir)
     norms, ref_norms, ref_param_norms, losses, ref_losses, actions = [], [], [], [], [], []
+    ref_maxabs, ref_weight_norms = [], []
     for step in range(4):
         data = [(torch.randn(8, 6, generator=torch.Generator().manual_seed(10 * step + r)),
                  torch.randn(8, 3, generator=torch.Generator().manual_seed(500 + 10 * step + r)))
@@ -151,6 +153,8 @@ def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float)
         ref_optimizer.step()
         ref_optimizer.zero_grad(set_to_none=True)
         ref_losses.append(float(ref_loss))
+        ref_maxabs.append([float(p.detach().abs().max()) for p in reference.parameters()])
+        ref_weight_norms.append([float(p.detach().norm()) for p in reference.parameters()])
     guard.close()
     full = [p.full_tensor().detach() for p in model.parameters()]
     weight_gap = max(float((a - b).abs().max()) for a, b in zip(full, reference.parameters(),
@@ -159,6 +163,7 @@ def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float)
     return {"norms": norms, "ref_norms": ref_norms, "ref_param_norms": ref_param_norms,
             "losses": losses, "ref_losses": ref_losses, "actions": actions,
             "weight_gap": weight_gap, "local_shapes": local_shapes,
+            "ref_maxabs": ref_maxabs, "ref_weight_norms": ref_weight_norms,
             "names": guard.engine.watched.names}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from trainguard.params import WatchedParams
+from trainguard.probes.local import local_tensor
 from trainguard.probes.norms import float32_norms
 
 
@@ -37,7 +38,7 @@ class OptimizerStateProbe:
                 value = states.get(id(p), {}).get(key)
                 if isinstance(value, torch.Tensor) and value.shape == p.shape:
                     index.append(i)
-                    tensors.append(value)
+                    tensors.append(local_tensor(value))
             norms = float32_norms(tensors)
             stacked = torch.stack([v.to(device) for v in norms])
             if len(index) != len(self.watched):  # parameters without state read as 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from trainguard.params import WatchedParams
+from trainguard.probes.local import local_tensor
 from trainguard.probes.norms import float32_norms
 
 
@@ -31,8 +32,14 @@ class WeightProbe:
     def remember(self) -> None:
         """Copy the weights before the optimizer step, to measure the update afterwards."""
         with torch.no_grad():
-            self._before = [p.detach().clone() for p in self.watched.params]
+            self._before = [p.clone() for p in self._local_params()]
             self._before_norms = float32_norms(self._before)
+
+    def _local_params(self) -> list[torch.Tensor]:
+        """This rank's part of every weight (its shard under FSDP2). An uneven split can leave a
+        rank an empty shard, which reads as one zero (aminmax refuses empty tensors)."""
+        local = (local_tensor(p).detach() for p in self.watched.params)
+        return [t if t.numel() else t.new_zeros(1) for t in local]
 
     def forget(self) -> None:
         self._before = None
@@ -40,7 +47,7 @@ class WeightProbe:
 
     @torch.no_grad()
     def measure(self, device: torch.device) -> dict[str, torch.Tensor]:
-        params = [p.detach() for p in self.watched.params]
+        params = self._local_params()
 
         def stack(xs: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
             return torch.stack([x.to(device=device, dtype=torch.float32) for x in xs])
