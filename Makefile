@@ -23,7 +23,7 @@ test: venv
 	$(BIN)/python -m pytest
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 
 bench: venv
 	$(BIN)/python benchmarks/overhead.py

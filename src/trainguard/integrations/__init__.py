@@ -1,0 +1,13 @@
+"""Drivers for trainers that own the optimizer step: the Hugging Face Trainer and Lightning.
+
+    trainguard.hf.TrainguardCallback          transformers.Trainer (PEFT models included)
+    trainguard.lightning.TrainguardCallback   lightning.pytorch and pytorch_lightning
+
+Both run each optimizer step through the same engine pipeline as `trainguard.Guard`, through the
+shared driver in `trainguard.integrations._driver`. Importing this package imports neither
+framework; each integration module imports only its own.
+"""
+
+from trainguard.integrations._driver import scale_learning_rate
+
+__all__ = ["scale_learning_rate"]

@@ -1,0 +1,248 @@
+"""`TrainguardCallback` for the Hugging Face `transformers.Trainer` (PEFT models included).
+
+    from trainguard.hf import TrainguardCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=data,
+                      callbacks=[TrainguardCallback(run_dir="runs/exp1")])
+    trainer.train()
+
+How it fits the Trainer's loop (see docs/integrations.md for the reasons):
+
+- clipping: the Trainer clips before `on_pre_optimizer_step`, which would hide the pre-clip
+  norm. At `on_train_begin` the callback takes `args.max_grad_norm` as its own limit and sets it
+  to 0 so that trainguard clips instead, from norms it measures anyway; restored at the end;
+- loss: read from the model's own output by a forward hook (the Trainer's logs replace a NaN loss
+  with a finite one), kept on the device and summed over gradient-accumulation micro-batches;
+- one check per optimizer step, at the accumulation boundary (`on_pre_optimizer_step`);
+- skip: the gradients are dropped, so `optimizer.step()` changes nothing; the LR scheduler the
+  Trainer then steps is rewound at `on_step_end`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.config import GuardConfig
+from trainguard.errors import TrainingDiverged, UsageError
+from trainguard.events import Event, StepReport
+from trainguard.integrations._driver import StepDriver, callback_config, unwrap_optimizer
+from trainguard.sinks import Sink
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("trainguard.hf needs transformers: pip install 'trainguard[hf]'") from exc
+
+log = logging.getLogger("trainguard")
+
+__all__ = ["TrainguardCallback"]
+
+
+class _LossTap:
+    """Keeps the training loss of each micro-batch from the model's own output.
+
+    Detached and on the device (no host sync), summed over the micro-batches of one optimizer
+    step. The result is the loss the Trainer minimises for that step: a model given
+    `num_items_in_batch` already divides by the token count of the whole accumulated batch, so
+    its micro-batch losses add up; otherwise the Trainer averages them, and so does `take`.
+    """
+
+    def __init__(self, model: nn.Module, world_factor: float) -> None:
+        self.world_factor = world_factor
+        """The Trainer multiplies a token-normalised loss by the number of processes
+        (average_tokens_across_devices); the same factor keeps the two equal."""
+        self.total: torch.Tensor | None = None
+        self.micro_batches = 0
+        self.token_normalised = False
+        self.batch: dict[str, Any] | None = None
+        """The inputs of the latest micro-batch (a reference, not a copy), for crash snapshots."""
+        self._failed = False
+        self._handle = model.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              output: Any) -> None:
+        if not module.training or not torch.is_grad_enabled():
+            return  # evaluation and generation are not training steps
+        try:
+            loss = output.get("loss") if isinstance(output, Mapping) else None
+            self.micro_batches += 1
+            self.batch = {k: v for k, v in kwargs.items() if k != "num_items_in_batch"}
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                return
+            loss = loss.detach().reshape(())
+            if kwargs.get("num_items_in_batch") is not None:
+                self.token_normalised = True
+                loss = loss * self.world_factor
+            self.total = loss if self.total is None else self.total + loss
+        except Exception as exc:  # the loss is optional; gradients are still checked
+            if not self._failed:
+                self._failed = True
+                log.error("trainguard: could not read the loss from the model output (%s: %s)",
+                          type(exc).__name__, exc)
+
+    def reset(self) -> None:
+        self.total, self.micro_batches, self.token_normalised = None, 0, False
+
+    def take(self) -> torch.Tensor | None:
+        """The step's loss (None when the model returned none), then start the next step."""
+        total = self.total
+        if total is not None and not self.token_normalised and self.micro_batches > 1:
+            total = total / self.micro_batches
+        self.reset()
+        return total
+
+    def remove(self) -> None:
+        self._handle.remove()
+        self.batch = None
+
+
+class TrainguardCallback(TrainerCallback):
+    """Watches and protects every optimizer step of a `transformers.Trainer`.
+
+    `config.max_grad_norm` is not used: the Trainer's `args.max_grad_norm` is the one limit
+    (0 disables clipping), applied by trainguard. The policy, detectors and everything else come
+    from `config`.
+    """
+
+    def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
+                 sinks: list[Sink] | None = None) -> None:
+        self.config = callback_config(config)
+        self.run_dir = run_dir
+        self.sinks = list(sinks or [])
+        self.driver: StepDriver | None = None
+        self.last_report: StepReport | None = None
+        self._tap: _LossTap | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._clipping_args: TrainingArguments | None = None
+        self._trainer_max_grad_norm: float | None = None
+        self._announced = False
+
+    # -- public API ------------------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, in order."""
+        return self.driver.events if self.driver is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's state (baselines, counters) for a checkpoint of your own."""
+        if self.driver is not None:
+            return self.driver.state_dict()
+        return dict(self._pending_state or {})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict`; before `train()` it is applied when training begins."""
+        self._pending_state = dict(state)
+        if self.driver is not None and not self.driver.engine.closed:
+            self.driver.load_state_dict(self._pending_state)
+
+    def close(self, status: str = "finished") -> None:
+        """Flush and close the run store (training end does this; call it after a crash)."""
+        self._release()
+        if self.driver is not None:
+            self.driver.close(status=status)
+
+    # -- Trainer events --------------------------------------------------------------------------
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, model: nn.Module | None = None,
+                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
+        if model is None or optimizer is None:
+            raise UsageError("TrainguardCallback must be given to a transformers.Trainer, which "
+                             "passes it the model and optimizer when training begins")
+        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+            raise UsageError("TrainguardCallback does not support DeepSpeed or FSDP (the "
+                             "gradients are sharded or owned by the engine): use plain or DDP "
+                             "training")
+        carried = self._pending_state
+        if self.driver is not None:  # a second train() on the same Trainer keeps the baselines
+            carried = carried or self.driver.state_dict()
+            self.close()
+        limit = self._take_over_clipping(args)
+        try:
+            self.driver = StepDriver(model, unwrap_optimizer(optimizer),
+                                     config=dataclasses.replace(self.config, max_grad_norm=limit),
+                                     run_dir=self.run_dir, sinks=self.sinks,
+                                     scaler=getattr(optimizer, "scaler", None),
+                                     schedulers=[lr_scheduler],
+                                     integration="transformers.Trainer",
+                                     resumed=bool(carried or state.global_step))
+        except BaseException:
+            self._release()  # the Trainer keeps its own clipping
+            raise
+        if limit is not None:
+            self._announce(limit)
+        if carried:
+            self.driver.load_state_dict(carried)
+        elif state.global_step:  # resumed from a Trainer checkpoint: count steps as it does
+            self.driver.load_state_dict({**self.driver.engine.state_dict(),
+                                         "step": state.global_step})
+        self._pending_state = None
+        world = args.world_size if getattr(args, "average_tokens_across_devices", False) else 1
+        self._tap = _LossTap(model, float(world))
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState,
+                      control: TrainerControl, **kwargs: Any) -> None:
+        if self._tap is not None:
+            self._tap.reset()
+
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState,
+                              control: TrainerControl, **kwargs: Any) -> None:
+        if self.driver is None or self._tap is None:
+            return
+        loss = self._tap.take()
+        try:
+            self.driver.before_step(loss, batch=self._tap.batch)
+        except TrainingDiverged:
+            self._release()
+            raise
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: Any) -> None:
+        if self.driver is None:
+            return
+        report = self.driver.after_step()
+        if report is not None:
+            self.last_report = report
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kwargs: Any) -> None:
+        self.close(status="finished")
+
+    # -- internals -------------------------------------------------------------------------------
+    def _take_over_clipping(self, args: TrainingArguments) -> float | None:
+        """Trainguard clips at the Trainer's limit, after measuring; the Trainer no longer does."""
+        value = args.max_grad_norm
+        limit = float(value) if isinstance(value, (int, float)) and value > 0 else None
+        if limit is None:
+            return None
+        self._clipping_args, self._trainer_max_grad_norm = args, float(value)
+        args.max_grad_norm = 0.0
+        return limit
+
+    def _announce(self, limit: float) -> None:
+        if self._announced or self.driver is None:
+            return
+        self._announced = True
+        message = (f"trainguard clips gradients at max_grad_norm={limit:g} from now on "
+                   "(TrainingArguments.max_grad_norm is set to 0 during training so that the "
+                   "Trainer does not clip before trainguard sees the gradients)")
+        if self.driver.console:
+            print(message, file=sys.stderr, flush=True)
+        else:
+            log.info(message)
+
+    def _release(self) -> None:
+        """Give the Trainer its clipping back and remove the loss hook."""
+        if self._clipping_args is not None and self._trainer_max_grad_norm is not None:
+            self._clipping_args.max_grad_norm = self._trainer_max_grad_norm
+        self._clipping_args = self._trainer_max_grad_norm = None
+        if self._tap is not None:
+            self._tap.remove()
+            self._tap = None

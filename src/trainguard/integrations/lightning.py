@@ -1,0 +1,188 @@
+"""`TrainguardCallback` for Lightning, under both `lightning.pytorch` and `pytorch_lightning`.
+
+    from trainguard.lightning import TrainguardCallback
+
+    trainer = lightning.pytorch.Trainer(callbacks=[TrainguardCallback(run_dir="runs/exp1")])
+    trainer.fit(module, loader)
+
+The one class subclasses the `Callback` of every Lightning namespace installed, so either
+Trainer accepts it. How it fits Lightning's automatic optimization:
+
+- loss: `on_before_backward` hands over each micro-batch's loss, already divided by
+  `accumulate_grad_batches` (and multiplied by the loss scale under float16 AMP, which is undone
+  on the device); it is summed, detached, until the optimizer step;
+- check: `on_before_optimizer_step` runs once per optimizer step, after the AMP unscale and before
+  Lightning's own clipping, so the norms are the real pre-clip ones;
+- skip: the gradients are dropped, so the optimizer step changes nothing; the step-interval LR
+  schedulers Lightning then steps are rewound at `on_train_batch_end`;
+- state: `state_dict` / `load_state_dict` carry the guard's baselines through Lightning checkpoints.
+
+Clipping: trainguard clips at Lightning's `gradient_clip_val` (norm algorithm) before Lightning
+does, so Lightning's own clipping then finds nothing left to clip; without `gradient_clip_val`
+trainguard does not clip either. `config.max_grad_norm` is not used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainguard.config import GuardConfig
+from trainguard.errors import TrainingDiverged, UsageError
+from trainguard.events import Event, StepReport
+from trainguard.integrations._driver import StepDriver, callback_config, unwrap_optimizer
+from trainguard.sinks import Sink
+
+log = logging.getLogger("trainguard")
+
+__all__ = ["NAMESPACES", "TrainguardCallback"]
+
+
+def _callback_bases() -> tuple[tuple[str, ...], tuple[type, ...]]:
+    """The `Callback` class of every Lightning namespace installed: subclassing them all lets
+    one class pass the Trainer of either namespace."""
+    names: list[str] = []
+    bases: list[type] = []
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        names.append(name)
+        bases.append(module.Callback)
+    if not bases:
+        raise ImportError("trainguard.lightning needs Lightning: pip install lightning "
+                          "(or pytorch-lightning)")
+    return tuple(names), tuple(bases)
+
+
+NAMESPACES, _BASES = _callback_bases()
+"""The Lightning namespaces whose Trainer accepts `TrainguardCallback` in this environment."""
+
+
+def _clip_limit(trainer: Any) -> float | None:
+    value = getattr(trainer, "gradient_clip_val", None)
+    algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+    algorithm = str(getattr(algorithm, "value", algorithm) or "norm")
+    if isinstance(value, (int, float)) and value > 0 and algorithm == "norm":
+        return float(value)
+    return None
+
+
+def _trainer_name(trainer: Any) -> str:
+    """`lightning.pytorch.Trainer` or `pytorch_lightning.Trainer`, for the run store."""
+    return f"{type(trainer).__module__.split('.trainer')[0]}.{type(trainer).__name__}"
+
+
+class TrainguardCallback(*_BASES):  # type: ignore[misc]
+    """Watches and protects every optimizer step of a Lightning Trainer (automatic optimization,
+    one optimizer)."""
+
+    def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
+                 sinks: list[Sink] | None = None) -> None:
+        super().__init__()
+        self.config = callback_config(config)
+        self.run_dir = run_dir
+        self.sinks = list(sinks or [])
+        self.driver: StepDriver | None = None
+        self.last_report: StepReport | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._loss: torch.Tensor | None = None
+        self._batch: Any = None
+        self._loss_failed = False
+
+    # -- public API ------------------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, in order."""
+        return self.driver.events if self.driver is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved by Lightning in its checkpoints (plain types: loads with weights_only=True)."""
+        if self.driver is not None:
+            return self.driver.state_dict()
+        return dict(self._pending_state or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Called by Lightning on resume, before training starts; applied when it does."""
+        self._pending_state = dict(state_dict)
+        if self.driver is not None and not self.driver.engine.closed:
+            self.driver.load_state_dict(self._pending_state)
+
+    def close(self, status: str = "finished") -> None:
+        """Flush and close the run store (the end of training, or an exception, does this)."""
+        self._batch = None
+        if self.driver is not None:
+            self.driver.close(status=status)
+
+    # -- Lightning hooks -------------------------------------------------------------------------
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if not pl_module.automatic_optimization:
+            raise UsageError("TrainguardCallback drives Lightning's automatic optimization; with "
+                             "manual optimization call trainguard.Guard in training_step instead")
+        if len(trainer.optimizers) != 1:
+            raise UsageError(f"TrainguardCallback watches one optimizer, the module configures "
+                             f"{len(trainer.optimizers)}")
+        carried = self._pending_state
+        if self.driver is not None:  # a second fit() with the same callback keeps the baselines
+            carried = carried or self.driver.state_dict()
+            self.close()
+        optimizer = unwrap_optimizer(trainer.optimizers[0])
+        schedulers = [c.scheduler for c in trainer.lr_scheduler_configs
+                      if c.interval == "step" and not c.reduce_on_plateau]
+        config = dataclasses.replace(self.config, max_grad_norm=_clip_limit(trainer))
+        self.driver = StepDriver(pl_module, optimizer, config=config, run_dir=self.run_dir,
+                                 sinks=self.sinks,
+                                 scaler=getattr(trainer.precision_plugin, "scaler", None),
+                                 schedulers=schedulers, integration=_trainer_name(trainer),
+                                 resumed=bool(carried or trainer.global_step))
+        if carried:
+            self.driver.load_state_dict(carried)
+        elif trainer.global_step:
+            self.driver.load_state_dict({**self.driver.engine.state_dict(),
+                                         "step": trainer.global_step})
+        self._pending_state = None
+        self._loss = None
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        self._batch = batch  # a reference, for crash snapshots
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+        if self.driver is None:
+            return
+        try:
+            value = loss.detach().reshape(()).float()
+            scale = getattr(self.driver.scaler, "_scale", None)
+            if isinstance(scale, torch.Tensor):  # float16 AMP hands over the scaled loss
+                value = value / scale.to(value.device)
+            self._loss = value if self._loss is None else self._loss + value
+        except Exception as exc:  # the loss is optional; gradients are still checked
+            if not self._loss_failed:
+                self._loss_failed = True
+                log.error("trainguard: could not read the loss (%s: %s)", type(exc).__name__, exc)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.driver is None:
+            return
+        loss, self._loss = self._loss, None
+        self.driver.before_step(loss, batch=self._batch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.driver is None:
+            return
+        report = self.driver.after_step()  # None while gradients are being accumulated
+        if report is not None:
+            self.last_report = report
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.close(status="finished")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.close(status="halted" if isinstance(exception, TrainingDiverged) else "crashed")

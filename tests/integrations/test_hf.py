@@ -1,0 +1,295 @@
+"""TrainguardCallback driving real transformers.Trainer runs on a tiny GPT-2 (and a PEFT LoRA)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import peft
+import pytest
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from trainguard import GuardConfig, RunReader, TrainingDiverged, UsageError, load_snapshot
+from trainguard.events import StepReport
+from trainguard.hf import TrainguardCallback
+from trainguard.sinks import Sink
+
+QUIET = {"console": False}
+
+
+class Recorder(Sink):
+    def __init__(self) -> None:
+        self.reports: list[StepReport] = []
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+
+
+class PoisonForward:
+    """Forward hook on a module: multiplies its output by NaN on chosen training forwards."""
+
+    def __init__(self, module: nn.Module, at: set[int]) -> None:
+        self.at = at
+        self.calls = 0
+        module.register_forward_hook(self)
+
+    def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor | None:
+        if not module.training:
+            return None
+        index, self.calls = self.calls, self.calls + 1
+        return output * float("nan") if index in self.at else None
+
+
+def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+def token_data(n: int = 64, length: int = 16, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    items = []
+    for _ in range(n):
+        ids = torch.randint(0, 64, (length,), generator=generator)
+        items.append({"input_ids": ids, "labels": ids.clone()})
+    return items
+
+
+def make_args(tmp_path: Path, **overrides: Any) -> TrainingArguments:
+    options: dict[str, Any] = {
+        "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "max_steps": 8,
+        "learning_rate": 1e-3, "report_to": "none", "save_strategy": "no", "logging_steps": 1,
+        "use_cpu": True, "disable_tqdm": True, "seed": 0}
+    options.update(overrides)
+    return TrainingArguments(**options)
+
+
+def all_finite(model: nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def trainer_losses(trainer: Trainer) -> list[float]:
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_nan_step_is_detected_skipped_and_training_continues(tmp_path: Path) -> None:
+    model = tiny_gpt2()
+    PoisonForward(model.transformer.wte, at={5})
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    args = make_args(tmp_path)
+    trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[callback])
+    trainer.train()
+
+    assert [r.step for r in recorder.reports] == list(range(8))
+    bad = recorder.reports[5]
+    assert bad.action == "skipped"
+    assert math.isnan(bad.loss), "the loss comes from the model output, not the Trainer's log"
+    assert {"nonfinite_loss", "nonfinite_grad"} <= {e.kind for e in bad.events}
+    assert all(e.step == 5 for e in callback.events)
+    assert all(r.action in ("applied", "clipped") for i, r in enumerate(recorder.reports) if i != 5)
+    assert all(math.isfinite(r.loss) for i, r in enumerate(recorder.reports) if i != 5)
+    assert all_finite(model)
+    # the scheduler was rewound: the step after the skip runs at the skipped step's LR
+    assert recorder.reports[6].lr == pytest.approx(recorder.reports[5].lr)
+    assert recorder.reports[5].lr < recorder.reports[4].lr
+    # the Trainer gets its clipping setting back
+    assert args.max_grad_norm == 1.0
+    assert callback.driver is not None and callback.driver.engine.closed
+
+
+def test_the_same_run_without_the_callback_ends_with_nan_weights(tmp_path: Path) -> None:
+    model = tiny_gpt2()
+    PoisonForward(model.transformer.wte, at={5})
+    trainer = Trainer(model=model, args=make_args(tmp_path), train_dataset=token_data())
+    trainer.train()
+
+    assert not all_finite(model)
+    # with logging_nan_inf_filter (the default) the Trainer logs only finite losses meanwhile
+    assert len(trainer_losses(trainer)) == 8
+    assert all(math.isfinite(loss) for loss in trainer_losses(trainer))
+
+
+def test_clipping_is_taken_over_at_the_trainer_limit(tmp_path: Path) -> None:
+    """trainguard clips where the Trainer would have: same limit, same weights."""
+    reference = tiny_gpt2()
+    Trainer(model=reference, args=make_args(tmp_path, max_grad_norm=0.5, max_steps=6),
+            train_dataset=token_data()).train()
+
+    model = tiny_gpt2()
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(max_grad_norm=3.0, **QUIET), sinks=[recorder])
+    args = make_args(tmp_path, max_grad_norm=0.5, max_steps=6)
+    trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[callback])
+    trainer.train()
+
+    assert args.max_grad_norm == 0.5
+    assert callback.driver is not None and callback.driver.config.max_grad_norm == 0.5
+    norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    assert [r.grad_norm for r in recorder.reports] == pytest.approx(norms, rel=1e-5)
+    assert all(r.grad_norm > 0.5 and r.action == "clipped" for r in recorder.reports)
+    assert [r.clip_coef for r in recorder.reports] == pytest.approx(
+        [0.5 / (n + 1e-6) for n in norms], rel=1e-6)
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters(),
+                                    strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_no_clipping_when_the_trainer_has_none(tmp_path: Path) -> None:
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    args = make_args(tmp_path, max_grad_norm=0.0, max_steps=3, learning_rate=1e-2)
+    Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+            callbacks=[callback]).train()
+    assert callback.driver is not None and callback.driver.config.max_grad_norm is None
+    assert [r.action for r in recorder.reports] == ["applied"] * 3
+    assert args.max_grad_norm == 0.0
+
+
+class PlainLoss(nn.Module):
+    """A model whose forward takes no **kwargs: the Trainer averages its micro-batch losses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = tiny_gpt2()
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.gpt(input_ids=input_ids, labels=labels).loss}
+
+
+@pytest.mark.parametrize("kind", ["token_normalised", "averaged"])
+def test_gradient_accumulation_checks_once_per_optimizer_step(tmp_path: Path, kind: str) -> None:
+    model: nn.Module = tiny_gpt2() if kind == "token_normalised" else PlainLoss()
+    embedding = model.transformer.wte if kind == "token_normalised" else model.gpt.transformer.wte
+    poison = PoisonForward(embedding, at={5})  # micro-batch 5 = second half of optimizer step 2
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    args = make_args(tmp_path, gradient_accumulation_steps=2, max_steps=4)
+    trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[callback])
+    trainer.train()
+
+    assert poison.calls == 8
+    assert [r.step for r in recorder.reports] == [0, 1, 2, 3]
+    assert [r.action for r in recorder.reports][2] == "skipped"
+    assert all(e.step == 2 for e in callback.events)
+    # the reported loss is the step's accumulated loss, the one the Trainer logs
+    logged = trainer_losses(trainer)
+    for i in (0, 1, 3):
+        assert recorder.reports[i].loss == pytest.approx(logged[i], rel=1e-5)
+    assert all_finite(model)
+
+
+def test_halt_policy_writes_a_snapshot_and_raises(tmp_path: Path) -> None:
+    model = tiny_gpt2()
+    PoisonForward(model.transformer.wte, at={3})
+    callback = TrainguardCallback(GuardConfig(policy="halt", **QUIET), run_dir=tmp_path / "run")
+    args = make_args(tmp_path)
+    trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[callback])
+    with pytest.raises(TrainingDiverged) as caught:
+        trainer.train()
+
+    assert caught.value.report is not None and caught.value.report.step == 3
+    assert caught.value.snapshot_path is not None
+    snapshot = load_snapshot(caught.value.snapshot_path)
+    assert snapshot["step"] == 3
+    assert tuple(snapshot["batch"]["input_ids"].shape) == (4, 16)
+    assert all(torch.isfinite(v).all() for v in snapshot["model"].values()
+               if v.is_floating_point())
+    assert args.max_grad_norm == 1.0, "the Trainer's clipping is given back on halt too"
+    reader = RunReader(tmp_path / "run")
+    assert reader.meta()["status"] == "halted"
+    assert reader.meta()["integration"] == "transformers.Trainer"
+    reader.close()
+
+
+def test_run_store_records_every_step(tmp_path: Path) -> None:
+    callback = TrainguardCallback(GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    Trainer(model=tiny_gpt2(), args=make_args(tmp_path, max_steps=4), train_dataset=token_data(),
+            callbacks=[callback]).train()
+    reader = RunReader(tmp_path / "run")
+    assert [s["step"] for s in reader.steps()] == [0, 1, 2, 3]
+    assert reader.meta()["status"] == "finished"
+    reader.close()
+
+
+def test_peft_lora_names_adapter_parameters_and_watches_only_them(tmp_path: Path) -> None:
+    base = tiny_gpt2()
+    frozen_before = {n: p.detach().clone() for n, p in base.named_parameters()}
+    model = peft.get_peft_model(base, peft.LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["c_attn"], fan_in_fan_out=True,
+        task_type="CAUSAL_LM"))
+    PoisonForward(base.transformer.wte, at={3})
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    trainer = Trainer(model=model, args=make_args(tmp_path, max_steps=6),
+                      train_dataset=token_data(), callbacks=[callback])
+    trainer.train()
+
+    assert callback.driver is not None
+    watched = callback.driver.engine.watched.names
+    assert len(watched) == 4
+    assert all(("lora_A" in n or "lora_B" in n) for n in watched)
+    assert recorder.reports[3].action == "skipped"
+    grad_event = next(e for e in callback.events if e.kind == "nonfinite_grad")
+    assert grad_event.step == 3
+    assert grad_event.param is not None and "lora_A" in grad_event.param
+    assert grad_event.details["params"] == watched
+    assert "lora_" in grad_event.message
+    assert all_finite(model)
+    for name, param in base.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(param, frozen_before[name.replace("base_layer.", "")]), name
+
+
+def test_bad_config_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="GuardConfig"):
+        TrainguardCallback(config={"policy": "protect"})  # type: ignore[arg-type]
+
+
+def test_resumed_training_continues_the_step_count_and_the_baselines(tmp_path: Path) -> None:
+    first = TrainguardCallback(GuardConfig(**QUIET))
+    args = make_args(tmp_path, max_steps=4, save_strategy="steps", save_steps=4)
+    Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+            callbacks=[first]).train()
+    saved = first.state_dict()
+    assert saved["step"] == 4
+    checkpoint = tmp_path / "out" / "checkpoint-4"
+    assert checkpoint.is_dir()
+
+    # the Trainer's own checkpoint: the step count follows its global step
+    recorder = Recorder()
+    plain = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    Trainer(model=tiny_gpt2(), args=make_args(tmp_path, max_steps=6), train_dataset=token_data(),
+            callbacks=[plain]).train(resume_from_checkpoint=str(checkpoint))
+    assert [r.step for r in recorder.reports] == [4, 5]
+
+    # with the guard's state restored too, the detectors keep their baselines
+    restored = TrainguardCallback(GuardConfig(**QUIET))
+    restored.load_state_dict(saved)
+    assert restored.state_dict() == saved
+    Trainer(model=tiny_gpt2(), args=make_args(tmp_path, max_steps=6), train_dataset=token_data(),
+            callbacks=[restored]).train(resume_from_checkpoint=str(checkpoint))
+    values = restored.state_dict()["detectors"]["loss_spike"]["baseline"]["values"]
+    assert len(values) == 6
+    assert values[:4] == saved["detectors"]["loss_spike"]["baseline"]["values"]
+
+
+def test_a_second_train_call_keeps_the_baselines_and_gives_clipping_back(tmp_path: Path) -> None:
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    args = make_args(tmp_path, max_steps=3, max_grad_norm=0.7)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+                      callbacks=[callback])
+    trainer.train()
+    first = callback.state_dict()
+    trainer.train()
+
+    assert args.max_grad_norm == 0.7
+    assert callback.driver is not None and callback.driver.config.max_grad_norm == 0.7
+    assert [r.step for r in recorder.reports] == [0, 1, 2, 3, 4, 5]
+    values = callback.state_dict()["detectors"]["loss_spike"]["baseline"]["values"]
+    assert values[:3] == first["detectors"]["loss_spike"]["baseline"]["values"]

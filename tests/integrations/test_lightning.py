@@ -1,0 +1,213 @@
+"""TrainguardCallback driving real Lightning Trainers, under both Lightning namespaces."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from trainguard import GuardConfig, TrainingDiverged, UsageError
+from trainguard.events import StepReport
+from trainguard.lightning import NAMESPACES, TrainguardCallback
+from trainguard.sinks import Sink
+
+QUIET = {"console": False}
+LR = 1e-2
+
+
+class Recorder(Sink):
+    def __init__(self) -> None:
+        self.reports: list[StepReport] = []
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+
+
+@pytest.fixture(params=["lightning.pytorch", "pytorch_lightning"])
+def pl(request: pytest.FixtureRequest) -> ModuleType:
+    if request.param not in NAMESPACES:
+        pytest.skip(f"{request.param} is not installed")
+    return importlib.import_module(request.param)
+
+
+def regression_module(pl: ModuleType, *, poison_at: set[int] | None = None,
+                      manual: bool = False) -> Any:
+    """A small regression model; `poison_at` are micro-batch indices whose loss becomes NaN."""
+
+    class Regression(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+            self.micro_losses: list[float] = []
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            self.micro_losses.append(float(loss.detach()))
+            if poison_at and len(self.micro_losses) - 1 in poison_at:
+                loss = loss * float("nan")
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.AdamW(self.parameters(), lr=LR)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (1 + s))
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    return Regression()
+
+
+def loader(batches: int = 16) -> torch.utils.data.DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8 * batches, 8, generator=generator)
+    y = x.sum(1, keepdim=True)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+
+
+def make_trainer(pl: ModuleType, tmp_path: Path, callback: Any, **overrides: Any) -> Any:
+    options: dict[str, Any] = {
+        "max_steps": 8, "accelerator": "cpu", "logger": False, "enable_checkpointing": False,
+        "enable_progress_bar": False, "enable_model_summary": False,
+        "default_root_dir": str(tmp_path), "callbacks": [callback]}
+    options.update(overrides)
+    return pl.Trainer(**options)
+
+
+def all_finite(module: nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
+def test_one_class_is_a_callback_of_every_installed_namespace() -> None:
+    callback = TrainguardCallback(GuardConfig(**QUIET))
+    assert NAMESPACES, "at least one Lightning namespace is installed for these tests"
+    for name in NAMESPACES:
+        assert isinstance(callback, importlib.import_module(name).Callback)
+
+
+def test_nan_step_is_detected_skipped_and_training_continues(pl: ModuleType,
+                                                             tmp_path: Path) -> None:
+    module = regression_module(pl, poison_at={3})
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    trainer = make_trainer(pl, tmp_path, callback)
+    trainer.fit(module, loader())
+
+    assert [r.step for r in recorder.reports] == list(range(8))
+    assert recorder.reports[3].action == "skipped"
+    assert math.isnan(recorder.reports[3].loss)
+    assert {"nonfinite_loss", "nonfinite_grad"} <= {e.kind for e in callback.events}
+    assert all(e.step == 3 for e in callback.events)
+    grad_event = next(e for e in callback.events if e.kind == "nonfinite_grad")
+    assert grad_event.param == "net.0.weight"
+    assert all(r.action == "applied" for i, r in enumerate(recorder.reports) if i != 3)
+    assert all_finite(module)
+    # 8 optimizer steps, one skipped: the step-interval schedule advanced 7 times, not 8
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(LR / (1 + 7))
+    assert recorder.reports[4].lr == pytest.approx(recorder.reports[3].lr)
+    assert callback.driver is not None and callback.driver.engine.closed
+
+
+def test_without_the_callback_the_same_run_ends_with_nan_weights(pl: ModuleType,
+                                                                 tmp_path: Path) -> None:
+    module = regression_module(pl, poison_at={3})
+    options = {"max_steps": 8, "accelerator": "cpu", "logger": False,
+               "enable_checkpointing": False, "enable_progress_bar": False,
+               "enable_model_summary": False, "default_root_dir": str(tmp_path)}
+    pl.Trainer(**options).fit(module, loader())
+    assert not all_finite(module)
+
+
+def test_gradient_accumulation_checks_once_per_optimizer_step(pl: ModuleType,
+                                                              tmp_path: Path) -> None:
+    module = regression_module(pl, poison_at={5})  # second half of optimizer step 2
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    trainer = make_trainer(pl, tmp_path, callback, max_steps=4, accumulate_grad_batches=2)
+    trainer.fit(module, loader())
+
+    assert len(module.micro_losses) == 8
+    assert [r.step for r in recorder.reports] == [0, 1, 2, 3]
+    assert [r.action for r in recorder.reports] == ["applied", "applied", "skipped", "applied"]
+    losses = module.micro_losses
+    for step in (0, 1, 3):  # the loss Lightning minimises: the mean over the micro-batches
+        expected = (losses[2 * step] + losses[2 * step + 1]) / 2
+        assert recorder.reports[step].loss == pytest.approx(expected, rel=1e-5)
+    assert all_finite(module)
+
+
+def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path: Path) -> None:
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    trainer = make_trainer(pl, tmp_path, callback, max_steps=4, gradient_clip_val=0.1)
+    trainer.fit(regression_module(pl), loader())
+    assert callback.driver is not None and callback.driver.config.max_grad_norm == 0.1
+    assert all(r.grad_norm > 0.1 for r in recorder.reports)
+    assert [r.action for r in recorder.reports] == ["clipped"] * 4
+    assert [r.clip_coef for r in recorder.reports] == pytest.approx(
+        [0.1 / (r.grad_norm + 1e-6) for r in recorder.reports])
+
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    make_trainer(pl, tmp_path, callback, max_steps=4).fit(regression_module(pl), loader())
+    assert callback.driver is not None and callback.driver.config.max_grad_norm is None
+    assert [r.action for r in recorder.reports] == ["applied"] * 4
+
+
+def test_state_round_trips_through_a_lightning_checkpoint(pl: ModuleType,
+                                                          tmp_path: Path) -> None:
+    first = TrainguardCallback(GuardConfig(**QUIET))
+    trainer = make_trainer(pl, tmp_path, first, max_steps=6)
+    trainer.fit(regression_module(pl), loader(batches=6))  # the checkpoint ends an epoch
+    path = tmp_path / "last.ckpt"
+    trainer.save_checkpoint(path)
+    saved = first.state_dict()
+    assert saved["step"] == 6
+    stored = torch.load(path, weights_only=True)["callbacks"]["TrainguardCallback"]
+    assert stored == saved
+
+    second = TrainguardCallback(GuardConfig(**QUIET))
+    recorder = Recorder()
+    second.sinks.append(recorder)
+    resumed = make_trainer(pl, tmp_path, second, max_steps=9)
+    resumed.fit(regression_module(pl), loader(batches=6), ckpt_path=str(path))
+
+    assert [r.step for r in recorder.reports] == [6, 7, 8]
+    state = second.state_dict()
+    assert state["step"] == 9
+    for kind in ("grad_explosion", "loss_spike"):
+        before = saved["detectors"][kind]["baseline"]["values"]
+        after = state["detectors"][kind]["baseline"]["values"]
+        assert len(before) == 6 and len(after) == 9
+        assert after[:6] == before, f"the {kind} baseline was carried over"
+
+
+def test_halt_policy_raises_through_fit(pl: ModuleType, tmp_path: Path) -> None:
+    callback = TrainguardCallback(GuardConfig(policy="halt", **QUIET), run_dir=tmp_path / "run")
+    trainer = make_trainer(pl, tmp_path, callback)
+    with pytest.raises(TrainingDiverged) as caught:
+        trainer.fit(regression_module(pl, poison_at={2}), loader())
+    assert caught.value.report is not None and caught.value.report.step == 2
+    assert caught.value.snapshot_path is not None and Path(caught.value.snapshot_path).is_file()
+    assert callback.driver is not None and callback.driver.engine.closed
+
+
+def test_manual_optimization_is_a_clear_error(pl: ModuleType, tmp_path: Path) -> None:
+    callback = TrainguardCallback(GuardConfig(**QUIET))
+    trainer = make_trainer(pl, tmp_path, callback)
+    with pytest.raises(UsageError, match="manual optimization"):
+        trainer.fit(regression_module(pl, manual=True), loader())
+
+
+def test_recover_policy_and_bad_configs_are_clear_errors() -> None:
+    with pytest.raises(UsageError, match=r"plain-loop trainguard\.Guard"):
+        TrainguardCallback(GuardConfig(policy="recover", **QUIET))
+    with pytest.raises(UsageError, match="GuardConfig"):
+        TrainguardCallback(config={"policy": "protect"})  # type: ignore[arg-type]
