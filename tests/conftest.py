@@ -41,3 +41,20 @@ def make_setup(lr: float = 3e-3, warmup: int = 20, total: int = 300, seed: int =
 @pytest.fixture
 def setup_factory() -> Callable[..., Setup]:
     return make_setup
+
+
+# -- schedules, for tests of code that rewinds or rescales them --------------------------------
+def lambda_setup() -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    param = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (1 + s))
+
+
+def advance(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+            ) -> None:
+    optimizer.step()  # no gradients: changes nothing, but keeps the scheduler's order check quiet
+    scheduler.step()
+
+
+def lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [float(g["lr"]) for g in optimizer.param_groups]

@@ -12,7 +12,14 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from trainguard import GuardConfig, RunReader, TrainingDiverged, UsageError, load_snapshot
+from trainguard import (
+    GuardConfig,
+    RecoveryConfig,
+    RunReader,
+    TrainingDiverged,
+    UsageError,
+    load_snapshot,
+)
 from trainguard.events import StepReport
 from trainguard.hf import TrainguardCallback
 from trainguard.sinks import Sink
@@ -100,6 +107,30 @@ def test_nan_step_is_detected_skipped_and_training_continues(tmp_path: Path) -> 
     # the Trainer gets its clipping setting back
     assert args.max_grad_norm == 1.0
     assert callback.driver is not None and callback.driver.engine.closed
+
+
+def test_recover_policy_rolls_the_trainer_back_and_training_goes_on(tmp_path: Path) -> None:
+    model = tiny_gpt2()
+    PoisonForward(model.transformer.wte, at={9, 10, 11})
+    recorder = Recorder()
+    config = GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=4, confirm_steps=1),
+                         **QUIET)
+    callback = TrainguardCallback(config, sinks=[recorder])
+    args = make_args(tmp_path, max_steps=16, lr_scheduler_type="constant")
+    trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[callback])
+    trainer.train()
+
+    actions = [r.action for r in recorder.reports]
+    assert actions[9:12] == ["skipped", "skipped", "rolled_back"]
+    rollback = next(e for e in callback.events if e.kind == "rollback")
+    assert rollback.details["to_step"] == 8
+    assert all(a in ("applied", "clipped") for a in actions[12:])
+    assert all(math.isfinite(r.loss) for r in recorder.reports[12:])
+    assert all_finite(model)
+    # backed off to x0.1 of the constant LR, ramping back one step at a time
+    assert recorder.reports[12].lr == pytest.approx(1e-4)
+    assert 1e-4 < recorder.reports[15].lr < 1e-3
+    assert callback.driver is not None and callback.driver.engine.max_grad_norm == 0.5
 
 
 def test_the_same_run_without_the_callback_ends_with_nan_weights(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainguard import GuardConfig, TrainingDiverged, UsageError
+from trainguard import GuardConfig, RecoveryConfig, TrainingDiverged, UsageError
 from trainguard.events import StepReport
 from trainguard.lightning import NAMESPACES, TrainguardCallback
 from trainguard.sinks import Sink
@@ -206,8 +206,28 @@ def test_manual_optimization_is_a_clear_error(pl: ModuleType, tmp_path: Path) ->
         trainer.fit(regression_module(pl, manual=True), loader())
 
 
-def test_recover_policy_and_bad_configs_are_clear_errors() -> None:
-    with pytest.raises(UsageError, match=r"plain-loop trainguard\.Guard"):
-        TrainguardCallback(GuardConfig(policy="recover", **QUIET))
+def test_recover_policy_rolls_back_inside_fit(pl: ModuleType, tmp_path: Path) -> None:
+    """Three NaN steps in a row: the state is restored, the LR backed off, training goes on."""
+    module = regression_module(pl, poison_at={9, 10, 11})
+    recorder = Recorder()
+    config = GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=4, confirm_steps=1),
+                         **QUIET)
+    callback = TrainguardCallback(config, sinks=[recorder])
+    trainer = make_trainer(pl, tmp_path, callback, max_steps=16)
+    trainer.fit(module, loader())
+
+    actions = [r.action for r in recorder.reports]
+    assert actions[9:12] == ["skipped", "skipped", "rolled_back"]
+    rollback = next(e for e in callback.events if e.kind == "rollback")
+    assert rollback.details["to_step"] == 8
+    assert all(a in ("applied", "clipped") for a in actions[12:])  # clipping now at 0.5
+    assert all_finite(module)
+    # the schedule went back to step 8 (the trainer's own scheduler step was rewound), under a
+    # backoff ramping from x0.1: LambdaLR at its 8th step is LR / 9
+    assert recorder.reports[12].lr == pytest.approx(0.1 * LR / 9, rel=0.05)
+    assert recorder.reports[15].lr < LR / 12
+
+
+def test_bad_configs_are_clear_errors() -> None:
     with pytest.raises(UsageError, match="GuardConfig"):
         TrainguardCallback(config={"policy": "protect"})  # type: ignore[arg-type]

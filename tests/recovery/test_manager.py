@@ -47,7 +47,7 @@ def test_damaged_weights_are_rolled_back_with_lr_backed_off_and_clipping_tighten
     assert reports[1].loss > 100 * typical
     assert max(r.loss for r in reports[back + 1:back + 6]) < 3 * typical
     assert guard.engine.max_grad_norm == 0.5
-    pure = w.scheduler.get_last_lr()[0]
+    pure = 1e-2 * min(1.0, (w.scheduler.last_epoch + 1) / 10)  # the plain schedule's LR
     assert 0.1 * pure <= w.optimizer.param_groups[0]["lr"] < pure
     guard.close()
 

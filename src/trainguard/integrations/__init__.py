@@ -4,10 +4,10 @@
     trainguard.lightning.TrainguardCallback   lightning.pytorch and pytorch_lightning
 
 Both run each optimizer step through the same engine pipeline as `trainguard.Guard`, through the
-shared driver in `trainguard.integrations._driver`. Importing this package imports neither
+shared `trainguard.driver.StepDriver`. Importing this package imports neither
 framework; each integration module imports only its own.
 """
 
-from trainguard.integrations._driver import scale_learning_rate
+from trainguard.recovery.lr import scale_learning_rate
 
 __all__ = ["scale_learning_rate"]

@@ -31,9 +31,10 @@ import torch
 from torch import nn
 
 from trainguard.config import GuardConfig
+from trainguard.driver import StepDriver
 from trainguard.errors import TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
-from trainguard.integrations._driver import StepDriver, callback_config, unwrap_optimizer
+from trainguard.integrations._driver import callback_config, unwrap_optimizer
 from trainguard.sinks import Sink
 
 try:
@@ -170,7 +171,7 @@ class TrainguardCallback(TrainerCallback):
                                      config=dataclasses.replace(self.config, max_grad_norm=limit),
                                      run_dir=self.run_dir, sinks=self.sinks,
                                      scaler=getattr(optimizer, "scaler", None),
-                                     schedulers=[lr_scheduler],
+                                     scheduler=lr_scheduler, rewind_schedulers=[lr_scheduler],
                                      integration="transformers.Trainer",
                                      resumed=bool(carried or state.global_step))
         except BaseException:

@@ -33,9 +33,10 @@ from typing import Any
 import torch
 
 from trainguard.config import GuardConfig
+from trainguard.driver import StepDriver
 from trainguard.errors import TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
-from trainguard.integrations._driver import StepDriver, callback_config, unwrap_optimizer
+from trainguard.integrations._driver import callback_config, unwrap_optimizer
 from trainguard.sinks import Sink
 
 log = logging.getLogger("trainguard")
@@ -139,7 +140,8 @@ class TrainguardCallback(*_BASES):  # type: ignore[misc]
         self.driver = StepDriver(pl_module, optimizer, config=config, run_dir=self.run_dir,
                                  sinks=self.sinks,
                                  scaler=getattr(trainer.precision_plugin, "scaler", None),
-                                 schedulers=schedulers, integration=_trainer_name(trainer),
+                                 scheduler=schedulers[0] if schedulers else None,
+                                 rewind_schedulers=schedulers, integration=_trainer_name(trainer),
                                  resumed=bool(carried or trainer.global_step))
         if carried:
             self.driver.load_state_dict(carried)

@@ -1,94 +1,102 @@
 """Learning-rate backoff after a rollback: a factor on top of whatever the scheduler sets.
 
 The factor starts at `start` and ramps linearly back to `ceiling` over `ramp_steps` applied
-updates. It is taken off before `scheduler.step()` and put back after it, so chainable schedulers
-(which read the current LR) and closed-form ones (LambdaLR, which recompute from `base_lrs`) both
-see the LR of the plain schedule and the backoff never compounds.
+updates. It is applied by scaling both the optimizer's LR and the schedulers' `base_lrs`
+(`scale_learning_rate`), so it survives closed-form schedulers (LambdaLR and friends recompute the
+LR from `base_lrs`) and chainable ones (which start from the current LR) alike, whoever calls
+`scheduler.step()`: the plain-loop Guard or a framework trainer.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from trainguard.errors import UsageError
+
+
+def set_lr(group: dict[str, Any], value: Any) -> None:
+    current = group["lr"]
+    if isinstance(current, torch.Tensor):  # capturable optimizers keep the LR as a tensor
+        current.copy_(value)
+    else:
+        group["lr"] = value
+
+
+def scale_learning_rate(optimizer: torch.optim.Optimizer, schedulers: Iterable[Any],
+                        factor: float) -> None:
+    """Multiply the learning rate by `factor` so that the change survives the next scheduler step.
+
+    `LambdaLR` (and every closed-form scheduler) recomputes lr = base_lr * f(step) from its
+    `base_lrs`, so changing `param_groups` alone is undone at the next step: scale both, and the
+    `initial_lr` a resumed scheduler rebuilds its base from.
+    """
+    if (not isinstance(factor, (int, float)) or isinstance(factor, bool)
+            or not math.isfinite(factor) or not factor > 0):
+        raise UsageError(f"the learning-rate factor must be a finite number > 0, got {factor!r}")
+    for group in optimizer.param_groups:
+        set_lr(group, group["lr"] * factor)
+        if "initial_lr" in group:
+            group["initial_lr"] = group["initial_lr"] * factor
+    for scheduler in schedulers:
+        if isinstance(getattr(scheduler, "base_lrs", None), list):
+            scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+        if isinstance(getattr(scheduler, "_last_lr", None), list):
+            scheduler._last_lr = [lr * factor for lr in scheduler._last_lr]
+
 
 class LRBackoff:
-    def __init__(self, optimizers: list[torch.optim.Optimizer], ramp_steps: int) -> None:
+    def __init__(self, optimizers: list[torch.optim.Optimizer], schedulers: list[Any],
+                 ramp_steps: int) -> None:
         self.optimizers = optimizers
+        self.schedulers = schedulers
         self.ramp_steps = ramp_steps
         self.start = 1.0
         self.ceiling = 1.0
         self.progress = 0
-        self._pure: list[float] = []
-        """The schedule's own LR of every param group while a factor is applied."""
-        self._set: list[float] = []
-        """The LR we wrote, to tell whether user code changed it since."""
-
-    @property
-    def active(self) -> bool:
-        return bool(self._pure)
+        self.active = False
 
     def factor(self) -> float:
+        """The factor in force now (1.0 when no backoff is on)."""
+        if not self.active:
+            return 1.0
         if self.ramp_steps == 0 or self.progress >= self.ramp_steps:
             return self.ceiling
         return self.start + (self.ceiling - self.start) * self.progress / self.ramp_steps
 
-    def begin(self, start: float, ceiling: float, pure_lrs: list[float]) -> None:
-        """Start a backoff from `start` towards `ceiling`, on top of the schedule's `pure_lrs`."""
-        self.start, self.ceiling, self.progress = start, ceiling, 0
-        self._pure = list(pure_lrs)
-        self._apply()
+    def begin(self, start: float, ceiling: float, applied: float) -> None:
+        """Start a backoff from `start` towards `ceiling`. `applied` is the factor the current
+        learning rates already carry (that of a restored state taken during an earlier backoff)."""
+        self.start, self.ceiling, self.progress, self.active = start, ceiling, 0, True
+        self._rescale(self.factor() / applied)
 
-    def pure_lrs(self) -> list[float]:
-        """The LR the schedule alone would use, per param group."""
-        if self.active:
-            self._take_off()
-            lrs = list(self._pure)
-            self._apply()
-            return lrs
-        return [float(g["lr"]) for g in self._groups()]
-
-    def around_scheduler_step(self, scheduler: Any) -> None:
-        """Replace `scheduler.step()` on an applied update: the schedule moves on, the ramp too."""
+    def step(self) -> None:
+        """After the scheduler step of an applied update: move the ramp on by one step."""
         if not self.active:
-            if scheduler is not None:
-                scheduler.step()
             return
-        self._take_off()
-        if scheduler is not None:
-            scheduler.step()
-        self._pure = [float(g["lr"]) for g in self._groups()]
+        before = self.factor()
         self.progress += 1
-        if self.factor() == 1.0 and self.progress >= self.ramp_steps:
-            self._pure, self._set = [], []  # fully ramped back to the plain schedule
+        after = self.factor()
+        if after != before:
+            self._rescale(after / before)
+        if after == 1.0 and self.progress >= self.ramp_steps:
+            self.active = False  # fully back on the plain schedule: nothing more to do per step
+
+    def _rescale(self, ratio: float) -> None:
+        if ratio == 1.0:
             return
-        self._apply()
-
-    def _groups(self) -> list[dict[str, Any]]:
-        return [g for opt in self.optimizers for g in opt.param_groups]
-
-    def _take_off(self) -> None:
-        factor = self.factor()
-        for i, group in enumerate(self._groups()):
-            if i < len(self._set) and group["lr"] != self._set[i]:  # changed by user code
-                self._pure[i] = float(group["lr"]) / factor
-            group["lr"] = self._pure[i]
-
-    def _apply(self) -> None:
-        factor = self.factor()
-        self._set = []
-        for i, group in enumerate(self._groups()):
-            group["lr"] = self._pure[i] * factor
-            self._set.append(group["lr"])
+        for i, optimizer in enumerate(self.optimizers):  # each scheduler is scaled once
+            scale_learning_rate(optimizer, self.schedulers if i == 0 else [], ratio)
 
     def state_dict(self) -> dict[str, Any]:
         return {"start": self.start, "ceiling": self.ceiling, "progress": self.progress,
-                "pure": list(self._pure), "set": list(self._set)}
+                "active": self.active}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.start = float(state["start"])
         self.ceiling = float(state["ceiling"])
         self.progress = int(state["progress"])
-        self._pure = [float(v) for v in state["pure"]]
-        self._set = [float(v) for v in state["set"]]
+        self.active = bool(state["active"])

@@ -34,11 +34,14 @@ class Recovery:
         self.model = model
         self.optimizers = optimizers
         self.scheduler = scheduler
+        """Restored with the rest; whoever steps it (the Guard, a trainer) calls `after_schedule`
+        after each applied update so the LR backoff moves on."""
         self.scaler = scaler
         self.config = config.recovery
         self.ring = GoodStateRing(self.config.ring_size, self.config.confirm_steps)
         self.controller = RecoveryController(self.config, config.detectors, config.sample_every)
-        self.lr = LRBackoff(optimizers, self.config.lr_ramp_steps)
+        self.lr = LRBackoff(optimizers, [scheduler] if scheduler is not None else [],
+                            self.config.lr_ramp_steps)
         self.skipped_data: set[Any] = set()
         """Data ids the rollbacks blamed; `SkippingSampler` and resumable pipelines skip them."""
         self.rolled_back_steps = 0
@@ -80,9 +83,9 @@ class Recovery:
         self.ring.observe(flag=flag, calm=calm)
         return verdict
 
-    def step_scheduler(self) -> None:
-        """The scheduler step of an applied update, with any LR backoff kept on top."""
-        self.lr.around_scheduler_step(self.scheduler)
+    def after_schedule(self) -> None:
+        """After the scheduler step of an applied update: the LR backoff ramps on by a step."""
+        self.lr.step()
 
     def after_applied(self) -> None:
         """After an applied update: offer the new state to the ring at its interval."""
@@ -110,7 +113,7 @@ class Recovery:
         restore(target, model=self.model, optimizers=self.optimizers, scheduler=self.scheduler,
                 scaler=self.scaler)
         self.engine.restore_detectors(target.guard)
-        self.lr.begin(ceiling * self.config.lr_backoff, ceiling, target.extra["pure_lrs"])
+        self.lr.begin(ceiling * self.config.lr_backoff, ceiling, target.extra["lr_factor"])
         limit = self.config.max_grad_norm
         current = self.engine.max_grad_norm
         self.engine.max_grad_norm = limit if current is None else min(current, limit)
@@ -141,7 +144,7 @@ class Recovery:
         return capture(step=self.engine.step, model=self.model, optimizers=self.optimizers,
                        scheduler=self.scheduler, scaler=self.scaler,
                        guard_state=self.engine.detector_state(),
-                       extra={"pure_lrs": self.lr.pure_lrs()}, reuse=reuse)
+                       extra={"lr_factor": self.lr.factor()}, reuse=reuse)
 
     def state_dict(self) -> dict[str, Any]:
         """Judgement, backoff and skip list (the saved states themselves stay in memory)."""

@@ -1,0 +1,101 @@
+"""`BatchWatch`: the batch inspector run along training, with its memory of earlier batches.
+
+Cheap checks (the batch size, from shapes alone) run every step. The full inspection runs on the
+first step, on sampled steps (its statistics then travel inside the step's one transfer) and on
+any step with an event. Each finding is reported once, until it goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from trainguard.diagnose.batch import (
+    BatchHistory,
+    BatchStatsOnDevice,
+    FieldStats,
+    batch_size_of,
+    describe_batch,
+    inspect_batch,
+)
+from trainguard.diagnose.finding import Finding
+from trainguard.events import Event
+
+log = logging.getLogger("trainguard")
+
+
+class BatchWatch:
+    def __init__(self, model: nn.Module, expected_batch_size: int | None) -> None:
+        self.model = model
+        self.expected_batch_size = expected_batch_size
+        self._reference_batch_size: int | None = None
+        self._short_steps = 0
+        self._history = BatchHistory()
+        self._active: set[str] = set()
+
+    def stats_on_device(self, batch: Any) -> BatchStatsOnDevice | None:
+        """Per-field statistics computed on the device, to travel with the step's transfer."""
+        try:
+            stats = BatchStatsOnDevice(batch)
+        except Exception as exc:  # inspection is advisory
+            log.error("trainguard: batch statistics failed (%s: %s)", type(exc).__name__, exc)
+            return None
+        return stats if stats.tensor is not None else None
+
+    def events(self, batch: Any, step: int, fired: bool,
+               stats: list[FieldStats] | None) -> list[Event]:
+        """The batch events of one step (never raises)."""
+        events: list[Event] = []
+        try:
+            truncated = self._size_event(batch, step)
+            if truncated is not None:
+                events.append(truncated)
+            if stats is None:
+                if not fired:
+                    return events
+                stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
+            findings = inspect_batch(batch, model=self.model, history=self._history,
+                                     stats=stats)
+            current = {f.check for f in findings}
+            events.extend(finding_event(f, step) for f in findings if f.check not in self._active)
+            self._active = current
+            if not findings:
+                self._history.update(stats)
+        except Exception as exc:  # inspection is advisory; never stop training for it
+            log.error("trainguard: batch inspection failed at step %d (%s: %s)", step,
+                      type(exc).__name__, exc)
+        return events
+
+    def fatal(self, batch: Any, step: int) -> tuple[list[Finding], Event | None]:
+        """Inspect a batch before the forward pass: its findings, and the event of a fault the
+        model cannot take (token ids beyond the embedding table), if any."""
+        findings = inspect_batch(batch, model=self.model,
+                                 expected_batch_size=self.expected_batch_size)
+        fatal = [f for f in findings if f.check == "batch_token_ids"]
+        return findings, (finding_event(fatal[0], step, severity="error") if fatal else None)
+
+    def _size_event(self, batch: Any, step: int) -> Event | None:
+        size = batch_size_of(batch)
+        if size is None:
+            return None
+        if self._reference_batch_size is None:
+            self._reference_batch_size = self.expected_batch_size or size
+        short = size < self._reference_batch_size
+        self._short_steps = self._short_steps + 1 if short else 0
+        if self._short_steps != 2:  # one short batch is an epoch's tail; two are not
+            return None
+        return Event(kind="batch_size", step=step, severity="warning",
+                     message=f"batches hold {size} samples where {self._reference_batch_size} "
+                             "were configured: they are being silently truncated",
+                     value=float(size), details={"cause": "batch_truncated",
+                                                 "expected": self._reference_batch_size})
+
+
+def finding_event(finding: Finding, step: int, severity: str | None = None) -> Event:
+    return Event(kind=finding.check, step=step,
+                 severity=severity or finding.severity,  # type: ignore[arg-type]
+                 message=f"{finding.message} Fix: {finding.fix}",
+                 param=finding.evidence.get("field"),
+                 details={"cause": finding.cause, **finding.evidence})

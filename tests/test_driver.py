@@ -1,0 +1,156 @@
+"""The step driver shared by the Guard and the framework callbacks, run by hand the way a trainer
+runs it (the trainer steps its optimizer and scheduler whatever the driver decided)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainguard import GuardConfig, RecoveryConfig, TrainingDiverged, UsageError, load_snapshot
+from trainguard.driver import ScheduleRewind, StepDriver
+
+from .conftest import Setup, advance, lambda_setup, lrs, make_setup
+
+QUIET = {"console": False}
+
+
+def trainer_step(driver: StepDriver, setup: Setup, loss: torch.Tensor) -> None:
+    """What a trainer does around its optimizer step, with the driver's two calls."""
+    loss.backward()
+    driver.before_step(loss)
+    setup.optimizer.step()
+    if setup.scheduler is not None:
+        setup.scheduler.step()
+    driver.after_step()
+    setup.optimizer.zero_grad(set_to_none=True)
+
+
+def test_schedule_rewind_undoes_a_scheduler_step() -> None:
+    optimizer, scheduler = lambda_setup()
+    advance(optimizer, scheduler)
+    before = (copy.deepcopy(scheduler.state_dict()), lrs(optimizer))
+    rewind = ScheduleRewind(optimizer, [scheduler])
+    rewind.remember()
+    advance(optimizer, scheduler)
+    assert lrs(optimizer) != before[1]
+    rewind.restore()
+    assert lrs(optimizer) == before[1]
+    assert scheduler.state_dict() == before[0]
+    advance(optimizer, scheduler)  # the schedule goes on from where it was
+    assert lrs(optimizer) == pytest.approx([0.1 / 3])
+
+
+def test_schedule_rewind_restores_a_tensor_learning_rate_in_place() -> None:
+    param = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.Adam([param], lr=torch.tensor(0.01))
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    lr_tensor = optimizer.param_groups[0]["lr"]
+    rewind = ScheduleRewind(optimizer, [scheduler])
+    rewind.remember()
+    advance(optimizer, scheduler)
+    rewind.restore()
+    assert optimizer.param_groups[0]["lr"] is lr_tensor
+    assert float(lr_tensor) == pytest.approx(0.01)
+
+
+def test_skipped_step_leaves_weights_optimizer_and_schedule_untouched() -> None:
+    setup = make_setup()
+    driver = StepDriver(setup.model, setup.optimizer, config=GuardConfig(**QUIET),
+                        scheduler=setup.scheduler,
+                        rewind_schedulers=[setup.scheduler])
+    for _ in range(3):
+        trainer_step(driver, setup, setup.model.loss(setup.batch()))
+    weights = copy.deepcopy(setup.model.state_dict())
+    state = copy.deepcopy(setup.optimizer.state_dict())
+    lr = lrs(setup.optimizer)
+    schedule = copy.deepcopy(setup.scheduler.state_dict())
+
+    loss = setup.model.loss(setup.batch()) * float("nan")
+    loss.backward()
+    decision = driver.before_step(loss)
+    assert decision is not None and decision.action == "skipped"
+    assert all(p.grad is None for p in setup.model.parameters())
+    setup.optimizer.step()  # the trainer steps anyway: nothing to apply
+    setup.scheduler.step()
+    report = driver.after_step()
+
+    assert report is not None and report.step == 3 and report.action == "skipped"
+    for name, value in setup.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    assert setup.optimizer.state_dict()["state"].keys() == state["state"].keys()
+    for key, entry in setup.optimizer.state_dict()["state"].items():
+        for name, value in entry.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(state["state"][key][name]))
+    assert lrs(setup.optimizer) == lr
+    assert setup.scheduler.state_dict() == schedule
+    assert driver.after_step() is None, "one report per checked step"
+    driver.close()
+
+
+def test_a_monitoring_failure_leaves_the_step_to_the_trainer_clipped() -> None:
+    setup = make_setup(warmup=0)
+    driver = StepDriver(setup.model, setup.optimizer,
+                        config=GuardConfig(max_grad_norm=1e-3, **QUIET))
+    loss = setup.model.loss(setup.batch())
+    loss.backward()
+    setup.optimizer.param_groups[0]["lr"] = "not a number"  # measure() cannot read it
+    assert driver.before_step(loss) is None
+    total = torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in setup.model.parameters()]))
+    assert float(total) == pytest.approx(1e-3, rel=1e-3)
+    assert [e.kind for e in driver.events] == ["monitor_error"]
+    assert driver.after_step() is None
+    assert driver.engine.step == 1
+    driver.close()
+
+
+def test_halt_writes_a_snapshot_from_before_the_update(tmp_path: Path) -> None:
+    setup = make_setup()
+    driver = StepDriver(setup.model, setup.optimizer, run_dir=tmp_path,
+                        config=GuardConfig(policy="halt", **QUIET), scheduler=setup.scheduler,
+                        rewind_schedulers=[setup.scheduler])
+    trainer_step(driver, setup, setup.model.loss(setup.batch()))
+    weights = copy.deepcopy(setup.model.state_dict())
+    batch = setup.batch()
+    loss = setup.model.loss(batch) * float("inf")
+    loss.backward()
+    with pytest.raises(TrainingDiverged) as caught:
+        driver.before_step(loss, batch=batch)
+    assert caught.value.snapshot_path == str(tmp_path / "crash_step1.pt")
+    snapshot = load_snapshot(tmp_path / "crash_step1.pt")
+    assert snapshot["step"] == 1
+    assert torch.equal(snapshot["batch"], batch)
+    for name, value in snapshot["model"].items():
+        assert torch.equal(value, weights[name]), name
+    assert all(p.grad is None for p in setup.model.parameters())
+    assert driver.engine.closed
+    with pytest.raises(UsageError, match="closed"):
+        driver.before_step(loss)
+
+
+def test_rollback_under_a_trainer_rewinds_its_scheduler_step_and_backs_the_lr_off() -> None:
+    setup = make_setup(warmup=4)
+    config = GuardConfig(policy="recover", recovery=RecoveryConfig(
+        ring_every=5, confirm_steps=1, rollback_after_skips=2), **QUIET)
+    driver = StepDriver(setup.model, setup.optimizer, config=config, scheduler=setup.scheduler,
+                        rewind_schedulers=[setup.scheduler])
+    for _ in range(12):
+        trainer_step(driver, setup, setup.model.loss(setup.batch()))
+    plain = [float(setup.scheduler.lr_lambdas[0](s)) * 3e-3 for s in range(20)]
+    for _ in range(2):
+        trainer_step(driver, setup, setup.model.loss(setup.batch()) * math.nan)
+    rollback = next(e for e in driver.events if e.kind == "rollback")
+    back_to = rollback.details["to_step"]
+    assert back_to == 10
+    # the trainer stepped the scheduler after the rollback; the driver put it back
+    assert setup.scheduler.last_epoch == back_to
+    assert lrs(setup.optimizer)[0] == pytest.approx(0.1 * plain[back_to])
+    trainer_step(driver, setup, setup.model.loss(setup.batch()))
+    assert lrs(setup.optimizer)[0] == pytest.approx(
+        (0.1 + 0.9 / config.recovery.lr_ramp_steps) * plain[back_to + 1])
+    assert all(torch.isfinite(p).all() for p in setup.model.parameters())
+    driver.close()
