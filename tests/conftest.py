@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -58,3 +59,15 @@ def advance(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_schedule
 
 def lrs(optimizer: torch.optim.Optimizer) -> list[float]:
     return [float(g["lr"]) for g in optimizer.param_groups]
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run a block with `count` torch threads (tiny models gain nothing from more, and slow down
+    badly when threads compete for a busy CPU), then restore the previous count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -29,6 +29,7 @@ from torch import nn
 
 from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding, preflight
+from trainguard.diagnose.batch import check_first_loss
 from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.diagnose.replay import LossFn, replay
@@ -166,6 +167,8 @@ class StepDriver:
             self._unguarded(exc)
             return None
         fired = bool(decision.events)
+        if batch is not None and self.config.inspect_batches and measurement.signals.step == 0:
+            self._check_first_loss(measurement.signals.loss, batch)
         if batch is not None and self.config.inspect_batches:
             known = (batch_stats.read(measurement.extra["batch"]) if batch_stats is not None
                      else None)
@@ -295,6 +298,21 @@ class StepDriver:
             for finding in self.findings:
                 if finding.severity != "info":
                     print(f"trainguard preflight {finding}", file=sys.stderr, flush=True)
+        if self.engine.store is not None:
+            self.engine.store.put_meta("preflight", [f.to_dict() for f in self.findings])
+
+    def _check_first_loss(self, loss: float | None, batch: Any) -> None:
+        """A runtime finding, like the preflight's: evidence for a diagnosis, not an event."""
+        try:
+            finding = check_first_loss(loss, batch, self.model)
+        except Exception as exc:  # advisory
+            log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if finding is None:
+            return
+        self.findings.append(finding)
+        if self.console:
+            print(f"trainguard check {finding}", file=sys.stderr, flush=True)
         if self.engine.store is not None:
             self.engine.store.put_meta("preflight", [f.to_dict() for f in self.findings])
 

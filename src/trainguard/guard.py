@@ -127,7 +127,9 @@ class Guard:
         return self.driver.check_batch(batch)
 
     def diagnose(self) -> list[RankedCause]:
-        """Ranked likely causes of what went wrong so far (empty for a healthy run)."""
+        """Ranked likely causes of what went wrong so far. When nothing did, the configuration
+        risks the audit found (flagged "no symptom detected", at most 50% confidence); empty for
+        a healthy run with a sane configuration."""
         return self.driver.diagnose()
 
     def close(self) -> None:

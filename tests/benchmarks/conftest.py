@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
+
+from ..conftest import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield

@@ -3,12 +3,16 @@ optimizer inside a trainer's wrappers, and validating the config a callback is g
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainguard.config import GuardConfig
+from trainguard.driver import StepDriver
 from trainguard.errors import UsageError
+from trainguard.events import Event, StepReport
+from trainguard.sinks import Sink
 
 
 def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -32,3 +36,35 @@ def callback_config(config: Any) -> GuardConfig:
     if not isinstance(config, GuardConfig):
         raise UsageError(f"config must be a trainguard.GuardConfig, got {type(config).__name__}")
     return config
+
+
+class CallbackState:
+    """What both callbacks hold and expose: the config, the driver of the current fit, and a
+    state that round-trips through the framework's checkpoints (plain types only)."""
+
+    def _init_state(self, config: GuardConfig | None, run_dir: str | Path | None,
+                    sinks: list[Sink] | None) -> None:
+        self.config = callback_config(config)
+        self.run_dir = run_dir
+        self.sinks = list(sinks or [])
+        self.driver: StepDriver | None = None
+        self.last_report: StepReport | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, in order."""
+        return self.driver.events if self.driver is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's state (baselines, counters, recovery's skip list) for checkpoints; plain
+        types, so it loads with weights_only=True."""
+        if self.driver is not None:
+            return self.driver.state_dict()
+        return dict(self._pending_state or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a `state_dict`; before training it is applied when training begins."""
+        self._pending_state = dict(state_dict)
+        if self.driver is not None and not self.driver.engine.closed:
+            self.driver.load_state_dict(self._pending_state)

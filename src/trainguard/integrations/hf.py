@@ -33,8 +33,7 @@ from torch import nn
 from trainguard.config import GuardConfig
 from trainguard.driver import StepDriver
 from trainguard.errors import TrainingDiverged, UsageError
-from trainguard.events import Event, StepReport
-from trainguard.integrations._driver import callback_config, unwrap_optimizer
+from trainguard.integrations._driver import CallbackState, unwrap_optimizer
 from trainguard.sinks import Sink
 
 try:
@@ -105,7 +104,7 @@ class _LossTap:
         self.batch = None
 
 
-class TrainguardCallback(TrainerCallback):
+class TrainguardCallback(CallbackState, TrainerCallback):
     """Watches and protects every optimizer step of a `transformers.Trainer`.
 
     `config.max_grad_norm` is not used: the Trainer's `args.max_grad_norm` is the one limit
@@ -115,35 +114,13 @@ class TrainguardCallback(TrainerCallback):
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
                  sinks: list[Sink] | None = None) -> None:
-        self.config = callback_config(config)
-        self.run_dir = run_dir
-        self.sinks = list(sinks or [])
-        self.driver: StepDriver | None = None
-        self.last_report: StepReport | None = None
+        self._init_state(config, run_dir, sinks)
         self._tap: _LossTap | None = None
-        self._pending_state: dict[str, Any] | None = None
         self._clipping_args: TrainingArguments | None = None
         self._trainer_max_grad_norm: float | None = None
         self._announced = False
 
     # -- public API ------------------------------------------------------------------------------
-    @property
-    def events(self) -> list[Event]:
-        """Every event so far, in order."""
-        return self.driver.events if self.driver is not None else []
-
-    def state_dict(self) -> dict[str, Any]:
-        """The guard's state (baselines, counters) for a checkpoint of your own."""
-        if self.driver is not None:
-            return self.driver.state_dict()
-        return dict(self._pending_state or {})
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict`; before `train()` it is applied when training begins."""
-        self._pending_state = dict(state)
-        if self.driver is not None and not self.driver.engine.closed:
-            self.driver.load_state_dict(self._pending_state)
-
     def close(self, status: str = "finished") -> None:
         """Flush and close the run store (training end does this; call it after a crash)."""
         self._release()

@@ -35,8 +35,7 @@ import torch
 from trainguard.config import GuardConfig
 from trainguard.driver import StepDriver
 from trainguard.errors import TrainingDiverged, UsageError
-from trainguard.events import Event, StepReport
-from trainguard.integrations._driver import callback_config, unwrap_optimizer
+from trainguard.integrations._driver import CallbackState, unwrap_optimizer
 from trainguard.sinks import Sink
 
 log = logging.getLogger("trainguard")
@@ -80,41 +79,19 @@ def _trainer_name(trainer: Any) -> str:
     return f"{type(trainer).__module__.split('.trainer')[0]}.{type(trainer).__name__}"
 
 
-class TrainguardCallback(*_BASES):  # type: ignore[misc]
+class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
     """Watches and protects every optimizer step of a Lightning Trainer (automatic optimization,
     one optimizer)."""
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
                  sinks: list[Sink] | None = None) -> None:
         super().__init__()
-        self.config = callback_config(config)
-        self.run_dir = run_dir
-        self.sinks = list(sinks or [])
-        self.driver: StepDriver | None = None
-        self.last_report: StepReport | None = None
-        self._pending_state: dict[str, Any] | None = None
+        self._init_state(config, run_dir, sinks)
         self._loss: torch.Tensor | None = None
         self._batch: Any = None
         self._loss_failed = False
 
     # -- public API ------------------------------------------------------------------------------
-    @property
-    def events(self) -> list[Event]:
-        """Every event so far, in order."""
-        return self.driver.events if self.driver is not None else []
-
-    def state_dict(self) -> dict[str, Any]:
-        """Saved by Lightning in its checkpoints (plain types: loads with weights_only=True)."""
-        if self.driver is not None:
-            return self.driver.state_dict()
-        return dict(self._pending_state or {})
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Called by Lightning on resume, before training starts; applied when it does."""
-        self._pending_state = dict(state_dict)
-        if self.driver is not None and not self.driver.engine.closed:
-            self.driver.load_state_dict(self._pending_state)
-
     def close(self, status: str = "finished") -> None:
         """Flush and close the run store (the end of training, or an exception, does this)."""
         self._batch = None
