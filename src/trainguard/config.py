@@ -63,6 +63,10 @@ class DetectorConfig:
     loss_spike_error_ratio: float = 100.0
     """A spike this many times the baseline (2.3 -> 1e8 is 4e7x) is an error, not a warning."""
 
+    bad_start_ratio: float = 10.0
+    """The first loss this many times the level the run settles at by step `warmup_steps` is a
+    bad start (a new layer initialised far too large)."""
+
     divergence_ratio: float = 1.5
     """Sustained divergence: the smoothed loss stays this many times above its best value..."""
     divergence_patience: int = 20
@@ -99,10 +103,11 @@ class DetectorConfig:
                      "grad_norm_zscore", "grad_norm_abs_min_ratio", "loss_spike_ratio",
                      "loss_spike_zscore", "loss_spike_early_ratio",
                      "loss_spike_error_ratio", "divergence_ratio", "extreme_weight_abs",
+                     "bad_start_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
-                     "divergence_ratio"):
+                     "divergence_ratio", "bad_start_ratio"):
             _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
                      f"must be > 1, got {getattr(self, name)!r}")
         _require(self.fp16_limit_fraction <= 1, "DetectorConfig.fp16_limit_fraction",

@@ -155,3 +155,13 @@ def test_state_is_json_safe_before_the_first_loss() -> None:
     clone = restored(LossDivergence(default_config()))
     assert clone.seen == 0 and clone.best == math.inf
     assert steps_of(run(clone, loss_run(settle_then_climb(2)))) != []
+
+
+def test_a_blow_up_in_the_first_steps_that_stays_up_is_divergence() -> None:
+    """The warm-up's median counts as a best level: a run that goes from 4 to 7 just after its
+    first ten steps and stays there is diverging, though it never improved after warm-up."""
+    rng = np.random.default_rng(0)
+    losses = np.concatenate([np.full(10, 4.0), np.linspace(4.0, 7.0, 4), np.full(80, 7.0)])
+    losses = losses * np.exp(rng.normal(0.0, 0.03, losses.size))
+    events = run(LossDivergence(default_config()), loss_run(losses))
+    assert len(events) == 1 and events[0].step < 60

@@ -12,7 +12,11 @@ from torch import nn
 
 import trainguard
 from trainguard import GuardConfig, preflight
-from trainguard.diagnose.preflight import fine_tuning_mode, probe_schedule
+from trainguard.diagnose.preflight import (
+    fine_tuning_mode,
+    probe_schedule,
+    small_model_lr_allowance,
+)
 
 from ..conftest import make_setup
 
@@ -56,11 +60,21 @@ def test_a_sane_full_fine_tune_has_no_findings() -> None:
 
 
 def test_lr_far_above_the_full_fine_tuning_range() -> None:
-    model, optimizer, scheduler = sane(lr=3e-3)
+    model, optimizer, scheduler = sane(lr=0.5)
     [finding] = checks(preflight(model, optimizer, scheduler))["mode_and_lr"]
     assert finding.severity == "error" and finding.cause == "lr_too_high"
-    assert "60x" in finding.message and "5e-05" in finding.fix
+    assert "1e+04x" in finding.message and "5e-05" in finding.fix
+    assert "allowing 100x more" in finding.message  # a small model tolerates more
     assert finding.evidence["mode"] == "full"
+
+
+def test_small_models_get_an_allowance_above_the_guide_ranges() -> None:
+    assert small_model_lr_allowance(100_000) == 100.0
+    assert small_model_lr_allowance(10**7) == 100.0
+    assert small_model_lr_allowance(int(10**7.5)) == pytest.approx(10.0, rel=1e-6)
+    assert small_model_lr_allowance(10**8) == small_model_lr_allowance(7 * 10**9) == 1.0
+    model, optimizer, scheduler = sane(lr=3e-3)  # sane for this 0.03M-parameter model
+    assert "mode_and_lr" not in checks(preflight(model, optimizer, scheduler))
 
 
 def test_modes_from_the_trainable_parameters() -> None:
@@ -91,10 +105,10 @@ def lora_model(r: int = 8, alpha: int = 8, dropout: float = 0.1) -> nn.Module:
 def test_lora_mode_lr_range_and_scaling() -> None:
     model = lora_model(r=8, alpha=512)
     assert fine_tuning_mode(model) == "lora"
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2.0)
     found = checks(preflight(model, optimizer, cosine_with_warmup(optimizer, 10)))
     [lr] = found["mode_and_lr"]
-    assert lr.severity == "warning" and "LoRA" in lr.message and lr.evidence["ratio"] == 4
+    assert lr.severity == "warning" and "LoRA" in lr.message and lr.evidence["ratio"] == 400
     [scaling] = found["lora_scaling"]
     assert scaling.severity == "error" and scaling.evidence["scaling"] == 64
     assert scaling.cause == "lora_scaling"
@@ -194,7 +208,7 @@ def test_no_clipping_is_noted_when_known() -> None:
 
 
 def test_the_guard_runs_the_audit_and_stores_it(tmp_path, capsys) -> None:
-    setup = make_setup(lr=3e-3, warmup=0)
+    setup = make_setup(lr=1.0, warmup=0)
     guard = trainguard.Guard(setup.model, setup.optimizer, run_dir=tmp_path,
                              config=GuardConfig(console=True))
     guard.close()

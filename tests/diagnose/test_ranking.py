@@ -21,10 +21,10 @@ def codes(ranked) -> list[str]:
     return [c.code for c in ranked]
 
 
-def test_a_healthy_run_has_no_diagnosis() -> None:
-    lr = Finding("mode_and_lr", "error", "LR high", "lower it", cause="lr_too_high")
-    assert rank_causes([], [lr]) == []
-    assert rank_causes([event("loss_spike", 40, "info")], [lr]) == []
+def test_a_healthy_run_with_a_sane_configuration_has_no_diagnosis() -> None:
+    note = Finding("clipping", "info", "no clipping", "clip")
+    assert rank_causes([], []) == []
+    assert rank_causes([event("loss_spike", 40, "info")], [note]) == []
 
 
 def test_a_nan_batch_beats_configuration_findings() -> None:
@@ -102,3 +102,19 @@ def test_events_carry_their_likely_causes() -> None:
     report = guard.step(loss, batch={"tokens": setup.batch()})
     for event in report.events:
         assert event.details["likely_causes"][0]["code"] == "numerical_op"
+
+
+def test_without_symptoms_the_configuration_risks_are_the_diagnosis() -> None:
+    lora = Finding("lora_scaling", "error", "alpha/r 64", "keep it <= 1", cause="lora_scaling")
+    warmup = Finding("warmup", "warning", "no warmup", "add one", cause="missing_warmup")
+    note = Finding("clipping", "info", "no clipping", "clip")
+    ranked = rank_causes([], [warmup, lora, note])
+    assert codes(ranked) == ["lora_scaling", "missing_warmup"]
+    assert all(c.confidence <= 0.5 for c in ranked)  # no symptom: never confident
+    assert "no symptom detected" in ranked[0].evidence[0]
+    assert rank_causes([], [note]) == []
+
+
+def test_a_bad_start_points_at_initialisation() -> None:
+    ranked = rank_causes([event("bad_start", 10, "warning")])
+    assert codes(ranked)[0] == "bad_init"

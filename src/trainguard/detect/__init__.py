@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trainguard.config import DetectorConfig
+from trainguard.detect.bad_start import BadStart
 from trainguard.detect.base import Detector
 from trainguard.detect.extreme_weight import ExtremeWeight
 from trainguard.detect.fp16_overflow import Fp16Overflow
@@ -16,7 +17,7 @@ from trainguard.detect.nonfinite_weight import NonFiniteWeight
 
 DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
-    LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow,
+    LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

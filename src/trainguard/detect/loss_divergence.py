@@ -3,14 +3,17 @@
 The loss is smoothed in log space by a bias-corrected exponential moving average (span
 `divergence_span`; until it has seen many steps it is close to the plain mean of the losses so
 far, so one unlucky first batch does not set the reference). The run diverges when the smoothed
-loss stays `divergence_ratio` times above the best smoothed value seen since `warmup_steps` for
-`divergence_patience` consecutive steps. Each loss enters the average capped at twice that ratio
-above it, so a single huge spike does not qualify on its own.
+loss stays `divergence_ratio` times above its best level for `divergence_patience` consecutive
+steps after `warmup_steps`; the best level is the lowest smoothed value since, or the median of
+the warm-up's losses if lower (a run that blows up in its first steps and stays up diverges
+too). Each loss enters the average capped at twice that ratio above it, so a single huge spike
+does not qualify on its own.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from trainguard.config import DetectorConfig
@@ -29,6 +32,8 @@ class LossDivergence(Detector):
         self.seen = 0
         self.best = math.inf
         self.above = 0
+        self.start: list[float] = []
+        """Log losses of the warm-up steps (their median is where the run started)."""
         self.episode = Episode(config.rearm_steps)
 
     def smoothed(self) -> float:
@@ -50,7 +55,11 @@ class LossDivergence(Detector):
         self.seen += 1
         ema = self.smoothed()
         if self.seen <= cfg.warmup_steps:
+            self.start.append(log_loss)
             return []
+        if len(self.start) == cfg.warmup_steps:  # the warm-up's median: where the run started
+            self.best = min(self.best, statistics.median(self.start))
+            self.start.append(math.inf)  # counted once
         self.best = min(self.best, ema)
         rise = ema - self.best
         self.above = self.above + 1 if rise >= margin else 0
@@ -64,11 +73,12 @@ class LossDivergence(Detector):
 
     def state_dict(self) -> dict[str, Any]:
         return {"raw": self.raw, "seen": self.seen, "best": self.best, "above": self.above,
-                "episode": self.episode.state_dict()}
+                "start": list(self.start), "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.raw = float(state["raw"])
         self.seen = int(state["seen"])
         self.best = float(state["best"])
         self.above = int(state["above"])
+        self.start = [float(v) for v in state.get("start", [])]
         self.episode.load_state_dict(state["episode"])

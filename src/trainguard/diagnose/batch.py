@@ -233,3 +233,31 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
                 cause="batch_truncated",
                 evidence={"actual": actual, "expected": expected_batch_size}))
     return findings
+
+
+CHANCE_FACTOR = 1.5
+"""A language model whose first loss is this many times ln(vocabulary) predicts worse than
+uniform guessing: it is confidently wrong about what the tokens mean."""
+
+
+def check_first_loss(loss: float | None, batch: Any, model: nn.Module | None) -> Finding | None:
+    """The loss of the first step of a token batch against chance level (ln of the vocabulary).
+
+    A pre-trained model starts far below chance on data it understands, and a freshly initialised
+    one near it; far above means the ids do not mean what the model learned: a tokenizer or
+    vocabulary mismatch (or a domain the model has never seen)."""
+    vocab = embedding_size(model)
+    if loss is None or not math.isfinite(loss) or vocab is None or vocab < 2:
+        return None
+    tokens = any(name.rsplit(".", 1)[-1] in TOKEN_FIELDS or name == "input"
+                 for name, t in _fields(batch) if not t.is_floating_point())
+    chance = math.log(vocab)
+    if not tokens or loss < CHANCE_FACTOR * chance:
+        return None
+    return Finding(
+        "first_loss_above_chance", "warning",
+        f"the first loss {loss:.3g} is {loss / chance:.3g}x chance level (ln {vocab} = "
+        f"{chance:.3g}): the model predicts these tokens worse than uniform guessing.",
+        "check that the data were tokenised with the model's own tokenizer and vocabulary "
+        "(and that labels are aligned with inputs).", cause="tokenizer_mismatch",
+        evidence={"loss": loss, "chance": chance, "vocab": vocab})

@@ -32,6 +32,13 @@ from trainguard.diagnose.finding import Finding
 
 FULL_LR_RANGE = (1e-6, 5e-5)
 ADAPTER_LR_RANGE = (1e-4, 5e-3)
+LARGE_MODEL_PARAMS = 1e8
+"""The guide's Adam(W) ranges are for pre-trained models of this size and up..."""
+SMALL_MODEL_PARAMS = 1e7
+"""...models of this size and below commonly train at up to `SMALL_MODEL_LR_FACTOR` times higher
+learning rates (1e-3 to 1e-2 for full training of small transformers); in between, the allowance
+is interpolated in log space."""
+SMALL_MODEL_LR_FACTOR = 100.0
 HF_INIT_STD = 0.02
 INIT_SCALE_LIMIT = 10.0
 """A layer whose weight std is this many times both Kaiming's 1/sqrt(fan_in) and 0.02 is badly
@@ -79,6 +86,18 @@ def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
     return "adam" in type(optimizer).__name__.lower()
 
 
+def small_model_lr_allowance(params: int) -> float:
+    """How many times above the guide's LR range a model of `params` parameters still trains
+    sanely: 1 for large pre-trained models, `SMALL_MODEL_LR_FACTOR` for small ones."""
+    if params <= SMALL_MODEL_PARAMS:
+        return SMALL_MODEL_LR_FACTOR
+    if params >= LARGE_MODEL_PARAMS:
+        return 1.0
+    share = math.log(LARGE_MODEL_PARAMS / params) / math.log(LARGE_MODEL_PARAMS
+                                                             / SMALL_MODEL_PARAMS)
+    return SMALL_MODEL_LR_FACTOR ** share
+
+
 def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
     mode = fine_tuning_mode(setup.model)
     setup.details["mode"] = mode
@@ -86,14 +105,19 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
     if lr is None or not all(_is_adam(o) for o in setup.optimizers):
         return []
     low, high = FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE
+    params = sum(p.numel() for p in setup.model.parameters())
+    allowance = small_model_lr_allowance(params)
     name = {"full": "full fine-tuning", "lora": "LoRA", "head": "a new head on a frozen backbone"}
-    evidence = {"mode": mode, "lr": lr, "range": [low, high]}
-    if lr > high:
+    evidence = {"mode": mode, "lr": lr, "range": [low, high], "params": params,
+                "small_model_allowance": allowance}
+    if lr > high * allowance:
         ratio = lr / high
-        severity = "error" if ratio >= 10 else "warning"
+        severity = "error" if ratio >= 10 * allowance else "warning"
+        size_note = (f" (allowing {allowance:.3g}x more for a model of {params / 1e6:.3g}M "
+                     "parameters)" if allowance > 1 else "")
         return [Finding("mode_and_lr", severity,
                         f"LR {lr:.3g} is {ratio:.3g}x the top of the Adam(W) range for "
-                        f"{name[mode]} ({low:g} to {high:g}).",
+                        f"{name[mode]} ({low:g} to {high:g}){size_note}.",
                         f"use at most {high:g} (for example {high:g} with 500 warmup steps and "
                         "cosine decay); tiny models tolerate more, large pre-trained ones do not.",
                         cause="lr_too_high", evidence={**evidence, "ratio": ratio})]

@@ -58,13 +58,19 @@ class _Votes:
             self.fixes[code] = fix
 
 
+NO_SYMPTOM_SHARE = 0.5
+"""Without any symptom, a cause found only in the configuration is at most this confident."""
+
+
 def rank_causes(events: list[Event], findings: list[Finding] | None = None,
                 *, top: int = 5) -> list[RankedCause]:
-    """Ranked causes for a run's events. Empty when nothing of warning severity happened."""
+    """Ranked causes for a run's events. Without an event of warning severity, the risks the
+    preflight (and runtime) findings of warning severity or worse point at, flagged as such; empty
+    when there are none either."""
     serious = [e for e in events if at_least(e.severity, "warning")]
-    if not serious:
-        return []
     findings = findings or []
+    if not serious:
+        return _configuration_risks(findings, top)
     votes = _Votes()
     first_step = min(e.step for e in serious)
     kinds = {e.kind for e in serious}
@@ -104,12 +110,17 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     if "fp16_overflow" in kinds:
         votes.add("fp16_overflow", 2.0, "float16 overflow reported")
     for e in serious:
+        if e.kind == "bad_start":  # the loss profile of an over-scaled new layer
+            votes.add("bad_init", 3.0, f"step {e.step}: {e.message}")
+            votes.add("input_scale", 0.5, f"step {e.step}: the first losses were far too high")
         if e.kind == "ddp_desync":  # measured directly: replicas hold different weights
             votes.add("ddp_desync", 4.0, f"step {e.step}: {e.message}")
     if kinds & {"nonfinite_weight", "nonfinite_optimizer_state", "extreme_weight"}:
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
 
+    if "loss_divergence" in kinds:  # a slow climb, not a first-steps blow-up: the LR itself
+        votes.add("lr_too_high", 1.0, "the smoothed loss climbed and stayed up")
     jumps = [e for e in serious if e.kind in ("grad_explosion", "loss_spike", "loss_divergence")]
     for e in jumps:
         param = e.param or ""
@@ -137,5 +148,18 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     total = sum(votes.score.values()) or 1.0
     ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
     return [RankedCause(code=code, confidence=score / total, score=score,
+                        evidence=votes.evidence[code],
+                        fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]
+
+
+def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]:
+    votes = _Votes()
+    for f in findings:
+        if at_least(f.severity, "warning"):
+            votes.add(f.cause, FINDING_WEIGHT[f.severity],
+                      f"no symptom detected; found in the configuration: {f.message}", f.fix)
+    total = sum(votes.score.values())
+    ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
+    return [RankedCause(code=code, confidence=NO_SYMPTOM_SHARE * score / total, score=score,
                         evidence=votes.evidence[code],
                         fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]

@@ -1,0 +1,61 @@
+"""`bad_start`: the run started far above the level it reaches a few steps later.
+
+A newly added layer initialised far too large (a classification head drawn with std 10 instead of
+0.02) makes the first losses enormous; the optimizer then shrinks it within a few steps and the
+loss falls to a normal level, so nothing looks wrong afterwards, yet the first large updates have
+already disturbed the pre-trained weights. Checked once, at step `warmup_steps`: the first loss
+against the median of the losses since step `warmup_steps // 2`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Detector
+from trainguard.events import Event
+from trainguard.signals import StepSignals
+
+
+class BadStart(Detector):
+    kind = "bad_start"
+
+    def __init__(self, config: DetectorConfig) -> None:
+        super().__init__(config)
+        self.first: float | None = None
+        self.recent: list[float] = []
+        self.done = False
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        cfg = self.config
+        if self.done or signals.loss is None:
+            return []
+        if not math.isfinite(signals.loss) or signals.loss <= 0:
+            return []
+        if self.first is None:
+            self.first = signals.loss
+            return []
+        if signals.step >= cfg.warmup_steps // 2:
+            self.recent.append(signals.loss)
+        if signals.step < cfg.warmup_steps or not self.recent:
+            return []
+        self.done = True
+        settled = statistics.median(self.recent)
+        ratio = self.first / settled
+        if ratio < cfg.bad_start_ratio:
+            return []
+        return [self.event(signals.step, "warning",
+                           f"the run started at loss {self.first:.4g}, {ratio:.3g}x the "
+                           f"{settled:.4g} it settled at by step {signals.step}: the first "
+                           "updates were far too large (a badly initialised new layer?)",
+                           value=self.first, ratio=ratio, settled=settled, cause="bad_init")]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": self.first, "recent": list(self.recent), "done": self.done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first = state["first"]
+        self.recent = [float(v) for v in state["recent"]]
+        self.done = bool(state["done"])

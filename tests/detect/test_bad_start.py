@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tests.detect.synth import SEEDS, default_config, healthy_losses, loss_run, run, steps_of
+from trainguard.detect import BadStart
+
+WARMUP = default_config().warmup_steps
+
+
+def test_an_enormous_first_loss_that_falls_away_is_a_bad_start() -> None:
+    losses = [58.9, 30.0, 9.0, 3.0, 1.0, 0.5, 0.4, 0.35, 0.3, 0.3, 0.28, 0.3, 0.25]
+    events = run(BadStart(default_config()), loss_run(losses))
+    assert steps_of(events) == [WARMUP]
+    [event] = events
+    assert event.details["cause"] == "bad_init" and event.details["ratio"] > 100
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_silent_on_healthy_declines(seed: int) -> None:
+    assert run(BadStart(default_config()), loss_run(healthy_losses(200, seed))) == []
+
+
+def test_checked_once_and_blind_to_non_finite_losses() -> None:
+    losses = [math.nan, 100.0, 50.0] + [1.0] * 30 + [1000.0]
+    events = run(BadStart(default_config()), loss_run(losses))
+    assert steps_of(events) == [WARMUP]  # the NaN is not the "first loss"; later jumps ignored
+
+
+def test_a_fast_but_normal_fall_is_not_flagged() -> None:
+    losses = 2.3 * np.exp(-0.2 * np.arange(40))  # 2.3 -> ~0.3 by step 10: 7x
+    assert run(BadStart(default_config()), loss_run(losses)) == []
