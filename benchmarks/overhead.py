@@ -18,6 +18,10 @@ What it measures
                         a background thread)
     guard_all_probes    GuardConfig(sample_all_steps=True, console=False): weights, update ratio,
                         activation hooks and optimizer state on every step
+    guard_recover       GuardConfig(policy="recover", console=False): guard_default plus the
+                        good-state ring (a host copy of model and optimizer every 50 steps);
+                        time it with --steps-per-round 50 so every block holds one copy, and read
+                        its `vs guard_default` ratio (paired per round) for the ring's own cost
     --references adds:
     detect_anomaly      baseline with torch.autograd.set_detect_anomaly(True) around forward and
                         backward
@@ -51,6 +55,8 @@ Usage
     python benchmarks/overhead.py                       # both workloads, default sizes
     python benchmarks/overhead.py --workload gpt2 --rounds 20 --steps-per-round 5
     python benchmarks/overhead.py --references --json benchmarks/results/overhead.json
+    python benchmarks/overhead.py --workload gpt2 --variants guard_default,guard_recover \
+        --steps-per-round 50 --rounds 4               # the good-state ring's cost
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
 WORKLOADS: tuple[str, ...] = ("gpt2", "mlp")
 VARIANTS: tuple[str, ...] = ("baseline", "clip_grad_norm_", "guard_default", "guard_default+store",
-                             "guard_all_probes")
+                             "guard_all_probes", "guard_recover")
 REFERENCE_VARIANTS: tuple[str, ...] = ("detect_anomaly", "hf_debug_underflow")
 CLIP_MAX_NORM = 1.0
 MIN_ROUNDS = 3
@@ -245,6 +251,10 @@ def make_variant(name: str, workload: Workload, device: torch.device) -> Variant
         return GuardVariant(name, workload, device,
                             config=trainguard.GuardConfig(sample_all_steps=True, console=False),
                             with_store=False)
+    if name == "guard_recover":
+        return GuardVariant(name, workload, device,
+                            config=trainguard.GuardConfig(policy="recover", console=False),
+                            with_store=False)
     if name == "detect_anomaly":
         return AnomalyVariant(name, workload, device)
     if name == "hf_debug_underflow":
@@ -314,7 +324,15 @@ def run_workload(workload: Workload, variant_names: list[str], device: torch.dev
         results: dict[str, Any] = {}
         for name in variant_names:
             ratios = [v / b for v, b in zip(blocks[name], base, strict=True)]
+            extra: dict[str, Any] = {}
+            if name == "guard_recover" and "guard_default" in blocks:
+                paired = [v / b for v, b in zip(blocks[name], blocks["guard_default"],
+                                                strict=True)]
+                extra["vs_guard_default"] = statistics.median(paired)
+                extra["vs_guard_default_total"] = sum(blocks[name]) / sum(blocks["guard_default"])
             results[name] = {
+                **extra,
+                "ratio_total": sum(blocks[name]) / sum(base),
                 "ms_per_step": statistics.median(blocks[name]),
                 "ratio": statistics.median(ratios),
                 "ratio_p25": _quantile(ratios, 0.25),
@@ -433,6 +451,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              f"workload still gets {MIN_ROUNDS} rounds); default: no limit")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write the results as JSON to PATH")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated subset of {', '.join(VARIANTS[1:])} (baseline is "
+                             "always timed); default: all")
     parser.add_argument("--references", action="store_true",
                         help="add torch.autograd.set_detect_anomaly and transformers' "
                              "DebugUnderflowOverflow as reference variants (slow)")
@@ -452,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
     variant_names = list(VARIANTS) + (list(REFERENCE_VARIANTS) if args.references else [])
+    if args.variants:
+        chosen = [v for v in args.variants.split(",") if v]
+        unknown = [v for v in chosen if v not in VARIANTS + REFERENCE_VARIANTS]
+        if unknown:
+            print(f"error: unknown variant(s) {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        variant_names = ["baseline", *[v for v in chosen if v != "baseline"]]
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -491,6 +519,12 @@ def main(argv: list[str] | None = None) -> int:
           "IQR = 25th-75th percentile of those per-round ratios")
     print()
     print(format_table(results))
+    for workload, variants in results.items():
+        ring = variants.get("guard_recover", {})
+        if "vs_guard_default" in ring:
+            print(f"{workload}: good-state ring (guard_recover vs guard_default, paired per round):"
+                  f" median {ring['vs_guard_default']:.3f}x, total time "
+                  f"{ring['vs_guard_default_total']:.3f}x")
     print()
     print(format_targets(targets))
     print(f"\ntotal time {elapsed:.1f} s")
