@@ -65,7 +65,10 @@ class DetectorConfig:
 
     bad_start_ratio: float = 10.0
     """The first loss this many times the level the run settles at by step `warmup_steps` is a
-    bad start (a new layer initialised far too large)."""
+    bad start (a new layer initialised far too large)..."""
+    bad_start_blowup_ratio: float = 2.0
+    """...and a level this many times the first loss is one too (the first updates blew the
+    model up: an LR too high for the start)."""
 
     divergence_ratio: float = 1.5
     """Sustained divergence: the smoothed loss stays this many times above its best value..."""
@@ -103,11 +106,11 @@ class DetectorConfig:
                      "grad_norm_zscore", "grad_norm_abs_min_ratio", "loss_spike_ratio",
                      "loss_spike_zscore", "loss_spike_early_ratio",
                      "loss_spike_error_ratio", "divergence_ratio", "extreme_weight_abs",
-                     "bad_start_ratio",
+                     "bad_start_ratio", "bad_start_blowup_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
-                     "divergence_ratio", "bad_start_ratio"):
+                     "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio"):
             _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
                      f"must be > 1, got {getattr(self, name)!r}")
         _require(self.fp16_limit_fraction <= 1, "DetectorConfig.fp16_limit_fraction",
@@ -148,6 +151,11 @@ class RecoveryConfig:
     too high, not a bad batch."""
     max_grad_norm: float = 0.5
     """After a rollback, global clipping is tightened to this limit (the guide's 0.5)."""
+    rewind_schedule: bool = False
+    """Whether a rollback also puts the LR scheduler back. By default the schedule goes on from
+    where it is, as the data does (the batches since the restored state are not replayed), so a
+    spike that lives in the schedule itself is not met again; True makes a rollback an exact
+    restore (`guard.rollback` with `lr_backoff=1.0` then reproduces the run bit for bit)."""
     max_rollbacks: int = 3
     """A run that needs more rollbacks than this halts with a crash snapshot and a diagnosis."""
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding, preflight
-from trainguard.diagnose.batch import check_first_loss
+from trainguard.diagnose.batch import check_loss_above_chance
 from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.diagnose.replay import LossFn, replay
@@ -167,13 +167,16 @@ class StepDriver:
             self._unguarded(exc)
             return None
         fired = bool(decision.events)
+        self.batches.nonfinite_input = False
         if batch is not None and self.config.inspect_batches and measurement.signals.step == 0:
             self._check_first_loss(measurement.signals.loss, batch)
         if batch is not None and self.config.inspect_batches:
             known = (batch_stats.read(measurement.extra["batch"]) if batch_stats is not None
                      else None)
-            decision.events.extend(self.batches.events(batch, measurement.signals.step, fired,
-                                                       known))
+            spike = next((e for e in decision.events if e.kind == "loss_spike"), None)
+            decision.events.extend(self.batches.events(
+                batch, measurement.signals.step, fired, known, loss=measurement.signals.loss,
+                level=spike.details.get("baseline") if spike is not None else None))
         if self.replay_fn is not None and batch is not None and any(
                 at_least(e.severity, "error") for e in decision.events):
             self._replay(batch, decision.events)
@@ -304,7 +307,7 @@ class StepDriver:
     def _check_first_loss(self, loss: float | None, batch: Any) -> None:
         """A runtime finding, like the preflight's: evidence for a diagnosis, not an event."""
         try:
-            finding = check_first_loss(loss, batch, self.model)
+            finding = check_loss_above_chance(loss, batch, self.model)
         except Exception as exc:  # advisory
             log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
             return
@@ -361,7 +364,7 @@ class StepDriver:
         assert recovery is not None
         try:
             verdict = recovery.review(measurement, decision.events, decision.applies_update,
-                                      data_ids)
+                                      data_ids, nonfinite_input=self.batches.nonfinite_input)
         except Exception as exc:  # judgement is advisory; the policy's decision stands
             log.error("trainguard: recovery review failed (%s: %s)", type(exc).__name__, exc)
             return

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from benchmarks.scenarios.base import Scenario
 from benchmarks.scenarios.families import diffusion
@@ -37,3 +38,25 @@ def test_learning_rate_far_too_high_is_caught_early() -> None:
     result = run_scenario(scenario, "trainguard", steps=30)
     assert result.detected and result.latency is not None and result.latency <= 5
     assert result.false_alarms == 0
+
+
+def _scheduled_lrs(scenario: Scenario, steps: int) -> list[float]:
+    """The LR of each scheduler step, without training."""
+    workload = scenario.build(0)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(workload.optimizer.param_groups[0]["lr"])
+        workload.optimizer.step()
+        workload.scheduler.step()
+    return lrs
+
+
+def test_the_schedule_restart_spikes_the_lr_for_its_steps_only() -> None:
+    spike = _by_name("diffusion_lr_spike")
+    spiked = _scheduled_lrs(spike, spike.steps)
+    plain = _scheduled_lrs(_by_name("diffusion_healthy"), spike.steps)
+    ratios = [a / b for a, b in zip(spiked, plain, strict=True)]
+    onset = spike.onset_step
+    window = range(onset, onset + diffusion.LR_SPIKE_STEPS)
+    assert all(r == pytest.approx(diffusion.LR_SPIKE_FACTOR) for r in ratios[onset:window.stop])
+    assert all(r == pytest.approx(1.0) for i, r in enumerate(ratios) if i not in window)

@@ -43,3 +43,17 @@ def test_log_of_zero_is_caught_at_its_step() -> None:
     assert result.detected and result.latency == 0
     assert result.false_alarms == 0
     assert math.isfinite(result.final_eval_loss)
+
+
+def test_the_wrongly_encoded_shard_covers_its_steps_only() -> None:
+    shard = _by_name("gpt2_tokenizer_shard")
+    faulty, healthy = shard.build(0), _by_name("gpt2_healthy").build(0)
+    onset, length = shard.onset_step, gpt2.PERMUTED_SHARD_STEPS
+    for step in (onset - 1, onset + length):
+        assert torch.equal(faulty.batch(step, 0), healthy.batch(step, 0))
+    for step in (onset, onset + length - 1):
+        wrong, right = faulty.batch(step, 0), healthy.batch(step, 0)
+        assert not torch.equal(wrong, right)
+        # the same text under another vocabulary: a one-to-one relabelling of the ids
+        pairs = set(zip(right.flatten().tolist(), wrong.flatten().tolist(), strict=True))
+        assert len({a for a, _ in pairs}) == len(pairs) == len({b for _, b in pairs})

@@ -40,3 +40,16 @@ def test_outlier_batch_is_caught_at_its_step() -> None:
     assert result.detected and result.latency == 0
     assert result.false_alarms == 0
     assert math.isfinite(result.final_eval_loss)
+
+
+def test_a_burst_poisons_consecutive_batches_from_its_onset() -> None:
+    nan_burst, outlier_burst = _by_name("image_cls_nan_burst"), _by_name("image_cls_outlier_burst")
+    onset, burst = nan_burst.onset_step, image_cls.BURST
+    nans, outliers = nan_burst.build(0), outlier_burst.build(0)
+    poisoned = [step for step in range(onset - 2, onset + burst + 2)
+                if torch.isnan(nans.batch(step, 0)[0]).any()]
+    assert poisoned == list(range(onset, onset + burst))
+    clean = _by_name("image_cls_healthy").build(0)
+    for step in (onset, onset + burst - 1):
+        assert torch.allclose(outliers.batch(step, 0)[0], 100.0 * clean.batch(step, 0)[0])
+    assert torch.equal(outliers.batch(onset + burst, 0)[0], clean.batch(onset + burst, 0)[0])

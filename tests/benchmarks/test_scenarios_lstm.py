@@ -42,3 +42,17 @@ def test_zero_target_batch_poisons_an_unprotected_run_and_is_skipped_under_train
     assert result.false_alarms == 0
     assert result.actions.get("skipped") == 1
     assert math.isfinite(result.final_eval_loss)
+
+
+def test_the_schedule_restart_spikes_the_sgd_lr_for_its_steps_only() -> None:
+    spike = _by_name("lstm_lr_spike")
+    workload = spike.build(0)
+    lrs = []
+    for _ in range(spike.steps):
+        lrs.append(workload.optimizer.param_groups[0]["lr"])
+        workload.optimizer.step()
+        workload.scheduler.step()
+    high = lstm.SGD_SANE_LR * lstm.LR_SPIKE_FACTOR
+    assert [i for i, lr in enumerate(lrs) if lr == high] == list(
+        range(spike.onset_step, spike.onset_step + lstm.LR_SPIKE_STEPS))
+    assert all(lr in (high, lstm.SGD_SANE_LR) for lr in lrs)

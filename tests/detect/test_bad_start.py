@@ -33,3 +33,10 @@ def test_checked_once_and_blind_to_non_finite_losses() -> None:
 def test_a_fast_but_normal_fall_is_not_flagged() -> None:
     losses = 2.3 * np.exp(-0.2 * np.arange(40))  # 2.3 -> ~0.3 by step 10: 7x
     assert run(BadStart(default_config()), loss_run(losses)) == []
+
+
+def test_a_run_blown_up_by_its_first_updates_is_a_bad_start_too() -> None:
+    losses = [4.0, 8.5, 12.4, 9.3, 8.9, 8.8, 7.8, 9.2, 10.8, 9.4, 6.7, 7.5, 8.1]
+    [event] = run(BadStart(default_config()), loss_run(losses))
+    assert event.step == WARMUP and event.details["cause"] == "lr_too_high"
+    assert event.details["ratio"] > 2

@@ -7,7 +7,12 @@ import torch
 from torch import nn
 
 from trainguard import Guard, GuardConfig
-from trainguard.diagnose.batch import BatchHistory, describe_batch, inspect_batch
+from trainguard.diagnose.batch import (
+    BatchHistory,
+    check_loss_above_chance,
+    describe_batch,
+    inspect_batch,
+)
 from trainguard.errors import BatchError
 from trainguard.transfer import transfer_count
 
@@ -127,3 +132,31 @@ def test_the_guard_reports_batch_faults_as_events() -> None:
     step(guard, model, images(255.0, n=3))  # ... but two in a row are truncation
     [event] = step(guard, model, images(255.0, n=3)).events
     assert event.kind == "batch_size" and event.details["cause"] == "batch_truncated"
+
+
+def test_a_language_model_loss_above_chance_points_at_the_tokenizer() -> None:
+    model = nn.Embedding(64, 8)  # the vocabulary the model was trained with: 64 tokens
+    ids = torch.randint(0, 64, (4, 16))
+    lm = {"input_ids": ids, "labels": ids.clone()}
+    finding = check_loss_above_chance(8.0, lm, model)  # ln 64 = 4.16: 1.9x chance
+    assert finding is not None and finding.cause == "tokenizer_mismatch"
+    assert finding.evidence["vocab"] == 64
+    assert check_loss_above_chance(3.0, lm, model) is None  # below chance: understood
+    classifier = {"input_ids": ids, "labels": torch.zeros(4, dtype=torch.long)}
+    assert check_loss_above_chance(8.0, classifier, model) is None  # class labels: other chance
+    assert check_loss_above_chance(float("nan"), lm, model) is None
+
+
+def test_the_first_loss_above_chance_is_a_finding_not_an_event() -> None:
+    """A model that starts worse than guessing is noted for the diagnosis; it is not an alarm
+    (a fine-tune on a new domain can start there too)."""
+    setup = make_setup()  # vocabulary of 32
+    guard = Guard(setup.model, setup.optimizer, setup.scheduler, config=GuardConfig(console=False))
+    batch = setup.batch()
+    loss = setup.model.loss(batch) * 10  # as if the tokens meant something else entirely
+    loss.backward()
+    report = guard.step(loss, batch=batch)
+    assert report.events == []
+    [finding] = [f for f in guard.findings if f.check == "batch_above_chance"]
+    assert finding.cause == "tokenizer_mismatch" and finding.evidence["vocab"] == 32
+    assert guard.diagnose()[0].code == "tokenizer_mismatch"

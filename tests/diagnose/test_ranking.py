@@ -115,6 +115,10 @@ def test_without_symptoms_the_configuration_risks_are_the_diagnosis() -> None:
     assert rank_causes([], [note]) == []
 
 
-def test_a_bad_start_points_at_initialisation() -> None:
-    ranked = rank_causes([event("bad_start", 10, "warning")])
-    assert codes(ranked)[0] == "bad_init"
+def test_a_bad_start_points_at_initialisation_or_at_the_learning_rate() -> None:
+    assert codes(rank_causes([event("bad_start", 10, "warning", cause="bad_init")]))[0] \
+        == "bad_init"
+    blown_up = [event("bad_start", 10, "warning", cause="lr_too_high")]
+    assert codes(rank_causes(blown_up))[:2] == ["lr_too_high", "missing_warmup"]
+    no_warmup = Finding("warmup", "warning", "no warmup", "add one", cause="missing_warmup")
+    assert codes(rank_causes(blown_up, [no_warmup]))[0] == "missing_warmup"

@@ -226,7 +226,7 @@ def agreement_paths(rank: int, world: int) -> dict[str, Any]:
 def ddp_recover_on_one_rank(rank: int, world: int) -> dict[str, Any]:
     """Policy recover. Rank 1 alone has a NaN in an unused batch field on the sampled steps 5 and
     10 (a batch finding of that rank only, right when a good-state candidate is confirmed), and
-    NaN inputs at steps 25-27, which roll the run back."""
+    a non-finite loss from clean batches at steps 25-27, which rolls the run back."""
     from trainguard import RecoveryConfig
 
     model = DistributedDataParallel(mlp())
@@ -241,9 +241,9 @@ def ddp_recover_on_one_rank(rank: int, world: int) -> dict[str, Any]:
         aux = torch.zeros(4)
         if rank == 1 and step in (5, 10):
             aux[0] = math.nan
-        if rank == 1 and step in (25, 26, 27):
-            x[0, 0] = math.nan
         loss = F.mse_loss(model(x), y)
+        if rank == 1 and step in (25, 26, 27):
+            loss = loss * math.nan  # a fault of the computation (the batch is clean)
         loss.backward()
         report = guard.step(loss, batch={"x": x, "y": y, "aux": aux})
         optimizer.zero_grad(set_to_none=True)

@@ -43,14 +43,18 @@ def recover_guard(w: Workload, **recovery: object) -> Guard:
 
 
 def run(guard: Guard, w: Workload, steps: range, *, scale: dict[int, float] | None = None,
+        loss_scale: dict[int, float] | None = None,
         data_ids: bool = False) -> list[trainguard.StepReport]:
-    """One step per index; `scale` multiplies the targets of some steps (a poisoned batch)."""
+    """One step per index; `scale` multiplies the targets of some steps (a poisoned batch),
+    `loss_scale` their loss (a fault of the computation: the batch itself is clean)."""
     reports = []
     for step in steps:
         batch = w.batch(step)
         if scale and step in scale:
             batch = {"x": batch["x"], "y": batch["y"] * scale[step]}
         loss = w.loss(batch)
+        if loss_scale and step in loss_scale:
+            loss = loss * loss_scale[step]
         loss.backward()
         reports.append(guard.step(loss, batch=batch, data_ids=step if data_ids else None))
         w.optimizer.zero_grad(set_to_none=True)

@@ -18,7 +18,8 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_rolling_back_and_replaying_the_same_data_gives_the_same_losses() -> None:
     w = make_workload()
-    guard = recover_guard(w, lr_backoff=1.0, max_grad_norm=1.0)  # a plain restore
+    guard = recover_guard(w, lr_backoff=1.0, max_grad_norm=1.0,  # an exact restore
+                          rewind_schedule=True)
     first = [r.loss for r in run(guard, w, range(30))]
     event = guard.rollback(to_step=20)
     assert event.details["to_step"] == 20 and event.details["steps_undone"] == 10
@@ -54,7 +55,7 @@ def test_damaged_weights_are_rolled_back_with_lr_backed_off_and_clipping_tighten
 
 def test_state_right_after_a_rollback_is_the_good_state() -> None:
     w = make_workload()
-    guard = recover_guard(w, lr_backoff=1.0)
+    guard = recover_guard(w, lr_backoff=1.0, rewind_schedule=True)
     states = {}
     for step in range(25):
         states[step] = _state(w.model)
@@ -65,12 +66,12 @@ def test_state_right_after_a_rollback_is_the_good_state() -> None:
     assert w.scheduler.last_epoch == 20
 
 
-def test_a_nan_streak_rolls_back_and_blames_the_data() -> None:
+def test_a_nan_streak_from_clean_batches_rolls_back_and_blames_the_data() -> None:
     w = make_workload()
     guard = recover_guard(w, rollback_after_skips=3)
     run(guard, w, range(20), data_ids=True)
-    reports = run(guard, w, range(20, 26), scale={20: math.nan, 21: math.nan, 22: math.nan},
-                  data_ids=True)
+    reports = run(guard, w, range(20, 26), data_ids=True,
+                  loss_scale={20: math.nan, 21: math.nan, 22: math.nan})
     assert [r.action for r in reports[:3]] == ["skipped", "skipped", "rolled_back"]
     assert {20, 21, 22} <= guard.skipped_data
     assert all(torch.isfinite(p).all() for p in w.model.parameters())
@@ -84,7 +85,7 @@ def test_rollbacks_are_capped_then_the_run_halts_with_a_diagnosis(tmp_path) -> N
     run(guard, w, range(20))
     always_nan = {s: math.nan for s in range(20, 40)}
     with pytest.raises(TrainingDiverged) as info:
-        run(guard, w, range(20, 40), scale=always_nan)
+        run(guard, w, range(20, 40), loss_scale=always_nan)
     kinds = [e.kind for e in guard.events]
     assert kinds.count("rollback") == 2 and kinds[-1] == "rollback_limit"
     assert info.value.diagnosis and info.value.snapshot_path is not None
@@ -95,7 +96,7 @@ def test_guard_state_round_trip_keeps_baselines_skip_list_and_backoff() -> None:
     w = make_workload()
     guard = recover_guard(w, rollback_after_skips=2)
     run(guard, w, range(30), data_ids=True)
-    run(guard, w, range(30, 33), scale={30: math.nan, 31: math.nan}, data_ids=True)
+    run(guard, w, range(30, 33), loss_scale={30: math.nan, 31: math.nan}, data_ids=True)
     state = guard.state_dict()
     assert guard.recovery.controller.rollbacks == 1
     resumed = Guard(w.model, w.optimizer, w.scheduler,
@@ -126,3 +127,33 @@ def test_rollback_needs_the_recover_policy() -> None:
     guard = Guard(w.model, w.optimizer, w.scheduler, config=GuardConfig(console=False))
     with pytest.raises(UsageError, match="recover"):
         guard.rollback()
+
+
+def test_by_default_the_schedule_goes_on_from_where_it_is() -> None:
+    w = make_workload()
+    guard = recover_guard(w, lr_backoff=1.0)
+    run(guard, w, range(25))
+    guard.rollback(to_step=20)
+    assert w.scheduler.last_epoch == 25  # the weights are from step 20, the schedule is not
+    assert w.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
+
+
+def test_nan_batches_are_skipped_without_a_rollback() -> None:
+    """A streak of batches that hold NaN says nothing about the state: skip, do not roll back."""
+    w = make_workload()
+    guard = recover_guard(w, rollback_after_skips=2)
+    run(guard, w, range(20))
+
+    def nan_input(step: int) -> dict[str, torch.Tensor]:
+        batch = w.batch(step)
+        batch["x"][0, 0] = math.nan
+        return batch
+
+    for step in range(20, 25):
+        batch = nan_input(step)
+        loss = w.loss(batch)
+        loss.backward()
+        assert guard.step(loss, batch=batch).action == "skipped"
+        w.optimizer.zero_grad(set_to_none=True)
+    assert guard.recovery.controller.rollbacks == 0
+    assert {20, 21, 22, 23, 24} <= guard.skipped_data

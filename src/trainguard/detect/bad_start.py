@@ -1,10 +1,14 @@
-"""`bad_start`: the run started far above the level it reaches a few steps later.
+"""`bad_start`: the first steps went wrong, seen once the run has settled a little.
 
-A newly added layer initialised far too large (a classification head drawn with std 10 instead of
-0.02) makes the first losses enormous; the optimizer then shrinks it within a few steps and the
-loss falls to a normal level, so nothing looks wrong afterwards, yet the first large updates have
-already disturbed the pre-trained weights. Checked once, at step `warmup_steps`: the first loss
+Checked once, at step `warmup_steps`: the first loss (the only one measured before any update)
 against the median of the losses since step `warmup_steps // 2`.
+
+- Far *above* that level (`bad_start_ratio`, 10x): a newly added layer initialised far too large
+  (a classification head drawn with std 10 instead of 0.02) makes the first losses enormous; the
+  optimizer then shrinks it and the loss falls to a normal level, so nothing looks wrong
+  afterwards, yet the first large updates have already disturbed the pre-trained weights.
+- Far *below* it (`bad_start_blowup_ratio`, 2x): the very first updates made the model worse
+  and it stayed worse: a learning rate far too high for the start (or no warmup).
 """
 
 from __future__ import annotations
@@ -44,13 +48,21 @@ class BadStart(Detector):
         self.done = True
         settled = statistics.median(self.recent)
         ratio = self.first / settled
-        if ratio < cfg.bad_start_ratio:
-            return []
-        return [self.event(signals.step, "warning",
-                           f"the run started at loss {self.first:.4g}, {ratio:.3g}x the "
-                           f"{settled:.4g} it settled at by step {signals.step}: the first "
-                           "updates were far too large (a badly initialised new layer?)",
-                           value=self.first, ratio=ratio, settled=settled, cause="bad_init")]
+        if ratio >= cfg.bad_start_ratio:
+            return [self.event(signals.step, "warning",
+                               f"the run started at loss {self.first:.4g}, {ratio:.3g}x the "
+                               f"{settled:.4g} it settled at by step {signals.step}: the first "
+                               "updates were far too large (a badly initialised new layer?)",
+                               value=self.first, ratio=ratio, settled=settled, cause="bad_init")]
+        if settled >= cfg.bad_start_blowup_ratio * self.first:
+            return [self.event(signals.step, "warning",
+                               f"the loss went from {self.first:.4g} before the first update to "
+                               f"{settled:.4g} by step {signals.step} ({settled / self.first:.3g}x)"
+                               ": the first updates made the model worse and it stayed worse "
+                               "(learning rate too high for the start?)",
+                               value=settled, ratio=settled / self.first, first=self.first,
+                               cause="lr_too_high")]
+        return []
 
     def state_dict(self) -> dict[str, Any]:
         return {"first": self.first, "recent": list(self.recent), "done": self.done}

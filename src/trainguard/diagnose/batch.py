@@ -240,23 +240,30 @@ CHANCE_FACTOR = 1.5
 uniform guessing: it is confidently wrong about what the tokens mean."""
 
 
-def check_first_loss(loss: float | None, batch: Any, model: nn.Module | None) -> Finding | None:
-    """The loss of the first step of a token batch against chance level (ln of the vocabulary).
+def check_loss_above_chance(loss: float | None, batch: Any, model: nn.Module | None,
+                            *, when: str = "first") -> Finding | None:
+    """The loss of a language-model batch against chance level (ln of the vocabulary).
 
-    A pre-trained model starts far below chance on data it understands, and a freshly initialised
+    A pre-trained model scores far below chance on text it understands, and a freshly initialised
     one near it; far above means the ids do not mean what the model learned: a tokenizer or
-    vocabulary mismatch (or a domain the model has never seen)."""
+    vocabulary mismatch (or a domain the model has never seen). Only for batches of token ids
+    whose labels, if any, are tokens too (not class labels, whose chance level is another)."""
     vocab = embedding_size(model)
     if loss is None or not math.isfinite(loss) or vocab is None or vocab < 2:
         return None
-    tokens = any(name.rsplit(".", 1)[-1] in TOKEN_FIELDS or name == "input"
-                 for name, t in _fields(batch) if not t.is_floating_point())
+    fields = [(name.rsplit(".", 1)[-1], name, t) for name, t in _fields(batch)]
+    tokens = [t for base, name, t in fields
+              if ((base in TOKEN_FIELDS and base != "labels") or name == "input")
+              and not t.is_floating_point()]
+    labels = [t for base, _, t in fields if base == "labels"]
+    if not tokens or any(label.shape != tokens[0].shape for label in labels):
+        return None
     chance = math.log(vocab)
-    if not tokens or loss < CHANCE_FACTOR * chance:
+    if loss < CHANCE_FACTOR * chance:
         return None
     return Finding(
-        "first_loss_above_chance", "warning",
-        f"the first loss {loss:.3g} is {loss / chance:.3g}x chance level (ln {vocab} = "
+        "batch_above_chance", "warning",
+        f"the {when} loss {loss:.3g} is {loss / chance:.3g}x chance level (ln {vocab} = "
         f"{chance:.3g}): the model predicts these tokens worse than uniform guessing.",
         "check that the data were tokenised with the model's own tokenizer and vocabulary "
         "(and that labels are aligned with inputs).", cause="tokenizer_mismatch",

@@ -17,6 +17,7 @@ from trainguard.diagnose.batch import (
     BatchStatsOnDevice,
     FieldStats,
     batch_size_of,
+    check_loss_above_chance,
     describe_batch,
     inspect_batch,
 )
@@ -34,6 +35,9 @@ class BatchWatch:
         self._short_steps = 0
         self._history = BatchHistory()
         self._active: set[str] = set()
+        self.nonfinite_input = False
+        """The last inspected batch holds NaN/inf (reported once as an event, true as long as
+        batches do)."""
 
     def stats_on_device(self, batch: Any) -> BatchStatsOnDevice | None:
         """Per-field statistics computed on the device, to travel with the step's transfer."""
@@ -44,10 +48,14 @@ class BatchWatch:
             return None
         return stats if stats.tensor is not None else None
 
-    def events(self, batch: Any, step: int, fired: bool,
-               stats: list[FieldStats] | None) -> list[Event]:
-        """The batch events of one step (never raises)."""
+    def events(self, batch: Any, step: int, fired: bool, stats: list[FieldStats] | None,
+               loss: float | None = None, level: float | None = None) -> list[Event]:
+        """The batch events of one step (never raises). `level`: on a loss spike, the typical
+        loss before it. A language model that was below chance level and jumps far above it on
+        this batch is one too: the batch means nothing to the model (a damaged model is above
+        chance on every batch, and is not reported here)."""
         events: list[Event] = []
+        self.nonfinite_input = False
         try:
             truncated = self._size_event(batch, step)
             if truncated is not None:
@@ -58,7 +66,12 @@ class BatchWatch:
                 stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
             findings = inspect_batch(batch, model=self.model, history=self._history,
                                      stats=stats)
+            above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}")
+                     if level is not None else None)
+            if above is not None and level < above.evidence["chance"]:
+                findings.append(above)
             current = {f.check for f in findings}
+            self.nonfinite_input = "batch_nonfinite" in current
             events.extend(finding_event(f, step) for f in findings if f.check not in self._active)
             self._active = current
             if not findings:

@@ -76,7 +76,8 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     kinds = {e.kind for e in serious}
     early = first_step < EARLY_STEPS
 
-    instability = kinds & {"grad_explosion", "loss_spike", "loss_divergence", "extreme_weight"}
+    instability = kinds & {"grad_explosion", "loss_spike", "loss_divergence", "extreme_weight",
+                           "bad_start"}
     for f in findings:
         weight = FINDING_WEIGHT[f.severity]
         if f.cause in CONFIG_CAUSES and not instability:
@@ -110,9 +111,15 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     if "fp16_overflow" in kinds:
         votes.add("fp16_overflow", 2.0, "float16 overflow reported")
     for e in serious:
-        if e.kind == "bad_start":  # the loss profile of an over-scaled new layer
+        if e.kind == "bad_start" and e.details.get("cause") == "bad_init":
+            # the loss profile of an over-scaled new layer
             votes.add("bad_init", 3.0, f"step {e.step}: {e.message}")
             votes.add("input_scale", 0.5, f"step {e.step}: the first losses were far too high")
+        elif e.kind == "bad_start":  # blown up by the first updates, and stayed up
+            votes.add("lr_too_high", 1.5, f"step {e.step}: {e.message}")
+            votes.add("missing_warmup", 1.5 if no_warmup else 0.3,
+                      f"step {e.step}: the first updates blew the run up"
+                      + (" on a schedule without warmup" if no_warmup else ""))
         if e.kind == "ddp_desync":  # measured directly: replicas hold different weights
             votes.add("ddp_desync", 4.0, f"step {e.step}: {e.message}")
     if kinds & {"nonfinite_weight", "nonfinite_optimizer_state", "extreme_weight"}:

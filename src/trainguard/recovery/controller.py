@@ -1,7 +1,8 @@
 """The `recover` policy's judgement: when skipping is enough, and when the run must roll back.
 
     non-finite loss/gradients   skip the update (as `protect`); `rollback_after_skips` in a row
-                                mean the state itself is broken: roll back
+                                (from batches that hold no NaN/inf themselves) mean the state
+                                itself is broken: roll back
     loss spike, grad explosion  skip that update (its batch is the suspect) and watch: later steps
                                 whose loss is still a spike are skipped too; if the loss is not
                                 back near its earlier level within `settle_steps`, the run has
@@ -71,13 +72,15 @@ class RecoveryController:
         self.trouble: _Trouble | None = None
         self.skip_streak: list[int] = []
 
-    def review(self, signals: StepSignals, events: list[Event],
-               applies_update: bool = True) -> Verdict | None:
-        """Judge one step; None leaves the policy's decision (apply, clip or skip) as it is."""
+    def review(self, signals: StepSignals, events: list[Event], applies_update: bool = True,
+               *, bad_input: bool = False) -> Verdict | None:
+        """Judge one step; None leaves the policy's decision (apply, clip or skip) as it is.
+        `bad_input`: the step's batch itself holds NaN/inf (its skip says nothing about the
+        state, so it does not count towards a rollback)."""
         step = signals.step
         serious = [e for e in events if at_least(e.severity, "warning")]
         kinds = {e.kind for e in serious}
-        verdict = self._judge(signals, step, kinds)
+        verdict = self._judge(signals, step, kinds, bad_input)
         if verdict is None and applies_update and self.trouble is not None:
             self.trouble.applied += 1
         if verdict is not None and verdict.action == "rollback" \
@@ -89,7 +92,8 @@ class RecoveryController:
             self.calm_losses.append(float(signals.loss))  # type: ignore[arg-type]
         return verdict
 
-    def _judge(self, signals: StepSignals, step: int, kinds: set[str]) -> Verdict | None:
+    def _judge(self, signals: StepSignals, step: int, kinds: set[str],
+               bad_input: bool) -> Verdict | None:
         cfg = self.config
         at_once = [k for k in ROLL_BACK_AT_ONCE if k in kinds]
         if at_once:
@@ -98,6 +102,9 @@ class RecoveryController:
         if not (signals.loss_finite and signals.grads_finite):
             if signals.amp_overflow:
                 return None  # routine GradScaler overflow: the scaler handles it
+            if bad_input:
+                return Verdict("skip", f"non-finite values in the batch of step {step}",
+                               onset=step, bad_steps=[step])
             self.skip_streak.append(step)
             if len(self.skip_streak) >= cfg.rollback_after_skips:
                 streak = self.skip_streak

@@ -15,7 +15,7 @@ from trainguard.engine import Engine, Measurement
 from trainguard.events import Event, at_least
 from trainguard.recovery.controller import RecoveryController, Verdict
 from trainguard.recovery.data import flatten_ids
-from trainguard.recovery.lr import LRBackoff
+from trainguard.recovery.lr import LRBackoff, set_lr
 from trainguard.recovery.ring import GoodStateRing
 from trainguard.recovery.state import SavedState, capture, restore
 from trainguard.transfer import to_host
@@ -63,14 +63,22 @@ class Recovery:
         return {RING_FLAG: flag} if flag is not None else {}
 
     def review(self, measurement: Measurement, events: list[Event], applies_update: bool,
-               data_ids: Any) -> Verdict | None:
+               data_ids: Any, *, nonfinite_input: bool = False) -> Verdict | None:
+        """`nonfinite_input`: this rank's batch holds NaN/inf."""
         signals = measurement.signals
         self._recent_ids.append((signals.step, flatten_ids(data_ids)))
         # Batch findings are rank-local under torch.distributed; everything else here comes from
         # signals all ranks agreed on, so every rank keeps the same ring and makes the same call.
         shared = [e for e in events if not e.kind.startswith("batch_")]
         calm = applies_update and not any(at_least(e.severity, "warning") for e in shared)
-        verdict = self.controller.review(signals, shared, applies_update)
+        bad_input = False
+        if not (signals.loss_finite and signals.grads_finite):
+            # NaN in the batch itself: the data, not the state, is broken (agreed across ranks,
+            # since batches are rank-local)
+            bad_input = nonfinite_input
+            if self.engine.dist is not None:
+                bad_input = self.engine.dist.agree_max(int(bad_input)) == 1
+        verdict = self.controller.review(signals, shared, applies_update, bad_input=bad_input)
         if verdict is not None:
             calm = False
             if verdict.action == "skip":  # a batch whose update is kept out is a suspect too
@@ -110,10 +118,17 @@ class Recovery:
         ceiling = self.lr.ceiling * self.config.lr_backoff if lowered else 1.0
         if self.scaler is not None and mid_step:
             self.scaler.update()  # closes the scaler's step (the driver called unscale_)
-        restore(target, model=self.model, optimizers=self.optimizers, scheduler=self.scheduler,
-                scaler=self.scaler)
+        rewind = self.config.rewind_schedule
+        current_lrs = [g["lr"] for opt in self.optimizers for g in opt.param_groups]
+        applied = target.extra["lr_factor"] if rewind else self.lr.factor()
+        restore(target, model=self.model, optimizers=self.optimizers,
+                scheduler=self.scheduler if rewind else None, scaler=self.scaler)
+        if not rewind:  # the schedule goes on from where it is, as the data does
+            groups = [g for opt in self.optimizers for g in opt.param_groups]
+            for group, lr in zip(groups, current_lrs, strict=True):
+                set_lr(group, lr)
         self.engine.restore_detectors(target.guard)
-        self.lr.begin(ceiling * self.config.lr_backoff, ceiling, target.extra["lr_factor"])
+        self.lr.begin(ceiling * self.config.lr_backoff, ceiling, applied)
         limit = self.config.max_grad_norm
         current = self.engine.max_grad_norm
         self.engine.max_grad_norm = limit if current is None else min(current, limit)

@@ -65,7 +65,8 @@ def capture(*, step: int, model: nn.Module, optimizers: list[torch.optim.Optimiz
 
 def restore(state: SavedState, *, model: nn.Module, optimizers: list[torch.optim.Optimizer],
             scheduler: Any, scaler: Any) -> None:
-    """Put the state back in place (the model's tensors keep their device and identity)."""
+    """Put the state back in place (the model's tensors keep their device and identity).
+    `scheduler=None` leaves the schedule where it is."""
     with torch.no_grad():
         model.load_state_dict(state.model)
     for opt, saved in zip(optimizers, state.optimizers, strict=True):
