@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from trainguard import GuardConfig, TrainingDiverged
+from trainguard.errors import BatchError
 from trainguard.events import SEVERITY_RANK
 
 from .base import Scenario, Workload
@@ -43,6 +44,9 @@ class RunResult:
     diagnosis: list[str] = field(default_factory=list)
     """Ranked cause codes from trainguard's diagnosis, most likely first."""
     notes: dict[str, Any] = field(default_factory=dict)
+    rolled_back_steps: int = 0
+    """Updates thrown away by rollbacks (`guard.recovery.rolled_back_steps`): the extra compute
+    the `recover` strategy spent. 0 for strategies that never roll back."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,17 +66,30 @@ def score(result: RunResult, scenario: Scenario) -> None:
     result.latency = (min(hits) - onset) if hits else None
 
 
+def rolled_back_steps_of(events: list[dict[str, Any]]) -> int:
+    """Updates undone by the rollbacks among `events` (for runs whose stepper is out of reach,
+    as on the ranks of a distributed run)."""
+    return sum(int(e.get("details", {}).get("steps_undone", 0)) for e in events
+               if e.get("kind") == "rollback")
+
+
 def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, float]:
     """Forward/backward of every micro-batch of `step`, then the stepper's optimizer step.
 
     Under DDP, gradients are all-reduced on the last micro-batch only, as accumulation should.
+    A batch that `guard.check_batch` refuses (BatchError: the model cannot take it) is left out,
+    as a loop that checks its batches does: the step is "refused" and training goes on.
     """
     model = workload.model
     batch = None
     step_loss = torch.zeros(())
     for micro in range(workload.accumulation):
         batch = workload.batch(step, micro)
-        stepper.before_forward(batch)
+        try:
+            stepper.before_forward(batch)
+        except BatchError:
+            workload.optimizer.zero_grad(set_to_none=True)
+            return "refused", math.nan
         last = micro == workload.accumulation - 1
         sync = (nullcontext() if last or not isinstance(model, nn.parallel.DistributedDataParallel)
                 else model.no_sync())
@@ -96,6 +113,7 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         from .distributed import run_distributed
 
         result = run_distributed(scenario, strategy, config=config, seed=seed, steps=steps)
+        result.rolled_back_steps = rolled_back_steps_of(result.events)  # rank 0's rollbacks
         score(result, scenario)
         return result
     torch.manual_seed(seed)
@@ -132,6 +150,6 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         train_losses=losses, actions=actions,
         events=[e.to_dict() for e in stepper.events],
         seconds=time.perf_counter() - started, error=error, notes=dict(workload.notes),
-        diagnosis=stepper.diagnosis())
+        diagnosis=stepper.diagnosis(), rolled_back_steps=stepper.rolled_back_steps())
     score(result, scenario)
     return result

@@ -4,7 +4,11 @@
     clip            clip_grad_norm_(1.0) first, like the Hugging Face Trainer default
     skip_nonfinite  skip the step when the gradient norm is not finite, like a GradScaler does
     zclip           ZClip adaptive clipping (the `zclip` package), then the step
-    trainguard      trainguard.Guard with a given GuardConfig (default: protect)
+    protect         trainguard.Guard under the `protect` policy (clip, skip non-finite steps)
+    recover         trainguard.Guard under the `recover` policy (protect, plus rollback to the
+                    last good state, LR backoff and tighter clipping when skipping is not enough)
+    trainguard      trainguard.Guard with a given GuardConfig (default: protect); the detection
+                    and diagnosis report runs this one, so `--policy` still applies to it
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ from trainguard import Guard, GuardConfig
 
 from .base import Workload
 
-STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "trainguard")
+STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "trainguard", "protect", "recover")
+RECOVERY_STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "protect", "recover")
+"""The six ways to take a step that the recovery benchmark compares side by side."""
+_GUARD_POLICIES = {"protect": "protect", "recover": "recover"}
+"""Strategies that run trainguard under a fixed policy, whatever policy the config names."""
 
 
 class Stepper:
@@ -43,6 +51,11 @@ class Stepper:
     def diagnosis(self) -> list[str]:
         """Ranked cause codes, most likely first (only trainguard diagnoses)."""
         return []
+
+    def rolled_back_steps(self) -> int:
+        """Updates thrown away by rollbacks: the extra compute a strategy spent (only `recover`
+        rolls back)."""
+        return 0
 
     def close(self) -> None:
         pass
@@ -134,6 +147,10 @@ class GuardStepper(Stepper):
     def diagnosis(self) -> list[str]:
         return [cause.code for cause in self.guard.diagnose()]
 
+    def rolled_back_steps(self) -> int:
+        recovery = self.guard.recovery
+        return recovery.rolled_back_steps if recovery is not None else 0
+
     def before_forward(self, batch: Any) -> None:
         """`guard.check_batch`: a batch the model cannot take fails with a clear message (and an
         event that detected it) instead of an index error inside the model."""
@@ -149,6 +166,12 @@ def make_stepper(name: str, workload: Workload, config: GuardConfig | None = Non
                  run_dir: str | None = None) -> Stepper:
     if name == "trainguard":
         return GuardStepper(workload, config, run_dir)
+    if name in _GUARD_POLICIES:
+        config = dataclasses.replace(config or GuardConfig(console=False),
+                                     policy=_GUARD_POLICIES[name])
+        stepper = GuardStepper(workload, config, run_dir)
+        stepper.name = name
+        return stepper
     table: dict[str, type[Stepper]] = {"none": NoProtection, "clip": ClipGradNorm,
                                        "skip_nonfinite": SkipNonFinite, "zclip": ZClipStepper}
     if name not in table:

@@ -281,6 +281,17 @@ def _builder(steps: int, *, batch_size: int = BATCH, head_std: float = HEAD_STD,
     return build
 
 
+BASELINES: dict[str, str] = {
+    "bert_cls_bad_init_std10": "bert_cls_healthy",
+    "bert_cls_bad_init_std100": "bert_cls_healthy",
+    # no healthy pure-fp16 run exists (pure fp16 Adam is the fault); the nearest is the float16
+    # run of batch 16 under autocast, which trains 100 steps where this one trains 60
+    "bert_cls_optimizer_eps_fp16": "bert_cls_healthy_fp16",
+}
+"""The healthy scenario of the same model and precision that each faulty one is measured
+against (its final eval loss under no protection is the reference)."""
+
+
 def scenarios() -> list[Scenario]:
     sane = f"AdamW lr {SANE_LR:g} (the sane LR), 10% warmup + cosine"
     return [

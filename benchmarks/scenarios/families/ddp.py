@@ -173,6 +173,11 @@ def _build(seed: int, *, desync: bool) -> Workload:
                     notes=notes)
 
 
+BASELINES: dict[str, str] = {"ddp_desync": "ddp_healthy"}
+"""The healthy scenario of the same model and precision that each faulty one is measured
+against (its final eval loss under no protection is the reference)."""
+
+
 def scenarios() -> list[Scenario]:
     return [
         Scenario(

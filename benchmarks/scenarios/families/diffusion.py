@@ -29,6 +29,10 @@ Stable Diffusion fine-tunes whose samples turn into colour noise):
   warmup, applied from the first step. The first full-size Adam steps, taken while the moment
   estimates are still noisy, knock the model into the same collapse (on some seeds it crawls
   part of the way back).
+- lr_too_high, transient (3.1): a misconfigured restart of the schedule multiplies the LR by
+  LR_SPIKE_FACTOR for LR_SPIKE_STEPS scheduler steps from ONSET, then the schedule is back to
+  normal. The spike lives in the schedule, so it comes back whenever the scheduler is rewound to
+  before it (a rollback restores the scheduler's state with the model's).
 - nonfinite_input (3.2): one image of the batch at ONSET carries NaNs (a corrupt file). The
   noised input, the loss and every gradient become NaN, and one unprotected AdamW step writes
   NaN into all the weights.
@@ -69,6 +73,8 @@ ONSET = 80
 PRETRAIN_STEPS = 200
 GROUPS = 4
 """GroupNorm groups in every block."""
+LR_SPIKE_FACTOR = 20.0
+LR_SPIKE_STEPS = 5
 STRIPE_CYCLES = 4.0
 """Stripes per image width inside the fine-tuning rectangles."""
 
@@ -229,6 +235,9 @@ class Recipe:
     autocast: torch.dtype | None = None
     nan_image_at: int | None = None
     """Step whose batch carries a NaN image."""
+    lr_spike_at: int | None = None
+    """Scheduler step from which the LR is LR_SPIKE_FACTOR times the schedule's, for
+    LR_SPIKE_STEPS steps (a misconfigured restart of the schedule)."""
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -239,7 +248,11 @@ def build(seed: int, recipe: Recipe) -> Workload:
 
     def lr_factor(step: int) -> float:
         warm = min(1.0, (step + 1) / recipe.warmup) if recipe.warmup else 1.0
-        return warm * 0.5 * (1 + math.cos(math.pi * min(step, STEPS) / STEPS))
+        factor = warm * 0.5 * (1 + math.cos(math.pi * min(step, STEPS) / STEPS))
+        if recipe.lr_spike_at is not None \
+                and recipe.lr_spike_at <= step < recipe.lr_spike_at + LR_SPIKE_STEPS:
+            factor *= LR_SPIKE_FACTOR
+        return factor
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
@@ -275,6 +288,16 @@ def _scenario(name: str, recipe: Recipe, description: str, *, cause: str | None 
                     description=description, recoverable=recoverable)
 
 
+BASELINES: dict[str, str] = {
+    f"{FAMILY}_lr_too_high": f"{FAMILY}_healthy",
+    f"{FAMILY}_missing_warmup": f"{FAMILY}_healthy",
+    f"{FAMILY}_nan_input": f"{FAMILY}_healthy",
+    f"{FAMILY}_lr_spike": f"{FAMILY}_healthy",
+}
+"""The healthy scenario of the same model and precision that each faulty one is measured
+against (its final eval loss under no protection is the reference)."""
+
+
 def scenarios() -> list[Scenario]:
     sane = f"AdamW {SANE_LR:g} warmup {WARMUP} + cosine"
     return [
@@ -294,4 +317,8 @@ def scenarios() -> list[Scenario]:
         _scenario("nan_input", Recipe(nan_image_at=ONSET),
                   f"one image of the batch at step {ONSET} is NaN (corrupt decode)",
                   cause="nonfinite_input", onset_step=ONSET),
+        _scenario("lr_spike", Recipe(lr_spike_at=ONSET),
+                  f"a misconfigured schedule restart: from step {ONSET} the LR is "
+                  f"{LR_SPIKE_FACTOR:g}x the schedule's for {LR_SPIKE_STEPS} steps, then back",
+                  cause="lr_too_high", onset_step=ONSET),
     ]

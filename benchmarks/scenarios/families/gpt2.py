@@ -30,7 +30,11 @@ Faults (guide sections from `trainguard.diagnose.causes`):
                                pre-trained model's, then falls as the model learns a scrambled
                                language, which ruins it on correctly encoded text; (b) one batch
                                at the onset step holds ids from a larger vocabulary (>= 64): the
-                               embedding lookup raises an IndexError.
+                               embedding lookup raises an IndexError; (c) the 10 batches from
+                               the onset step come from a shard encoded with the permuted
+                               vocabulary of (a), then the data is clean again: Adam learns the
+                               scrambled language for those steps, and an unprotected run ends
+                               measurably worse than the healthy one.
     numerical_op (3.3.2)       a confidence regulariser sum(p * log p) whose softmax temperature
                                collapses at the onset step: the softmax underflows to exact zeros,
                                0 * log(0) is NaN, and so are the loss and every gradient.
@@ -193,6 +197,9 @@ class Recipe:
     """tokenizer_mismatch (a): every training batch is encoded with a permuted vocabulary."""
     foreign_ids_at: int | None = None
     """tokenizer_mismatch (b): the batch of this step holds ids from a larger vocabulary."""
+    permuted_shard_at: int | None = None
+    """tokenizer_mismatch (c): the PERMUTED_SHARD_STEPS batches from this step come from a shard
+    encoded with a permuted vocabulary."""
     temperature_collapse_at: int | None = None
     """numerical_op: from this step the regulariser's softmax temperature collapses."""
     truncated_from: int | None = None
@@ -203,6 +210,8 @@ class Recipe:
 FOREIGN_VOCAB_SIZE = 100
 """Size of the larger vocabulary that the foreign batch was encoded with."""
 FOREIGN_ROWS = 4
+PERMUTED_SHARD_STEPS = 10
+"""Length, in steps, of the wrongly encoded shard of the tokenizer_shard scenario."""
 REGULARISER_WEIGHT = 0.01
 SANE_TEMPERATURE = 1.0
 COLLAPSED_TEMPERATURE = 1e-3
@@ -243,7 +252,9 @@ def build(seed: int, recipe: Recipe) -> Workload:
             size = recipe.truncated_size
         generator = _generator(seed, _TRAIN_STREAM, step, micro)
         tokens = sample_sequences(transition, size, generator)
-        if recipe.permuted_vocabulary:
+        shard = recipe.permuted_shard_at
+        if recipe.permuted_vocabulary or (
+                shard is not None and shard <= step < shard + PERMUTED_SHARD_STEPS):
             tokens = wrong_vocabulary[tokens]
         if step == recipe.foreign_ids_at:
             # A few rows come from a source tokenized with a larger vocabulary.
@@ -272,6 +283,23 @@ def _scenario(name: str, recipe: Recipe, description: str, **fault: Any) -> Scen
     return Scenario(name=name, family="gpt2_lora" if recipe.lora else "gpt2",
                     build=partial(build, recipe=recipe), steps=recipe.steps,
                     description=description, **fault)
+
+
+BASELINES: dict[str, str] = {
+    # full fine-tunes in fp32, batch 16: the plain healthy run
+    "gpt2_lr_too_high": "gpt2_healthy",
+    "gpt2_missing_warmup": "gpt2_healthy",
+    "gpt2_tokenizer_permuted": "gpt2_healthy",
+    "gpt2_tokenizer_foreign_ids": "gpt2_healthy",
+    "gpt2_tokenizer_shard": "gpt2_healthy",
+    "gpt2_numerical_op": "gpt2_healthy",
+    "gpt2_batch_truncated": "gpt2_healthy",
+    # LoRA r=8 at the sane LoRA LR
+    "gpt2_lora_lr_too_high": "gpt2_lora_healthy",
+    "gpt2_lora_scaling": "gpt2_lora_healthy",
+}
+"""The healthy scenario of the same model and precision that each faulty one is measured
+against (its final eval loss under no protection is the reference)."""
 
 
 def scenarios() -> list[Scenario]:
@@ -318,6 +346,12 @@ def scenarios() -> list[Scenario]:
         _scenario("gpt2_tokenizer_foreign_ids", replace(full, foreign_ids_at=ONSET_STEP),
                   f"at step {ONSET_STEP}, {FOREIGN_ROWS} sequences of the batch come from a "
                   f"{FOREIGN_VOCAB_SIZE}-token vocabulary (ids >= {VOCAB_SIZE})",
+                  cause="tokenizer_mismatch", onset_step=ONSET_STEP, sudden=True,
+                  recoverable=True),
+        _scenario("gpt2_tokenizer_shard", replace(full, permuted_shard_at=ONSET_STEP),
+                  f"the {PERMUTED_SHARD_STEPS} batches from step {ONSET_STEP} come from a shard "
+                  "encoded with a wrong vocabulary (a permutation of the ids), then clean data "
+                  "again",
                   cause="tokenizer_mismatch", onset_step=ONSET_STEP, sudden=True,
                   recoverable=True),
         _scenario("gpt2_numerical_op", replace(full, temperature_collapse_at=ONSET_STEP),

@@ -22,10 +22,13 @@ Faults (cause codes from trainguard.diagnose.causes, with the guide's section):
 - nonfinite_input (3.2): one image of the batch at `onset` carries a NaN (a corrupt file decoded
   into NaNs), or separately one pixel is +Inf (a division by zero in preprocessing). The loss and
   every gradient become NaN and one unprotected AdamW step writes NaN into all the weights.
+  nan_burst: one image of each of 5 consecutive batches is NaN (a corrupt shard); the weights
+  stay finite as long as those steps are skipped, so the state itself is never broken.
 - outlier_batch (3.2): the batch at `onset` is 1000x (severe) or 100x (mild) its normal magnitude
   (raw sensor values not normalised). Its gradients are orders of magnitude above normal; the
   unprotected step throws the weights far off and Adam's second moment, inflated for thousands
-  of steps, then all but stops learning.
+  of steps, then all but stops learning. outlier_burst: 5 consecutive batches at 100x (a shard
+  of raw sensor values).
 - fp16_overflow (3.3.2): fine-tuning under float16 autocast with a GradScaler, from a base
   checkpoint whose intermediate activations are large: block 2's BatchNorm gain and shift are
   FP16_ACTIVATION_GAIN times larger and block 3's BatchNorm statistics compensate (as happens to a
@@ -65,6 +68,8 @@ WARMUP = 20
 BATCH = 32
 ONSET = 80
 """Step of the mid-run faults: the model has learned a good part of the task by then."""
+BURST = 5
+"""Consecutive poisoned batches in the outlier_burst scenario."""
 FP16_ACTIVATION_GAIN = 2e4
 """How much larger block 2's activations are in the fp16_overflow base checkpoint."""
 
@@ -178,6 +183,8 @@ class Recipe:
     """What the batch at `onset` carries: "nan", "inf", "outlier" or nothing."""
     outlier_gain: float = 1000.0
     onset: int = ONSET
+    burst: int = 1
+    """How many consecutive batches from `onset` carry the poison."""
     large_activations: bool = False
     """Start from the base checkpoint with large intermediate activations (fp16_overflow)."""
 
@@ -220,7 +227,7 @@ def build(seed: int, recipe: Recipe) -> Workload:
             (seed * 1_000_003 + step * 1_009 + micro) % 2**63)
         images, labels = labelled_batch(FINETUNE_CLASSES, recipe.batch_size, generator)
         images = images * recipe.input_range
-        if recipe.poison and step == recipe.onset:
+        if recipe.poison and recipe.onset <= step < recipe.onset + recipe.burst:
             if recipe.poison == "nan":
                 images[3, :, 4:9, 4:9] = math.nan  # a corrupt image decoded into NaNs
             elif recipe.poison == "inf":
@@ -254,6 +261,20 @@ def _scenario(name: str, recipe: Recipe, description: str, *, cause: str | None 
                     description=description, recoverable=recoverable)
 
 
+BASELINES: dict[str, str] = {
+    f"{FAMILY}_input_scale": f"{FAMILY}_healthy",
+    f"{FAMILY}_nan_input": f"{FAMILY}_healthy",
+    f"{FAMILY}_inf_input": f"{FAMILY}_healthy",
+    f"{FAMILY}_outlier_1000x": f"{FAMILY}_healthy",
+    f"{FAMILY}_outlier_100x": f"{FAMILY}_healthy",
+    f"{FAMILY}_outlier_burst": f"{FAMILY}_healthy",
+    f"{FAMILY}_nan_burst": f"{FAMILY}_healthy",
+    f"{FAMILY}_fp16_overflow": f"{FAMILY}_healthy_fp16",
+}
+"""The healthy scenario of the same model and precision that each faulty one is measured
+against (its final eval loss under no protection is the reference)."""
+
+
 def scenarios() -> list[Scenario]:
     sane = f"AdamW {SANE_LR:g} warmup {WARMUP} + cosine"
     return [
@@ -279,6 +300,14 @@ def scenarios() -> list[Scenario]:
         _scenario("outlier_100x", Recipe(poison="outlier", outlier_gain=100.0),
                   f"the batch at step {ONSET} is 100x its normal magnitude",
                   cause="outlier_batch", onset_step=ONSET, severity="mild"),
+        _scenario("outlier_burst", Recipe(poison="outlier", outlier_gain=100.0, burst=BURST),
+                  f"{BURST} consecutive batches from step {ONSET} are 100x their normal magnitude "
+                  "(a shard of raw, unnormalised sensor values)",
+                  cause="outlier_batch", onset_step=ONSET, severity="severe"),
+        _scenario("nan_burst", Recipe(poison="nan", burst=BURST),
+                  f"one image of each of the {BURST} batches from step {ONSET} is NaN (a corrupt "
+                  "shard)",
+                  cause="nonfinite_input", onset_step=ONSET),
         _scenario("fp16_overflow",
                   Recipe(autocast=torch.float16, grad_scaler=True, large_activations=True),
                   f"fp16 autocast + GradScaler from a checkpoint whose block-2 activations are "

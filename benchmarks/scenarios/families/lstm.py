@@ -27,6 +27,11 @@ Scenarios:
                             so that count is 0 and the loss is 0/0 = NaN, whose NaN gradients
                             poison every weight of an unprotected run. A single bad step:
                             skipping it saves the run.
+    lstm_lr_spike           (§3.1) the SGD run with a misconfigured schedule restart: for 3
+                            scheduler steps from step 100 the LR is 50x, then back to 1.0. The
+                            spiked updates throw the weights as in lstm_lr_too_high_x50, with
+                            half the run left to climb back. The spike lives in the schedule, so
+                            it comes back whenever the scheduler is rewound to before it.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ PRETRAIN_STEPS = 150
 PRETRAIN_LR = 1e-2
 
 NUMERICAL_ONSET = 120
+LR_SPIKE_ONSET = 100
+LR_SPIKE_FACTOR = 50.0
+LR_SPIKE_STEPS = 3
 
 _STREAM_TRAIN, _STREAM_EVAL, _STREAM_PRETRAIN = 1, 2, 3
 PRETRAIN_SEED = 4321
@@ -176,9 +184,19 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, steps: int,
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def lr_spike(optimizer: torch.optim.Optimizer, at: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A constant LR, except LR_SPIKE_FACTOR times higher for LR_SPIKE_STEPS scheduler steps
+    from `at` (a schedule restart configured with the wrong peak)."""
+    def factor(step: int) -> float:
+        return LR_SPIKE_FACTOR if at <= step < at + LR_SPIKE_STEPS else 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, layers: int = 1,
              hidden: int = 64, batch_size: int = BATCH, warmup: int = 0, cosine: bool = False,
-             empty_batch_at: int | None = None) -> Callable[[int], Workload]:
+             empty_batch_at: int | None = None,
+             lr_spike_at: int | None = None) -> Callable[[int], Workload]:
     def build(seed: int) -> Workload:
         model = _base_model(layers, hidden)
         model.train()
@@ -197,13 +215,29 @@ def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, lay
                                  lengths=torch.ones(batch_size, dtype=torch.long))
             return documents(transition, batch_size, generator)
 
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if cosine:
+            scheduler = warmup_cosine(opt, steps, warmup)
+        elif lr_spike_at is not None:
+            scheduler = lr_spike(opt, lr_spike_at)
         return Workload(
             model=model, optimizer=opt, batch=batch, loss=token_average_loss,
             evaluate=lambda m: lm_eval(m, held_out, token_average_loss),
-            scheduler=warmup_cosine(opt, steps, warmup) if cosine else None, batch_size=batch_size,
+            scheduler=scheduler, batch_size=batch_size,
             notes={"optimizer": optimizer, "lr": lr, "layers": layers, "hidden": hidden})
 
     return build
+
+
+BASELINES: dict[str, str] = {
+    # all faulty runs are the 1-layer SGD LM
+    "lstm_lr_too_high_x50": "lstm_healthy_sgd",
+    "lstm_lr_too_high_x100": "lstm_healthy_sgd",
+    "lstm_numerical_op": "lstm_healthy_sgd",
+    "lstm_lr_spike": "lstm_healthy_sgd",
+}
+"""The healthy scenario of the same model and precision that each faulty one is measured
+against (its final eval loss under no protection is the reference)."""
 
 
 def scenarios() -> list[Scenario]:
@@ -212,6 +246,8 @@ def scenarios() -> list[Scenario]:
     def sgd_at(multiple: float, **fault: int) -> Callable[[int], Workload]:
         return _builder(STEPS, lr=SGD_SANE_LR * multiple, **fault)
 
+    spike = (f"from step {LR_SPIKE_ONSET} the LR is {LR_SPIKE_FACTOR:g}x for {LR_SPIKE_STEPS} "
+             "steps, then back")
     return [
         Scenario("lstm_healthy_sgd", FAMILY, sgd_at(1), STEPS,
                  description=f"1-layer LSTM LM (hidden 64, batch {BATCH}), {sgd}"),
@@ -233,4 +269,7 @@ def scenarios() -> list[Scenario]:
                  description="token-averaged loss divides by the target count, which is 0 for a "
                              f"batch of one-token documents at step {NUMERICAL_ONSET} (0/0 = NaN);"
                              f" {sgd}"),
+        Scenario("lstm_lr_spike", FAMILY, sgd_at(1, lr_spike_at=LR_SPIKE_ONSET), STEPS,
+                 cause="lr_too_high", onset_step=LR_SPIKE_ONSET, sudden=True, recoverable=True,
+                 description=f"a misconfigured schedule restart: {spike}; {sgd}"),
     ]
