@@ -40,3 +40,18 @@ def test_a_run_blown_up_by_its_first_updates_is_a_bad_start_too() -> None:
     [event] = run(BadStart(default_config()), loss_run(losses))
     assert event.step == WARMUP and event.details["cause"] == "lr_too_high"
     assert event.details["ratio"] > 2
+
+
+def test_a_blow_up_that_does_not_fade_is_reported_again_for_the_learning_rate() -> None:
+    cfg = default_config()
+    stays_up = [4.0, 8.5, 12.4, 9.3, 8.9, 8.8, 7.8, 9.2, 10.8, 9.4] + [8.0] * 60
+    events = run(BadStart(cfg), loss_run(stays_up))
+    assert steps_of(events) == [WARMUP, cfg.baseline_window]
+    assert events[1].details["sustained"] and events[1].details["cause"] == "lr_too_high"
+    fades = [4.0, 8.5, 12.4, 9.3, 8.9, 8.8, 7.8, 9.2, 10.8, 9.4] + list(
+        np.linspace(9.0, 3.5, 30)) + [3.5] * 30
+    assert steps_of(run(BadStart(cfg), loss_run(fades))) == [WARMUP]
+    # still 1.5x the first loss at step 50, but down to a third of its level at step 10: fading
+    fading = [1.0, 20.0, 12.0, 11.0, 10.0, 10.5, 9.5, 10.0, 9.0, 10.0] + list(
+        np.linspace(9.0, 3.0, 40)) + [2.5] * 20
+    assert steps_of(run(BadStart(cfg), loss_run(fading))) == [WARMUP]

@@ -109,7 +109,7 @@ def test_without_symptoms_the_configuration_risks_are_the_diagnosis() -> None:
     warmup = Finding("warmup", "warning", "no warmup", "add one", cause="missing_warmup")
     note = Finding("clipping", "info", "no clipping", "clip")
     ranked = rank_causes([], [warmup, lora, note])
-    assert codes(ranked) == ["lora_scaling", "missing_warmup"]
+    assert codes(ranked) == ["lora_scaling", "missing_warmup", "lr_too_high"]
     assert all(c.confidence <= 0.5 for c in ranked)  # no symptom: never confident
     assert "no symptom detected" in ranked[0].evidence[0]
     assert rank_causes([], [note]) == []
@@ -122,3 +122,5 @@ def test_a_bad_start_points_at_initialisation_or_at_the_learning_rate() -> None:
     assert codes(rank_causes(blown_up))[:2] == ["lr_too_high", "missing_warmup"]
     no_warmup = Finding("warmup", "warning", "no warmup", "add one", cause="missing_warmup")
     assert codes(rank_causes(blown_up, [no_warmup]))[0] == "missing_warmup"
+    stayed_up = [*blown_up, event("bad_start", 50, "warning", cause="lr_too_high", sustained=True)]
+    assert codes(rank_causes(stayed_up, [no_warmup]))[0] == "lr_too_high"

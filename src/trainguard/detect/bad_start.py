@@ -8,7 +8,10 @@ against the median of the losses since step `warmup_steps // 2`.
   optimizer then shrinks it and the loss falls to a normal level, so nothing looks wrong
   afterwards, yet the first large updates have already disturbed the pre-trained weights.
 - Far *below* it (`bad_start_blowup_ratio`, 2x): the very first updates made the model worse
-  and it stayed worse: a learning rate far too high for the start (or no warmup).
+  and it stayed worse: a learning rate far too high for the start (or no warmup). Then, at step
+  `baseline_window`, if the loss is still `divergence_ratio` times the first loss and has not
+  come down to half its level of step `warmup_steps`, the blow-up has not faded as a warm-up
+  fault does: a second event says the LR itself is too high.
 """
 
 from __future__ import annotations
@@ -31,13 +34,17 @@ class BadStart(Detector):
         self.first: float | None = None
         self.recent: list[float] = []
         self.done = False
+        self.blown_up = False
+        """The blow-up was reported; its persistence is checked at step `baseline_window`."""
+        self.blown_level = math.nan
+        """The loss level the blow-up was measured at (step `warmup_steps`)."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
-        if self.done or signals.loss is None:
+        if signals.loss is None or not math.isfinite(signals.loss) or signals.loss <= 0:
             return []
-        if not math.isfinite(signals.loss) or signals.loss <= 0:
-            return []
+        if self.done:
+            return self._check_persistence(signals) if self.blown_up else []
         if self.first is None:
             self.first = signals.loss
             return []
@@ -55,6 +62,8 @@ class BadStart(Detector):
                                "updates were far too large (a badly initialised new layer?)",
                                value=self.first, ratio=ratio, settled=settled, cause="bad_init")]
         if settled >= cfg.bad_start_blowup_ratio * self.first:
+            self.blown_up, self.blown_level = True, settled
+            self.recent = []
             return [self.event(signals.step, "warning",
                                f"the loss went from {self.first:.4g} before the first update to "
                                f"{settled:.4g} by step {signals.step} ({settled / self.first:.3g}x)"
@@ -64,10 +73,34 @@ class BadStart(Detector):
                                cause="lr_too_high")]
         return []
 
+    def _check_persistence(self, signals: StepSignals) -> list[Event]:
+        cfg = self.config
+        window = max(cfg.baseline_window - cfg.warmup_steps, 1)
+        if signals.step > cfg.baseline_window - window // 5:
+            self.recent.append(signals.loss)  # type: ignore[arg-type]
+        if signals.step < cfg.baseline_window:
+            return []
+        self.blown_up = False
+        level = statistics.median(self.recent) if self.recent else math.nan
+        assert self.first is not None
+        if not (level >= cfg.divergence_ratio * self.first  # NaN-safe: no event
+                and level > 0.5 * self.blown_level):  # fading: a warm-up fault, not the LR
+            return []
+        return [self.event(signals.step, "warning",
+                           f"the loss is still {level:.4g} at step {signals.step}, "
+                           f"{level / self.first:.3g}x its {self.first:.4g} before the first "
+                           "update: the blow-up of the first steps has not faded as a warm-up "
+                           "fault does (the learning rate is too high)",
+                           value=level, ratio=level / self.first, first=self.first,
+                           cause="lr_too_high", sustained=True)]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"first": self.first, "recent": list(self.recent), "done": self.done}
+        return {"first": self.first, "recent": list(self.recent), "done": self.done,
+                "blown_up": self.blown_up, "blown_level": self.blown_level}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first = state["first"]
         self.recent = [float(v) for v in state["recent"]]
         self.done = bool(state["done"])
+        self.blown_up = bool(state.get("blown_up", False))
+        self.blown_level = float(state.get("blown_level", math.nan))

@@ -115,6 +115,8 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
             # the loss profile of an over-scaled new layer
             votes.add("bad_init", 3.0, f"step {e.step}: {e.message}")
             votes.add("input_scale", 0.5, f"step {e.step}: the first losses were far too high")
+        elif e.kind == "bad_start" and e.details.get("sustained"):  # and it did not fade
+            votes.add("lr_too_high", 2.0, f"step {e.step}: {e.message}")
         elif e.kind == "bad_start":  # blown up by the first updates, and stayed up
             votes.add("lr_too_high", 1.5, f"step {e.step}: {e.message}")
             votes.add("missing_warmup", 1.5 if no_warmup else 0.3,
@@ -165,6 +167,10 @@ def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]
         if at_least(f.severity, "warning"):
             votes.add(f.cause, FINDING_WEIGHT[f.severity],
                       f"no symptom detected; found in the configuration: {f.message}", f.fix)
+            if f.cause == "missing_warmup":  # a missing warmup hurts when the LR is high
+                votes.add("lr_too_high", 0.3 * FINDING_WEIGHT[f.severity],
+                          "no symptom detected; without warmup the full LR acts from the "
+                          "first step")
     total = sum(votes.score.values())
     ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
     return [RankedCause(code=code, confidence=NO_SYMPTOM_SHARE * score / total, score=score,
