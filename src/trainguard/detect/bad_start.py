@@ -36,7 +36,7 @@ class BadStart(Detector):
         self.done = False
         self.blown_up = False
         """The blow-up was reported; its persistence is checked at step `baseline_window`."""
-        self.blown_level = math.nan
+        self.blown_level: float | None = None
         """The loss level the blow-up was measured at (step `warmup_steps`)."""
 
     def check(self, signals: StepSignals) -> list[Event]:
@@ -83,8 +83,9 @@ class BadStart(Detector):
         self.blown_up = False
         level = statistics.median(self.recent) if self.recent else math.nan
         assert self.first is not None
+        blown = self.blown_level if self.blown_level is not None else math.inf
         if not (level >= cfg.divergence_ratio * self.first  # NaN-safe: no event
-                and level > 0.5 * self.blown_level):  # fading: a warm-up fault, not the LR
+                and level > 0.5 * blown):  # fading: a warm-up fault, not the LR
             return []
         return [self.event(signals.step, "warning",
                            f"the loss is still {level:.4g} at step {signals.step}, "
@@ -103,4 +104,5 @@ class BadStart(Detector):
         self.recent = [float(v) for v in state["recent"]]
         self.done = bool(state["done"])
         self.blown_up = bool(state.get("blown_up", False))
-        self.blown_level = float(state.get("blown_level", math.nan))
+        blown = state.get("blown_level")
+        self.blown_level = float(blown) if blown is not None else None
