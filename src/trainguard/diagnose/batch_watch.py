@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from trainguard.diagnose.batch import (
+    CHANCE_FACTOR,
     BatchHistory,
     BatchStatsOnDevice,
     FieldStats,
@@ -51,9 +52,9 @@ class BatchWatch:
     def events(self, batch: Any, step: int, fired: bool, stats: list[FieldStats] | None,
                loss: float | None = None, level: float | None = None) -> list[Event]:
         """The batch events of one step (never raises). `level`: on a loss spike, the typical
-        loss before it. A language model that was below chance level and jumps far above it on
-        this batch is one too: the batch means nothing to the model (a damaged model is above
-        chance on every batch, and is not reported here)."""
+        loss before it. A language model that was well below chance level (it understood the
+        data) and jumps far above it on this batch is one too: the batch means nothing to the
+        model. A fresh model sits at chance and a damaged one above it: neither is reported."""
         events: list[Event] = []
         self.nonfinite_input = False
         try:
@@ -68,7 +69,8 @@ class BatchWatch:
                                      stats=stats)
             above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}")
                      if level is not None else None)
-            if above is not None and level < above.evidence["chance"]:
+            # the model understood this data (well below chance) until this batch
+            if above is not None and level * CHANCE_FACTOR < above.evidence["chance"]:
                 findings.append(above)
             current = {f.check for f in findings}
             self.nonfinite_input = "batch_nonfinite" in current

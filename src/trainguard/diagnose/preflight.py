@@ -118,8 +118,9 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
         return [Finding("mode_and_lr", severity,
                         f"LR {lr:.3g} is {ratio:.3g}x the top of the Adam(W) range for "
                         f"{name[mode]} ({low:g} to {high:g}){size_note}.",
-                        f"use at most {high:g} (for example {high:g} with 500 warmup steps and "
-                        "cosine decay); tiny models tolerate more, large pre-trained ones do not.",
+                        f"use at most {high * allowance:.3g} for this model (the guide's "
+                        f"{high:g} for large pre-trained ones), with 500 warmup steps and "
+                        "cosine decay.",
                         cause="lr_too_high", evidence={**evidence, "ratio": ratio})]
     if lr < low / 10:
         return [Finding("mode_and_lr", "info",
