@@ -7,6 +7,7 @@ import logging
 from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -46,7 +47,7 @@ class Recovery:
         """Data ids the rollbacks blamed; `SkippingSampler` and resumable pipelines skip them."""
         self.rolled_back_steps = 0
         """Updates thrown away by rollbacks (the extra compute recovery cost)."""
-        self._recent_ids: deque[tuple[int, list[Any]]] = deque(
+        self._recent_ids: deque[tuple[int, Any]] = deque(
             maxlen=self.config.settle_steps + self.config.rollback_after_skips + 2)
 
     # -- around each step ------------------------------------------------------------------------
@@ -66,7 +67,7 @@ class Recovery:
                data_ids: Any, *, nonfinite_input: bool = False) -> Verdict | None:
         """`nonfinite_input`: this rank's batch holds NaN/inf."""
         signals = measurement.signals
-        self._recent_ids.append((signals.step, flatten_ids(data_ids)))
+        self._recent_ids.append((signals.step, data_ids))  # flattened only when blamed
         # Batch findings are rank-local under torch.distributed; everything else here comes from
         # signals all ranks agreed on, so every rank keeps the same ring and makes the same call.
         shared = [e for e in events if not e.kind.startswith("batch_")]
@@ -87,7 +88,7 @@ class Recovery:
         if flag is not None and self.engine.dist is not None:
             # each rank checked its own shard (FSDP) or replica: good only if good everywhere
             bad = self.engine.dist.agree_max(0 if bool((flag == 1.0).all()) else 1)
-            flag = flag * 0 + (0.0 if bad else 1.0)
+            flag = np.array([0.0 if bad else 1.0])
         self.ring.observe(flag=flag, calm=calm)
         return verdict
 
@@ -152,7 +153,7 @@ class Recovery:
                      "rollbacks": self.controller.rollbacks, "reason": verdict.reason})
 
     def _ids_of(self, steps: list[int]) -> list[Any]:
-        return [i for s, ids in self._recent_ids if s in steps for i in ids]
+        return [i for s, ids in self._recent_ids if s in steps for i in flatten_ids(ids)]
 
     # -- state -------------------------------------------------------------------------------------
     def _capture(self, reuse: SavedState | None = None) -> SavedState:

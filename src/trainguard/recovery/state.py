@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainguard.probes.local import local_tensor
 from trainguard.probes.norms import float32_norms
 from trainguard.snapshot import restore_rng_state, rng_state
 
@@ -83,12 +84,13 @@ def restore(state: SavedState, *, model: nn.Module, optimizers: list[torch.optim
 def finite_flag(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> torch.Tensor | None:
     """One device scalar (1.0 or 0.0): every parameter and floating optimizer state is finite.
 
-    Fused norms, float32 accumulation: any NaN or inf makes a norm non-finite."""
-    tensors = [p.detach() for p in model.parameters()]
+    Fused norms, float32 accumulation: any NaN or inf makes a norm non-finite. Sharded (FSDP2)
+    tensors are checked on this rank's shard; the ranks agree on the result afterwards."""
+    tensors = [local_tensor(p).detach() for p in model.parameters()]
     for opt in optimizers:
         for per_param in opt.state.values():
-            tensors.extend(v for v in per_param.values()
-                           if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel())
+            tensors.extend(local_tensor(v) for v in per_param.values()
+                           if isinstance(v, torch.Tensor) and v.is_floating_point())
     tensors = [t for t in tensors if t.is_floating_point() and t.numel()]
     if not tensors:
         return None
