@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from trainguard.signals import StepSignals
 
 Severity = Literal["info", "warning", "error", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
@@ -61,7 +64,45 @@ class StepReport:
     """The factor gradients were multiplied by (1.0 when not clipped)."""
     sampled: bool = False
     """Whether the heavy probes ran on this step."""
+    signals: StepSignals | None = field(default=None, repr=False, compare=False)
+    """The host measurements behind the report (per-parameter gradient norms, sampled
+    statistics that arrived with this step), for sinks that record more than the scalars."""
 
     @property
     def skipped(self) -> bool:
         return self.action == "skipped"
+
+
+ActionKind = Literal["skip", "clip", "rollback", "lr_change", "halt", "snapshot", "clip_takeover"]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """Something trainguard did to the run (as opposed to something it saw)."""
+
+    kind: ActionKind
+    step: int
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "step": self.step, "message": self.message,
+                "details": self.details}
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What a sink hears when a run starts."""
+
+    run_dir: str | None
+    config: dict[str, Any]
+    """`GuardConfig.to_dict()`: plain data."""
+    param_names: list[str]
+    param_shapes: list[list[int]]
+    trainguard_version: str
+    integration: str = ""
+    """"" for the plain Guard, else the trainer (e.g. "transformers.Trainer")."""
+    distributed: dict[str, Any] = field(default_factory=dict)
+    """Rank, world size and backend under torch.distributed (empty for one process)."""
+    resume: bool = False
+    """True when the run continues an earlier one (`Guard(resume=True)`)."""

@@ -1,26 +1,57 @@
-"""The sink contract and the fan-out that isolates failures."""
+"""The sink contract and the fan-out that isolates failures.
+
+A sink hears everything a run says, in this order: `on_run_start` once; then, as they happen,
+`on_findings` (the preflight audit, runtime checks), `on_event`, `on_action` (skip, clip, rollback,
+LR change, halt, snapshot), `on_diagnosis` (the ranked causes, when they change), `on_step` once per
+step; finally `on_run_end` with the run's status (`finished`, `halted`, `crashed`, `interrupted`)
+and `close`. Sinks observe only: they must not change training. Under torch.distributed only rank 0
+has sinks.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from trainguard.events import Event, StepReport
+from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+
+if TYPE_CHECKING:
+    from trainguard.diagnose.finding import Finding
+    from trainguard.diagnose.ranking import RankedCause
 
 log = logging.getLogger("trainguard")
 
+SINK_METHODS = ("on_run_start", "on_findings", "on_event", "on_action", "on_diagnosis",
+                "on_step", "on_run_end", "close")
+
 
 class Sink:
-    """Observe-only: sinks must not change training. Override what you need."""
+    """Observe-only: override what you need; every method defaults to doing nothing."""
+
+    def on_run_start(self, run: RunInfo) -> None:
+        """Called once, before the first step."""
+
+    def on_findings(self, findings: list[Finding]) -> None:
+        """Called with every finding so far whenever new ones arrive (preflight, runtime checks)."""
 
     def on_event(self, event: Event) -> None:
-        """Called as soon as an event is detected."""
+        """Called as soon as an event is detected (its likely causes and replay attached)."""
+
+    def on_action(self, action: ActionRecord) -> None:
+        """Called when trainguard changes the run: skip, clip, rollback, LR change, halt."""
+
+    def on_diagnosis(self, causes: list[RankedCause]) -> None:
+        """Called with the ranked likely causes whenever they are (re)computed."""
 
     def on_step(self, report: StepReport) -> None:
-        """Called once per step, after the step was applied, skipped or halted."""
+        """Called once per step, after the step was applied, skipped, rolled back or halted."""
+
+    def on_run_end(self, status: str) -> None:
+        """Called once with the run's final status."""
 
     def close(self) -> None:
-        """Called once when the Guard closes."""
+        """Called once after `on_run_end`: release files and connections."""
 
 
 class SinkSet:
@@ -32,8 +63,11 @@ class SinkSet:
 
     def _call(self, method: str, *args: object) -> None:
         for sink in list(self.sinks):
+            handler = getattr(sink, method, None)
+            if handler is None:  # a duck-typed sink that does not need this call
+                continue
             try:
-                getattr(sink, method)(*args)
+                handler(*args)
             except Exception as exc:  # a monitoring bug must not kill the run
                 name = type(sink).__name__
                 self.failures[name] = f"{type(exc).__name__}: {exc}"
@@ -41,11 +75,26 @@ class SinkSet:
                 log.error("trainguard: sink %s failed in %s (%s) and was disabled; training "
                           "goes on", name, method, self.failures[name])
 
+    def on_run_start(self, run: RunInfo) -> None:
+        self._call("on_run_start", run)
+
+    def on_findings(self, findings: list[Finding]) -> None:
+        self._call("on_findings", findings)
+
     def on_event(self, event: Event) -> None:
         self._call("on_event", event)
 
+    def on_action(self, action: ActionRecord) -> None:
+        self._call("on_action", action)
+
+    def on_diagnosis(self, causes: list[RankedCause]) -> None:
+        self._call("on_diagnosis", causes)
+
     def on_step(self, report: StepReport) -> None:
         self._call("on_step", report)
+
+    def on_run_end(self, status: str) -> None:
+        self._call("on_run_end", status)
 
     def close(self) -> None:
         self._call("close")
