@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True, seed=0)
     Trainer(model=model, args=training, train_dataset=data, callbacks=[callback]).train()
 
-    assert callback.driver is not None
-    watched = callback.driver.engine.watched.names
+    assert callback.run is not None
+    watched = callback.run.watched.names
     finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
     print(f"watched parameters ({len(watched)}, adapters only): {watched[:2]} ...")
     for event in callback.events:

@@ -37,7 +37,7 @@ def test_a_single_process_has_no_context_and_one_transfer_per_step() -> None:
     assert not dist.is_initialized()
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer, config=QUIET)
-    assert guard.engine.dist is None and guard.engine.ranks is None and guard.engine.is_main
+    assert guard.run.dist is None and guard.run.ranks is None and guard.run.is_main
     assert distributed_context(torch.device("cpu")) is None
     counts = []
     for _ in range(5):
@@ -57,7 +57,7 @@ def test_a_process_group_of_one_rank_has_no_context(tmp_path) -> None:
         assert distributed_context(torch.device("cpu")) is None
         setup = make_setup()
         guard = Guard(setup.model, setup.optimizer, config=QUIET, run_dir=tmp_path / "run")
-        assert guard.engine.dist is None and guard.engine.store is not None
+        assert guard.run.dist is None and guard.run.store is not None
         loss = setup.model.loss(setup.batch())
         loss.backward()
         assert guard.step(loss).action in ("applied", "clipped")
@@ -242,3 +242,24 @@ def test_ddp_recover_rolls_back_every_rank_to_the_same_state() -> None:
     for key in ("actions", "events", "ring", "weights"):
         assert rank0[key] == rank1[key], key
     assert all(math.isfinite(w) for w in rank0["weights"])
+
+
+def test_desync_under_halt_halts_both_ranks_at_the_check_that_sees_it() -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_desync_under_policy, "halt")
+    for rank in (rank0, rank1):
+        assert rank["halted_at"] == 8
+        assert len(rank["actions"]) == 8  # steps 0-7 went through
+        assert [kind for kind, _, _ in rank["events"]] == ["ddp_desync"]
+    assert rank0["events"] == rank1["events"]
+
+
+def test_desync_under_recover_rolls_both_ranks_back_to_agreeing_weights() -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_desync_under_policy, "recover")
+    for rank in (rank0, rank1):
+        assert rank["halted_at"] is None
+        assert rank["actions"][8] == "rolled_back"
+        # back to the state kept at step 4, the last check that found the replicas equal
+        assert ("rollback", 8, 4) in rank["events"]
+        assert [e for e in rank["events"] if e[0] == "ddp_desync"] == [("ddp_desync", 8, None)]
+    assert rank0["actions"] == rank1["actions"]
+    assert rank0["weights"] == rank1["weights"]  # in sync again, bit for bit

@@ -298,7 +298,7 @@ def test_a_failing_sink_does_not_stop_training() -> None:
     guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET), sinks=[Broken()])
     reports = train(guard, setup, 5)
     assert len(reports) == 5
-    assert "Broken" in guard.engine.sinks.failures
+    assert "Broken" in guard.run.sinks.failures
     guard.close()
 
 
@@ -307,7 +307,7 @@ def test_context_manager_closes_the_store(tmp_path) -> None:
     with Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET),
                run_dir=tmp_path / "run") as guard:
         train(guard, setup, 3)
-    assert guard.engine.closed
+    assert guard.run.closed
     assert trainguard.RunReader(tmp_path / "run").meta()["status"] == "finished"
     with pytest.raises(UsageError, match="closed"):
         guard.step(torch.tensor(1.0))
@@ -377,7 +377,7 @@ def test_a_monitoring_bug_does_not_stop_training(monkeypatch, caplog) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("probe bug")
 
-    monkeypatch.setattr(guard.engine.grad_probe, "measure", broken)
+    monkeypatch.setattr(guard.run.grad_probe, "measure", broken)
     weights = setup.model.head.weight.detach().clone()
     lr = setup.optimizer.param_groups[0]["lr"]
     with caplog.at_level("ERROR", logger="trainguard"):

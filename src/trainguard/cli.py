@@ -1,32 +1,59 @@
 """The `trainguard` command line.
 
     trainguard demo              a healthy and an exploding fine-tune, detected as they happen
-    trainguard show RUN_DIR      what a run did: steps, losses, events, worst layers (--json)
+    trainguard show RUN_DIR      what the latest run of a directory did (--run ID for another)
+    trainguard runs RUN_DIR      every run recorded in a directory
     trainguard replay SNAPSHOT   rerun a crash snapshot's bad step and name where it went wrong
     trainguard doctor            audit a training setup before it runs
 
-Problems with the input (a missing or corrupt run directory, bad arguments) print one message
-and exit with code 2; nothing is written half-way.
+Problems with the input (a missing or corrupt run directory or snapshot, a factory that fails,
+bad arguments) print one line `trainguard: error: ...` on stderr and exit with code 2; nothing is
+written half-way. Exit codes: 0 ok, 2 bad input, 130 interrupted. Text read from a store is shown
+with control characters escaped (an escape sequence in a message prints as `\\x1b[31m`, never
+reaches the terminal raw).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import shlex
 import sys
-from collections.abc import Sequence
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainguard import __version__
 from trainguard.errors import TrainguardError
 
+EXIT_OK = 0
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_CODES = "exit codes: 0 ok, 2 bad input (one error line on stderr), 130 interrupted."
+
+
+def visible(text: str) -> str:
+    """`text` with control and format characters escaped (`\\x1b`, `\\n`, `\\u202e`), so that
+    stored strings cannot move the cursor, recolour or rewrite a terminal."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char == " " or unicodedata.category(char) not in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co",
+                                                             "Cn"):
+            out.append(char)
+        else:
+            out.append(repr(char)[1:-1])
+    return "".join(out)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        print(f"trainguard: error: {message}", file=sys.stderr)
+        print(f"trainguard: error: {visible(message)} (see '{self.prog} --help')",
+              file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -40,11 +67,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainguard",
                      description="Keeps PyTorch fine-tuning runs from blowing up: watches every "
                                  "optimizer step, detects NaN/Inf, gradient explosions, loss "
-                                 "spikes and divergence, protects the run and records it.")
+                                 "spikes and divergence, protects the run and records it.",
+                     epilog=EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"trainguard {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -52,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train a tiny transformer twice: healthy, then with a far too high LR",
         description="Fine-tune a small randomly initialised transformer on a synthetic language "
                     "on the CPU, first healthy, then with a learning rate 300x too high and no "
-                    "warmup. Detections are printed as they happen, then a summary.")
+                    "warmup. Detections are printed as they happen, then a summary. Each run "
+                    "directory keeps every demo run; `trainguard show` shows the latest.",
+        epilog=EXIT_CODES)
     demo.add_argument("--steps", type=_positive_int, default=300,
                       help="optimizer steps per run (default: 300)")
     demo.add_argument("--out", default="trainguard-demo",
@@ -60,13 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
 
     show = commands.add_parser(
-        "show", help="summarise a run directory",
-        description="Summarise a run recorded by trainguard: steps, loss (with NaN/inf counts), "
-                    "actions taken, events, and the parameters with the worst gradients.")
+        "show", help="summarise the latest run of a run directory",
+        description="Summarise a run recorded by trainguard: status, steps, loss (with NaN/inf "
+                    "counts), actions taken, events, and the parameters with the worst "
+                    "gradients. A run directory keeps every run started in it; the latest is "
+                    "shown unless --run picks another (list them with `trainguard runs`).",
+        epilog=EXIT_CODES)
     show.add_argument("run_dir", metavar="RUN_DIR", help="the run directory given to the Guard")
+    show.add_argument("--run", type=_positive_int, metavar="ID",
+                      help="show run ID instead of the latest")
     show.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    show.add_argument("--events", type=int, default=20, metavar="N",
+    show.add_argument("--events", type=_non_negative_int, default=20, metavar="N",
                       help="list at most N events (default: 20)")
+
+    runs = commands.add_parser(
+        "runs", help="list the runs recorded in a run directory",
+        description="List every run recorded in a run directory, oldest first: its id, when it "
+                    "started and ended, its status, and how many steps and events it recorded.",
+        epilog=EXIT_CODES)
+    runs.add_argument("run_dir", metavar="RUN_DIR", help="the run directory given to the Guard")
+    runs.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
     replay_cmd = commands.add_parser(
         "replay", help="rerun the bad step of a crash snapshot and name where it went wrong",
         description="Load a crash snapshot (weights_only), rebuild the model with FACTORY, restore "
@@ -74,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "with forward and gradient hooks, and name the first non-finite module and "
                     "parameter. FACTORY is 'module:function' (or 'path/to/file.py:function'); the "
                     "function takes no arguments and returns (model, loss_fn) where "
-                    "loss_fn(model, batch) -> loss.")
+                    "loss_fn(model, batch) -> loss.",
+        epilog=EXIT_CODES)
     replay_cmd.add_argument("snapshot", metavar="SNAPSHOT")
     replay_cmd.add_argument("--factory", required=True, metavar="FACTORY")
     replay_cmd.add_argument("--runs", type=_positive_int, default=2,
@@ -84,12 +139,25 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="audit a training setup before it runs (preflight)",
         description="Run trainguard's preflight audit on the objects FACTORY builds. FACTORY is "
                     "'module:function' (or 'path/to/file.py:function'); the function takes no "
-                    "arguments and returns (model, optimizer) or (model, optimizer, scheduler).")
+                    "arguments and returns (model, optimizer) or (model, optimizer, scheduler).",
+        epilog=EXIT_CODES)
     doctor.add_argument("--factory", required=True, metavar="FACTORY")
     return parser
 
 
-def _load_factory(spec: str) -> Any:
+# -- factories -----------------------------------------------------------------------------------
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
+
+
+def _a(value: object) -> str:
+    """'a str', 'an int': the type of a value, for messages."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _load_factory(spec: str) -> Callable[[], Any]:
     import importlib
     import importlib.util
     from pathlib import Path
@@ -105,90 +173,187 @@ def _load_factory(spec: str) -> Any:
             if not path.is_file():
                 raise UsageError(f"no file {path}")
             loaded = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(loaded)  # type: ignore[arg-type]
-            loaded.loader.exec_module(module)  # type: ignore[union-attr]
+            if loaded is None or loaded.loader is None:
+                raise UsageError(f"cannot import {path}")
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
     except UsageError:
         raise
-    except Exception as exc:
-        raise UsageError(f"cannot import {module_name} ({type(exc).__name__}: {exc})") from None
-    factory = getattr(module, function, None)
-    if not callable(factory):
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"cannot import {module_name} ({_first_line(exc)})") from None
+    if not hasattr(module, function):
         raise UsageError(f"{module_name} has no function {function!r}")
+    factory = getattr(module, function)
+    if not callable(factory):
+        raise UsageError(f"the factory {spec} is {_a(factory)}, not a function")
     return factory
 
 
+def _call_factory(spec: str, returns: str) -> tuple:
+    from trainguard.errors import UsageError
+
+    factory = _load_factory(spec)
+    try:
+        built = factory()
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"the factory {spec} raised {_first_line(exc)}") from None
+    if not isinstance(built, tuple):
+        raise UsageError(f"the factory {spec} must return {returns}, got "
+                         f"{_a(built)}")
+    return built
+
+
 def _replay(args: argparse.Namespace) -> int:
+    import torch
+    from torch import nn
+
     from trainguard.diagnose.replay import replay
     from trainguard.errors import SnapshotError, UsageError
     from trainguard.snapshot import load_snapshot, restore_rng_state
 
     snapshot = load_snapshot(args.snapshot)
-    built = _load_factory(args.factory)()
-    if not (isinstance(built, tuple) and len(built) == 2):
-        raise UsageError("the factory must return (model, loss_fn)")
+    built = _call_factory(args.factory, "(model, loss_fn)")
+    if len(built) != 2:
+        raise UsageError(f"the factory {args.factory} must return (model, loss_fn), got "
+                         f"{len(built)} values")
     model, loss_fn = built
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"the factory {args.factory} must return a torch.nn.Module first, got "
+                         f"{_a(model)}")
+    if not callable(loss_fn):
+        raise UsageError(f"the factory {args.factory} must return a callable "
+                         f"loss_fn(model, batch) second, got {_a(loss_fn)}")
     try:
         model.load_state_dict(snapshot["model"])
-    except (RuntimeError, KeyError) as exc:
+    except Exception as exc:  # missing keys, wrong shapes or values that are not tensors
         raise SnapshotError(f"the snapshot does not fit the factory's model: "
-                            f"{str(exc).splitlines()[0][:200]}") from None
+                            f"{str(exc).strip().splitlines()[0][:200]}") from None
     if snapshot.get("batch") is None:
         raise SnapshotError("the snapshot holds no batch (pass batch= to guard.step)")
-    restore_rng_state(snapshot["rng"])
-    report = replay(model, snapshot["batch"], loss_fn, runs=args.runs)
-    print(f"snapshot of step {snapshot['step']}: {report.summary()}")
-    return 0
+    try:
+        restore_rng_state(snapshot["rng"])
+    except Exception as exc:
+        raise SnapshotError(f"{args.snapshot}: the RNG state cannot be restored "
+                            f"({_first_line(exc)})") from None
+
+    failures: list[str] = []
+
+    def user_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        # replay reports its own crashes as findings; a failing loss_fn is the user's input
+        try:
+            loss = loss_fn(model, batch)
+        except Exception as exc:
+            failures.append(f"the factory's loss_fn raised {_first_line(exc)}")
+            raise
+        if not isinstance(loss, torch.Tensor):
+            failures.append(f"the factory's loss_fn returned {_a(loss)}, not a "
+                            f"tensor")
+            raise TypeError(failures[-1])
+        return loss
+
+    try:
+        report = replay(model, snapshot["batch"], user_loss, runs=args.runs)
+    except TrainguardError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"replay failed: {_first_line(exc)}") from None
+    if failures:
+        raise UsageError(f"replay failed on the snapshot's batch: {failures[0]}")
+    print(f"snapshot of step {snapshot['step']}: {visible(report.summary())}")
+    return EXIT_OK
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    import torch
+    from torch import nn
+
     from trainguard.diagnose.preflight import preflight
     from trainguard.errors import UsageError
 
-    built = _load_factory(args.factory)()
-    if not (isinstance(built, tuple) and len(built) in (2, 3)):
-        raise UsageError("the factory must return (model, optimizer[, scheduler])")
-    findings = preflight(*built)
-    if not findings:
-        print("preflight: no findings")
-    for finding in findings:
-        print(finding)
-    return 0
+    returns = "(model, optimizer[, scheduler])"
+    built = _call_factory(args.factory, returns)
+    if len(built) not in (2, 3):
+        raise UsageError(f"the factory {args.factory} must return {returns}, got {len(built)} "
+                         f"values")
+    model, optimizer = built[0], built[1]
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"the factory {args.factory} must return a torch.nn.Module first, got "
+                         f"{_a(model)}")
+    optimizers = optimizer if isinstance(optimizer, list) else [optimizer]
+    if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
+        raise UsageError(f"the factory {args.factory} must return a torch.optim.Optimizer "
+                         f"second, got {_a(optimizer)}")
+    scheduler = built[2] if len(built) == 3 else None
+    if scheduler is not None and not (callable(getattr(scheduler, "step", None))
+                                      and callable(getattr(scheduler, "state_dict", None))):
+        raise UsageError(f"the factory {args.factory} must return an LR scheduler (or None) "
+                         f"third, got {_a(scheduler)}")
+    try:
+        findings = preflight(*built)
+    except TrainguardError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"the preflight audit cannot read the factory's objects "
+                         f"({_first_line(exc)})") from None
+    lines = [str(finding) for finding in findings] or ["preflight: no findings"]
+    _write_lines(lines)
+    return EXIT_OK
 
 
+# -- entry point -----------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    try:
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "show":
-            return _show(args)
-        if args.command == "replay":
-            return _replay(args)
-        if args.command == "doctor":
-            return _doctor(args)
-    except TrainguardError as exc:
-        print(f"trainguard: error: {exc}", file=sys.stderr)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "demo": _demo, "show": _show, "runs": _runs, "replay": _replay, "doctor": _doctor}
+    command = commands.get(args.command)
+    if command is None:
+        parser.error(f"unknown command {args.command!r}")
         return EXIT_USAGE
+    try:
+        code = command(args)
+        sys.stdout.flush()
+    except TrainguardError as exc:
+        print(f"trainguard: error: {visible(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        _quiet_stdout()  # the reader stopped reading (`| head`): nothing left to say
+        return EXIT_OK
     except KeyboardInterrupt:
         print("trainguard: interrupted", file=sys.stderr)
-        return 130
-    parser.error(f"unknown command {args.command!r}")
-    return EXIT_USAGE
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _write_lines(lines: list[str]) -> None:
+    """Write whole lines, control characters escaped; built first so that a failure while
+    formatting writes nothing."""
+    sys.stdout.write("".join(visible(line) + "\n" for line in lines))
 
 
 def _demo(args: argparse.Namespace) -> int:
     from trainguard.demo.run import run_demo
 
     run_demo(steps=args.steps, out_dir=args.out, seed=args.seed)
-    return 0
+    return EXIT_OK
 
 
+# -- show and runs ---------------------------------------------------------------------------
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -197,55 +362,124 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _when(stamp: float | None) -> str:
+    if stamp is None or not math.isfinite(stamp):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def _status(summary: dict[str, Any]) -> str:
+    line = (f"{summary['status']} (policy {_fmt(summary['policy'])}, "
+            f"trainguard {_fmt(summary['trainguard_version'])})")
+    if summary["status"] == "running" and summary.get("process") == "gone":
+        line += (f"; its process {summary.get('pid')} is gone: it was killed before it could "
+                 f"close the run")
+    return line
+
+
 def _show(args: argparse.Namespace) -> int:
     from trainguard.store import RunReader
     from trainguard.store.writer import strict_json
 
-    with RunReader(args.run_dir) as reader:
+    with RunReader(args.run_dir, run=args.run) as reader:
         summary = reader.summary()
     if args.json:
-        print(json.dumps(strict_json(summary), indent=2, allow_nan=False))
-        return 0
-    out = sys.stdout
+        sys.stdout.write(json.dumps(strict_json(summary), indent=2, allow_nan=False) + "\n")
+        return EXIT_OK
+    lines = []
     loss = summary["loss"]
-    out.write(f"run        {summary['run_dir']}\n")
-    out.write(f"status     {summary['status']} (policy {summary['policy']}, "
-              f"trainguard {summary['trainguard_version']})\n")
+    where = f"run {summary['run_id']} of {summary['runs']} in this directory"
+    if summary["runs"] > 1:
+        others = "earlier runs" if summary["run_id"] == summary["latest_run"] else "all runs"
+        where += f"; {others}: trainguard runs {shlex.quote(summary['run_dir'])}"
+    lines.append(f"run        {summary['run_dir']} ({where})")
+    lines.append(f"status     {_status(summary)}")
+    span = f"started {_when(summary['started'])}"
+    if summary["ended"] is not None:
+        span += f", ended {_when(summary['ended'])}"
+    if summary["resumed"]:
+        span += f", resumed {summary['resumed']} time(s)"
+    lines.append(f"time       {span}")
+    if summary["store_failed"]:
+        at = (f"step {summary['failed_step']}" if summary["failed_step"] is not None
+              else "an unknown step")
+        lines.append(f"store      stopped writing at {at}: {summary['store_failed']}; "
+                     f"{summary['dropped']} records dropped")
+    elif summary["dropped"]:
+        lines.append(f"store      {summary['dropped']} records dropped (the writer fell behind)")
+    for note in summary["notes"]:
+        lines.append(f"note       {note}")
     if summary.get("snapshot"):
-        out.write(f"snapshot   {summary['snapshot']}\n")
-    out.write(f"steps      {summary['steps']} recorded"
-              + (f" ({summary['first_step']}..{summary['last_step']})" if summary["steps"] else "")
-              + "\n")
-    out.write(f"loss       first {_fmt(loss['first'])}  last {_fmt(loss['last'])}  "
-              f"min {_fmt(loss['min'])}  NaN {loss['nan']}  inf {loss['inf']}\n")
-    out.write(f"grad norm  non-finite on {summary['grad_norm_nonfinite_steps']} step(s)\n")
+        lines.append(f"snapshot   {summary['snapshot']}")
+    lines.append(f"steps      {summary['steps']} recorded"
+                 + (f" ({summary['first_step']}..{summary['last_step']})" if summary["steps"]
+                    else ""))
+    lines.append(f"loss       first {_fmt(loss['first'])}  last {_fmt(loss['last'])}  "
+                 f"min {_fmt(loss['min'])}  NaN {loss['nan']}  inf {loss['inf']}")
+    lines.append(f"grad norm  non-finite on {summary['grad_norm_nonfinite_steps']} step(s)")
     actions = ", ".join(f"{k} {v}" for k, v in sorted(summary["actions"].items())) or "-"
-    out.write(f"actions    {actions}\n")
+    lines.append(f"actions    {actions}")
+    if summary["interventions"]:
+        taken = ", ".join(f"{k} {v}" for k, v in sorted(summary["interventions"].items()))
+        lines.append(f"trainguard {taken}")
     by_kind = ", ".join(f"{k} {v}" for k, v in sorted(summary["events_by_kind"].items()))
-    out.write(f"events     {len(summary['events'])}" + (f" ({by_kind})" if by_kind else "") + "\n")
+    lines.append(f"events     {len(summary['events'])}" + (f" ({by_kind})" if by_kind else ""))
     for event in summary["events"][: args.events]:
-        out.write(f"  step {event['step']:>6}  {event['severity']:<8} {event['kind']:<22} "
-                  f"{event['message']}\n")
+        lines.append(f"  step {event['step']:>6}  {event['severity']:<8} {event['kind']:<22} "
+                     f"{event['message']}")
     if len(summary["events"]) > args.events:
-        out.write(f"  ... {len(summary['events']) - args.events} more (use --events N)\n")
+        lines.append(f"  ... {len(summary['events']) - args.events} more (use --events N)")
     if summary.get("diagnosis"):
-        out.write("likely causes\n")
+        lines.append("likely causes")
         for cause in summary["diagnosis"][:3]:
-            out.write(f"  {cause['code']:<20} {cause['confidence']:.0%}  "
-                      f"{'; '.join(cause['evidence'][:2])}\n")
-            out.write(f"  {'':<20}       fix: {cause['fix']}\n")
+            lines.append(f"  {cause['code']:<20} {float(cause.get('confidence', 0)):.0%}  "
+                         f"{'; '.join(cause.get('evidence', [])[:2])}")
+            lines.append(f"  {'':<20}       fix: {cause['fix']}")
     serious = [f for f in summary.get("preflight", []) if f["severity"] != "info"]
     if serious:
-        out.write("preflight\n")
+        lines.append("preflight")
         for finding in serious:
-            out.write(f"  {finding['severity']:<8} {finding['check']:<14} {finding['message']}\n")
+            lines.append(f"  {finding['severity']:<8} {finding['check']:<14} "
+                         f"{finding['message']}")
     if summary["worst_params"]:
-        out.write("worst parameters (non-finite gradient steps, largest gradient norm)\n")
-        width = max(len(w["param"]) for w in summary["worst_params"])
+        lines.append("worst parameters (non-finite gradient steps, largest gradient norm)")
+        width = max(len(visible(w["param"])) for w in summary["worst_params"])
         for worst in summary["worst_params"]:
-            out.write(f"  {worst['param']:<{width}}  non-finite {worst['nonfinite_steps']:>4}  "
-                      f"max {_fmt(worst['max_grad_norm'])}\n")
-    return 0
+            lines.append(f"  {visible(worst['param']):<{width}}  non-finite "
+                         f"{worst['nonfinite_steps']:>4}  max {_fmt(worst['max_grad_norm'])}")
+    _write_lines(lines)
+    return EXIT_OK
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from trainguard.store import RunReader
+    from trainguard.store.writer import strict_json
+
+    with RunReader(args.run_dir) as reader:
+        runs = reader.runs()
+        for run in runs:
+            if run["status"] == "running":
+                run["process"] = reader.process_state(run)
+    if args.json:
+        sys.stdout.write(json.dumps(strict_json(runs), indent=2, allow_nan=False) + "\n")
+        return EXIT_OK
+    lines = [f"runs in {args.run_dir} ({len(runs)}; `trainguard show RUN_DIR --run ID` shows "
+             f"one)",
+             f"{'id':>4}  {'started':<19}  {'ended':<19}  {'status':<12} {'steps':>7} "
+             f"{'last step':>9} {'events':>7}  notes"]
+    for run in runs:
+        notes = []
+        if run.get("process") == "gone":
+            notes.append(f"process {run['pid']} gone without closing")
+        if run["resumed"]:
+            notes.append(f"resumed {run['resumed']}x")
+        if run["store_failed"]:
+            notes.append(f"store stopped writing, {run['dropped']} dropped")
+        lines.append(f"{run['id']:>4}  {_when(run['started']):<19}  {_when(run['ended']):<19}  "
+                     f"{run['status']:<12} {run['steps']:>7} {_fmt(run['last_step']):>9} "
+                     f"{run['events']:>7}  {'; '.join(notes)}".rstrip())
+    _write_lines(lines)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -2,16 +2,25 @@
 
 Every threshold a detector uses lives here with its default and the reason for it, so that one
 default configuration serves every run and nothing is a magic number inside a detector.
+
+A configuration is plain data: clipping rules are held as specs, never as live rules (whose
+state belongs to the run), so `GuardConfig.from_dict(config.to_dict()) == config` and
+`to_dict()` is JSON-serialisable.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainguard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainguard.remedies import AGC, ClipRule
 
 Policy = Literal["observe", "protect", "halt", "recover"]
 POLICIES: tuple[str, ...] = ("observe", "protect", "halt", "recover")
@@ -24,8 +33,25 @@ def _require(condition: bool, field_name: str, message: str) -> None:
 
 
 def _positive(value: float, name: str) -> None:
-    _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, name,
+    _require(isinstance(value, (int, float)) and not isinstance(value, bool)
+             and math.isfinite(value) and value > 0, name,
              f"must be a finite number > 0, got {value!r}")
+
+
+def _flag(value: bool, name: str) -> None:
+    # a hand-edited "false" would otherwise be truthy
+    _require(isinstance(value, bool), name, f"must be True or False, got {value!r}")
+
+
+def _section(cls: type, value: Any, name: str) -> Any:
+    """A nested config given as a dict (e.g. from `to_dict`) built with its unknown keys named."""
+    if not isinstance(value, Mapping):
+        return value
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(str(k) for k in set(value) - known)
+    if unknown:
+        raise ConfigError(f"{name}: unknown field(s) {', '.join(unknown)}")
+    return cls(**value)
 
 
 def _at_least(value: int, minimum: int, name: str) -> None:
@@ -164,6 +190,7 @@ class RecoveryConfig:
                               ("settle_steps", 1), ("rollback_after_skips", 1),
                               ("lr_ramp_steps", 0), ("max_rollbacks", 0)):
             _at_least(getattr(self, name), minimum, f"RecoveryConfig.{name}")
+        _flag(self.rewind_schedule, "RecoveryConfig.rewind_schedule")
         _positive(self.max_grad_norm, "RecoveryConfig.max_grad_norm")
         _positive(self.settle_ratio, "RecoveryConfig.settle_ratio")
         _require(self.settle_ratio > 1, "RecoveryConfig.settle_ratio",
@@ -185,12 +212,15 @@ class GuardConfig:
     the run; see `RecoveryConfig`."""
     max_grad_norm: float | None = 1.0
     """Global gradient-norm clipping limit (the guide's max_norm=1.0); None disables clipping."""
-    clip_rule: Any = None
+    clip_rule: Mapping[str, Any] | ClipRule | None = None
     """An extra clipping rule from `trainguard.remedies` (LayerwiseClip, AdaptiveClip, a chain),
-    applied after the global `max_grad_norm` clip to the norms the Guard already measured."""
-    agc: Any = None
+    applied after the global `max_grad_norm` clip to the norms the Guard already measured.
+    Given as a rule or its spec dict; the config keeps only the spec (`rule_spec`), and the Guard
+    builds its own fresh rule from it, so the object passed here is not the one that runs and its
+    statistics (AdaptiveClip's EMA) are the run's state, saved by `guard.state_dict()`."""
+    agc: Mapping[str, Any] | AGC | None = None
     """Adaptive gradient clipping relative to weight norms (`trainguard.remedies.AGC`), applied
-    last, on the device."""
+    last, on the device. Given as an AGC or its spec dict; kept as the spec (`agc_spec`)."""
     sample_every: int = 50
     """Heavy probes (weights, update ratio, activations, optimizer state) run every this many steps,
     and on the step after any event."""
@@ -198,8 +228,9 @@ class GuardConfig:
     """Run the heavy probes on every step (for debugging; costs more)."""
     halt_severity: str = "error"
     """Under `halt`, the least severe event that stops the run."""
-    snapshot_dir: str | None = None
-    """Where `halt` writes crash snapshots; defaults to the run_dir (or ./trainguard_snapshots)."""
+    snapshot_dir: str | os.PathLike[str] | None = None
+    """Where `halt` writes crash snapshots; defaults to the run_dir (or ./trainguard_snapshots).
+    A path object is kept as its string."""
     max_consecutive_skips: int = 25
     """Under `protect`, this many consecutive skipped steps mean the run cannot heal by skipping:
     the Guard halts with a snapshot instead of skipping forever."""
@@ -237,41 +268,45 @@ class GuardConfig:
             _at_least(self.batch_size, 1, "GuardConfig.batch_size")
         _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",
                  f"unknown severity {self.halt_severity!r}; choose one of {', '.join(SEVERITIES)}")
-        if isinstance(self.detectors, dict):
-            self.detectors = DetectorConfig(**self.detectors)
+        for name in ("sample_all_steps", "inspect_batches", "preflight", "activation_probe",
+                     "store", "console"):
+            _flag(getattr(self, name), f"GuardConfig.{name}")
+        if self.snapshot_dir is not None:
+            _require(isinstance(self.snapshot_dir, (str, os.PathLike)), "GuardConfig.snapshot_dir",
+                     f"must be a path, got {self.snapshot_dir!r}")
+            self.snapshot_dir = os.fspath(self.snapshot_dir)
+        self.detectors = _section(DetectorConfig, self.detectors, "GuardConfig.detectors")
         _require(isinstance(self.detectors, DetectorConfig), "GuardConfig.detectors",
                  "must be a DetectorConfig")
         if self.clip_rule is not None:
-            from trainguard.remedies import ClipRule
+            from trainguard.remedies import rule_spec
 
-            _require(isinstance(self.clip_rule, ClipRule), "GuardConfig.clip_rule",
-                     f"must be a trainguard.remedies clipping rule, got "
-                     f"{type(self.clip_rule).__name__}")
+            self.clip_rule = rule_spec(self.clip_rule, where="GuardConfig.clip_rule")
         if self.agc is not None:
-            from trainguard.remedies import AGC
+            from trainguard.remedies import agc_spec
 
-            _require(isinstance(self.agc, AGC), "GuardConfig.agc",
-                     f"must be a trainguard.remedies.AGC, got {type(self.agc).__name__}")
-        if isinstance(self.recovery, dict):
-            self.recovery = RecoveryConfig(**self.recovery)
+            self.agc = agc_spec(self.agc, where="GuardConfig.agc")
+        self.recovery = _section(RecoveryConfig, self.recovery, "GuardConfig.recovery")
         _require(isinstance(self.recovery, RecoveryConfig), "GuardConfig.recovery",
                  "must be a RecoveryConfig")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (rules are described in words: they are objects, not settings)."""
-        rules = {"clip_rule": self.clip_rule, "agc": self.agc}
-        plain = dataclasses.asdict(dataclasses.replace(self, clip_rule=None, agc=None))
-        for name, rule in rules.items():
-            plain[name] = rule.describe() if rule is not None else None
-        return plain
+        """Plain, JSON-serialisable data (nested dicts, rules as their specs), a copy."""
+        return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GuardConfig:
+    def from_dict(cls, data: Mapping[str, Any]) -> GuardConfig:
+        """The config `to_dict` gave. Fields left out take their defaults; unknown fields, here
+        or in `detectors` / `recovery`, are a ConfigError naming them. A config stored by an
+        older version described `clip_rule` / `agc` in words (a string): such a rule cannot be
+        rebuilt and is dropped."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"GuardConfig: expected a dict of fields, got "
+                              f"{type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(str(k) for k in set(data) - known)
         if unknown:
             raise ConfigError(f"GuardConfig: unknown field(s) {', '.join(unknown)}")
-        # a stored config describes its rules in words; they cannot be rebuilt from that
         data = {k: v for k, v in data.items()
                 if not (k in ("clip_rule", "agc") and isinstance(v, str))}
         return cls(**data)

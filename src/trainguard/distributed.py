@@ -34,17 +34,13 @@ from trainguard.params import WatchedParams
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.local import local_tensor
 from trainguard.probes.packing import DevicePack
+from trainguard.registry import Reduction, Scope, metric_key
 from trainguard.transfer import to_host
 
 DESYNC_RTOL = 1e-12
 """Fingerprints of a parameter differ when they part by more than this, relative to its norm.
 Replicas kept in sync are bitwise equal; float64 fingerprints of equal weights differ by ~1e-16
 at most (a different summation order), while one float32 ulp in one of 1000 weights is ~6e-11."""
-
-AGREED = ("loss", "grad_norm", "param_grad_norm", "fp16_grad_maxabs")
-SAMPLED_MAX = ("weight_maxabs", "weight_nonfinite")
-"""Sampled per-parameter statistics agreed as the maximum over ranks (exact over shards)."""
-"""The step signals that every rank must read alike (segment names of the Engine's DevicePack)."""
 
 # Layout of the vector each rank contributes to the step's all-reduce.
 _LOSS, _LOSS_RANKS, _LOSS_NONFINITE, _FP16, _FP16_RANKS, _HEAD = range(6)
@@ -149,6 +145,8 @@ class RankAgreement:
         self._numel = np.array([max(watched.params[i].numel(), 1) for i in self.replicated],
                                dtype=np.float64)
         self._reported: tuple[str, ...] = ()
+        self._last_agreed: int | None = None
+        """The last step at which the desync check found the replicas equal."""
 
     def step_pack(self, model_device: torch.device, *, on_host: bool | None = None) -> AgreedPack:
         """The DevicePack of one step: the agreed signals are reduced across ranks at fetch.
@@ -205,19 +203,19 @@ class RankAgreement:
 
     def reduce_sampled(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Agree on the sampled statistics that detectors act on, so a weight that went
-        non-finite or extreme on one rank's shard is seen by every rank: maxima (|w|, non-finite
-        flags) by MAX, norms (weights, optimizer moments) like the gradient norms. Two small
-        all-reduces, only on steps that carry sampled statistics. Means and spreads stay this
-        rank's own (of its shard under FSDP2)."""
+        non-finite or extreme on one rank's shard is seen by every rank: each key as its registry
+        entry says, maxima (|w|, non-finite flags) by MAX, norms (weights, optimizer moments) as
+        sums of squares like the gradient norms. Two small all-reduces, only on steps that carry
+        sampled statistics. Means and spreads stay this rank's own (of its shard under FSDP2)."""
         device = self.context.device
         out: dict[str, torch.Tensor] = {}
-        for op in ("max", "norm"):
-            names = [n for n in local if _sampled_reduction(n) == op]
+        for op in _SAMPLED_REDUCTIONS:  # a fixed order: every rank runs the same collectives
+            names = [n for n in local if _sampled_reduction(n) is op]
             if not names:
                 continue
             parts = [local[n].to(device=device, dtype=torch.float64) for n in names]
             flat = torch.cat(parts)
-            if op == "max":
+            if op is Reduction.MAX:
                 dist.all_reduce(flat, op=dist.ReduceOp.MAX)
             else:
                 shares = torch.cat([self.shares] * len(names))
@@ -255,7 +253,8 @@ class RankAgreement:
         """Gather every rank's fingerprints (one all-gather, one host read) and compare them.
 
         A collective: every rank calls it at the same step. Reports a drifted set of parameters
-        once, and again only when the set changes.
+        once, and again only when the set changes; the event carries the last step at which the
+        replicas were found equal (`last_agreed_step`, 0 before any such check).
         """
         if not self.replicated:
             return []
@@ -267,6 +266,8 @@ class RankAgreement:
         relative = replica_difference(table, self._numel)
         drifted = np.flatnonzero(relative > DESYNC_RTOL)
         names = tuple(self.watched.names[self.replicated[i]] for i in drifted)
+        if not names:  # a rollback returns to a state from no later than this step
+            self._last_agreed = step
         if names == self._reported:
             return []
         self._reported = names
@@ -278,13 +279,15 @@ class RankAgreement:
         largest = float(relative[worst])
         worst_name = self.watched.names[self.replicated[worst]]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        last_agreed = 0 if self._last_agreed is None else self._last_agreed
         message = (f"replicas out of sync across ranks: {len(names)} parameter(s) differ, most "
                    f"{worst_name} (relative difference {largest:.3g}; rank(s) "
                    f"{', '.join(map(str, ranks))} differ from rank 0): {shown}")
         return [Event(kind="ddp_desync", step=step, severity="error", message=message,
                       param=worst_name, value=largest,
                       details={"cause": "ddp_desync", "params": list(names),
-                               "max_rel_diff": largest, "ranks": ranks})]
+                               "max_rel_diff": largest, "ranks": ranks,
+                               "last_agreed_step": last_agreed})]
 
 
 def replica_difference(table: np.ndarray, numel: np.ndarray) -> np.ndarray:
@@ -306,7 +309,9 @@ def replica_difference(table: np.ndarray, numel: np.ndarray) -> np.ndarray:
 
 
 class AgreedPack(DevicePack):
-    """A DevicePack whose agreed segments (`AGREED`) are reduced across ranks when fetched.
+    """A DevicePack whose agreed segments are reduced across ranks when fetched: the every-step
+    signals with a cross-rank reduction in the registry (loss, gradient norms, the float16
+    gradient maximum) and, on sampled steps, the per-parameter statistics the registry agrees.
 
     Other segments travel as they are. With collectives on the model's device the all-reduce runs
     before the one transfer; with collectives on the CPU (gloo) and the model elsewhere it runs
@@ -322,7 +327,7 @@ class AgreedPack(DevicePack):
         self._sampled: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if name in AGREED:
+        if _agreed_every_step(name):
             self._local[name] = tensor.detach().reshape(-1)
         elif _sampled_reduction(name) is not None and not self._on_host:
             self._sampled[name] = tensor.detach().reshape(-1)
@@ -359,13 +364,22 @@ def describe(context: DistributedContext | None) -> dict[str, Any]:
     return {"rank": context.rank, "world_size": context.world_size, "backend": context.backend}
 
 
-def _sampled_reduction(name: str) -> str | None:
+_SAMPLED_REDUCTIONS = (Reduction.MAX, Reduction.SUM_OF_SQUARES)
+
+
+def _agreed_every_step(name: str) -> bool:
+    """Whether a step segment is one of the every-step signals the step's all-reduce agrees."""
+    metric = metric_key(name)
+    return metric is not None and not metric.sampled and metric.reduction is not Reduction.LOCAL
+
+
+def _sampled_reduction(name: str) -> Reduction | None:
     """How a pending sampled segment ("p<i>:<key>") is agreed across ranks, if at all."""
     prefix, _, key = name.partition(":")
     if not key or not prefix.startswith("p"):
         return None
-    if key in SAMPLED_MAX:
-        return "max"
-    if key.endswith("_norm"):
-        return "norm"
-    return None
+    metric = metric_key(key)
+    if metric is None or metric.scope is not Scope.PARAM \
+            or metric.reduction not in _SAMPLED_REDUCTIONS:
+        return None
+    return metric.reduction

@@ -28,6 +28,23 @@ class StoreError(TrainguardError):
     """A run directory is missing, corrupt or not a trainguard run."""
 
 
+class StoreUnavailable(StoreError):
+    """A run directory cannot hold a run store (not a directory, read-only, disk full, or a
+    trainguard.db that is not a trainguard store). Nothing was created; training can go on
+    without the store."""
+
+
+class RunDirInUse(UsageError):
+    """Another live writer (another process, or another store in this process) holds the run
+    directory; two runs never interleave in one directory."""
+
+    def __init__(self, message: str, *, run_dir: str = "", pid: int | None = None) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+        self.pid = pid
+        """The process holding the directory, when it could be read."""
+
+
 class SnapshotError(TrainguardError):
     """A crash snapshot cannot be read."""
 

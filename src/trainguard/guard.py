@@ -10,8 +10,8 @@
 
 `guard.step` replaces clip_grad_norm_ + optimizer.step() + scheduler.step() (and the scaler's
 unscale_/step/update). On a skipped step the scheduler does not advance: the schedule follows the
-updates that were really applied. Everything around the step is the shared `StepDriver`, which
-the framework callbacks use too.
+updates that were really applied. Everything around the step is the `Run` and its
+`StepPipeline`, which the framework callbacks use too: the Guard only takes the optimizer step.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding
 from trainguard.diagnose.ranking import RankedCause
 from trainguard.diagnose.replay import LossFn
-from trainguard.driver import StepDriver
 from trainguard.errors import TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
+from trainguard.pipeline.run import Run
 from trainguard.recovery import Recovery
 from trainguard.sinks import Sink
 
@@ -40,47 +40,49 @@ class Guard:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                  scaler: Any = None, *, config: GuardConfig | None = None,
                  run_dir: str | Path | None = None, sinks: list[Sink] | None = None,
-                 replay_fn: LossFn | None = None) -> None:
+                 replay_fn: LossFn | None = None, resume: bool = False) -> None:
         """`replay_fn(model, batch) -> loss`: when given, a step with an error-level event is
         replayed on the state from before its update to name the first bad module and
-        parameter."""
+        parameter. A Guard given a `run_dir` that holds earlier runs records a new run there;
+        `resume=True` continues the latest one instead (with `load_state_dict` of the Guard's
+        saved state for a job restarted from a checkpoint)."""
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise UsageError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.driver = StepDriver(model, optimizer, config=config or GuardConfig(), run_dir=run_dir,
-                                 sinks=sinks or (), scaler=scaler, scheduler=scheduler,
-                                 replay_fn=replay_fn, owns_scaler_step=True)
-        self.engine = self.driver.engine
-        self.scaler = self.engine.scaler
-        self.config = self.engine.config
+        self.run = Run(model, optimizer, config=config or GuardConfig(), run_dir=run_dir,
+                       sinks=sinks or (), scaler=scaler, scheduler=scheduler, replay_fn=replay_fn,
+                       owns_scaler_step=True, resume=resume, mid_run=resume)
+        self.scaler = self.run.scaler
+        self.config = self.run.config
 
     # -- public API ------------------------------------------------------------------------------
     @property
     def events(self) -> list[Event]:
         """Every event so far, in order."""
-        return self.engine.events
+        return self.run.events
 
     @property
     def findings(self) -> list[Finding]:
-        """What the preflight audit found when the Guard started (worst first)."""
-        return self.driver.findings
+        """What the preflight audit (and the runtime checks) found, worst first at the start."""
+        return self.run.findings
 
     @property
     def recovery(self) -> Recovery | None:
         """The `recover` policy's ring, judgement, LR backoff and skip list (None otherwise)."""
-        return self.driver.recovery
+        return self.run.state.recovery
 
     @property
     def global_step(self) -> int:
         """Number of steps taken so far (the index of the next step)."""
-        return self.engine.step
+        return self.run.state.step
 
     @property
     def skipped_data(self) -> set[Any]:
         """Data ids that rollbacks blamed (see `trainguard.recovery.SkippingSampler`)."""
-        return self.driver.skipped_data
+        recovery = self.run.state.recovery
+        return recovery.skipped_data if recovery is not None else set()
 
     def step(self, loss: Any, *, batch: Any = None, data_ids: Any = None) -> StepReport:
         """Check the gradients of this step, then apply, clip, skip, roll back or halt.
@@ -89,27 +91,26 @@ class Guard:
         `data_ids` names the data of this step for the `recover` policy's skip list (for example
         the dataset indices of the batch); by default it is the batch's running position.
         """
-        if self.engine.closed:
+        if self.run.closed:
             raise UsageError("this Guard is closed; create a new one to keep training")
         if self.scaler is not None:
             self._unscale()
-        step = self.engine.step
-        decision = self.driver.before_step(loss, batch=batch, data_ids=data_ids)
-        if decision is None:  # the check failed: the step goes ahead unguarded (clipped)
+        ctx = self.run.steps.before_update(loss, batch=batch, data_ids=data_ids)
+        if ctx.unguarded is not None:  # the check failed: the step goes ahead unguarded
             self._optimizer_step()
             if self.scheduler is not None:
                 self.scheduler.step()
-            return StepReport(step=step, loss=None, grad_norm=float("nan"), action="applied",
-                              events=self.engine.events[-1:])
-        if decision.applies_update:
+            return StepReport(step=ctx.step, loss=None, grad_norm=float("nan"),
+                              action="applied", events=self.run.events[-1:])
+        if ctx.applied:
             self.optimizer.step()
             if self.scaler is not None:
                 self.scaler.update()
             if self.scheduler is not None:
                 self.scheduler.step()
-        elif self.scaler is not None and decision.action != "rolled_back":
+        elif self.scaler is not None and ctx.outcome != "rolled_back":
             self.scaler.update()  # lowers the scale after an overflow, as scaler.step would
-        report = self.driver.after_step()
+        report = self.run.steps.after_update(ctx)
         assert report is not None
         return report
 
@@ -118,43 +119,37 @@ class Guard:
         """Roll back now (between steps) to the newest good state taken at or before `to_step`
         (default: the newest), with the same LR backoff and clipping as an automatic rollback.
         Only under the `recover` policy."""
-        return self.driver.rollback(reason, to_step=to_step)
+        return self.run.rollback(reason, to_step=to_step)
 
     def check_batch(self, batch: Any) -> list[Finding]:
         """Inspect a batch *before* the forward pass; raise BatchError for one the model cannot
         take (token ids beyond the embedding table), with a clear message instead of an obscure
         index error or device-side assert deep inside the model."""
-        return self.driver.check_batch(batch)
+        return self.run.check_batch(batch)
 
     def diagnose(self) -> list[RankedCause]:
         """Ranked likely causes of what went wrong so far. When nothing did, the configuration
         risks the audit found (flagged "no symptom detected", at most 50% confidence); empty for
         a healthy run with a sane configuration."""
-        return self.driver.diagnose()
+        return self.run.diagnose()
 
     def close(self) -> None:
         """Flush the last measurements, store the diagnosis and close the run store."""
-        self.driver.close()
+        self.run.close()
 
     def __enter__(self) -> Guard:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if isinstance(exc, TrainingDiverged):
-            status = "halted"
-        elif exc is not None:
-            status = "crashed"
-        else:
-            status = "finished"
-        self.driver.close(status=status)
+        self.run.close(status=exit_status(exc))
 
     def state_dict(self) -> dict[str, Any]:
         """The Guard's own state (baselines, counters, recovery's skip list and LR backoff), for
         checkpoints of long jobs. The good states themselves are not included."""
-        return self.driver.state_dict()
+        return self.run.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.driver.load_state_dict(state)
+        self.run.load_state_dict(state)
 
     # -- internals -------------------------------------------------------------------------------
     def _optimizer_step(self) -> None:
@@ -170,3 +165,14 @@ class Guard:
         state = self.scaler._per_optimizer_states[id(self.optimizer)]
         if state["stage"] is OptState.READY:
             self.scaler.unscale_(self.optimizer)
+
+
+def exit_status(exc: BaseException | None) -> str:
+    """The status a run ends with when its `with` block (or a trainer) exits with `exc`."""
+    if exc is None:
+        return "finished"
+    if isinstance(exc, TrainingDiverged):
+        return "halted"
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return "interrupted"
+    return "crashed"

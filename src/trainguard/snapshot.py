@@ -124,18 +124,94 @@ def write_snapshot(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Pa
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a crash snapshot safely (weights_only=True); one clear error when it is unusable."""
+    """Load a crash snapshot safely (weights_only=True); one clear `SnapshotError` when it is
+    missing, empty, truncated, corrupt, not a snapshot, or has the wrong structure."""
     source = Path(path)
     if not source.is_file():
         raise SnapshotError(f"no snapshot at {source}")
     try:
+        if source.stat().st_size == 0:
+            raise SnapshotError(f"{source} is empty, not a trainguard snapshot")
         snap = torch.load(source, map_location="cpu", weights_only=True)
+    except SnapshotError:
+        raise
     except Exception as exc:  # any unreadable file (pickle, zip, memo errors) is one message
-        raise SnapshotError(f"{source} is not a readable trainguard snapshot "
-                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
-    if not isinstance(snap, dict) or any(key not in snap for key in REQUIRED_KEYS):
-        raise SnapshotError(f"{source} is not a trainguard snapshot (missing keys)")
+        reason = _short(exc)
+        raise SnapshotError(f"{source} is not a readable trainguard snapshot (truncated, corrupt "
+                            f"or another kind of file; {reason})") from None
+    if not isinstance(snap, dict):
+        raise SnapshotError(f"{source} is not a trainguard snapshot (it holds a "
+                            f"{type(snap).__name__}, not a snapshot)")
+    missing = [key for key in REQUIRED_KEYS if key not in snap]
+    if missing:
+        raise SnapshotError(f"{source} is not a trainguard snapshot (missing keys: "
+                            f"{', '.join(missing)})")
+    if not _is_int(snap["format"]):
+        raise _wrong(source, "format", snap["format"], "a version number")
     if snap["format"] != FORMAT_VERSION:
         raise SnapshotError(f"{source} has snapshot format {snap['format']}, this trainguard "
                             f"reads format {FORMAT_VERSION}")
+    check_structure(snap, source)
     return snap
+
+
+def _short(exc: BaseException) -> str:
+    """The exception's first sentence, for a one-line message."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    first = text.splitlines()[0].split(". ")[0]
+    return f"{type(exc).__name__}: {first if len(first) <= 160 else first[:157] + '...'}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _wrong(source: Path, what: str, value: Any, expected: str) -> SnapshotError:
+    return SnapshotError(f"{source} is not a usable trainguard snapshot: its {what} is a "
+                         f"{type(value).__name__}, expected {expected}")
+
+
+def check_structure(snap: dict[str, Any], source: Path) -> None:
+    """Raise a SnapshotError unless every part replay uses has the type it expects."""
+    if not _is_int(snap["step"]) or snap["step"] < 0:
+        raise _wrong(source, "step", snap["step"], "a step number")
+    model = snap["model"]
+    if not isinstance(model, Mapping) or not all(isinstance(k, str) for k in model):
+        raise _wrong(source, "model", model, "a state_dict (names to tensors)")
+    optimizer = snap["optimizer"]
+    if not (isinstance(optimizer, Mapping) or (isinstance(optimizer, list) and optimizer and all(
+            isinstance(o, Mapping) for o in optimizer))):
+        raise _wrong(source, "optimizer", optimizer, "an optimizer state_dict")
+    if not isinstance(snap["events"], list):
+        raise _wrong(source, "events", snap["events"], "a list")
+    for key in ("config", "scheduler", "scaler"):
+        value = snap.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise _wrong(source, key, value, "a dict")
+    _check_rng(snap["rng"], source)
+
+
+def _check_rng(rng: Any, source: Path) -> None:
+    if not isinstance(rng, Mapping):
+        raise _wrong(source, "rng", rng, "a dict of RNG states")
+    state = rng.get("torch")
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+        raise _wrong(source, "torch RNG state", state, "a uint8 tensor")
+    python = rng.get("python")
+    if not (isinstance(python, (tuple, list)) and len(python) == 3 and _is_int(python[0])
+            and isinstance(python[1], (tuple, list)) and all(_is_int(x) for x in python[1])
+            and (python[2] is None or isinstance(python[2], float))):
+        raise _wrong(source, "python RNG state", python, "(version, state, gauss)")
+    numpy_state = rng.get("numpy")
+    if not (isinstance(numpy_state, Mapping) and isinstance(numpy_state.get("keys"), torch.Tensor)
+            and numpy_state["keys"].numel() == 624 and _is_int(numpy_state.get("pos"))
+            and _is_int(numpy_state.get("has_gauss"))
+            and isinstance(numpy_state.get("cached_gaussian"), float)):
+        raise _wrong(source, "numpy RNG state", numpy_state, "keys, pos, has_gauss and "
+                     "cached_gaussian")
+    cuda = rng.get("cuda")
+    if cuda is not None and not (isinstance(cuda, (list, tuple))
+                                 and all(isinstance(t, torch.Tensor) for t in cuda)):
+        raise _wrong(source, "CUDA RNG state", cuda, "a list of tensors")

@@ -54,7 +54,7 @@ def sampled_step(step: int, sample_step: int | None = None, *,
                  per_module: dict[str, Sequence[float]] | None = None,
                  names: Sequence[str] = NAMES, **kwargs: Any) -> StepSignals:
     """A step whose transfer carries heavy-probe results measured at `sample_step` (default the
-    step before, as in the engine)."""
+    step before, as in a guarded run)."""
     stats = SampledStats(
         step=step - 1 if sample_step is None else sample_step,
         per_param={k: np.asarray(v, dtype=np.float32) for k, v in (per_param or {}).items()},

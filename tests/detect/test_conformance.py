@@ -93,7 +93,7 @@ def test_missing_loss_does_not_raise(detector_type: type[Detector]) -> None:
     for step, norm in enumerate(healthy_grad_norms(60, 0)):
         events = detector.check(signals(step, loss=None, grad_norm=float(norm)))
         check_events(detector, events)
-    # the shape of the signals the engine builds at close, to flush the last heavy probes
+    # the shape of the signals the run builds at close, to flush the last heavy probes
     closing = StepSignals(step=60, loss=None, grad_norm=0.0, param_grad_norm=np.zeros(2),
                           param_names=list(NAMES),
                           sampled=[SampledStats(step=59, per_param=healthy_weight_stats(59))])

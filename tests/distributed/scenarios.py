@@ -71,9 +71,9 @@ def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, 
     return {"actions": actions, "losses": losses, "events": events, "transfers": transfers,
             "weights": flat_weights(model),
             "adam_steps": sorted({float(s["step"]) for s in state.values()}),
-            "has_store": guard.engine.store is not None,
-            "context": (guard.engine.dist.rank, guard.engine.dist.world_size,
-                        str(guard.engine.dist.device), guard.engine.dist.is_main)}
+            "has_store": guard.run.store is not None,
+            "context": (guard.run.dist.rank, guard.run.dist.world_size,
+                        str(guard.run.dist.device), guard.run.dist.is_main)}
 
 
 def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int,
@@ -164,7 +164,7 @@ def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float)
             "losses": losses, "ref_losses": ref_losses, "actions": actions,
             "weight_gap": weight_gap, "local_shapes": local_shapes,
             "ref_maxabs": ref_maxabs, "ref_weight_norms": ref_weight_norms,
-            "names": guard.engine.watched.names}
+            "names": guard.run.watched.names}
 
 
 def ddp_desync(rank: int, world: int, run_dir: str, param: str) -> dict[str, Any]:
@@ -184,23 +184,23 @@ def ddp_desync(rank: int, world: int, run_dir: str, param: str) -> dict[str, Any
                 dict(model.named_parameters())[param].view(-1)[0] += 1e-4
     guard.close()
     desync = [e for e in guard.events if e.kind == "ddp_desync"]
-    context = guard.engine.dist
+    context = guard.run.dist
     assert context is not None
     return {"events": [(e.step, e.severity, e.param, e.details["params"], e.details["ranks"],
                         e.details["cause"], e.value) for e in desync],
-            "has_store": guard.engine.store is not None,
+            "has_store": guard.run.store is not None,
             "agree_max": context.agree_max(3 * rank + 1)}
 
 
 def agreement_paths(rank: int, world: int) -> dict[str, Any]:
     """The step pack's two paths (all-reduce before the transfer, or after it on the host) on
     gradients that differ across ranks (no DDP), with rank 1's loss +inf, then absent."""
-    from trainguard.engine import Engine
+    from trainguard.pipeline import Run
 
     model = mlp(seed=3)
-    engine = Engine(model, [torch.optim.SGD(model.parameters(), lr=0.1)],
-                    config=GuardConfig(console=False))
-    assert engine.ranks is not None
+    run = Run(model, torch.optim.SGD(model.parameters(), lr=0.1),
+              config=GuardConfig(console=False))
+    assert run.ranks is not None
     x, y = regression_batch(rank, 0)
     loss = F.mse_loss(model(x), y)
     loss.backward()
@@ -210,16 +210,16 @@ def agreement_paths(rank: int, world: int) -> dict[str, Any]:
                            "own_norms": [float(p.grad.norm()) for p in model.parameters()]}
     for case, value in losses.items():
         for on_host in (False, True):
-            pack = engine.ranks.step_pack(engine.device, on_host=on_host)
+            pack = run.ranks.step_pack(run.device, on_host=on_host)
             if value is not None:
                 pack.add("loss", value)
-            engine.grad_probe.measure(pack, engine.device)
+            run.grad_probe.measure(pack, run.device)
             pack.add("lr", torch.tensor([0.25 + rank]))
             before = transfer_count()
             host = pack.fetch()
             out[f"{case}:{on_host}"] = {k: v.tolist() for k, v in host.items()}
             out[f"{case}:{on_host}:transfers"] = transfer_count() - before
-    engine.close()
+    run.close()
     return out
 
 
@@ -255,3 +255,35 @@ def ddp_recover_on_one_rank(rank: int, world: int) -> dict[str, Any]:
     guard.close()
     return {"actions": actions, "events": events, "weights": flat_weights(model),
             "ring": [s.step for s in guard.recovery.ring.good], "batch_events": batch_events}
+
+
+def ddp_desync_under_policy(rank: int, world: int, policy: str) -> dict[str, Any]:
+    """Rank 1 nudges a weight after step 5; the check runs every 4 steps (0, 4, 8, ...), before
+    the step's decision. `halt` must stop both ranks at step 8; `recover` must roll both back to
+    the state from before the drift, after which the replicas agree again."""
+    from trainguard import RecoveryConfig
+
+    model = DistributedDataParallel(mlp(seed=2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = GuardConfig(policy=policy, console=False, desync_every=4,  # type: ignore[arg-type]
+                         recovery=RecoveryConfig(ring_every=4, confirm_steps=1))
+    guard = Guard(model, optimizer, config=config)
+    actions: list[str] = []
+    halted_at = None
+    for step in range(16):
+        x, y = regression_batch(rank, step)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        try:
+            actions.append(guard.step(loss).action)
+        except TrainingDiverged as exc:
+            halted_at = exc.report.step if exc.report is not None else None
+            break
+        optimizer.zero_grad(set_to_none=True)
+        if step == 5 and rank == 1:
+            with torch.no_grad():
+                model.module[0].bias.view(-1)[0] += 1e-4
+    guard.close()
+    return {"actions": actions, "halted_at": halted_at, "weights": flat_weights(model),
+            "events": [(e.kind, e.step, e.details.get("to_step")) for e in guard.events
+                       if e.kind in ("ddp_desync", "rollback", "rollback_limit")]}

@@ -106,7 +106,7 @@ def test_nan_step_is_detected_skipped_and_training_continues(tmp_path: Path) -> 
     assert recorder.reports[5].lr < recorder.reports[4].lr
     # the Trainer gets its clipping setting back
     assert args.max_grad_norm == 1.0
-    assert callback.driver is not None and callback.driver.engine.closed
+    assert callback.run is not None and callback.run.closed
 
 
 def test_recover_policy_rolls_the_trainer_back_and_training_goes_on(tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ def test_recover_policy_rolls_the_trainer_back_and_training_goes_on(tmp_path: Pa
     # backed off to x0.1 of the constant LR, ramping back one step at a time
     assert recorder.reports[12].lr == pytest.approx(1e-4)
     assert 1e-4 < recorder.reports[15].lr < 1e-3
-    assert callback.driver is not None and callback.driver.engine.max_grad_norm == 0.5
+    assert callback.run is not None and callback.run.state.max_grad_norm == 0.5
 
 
 def test_the_same_run_without_the_callback_ends_with_nan_weights(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_clipping_is_taken_over_at_the_trainer_limit(tmp_path: Path) -> None:
     trainer.train()
 
     assert args.max_grad_norm == 0.5
-    assert callback.driver is not None and callback.driver.config.max_grad_norm == 0.5
+    assert callback.run is not None and callback.run.config.max_grad_norm == 0.5
     norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
     assert [r.grad_norm for r in recorder.reports] == pytest.approx(norms, rel=1e-5)
     assert all(r.grad_norm > 0.5 and r.action == "clipped" for r in recorder.reports)
@@ -176,7 +176,7 @@ def test_no_clipping_when_the_trainer_has_none(tmp_path: Path) -> None:
     args = make_args(tmp_path, max_grad_norm=0.0, max_steps=3, learning_rate=1e-2)
     Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
             callbacks=[callback]).train()
-    assert callback.driver is not None and callback.driver.config.max_grad_norm is None
+    assert callback.run is not None and callback.run.config.max_grad_norm is None
     assert [r.action for r in recorder.reports] == ["applied"] * 3
     assert args.max_grad_norm == 0.0
 
@@ -260,8 +260,8 @@ def test_peft_lora_names_adapter_parameters_and_watches_only_them(tmp_path: Path
                       train_dataset=token_data(), callbacks=[callback])
     trainer.train()
 
-    assert callback.driver is not None
-    watched = callback.driver.engine.watched.names
+    assert callback.run is not None
+    watched = callback.run.watched.names
     assert len(watched) == 4
     assert all(("lora_A" in n or "lora_B" in n) for n in watched)
     assert recorder.reports[3].action == "skipped"
@@ -320,7 +320,7 @@ def test_a_second_train_call_keeps_the_baselines_and_gives_clipping_back(tmp_pat
     trainer.train()
 
     assert args.max_grad_norm == 0.7
-    assert callback.driver is not None and callback.driver.config.max_grad_norm == 0.7
+    assert callback.run is not None and callback.run.config.max_grad_norm == 0.7
     assert [r.step for r in recorder.reports] == [0, 1, 2, 3, 4, 5]
     values = callback.state_dict()["detectors"]["loss_spike"]["baseline"]["values"]
     assert values[:3] == first["detectors"]["loss_spike"]["baseline"]["values"]

@@ -112,7 +112,7 @@ def test_nan_step_is_detected_skipped_and_training_continues(pl: ModuleType,
     # 8 optimizer steps, one skipped: the step-interval schedule advanced 7 times, not 8
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(LR / (1 + 7))
     assert recorder.reports[4].lr == pytest.approx(recorder.reports[3].lr)
-    assert callback.driver is not None and callback.driver.engine.closed
+    assert callback.run is not None and callback.run.closed
 
 
 def test_without_the_callback_the_same_run_ends_with_nan_weights(pl: ModuleType,
@@ -148,7 +148,7 @@ def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path
     callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
     trainer = make_trainer(pl, tmp_path, callback, max_steps=4, gradient_clip_val=0.1)
     trainer.fit(regression_module(pl), loader())
-    assert callback.driver is not None and callback.driver.config.max_grad_norm == 0.1
+    assert callback.run is not None and callback.run.config.max_grad_norm == 0.1
     assert all(r.grad_norm > 0.1 for r in recorder.reports)
     assert [r.action for r in recorder.reports] == ["clipped"] * 4
     assert [r.clip_coef for r in recorder.reports] == pytest.approx(
@@ -157,7 +157,7 @@ def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path
     recorder = Recorder()
     callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
     make_trainer(pl, tmp_path, callback, max_steps=4).fit(regression_module(pl), loader())
-    assert callback.driver is not None and callback.driver.config.max_grad_norm is None
+    assert callback.run is not None and callback.run.config.max_grad_norm is None
     assert [r.action for r in recorder.reports] == ["applied"] * 4
 
 
@@ -196,7 +196,7 @@ def test_halt_policy_raises_through_fit(pl: ModuleType, tmp_path: Path) -> None:
         trainer.fit(regression_module(pl, poison_at={2}), loader())
     assert caught.value.report is not None and caught.value.report.step == 2
     assert caught.value.snapshot_path is not None and Path(caught.value.snapshot_path).is_file()
-    assert callback.driver is not None and callback.driver.engine.closed
+    assert callback.run is not None and callback.run.closed
 
 
 def test_manual_optimization_is_a_clear_error(pl: ModuleType, tmp_path: Path) -> None:

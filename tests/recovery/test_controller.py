@@ -84,3 +84,26 @@ def test_state_round_trip_in_the_middle_of_trouble() -> None:
     other = _controller()
     other.load_state_dict(c.state_dict())
     assert other.state_dict() == c.state_dict()
+
+
+def _desync(step: int, **details: object) -> Event:
+    return Event(kind="ddp_desync", step=step, severity="error", message="replicas differ",
+                 details=dict(details))
+
+
+def test_a_desync_rolls_back_to_when_the_replicas_last_agreed() -> None:
+    c = _controller()
+    _calm(c, range(12))
+    verdict = c.review(_signals(12, 2.0), [_desync(12, last_agreed_step=8)])
+    assert verdict is not None and verdict.action == "rollback" and verdict.onset == 8
+    assert "ddp_desync" in verdict.reason
+    # without a check that found them equal, back to the start
+    assert _controller().review(_signals(12, 2.0), [_desync(12)]).onset == 0
+
+
+def test_a_desync_under_the_rollback_cap_halts() -> None:
+    c = _controller(max_rollbacks=1)
+    c.review(_signals(4, 2.0), [_desync(4, last_agreed_step=0)])
+    c.rolled_back()
+    verdict = c.review(_signals(8, 2.0), [_desync(8, last_agreed_step=4)])
+    assert verdict is not None and verdict.action == "halt" and verdict.onset == 4

@@ -1,4 +1,4 @@
-"""Real models, real optimizers and the norms the Guard's engine measures for them."""
+"""Real models, real optimizers and the norms the Guard's `measure` stage finds for them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from trainguard import GuardConfig
-from trainguard.engine import Engine
+from trainguard.pipeline import Run, StepContext
+from trainguard.pipeline.measure import Measure
 
 QUIET = {"console": False, "activation_probe": False}
 
@@ -25,12 +26,14 @@ class Measured:
 
 
 def measure(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> Measured:
-    """Measure the gradients already in `model` through the engine's single transfer."""
-    engine = Engine(model, [optimizer], config=GuardConfig(**QUIET))
-    signals = engine.measure(loss).signals
-    engine.close()
-    return Measured(signals.param_grad_norm, signals.grad_norm, list(engine.watched.names),
-                    list(engine.watched.params))
+    """Measure the gradients already in `model` through the `measure` stage's single transfer."""
+    run = Run(model, optimizer, config=GuardConfig(**QUIET))
+    ctx = StepContext(step=0, loss=loss)
+    Measure(run)(ctx)
+    run.close()
+    assert ctx.signals is not None
+    return Measured(ctx.signals.param_grad_norm, ctx.signals.grad_norm, list(run.watched.names),
+                    list(run.watched.params))
 
 
 def grad_copy(model: nn.Module, reference: nn.Module) -> None:

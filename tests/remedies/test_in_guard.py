@@ -59,15 +59,17 @@ def test_agc_limits_gradients_relative_to_weights() -> None:
         assert ratio.max() <= 0.01 * (1 + 1e-4)
 
 
-def test_rules_are_checked_and_described_in_the_stored_config() -> None:
+def test_rules_are_checked_and_stored_as_specs() -> None:
     with pytest.raises(ConfigError, match="clip_rule"):
         GuardConfig(clip_rule="layerwise")
     with pytest.raises(ConfigError, match="agc"):
         GuardConfig(agc=0.01)
-    config = GuardConfig(clip_rule=LayerwiseClip({"*attn*": 1.0}, default=0.5))
+    config = GuardConfig(clip_rule=LayerwiseClip({"*attn*": 1.0}, default=0.5), agc=AGC())
     plain = config.to_dict()
-    assert isinstance(plain["clip_rule"], str) and "attn" in plain["clip_rule"]
-    assert GuardConfig.from_dict(plain).clip_rule is None
+    assert plain["clip_rule"] == {"type": "layerwise", "limits": {"*attn*": 1.0},
+                                  "default": 0.5, "per_parameter": False}
+    assert plain["agc"]["type"] == "agc"
+    assert GuardConfig.from_dict(plain) == config
 
 
 def test_float64_models_are_guarded() -> None:

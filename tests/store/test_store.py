@@ -16,19 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import trainguard
-from trainguard import GuardConfig, RunReader, StoreError
-from trainguard.events import Event
+from trainguard import RunReader, StoreError
+from trainguard.events import ActionRecord, Event
 from trainguard.store import DB_NAME, RunStore
 
-from ..conftest import make_setup
-from ..test_guard import train
-
-SRC = Path(trainguard.__file__).resolve().parents[1]
+from .helpers import child_env, cli
 
 
 def test_round_trip_keeps_nan_and_inf(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
+    assert store.run_id == 1
     store.put_meta("param_names", ["a", "b", "c"])
     store.put_step(0, {"loss": 1.5, "grad_norm": 0.3, "action": "applied"},
                    np.array([0.1, 0.2, 0.3]))
@@ -37,9 +34,12 @@ def test_round_trip_keeps_nan_and_inf(tmp_path: Path) -> None:
     store.put_param_metrics(1, {"weight_maxabs": np.array([1.0, math.nan, 3.0])})
     store.put_module_metrics(1, ["m1", "m2"], {"act_maxabs": np.array([math.inf, 2.0])})
     store.put_event(Event("nonfinite_loss", 1, "error", "loss is nan", value=math.nan))
+    store.put_action(ActionRecord("skip", 1, "skipped the update", {"reason": "nan"}))
+    store.set_status("finished")
     store.close()
 
     reader = RunReader(tmp_path)
+    assert reader.run_id == 1 and reader.meta()["status"] == "finished"
     steps, loss = reader.scalar("loss")
     assert list(steps) == [0, 1] and loss[0] == 1.5 and math.isnan(loss[1])
     assert math.isinf(reader.steps()[1]["grad_norm"])
@@ -51,9 +51,15 @@ def test_round_trip_keeps_nan_and_inf(tmp_path: Path) -> None:
     assert step == 1 and names == ["m1", "m2"] and values[0] == math.inf
     [event] = reader.events()
     assert event.kind == "nonfinite_loss" and math.isnan(event.value)
+    [action] = reader.actions()
+    assert action == ActionRecord("skip", 1, "skipped the update", {"reason": "nan"})
     summary = reader.summary()
     assert summary["loss"]["nan"] == 1 and summary["grad_norm_nonfinite_steps"] == 1
     assert summary["worst_params"][0]["nonfinite_steps"] == 1
+    assert summary["interventions"] == {"skip": 1}
+    assert summary["run_id"] == 1 and summary["runs"] == 1
+    assert summary["store_failed"] is None and summary["dropped"] == 0
+    assert summary["ended"] is not None and summary["ended"] >= summary["started"]
 
 
 def test_reader_rejects_missing_and_corrupt_directories(tmp_path: Path) -> None:
@@ -71,21 +77,14 @@ def test_reader_rejects_missing_and_corrupt_directories(tmp_path: Path) -> None:
 
 
 CHILD = textwrap.dedent("""
-    import sys, time, torch
-    sys.path.insert(0, {src!r})
-    import trainguard
-    from trainguard.demo import MarkovLanguage, TinyCausalLM
-    torch.manual_seed(0)
-    language = MarkovLanguage(vocab_size=32)
-    model = TinyCausalLM(vocab_size=32, d_model=32, n_layer=1, n_head=2, max_len=32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    guard = trainguard.Guard(model, optimizer, run_dir={run_dir!r},
-                             config=trainguard.GuardConfig(console=False, sample_every=10))
+    import sys, time
+    from trainguard.store import RunStoreSink
+    sys.path.insert(0, {tests!r})
+    from store.helpers import run_info, step_report
+    sink = RunStoreSink({run_dir!r})
+    sink.on_run_start(run_info({run_dir!r}))
     for step in range(100000):
-        loss = model.loss(language.batch(8, 17))
-        loss.backward()
-        guard.step(loss)
-        optimizer.zero_grad(set_to_none=True)
+        sink.on_step(step_report(step, loss=2.0 / (1 + step)))
         print(step, flush=True)
         time.sleep(0.005)
 """)
@@ -93,9 +92,9 @@ CHILD = textwrap.dedent("""
 
 def test_store_survives_sigkill_and_show_reads_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(src=str(SRC),
-                                                                  run_dir=str(run_dir))],
-                             stdout=subprocess.PIPE, text=True)
+    code = CHILD.format(run_dir=str(run_dir), tests=str(Path(__file__).parents[1]))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=child_env())
     assert child.stdout is not None
     last = -1
     deadline = time.monotonic() + 120
@@ -113,28 +112,30 @@ def test_store_survives_sigkill_and_show_reads_it(tmp_path: Path) -> None:
     assert steps == list(range(len(steps))), "no gaps"
     assert len(steps) >= last, f"at most the last step may be missing ({len(steps)} vs {last + 1})"
     assert reader.meta()["status"] == "running"  # it never closed
-    result = subprocess.run([sys.executable, "-m", "trainguard", "show", str(run_dir)],
-                            capture_output=True, text=True, env={**os.environ,
-                                                                 "PYTHONPATH": str(SRC)})
+    assert reader.summary()["process"] == "gone"
+    result = cli("show", str(run_dir))
     assert result.returncode == 0, result.stderr
-    assert "status     running" in result.stdout
+    assert "status     running (policy protect" in result.stdout
+    assert f"its process {child.pid} is gone" in result.stdout
     assert f"steps      {len(steps)} recorded" in result.stdout
+    # the directory is free again: the OS released the killed writer's lock
+    RunStore(run_dir).close()
 
 
 def test_a_full_disk_is_reported_and_training_goes_on(tmp_path: Path, caplog) -> None:
-    setup = make_setup()
-    guard = trainguard.Guard(setup.model, setup.optimizer, run_dir=tmp_path / "run",
-                             config=GuardConfig(console=False))
-    store = guard.engine.store
-    assert store is not None
+    store = RunStore(tmp_path / "run")
+    store.put_meta("param_names", ["a", "b", "c"])
     store.flush()
     pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
     store._conn.execute(f"PRAGMA max_page_count={pages + 2}")  # SQLITE_FULL soon: "disk full"
     with caplog.at_level(logging.ERROR, logger="trainguard"):
-        reports = train(guard, setup, 60)
+        for step in range(300):
+            store.put_step(step, {"loss": 1.0, "action": "applied", "pad": "x" * 2000},
+                           np.arange(3.0))
+            if step % 20 == 0:
+                store.flush()
         store.flush()
-        guard.close()
-    assert len(reports) == 60
+        store.close()
     assert store.failed is not None and "full" in store.failed
     assert store.dropped > 0
-    assert any("stopped writing" in r.message for r in caplog.records)
+    assert sum("stopped writing" in r.message for r in caplog.records) == 1, "reported once"

@@ -4,7 +4,8 @@ Every piece of evidence votes for cause codes with a weight that says how specif
 holding NaN points at `nonfinite_input` almost alone, while a loss spike early in the run could be
 several configuration causes, which the preflight findings then separate. Confidence is a cause's
 share of all votes. The rules are generic (no scenario names, no model names); the weights are in
-one table below.
+one table below. The rules test families of event kinds (`registry.Tag`), never kind names, and a
+kind's unconditional votes come from its registry entry.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from trainguard.diagnose.causes import CAUSES
 from trainguard.diagnose.finding import Finding
 from trainguard.events import Event, at_least
+from trainguard.registry import Tag, event_kind, event_kinds, kinds_tagged
 
 FINDING_WEIGHT = {"critical": 3.0, "error": 2.0, "warning": 1.0, "info": 0.2}
 BATCH_FINDING_WEIGHT = 4.0
@@ -76,8 +78,7 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     kinds = {e.kind for e in serious}
     early = first_step < EARLY_STEPS
 
-    instability = kinds & {"grad_explosion", "loss_spike", "loss_divergence", "extreme_weight",
-                           "bad_start"}
+    instability = kinds & kinds_tagged(Tag.INSTABILITY)
     for f in findings:
         weight = FINDING_WEIGHT[f.severity]
         if f.cause in CONFIG_CAUSES and not instability:
@@ -85,20 +86,22 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         votes.add(f.cause, weight, f.message, f.fix)
     no_warmup = any(f.cause == "missing_warmup" for f in findings)
 
+    batch_kinds = kinds_tagged(Tag.BATCH)
     batch_causes = set()
     for e in serious:
-        cause = e.details.get("cause") if e.kind.startswith("batch_") else None
+        cause = e.details.get("cause") if e.kind in batch_kinds else None
         if cause:
             batch_causes.add(cause)
             # a normalisation mismatch shows from the first batch; later it is one odd batch
             weight = (BATCH_FINDING_WEIGHT if cause != "input_scale" or e.step == 0 else 1.0)
             votes.add(cause, weight, f"step {e.step}: {e.message.split(' Fix:')[0]}")
 
-    nonfinite = kinds & {"nonfinite_loss", "nonfinite_grad"}
+    nonfinite = kinds & kinds_tagged(Tag.NONFINITE)
+    overflow = kinds & kinds_tagged(Tag.OVERFLOW)
     if nonfinite and "nonfinite_input" not in batch_causes:
         replayed = next((e.details.get("replay") for e in serious if e.details.get("replay")),
                         None)
-        if "fp16_overflow" in kinds:
+        if overflow:
             votes.add("fp16_overflow", 3.0, "non-finite values with float16 values at the limit")
         elif any(f.check == "precision" for f in findings):
             votes.add("optimizer_eps", 1.5, "non-finite values while float16 weights are trained")
@@ -108,36 +111,43 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
             votes.add("numerical_op", 2.0, f"the loss turned non-finite at step {first_step} "
                       f"with a finite batch{where}")
             votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)")
-    if "fp16_overflow" in kinds:
-        votes.add("fp16_overflow", 2.0, "float16 overflow reported")
+    for entry in event_kinds():  # votes a kind casts once whenever it appears
+        if entry.name in kinds:
+            for vote in entry.votes:
+                if not vote.each_event:
+                    votes.add(vote.cause, vote.weight, vote.why)
+    start = kinds_tagged(Tag.START)
     for e in serious:
-        if e.kind == "bad_start" and e.details.get("cause") == "bad_init":
+        if e.kind in start and e.details.get("cause") == "bad_init":
             # the loss profile of an over-scaled new layer
             votes.add("bad_init", 3.0, f"step {e.step}: {e.message}")
             votes.add("input_scale", 0.5, f"step {e.step}: the first losses were far too high")
-        elif e.kind == "bad_start" and e.details.get("sustained"):  # and it did not fade
+        elif e.kind in start and e.details.get("sustained"):  # and it did not fade
             votes.add("lr_too_high", 2.0, f"step {e.step}: {e.message}")
-        elif e.kind == "bad_start":  # blown up by the first updates, and stayed up
+        elif e.kind in start:  # blown up by the first updates, and stayed up
             votes.add("lr_too_high", 1.5, f"step {e.step}: {e.message}")
             votes.add("missing_warmup", 1.5 if no_warmup else 0.3,
                       f"step {e.step}: the first updates blew the run up"
                       + (" on a schedule without warmup" if no_warmup else ""))
-        if e.kind == "ddp_desync":  # measured directly: replicas hold different weights
-            votes.add("ddp_desync", 4.0, f"step {e.step}: {e.message}")
-    if kinds & {"nonfinite_weight", "nonfinite_optimizer_state", "extreme_weight"}:
+        for vote in event_kind(e.kind).votes:  # direct measurements: every event votes
+            if vote.each_event:
+                votes.add(vote.cause, vote.weight, vote.evidence(e.step, e.message))
+    if kinds & kinds_tagged(Tag.STATE):
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
 
-    if "loss_divergence" in kinds:  # a slow climb, not a first-steps blow-up: the LR itself
+    climb = kinds_tagged(Tag.CLIMB)
+    if kinds & climb:  # a slow climb, not a first-steps blow-up: the LR itself
         votes.add("lr_too_high", 1.0, "the smoothed loss climbed and stayed up")
-    jumps = [e for e in serious if e.kind in ("grad_explosion", "loss_spike", "loss_divergence")]
+    jump_kinds = kinds_tagged(Tag.JUMP)
+    jumps = [e for e in serious if e.kind in jump_kinds]
     for e in jumps:
         param = e.param or ""
         if "lora_" in param:
             votes.add("lora_scaling", 1.5, f"step {e.step}: {e.kind} in LoRA adapter {param}")
         if any(f.check == "layer_init" and f.evidence.get("param") == param for f in findings):
             votes.add("bad_init", 2.0, f"step {e.step}: {e.kind} in the badly initialised {param}")
-        single = e.kind != "loss_divergence" and not [
+        single = e.kind not in climb and not [
             o for o in jumps if o is not e and abs(o.step - e.step) > 5]
         if e.step == 0:
             # before any update: the initial weights or the data, not the learning rate

@@ -1,11 +1,11 @@
-"""Drivers for trainers that own the optimizer step: the Hugging Face Trainer and Lightning.
+"""Adapters for trainers that own the optimizer step: the Hugging Face Trainer and Lightning.
 
     trainguard.hf.TrainguardCallback          transformers.Trainer (PEFT models included)
     trainguard.lightning.TrainguardCallback   lightning.pytorch and pytorch_lightning
 
-Both run each optimizer step through the same engine pipeline as `trainguard.Guard`, through the
-shared `trainguard.driver.StepDriver`. Importing this package imports neither
-framework; each integration module imports only its own.
+Both run each optimizer step through the same `trainguard.pipeline.StepPipeline` as
+`trainguard.Guard`, around the trainer's own optimizer step. Importing this package imports
+neither framework; each integration module imports only its own.
 """
 
 from trainguard.recovery.lr import scale_learning_rate

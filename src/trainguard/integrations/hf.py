@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,11 @@ import torch
 from torch import nn
 
 from trainguard.config import GuardConfig
-from trainguard.driver import StepDriver
 from trainguard.errors import TrainingDiverged, UsageError
-from trainguard.integrations._driver import CallbackState, unwrap_optimizer
+from trainguard.events import ActionRecord
+from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
+from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
 
 try:
@@ -119,13 +120,15 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._clipping_args: TrainingArguments | None = None
         self._trainer_max_grad_norm: float | None = None
         self._announced = False
+        self._ctx: StepContext | None = None
 
     # -- public API ------------------------------------------------------------------------------
     def close(self, status: str = "finished") -> None:
         """Flush and close the run store (training end does this; call it after a crash)."""
         self._release()
-        if self.driver is not None:
-            self.driver.close(status=status)
+        self._ctx = None
+        if self.run is not None:
+            self.run.close(status=status)
 
     # -- Trainer events --------------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
@@ -139,28 +142,27 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                              "gradients are sharded or owned by the engine): use plain or DDP "
                              "training")
         carried = self._pending_state
-        if self.driver is not None:  # a second train() on the same Trainer keeps the baselines
-            carried = carried or self.driver.state_dict()
+        resume = self.run is not None  # a second train() on one Trainer goes on with the run
+        if self.run is not None:  # ... and keeps the baselines
+            carried = carried or self.run.state_dict()
             self.close()
         limit = self._take_over_clipping(args)
         try:
-            self.driver = StepDriver(model, unwrap_optimizer(optimizer),
-                                     config=dataclasses.replace(self.config, max_grad_norm=limit),
-                                     run_dir=self.run_dir, sinks=self.sinks,
-                                     scaler=getattr(optimizer, "scaler", None),
-                                     scheduler=lr_scheduler, rewind_schedulers=[lr_scheduler],
-                                     integration="transformers.Trainer",
-                                     resumed=bool(carried or state.global_step))
+            self.run = Run(model, unwrap_optimizer(optimizer),
+                           config=dataclasses.replace(self.config, max_grad_norm=limit),
+                           run_dir=self.run_dir, sinks=self.sinks,
+                           scaler=getattr(optimizer, "scaler", None), scheduler=lr_scheduler,
+                           rewind_schedulers=[lr_scheduler], integration="transformers.Trainer",
+                           resume=resume, mid_run=bool(carried or state.global_step))
         except BaseException:
             self._release()  # the Trainer keeps its own clipping
             raise
         if limit is not None:
             self._announce(limit)
         if carried:
-            self.driver.load_state_dict(carried)
+            self.run.load_state_dict(carried)
         elif state.global_step:  # resumed from a Trainer checkpoint: count steps as it does
-            self.driver.load_state_dict({**self.driver.engine.state_dict(),
-                                         "step": state.global_step})
+            self.run.load_state_dict({**self.run.state_dict(), "step": state.global_step})
         self._pending_state = None
         world = args.world_size if getattr(args, "average_tokens_across_devices", False) else 1
         self._tap = _LossTap(model, float(world))
@@ -172,20 +174,21 @@ class TrainguardCallback(CallbackState, TrainerCallback):
 
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState,
                               control: TrainerControl, **kwargs: Any) -> None:
-        if self.driver is None or self._tap is None:
+        if self.run is None or self._tap is None:
             return
         loss = self._tap.take()
         try:
-            self.driver.before_step(loss, batch=self._tap.batch)
+            self._ctx = self.run.steps.before_update(loss, batch=self._tap.batch)
         except TrainingDiverged:
             self._release()
             raise
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
-        if self.driver is None:
+        if self.run is None or self._ctx is None:
             return
-        report = self.driver.after_step()
+        ctx, self._ctx = self._ctx, None
+        report = self.run.steps.after_update(ctx)
         if report is not None:
             self.last_report = report
 
@@ -205,16 +208,15 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         return limit
 
     def _announce(self, limit: float) -> None:
-        if self._announced or self.driver is None:
+        if self._announced or self.run is None:
             return
         self._announced = True
-        message = (f"trainguard clips gradients at max_grad_norm={limit:g} from now on "
-                   "(TrainingArguments.max_grad_norm is set to 0 during training so that the "
-                   "Trainer does not clip before trainguard sees the gradients)")
-        if self.driver.console:
-            print(message, file=sys.stderr, flush=True)
-        else:
-            log.info(message)
+        self.run.emit_action(ActionRecord(
+            kind="clip_takeover", step=self.run.state.step,
+            message=f"trainguard clips gradients at max_grad_norm={limit:g} from now on "
+                    "(TrainingArguments.max_grad_norm is set to 0 during training so that the "
+                    "Trainer does not clip before trainguard sees the gradients)",
+            details={"max_grad_norm": limit}))
 
     def _release(self) -> None:
         """Give the Trainer its clipping back and remove the loss hook."""

@@ -33,9 +33,11 @@ from typing import Any
 import torch
 
 from trainguard.config import GuardConfig
-from trainguard.driver import StepDriver
-from trainguard.errors import TrainingDiverged, UsageError
-from trainguard.integrations._driver import CallbackState, unwrap_optimizer
+from trainguard.errors import UsageError
+from trainguard.guard import exit_status
+from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
+from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
 
 log = logging.getLogger("trainguard")
@@ -90,13 +92,15 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         self._loss: torch.Tensor | None = None
         self._batch: Any = None
         self._loss_failed = False
+        self._ctx: StepContext | None = None
 
     # -- public API ------------------------------------------------------------------------------
     def close(self, status: str = "finished") -> None:
         """Flush and close the run store (the end of training, or an exception, does this)."""
         self._batch = None
-        if self.driver is not None:
-            self.driver.close(status=status)
+        self._ctx = None
+        if self.run is not None:
+            self.run.close(status=status)
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -107,24 +111,23 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
             raise UsageError(f"TrainguardCallback watches one optimizer, the module configures "
                              f"{len(trainer.optimizers)}")
         carried = self._pending_state
-        if self.driver is not None:  # a second fit() with the same callback keeps the baselines
-            carried = carried or self.driver.state_dict()
+        resume = self.run is not None  # a second fit() with one callback goes on with the run
+        if self.run is not None:  # ... and keeps the baselines
+            carried = carried or self.run.state_dict()
             self.close()
         optimizer = unwrap_optimizer(trainer.optimizers[0])
         schedulers = [c.scheduler for c in trainer.lr_scheduler_configs
                       if c.interval == "step" and not c.reduce_on_plateau]
         config = dataclasses.replace(self.config, max_grad_norm=_clip_limit(trainer))
-        self.driver = StepDriver(pl_module, optimizer, config=config, run_dir=self.run_dir,
-                                 sinks=self.sinks,
-                                 scaler=getattr(trainer.precision_plugin, "scaler", None),
-                                 scheduler=schedulers[0] if schedulers else None,
-                                 rewind_schedulers=schedulers, integration=_trainer_name(trainer),
-                                 resumed=bool(carried or trainer.global_step))
+        self.run = Run(pl_module, optimizer, config=config, run_dir=self.run_dir,
+                       sinks=self.sinks, scaler=getattr(trainer.precision_plugin, "scaler", None),
+                       scheduler=schedulers[0] if schedulers else None,
+                       rewind_schedulers=schedulers, integration=_trainer_name(trainer),
+                       resume=resume, mid_run=bool(carried or trainer.global_step))
         if carried:
-            self.driver.load_state_dict(carried)
+            self.run.load_state_dict(carried)
         elif trainer.global_step:
-            self.driver.load_state_dict({**self.driver.engine.state_dict(),
-                                         "step": trainer.global_step})
+            self.run.load_state_dict({**self.run.state_dict(), "step": trainer.global_step})
         self._pending_state = None
         self._loss = None
 
@@ -133,11 +136,11 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         self._batch = batch  # a reference, for crash snapshots
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
-        if self.driver is None:
+        if self.run is None:
             return
         try:
             value = loss.detach().reshape(()).float()
-            scale = getattr(self.driver.scaler, "_scale", None)
+            scale = getattr(self.run.scaler, "_scale", None)
             if isinstance(scale, torch.Tensor):  # float16 AMP hands over the scaled loss
                 value = value / scale.to(value.device)
             self._loss = value if self._loss is None else self._loss + value
@@ -147,16 +150,17 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
                 log.error("trainguard: could not read the loss (%s: %s)", type(exc).__name__, exc)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.driver is None:
+        if self.run is None:
             return
         loss, self._loss = self._loss, None
-        self.driver.before_step(loss, batch=self._batch)
+        self._ctx = self.run.steps.before_update(loss, batch=self._batch)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self.driver is None:
+        if self.run is None or self._ctx is None:  # None while gradients are accumulated
             return
-        report = self.driver.after_step()  # None while gradients are being accumulated
+        ctx, self._ctx = self._ctx, None
+        report = self.run.steps.after_update(ctx)
         if report is not None:
             self.last_report = report
 
@@ -164,4 +168,4 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         self.close(status="finished")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.close(status="halted" if isinstance(exception, TrainingDiverged) else "crashed")
+        self.close(status=exit_status(exception))

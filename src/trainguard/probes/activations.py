@@ -1,6 +1,7 @@
 """Activation range, sparsity and non-finite share via forward hooks, attached on sampled steps.
 
-Metric keys (per hooked module, in the order the modules ran):
+Metric keys (per hooked module, in the order the modules ran; registered in
+`trainguard.registry`, local to each rank):
     act_maxabs      max |output|
     act_zero_frac   share of exact zeros (sparsity; dead ReLUs show here)
     act_nonfinite   share of NaN/inf values

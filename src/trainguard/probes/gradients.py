@@ -1,6 +1,7 @@
 """Per-parameter and global gradient norms for every step, with fused ops and no host sync.
 
-Metric keys (host side, per step):
+Metric keys (host side, per step; each registered in `trainguard.registry` with its scope and
+cross-rank reduction):
     loss                 the scalar loss (NaN/inf kept)
     grad_norm            global L2 norm of all gradients, before clipping
     param_grad_norm      L2 norm of each watched parameter's gradient (0 when it has no gradient)

@@ -1,8 +1,9 @@
 """Optimizer-state health (Adam moments and friends), measured on sampled steps only.
 
 Metric keys (per watched parameter): `optstate_<key>_norm` for each tensor-valued state entry
-shaped like the parameter (for Adam: exp_avg, exp_avg_sq). A NaN or inf norm means the state is
-poisoned. One fused pass per state entry.
+shaped like the parameter (for Adam: exp_avg, exp_avg_sq), registered in `trainguard.registry` as
+the pattern `optstate_{state}_norm`. A NaN or inf norm means the state is poisoned. One fused pass
+per state entry.
 """
 
 from __future__ import annotations

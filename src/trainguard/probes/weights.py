@@ -1,6 +1,7 @@
 """Weight health and update size, measured on sampled steps only, with fused multi-tensor ops.
 
-Metric keys (per watched parameter, one array per key):
+Metric keys (per watched parameter, one array per key; each registered in `trainguard.registry`
+with its cross-rank reduction):
     weight_mean, weight_std, weight_maxabs   statistics of the values after the step
     weight_nonfinite                         1 when the parameter holds any NaN/inf, else 0
     weight_norm                              L2 norm after the step

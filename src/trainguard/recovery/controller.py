@@ -9,9 +9,12 @@
                                 taken off: roll back to before the spike
     divergence, non-finite or   the state is already bad: roll back at once
     extreme weights/moments
+    replicas out of sync        roll back to a state from when the ranks last agreed
     more than `max_rollbacks`   halt with a crash snapshot and a diagnosis
 
-Everything here runs on host floats the engine has already fetched: no device work.
+Which kinds are watched and which roll back at once, and when their trouble began, is each kind's
+entry in `trainguard.registry` (`Reaction`, `Onset`). Everything here runs on host floats already
+fetched: no device work.
 """
 
 from __future__ import annotations
@@ -24,13 +27,8 @@ from typing import Any, Literal
 
 from trainguard.config import DetectorConfig, RecoveryConfig
 from trainguard.events import Event, at_least
+from trainguard.registry import Onset, Reaction, event_kind, kinds_reacting
 from trainguard.signals import StepSignals
-
-ROLL_BACK_AT_ONCE = ("loss_divergence", "nonfinite_weight", "nonfinite_optimizer_state",
-                     "extreme_weight")
-"""Events that mean the weights or optimizer state are already bad: skipping cannot help."""
-WATCH_AFTER = ("loss_spike", "grad_explosion")
-"""Events whose update is skipped and whose aftermath decides between settling and rollback."""
 
 REFERENCE_LOSSES = 10
 """Calm losses kept as the reference level of the run before any trouble."""
@@ -79,8 +77,7 @@ class RecoveryController:
         state, so it does not count towards a rollback)."""
         step = signals.step
         serious = [e for e in events if at_least(e.severity, "warning")]
-        kinds = {e.kind for e in serious}
-        verdict = self._judge(signals, step, kinds, bad_input)
+        verdict = self._judge(signals, step, serious, bad_input)
         if verdict is None and applies_update and self.trouble is not None:
             self.trouble.applied += 1
         if verdict is not None and verdict.action == "rollback" \
@@ -92,13 +89,16 @@ class RecoveryController:
             self.calm_losses.append(float(signals.loss))  # type: ignore[arg-type]
         return verdict
 
-    def _judge(self, signals: StepSignals, step: int, kinds: set[str],
+    def _judge(self, signals: StepSignals, step: int, serious: list[Event],
                bad_input: bool) -> Verdict | None:
         cfg = self.config
-        at_once = [k for k in ROLL_BACK_AT_ONCE if k in kinds]
+        kinds = {e.kind for e in serious}
+        # the weights or optimizer state are already bad: skipping cannot help
+        at_once = [k for k in kinds_reacting(Reaction.ROLL_BACK) if k in kinds]
         if at_once:
+            first = next(e for e in serious if e.kind == at_once[0])
             return Verdict("rollback", f"{at_once[0]} at step {step}",
-                           onset=self._onset(at_once[0], step))
+                           onset=self._onset(first, step))
         if not (signals.loss_finite and signals.grads_finite):
             if signals.amp_overflow:
                 return None  # routine GradScaler overflow: the scaler handles it
@@ -113,7 +113,8 @@ class RecoveryController:
             return Verdict("skip", f"non-finite loss or gradients at step {step}", onset=step,
                            bad_steps=[step])
         self.skip_streak = []
-        watched = [k for k in WATCH_AFTER if k in kinds]
+        # the update is skipped; the aftermath decides between settling and rollback
+        watched = [k for k in kinds_reacting(Reaction.WATCH) if k in kinds]
         if watched:
             if self.trouble is None:
                 reference = (statistics.median(self.calm_losses) if self.calm_losses
@@ -153,13 +154,16 @@ class RecoveryController:
                            onset=trouble.start, bad_steps=[step])
         return None
 
-    def _onset(self, kind: str, step: int) -> int:
+    def _onset(self, event: Event, step: int) -> int:
         """Estimate when a late-detected fault began, to roll back to a state from before it."""
         det = self.detectors
-        if kind == "loss_divergence":  # smoothed over ~span/2 steps, then `patience` steps above
+        rule = event_kind(event.kind).onset
+        if rule is Onset.SMOOTHED_LOSS:  # smoothed over ~span/2 steps, then `patience` above
             return step - det.divergence_patience - det.divergence_span // 2
-        if kind in ("nonfinite_weight", "nonfinite_optimizer_state", "extreme_weight"):
-            return step - self.sample_every  # seen on a sampled step: went bad since the last one
+        if rule is Onset.SAMPLED:  # seen on a sampled step: went bad since the last one
+            return step - self.sample_every
+        if rule is Onset.LAST_AGREED:  # the replicas were last seen equal then
+            return int(event.details.get("last_agreed_step", 0))
         return step
 
     def rolled_back(self) -> None:

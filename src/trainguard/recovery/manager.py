@@ -1,25 +1,32 @@
 """`Recovery`: the `recover` policy's moving parts (good-state ring, judgement, LR backoff, data
-skip list) behind a few calls a driver makes around each step."""
+skip list) behind a few calls the step pipeline makes: `review` (decide), `rollback` (act),
+`after_schedule` and `after_applied` (settle). Its writes to the run's state (the clipping limit,
+the detectors' baselines) go through `RunState`, their one home."""
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from trainguard.config import GuardConfig
-from trainguard.engine import Engine, Measurement
+from trainguard.distributed import DistributedContext
 from trainguard.events import Event, at_least
 from trainguard.recovery.controller import RecoveryController, Verdict
 from trainguard.recovery.data import flatten_ids
 from trainguard.recovery.lr import LRBackoff, set_lr
 from trainguard.recovery.ring import GoodStateRing
 from trainguard.recovery.state import SavedState, capture, restore
+from trainguard.registry import is_rank_local
+from trainguard.signals import StepSignals
 from trainguard.transfer import to_host
+
+if TYPE_CHECKING:
+    from trainguard.pipeline.state import RunState
 
 log = logging.getLogger("trainguard")
 
@@ -28,10 +35,11 @@ RING_FLAG = "ring_finite"
 
 
 class Recovery:
-    def __init__(self, *, engine: Engine, model: nn.Module,
+    def __init__(self, *, state: RunState, dist: DistributedContext | None, model: nn.Module,
                  optimizers: list[torch.optim.Optimizer], scheduler: Any, scaler: Any,
                  config: GuardConfig) -> None:
-        self.engine = engine
+        self.run_state = state
+        self.dist = dist
         self.model = model
         self.optimizers = optimizers
         self.scheduler = scheduler
@@ -63,31 +71,32 @@ class Recovery:
         flag = self.ring.pending_flag()
         return {RING_FLAG: flag} if flag is not None else {}
 
-    def review(self, measurement: Measurement, events: list[Event], applies_update: bool,
-               data_ids: Any, *, nonfinite_input: bool = False) -> Verdict | None:
-        """`nonfinite_input`: this rank's batch holds NaN/inf."""
-        signals = measurement.signals
+    def review(self, signals: StepSignals, extra: dict[str, np.ndarray], events: list[Event],
+               applies_update: bool, data_ids: Any, *,
+               nonfinite_input: bool = False) -> Verdict | None:
+        """`extra`: the host copies of the step's extra tensors (the ring's finite flag);
+        `nonfinite_input`: this rank's batch holds NaN/inf."""
         self._recent_ids.append((signals.step, data_ids))  # flattened only when blamed
         # Batch findings are rank-local under torch.distributed; everything else here comes from
         # signals all ranks agreed on, so every rank keeps the same ring and makes the same call.
-        shared = [e for e in events if not e.kind.startswith("batch_")]
+        shared = [e for e in events if not is_rank_local(e.kind)]
         calm = applies_update and not any(at_least(e.severity, "warning") for e in shared)
         bad_input = False
         if not (signals.loss_finite and signals.grads_finite):
             # NaN in the batch itself: the data, not the state, is broken (agreed across ranks,
             # since batches are rank-local)
             bad_input = nonfinite_input
-            if self.engine.dist is not None:
-                bad_input = self.engine.dist.agree_max(int(bad_input)) == 1
+            if self.dist is not None:
+                bad_input = self.dist.agree_max(int(bad_input)) == 1
         verdict = self.controller.review(signals, shared, applies_update, bad_input=bad_input)
         if verdict is not None:
             calm = False
             if verdict.action == "skip":  # a batch whose update is kept out is a suspect too
                 self.skipped_data.update(self._ids_of(verdict.bad_steps))
-        flag = measurement.extra.get(RING_FLAG)
-        if flag is not None and self.engine.dist is not None:
+        flag = extra.get(RING_FLAG)
+        if flag is not None and self.dist is not None:
             # each rank checked its own shard (FSDP) or replica: good only if good everywhere
-            bad = self.engine.dist.agree_max(0 if bool((flag == 1.0).all()) else 1)
+            bad = self.dist.agree_max(0 if bool((flag == 1.0).all()) else 1)
             flag = np.array([0.0 if bad else 1.0])
         self.ring.observe(flag=flag, calm=calm)
         return verdict
@@ -98,12 +107,12 @@ class Recovery:
 
     def after_applied(self) -> None:
         """After an applied update: offer the new state to the ring at its interval."""
-        if self.engine.step % self.config.ring_every == 0:
+        if self.run_state.step % self.config.ring_every == 0:
             try:
                 self.ring.offer(self._capture(reuse=self.ring.spare))
             except Exception as exc:  # a failed copy only costs a rollback point
                 log.error("trainguard: could not keep a good state at step %d (%s: %s)",
-                          self.engine.step, type(exc).__name__, exc)
+                          self.run_state.step, type(exc).__name__, exc)
 
     # -- rollback ----------------------------------------------------------------------------------
     def can_roll_back(self) -> bool:
@@ -128,11 +137,9 @@ class Recovery:
             groups = [g for opt in self.optimizers for g in opt.param_groups]
             for group, lr in zip(groups, current_lrs, strict=True):
                 set_lr(group, lr)
-        self.engine.restore_detectors(target.guard)
+        self.run_state.restore_detectors(target.guard)
         self.lr.begin(ceiling * self.config.lr_backoff, ceiling, applied)
-        limit = self.config.max_grad_norm
-        current = self.engine.max_grad_norm
-        self.engine.max_grad_norm = limit if current is None else min(current, limit)
+        self.run_state.tighten_clipping(self.config.max_grad_norm)
         self.ring.discard_after(target.step)
         blamed = self._ids_of(verdict.bad_steps)
         self.skipped_data.update(blamed)
@@ -144,12 +151,12 @@ class Recovery:
             message=f"{verdict.reason}: rolled back to the good state from step {target.step} "
                     f"({thrown} steps undone), LR x{self.lr.factor():g} ramping to "
                     f"x{ceiling:g} over {self.config.lr_ramp_steps} steps, clipping at "
-                    f"{self.engine.max_grad_norm:g}"
+                    f"{self.run_state.max_grad_norm:g}"
                     + (f", {len(blamed)} data id(s) skipped from now on" if blamed else ""),
             value=float(target.step),
             details={"to_step": target.step, "steps_undone": thrown,
                      "lr_factor": self.lr.factor(), "lr_ceiling": ceiling,
-                     "max_grad_norm": self.engine.max_grad_norm, "skipped_data": blamed[:50],
+                     "max_grad_norm": self.run_state.max_grad_norm, "skipped_data": blamed[:50],
                      "rollbacks": self.controller.rollbacks, "reason": verdict.reason})
 
     def _ids_of(self, steps: list[int]) -> list[Any]:
@@ -157,22 +164,21 @@ class Recovery:
 
     # -- state -------------------------------------------------------------------------------------
     def _capture(self, reuse: SavedState | None = None) -> SavedState:
-        return capture(step=self.engine.step, model=self.model, optimizers=self.optimizers,
+        return capture(step=self.run_state.step, model=self.model, optimizers=self.optimizers,
                        scheduler=self.scheduler, scaler=self.scaler,
-                       guard_state=self.engine.detector_state(),
+                       guard_state=self.run_state.detector_state(),
                        extra={"lr_factor": self.lr.factor()}, reuse=reuse)
 
     def state_dict(self) -> dict[str, Any]:
-        """Judgement, backoff and skip list (the saved states themselves stay in memory)."""
+        """Judgement, backoff and skip list (the saved states themselves stay in memory; the
+        clipping limit a rollback tightened is in `RunState`)."""
         return {"controller": self.controller.state_dict(), "lr": self.lr.state_dict(),
                 "skipped_data": sorted(self.skipped_data, key=repr),
-                "rolled_back_steps": self.rolled_back_steps,
-                "max_grad_norm": self.engine.max_grad_norm}
+                "rolled_back_steps": self.rolled_back_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.controller.load_state_dict(state["controller"])
         self.lr.load_state_dict(state["lr"])
         self.skipped_data = set(state["skipped_data"])
         self.rolled_back_steps = int(state["rolled_back_steps"])
-        self.engine.max_grad_norm = state["max_grad_norm"]
 

@@ -31,7 +31,7 @@ class SavedState:
     scaler: dict[str, Any] | None
     rng: dict[str, Any]
     guard: dict[str, Any]
-    """The engine's own state (detector baselines), so a rollback also forgets the bad steps."""
+    """The run's own state (detector baselines), so a rollback also forgets the bad steps."""
     extra: dict[str, Any] = field(default_factory=dict)
     finite: torch.Tensor | None = None
     """Device flag: every weight and optimizer moment is finite (read with the next transfer)."""

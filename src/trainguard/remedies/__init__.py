@@ -1,6 +1,8 @@
 """Remedies change training: clipping (global, layer-wise, adaptive, AGC) and skipping a step.
 
-They reuse the norms the probes already measured: no second pass over the gradients."""
+They reuse the norms the probes already measured: no second pass over the gradients. A
+`GuardConfig` stores rules as specs (plain data); `build_rule` / `build_agc` make fresh rules
+from them."""
 
 from trainguard.remedies.adaptive import AdaptiveClip
 from trainguard.remedies.agc import AGC
@@ -14,6 +16,8 @@ from trainguard.remedies.rules import (
     chain,
 )
 from trainguard.remedies.skip import drop_grads
+from trainguard.remedies.spec import RULE_TYPES, agc_spec, build_agc, build_rule, rule_spec
 
-__all__ = ["AGC", "AdaptiveClip", "Chain", "ClipRule", "GlobalNormClip", "LayerwiseClip",
-           "apply_coefficients", "chain", "clip_coefficient", "drop_grads", "scale_grads"]
+__all__ = ["AGC", "RULE_TYPES", "AdaptiveClip", "Chain", "ClipRule", "GlobalNormClip",
+           "LayerwiseClip", "agc_spec", "apply_coefficients", "build_agc", "build_rule", "chain",
+           "clip_coefficient", "drop_grads", "rule_spec", "scale_grads"]

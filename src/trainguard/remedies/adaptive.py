@@ -126,6 +126,11 @@ class AdaptiveClip:
         self.mean = None if mean is None else float(mean)
         self.var = None if var is None else float(var)
 
+    def spec(self) -> dict[str, Any]:
+        """The constructor's arguments; the statistics are state, kept by `state_dict`."""
+        return {"type": "adaptive", "z_threshold": self.z_threshold, "alpha": self.alpha,
+                "warmup_steps": self.warmup_steps, "fallback_max_norm": self.fallback_max_norm}
+
     def describe(self) -> str:
         head = f"adaptive (z > {self.z_threshold:g}, alpha {self.alpha:g})"
         if self.mean is None or self.var is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,6 +132,10 @@ class AGC:
             grad_norms = torch.stack(torch._foreach_norm(grads, 2, dtype=_norm_dtype(grads[0])))
         scale = self._scale(w_norms, grad_norms.to(w_norms.dtype)).to(grads[0].dtype)
         torch._foreach_mul_(grads, list(scale.unbind()))
+
+    def spec(self) -> dict[str, Any]:
+        return {"type": "agc", "clipping": self.clipping, "eps": self.eps,
+                "unitwise": self.unitwise, "exclude": list(self.exclude)}
 
     def describe(self) -> str:
         scope = "unit-wise" if self.unitwise else "parameter-wise"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
+from typing import Any
 
 import numpy as np
 
@@ -104,6 +105,10 @@ class LayerwiseClip(StatelessRule):
             joint = group_norms(norms[touched], member_groups, len(self._group_limits))
             coefs[touched] = clip_factors(joint, self._group_limits)[member_groups]
         return coefs
+
+    def spec(self) -> dict[str, Any]:
+        return {"type": "layerwise", "limits": self.limits, "default": self.default,
+                "per_parameter": self.per_parameter}
 
     def describe(self) -> str:
         parts = [f"{p!r} <= {limit:g}" for p, limit in self.limits.items()]

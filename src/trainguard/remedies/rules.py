@@ -30,7 +30,10 @@ _F32_EPS = np.float32(EPS)
 
 @runtime_checkable
 class ClipRule(Protocol):
-    """Turns per-parameter gradient norms into per-parameter multipliers in [0, 1]."""
+    """Turns per-parameter gradient norms into per-parameter multipliers in [0, 1].
+
+    A rule that goes in a `GuardConfig` also needs `spec()`, its description as plain data
+    (see `trainguard.remedies.spec`); a rule used only directly does not."""
 
     def coefficients(self, norms: np.ndarray, global_norm: float,
                      names: Sequence[str]) -> np.ndarray:
@@ -112,22 +115,32 @@ class GlobalNormClip(StatelessRule):
         norms = check_norms(norms, names)
         return np.full(norms.shape[0], clip_factor(float(global_norm), self.max_norm))
 
+    def spec(self) -> dict[str, Any]:
+        return {"type": "global_norm", "max_norm": self.max_norm}
+
     def describe(self) -> str:
         return f"global norm <= {self.max_norm:g}"
 
 
 class Chain:
-    """Rules applied in order; each sees the norms already scaled by the ones before it."""
+    """Rules applied in order; each sees the norms already scaled by the ones before it.
 
-    def __init__(self, rules: Sequence[ClipRule]) -> None:
+    A rule may also be given as its spec dict (see `trainguard.remedies.spec`)."""
+
+    def __init__(self, rules: Sequence[ClipRule | Mapping[str, Any]]) -> None:
         if not rules:
             raise ConfigError("chain: give at least one clip rule")
+        if any(isinstance(rule, Mapping) for rule in rules):
+            from trainguard.remedies.spec import build_rule  # spec imports this module
+
+            rules = [build_rule(rule, where=f"chain.rules[{i}]") if isinstance(rule, Mapping)
+                     else rule for i, rule in enumerate(rules)]
         for i, rule in enumerate(rules):
             if not isinstance(rule, ClipRule):
                 raise ConfigError(f"chain: rule {i} must be a clip rule (with coefficients, "
                                   f"state_dict, load_state_dict, describe), got "
                                   f"{type(rule).__name__}")
-        self.rules: tuple[ClipRule, ...] = tuple(rules)
+        self.rules: tuple[ClipRule, ...] = tuple(rules)  # type: ignore[arg-type]
 
     def coefficients(self, norms: np.ndarray, global_norm: float,
                      names: Sequence[str]) -> np.ndarray:
@@ -153,6 +166,12 @@ class Chain:
                              f"{len(self.rules)} entries, got {state!r:.200}")
         for rule, rule_state in zip(self.rules, states, strict=True):
             rule.load_state_dict(rule_state)
+
+    def spec(self) -> dict[str, Any]:
+        from trainguard.remedies.spec import rule_spec  # spec imports this module
+
+        return {"type": "chain", "rules": [rule_spec(rule, where=f"chain.rules[{i}]")
+                                           for i, rule in enumerate(self.rules)]}
 
     def describe(self) -> str:
         return " -> ".join(rule.describe() for rule in self.rules)

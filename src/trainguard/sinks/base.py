@@ -2,10 +2,10 @@
 
 A sink hears everything a run says, in this order: `on_run_start` once; then, as they happen,
 `on_findings` (the preflight audit, runtime checks), `on_event`, `on_action` (skip, clip, rollback,
-LR change, halt, snapshot), `on_diagnosis` (the ranked causes, when they change), `on_step` once per
-step; finally `on_run_end` with the run's status (`finished`, `halted`, `crashed`, `interrupted`)
-and `close`. Sinks observe only: they must not change training. Under torch.distributed only rank 0
-has sinks.
+LR change, halt, snapshot) and `on_step` once per step; at the end `on_sampled` (the last sampled
+statistics), `on_diagnosis` (the ranked causes), `on_run_end` with the run's status (`finished`,
+`halted`, `crashed`, `interrupted`) and `close`. Sinks observe only: they must not change
+training. Under torch.distributed only rank 0 has sinks.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 if TYPE_CHECKING:
     from trainguard.diagnose.finding import Finding
     from trainguard.diagnose.ranking import RankedCause
+    from trainguard.signals import SampledStats
 
 log = logging.getLogger("trainguard")
 
 SINK_METHODS = ("on_run_start", "on_findings", "on_event", "on_action", "on_diagnosis",
-                "on_step", "on_run_end", "close")
+                "on_step", "on_sampled", "on_run_end", "close")
 
 
 class Sink:
@@ -45,7 +46,12 @@ class Sink:
         """Called with the ranked likely causes whenever they are (re)computed."""
 
     def on_step(self, report: StepReport) -> None:
-        """Called once per step, after the step was applied, skipped, rolled back or halted."""
+        """Called once per step, after the step was applied, skipped, rolled back or halted.
+        `report.signals.sampled` holds the heavy-probe statistics that arrived with the step."""
+
+    def on_sampled(self, stats: list[SampledStats]) -> None:
+        """Called at the end of a run with the last heavy-probe statistics, which no later step
+        carried."""
 
     def on_run_end(self, status: str) -> None:
         """Called once with the run's final status."""
@@ -92,6 +98,9 @@ class SinkSet:
 
     def on_step(self, report: StepReport) -> None:
         self._call("on_step", report)
+
+    def on_sampled(self, stats: list[SampledStats]) -> None:
+        self._call("on_sampled", stats)
 
     def on_run_end(self, status: str) -> None:
         self._call("on_run_end", status)

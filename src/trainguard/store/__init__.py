@@ -1,6 +1,8 @@
-"""The embedded run store: one SQLite file per run directory, written off the hot path."""
+"""The embedded run store: one SQLite file per run directory, one row per run in it, written off
+the hot path."""
 
 from trainguard.store.reader import RunReader
-from trainguard.store.writer import DB_NAME, RunStore
+from trainguard.store.sink import RunStoreSink
+from trainguard.store.writer import DB_NAME, LOCK_NAME, RunStore
 
-__all__ = ["DB_NAME", "RunReader", "RunStore"]
+__all__ = ["DB_NAME", "LOCK_NAME", "RunReader", "RunStore", "RunStoreSink"]

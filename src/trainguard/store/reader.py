@@ -1,13 +1,24 @@
-"""Reads a run store. Used by `trainguard show` and by later analysis and reports.
+"""Reads a run store. Used by `trainguard show`, `trainguard runs` and by later analysis.
+
+A run directory holds every run started in it; `RunReader(run_dir)` reads the latest one,
+`RunReader(run_dir, run=1)` an earlier one, and `runs()` lists them all. Version 1 stores (one
+run, no `runs` table) read as a single run with id 1.
 
 Every method returns plain Python / NumPy values. Non-finite values come back as NaN or inf,
-never dropped, and `summary()` counts them explicitly.
+never dropped, and `summary()` counts them explicitly. A value of the wrong shape or type (a step
+that is not a JSON object, a loss that is a string, a blob of the wrong length) raises a
+`StoreError` naming it, never a stray `TypeError`.
+
+Readers never write and never lock: a store on read-only media is read with SQLite's
+`immutable` mode when the normal read-only mode cannot be used.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -16,16 +27,41 @@ from typing import Any
 import numpy as np
 
 from trainguard.errors import StoreError
-from trainguard.events import Event
+from trainguard.events import ActionRecord, Event
+from trainguard.store import schema
 from trainguard.store.writer import DB_NAME
 
+STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad_maxabs",
+                "nonfinite_grads")
+"""Per-step scalars that must be numbers (or null) when present."""
 
-def _blob(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype="<f4").astype(np.float64)
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _connect(path: Path) -> tuple[sqlite3.Connection, bool]:
+    """Open read-only; on read-only media fall back to `immutable=1`. Returns (conn, immutable).
+
+    The URI comes from the resolved path, percent-encoded, so that '#', '?' and '%' in
+    directory names are part of the path and not read as URI syntax."""
+    uri = path.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn, False
+    except sqlite3.OperationalError as exc:
+        # A WAL store needs its -shm file; in a directory that cannot be written it cannot be
+        # created, and only immutable mode reads the store.
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise
+    conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return conn, True
 
 
 class RunReader:
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, run: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         if not self.run_dir.exists():
             raise StoreError(f"no run directory at {self.run_dir}")
@@ -35,15 +71,40 @@ class RunReader:
         if not self.path.is_file():
             raise StoreError(f"{self.run_dir} is not a trainguard run (no {DB_NAME} in it)")
         try:
-            self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-            tables = {row[0] for row in self._conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table'")}
+            self._conn, self.immutable = _connect(self.path)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path} is corrupt or not a trainguard store ({exc})") from None
-        missing = {"meta", "steps", "events", "param_metrics", "module_metrics"} - tables
-        if missing:
-            raise StoreError(f"{self.path} is not a trainguard store (missing tables: "
-                             f"{', '.join(sorted(missing))})")
+        wal = Path(f"{self.path}-wal")
+        self.wal_unread = self.immutable and wal.is_file() and wal.stat().st_size > 0
+        """True when the store was read without its write-ahead log (read-only media after a
+        writer was killed): the last committed records may be missing."""
+        try:
+            version = schema.store_version(self._conn)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path} is corrupt or not a trainguard store ({exc})") from None
+        if version is None or version == 0:
+            self._conn.close()
+            raise StoreError(f"{self.path} is not a trainguard store (it lacks trainguard's "
+                             f"tables)")
+        if version > schema.SCHEMA_VERSION:
+            self._conn.close()
+            raise StoreError(f"{self.path} was written by a newer trainguard (store version "
+                             f"{version}; this one reads up to {schema.SCHEMA_VERSION})")
+        self.version = version
+        """The store's schema version (1: one run, no runs table; 2: runs kept apart)."""
+        self.run_ids = self._run_ids()
+        if not self.run_ids:
+            self._conn.close()
+            raise StoreError(f"{self.path} holds no runs yet")
+        if run is None:
+            self.run_id = self.run_ids[-1]
+        elif not _is_number(run) or int(run) != run or int(run) not in self.run_ids:
+            self._conn.close()
+            raise StoreError(f"no run {run!r} in {self.run_dir} (its runs: "
+                             f"{_id_ranges(self.run_ids)})")
+        else:
+            self.run_id = int(run)
 
     def close(self) -> None:
         self._conn.close()
@@ -54,22 +115,155 @@ class RunReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- low level -------------------------------------------------------------------------------
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path} is corrupt ({exc})") from None
 
-    def _json(self, text: str, what: str) -> Any:
+    def _select(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """`sql` with `{run}` standing for this run's condition (every row in a v1 store)."""
+        if self.version == 1:
+            return self._query(sql.format(run="1"), args)
+        return self._query(sql.format(run="run_id = ?"), (self.run_id, *args))
+
+    def _bad(self, what: str, value: Any, expected: str) -> StoreError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return StoreError(f"{self.path}: run {self.run_id}: {what} is {shown}, expected "
+                          f"{expected}; the store is damaged or was not written by trainguard")
+
+    def _json(self, text: Any, what: str) -> Any:
+        if not isinstance(text, str):
+            raise self._bad(what, text, "JSON text")
         try:
             return json.loads(text)
-        except (TypeError, ValueError) as exc:
-            raise StoreError(f"{self.path}: malformed {what} ({exc})") from None
+        except ValueError as exc:
+            raise StoreError(f"{self.path}: run {self.run_id}: malformed {what} "
+                             f"({exc})") from None
 
-    # -- run-level --------------------------------------------------------------------------
+    def _int(self, value: Any, what: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self._bad(what, value, "a whole number")
+        return value
+
+    def _str(self, value: Any, what: str) -> str:
+        if not isinstance(value, str):
+            raise self._bad(what, value, "text")
+        return value
+
+    def _opt_str(self, value: Any, what: str) -> str | None:
+        return None if value is None else self._str(value, what)
+
+    def _num(self, value: Any, what: str) -> float | None:
+        if value is None:
+            return None
+        if not _is_number(value):
+            raise self._bad(what, value, "a number")
+        return float(value)
+
+    def _blob(self, data: Any, what: str, width: int | None) -> np.ndarray:
+        if not isinstance(data, bytes) or len(data) % 4:
+            size = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
+            raise StoreError(f"{self.path}: run {self.run_id}: {what} holds {size}, not a "
+                             f"float32 vector; the store is damaged")
+        values = np.frombuffer(data, dtype="<f4").astype(np.float64)
+        if width is not None and values.size != width:
+            raise StoreError(f"{self.path}: run {self.run_id}: {what} holds {values.size} "
+                             f"values for {width} entries; the store is damaged")
+        return values
+
+    # -- runs ----------------------------------------------------------------------------------
+    def _run_ids(self) -> list[int]:
+        if self.version == 1:
+            return [1]
+        ids = [row[0] for row in self._query("SELECT id FROM runs ORDER BY id")]
+        if not all(isinstance(i, int) for i in ids):
+            raise StoreError(f"{self.path}: a run id is not a whole number; the store is damaged")
+        return ids
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run in the directory, oldest first: id, started, ended, status, pid, hostname,
+        resumed, store_failed, dropped, steps, events, last_step."""
+        if self.version == 1:
+            first, last, count = self._query("SELECT min(time), max(time), count(*) "
+                                             "FROM steps")[0]
+            status = self.meta().get("status", "unknown")
+            events = self._query("SELECT count(*) FROM events")[0][0]
+            last_step = self._query("SELECT max(step) FROM steps")[0][0]
+            return [{"id": 1, "started": first, "ended": None if status == "running" else last,
+                     "status": status, "pid": None, "hostname": None, "resumed": 0,
+                     "store_failed": None, "failed_step": None, "dropped": 0, "steps": count,
+                     "events": events, "last_step": last_step}]
+        rows = self._query(
+            "SELECT r.id, r.started, r.ended, r.status, r.pid, r.hostname, r.resumed, "
+            "r.store_failed, r.failed_step, r.dropped, "
+            "(SELECT count(*) FROM steps s WHERE s.run_id = r.id), "
+            "(SELECT count(*) FROM events e WHERE e.run_id = r.id), "
+            "(SELECT max(step) FROM steps s WHERE s.run_id = r.id) FROM runs r ORDER BY r.id")
+        listing = []
+        for (run_id, started, ended, status, pid, host, resumed, failed, failed_step, dropped,
+             steps, events, last_step) in rows:
+            what = f"run {run_id}"
+            listing.append({
+                "id": run_id, "started": self._num(started, f"{what} start time"),
+                "ended": self._num(ended, f"{what} end time"),
+                "status": self._str(status, f"{what} status"),
+                "pid": pid if isinstance(pid, int) else None,
+                "hostname": host if isinstance(host, str) else None,
+                "resumed": resumed if isinstance(resumed, int) else 0,
+                "store_failed": self._opt_str(failed, f"{what} store failure"),
+                "failed_step": failed_step if isinstance(failed_step, int) else None,
+                "dropped": dropped if isinstance(dropped, int) else 0,
+                "steps": steps, "events": events, "last_step": last_step})
+        return listing
+
+    def run_info(self) -> dict[str, Any]:
+        """The `runs()` entry of the run this reader reads."""
+        return next(r for r in self.runs() if r["id"] == self.run_id)
+
+    # -- run-level -------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        return {key: self._json(value, f"meta {key}")
-                for key, value in self._query("SELECT key, value FROM meta")}
+        meta = {key: self._json(value, f"meta {key}")
+                for key, value in self._select("SELECT key, value FROM meta WHERE {run}")}
+        meta.pop("schema_version", None)
+        if self.version >= 2:  # the runs row holds the status
+            status = self._query("SELECT status FROM runs WHERE id = ?", (self.run_id,))
+            if status:
+                meta["status"] = status[0][0]
+        self._check_meta(meta)
+        return meta
+
+    def _check_meta(self, meta: dict[str, Any]) -> None:
+        for key in ("status", "trainguard_version", "snapshot", "integration"):
+            self._opt_str(meta.get(key), f"meta {key}")
+        for key in ("config", "distributed"):
+            if key in meta and not isinstance(meta[key], dict):
+                raise self._bad(f"meta {key}", meta[key], "a JSON object")
+        names = meta.get("param_names", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise self._bad("meta param_names", names, "a list of names")
+        shapes = meta.get("param_shapes", [])
+        if not isinstance(shapes, list) or not all(
+                isinstance(s, list) and all(_is_number(d) for d in s) for s in shapes):
+            raise self._bad("meta param_shapes", shapes, "a list of shapes")
+        for cause in self._records(meta, "diagnosis", ("code", "fix")):
+            self._num(cause.get("confidence", 0), "a diagnosis confidence")
+            evidence = cause.get("evidence", [])
+            if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+                raise self._bad("a diagnosis's evidence", evidence, "a list of text")
+        self._records(meta, "preflight", ("check", "severity", "message"))
+
+    def _records(self, meta: dict[str, Any], key: str,
+                 fields: tuple[str, ...]) -> list[dict[str, Any]]:
+        records = meta.get(key, [])
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise self._bad(f"meta {key}", records, "a list of JSON objects")
+        for record in records:
+            for name in fields:
+                self._str(record.get(name), f"meta {key} {name}")
+        return records
 
     def config(self) -> dict[str, Any]:
         return self.meta().get("config", {})
@@ -80,60 +274,128 @@ class RunReader:
     # -- per step ---------------------------------------------------------------------------
     def steps(self) -> list[dict[str, Any]]:
         """One dict per recorded step: step, time, loss, grad_norm, lr, action, ..."""
-        rows = self._query("SELECT step, time, data FROM steps ORDER BY step")
-        return [{"step": step, "time": at, **self._json(data, f"step {step}")}
-                for step, at, data in rows]
+        rows = self._select("SELECT step, time, data FROM steps WHERE {run} ORDER BY step")
+        out = []
+        for step, at, data in rows:
+            self._int(step, "a step number")
+            values = self._json(data, f"step {step}")
+            if not isinstance(values, dict):
+                raise self._bad(f"step {step}", values, "a JSON object")
+            for name in STEP_NUMBERS:
+                self._num(values.get(name), f"step {step} {name}")
+            self._str(values.get("action", ""), f"step {step} action")
+            out.append({"step": step, "time": self._num(at, f"step {step} time"), **values})
+        return out
 
     def scalar(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of one per-step scalar; missing values are NaN."""
         rows = self.steps()
         steps = np.array([r["step"] for r in rows], dtype=np.int64)
-        values = np.array([np.nan if r.get(name) is None else float(r[name]) for r in rows],
-                          dtype=np.float64)
-        return steps, values
+        values = []
+        for r in rows:
+            value = r.get(name)
+            values.append(np.nan if value is None else self._num(value, f"step {r['step']} "
+                                                                       f"{name}"))
+        return steps, np.array(values, dtype=np.float64)
 
     def param_grad_norms(self) -> tuple[np.ndarray, np.ndarray]:
         """(steps, matrix[step, param]) of per-parameter gradient norms."""
-        rows = self._query("SELECT step, grad_norms FROM steps WHERE grad_norms IS NOT NULL "
-                           "ORDER BY step")
-        return self._matrix(rows)
+        rows = self._select("SELECT step, grad_norms FROM steps WHERE {run} AND grad_norms IS "
+                            "NOT NULL ORDER BY step")
+        return self._matrix(rows, "gradient norms")
 
     def param_metric(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, matrix[step, param]) of a sampled per-parameter metric (e.g. update_ratio)."""
-        rows = self._query("SELECT step, data FROM param_metrics WHERE metric = ? ORDER BY step",
-                           (metric,))
-        return self._matrix(rows)
+        rows = self._select("SELECT step, data FROM param_metrics WHERE {run} AND metric = ? "
+                            "ORDER BY step", (metric,))
+        return self._matrix(rows, metric)
 
     def param_metric_names(self) -> list[str]:
-        return [r[0] for r in self._query("SELECT DISTINCT metric FROM param_metrics")]
+        return [r[0] for r in self._select("SELECT DISTINCT metric FROM param_metrics "
+                                           "WHERE {run}")]
 
     def module_metric(self, metric: str) -> list[tuple[int, list[str], np.ndarray]]:
         """[(step, module names, values)] of a sampled per-module metric (e.g. act_maxabs)."""
-        rows = self._query("SELECT step, names, data FROM module_metrics WHERE metric = ? "
-                           "ORDER BY step", (metric,))
-        return [(step, self._json(names, "module names"), _blob(data))
-                for step, names, data in rows]
+        rows = self._select("SELECT step, names, data FROM module_metrics WHERE {run} AND "
+                            "metric = ? ORDER BY step", (metric,))
+        out = []
+        for step, names_text, data in rows:
+            names = self._json(names_text, "module names")
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise self._bad(f"step {step} module names", names, "a list of names")
+            out.append((self._int(step, "a step number"), names,
+                        self._blob(data, f"{metric} of step {step}", len(names))))
+        return out
 
-    def _matrix(self, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
-        width = len(self.param_names())
-        steps = np.array([r[0] for r in rows], dtype=np.int64)
-        matrix = np.full((len(rows), width), np.nan)
-        for i, (_, data) in enumerate(rows):
-            values = _blob(data)
-            matrix[i, : min(width, values.size)] = values[:width]
+    def _matrix(self, rows: list[tuple], what: str) -> tuple[np.ndarray, np.ndarray]:
+        meta = self.meta()
+        width: int | None = len(meta["param_names"]) if "param_names" in meta else None
+        vectors = []
+        for step, data in rows:
+            values = self._blob(data, f"{what} of step {step}", width)
+            width = values.size
+            vectors.append(values)
+        steps = np.array([self._int(r[0], "a step number") for r in rows], dtype=np.int64)
+        matrix = (np.vstack(vectors) if vectors
+                  else np.full((0, width or 0), np.nan))
         return steps, matrix
 
     def events(self) -> list[Event]:
-        rows = self._query("SELECT step, kind, severity, param, value, message, details "
-                           "FROM events ORDER BY id")
-        return [Event(kind=kind, step=step, severity=severity, message=message, param=param,
-                      value=self._json(value, "event value") if value is not None else None,
-                      details=self._json(details, "event details"))
-                for step, kind, severity, param, value, message, details in rows]
+        rows = self._select("SELECT step, kind, severity, param, value, message, details "
+                            "FROM events WHERE {run} ORDER BY id")
+        out = []
+        for step, kind, severity, param, value, message, details in rows:
+            self._int(step, "an event's step")
+            where = f"the event at step {step}"
+            loaded = self._json(value, f"{where}'s value") if value is not None else None
+            extra = self._json(details, f"{where}'s details")
+            if not isinstance(extra, dict):
+                raise self._bad(f"{where}'s details", extra, "a JSON object")
+            out.append(Event(kind=self._str(kind, f"{where}'s kind"),
+                             step=step,
+                             severity=self._str(severity, f"{where}'s severity"),
+                             message=self._str(message, f"{where}'s message"),
+                             param=self._opt_str(param, f"{where}'s parameter"),
+                             value=self._num(loaded, f"{where}'s value"), details=extra))
+        return out
+
+    def actions(self) -> list[ActionRecord]:
+        """What trainguard did to the run (skip, clip, rollback, LR change, halt, snapshot)."""
+        if self.version == 1:
+            return []
+        rows = self._select("SELECT step, kind, message, details FROM actions WHERE {run} "
+                            "ORDER BY id")
+        out = []
+        for step, kind, message, details in rows:
+            where = f"the action at step {step}"
+            extra = self._json(details, f"{where}'s details")
+            if not isinstance(extra, dict):
+                raise self._bad(f"{where}'s details", extra, "a JSON object")
+            out.append(ActionRecord(kind=self._str(kind, f"{where}'s kind"),
+                                    step=self._int(step, "an action's step"),
+                                    message=self._str(message, f"{where}'s message"),
+                                    details=extra))
+        return out
 
     # -- summary ------------------------------------------------------------------------------
+    def process_state(self, info: dict[str, Any]) -> str:
+        """For a run marked running: "alive", "gone" (its process ended without closing the
+        run) or "unknown" (another host, or no pid recorded)."""
+        pid, host = info.get("pid"), info.get("hostname")
+        if not isinstance(pid, int) or pid <= 0 or host != socket.gethostname():
+            return "unknown"
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "gone"
+        except OSError:
+            return "alive"  # it exists, owned by someone else
+        return "alive"
+
     def summary(self, top: int = 5) -> dict[str, Any]:
+        """The chosen run only (see `runs()` for the others)."""
         meta = self.meta()
+        info = self.run_info()
         rows = self.steps()
         losses = [r.get("loss") for r in rows]
         finite = [x for x in losses if x is not None and math.isfinite(x)]
@@ -141,18 +403,37 @@ class RunReader:
         _, grads = self.param_grad_norms()
         worst: list[dict[str, Any]] = []
         if grads.size:
+            width = min(len(names), grads.shape[1]) if names else grads.shape[1]
+            labels = names or [f"#{i}" for i in range(width)]
             nonfinite = (~np.isfinite(grads)).sum(axis=0)
             peak = np.where(np.isfinite(grads), grads, -np.inf).max(axis=0)
-            order = sorted(range(len(names)), key=lambda i: (-nonfinite[i], -peak[i]))[:top]
-            worst = [{"param": names[i], "nonfinite_steps": int(nonfinite[i]),
+            order = sorted(range(width), key=lambda i: (-nonfinite[i], -peak[i]))[:top]
+            worst = [{"param": labels[i], "nonfinite_steps": int(nonfinite[i]),
                       "max_grad_norm": float(peak[i]) if math.isfinite(peak[i]) else None}
                      for i in order]
         events = self.events()
+        status = info["status"] if self.version >= 2 else meta.get("status", "unknown")
+        config = meta.get("config", {})
+        notes = []
+        if self.wal_unread:
+            notes.append("read from read-only media without its write-ahead log: the last "
+                         "records of a run that never closed may be missing")
         return {
             "run_dir": str(self.run_dir),
-            "status": meta.get("status", "unknown"),
+            "run_id": self.run_id,
+            "runs": len(self.run_ids),
+            "latest_run": self.run_ids[-1],
+            "status": status,
+            "process": self.process_state(info) if status == "running" else None,
+            "pid": info["pid"],
+            "started": info["started"],
+            "ended": info["ended"],
+            "resumed": info["resumed"],
+            "store_failed": info["store_failed"],
+            "failed_step": info["failed_step"],
+            "dropped": info["dropped"],
             "trainguard_version": meta.get("trainguard_version"),
-            "policy": meta.get("config", {}).get("policy"),
+            "policy": config.get("policy"),
             "snapshot": meta.get("snapshot"),
             "diagnosis": meta.get("diagnosis", []),
             "preflight": meta.get("preflight", []),
@@ -170,7 +451,17 @@ class RunReader:
                 1 for r in rows if r.get("grad_norm") is not None
                 and not math.isfinite(r["grad_norm"])),
             "actions": dict(Counter(r.get("action", "?") for r in rows)),
+            "interventions": dict(Counter(a.kind for a in self.actions())),
             "events_by_kind": dict(Counter(e.kind for e in events)),
             "events": [e.to_dict() for e in events],
             "worst_params": worst,
+            "notes": notes,
         }
+
+
+def _id_ranges(ids: list[int]) -> str:
+    if not ids:
+        return "none"
+    if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(str(i) for i in ids)

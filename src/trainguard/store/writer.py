@@ -4,26 +4,40 @@ The training thread only enqueues records. The writer thread drains the queue an
 batch in one transaction; SQLite's write-ahead log makes every committed step survive a SIGKILL of
 the process. If the disk fails, the store reports it once and drops records: monitoring must never
 stop training.
+
+Every `RunStore` is one run of its directory (`run_id`): a new one by default, the latest one with
+`resume=True`. While it is open it holds an exclusive `flock` on `trainguard.lock` in the
+directory, so a second writer is refused (`RunDirInUse`) instead of interleaving its steps; the
+operating system releases the lock when the process dies, however it dies. Readers never lock.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import math
+import os
 import queue
+import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trainguard.events import Event
-from trainguard.store.schema import SCHEMA, SCHEMA_VERSION
+from trainguard.errors import RunDirInUse, StoreUnavailable
+from trainguard.events import ActionRecord, Event
+from trainguard.store import schema
 
 DB_NAME = "trainguard.db"
+LOCK_NAME = "trainguard.lock"
+SQLITE_HEADER = b"SQLite format 3\x00"
 log = logging.getLogger("trainguard")
 _STOP = object()
 
@@ -55,38 +69,242 @@ def to_blob(values: np.ndarray) -> bytes:
     return np.asarray(values, dtype="<f4").tobytes()
 
 
-class RunStore:
-    """Asynchronous writer of one run directory."""
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
-    def __init__(self, run_dir: str | Path, *, max_queue: int = 10_000) -> None:
+
+def read_holder(lock_path: Path) -> int | None:
+    """The pid written in a lock file by the writer that holds it (None when unknown)."""
+    try:
+        text = lock_path.read_text(encoding="utf-8", errors="replace")
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class RunStore:
+    """Asynchronous writer of one run in a run directory.
+
+    Raises `StoreUnavailable` when the directory cannot hold a store (nothing is created then,
+    and an existing file that is not a trainguard store is left untouched) and `RunDirInUse` when
+    another live writer holds the directory.
+    """
+
+    def __init__(self, run_dir: str | Path, *, resume: bool = False,
+                 max_queue: int = 10_000) -> None:
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / DB_NAME
+        self.lock_path = self.run_dir / LOCK_NAME
         self.failed: str | None = None
+        """Why the store stopped writing (None while it works)."""
+        self.failed_step: int | None = None
         self.dropped = 0
+        """Records lost: after a failure, or when the queue was full."""
+        self.resumed = False
+        """True when this store continues an earlier run (`resume=True` and there was one)."""
+        self._count_lock = threading.Lock()
+        self._closed = False
+        self._lock_fd = -1
+        try:
+            created_dirs = self._make_dir()
+        except OSError as exc:  # e.g. a parent that cannot be searched
+            raise self._unavailable("the directory cannot be used", _reason(exc)) from None
+        created: list[Path] = []
+        try:
+            self._lock_fd = self._lock(created)
+            self._conn, self.run_id = self._open(resume, created)
+        except BaseException as exc:
+            # nothing half-way: remove what this attempt created, newest first
+            if self._lock_fd >= 0:
+                for path in created:
+                    path.unlink(missing_ok=True)
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            for directory in reversed(created_dirs):
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
+            if isinstance(exc, OSError):
+                raise self._unavailable("the directory cannot be used", _reason(exc)) from None
+            raise
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
-        self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
-                           (str(SCHEMA_VERSION),))
-        self._conn.commit()
         self._thread = threading.Thread(target=self._run, name="trainguard-store", daemon=True)
         self._thread.start()
 
+    # -- opening -------------------------------------------------------------------------------
+    def _unavailable(self, what: str, reason: str) -> StoreUnavailable:
+        return StoreUnavailable(f"cannot record the run in {self.run_dir}: {what} ({reason})")
+
+    def _make_dir(self) -> list[Path]:
+        """Create the run directory (and missing parents); returns what was created."""
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise self._unavailable("the path exists and is not a directory", "use another "
+                                    "run_dir")
+        missing: list[Path] = []
+        probe = self.run_dir
+        while not probe.exists() and probe != probe.parent:
+            missing.append(probe)
+            probe = probe.parent
+        created: list[Path] = []
+        try:
+            for directory in reversed(missing):
+                try:
+                    directory.mkdir()
+                except FileExistsError:  # another process made it meanwhile: not ours
+                    if not directory.is_dir():
+                        raise
+                    continue
+                created.append(directory)
+        except OSError as exc:
+            for directory in reversed(created):
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
+            raise self._unavailable("the directory cannot be created", _reason(exc)) from None
+        return created
+
+    def _lock(self, created: list[Path]) -> int:
+        flags = os.O_RDWR | os.O_CLOEXEC
+        try:
+            try:
+                fd = os.open(self.lock_path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                created.append(self.lock_path)
+            except FileExistsError:
+                fd = os.open(self.lock_path, flags)
+        except OSError as exc:
+            raise self._unavailable("the directory is not writable",
+                                    f"cannot open {LOCK_NAME}: {_reason(exc)}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if created:  # never ours to remove while another writer may hold it
+                created.clear()
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise self._unavailable("the directory cannot be locked", _reason(exc)) from None
+            raise self._in_use() from None
+        try:  # who holds the directory, for the message a second writer gets
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass
+        return fd
+
+    def _in_use(self) -> RunDirInUse:
+        pid = read_holder(self.lock_path)
+        if pid == os.getpid():
+            message = (f"the run directory {self.run_dir} is already being written by this "
+                       f"process (pid {pid}): close the Guard or store that writes it first, or "
+                       f"use another run_dir")
+        else:
+            holder = f"process {pid}" if pid is not None else "another process"
+            message = (f"the run directory {self.run_dir} is in use by {holder}: use another "
+                       f"run_dir, or stop that process first")
+        return RunDirInUse(message, run_dir=str(self.run_dir), pid=pid)
+
+    def _open(self, resume: bool, created: list[Path]) -> tuple[sqlite3.Connection, int]:
+        if self.path.exists():
+            self._check_existing_file()
+        else:
+            created.extend([self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")])
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=10)
+        except sqlite3.Error as exc:
+            raise self._unavailable("the store cannot be opened", str(exc)) from None
+        try:
+            run_id = self._prepare(conn, resume)
+        except StoreUnavailable:
+            conn.close()
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+            raise self._unavailable("the store cannot be written", _reason(exc)) from None
+        return conn, run_id
+
+    def _check_existing_file(self) -> None:
+        """Refuse a file that is not SQLite before SQLite writes anything into it."""
+        if not self.path.is_file():
+            raise self._unavailable(f"{self.path} is not a file", "move it away")
+        try:
+            with open(self.path, "rb") as handle:
+                header = handle.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            raise self._unavailable(f"{self.path} cannot be read", _reason(exc)) from None
+        if header and header != SQLITE_HEADER:
+            raise self._unavailable(f"{self.path} is not a trainguard store",
+                                    "not an SQLite database; it was left untouched")
+
+    def _prepare(self, conn: sqlite3.Connection, resume: bool) -> int:
+        try:
+            version = schema.store_version(conn)
+        except sqlite3.DatabaseError as exc:
+            raise self._unavailable(f"{self.path} is not a trainguard store",
+                                    f"{exc}; it was left untouched") from None
+        if version is None:
+            raise self._unavailable(f"{self.path} is not a trainguard store",
+                                    "it holds other tables; it was left untouched")
+        if version > schema.SCHEMA_VERSION:
+            raise self._unavailable(f"{self.path} was written by a newer trainguard",
+                                    f"store version {version}, this one writes "
+                                    f"{schema.SCHEMA_VERSION}")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        with transaction(conn, "BEGIN IMMEDIATE"):
+            if version == 0:
+                schema.create(conn)
+            elif version == 1:
+                schema.migrate_v1(conn)
+            return self._start_run(conn, resume)
+
+    def _start_run(self, conn: sqlite3.Connection, resume: bool) -> int:
+        host, pid = socket.gethostname(), os.getpid()
+        latest = conn.execute("SELECT max(id) FROM runs").fetchone()[0]
+        if resume and latest is not None:
+            conn.execute("UPDATE runs SET status = 'running', ended = NULL, pid = ?, "
+                         "hostname = ?, resumed = resumed + 1 WHERE id = ?", (pid, host, latest))
+            self.resumed = True
+            run_id = int(latest)
+        else:
+            cursor = conn.execute("INSERT INTO runs (started, status, pid, hostname) "
+                                  "VALUES (?, 'running', ?, ?)", (time.time(), pid, host))
+            run_id = int(cursor.lastrowid)  # type: ignore[arg-type]
+        conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'status', ?)",
+                     (run_id, to_json("running")))
+        return run_id
+
     # -- enqueueing (training thread) ---------------------------------------------------------
+    def _drop(self, count: int = 1) -> None:
+        with self._count_lock:
+            self.dropped += count
+
     def _put(self, record: tuple) -> None:
+        if self._closed:
+            return
         if self.failed is not None:
-            self.dropped += 1
+            self._drop()
             return
         try:
             self._queue.put_nowait(record)
         except queue.Full:
-            self.dropped += 1
+            self._drop()
 
     def put_meta(self, key: str, value: Any) -> None:
+        if key == "status":  # the runs row holds the status; meta mirrors it
+            self.set_status(str(value))
+            return
         self._put(("meta", key, to_json(value)))
+
+    def set_status(self, status: str) -> None:
+        """Set the run's status; any status but "running" also records when the run ended."""
+        self._put(("status", status, None if status == "running" else time.time()))
 
     def put_step(self, step: int, scalars: dict[str, Any], grad_norms: np.ndarray | None) -> None:
         self._put(("step", step, time.time(), scalars,
@@ -102,9 +320,13 @@ class RunStore:
     def put_event(self, event: Event) -> None:
         self._put(("event", event))
 
+    def put_action(self, action: ActionRecord) -> None:
+        self._put(("action", action.step, str(action.kind), action.message,
+                   to_json(action.details)))
+
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything enqueued so far is committed."""
-        if self.failed is not None or not self._thread.is_alive():
+        if self._closed or self.failed is not None or not self._thread.is_alive():
             return
         done = threading.Event()
         try:
@@ -114,13 +336,26 @@ class RunStore:
         done.wait(timeout)
 
     def close(self) -> None:
+        """Commit what is queued, close the database and release the run directory."""
+        if self._closed:
+            return
+        self._closed = True
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout=30)
+        if self.failed is not None or self.dropped:
+            self._note_failure()
         try:
             self._conn.close()
         except sqlite3.Error:
             pass
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- writing (store thread) ---------------------------------------------------------------
     def _run(self) -> None:
@@ -144,48 +379,81 @@ class RunStore:
             if batch and self.failed is None:
                 try:
                     self._write(batch)
-                except (sqlite3.Error, OSError) as exc:
-                    self._fail(exc, len(batch))
+                except Exception as exc:  # disk errors, and any bug: never stop training
+                    self._fail(exc, batch)
             elif batch:
-                self.dropped += len(batch)
+                self._drop(len(batch))
             for done in flushes:
                 done.set()
 
-    def _fail(self, exc: BaseException, lost: int) -> None:
+    def _fail(self, exc: BaseException, batch: list[tuple]) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
-        self.dropped += lost
+        self.failed_step = next((r[1] for r in batch if r[0] in ("step", "param", "module")),
+                                None)
+        self._drop(len(batch))
         log.error("trainguard: the run store at %s stopped writing (%s); training goes on "
                   "without it", self.path, self.failed)
+        self._note_failure()  # best effort: a store that recovers briefly still says why
+
+    def _note_failure(self) -> None:
+        """Record the failure and the dropped count in the runs row, if the disk allows."""
         try:
-            self._conn.rollback()
+            self._conn.execute("UPDATE runs SET store_failed = ?, failed_step = ?, dropped = ? "
+                               "WHERE id = ?",
+                               (self.failed, self.failed_step, self.dropped, self.run_id))
         except sqlite3.Error:
             pass
 
     def _write(self, batch: list[tuple]) -> None:
-        with self._conn:
+        conn, run = self._conn, self.run_id
+        with transaction(conn):
             for record in batch:
                 tag = record[0]
                 if tag == "step":
                     _, step, at, scalars, blob = record
-                    self._conn.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?)",
-                                       (step, at, to_json(scalars), blob))
+                    conn.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)",
+                                 (run, step, at, to_json(scalars), blob))
                 elif tag == "param":
                     _, step, metrics = record
-                    self._conn.executemany(
-                        "INSERT OR REPLACE INTO param_metrics VALUES (?, ?, ?)",
-                        [(step, k, v) for k, v in metrics.items()])
+                    conn.executemany("INSERT OR REPLACE INTO param_metrics VALUES (?, ?, ?, ?)",
+                                     [(run, step, k, v) for k, v in metrics.items()])
                 elif tag == "module":
                     _, step, names, metrics = record
-                    self._conn.executemany(
-                        "INSERT OR REPLACE INTO module_metrics VALUES (?, ?, ?, ?)",
-                        [(step, k, names, v) for k, v in metrics.items()])
+                    conn.executemany(
+                        "INSERT OR REPLACE INTO module_metrics VALUES (?, ?, ?, ?, ?)",
+                        [(run, step, k, names, v) for k, v in metrics.items()])
                 elif tag == "event":
                     event: Event = record[1]
-                    self._conn.execute(
-                        "INSERT INTO events (step, kind, severity, param, value, message, details)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (event.step, event.kind, event.severity, event.param,
+                    conn.execute(
+                        "INSERT INTO events (run_id, step, kind, severity, param, value, message,"
+                        " details) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (run, event.step, event.kind, event.severity, event.param,
                          to_json(event.value), event.message, to_json(event.details)))
+                elif tag == "action":
+                    _, step, kind, message, details = record
+                    conn.execute("INSERT INTO actions (run_id, step, kind, message, details) "
+                                 "VALUES (?, ?, ?, ?, ?)", (run, step, kind, message, details))
                 elif tag == "meta":
                     _, key, value = record
-                    self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+                    conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?, ?)", (run, key, value))
+                elif tag == "status":
+                    _, status, ended = record
+                    conn.execute("UPDATE runs SET status = ?, ended = ? WHERE id = ?",
+                                 (status, ended, run))
+                    conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'status', ?)",
+                                 (run, to_json(status)))
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[None]:
+    """Commit what the block wrote, or roll all of it back if the block raises."""
+    conn.execute(begin)
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        raise

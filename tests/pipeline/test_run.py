@@ -1,5 +1,6 @@
-"""The step driver shared by the Guard and the framework callbacks, run by hand the way a trainer
-runs it (the trainer steps its optimizer and scheduler whatever the driver decided)."""
+"""The `Run` and its step pipeline, shared by the Guard and the framework callbacks, run by hand
+the way a trainer runs them (the trainer steps its optimizer and scheduler whatever was
+decided)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,22 @@ import pytest
 import torch
 
 from trainguard import GuardConfig, RecoveryConfig, TrainingDiverged, UsageError, load_snapshot
-from trainguard.driver import ScheduleRewind, StepDriver
+from trainguard.pipeline import Run, StepContext
+from trainguard.pipeline.rewind import ScheduleRewind
 
-from .conftest import Setup, advance, lambda_setup, lrs, make_setup
+from ..conftest import Setup, advance, lambda_setup, lrs, make_setup
 
 QUIET = {"console": False}
 
 
-def trainer_step(driver: StepDriver, setup: Setup, loss: torch.Tensor) -> None:
-    """What a trainer does around its optimizer step, with the driver's two calls."""
+def trainer_step(run: Run, setup: Setup, loss: torch.Tensor) -> None:
+    """What a trainer does around its optimizer step, with the pipeline's two calls."""
     loss.backward()
-    driver.before_step(loss)
+    run.steps.before_update(loss)
     setup.optimizer.step()
     if setup.scheduler is not None:
         setup.scheduler.step()
-    driver.after_step()
+    run.steps.after_update()
     setup.optimizer.zero_grad(set_to_none=True)
 
 
@@ -59,11 +61,11 @@ def test_schedule_rewind_restores_a_tensor_learning_rate_in_place() -> None:
 
 def test_skipped_step_leaves_weights_optimizer_and_schedule_untouched() -> None:
     setup = make_setup()
-    driver = StepDriver(setup.model, setup.optimizer, config=GuardConfig(**QUIET),
-                        scheduler=setup.scheduler,
-                        rewind_schedulers=[setup.scheduler])
+    run = Run(setup.model, setup.optimizer, config=GuardConfig(**QUIET),
+              scheduler=setup.scheduler,
+              rewind_schedulers=[setup.scheduler])
     for _ in range(3):
-        trainer_step(driver, setup, setup.model.loss(setup.batch()))
+        trainer_step(run, setup, setup.model.loss(setup.batch()))
     weights = copy.deepcopy(setup.model.state_dict())
     state = copy.deepcopy(setup.optimizer.state_dict())
     lr = lrs(setup.optimizer)
@@ -71,12 +73,13 @@ def test_skipped_step_leaves_weights_optimizer_and_schedule_untouched() -> None:
 
     loss = setup.model.loss(setup.batch()) * float("nan")
     loss.backward()
-    decision = driver.before_step(loss)
-    assert decision is not None and decision.action == "skipped"
+    ctx = run.steps.before_update(loss)
+    assert isinstance(ctx, StepContext) and ctx.decision is not None
+    assert ctx.decision.action == "skipped"
     assert all(p.grad is None for p in setup.model.parameters())
     setup.optimizer.step()  # the trainer steps anyway: nothing to apply
     setup.scheduler.step()
-    report = driver.after_step()
+    report = run.steps.after_update()
 
     assert report is not None and report.step == 3 and report.action == "skipped"
     for name, value in setup.model.state_dict().items():
@@ -87,39 +90,39 @@ def test_skipped_step_leaves_weights_optimizer_and_schedule_untouched() -> None:
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(state["state"][key][name]))
     assert lrs(setup.optimizer) == lr
     assert setup.scheduler.state_dict() == schedule
-    assert driver.after_step() is None, "one report per checked step"
-    driver.close()
+    assert run.steps.after_update() is None, "one report per checked step"
+    run.close()
 
 
 def test_a_monitoring_failure_leaves_the_step_to_the_trainer_clipped() -> None:
     setup = make_setup(warmup=0)
-    driver = StepDriver(setup.model, setup.optimizer,
-                        config=GuardConfig(max_grad_norm=1e-3, **QUIET))
+    run = Run(setup.model, setup.optimizer,
+              config=GuardConfig(max_grad_norm=1e-3, **QUIET))
     loss = setup.model.loss(setup.batch())
     loss.backward()
     setup.optimizer.param_groups[0]["lr"] = "not a number"  # measure() cannot read it
-    assert driver.before_step(loss) is None
+    assert run.steps.before_update(loss).unguarded is not None
     total = torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for p in setup.model.parameters()]))
     assert float(total) == pytest.approx(1e-3, rel=1e-3)
-    assert [e.kind for e in driver.events] == ["monitor_error"]
-    assert driver.after_step() is None
-    assert driver.engine.step == 1
-    driver.close()
+    assert [e.kind for e in run.events] == ["monitor_error"]
+    assert run.steps.after_update() is None
+    assert run.state.step == 1
+    run.close()
 
 
 def test_halt_writes_a_snapshot_from_before_the_update(tmp_path: Path) -> None:
     setup = make_setup()
-    driver = StepDriver(setup.model, setup.optimizer, run_dir=tmp_path,
-                        config=GuardConfig(policy="halt", **QUIET), scheduler=setup.scheduler,
-                        rewind_schedulers=[setup.scheduler])
-    trainer_step(driver, setup, setup.model.loss(setup.batch()))
+    run = Run(setup.model, setup.optimizer, run_dir=tmp_path,
+              config=GuardConfig(policy="halt", **QUIET), scheduler=setup.scheduler,
+              rewind_schedulers=[setup.scheduler])
+    trainer_step(run, setup, setup.model.loss(setup.batch()))
     weights = copy.deepcopy(setup.model.state_dict())
     batch = setup.batch()
     loss = setup.model.loss(batch) * float("inf")
     loss.backward()
     with pytest.raises(TrainingDiverged) as caught:
-        driver.before_step(loss, batch=batch)
+        run.steps.before_update(loss, batch=batch)
     assert caught.value.snapshot_path == str(tmp_path / "crash_step1.pt")
     snapshot = load_snapshot(tmp_path / "crash_step1.pt")
     assert snapshot["step"] == 1
@@ -127,31 +130,31 @@ def test_halt_writes_a_snapshot_from_before_the_update(tmp_path: Path) -> None:
     for name, value in snapshot["model"].items():
         assert torch.equal(value, weights[name]), name
     assert all(p.grad is None for p in setup.model.parameters())
-    assert driver.engine.closed
+    assert run.closed
     with pytest.raises(UsageError, match="closed"):
-        driver.before_step(loss)
+        run.steps.before_update(loss)
 
 
 def test_rollback_under_a_trainer_rewinds_its_scheduler_step_and_backs_the_lr_off() -> None:
     setup = make_setup(warmup=4)
     config = GuardConfig(policy="recover", recovery=RecoveryConfig(
         ring_every=5, confirm_steps=1, rollback_after_skips=2), **QUIET)
-    driver = StepDriver(setup.model, setup.optimizer, config=config, scheduler=setup.scheduler,
-                        rewind_schedulers=[setup.scheduler])
+    run = Run(setup.model, setup.optimizer, config=config, scheduler=setup.scheduler,
+              rewind_schedulers=[setup.scheduler])
     for _ in range(12):
-        trainer_step(driver, setup, setup.model.loss(setup.batch()))
+        trainer_step(run, setup, setup.model.loss(setup.batch()))
     plain = [float(setup.scheduler.lr_lambdas[0](s)) * 3e-3 for s in range(20)]
     for _ in range(2):
-        trainer_step(driver, setup, setup.model.loss(setup.batch()) * math.nan)
-    rollback = next(e for e in driver.events if e.kind == "rollback")
+        trainer_step(run, setup, setup.model.loss(setup.batch()) * math.nan)
+    rollback = next(e for e in run.events if e.kind == "rollback")
     back_to = rollback.details["to_step"]
     assert back_to == 10
-    # the trainer stepped the scheduler after the rollback; the driver put it back where it
+    # the trainer stepped the scheduler after the rollback; the run put it back where it
     # was (the schedule goes on from there), under the backoff
     assert setup.scheduler.last_epoch == 12
     assert lrs(setup.optimizer)[0] == pytest.approx(0.1 * plain[12])
-    trainer_step(driver, setup, setup.model.loss(setup.batch()))
+    trainer_step(run, setup, setup.model.loss(setup.batch()))
     assert lrs(setup.optimizer)[0] == pytest.approx(
         (0.1 + 0.9 / config.recovery.lr_ramp_steps) * plain[13])
     assert all(torch.isfinite(p).all() for p in setup.model.parameters())
-    driver.close()
+    run.close()

@@ -1,9 +1,9 @@
-"""Policies turn a step's signals and events into one action for the driver to carry out.
+"""Policies turn a step's signals and shared events into the base decision of the `decide` stage.
 
     observe  record and warn; apply every step as configured (clipping included)
     protect  clip to max_grad_norm; skip steps whose loss or gradients are non-finite; halt when
              `max_consecutive_skips` steps in a row had to be skipped
-    recover  as protect here; the driver's `Recovery` then decides on rollbacks
+    recover  as protect here; the `decide` stage then asks `Recovery` for its judgement
     halt     as protect, but stop at the first event of `halt_severity` or worse
 
 Comparisons are written so that NaN takes the safe branch.
@@ -11,7 +11,8 @@ Comparisons are written so that NaN takes the safe branch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from trainguard.config import GuardConfig
 from trainguard.events import Action, Event, at_least
@@ -19,13 +20,18 @@ from trainguard.remedies.clip import clip_coefficient
 from trainguard.signals import StepSignals
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
+    """What happens to one step's update. Made by the `decide` stage alone, immutable after it."""
+
     action: Action
     clip_coef: float = 1.0
+    """The global clip factor (1.0 = untouched)."""
     reason: str = ""
-    events: list[Event] = field(default_factory=list)
-    """Events raised by the policy itself (added to the detectors' events by the engine)."""
+    events: tuple[Event, ...] = ()
+    """Events raised by the policy itself (a skip limit reached, recovery giving up)."""
+    verdict: Any = None
+    """The recover policy's `Verdict` behind a rollback (None otherwise)."""
 
     @property
     def applies_update(self) -> bool:
@@ -50,7 +56,7 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
                           message=f"{consecutive_skips + 1} consecutive steps had non-finite "
                                   "loss or gradients: skipping cannot heal this run",
                           value=float(consecutive_skips + 1))
-            return Decision("halted", reason="skip limit reached", events=[limit])
+            return Decision("halted", reason="skip limit reached", events=(limit,))
         return Decision("skipped", reason=reason)
     if signals.amp_overflow:
         # even under observe, the scaler itself refuses to apply an overflowed step

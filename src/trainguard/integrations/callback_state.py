@@ -1,5 +1,6 @@
-"""What the framework callbacks share besides `trainguard.driver.StepDriver`: finding the torch
-optimizer inside a trainer's wrappers, and validating the config a callback is given."""
+"""What the framework callbacks share besides the `Run` and its pipeline: finding the torch
+optimizer inside a trainer's wrappers, validating the config a callback is given, and the state
+that goes through the framework's checkpoints."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 import torch
 
 from trainguard.config import GuardConfig
-from trainguard.driver import StepDriver
 from trainguard.errors import UsageError
 from trainguard.events import Event, StepReport
+from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
 
 
@@ -39,7 +40,7 @@ def callback_config(config: Any) -> GuardConfig:
 
 
 class CallbackState:
-    """What both callbacks hold and expose: the config, the driver of the current fit, and a
+    """What both callbacks hold and expose: the config, the `Run` of the current fit, and a
     state that round-trips through the framework's checkpoints (plain types only)."""
 
     def _init_state(self, config: GuardConfig | None, run_dir: str | Path | None,
@@ -47,24 +48,24 @@ class CallbackState:
         self.config = callback_config(config)
         self.run_dir = run_dir
         self.sinks = list(sinks or [])
-        self.driver: StepDriver | None = None
+        self.run: Run | None = None
         self.last_report: StepReport | None = None
         self._pending_state: dict[str, Any] | None = None
 
     @property
     def events(self) -> list[Event]:
         """Every event so far, in order."""
-        return self.driver.events if self.driver is not None else []
+        return self.run.events if self.run is not None else []
 
     def state_dict(self) -> dict[str, Any]:
         """The guard's state (baselines, counters, recovery's skip list) for checkpoints; plain
         types, so it loads with weights_only=True."""
-        if self.driver is not None:
-            return self.driver.state_dict()
+        if self.run is not None:
+            return self.run.state_dict()
         return dict(self._pending_state or {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a `state_dict`; before training it is applied when training begins."""
         self._pending_state = dict(state_dict)
-        if self.driver is not None and not self.driver.engine.closed:
-            self.driver.load_state_dict(self._pending_state)
+        if self.run is not None and not self.run.closed:
+            self.run.load_state_dict(self._pending_state)

@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
 
 from trainguard import GuardConfig, UsageError
-from trainguard.integrations._driver import callback_config, unwrap_optimizer
+from trainguard.integrations.callback_state import callback_config, unwrap_optimizer
 
 from ..conftest import lambda_setup
 

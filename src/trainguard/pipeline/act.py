@@ -1,0 +1,123 @@
+"""Stage 5, `act`: carry the decision out on the gradients and the training state.
+
+    applied / clipped  scale the gradients by the global clip factor, then the clip rule and AGC
+                       (on the norms already measured; no second pass over the gradients)
+    skipped            drop the gradients, so the optimizer step that follows changes nothing
+    rolled_back        restore the newest good state, back the LR off, tighten clipping
+    halted             write a crash snapshot of the state from before this step (the pipeline
+                       then records the step, closes the run and raises TrainingDiverged)
+
+Every change is also an `ActionRecord` that sinks hear. A remedy that fails leaves the global clip
+standing; a rollback that fails halts the run cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainguard.events import Event
+from trainguard.pipeline.context import StepContext
+from trainguard.remedies import apply_coefficients, drop_grads, scale_grads
+from trainguard.snapshot import build_snapshot, write_snapshot
+
+if TYPE_CHECKING:
+    from trainguard.pipeline.run import Run
+
+log = logging.getLogger("trainguard")
+
+
+class Act:
+    name = "act"
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __call__(self, ctx: StepContext) -> None:
+        decision = ctx.decision
+        assert decision is not None
+        if decision.action == "rolled_back":
+            self._roll_back(ctx)
+        if ctx.outcome == "halted":
+            self._halt(ctx)
+        elif ctx.applied:
+            scale_grads(ctx.grads, decision.clip_coef)
+            self._clip_rules(ctx, decision.clip_coef)
+            if ctx.sampled:
+                self.run.weight_probe.remember()
+        else:
+            drop_grads(self.run.watched.params)
+            self.run.rewind.remember()
+            if ctx.outcome == "skipped":
+                ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
+                        reason=decision.reason)
+
+    def _clip_rules(self, ctx: StepContext, coef: float) -> None:
+        """The configured extra clipping, on the norms as the global clip left them."""
+        run, signals = self.run, ctx.signals
+        rule, agc = run.state.clip_rule, run.agc
+        if (rule is None and agc is None) or signals is None:
+            return
+        try:
+            if rule is not None:
+                coefs = rule.coefficients(signals.param_grad_norm * coef,
+                                          signals.grad_norm * coef, signals.param_names)
+                apply_coefficients(run.watched.params, coefs)
+            if agc is not None:
+                agc.apply(run.watched.params, run.watched.names,
+                          grad_norms=signals.param_grad_norm * coef if rule is None else None)
+        except Exception as exc:  # a remedy bug must not kill the run; the global clip stands
+            log.error("trainguard: clipping rule failed at step %d (%s: %s)", ctx.step,
+                      type(exc).__name__, exc)
+
+    def _roll_back(self, ctx: StepContext) -> None:
+        run = self.run
+        recovery = run.state.recovery
+        assert recovery is not None and ctx.decision is not None
+        lr_before = recovery.lr.factor()
+        try:
+            event = recovery.rollback(ctx.decision.verdict, ctx.step,
+                                      mid_step=run.owns_scaler_step)
+        except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
+            ctx.raise_event(Event(
+                kind="rollback_failed", step=ctx.step, severity="critical",
+                message=f"{ctx.decision.reason}; the rollback failed ({type(exc).__name__}: "
+                        f"{exc})"))
+            ctx.outcome = "halted"
+            return
+        ctx.raise_event(event)
+        ctx.act("rollback", event.message, **event.details)
+        if recovery.lr.factor() != lr_before:
+            ctx.act("lr_change", f"LR x{recovery.lr.factor():g} after the rollback, ramping to "
+                                 f"x{event.details.get('lr_ceiling', 1.0):g}",
+                    factor=recovery.lr.factor(), ceiling=event.details.get("lr_ceiling"))
+
+    def _halt(self, ctx: StepContext) -> None:
+        """Snapshot the state from before this step's update; whatever runs next applies
+        nothing."""
+        run = self.run
+        path = self._snapshot_path(ctx.step)
+        try:
+            snapshot = build_snapshot(
+                step=ctx.step, model=run.model, optimizers=[run.optimizer],
+                scheduler=run.scheduler, scaler=run.scaler, batch=ctx.batch,
+                events=[e.to_dict() for e in run.events + ctx.events],
+                config=run.config.to_dict(), extra={"guard": run.state_dict()})
+            ctx.snapshot_path = str(write_snapshot(path, snapshot))
+            ctx.act("snapshot", f"crash snapshot written to {ctx.snapshot_path}",
+                    path=ctx.snapshot_path)
+        except Exception as exc:  # still halt, and say why there is no snapshot
+            ctx.raise_event(Event(kind="snapshot_failed", step=ctx.step, severity="error",
+                                  message=f"could not write {path}: {exc}"))
+        drop_grads(run.watched.params)
+        reason = ctx.decision.reason if ctx.decision is not None else ""
+        ctx.act("halt", f"training halted at step {ctx.step}: {reason}", reason=reason,
+                snapshot=ctx.snapshot_path)
+
+    def _snapshot_path(self, step: int) -> Path:
+        run = self.run
+        base = Path(run.config.snapshot_dir) if run.config.snapshot_dir else (
+            run.run_dir if run.run_dir is not None else Path("trainguard_snapshots"))
+        rank = f"_rank{run.dist.rank}" if run.dist is not None else ""
+        return base / f"crash_step{step}{rank}.pt"

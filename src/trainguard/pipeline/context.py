@@ -1,0 +1,81 @@
+"""`StepContext`: everything one optimizer step carries from stage to stage.
+
+Each stage reads what the stages before it wrote and adds its own part; nothing else holds
+per-step data. Events enter through `raise_event` (any stage up to `act` may raise one), and the
+decision is set once, by `decide`, through `decide`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainguard.events import Action, ActionRecord, Event, StepReport
+from trainguard.pipeline.policy import Decision
+from trainguard.signals import StepSignals
+
+
+@dataclass(slots=True)
+class StepContext:
+    step: int
+    """Index of this step (the first is 0)."""
+    loss: Any
+    """The loss as the caller passed it (a scalar tensor, a number or None)."""
+    batch: Any = None
+    data_ids: Any = None
+    sampled: bool = False
+    """Whether the heavy probes run on this step (decided before its forward pass)."""
+
+    # measure
+    signals: StepSignals | None = None
+    grads: list[torch.Tensor] = field(default_factory=list)
+    """The present gradients (local shards under FSDP2), for the remedies to scale in place."""
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    """Host copies of the extra tensors that rode along with the step's transfer."""
+    batch_stats: Any = None
+    """The batch's on-device statistics (sampled steps), read back by `detect`."""
+
+    # detect, explain
+    events: list[Event] = field(default_factory=list)
+    fired: bool = False
+    """A detector raised an event on this step (the batch is inspected in full, and the next
+    step is sampled)."""
+
+    # decide
+    decision: Decision | None = None
+
+    # act
+    outcome: Action | None = None
+    """What `act` carried out: the decision's action, or `halted` when a rollback failed."""
+    actions: list[ActionRecord] = field(default_factory=list)
+    snapshot_path: str | None = None
+
+    # settle, record
+    report: StepReport | None = None
+    unguarded: BaseException | None = None
+    """Set when trainguard itself failed on this step: it was applied unguarded."""
+
+    def raise_event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def decide(self, decision: Decision) -> None:
+        """Set the step's decision; only the `decide` stage calls this, once."""
+        if self.decision is not None:
+            raise RuntimeError(f"step {self.step} was already decided ({self.decision.action})")
+        self.decision = decision
+        self.outcome = decision.action
+        for event in decision.events:
+            self.raise_event(event)
+
+    def act(self, kind: Any, message: str, **details: Any) -> None:
+        """Note something trainguard did to the run (sinks hear it at `record`)."""
+        self.actions.append(ActionRecord(kind=kind, step=self.step, message=message,
+                                         details=details))
+
+    @property
+    def applied(self) -> bool:
+        """Whether the optimizer step really applies this step's update."""
+        return self.outcome in ("applied", "clipped")

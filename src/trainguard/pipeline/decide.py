@@ -1,0 +1,71 @@
+"""Stage 4, `decide`: the one place where a step's fate is chosen.
+
+First the base policy (`policy.choose_action`: observe, protect, halt) on the step's signals and
+its shared events; then, under `recover`, the recovery's judgement, which may turn the base
+decision into a skip, a rollback or a halt. Rank-local events (batch findings) never drive a
+decision: under torch.distributed they differ between ranks, and every rank must decide alike.
+The decision is immutable once made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+from trainguard.events import Event
+from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.policy import Decision, choose_action
+from trainguard.registry import is_rank_local
+
+if TYPE_CHECKING:
+    from trainguard.pipeline.run import Run
+
+log = logging.getLogger("trainguard")
+
+
+class Decide:
+    name = "decide"
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __call__(self, ctx: StepContext) -> None:
+        run, signals = self.run, ctx.signals
+        assert signals is not None
+        shared = [e for e in ctx.events if not is_rank_local(e.kind)]
+        decision = choose_action(run.config, signals, shared, run.state.consecutive_skips,
+                                 max_grad_norm=run.state.max_grad_norm)
+        if run.state.recovery is not None:
+            decision = self._recover(ctx, decision)
+        ctx.decide(decision)
+
+    def _recover(self, ctx: StepContext, decision: Decision) -> Decision:
+        """Let the recover policy turn the decision into a skip, a rollback or a halt."""
+        recovery = self.run.state.recovery
+        assert recovery is not None and ctx.signals is not None
+        events = ctx.events + list(decision.events)
+        try:
+            verdict = recovery.review(ctx.signals, ctx.extra, events, decision.applies_update,
+                                      ctx.data_ids,
+                                      nonfinite_input=self.run.batches.nonfinite_input)
+        except Exception as exc:  # judgement is advisory; the policy's decision stands
+            log.error("trainguard: recovery review failed (%s: %s)", type(exc).__name__, exc)
+            return decision
+        if verdict is None or decision.action == "halted":
+            return decision
+        if verdict.action == "skip":
+            if not decision.applies_update:
+                return decision
+            return dataclasses.replace(decision, action="skipped", clip_coef=1.0,
+                                       reason=verdict.reason)
+        if verdict.action == "rollback" and recovery.can_roll_back():
+            return dataclasses.replace(decision, action="rolled_back", clip_coef=1.0,
+                                       reason=verdict.reason, verdict=verdict)
+        why = verdict.reason if verdict.action == "halt" else \
+            f"{verdict.reason}, and there is no good state to roll back to"
+        limit = Event(kind="rollback_limit", step=ctx.step, severity="critical",
+                      message=f"{why}: recovery gives up",
+                      value=float(recovery.controller.rollbacks))
+        return dataclasses.replace(decision, action="halted", reason=why,
+                                   events=(*decision.events, limit))

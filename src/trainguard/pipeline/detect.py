@@ -1,0 +1,92 @@
+"""Stage 2, `detect`: every source of events, before anything is decided.
+
+In order: the detectors on the step's signals; the first-loss check (a finding); the batch
+inspector, which reads the detectors' events (a batch is inspected in full after an anomaly); and,
+under torch.distributed, the desync check of the replicas' weights (a collective every rank runs at
+the same step). A detector that fails is logged and left out; the step goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from trainguard.diagnose.batch import check_loss_above_chance
+from trainguard.events import Event
+from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.measure import BATCH_KEY
+from trainguard.signals import StepSignals
+
+if TYPE_CHECKING:
+    from trainguard.detect import Detector
+    from trainguard.pipeline.run import Run
+
+log = logging.getLogger("trainguard")
+
+
+def run_detectors(detectors: list[Detector], signals: StepSignals, *,
+                  sampled_only: bool = False) -> list[Event]:
+    events: list[Event] = []
+    for detector in detectors:
+        if sampled_only and not detector.reads_sampled_only:
+            continue
+        try:
+            events.extend(detector.check(signals))
+        except Exception as exc:  # a detector bug must not kill the run
+            log.error("trainguard: detector %s failed at step %d (%s: %s); it is skipped",
+                      detector.kind, signals.step, type(exc).__name__, exc)
+    return events
+
+
+class Detect:
+    name = "detect"
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __call__(self, ctx: StepContext) -> None:
+        run, signals = self.run, ctx.signals
+        assert signals is not None
+        for event in run_detectors(run.state.detectors, signals):
+            ctx.raise_event(event)
+        ctx.fired = bool(ctx.events)
+        if ctx.batch is not None and run.config.inspect_batches:
+            self._inspect_batch(ctx, signals)
+        if run.ranks is not None and ctx.step % run.config.desync_every == 0:
+            self._check_desync(ctx)
+
+    def _inspect_batch(self, ctx: StepContext, signals: StepSignals) -> None:
+        run = self.run
+        run.batches.nonfinite_input = False
+        if ctx.step == 0:
+            self._check_first_loss(ctx, signals.loss)
+        known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
+                 else None)
+        spike = next((e for e in ctx.events if e.kind == "loss_spike"), None)
+        for event in run.batches.events(
+                ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
+                level=spike.details.get("baseline") if spike is not None else None):
+            ctx.raise_event(event)
+
+    def _check_first_loss(self, ctx: StepContext, loss: float | None) -> None:
+        """A runtime finding, like the preflight's: evidence for a diagnosis, not an event."""
+        try:
+            finding = check_loss_above_chance(loss, ctx.batch, self.run.model)
+        except Exception as exc:  # advisory
+            log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
+            return
+        if finding is not None:
+            self.run.add_findings([finding])
+
+    def _check_desync(self, ctx: StepContext) -> None:
+        """Do the ranks' copies of the weights still agree (from step 0, to catch replicas that
+        never started equal)? Checked before the decision, so every policy can act on it."""
+        assert self.run.ranks is not None
+        try:
+            events = self.run.ranks.check_desync(ctx.step)
+        except Exception as exc:  # a monitoring bug must not kill the run
+            log.error("trainguard: desync check failed at step %d (%s: %s)", ctx.step,
+                      type(exc).__name__, exc)
+            return
+        for event in events:
+            ctx.raise_event(event)

@@ -1,0 +1,301 @@
+"""`Run`: one guarded training run, whoever takes its optimizer steps.
+
+It builds, from the configuration and the user's objects, everything the stages use (the watched
+parameters, the probes, the detectors, the batch inspector, the recover policy, the sinks) and the
+runtime state (`RunState`), and it owns the run's life: start (preflight audit, sinks told), the
+events and findings outside a step, the diagnosis, the state dict and the close. The step itself
+is `StepPipeline`'s; the `Guard` and the framework callbacks are thin adapters around both.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard import __version__, lifecycle
+from trainguard.config import GuardConfig
+from trainguard.detect import default_detectors
+from trainguard.diagnose import Finding, preflight
+from trainguard.diagnose.batch_watch import BatchWatch
+from trainguard.diagnose.ranking import RankedCause, rank_causes
+from trainguard.diagnose.replay import LossFn
+from trainguard.distributed import (
+    LocalShardGradientProbe,
+    RankAgreement,
+    describe,
+    distributed_context,
+)
+from trainguard.errors import BatchError, StoreUnavailable, UsageError
+from trainguard.events import ActionRecord, Event, RunInfo
+from trainguard.params import watched_params
+from trainguard.pipeline.detect import run_detectors
+from trainguard.pipeline.measure import PendingStats, flush_pending
+from trainguard.pipeline.rewind import ScheduleRewind
+from trainguard.pipeline.state import RunState
+from trainguard.pipeline.steps import StepPipeline
+from trainguard.probes.activations import ActivationProbe
+from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.optimizer_state import OptimizerStateProbe
+from trainguard.probes.weights import WeightProbe
+from trainguard.recovery import Recovery, Verdict
+from trainguard.remedies import build_agc, build_rule
+from trainguard.sinks import ConsoleSink, Sink, SinkSet
+from trainguard.snapshot import portable
+from trainguard.store import RunStore, RunStoreSink
+
+log = logging.getLogger("trainguard")
+
+
+class Run:
+    """`scheduler` is restored on a rollback and audited by the preflight. `rewind_schedulers`
+    are the schedulers a *trainer* steps after every optimizer step, skipped or not: they are put
+    back after skipped and rolled-back steps. `owns_scaler_step`: the caller runs
+    `scaler.update()` itself after the checks (the Guard); a rollback then closes the scaler's
+    step before restoring it. `resume`: continue the latest run recorded in `run_dir` instead of
+    starting a new one there. `mid_run`: the job restarts from a checkpoint (the preflight, which
+    would misread a schedule already under way, is skipped)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 config: GuardConfig | None = None, run_dir: str | Path | None = None,
+                 sinks: Iterable[Sink] = (), scaler: Any = None, scheduler: Any = None,
+                 rewind_schedulers: Iterable[Any] = (), replay_fn: LossFn | None = None,
+                 owns_scaler_step: bool = False, integration: str = "", resume: bool = False,
+                 mid_run: bool = False) -> None:
+        config = config if config is not None else GuardConfig()
+        if not isinstance(config, GuardConfig):
+            raise UsageError(f"config must be a trainguard.GuardConfig, got "
+                             f"{type(config).__name__}")
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UsageError(f"optimizer must be a torch.optim.Optimizer, got "
+                             f"{type(optimizer).__name__}")
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.replay_fn = replay_fn
+        self.owns_scaler_step = owns_scaler_step
+        self.watched = watched_params(model, [optimizer])
+        self.device = self.watched.params[0].device
+        self.scaler = scaler if scaler is not None and _scaler_enabled(scaler) else None
+        self.dist = distributed_context(self.device)
+        """This rank under torch.distributed (world size > 1); None for a single process."""
+        self.ranks = RankAgreement(self.dist, self.watched) if self.dist is not None else None
+        """One all-reduce per step and the desync check, so that every rank decides alike."""
+        self.is_main = self.dist is None or self.dist.is_main
+        """Only rank 0 writes the run store and runs the sinks and the console."""
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+
+        # what the stages use
+        self.grad_probe = (GradientProbe(self.watched) if self.dist is None
+                           else LocalShardGradientProbe(self.watched))
+        self.weight_probe = WeightProbe(self.watched)
+        self.optstate_probe = OptimizerStateProbe(self.watched, [optimizer])
+        self.activation_probe = ActivationProbe(model) if config.activation_probe else None
+        self.batches = BatchWatch(model, config.batch_size)
+        self.rewind = ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None])
+        self.agc = build_agc(config.agc) if config.agc is not None else None
+        self.state = RunState(
+            max_grad_norm=config.max_grad_norm,
+            detectors=default_detectors(config.detectors),
+            clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None)
+        self.pending: list[PendingStats] = []
+        """Heavy-probe results on the device, waiting for the next step's transfer."""
+        self.events: list[Event] = []
+        self.findings: list[Finding] = []
+        self.closed = False
+        self._sampled_now = False
+
+        # sinks: only rank 0 speaks and records
+        self.store: RunStore | None = None
+        all_sinks: list[Sink] = []
+        if self.is_main:
+            if config.console:
+                all_sinks.append(ConsoleSink())
+            store_sink = self._open_store(resume)
+            if store_sink is not None:
+                all_sinks.append(store_sink)
+                self.store = store_sink.store
+            all_sinks.extend(sinks)
+        self.sinks = SinkSet(all_sinks)
+        self.sinks.on_run_start(RunInfo(
+            run_dir=str(self.run_dir) if self.run_dir is not None else None,
+            config=config.to_dict(), param_names=list(self.watched.names),
+            param_shapes=[list(p.shape) for p in self.watched.params],
+            trainguard_version=__version__, integration=integration,
+            distributed=describe(self.dist), resume=resume))
+        self._lifecycle = lifecycle.track(_closer(self)) if self.is_main else None
+
+        if config.preflight and not mid_run:
+            self._run_preflight()
+        if config.policy == "recover":
+            self.state.recovery = Recovery(
+                state=self.state, dist=self.dist, model=model, optimizers=[optimizer],
+                scheduler=scheduler, scaler=self.scaler, config=config)
+            self.state.recovery.start()
+        self.steps = StepPipeline(self)
+        self.schedule_sampling()
+
+    # -- sampling --------------------------------------------------------------------------------
+    @property
+    def sampled_now(self) -> bool:
+        """Whether the step about to be measured runs the heavy probes."""
+        return self._sampled_now
+
+    def is_sampled(self, step: int) -> bool:
+        return self.config.sample_all_steps or step % self.config.sample_every == 0
+
+    def schedule_sampling(self) -> None:
+        """Decide before the forward pass of the next step whether it is sampled; attach the
+        activation hooks if so."""
+        state = self.state
+        self._sampled_now = self.is_sampled(state.step) or state.sample_next
+        state.sample_next = False
+        if self._sampled_now and self.activation_probe is not None:
+            self.activation_probe.attach()
+
+    # -- outside a step --------------------------------------------------------------------------
+    def emit_event(self, event: Event) -> None:
+        """An event outside a step's report (a batch refused before its forward pass, a rollback
+        between steps, a monitoring failure)."""
+        self.events.append(event)
+        self.sinks.on_event(event)
+
+    def emit_action(self, action: ActionRecord) -> None:
+        self.sinks.on_action(action)
+
+    def add_findings(self, findings: list[Finding]) -> None:
+        if findings:
+            self.findings.extend(findings)
+            self.sinks.on_findings(list(self.findings))
+
+    def check_batch(self, batch: Any) -> list[Finding]:
+        """Inspect a batch before the forward pass; raise BatchError (and record the event) for
+        one the model cannot take."""
+        findings, fatal = self.batches.fatal(batch, self.state.step)
+        if fatal is not None:
+            self.emit_event(fatal)
+            raise BatchError(fatal.message)
+        return findings
+
+    def rollback(self, reason: str, *, to_step: int | None = None) -> Event:
+        """Roll back between two steps (see `Guard.rollback`)."""
+        recovery = self.state.recovery
+        if recovery is None:
+            raise UsageError("rollback needs GuardConfig(policy='recover') (it keeps good states)")
+        if not recovery.can_roll_back():
+            raise UsageError("there is no good state to roll back to yet")
+        step = self.state.step - 1
+        onset = step + 1 if to_step is None else to_step
+        event = recovery.rollback(Verdict("rollback", reason, onset=onset), step, mid_step=False)
+        self.emit_event(event)
+        self.emit_action(ActionRecord(kind="rollback", step=step, message=event.message,
+                                      details=dict(event.details)))
+        return event
+
+    def unguarded(self, error: Exception) -> None:
+        """What the loop would do without trainguard: clip as configured; the step goes ahead."""
+        event = Event(kind="monitor_error", step=self.state.step, severity="warning",
+                      message=f"trainguard could not check this step ({type(error).__name__}: "
+                              f"{error}); it was applied unguarded")
+        log.error("trainguard: %s", event.message)
+        try:
+            params = [p for p in self.watched.params if p.grad is not None]
+            if self.state.max_grad_norm is not None and params:
+                torch.nn.utils.clip_grad_norm_(params, self.state.max_grad_norm)
+        except Exception as exc:  # the optimizer step still runs
+            log.error("trainguard: clipping failed too (%s: %s)", type(exc).__name__, exc)
+        self.emit_event(event)
+        self.state.step += 1
+        self.schedule_sampling()
+
+    # -- diagnosis, state, shutdown --------------------------------------------------------------
+    def diagnose(self) -> list[RankedCause]:
+        try:
+            return rank_causes(self.events, self.findings)
+        except Exception as exc:  # diagnosis is best effort
+            log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
+            return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return portable(self.state.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.load_state_dict(state)
+        self.schedule_sampling()
+
+    def close(self, status: str = "finished") -> list[RankedCause]:
+        """Flush the last measurements, tell the sinks the diagnosis and the final status, and
+        close them. Returns the diagnosis."""
+        if self.closed:
+            return []
+        self.closed = True
+        if self._lifecycle is not None:
+            lifecycle.untrack(self._lifecycle)
+        if self.activation_probe is not None and self.activation_probe.attached:
+            self.activation_probe.detach()
+        try:
+            self._flush_pending()
+        except Exception as exc:  # the last sampled statistics are lost, nothing else
+            log.error("trainguard: could not flush the last measurements (%s: %s)",
+                      type(exc).__name__, exc)
+        diagnosis = self.diagnose()
+        if diagnosis:
+            self.sinks.on_diagnosis(diagnosis)
+        self.sinks.on_run_end(status)
+        self.sinks.close()
+        return diagnosis
+
+    # -- internals -------------------------------------------------------------------------------
+    def _open_store(self, resume: bool) -> RunStoreSink | None:
+        if self.run_dir is None or not self.config.store:
+            return None
+        try:
+            return RunStoreSink(self.run_dir, resume=resume)
+        except StoreUnavailable as exc:  # the README's promise: training goes on without it
+            log.warning("trainguard: %s; training goes on without the run store", exc)
+            return None
+
+    def _run_preflight(self) -> None:
+        try:
+            findings = preflight(self.model, self.optimizer, self.scheduler, scaler=self.scaler,
+                                 max_grad_norm=self.state.max_grad_norm, clipping_known=True)
+        except Exception as exc:  # an audit bug must not stop training
+            log.error("trainguard: preflight audit failed (%s: %s)", type(exc).__name__, exc)
+            return
+        self.findings.extend(findings)
+        self.sinks.on_findings(list(self.findings))
+
+    def _flush_pending(self) -> None:
+        """Bring the last heavy-probe results to the host (one transfer) and record them."""
+        signals = flush_pending(self)
+        if signals is None:
+            return
+        for event in run_detectors(self.state.detectors, signals, sampled_only=True):
+            self.emit_event(event)
+        self.sinks.on_sampled(signals.sampled)
+
+
+def _closer(run: Run) -> Callable[[str], None]:
+    """Closes the run if the process ends (SIGTERM, Ctrl-C, exit) before `close()`; holds the run
+    weakly, so an abandoned run can still be collected."""
+    ref = weakref.ref(run)
+
+    def close(status: str) -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close(status=status)
+
+    return close
+
+
+def _scaler_enabled(scaler: Any) -> bool:
+    is_enabled = getattr(scaler, "is_enabled", None)
+    return bool(is_enabled()) if callable(is_enabled) else True

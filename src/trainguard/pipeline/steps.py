@@ -1,0 +1,106 @@
+"""`StepPipeline`: the order of the stages, written in one place.
+
+    before the optimizer step   measure -> detect -> explain -> decide -> act
+    the optimizer step          taken by the Guard, or by the trainer (HF, Lightning)
+    after it                    settle -> record
+
+A halted step is settled and recorded at once; the run is then closed and `TrainingDiverged`
+raised. When trainguard itself fails in `measure`, `detect` or `decide`, the step is applied
+unguarded (clipped as configured) and a `monitor_error` event says so: a monitoring bug must not
+kill a run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trainguard.errors import TrainguardError, TrainingDiverged, UsageError
+from trainguard.events import Event, StepReport, at_least
+from trainguard.pipeline.act import Act
+from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.decide import Decide
+from trainguard.pipeline.detect import Detect
+from trainguard.pipeline.explain import Explain
+from trainguard.pipeline.measure import Measure
+from trainguard.pipeline.record import Record
+from trainguard.pipeline.settle import Settle
+
+if TYPE_CHECKING:
+    from trainguard.pipeline.run import Run
+
+log = logging.getLogger("trainguard")
+
+Stage = Callable[[StepContext], None]
+"""A stage reads and writes the step's context; each has a `name`."""
+
+BEFORE_UPDATE: tuple[type, ...] = (Measure, Detect, Explain, Decide, Act)
+AFTER_UPDATE: tuple[type, ...] = (Settle, Record)
+STAGE_NAMES: tuple[str, ...] = tuple(t.name for t in BEFORE_UPDATE + AFTER_UPDATE)
+_GUARDED = ("measure", "detect", "decide")
+"""Stages whose failure leaves the step unchecked (it is then applied unguarded)."""
+
+
+class StepPipeline:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.before: Sequence[Stage] = [t(run) for t in BEFORE_UPDATE]
+        self.after: Sequence[Stage] = [t(run) for t in AFTER_UPDATE]
+        self._pending: StepContext | None = None
+
+    def before_update(self, loss: Any, *, batch: Any = None,
+                      data_ids: Any = None) -> StepContext:
+        """Check the step and act on its gradients. Call once per optimizer step, after the
+        gradients are final and unscaled, before `optimizer.step()`. Raises TrainingDiverged
+        when the step halts the run; `ctx.unguarded` is set when the check itself failed."""
+        run = self.run
+        if run.closed:
+            raise UsageError("trainguard is closed for this run; start a new one to keep training")
+        state = run.state
+        ctx = StepContext(step=state.step, loss=loss, batch=batch,
+                          data_ids=state.data_position if data_ids is None else data_ids,
+                          sampled=run.sampled_now)
+        state.data_position += 1
+        self._pending = None
+        for stage in self.before:
+            try:
+                stage(ctx)
+            except TrainguardError:
+                raise
+            except Exception as exc:
+                if getattr(stage, "name", "") not in _GUARDED or ctx.decision is not None:
+                    raise
+                run.unguarded(exc)
+                ctx.unguarded = exc
+                return ctx
+        if ctx.outcome == "halted":
+            self._halt(ctx)
+        self._pending = ctx
+        return ctx
+
+    def after_update(self, ctx: StepContext | None = None) -> StepReport | None:
+        """Settle and record the step checked by `before_update`; call after the optimizer step
+        and the scheduler step. None when no step was pending (the check failed)."""
+        pending, self._pending = self._pending, None
+        if ctx is not None and ctx is not pending:
+            pending = None if ctx.unguarded is not None else ctx
+        if pending is None or self.run.closed:
+            return None
+        for stage in self.after:
+            stage(pending)
+        return pending.report
+
+    def _halt(self, ctx: StepContext) -> None:
+        for stage in self.after:
+            stage(ctx)
+        run = self.run
+        diagnosis = run.close(status="halted")
+        threshold = run.config.halt_severity
+        causes: list[Event] = ([e for e in ctx.events if at_least(e.severity, threshold)]
+                               or ctx.events)
+        raise TrainingDiverged(
+            f"training halted at step {ctx.step}: " + "; ".join(e.message for e in causes)
+            + (f". Crash snapshot: {ctx.snapshot_path}" if ctx.snapshot_path else ""),
+            snapshot_path=ctx.snapshot_path, events=causes, report=ctx.report,
+            diagnosis=diagnosis)

@@ -1,0 +1,391 @@
+"""The one registry of the names trainguard speaks: event kinds and metric keys.
+
+Event kinds. Every kind trainguard can raise is listed here with what the rest of trainguard needs
+to know about it: a one-line description, its typical severity, whether it is rank-local (batch
+findings differ per rank under torch.distributed and must not drive shared decisions), the
+reaction of the `recover` policy, the families (tags) the cause ranking reasons about, and the
+cause votes a kind always casts. The cause ranking, the recovery and the step pipeline ask the
+registry instead of testing kind names, so a new detector needs its own file and one entry here
+(or a `register_event_kind` call from its own file). Kinds nobody registered (a user's own
+events) get a safe default: not rank-local, no reaction, no tags, no votes.
+
+Metric keys. Every key the probes and the step measurement produce, with its scope (one value per
+step, per watched parameter or per hooked module), whether it is measured every step or only on
+sampled steps, and how torch.distributed agrees on it across ranks (`Reduction`).
+
+Only the standard library here: every part of trainguard imports this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from trainguard.errors import UsageError
+from trainguard.events import SEVERITY_RANK, Severity
+
+# -- event kinds ---------------------------------------------------------------------------------
+
+
+class Reaction(str, Enum):
+    """What the `recover` policy does about an event of warning severity or worse."""
+
+    ROLL_BACK = "roll_back"
+    """The weights or optimizer state are already bad: skipping cannot help, roll back at once."""
+    WATCH = "watch"
+    """Skip the update (its batch is the suspect) and watch whether the loss settles."""
+
+
+class Onset(str, Enum):
+    """When the trouble behind an event began: a rollback returns to a state from before it."""
+
+    STEP = "step"
+    """At the step the event was raised."""
+    SMOOTHED_LOSS = "smoothed_loss"
+    """Before the divergence detector's window: `divergence_patience` steps above, after a
+    smoothing over about half of `divergence_span`."""
+    SAMPLED = "sampled"
+    """Seen on a sampled step: it went bad at some step since the sampled step before."""
+    LAST_AGREED = "last_agreed"
+    """At `details["last_agreed_step"]`, the last step at which the replicas were seen equal."""
+
+
+class Tag:
+    """Families of kinds the cause ranking reasons about. Tags are free strings: these are the
+    ones trainguard's own rules read."""
+
+    INSTABILITY = "instability"
+    """Training itself went unstable (a configuration can explain it, unlike a sudden NaN)."""
+    NONFINITE = "nonfinite"
+    """The loss or the gradients of a step are NaN/inf."""
+    STATE = "state"
+    """The weights or optimizer moments themselves are non-finite or extreme."""
+    JUMP = "jump"
+    """A jump of the loss or gradients, judged by when and where it happened."""
+    CLIMB = "climb"
+    """A sustained climb of the loss (a slow trend, never a single outlier batch)."""
+    START = "start"
+    """The first updates went wrong; `details["cause"]` and `details["sustained"]` say how."""
+    OVERFLOW = "overflow"
+    """float16 values at their limit."""
+    BATCH = "batch"
+    """A finding of the batch inspector about the batch itself; `details["cause"]` names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CauseVote:
+    """A vote for a cause code that an event kind casts whatever the context."""
+
+    cause: str
+    weight: float
+    why: str
+    """The evidence. For a vote of each event, `{step}` and `{message}` are the event's."""
+    each_event: bool = False
+    """True: every event of the kind votes (a direct measurement, as strong the second time);
+    False: the kind votes once when it appears at all."""
+
+    def evidence(self, step: int, message: str) -> str:
+        return self.why.format(step=step, message=message) if self.each_event else self.why
+
+
+@dataclass(frozen=True, slots=True)
+class EventKind:
+    name: str
+    description: str
+    severity: Severity
+    """The severity it is typically raised with (some kinds escalate with the measured value)."""
+    rank_local: bool = False
+    """True for findings about this rank's own batch: under torch.distributed they differ
+    between ranks, so they never drive a decision every rank must take alike."""
+    reaction: Reaction | None = None
+    onset: Onset = Onset.STEP
+    tags: frozenset[str] = frozenset()
+    votes: tuple[CauseVote, ...] = ()
+    registered: bool = True
+    """False for the default entry of a kind nobody registered."""
+
+
+_KINDS: dict[str, EventKind] = {}
+_cache: dict[tuple[str, str], object] = {}
+"""Derived lookups (kinds by tag, by reaction), dropped on every registration."""
+
+
+def register_event_kind(name: str, description: str, severity: Severity = "warning", *,
+                        rank_local: bool = False, reaction: Reaction | None = None,
+                        onset: Onset = Onset.STEP, tags: Iterable[str] = (),
+                        votes: Iterable[CauseVote] = (), replace: bool = False) -> EventKind:
+    """Register an event kind (for example from a new detector's own module). Registering the same
+    entry again is harmless; a different entry under a known name needs `replace=True`. Cause
+    votes for codes outside the cause catalogue are ignored by the ranking."""
+    if not name or not isinstance(name, str):
+        raise UsageError(f"an event kind needs a non-empty name, got {name!r}")
+    if severity not in SEVERITY_RANK:
+        raise UsageError(f"event kind {name!r}: severity must be one of "
+                         f"{', '.join(SEVERITY_RANK)}, got {severity!r}")
+    if reaction is not None and not isinstance(reaction, Reaction):
+        raise UsageError(f"event kind {name!r}: reaction must be a Reaction or None, "
+                         f"got {reaction!r}")
+    entry = EventKind(name=name, description=description, severity=severity,
+                      rank_local=rank_local, reaction=reaction, onset=Onset(onset),
+                      tags=frozenset(tags), votes=tuple(votes))
+    known = _KINDS.get(name)
+    if known is not None and known != entry and not replace:
+        raise UsageError(f"event kind {name!r} is already registered differently; pass "
+                         "replace=True to change it")
+    _KINDS[name] = entry
+    _cache.clear()
+    return entry
+
+
+def event_kind(name: str) -> EventKind:
+    """The entry of a kind; for a kind nobody registered, a default that changes nothing."""
+    known = _KINDS.get(name)
+    if known is not None:
+        return known
+    return EventKind(name=name, description="", severity="warning", registered=False)
+
+
+def event_kinds() -> tuple[EventKind, ...]:
+    """Every registered kind, in registration order."""
+    return tuple(_KINDS.values())
+
+
+def is_registered(kind: str) -> bool:
+    return kind in _KINDS
+
+
+def is_rank_local(kind: str) -> bool:
+    known = _KINDS.get(kind)
+    return known is not None and known.rank_local
+
+
+def recovery_reaction(kind: str) -> Reaction | None:
+    known = _KINDS.get(kind)
+    return None if known is None else known.reaction
+
+
+def kinds_tagged(tag: str) -> frozenset[str]:
+    """The registered kinds of one family."""
+    key = ("tag", tag)
+    found = _cache.get(key)
+    if found is None:
+        found = _cache[key] = frozenset(k.name for k in _KINDS.values() if tag in k.tags)
+    return found  # type: ignore[return-value]
+
+
+def kinds_reacting(reaction: Reaction) -> tuple[str, ...]:
+    """The kinds the `recover` policy meets with `reaction`, in registration order (when several
+    arrive at once, the first one names the reason and sets the onset)."""
+    key = ("reaction", reaction.value)
+    found = _cache.get(key)
+    if found is None:
+        found = _cache[key] = tuple(k.name for k in _KINDS.values() if k.reaction is reaction)
+    return found  # type: ignore[return-value]
+
+
+# Trainguard's own kinds. Order matters only among kinds of one reaction (see kinds_reacting).
+_kind = register_event_kind
+_I, _N, _S = Tag.INSTABILITY, Tag.NONFINITE, Tag.STATE
+# detectors (detect/)
+_kind("nonfinite_loss", "the loss is NaN or infinite", "error", tags=(_N,))
+_kind("nonfinite_grad", "some gradients are NaN or infinite (not a GradScaler's calibration)",
+      "error", tags=(_N,))
+_kind("loss_spike", "a sudden jump of the loss against a robust recent baseline", "warning",
+      reaction=Reaction.WATCH, tags=(_I, Tag.JUMP))
+_kind("grad_explosion", "the pre-clip global gradient norm is far above normal", "error",
+      reaction=Reaction.WATCH, tags=(_I, Tag.JUMP))
+_kind("loss_divergence", "a sustained upward trend of the smoothed loss", "error",
+      reaction=Reaction.ROLL_BACK, onset=Onset.SMOOTHED_LOSS, tags=(_I, Tag.JUMP, Tag.CLIMB))
+_kind("nonfinite_weight", "weights hold NaN or inf (sampled steps)", "error",
+      reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_S,))
+_kind("nonfinite_optimizer_state", "optimizer moments hold NaN or inf (sampled steps)", "error",
+      reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_S,))
+_kind("extreme_weight", "some weight's magnitude exceeds extreme_weight_abs (sampled steps)",
+      "error", reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_I, _S))
+_kind("fp16_overflow", "float16 values at their limit, or a GradScaler that keeps overflowing",
+      "warning", tags=(Tag.OVERFLOW,),
+      votes=(CauseVote("fp16_overflow", 2.0, "float16 overflow reported"),))
+_kind("bad_start", "the first steps went wrong: an over-scaled new layer or a blown-up start",
+      "warning", tags=(_I, Tag.START))
+# the cross-rank desync check (distributed.py): measured directly, so every event votes
+_kind("ddp_desync", "the replicas' weights differ across ranks", "error",
+      reaction=Reaction.ROLL_BACK, onset=Onset.LAST_AGREED,
+      votes=(CauseVote("ddp_desync", 4.0, "step {step}: {message}", each_event=True),))
+# the batch inspector (diagnose/batch.py, diagnose/batch_watch.py): about this rank's batch
+for _name, _description, _severity in (
+    ("batch_nonfinite", "the batch holds NaN or inf values", "error"),
+    ("batch_image_range", "images with unnormalised 0-255 pixel values", "warning"),
+    ("batch_token_ids", "token ids outside the model's embedding table", "error"),
+    ("batch_attention_mask", "an attention mask outside 0/1, or one that masks everything",
+     "warning"),
+    ("batch_outlier", "a field far above its typical magnitude in earlier batches", "warning"),
+    ("batch_size", "batches smaller than configured: silently truncated", "warning"),
+    ("batch_above_chance", "a language model's loss far above chance level on this batch",
+     "warning"),
+):
+    _kind(_name, _description, _severity, rank_local=True,  # type: ignore[arg-type]
+          tags=(Tag.BATCH,))
+# raised by trainguard's own decisions and actions
+_kind("skip_limit", "too many consecutive non-finite steps: skipping cannot heal the run",
+      "critical")
+_kind("rollback", "the run was rolled back to a good state", "warning")
+_kind("rollback_limit", "recovery gives up: too many rollbacks, or no good state to return to",
+      "critical")
+_kind("rollback_failed", "restoring a good state failed", "critical")
+_kind("monitor_error", "trainguard could not check a step; it was applied unguarded", "warning")
+_kind("snapshot_failed", "the crash snapshot could not be written", "error")
+del _kind, _I, _N, _S, _name, _description, _severity
+
+
+# -- metric keys ---------------------------------------------------------------------------------
+
+
+class Scope(str, Enum):
+    """What one value of a metric is about."""
+
+    STEP = "step"
+    """One value per step."""
+    PARAM = "param"
+    """One value per watched parameter, in the watched order."""
+    MODULE = "module"
+    """One value per hooked module, in the order the modules ran."""
+
+
+class Reduction(str, Enum):
+    """How ranks under torch.distributed agree on a metric."""
+
+    SUM_OF_SQUARES = "sum_of_squares"
+    """Norms of (possibly sharded) tensors: squared, weighted by each rank's share of the tensor,
+    summed over ranks, square-rooted: the norm of the whole tensor."""
+    MAX = "max"
+    """The maximum over ranks (max |w|, non-finite flags): exact over shards."""
+    MEAN = "mean"
+    """The mean over the ranks that measured it, non-finite on any rank showing on all."""
+    LOCAL = "local"
+    """Not agreed: each rank keeps its own (means and spreads of its shard, or values every rank
+    already has alike)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricKey:
+    name: str
+    """The key, or a pattern with one `{placeholder}` (e.g. `optstate_{state}_norm`)."""
+    scope: Scope
+    description: str
+    reduction: Reduction
+    sampled: bool
+    """Measured by the heavy probes on sampled steps only, rather than on every step."""
+
+    @property
+    def is_pattern(self) -> bool:
+        return "{" in self.name
+
+    def key(self, **parts: str) -> str:
+        """The concrete key of a pattern, e.g. `key(state="exp_avg")`."""
+        return self.name.format(**parts)
+
+
+_METRICS: dict[str, MetricKey] = {}
+_PATTERNS: list[tuple[re.Pattern[str], MetricKey]] = []
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def _add_metric(entry: MetricKey) -> MetricKey:
+    known = _METRICS.get(entry.name)
+    if known is not None and known != entry:
+        raise UsageError(f"metric key {entry.name!r} is already registered differently")
+    if known is None:
+        if entry.is_pattern:
+            pieces = _PLACEHOLDER.split(entry.name)
+            regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+)"
+                            for i, p in enumerate(pieces))
+            _PATTERNS.append((re.compile(f"^{regex}$"), entry))
+        _METRICS[entry.name] = entry
+    return entry
+
+
+def register_metric_key(name: str, scope: Scope, description: str,
+                        reduction: Reduction = Reduction.LOCAL, *,
+                        sampled: bool = True) -> MetricKey:
+    """Register the key of a new probe metric (a name, or a pattern with one `{placeholder}`).
+
+    Sampled per-parameter keys may be agreed by MAX or SUM_OF_SQUARES (two small all-reduces on
+    sampled steps do it for any such key). Per-module statistics stay local (ranks need not hook
+    the same modules), and every-step keys stay local unless the step's one all-reduce
+    (`distributed.RankAgreement`) carries them, which trainguard's own step signals only do.
+    """
+    scope, reduction = Scope(scope), Reduction(reduction)
+    if reduction is not Reduction.LOCAL:
+        if not sampled:
+            raise UsageError(f"metric key {name!r}: every-step keys are agreed only by the "
+                             "step's one all-reduce, which carries trainguard's own signals; "
+                             "use Reduction.LOCAL")
+        if scope is not Scope.PARAM or reduction is Reduction.MEAN:
+            raise UsageError(f"metric key {name!r}: only per-parameter sampled keys are agreed "
+                             "across ranks, by MAX or SUM_OF_SQUARES; use Reduction.LOCAL")
+    return _add_metric(MetricKey(name, scope, description, reduction, sampled))
+
+
+def metric_key(key: str) -> MetricKey | None:
+    """The entry of a concrete key (matching patterns too); None for an unknown key."""
+    known = _METRICS.get(key)
+    if known is not None and not known.is_pattern:
+        return known
+    for regex, entry in _PATTERNS:
+        if regex.match(key):
+            return entry
+    return None
+
+
+def metric_keys() -> tuple[MetricKey, ...]:
+    """Every registered key, in registration order."""
+    return tuple(_METRICS.values())
+
+
+def metric_reduction(key: str) -> Reduction:
+    """How ranks agree on `key`; LOCAL for a key nobody registered."""
+    entry = metric_key(key)
+    return Reduction.LOCAL if entry is None else entry.reduction
+
+
+_SS, _MAX, _LOCAL = Reduction.SUM_OF_SQUARES, Reduction.MAX, Reduction.LOCAL
+for _metric in (
+    # every step: the step measurement and the gradient probe (probes/gradients.py)
+    MetricKey("loss", Scope.STEP, "the scalar loss (NaN/inf kept)", Reduction.MEAN, False),
+    MetricKey("grad_norm", Scope.STEP, "global L2 norm of all gradients, before clipping", _SS,
+              False),
+    MetricKey("param_grad_norm", Scope.PARAM,
+              "L2 norm of each watched parameter's gradient (0 when it has none)", _SS, False),
+    MetricKey("fp16_grad_maxabs", Scope.STEP,
+              "max |g| over float16 gradients (only when some gradient is float16); agreed as "
+              "the mean of the ranks' maxima, exact for replicated gradients", Reduction.MEAN,
+              False),
+    MetricKey("lr", Scope.STEP, "the first parameter group's learning rate (when a tensor)",
+              _LOCAL, False),
+    MetricKey("loss_scale", Scope.STEP, "the GradScaler's loss scale", _LOCAL, False),
+    # sampled steps: weights (probes/weights.py)
+    MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),
+    MetricKey("weight_std", Scope.PARAM, "standard deviation of the weights after the step",
+              _LOCAL, True),
+    MetricKey("weight_maxabs", Scope.PARAM, "max |w| after the step", _MAX, True),
+    MetricKey("weight_nonfinite", Scope.PARAM, "1 when the parameter holds any NaN/inf, else 0",
+              _MAX, True),
+    MetricKey("weight_norm", Scope.PARAM, "L2 norm of the weights after the step", _SS, True),
+    MetricKey("update_ratio", Scope.PARAM,
+              "||W_after - W_before|| / max(||W_before||, ||W_after||) of the step", _LOCAL,
+              True),
+    # sampled steps: optimizer state (probes/optimizer_state.py)
+    MetricKey("optstate_{state}_norm", Scope.PARAM,
+              "L2 norm of each tensor-valued optimizer state entry shaped like the parameter "
+              "(for Adam: exp_avg, exp_avg_sq)", _SS, True),
+    # sampled steps: activations (probes/activations.py)
+    MetricKey("act_maxabs", Scope.MODULE, "max |output|", _LOCAL, True),
+    MetricKey("act_zero_frac", Scope.MODULE, "share of exact zeros (dead ReLUs show here)",
+              _LOCAL, True),
+    MetricKey("act_nonfinite", Scope.MODULE, "share of NaN/inf values", _LOCAL, True),
+    MetricKey("act_fp16", Scope.MODULE, "1 when the output was float16, else 0", _LOCAL, True),
+):
+    _add_metric(_metric)
+del _metric, _SS, _MAX, _LOCAL

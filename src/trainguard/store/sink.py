@@ -1,0 +1,106 @@
+"""The run store as a sink: what a run says goes into its run directory.
+
+    sink = RunStoreSink("runs/exp1")          # a new run in the directory
+    sink = RunStoreSink("runs/exp1", resume=True)   # continue the latest run
+
+The constructor raises `RunDirInUse` (another live writer holds the directory) and
+`StoreUnavailable` (the directory cannot hold a store) so the caller decides: refuse, or warn and
+train on without a store. Once open, nothing the store does can stop training: a failing disk is
+reported once and the records it loses are counted.
+
+The sink registers with `trainguard.lifecycle`, so a process that ends without closing it
+(Ctrl-C, SIGTERM, a script that never calls close) still marks the run "interrupted".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainguard import lifecycle
+from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+from trainguard.sinks.base import Sink
+from trainguard.store.writer import RunStore
+
+if TYPE_CHECKING:
+    from trainguard.diagnose.finding import Finding
+    from trainguard.diagnose.ranking import RankedCause
+    from trainguard.signals import SampledStats
+
+
+class RunStoreSink(Sink):
+    def __init__(self, run_dir: str | Path, *, resume: bool = False) -> None:
+        self.store = RunStore(run_dir, resume=resume)
+        self.run_dir = self.store.run_dir
+        self.run_id = self.store.run_id
+        self._ended = False
+        self._closed = False
+        self._handle = lifecycle.track(self._end_and_close)
+
+    def on_run_start(self, run: RunInfo) -> None:
+        store = self.store
+        store.put_meta("trainguard_version", run.trainguard_version)
+        store.put_meta("config", run.config)
+        store.put_meta("param_names", list(run.param_names))
+        store.put_meta("param_shapes", [list(shape) for shape in run.param_shapes])
+        if run.integration:
+            store.put_meta("integration", run.integration)
+        if run.distributed:
+            store.put_meta("distributed", run.distributed)
+        store.set_status("running")
+
+    def on_findings(self, findings: list[Finding]) -> None:
+        self.store.put_meta("preflight", [f.to_dict() for f in findings])
+
+    def on_event(self, event: Event) -> None:
+        self.store.put_event(event)
+
+    def on_action(self, action: ActionRecord) -> None:
+        self.store.put_action(action)
+        if action.kind == "snapshot" and action.details.get("path"):
+            self.store.put_meta("snapshot", str(action.details["path"]))
+
+    def on_diagnosis(self, causes: list[RankedCause]) -> None:
+        self.store.put_meta("diagnosis", [c.to_dict() for c in causes])
+
+    def on_step(self, report: StepReport) -> None:
+        scalars: dict[str, Any] = {
+            "loss": report.loss, "grad_norm": report.grad_norm, "lr": report.lr,
+            "loss_scale": report.loss_scale, "action": report.action,
+            "clip_coef": report.clip_coef, "sampled": report.sampled}
+        signals = report.signals
+        grad_norms = None
+        if signals is not None:
+            grad_norms = np.asarray(signals.param_grad_norm)
+            scalars["amp_overflow"] = signals.amp_overflow
+            scalars["nonfinite_grads"] = int((~np.isfinite(grad_norms)).sum())
+            if signals.fp16_grad_maxabs is not None:
+                scalars["fp16_grad_maxabs"] = signals.fp16_grad_maxabs
+            self.on_sampled(signals.sampled)
+        self.store.put_step(report.step, scalars, grad_norms)
+
+    def on_sampled(self, sampled: list[SampledStats]) -> None:
+        for stats in sampled:  # each at the step it was measured
+            if stats.per_param:
+                self.store.put_param_metrics(stats.step, stats.per_param)
+            if stats.per_module:
+                self.store.put_module_metrics(stats.step, stats.module_names, stats.per_module)
+
+    def on_run_end(self, status: str) -> None:
+        self._ended = True
+        self.store.set_status(status)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        lifecycle.untrack(self._handle)
+        self.store.close()
+
+    def _end_and_close(self, status: str) -> None:
+        """At exit without close: a run that already ended keeps its status."""
+        if not self._ended:
+            self.on_run_end(status)
+        self.close()

@@ -1,0 +1,142 @@
+"""Contract tests over the step pipeline's stages: their order, one host transfer per step,
+NaN inputs, the decision made once, and the runtime state's round trip."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from trainguard import Guard, GuardConfig, RecoveryConfig
+from trainguard.pipeline import AFTER_UPDATE, BEFORE_UPDATE, STAGE_NAMES, Run, StepContext
+from trainguard.pipeline.policy import Decision
+from trainguard.remedies import AdaptiveClip
+from trainguard.transfer import transfer_count
+
+from ..conftest import make_setup
+
+QUIET = {"console": False}
+
+
+def test_the_stage_order_is_written_once() -> None:
+    assert STAGE_NAMES == ("measure", "detect", "explain", "decide", "act", "settle", "record")
+    assert len(BEFORE_UPDATE) + len(AFTER_UPDATE) == len(STAGE_NAMES)
+
+
+def test_every_step_runs_the_stages_in_order() -> None:
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
+    seen: list[tuple[int, str]] = []
+    pipeline = guard.run.steps
+    pipeline.before = [_Spy(stage, seen) for stage in pipeline.before]
+    pipeline.after = [_Spy(stage, seen) for stage in pipeline.after]
+    for _ in range(3):
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        guard.step(loss)
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert seen == [(step, name) for step in range(3) for name in STAGE_NAMES]
+
+
+class _Spy:
+    def __init__(self, stage: Callable[[StepContext], None],
+                 seen: list[tuple[int, str]]) -> None:
+        self.stage, self.seen = stage, seen
+        self.name: str = stage.name  # type: ignore[attr-defined]
+
+    def __call__(self, ctx: StepContext) -> None:
+        self.seen.append((ctx.step, self.name))
+        self.stage(ctx)
+
+
+@pytest.mark.parametrize("config", [
+    GuardConfig(**QUIET),
+    GuardConfig(sample_all_steps=True, **QUIET),
+    GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=2, confirm_steps=1),
+                clip_rule=AdaptiveClip(warmup_steps=2), **QUIET),
+], ids=["default", "all_probes", "recover_with_rule"])
+def test_the_stages_make_one_host_transfer_per_step(config: GuardConfig) -> None:
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, setup.scheduler, config=config)
+    counts = []
+    for step in range(8):
+        batch = setup.batch()
+        loss = setup.model.loss(batch)
+        if step == 5:
+            loss = loss * math.nan
+        loss.backward()
+        before = transfer_count()
+        guard.step(loss, batch=batch)
+        counts.append(transfer_count() - before)
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    # a NaN step inspects its batch in full (one more transfer, on an anomaly only)
+    assert counts[:5] == [1] * 5 and counts[6:] == [1] * 2
+    assert counts[5] <= 2
+
+
+def test_nan_everywhere_is_skipped_not_fatal() -> None:
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
+    for _ in range(3):
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        for p in setup.model.parameters():
+            p.grad.fill_(math.nan)
+        report = guard.step(loss * math.nan)
+        setup.optimizer.zero_grad(set_to_none=True)
+        assert report.action == "skipped"
+        assert {"nonfinite_loss", "nonfinite_grad"} <= {e.kind for e in report.events}
+    guard.close()
+    assert all(torch.isfinite(p).all() for p in setup.model.parameters())
+
+
+def test_a_step_is_decided_once() -> None:
+    ctx = StepContext(step=0, loss=None)
+    ctx.decide(Decision("applied"))
+    with pytest.raises(RuntimeError, match="already decided"):
+        ctx.decide(Decision("skipped"))
+    with pytest.raises(AttributeError):
+        ctx.decision.action = "skipped"  # type: ignore[misc, union-attr]
+
+
+def test_the_runtime_state_round_trips_with_rule_and_recovery_state() -> None:
+    config = GuardConfig(policy="recover", clip_rule=AdaptiveClip(warmup_steps=3), **QUIET)
+    setup = make_setup(seed=1)
+    guard = Guard(setup.model, setup.optimizer, config=config)
+    for _ in range(12):
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        guard.step(loss)
+        setup.optimizer.zero_grad(set_to_none=True)
+    state = guard.state_dict()
+    guard.close()
+    assert state["step"] == 12
+    assert state["clip_rule"] and state["recovery"] and state["detectors"]
+    other = make_setup(seed=1)
+    resumed = Run(other.model, other.optimizer, config=config)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+    resumed.close()
+
+
+def test_the_config_holds_no_state() -> None:
+    """Two runs from one config share no rule statistics."""
+    config = GuardConfig(clip_rule=AdaptiveClip(warmup_steps=2), **QUIET)
+    first, second = make_setup(seed=0), make_setup(seed=0)
+    a = Run(first.model, first.optimizer, config=config)
+    b = Run(second.model, second.optimizer, config=config)
+    assert a.state.clip_rule is not b.state.clip_rule
+    for _ in range(4):
+        loss = first.model.loss(first.batch())
+        loss.backward()
+        a.steps.before_update(loss)
+        first.optimizer.step()
+        a.steps.after_update()
+        first.optimizer.zero_grad(set_to_none=True)
+    assert a.state_dict()["clip_rule"] != b.state_dict()["clip_rule"]
+    a.close()
+    b.close()

@@ -1,0 +1,162 @@
+"""Contract tests over every sink: each hears the whole run in order, NaN values included,
+without a host transfer of its own; a sink that fails is disabled and training goes on."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard import Guard, GuardConfig, TrainingDiverged
+from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+from trainguard.sinks import ConsoleSink, Sink
+from trainguard.sinks.base import SINK_METHODS
+from trainguard.store import RunReader, RunStoreSink
+from trainguard.transfer import transfer_count
+
+from ..conftest import make_setup
+
+QUIET = {"console": False}
+
+
+class Recorder(Sink):
+    """Remembers every call, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def on_run_start(self, run: RunInfo) -> None:
+        self.calls.append(("on_run_start", run))
+
+    def on_findings(self, findings: list) -> None:
+        self.calls.append(("on_findings", list(findings)))
+
+    def on_event(self, event: Event) -> None:
+        self.calls.append(("on_event", event))
+
+    def on_action(self, action: ActionRecord) -> None:
+        self.calls.append(("on_action", action))
+
+    def on_diagnosis(self, causes: list) -> None:
+        self.calls.append(("on_diagnosis", causes))
+
+    def on_step(self, report: StepReport) -> None:
+        self.calls.append(("on_step", report))
+
+    def on_sampled(self, stats: list) -> None:
+        self.calls.append(("on_sampled", stats))
+
+    def on_run_end(self, status: str) -> None:
+        self.calls.append(("on_run_end", status))
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+def _halting_run(sinks: list[Sink], run_dir: Path | None = None) -> None:
+    """A few healthy steps, a NaN step, then an inf loss that halts the run."""
+    setup = make_setup(lr=0.5, warmup=0)  # far too high without warmup: a preflight finding
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(policy="halt", **QUIET),
+                  sinks=sinks, run_dir=run_dir)
+    with pytest.raises(TrainingDiverged):
+        for step in range(10):
+            loss = setup.model.loss(setup.batch())
+            if step == 6:
+                loss = loss * math.inf
+            loss.backward()
+            guard.step(loss, batch=setup.batch())
+            setup.optimizer.zero_grad(set_to_none=True)
+
+
+def test_a_sink_hears_the_whole_run_in_order(tmp_path: Path) -> None:
+    recorder = Recorder()
+    _halting_run([recorder], tmp_path / "run")
+    names = recorder.names()
+    assert names[0] == "on_run_start" and names[-2:] == ["on_run_end", "close"]
+    assert recorder.calls[-2] == ("on_run_end", "halted")
+    assert names.index("on_findings") < names.index("on_step")
+    assert names.count("on_step") == 7  # steps 0-6, the halted one included
+    halt = [a for n, a in recorder.calls if n == "on_action" and a.kind == "halt"]
+    assert len(halt) == 1 and halt[0].step == 6
+    assert any(n == "on_action" and a.kind == "snapshot" for n, a in recorder.calls)
+    assert "on_diagnosis" in names
+    start = recorder.calls[0][1]
+    assert start.config["policy"] == "halt" and start.param_names
+    steps = [r for n, r in recorder.calls if n == "on_step"]
+    assert steps[-1].action == "halted" and math.isinf(steps[-1].loss)
+    assert steps[-1].signals is not None  # per-parameter norms travel with the report
+
+
+def test_a_failing_sink_is_disabled_and_training_goes_on(caplog) -> None:
+    class Broken(Sink):
+        def on_step(self, report: StepReport) -> None:
+            raise OSError("disk full")
+
+    recorder = Recorder()
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET),
+                  sinks=[Broken(), recorder])
+    for _ in range(3):
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        assert guard.step(loss).action in ("applied", "clipped")
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert "Broken" in guard.run.sinks.failures
+    assert recorder.names().count("on_step") == 3
+    assert "disabled" in caplog.text
+
+
+@pytest.mark.parametrize("make_sink", [
+    lambda tmp: ConsoleSink(io.StringIO()),
+    lambda tmp: RunStoreSink(tmp / "store_run"),
+    lambda tmp: Recorder(),
+], ids=["console", "store", "recorder"])
+def test_every_sink_takes_nan_and_makes_no_transfer(make_sink, tmp_path: Path) -> None:
+    sink = make_sink(tmp_path)
+    for name in SINK_METHODS:
+        assert callable(getattr(sink, name)), name
+    before = transfer_count()
+    info = RunInfo(run_dir=None, config=GuardConfig().to_dict(), param_names=["w"],
+                   param_shapes=[[2]], trainguard_version="0")
+    sink.on_run_start(info)
+    nan_event = Event(kind="nonfinite_loss", step=0, severity="error", message="loss is nan",
+                      value=math.nan, details={"likely_causes": [
+                          {"code": "numerical_op", "confidence": math.nan}]})
+    sink.on_event(nan_event)
+    sink.on_action(ActionRecord(kind="skip", step=0, message="skipped"))
+    sink.on_step(StepReport(step=0, loss=math.nan, grad_norm=math.inf, action="skipped"))
+    sink.on_sampled([])
+    sink.on_diagnosis([])
+    sink.on_run_end("finished")
+    sink.close()
+    assert transfer_count() == before
+
+
+def test_the_console_is_the_only_printer(tmp_path: Path, capsys) -> None:
+    _halting_run([], None)  # console=False
+    captured = capsys.readouterr()
+    assert "trainguard" not in captured.err and "trainguard" not in captured.out
+
+
+def test_the_console_tells_events_causes_and_the_halt() -> None:
+    stream = io.StringIO()
+    _halting_run([ConsoleSink(stream, colour=False)])
+    text = stream.getvalue()
+    assert "trainguard preflight" in text
+    assert "nonfinite_loss" in text and "likely causes:" in text
+    assert "training halted at step 6" in text and "trainguard diagnosis:" in text
+
+
+def test_the_store_sink_records_the_halted_run(tmp_path: Path) -> None:
+    _halting_run([], tmp_path / "run")
+    with RunReader(tmp_path / "run") as reader:
+        summary = reader.summary()
+    assert summary["status"] == "halted" and summary["steps"] == 7
+    assert summary["snapshot"] and summary["diagnosis"] and summary["loss"]["inf"] == 1
