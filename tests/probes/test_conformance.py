@@ -1,0 +1,187 @@
+"""Conformance over every probe: what each must keep, whatever it measures.
+
+Each probe measures on the device and hands back tensors; none reads a value on the host (no
+transfer, no `.item()`), a NaN or inf in what it measures shows in its output instead of being
+hidden, and its results are one value per watched parameter (or per hooked module), in order.
+Which keys are registered, with which scope, is `tests/test_registry.py`'s check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from trainguard.params import WatchedParams, watched_params
+from trainguard.probes.activations import ActivationProbe
+from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.optimizer_state import OptimizerStateProbe
+from trainguard.probes.packing import DevicePack
+from trainguard.probes.weights import WeightProbe
+from trainguard.transfer import transfer_count
+
+CPU = torch.device("cpu")
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.act = nn.ReLU()
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.act(self.inp(x)))
+
+
+def setup() -> tuple[Net, torch.optim.Optimizer, WatchedParams]:
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(6, 4)).square().mean().backward()
+    optimizer.step()  # Adam state exists
+    return model, optimizer, watched_params(model, [optimizer])
+
+
+@contextmanager
+def no_host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Any `.item()`, `.tolist()` or transfer inside the block fails the test."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a probe read a value on the host")
+
+    before = transfer_count()
+    with monkeypatch.context() as patch:
+        for name in ("item", "tolist", "__float__", "__bool__"):
+            patch.setattr(torch.Tensor, name, refuse)
+        yield
+    assert transfer_count() == before
+
+
+def measure_gradients(model: Net, optimizer: torch.optim.Optimizer,
+                      watched: WatchedParams) -> dict[str, torch.Tensor]:
+    pack = DevicePack(CPU)
+    GradientProbe(watched).measure(pack, CPU)
+    return {k: torch.from_numpy(v) for k, v in pack.fetch().items()}
+
+
+def measure_weights(model: Net, optimizer: torch.optim.Optimizer,
+                    watched: WatchedParams) -> dict[str, torch.Tensor]:
+    probe = WeightProbe(watched)
+    probe.remember()
+    return probe.measure(CPU)
+
+
+def measure_optimizer_state(model: Net, optimizer: torch.optim.Optimizer,
+                            watched: WatchedParams) -> dict[str, torch.Tensor]:
+    return OptimizerStateProbe(watched, [optimizer]).measure(CPU)
+
+
+PROBES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
+    "gradients": measure_gradients, "weights": measure_weights,
+    "optimizer_state": measure_optimizer_state}
+
+
+@pytest.mark.parametrize("name", ["weights", "optimizer_state"])
+def test_device_probes_read_nothing_on_the_host(name: str, monkeypatch) -> None:
+    model, optimizer, watched = setup()
+    with no_host_reads(monkeypatch):
+        out = PROBES[name](model, optimizer, watched)
+    for key, values in out.items():
+        assert values.shape == (len(watched),), key
+        assert values.device == CPU and values.dtype == torch.float32, key
+
+
+def test_the_gradient_probe_only_adds_to_the_pack(monkeypatch) -> None:
+    model, optimizer, watched = setup()
+    pack = DevicePack(CPU)
+    with no_host_reads(monkeypatch):
+        GradientProbe(watched).measure(pack, CPU)
+    assert pack
+
+
+def test_the_activation_probe_reads_nothing_on_the_host(monkeypatch) -> None:
+    model, _, _ = setup()
+    probe = ActivationProbe(model)
+    with no_host_reads(monkeypatch):
+        probe.attach()
+        model(torch.randn(5, 4))
+        seen = probe.detach()
+    assert seen is not None and probe.failures == 0
+    names, table = seen
+    assert names == ["inp", "act", "out"]
+    assert all(v.shape == (3,) for v in table.values())
+
+
+def poison(model: Net, optimizer: torch.optim.Optimizer, value: float) -> None:
+    """One entry of `inp.weight` (its value, gradient and Adam moments) set to `value`."""
+    with torch.no_grad():
+        weight = model.inp.weight
+        weight[0, 0] = value
+        weight.grad[0, 0] = value
+        for state in optimizer.state[weight].values():
+            if isinstance(state, torch.Tensor) and state.shape == weight.shape:
+                state[0, 0] = value
+
+
+@pytest.mark.parametrize("name", list(PROBES))
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_nonfinite_value_shows_in_every_probe(name: str, bad: float) -> None:
+    model, optimizer, watched = setup()
+    poison(model, optimizer, bad)
+    out = PROBES[name](model, optimizer, watched)
+    index = watched.names.index("inp.weight")
+    for key, values in out.items():
+        if values.numel() == 1:  # a per-step value (the global gradient norm, the fp16 max)
+            assert not math.isfinite(float(values)), key
+            continue
+        row = values.numpy()
+        if key == "weight_nonfinite":
+            assert row[index] == 1.0 and (np.delete(row, index) == 0.0).all()
+        elif key == "update_ratio":
+            continue  # the copy from before holds the same bad value; nothing moved
+        else:
+            assert not np.isfinite(row[index]), key
+            assert np.isfinite(np.delete(row, index)).all(), key
+
+
+def test_a_nonfinite_activation_shows_in_the_activation_probe() -> None:
+    model, _, _ = setup()
+    probe = ActivationProbe(model)
+    probe.attach()
+    model(torch.tensor([[math.nan, 0.0, 0.0, 0.0]] + [[1.0, 2.0, 3.0, 4.0]] * 3))
+    seen = probe.detach()
+    assert seen is not None
+    names, table = seen
+    nonfinite = dict(zip(names, table["act_nonfinite"].tolist(), strict=True))
+    assert nonfinite["inp"] == pytest.approx(8 / 32)  # the first row of 4 x 8 outputs
+    assert not math.isfinite(float(table["act_maxabs"][names.index("inp")]))
+
+
+def test_parameters_without_a_gradient_read_zero_not_nan() -> None:
+    model, optimizer, watched = setup()
+    model.out.weight.grad = None
+    out = measure_gradients(model, optimizer, watched)
+    norms = out["param_grad_norm"].numpy()
+    assert norms[watched.names.index("out.weight")] == 0.0
+    assert np.isfinite(norms).all() and math.isfinite(float(out["grad_norm"]))
+
+
+def test_a_step_without_any_gradient_measures_zeros() -> None:
+    model, optimizer, watched = setup()
+    optimizer.zero_grad(set_to_none=True)
+    out = measure_gradients(model, optimizer, watched)
+    assert float(out["grad_norm"]) == 0.0 and (out["param_grad_norm"] == 0).all()
+
+
+def test_detaching_without_a_forward_pass_gives_nothing_and_removes_the_hooks() -> None:
+    model, _, _ = setup()
+    probe = ActivationProbe(model)
+    probe.attach()
+    assert probe.attached
+    assert probe.detach() is None and not probe.attached
+    assert all(not m._forward_hooks for m in model.modules())
