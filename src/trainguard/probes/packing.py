@@ -29,7 +29,8 @@ class DevicePack:
         if not self._tensors:
             return {}
         device = self.device if self.device is not None else self._tensors[0].device
-        parts = [t.to(device=device, dtype=torch.float32) for t in self._tensors]
+        parts = [t if t.dtype == torch.float32 and t.device == device
+                 else t.to(device=device, dtype=torch.float32) for t in self._tensors]
         host = to_host(torch.cat(parts))
         out: dict[str, np.ndarray] = {}
         offset = 0
