@@ -93,6 +93,20 @@ def test_outlier_batch_against_running_statistics() -> None:
     assert finding.check == "batch_outlier" and finding.cause == "outlier_batch"
 
 
+def test_images_far_above_their_usual_size_are_not_taken_for_8_bit_pixels() -> None:
+    """Once a field has a history, a batch merely 100x its usual [0, 1] (raw values, max ~100) is
+    an outlier batch; one reaching the upper half of 0-255 looks like unnormalised pixels. The
+    first batch, with nothing to compare against, is judged by its range alone."""
+    history = BatchHistory()
+    for seed in range(3):
+        history.update(describe_batch(images() * (1 + 0.1 * seed)))
+    raw = checks(inspect_batch(images() * 100, history=history))
+    assert raw == {"batch_outlier"}
+    pixels = checks(inspect_batch(images() * 255, history=history))
+    assert pixels == {"batch_outlier", "batch_image_range"}
+    assert checks(inspect_batch(images() * 100)) == {"batch_image_range"}
+
+
 def test_silently_truncated_batches() -> None:
     [finding] = inspect_batch(torch.zeros(4, 3), expected_batch_size=16)
     assert finding.check == "batch_size" and finding.cause == "batch_truncated"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import types
 import warnings
+from collections.abc import Callable, Iterable
 
 import pytest
 import torch
@@ -14,9 +17,13 @@ import trainguard
 from trainguard import GuardConfig, preflight
 from trainguard.diagnose.preflight import (
     fine_tuning_mode,
+    pretrained_evidence,
     probe_schedule,
+    run_length,
     small_model_lr_allowance,
+    warmup_advice,
 )
+from trainguard.recipes import warmup_cosine
 
 from ..conftest import make_setup
 
@@ -129,6 +136,7 @@ def test_missing_warmup_without_scheduler_or_with_a_constant_one() -> None:
     model, optimizer, _ = sane()
     [finding] = checks(preflight(model, optimizer))["warmup"]
     assert finding.cause == "missing_warmup" and "no scheduler" in finding.message
+    assert finding.severity == "info", "a small model at a low LR: a note, not a warning"
     constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     assert "warmup" in checks(preflight(model, optimizer, constant))
     decaying = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
@@ -220,3 +228,140 @@ def test_the_guard_runs_the_audit_and_stores_it(tmp_path, capsys) -> None:
     quiet = trainguard.Guard(setup.model, setup.optimizer,
                              config=GuardConfig(console=False, preflight=False))
     assert quiet.findings == []
+
+
+class Lion(torch.optim.Optimizer):
+    """An adaptive optimizer outside the Adam family (sign updates: every weight moves by lr)."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-4) -> None:
+        super().__init__(params, {"lr": lr})
+
+
+def pretrained(model: nn.Module, name: str = "someone/checkpoint") -> nn.Module:
+    model.config = types.SimpleNamespace(name_or_path=name)  # what from_pretrained leaves
+    return model
+
+
+def small() -> nn.Module:
+    return Classifier()
+
+
+def loaded() -> nn.Module:
+    return pretrained(Classifier())
+
+
+@pytest.mark.parametrize(("model", "optimizer", "lr", "severity"), [
+    # a plain SGD step is proportional to the gradient, with or without momentum
+    (small, torch.optim.SGD, 0.1, "info"),
+    (small, functools.partial(torch.optim.SGD, momentum=0.9), 0.1, "info"),
+    (loaded, torch.optim.SGD, 0.1, "info"),
+    # Adam on a small model: the LR against the most it tolerates (5e-3 with the allowance)
+    (small, torch.optim.AdamW, 1e-3, "info"),
+    (small, torch.optim.AdamW, 3e-3, "info"),
+    (small, torch.optim.AdamW, 5e-3, "warning"),
+    (small, torch.optim.Adam, 1e-2, "warning"),
+    # ...and on a pre-trained one, from half of it
+    (loaded, torch.optim.AdamW, 1e-3, "info"),
+    (loaded, torch.optim.AdamW, 3e-3, "warning"),
+    # RAdam's rectification is a warmup; other adaptive optimizers: by pre-training alone
+    (loaded, torch.optim.RAdam, 1e-2, "info"),
+    (small, Lion, 1e-4, "info"),
+    (loaded, Lion, 1e-4, "warning"),
+    (loaded, torch.optim.RMSprop, 1e-4, "warning"),
+])
+def test_a_missing_warmup_warns_only_where_it_matters(
+        model: Callable[[], nn.Module], optimizer: Callable[..., torch.optim.Optimizer],
+        lr: float, severity: str) -> None:
+    net = model()
+    [finding] = checks(preflight(net, optimizer(net.parameters(), lr=lr)))["warmup"]
+    assert finding.severity == severity, finding.message
+    assert finding.cause == "missing_warmup" and finding.evidence["lr_head"] == [lr]
+
+
+def test_a_missing_warmup_on_a_large_or_adapted_model() -> None:
+    big = nn.Sequential(nn.Linear(1000, 1000), nn.Linear(1000, 1000), nn.Linear(1000, 10000))
+    assert pretrained_evidence(big) == "12M parameters"  # large: treated as pre-trained
+    # the top of the full fine-tuning range 5e-5 with an allowance of ~69x for 12M parameters:
+    # 3.45e-3 tolerated, and 2e-3 is in its upper half
+    optimizer = torch.optim.AdamW(big.parameters(), lr=2e-3)
+    [finding] = checks(preflight(big, optimizer))["warmup"]
+    assert finding.severity == "warning" and "near the top of its range" in finding.message
+    model = lora_model(r=8, alpha=16)
+    lora = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    [note] = checks(preflight(model, lora))["warmup"]  # tiny: 0.5 tolerated, 1e-3 is little
+    assert note.severity == "info" and note.evidence["pretrained"] == (
+        "peft adapters on a base model")
+
+
+def test_what_says_a_model_is_pre_trained() -> None:
+    assert pretrained_evidence(Classifier()) is None
+    assert pretrained_evidence(loaded()) == "loaded from 'someone/checkpoint'"
+    frozen = Classifier()
+    frozen.backbone.requires_grad_(False)
+    assert pretrained_evidence(frozen) == "a frozen backbone"
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=50,
+                                     n_positions=16)
+    built = transformers.GPT2LMHeadModel(config)
+    assert pretrained_evidence(built) is None, "built from a config: freshly initialised"
+    built.config._name_or_path = "openai-community/gpt2"  # as from_pretrained sets it
+    assert pretrained_evidence(built) == "loaded from 'openai-community/gpt2'"
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
+def test_the_warmup_advice_scales_to_the_run() -> None:
+    assert warmup_advice(None) == "~5-10% of training"
+    assert warmup_advice(2000) == "~100-200 steps (5-10% of this run's 2000)"
+    assert warmup_advice(10) == "~1 step (5-10% of this run's 10)"
+    model, optimizer, _ = sane(lr=1e-2)  # above the range: mode_and_lr cites a warmup too
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=2000)
+    assert run_length(cosine) == 2000
+    found = checks(preflight(model, optimizer, cosine))
+    assert "~100-200 steps (5-10% of this run's 2000)" in found["warmup"][0].fix
+    assert "~100-200 steps" in found["mode_and_lr"][0].fix and "500" not in (
+        found["mode_and_lr"][0].fix)
+    told = checks(preflight(model, optimizer, cosine, total_steps=10_000))
+    assert "~500-1000 steps (5-10% of this run's 10000)" in told["warmup"][0].fix
+    unknown = checks(preflight(model, optimizer))["warmup"][0]
+    assert "~5-10% of training" in unknown.fix
+    ours = warmup_cosine(optimizer, warmup_steps=0, total_steps=300)
+    assert run_length(ours) == 300
+    hf = transformers.get_linear_schedule_with_warmup(optimizer, 0, 765)
+    assert run_length(hf) == 765
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=400)
+    assert run_length(one_cycle) == 400
+    assert run_length(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)) is None
+
+
+@pytest.mark.parametrize(("r", "alpha", "rslora", "severity"), [
+    (8, 8, False, None), (8, 16, False, None),  # alpha = r, and alpaca-lora's alpha = 2r
+    (8, 32, False, "info"), (8, 40, False, "warning"), (8, 128, False, "error"),
+    (64, 16, True, None),  # rsLoRA: alpha / sqrt(r) = 2
+    (64, 40, True, "warning"), (16, 16, True, "info"),
+])
+def test_lora_scaling_is_calibrated(r: int, alpha: int, rslora: bool,
+                                    severity: str | None) -> None:
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=50,
+                                     n_positions=16)
+    lora = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.1, use_rslora=rslora,
+                           target_modules=["c_attn"], fan_in_fan_out=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(transformers.GPT2LMHeadModel(config), lora)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    found = checks(preflight(model, optimizer, cosine_with_warmup(optimizer, 10)))
+    assert [f.severity for f in found.get("lora_scaling", [])] == ([severity] if severity else [])
+
+
+def test_lora_scaling_reads_per_module_alphas() -> None:
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=50,
+                                     n_positions=16)
+    lora = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, alpha_pattern={"c_attn": 64},
+                           target_modules=["c_attn", "c_proj"], fan_in_fan_out=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(transformers.GPT2LMHeadModel(config), lora)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    [finding] = checks(preflight(model, optimizer, cosine_with_warmup(optimizer, 10)))[
+        "lora_scaling"]
+    assert finding.severity == "warning" and "for 'c_attn'" in finding.message
+    assert finding.evidence["scaling"] == 8

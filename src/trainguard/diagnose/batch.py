@@ -25,6 +25,10 @@ TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_typ
 MASK_FIELDS = ("attention_mask",)
 OUTLIER_RATIO = 50.0
 """A field whose max |x| is this many times its running typical value is an outlier batch."""
+PIXEL_MAX_WITH_HISTORY = 127.0
+"""Once a field has a history of earlier batches, only a batch reaching the upper half of the
+8-bit range (max above this) looks like unnormalised 0-255 pixels; one merely far above its usual
+size (raw values 100x the normal [0, 1]) is the outlier check's matter."""
 
 
 @dataclass(slots=True)
@@ -177,7 +181,9 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
                 f"{s.numel}.", "find the sample (a corrupt file, a division by zero in "
                 "preprocessing) and clean or drop it.", cause="nonfinite_input",
                 evidence={"field": s.name, "nonfinite": s.nonfinite, "nan": s.nan}))
-        if _looks_like_images(s) and s.max > 2.0 and s.max <= 255.0 and s.min >= 0:
+        pixel_floor = (PIXEL_MAX_WITH_HISTORY if history is not None
+                       and s.name in history.typical else 2.0)
+        if _looks_like_images(s) and s.max > pixel_floor and s.max <= 255.0 and s.min >= 0:
             findings.append(Finding(
                 "batch_image_range", "warning",
                 f"field '{s.name}' looks like images with values in [{s.min:.3g}, {s.max:.3g}]: "

@@ -7,8 +7,11 @@ probed on its saved state and restored, bit for bit.
 Checks (name: what it looks at, guide section):
     mode_and_lr       fine-tuning mode from the trainable parameters, and the LR against the
                       Adam(W) ranges: full 1e-6..5e-5, LoRA / new head 1e-4..5e-3 (§3.1)
-    warmup            whether the schedule warms up, read by probing it (§3.1, §6)
-    lora_scaling      LoRA alpha/r > 1, lora_dropout, QLoRA double quantisation (§5.1, §5.3)
+    warmup            whether the schedule warms up, read by probing it; a warning only where a
+                      missing warmup matters (an adaptive optimizer at an LR near the top of its
+                      range: its upper half on a pre-trained or large model), else a note (§3.1, §6)
+    lora_scaling      LoRA alpha/r (alpha/sqrt(r) under rsLoRA) above 2, lora_dropout, QLoRA double
+                      quantisation (§5.1, §5.3)
     adam_settings     Adam eps below 1e-8 or beta2 below 0.99, worse under float16 (§5.3)
     layer_init        trainable layers whose weight scale is far above Kaiming / std 0.02 (§3.3.1)
     precision         float16 autocast without a GradScaler; float16 weights being trained (§3.3.2)
@@ -44,6 +47,23 @@ INIT_SCALE_LIMIT = 10.0
 """A layer whose weight std is this many times both Kaiming's 1/sqrt(fan_in) and 0.02 is badly
 initialised; 10x that is an error."""
 WARMUP_PROBE_STEPS = 200
+WARMUP_SHARE = (0.05, 0.1)
+"""A warmup of 5-10% of the run; the guide's 500 steps is that share of a run of 5k-10k steps."""
+WARMUP_NEAR_TOP = 0.5
+"""A peak LR at or above this share of the most the model tolerates (the top of the Adam(W) range
+for its mode, times the small-model allowance) is near the top of its range."""
+PRETRAINED_PARAMS = SMALL_MODEL_PARAMS
+"""Models of this many parameters and more are treated as large (pre-trained, as a rule)."""
+LORA_SCALING_COMMON = 2.0
+"""alpha = 2r (alpaca-lora's r=8, lora_alpha=16) is the most common LoRA setting, and rsLoRA's
+alpha/sqrt(r) scaling is judged alike (r=64, alpha=16 under rsLoRA: 2): no finding up to here."""
+LORA_SCALING_RISKY = 4.0
+"""Above this the adapter's effective step is more than 4x the LR: a warning. With Adam the
+adapter weights move by about the LR each step whatever the scaling, so the update of the merged
+weight grows with alpha/r. Already at 4 (alpha=32, r=8), an LR of 2e-4 is a reported source of
+instability in LLaMA-class fine-tunes: beyond it the risk is real. 4 itself is the PEFT README's
+example (r=8, lora_alpha=32), widely run without trouble: a note, not a warning."""
+LORA_SCALING_ERROR = 16.0
 
 
 @dataclass
@@ -57,6 +77,9 @@ class RunSetup:
     max_grad_norm: float | None = None
     clipping_known: bool = False
     """Whether `max_grad_norm` says something (the Guard knows; a bare audit does not)."""
+    total_steps: int | None = None
+    """The run's length in optimizer steps, when the caller knows it (else read from the
+    scheduler where it says)."""
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -86,6 +109,26 @@ def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
     return "adam" in type(optimizer).__name__.lower()
 
 
+ADAPTIVE_NAMES = ("adam", "adagrad", "adadelta", "rmsprop", "adafactor", "lamb", "lion", "sophia")
+"""Optimizers (by class name, lower case) whose steps are normalised per weight: their first
+updates move every weight by about the LR whatever the gradient's size, before their moment
+estimates have settled. This is what a warmup protects against."""
+
+
+def _is_adaptive(optimizer: torch.optim.Optimizer) -> bool:
+    name = type(optimizer).__name__.lower()
+    return any(part in name for part in ADAPTIVE_NAMES)
+
+
+def _is_rectified(optimizer: torch.optim.Optimizer) -> bool:
+    """RAdam: its variance rectification is a built-in warmup."""
+    return "radam" in type(optimizer).__name__.lower()
+
+
+def _total_steps(setup: RunSetup) -> int | None:
+    return setup.total_steps or run_length(setup.scheduler)
+
+
 def small_model_lr_allowance(params: int) -> float:
     """How many times above the guide's LR range a model of `params` parameters still trains
     sanely: 1 for large pre-trained models, `SMALL_MODEL_LR_FACTOR` for small ones."""
@@ -96,6 +139,60 @@ def small_model_lr_allowance(params: int) -> float:
     share = math.log(LARGE_MODEL_PARAMS / params) / math.log(LARGE_MODEL_PARAMS
                                                              / SMALL_MODEL_PARAMS)
     return SMALL_MODEL_LR_FACTOR ** share
+
+
+def pretrained_evidence(model: nn.Module) -> str | None:
+    """What says that `model` is pre-trained (or large enough to be treated so), or None.
+
+    Nothing says it for sure; the objects tell: peft adapters or a frozen backbone (fine-tuning
+    modes `lora` and `head` train a small part of a model somebody trained before), a size of
+    `PRETRAINED_PARAMS` or more, or a transformers / diffusers model whose config names the
+    checkpoint it was loaded from (`from_pretrained` sets `name_or_path`; a model built from a
+    config leaves it empty)."""
+    mode = fine_tuning_mode(model)
+    if mode == "lora" or _peft_configs(model):
+        return "peft adapters on a base model"
+    if mode == "head":
+        return "a frozen backbone"
+    config = getattr(model, "config", None)
+    name = (config.get("_name_or_path") if isinstance(config, dict)
+            else getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None))
+    if isinstance(name, str) and name:
+        return f"loaded from {name!r}"
+    params = sum(p.numel() for p in model.parameters())
+    if params >= PRETRAINED_PARAMS:
+        return f"{params / 1e6:.3g}M parameters"
+    return None
+
+
+def run_length(scheduler: Any) -> int | None:
+    """The run's length in scheduler steps, where the scheduler says it: OneCycleLR's
+    `total_steps`, CosineAnnealingLR's `T_max`, PolynomialLR's `total_iters`, and for a LambdaLR
+    the `total_steps` of trainguard's `WarmupSchedule` or the `num_training_steps` of the
+    transformers schedules (`get_linear_schedule_with_warmup` and its kin)."""
+    if scheduler is None:
+        return None
+    known = [getattr(scheduler, name, None) for name in ("total_steps", "T_max")]
+    if type(scheduler).__name__ == "PolynomialLR":
+        known.append(getattr(scheduler, "total_iters", None))
+    for schedule in getattr(scheduler, "lr_lambdas", None) or []:
+        known.append(getattr(schedule, "total_steps", None))
+        keywords = getattr(schedule, "keywords", None)  # a functools.partial's
+        if isinstance(keywords, dict):
+            known.append(keywords.get("num_training_steps"))
+    steps = [int(k) for k in known if isinstance(k, (int, float)) and not isinstance(k, bool)
+             and math.isfinite(k) and k > 0]
+    return steps[0] if steps else None
+
+
+def warmup_advice(total_steps: int | None) -> str:
+    """The guide's warmup (500 steps, or 5-10% of training) made concrete for a run of
+    `total_steps` steps when known."""
+    if total_steps is None:
+        return "~5-10% of training"
+    low, high = (max(1, round(share * total_steps)) for share in WARMUP_SHARE)
+    steps = f"{low}-{high} steps" if high > low else f"{low} step{'s' if low > 1 else ''}"
+    return f"~{steps} (5-10% of this run's {total_steps})"
 
 
 def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
@@ -119,8 +216,8 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
                         f"LR {lr:.3g} is {ratio:.3g}x the top of the Adam(W) range for "
                         f"{name[mode]} ({low:g} to {high:g}){size_note}.",
                         f"use at most {high * allowance:.3g} for this model (the guide's "
-                        f"{high:g} for large pre-trained ones), with 500 warmup steps and "
-                        "cosine decay.",
+                        f"{high:g} for large pre-trained ones), with a warmup of "
+                        f"{warmup_advice(_total_steps(setup))} and cosine decay.",
                         cause="lr_too_high", evidence={**evidence, "ratio": ratio})]
     if lr < low / 10:
         return [Finding("mode_and_lr", "info",
@@ -153,6 +250,30 @@ def probe_schedule(optimizer: torch.optim.Optimizer, scheduler: Any,
 
 
 def check_warmup(setup: RunSetup) -> list[Finding]:
+    """No warmup: the schedule starts at more than half its peak (probed, or no scheduler).
+
+    A warning only where that matters; a note (severity info) otherwise, with the same cause:
+
+    - The optimizer: an adaptive one (Adam, AdamW and kin, Adafactor, Lion, RMSprop...:
+      `ADAPTIVE_NAMES`) moves every weight by about the LR in its first steps, before its moment
+      estimates have settled, whatever the gradient's size: that is what a warmup protects. SGD,
+      with or without momentum, steps in proportion to the gradient: a note. So is RAdam, whose
+      rectification is a built-in warmup.
+    - Adam-family optimizers: the peak LR against the most the model tolerates, the top of the
+      guide's Adam(W) range for its fine-tuning mode times the small-model allowance (as in
+      `check_mode_and_lr`). On a pre-trained or large model (`pretrained_evidence`: peft adapters
+      or a frozen backbone, >= `PRETRAINED_PARAMS` parameters, loaded from a checkpoint) a
+      warning from `WARMUP_NEAR_TOP` (half) of it: full-size first steps in the upper half of the
+      range can throw the pre-trained weights out of the basin the fine-tune starts in. On a small
+      model with no sign of pre-training, a warning from the top of the range itself (it has no
+      pre-trained features to lose; above the top, `mode_and_lr` warns too). Lower LRs: a note
+      (the public LoRA and full fine-tuning examples run there without warmup).
+    - Other adaptive optimizers have no known LR range: a warning on a pre-trained or large model,
+      a note otherwise.
+
+    The fix scales the guide's warmup (500 steps, or 5-10% of training) to the run's length where
+    it is known (`RunSetup.total_steps`, else `run_length` of the scheduler).
+    """
     optimizer = setup.optimizers[0]
     if setup.scheduler is None:
         lrs = [float(optimizer.param_groups[0]["lr"])]
@@ -160,15 +281,55 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
         lrs = probe_schedule(optimizer, setup.scheduler)
     peak = max(lrs)
     setup.details["lr_schedule_head"] = lrs[:10]
-    if peak <= 0 or lrs[0] <= 0.5 * peak:
+    if not peak > 0 or lrs[0] <= 0.5 * peak:  # NaN-safe: an LR of NaN is mode_and_lr's matter
         return []
+    # the LR the first steps take: the probed group's peak, or another group's if higher
+    lr = max([peak] + [float(g["lr"]) for o in setup.optimizers for g in o.param_groups
+                       if isinstance(g.get("lr"), (int, float))])
+    mode = fine_tuning_mode(setup.model)
+    params = sum(p.numel() for p in setup.model.parameters())
+    pretrained = pretrained_evidence(setup.model)
+    total = _total_steps(setup)
+    name = type(next((o for o in setup.optimizers if _is_adaptive(o)), optimizer)).__name__
+    evidence: dict[str, Any] = {"lr_head": lrs[:5], "optimizer": name, "mode": mode,
+                                "params": params, "pretrained": pretrained,
+                                "total_steps": total}
+    adaptive = any(_is_adaptive(o) for o in setup.optimizers)
+    adam = all(_is_adam(o) for o in setup.optimizers)
+    on = (f"a pre-trained or large model ({pretrained})" if pretrained
+          else "a small model with no sign of pre-training")
+    if any(_is_rectified(o) for o in setup.optimizers):
+        risky, why = False, f"{name} rectifies its early steps itself, a built-in warmup"
+    elif not adaptive:
+        risky, why = False, (f"{name} steps in proportion to the gradient, so its first steps are "
+                             "not inflated as an adaptive optimizer's are")
+    elif adam:
+        top = (FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE)[1]
+        tolerated = top * small_model_lr_allowance(params)
+        share = lr / tolerated
+        threshold = WARMUP_NEAR_TOP if pretrained else 1.0
+        evidence.update(tolerated_lr=tolerated, lr_share=share, threshold=threshold)
+        risky = share >= threshold
+        where = ("above the top of" if share > 1 else "near the top of"
+                 if share >= WARMUP_NEAR_TOP else "in the lower half of")
+        why = (f"LR {lr:.3g} is {share:.3g}x the most this model tolerates with a warmup "
+               f"({tolerated:.3g}), {where} its range, on {on}")
+    else:
+        risky = pretrained is not None
+        why = f"{name} moves every weight by about the LR from its first step, on {on}"
     where = "no scheduler" if setup.scheduler is None else "the schedule starts at its peak"
-    return [Finding("warmup", "warning",
-                    f"No learning-rate warmup ({where}: LR {lrs[0]:.3g} at step 0, peak "
-                    f"{peak:.3g}).",
-                    "warm the LR up linearly from ~0 (the guide: 500 steps, or ~5-10% of "
-                    "training), then cosine decay, e.g. transformers.get_cosine_schedule_with_"
-                    "warmup.", cause="missing_warmup", evidence={"lr_head": lrs[:5]})]
+    fix = (f"warm the LR up linearly from ~0 over {warmup_advice(total)}, then cosine decay, "
+           "e.g. transformers.get_cosine_schedule_with_warmup.")
+    head = (f"No learning-rate warmup ({where}: LR {lrs[0]:.3g} at step 0, peak {peak:.3g}) with "
+            f"{name}")
+    if risky:
+        return [Finding("warmup", "warning",
+                        f"{head}: {why}; its first steps act before the optimizer's moment "
+                        "estimates have settled.", fix, cause="missing_warmup",
+                        evidence=evidence)]
+    return [Finding("warmup", "info", f"{head}; a low risk here: {why}.",
+                    f"if the first steps spike: {fix}", cause="missing_warmup",
+                    evidence=evidence)]
 
 
 def _peft_configs(model: nn.Module) -> list[Any]:
@@ -176,27 +337,60 @@ def _peft_configs(model: nn.Module) -> list[Any]:
     return list(configs.values()) if isinstance(configs, dict) else []
 
 
+def _lora_scalings(config: Any) -> list[tuple[str, int, float]]:
+    """(where, r, alpha) of a LoRA config: its defaults, and per-module `rank_pattern` /
+    `alpha_pattern` entries."""
+    r, alpha = getattr(config, "r", None), getattr(config, "lora_alpha", None)
+    if not r or alpha is None:
+        return []
+    out = [("", r, alpha)]
+    ranks = getattr(config, "rank_pattern", None) or {}
+    alphas = getattr(config, "alpha_pattern", None) or {}
+    for key in sorted(set(ranks) | set(alphas)):
+        pattern_r, pattern_alpha = ranks.get(key, r), alphas.get(key, alpha)
+        if pattern_r:
+            out.append((f" for {key!r}", pattern_r, pattern_alpha))
+    return out
+
+
 def check_lora_scaling(setup: RunSetup) -> list[Finding]:
+    """LoRA's scaling: alpha/r, or alpha/sqrt(r) under rsLoRA (`use_rslora`, designed for that
+    scaling: r=64, alpha=16 gives 2). With Adam the adapter weights move by about the LR each
+    step, so the merged weight's update grows with the scaling. Up to `LORA_SCALING_COMMON` (2,
+    alpha = 2r as in alpaca-lora): no finding. Up to `LORA_SCALING_RISKY` (4): a note. Above: a
+    warning; from `LORA_SCALING_ERROR` (16): an error. lora_dropout 0: a note."""
     findings = []
     for config in _peft_configs(setup.model):
-        r, alpha = getattr(config, "r", None), getattr(config, "lora_alpha", None)
-        if not r or alpha is None:
-            continue
         rslora = bool(getattr(config, "use_rslora", False))
-        scaling = alpha / math.sqrt(r) if rslora else alpha / r
-        evidence = {"r": r, "lora_alpha": alpha, "scaling": scaling, "use_rslora": rslora}
-        if scaling > 1:
-            severity = "error" if scaling >= 16 else "warning"
+        worst: tuple[float, str, int, float] | None = None
+        for where, r, alpha in _lora_scalings(config):
+            scaling = alpha / math.sqrt(r) if rslora else alpha / r
+            if worst is None or scaling > worst[0]:
+                worst = (scaling, where, r, alpha)
+        if worst is not None and worst[0] > LORA_SCALING_COMMON:
+            scaling, where, r, alpha = worst
+            evidence = {"r": r, "lora_alpha": alpha, "scaling": scaling, "use_rslora": rslora}
+            formula = "alpha/sqrt(r)" if rslora else "alpha/r"
+            severity = ("error" if scaling >= LORA_SCALING_ERROR else "warning"
+                        if scaling > LORA_SCALING_RISKY else "info")
+            suggested = (2 * math.sqrt(r) if rslora else 2 * r)
+            risk = f"adapter updates are amplified {scaling:g}x"
+            if severity == "info":
+                risk += (f", above the common {LORA_SCALING_COMMON:g} (alpha = 2r); fine at "
+                         "moderate LRs")
             findings.append(Finding(
                 "lora_scaling", severity,
-                f"LoRA scaling alpha/{'sqrt(r)' if rslora else 'r'} = {scaling:g} (alpha "
-                f"{alpha}, r {r}) is above 1: adapter updates are amplified {scaling:g}x.",
-                f"set lora_alpha <= r (e.g. lora_alpha={r} for r={r}).", cause="lora_scaling",
-                evidence=evidence))
+                f"LoRA scaling {formula} = {scaling:g}{where} (alpha {alpha}, r {r}): {risk}.",
+                f"set lora_alpha to r or 2r (at most {suggested:g} for r={r}"
+                f"{' under rsLoRA' if rslora else ''}), or lower the LR by {scaling / 2:g}x.",
+                cause="lora_scaling", evidence=evidence))
         dropout = getattr(config, "lora_dropout", None)
         if dropout is not None and dropout == 0:
+            r, alpha = getattr(config, "r", None), getattr(config, "lora_alpha", None)
             findings.append(Finding("lora_scaling", "info", "lora_dropout is 0.",
-                                    "the guide recommends lora_dropout=0.1.", evidence=evidence))
+                                    "the guide recommends lora_dropout=0.1.",
+                                    evidence={"r": r, "lora_alpha": alpha,
+                                              "use_rslora": rslora}))
     quant = getattr(getattr(setup.model, "config", None), "quantization_config", None)
     if quant is not None:
         get = quant.get if isinstance(quant, dict) else lambda k, d=None: getattr(quant, k, d)
@@ -316,12 +510,15 @@ def preflight(model: nn.Module, optimizer: torch.optim.Optimizer | list[torch.op
               scheduler: Any = None, *, scaler: Any = None,
               autocast_dtype: torch.dtype | None = None,
               max_grad_norm: float | None = None,
-              clipping_known: bool = False) -> list[Finding]:
-    """Audit a training setup before the first step; returns findings, worst first."""
+              clipping_known: bool = False,
+              total_steps: int | None = None) -> list[Finding]:
+    """Audit a training setup before the first step; returns findings, worst first.
+    `total_steps`: the run's length in optimizer steps, when known (the warmup advice is scaled
+    to it; without it, the scheduler's own length is used where it says one)."""
     optimizers = optimizer if isinstance(optimizer, list) else [optimizer]
     setup = RunSetup(model=model, optimizers=optimizers, scheduler=scheduler, scaler=scaler,
                      autocast_dtype=autocast_dtype, max_grad_norm=max_grad_norm,
-                     clipping_known=clipping_known)
+                     clipping_known=clipping_known, total_steps=total_steps)
     findings: list[Finding] = []
     for check in CHECKS:
         findings.extend(check(setup))
