@@ -97,7 +97,7 @@ def test_device_probes_read_nothing_on_the_host(name: str, monkeypatch) -> None:
 
 
 def test_the_gradient_probe_only_adds_to_the_pack(monkeypatch) -> None:
-    model, optimizer, watched = setup()
+    _, _, watched = setup()
     pack = DevicePack(CPU)
     with no_host_reads(monkeypatch):
         GradientProbe(watched).measure(pack, CPU)
