@@ -98,10 +98,17 @@ class DetectorConfig:
 
     divergence_ratio: float = 1.5
     """Sustained divergence: the smoothed loss stays this many times above its best value..."""
-    divergence_patience: int = 20
+    divergence_patience: int = 10
     """...for this many consecutive steps."""
     divergence_span: int = 50
     """Span (in steps) of the exponential moving average that smooths the loss for divergence."""
+    divergence_window: int = 10
+    """Losses whose median is the current level (one outlier batch cannot move a median of 10;
+    a climbing loss moves it within 5 steps)."""
+    divergence_zscore: float = 2.5
+    """The current level must also be this many robust standard deviations of the run's recent
+    log losses above the best: the best is the minimum of a smoothed level, which sits below the
+    typical level by about half a deviation on a flat noisy run."""
 
     extreme_weight_abs: float = 1e6
     """A weight with |w| above this is extreme (§2.1)."""
@@ -114,6 +121,22 @@ class DetectorConfig:
     """This many GradScaler overflow skips within `overflow_window` steps (after warm-up) is bad."""
     overflow_window: int = 50
     """Window, in steps, for counting GradScaler overflow skips."""
+
+    lr_jump_ratio: float = 3.0
+    """A group's LR this many times above the highest it ever used, in one step, is a change made
+    by code (`lr_change`); schedules climb by smaller steps (a linear warmup's second step is 2x
+    its first, later ones less) and restarts return to levels already used."""
+    transient_horizon: int = 500
+    """Steps a one-step jump that was back to normal at the next step (a heavy-tailed batch) is
+    remembered by the spike and explosion detectors."""
+    transient_margin: float = 3.0
+    """Once a run has shown such jumps, a new one must be this many times beyond the largest of
+    them to count: heavy-tailed data keeps producing jumps of about the same size, a fault goes
+    further."""
+    no_gradient_steps: int = 3
+    """Optimizer steps in a row without any gradient (None or zero) before `no_gradients` fires:
+    one such step happens legitimately (a batch that touches no trainable weight), three in a
+    row mean nothing is training."""
 
     rearm_steps: int = 5
     """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the
@@ -131,21 +154,26 @@ class DetectorConfig:
         for name in ("grad_norm_abs_threshold", "grad_norm_ratio", "grad_norm_error_ratio",
                      "grad_norm_zscore", "grad_norm_abs_min_ratio", "loss_spike_ratio",
                      "loss_spike_zscore", "loss_spike_early_ratio",
-                     "loss_spike_error_ratio", "divergence_ratio", "extreme_weight_abs",
-                     "bad_start_ratio", "bad_start_blowup_ratio",
+                     "loss_spike_error_ratio", "divergence_ratio", "divergence_zscore",
+                     "extreme_weight_abs",
+                     "bad_start_ratio", "bad_start_blowup_ratio", "lr_jump_ratio",
+                     "transient_margin",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
-                     "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio"):
+                     "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",
+                     "lr_jump_ratio", "transient_margin"):
             _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
                      f"must be > 1, got {getattr(self, name)!r}")
         _require(self.fp16_limit_fraction <= 1, "DetectorConfig.fp16_limit_fraction",
                  f"must be <= 1, got {self.fp16_limit_fraction!r}")
         for name, minimum in (("divergence_patience", 1), ("divergence_span", 1),
+                              ("divergence_window", 1),
                               ("overflow_skips", 1), ("overflow_window", 1),
                               ("baseline_window", 3), ("warmup_steps", 0),
                               ("loss_spike_level_window", 1), ("rearm_steps", 1),
-                              ("max_named_params", 1)):
+                              ("max_named_params", 1), ("no_gradient_steps", 1),
+                              ("transient_horizon", 1)):
             _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
 
 
@@ -155,7 +183,7 @@ class RecoveryConfig:
 
     ring_size: int = 3
     """How many verified-good training states are kept (model, optimizer, scheduler, scaler,
-    RNG, guard baselines), oldest dropped first."""
+    guard baselines; the RNG states with `restore_rng`), oldest dropped first."""
     ring_every: int = 50
     """A good-state candidate is taken after every this many steps (and before the first)."""
     confirm_steps: int = 5
@@ -172,18 +200,31 @@ class RecoveryConfig:
     lr_backoff: float = 0.1
     """On a rollback the learning rate is multiplied by this (the guide: divide it by 10)..."""
     lr_ramp_steps: int = 100
-    """...and ramped back linearly over this many steps. A second rollback lowers the ceiling the
-    ramp returns to by the same factor, since a fault that comes back is a learning rate that is
-    too high, not a bad batch."""
+    """...and ramped back linearly over this many steps towards the schedule, never above the
+    ceiling (`lr_ceiling`)."""
+    lr_ceiling: float = 0.5
+    """After a rollback the learning rate never climbs back above this share of the LR in force
+    when the trouble began: that LR may be what broke the run, and a ramp back to it would replay
+    the same failure. A further rollback lowers the ceiling by `lr_backoff` (of the lower of the
+    ceiling and the LR in force when its trouble began), since a fault that comes back is a
+    learning rate that is too high, not a bad batch. The ceiling is an LR value, so a schedule
+    that comes back down from a spike is not held back by it."""
     max_grad_norm: float = 0.5
     """After a rollback, global clipping is tightened to this limit (the guide's 0.5)."""
     rewind_schedule: bool = False
     """Whether a rollback also puts the LR scheduler back. By default the schedule goes on from
     where it is, as the data does (the batches since the restored state are not replayed), so a
     spike that lives in the schedule itself is not met again; True makes a rollback an exact
-    restore (`guard.rollback` with `lr_backoff=1.0` then reproduces the run bit for bit)."""
+    restore (`guard.rollback` with `lr_backoff=1.0`, `lr_ceiling=1.0` and `restore_rng=True`
+    then reproduces the run bit for bit)."""
     max_rollbacks: int = 3
     """A run that needs more rollbacks than this halts with a crash snapshot and a diagnosis."""
+    restore_rng: bool = False
+    """Whether a rollback also puts back the process-wide random number generators (torch, CUDA,
+    Python, NumPy) as they were in the restored state. They are shared by everything in the
+    process (another model and its Guard, the data pipeline), which a rollback of this run must
+    not rewind; and the data is not replayed either. True (with `rewind_schedule` and no backoff)
+    makes a rollback an exact restore. Crash snapshots record the RNG states either way."""
 
     def __post_init__(self) -> None:
         for name, minimum in (("ring_size", 1), ("ring_every", 1), ("confirm_steps", 0),
@@ -191,6 +232,7 @@ class RecoveryConfig:
                               ("lr_ramp_steps", 0), ("max_rollbacks", 0)):
             _at_least(getattr(self, name), minimum, f"RecoveryConfig.{name}")
         _flag(self.rewind_schedule, "RecoveryConfig.rewind_schedule")
+        _flag(self.restore_rng, "RecoveryConfig.restore_rng")
         _positive(self.max_grad_norm, "RecoveryConfig.max_grad_norm")
         _positive(self.settle_ratio, "RecoveryConfig.settle_ratio")
         _require(self.settle_ratio > 1, "RecoveryConfig.settle_ratio",
@@ -198,6 +240,9 @@ class RecoveryConfig:
         _positive(self.lr_backoff, "RecoveryConfig.lr_backoff")
         _require(self.lr_backoff <= 1, "RecoveryConfig.lr_backoff",
                  f"must be <= 1, got {self.lr_backoff!r}")
+        _positive(self.lr_ceiling, "RecoveryConfig.lr_ceiling")
+        _require(self.lr_ceiling <= 1, "RecoveryConfig.lr_ceiling",
+                 f"must be <= 1, got {self.lr_ceiling!r}")
 
 
 @dataclass(kw_only=True, slots=True)

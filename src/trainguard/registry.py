@@ -44,8 +44,9 @@ class Onset(str, Enum):
     STEP = "step"
     """At the step the event was raised."""
     SMOOTHED_LOSS = "smoothed_loss"
-    """Before the divergence detector's window: `divergence_patience` steps above, after a
-    smoothing over about half of `divergence_span`."""
+    """Before the divergence detector's window: `divergence_patience` steps above after the
+    level (a median of `divergence_window`) crossed, and a climb that began about half of
+    `divergence_span` before that."""
     SAMPLED = "sampled"
     """Seen on a sampled step: it went bad at some step since the sampled step before."""
     LAST_AGREED = "last_agreed"
@@ -70,6 +71,8 @@ class Tag:
     """The first updates went wrong; `details["cause"]` and `details["sustained"]` say how."""
     OVERFLOW = "overflow"
     """float16 values at their limit."""
+    LR = "lr"
+    """The learning rate itself changed; evidence for `lr_too_high` when trouble follows."""
     BATCH = "batch"
     """A finding of the batch inspector about the batch itself; `details["cause"]` names it."""
 
@@ -209,6 +212,11 @@ _kind("fp16_overflow", "float16 values at their limit, or a GradScaler that keep
       votes=(CauseVote("fp16_overflow", 2.0, "float16 overflow reported"),))
 _kind("bad_start", "the first steps went wrong: an over-scaled new layer or a blown-up start",
       "warning", tags=(_I, Tag.START))
+_kind("lr_change", "a parameter group's LR rose far above anything it had used, in one step",
+      "info", tags=(Tag.LR,))
+_kind("no_gradients", "no watched parameter has a gradient while the loss is finite",
+      "warning", votes=(CauseVote("no_gradients", 3.0, "no gradients at all at step {step}: "
+                                  "{message}", each_event=True),))
 # the cross-rank desync check (distributed.py): measured directly, so every event votes
 _kind("ddp_desync", "the replicas' weights differ across ranks", "error",
       reaction=Reaction.ROLL_BACK, onset=Onset.LAST_AGREED,
@@ -251,6 +259,8 @@ class Scope(str, Enum):
     """One value per watched parameter, in the watched order."""
     MODULE = "module"
     """One value per hooked module, in the order the modules ran."""
+    GROUP = "group"
+    """One value per optimizer parameter group, in the optimizer's order."""
 
 
 class Reduction(str, Enum):
@@ -362,8 +372,8 @@ for _metric in (
               "max |g| over float16 gradients (only when some gradient is float16); agreed as "
               "the mean of the ranks' maxima, exact for replicated gradients", Reduction.MEAN,
               False),
-    MetricKey("lr", Scope.STEP, "the first parameter group's learning rate (when a tensor)",
-              _LOCAL, False),
+    MetricKey("lr", Scope.GROUP, "the learning rate each parameter group used at the step "
+              "(carried by the transfer only when some group's LR is a tensor)", _LOCAL, False),
     MetricKey("loss_scale", Scope.STEP, "the GradScaler's loss scale", _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),

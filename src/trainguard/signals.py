@@ -32,12 +32,17 @@ class StepSignals:
     param_grad_norm: np.ndarray
     param_names: list[str]
     lr: float | None = None
+    """The first parameter group's learning rate at this step."""
+    group_lrs: tuple[float, ...] = ()
+    """The learning rate of every parameter group at this step (NaN where a group has none)."""
     loss_scale: float | None = None
     amp_overflow: bool = False
     """The GradScaler found inf/NaN in the scaled gradients while the loss was finite."""
     fp16_grad_maxabs: float | None = None
     sampled: list[SampledStats] = field(default_factory=list)
     """Heavy-probe results that arrived with this step's transfer (usually from the step before)."""
+    loss_requires_grad: bool | None = None
+    """Whether the loss tensor handed over required grad (None: a number, or not known)."""
 
     @property
     def loss_finite(self) -> bool:
@@ -113,6 +118,56 @@ class RobustBaseline:
         self._sorted = sorted(self.values)
         self._scale = state.get("scale")
         self._since_scale = int(state.get("since_scale", 0))
+
+
+class TransientJumps:
+    """How far this run's own one-step jumps have gone, to judge the next one against.
+
+    A jump (log value minus its level) that is back to normal at the very next step was
+    *transient*: data with heavy tails (Student-t targets, tiny batches) makes such jumps as a
+    matter of course, and a run that has shown them is not alarming when it shows another of the
+    same size. The largest transient jump of the last `horizon` steps is kept; a new jump counts
+    as anomalous only when it is `margin` (in log space) beyond that. Jumps that persist (the
+    loss stays up: a real fault) never enter. NaN-safe: only finite jumps are recorded.
+    """
+
+    def __init__(self, horizon: int, margin: float) -> None:
+        self.horizon = horizon
+        self.margin = margin
+        self.jumps: deque[tuple[int, float]] = deque()
+        self._open: tuple[int, float] | None = None
+        """The jump of the step before, waiting to be judged transient or not."""
+        self._was_normal = True
+
+    def threshold(self, step: int) -> float:
+        """The excess a jump at `step` must reach to stand out from this run's history (-inf
+        when the run has shown no transient jump lately)."""
+        while self.jumps and self.jumps[0][0] < step - self.horizon:
+            self.jumps.popleft()
+        if not self.jumps:
+            return -math.inf
+        return max(excess for _, excess in self.jumps) + self.margin
+
+    def observe(self, step: int, excess: float, *, jumped: bool, normal: bool) -> None:
+        """`jumped`: this step's excess counts as a jump; `normal`: it is back at its level.
+        Only a jump between two normal steps is transient (the last step of a sustained
+        episode is not)."""
+        if self._open is not None and normal:
+            self.jumps.append(self._open)
+        isolated = jumped and self._was_normal and math.isfinite(excess)
+        self._open = (step, excess) if isolated else None
+        self._was_normal = normal
+
+    def state_dict(self) -> dict:
+        return {"jumps": [list(j) for j in self.jumps],
+                "open": list(self._open) if self._open is not None else None,
+                "was_normal": self._was_normal}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.jumps = deque((int(s), float(e)) for s, e in state.get("jumps", []))
+        open_ = state.get("open")
+        self._open = (int(open_[0]), float(open_[1])) if open_ is not None else None
+        self._was_normal = bool(state.get("was_normal", True))
 
 
 def _median(values: list[float]) -> float:

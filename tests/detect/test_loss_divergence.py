@@ -44,8 +44,8 @@ def test_slow_sustained_climb_fires_once(seed: int) -> None:
     events = run(detector, loss_run(settle_then_climb(seed)))
     event, = events
     assert (event.kind, event.severity) == ("loss_divergence", "error")
-    # 1%/step needs ~41 steps to reach 1.5x, plus the EMA's lag and the patience of 20 steps
-    assert 240 <= event.step <= 320
+    # 1%/step needs ~41 steps to reach 1.5x, plus the median's lag (5) and the patience (10)
+    assert 240 <= event.step <= 270
     assert event.details["ratio"] >= 1.5
     assert event.details["best"] == pytest.approx(0.7, rel=0.1)
     assert event.value == pytest.approx(event.details["ratio"] * event.details["best"])
@@ -147,8 +147,9 @@ def test_state_round_trip_preserves_behaviour() -> None:
     continuation = loss_run(losses[cut:], start=cut)
     events = assert_same_decisions(original, clone, continuation)
     assert steps_of(events) == [fires_at]
-    # the state matters: a fresh detector has no best value to compare with
-    assert run(LossDivergence(config), continuation) == []
+    # the state matters: a fresh detector has no best value from before the climb, so it takes
+    # longer to see one
+    assert all(step > fires_at for step in steps_of(run(LossDivergence(config), continuation)))
 
 
 def test_state_is_json_safe_before_the_first_loss() -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 import trainguard
 from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.events import Event
 
-from ..conftest import make_setup
+from ..conftest import make_setup, torch_threads
 from ..test_guard import train
 
 
@@ -124,3 +127,72 @@ def test_a_bad_start_points_at_initialisation_or_at_the_learning_rate() -> None:
     assert codes(rank_causes(blown_up, [no_warmup]))[0] == "missing_warmup"
     stayed_up = [*blown_up, event("bad_start", 50, "warning", cause="lr_too_high", sustained=True)]
     assert codes(rank_causes(stayed_up, [no_warmup]))[0] == "lr_too_high"
+
+
+def batch_event(kind: str, step: int, cause: str, field: str | None = "pixel_values") -> Event:
+    return Event(kind=kind, step=step, severity="warning", message=f"{kind} Fix: fix it",
+                 param=field, details={"cause": cause})
+
+
+def test_a_specific_batch_finding_explains_a_late_spike_rather_than_an_outlier_batch() -> None:
+    spike = [event("loss_spike", 40, "warning"), event("grad_explosion", 40)]
+    images = batch_event("batch_image_range", 40, "input_scale")
+    ranked = rank_causes([*spike, images])
+    assert codes(ranked) == ["input_scale"]
+    assert any("explained by its batch_image_range" in why for why in ranked[0].evidence)
+    # the outlier finding of the same field is what the image range explains, too
+    outlier = batch_event("batch_outlier", 40, "outlier_batch")
+    assert codes(rank_causes([*spike, images, outlier])) == ["input_scale"]
+    # an outlier in another field is not explained by it; nor is a spike at another step
+    other = batch_event("batch_outlier", 40, "outlier_batch", field="mask")
+    scores = {c.code: c.score for c in rank_causes([*spike, images, other])}
+    assert scores["outlier_batch"] == 4.0 and scores["input_scale"] == 1.0 + 3.0
+    later = [event("loss_spike", 90, "warning"), event("grad_explosion", 90)]
+    assert codes(rank_causes([*later, images]))[0] == "outlier_batch"
+    # several specific findings share the explanation
+    nan = batch_event("batch_nonfinite", 40, "nonfinite_input", field="labels")
+    scores = {c.code: c.score for c in rank_causes([*spike, images, nan])}
+    assert scores["input_scale"] == 1.0 + 1.5 and scores["nonfinite_input"] == 4.0 + 1.5
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(images))
+
+
+@pytest.mark.parametrize("sample_every", [50, 5])  # 5: the outlier finding fires as well
+def test_one_unnormalised_image_batch_is_diagnosed_as_input_scale(sample_every: int) -> None:
+    """A plain loop with a Guard; the batch of step 40 holds images in [0, 255] where every other
+    batch is in [0, 1] (a forgotten /255 on one path of the loader)."""
+    torch.manual_seed(0)
+    templates = torch.rand(4, 3, 16, 16)  # one pattern per class, so the task is learnable
+    model = SmallCNN()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(
+        console=False, sample_every=sample_every))
+    with torch_threads(1):
+        for step in range(60):
+            generator = torch.Generator().manual_seed(step)
+            labels = torch.randint(0, 4, (16,), generator=generator)
+            noise = torch.rand(16, 3, 16, 16, generator=generator)
+            images = (0.7 * templates[labels] + 0.3 * noise).clamp(0, 1)
+            if step == 40:
+                images = images * 255
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            guard.step(loss, batch={"pixel_values": images, "labels": labels})
+            optimizer.zero_grad(set_to_none=True)
+    kinds = {(e.kind, e.step) for e in guard.run.events}
+    assert ("batch_image_range", 40) in kinds
+    assert kinds & {("grad_explosion", 40), ("loss_spike", 40)}, "the batch made a spike"
+    ranked = guard.diagnose()
+    guard.close()
+    assert ranked[0].code == "input_scale", [str(c) for c in ranked]
+    assert "outlier_batch" not in codes(ranked)

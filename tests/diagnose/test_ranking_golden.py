@@ -106,6 +106,11 @@ def _repeated_kinds() -> list[tuple[list[Event], list[Finding], int]]:
           e("bad_start", 50, cause="lr_too_high", sustained=True)], warmup, 5),
         ([e("batch_image_range", 0, cause="input_scale"),
           e("batch_image_range", 30, cause="input_scale"), e("loss_spike", 30)], [], 5),
+        # one unnormalised batch late in the run: the inspector's specific finding explains the
+        # spike and the outlier field, instead of the generic outlier batch
+        ([e("batch_image_range", 40, cause="input_scale"),
+          e("batch_outlier", 40, cause="outlier_batch"), e("loss_spike", 40),
+          e("grad_explosion", 40)], [], 5),
     ]
 
 

@@ -10,6 +10,8 @@ from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.grad_explosion import GradExplosion
 from trainguard.detect.loss_divergence import LossDivergence
 from trainguard.detect.loss_spike import LossSpike
+from trainguard.detect.lr_change import LRChange
+from trainguard.detect.no_gradients import NoGradients
 from trainguard.detect.nonfinite_grad import NonFiniteGrad
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
 from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
@@ -17,7 +19,8 @@ from trainguard.detect.nonfinite_weight import NonFiniteWeight
 
 DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
-    LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart,
+    LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
+    LRChange,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

@@ -4,7 +4,9 @@ Two rules. The guide's absolute rule of thumb (norm > `grad_norm_abs_threshold`,
 before the baseline is warm, and afterwards when the norm is also `grad_norm_abs_min_ratio` times
 the run's typical norm and outside its noise (`grad_norm_zscore`). The adaptive rule compares the
 norm with a robust baseline of this run (median and MAD of recent log-norms), so a model whose
-normal norm is 50 and one whose normal norm is 0.5 are judged on their own scale.
+normal norm is 50 and one whose normal norm is 0.5 are judged on their own scale. Below the
+absolute limit, a run that has shown one-step jumps that were back to normal at the next step
+(heavy-tailed data) must jump `transient_margin` beyond the largest of them to count.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
-from trainguard.signals import RobustBaseline, StepSignals, safe_log
+from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
 class GradExplosion(Detector):
@@ -24,6 +26,8 @@ class GradExplosion(Detector):
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
         self.baseline = RobustBaseline(config.baseline_window, config.min_log_scale)
+        self.transients = TransientJumps(config.transient_horizon,
+                                         math.log(config.transient_margin))
         self.episode = Episode(config.rearm_steps)
 
     def check(self, signals: StepSignals) -> list[Event]:
@@ -40,10 +44,15 @@ class GradExplosion(Detector):
         adaptive = noise_ok and excess >= math.log(cfg.grad_norm_ratio)
         absolute = norm > cfg.grad_norm_abs_threshold and (
             not warm or (noise_ok and excess >= math.log(cfg.grad_norm_abs_min_ratio)))
-        anomalous = adaptive or absolute
+        jump = adaptive or absolute
+        # a norm above the guide's absolute limit is never routine, whatever the history
+        anomalous = jump and (norm > cfg.grad_norm_abs_threshold
+                              or excess >= self.transients.threshold(signals.step))
+        self.transients.observe(signals.step, excess, jumped=jump and warm,
+                                normal=warm and excess < math.log(cfg.grad_norm_ratio))
         # before warm-up there is no baseline to protect: admit the raw value
         self.baseline.admit(min(log_norm, median + math.log(cfg.grad_norm_ratio))
-                            if anomalous and warm else log_norm)
+                            if jump and warm else log_norm)
         if not self.episode.update(anomalous):
             return []
         ratio = norm / typical if warm else math.nan
@@ -64,8 +73,10 @@ class GradExplosion(Detector):
                            baseline=typical if warm else None, ratio=ratio if warm else None)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict()}
+        return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict(),
+                "transients": self.transients.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.baseline.load_state_dict(state["baseline"])
         self.episode.load_state_dict(state["episode"])
+        self.transients.load_state_dict(state.get("transients", {}))

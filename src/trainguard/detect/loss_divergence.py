@@ -1,25 +1,29 @@
 """`loss_divergence`: a sustained upward trend of the loss.
 
-The loss is smoothed in log space by a bias-corrected exponential moving average (span
-`divergence_span`; until it has seen many steps it is close to the plain mean of the losses so
-far, so one unlucky first batch does not set the reference). The run diverges when the smoothed
-loss stays `divergence_ratio` times above its best level for `divergence_patience` consecutive
-steps after `warmup_steps`; the best level is the lowest smoothed value since, or the median of
+Two levels, in log space. The *best* level is slow and robust: the lowest value of a
+bias-corrected exponential moving average (span `divergence_span`; until it has seen many steps
+it is close to the plain mean, so one unlucky first batch does not set it), or the median of
 the warm-up's losses if lower (a run that blows up in its first steps and stays up diverges
-too). Each loss enters the average capped at twice that ratio above it, so a single huge spike
-does not qualify on its own.
+too). The *current* level is fast: the median of the last `divergence_window` losses, which one
+outlier batch cannot move. The run diverges when the current level stays `divergence_ratio`
+above the best, and more than `divergence_zscore` times the run's own noise (the robust spread
+of its step-to-step changes, which a trend does not inflate, so a noisy run needs a clearer
+rise), for `divergence_patience`
+consecutive steps after `warmup_steps`. A loss that climbs gradually is reported about
+`divergence_window / 2 + divergence_patience` steps after it crossed the ratio.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from typing import Any
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
-from trainguard.signals import StepSignals, safe_log
+from trainguard.signals import RobustBaseline, StepSignals, safe_log
 
 
 class LossDivergence(Detector):
@@ -34,6 +38,8 @@ class LossDivergence(Detector):
         self.above = 0
         self.start: list[float] = []
         """Log losses of the warm-up steps (their median is where the run started)."""
+        self.recent: deque[float] = deque(maxlen=config.divergence_window)
+        self.noise = RobustBaseline(config.baseline_window, config.min_log_scale)
         self.episode = Episode(config.rearm_steps)
 
     def smoothed(self) -> float:
@@ -48,6 +54,9 @@ class LossDivergence(Detector):
         if not math.isfinite(log_loss):
             return []
         margin = math.log(cfg.divergence_ratio)
+        if self.recent:  # step-to-step changes: their spread is the noise, whatever the trend
+            self.noise.admit(log_loss - self.recent[-1])
+        self.recent.append(log_loss)
         if self.seen:
             log_loss = min(log_loss, self.smoothed() + 2 * margin)
         decay = 1.0 - 2.0 / (cfg.divergence_span + 1)
@@ -61,19 +70,25 @@ class LossDivergence(Detector):
             self.best = min(self.best, statistics.median(self.start))
             self.start.append(math.inf)  # counted once
         self.best = min(self.best, ema)
-        rise = ema - self.best
-        self.above = self.above + 1 if rise >= margin else 0
+        level = statistics.median(self.recent)
+        rise = level - self.best
+        noise = self.noise.stats()[1] / math.sqrt(2) if len(self.noise) else 0.0
+        self.above = (self.above + 1 if rise >= margin and rise >= cfg.divergence_zscore * noise
+                      else 0)
         if not self.episode.update(self.above >= cfg.divergence_patience):
             return []
+        crossed = signals.step - self.above - len(self.recent) // 2
         return [self.event(signals.step, "error",
-                           f"smoothed loss {math.exp(ema):.4g} has stayed above "
-                           f"{cfg.divergence_ratio:g}x its best {math.exp(self.best):.4g} for "
-                           f"{self.above} steps", value=math.exp(ema), ratio=math.exp(rise),
-                           best=math.exp(self.best))]
+                           f"the loss (median of the last {len(self.recent)} steps, "
+                           f"{math.exp(level):.4g}) has stayed above {cfg.divergence_ratio:g}x "
+                           f"its best {math.exp(self.best):.4g} for {self.above} steps",
+                           value=math.exp(level), ratio=math.exp(rise),
+                           best=math.exp(self.best), crossed=max(crossed, 0))]
 
     def state_dict(self) -> dict[str, Any]:
         return {"raw": self.raw, "seen": self.seen, "best": self.best, "above": self.above,
-                "start": list(self.start), "episode": self.episode.state_dict()}
+                "start": list(self.start), "recent": list(self.recent),
+                "noise": self.noise.state_dict(), "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.raw = float(state["raw"])
@@ -81,4 +96,8 @@ class LossDivergence(Detector):
         self.best = float(state["best"])
         self.above = int(state["above"])
         self.start = [float(v) for v in state.get("start", [])]
+        self.recent = deque((float(v) for v in state.get("recent", [])),
+                            maxlen=self.config.divergence_window)
+        if "noise" in state:
+            self.noise.load_state_dict(state["noise"])
         self.episode.load_state_dict(state["episode"])

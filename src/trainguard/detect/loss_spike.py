@@ -5,7 +5,9 @@ run's own noise. The baseline level is the median of the last `loss_spike_level_
 (short, so it follows a falling curve); the noise scale is the MAD over `baseline_window` steps.
 Works in log space on positive losses. Before the baseline is warm (the first `warmup_steps`
 steps) a jump must reach `loss_spike_early_ratio` against the few values seen so far, so that a
-learning rate that blows the run up at its very first steps is caught.
+learning rate that blows the run up at its very first steps is caught. A run whose data has heavy
+tails shows one-step jumps that are back to normal at the next step; once it has, a new jump must
+go `transient_margin` beyond the largest such jump of the last `transient_horizon` steps.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
-from trainguard.signals import RobustBaseline, StepSignals, safe_log
+from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
 class LossSpike(Detector):
@@ -25,6 +27,8 @@ class LossSpike(Detector):
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
         self.baseline = RobustBaseline(config.baseline_window, config.min_log_scale)
+        self.transients = TransientJumps(config.transient_horizon,
+                                         math.log(config.transient_margin))
         self.episode = Episode(config.rearm_steps)
 
     def check(self, signals: StepSignals) -> list[Event]:
@@ -43,8 +47,10 @@ class LossSpike(Detector):
         excess = log_loss - level
         warm = n >= cfg.warmup_steps
         threshold = math.log(cfg.loss_spike_ratio if warm else cfg.loss_spike_early_ratio)
-        spike = excess >= threshold and excess >= cfg.loss_spike_zscore * scale
-        self.baseline.admit(min(log_loss, level + threshold) if spike else log_loss)
+        jump = excess >= threshold and excess >= cfg.loss_spike_zscore * scale
+        spike = jump and excess >= self.transients.threshold(signals.step)
+        self.transients.observe(signals.step, excess, jumped=jump, normal=excess < threshold)
+        self.baseline.admit(min(log_loss, level + threshold) if jump else log_loss)
         if not self.episode.update(spike):
             return []
         ratio = math.exp(excess)
@@ -55,8 +61,10 @@ class LossSpike(Detector):
                            f"{typical:.4g}", value=signals.loss, baseline=typical, ratio=ratio)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict()}
+        return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict(),
+                "transients": self.transients.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.baseline.load_state_dict(state["baseline"])
         self.episode.load_state_dict(state["episode"])
+        self.transients.load_state_dict(state.get("transients", {}))

@@ -44,6 +44,9 @@ _ALL = (
           "Use the tokenizer the model was trained with; check ids < vocabulary size."),
     Cause("numerical_op", "A numerically unsafe operation (log(0), division by zero)", "3.3.2",
           "Clamp arguments (log(x.clamp_min(eps))), use fused stable ops."),
+    Cause("no_gradients", "Nothing trains: no gradients reach the weights", "3.4",
+          "Call loss.backward() on the loss itself before the optimizer step; check that the "
+          "parameters to train have requires_grad=True and the loss is not detached."),
     Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
           "Check DDP initialisation and that every parameter's gradient is all-reduced."),
 )

@@ -25,6 +25,17 @@ BATCH_FINDING_WEIGHT = 4.0
 CONFIG_CAUSES = {"lr_too_high", "missing_warmup", "lora_scaling", "bad_init"}
 EARLY_STEPS = 20
 """Trouble within this many steps of the start points at the configuration."""
+LR_CHANGE_WINDOW = 100
+"""Trouble within this many steps after the LR rose far above its history is that rise's doing
+(a divergence takes tens of steps to be confirmed)."""
+LR_CHANGE_WEIGHT = 6.0
+"""Stronger than one batch finding: the LR itself was changed just before the trouble, which
+no data fault explains."""
+GENERIC_BATCH_CAUSE = "outlier_batch"
+"""The generic explanation of a single late jump, or of a batch field far above its usual size.
+A batch finding of the same step naming a cause of its own (images in [0, 255]: `input_scale`;
+NaN: `nonfinite_input`...) says what was wrong with that batch, and takes the generic
+explanation's weight: the same symptom is explained once, by the more specific finding."""
 
 
 @dataclass
@@ -78,6 +89,13 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     kinds = {e.kind for e in serious}
     early = first_step < EARLY_STEPS
 
+    lr_kinds = kinds_tagged(Tag.LR)
+    for change in (e for e in events if e.kind in lr_kinds):
+        after = [e for e in serious if change.step <= e.step <= change.step + LR_CHANGE_WINDOW]
+        if after:
+            votes.add("lr_too_high", LR_CHANGE_WEIGHT,
+                      f"{change.message}; then {after[0].kind} at step {after[0].step}")
+
     instability = kinds & kinds_tagged(Tag.INSTABILITY)
     for f in findings:
         weight = FINDING_WEIGHT[f.severity]
@@ -88,13 +106,21 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
 
     batch_kinds = kinds_tagged(Tag.BATCH)
     batch_causes = set()
+    specific = _specific_batch_findings(serious, batch_kinds)
     for e in serious:
         cause = e.details.get("cause") if e.kind in batch_kinds else None
         if cause:
             batch_causes.add(cause)
             # a normalisation mismatch shows from the first batch; later it is one odd batch
             weight = (BATCH_FINDING_WEIGHT if cause != "input_scale" or e.step == 0 else 1.0)
-            votes.add(cause, weight, f"step {e.step}: {e.message.split(' Fix:')[0]}")
+            why = f"step {e.step}: {_message(e)}"
+            explained = ([o for o in specific.get(e.step, []) if _same_field(o, e)]
+                         if cause == GENERIC_BATCH_CAUSE else [])
+            if explained:  # the field is extreme for a reason another finding names
+                _explain(votes, explained, weight, f"step {e.step}: {e.kind} on "
+                         f"{e.param or 'a field'}")
+            else:
+                votes.add(cause, weight, why)
 
     nonfinite = kinds & kinds_tagged(Tag.NONFINITE)
     overflow = kinds & kinds_tagged(Tag.OVERFLOW)
@@ -153,8 +179,12 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
             # before any update: the initial weights or the data, not the learning rate
             votes.add("bad_init", 1.5, f"step 0: {e.kind} before any update was applied")
             votes.add("input_scale", 0.5, f"step 0: {e.kind} before any update was applied")
+        elif not early and single and e.step in specific:
+            # the generic "one odd batch" is what the inspector found wrong with that batch
+            _explain(votes, specific[e.step], 1.5,
+                     f"step {e.step}: a single {e.kind} late in the run, on that batch")
         elif not early and single:
-            votes.add("outlier_batch", 1.5, f"step {e.step}: a single {e.kind} late in the run")
+            votes.add(GENERIC_BATCH_CAUSE, 1.5, f"step {e.step}: a single {e.kind} late in the run")
         elif early:
             votes.add("lr_too_high", 1.0, f"step {e.step}: {e.kind} early in the run")
             votes.add("missing_warmup", 2.0 if no_warmup else 0.3,
@@ -169,6 +199,34 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     return [RankedCause(code=code, confidence=score / total, score=score,
                         evidence=votes.evidence[code],
                         fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]
+
+
+def _message(event: Event) -> str:
+    return event.message.split(" Fix:")[0]
+
+
+def _specific_batch_findings(serious: list[Event], batch_kinds: frozenset[str],
+                             ) -> dict[int, list[Event]]:
+    """Per step, the batch findings that name a cause of their own (not the generic outlier)."""
+    out: dict[int, list[Event]] = defaultdict(list)
+    for e in serious:
+        cause = e.details.get("cause") if e.kind in batch_kinds else None
+        if cause in CAUSES and cause != GENERIC_BATCH_CAUSE:
+            out[e.step].append(e)
+    return out
+
+
+def _same_field(a: Event, b: Event) -> bool:
+    """Whether two batch findings may be about the same field (an unnamed field may be any)."""
+    return a.param is None or b.param is None or a.param == b.param
+
+
+def _explain(votes: _Votes, findings: list[Event], weight: float, why: str) -> None:
+    """Give the weight of a generic outlier explanation to the causes the specific findings of
+    the same batch name, shared among them: the same symptom is explained once."""
+    for finding in findings:
+        votes.add(finding.details["cause"], weight / len(findings),
+                  f"{why}, explained by its {finding.kind}")
 
 
 def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]:

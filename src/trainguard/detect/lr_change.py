@@ -1,0 +1,80 @@
+"""`lr_change`: a parameter group's learning rate rose far above anything it had used before.
+
+Schedules move the LR smoothly (warmup climbs by small steps, decay falls, a restart returns to a
+level already used), so a rise of `lr_jump_ratio` (3x) above the highest LR a group ever had, in
+one step, is someone's code changing it: a multiplier applied by the training loop, a wrongly
+configured restart, a scheduler stepped per batch instead of per epoch. A group's first
+`warmup_steps` LRs only set its history (a warmup from a tiny start factor rises 10x in its
+first step). The event is `info`: a
+deliberate change is not a fault by itself. It is evidence: trouble that follows within the next
+steps ranks `lr_too_high` first, naming the change ("LR x1000 at step 60").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Detector
+from trainguard.events import Event
+from trainguard.signals import StepSignals
+
+
+class LRChange(Detector):
+    kind = "lr_change"
+
+    def __init__(self, config: DetectorConfig) -> None:
+        super().__init__(config)
+        self.highest: list[float] = []
+        """The highest LR each group has used so far (0 before its first positive LR)."""
+        self.previous: list[float] = []
+        self.seen: list[int] = []
+        """Positive LRs each group has used so far."""
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        jumps: list[tuple[int, float, float, float]] = []  # group, lr, before, highest
+        for group, lr in enumerate(signals.group_lrs):
+            if group >= len(self.highest):  # a group added mid-run starts its own history
+                self.highest.append(0.0)
+                self.previous.append(0.0)
+                self.seen.append(0)
+            if not math.isfinite(lr) or lr <= 0:
+                continue
+            top = self.highest[group]
+            settled = self.seen[group] >= self.config.warmup_steps
+            if settled and top > 0 and lr >= self.config.lr_jump_ratio * top:
+                jumps.append((group, lr, self.previous[group], top))
+            self.highest[group] = max(top, lr)
+            self.previous[group] = lr
+            self.seen[group] += 1
+        if not jumps:
+            return []
+        # one event for the step; groups that moved together (a multiplier applied to all)
+        # are named together, with the largest rise
+        group, lr, before, top = max(jumps, key=lambda j: j[1] / j[3])
+        ratio = lr / before if before > 0 else lr / top
+        groups = [j[0] for j in jumps]
+        where = ""
+        if len(signals.group_lrs) > 1:
+            where = (f" (group {group})" if len(groups) == 1
+                     else f" (groups {', '.join(map(str, groups))})")
+        return [self.event(
+            signals.step, "info",
+            f"LR x{_times(ratio)} at step {signals.step}{where}: {before:.3g} -> {lr:.3g}, "
+            f"{_times(lr / top)}x the highest it had been",
+            value=lr, ratio=ratio, previous=before, highest=top, groups=groups)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"highest": list(self.highest), "previous": list(self.previous),
+                "seen": list(self.seen)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.highest = [float(v) for v in state["highest"]]
+        self.previous = [float(v) for v in state["previous"]]
+        self.seen = [int(v) for v in state["seen"]]
+
+
+def _times(ratio: float) -> str:
+    """1000 rather than 1e+03: how people say a multiplier."""
+    return f"{ratio:.0f}" if 10 <= ratio < 1e6 else f"{ratio:.3g}"

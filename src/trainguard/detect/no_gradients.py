@@ -1,0 +1,57 @@
+"""`no_gradients`: the loss is finite yet no watched parameter has a gradient.
+
+Every gradient is None or exactly zero for `no_gradient_steps` optimizer steps in a row while
+the loss is finite: `loss.backward()` was forgotten (or called on another tensor), every
+parameter is frozen, or the loss was computed under `torch.no_grad()` / detached, so nothing
+trains and the optimizer steps do nothing (or only decay the weights). Reported once per
+episode; the message says when the loss handed to the Guard does not require grad, which
+points at a detached loss rather than a forgotten backward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Detector, Episode
+from trainguard.events import Event
+from trainguard.signals import StepSignals
+
+
+class NoGradients(Detector):
+    kind = "no_gradients"
+
+    def __init__(self, config: DetectorConfig) -> None:
+        super().__init__(config)
+        self.streak = 0
+        self.episode = Episode(config.rearm_steps)
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        loss = signals.loss
+        if loss is None or not math.isfinite(loss) or signals.amp_overflow:
+            return []
+        empty = signals.grad_norm == 0.0  # NaN compares unequal: a NaN step is not empty
+        self.streak = self.streak + 1 if empty else 0
+        if not self.episode.update(self.streak >= self.config.no_gradient_steps):
+            return []
+        first = signals.step - self.streak + 1
+        if signals.loss_requires_grad is False:
+            why = ("the loss handed to trainguard does not require grad: it was computed "
+                   "under torch.no_grad() or detached, so backward() cannot reach the weights")
+        else:
+            why = ("was loss.backward() called before the step, on this loss? Are all "
+                   "parameters frozen (requires_grad=False)?")
+        return [self.event(signals.step, "warning",
+                           f"no gradients for {self.streak} steps (every gradient None or zero "
+                           f"since step {first}) while the loss is finite ({loss:.4g}): nothing "
+                           f"is training; {why}",
+                           value=float(self.streak), since=first,
+                           loss_requires_grad=signals.loss_requires_grad)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"streak": self.streak, "episode": self.episode.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.streak = int(state["streak"])
+        self.episode.load_state_dict(state["episode"])
