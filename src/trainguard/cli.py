@@ -394,6 +394,10 @@ def _show(args: argparse.Namespace) -> int:
         where += f"; {others}: trainguard runs {shlex.quote(summary['run_dir'])}"
     lines.append(f"run        {summary['run_dir']} ({where})")
     lines.append(f"status     {_status(summary)}")
+    verdict = summary.get("verdict")
+    if verdict:
+        label = "DEGRADED" if verdict["verdict"] == "degraded" else verdict["verdict"]
+        lines.append(f"verdict    {label}: {verdict['message']}")
     span = f"started {_when(summary['started'])}"
     if summary["ended"] is not None:
         span += f", ended {_when(summary['ended'])}"
@@ -416,6 +420,13 @@ def _show(args: argparse.Namespace) -> int:
                     else ""))
     lines.append(f"loss       first {_fmt(loss['first'])}  last {_fmt(loss['last'])}  "
                  f"min {_fmt(loss['min'])}  NaN {loss['nan']}  inf {loss['inf']}")
+    for group, lr in enumerate(summary["lr"]):
+        label = "lr" if len(summary["lr"]) == 1 else f"lr [{group}]"
+        rise = lr["largest_rise"]
+        jump = (f"  rose x{rise['ratio']:.3g} at step {rise['step']}"
+                if rise is not None and rise["ratio"] >= 3 else "")
+        lines.append(f"{label:<10} first {_fmt(lr['first'])}  last {_fmt(lr['last'])}  "
+                     f"min {_fmt(lr['min'])}  max {_fmt(lr['max'])}{jump}")
     lines.append(f"grad norm  non-finite on {summary['grad_norm_nonfinite_steps']} step(s)")
     actions = ", ".join(f"{k} {v}" for k, v in sorted(summary["actions"].items())) or "-"
     lines.append(f"actions    {actions}")
@@ -475,6 +486,8 @@ def _runs(args: argparse.Namespace) -> int:
             notes.append(f"resumed {run['resumed']}x")
         if run["store_failed"]:
             notes.append(f"store stopped writing, {run['dropped']} dropped")
+        if run.get("verdict") == "degraded":
+            notes.append("DEGRADED: ended worse than before its trouble")
         lines.append(f"{run['id']:>4}  {_when(run['started']):<19}  {_when(run['ended']):<19}  "
                      f"{run['status']:<12} {run['steps']:>7} {_fmt(run['last_step']):>9} "
                      f"{run['events']:>7}  {'; '.join(notes)}".rstrip())

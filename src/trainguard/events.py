@@ -73,7 +73,8 @@ class StepReport:
         return self.action == "skipped"
 
 
-ActionKind = Literal["skip", "clip", "rollback", "lr_change", "halt", "snapshot", "clip_takeover"]
+ActionKind = Literal["skip", "clip", "rollback", "lr_change", "halt", "snapshot", "clip_takeover",
+                     "watch"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from trainguard.events import Event, StepReport
 from trainguard.pipeline.run import Run
 from trainguard.recovery import Recovery
 from trainguard.sinks import Sink
+from trainguard.verdict import RunVerdict
 
 log = logging.getLogger("trainguard")
 
@@ -72,6 +73,13 @@ class Guard:
     def recovery(self) -> Recovery | None:
         """The `recover` policy's ring, judgement, LR backoff and skip list (None otherwise)."""
         return self.run.state.recovery
+
+    @property
+    def verdict(self) -> RunVerdict | None:
+        """Whether training worked, once the Guard is closed: `healthy`, `recovered` (trouble
+        came and the loss ended no worse than before it) or `degraded` (it ended worse than
+        before its first trouble, or than its start), with the figures."""
+        return self.run.verdict
 
     @property
     def global_step(self) -> int:

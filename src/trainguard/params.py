@@ -24,6 +24,11 @@ class WatchedParams:
     def __len__(self) -> int:
         return len(self.params)
 
+    def extend(self, more: WatchedParams) -> None:
+        """Watch `more` too, after the present ones: indices already handed out stay valid."""
+        self.names.extend(more.names)
+        self.params.extend(more.params)
+
 
 def watched_params(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> WatchedParams:
     """Match optimizer parameters to model names; reject what cannot be monitored."""
@@ -55,3 +60,18 @@ def watched_params(model: nn.Module, optimizers: list[torch.optim.Optimizer]) ->
     names = [n for n, _ in held]
     params = [p for _, p in held]
     return WatchedParams(names=names, params=params)
+
+
+def optimizer_param_count(optimizers: list[torch.optim.Optimizer]) -> int:
+    """How many parameters the optimizers hold: a cheap per-step check for `add_param_group`."""
+    return sum(len(group["params"]) for opt in optimizers for group in opt.param_groups)
+
+
+def new_params(watched: WatchedParams, model: nn.Module,
+               optimizers: list[torch.optim.Optimizer]) -> WatchedParams:
+    """The parameters the optimizers hold that `watched` does not (added with
+    `optimizer.add_param_group` after the Guard started), in model order."""
+    known = {id(p) for p in watched.params}
+    fresh = watched_params(model, optimizers)
+    pairs = [(n, p) for n, p in zip(fresh.names, fresh.params, strict=True) if id(p) not in known]
+    return WatchedParams(names=[n for n, _ in pairs], params=[p for _, p in pairs])

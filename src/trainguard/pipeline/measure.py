@@ -63,6 +63,7 @@ class Measure:
 
     def __call__(self, ctx: StepContext) -> None:
         run = self.run
+        run.watch_new_params(ctx.step)
         loss_t = loss_tensor(ctx.loss)
         extra: dict[str, torch.Tensor] = {}
         if ctx.batch is not None and run.config.inspect_batches and ctx.sampled:
@@ -70,6 +71,7 @@ class Measure:
             if ctx.batch_stats is not None:
                 extra[BATCH_KEY] = ctx.batch_stats.tensor
         if run.state.recovery is not None:
+            run.state.recovery.before_measure()  # the LR backoff over an LR the loop wrote
             extra.update(run.state.recovery.extra())
         # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
         pack = (DevicePack(run.device) if run.ranks is None
@@ -77,9 +79,11 @@ class Measure:
         if loss_t is not None:
             pack.add("loss", loss_t)
         _, ctx.grads, _ = run.grad_probe.measure(pack, run.device)
-        lr = run.optimizer.param_groups[0].get("lr")
-        if isinstance(lr, torch.Tensor):
-            pack.add("lr", lr)
+        lrs = [group.get("lr") for group in run.optimizer.param_groups]
+        if any(isinstance(lr, torch.Tensor) for lr in lrs):  # capturable optimizers
+            pack.add("lr", torch.stack([torch.as_tensor(
+                math.nan if lr is None else lr, dtype=torch.float32, device=run.device)
+                for lr in lrs]))
         scale = getattr(run.scaler, "_scale", None) if run.scaler is not None else None
         if scale is not None:
             pack.add("loss_scale", scale)
@@ -98,15 +102,19 @@ class Measure:
         loss_value = float(host["loss"][0]) if "loss" in host else None
         grad_norm = float(host["grad_norm"][0])
         loss_finite = loss_value is None or math.isfinite(loss_value)
+        group_lrs = (tuple(float(v) for v in host["lr"]) if "lr" in host
+                     else tuple(math.nan if lr is None else float(lr) for lr in lrs))
         ctx.signals = StepSignals(
             step=ctx.step, loss=loss_value, grad_norm=grad_norm,
             param_grad_norm=host["param_grad_norm"], param_names=run.watched.names,
-            lr=float(host["lr"][0]) if "lr" in host else (None if lr is None else float(lr)),
+            lr=None if lrs[0] is None else group_lrs[0], group_lrs=group_lrs,
             loss_scale=float(host["loss_scale"][0]) if "loss_scale" in host else None,
             amp_overflow=run.scaler is not None and loss_finite and not math.isfinite(grad_norm),
             fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
                               else None),
-            sampled=unpack_pending(host, pending))
+            sampled=unpack_pending(host, pending),
+            loss_requires_grad=(ctx.loss.requires_grad if isinstance(ctx.loss, torch.Tensor)
+                                else None))
         ctx.extra = {key: host[f"x:{key}"] for key in extra}
 
 

@@ -33,7 +33,7 @@ from trainguard.distributed import (
 )
 from trainguard.errors import BatchError, StoreUnavailable, UsageError
 from trainguard.events import ActionRecord, Event, RunInfo
-from trainguard.params import watched_params
+from trainguard.params import new_params, optimizer_param_count, watched_params
 from trainguard.pipeline.detect import run_detectors
 from trainguard.pipeline.measure import PendingStats, flush_pending
 from trainguard.pipeline.rewind import ScheduleRewind
@@ -48,6 +48,7 @@ from trainguard.remedies import build_agc, build_rule
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import portable
 from trainguard.store import RunStore, RunStoreSink
+from trainguard.verdict import RunVerdict
 
 log = logging.getLogger("trainguard")
 
@@ -87,16 +88,13 @@ class Run:
         self.scaler = scaler if scaler is not None and _scaler_enabled(scaler) else None
         self.dist = distributed_context(self.device)
         """This rank under torch.distributed (world size > 1); None for a single process."""
-        self.ranks = RankAgreement(self.dist, self.watched) if self.dist is not None else None
-        """One all-reduce per step and the desync check, so that every rank decides alike."""
         self.is_main = self.dist is None or self.dist.is_main
         """Only rank 0 writes the run store and runs the sinks and the console."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
 
         # what the stages use
-        self.grad_probe = (GradientProbe(self.watched) if self.dist is None
-                           else LocalShardGradientProbe(self.watched))
-        self.weight_probe = WeightProbe(self.watched)
+        self._params_seen = optimizer_param_count([optimizer])
+        self._build_param_probes()
         self.optstate_probe = OptimizerStateProbe(self.watched, [optimizer])
         self.activation_probe = ActivationProbe(model) if config.activation_probe else None
         self.batches = BatchWatch(model, config.batch_size)
@@ -111,6 +109,8 @@ class Run:
         self.events: list[Event] = []
         self.findings: list[Finding] = []
         self.closed = False
+        self.verdict: RunVerdict | None = None
+        """Whether training worked (healthy, recovered, degraded), known once the run closed."""
         self._sampled_now = False
 
         # sinks: only rank 0 speaks and records
@@ -160,6 +160,42 @@ class Run:
         state.sample_next = False
         if self._sampled_now and self.activation_probe is not None:
             self.activation_probe.attach()
+
+    # -- the watched parameters ------------------------------------------------------------------
+    def _build_param_probes(self) -> None:
+        """What depends on the list of watched parameters (their count, devices and dtypes)."""
+        self.ranks = RankAgreement(self.dist, self.watched) if self.dist is not None else None
+        """One all-reduce per step and the desync check, so that every rank decides alike."""
+        self.grad_probe = (GradientProbe(self.watched) if self.dist is None
+                           else LocalShardGradientProbe(self.watched))
+        self.weight_probe = WeightProbe(self.watched)
+
+    def watch_new_params(self, step: int) -> None:
+        """Parameters the optimizer gained since the last step (`add_param_group`, as progressive
+        unfreezing does) are watched, clipped and skipped from this step on. Checked every step
+        by counting the optimizer's parameters; the lists are rebuilt only when it changed.
+        Under torch.distributed every rank adds the same groups at the same step (the same code
+        runs everywhere), so the ranks rebuild their agreement alike."""
+        count = optimizer_param_count([self.optimizer])
+        if count == self._params_seen:
+            return
+        self._params_seen = count
+        added = new_params(self.watched, self.model, [self.optimizer])
+        if not len(added):
+            return
+        self.watched.extend(added)
+        self._build_param_probes()
+        recovery = self.state.recovery
+        if recovery is not None:  # good states hold the old parameter groups: start afresh
+            recovery.ring.discard_after(-1)
+            recovery.start()
+        shown = ", ".join(added.names[:5]) + (", ..." if len(added) > 5 else "")
+        self.emit_action(ActionRecord(
+            kind="watch", step=step,
+            message=f"the optimizer gained {len(added)} parameter(s) ({shown}): watched from "
+                    f"step {step}",
+            details={"names": list(added.names), "shapes": [list(p.shape) for p in added.params],
+                     "count": len(self.watched)}))
 
     # -- outside a step --------------------------------------------------------------------------
     def emit_event(self, event: Event) -> None:
@@ -249,6 +285,12 @@ class Run:
         diagnosis = self.diagnose()
         if diagnosis:
             self.sinks.on_diagnosis(diagnosis)
+        try:
+            self.verdict = self.state.losses.verdict()
+        except Exception as exc:  # the verdict is advisory
+            log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
+        if self.verdict is not None:
+            self.sinks.on_verdict(self.verdict)
         self.sinks.on_run_end(status)
         self.sinks.close()
         return diagnosis

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from trainguard.events import StepReport
+from trainguard.events import StepReport, at_least
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.measure import PendingStats
 from trainguard.registry import is_rank_local
@@ -43,6 +43,8 @@ class Settle:
                                 action=ctx.outcome, events=ctx.events, lr=signals.lr,
                                 loss_scale=signals.loss_scale, clip_coef=ctx.decision.clip_coef,
                                 sampled=ctx.sampled, signals=signals)
+        state.losses.observe(ctx.step, signals.loss, trouble=any(
+            at_least(e.severity, "warning") for e in ctx.events))
         state.step += 1
         if halted:
             return

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
+from trainguard.verdict import LossTrack
 
 if TYPE_CHECKING:
     from trainguard.recovery import Recovery
@@ -33,6 +34,8 @@ class RunState:
     """Running position of the next batch (the default data id for the skip list)."""
     sample_next: bool = False
     """The step after an event runs the heavy probes too."""
+    losses: LossTrack = field(default_factory=LossTrack)
+    """The loss levels the run's verdict compares (start, before the first trouble, final)."""
 
     # -- detectors -------------------------------------------------------------------------------
     def detector_state(self) -> dict[str, Any]:
@@ -55,7 +58,7 @@ class RunState:
         state: dict[str, Any] = {
             "step": self.step, "consecutive_skips": self.consecutive_skips,
             "data_position": self.data_position, "max_grad_norm": self.max_grad_norm,
-            "detectors": self.detector_state()}
+            "detectors": self.detector_state(), "losses": self.losses.state_dict()}
         if self.clip_rule is not None:
             state["clip_rule"] = self.clip_rule.state_dict()
         if self.recovery is not None:
@@ -67,6 +70,8 @@ class RunState:
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.data_position = int(state.get("data_position", self.data_position))
         self.restore_detectors(state.get("detectors", {}))
+        if "losses" in state:
+            self.losses.load_state_dict(state["losses"])
         if self.clip_rule is not None and "clip_rule" in state:
             self.clip_rule.load_state_dict(state["clip_rule"])
         recovery = state.get("recovery")

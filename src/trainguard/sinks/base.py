@@ -3,7 +3,8 @@
 A sink hears everything a run says, in this order: `on_run_start` once; then, as they happen,
 `on_findings` (the preflight audit, runtime checks), `on_event`, `on_action` (skip, clip, rollback,
 LR change, halt, snapshot) and `on_step` once per step; at the end `on_sampled` (the last sampled
-statistics), `on_diagnosis` (the ranked causes), `on_run_end` with the run's status (`finished`,
+statistics), `on_diagnosis` (the ranked causes), `on_verdict` (did training work: healthy,
+recovered, degraded), `on_run_end` with the run's status (`finished`,
 `halted`, `crashed`, `interrupted`) and `close`. Sinks observe only: they must not change
 training. Under torch.distributed only rank 0 has sinks.
 """
@@ -20,11 +21,12 @@ if TYPE_CHECKING:
     from trainguard.diagnose.finding import Finding
     from trainguard.diagnose.ranking import RankedCause
     from trainguard.signals import SampledStats
+    from trainguard.verdict import RunVerdict
 
 log = logging.getLogger("trainguard")
 
 SINK_METHODS = ("on_run_start", "on_findings", "on_event", "on_action", "on_diagnosis",
-                "on_step", "on_sampled", "on_run_end", "close")
+                "on_step", "on_sampled", "on_verdict", "on_run_end", "close")
 
 
 class Sink:
@@ -52,6 +54,10 @@ class Sink:
     def on_sampled(self, stats: list[SampledStats]) -> None:
         """Called at the end of a run with the last heavy-probe statistics, which no later step
         carried."""
+
+    def on_verdict(self, verdict: RunVerdict) -> None:
+        """Called once at the end, before `on_run_end`, with the run's verdict (healthy,
+        recovered, degraded; see `trainguard.verdict`), when any loss was seen."""
 
     def on_run_end(self, status: str) -> None:
         """Called once with the run's final status."""
@@ -101,6 +107,9 @@ class SinkSet:
 
     def on_sampled(self, stats: list[SampledStats]) -> None:
         self._call("on_sampled", stats)
+
+    def on_verdict(self, verdict: RunVerdict) -> None:
+        self._call("on_verdict", verdict)
 
     def on_run_end(self, status: str) -> None:
         self._call("on_run_end", status)

@@ -18,6 +18,7 @@ from trainguard.sinks.base import Sink
 if TYPE_CHECKING:
     from trainguard.diagnose.finding import Finding
     from trainguard.diagnose.ranking import RankedCause
+    from trainguard.verdict import RunVerdict
 
 _COLOURS = {"info": "36", "warning": "33", "error": "31", "critical": "1;31"}
 _SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover")
@@ -63,6 +64,12 @@ class ConsoleSink(Sink):
 
     def on_diagnosis(self, causes: list[RankedCause]) -> None:
         self._diagnosis = list(causes)
+
+    def on_verdict(self, verdict: RunVerdict) -> None:
+        if verdict.verdict == "degraded":
+            self._write(f"trainguard verdict: DEGRADED: {verdict.message}", "warning")
+        elif verdict.verdict == "recovered":
+            self._write(f"trainguard verdict: recovered: {verdict.message}")
 
     def on_run_end(self, status: str) -> None:
         if status == "halted" and self._diagnosis:

@@ -21,6 +21,7 @@ import os
 import socket
 import sqlite3
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from trainguard.store.writer import DB_NAME
 STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad_maxabs",
                 "nonfinite_grads")
 """Per-step scalars that must be numbers (or null) when present."""
+VERDICTS = ("healthy", "recovered", "degraded")
 
 
 def _is_number(value: Any) -> bool:
@@ -195,17 +197,21 @@ class RunReader:
             return [{"id": 1, "started": first, "ended": None if status == "running" else last,
                      "status": status, "pid": None, "hostname": None, "resumed": 0,
                      "store_failed": None, "failed_step": None, "dropped": 0, "steps": count,
-                     "events": events, "last_step": last_step}]
+                     "events": events, "last_step": last_step, "verdict": None}]
         rows = self._query(
             "SELECT r.id, r.started, r.ended, r.status, r.pid, r.hostname, r.resumed, "
             "r.store_failed, r.failed_step, r.dropped, "
             "(SELECT count(*) FROM steps s WHERE s.run_id = r.id), "
             "(SELECT count(*) FROM events e WHERE e.run_id = r.id), "
-            "(SELECT max(step) FROM steps s WHERE s.run_id = r.id) FROM runs r ORDER BY r.id")
+            "(SELECT max(step) FROM steps s WHERE s.run_id = r.id), "
+            "(SELECT value FROM meta m WHERE m.run_id = r.id AND m.key = 'verdict') "
+            "FROM runs r ORDER BY r.id")
         listing = []
         for (run_id, started, ended, status, pid, host, resumed, failed, failed_step, dropped,
-             steps, events, last_step) in rows:
+             steps, events, last_step, verdict_text) in rows:
             what = f"run {run_id}"
+            verdict = (self._verdict(self._json(verdict_text, f"{what} verdict"))
+                       if verdict_text is not None else None)
             listing.append({
                 "id": run_id, "started": self._num(started, f"{what} start time"),
                 "ended": self._num(ended, f"{what} end time"),
@@ -216,8 +222,15 @@ class RunReader:
                 "store_failed": self._opt_str(failed, f"{what} store failure"),
                 "failed_step": failed_step if isinstance(failed_step, int) else None,
                 "dropped": dropped if isinstance(dropped, int) else 0,
-                "steps": steps, "events": events, "last_step": last_step})
+                "steps": steps, "events": events, "last_step": last_step,
+                "verdict": verdict["verdict"] if verdict else None})
         return listing
+
+    def _verdict(self, value: Any) -> dict[str, Any]:
+        if not (isinstance(value, dict) and value.get("verdict") in VERDICTS
+                and isinstance(value.get("message"), str)):
+            raise self._bad("meta verdict", value, "a verdict (healthy, recovered, degraded)")
+        return value
 
     def run_info(self) -> dict[str, Any]:
         """The `runs()` entry of the run this reader reads."""
@@ -244,6 +257,17 @@ class RunReader:
         names = meta.get("param_names", [])
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise self._bad("meta param_names", names, "a list of names")
+        if "verdict" in meta:
+            self._verdict(meta["verdict"])
+        widths = meta.get("param_widths")
+        if widths is not None and not (
+                isinstance(widths, list) and widths and all(
+                    isinstance(w, list) and len(w) == 2 and all(isinstance(v, int) for v in w)
+                    for w in widths)
+                and widths[0][0] == 0 and widths[-1][1] == len(names)
+                and all(a[0] <= b[0] and a[1] <= b[1] for a, b in pairwise(widths))):
+            raise self._bad("meta param_widths", widths,
+                            "a list of [first step, count] pairs ending at the names' count")
         shapes = meta.get("param_shapes", [])
         if not isinstance(shapes, list) or not all(
                 isinstance(s, list) and all(_is_number(d) for d in s) for s in shapes):
@@ -284,6 +308,10 @@ class RunReader:
             for name in STEP_NUMBERS:
                 self._num(values.get(name), f"step {step} {name}")
             self._str(values.get("action", ""), f"step {step} action")
+            lrs = values.get("lrs")
+            if lrs is not None and not (isinstance(lrs, list) and all(
+                    v is None or _is_number(v) for v in lrs)):
+                raise self._bad(f"step {step} lrs", lrs, "a list of numbers")
             out.append({"step": step, "time": self._num(at, f"step {step} time"), **values})
         return out
 
@@ -302,13 +330,13 @@ class RunReader:
         """(steps, matrix[step, param]) of per-parameter gradient norms."""
         rows = self._select("SELECT step, grad_norms FROM steps WHERE {run} AND grad_norms IS "
                             "NOT NULL ORDER BY step")
-        return self._matrix(rows, "gradient norms")
+        return self._matrix(rows, "gradient norms", 0.0)  # not yet watched: no gradient
 
     def param_metric(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, matrix[step, param]) of a sampled per-parameter metric (e.g. update_ratio)."""
         rows = self._select("SELECT step, data FROM param_metrics WHERE {run} AND metric = ? "
                             "ORDER BY step", (metric,))
-        return self._matrix(rows, metric)
+        return self._matrix(rows, metric, np.nan)  # not yet watched: not measured
 
     def param_metric_names(self) -> list[str]:
         return [r[0] for r in self._select("SELECT DISTINCT metric FROM param_metrics "
@@ -327,13 +355,25 @@ class RunReader:
                         self._blob(data, f"{metric} of step {step}", len(names))))
         return out
 
-    def _matrix(self, rows: list[tuple], what: str) -> tuple[np.ndarray, np.ndarray]:
+    def _matrix(self, rows: list[tuple], what: str,
+                fill: float) -> tuple[np.ndarray, np.ndarray]:
+        """One row per step. Parameters the optimizer gained mid-run (meta `param_widths`) have
+        no value before they were watched: their columns hold `fill` there."""
         meta = self.meta()
         width: int | None = len(meta["param_names"]) if "param_names" in meta else None
+        if "verdict" in meta:
+            self._verdict(meta["verdict"])
+        widths = meta.get("param_widths")
         vectors = []
         for step, data in rows:
-            values = self._blob(data, f"{what} of step {step}", width)
-            width = values.size
+            expected = width
+            if widths and width is not None:
+                expected = next(n for first, n in reversed(widths) if first <= step)
+            values = self._blob(data, f"{what} of step {step}", expected)
+            if width is None:
+                width = values.size
+            elif values.size < width:
+                values = np.concatenate([values, np.full(width - values.size, fill)])
             vectors.append(values)
         steps = np.array([self._int(r[0], "a step number") for r in rows], dtype=np.int64)
         matrix = (np.vstack(vectors) if vectors
@@ -447,6 +487,8 @@ class RunReader:
                 "nan": sum(1 for x in losses if x is not None and math.isnan(x)),
                 "inf": sum(1 for x in losses if x is not None and math.isinf(x)),
             },
+            "verdict": meta.get("verdict"),
+            "lr": lr_summary(rows),
             "grad_norm_nonfinite_steps": sum(
                 1 for r in rows if r.get("grad_norm") is not None
                 and not math.isfinite(r["grad_norm"])),
@@ -465,3 +507,28 @@ def _id_ranges(ids: list[int]) -> str:
     if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
         return f"{ids[0]}..{ids[-1]}"
     return ", ".join(str(i) for i in ids)
+
+
+def lr_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per parameter group: the first, last, lowest and highest LR, and its largest rise from
+    one step to the next (a user's LR change shows here)."""
+    series: list[list[tuple[int, float]]] = []
+    for row in rows:
+        lrs = row.get("lrs")
+        if lrs is None:
+            lrs = [row.get("lr")]
+        for group, value in enumerate(lrs):
+            if value is None or not math.isfinite(value):
+                continue
+            while len(series) <= group:
+                series.append([])
+            series[group].append((row["step"], float(value)))
+    out = []
+    for points in series:
+        values = [v for _, v in points]
+        rises = [(b[1] / a[1], b[0]) for a, b in pairwise(points) if a[1] > 0]
+        ratio, at = max(rises, default=(1.0, None))
+        out.append({"first": values[0] if values else None, "last": values[-1] if values else None,
+                    "min": min(values, default=None), "max": max(values, default=None),
+                    "largest_rise": {"ratio": ratio, "step": at} if ratio > 1.0 else None})
+    return out

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from trainguard.diagnose.finding import Finding
     from trainguard.diagnose.ranking import RankedCause
     from trainguard.signals import SampledStats
+    from trainguard.verdict import RunVerdict
 
 
 class RunStoreSink(Sink):
@@ -37,14 +38,21 @@ class RunStoreSink(Sink):
         self.run_id = self.store.run_id
         self._ended = False
         self._closed = False
+        self._names: list[str] = []
+        self._shapes: list[list[int]] = []
+        self._widths: list[list[int]] = []
+        """[first step, number of watched parameters] each time the optimizer gained some."""
         self._handle = lifecycle.track(self._end_and_close)
 
     def on_run_start(self, run: RunInfo) -> None:
         store = self.store
         store.put_meta("trainguard_version", run.trainguard_version)
         store.put_meta("config", run.config)
-        store.put_meta("param_names", list(run.param_names))
-        store.put_meta("param_shapes", [list(shape) for shape in run.param_shapes])
+        self._names = list(run.param_names)
+        self._shapes = [list(shape) for shape in run.param_shapes]
+        self._widths = [[0, len(self._names)]]
+        store.put_meta("param_names", list(self._names))
+        store.put_meta("param_shapes", list(self._shapes))
         if run.integration:
             store.put_meta("integration", run.integration)
         if run.distributed:
@@ -61,6 +69,13 @@ class RunStoreSink(Sink):
         self.store.put_action(action)
         if action.kind == "snapshot" and action.details.get("path"):
             self.store.put_meta("snapshot", str(action.details["path"]))
+        elif action.kind == "watch":  # parameters added mid-run: vectors grow from this step
+            self._names.extend(action.details["names"])
+            self._shapes.extend(action.details["shapes"])
+            self._widths.append([action.step, len(self._names)])
+            self.store.put_meta("param_names", list(self._names))
+            self.store.put_meta("param_shapes", list(self._shapes))
+            self.store.put_meta("param_widths", list(self._widths))
 
     def on_diagnosis(self, causes: list[RankedCause]) -> None:
         self.store.put_meta("diagnosis", [c.to_dict() for c in causes])
@@ -75,6 +90,8 @@ class RunStoreSink(Sink):
         if signals is not None:
             grad_norms = np.asarray(signals.param_grad_norm)
             scalars["amp_overflow"] = signals.amp_overflow
+            if len(signals.group_lrs) > 1:  # "lr" is the first group's
+                scalars["lrs"] = list(signals.group_lrs)
             scalars["nonfinite_grads"] = int((~np.isfinite(grad_norms)).sum())
             if signals.fp16_grad_maxabs is not None:
                 scalars["fp16_grad_maxabs"] = signals.fp16_grad_maxabs
@@ -87,6 +104,9 @@ class RunStoreSink(Sink):
                 self.store.put_param_metrics(stats.step, stats.per_param)
             if stats.per_module:
                 self.store.put_module_metrics(stats.step, stats.module_names, stats.per_module)
+
+    def on_verdict(self, verdict: RunVerdict) -> None:
+        self.store.put_meta("verdict", verdict.to_dict())
 
     def on_run_end(self, status: str) -> None:
         self._ended = True

@@ -1,0 +1,119 @@
+"""The run's verdict: a run that ends worse than before its trouble is `degraded`, stored, shown
+and printed; a healthy or recovered run is said to be so; noise decides nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+import trainguard
+from trainguard import Guard, GuardConfig
+from trainguard.verdict import LossTrack
+
+
+def track(losses: list[float], trouble_at: int | None = None) -> LossTrack:
+    t = LossTrack()
+    for step, loss in enumerate(losses):
+        t.observe(step, loss, trouble=step == trouble_at)
+    return t
+
+
+def test_a_falling_loss_is_healthy() -> None:
+    verdict = track(list(np.linspace(3.0, 1.0, 100))).verdict()
+    assert verdict is not None and verdict.verdict == "healthy"
+
+
+def test_noise_around_a_flat_loss_is_not_degraded() -> None:
+    rng = np.random.default_rng(0)
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        losses = list(2.0 + rng.standard_t(3, size=200) * 0.3)
+        assert track(losses).verdict().verdict == "healthy", seed  # type: ignore[union-attr]
+
+
+def test_ending_above_the_level_before_the_trouble_is_degraded() -> None:
+    losses = [6.2 - 0.01 * i for i in range(60)] + [8.6] * 60
+    verdict = track(losses, trouble_at=60).verdict()
+    assert verdict is not None and verdict.verdict == "degraded"
+    assert verdict.trouble_step == 60 and verdict.final == 8.6
+    assert "before the first trouble (step 60)" in verdict.message
+
+
+def test_a_run_back_below_its_level_recovered() -> None:
+    losses = [3.0 - 0.01 * i for i in range(60)] + [9.0] * 5 + [2.0] * 40
+    verdict = track(losses, trouble_at=60).verdict()
+    assert verdict is not None and verdict.verdict == "recovered"
+
+
+def test_a_run_that_ends_in_nan_is_degraded() -> None:
+    verdict = track([2.0] * 30 + [math.nan] * 15, trouble_at=30).verdict()
+    assert verdict is not None and verdict.verdict == "degraded"
+    assert "not finite" in verdict.message
+
+
+def test_the_state_round_trips() -> None:
+    t = track([3.0, 2.5, 2.0, 9.0, 8.0], trouble_at=3)
+    again = LossTrack()
+    again.load_state_dict(json.loads(json.dumps(t.state_dict())))
+    assert again.verdict() == t.verdict()
+
+
+def _bad_lr_run(run_dir: Path, console: bool) -> Guard:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    guard = Guard(model, optimizer, config=GuardConfig(console=console, preflight=False),
+                  run_dir=run_dir)
+    generator = torch.Generator().manual_seed(1)
+    for step in range(120):
+        if step == 60:  # the user's code raises the LR and leaves it there
+            for group in optimizer.param_groups:
+                group["lr"] = 1.0
+        x = torch.randn(32, 8, generator=generator)
+        loss = nn.functional.mse_loss(model(x), x[:, :1] * 2)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return guard
+
+
+def test_a_degraded_run_is_stored_shown_and_printed(tmp_path: Path, capsys) -> None:
+    guard = _bad_lr_run(tmp_path / "run", console=True)
+    assert guard.verdict is not None and guard.verdict.verdict == "degraded"
+    assert "verdict: DEGRADED" in capsys.readouterr().err
+    reader = trainguard.RunReader(tmp_path / "run")
+    assert reader.summary()["verdict"]["verdict"] == "degraded"
+    assert reader.meta()["status"] == "finished"  # how it ended; the verdict says how it went
+    cli = [sys.executable, "-m", "trainguard", "show", str(tmp_path / "run")]
+    shown = subprocess.run(cli, capture_output=True, text=True, check=True).stdout
+    assert "verdict    DEGRADED: the loss ended at" in shown
+    as_json = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True,
+                                        check=True).stdout)
+    assert as_json["verdict"]["verdict"] == "degraded"
+    listing = subprocess.run([sys.executable, "-m", "trainguard", "runs", str(tmp_path / "run")],
+                             capture_output=True, text=True, check=True).stdout
+    assert "DEGRADED" in listing
+
+
+def test_a_healthy_run_prints_no_verdict(tmp_path: Path, capsys) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    guard = Guard(model, optimizer, config=GuardConfig(preflight=False), run_dir=tmp_path / "r")
+    for _ in range(60):
+        x = torch.randn(16, 4)
+        loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert guard.verdict is not None and guard.verdict.verdict == "healthy"
+    assert "verdict" not in capsys.readouterr().err
