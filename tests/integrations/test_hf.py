@@ -127,9 +127,12 @@ def test_recover_policy_rolls_the_trainer_back_and_training_goes_on(tmp_path: Pa
     assert all(a in ("applied", "clipped") for a in actions[12:])
     assert all(math.isfinite(r.loss) for r in recorder.reports[12:])
     assert all_finite(model)
-    # backed off to x0.1 of the constant LR, ramping back one step at a time
-    assert recorder.reports[12].lr == pytest.approx(1e-4)
-    assert 1e-4 < recorder.reports[15].lr < 1e-3
+    # backed off to x0.1 of the constant LR under the ceiling (below the LR in force when the
+    # NaNs began), ramping back one step at a time
+    ceiling = rollback.details["lr_ceiling"]
+    assert ceiling == pytest.approx(config.recovery.lr_ceiling * 1e-3)
+    assert recorder.reports[12].lr == pytest.approx(0.1 * ceiling)
+    assert 0.1 * ceiling < recorder.reports[15].lr < ceiling
     assert callback.run is not None and callback.run.state.max_grad_norm == 0.5
 
 

@@ -223,8 +223,11 @@ def test_recover_policy_rolls_back_inside_fit(pl: ModuleType, tmp_path: Path) ->
     assert all(a in ("applied", "clipped") for a in actions[12:])  # clipping now at 0.5
     assert all_finite(module)
     # the schedule stayed at its 9th step (the trainer's own scheduler steps of the skipped and
-    # rolled-back steps were rewound), under a backoff ramping from x0.1: LambdaLR gives LR / 10
-    assert recorder.reports[12].lr == pytest.approx(0.1 * LR / 10, rel=1e-6)
+    # rolled-back steps were rewound), under a backoff ramping from x0.1: LambdaLR gives LR / 10,
+    # under a ceiling below the highest LR of the undone updates (LR / 9, at step 8)
+    ceiling = rollback.details["lr_ceiling"]
+    assert ceiling == pytest.approx(config.recovery.lr_ceiling * LR / 9, rel=1e-6)
+    assert recorder.reports[12].lr == pytest.approx(0.1 * min(LR / 10, ceiling), rel=1e-6)
     assert recorder.reports[15].lr < LR / 13
 
 

@@ -152,9 +152,12 @@ def test_rollback_under_a_trainer_rewinds_its_scheduler_step_and_backs_the_lr_of
     # the trainer stepped the scheduler after the rollback; the run put it back where it
     # was (the schedule goes on from there), under the backoff
     assert setup.scheduler.last_epoch == 12
-    assert lrs(setup.optimizer)[0] == pytest.approx(0.1 * plain[12])
+    # below the highest LR among the updates the rollback undid (steps 10 to 13)
+    ceiling = rollback.details["lr_ceiling"]
+    assert ceiling == pytest.approx(config.recovery.lr_ceiling * max(plain[back_to:13]))
+    assert lrs(setup.optimizer)[0] == pytest.approx(0.1 * min(plain[12], ceiling))
     trainer_step(run, setup, setup.model.loss(setup.batch()))
     assert lrs(setup.optimizer)[0] == pytest.approx(
-        (0.1 + 0.9 / config.recovery.lr_ramp_steps) * plain[13])
+        (0.1 + 0.9 / config.recovery.lr_ramp_steps) * min(plain[13], ceiling))
     assert all(torch.isfinite(p).all() for p in setup.model.parameters())
     run.close()

@@ -46,16 +46,18 @@ def test_a_spike_that_does_not_settle_rolls_back_to_before_it() -> None:
     verdicts = [c.review(_signals(s, 4.5), [], applies_update=True) for s in range(21, 26)]
     assert [v.action if v else None for v in verdicts] == [None] * 4 + ["rollback"]
     rollback = verdicts[-1]
-    assert rollback.onset == 19 and rollback.relapse  # updates were applied: the run went bad
+    assert rollback.onset == 19  # the update before the spike may be the one that did harm
 
 
-def test_a_burst_of_bad_batches_is_skipped_whole_and_is_not_a_relapse() -> None:
+def test_a_burst_of_bad_batches_is_skipped_whole_then_rolled_back_to_before_it() -> None:
     c = _controller(settle_steps=5)
     _calm(c, range(20))
     c.review(_signals(20, 50.0), [_spike(20)])
     verdicts = [c.review(_signals(s, 60.0), [], applies_update=False) for s in range(21, 26)]
     assert [v.action for v in verdicts] == ["skip"] * 4 + ["rollback"]
-    assert not verdicts[-1].relapse
+    # nothing was applied since the spike, but the update just before it was: the state from
+    # before that update is the one to go back to
+    assert verdicts[-1].onset == 19 and verdicts[-1].bad_steps == [20]
 
 
 def test_divergence_rolls_back_at_once_to_before_its_estimated_start() -> None:
@@ -64,7 +66,8 @@ def test_divergence_rolls_back_at_once_to_before_its_estimated_start() -> None:
     event = Event(kind="loss_divergence", step=200, severity="error", message="diverging")
     verdict = c.review(_signals(200, 9.0), [event])
     assert verdict.action == "rollback"
-    assert verdict.onset == 200 - det.divergence_patience - det.divergence_span // 2
+    assert verdict.onset == (200 - det.divergence_patience - det.divergence_window // 2
+                             - det.divergence_span // 2)
 
 
 def test_non_finite_streak_rolls_back_then_the_cap_halts() -> None:

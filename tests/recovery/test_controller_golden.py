@@ -3,7 +3,7 @@
 Seeded runs of host signals and events (spikes that settle or not, bursts of non-finite steps,
 bad batches, the kinds that roll back at once, alone and together, kinds the judgement ignores,
 events of info severity) under varied settings; `controller_golden.json` holds each run's
-verdicts (step, action, onset, suspect steps, relapse) and a digest of the reasons and the final
+verdicts (step, action, onset, suspect steps) and a digest of the reasons and the final
 state. A change of the judgement shows here; a deliberate one is recorded again with
 `python -m tests.recovery.test_controller_golden`.
 """
@@ -116,8 +116,7 @@ def play(run: Run, controller_type: Callable[..., Any] = RecoveryController) -> 
         verdict = c.review(signals, events, s.applies_update, bad_input=s.bad_input)
         if verdict is None:
             continue
-        verdicts.append([index, verdict.action, verdict.onset, verdict.bad_steps,
-                         verdict.relapse])
+        verdicts.append([index, verdict.action, verdict.onset, verdict.bad_steps])
         reasons.append(verdict.reason)
         if verdict.action == "rollback":
             c.rolled_back()

@@ -89,9 +89,11 @@ class Act:
         ctx.raise_event(event)
         ctx.act("rollback", event.message, **event.details)
         if recovery.lr.factor() != lr_before:
-            ctx.act("lr_change", f"LR x{recovery.lr.factor():g} after the rollback, ramping to "
-                                 f"x{event.details.get('lr_ceiling', 1.0):g}",
-                    factor=recovery.lr.factor(), ceiling=event.details.get("lr_ceiling"))
+            ceiling = event.details.get("lr_ceiling")
+            ctx.act("lr_change", f"LR x{recovery.lr.factor():g} after the rollback, ramping back"
+                                 + (f", never above LR {ceiling:.3g}" if ceiling is not None
+                                    else ""),
+                    factor=recovery.lr.factor(), ceiling=ceiling)
 
     def _halt(self, ctx: StepContext) -> None:
         """Snapshot the state from before this step's update; whatever runs next applies

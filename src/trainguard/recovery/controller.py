@@ -44,9 +44,6 @@ class Verdict:
     """The step where the trouble began: a rollback goes to a good state from no later than it."""
     bad_steps: list[int] = field(default_factory=list)
     """Steps whose batches are suspects, to be skipped by the data pipeline from now on."""
-    relapse: bool = True
-    """The run trained and went bad (rather than only meeting bad data whose updates were kept
-    out): if it happens again while the LR is still backed off, the LR itself is too high."""
 
 
 @dataclass(slots=True)
@@ -143,8 +140,7 @@ class RecoveryController:
             latest = statistics.median(recent) if recent else math.nan
             return Verdict("rollback", f"the loss has not come back since step {trouble.start} "
                                        f"({latest:.4g} against {trouble.reference:.4g} before)",
-                           onset=trouble.start - 1, bad_steps=[trouble.start],
-                           relapse=trouble.applied > 0)
+                           onset=trouble.start - 1, bad_steps=[trouble.start])
         loss = signals.loss
         if loss is not None and loss >= trouble.reference * self.detectors.loss_spike_ratio:
             # still spiking (the detector reports an episode once): keep these updates out too,
@@ -158,8 +154,11 @@ class RecoveryController:
         """Estimate when a late-detected fault began, to roll back to a state from before it."""
         det = self.detectors
         rule = event_kind(event.kind).onset
-        if rule is Onset.SMOOTHED_LOSS:  # smoothed over ~span/2 steps, then `patience` above
-            return step - det.divergence_patience - det.divergence_span // 2
+        if rule is Onset.SMOOTHED_LOSS:
+            # the level crossed the ratio `patience` steps (and half its window) ago, and a
+            # climb starts well before it crosses: back by the best level's half-span more
+            return (step - det.divergence_patience - det.divergence_window // 2
+                    - det.divergence_span // 2)
         if rule is Onset.SAMPLED:  # seen on a sampled step: went bad since the last one
             return step - self.sample_every
         if rule is Onset.LAST_AGREED:  # the replicas were last seen equal then

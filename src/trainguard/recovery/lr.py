@@ -1,16 +1,30 @@
-"""Learning-rate backoff after a rollback: a factor on top of whatever the scheduler sets.
+"""Learning-rate backoff after a rollback: a factor on top of whatever sets the LR, under a ceiling.
 
-The factor starts at `start` and ramps linearly back to `ceiling` over `ramp_steps` applied
-updates. It is applied by scaling both the optimizer's LR and the schedulers' `base_lrs`
-(`scale_learning_rate`), so it survives closed-form schedulers (LambdaLR and friends recompute the
-LR from `base_lrs`) and chainable ones (which start from the current LR) alike, whoever calls
-`scheduler.step()`: the plain-loop Guard or a framework trainer.
+After a rollback each parameter group's LR is
+
+    ramp x min(schedule, ceiling)
+
+where `schedule` is the LR the run would have without recovery (its scheduler's, or the one the
+loop writes), `ramp` goes linearly from `start` back to 1 over `ramp_steps` applied updates, and
+`ceiling` is an LR value below the one in force when the trouble began: the ramp never climbs
+back to the LR that failed. The factor this puts on a group's LR is applied by scaling both the
+group's LR and the schedulers' `base_lrs` (`scale_learning_rate`), so it survives closed-form
+schedulers (LambdaLR and friends recompute the LR from `base_lrs`) and chainable ones (which start
+from the current LR) alike, whoever calls `scheduler.step()`: the plain-loop Guard or a framework
+trainer.
+
+A loop that writes `param_group["lr"]` itself every step overwrites the factor. `enforce`, called
+when the step is measured (before its LR is read and before the update), finds a group whose LR is
+no longer the value the backoff left, takes the new value as the schedule's and puts the factor
+and the ceiling back on it. A learning rate kept as a tensor (capturable optimizers) is not read
+there, which would be a device sync: its factor follows by ratios, and its ceiling is checked with
+the LR the step's one transfer brought (`observe`), before the update.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -26,77 +40,207 @@ def set_lr(group: dict[str, Any], value: Any) -> None:
         group["lr"] = value
 
 
+def _check_factor(factor: Any) -> None:
+    if (not isinstance(factor, (int, float)) or isinstance(factor, bool)
+            or not math.isfinite(factor) or not factor > 0):
+        raise UsageError(f"the learning-rate factor must be a finite number > 0, got {factor!r}")
+
+
 def scale_learning_rate(optimizer: torch.optim.Optimizer, schedulers: Iterable[Any],
-                        factor: float) -> None:
-    """Multiply the learning rate by `factor` so that the change survives the next scheduler step.
+                        factor: float | Sequence[float]) -> None:
+    """Multiply the learning rate by `factor` (one for every group, or one per group) so that the
+    change survives the next scheduler step.
 
     `LambdaLR` (and every closed-form scheduler) recomputes lr = base_lr * f(step) from its
     `base_lrs`, so changing `param_groups` alone is undone at the next step: scale both, and the
     `initial_lr` a resumed scheduler rebuilds its base from.
     """
-    if (not isinstance(factor, (int, float)) or isinstance(factor, bool)
-            or not math.isfinite(factor) or not factor > 0):
-        raise UsageError(f"the learning-rate factor must be a finite number > 0, got {factor!r}")
-    for group in optimizer.param_groups:
-        set_lr(group, group["lr"] * factor)
-        if "initial_lr" in group:
-            group["initial_lr"] = group["initial_lr"] * factor
+    groups = optimizer.param_groups
+    if isinstance(factor, (list, tuple)):
+        factors = list(factor)
+        if len(factors) != len(groups):
+            raise UsageError(f"one learning-rate factor per parameter group: got {len(factors)} "
+                             f"for {len(groups)} groups")
+    else:
+        factors = [factor] * len(groups)  # type: ignore[list-item]
+    for f in factors:
+        _check_factor(f)
+    for group, f in zip(groups, factors, strict=True):
+        if f != 1.0:
+            set_lr(group, group["lr"] * f)
+            if "initial_lr" in group:
+                group["initial_lr"] = group["initial_lr"] * f
     for scheduler in schedulers:
-        if isinstance(getattr(scheduler, "base_lrs", None), list):
-            scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
-        if isinstance(getattr(scheduler, "_last_lr", None), list):
-            scheduler._last_lr = [lr * factor for lr in scheduler._last_lr]
+        for name in ("base_lrs", "_last_lr"):
+            values = getattr(scheduler, name, None)
+            if isinstance(values, list) and len(values) == len(factors):
+                setattr(scheduler, name, [v * f for v, f in zip(values, factors, strict=True)])
 
 
 class LRBackoff:
+    """The factor recovery puts on every parameter group's LR. Group i's LR is `applied[i]` x the
+    schedule's, with `applied[i] = ramp() x shares[i]`: `shares[i] = min(1, ceilings[i] /
+    schedule)` keeps it under its ceiling (an LR value; None: none)."""
+
     def __init__(self, optimizers: list[torch.optim.Optimizer], schedulers: list[Any],
                  ramp_steps: int) -> None:
         self.optimizers = optimizers
         self.schedulers = schedulers
+        """Scaled with the first optimizer's groups (a scheduler drives one optimizer)."""
         self.ramp_steps = ramp_steps
         self.start = 1.0
-        self.ceiling = 1.0
         self.progress = 0
         self.active = False
+        self.ceilings: list[float | None] = []
+        self.applied: list[float] = []
+        self.shares: list[float] = []
+        self._left: list[float | None] = []
+        """The LR each group was left at (None for a tensor LR, which `enforce` does not read)."""
+        self._groups()
+
+    def _groups(self) -> list[dict[str, Any]]:
+        """Every optimizer's parameter groups, with a place in every per-group list (a group
+        added mid-run starts with no ceiling and no factor)."""
+        groups = [g for opt in self.optimizers for g in opt.param_groups]
+        missing = len(groups) - len(self.applied)
+        if missing > 0:
+            self.ceilings.extend([None] * missing)
+            self.applied.extend([1.0] * missing)
+            self.shares.extend([1.0] * missing)
+            self._left.extend([None] * missing)
+        return groups
+
+    def ramp(self) -> float:
+        """The ramp's share of the schedule now (1.0 when no backoff is on)."""
+        if not self.active or self.ramp_steps == 0 or self.progress >= self.ramp_steps:
+            return 1.0
+        return self.start + (1.0 - self.start) * self.progress / self.ramp_steps
 
     def factor(self) -> float:
-        """The factor in force now (1.0 when no backoff is on)."""
-        if not self.active:
-            return 1.0
-        if self.ramp_steps == 0 or self.progress >= self.ramp_steps:
-            return self.ceiling
-        return self.start + (self.ceiling - self.start) * self.progress / self.ramp_steps
+        """The factor on the first group's LR now (1.0 when no backoff is on)."""
+        return self.applied[0] if self.active and self.applied else 1.0
 
-    def begin(self, start: float, ceiling: float, applied: float) -> None:
-        """Start a backoff from `start` towards `ceiling`. `applied` is the factor the current
-        learning rates already carry (that of a restored state taken during an earlier backoff)."""
-        self.start, self.ceiling, self.progress, self.active = start, ceiling, 0, True
-        self._rescale(self.factor() / applied)
+    def ceiling(self) -> float | None:
+        """The first group's LR ceiling (None: none)."""
+        return self.ceilings[0] if self.ceilings else None
+
+    def begin(self, start: float, ceilings: Sequence[float | None],
+              applied: Sequence[float]) -> None:
+        """Start a backoff: the ramp from `start`, under `ceilings` (one LR value per group, None
+        for none). `applied` is the factor the current learning rates already carry (that of a
+        restored state taken during an earlier backoff)."""
+        groups = self._groups()
+        if len(ceilings) != len(groups) or len(applied) != len(groups):
+            raise UsageError(f"one ceiling and one factor per parameter group ({len(groups)})")
+        self.start, self.progress, self.active = start, 0, True
+        self.ceilings = list(ceilings)
+        self.applied = [float(a) for a in applied]
+        self.shares = [1.0] * len(groups)
+        self._follow(groups)
+
+    def ceilings_now(self) -> list[float | None]:
+        """Every group's ceiling (None: none), one per parameter group as they are now."""
+        self._groups()
+        return list(self.ceilings)
 
     def step(self) -> None:
-        """After the scheduler step of an applied update: move the ramp on by one step."""
+        """After the scheduler step of an applied update: move the ramp on by one step and keep
+        the new schedule's LR under the ceiling."""
         if not self.active:
             return
-        before = self.factor()
         self.progress += 1
-        after = self.factor()
-        if after != before:
-            self._rescale(after / before)
-        if after == 1.0 and self.progress >= self.ramp_steps:
+        self._follow(self._groups())
+        if self.progress >= self.ramp_steps and all(c is None for c in self.ceilings):
             self.active = False  # fully back on the plain schedule: nothing more to do per step
 
-    def _rescale(self, ratio: float) -> None:
-        if ratio == 1.0:
+    def enforce(self) -> None:
+        """Before the step's LR is read and used: a group whose LR is no longer the value the
+        backoff left was set by the loop. That value is the schedule's, without the factor: put
+        the factor and the ceiling back on it (and on the schedulers' bases, which carried the
+        old factor)."""
+        if not self.active:
             return
+        groups = self._groups()
+        overwritten = [i for i, g in enumerate(groups) if not isinstance(g["lr"], torch.Tensor)
+                       and self._left[i] is not None and g["lr"] != self._left[i]]
+        if not overwritten:
+            return
+        for i in overwritten:
+            self._rescale_schedulers(i, 1.0 / self.applied[i])
+            self.applied[i] = 1.0
+        self._follow(groups)
+
+    def observe(self, lrs: Sequence[float]) -> None:
+        """With the LR of every group as the step's transfer brought it, before the update: keep
+        the groups whose LR is a tensor (not read on the host otherwise) under their ceilings."""
+        groups = self._groups()
+        if self.active and len(lrs) == len(groups) and any(
+                isinstance(g["lr"], torch.Tensor) and c is not None
+                for g, c in zip(groups, self.ceilings, strict=True)):
+            self._follow(groups, host=lrs)
+
+    def _follow(self, groups: list[dict[str, Any]], host: Sequence[float] | None = None) -> None:
+        """Bring every group to ramp x min(schedule, ceiling)."""
+        ramp = self.ramp()
+        ratios = []
+        for i, group in enumerate(groups):
+            lr = group["lr"]
+            value = host[i] if isinstance(lr, torch.Tensor) and host is not None else (
+                None if isinstance(lr, torch.Tensor) else float(lr))
+            ceiling = self.ceilings[i]
+            if ceiling is None:
+                self.shares[i] = 1.0
+            elif value is not None and math.isfinite(value):  # else it keeps its share
+                schedule = value / self.applied[i]
+                self.shares[i] = ceiling / schedule if schedule > ceiling else 1.0
+            target = ramp * self.shares[i]  # a tensor LR keeps its share until observed again
+            ratios.append(target / self.applied[i])
+            self.applied[i] = target
+        self._rescale(ratios)
+        self._left = [None if isinstance(g["lr"], torch.Tensor) else float(g["lr"])
+                      for g in groups]
+
+    def _rescale(self, ratios: list[float]) -> None:
+        if all(r == 1.0 for r in ratios):
+            return
+        start = 0
         for i, optimizer in enumerate(self.optimizers):  # each scheduler is scaled once
-            scale_learning_rate(optimizer, self.schedulers if i == 0 else [], ratio)
+            count = len(optimizer.param_groups)
+            scale_learning_rate(optimizer, self.schedulers if i == 0 else [],
+                                ratios[start:start + count])
+            start += count
+
+    def _rescale_schedulers(self, index: int, ratio: float) -> None:
+        """Scale group `index`'s entry of the schedulers' bases only."""
+        first = len(self.optimizers[0].param_groups) if self.optimizers else 0
+        if index >= first or ratio == 1.0:
+            return
+        for scheduler in self.schedulers:
+            for name in ("base_lrs", "_last_lr"):
+                values = getattr(scheduler, name, None)
+                if isinstance(values, list) and len(values) == first:
+                    values = list(values)
+                    values[index] = values[index] * ratio
+                    setattr(scheduler, name, values)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "ceiling": self.ceiling, "progress": self.progress,
-                "active": self.active}
+        return {"start": self.start, "progress": self.progress, "active": self.active,
+                "ceilings": list(self.ceilings), "applied": list(self.applied),
+                "shares": list(self.shares), "left": list(self._left)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.start = float(state["start"])
-        self.ceiling = float(state["ceiling"])
         self.progress = int(state["progress"])
         self.active = bool(state["active"])
+        count = len([g for opt in self.optimizers for g in opt.param_groups])
+        if "applied" not in state:  # saved when the ceiling was a factor on the schedule
+            self.ceilings, self.shares, self._left = [None] * count, [1.0] * count, [None] * count
+            ceiling = float(state.get("ceiling", 1.0))
+            done = min(1.0, self.progress / self.ramp_steps) if self.ramp_steps else 1.0
+            factor = self.start + (ceiling - self.start) * done
+            self.applied = [factor if self.active else 1.0] * count
+            return
+        self.ceilings = [None if c is None else float(c) for c in state["ceilings"]]
+        self.applied = [float(a) for a in state["applied"]]
+        self.shares = [float(v) for v in state["shares"]]
+        self._left = [None if v is None else float(v) for v in state["left"]]

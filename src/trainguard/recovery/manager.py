@@ -1,12 +1,19 @@
 """`Recovery`: the `recover` policy's moving parts (good-state ring, judgement, LR backoff, data
-skip list) behind a few calls the step pipeline makes: `review` (decide), `rollback` (act),
-`after_schedule` and `after_applied` (settle). Its writes to the run's state (the clipping limit,
-the detectors' baselines) go through `RunState`, their one home."""
+skip list) behind a few calls the step pipeline makes: `before_measure` (measure), `review`
+(decide), `rollback` (act), `after_schedule` and `after_applied` (settle). Its writes to the run's
+state (the clipping limit, the detectors' baselines) go through `RunState`, their one home.
+
+A rollback restores what this run owns: the model, the optimizer, the scheduler (with
+`rewind_schedule`), the scaler and the Guard's own baselines. The process-wide random number
+generators are shared with everything else in the process (another model and its Guard, the data
+pipeline) and are put back only with `RecoveryConfig.restore_rng`."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +64,12 @@ class Recovery:
         """Updates thrown away by rollbacks (the extra compute recovery cost)."""
         self._recent_ids: deque[tuple[int, Any]] = deque(
             maxlen=self.config.settle_steps + self.config.rollback_after_skips + 2)
+        self._recent_lrs: deque[tuple[int, tuple[float, ...]]] = deque(
+            maxlen=self.config.ring_size * self.config.ring_every + self.config.settle_steps
+            + self.config.rollback_after_skips + 2)
+        """The LR of every group at each recent step (as used by its update): a rollback's
+        ceiling is set below the highest LR among the updates it undoes."""
+        self._last_rollback: int | None = None
 
     # -- around each step ------------------------------------------------------------------------
     def start(self) -> None:
@@ -66,6 +79,11 @@ class Recovery:
         if not self.ring.promote_now(state, finite=finite):
             log.error("trainguard: the initial weights or optimizer state are not finite; "
                       "there is no good state to roll back to yet")
+
+    def before_measure(self) -> None:
+        """At the start of a step's measurement, before its LR is read: put the LR backoff back
+        on a learning rate the loop wrote itself since the last step."""
+        self.lr.enforce()
 
     def extra(self) -> dict[str, torch.Tensor]:
         flag = self.ring.pending_flag()
@@ -77,6 +95,9 @@ class Recovery:
         """`extra`: the host copies of the step's extra tensors (the ring's finite flag);
         `nonfinite_input`: this rank's batch holds NaN/inf."""
         self._recent_ids.append((signals.step, data_ids))  # flattened only when blamed
+        lrs = self._group_lrs(signals)
+        self.lr.observe(lrs)  # a tensor LR is kept under its ceiling with the transferred value
+        self._recent_lrs.append((signals.step, lrs))
         # Batch findings are rank-local under torch.distributed; everything else here comes from
         # signals all ranks agreed on, so every rank keeps the same ring and makes the same call.
         shared = [e for e in events if not is_rank_local(e.kind)]
@@ -119,45 +140,102 @@ class Recovery:
         return len(self.ring) > 0
 
     def rollback(self, verdict: Verdict, step: int, *, mid_step: bool = True) -> Event:
-        """Restore the newest good state from before the trouble, back the LR off, tighten
-        clipping, and blame the suspect batches. Returns the event that says so."""
+        """Restore the newest good state from before the trouble, back the LR off under a lower
+        ceiling, tighten clipping, and blame the suspect batches. Returns the event that says so.
+        """
         target = self.ring.latest_before(verdict.onset)
         assert target is not None  # callers check can_roll_back()
-        # a run that goes bad again while the LR is still backed off: the LR itself is too high
-        lowered = self.lr.active and verdict.relapse
-        ceiling = self.lr.ceiling * self.config.lr_backoff if lowered else 1.0
+        # The update that did the damage is among those this rollback undoes: the LR that failed
+        # is the highest they used (the start of a fault is an estimate; a spike in the LR can
+        # come a few updates before the trouble shows). Step numbers go on across rollbacks:
+        # updates from before the last one were undone by it, and its ceiling accounts for them.
+        first = min(target.step, verdict.onset)
+        if self._last_rollback is not None:
+            first = max(first, self._last_rollback + 1)
+        trouble_lrs = self._lrs_since(first)
+        ceilings = self._next_ceilings(trouble_lrs, step)
         if self.scaler is not None and mid_step:
             self.scaler.update()  # closes the scaler's step (the driver called unscale_)
         rewind = self.config.rewind_schedule
         current_lrs = [g["lr"] for opt in self.optimizers for g in opt.param_groups]
-        applied = target.extra["lr_factor"] if rewind else self.lr.factor()
+        applied = list(target.extra["lr_applied"]) if rewind else list(self.lr.applied)
         restore(target, model=self.model, optimizers=self.optimizers,
-                scheduler=self.scheduler if rewind else None, scaler=self.scaler)
+                scheduler=self.scheduler if rewind else None, scaler=self.scaler,
+                rng=self.config.restore_rng)
         if not rewind:  # the schedule goes on from where it is, as the data does
-            groups = [g for opt in self.optimizers for g in opt.param_groups]
+            groups = [g for opt in self.optimizers for g in opt.param_groups]  # new after restore
             for group, lr in zip(groups, current_lrs, strict=True):
                 set_lr(group, lr)
         self.run_state.restore_detectors(target.guard)
-        self.lr.begin(ceiling * self.config.lr_backoff, ceiling, applied)
+        self.lr.begin(self.config.lr_backoff, ceilings, applied)
         self.run_state.tighten_clipping(self.config.max_grad_norm)
         self.ring.discard_after(target.step)
         blamed = self._ids_of(verdict.bad_steps)
         self.skipped_data.update(blamed)
         self.controller.rolled_back()
+        self._last_rollback = step
         thrown = step + 1 - target.step
         self.rolled_back_steps += thrown
+        ceiling = self.lr.ceiling()
+        limit = f", never above LR {ceiling:.3g}" if ceiling is not None else ""
         return Event(
             kind="rollback", step=step, severity="warning",
             message=f"{verdict.reason}: rolled back to the good state from step {target.step} "
-                    f"({thrown} steps undone), LR x{self.lr.factor():g} ramping to "
-                    f"x{ceiling:g} over {self.config.lr_ramp_steps} steps, clipping at "
+                    f"({thrown} steps undone), LR x{self.lr.factor():g} ramping back over "
+                    f"{self.config.lr_ramp_steps} steps{limit}, clipping at "
                     f"{self.run_state.max_grad_norm:g}"
                     + (f", {len(blamed)} data id(s) skipped from now on" if blamed else ""),
             value=float(target.step),
             details={"to_step": target.step, "steps_undone": thrown,
                      "lr_factor": self.lr.factor(), "lr_ceiling": ceiling,
+                     "lr_ceilings": list(self.lr.ceilings),
+                     "lr_in_trouble": trouble_lrs[0] if trouble_lrs else None,
                      "max_grad_norm": self.run_state.max_grad_norm, "skipped_data": blamed[:50],
                      "rollbacks": self.controller.rollbacks, "reason": verdict.reason})
+
+    def _next_ceilings(self, trouble_lrs: Sequence[float], step: int) -> list[float | None]:
+        """Each group's LR ceiling after this rollback: a share of the lower of its ceiling so far
+        and the LR that failed, so that every rollback lowers it. A rollback while the ramp of
+        the last one is still on (a relapse) takes `lr_backoff` of it: a fault that comes back is
+        a learning rate that is too high, not a bad batch."""
+        cfg = self.config
+        relapse = (self._last_rollback is not None
+                   and step - self._last_rollback <= cfg.lr_ramp_steps)
+        share = cfg.lr_backoff if relapse else cfg.lr_ceiling
+        ceilings: list[float | None] = []
+        for i, before in enumerate(self.lr.ceilings_now()):
+            lr = trouble_lrs[i] if i < len(trouble_lrs) else math.nan  # a group added since
+            base = lr if math.isfinite(lr) and lr > 0 else None  # no LR, no LR to blame
+            if before is not None:
+                base = before if base is None else min(base, before)
+            ceilings.append(None if base is None else base * share)
+        return ceilings
+
+    def _group_lrs(self, signals: StepSignals) -> tuple[float, ...]:
+        """The LR of every group for this step's update, as measured (a tensor LR came with the
+        step's transfer); read from the groups when the signals do not carry them."""
+        lrs = self._host_lrs()
+        measured = tuple(getattr(signals, "group_lrs", ()))
+        if len(measured) == len(lrs):
+            return tuple(float(v) for v in measured)
+        if lrs and signals.lr is not None:
+            lrs[0] = float(signals.lr)  # the first group's came with the transfer
+        return tuple(lrs)
+
+    def _lrs_since(self, first: int) -> tuple[float, ...]:
+        """Each group's highest LR in force from step `first` on (the current LRs when no step
+        since was measured, as for a rollback by hand right after one)."""
+        since = [lrs for recorded, lrs in self._recent_lrs if recorded >= first]
+        if not since:
+            since = [tuple(self._host_lrs())]
+        width = max(len(lrs) for lrs in since)
+        return tuple(max((lrs[i] for lrs in since if i < len(lrs) and math.isfinite(lrs[i])),
+                         default=math.nan) for i in range(width))
+
+    def _host_lrs(self) -> list[float]:
+        """The groups' float LRs as they are now (NaN for a tensor LR: reading it is a sync)."""
+        return [math.nan if isinstance(g.get("lr"), torch.Tensor) or g.get("lr") is None
+                else float(g["lr"]) for opt in self.optimizers for g in opt.param_groups]
 
     def _ids_of(self, steps: list[int]) -> list[Any]:
         return [i for s, ids in self._recent_ids if s in steps for i in flatten_ids(ids)]
@@ -167,18 +245,22 @@ class Recovery:
         return capture(step=self.run_state.step, model=self.model, optimizers=self.optimizers,
                        scheduler=self.scheduler, scaler=self.scaler,
                        guard_state=self.run_state.detector_state(),
-                       extra={"lr_factor": self.lr.factor()}, reuse=reuse)
+                       extra={"lr_applied": list(self.lr.applied)},
+                       rng=self.config.restore_rng, reuse=reuse)
 
     def state_dict(self) -> dict[str, Any]:
         """Judgement, backoff and skip list (the saved states themselves stay in memory; the
         clipping limit a rollback tightened is in `RunState`)."""
         return {"controller": self.controller.state_dict(), "lr": self.lr.state_dict(),
                 "skipped_data": sorted(self.skipped_data, key=repr),
-                "rolled_back_steps": self.rolled_back_steps}
+                "rolled_back_steps": self.rolled_back_steps,
+                "last_rollback": self._last_rollback}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.controller.load_state_dict(state["controller"])
         self.lr.load_state_dict(state["lr"])
         self.skipped_data = set(state["skipped_data"])
         self.rolled_back_steps = int(state["rolled_back_steps"])
+        last = state.get("last_rollback")
+        self._last_rollback = None if last is None else int(last)
 

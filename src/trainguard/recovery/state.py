@@ -29,7 +29,9 @@ class SavedState:
     optimizers: list[dict[str, Any]]
     scheduler: dict[str, Any] | None
     scaler: dict[str, Any] | None
-    rng: dict[str, Any]
+    rng: dict[str, Any] | None
+    """The process-wide RNG states (torch, CUDA, Python, NumPy); kept only when a rollback is to
+    put them back (`RecoveryConfig.restore_rng`): they are not this run's alone."""
     guard: dict[str, Any]
     """The run's own state (detector baselines), so a rollback also forgets the bad steps."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -50,8 +52,10 @@ class SavedState:
 
 def capture(*, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer],
             scheduler: Any, scaler: Any, guard_state: dict[str, Any],
-            extra: dict[str, Any] | None = None, reuse: SavedState | None = None) -> SavedState:
-    """Copy the training state to host memory (reusing `reuse`'s buffers when they fit)."""
+            extra: dict[str, Any] | None = None, rng: bool = True,
+            reuse: SavedState | None = None) -> SavedState:
+    """Copy the training state to host memory (reusing `reuse`'s buffers when they fit); the RNG
+    states too when `rng`."""
     model_state = _offload(model.state_dict(), reuse.model if reuse is not None else None)
     old_opts = reuse.optimizers if reuse is not None else []
     opt_states = [_offload(opt.state_dict(), old_opts[i] if i < len(old_opts) else None)
@@ -60,14 +64,16 @@ def capture(*, step: int, model: nn.Module, optimizers: list[torch.optim.Optimiz
         step=step, model=model_state, optimizers=opt_states,
         scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
         scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
-        rng=rng_state(), guard=copy.deepcopy(guard_state), extra=dict(extra or {}),
+        rng=rng_state() if rng else None, guard=copy.deepcopy(guard_state),
+        extra=dict(extra or {}),
         finite=finite_flag(model, optimizers))
 
 
 def restore(state: SavedState, *, model: nn.Module, optimizers: list[torch.optim.Optimizer],
-            scheduler: Any, scaler: Any) -> None:
+            scheduler: Any, scaler: Any, rng: bool = True) -> None:
     """Put the state back in place (the model's tensors keep their device and identity).
-    `scheduler=None` leaves the schedule where it is."""
+    `scheduler=None` leaves the schedule where it is; `rng=False` leaves the process-wide random
+    number generators alone (they are shared with everything else in the process)."""
     with torch.no_grad():
         model.load_state_dict(state.model)
     for opt, saved in zip(optimizers, state.optimizers, strict=True):
@@ -78,7 +84,8 @@ def restore(state: SavedState, *, model: nn.Module, optimizers: list[torch.optim
         scheduler.load_state_dict(copy.deepcopy(state.scheduler))
     if scaler is not None and state.scaler is not None:
         scaler.load_state_dict(copy.deepcopy(state.scaler))
-    restore_rng_state(state.rng)
+    if rng and state.rng is not None:
+        restore_rng_state(state.rng)
 
 
 def finite_flag(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> torch.Tensor | None:
