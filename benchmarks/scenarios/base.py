@@ -37,6 +37,11 @@ class Workload:
     batch_size: int = 0
     """The configured batch size (what a truncated loader silently falls short of)."""
     notes: dict[str, Any] = field(default_factory=dict)
+    before_step: Callable[[int], None] | None = None
+    """The training loop's own code at the start of step `step` (a fault made the way users
+    make them: an LR changed, a layer unfrozen and added to the optimizer)."""
+    skips_backward: Callable[[int], bool] | None = None
+    """True for the steps whose loop forgets `loss.backward()`."""
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ def summary_lines(summary: dict[str, Any]) -> str:
     return "\n".join([
         f"strategy {summary['strategy']}: {summary['faulty']} faulty, {summary['healthy']} healthy",
         f"  recall {_fmt(summary['recall'])}  missed: {', '.join(summary['missed']) or 'none'}",
-        f"  false-alarm rate (healthy runs with any event) {_fmt(summary['false_alarm_rate'])}"
+        f"  false-alarm rate (healthy runs with a warning: an event or a preflight finding) "
+        f"{_fmt(summary['false_alarm_rate'])}"
         f"  {', '.join(summary['healthy_with_events']) or ''}",
         f"  faulty runs with events before onset: "
         f"{', '.join(summary['faulty_with_early_events']) or 'none'}",

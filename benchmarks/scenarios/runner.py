@@ -44,6 +44,8 @@ class RunResult:
     diagnosis: list[str] = field(default_factory=list)
     """Ranked cause codes from trainguard's diagnosis, most likely first."""
     notes: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    """The preflight audit's findings (trainguard strategies only)."""
     rolled_back_steps: int = 0
     """Updates thrown away by rollbacks (`guard.recovery.rolled_back_steps`): the extra compute
     the `recover` strategy spent. 0 for strategies that never roll back."""
@@ -52,16 +54,26 @@ class RunResult:
         return asdict(self)
 
 
+def _alarming(severity: str) -> bool:
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK[DETECTION_SEVERITY]
+
+
 def score(result: RunResult, scenario: Scenario) -> None:
-    """Fill detected / latency / false_alarms from the events and the ground truth."""
-    events = result.events
+    """Fill detected / latency / false_alarms from the events, the preflight findings and the
+    ground truth. Alarms are events and preflight findings of warning severity or worse (an
+    `info` event, such as a noted LR change, is a note, not an alarm). A configuration fault
+    present from step 0 counts as detected, with latency 0, when the preflight reports its cause
+    at warning or worse."""
+    events = [e for e in result.events if _alarming(e["severity"])]
+    warned = [f for f in result.findings if _alarming(f["severity"])]
     if scenario.healthy:
-        result.false_alarms = len(events)
+        result.false_alarms = len(events) + len(warned)
         return
     onset = scenario.onset_step or 0
     result.false_alarms = sum(1 for e in events if e["step"] < onset)
-    hits = [e["step"] for e in events if e["step"] >= onset
-            and SEVERITY_RANK[e["severity"]] >= SEVERITY_RANK[DETECTION_SEVERITY]]
+    hits = [e["step"] for e in events if e["step"] >= onset]
+    if onset == 0 and any(f.get("cause") == scenario.cause for f in warned):
+        hits.append(0)
     result.detected = bool(hits)
     result.latency = (min(hits) - onset) if hits else None
 
@@ -83,6 +95,9 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
     model = workload.model
     batch = None
     step_loss = torch.zeros(())
+    if workload.before_step is not None:
+        workload.before_step(step)
+    backward = workload.skips_backward is None or not workload.skips_backward(step)
     for micro in range(workload.accumulation):
         batch = workload.batch(step, micro)
         try:
@@ -98,8 +113,9 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
                                 enabled=workload.autocast is not None):
                 loss = workload.loss(model, batch, step)
             scaled = loss / workload.accumulation
-            (workload.scaler.scale(scaled) if workload.scaler is not None
-             else scaled).backward()
+            if backward:
+                (workload.scaler.scale(scaled) if workload.scaler is not None
+                 else scaled).backward()
         step_loss = step_loss + scaled.detach().float()
     action = stepper.step(step_loss, batch)
     workload.optimizer.zero_grad(set_to_none=True)
@@ -150,6 +166,7 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         train_losses=losses, actions=actions,
         events=[e.to_dict() for e in stepper.events],
         seconds=time.perf_counter() - started, error=error, notes=dict(workload.notes),
-        diagnosis=stepper.diagnosis(), rolled_back_steps=stepper.rolled_back_steps())
+        diagnosis=stepper.diagnosis(), rolled_back_steps=stepper.rolled_back_steps(),
+        findings=stepper.findings())
     score(result, scenario)
     return result

@@ -57,6 +57,10 @@ class Stepper:
         rolls back)."""
         return 0
 
+    def findings(self) -> list[dict[str, Any]]:
+        """The preflight audit's findings (only trainguard audits)."""
+        return []
+
     def close(self) -> None:
         pass
 
@@ -146,6 +150,9 @@ class GuardStepper(Stepper):
 
     def diagnosis(self) -> list[str]:
         return [cause.code for cause in self.guard.diagnose()]
+
+    def findings(self) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in self.guard.findings]
 
     def rolled_back_steps(self) -> int:
         recovery = self.guard.recovery

@@ -51,7 +51,19 @@ def test_scoring_counts_detection_latency_and_false_alarms() -> None:
     assert (result.detected, result.latency) == (False, None), "info events do not count"
     result = _result([(1, "info")], onset=None)
     score(result, healthy)
-    assert result.false_alarms == 1 and result.detected is None
+    assert result.false_alarms == 0 and result.detected is None, "an info event is a note"
+    result = _result([(1, "warning")], onset=None)
+    result.findings = [{"check": "warmup", "severity": "warning", "cause": "missing_warmup"}]
+    score(result, healthy)
+    assert result.false_alarms == 2, "a preflight warning on a healthy run is a false alarm"
+    config_fault = Scenario("c", "f", build, 10, cause="missing_warmup", onset_step=0)
+    result = _result([], onset=0)
+    result.findings = [{"check": "warmup", "severity": "warning", "cause": "missing_warmup"}]
+    score(result, config_fault)
+    assert (result.detected, result.latency) == (True, 0), "the preflight found it"
+    result.findings = [{"check": "warmup", "severity": "info", "cause": "missing_warmup"}]
+    score(result, config_fault)
+    assert result.detected is False
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

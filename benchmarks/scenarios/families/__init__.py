@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-_NAMES = ("gpt2", "bert_cls", "image_cls", "diffusion", "lstm", "ddp")
+_NAMES = ("gpt2", "bert_cls", "image_cls", "diffusion", "lstm", "regression", "ddp")
 
 
 def _load() -> list[ModuleType]:

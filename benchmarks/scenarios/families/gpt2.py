@@ -205,6 +205,20 @@ class Recipe:
     truncated_from: int | None = None
     truncated_size: int = 2
     """batch_truncated: from `truncated_from` on, batches hold `truncated_size` sequences."""
+    lr_jump_at: int | None = None
+    lr_jump: float = 1.0
+    """lr_too_high (a user's change): from this step the loop multiplies the LR by `lr_jump`
+    and leaves it there."""
+    lr_ramp_from: int | None = None
+    lr_ramp_rate: float = 1.05
+    """lr_too_high (gradual): from this step the LR grows by `lr_ramp_rate` per step (a
+    scheduler stepped far too often, a warmup that never stops)."""
+    late_group_at: int | None = None
+    late_group_lr: float = 0.0
+    """lr_too_high (a late group): the first transformer block starts frozen and outside the
+    optimizer; at this step the loop unfreezes it and adds it with `late_group_lr`."""
+    no_backward_from: int | None = None
+    """no_gradients: from this step the loop forgets `loss.backward()`."""
 
 
 FOREIGN_VOCAB_SIZE = 100
@@ -238,10 +252,23 @@ def build(seed: int, recipe: Recipe) -> Workload:
                                     category=FutureWarning)
             model = get_peft_model(model, lora)
     model.train()
+    late = list(model.transformer.h[0].parameters()) if recipe.late_group_at is not None else []
+    for p in late:
+        p.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, partial(warmup_cosine, warmup=recipe.warmup_steps, total=recipe.steps))
+        optimizer, partial(user_schedule, recipe=recipe))
+
+    def before_step(step: int) -> None:
+        if step == recipe.late_group_at:  # progressive unfreezing done by hand
+            for p in late:
+                p.requires_grad_(True)
+            optimizer.add_param_group({"params": late, "lr": recipe.late_group_lr,
+                                       "initial_lr": recipe.late_group_lr})
+            # the schedule must know the new group too (LambdaLR zips its lists strictly)
+            scheduler.base_lrs.append(recipe.late_group_lr)
+            scheduler.lr_lambdas.append(scheduler.lr_lambdas[0])
     held_out = [sample_sequences(transition, BATCH_SIZE, _generator(seed, _EVAL_STREAM, i))
                 for i in range(EVAL_BATCHES)]
     wrong_vocabulary = torch.randperm(VOCAB_SIZE, generator=_generator(seed, _VOCABULARY_STREAM, 0))
@@ -273,10 +300,26 @@ def build(seed: int, recipe: Recipe) -> Workload:
                        else SANE_TEMPERATURE)
         return task + REGULARISER_WEIGHT * confidence_regulariser(logits, temperature)
 
+    no_backward = recipe.no_backward_from
     return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
                     evaluate=lambda m: lm_eval(m, held_out, loss), scheduler=scheduler,
                     autocast=recipe.autocast, accumulation=recipe.accumulation,
-                    batch_size=recipe.batch_size)
+                    batch_size=recipe.batch_size,
+                    before_step=before_step if recipe.late_group_at is not None else None,
+                    skips_backward=(None if no_backward is None
+                                    else lambda step: step >= no_backward))
+
+
+def user_schedule(step: int, recipe: Recipe) -> float:
+    """The LR multiplier the loop applies: warmup + cosine, times the user's own changes."""
+    factor = warmup_cosine(step, recipe.warmup_steps, recipe.steps)
+    if recipe.lr_jump_at is not None and step >= recipe.lr_jump_at:
+        factor *= recipe.lr_jump
+    if recipe.lr_ramp_from is not None and step >= recipe.lr_ramp_from:
+        # the schedule stops where the ramp starts, and the LR climbs from there
+        factor = (warmup_cosine(recipe.lr_ramp_from, recipe.warmup_steps, recipe.steps)
+                  * recipe.lr_ramp_rate ** (step - recipe.lr_ramp_from))
+    return factor
 
 
 def _scenario(name: str, recipe: Recipe, description: str, **fault: Any) -> Scenario:
@@ -294,6 +337,10 @@ BASELINES: dict[str, str] = {
     "gpt2_tokenizer_shard": "gpt2_healthy",
     "gpt2_numerical_op": "gpt2_healthy",
     "gpt2_batch_truncated": "gpt2_healthy",
+    "gpt2_user_lr_jump": "gpt2_healthy",
+    "gpt2_lr_ramp": "gpt2_healthy",
+    "gpt2_late_group_lr": "gpt2_healthy",
+    "gpt2_forgotten_backward": "gpt2_healthy",
     # LoRA r=8 at the sane LoRA LR
     "gpt2_lora_lr_too_high": "gpt2_lora_healthy",
     "gpt2_lora_scaling": "gpt2_lora_healthy",
@@ -322,6 +369,9 @@ def scenarios() -> list[Scenario]:
                   f"full fine-tune with noisy batches of 2 sequences, sane {sane}"),
         _scenario("gpt2_lora_healthy", lora,
                   f"LoRA r=8 alpha=8 (alpha/r=1), lora_dropout 0.1, sane {sane_lora}"),
+        _scenario("gpt2_lora_healthy_alpaca", replace(lora, lora_alpha=16),
+                  f"LoRA r=8 alpha=16 (alpha/r=2, alpaca-lora's setting), lora_dropout 0.1, "
+                  f"sane {sane_lora}"),
         # -- faulty -------------------------------------------------------------------------------
         _scenario("gpt2_lr_too_high", replace(full, lr=100 * SANE_FULL_LR),
                   f"full fine-tune at {100 * SANE_FULL_LR:g} = 100x the sane LR "
@@ -359,6 +409,23 @@ def scenarios() -> list[Scenario]:
                   f"{ONSET_STEP} a temperature bug ({COLLAPSED_TEMPERATURE:g}) underflows the "
                   "softmax to exact 0, so the loss is NaN",
                   cause="numerical_op", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_user_lr_jump", replace(full, lr_jump_at=ONSET_STEP, lr_jump=100.0),
+                  f"the training loop multiplies the LR by 100 at step {ONSET_STEP} and leaves "
+                  "it there (a user's own LR change)",
+                  cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_lr_ramp", replace(full, lr_ramp_from=ONSET_STEP, lr_ramp_rate=1.05),
+                  f"from step {ONSET_STEP} the LR grows 5% a step (x130 over 100 steps: a "
+                  "scheduler stepped per batch instead of per epoch)",
+                  cause="lr_too_high", onset_step=ONSET_STEP, sudden=False, recoverable=False),
+        _scenario("gpt2_late_group_lr",
+                  replace(full, late_group_at=ONSET_STEP, late_group_lr=100 * SANE_FULL_LR),
+                  f"the first block starts frozen; at step {ONSET_STEP} the loop unfreezes it and "
+                  f"adds it to the optimizer at {100 * SANE_FULL_LR:g} (100x the sane LR, the "
+                  "head's LR given to a pre-trained block)",
+                  cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_forgotten_backward", replace(full, no_backward_from=ONSET_STEP),
+                  f"from step {ONSET_STEP} the loop forgets loss.backward(): nothing trains",
+                  cause="no_gradients", onset_step=ONSET_STEP, sudden=True, recoverable=False),
         _scenario("gpt2_batch_truncated",
                   replace(full, truncated_from=ONSET_STEP, truncated_size=2),
                   f"from step {ONSET_STEP} the loader silently yields 2 sequences instead of "

@@ -1,0 +1,62 @@
+"""Faults made the way users make them, in the scenario suite: ground truth checked on the
+unguarded run, and what trainguard makes of each."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from benchmarks.scenarios import scenario
+from benchmarks.scenarios.runner import run_scenario
+
+HEALTHY_AT_80 = {}
+
+
+def _healthy_eval(steps: int) -> float:
+    if steps not in HEALTHY_AT_80:
+        HEALTHY_AT_80[steps] = run_scenario(scenario("gpt2_healthy"), "none",
+                                            steps=steps).final_eval_loss
+    return HEALTHY_AT_80[steps]
+
+
+@pytest.mark.parametrize(("name", "steps", "worse"), [
+    ("gpt2_user_lr_jump", 80, 2.0), ("gpt2_late_group_lr", 80, 1.5),
+    ("gpt2_forgotten_backward", 120, 1.02)])
+def test_the_fault_really_hurts_an_unguarded_run(name: str, steps: int, worse: float) -> None:
+    unguarded = run_scenario(scenario(name), "none", steps=steps)
+    assert unguarded.final_eval_loss > worse * _healthy_eval(steps)
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("gpt2_user_lr_jump", "lr_too_high"), ("gpt2_late_group_lr", "lr_too_high"),
+    ("gpt2_forgotten_backward", "no_gradients")])
+def test_trainguard_finds_it_within_a_step_or_two_and_names_the_cause(name: str,
+                                                                        kind: str) -> None:
+    s = scenario(name)
+    result = run_scenario(s, "trainguard", steps=s.onset_step + 20)
+    assert result.detected and result.latency is not None and result.latency <= 2
+    assert result.false_alarms == 0
+    assert result.diagnosis[0] == kind
+
+
+def test_the_lr_jump_is_named_in_the_evidence() -> None:
+    s = scenario("gpt2_user_lr_jump")
+    result = run_scenario(s, "trainguard", steps=s.onset_step + 10)
+    change = next(e for e in result.events if e["kind"] == "lr_change")
+    # x99: the cosine decay moved the LR down by 1% between the two steps
+    assert change["step"] == s.onset_step and change["message"].startswith("LR x99 at step 60")
+
+
+def test_alpaca_lora_settings_are_a_quiet_healthy_run() -> None:
+    result = run_scenario(scenario("gpt2_lora_healthy_alpaca"), "trainguard", steps=60)
+    assert result.false_alarms == 0
+    assert not [f for f in result.findings if f["severity"] != "info"]
+
+
+def test_student_t_targets_train_and_a_1000x_batch_is_still_caught() -> None:
+    healthy = run_scenario(scenario("regression_healthy_student_t"), "trainguard", steps=200)
+    assert healthy.false_alarms == 0  # the one big jump of this run comes at step 257
+    fault = run_scenario(scenario("regression_outlier_batch"), "trainguard", steps=210)
+    assert fault.detected and fault.latency == 0
+    assert fault.diagnosis[0] == "outlier_batch"
