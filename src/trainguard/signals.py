@@ -41,6 +41,8 @@ class StepSignals:
     fp16_grad_maxabs: float | None = None
     sampled: list[SampledStats] = field(default_factory=list)
     """Heavy-probe results that arrived with this step's transfer (usually from the step before)."""
+    lr_managed: bool = False
+    """The recover policy sets the LR at this step (a backoff ramping back after a rollback)."""
     loss_requires_grad: bool | None = None
     """Whether the loss tensor handed over required grad (None: a number, or not known)."""
 

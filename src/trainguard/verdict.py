@@ -96,7 +96,9 @@ class LossTrack:
                               start,
                               self.before_trouble, final, self.trouble_step)
         if self.trouble_step is not None:
-            return RunVerdict("recovered", f"the loss ended at {final:.4g}, no worse than the "
+            how = ("no worse than" if final <= reference
+                   else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
+            return RunVerdict("recovered", f"the loss ended at {final:.4g}, {how} the "
                               f"{reference:.4g} it was {against}", start, self.before_trouble,
                               final, self.trouble_step)
         return RunVerdict("healthy", f"the loss went from {start:.4g} to {final:.4g}", start,

@@ -169,3 +169,14 @@ def test_an_lr_raised_by_a_callback_ranks_lr_too_high_under_the_trainer(tmp_path
     serious = [e for e in guard.events if e.severity != "info"]
     assert serious and 60 <= serious[0].step <= 62
     assert guard.run.diagnose()[0].code == "lr_too_high"
+
+
+def test_trainguards_own_backoff_is_no_news() -> None:
+    detector = LRChange(DetectorConfig())
+    fired = []
+    for step in range(40):
+        lr = 1e-3 if step < 20 else 1e-2  # the ramp after a rollback climbs past the old LR
+        fired += detector.check(StepSignals(step=step, loss=1.0, grad_norm=1.0,
+                                            param_grad_norm=np.ones(1), param_names=["w"],
+                                            group_lrs=(lr,), lr_managed=step >= 20))
+    assert fired == []

@@ -43,7 +43,8 @@ class LRChange(Detector):
                 continue
             top = self.highest[group]
             settled = self.seen[group] >= self.config.warmup_steps
-            if settled and top > 0 and lr >= self.config.lr_jump_ratio * top:
+            if (settled and top > 0 and lr >= self.config.lr_jump_ratio * top
+                    and not signals.lr_managed):  # trainguard's own backoff is no news
                 jumps.append((group, lr, self.previous[group], top))
             self.highest[group] = max(top, lr)
             self.previous[group] = lr

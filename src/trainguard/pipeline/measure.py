@@ -108,6 +108,7 @@ class Measure:
             step=ctx.step, loss=loss_value, grad_norm=grad_norm,
             param_grad_norm=host["param_grad_norm"], param_names=run.watched.names,
             lr=None if lrs[0] is None else group_lrs[0], group_lrs=group_lrs,
+            lr_managed=run.state.recovery is not None and run.state.recovery.lr.active,
             loss_scale=float(host["loss_scale"][0]) if "loss_scale" in host else None,
             amp_overflow=run.scaler is not None and loss_finite and not math.isfinite(grad_norm),
             fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
