@@ -428,6 +428,9 @@ def _show(args: argparse.Namespace) -> int:
         lines.append(f"{label:<10} first {_fmt(lr['first'])}  last {_fmt(lr['last'])}  "
                      f"min {_fmt(lr['min'])}  max {_fmt(lr['max'])}{jump}")
     lines.append(f"grad norm  non-finite on {summary['grad_norm_nonfinite_steps']} step(s)")
+    for record in summary.get("eval", []):
+        shown = "  ".join(f"{k} {_fmt(v)}" for k, v in list(record["metrics"].items())[:6])
+        lines.append(f"eval       step {record['step']}: {shown}")
     actions = ", ".join(f"{k} {v}" for k, v in sorted(summary["actions"].items())) or "-"
     lines.append(f"actions    {actions}")
     if summary["interventions"]:

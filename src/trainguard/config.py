@@ -133,6 +133,21 @@ class DetectorConfig:
     """Once a run has shown such jumps, a new one must be this many times beyond the largest of
     them to count: heavy-tailed data keeps producing jumps of about the same size, a fault goes
     further."""
+    dead_unit_share: float = 0.95
+    """A module whose units are zero for every sample of a batch in at least this share is dead
+    (`dead_units`); a healthy ReLU layer has almost none such."""
+    collapse_spread: float = 1e-3
+    """A module or output whose values vary across the batch by less than this share of their
+    magnitude gives every sample the same output."""
+    collapse_mode_share: float = 0.98
+    """Predictions of which at least this share are one class are a collapsed classifier, when
+    they were spread before (`output_collapse`)."""
+    output_std_ratio: float = 10.0
+    """A continuous output whose spread falls below 1/x or rises above x times its early level
+    has collapsed or exploded (a denoiser's predicted noise)."""
+    eval_patience: int = 3
+    """Evaluations in a row that an eval loss rises while the train loss falls, before
+    `metric_collapse` says so."""
     no_gradient_steps: int = 3
     """Optimizer steps in a row without any gradient (None or zero) before `no_gradients` fires:
     one such step happens legitimately (a batch that touches no trainable weight), three in a
@@ -157,7 +172,8 @@ class DetectorConfig:
                      "loss_spike_error_ratio", "divergence_ratio", "divergence_zscore",
                      "extreme_weight_abs",
                      "bad_start_ratio", "bad_start_blowup_ratio", "lr_jump_ratio",
-                     "transient_margin",
+                     "transient_margin", "dead_unit_share", "collapse_spread",
+                     "collapse_mode_share", "output_std_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
@@ -165,15 +181,18 @@ class DetectorConfig:
                      "lr_jump_ratio", "transient_margin"):
             _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
                      f"must be > 1, got {getattr(self, name)!r}")
-        _require(self.fp16_limit_fraction <= 1, "DetectorConfig.fp16_limit_fraction",
-                 f"must be <= 1, got {self.fp16_limit_fraction!r}")
+        for name in ("fp16_limit_fraction", "dead_unit_share", "collapse_mode_share"):
+            _require(getattr(self, name) <= 1, f"DetectorConfig.{name}",
+                     f"must be <= 1, got {getattr(self, name)!r}")
+        _require(self.output_std_ratio > 1, "DetectorConfig.output_std_ratio",
+                 f"must be > 1, got {self.output_std_ratio!r}")
         for name, minimum in (("divergence_patience", 1), ("divergence_span", 1),
                               ("divergence_window", 1),
                               ("overflow_skips", 1), ("overflow_window", 1),
                               ("baseline_window", 3), ("warmup_steps", 0),
                               ("loss_spike_level_window", 1), ("rearm_steps", 1),
                               ("max_named_params", 1), ("no_gradient_steps", 1),
-                              ("transient_horizon", 1)):
+                              ("transient_horizon", 1), ("eval_patience", 1)):
             _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
 
 
@@ -289,6 +308,12 @@ class GuardConfig:
     """Audit the model, optimizer and scheduler when the Guard starts (trainguard.preflight)."""
     activation_probe: bool = True
     """Attach forward hooks on sampled steps: activation range, sparsity and non-finite share."""
+    output_probe: bool = True
+    """Watch the model's output on sampled steps: predicted classes and their spread, the
+    output's scale (`output_collapse`)."""
+    num_classes: int | None = None
+    """Classes of the task, for judging evaluation accuracy against chance (`metric_collapse`);
+    None: inferred from the width of the model's class scores."""
     store: bool = True
     """Write the embedded run store when a run_dir is given."""
     console: bool = True
@@ -314,8 +339,10 @@ class GuardConfig:
         _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",
                  f"unknown severity {self.halt_severity!r}; choose one of {', '.join(SEVERITIES)}")
         for name in ("sample_all_steps", "inspect_batches", "preflight", "activation_probe",
-                     "store", "console"):
+                     "output_probe", "store", "console"):
             _flag(getattr(self, name), f"GuardConfig.{name}")
+        if self.num_classes is not None:
+            _at_least(self.num_classes, 2, "GuardConfig.num_classes")
         if self.snapshot_dir is not None:
             _require(isinstance(self.snapshot_dir, (str, os.PathLike)), "GuardConfig.snapshot_dir",
                      f"must be a path, got {self.snapshot_dir!r}")

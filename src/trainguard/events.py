@@ -64,6 +64,8 @@ class StepReport:
     """The factor gradients were multiplied by (1.0 when not clipped)."""
     sampled: bool = False
     """Whether the heavy probes ran on this step."""
+    loss_curvature: float | None = None
+    """The smoothed second difference of the log loss at this step (None early on)."""
     signals: StepSignals | None = field(default=None, repr=False, compare=False)
     """The host measurements behind the report (per-parameter gradient norms, sampled
     statistics that arrived with this step), for sinks that record more than the scalars."""

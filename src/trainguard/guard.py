@@ -17,6 +17,7 @@ updates that were really applied. Everything around the step is the `Run` and it
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,14 @@ class Guard:
         (default: the newest), with the same LR backoff and clipping as an automatic rollback.
         Only under the `recover` policy."""
         return self.run.rollback(reason, to_step=to_step)
+
+    def observe_eval(self, metrics: Mapping[str, Any], step: int | None = None) -> list[Event]:
+        """Hand evaluation metrics to trainguard (`{"accuracy": 0.81, "eval_loss": 0.52}`), at
+        `step` (default: the last step taken). They are stored and shown, and judged by
+        `metric_collapse`: accuracy at chance after it was above it (give
+        `GuardConfig(num_classes=...)`, or it is read from the model's output width), an eval
+        loss rising while the train loss falls, a metric off a cliff. Returns the events."""
+        return self.run.observe_eval(metrics, step)
 
     def check_batch(self, batch: Any) -> list[Finding]:
         """Inspect a batch *before* the forward pass; raise BatchError for one the model cannot

@@ -71,6 +71,8 @@ class Tag:
     """The first updates went wrong; `details["cause"]` and `details["sustained"]` say how."""
     OVERFLOW = "overflow"
     """float16 values at their limit."""
+    COLLAPSE = "collapse"
+    """The model stopped responding to its input: dead layers, one predicted class."""
     LR = "lr"
     """The learning rate itself changed; evidence for `lr_too_high` when trouble follows."""
     BATCH = "batch"
@@ -214,6 +216,21 @@ _kind("bad_start", "the first steps went wrong: an over-scaled new layer or a bl
       "warning", tags=(_I, Tag.START))
 _kind("lr_change", "a parameter group's LR rose far above anything it had used, in one step",
       "info", tags=(Tag.LR,))
+_kind("dead_units", "a layer that was alive has gone dead, or gives every sample the same "
+      "output (sampled steps)", "warning", rank_local=True, tags=(Tag.COLLAPSE,),
+      votes=(CauseVote("dead_units", 3.0, "a layer's units died"),
+             CauseVote("lr_too_high", 1.0, "units die after updates too large for them"),
+             CauseVote("bad_init", 0.3, "units can start dead from a bad initialisation")))
+_kind("output_collapse", "the model predicts the same class (or a collapsed output) for every "
+      "input, when it did not before (sampled steps)", "warning", rank_local=True,
+      tags=(Tag.COLLAPSE,),
+      votes=(CauseVote("lr_too_high", 1.5, "the predictions collapsed to one class"),
+             CauseVote("dead_units", 1.0, "a collapsed output often follows dead layers"),
+             CauseVote("label_problem", 0.5, "one class everywhere can be the labels' doing")))
+_kind("metric_collapse", "evaluation metrics say training went wrong: accuracy at chance, an "
+      "eval loss rising while the train loss falls, a metric off a cliff", "warning",
+      votes=(CauseVote("label_problem", 1.5, "evaluation collapsed ({message})", each_event=True),
+             CauseVote("lr_too_high", 1.0, "evaluation metrics collapsed")))
 _kind("no_gradients", "no watched parameter has a gradient while the loss is finite",
       "warning", votes=(CauseVote("no_gradients", 3.0, "no gradients at all at step {step}: "
                                   "{message}", each_event=True),))
@@ -396,6 +413,22 @@ for _metric in (
               _LOCAL, True),
     MetricKey("act_nonfinite", Scope.MODULE, "share of NaN/inf values", _LOCAL, True),
     MetricKey("act_fp16", Scope.MODULE, "1 when the output was float16, else 0", _LOCAL, True),
+    # sampled steps: the model's output (probes/outputs.py)
+    MetricKey("out_kind", Scope.STEP, "1 for class scores, 0 for a continuous output", _LOCAL,
+              True),
+    MetricKey("out_classes", Scope.STEP, "width of the class scores (0: continuous)", _LOCAL,
+              True),
+    MetricKey("out_mode_share", Scope.STEP, "share of predictions that are the most common class",
+              _LOCAL, True),
+    MetricKey("out_mode_class", Scope.STEP, "the most common predicted class", _LOCAL, True),
+    MetricKey("out_std", Scope.STEP, "standard deviation of the output's values", _LOCAL, True),
+    MetricKey("out_count", Scope.STEP, "predictions (samples x positions) or values measured",
+              _LOCAL, True),
+    MetricKey("act_dead_frac", Scope.MODULE,
+              "share of units zero for every sample of the batch (dead units)", _LOCAL, True),
+    MetricKey("act_batch_spread", Scope.MODULE,
+              "spread of each unit across the batch relative to the mean |output| (0: every "
+              "sample gets the same output)", _LOCAL, True),
 ):
     _add_metric(_metric)
 del _metric, _SS, _MAX, _LOCAL

@@ -20,6 +20,8 @@ class SampledStats:
     per_param: dict[str, np.ndarray] = field(default_factory=dict)
     module_names: list[str] = field(default_factory=list)
     per_module: dict[str, np.ndarray] = field(default_factory=dict)
+    output: dict[str, float] = field(default_factory=dict)
+    """What the model predicted at `step` (`trainguard.probes.outputs`), when it was watched."""
 
 
 @dataclass(slots=True)
@@ -41,6 +43,8 @@ class StepSignals:
     fp16_grad_maxabs: float | None = None
     sampled: list[SampledStats] = field(default_factory=list)
     """Heavy-probe results that arrived with this step's transfer (usually from the step before)."""
+    loss_curvature: float | None = None
+    """The smoothed second difference of the log loss (`LossCurvature`); None early on."""
     lr_managed: bool = False
     """The recover policy sets the LR at this step (a backoff ramping back after a rollback)."""
     loss_requires_grad: bool | None = None
@@ -120,6 +124,39 @@ class RobustBaseline:
         self._sorted = sorted(self.values)
         self._scale = state.get("scale")
         self._since_scale = int(state.get("since_scale", 0))
+
+
+class LossCurvature:
+    """The smoothed second difference of the log loss, per step (the guide's "second derivative
+    of the loss"): the loss is smoothed by an exponential moving average of span `span`, and the
+    curvature is its second difference. Positive while the loss accelerates upwards (or its fall
+    slows), negative while it accelerates downwards. NaN-safe: non-finite losses are skipped."""
+
+    def __init__(self, span: int = 10) -> None:
+        self.decay = 1.0 - 2.0 / (span + 1)
+        self.levels: list[float] = []
+        self.raw = 0.0
+        self.seen = 0
+
+    def observe(self, loss: float | None) -> float | None:
+        """The curvature at this step, None until three finite losses were seen."""
+        if loss is None or not math.isfinite(loss) or loss <= 0:
+            return None
+        self.raw = self.decay * self.raw + (1 - self.decay) * math.log(loss)
+        self.seen += 1
+        self.levels = [*self.levels[-2:], self.raw / (1 - self.decay ** self.seen)]
+        if len(self.levels) < 3:
+            return None
+        a, b, c = self.levels
+        return c - 2 * b + a
+
+    def state_dict(self) -> dict:
+        return {"levels": list(self.levels), "raw": self.raw, "seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.levels = [float(v) for v in state["levels"]]
+        self.raw = float(state["raw"])
+        self.seen = int(state["seen"])
 
 
 class TransientJumps:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from trainguard.config import DetectorConfig
 from trainguard.detect.bad_start import BadStart
 from trainguard.detect.base import Detector
+from trainguard.detect.dead_units import DeadUnits
 from trainguard.detect.extreme_weight import ExtremeWeight
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.grad_explosion import GradExplosion
@@ -16,11 +17,12 @@ from trainguard.detect.nonfinite_grad import NonFiniteGrad
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
 from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
 from trainguard.detect.nonfinite_weight import NonFiniteWeight
+from trainguard.detect.output_collapse import OutputCollapse
 
 DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
-    LRChange,
+    LRChange, DeadUnits, OutputCollapse,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

@@ -40,6 +40,8 @@ class LossDivergence(Detector):
         """Log losses of the warm-up steps (their median is where the run started)."""
         self.recent: deque[float] = deque(maxlen=config.divergence_window)
         self.noise = RobustBaseline(config.baseline_window, config.min_log_scale)
+        self.bends: list[float] = []
+        """The loss curvature of the last `divergence_patience` steps."""
         self.episode = Episode(config.rearm_steps)
 
     def smoothed(self) -> float:
@@ -54,6 +56,8 @@ class LossDivergence(Detector):
         if not math.isfinite(log_loss):
             return []
         margin = math.log(cfg.divergence_ratio)
+        if signals.loss_curvature is not None:  # the guide's second derivative, as evidence
+            self.bends = [*self.bends[-(cfg.divergence_patience - 1):], signals.loss_curvature]
         if self.recent:  # step-to-step changes: their spread is the noise, whatever the trend
             self.noise.admit(log_loss - self.recent[-1])
         self.recent.append(log_loss)
@@ -78,17 +82,21 @@ class LossDivergence(Detector):
         if not self.episode.update(self.above >= cfg.divergence_patience):
             return []
         crossed = signals.step - self.above - len(self.recent) // 2
+        bends = self.bends[-self.above:]
+        accelerating = bool(bends) and sum(1 for c in bends if c > 0) >= 0.6 * len(bends)
         return [self.event(signals.step, "error",
                            f"the loss (median of the last {len(self.recent)} steps, "
                            f"{math.exp(level):.4g}) has stayed above {cfg.divergence_ratio:g}x "
                            f"its best {math.exp(self.best):.4g} for {self.above} steps",
                            value=math.exp(level), ratio=math.exp(rise),
-                           best=math.exp(self.best), crossed=max(crossed, 0))]
+                           best=math.exp(self.best), crossed=max(crossed, 0),
+                           accelerating=accelerating)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"raw": self.raw, "seen": self.seen, "best": self.best, "above": self.above,
                 "start": list(self.start), "recent": list(self.recent),
-                "noise": self.noise.state_dict(), "episode": self.episode.state_dict()}
+                "noise": self.noise.state_dict(), "bends": list(self.bends),
+                "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.raw = float(state["raw"])
@@ -100,4 +108,5 @@ class LossDivergence(Detector):
                             maxlen=self.config.divergence_window)
         if "noise" in state:
             self.noise.load_state_dict(state["noise"])
+        self.bends = [float(v) for v in state.get("bends", [])]
         self.episode.load_state_dict(state["episode"])

@@ -44,6 +44,12 @@ _ALL = (
           "Use the tokenizer the model was trained with; check ids < vocabulary size."),
     Cause("numerical_op", "A numerically unsafe operation (log(0), division by zero)", "3.3.2",
           "Clamp arguments (log(x.clamp_min(eps))), use fused stable ops."),
+    Cause("dead_units", "Dead ReLU units: a layer stopped responding", "2.2",
+          "Use GELU or LeakyReLU, lower the LR (or clip) and warm it up; re-initialise the dead "
+          "layer or roll back to before it died."),
+    Cause("label_problem", "Wrong or shuffled labels", "3.2",
+          "Check the label pipeline: the mapping of classes to ids, shuffling of inputs without "
+          "their labels, and the evaluation set's labels."),
     Cause("no_gradients", "Nothing trains: no gradients reach the weights", "3.4",
           "Call loss.backward() on the loss itself before the optimizer step; check that the "
           "parameters to train have requires_grad=True and the loss is not detached."),

@@ -165,6 +165,11 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     climb = kinds_tagged(Tag.CLIMB)
     if kinds & climb:  # a slow climb, not a first-steps blow-up: the LR itself
         votes.add("lr_too_high", 1.0, "the smoothed loss climbed and stayed up")
+        bent = next((e for e in serious if e.kind in climb and e.details.get("accelerating")),
+                    None)
+        if bent is not None:  # the loss's second derivative was positive: it accelerated up
+            votes.add("lr_too_high", 0.5, f"step {bent.step}: the loss climbed with a positive "
+                      "curvature (accelerating upwards), as updates too large do")
     jump_kinds = kinds_tagged(Tag.JUMP)
     jumps = [e for e in serious if e.kind in jump_kinds]
     for e in jumps:

@@ -192,6 +192,19 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if report is not None:
             self.last_report = report
 
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, metrics: dict[str, float] | None = None,
+                    **kwargs: Any) -> None:
+        """The Trainer's evaluation metrics (eval_loss, eval_accuracy, ...) go to
+        `metric_collapse` and the store, at the Trainer's global step."""
+        if self.run is None or self.run.closed or not metrics:
+            return
+        try:
+            self.run.observe_eval(metrics, step=max(state.global_step - 1, 0))
+        except Exception as exc:  # evaluation bookkeeping must not stop training
+            log.error("trainguard: could not take the evaluation metrics (%s: %s)",
+                      type(exc).__name__, exc)
+
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
         self.close(status="finished")

@@ -164,6 +164,21 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         if report is not None:
             self.last_report = report
 
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """The validation metrics the module logged (names with "val") go to `metric_collapse`
+        and the store, at the trainer's global step; the sanity check before training is not
+        an evaluation of the trained model."""
+        if self.run is None or self.run.closed or getattr(trainer, "sanity_checking", False):
+            return
+        try:
+            metrics = {name: float(value) for name, value in trainer.callback_metrics.items()
+                       if "val" in name and getattr(value, "numel", lambda: 1)() == 1}
+            if metrics:
+                self.run.observe_eval(metrics, step=max(trainer.global_step - 1, 0))
+        except Exception as exc:  # evaluation bookkeeping must not stop training
+            log.error("trainguard: could not take the validation metrics (%s: %s)",
+                      type(exc).__name__, exc)
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.close(status="finished")
 

@@ -47,6 +47,9 @@ class Detect:
     def __call__(self, ctx: StepContext) -> None:
         run, signals = self.run, ctx.signals
         assert signals is not None
+        for sample in signals.sampled:  # the class count metric_collapse judges chance by
+            if sample.output.get("out_classes", 0.0) >= 2:
+                run.output_classes = int(sample.output["out_classes"])
         for event in run_detectors(run.state.detectors, signals):
             ctx.raise_event(event)
         ctx.fired = bool(ctx.events)

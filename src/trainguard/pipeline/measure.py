@@ -35,6 +35,7 @@ class PendingStats:
     per_param: dict[str, torch.Tensor] = field(default_factory=dict)
     module_names: list[str] = field(default_factory=list)
     per_module: dict[str, torch.Tensor] = field(default_factory=dict)
+    output: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def loss_tensor(loss: Any) -> torch.Tensor | None:
@@ -87,12 +88,14 @@ class Measure:
         scale = getattr(run.scaler, "_scale", None) if run.scaler is not None else None
         if scale is not None:
             pack.add("loss_scale", scale)
-        activations = run.activation_probe
-        if activations is not None and activations.attached:
-            seen = activations.detach()
-            if seen is not None:
-                run.pending.append(PendingStats(step=ctx.step, module_names=seen[0],
-                                                per_module=seen[1]))
+        activations, outputs = run.activation_probe, run.output_probe
+        seen = (activations.detach() if activations is not None and activations.attached
+                else None)
+        predicted = outputs.detach() if outputs is not None and outputs.attached else None
+        if seen is not None or predicted is not None:
+            run.pending.append(PendingStats(
+                step=ctx.step, module_names=seen[0] if seen else [],
+                per_module=seen[1] if seen else {}, output=predicted or {}))
         pending, run.pending = run.pending, []
         pack_pending(pack, pending)
         for key, tensor in extra.items():
@@ -109,6 +112,7 @@ class Measure:
             param_grad_norm=host["param_grad_norm"], param_names=run.watched.names,
             lr=None if lrs[0] is None else group_lrs[0], group_lrs=group_lrs,
             lr_managed=run.state.recovery is not None and run.state.recovery.lr.active,
+            loss_curvature=run.state.curvature.observe(loss_value),
             loss_scale=float(host["loss_scale"][0]) if "loss_scale" in host else None,
             amp_overflow=run.scaler is not None and loss_finite and not math.isfinite(grad_norm),
             fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
@@ -125,6 +129,8 @@ def pack_pending(pack: DevicePack, pending: list[PendingStats]) -> None:
             pack.add(f"p{i}:{key}", tensor)
         for key, tensor in item.per_module.items():
             pack.add(f"m{i}:{key}", tensor)
+        for key, tensor in item.output.items():
+            pack.add(f"o{i}:{key}", tensor)
 
 
 def unpack_pending(host: dict[str, np.ndarray],
@@ -132,7 +138,8 @@ def unpack_pending(host: dict[str, np.ndarray],
     return [SampledStats(step=item.step,
                          per_param={k: host[f"p{i}:{k}"] for k in item.per_param},
                          module_names=item.module_names,
-                         per_module={k: host[f"m{i}:{k}"] for k in item.per_module})
+                         per_module={k: host[f"m{i}:{k}"] for k in item.per_module},
+                         output={k: float(host[f"o{i}:{k}"][0]) for k in item.output})
             for i, item in enumerate(pending)]
 
 

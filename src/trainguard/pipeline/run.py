@@ -10,8 +10,9 @@ is `StepPipeline`'s; the `Guard` and the framework callbacks are thin adapters a
 from __future__ import annotations
 
 import logging
+import statistics
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import nn
 from trainguard import __version__, lifecycle
 from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
+from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.ranking import RankedCause, rank_causes
@@ -32,7 +34,7 @@ from trainguard.distributed import (
     distributed_context,
 )
 from trainguard.errors import BatchError, StoreUnavailable, UsageError
-from trainguard.events import ActionRecord, Event, RunInfo
+from trainguard.events import ActionRecord, Event, RunInfo, at_least
 from trainguard.params import new_params, optimizer_param_count, watched_params
 from trainguard.pipeline.detect import run_detectors
 from trainguard.pipeline.measure import PendingStats, flush_pending
@@ -42,6 +44,7 @@ from trainguard.pipeline.steps import StepPipeline
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
+from trainguard.probes.outputs import OutputProbe
 from trainguard.probes.weights import WeightProbe
 from trainguard.recovery import Recovery, Verdict
 from trainguard.remedies import build_agc, build_rule
@@ -97,6 +100,7 @@ class Run:
         self._build_param_probes()
         self.optstate_probe = OptimizerStateProbe(self.watched, [optimizer])
         self.activation_probe = ActivationProbe(model) if config.activation_probe else None
+        self.output_probe = OutputProbe(model) if config.output_probe else None
         self.batches = BatchWatch(model, config.batch_size)
         self.rewind = ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None])
         self.agc = build_agc(config.agc) if config.agc is not None else None
@@ -104,6 +108,9 @@ class Run:
             max_grad_norm=config.max_grad_norm,
             detectors=default_detectors(config.detectors),
             clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None)
+        self.metric_watch = MetricCollapse(config.detectors)
+        self.output_classes: int | None = None
+        """Width of the model's class scores, as the output probe last saw it."""
         self.pending: list[PendingStats] = []
         """Heavy-probe results on the device, waiting for the next step's transfer."""
         self.events: list[Event] = []
@@ -160,6 +167,8 @@ class Run:
         state.sample_next = False
         if self._sampled_now and self.activation_probe is not None:
             self.activation_probe.attach()
+        if self._sampled_now and self.output_probe is not None:
+            self.output_probe.attach()
 
     # -- the watched parameters ------------------------------------------------------------------
     def _build_param_probes(self) -> None:
@@ -211,6 +220,31 @@ class Run:
         if findings:
             self.findings.extend(findings)
             self.sinks.on_findings(list(self.findings))
+
+    def observe_eval(self, metrics: Mapping[str, Any], step: int | None = None) -> list[Event]:
+        """Evaluation metrics of the model at `step` (default: the last step taken): stored,
+        handed to the sinks, and judged by `metric_collapse`. Returns its events."""
+        if not isinstance(metrics, Mapping):
+            raise UsageError(f"metrics must be a mapping of names to numbers, got "
+                             f"{type(metrics).__name__}")
+        at = max(self.state.step - 1, 0) if step is None else int(step)
+        numbers = {str(k): float(v) for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.sinks.on_eval(at, numbers)
+        losses = self.state.losses
+        train = statistics.median(losses.recent) if losses.recent else None
+        try:
+            events = self.metric_watch.observe(
+                numbers, at, classes=self.config.num_classes or self.output_classes,
+                train_loss=train)
+        except Exception as exc:  # a monitoring bug must not kill the run
+            log.error("trainguard: evaluation check failed (%s: %s)", type(exc).__name__, exc)
+            return []
+        for event in events:
+            self.emit_event(event)
+        if any(at_least(e.severity, "warning") for e in events):
+            losses.observe(at, None, trouble=True)
+        return events
 
     def check_batch(self, batch: Any) -> list[Finding]:
         """Inspect a batch before the forward pass; raise BatchError (and record the event) for
@@ -277,6 +311,8 @@ class Run:
             lifecycle.untrack(self._lifecycle)
         if self.activation_probe is not None and self.activation_probe.attached:
             self.activation_probe.detach()
+        if self.output_probe is not None and self.output_probe.attached:
+            self.output_probe.detach()
         try:
             self._flush_pending()
         except Exception as exc:  # the last sampled statistics are lost, nothing else

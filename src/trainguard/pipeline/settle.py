@@ -42,7 +42,8 @@ class Settle:
         ctx.report = StepReport(step=ctx.step, loss=signals.loss, grad_norm=signals.grad_norm,
                                 action=ctx.outcome, events=ctx.events, lr=signals.lr,
                                 loss_scale=signals.loss_scale, clip_coef=ctx.decision.clip_coef,
-                                sampled=ctx.sampled, signals=signals)
+                                sampled=ctx.sampled, loss_curvature=signals.loss_curvature,
+                                signals=signals)
         state.losses.observe(ctx.step, signals.loss, trouble=any(
             at_least(e.severity, "warning") for e in ctx.events))
         state.step += 1

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
+from trainguard.signals import LossCurvature
 from trainguard.verdict import LossTrack
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ class RunState:
     """Running position of the next batch (the default data id for the skip list)."""
     sample_next: bool = False
     """The step after an event runs the heavy probes too."""
+    curvature: LossCurvature = field(default_factory=LossCurvature)
+    """The loss's smoothed second difference, measured every step."""
     losses: LossTrack = field(default_factory=LossTrack)
     """The loss levels the run's verdict compares (start, before the first trouble, final)."""
 
@@ -58,7 +61,8 @@ class RunState:
         state: dict[str, Any] = {
             "step": self.step, "consecutive_skips": self.consecutive_skips,
             "data_position": self.data_position, "max_grad_norm": self.max_grad_norm,
-            "detectors": self.detector_state(), "losses": self.losses.state_dict()}
+            "detectors": self.detector_state(), "losses": self.losses.state_dict(),
+            "curvature": self.curvature.state_dict()}
         if self.clip_rule is not None:
             state["clip_rule"] = self.clip_rule.state_dict()
         if self.recovery is not None:
@@ -72,6 +76,8 @@ class RunState:
         self.restore_detectors(state.get("detectors", {}))
         if "losses" in state:
             self.losses.load_state_dict(state["losses"])
+        if "curvature" in state:
+            self.curvature.load_state_dict(state["curvature"])
         if self.clip_rule is not None and "clip_rule" in state:
             self.clip_rule.load_state_dict(state["clip_rule"])
         recovery = state.get("recovery")

@@ -6,6 +6,11 @@ Metric keys (per hooked module, in the order the modules ran; registered in
     act_zero_frac   share of exact zeros (sparsity; dead ReLUs show here)
     act_nonfinite   share of NaN/inf values
     act_fp16        1 when the output was float16 (so its limit is 65504), else 0
+    act_dead_frac   share of units (every position of one sample's output) that are exactly
+                    zero for every sample of the batch: dead ReLUs, unlike the ~50% of zeros
+                    a healthy ReLU layer shows at any one time
+    act_batch_spread  mean over units of the spread across the batch, relative to the mean
+                    |output|: 0 when every sample gets the same output (a collapsed layer)
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class ActivationProbe:
                         1.0 - torch.count_nonzero(t).float() / n,
                         torch.count_nonzero(t - t).float() / n,  # inf - inf and NaN give NaN
                         torch.ones((), device=t.device) * float(t.dtype == torch.float16),
+                        *batch_unit_stats(t),
                     ])
             except Exception as exc:  # never break the user's forward pass
                 self.failures += 1
@@ -99,4 +105,18 @@ class ActivationProbe:
         table = torch.stack([s.to(device) for s in self._stats])
         names, self._names, self._stats = self._names, [], []
         return names, {"act_maxabs": table[:, 0], "act_zero_frac": table[:, 1],
-                       "act_nonfinite": table[:, 2], "act_fp16": table[:, 3]}
+                       "act_nonfinite": table[:, 2], "act_fp16": table[:, 3],
+                       "act_dead_frac": table[:, 4], "act_batch_spread": table[:, 5]}
+
+
+def batch_unit_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(share of units zero for every sample, spread across the batch relative to |output|).
+    A unit is one position of a sample's output (dim 0 is the batch); an output without a batch
+    of at least two reads as (0, 1): nothing to judge."""
+    if t.dim() < 2 or t.shape[0] < 2:
+        return t.new_zeros((), dtype=torch.float32), t.new_ones((), dtype=torch.float32)
+    units = t.reshape(t.shape[0], -1).float()
+    alive = units.ne(0).any(dim=0)
+    dead = 1.0 - alive.float().mean()
+    spread = units.std(dim=0).mean() / units.abs().mean().clamp_min(1e-12)
+    return dead, spread

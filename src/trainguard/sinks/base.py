@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainguard")
 
 SINK_METHODS = ("on_run_start", "on_findings", "on_event", "on_action", "on_diagnosis",
-                "on_step", "on_sampled", "on_verdict", "on_run_end", "close")
+                "on_step", "on_eval", "on_sampled", "on_verdict", "on_run_end", "close")
 
 
 class Sink:
@@ -50,6 +50,10 @@ class Sink:
     def on_step(self, report: StepReport) -> None:
         """Called once per step, after the step was applied, skipped, rolled back or halted.
         `report.signals.sampled` holds the heavy-probe statistics that arrived with the step."""
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """Called with evaluation metrics (`guard.observe_eval`, a trainer's evaluation), NaN
+        kept."""
 
     def on_sampled(self, stats: list[SampledStats]) -> None:
         """Called at the end of a run with the last heavy-probe statistics, which no later step
@@ -104,6 +108,9 @@ class SinkSet:
 
     def on_step(self, report: StepReport) -> None:
         self._call("on_step", report)
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        self._call("on_eval", step, metrics)
 
     def on_sampled(self, stats: list[SampledStats]) -> None:
         self._call("on_sampled", stats)

@@ -33,7 +33,7 @@ from trainguard.store import schema
 from trainguard.store.writer import DB_NAME
 
 STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad_maxabs",
-                "nonfinite_grads")
+                "nonfinite_grads", "loss_curvature")
 """Per-step scalars that must be numbers (or null) when present."""
 VERDICTS = ("healthy", "recovered", "degraded")
 
@@ -259,6 +259,12 @@ class RunReader:
             raise self._bad("meta param_names", names, "a list of names")
         if "verdict" in meta:
             self._verdict(meta["verdict"])
+        evals = meta.get("eval", [])
+        if not (isinstance(evals, list) and all(
+                isinstance(e, dict) and isinstance(e.get("step"), int)
+                and isinstance(e.get("metrics"), dict)
+                and all(_is_number(v) for v in e["metrics"].values()) for e in evals)):
+            raise self._bad("meta eval", evals, "a list of {step, metrics} records")
         widths = meta.get("param_widths")
         if widths is not None and not (
                 isinstance(widths, list) and widths and all(
@@ -488,6 +494,7 @@ class RunReader:
                 "inf": sum(1 for x in losses if x is not None and math.isinf(x)),
             },
             "verdict": meta.get("verdict"),
+            "eval": meta.get("eval", [])[-1:],
             "lr": lr_summary(rows),
             "grad_norm_nonfinite_steps": sum(
                 1 for r in rows if r.get("grad_norm") is not None

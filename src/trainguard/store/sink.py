@@ -41,6 +41,7 @@ class RunStoreSink(Sink):
         self._names: list[str] = []
         self._shapes: list[list[int]] = []
         self._widths: list[list[int]] = []
+        self._evals: list[dict[str, Any]] = []
         """[first step, number of watched parameters] each time the optimizer gained some."""
         self._handle = lifecycle.track(self._end_and_close)
 
@@ -84,7 +85,8 @@ class RunStoreSink(Sink):
         scalars: dict[str, Any] = {
             "loss": report.loss, "grad_norm": report.grad_norm, "lr": report.lr,
             "loss_scale": report.loss_scale, "action": report.action,
-            "clip_coef": report.clip_coef, "sampled": report.sampled}
+            "clip_coef": report.clip_coef, "sampled": report.sampled,
+            "loss_curvature": report.loss_curvature}
         signals = report.signals
         grad_norms = None
         if signals is not None:
@@ -104,6 +106,10 @@ class RunStoreSink(Sink):
                 self.store.put_param_metrics(stats.step, stats.per_param)
             if stats.per_module:
                 self.store.put_module_metrics(stats.step, stats.module_names, stats.per_module)
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        self._evals.append({"step": step, "metrics": dict(metrics)})
+        self.store.put_meta("eval", list(self._evals))
 
     def on_verdict(self, verdict: RunVerdict) -> None:
         self.store.put_meta("verdict", verdict.to_dict())

@@ -1,0 +1,143 @@
+"""`metric_collapse`: evaluation metrics that say training went wrong, when the loss may not.
+
+Fed by `guard.observe_eval(metrics)` (and by the Hugging Face and Lightning callbacks from their
+evaluation metrics), not by the step signals. Three rules, each reported once per episode:
+
+- **accuracy at chance**: a metric whose name holds "acc" falls to within `CHANCE_MARGIN` of
+  1 / classes (`GuardConfig.num_classes`, or the width of the model's class scores) after it was
+  clearly above chance: the model stopped telling the classes apart. A model that has not yet
+  learned (at chance from the start) is no alarm.
+- **eval loss rising while the train loss falls**: for `eval_patience` evaluations in a row an
+  eval loss is above its best and rising while the train loss fell since that best: overfitting,
+  or training on data that no longer matches the evaluation (wrong labels).
+- **a metric falling off a cliff**: a higher-is-better metric below half its best, or a
+  lower-is-better one (a loss, a perplexity, an error rate) above three times its best.
+
+NaN and inf metrics are reported as such and never enter a best value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from trainguard.config import DetectorConfig
+from trainguard.events import Event
+
+CHANCE_MARGIN = 1.2
+"""At most this many times chance is "at chance"."""
+LEARNED_MARGIN = 1.5
+"""At least this many times chance was "clearly above chance"."""
+CLIFF_DROP = 0.5
+CLIFF_RISE = 3.0
+RISE_MARGIN = 1.05
+LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "error", "wer", "cer", "mse", "mae")
+
+
+def lower_is_better(name: str) -> bool:
+    return any(word in name.lower() for word in LOWER_IS_BETTER)
+
+
+class MetricCollapse:
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        self.best: dict[str, float] = {}
+        self.learned: set[str] = set()
+        self.active: set[str] = set()
+        """(metric, rule) pairs whose episode is on, as 'name|rule'."""
+        self.rising: dict[str, int] = {}
+        self.previous: dict[str, float] = {}
+        self.train_at_best: dict[str, float] = {}
+
+    def observe(self, metrics: Mapping[str, Any], step: int, *, classes: int | None,
+                train_loss: float | None) -> list[Event]:
+        events: list[Event] = []
+        for name, raw in metrics.items():
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                continue
+            value = float(raw)
+            if not math.isfinite(value):
+                events += self._once(name, "nonfinite", True, step, "error",
+                                     f"eval metric {name} is {value}", value)
+                continue
+            self._once(name, "nonfinite", False, step, "info", "", value)
+            if "acc" in name.lower() and classes:
+                events += self._chance(name, value, step, classes)
+            if lower_is_better(name):
+                events += self._rising(name, value, step, train_loss)
+            events += self._cliff(name, value, step)
+            self._remember(name, value, train_loss)
+        return events
+
+    def _chance(self, name: str, value: float, step: int, classes: int) -> list[Event]:
+        chance = 1.0 / classes
+        if value >= LEARNED_MARGIN * chance:
+            self.learned.add(name)
+        at_chance = name in self.learned and value <= CHANCE_MARGIN * chance
+        return self._once(name, "chance", at_chance, step, "warning",
+                          f"eval {name} {value:.3g} is at chance level ({chance:.3g} for "
+                          f"{classes} classes) after it was above it: the model no longer tells "
+                          "the classes apart", value, chance=chance, classes=classes)
+
+    def _rising(self, name: str, value: float, step: int,
+                train_loss: float | None) -> list[Event]:
+        best, before = self.best.get(name), self.previous.get(name)
+        train_best = self.train_at_best.get(name)
+        worse = (best is not None and before is not None and value > RISE_MARGIN * best
+                 and value > before and train_loss is not None and train_best is not None
+                 and train_loss < train_best)
+        self.rising[name] = self.rising.get(name, 0) + 1 if worse else 0
+        patience = self.config.eval_patience
+        return self._once(name, "rising", self.rising[name] >= patience, step, "warning",
+                          f"eval {name} rose for {patience} evaluations in a row (to {value:.4g}, "
+                          f"best {best}) while the train loss fell: overfitting, or training "
+                          "data that no longer matches the evaluation", value, best=best)
+
+    def _cliff(self, name: str, value: float, step: int) -> list[Event]:
+        best = self.best.get(name)
+        if best is None:
+            return []
+        if lower_is_better(name):
+            cliff = best > 0 and value > CLIFF_RISE * best
+            what = f"rose to {value:.4g}, {value / best:.3g}x its best {best:.4g}" if cliff else ""
+        else:
+            cliff = best > 0 and value < CLIFF_DROP * best
+            what = f"fell to {value:.4g} from its best {best:.4g}" if cliff else ""
+        return self._once(name, "cliff", cliff, step, "warning",
+                          f"eval {name} {what}: it fell off a cliff", value, best=best)
+
+    def _remember(self, name: str, value: float, train_loss: float | None) -> None:
+        best = self.best.get(name)
+        better = best is None or (value < best if lower_is_better(name) else value > best)
+        if better:
+            self.best[name] = value
+            if train_loss is not None:
+                self.train_at_best[name] = train_loss
+        self.previous[name] = value
+
+    def _once(self, name: str, rule: str, now: bool, step: int, severity: Any, message: str,
+              value: float, **details: Any) -> list[Event]:
+        key = f"{name}|{rule}"
+        if not now:
+            self.active.discard(key)
+            return []
+        if key in self.active:
+            return []
+        self.active.add(key)
+        return [Event(kind="metric_collapse", step=step, severity=severity, message=message,
+                      param=name, value=value,
+                      details={"metric": name, "rule": rule, **details})]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": dict(self.best), "learned": sorted(self.learned),
+                "active": sorted(self.active), "rising": dict(self.rising),
+                "previous": dict(self.previous), "train_at_best": dict(self.train_at_best)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = {k: float(v) for k, v in state["best"].items()}
+        self.learned = set(state["learned"])
+        self.active = set(state["active"])
+        self.rising = {k: int(v) for k, v in state["rising"].items()}
+        self.previous = {k: float(v) for k, v in state["previous"].items()}
+        self.train_at_best = {k: float(v) for k, v in state["train_at_best"].items()}
