@@ -7,9 +7,10 @@ evaluation metrics), not by the step signals. Three rules, each reported once pe
   1 / classes (`GuardConfig.num_classes`, or the width of the model's class scores) after it was
   clearly above chance: the model stopped telling the classes apart. A model that has not yet
   learned (at chance from the start) is no alarm.
-- **eval loss rising while the train loss falls**: for `eval_patience` evaluations in a row an
-  eval loss is above its best and rising while the train loss fell since that best: overfitting,
-  or training on data that no longer matches the evaluation (wrong labels).
+- **eval loss rising while the train loss falls**: the median of an eval loss's last
+  `eval_patience` evaluations is 10% above its best such median and beyond four times the
+  evaluations' own noise (the spread of their changes), while the train loss fell since that
+  best: overfitting, or training on data that no longer matches the evaluation (wrong labels).
 - **a metric falling off a cliff**: a higher-is-better metric below half its best, or a
   lower-is-better one (a loss, a perplexity, an error rate) above three times its best.
 
@@ -19,11 +20,14 @@ NaN and inf metrics are reported as such and never enter a best value.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 from trainguard.config import DetectorConfig
 from trainguard.events import Event
+from trainguard.signals import MAD_TO_STD
 
 CHANCE_MARGIN = 1.2
 """At most this many times chance is "at chance"."""
@@ -31,7 +35,9 @@ LEARNED_MARGIN = 1.5
 """At least this many times chance was "clearly above chance"."""
 CLIFF_DROP = 0.5
 CLIFF_RISE = 3.0
-RISE_MARGIN = 1.05
+RISE_MARGIN = 1.1
+HISTORY = 20
+"""Evaluations of a metric kept to judge its trend."""
 LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "error", "wer", "cer", "mse", "mae")
 
 
@@ -46,7 +52,7 @@ class MetricCollapse:
         self.learned: set[str] = set()
         self.active: set[str] = set()
         """(metric, rule) pairs whose episode is on, as 'name|rule'."""
-        self.rising: dict[str, int] = {}
+        self.history: dict[str, list[float]] = {}
         self.previous: dict[str, float] = {}
         self.train_at_best: dict[str, float] = {}
 
@@ -62,11 +68,13 @@ class MetricCollapse:
                                      f"eval metric {name} is {value}", value)
                 continue
             self._once(name, "nonfinite", False, step, "info", "", value)
+            found: list[Event] = []
             if "acc" in name.lower() and classes:
-                events += self._chance(name, value, step, classes)
+                found += self._chance(name, value, step, classes)
             if lower_is_better(name):
-                events += self._rising(name, value, step, train_loss)
-            events += self._cliff(name, value, step)
+                found += self._rising(name, value, step, train_loss)
+            cliff = self._cliff(name, value, step)
+            events += found or cliff  # one event per metric and evaluation
             self._remember(name, value, train_loss)
         return events
 
@@ -82,17 +90,29 @@ class MetricCollapse:
 
     def _rising(self, name: str, value: float, step: int,
                 train_loss: float | None) -> list[Event]:
-        best, before = self.best.get(name), self.previous.get(name)
+        window = self.config.eval_patience
+        history = self.history.setdefault(name, [])
+        history.append(value)
+        del history[:-HISTORY]
+        if len(history) < window + 1:
+            return []
+        level = statistics.median(history[-window:])
+        levels = [statistics.median(history[i:i + window])
+                  for i in range(len(history) - window + 1)]
+        best_at = min(range(len(levels)), key=levels.__getitem__)
+        best = levels[best_at]
+        diffs = [b - a for a, b in pairwise(history)]
+        noise = (MAD_TO_STD * statistics.median(abs(d - statistics.median(diffs)) for d in diffs)
+                 / math.sqrt(2))
         train_best = self.train_at_best.get(name)
-        worse = (best is not None and before is not None and value > RISE_MARGIN * best
-                 and value > before and train_loss is not None and train_best is not None
-                 and train_loss < train_best)
-        self.rising[name] = self.rising.get(name, 0) + 1 if worse else 0
-        patience = self.config.eval_patience
-        return self._once(name, "rising", self.rising[name] >= patience, step, "warning",
-                          f"eval {name} rose for {patience} evaluations in a row (to {value:.4g}, "
-                          f"best {best}) while the train loss fell: overfitting, or training "
-                          "data that no longer matches the evaluation", value, best=best)
+        worse = (best_at < len(levels) - 1 and level > RISE_MARGIN * best
+                 and level > best + 4 * noise and train_loss is not None
+                 and train_best is not None and train_loss < train_best)
+        return self._once(name, "rising", worse, step, "warning",
+                          f"eval {name} has risen to {level:.4g} (the median of its last {window} "
+                          f"evaluations; its best was {best:.4g}) while the train loss fell: "
+                          "overfitting, or training data that no longer matches the evaluation",
+                          value, best=best)
 
     def _cliff(self, name: str, value: float, step: int) -> list[Event]:
         best = self.best.get(name)
@@ -131,13 +151,14 @@ class MetricCollapse:
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": dict(self.best), "learned": sorted(self.learned),
-                "active": sorted(self.active), "rising": dict(self.rising),
+                "active": sorted(self.active),
+                "history": {k: list(v) for k, v in self.history.items()},
                 "previous": dict(self.previous), "train_at_best": dict(self.train_at_best)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best = {k: float(v) for k, v in state["best"].items()}
         self.learned = set(state["learned"])
         self.active = set(state["active"])
-        self.rising = {k: int(v) for k, v in state["rising"].items()}
+        self.history = {k: [float(x) for x in v] for k, v in state["history"].items()}
         self.previous = {k: float(v) for k, v in state["previous"].items()}
         self.train_at_best = {k: float(v) for k, v in state["train_at_best"].items()}
