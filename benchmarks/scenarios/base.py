@@ -42,6 +42,9 @@ class Workload:
     make them: an LR changed, a layer unfrozen and added to the optimizer)."""
     skips_backward: Callable[[int], bool] | None = None
     """True for the steps whose loop forgets `loss.backward()`."""
+    eval_every: int = 0
+    eval_metrics: Callable[[nn.Module], dict[str, float]] | None = None
+    """Every `eval_every` steps the loop evaluates the model and hands the metrics over."""
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,9 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
             action, loss = one_step(workload, stepper, step)
             actions[action] = actions.get(action, 0) + 1
             losses.append(loss)
+            if (workload.eval_every and workload.eval_metrics is not None
+                    and (step + 1) % workload.eval_every == 0):
+                stepper.observe_eval(workload.eval_metrics(workload.model), step)
         step = total
     except TrainingDiverged as exc:
         outcome, error = "halted", str(exc).splitlines()[0][:300]

@@ -61,6 +61,9 @@ class Stepper:
         """The preflight audit's findings (only trainguard audits)."""
         return []
 
+    def observe_eval(self, metrics: dict[str, float], step: int) -> None:
+        """The loop's evaluation metrics (only trainguard reads them)."""
+
     def close(self) -> None:
         pass
 
@@ -153,6 +156,9 @@ class GuardStepper(Stepper):
 
     def findings(self) -> list[dict[str, Any]]:
         return [f.to_dict() for f in self.guard.findings]
+
+    def observe_eval(self, metrics: dict[str, float], step: int) -> None:
+        self.guard.observe_eval(metrics, step)
 
     def rolled_back_steps(self) -> int:
         recovery = self.guard.recovery

@@ -229,7 +229,7 @@ _kind("output_collapse", "the model predicts the same class (or a collapsed outp
              CauseVote("label_problem", 0.5, "one class everywhere can be the labels' doing")))
 _kind("metric_collapse", "evaluation metrics say training went wrong: accuracy at chance, an "
       "eval loss rising while the train loss falls, a metric off a cliff", "warning",
-      votes=(CauseVote("label_problem", 1.5, "evaluation collapsed ({message})", each_event=True),
+      votes=(CauseVote("label_problem", 3.0, "evaluation collapsed ({message})", each_event=True),
              CauseVote("lr_too_high", 1.0, "evaluation metrics collapsed")))
 _kind("no_gradients", "no watched parameter has a gradient while the loss is finite",
       "warning", votes=(CauseVote("no_gradients", 3.0, "no gradients at all at step {step}: "

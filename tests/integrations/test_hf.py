@@ -327,3 +327,16 @@ def test_a_second_train_call_keeps_the_baselines_and_gives_clipping_back(tmp_pat
     assert [r.step for r in recorder.reports] == [0, 1, 2, 3, 4, 5]
     values = callback.state_dict()["detectors"]["loss_spike"]["baseline"]["values"]
     assert values[:3] == first["detectors"]["loss_spike"]["baseline"]["values"]
+
+
+def test_evaluation_metrics_reach_trainguard_without_user_code(tmp_path: Path) -> None:
+    callback = TrainguardCallback(GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    args = make_args(tmp_path, max_steps=8, eval_strategy="steps", eval_steps=4,
+                     per_device_eval_batch_size=4)
+    Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+            eval_dataset=token_data(8, seed=1), callbacks=[callback]).train()
+    reader = RunReader(tmp_path / "run")
+    evals = reader.meta()["eval"]
+    reader.close()
+    assert [e["step"] for e in evals] == [3, 7]
+    assert all(math.isfinite(e["metrics"]["eval_loss"]) for e in evals)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainguard import GuardConfig, RecoveryConfig, TrainingDiverged, UsageError
+from trainguard import GuardConfig, RecoveryConfig, RunReader, TrainingDiverged, UsageError
 from trainguard.events import StepReport
 from trainguard.lightning import NAMESPACES, TrainguardCallback
 from trainguard.sinks import Sink
@@ -234,3 +234,24 @@ def test_recover_policy_rolls_back_inside_fit(pl: ModuleType, tmp_path: Path) ->
 def test_bad_configs_are_clear_errors() -> None:
     with pytest.raises(UsageError, match="GuardConfig"):
         TrainguardCallback(config={"policy": "protect"})  # type: ignore[arg-type]
+
+
+def test_validation_metrics_reach_trainguard_without_user_code(pl: ModuleType,
+                                                              tmp_path: Path) -> None:
+    module = regression_module(pl)
+
+    def validation_step(batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        module.log("val_loss", nn.functional.mse_loss(module.net(x), y))
+
+    module.validation_step = validation_step  # type: ignore[method-assign]
+    callback = TrainguardCallback(GuardConfig(console=False, preflight=False),
+                                  run_dir=tmp_path / "run")
+    trainer = make_trainer(pl, tmp_path, callback, val_check_interval=4,
+                           num_sanity_val_steps=2)
+    trainer.fit(module, loader(), loader(2))
+    reader = RunReader(tmp_path / "run")
+    evals = reader.meta()["eval"]
+    reader.close()
+    assert [e["step"] for e in evals] == [3, 7], "after 4 and 8 steps; not the sanity check"
+    assert set(evals[0]["metrics"]) == {"val_loss"}

@@ -1,0 +1,115 @@
+"""A ReLU MLP classifier: layers that die, predictions that collapse, labels that go wrong.
+
+Model: 16 -> 64 -> 64 -> 4, ReLU, trained from scratch with plain SGD (0.05, batch 64, 300 steps)
+on four Gaussian blobs; evaluated every 25 steps on held-out blobs (accuracy and loss, handed to
+trainguard with `observe_eval`, as a training loop that evaluates does). A healthy run ends near
+100% accuracy with about half of its hidden activations at zero at any one time, as ReLU layers
+do.
+
+Scenarios:
+    mlp_cls_healthy      the healthy run.
+    mlp_cls_dead_relu    (§2.2) a schedule glitch gives steps 80 and 81 an LR of 300: the second
+                         hidden layer's units are pushed below zero for every input and stay
+                         there (their gradient is zero too); the model predicts one class for
+                         every input and its loss sits at ln 4 for the rest of the run. The fix
+                         is the architecture's as much as the LR's: LeakyReLU or GELU units do
+                         not die this way.
+    mlp_cls_label_shift  (§3.2) from step 120 a new data shard maps its labels wrongly (class i is
+                         labelled i + 1): the train loss jumps, then falls again as the model
+                         learns the wrong mapping, while the held-out accuracy (correct labels)
+                         drops far below chance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..base import Scenario, Workload
+
+FAMILY = "mlp_cls"
+STEPS = 300
+BATCH_SIZE = 64
+LR = 0.05
+CLASSES = 4
+EVAL_EVERY = 25
+GLITCH_STEPS = (80, 81)
+GLITCH_LR = 300.0
+LABEL_SHIFT_AT = 120
+
+
+def _generator(seed: int, stream: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(((seed * 7919 + stream) * 1_000_003 + step) * 101)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    glitch: bool = False
+    label_shift_at: int | None = None
+
+
+def build(seed: int, recipe: Recipe) -> Workload:
+    centers = torch.randn(CLASSES, 16, generator=_generator(0, 9, 0)) * 2
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, CLASSES))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def sample(generator: torch.Generator, size: int) -> dict[str, torch.Tensor]:
+        y = torch.randint(0, CLASSES, (size,), generator=generator)
+        return {"x": centers[y] + torch.randn(size, 16, generator=generator), "y": y}
+
+    held_out = sample(_generator(seed, 1, 0), 512)
+
+    def batch(step: int, micro: int) -> dict[str, torch.Tensor]:
+        data = sample(_generator(seed, 0, step), BATCH_SIZE)
+        if recipe.label_shift_at is not None and step >= recipe.label_shift_at:
+            data = {"x": data["x"], "y": (data["y"] + 1) % CLASSES}
+        return data
+
+    def loss(model: nn.Module, data: dict[str, torch.Tensor], step: int) -> torch.Tensor:
+        return F.cross_entropy(model(data["x"]), data["y"])
+
+    def before_step(step: int) -> None:
+        optimizer.param_groups[0]["lr"] = GLITCH_LR if step in GLITCH_STEPS else LR
+
+    def metrics(model: nn.Module) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            logits = model(held_out["x"])
+            accuracy = (logits.argmax(1) == held_out["y"]).float().mean()
+            value = F.cross_entropy(logits, held_out["y"])
+        model.train(was_training)
+        return {"eval_accuracy": float(accuracy), "eval_loss": float(value)}
+
+    return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
+                    evaluate=lambda m: metrics(m)["eval_loss"], batch_size=BATCH_SIZE,
+                    before_step=before_step if recipe.glitch else None,
+                    eval_every=EVAL_EVERY, eval_metrics=metrics)
+
+
+BASELINES: dict[str, str] = {"mlp_cls_dead_relu": "mlp_cls_healthy",
+                             "mlp_cls_label_shift": "mlp_cls_healthy"}
+
+
+def scenarios() -> list[Scenario]:
+    return [
+        Scenario("mlp_cls_healthy", FAMILY, partial(build, recipe=Recipe()), STEPS,
+                 description=f"ReLU MLP on {CLASSES} blobs, SGD {LR:g}, evaluated every "
+                             f"{EVAL_EVERY} steps"),
+        Scenario("mlp_cls_dead_relu", FAMILY, partial(build, recipe=Recipe(glitch=True)), STEPS,
+                 cause="dead_units", onset_step=GLITCH_STEPS[0], sudden=True, recoverable=False,
+                 description=f"a schedule glitch: LR {GLITCH_LR:g} at steps {GLITCH_STEPS}; the "
+                             "second hidden layer dies and every input gets one class"),
+        Scenario("mlp_cls_label_shift", FAMILY,
+                 partial(build, recipe=Recipe(label_shift_at=LABEL_SHIFT_AT)), STEPS,
+                 cause="label_problem", onset_step=LABEL_SHIFT_AT, sudden=False,
+                 recoverable=False,
+                 description=f"from step {LABEL_SHIFT_AT} the training labels are shifted by "
+                             "one class; held-out accuracy falls below chance"),
+    ]
