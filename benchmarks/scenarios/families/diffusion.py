@@ -238,6 +238,9 @@ class Recipe:
     lr_spike_at: int | None = None
     """Scheduler step from which the LR is LR_SPIKE_FACTOR times the schedule's, for
     LR_SPIKE_STEPS steps (a misconfigured restart of the schedule)."""
+    zero_target_from: int | None = None
+    """label_problem: from this step a refactored data pipeline hands the loss a target of
+    zeros instead of the noise it added (the noise tensor is re-created after use)."""
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -266,6 +269,10 @@ def build(seed: int, recipe: Recipe) -> Workload:
 
     def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
              step: int) -> torch.Tensor:
+        if recipe.zero_target_from is not None and step >= recipe.zero_target_from:
+            clean, timesteps, noise = batch
+            predicted = model(schedule.noised(clean, timesteps, noise), timesteps)
+            return F.mse_loss(predicted.float(), torch.zeros_like(noise))
         return epsilon_loss(model, schedule, batch)
 
     held_out_generator = torch.Generator().manual_seed(20_000 + seed)
@@ -293,6 +300,7 @@ BASELINES: dict[str, str] = {
     f"{FAMILY}_missing_warmup": f"{FAMILY}_healthy",
     f"{FAMILY}_nan_input": f"{FAMILY}_healthy",
     f"{FAMILY}_lr_spike": f"{FAMILY}_healthy",
+    f"{FAMILY}_zero_target": f"{FAMILY}_healthy",
 }
 """The healthy scenario of the same model and precision that each faulty one is measured
 against (its final eval loss under no protection is the reference)."""
@@ -321,4 +329,9 @@ def scenarios() -> list[Scenario]:
                   f"a misconfigured schedule restart: from step {ONSET} the LR is "
                   f"{LR_SPIKE_FACTOR:g}x the schedule's for {LR_SPIKE_STEPS} steps, then back",
                   cause="lr_too_high", onset_step=ONSET),
+        _scenario("zero_target", Recipe(zero_target_from=ONSET),
+                  f"from step {ONSET} the loss's target is zeros instead of the added noise (a "
+                  "data-pipeline bug): the denoiser learns to predict nothing, its predicted "
+                  "noise collapses while the training loss falls to zero",
+                  cause="label_problem", onset_step=ONSET, sudden=False, recoverable=False),
     ]

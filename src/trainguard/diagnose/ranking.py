@@ -163,6 +163,13 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
 
     climb = kinds_tagged(Tag.CLIMB)
+    shrunk = next((e for e in events if e.kind in kinds_tagged(Tag.COLLAPSE)
+                   and e.details.get("how") == "collapsed"), None)
+    if shrunk is not None and not kinds & climb:
+        # a continuous output that shrank to nothing while the loss did not climb: the model
+        # did what its targets asked
+        votes.add("label_problem", 3.0, f"step {shrunk.step}: {shrunk.message}, while the loss "
+                  "did not climb: the targets ask for it")
     if kinds & climb:  # a slow climb, not a first-steps blow-up: the LR itself
         votes.add("lr_too_high", 1.0, "the smoothed loss climbed and stayed up")
         bent = next((e for e in serious if e.kind in climb and e.details.get("accelerating")),

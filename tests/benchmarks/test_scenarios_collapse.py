@@ -1,6 +1,6 @@
-"""The mlp_cls family: an LR glitch kills a layer and collapses the predictions; shifted labels
+"""Collapse scenarios: an LR glitch kills a layer and collapses the predictions; shifted labels
 drop held-out accuracy below chance while the train loss recovers. Ground truth on the unguarded
-run; trainguard's reading of each."""
+run; a denoiser whose targets became zeros; trainguard's reading of each."""
 
 from __future__ import annotations
 
@@ -59,3 +59,17 @@ def test_the_healthy_run_is_quiet_at_half_its_activations_zero() -> None:
     result = run_scenario(scenario("mlp_cls_healthy"), "trainguard")
     assert result.false_alarms == 0 and result.events == []
     assert result.final_eval_loss < 0.05
+
+
+def test_a_denoiser_taught_to_predict_nothing_collapses_and_is_read_as_its_targets() -> None:
+    from benchmarks.scenarios.families import diffusion
+
+    s = scenario("diffusion_zero_target")
+    steps = diffusion.ONSET + 60
+    unguarded = run_scenario(s, "none", steps=steps)
+    healthy = run_scenario(scenario("diffusion_healthy"), "none", steps=steps)
+    assert unguarded.final_eval_loss > 5 * healthy.final_eval_loss  # it no longer denoises
+    result = run_scenario(s, "trainguard", steps=steps)
+    collapsed = [e for e in result.events if e["kind"] == "output_collapse"]
+    assert collapsed and collapsed[0]["details"]["how"] == "collapsed"
+    assert result.diagnosis[0] == "label_problem"
