@@ -42,6 +42,11 @@ SMALL_MODEL_PARAMS = 1e7
 learning rates (1e-3 to 1e-2 for full training of small transformers); in between, the allowance
 is interpolated in log space."""
 SMALL_MODEL_LR_FACTOR = 100.0
+TINY_MODEL_PARAMS = 1e5
+"""...and models of this size and below (tiny from-scratch models: a small UNet, an MLP) up to
+`TINY_MODEL_LR_FACTOR` times (Adam at 1e-2 to 5e-2), interpolated in log space from 100x at
+`SMALL_MODEL_PARAMS`."""
+TINY_MODEL_LR_FACTOR = 1000.0
 HF_INIT_STD = 0.02
 INIT_SCALE_LIMIT = 10.0
 """A layer whose weight std is this many times both Kaiming's 1/sqrt(fan_in) and 0.02 is badly
@@ -129,16 +134,24 @@ def _total_steps(setup: RunSetup) -> int | None:
     return setup.total_steps or run_length(setup.scheduler)
 
 
-def small_model_lr_allowance(params: int) -> float:
+def small_model_lr_allowance(params: int, *, pretrained: bool = True) -> float:
     """How many times above the guide's LR range a model of `params` parameters still trains
-    sanely: 1 for large pre-trained models, `SMALL_MODEL_LR_FACTOR` for small ones."""
-    if params <= SMALL_MODEL_PARAMS:
-        return SMALL_MODEL_LR_FACTOR
+    sanely: 1 for large pre-trained models, `SMALL_MODEL_LR_FACTOR` for small ones, and up to
+    `TINY_MODEL_LR_FACTOR` for tiny models with no sign of pre-training (trained from scratch,
+    or fine-tuned from a checkpoint the audit cannot see)."""
     if params >= LARGE_MODEL_PARAMS:
         return 1.0
-    share = math.log(LARGE_MODEL_PARAMS / params) / math.log(LARGE_MODEL_PARAMS
-                                                             / SMALL_MODEL_PARAMS)
-    return SMALL_MODEL_LR_FACTOR ** share
+    if params > SMALL_MODEL_PARAMS:
+        share = math.log(LARGE_MODEL_PARAMS / params) / math.log(LARGE_MODEL_PARAMS
+                                                                 / SMALL_MODEL_PARAMS)
+        return SMALL_MODEL_LR_FACTOR ** share
+    if pretrained or params >= SMALL_MODEL_PARAMS:
+        return SMALL_MODEL_LR_FACTOR
+    if params <= TINY_MODEL_PARAMS:
+        return TINY_MODEL_LR_FACTOR
+    share = math.log(SMALL_MODEL_PARAMS / params) / math.log(SMALL_MODEL_PARAMS
+                                                             / TINY_MODEL_PARAMS)
+    return SMALL_MODEL_LR_FACTOR * (TINY_MODEL_LR_FACTOR / SMALL_MODEL_LR_FACTOR) ** share
 
 
 def pretrained_evidence(model: nn.Module) -> str | None:
@@ -203,17 +216,19 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
         return []
     low, high = FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE
     params = sum(p.numel() for p in setup.model.parameters())
-    allowance = small_model_lr_allowance(params)
+    allowance = small_model_lr_allowance(
+        params, pretrained=pretrained_evidence(setup.model) is not None)
     name = {"full": "full fine-tuning", "lora": "LoRA", "head": "a new head on a frozen backbone"}
     evidence = {"mode": mode, "lr": lr, "range": [low, high], "params": params,
                 "small_model_allowance": allowance}
     if lr > high * allowance:
         ratio = lr / high
         severity = "error" if ratio >= 10 * allowance else "warning"
-        size_note = (f" (allowing {allowance:.3g}x more for a model of {params / 1e6:.3g}M "
+        size_note = (f" (allowing {allowance:.0f}x more for a model of {params / 1e6:.3g}M "
                      "parameters)" if allowance > 1 else "")
+        times = f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.3g}"
         return [Finding("mode_and_lr", severity,
-                        f"LR {lr:.3g} is {ratio:.3g}x the top of the Adam(W) range for "
+                        f"LR {lr:.3g} is {times}x the top of the Adam(W) range for "
                         f"{name[mode]} ({low:g} to {high:g}){size_note}.",
                         f"use at most {high * allowance:.3g} for this model (the guide's "
                         f"{high:g} for large pre-trained ones), with a warmup of "
@@ -305,7 +320,7 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
                              "not inflated as an adaptive optimizer's are")
     elif adam:
         top = (FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE)[1]
-        tolerated = top * small_model_lr_allowance(params)
+        tolerated = top * small_model_lr_allowance(params, pretrained=pretrained is not None)
         share = lr / tolerated
         threshold = WARMUP_NEAR_TOP if pretrained else 1.0
         evidence.update(tolerated_lr=tolerated, lr_share=share, threshold=threshold)
