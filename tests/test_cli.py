@@ -365,3 +365,13 @@ def test_doctor_audits_a_setup() -> None:
     assert result.returncode == 0, result.stderr
     assert "ERROR mode_and_lr" in result.stdout and "adam_settings" in result.stdout
     assert "WARNING warmup" in result.stdout
+
+
+def test_sparklines_keep_spikes_and_show_non_finite_values() -> None:
+    from trainguard.cli import SPARKS, sparkline
+
+    line = sparkline([1.0] * 50 + [1e6] + [1.0] * 49 + [float("nan")] + [1.0] * 99, width=40)
+    assert len(line) == 40
+    assert SPARKS[-1] in line, "the spike is not averaged away"
+    assert line.count("!") == 1, "the NaN step is shown"
+    assert sparkline([]) == "" and sparkline([float("inf")] * 3) == "!!!"

@@ -377,12 +377,42 @@ def _status(summary: dict[str, Any]) -> str:
     return line
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Any, width: int = 60) -> str:
+    """A one-line curve of `values` in log scale, `width` cells at most; each cell shows the
+    largest value of its bucket (a spike stays visible) and `!` where the bucket holds a NaN or
+    inf (never hidden)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return ""
+    buckets = np.array_split(values, min(width, values.size))
+    finite = values[np.isfinite(values) & (values > 0)]
+    if finite.size == 0:
+        return "".join("!" if not np.isfinite(b).all() else SPARKS[0] for b in buckets)
+    low, high = np.log(finite.min()), np.log(finite.max())
+    span = high - low if high > low else 1.0
+    cells = []
+    for bucket in buckets:
+        if not np.isfinite(bucket).all():
+            cells.append("!")
+            continue
+        top = bucket.max()
+        level = 0.0 if top <= 0 else (np.log(top) - low) / span
+        cells.append(SPARKS[int(np.rint(min(max(level, 0.0), 1.0) * (len(SPARKS) - 1)))])
+    return "".join(cells)
+
+
 def _show(args: argparse.Namespace) -> int:
     from trainguard.store import RunReader
     from trainguard.store.writer import strict_json
 
     with RunReader(args.run_dir, run=args.run) as reader:
         summary = reader.summary()
+        curves = {name: reader.scalar(name)[1] for name in ("loss", "grad_norm")}
     if args.json:
         sys.stdout.write(json.dumps(strict_json(summary), indent=2, allow_nan=False) + "\n")
         return EXIT_OK
@@ -420,6 +450,9 @@ def _show(args: argparse.Namespace) -> int:
                     else ""))
     lines.append(f"loss       first {_fmt(loss['first'])}  last {_fmt(loss['last'])}  "
                  f"min {_fmt(loss['min'])}  NaN {loss['nan']}  inf {loss['inf']}")
+    for name, label in (("loss", "loss"), ("grad_norm", "grad norm")):
+        if len(curves[name]):
+            lines.append(f"{label:<10} {sparkline(curves[name])}  (log scale; ! non-finite)")
     for group, lr in enumerate(summary["lr"]):
         label = "lr" if len(summary["lr"]) == 1 else f"lr [{group}]"
         rise = lr["largest_rise"]

@@ -1,18 +1,26 @@
-"""The console: what a person watching the run should read, on stderr, one line per item.
+"""The console: what a person watching the run should read, on stderr.
 
 Preflight and runtime findings of warning severity and worse; every event, followed by the
 replay's summary and the likely causes when the step has them (once per step); the actions that
-change the run beyond a step (halt, crash snapshot, clipping taken over from a trainer); and the
-diagnosis when the run halts. Skips and rollbacks are told by their events. This is the only
-place trainguard prints during training; `GuardConfig(console=False)` turns it off.
+change the run beyond a step (halt, crash snapshot, clipping taken over from a trainer); the
+diagnosis when the run halts; the verdict at the end when the run degraded or recovered.
+
+On a terminal (and with `rich` installed) a live progress line sits below them: step, loss,
+gradient norm, LR, skipped steps and rollbacks, redrawn at most `refresh_per_second` times a
+second, so the step pays a clock read, not a redraw. When the output is not a terminal the
+console writes plain lines only; under a trainer that draws its own progress bar (the Hugging
+Face and Lightning callbacks) there is no live line. This is the only place trainguard prints
+during training; `GuardConfig(console=False)` turns it off.
 """
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import TYPE_CHECKING, TextIO
+import time
+from typing import TYPE_CHECKING, Any, TextIO
 
-from trainguard.events import ActionRecord, Event
+from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
 
 if TYPE_CHECKING:
@@ -25,20 +33,88 @@ _SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover")
 
 
 class ConsoleSink(Sink):
-    def __init__(self, stream: TextIO | None = None, *, colour: bool | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, colour: bool | None = None,
+                 live: bool | None = None, refresh_per_second: float = 4.0) -> None:
+        """`live`: draw the progress line (None: on a terminal, outside trainers that draw
+        their own)."""
         self.stream = stream
         self.colour = colour
+        self.live = live
+        self.min_interval = 1.0 / refresh_per_second
         self._findings_seen = 0
         self._causes_step: int | None = None
         self._diagnosis: list[RankedCause] = []
+        self._line: Any = None
+        """The rich Live display while it runs."""
+        self._text: Any = str
+        self._last_draw = 0.0
+        self._skips = 0
+        self._rollbacks = 0
+        self._events = 0
+
+    # -- output ----------------------------------------------------------------------------------
+    def _target(self) -> TextIO:
+        return self.stream or sys.stderr
 
     def _write(self, text: str, severity: str | None = None) -> None:
-        stream = self.stream or sys.stderr
-        colour = self.colour if self.colour is not None else stream.isatty()
+        stream = self._target()
+        colour = self.colour if self.colour is not None else _isatty(stream)
         if colour and severity is not None:
             text = f"\033[{_COLOURS.get(severity, '0')}m{text}\033[0m"
+        if self._line is not None:  # above the live line, which is redrawn below it
+            self._line.console.file.write(text + "\n")
+            self._line.refresh()
+            return
         print(text, file=stream, flush=True)
 
+    # -- the live line ---------------------------------------------------------------------------
+    def on_run_start(self, run: RunInfo) -> None:
+        stream = self._target()
+        wanted = self.live if self.live is not None else (_isatty(stream)
+                                                            and not run.integration)
+        if not wanted:
+            return
+        try:
+            from rich.console import Console
+            from rich.live import Live
+            from rich.text import Text
+        except ImportError:  # plain lines only
+            return
+        self._text = Text
+        console = Console(file=stream, force_terminal=True if self.live else None,
+                          soft_wrap=True)
+        self._line = Live("", console=console, auto_refresh=False, transient=True,
+                          redirect_stdout=False, redirect_stderr=False)
+        self._line.start()
+
+    def on_step(self, report: StepReport) -> None:
+        if report.action == "skipped":
+            self._skips += 1
+        if self._line is None:
+            return
+        now = time.monotonic()
+        if now - self._last_draw < self.min_interval and not report.events:
+            return
+        self._last_draw = now
+        self._line.update(self._text(self._status(report)), refresh=True)
+
+    def _status(self, report: StepReport) -> str:
+        parts = [f"step {report.step}", f"loss {_number(report.loss)}",
+                 f"grad norm {_number(report.grad_norm)}"]
+        if report.lr is not None:
+            parts.append(f"lr {report.lr:.3g}")
+        parts.append(f"skipped {self._skips}")
+        if self._rollbacks:
+            parts.append(f"rollbacks {self._rollbacks}")
+        parts.append(f"events {self._events}")
+        return "trainguard  " + "  ".join(parts)
+
+    def _stop(self) -> None:
+        if self._line is not None:
+            line, self._line = self._line, None
+            line.stop()
+
+    # -- what the run says -----------------------------------------------------------------------
     def on_findings(self, findings: list[Finding]) -> None:
         label = "preflight" if self._findings_seen == 0 else "check"
         for finding in findings[self._findings_seen:]:
@@ -47,6 +123,7 @@ class ConsoleSink(Sink):
         self._findings_seen = len(findings)
 
     def on_event(self, event: Event) -> None:
+        self._events += 1
         self._write(f"trainguard {event}", event.severity)
         replayed = event.details.get("replay")
         if isinstance(replayed, dict) and replayed.get("summary"):
@@ -58,6 +135,8 @@ class ConsoleSink(Sink):
                 f"{c['code']} {c['confidence']:.0%}" for c in likely) + _fix(likely[0]["code"]))
 
     def on_action(self, action: ActionRecord) -> None:
+        if action.kind == "rollback":
+            self._rollbacks += 1
         if action.kind in _SHOWN_ACTIONS:
             self._write(f"trainguard: {action.message}",
                         "critical" if action.kind == "halt" else None)
@@ -66,14 +145,33 @@ class ConsoleSink(Sink):
         self._diagnosis = list(causes)
 
     def on_verdict(self, verdict: RunVerdict) -> None:
+        self._stop()
         if verdict.verdict == "degraded":
             self._write(f"trainguard verdict: DEGRADED: {verdict.message}", "warning")
         elif verdict.verdict == "recovered":
             self._write(f"trainguard verdict: recovered: {verdict.message}")
 
     def on_run_end(self, status: str) -> None:
+        self._stop()
         if status == "halted" and self._diagnosis:
             self._write("trainguard diagnosis: " + " | ".join(str(c) for c in self._diagnosis[:3]))
+
+    def close(self) -> None:
+        self._stop()
+
+
+def _isatty(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except ValueError:  # a closed stream
+        return False
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
 def _fix(code: str) -> str:
