@@ -24,6 +24,7 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy src/trainguard
 
 bench: venv
 	$(BIN)/python benchmarks/overhead.py

@@ -179,6 +179,7 @@ class Guard:
     def _unscale(self) -> None:
         from torch.amp.grad_scaler import OptState
 
+        assert self.scaler is not None
         state = self.scaler._per_optimizer_states[id(self.optimizer)]
         if state["stage"] is OptState.READY:
             self.scaler.unscale_(self.optimizer)

@@ -58,7 +58,7 @@ def watched_params(model: nn.Module, optimizers: list[torch.optim.Optimizer]) ->
     if not any(p.requires_grad for _, p in held):
         raise UsageError("none of the model's trainable parameters is in the optimizer")
     names = [n for n, _ in held]
-    params = [p for _, p in held]
+    params: list[torch.Tensor] = [p for _, p in held]
     return WatchedParams(names=names, params=params)
 
 

@@ -33,7 +33,7 @@ def portable(value: Any) -> Any:
         return value
     for plain in (bool, int, float, str, bytes):  # subclasses (TorchVersion, IntEnum) -> plain
         if isinstance(value, plain):
-            return plain(value)
+            return plain(value)  # type: ignore[arg-type]  # value is an instance of plain
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.array(value))
     if isinstance(value, np.generic):
@@ -51,7 +51,7 @@ def portable(value: Any) -> Any:
 
 def rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": (version, tuple(internal), gauss),

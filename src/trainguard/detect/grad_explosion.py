@@ -16,7 +16,7 @@ from typing import Any
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
-from trainguard.events import Event
+from trainguard.events import Event, Severity
 from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
@@ -56,6 +56,7 @@ class GradExplosion(Detector):
         if not self.episode.update(anomalous):
             return []
         ratio = norm / typical if warm else math.nan
+        severity: Severity
         if absolute:
             severity = "error"
             message = (f"gradient norm {norm:.4g} is above the absolute limit "

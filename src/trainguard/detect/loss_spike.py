@@ -17,7 +17,7 @@ from typing import Any
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
-from trainguard.events import Event
+from trainguard.events import Event, Severity
 from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
@@ -55,7 +55,7 @@ class LossSpike(Detector):
             return []
         ratio = math.exp(excess)
         typical = math.exp(level)
-        severity = "error" if ratio >= cfg.loss_spike_error_ratio else "warning"
+        severity: Severity = "error" if ratio >= cfg.loss_spike_error_ratio else "warning"
         return [self.event(signals.step, severity,
                            f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median "
                            f"{typical:.4g}", value=signals.loss, baseline=typical, ratio=ratio)]

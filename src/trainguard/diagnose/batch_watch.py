@@ -70,7 +70,8 @@ class BatchWatch:
             above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}")
                      if level is not None else None)
             # the model understood this data (well below chance) until this batch
-            if above is not None and level * CHANCE_FACTOR < above.evidence["chance"]:
+            if (above is not None and level is not None
+                    and level * CHANCE_FACTOR < above.evidence["chance"]):
                 findings.append(above)
             current = {f.check for f in findings}
             self.nonfinite_input = "batch_nonfinite" in current

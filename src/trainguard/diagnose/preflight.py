@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from trainguard.diagnose.finding import Finding
+from trainguard.events import Severity
 
 FULL_LR_RANGE = (1e-6, 5e-5)
 ADAPTER_LR_RANGE = (1e-4, 5e-3)
@@ -223,7 +224,7 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
                 "small_model_allowance": allowance}
     if lr > high * allowance:
         ratio = lr / high
-        severity = "error" if ratio >= 10 * allowance else "warning"
+        severity: Severity = "error" if ratio >= 10 * allowance else "warning"
         size_note = (f" (allowing {allowance:.0f}x more for a model of {params / 1e6:.3g}M "
                      "parameters)" if allowance > 1 else "")
         times = f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.3g}"
@@ -386,7 +387,7 @@ def check_lora_scaling(setup: RunSetup) -> list[Finding]:
             scaling, where, r, alpha = worst
             evidence = {"r": r, "lora_alpha": alpha, "scaling": scaling, "use_rslora": rslora}
             formula = "alpha/sqrt(r)" if rslora else "alpha/r"
-            severity = ("error" if scaling >= LORA_SCALING_ERROR else "warning"
+            severity: Severity = ("error" if scaling >= LORA_SCALING_ERROR else "warning"
                         if scaling > LORA_SCALING_RISKY else "info")
             suggested = (2 * math.sqrt(r) if rslora else 2 * r)
             risk = f"adapter updates are amplified {scaling:g}x"
@@ -401,7 +402,6 @@ def check_lora_scaling(setup: RunSetup) -> list[Finding]:
                 cause="lora_scaling", evidence=evidence))
         dropout = getattr(config, "lora_dropout", None)
         if dropout is not None and dropout == 0:
-            r, alpha = getattr(config, "r", None), getattr(config, "lora_alpha", None)
             findings.append(Finding("lora_scaling", "info", "lora_dropout is 0.",
                                     "the guide recommends lora_dropout=0.1.",
                                     evidence={"r": r, "lora_alpha": alpha,
@@ -439,9 +439,10 @@ def check_adam_settings(setup: RunSetup) -> list[Finding]:
                 problems.append(f"beta2 {beta2:g} < 0.99")
             if not problems:
                 continue
-            severity = "error" if (eps < 1e-8 and (beta2 < 0.99 or fp16)) else "warning"
+            adam_severity: Severity = ("error" if (eps < 1e-8 and (beta2 < 0.99 or fp16))
+                                       else "warning")
             findings.append(Finding(
-                "adam_settings", severity,
+                "adam_settings", adam_severity,
                 f"{type(optimizer).__name__} group {index}: {', '.join(problems)}: tiny second "
                 "moments make m/(sqrt(v)+eps) huge.",
                 "use betas=(0.9, 0.999) and eps=1e-8 (1e-6 or more when states are float16).",
@@ -463,9 +464,9 @@ def check_layer_init(setup: RunSetup) -> list[Finding]:
         ratio = std / expected
         if not ratio >= INIT_SCALE_LIMIT:  # NaN-safe: a NaN std is flagged
             continue
-        severity = "error" if not ratio < INIT_SCALE_LIMIT * 10 else "warning"
+        init_severity: Severity = "error" if not ratio < INIT_SCALE_LIMIT * 10 else "warning"
         findings.append(Finding(
-            "layer_init", severity,
+            "layer_init", init_severity,
             f"{name or 'model'}.weight has std {std:.3g}, {ratio:.3g}x the usual initial scale "
             f"{expected:.3g} (Kaiming 1/sqrt(fan_in) with fan_in {fan_in}, or 0.02).",
             f"re-initialise it: nn.init.normal_({name}.weight, std=0.02) for a new head "

@@ -52,11 +52,11 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
         else:
             reason = "non-finite loss or gradients"
         if consecutive_skips + 1 >= config.max_consecutive_skips and not signals.amp_overflow:
-            limit = Event(kind="skip_limit", step=signals.step, severity="critical",
-                          message=f"{consecutive_skips + 1} consecutive steps had non-finite "
-                                  "loss or gradients: skipping cannot heal this run",
-                          value=float(consecutive_skips + 1))
-            return Decision("halted", reason="skip limit reached", events=(limit,))
+            halt = Event(kind="skip_limit", step=signals.step, severity="critical",
+                         message=f"{consecutive_skips + 1} consecutive steps had non-finite "
+                                 "loss or gradients: skipping cannot heal this run",
+                         value=float(consecutive_skips + 1))
+            return Decision("halted", reason="skip limit reached", events=(halt,))
         return Decision("skipped", reason=reason)
     if signals.amp_overflow:
         # even under observe, the scaler itself refuses to apply an overflowed step

@@ -35,8 +35,9 @@ log = logging.getLogger("trainguard")
 Stage = Callable[[StepContext], None]
 """A stage reads and writes the step's context; each has a `name`."""
 
-BEFORE_UPDATE: tuple[type, ...] = (Measure, Detect, Explain, Decide, Act)
-AFTER_UPDATE: tuple[type, ...] = (Settle, Record)
+BEFORE_UPDATE: tuple[Any, ...] = (Measure, Detect, Explain, Decide, Act)
+AFTER_UPDATE: tuple[Any, ...] = (Settle, Record)
+"""Stage classes: each takes the `Run` and has a `name`."""
 STAGE_NAMES: tuple[str, ...] = tuple(t.name for t in BEFORE_UPDATE + AFTER_UPDATE)
 _GUARDED = ("measure", "detect", "decide")
 """Stages whose failure leaves the step unchecked (it is then applied unguarded)."""

@@ -62,7 +62,7 @@ def scale_learning_rate(optimizer: torch.optim.Optimizer, schedulers: Iterable[A
             raise UsageError(f"one learning-rate factor per parameter group: got {len(factors)} "
                              f"for {len(groups)} groups")
     else:
-        factors = [factor] * len(groups)  # type: ignore[list-item]
+        factors = [factor] * len(groups)
     for f in factors:
         _check_factor(f)
     for group, f in zip(groups, factors, strict=True):

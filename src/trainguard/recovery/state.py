@@ -128,8 +128,9 @@ def _offload(value: Any, reuse: Any) -> Any:
         old = reuse if isinstance(reuse, dict) else {}
         return {k: _offload(v, old.get(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        old = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else None
-        items = [_offload(v, old[i] if old is not None else None) for i, v in enumerate(value)]
+        prior = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else None
+        items = [_offload(v, prior[i] if prior is not None else None)
+                 for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     return copy.deepcopy(value)
 

@@ -93,7 +93,7 @@ class AGC:
             raise UsageError(f"AGC.apply: got {len(grad_norms)} gradient norms for "
                              f"{len(params)} parameters")
         groups: dict[_Key, list[int]] = {}
-        for i in np.flatnonzero(self.included(names)):
+        for i in np.flatnonzero(self.included(names)).tolist():
             grad = params[i].grad
             if grad is None or grad.is_sparse:
                 continue

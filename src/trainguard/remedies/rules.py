@@ -194,7 +194,7 @@ def apply_coefficients(params: Sequence[torch.Tensor], coefs: np.ndarray) -> int
                          f"({len(params)}), got an array of shape {coefs.shape}")
     groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[float]]] = {}
     scaled = 0
-    for i in np.flatnonzero(coefs < 1.0):
+    for i in np.flatnonzero(coefs < 1.0).tolist():
         grad = params[i].grad
         if grad is None:
             continue

@@ -129,7 +129,7 @@ def _canonical_rule(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
                               f"got {type(args).__name__} {args!r:.80}")
         return {"type": "custom", "class": path, "args": _plain(args, f"{where}.args")}
     args = {k: v for k, v in spec.items() if k != "type"}
-    return _construct(_BUILTIN[kind], args, where, kind).spec()  # type: ignore[attr-defined]
+    return _construct(_BUILTIN[kind], args, where, kind).spec()
 
 
 def _rule_type(spec: Mapping[str, Any], where: str) -> str:
@@ -216,7 +216,7 @@ def _build_rule(spec: dict[str, Any], where: str) -> ClipRule:
     if kind == "custom":
         return _build_custom(spec, where)
     args = {k: v for k, v in spec.items() if k != "type"}
-    return _BUILTIN[kind](**args)  # type: ignore[no-any-return]
+    return _BUILTIN[kind](**args)
 
 
 def _build_custom(spec: dict[str, Any], where: str) -> ClipRule:
@@ -244,4 +244,4 @@ def _import(path: str, where: str) -> Callable[..., Any]:
                           f"{exc})") from None
     if not callable(target):
         raise ConfigError(f"{where}.class: {path!r} is not a class")
-    return target  # type: ignore[no-any-return]
+    return target

@@ -23,12 +23,12 @@ import sqlite3
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from trainguard.errors import StoreError
-from trainguard.events import ActionRecord, Event
+from trainguard.events import SEVERITY_RANK, ActionKind, ActionRecord, Event, Severity
 from trainguard.store import schema
 from trainguard.store.writer import DB_NAME
 
@@ -154,6 +154,11 @@ class RunReader:
         if not isinstance(value, str):
             raise self._bad(what, value, "text")
         return value
+
+    def _severity(self, value: Any, what: str) -> Severity:
+        if value not in SEVERITY_RANK:
+            raise self._bad(what, value, f"one of {', '.join(SEVERITY_RANK)}")
+        return cast(Severity, value)
 
     def _opt_str(self, value: Any, what: str) -> str | None:
         return None if value is None else self._str(value, what)
@@ -399,7 +404,7 @@ class RunReader:
                 raise self._bad(f"{where}'s details", extra, "a JSON object")
             out.append(Event(kind=self._str(kind, f"{where}'s kind"),
                              step=step,
-                             severity=self._str(severity, f"{where}'s severity"),
+                             severity=self._severity(severity, f"{where}'s severity"),
                              message=self._str(message, f"{where}'s message"),
                              param=self._opt_str(param, f"{where}'s parameter"),
                              value=self._num(loaded, f"{where}'s value"), details=extra))
@@ -417,7 +422,7 @@ class RunReader:
             extra = self._json(details, f"{where}'s details")
             if not isinstance(extra, dict):
                 raise self._bad(f"{where}'s details", extra, "a JSON object")
-            out.append(ActionRecord(kind=self._str(kind, f"{where}'s kind"),
+            out.append(ActionRecord(kind=cast(ActionKind, self._str(kind, f"{where}'s kind")),
                                     step=self._int(step, "an action's step"),
                                     message=self._str(message, f"{where}'s message"),
                                     details=extra))
