@@ -23,9 +23,10 @@ _ALL = (
     Cause("lr_too_high", "Learning rate too high for the fine-tuning mode", "3.1",
           "Use Adam(W) 1e-6..5e-5 for full fine-tuning, 1e-4..5e-3 for LoRA."),
     Cause("missing_warmup", "No learning-rate warmup", "3.1, 6",
-          "Warm the LR up linearly (e.g. 500 steps), then cosine decay."),
+          "Warm the LR up linearly over ~5-10% of the run (the guide's 500 steps suit a run of "
+          "5k-10k steps), then cosine decay."),
     Cause("lora_scaling", "LoRA alpha/r too large", "5.1",
-          "Keep lora_alpha / r <= 1 and use lora_dropout = 0.1."),
+          "Keep lora_alpha / r at 1-2 (alpha = r or 2r) and use lora_dropout = 0.1."),
     Cause("bad_init", "Badly initialised new layer", "3.3.1, 6",
           "Initialise new heads with std 0.02 (or Kaiming for hidden layers)."),
     Cause("input_scale", "Input normalisation differs from pre-training", "3.2",
