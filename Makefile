@@ -6,7 +6,11 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trainguard-installed
 
-.PHONY: demo test lint bench venv clean
+# Debian packages that tests drive (each such test skips without its command), as COMMAND:PACKAGE.
+# `make test` installs the missing ones when run as root, with one `apt-get update` for all.
+SYSTEM_DEPS ?= prometheus:prometheus chromium:chromium
+
+.PHONY: demo test lint bench venv clean system-deps
 
 venv: $(STAMP)
 
@@ -19,7 +23,14 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/trainguard demo
 
-test: venv
+system-deps:
+	@missing=""; for dep in $(SYSTEM_DEPS); do \
+	  command -v "$${dep%%:*}" >/dev/null 2>&1 || missing="$$missing $${dep#*:}"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing$$missing"; apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
+
+test: venv system-deps
 	$(BIN)/python -m pytest
 
 lint: venv

@@ -22,6 +22,9 @@ What it measures
                         good-state ring (a host copy of model and optimizer every 50 steps);
                         time it with --steps-per-round 50 so every block holds one copy, and read
                         its `vs guard_default` ratio (paired per round) for the ring's own cost
+    guard_tb_prom       guard_default plus trainguard.sinks.TensorBoardSink (a temporary folder)
+                        and trainguard.sinks.PrometheusSink (a free loopback port, not scraped);
+                        read its `vs guard_default` ratio for the two sinks' cost (target <= 1.01x)
     --references adds:
     detect_anomaly      baseline with torch.autograd.set_detect_anomaly(True) around forward and
                         backward
@@ -57,6 +60,8 @@ Usage
     python benchmarks/overhead.py --references --json benchmarks/results/overhead.json
     python benchmarks/overhead.py --workload gpt2 --variants guard_default,guard_recover \
         --steps-per-round 50 --rounds 4               # the good-state ring's cost
+    python benchmarks/overhead.py --workload gpt2 --variants guard_default,guard_tb_prom \
+        --rounds 8                                    # the TensorBoard and Prometheus sinks' cost
 """
 
 from __future__ import annotations
@@ -80,15 +85,18 @@ import torch
 from torch import nn
 
 import trainguard
+from trainguard.sinks import PrometheusSink, Sink, TensorBoardSink
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
 WORKLOADS: tuple[str, ...] = ("gpt2", "mlp")
 VARIANTS: tuple[str, ...] = ("baseline", "clip_grad_norm_", "guard_default", "guard_default+store",
-                             "guard_all_probes", "guard_recover")
+                             "guard_all_probes", "guard_recover", "guard_tb_prom")
 REFERENCE_VARIANTS: tuple[str, ...] = ("detect_anomaly", "hf_debug_underflow")
 CLIP_MAX_NORM = 1.0
+PAIRED_WITH_DEFAULT = ("guard_recover", "guard_tb_prom")
+"""Variants also reported against guard_default, paired per round: their own cost."""
 MIN_ROUNDS = 3
 
 
@@ -191,11 +199,18 @@ class ClipVariant(Variant):
 
 class GuardVariant(Variant):
     def __init__(self, name: str, workload: Workload, device: torch.device, *,
-                 config: trainguard.GuardConfig, with_store: bool) -> None:
+                 config: trainguard.GuardConfig, with_store: bool,
+                 with_tb_prom: bool = False) -> None:
         super().__init__(name, workload, device)
-        self._tmp = tempfile.TemporaryDirectory(prefix="trainguard-bench-") if with_store else None
+        self._tmp = (tempfile.TemporaryDirectory(prefix="trainguard-bench-")
+                     if with_store or with_tb_prom else None)
+        sinks: list[Sink] = []
+        if with_tb_prom and self._tmp is not None:
+            sinks = [TensorBoardSink(Path(self._tmp.name) / "tb"),
+                     PrometheusSink(port=0, linger_s=0)]
         self.guard = trainguard.Guard(self.model, self.optimizer, config=config,
-                                      run_dir=self._tmp.name if self._tmp else None)
+                                      run_dir=self._tmp.name if with_store and self._tmp else None,
+                                      sinks=sinks)
         self.sampled = 0
         self.timed_steps = 0
         self._events_before = 0
@@ -255,6 +270,10 @@ def make_variant(name: str, workload: Workload, device: torch.device) -> Variant
         return GuardVariant(name, workload, device,
                             config=trainguard.GuardConfig(policy="recover", console=False),
                             with_store=False)
+    if name == "guard_tb_prom":
+        return GuardVariant(name, workload, device,
+                            config=trainguard.GuardConfig(console=False), with_store=False,
+                            with_tb_prom=True)
     if name == "detect_anomaly":
         return AnomalyVariant(name, workload, device)
     if name == "hf_debug_underflow":
@@ -325,10 +344,12 @@ def run_workload(workload: Workload, variant_names: list[str], device: torch.dev
         for name in variant_names:
             ratios = [v / b for v, b in zip(blocks[name], base, strict=True)]
             extra: dict[str, Any] = {}
-            if name == "guard_recover" and "guard_default" in blocks:
+            if name in PAIRED_WITH_DEFAULT and "guard_default" in blocks:
                 paired = [v / b for v, b in zip(blocks[name], blocks["guard_default"],
                                                 strict=True)]
                 extra["vs_guard_default"] = statistics.median(paired)
+                extra["vs_guard_default_p25"] = _quantile(paired, 0.25)
+                extra["vs_guard_default_p75"] = _quantile(paired, 0.75)
                 extra["vs_guard_default_total"] = sum(blocks[name]) / sum(blocks["guard_default"])
             results[name] = {
                 **extra,
@@ -417,16 +438,22 @@ def check_targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "target": f"gpt2: {variant} <= {limit:.2f}x",
             "measured": None if value is None else f"{value:.3f}x",
             "met": None if value is None else value <= limit})
+    sinks = results.get("gpt2", {}).get("guard_tb_prom", {}).get("vs_guard_default")
+    targets.append({
+        "target": "gpt2: guard_tb_prom <= 1.01x guard_default",
+        "measured": None if sinks is None else f"{sinks:.3f}x",
+        "met": None if sinks is None else sinks <= 1.01})
     return targets
 
 
 def format_targets(targets: list[dict[str, Any]]) -> str:
     lines = ["Targets: guard_default <= clip_grad_norm_ on both workloads; "
-             "guard_default <= 1.01x and guard_all_probes <= 1.10x on gpt2"]
+             "guard_default <= 1.01x and guard_all_probes <= 1.10x on gpt2; the TensorBoard and "
+             "Prometheus sinks <= 1.01x guard_default on gpt2"]
     for t in targets:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
         measured = f" ({t['measured']})" if t["measured"] else ""
-        lines.append(f"  {t['target']:<40} {verdict}{measured}")
+        lines.append(f"  {t['target']:<44} {verdict}{measured}")
     return "\n".join(lines)
 
 
@@ -520,11 +547,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(results))
     for workload, variants in results.items():
-        ring = variants.get("guard_recover", {})
-        if "vs_guard_default" in ring:
-            print(f"{workload}: good-state ring (guard_recover vs guard_default, paired per round):"
-                  f" median {ring['vs_guard_default']:.3f}x, total time "
-                  f"{ring['vs_guard_default_total']:.3f}x")
+        for name, what in (("guard_recover", "good-state ring"),
+                           ("guard_tb_prom", "TensorBoard + Prometheus sinks")):
+            paired = variants.get(name, {})
+            if "vs_guard_default" in paired:
+                print(f"{workload}: {what} ({name} vs guard_default, paired per round): median "
+                      f"{paired['vs_guard_default']:.3f}x, IQR "
+                      f"{paired['vs_guard_default_p25']:.3f}-{paired['vs_guard_default_p75']:.3f}"
+                      f", total time {paired['vs_guard_default_total']:.3f}x")
     print()
     print(format_targets(targets))
     print(f"\ntotal time {elapsed:.1f} s")

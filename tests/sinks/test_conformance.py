@@ -12,7 +12,7 @@ import pytest
 
 from trainguard import Guard, GuardConfig, TrainingDiverged
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
-from trainguard.sinks import ConsoleSink, Sink
+from trainguard.sinks import ConsoleSink, PrometheusSink, Sink, TensorBoardSink
 from trainguard.sinks.base import SINK_METHODS
 from trainguard.store import RunReader, RunStoreSink
 from trainguard.transfer import transfer_count
@@ -113,11 +113,47 @@ def test_a_failing_sink_is_disabled_and_training_goes_on(caplog) -> None:
     assert "disabled" in caplog.text
 
 
-@pytest.mark.parametrize("make_sink", [
+def _tensorboard(tmp: Path) -> TensorBoardSink:
+    pytest.importorskip("tensorboard", reason="needs the tensorboard extra")
+    return TensorBoardSink(tmp / "tb")
+
+
+def _prometheus(tmp: Path) -> PrometheusSink:
+    pytest.importorskip("prometheus_client", reason="needs the prometheus extra")
+    return PrometheusSink(port=0, linger_s=0)
+
+
+SINKS = pytest.mark.parametrize("make_sink", [
     lambda tmp: ConsoleSink(io.StringIO()),
     lambda tmp: RunStoreSink(tmp / "store_run"),
     lambda tmp: Recorder(),
-], ids=["console", "store", "recorder"])
+    _tensorboard,
+    _prometheus,
+], ids=["console", "store", "recorder", "tensorboard", "prometheus"])
+"""Every sink trainguard ships: add a new one here."""
+
+
+@SINKS
+def test_every_sink_hears_a_halting_run_without_failing(make_sink, tmp_path: Path) -> None:
+    sink = make_sink(tmp_path)
+    recorder = Recorder()
+    setup = make_setup(lr=0.5, warmup=0)
+    guard = Guard(setup.model, setup.optimizer,
+                  config=GuardConfig(policy="halt", sample_every=2, **QUIET),
+                  sinks=[sink, recorder])
+    with pytest.raises(TrainingDiverged):
+        for step in range(10):
+            loss = setup.model.loss(setup.batch())
+            if step == 6:
+                loss = loss * math.inf
+            loss.backward()
+            guard.step(loss, batch=setup.batch())
+            setup.optimizer.zero_grad(set_to_none=True)
+    assert guard.run.sinks.failures == {}
+    assert recorder.names()[-2:] == ["on_run_end", "close"]
+
+
+@SINKS
 def test_every_sink_takes_nan_and_makes_no_transfer(make_sink, tmp_path: Path) -> None:
     sink = make_sink(tmp_path)
     for name in SINK_METHODS:
@@ -160,3 +196,32 @@ def test_the_store_sink_records_the_halted_run(tmp_path: Path) -> None:
         summary = reader.summary()
     assert summary["status"] == "halted" and summary["steps"] == 7
     assert summary["snapshot"] and summary["diagnosis"] and summary["loss"]["inf"] == 1
+
+
+def test_a_raising_sink_leaves_the_other_sinks_recording(tmp_path: Path, caplog) -> None:
+    class Broken(Sink):
+        def on_event(self, event: Event) -> None:
+            raise RuntimeError("bug in a user's sink")
+
+    board, prometheus = _tensorboard(tmp_path), _prometheus(tmp_path)
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET),
+                  sinks=[Broken(), board, prometheus])
+    for step in range(5):
+        loss = setup.model.loss(setup.batch())
+        if step == 2:
+            loss = loss * math.nan  # the event that breaks the broken sink
+        loss.backward()
+        guard.step(loss)
+        setup.optimizer.zero_grad(set_to_none=True)
+    assert prometheus.registry.get_sample_value("trainguard_steps_total") == 5
+    guard.close()
+    assert list(guard.run.sinks.failures) == ["Broken"]
+    assert [r.getMessage() for r in caplog.records].count(
+        "trainguard: sink Broken failed in on_event (RuntimeError: bug in a user's sink) and was "
+        "disabled; training goes on") == 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(tmp_path / "tb"))
+    accumulator.Reload()
+    assert [e.step for e in accumulator.Scalars("nonfinite/loss")] == [0, 1, 2, 3, 4]

@@ -1,0 +1,402 @@
+"""Prometheus: a run's health as metrics on an HTTP endpoint, for Prometheus to scrape.
+
+    from trainguard.sinks import PrometheusSink
+    guard = Guard(model, optimizer, sinks=[PrometheusSink(port=9464)])
+    # scrape http://127.0.0.1:9464/metrics; `trainguard grafana --out DIR` writes a dashboard
+
+Needs the `prometheus_client` package (`pip install 'trainguard[prometheus]'`). The metrics live
+in the sink's own `CollectorRegistry` (never the process-wide one), are served by a small
+threaded HTTP server on `addr:port` (loopback by default; port 0 picks a free port, read it from
+`.port`), and are named `trainguard_*` in base units:
+
+    gauges     trainguard_step, trainguard_loss, trainguard_loss_curvature,
+               trainguard_grad_norm (global, before clipping), trainguard_clip_coefficient,
+               trainguard_learning_rate{group}, trainguard_loss_scale,
+               trainguard_last_step_timestamp_seconds, trainguard_eval_metric{metric},
+               trainguard_run_status{status} (1 for the current one),
+               trainguard_verdict{verdict} (1 for the run's verdict, set at the end)
+    per layer  trainguard_param_grad_norm{param}, trainguard_param_update_ratio{param} (sampled
+               steps), trainguard_activation_zero_ratio{module} (activation sparsity, sampled
+               steps)
+    counters   trainguard_steps_total, trainguard_skipped_steps_total,
+               trainguard_rollbacks_total, trainguard_events_total{kind,severity},
+               trainguard_nonfinite_total{what="loss"|"grad_norm"|"grads"} ("grads" counts
+               parameters with a non-finite gradient norm)
+
+A non-finite value is exported as it is (Prometheus keeps NaN and inf) and counted in
+`trainguard_nonfinite_total`, so a rate or an alert sees it. The per-layer label set is bounded:
+the `top_k` parameters by gradient norm at the first step whose norms are finite, kept for the
+rest of the run, and the `top_k` modules ranked by the gradient norm of the parameters they hold
+(the sparsest first among the others) at the first sampled step; `all_params=True` exports every
+parameter and module instead. Every registered event kind starts at 0, so `increase()` sees the
+first event.
+
+The server starts when the run starts (on rank 0 only, under torch.distributed). A port already
+in use is one warning: the sink disables itself and training goes on (with a `pushgateway` it
+still keeps the metrics for the push). After the run closed the endpoint serves the final
+values for `linger_s` (15) seconds more, so a scrape sees the final status and the verdict; a
+new sink on the same port takes it over at once. With `pushgateway="host:9091"` the metrics are
+pushed once when the run closes, under `job`; a failed push is one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import numpy as np
+
+from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+from trainguard.sinks.base import Sink
+
+if TYPE_CHECKING:
+    from trainguard.signals import SampledStats
+    from trainguard.verdict import RunVerdict
+
+log = logging.getLogger("trainguard")
+
+INSTALL_HINT = "pip install 'trainguard[prometheus]'"
+STATUSES = ("running", "finished", "halted", "crashed", "interrupted")
+VERDICTS = ("healthy", "recovered", "degraded")
+NONFINITE = ("loss", "grad_norm", "grads")
+NAN = math.nan
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ImportError(f"PrometheusSink needs the prometheus_client package: {INSTALL_HINT} "
+                          f"({exc})") from exc
+    return prometheus_client
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""
+
+
+class PrometheusSink(Sink):
+    """Serves the run's metrics for Prometheus; see the module's docstring for the names."""
+
+    def __init__(self, port: int | None = 9464, addr: str = "127.0.0.1", top_k: int = 10,
+                 all_params: bool = False, pushgateway: str | None = None,
+                 job: str = "trainguard", *, linger_s: float = 15.0,
+                 push_timeout: float = 10.0) -> None:
+        client = _client()  # a missing extra fails here, loudly
+        if top_k < 1:
+            raise ValueError(f"PrometheusSink top_k must be at least 1, got {top_k}")
+        self._client = client
+        self.requested_port = port
+        """The port asked for; None serves nothing (push only)."""
+        self.addr = addr
+        self.top_k = top_k
+        self.all_params = all_params
+        self.pushgateway = pushgateway
+        self.job = job
+        self.push_timeout = push_timeout
+        self.linger_s = linger_s
+        """How long the endpoint stays up after the run closed, so that a scrape sees the final
+        status and the verdict (a daemon thread: it never delays the end of the process)."""
+        self.port: int | None = None
+        """The port the endpoint listens on once the run started (the free one for port 0)."""
+        self.active = True
+        """False once the sink disabled itself (its port was taken and there is no push)."""
+        self.registry = client.CollectorRegistry(auto_describe=True)
+        self._server: _Server | None = None
+        self._closed = False
+        self._names: list[str] = []
+        self._build_metrics()
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def _build_metrics(self) -> None:
+        client, registry = self._client, self.registry
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return client.Gauge(f"trainguard_{name}", doc, labels, registry=registry)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return client.Counter(f"trainguard_{name}", doc, labels, registry=registry)
+
+        self.step = gauge("step", "the last optimizer step reported")
+        self.loss = gauge("loss", "the loss of the last step (NaN when non-finite or none)")
+        self.loss_curvature = gauge("loss_curvature",
+                                    "smoothed second difference of the log loss")
+        self.grad_norm = gauge("grad_norm", "global gradient norm before clipping")
+        self.clip_coefficient = gauge("clip_coefficient",
+                                      "factor the gradients were multiplied by (1: not clipped)")
+        self.learning_rate = gauge("learning_rate", "learning rate per parameter group",
+                                   ("group",))
+        self.loss_scale = gauge("loss_scale", "the AMP GradScaler's loss scale")
+        self.last_step_time = gauge("last_step_timestamp_seconds",
+                                    "Unix time of the last step reported")
+        self.eval_metric = gauge("eval_metric", "the last evaluation metrics", ("metric",))
+        self.run_status = gauge("run_status", "1 for the run's current status", ("status",))
+        self.verdict = gauge("verdict", "1 for the run's verdict, set when it closes",
+                             ("verdict",))
+        self.param_grad_norm = gauge("param_grad_norm",
+                                     "gradient norm of a parameter (top_k parameters)",
+                                     ("param",))
+        self.param_update_ratio = gauge("param_update_ratio",
+                                        "||dW|| / ||W|| of a parameter (sampled steps)",
+                                        ("param",))
+        self.activation_zero_ratio = gauge("activation_zero_ratio",
+                                           "share of exact zeros in a module's output "
+                                           "(sampled steps)", ("module",))
+        self.steps = counter("steps", "optimizer steps reported")
+        self.skipped_steps = counter("skipped_steps", "steps whose update was skipped")
+        self.rollbacks = counter("rollbacks", "rollbacks to a good state")
+        self.events = counter("events", "events raised", ("kind", "severity"))
+        self.nonfinite = counter("nonfinite", "non-finite values seen", ("what",))
+
+        for gauge_ in (self.loss, self.loss_curvature, self.grad_norm, self.loss_scale):
+            gauge_.set(NAN)  # unknown until measured, not 0
+        self.clip_coefficient.set(1.0)
+        self._status = {s: self.run_status.labels(status=s) for s in STATUSES}
+        self._nonfinite = {w: self.nonfinite.labels(what=w) for w in NONFINITE}
+        self._events: dict[tuple[str, str], Any] = {}
+        from trainguard.registry import event_kinds
+
+        for kind in event_kinds():  # so that increase() sees the first event of each kind
+            self._event_counter(kind.name, kind.severity)
+        self._lrs: list[Any] = []
+        self._params: list[tuple[int, Any, Any]] | None = None
+        """(index, grad-norm gauge, update-ratio gauge) of each exported parameter."""
+        self._chosen_norms: dict[str, float] = {}
+        self._modules: dict[str, Any] | None = None
+        self._evals: dict[str, Any] = {}
+
+    def _event_counter(self, kind: str, severity: str) -> Any:
+        counter = self._events.get((kind, severity))
+        if counter is None:
+            counter = self._events[(kind, severity)] = self.events.labels(kind=kind,
+                                                                          severity=severity)
+        return counter
+
+    def _set_status(self, status: str) -> None:
+        for name, gauge_ in self._status.items():
+            gauge_.set(1.0 if name == status else 0.0)
+        if status not in self._status:
+            self.run_status.labels(status=status).set(1.0)
+
+    # -- the endpoint ----------------------------------------------------------------------------
+    def _serve(self) -> None:
+        if self.requested_port is None:
+            return
+        server_type: type[_Server] = _Server6 if ":" in self.addr else _Server
+        _release_lingering(self.addr, self.requested_port)
+        try:
+            server = make_server(self.addr, self.requested_port,
+                                 self._client.make_wsgi_app(self.registry), server_type,
+                                 handler_class=_QuietHandler)
+        except OSError as exc:  # the port is taken, or the address is not this machine's
+            self.active = self.pushgateway is not None
+            then = ("the metrics are kept for the push to the Pushgateway" if self.active
+                    else "the PrometheusSink is disabled")
+            log.warning("trainguard: cannot serve Prometheus metrics on %s:%s (%s); %s, "
+                        "training goes on", self.addr, self.requested_port, exc, then)
+            return
+        self._server = server
+        self.port = int(server.server_address[1])
+        threading.Thread(target=server.serve_forever, name="trainguard-prometheus",
+                         daemon=True).start()
+
+    def _linger(self) -> None:
+        """Keep serving the final values for `linger_s`; a new sink on the same port takes the
+        port over at once."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self.linger_s <= 0:
+            _stop_server(server)
+            return
+        with _LINGER_LOCK:
+            _LINGERING[(self.addr, self.port)] = server
+        timer = threading.Timer(self.linger_s, _release_lingering, (self.addr, self.port, server))
+        timer.daemon = True
+        timer.start()
+
+    def _push(self) -> None:
+        if self.pushgateway is None:
+            return
+        try:
+            self._client.push_to_gateway(self.pushgateway, job=self.job, registry=self.registry,
+                                         timeout=self.push_timeout)
+        except Exception as exc:  # the run is over; a lost push must not turn it into a crash
+            log.warning("trainguard: could not push the metrics to the Pushgateway %s (%s: %s)",
+                        self.pushgateway, type(exc).__name__, exc)
+
+    # -- per-layer label sets --------------------------------------------------------------------
+    def _choose_params(self, norms: np.ndarray, names: list[str]) -> None:
+        if self._params is not None and not (self.all_params and len(self._params) < len(names)):
+            return
+        if self.all_params:
+            chosen = list(range(len(names)))
+        else:
+            finite = np.isfinite(norms)
+            if not finite.any():
+                return  # wait for a step that says which layers carry the gradient
+            order = np.argsort(np.where(finite, -norms, np.inf), kind="stable")
+            chosen = [int(i) for i in order[: self.top_k] if finite[i]]
+            self._chosen_norms = {}
+            for name, norm in zip(names, norms.tolist(), strict=False):
+                self._chosen_norms[name] = norm if math.isfinite(norm) else 0.0
+        self._params = [(i, self.param_grad_norm.labels(param=names[i]),
+                         self.param_update_ratio.labels(param=names[i])) for i in chosen]
+
+    def _choose_modules(self, sample: SampledStats) -> None:
+        names = sample.module_names
+        if self._modules is not None and not (self.all_params
+                                              and len(self._modules) < len(names)):
+            return
+        if self.all_params:
+            chosen = list(names)
+        else:
+            owned = {name: 0.0 for name in names}
+            for param, norm in self._chosen_norms.items():
+                owner = param.rpartition(".")[0]
+                if owner in owned:
+                    owned[owner] += norm * norm
+            zeros = np.asarray(sample.per_module.get("act_zero_frac", np.zeros(len(names))),
+                               dtype=np.float64)
+            sparsity = {name: float(z) if math.isfinite(z) else 0.0
+                        for name, z in zip(names, zeros.tolist(), strict=False)}
+            chosen = sorted(names, key=lambda n: (-owned[n], -sparsity.get(n, 0.0)))[: self.top_k]
+        self._modules = {name: self.activation_zero_ratio.labels(module=name) for name in chosen}
+
+    # -- the sink --------------------------------------------------------------------------------
+    def on_run_start(self, run: RunInfo) -> None:
+        self._names = list(run.param_names)
+        self._set_status("running")
+        self._serve()
+
+    def on_event(self, event: Event) -> None:
+        if self.active:
+            self._event_counter(event.kind, event.severity).inc()
+
+    def on_action(self, action: ActionRecord) -> None:
+        if not self.active:
+            return
+        if action.kind == "rollback":
+            self.rollbacks.inc()
+        elif action.kind == "watch":  # parameters added mid-run
+            self._names.extend(action.details.get("names", []))
+
+    def on_step(self, report: StepReport) -> None:
+        if not self.active:
+            return
+        self.step.set(report.step)
+        self.last_step_time.set_to_current_time()
+        self.steps.inc()
+        if report.skipped:
+            self.skipped_steps.inc()
+        loss = report.loss
+        self.loss.set(NAN if loss is None else loss)
+        if loss is not None and not math.isfinite(loss):
+            self._nonfinite["loss"].inc()
+        self.grad_norm.set(report.grad_norm)
+        if not math.isfinite(report.grad_norm):
+            self._nonfinite["grad_norm"].inc()
+        self.clip_coefficient.set(report.clip_coef)
+        self.loss_curvature.set(NAN if report.loss_curvature is None else report.loss_curvature)
+        if report.loss_scale is not None:
+            self.loss_scale.set(report.loss_scale)
+        signals = report.signals
+        lrs = tuple(signals.group_lrs) if signals is not None and signals.group_lrs else (
+            (report.lr,) if report.lr is not None else ())
+        while len(self._lrs) < len(lrs):
+            self._lrs.append(self.learning_rate.labels(group=str(len(self._lrs))))
+        for gauge_, lr in zip(self._lrs, lrs, strict=False):
+            gauge_.set(lr)
+        if signals is None:
+            return
+        norms = np.asarray(signals.param_grad_norm, dtype=np.float64)
+        bad = int((~np.isfinite(norms)).sum())
+        if bad:
+            self._nonfinite["grads"].inc(bad)
+        self._choose_params(norms, signals.param_names)
+        for index, gauge_, _ in self._params or ():
+            if index < len(norms):
+                gauge_.set(float(norms[index]))
+        self.on_sampled(signals.sampled)
+
+    def on_sampled(self, stats: list[SampledStats]) -> None:
+        if not self.active:
+            return
+        for sample in stats:
+            ratios = sample.per_param.get("update_ratio")
+            if ratios is not None and self._params is not None:
+                for index, _, gauge_ in self._params:
+                    if index < len(ratios):
+                        gauge_.set(float(ratios[index]))
+            zeros = sample.per_module.get("act_zero_frac")
+            if zeros is not None and sample.module_names:
+                self._choose_modules(sample)
+                modules = self._modules or {}
+                for name, value in zip(sample.module_names, zeros.tolist(), strict=False):
+                    gauge_ = modules.get(name)
+                    if gauge_ is not None:
+                        gauge_.set(value)
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.active:
+            return
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                gauge_ = self._evals.get(name)
+                if gauge_ is None:
+                    gauge_ = self._evals[name] = self.eval_metric.labels(metric=name)
+                gauge_.set(float(value))
+
+    def on_verdict(self, verdict: RunVerdict) -> None:
+        if not self.active:
+            return
+        for name in {*VERDICTS, verdict.verdict}:
+            self.verdict.labels(verdict=name).set(1.0 if name == verdict.verdict else 0.0)
+
+    def on_run_end(self, status: str) -> None:
+        if self.active:
+            self._set_status(status)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.active:
+                self._push()
+        finally:
+            self._linger()
+
+
+_LINGERING: dict[tuple[str, int | None], _Server] = {}
+"""Servers of closed sinks still serving their final values, by (addr, port)."""
+_LINGER_LOCK = threading.Lock()
+
+
+def _release_lingering(addr: str, port: int | None, server: _Server | None = None) -> None:
+    """Stop the server lingering on (addr, port): any, or only `server`."""
+    with _LINGER_LOCK:
+        found = _LINGERING.get((addr, port))
+        if found is None or (server is not None and found is not server):
+            return
+        del _LINGERING[(addr, port)]
+    _stop_server(found)
+
+
+def _stop_server(server: _Server) -> None:
+    server.shutdown()
+    server.server_close()

@@ -1,0 +1,207 @@
+"""PrometheusSink on a real guarded run, scraped over HTTP and parsed with prometheus_client."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from trainguard.sinks import PrometheusSink
+
+from .conftest import run_steps, tiny_run
+from .test_conformance import Recorder
+
+text_string_to_metric_families = pytest.importorskip(
+    "prometheus_client.parser", reason="needs the prometheus extra").text_string_to_metric_families
+
+PARAMS = ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"]
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def labelled(samples: Samples, name: str, label: str) -> set[str]:
+    return {dict(key[1])[label] for key in samples if key[0] == name}
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port something else listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield sock.getsockname()[1]
+
+
+def test_a_guarded_run_is_scraped_with_nan_exported_and_counted() -> None:
+    sink = PrometheusSink(port=0, top_k=2, linger_s=0)
+    run = tiny_run([sink])
+    assert sink.port and sink.port > 0
+    run_steps(run, 4)
+    healthy = scrape(sink.port)
+    assert value(healthy, "trainguard_step") == 3
+    assert value(healthy, "trainguard_steps_total") == 4
+    assert value(healthy, "trainguard_loss") == pytest.approx(run.reports[-1].loss)
+    assert value(healthy, "trainguard_grad_norm") == pytest.approx(run.reports[-1].grad_norm)
+    assert value(healthy, "trainguard_learning_rate", group="0") == pytest.approx(1e-2)
+    assert value(healthy, "trainguard_clip_coefficient") == pytest.approx(
+        run.reports[-1].clip_coef)
+    assert value(healthy, "trainguard_nonfinite_total", what="loss") == 0
+    assert value(healthy, "trainguard_events_total", kind="nonfinite_loss",
+                 severity="error") == 0  # every registered kind starts at 0
+    chosen = labelled(healthy, "trainguard_param_grad_norm", "param")
+    assert len(chosen) == 2 and chosen <= set(PARAMS)
+
+    run.step(nan=True)
+    poisoned = scrape(sink.port)
+    assert math.isnan(value(poisoned, "trainguard_loss"))
+    assert math.isnan(value(poisoned, "trainguard_grad_norm"))
+    assert value(poisoned, "trainguard_nonfinite_total", what="loss") == 1
+    assert value(poisoned, "trainguard_nonfinite_total", what="grad_norm") == 1
+    assert value(poisoned, "trainguard_nonfinite_total", what="grads") == len(PARAMS)
+    assert value(poisoned, "trainguard_skipped_steps_total") == 1
+    assert value(poisoned, "trainguard_events_total", kind="nonfinite_loss",
+                 severity="error") == 1
+
+    run_steps(run, 4)
+    later = scrape(sink.port)
+    assert labelled(later, "trainguard_param_grad_norm", "param") == chosen  # stable
+    assert labelled(later, "trainguard_param_update_ratio", "param") == chosen
+    modules = labelled(later, "trainguard_activation_zero_ratio", "module")
+    assert 0 < len(modules) <= 2
+    assert all(0 <= value(later, "trainguard_activation_zero_ratio", module=m) <= 1
+               for m in modules)
+    assert value(later, "trainguard_run_status", status="running") == 1
+    run.guard.close()
+
+
+def test_the_sink_has_its_own_registry_and_listens_on_loopback() -> None:
+    import prometheus_client
+
+    sink = PrometheusSink(port=0, linger_s=0)
+    run = tiny_run([sink])
+    run.step()
+    assert sink._server is not None and sink._server.server_address[0] == "127.0.0.1"
+    assert not [m for m in prometheus_client.REGISTRY.collect()
+                if m.name.startswith("trainguard")]
+    run.guard.close()
+    assert sink._server is None
+
+
+def test_all_params_exports_every_parameter() -> None:
+    sink = PrometheusSink(port=0, all_params=True, linger_s=0)
+    run = tiny_run([sink])
+    run_steps(run, 2)
+    samples = scrape(sink.port)
+    assert labelled(samples, "trainguard_param_grad_norm", "param") == set(PARAMS)
+    run.guard.close()
+
+
+def test_the_verdict_and_status_are_served_after_close() -> None:
+    sink = PrometheusSink(port=0, linger_s=30)
+    run = tiny_run([sink])
+    run_steps(run, 12)
+    run.guard.close()
+    final = scrape(sink.port)
+    verdict = run.guard.run.verdict
+    assert verdict is not None
+    assert value(final, "trainguard_verdict", verdict=verdict.verdict) == 1
+    assert value(final, "trainguard_run_status", status="finished") == 1
+    assert value(final, "trainguard_run_status", status="running") == 0
+    # a new sink on the same port takes a lingering endpoint over
+    port = sink.port
+    successor = PrometheusSink(port=port, linger_s=0)
+    run = tiny_run([successor])
+    assert successor.active and successor.port == port
+    run.guard.close()
+
+
+def test_a_port_in_use_is_one_warning_and_training_goes_on(
+        taken_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    sink = PrometheusSink(port=taken_port, linger_s=0)
+    recorder = Recorder()
+    with caplog.at_level(logging.WARNING, logger="trainguard"):
+        run = tiny_run([sink, recorder])
+        run_steps(run, 4, nan_at=2)
+        run.guard.close()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING
+                and "Prometheus" in r.getMessage()]
+    assert len(warnings) == 1 and str(taken_port) in warnings[0].getMessage()
+    assert not sink.active and sink.port is None
+    assert recorder.names().count("on_step") == 4
+    assert run.reports[2].action == "skipped"
+    assert "PrometheusSink" not in run.guard.run.sinks.failures  # it disabled itself
+
+
+class _Gateway(BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[str, str, bytes]]] = []
+
+    def do_PUT(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.received.append(("PUT", self.path, body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_metrics_are_pushed_to_a_pushgateway_at_the_end() -> None:
+    gateway = HTTPServer(("127.0.0.1", 0), _Gateway)
+    thread = threading.Thread(target=gateway.serve_forever, daemon=True)
+    thread.start()
+    _Gateway.received.clear()
+    try:
+        sink = PrometheusSink(port=None, pushgateway=f"127.0.0.1:{gateway.server_port}",
+                              job="unit")
+        run = tiny_run([sink])
+        run_steps(run, 3)
+        assert _Gateway.received == []  # only at the end
+        run.guard.close()
+    finally:
+        gateway.shutdown()
+        gateway.server_close()
+    assert len(_Gateway.received) == 1
+    method, path, body = _Gateway.received[0]
+    assert (method, path) == ("PUT", "/metrics/job/unit")
+    assert b"trainguard_steps_total 3.0" in body
+    assert b'trainguard_run_status{status="finished"} 1.0' in body
+
+
+def test_a_failed_push_is_one_warning(taken_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]  # nothing listens there once closed
+    sink = PrometheusSink(port=0, pushgateway=f"127.0.0.1:{closed_port}", linger_s=0,
+                          push_timeout=2)
+    with caplog.at_level(logging.WARNING, logger="trainguard"):
+        run = tiny_run([sink])
+        run_steps(run, 2)
+        run.guard.close()  # does not raise
+    warnings = [r for r in caplog.records if "Pushgateway" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_without_prometheus_client_the_error_names_the_extra(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ImportError, match=r"trainguard\[prometheus\]"):
+        PrometheusSink(port=0)
