@@ -2,25 +2,51 @@
 
 Watch every optimizer step cheaply, detect NaN/Inf, gradient explosions, loss spikes and
 divergence at the step they happen, protect the run, and record everything for later.
+
+The public names are imported on first use (PEP 562): `import trainguard` is cheap and does not
+import torch, so the parts that need no model (`trainguard analyze`, the run store reader, the
+detectors on logged values) start fast. `trainguard.Guard` imports torch when it is first used.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from trainguard import recipes
-from trainguard.config import DetectorConfig, GuardConfig, RecoveryConfig
-from trainguard.diagnose import Finding, preflight, replay
-from trainguard.errors import (
-    ConfigError,
-    SnapshotError,
-    StoreError,
-    TrainguardError,
-    TrainingDiverged,
-    UsageError,
-)
-from trainguard.events import Event, StepReport
-from trainguard.guard import Guard
-from trainguard.snapshot import load_snapshot
-from trainguard.store import RunReader
+if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports them on demand
+    from trainguard import recipes
+    from trainguard.config import DetectorConfig, GuardConfig, RecoveryConfig
+    from trainguard.diagnose import Finding, preflight, replay
+    from trainguard.errors import (
+        ConfigError,
+        SnapshotError,
+        StoreError,
+        TrainguardError,
+        TrainingDiverged,
+        UsageError,
+    )
+    from trainguard.events import Event, StepReport
+    from trainguard.guard import Guard
+    from trainguard.snapshot import load_snapshot
+    from trainguard.store import RunReader
+
+_LAZY: dict[str, str] = {
+    "recipes": "trainguard.recipes",
+    "DetectorConfig": "trainguard.config", "GuardConfig": "trainguard.config",
+    "RecoveryConfig": "trainguard.config",
+    "Finding": "trainguard.diagnose", "preflight": "trainguard.diagnose",
+    "replay": "trainguard.diagnose",
+    "ConfigError": "trainguard.errors", "SnapshotError": "trainguard.errors",
+    "StoreError": "trainguard.errors", "TrainguardError": "trainguard.errors",
+    "TrainingDiverged": "trainguard.errors", "UsageError": "trainguard.errors",
+    "Event": "trainguard.events", "StepReport": "trainguard.events",
+    "Guard": "trainguard.guard",
+    "load_snapshot": "trainguard.snapshot",
+    "RunReader": "trainguard.store",
+}
+"""Public name -> the module that defines it (a module itself for `recipes`)."""
 
 __all__ = [
     "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "RecoveryConfig",
@@ -28,3 +54,17 @@ __all__ = [
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
     "UsageError", "__version__", "load_snapshot", "preflight", "recipes", "replay",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"trainguard.{name}" else getattr(module, name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

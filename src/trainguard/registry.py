@@ -234,6 +234,16 @@ _kind("metric_collapse", "evaluation metrics say training went wrong: accuracy a
 _kind("no_gradients", "no watched parameter has a gradient while the loss is finite",
       "warning", votes=(CauseVote("no_gradients", 3.0, "no gradients at all at step {step}: "
                                   "{message}", each_event=True),))
+# the loss against chance level, read from a training log (trainguard analyze: analyze/chance.py)
+_kind("loss_at_chance", "the logged loss went back to chance level, ln(num_classes), after the "
+      "run had learned, and stayed there: a collapse to a constant prediction", "error",
+      votes=(CauseVote("lr_too_high", 2.0, "the loss went back to chance level and stayed"),
+             CauseVote("label_problem", 0.5, "a loss at chance can be labels that say nothing")))
+_kind("loss_above_chance", "a cross-entropy above the chance level of any vocabulary from the "
+      "first logged step: the weights blew up before it", "error",
+      votes=(CauseVote("lr_too_high", 2.0, "the loss was worse than a uniform guess from the "
+                                           "first logged step"),
+             CauseVote("bad_init", 0.5, "a first loss above chance can be an initialisation")))
 # the cross-rank desync check (distributed.py): measured directly, so every event votes
 _kind("ddp_desync", "the replicas' weights differ across ranks", "error",
       reaction=Reaction.ROLL_BACK, onset=Onset.LAST_AGREED,

@@ -6,6 +6,7 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -112,8 +113,7 @@ class RobustBaseline:
 
     def recent_median(self, count: int) -> float:
         """Median of the `count` most recent admitted values."""
-        n = len(self.values)
-        return _median([self.values[i] for i in range(max(0, n - count), n)])
+        return _median(list(islice(reversed(self.values), count)))
 
     def state_dict(self) -> dict:
         return {"values": list(self.values), "scale": self._scale,

@@ -1,8 +1,57 @@
-"""Diagnosis: why a run went wrong. The cause catalogue is the vocabulary every part shares."""
+"""Diagnosis: why a run went wrong. The cause catalogue is the vocabulary every part shares.
 
-from trainguard.diagnose.causes import CAUSES, Cause, cause
-from trainguard.diagnose.finding import Finding
-from trainguard.diagnose.preflight import preflight
-from trainguard.diagnose.replay import ReplayReport, replay
+The names are imported on first use (PEP 562): the catalogue and the cause ranking need no torch,
+the preflight audit and the replay do, and importing `trainguard.diagnose.ranking` must not pull
+them in.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainguard.diagnose.causes import CAUSES, Cause, cause
+    from trainguard.diagnose.finding import Finding
+    from trainguard.diagnose.preflight import preflight
+    from trainguard.diagnose.replay import ReplayReport, replay
+
+_LAZY: dict[str, str] = {
+    "CAUSES": "trainguard.diagnose.causes", "Cause": "trainguard.diagnose.causes",
+    "cause": "trainguard.diagnose.causes", "Finding": "trainguard.diagnose.finding",
+    "preflight": "trainguard.diagnose.preflight", "ReplayReport": "trainguard.diagnose.replay",
+    "replay": "trainguard.diagnose.replay",
+}
 
 __all__ = ["CAUSES", "Cause", "Finding", "ReplayReport", "cause", "preflight", "replay"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'trainguard.diagnose' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """`preflight` and `replay` are functions named like the submodules that define them. The
+    import system sets a package's attribute to a submodule once it is loaded; an eager
+    `__init__` overwrote it with the function afterwards. Here the function keeps the name
+    whichever is imported first (the submodules stay in `sys.modules`)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (isinstance(value, types.ModuleType) and _LAZY.get(name) == value.__name__
+                and name in {"preflight", "replay"}):
+            value = getattr(value, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

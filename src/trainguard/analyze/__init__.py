@@ -1,0 +1,72 @@
+"""`trainguard analyze`: judge a training run after the fact, from its log.
+
+    from trainguard.analyze import analyze
+    result = analyze("output/trainer_state.json")
+    result.verdict, result.kind, result.onset_step   # 'diverged', 'nan', 3010
+    result.evidence, result.causes
+
+Any of the formats in `FORMATS` (detected, or named with `fmt=`): a Hugging Face
+trainer_state.json, a Lightning metrics.csv, TensorBoard event files or run directories, a
+trainguard run directory, JSON Lines, and text logs (Megatron, word_language_model, nanoGPT,
+mlx-lm, a generic `key value` pattern). The live detectors run over the logged rows with their
+windows counted in rows (`sparse.py`); `judge.py` reads their events into a verdict, a kind and an
+onset; the cause ranking of live runs names the likely causes from what the log holds.
+
+    log.py         the Log a reader makes: rows, series, evaluations, notes
+    hf.py, lightning.py, tensorboard.py, store.py, jsonl.py, text.py    one reader per format
+    formats.py     which reader reads a path
+    quirks.py      what logged values mean (HF's NaN-filtered windows, skipped steps)
+    sparse.py      the detectors' thresholds for a log's rows
+    offline.py     the detectors, row by row
+    chance.py      the loss against chance level, ln(num_classes)
+    judge.py       verdict, kind, onset
+    findings.py    the LR schedule, gradient norms and skipped steps as clues for the causes
+    analysis.py    analyze(): all of the above
+    summary.py     what the command line prints
+
+Importing this package is cheap (no torch, no NumPy); the names below load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainguard.analyze.analysis import Analysis, analyze, analyze_log
+    from trainguard.analyze.formats import read_log
+    from trainguard.analyze.log import Log, LogError
+
+FORMATS: dict[str, str] = {
+    "hf": "Hugging Face trainer_state.json",
+    "lightning": "PyTorch Lightning CSVLogger metrics.csv",
+    "tensorboard": "TensorBoard event file or run directory",
+    "store": "trainguard run directory (its run store)",
+    "jsonl": "JSON Lines, one object per logged step",
+    "text": "text log (Megatron, word_language_model, nanoGPT, mlx-lm or generic lines)",
+    "text:megatron": "text log, Megatron-LM / Megatron-DeepSpeed iteration lines only",
+    "text:wlm": "text log, PyTorch examples/word_language_model lines only",
+    "text:nanogpt": "text log, nanoGPT 'iter N: loss X' lines only",
+    "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
+    "text:generic": "text log, generic 'step N ... loss X' lines only",
+}
+"""The formats `analyze` reads, by the name `--format` takes."""
+
+_LAZY = {"Analysis": "trainguard.analyze.analysis", "analyze": "trainguard.analyze.analysis",
+         "analyze_log": "trainguard.analyze.analysis", "read_log": "trainguard.analyze.formats",
+         "Log": "trainguard.analyze.log", "LogError": "trainguard.analyze.log"}
+
+__all__ = ["FORMATS", "Analysis", "Log", "LogError", "analyze", "analyze_log", "read_log"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'trainguard.analyze' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

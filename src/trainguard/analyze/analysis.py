@@ -1,0 +1,153 @@
+"""`analyze(path)`: read a training log, replay the detectors over it, judge it, rank causes.
+
+    log = read_log(path)              # the reader of its format (formats.py)
+    log = prepare(log)                # NaN-filtered windows, skipped steps (quirks.py)
+    config = scaled_config(...)       # the detectors' windows in rows (sparse.py)
+    events = replay(log, config)      # the live detector classes, row by row (offline.py)
+    judgement = judge(...)            # verdict, kind, onset (judge.py)
+    causes = rank_causes(...)         # the cause ranking of live runs, on what the log holds
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.analyze import chance as chance_level
+from trainguard.analyze.findings import log_findings
+from trainguard.analyze.formats import read_log
+from trainguard.analyze.judge import HEALTHY, Judgement, judge
+from trainguard.analyze.log import LOSS, Log
+from trainguard.analyze.offline import replay
+from trainguard.analyze.quirks import prepare
+from trainguard.analyze.sparse import scaled_config
+from trainguard.config import DetectorConfig
+from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.ranking import RankedCause, rank_causes
+from trainguard.events import Event
+
+
+@dataclass(slots=True)
+class Analysis:
+    path: str
+    format: str
+    verdict: str
+    """`healthy`, `spike-recovered` or `diverged`."""
+    kind: str | None
+    """`nan`, `explosion`, `slow-divergence` or `collapse` (None when healthy)."""
+    onset_step: int | None
+    """The first logged step at which the numbers are off, in the log's own step units."""
+    onset: str | None
+    """The same row as the log names it ("epoch 4, batch 1400")."""
+    evidence: list[str]
+    causes: list[RankedCause]
+    events: list[Event] = field(default_factory=list)
+    """Every event the detectors raised over the log."""
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rows: int = 0
+    interval: float = 1.0
+    log: Log | None = field(default=None, repr=False)
+    judgement: Judgement | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "kind": self.kind, "onset_step": self.onset_step,
+                "evidence": list(self.evidence), "causes": [c.to_dict() for c in self.causes],
+                "path": self.path, "format": self.format, "onset": self.onset,
+                "rows": self.rows, "interval": self.interval, "notes": list(self.notes)}
+
+    def curve(self, name: str = LOSS) -> list[float]:
+        """A logged series with missing rows left out (for plots)."""
+        assert self.log is not None
+        return [v for v in self.log.values(name) if v is not None]
+
+
+def analyze(path: str | Path, *, fmt: str | None = None,
+            num_classes: int | None = None) -> Analysis:
+    """Analyse one training log (any format of `trainguard.analyze.FORMATS`)."""
+    return analyze_log(read_log(path, fmt), num_classes=num_classes)
+
+
+def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
+    log = prepare(raw)
+    config = _config(log)
+    replayed = replay(log, config, num_classes=num_classes)
+    events = replayed.events
+    losses = log.values(LOSS)
+    at_chance = chance_level.back_to_chance(losses, num_classes)
+    extra = _above_chance(log)
+    judgement = judge(log, replayed.rows, events + extra, config, at_chance)
+    findings = log_findings(log, judgement)
+    causes = (rank_causes(_ranked_events(judgement, events), findings)
+              if judgement.verdict != HEALTHY else [])
+    onset_row = judgement.onset_row
+    return Analysis(
+        path=raw.path, format=raw.format, verdict=judgement.verdict, kind=judgement.kind,
+        onset_step=log.steps[onset_row] if onset_row is not None else None,
+        onset=log.label(onset_row) if onset_row is not None else None,
+        evidence=_evidence(log, judgement, findings), causes=causes, events=events + extra,
+        findings=findings, notes=list(log.notes), rows=len(log), interval=log.interval(),
+        log=log, judgement=judgement)
+
+
+def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
+    """What the ranking weighs: the incident's events and the LR changes before it. An
+    evaluation that collapsed because the training itself blew up (or went NaN) is a
+    consequence, not the labels' doing, and is left out (it stays in the evidence)."""
+    incident = judgement.incident
+    if any(e.kind != "metric_collapse" for e in incident):
+        incident = [e for e in incident if e.kind != "metric_collapse"]
+    changes = [e for e in events if e.kind == "lr_change"]
+    return changes + incident
+
+
+def _config(log: Log) -> DetectorConfig:
+    if log.detector_config is not None and log.interval() <= 1:
+        try:
+            return DetectorConfig(**log.detector_config)
+        except (TypeError, ValueError):
+            pass  # thresholds of another trainguard version: the defaults, scaled
+    return scaled_config(len(log), log.interval())
+
+
+def _above_chance(log: Log) -> list[Event]:
+    """A cross-entropy worse than any uniform guess from the first row (the log reports its
+    perplexity, so the loss is one)."""
+    if not any("ppl" in name.lower() or "perplexity" in name.lower() for name in log.series):
+        return []
+    row = chance_level.above_any_chance(log.values(LOSS))
+    if row is None:
+        return []
+    value = log.values(LOSS)[row]
+    return [Event(kind="loss_above_chance", step=log.steps[row], severity="error",
+                  message=f"the first logged loss, {value:.4g}, is above ln "
+                          f"{chance_level.MAX_CLASSES} = {math.log(chance_level.MAX_CLASSES):.3g}"
+                          ", worse than a uniform guess over any vocabulary: the weights blew "
+                          "up before the first logged step",
+                  value=value, details={"row": row})]
+
+
+def _evidence(log: Log, judgement: Judgement, findings: list[Finding]) -> list[str]:
+    lines: list[str] = []
+    seen: set[str] = set()
+    for event in judgement.incident:
+        if event.kind in seen:
+            continue
+        seen.add(event.kind)
+        lines.append(f"{log.label(event.details['row'])}: {event.kind}: {event.message}")
+        if len(seen) >= 4:
+            break
+    if judgement.ending and judgement.verdict != HEALTHY:
+        lines.append(judgement.ending)
+    for finding in findings:
+        lines.append(finding.message)
+    for event in judgement.isolated[:3]:
+        lines.append(f"{log.label(event.details['row'])}: isolated {event.kind} (back to normal "
+                     f"at the next row, not counted): {event.message}")
+    if len(judgement.isolated) > 3:
+        lines.append(f"... {len(judgement.isolated) - 3} more isolated jumps")
+    if judgement.verdict == HEALTHY:
+        lines.insert(0, judgement.ending)
+    return lines

@@ -1,0 +1,88 @@
+"""The loss against chance: a classifier that forgot everything sits at ln(num_classes).
+
+A model that predicts the same distribution for every input scores a cross-entropy of ln(k) on k
+balanced classes (0.693 for 2, 1.386 for 4, 10.37 for a 32k vocabulary guessed uniformly). Two
+readings of the logged loss use it:
+
+- **back to chance**: the loss settled at ln(k) (within `TOLERANCE`, over the last quarter of
+  the rows, and without falling there) after it had been clearly below that level: the model
+  learned and then collapsed to a constant prediction. k is `num_classes` when given, else the
+  k in 2..`MAX_GUESSED_CLASSES` nearest the plateau (beyond a handful of classes every loss is
+  near the log of some whole number, so that says nothing). The trouble began at the first row
+  after the last one clearly below the plateau.
+- **above any chance level**: a cross-entropy (the log reports a perplexity, so it is one) above
+  ln(`MAX_CLASSES`) is worse than a uniform guess over any vocabulary in use: the weights blew up.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+TOLERANCE = 0.05
+"""How near ln(k) the plateau's median must be, and how far below it a row is "clearly below"."""
+LEARNED = 0.9
+"""The run had learned when its loss was once below this share of the plateau."""
+MAX_GUESSED_CLASSES = 8
+MAX_CLASSES = 2 ** 20
+"""More classes than any tokenizer in common use has (the largest have about 256k)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AtChance:
+    row: int
+    """The first row of the plateau at chance."""
+    level: float
+    """The plateau's median loss."""
+    classes: int
+    chance: float
+    """ln(classes)."""
+    guessed: bool
+    """Whether `classes` was guessed from the plateau (no num_classes given)."""
+    best: float
+    """The lowest loss before the collapse."""
+
+    def describe(self) -> str:
+        source = "" if not self.guessed else " (the class count guessed from the plateau)"
+        return (f"the loss went back to {self.level:.4g} = ln {self.classes} = chance level for "
+                f"{self.classes} classes{source} after it had reached {self.best:.4g}: the model "
+                "collapsed to a constant prediction")
+
+
+def back_to_chance(losses: list[float | None], num_classes: int | None = None,
+                   ) -> AtChance | None:
+    rows = [(i, v) for i, v in enumerate(losses) if v is not None and math.isfinite(v) and v > 0]
+    if len(rows) < 8:
+        return None
+    tail = [v for _, v in rows[-max(3, len(rows) // 4):]]
+    level = statistics.median(tail)
+    if num_classes is not None:
+        classes, guessed = num_classes, False
+    else:
+        classes = min(range(2, MAX_GUESSED_CLASSES + 1), key=lambda k: abs(math.log(k) - level))
+        guessed = True
+    chance = math.log(classes)
+    if abs(level - chance) > TOLERANCE * chance:
+        return None
+    half = len(tail) // 2
+    if statistics.median(tail[half:]) < (1 - TOLERANCE) * statistics.median(tail[:half] or tail):
+        return None  # still falling: learning, not sitting at chance
+    below = [k for k, (_, v) in enumerate(rows) if v < (1 - TOLERANCE) * level]
+    if not below or below[-1] + 1 >= len(rows):
+        return None
+    best = min(v for _, v in rows[:below[-1] + 1])
+    if best > LEARNED * level:
+        return None
+    return AtChance(row=rows[below[-1] + 1][0], level=level, classes=classes, chance=chance,
+                    guessed=guessed, best=best)
+
+
+def above_any_chance(losses: list[float | None]) -> int | None:
+    """The first row of a cross-entropy above ln(MAX_CLASSES), if the loss starts there."""
+    ceiling = math.log(MAX_CLASSES)
+    for i, value in enumerate(losses):
+        if value is None or not math.isfinite(value):
+            continue
+        return i if value > ceiling else None
+    return None

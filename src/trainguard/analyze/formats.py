@@ -1,0 +1,110 @@
+"""Which reader reads a path: by what it is and what it starts with, unless told (`--format`).
+
+    a directory       a trainguard run directory (it holds trainguard.db) -> store;
+                      TensorBoard event files in it (or below) -> tensorboard;
+                      a trainer_state.json (in it, else in its latest checkpoint-N/) -> hf;
+                      a metrics.csv (in it, else in its latest version_N/) -> lightning
+    a file            trainguard.db or an SQLite file -> store; a name with `tfevents` ->
+                      tensorboard;
+                      JSON holding `log_history` -> hf; other JSON objects, one per line -> jsonl;
+                      a CSV header with a `step` column -> lightning; anything else -> text
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from trainguard.analyze import FORMATS, hf, jsonl, lightning, store, tensorboard, text
+from trainguard.analyze.log import Log, LogError
+
+_READERS: dict[str, Callable[[Path], Log]] = {
+    "hf": hf.read, "lightning": lightning.read, "tensorboard": tensorboard.read,
+    "store": store.read, "jsonl": jsonl.read, "text": text.read,
+}
+_SQLITE = b"SQLite format 3\0"
+
+
+def read_log(path: str | Path, fmt: str | None = None) -> Log:
+    """Read a training log, its format detected unless `fmt` names one of `FORMATS`."""
+    path = Path(path)
+    if not path.exists():
+        raise LogError(f"{path}: no such file or directory")
+    if fmt is not None and fmt not in FORMATS:
+        raise LogError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    name = fmt or detect_format(path)
+    if name.startswith("text:"):
+        return text.read(_file(path, name), grammar=name.split(":", 1)[1])
+    target = path if name in ("tensorboard", "store") else _file(path, name)
+    return _READERS[name](target)
+
+
+def _file(path: Path, fmt: str) -> Path:
+    """The file a directory stands for under a file format."""
+    if path.is_file():
+        return path
+    found = {"hf": _latest(path, "trainer_state.json", "checkpoint-"),
+             "lightning": _latest(path, "metrics.csv", "version_")}.get(fmt)
+    if found is None:
+        raise LogError(f"{path}: a directory; give the {FORMATS.get(fmt, fmt)} file itself")
+    return found
+
+
+def _latest(path: Path, name: str, prefix: str) -> Path | None:
+    if (path / name).is_file():
+        return path / name
+    numbered = [(int(m.group(1)), p) for p in path.glob(f"{prefix}*/{name}")
+                if (m := re.fullmatch(rf"{re.escape(prefix)}(\d+)", p.parent.name))]
+    return max(numbered)[1] if numbered else None
+
+
+def detect_format(path: Path) -> str:
+    if path.is_dir():
+        if store.is_store(path):
+            return "store"
+        if any(tensorboard.is_event_file(p) for p in path.rglob("*tfevents*")):
+            return "tensorboard"
+        if _latest(path, "trainer_state.json", "checkpoint-") is not None:
+            return "hf"
+        if _latest(path, "metrics.csv", "version_") is not None:
+            return "lightning"
+        raise LogError(f"{path}: no training log in this directory (looked for a trainguard "
+                       "store, TensorBoard event files, trainer_state.json, metrics.csv)")
+    if store.is_store(path):
+        return "store"
+    if tensorboard.is_event_file(path):
+        return "tensorboard"
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if head.startswith(_SQLITE):
+        return "store"
+    if not head.strip():
+        raise LogError(f"{path}: the file is empty")
+    start = head.lstrip()
+    if path.suffix == ".jsonl":
+        return "jsonl"
+    if start.startswith(b"{"):
+        first_line = start.split(b"\n", 1)[0].strip()
+        if path.suffix == ".json" or b'"log_history"' in head or not first_line.endswith(b"}"):
+            return "hf"
+        return "jsonl"
+    if path.suffix == ".json":
+        return "hf"
+    first = start.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if path.suffix == ".csv" or ("," in first and "step" in [c.strip() for c in first.split(",")]):
+        return "lightning"
+    if len(head) >= 12 and _looks_like_tfrecord(head):
+        return "tensorboard"
+    return "text"
+
+
+def _looks_like_tfrecord(head: bytes) -> bool:
+    import numpy as np
+
+    data = np.frombuffer(head[:12], dtype=np.uint8)
+    crc = tensorboard.masked_crc32c(data, np.array([0]), np.array([8]))[0]
+    return int(crc) == int.from_bytes(head[8:12], "little")

@@ -1,0 +1,286 @@
+"""The verdict on a logged run: healthy, spike-recovered or diverged; its kind and its onset.
+
+The detectors say *that* something went wrong, at the row where they could tell. The judgement
+reads their events with hindsight, the whole log in view:
+
+1. **Transient jumps are not trouble.** A `loss_spike` or `grad_explosion` whose next row (one
+   logging interval later) is back below the detector's own threshold is what heavy-tailed data
+   does; the live detectors call such jumps transient too (`signals.TransientJumps`). So is one
+   on the last row, which nothing after it confirms. They stay in the evidence, marked
+   isolated.
+2. **The incident** is the first remaining event of warning severity or worse, or the loss going
+   back to chance level (`trainguard.analyze.chance`), whichever comes first.
+3. **Its onset** is traced back from where it was detected, in the signal that raised it: for a
+   loss event, over the preceding rows whose loss is `loss_spike_ratio` times the lowest loss of
+   the rows before or more; for a gradient event, over the rows whose norm is
+   `grad_norm_abs_min_ratio` times the lowest norm before or more; for a divergence, from where
+   the detector says its level crossed; for non-finite values and skipped steps, over the
+   unbroken run of non-finite or skipped rows that leads into them.
+4. **Diverged or recovered.** The run diverged when it ends non-finite, when it ends skipping
+   most steps since the onset, or when its final loss level (the median of its last 20 steps, or
+   its last row when rows are further apart) is worse than its level before the onset (the
+   median of up to `baseline_window` rows) by the live verdict's rule (`trainguard.verdict`: 10%
+   and beyond the final window's noise), or when it went back to chance level, unless it is
+   visibly on its way back (its loss fell on every row from its peak to the
+   end of the log, over three rows or more). Trouble from the first logged row has no level to
+   come back to: the run diverged. Otherwise the spike was recovered.
+5. **The kind**: `nan` for non-finite values or steps skipped to the end; `collapse` for trouble
+   only the evaluations or a frozen loss show; `explosion` when the signal that raised the alarm
+   (the loss, or the gradient norm) got at least halfway (in log space) from its level before
+   to its peak within three rows of the onset; `slow-divergence` when it climbed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import TypeGuard
+
+from trainguard.analyze.chance import AtChance
+from trainguard.analyze.log import GRAD_NORM, LOSS, Log
+from trainguard.config import DetectorConfig
+from trainguard.events import Event, at_least
+from trainguard.signals import MAD_TO_STD
+from trainguard.verdict import DEGRADED_RATIO, WINDOW
+
+HEALTHY, RECOVERED, DIVERGED = "healthy", "spike-recovered", "diverged"
+NAN, EXPLOSION, SLOW, COLLAPSE = "nan", "explosion", "slow-divergence", "collapse"
+JUMPS = ("loss_spike", "grad_explosion")
+LOSS_KINDS = ("loss_spike", "bad_start", "loss_divergence", "loss_at_chance",
+              "loss_above_chance")
+NONFINITE_KINDS = ("nonfinite_loss", "nonfinite_grad")
+RECOVERING_ROWS = 3
+SUDDEN_ROWS = 3
+
+
+@dataclass(slots=True)
+class Judgement:
+    verdict: str
+    kind: str | None
+    onset_row: int | None
+    incident: list[Event] = field(default_factory=list)
+    """The events from the onset on (what the causes are ranked from)."""
+    isolated: list[Event] = field(default_factory=list)
+    """Transient jumps, not counted as trouble."""
+    reference: float | None = None
+    """The loss level before the onset."""
+    final: float | None = None
+    """The loss level at the end of the log."""
+    ending: str = ""
+    """How the log ends, in words."""
+
+
+def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
+          chance: AtChance | None = None) -> Judgement:
+    """`rows`: the rows the detectors were run on (those holding a training value)."""
+    losses = log.values(LOSS)
+    grads = log.values(GRAD_NORM)
+    skipped = log.skipped or [False] * len(log.steps)
+    serious = [e for e in events if at_least(e.severity, "warning")]
+    isolated = [e for e in serious if _transient(e, log, rows, config)]
+    trouble = [e for e in serious if e not in isolated]
+    if chance is not None:
+        trouble.append(Event(kind="loss_at_chance", step=log.steps[chance.row], severity="error",
+                             message=chance.describe(), value=chance.level,
+                             details={"row": chance.row, "classes": chance.classes,
+                                      "guessed": chance.guessed}))
+    trouble.sort(key=lambda e: e.details["row"])
+    if not trouble:
+        return Judgement(HEALTHY, None, None, isolated=isolated,
+                         ending=_ending_healthy(losses, rows))
+    first = trouble[0]
+    onset = _onset(first, log, rows, losses, grads, skipped, config)
+    incident = [e for e in trouble if e.details["row"] >= onset]
+    before = [v for i in rows if i < onset and _finite(v := losses[i])]
+    reference = statistics.median(before[-max(config.baseline_window, 1):]) if before else None
+    after = [i for i in rows if i >= onset]
+    nonfinite_end, skipping_end = _bad_end(after, losses, grads, skipped)
+    kinds = {e.kind for e in incident}
+    final_rows = [v for i in after if _finite(v := losses[i])]
+    end = log.steps[after[-1]] if after else 0
+    span = max(WINDOW, log.interval())  # the live verdict's last 20 steps, or the last row
+    tail = [v for i in after if _finite(v := losses[i]) and log.steps[i] > end - span]
+    final = statistics.median(tail) if tail else None
+    if kinds & set(NONFINITE_KINDS) or skipping_end:
+        kind = NAN
+    elif kinds <= {"metric_collapse"} or (_frozen(final_rows) and not _risen(
+            final_rows[-1], reference, config)):
+        kind = COLLAPSE  # frozen where it was: a constant prediction, not a blow-up
+    else:
+        series = grads if first.kind == "grad_explosion" else losses
+        before_series = [v for i in rows if i < onset and _finite(v := series[i])]
+        base = min(before_series[-max(config.baseline_window, 1):], default=None)
+        kind = _shape(after, series, base if first.kind == "grad_explosion" else reference)
+    if nonfinite_end or skipping_end:
+        ending = ("the log ends with non-finite values" if nonfinite_end else
+                  "the optimizer skipped most steps from the onset to the end of the log")
+        return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending)
+    if reference is None:
+        ending = (f"the trouble starts at the first logged row, with no healthy level before "
+                  f"it; the loss ends at {_fmt(final)}")
+        return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending)
+    if final is None:
+        return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final,
+                         "no finite loss after the onset")
+    spread = MAD_TO_STD * statistics.median(abs(v - final) for v in tail)
+    worse = final > DEGRADED_RATIO * reference and final - reference > spread
+    if chance is not None and chance.row >= onset:
+        worse = True
+    if not worse:
+        ending = (f"the loss ends at {_fmt(final)}, back to the {_fmt(reference)} it was "
+                  "before the trouble")
+        return Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending)
+    if _recovering(after, losses):
+        ending = (f"the loss ends at {_fmt(final)}, above the {_fmt(reference)} before the "
+                  f"trouble but falling on each of its last rows since its peak: recovering")
+        return Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending)
+    ending = (f"the loss ends at {_fmt(final)}, {final / reference:.3g}x the {_fmt(reference)} "
+              "it was before the trouble")
+    return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending)
+
+
+def _finite(value: float | None) -> TypeGuard[float]:
+    return value is not None and math.isfinite(value)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _next_row(log: Log, rows: list[int], row: int) -> int | None:
+    """The next replayed row, when it is one logging interval (or less) later."""
+    later = [i for i in rows if i > row]
+    if not later:
+        return None
+    following = later[0]
+    return following if log.steps[following] - log.steps[row] <= log.interval() else None
+
+
+def _transient(event: Event, log: Log, rows: list[int], config: DetectorConfig) -> bool:
+    if event.kind not in JUMPS:
+        return False
+    row = event.details["row"]
+    baseline = event.details.get("baseline")
+    if row == rows[-1]:
+        return True  # the log ends on it: one row, that nothing after confirms
+    following = _next_row(log, rows, row)
+    if following is None or not isinstance(baseline, (int, float)) or baseline <= 0:
+        return False
+    if event.kind == "loss_spike":
+        value = log.values(LOSS)[following]
+        limit = baseline * config.loss_spike_ratio
+    else:
+        value = log.values(GRAD_NORM)[following]
+        limit = baseline * config.grad_norm_ratio
+        loss_now, loss_before = log.values(LOSS)[row], _previous(log.values(LOSS), rows, row)
+        if (_finite(loss_now) and _finite(loss_before) and loss_before > 0  # the loss moved too
+                and loss_now >= config.loss_spike_ratio * loss_before):
+            return False
+    return _finite(value) and value < limit
+
+
+def _previous(values: list[float | None], rows: list[int], row: int) -> float | None:
+    earlier = [values[i] for i in rows if i < row and _finite(values[i])]
+    return earlier[-1] if earlier else None
+
+
+def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
+           grads: list[float | None], skipped: list[bool], config: DetectorConfig) -> int:
+    row = first.details["row"]
+    if first.kind == "loss_divergence" and isinstance(first.details.get("crossed_row"), int):
+        # where the detector's level crossed, moved on to the first row that is itself above
+        limit = first.details.get("best", 0.0) * config.divergence_ratio
+        row = min(row, first.details["crossed_row"])
+        while row < first.details["row"] and not (
+                _finite(value := losses[row]) and value >= limit):
+            row += 1
+    position = rows.index(row) if row in rows else next(
+        (k for k, i in enumerate(rows) if i >= row), len(rows) - 1)
+    window = max(config.baseline_window, 1)
+
+    def bad(i: int) -> bool:
+        loss, grad = losses[i], grads[i]
+        return skipped[i] or (loss is not None and not math.isfinite(loss)) \
+            or (grad is not None and not math.isfinite(grad) and not skipped[i])
+
+    if first.kind in NONFINITE_KINDS or first.kind == "fp16_overflow":
+        while position > 0 and bad(rows[position - 1]):
+            position -= 1
+        return rows[position]
+    if first.kind in ("loss_at_chance", "loss_above_chance"):
+        return row
+    series, ratio = ((grads, config.grad_norm_abs_min_ratio) if first.kind == "grad_explosion"
+                     else (losses, config.loss_spike_ratio))
+    start = position
+    earlier = [v for i in rows[max(0, start - window):start] if _finite(v := series[i])]
+    floor = min((v for v in earlier if v > 0), default=None)
+    if floor is not None:
+        while position > 0:
+            value = series[rows[position - 1]]
+            if not (_finite(value) and value >= ratio * floor):
+                break
+            position -= 1
+    while position > 0 and bad(rows[position - 1]):
+        position -= 1
+    return rows[position]
+
+
+def _bad_end(after: list[int], losses: list[float | None], grads: list[float | None],
+             skipped: list[bool]) -> tuple[bool, bool]:
+    """(the log ends non-finite, the log ends skipping most steps since the onset)."""
+    if not after:
+        return False, False
+    last_loss = next((losses[i] for i in reversed(after) if losses[i] is not None), None)
+    last_grad = next((grads[i] for i in reversed(after) if grads[i] is not None
+                      and not skipped[i]), None)
+    nonfinite = ((last_loss is not None and not math.isfinite(last_loss))
+                 or (last_grad is not None and not math.isfinite(last_grad)))
+    skipping = skipped[after[-1]] and sum(skipped[i] for i in after) * 2 >= len(after)
+    return nonfinite, skipping
+
+
+def _risen(final: float, reference: float | None, config: DetectorConfig) -> bool:
+    """The loss ends far above its level before the trouble (a jump that then froze there is an
+    explosion, as a loss that jumps to chance level and stays is)."""
+    return reference is not None and reference > 0 and final > config.loss_spike_ratio * reference
+
+
+def _frozen(values: list[float]) -> bool:
+    """The loss is exactly the same on the last rows (a model predicting a constant)."""
+    tail = values[-5:]
+    return len(tail) >= 5 and len(set(tail)) == 1
+
+
+def _shape(after: list[int], series: list[float | None], reference: float | None) -> str:
+    """Sudden or gradual, in the signal that raised the alarm."""
+    if reference is None or reference <= 0:
+        return EXPLOSION
+    values = [(k, v) for k, i in enumerate(after) if _finite(v := series[i])]
+    if not values:
+        return SLOW
+    peak = max(v for _, v in values)
+    if peak <= reference:
+        return EXPLOSION
+    early = max(v for k, v in values if k < SUDDEN_ROWS) if values[0][0] < SUDDEN_ROWS \
+        else reference
+    halfway = math.log(peak / reference) / 2
+    return EXPLOSION if math.log(early / reference) >= halfway else SLOW
+
+
+def _recovering(after: list[int], losses: list[float | None]) -> bool:
+    values = [v for i in after if _finite(v := losses[i])]
+    if not values:
+        return False
+    peak_at = max(range(len(values)), key=lambda k: values[k])
+    falling = values[peak_at:]
+    return len(falling) > RECOVERING_ROWS and all(
+        b < a for a, b in itertools.pairwise(falling))
+
+
+def _ending_healthy(losses: list[float | None], rows: list[int]) -> str:
+    values = [losses[i] for i in rows if _finite(losses[i])]
+    if not values:
+        return "no finite loss logged"
+    return f"the loss went from {values[0]:.4g} to {values[-1]:.4g}"

@@ -1,0 +1,67 @@
+"""PyTorch Lightning `CSVLogger` output: `metrics.csv` (one column per logged name).
+
+Lightning writes one line per logging call with the columns of that call filled in: the step
+metrics every `log_every_n_steps`, the epoch aggregates (`*_epoch`) and validation metrics once
+an epoch. Lines with training values are rows at their `step`; `val_*`/`test_*` columns are
+evaluations. Where the step-level values exist (`train_loss_step`), the epoch aggregates are left
+out of the rows (they repeat the same losses on a coarser grid); a log that has only the epoch
+level keeps it. Rows are named as Lightning counts them: `epoch 0 (step 198)`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from trainguard.analyze.log import Log, LogBuilder, LogError, is_eval_name, number
+
+FORMAT = "lightning"
+
+
+def read(path: str | Path) -> Log:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise LogError(f"{path}: not a CSV file (not UTF-8 text)") from None
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not text.strip():
+        raise LogError(f"{path}: the file is empty")
+    try:
+        lines = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise LogError(f"{path}: not a valid CSV file ({exc})") from None
+    header = [name.strip() for name in lines[0]]
+    if "step" not in header:
+        raise LogError(f"{path}: not a Lightning metrics.csv (no 'step' column in its header "
+                       f"{', '.join(header[:6])})")
+    step_at = header.index("step")
+    epoch_at = header.index("epoch") if "epoch" in header else None
+    step_level = any(name.endswith("_step") and "loss" in name for name in header)
+    keep = [i for i, name in enumerate(header)
+            if i not in (step_at, epoch_at) and name
+            and not (step_level and name.endswith("_epoch") and not is_eval_name(name))]
+    log = LogBuilder(path, FORMAT)
+    ended = text.endswith(("\n", "\r"))
+    for number_, fields in enumerate(lines[1:], start=2):
+        if not fields:
+            continue
+        if len(fields) != len(header):
+            if number_ == len(lines) and not ended:
+                log.notes.append(f"the last line ({number_}) is incomplete (the file was cut "
+                                 "while being written); it is left out")
+                continue
+            raise LogError(f"{path}: line {number_} has {len(fields)} fields, the header "
+                           f"{len(header)}")
+        step = number(fields[step_at])
+        if step is None or step != int(step):
+            raise LogError(f"{path}: line {number_}: the step {fields[step_at]!r} is not a whole "
+                           "number")
+        epoch = number(fields[epoch_at]) if epoch_at is not None else None
+        label = (f"epoch {int(epoch)} (step {int(step)})"
+                 if epoch is not None and epoch == int(epoch) else "")
+        log.add_values(int(step), ((header[i], fields[i]) for i in keep if fields[i].strip()),
+                       label=label)
+    return log.build(what="training values (no row with a training metric)")

@@ -1,0 +1,316 @@
+"""What a reader makes of a training log: the logged series, row by row, in the log's own steps.
+
+Every reader (one module per format) turns its file into a `Log`: one *row* per logged training
+step, in the order the log has them, with the values of that step in named *series* (NaN where a
+row does not hold a series), the evaluations apart, and notes on anything the reader had to
+interpret. Series names are canonical where trainguard reads them: `loss` (the training loss the
+log reports), `grad_norm` (the global gradient norm before clipping), `lr` (the learning rate, of
+the first parameter group), `loss_scale` (an fp16 loss scale); every other numeric value keeps its
+own name (`loss_total`, `mean_token_accuracy`...).
+
+A row that does not hold a series has None there; a logged NaN or inf stays NaN or inf.
+
+A file that cannot be read (missing, truncated, of another format, holding no training values)
+raises `LogError` with one message that names the file and the problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import TrainguardError
+
+LOSS, GRAD_NORM, LR, LOSS_SCALE = "loss", "grad_norm", "lr", "loss_scale"
+CANONICAL = (LOSS, GRAD_NORM, LR, LOSS_SCALE)
+
+_ALIASES: dict[str, str] = {}
+for _canonical, _names in (
+    (LOSS, ("loss", "train_loss", "train/loss", "lm loss", "lm_loss", "train_loss_step",
+            "loss_step", "training_loss", "train loss", "trainer/loss", "train/lm_loss",
+            "train/train_loss_step", "training/loss")),
+    (GRAD_NORM, ("grad_norm", "grad norm", "gnorm", "grad-norm", "gradient_norm", "grad_norm_total",
+                 "train/grad_norm", "grad_norm/total", "trainer/grad_norm", "train/gnorm",
+                 "global_grad_norm", "grad_norm_before_clip")),
+    (LR, ("lr", "learning_rate", "learning rate", "train/learning_rate", "train/lr",
+          "trainer/learning_rate", "lr-adam", "lr-adamw", "lr-sgd", "lr-adafactor", "lr-lamb",
+          "lr-lion", "lr-rmsprop")),
+    (LOSS_SCALE, ("loss_scale", "loss scale", "scaler/scale", "train/loss_scale", "loss-scale")),
+):
+    for _name in _names:
+        _ALIASES[_name] = _canonical
+del _canonical, _names
+
+EVAL_PREFIXES = ("eval_", "eval/", "eval ", "val_", "val/", "val ", "valid_", "valid/", "valid ",
+                 "validation_", "validation/", "validation ", "test_", "test/", "test ")
+"""A value whose name starts like this is an evaluation metric, not a training row's."""
+
+BOOKKEEPING = frozenset({
+    "step", "global_step", "epoch", "iteration", "iter", "_step", "_runtime", "_timestamp",
+    "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+    "num_input_tokens_seen", "num_tokens", "time", "timestamp", "wall_time", "current_steps",
+    "total_steps", "elapsed_time", "remaining_time", "percentage", "consumed samples",
+    "trainer/global_step", "consumed tokens", "elapsed time per iteration (ms)",
+    "elapsed time per iteration (s)",
+    "samples per second", "tflops", "global batch size", "num zeros", "ms/batch", "it/sec",
+    "tokens/sec", "trained tokens", "peak mem", "mfu", "epoch_time",
+})
+"""Counters, clocks and run-level totals: not training signals."""
+
+
+class LogError(TrainguardError):
+    """A training log cannot be read: the message names the file and the problem."""
+
+
+def canonical_name(name: str) -> str:
+    """The canonical series name of a logged value (`learning_rate` -> `lr`), else its own name
+    (stripped, with `train/` dropped)."""
+    key = name.strip()
+    lowered = key.lower()
+    if lowered in _ALIASES:
+        return _ALIASES[lowered]
+    if lowered.startswith("lr-") or lowered.startswith("lr/"):  # Lightning's LearningRateMonitor
+        return LR if lowered.count("/") == 0 else key
+    if lowered.startswith("train/"):
+        return canonical_name(key[len("train/"):])
+    if lowered.endswith(("/train", "_train")):  # TensorBoard tags such as `Loss/train`
+        return canonical_name(key[: -len("/train")])
+    return key
+
+
+EVAL_SUFFIXES = ("/eval", "/val", "/valid", "/validation", "/test", "_val", "_eval")
+"""...or ends like this (TensorBoard tags such as `Loss/val`)."""
+
+
+def is_eval_name(name: str) -> bool:
+    lowered = name.strip().lower()
+    return lowered.startswith(EVAL_PREFIXES) or lowered.endswith(EVAL_SUFFIXES)
+
+
+def is_bookkeeping(name: str) -> bool:
+    lowered = name.strip().lower()
+    return lowered in BOOKKEEPING or lowered.startswith(("train/train_", "train/total_flos",
+                                                         "train/epoch"))
+
+
+def is_train_loss(name: str) -> bool:
+    """A training-loss series other than `loss` itself (`loss_total`, `mlm loss`)."""
+    lowered = name.lower()
+    return name != LOSS and "loss" in lowered and not is_eval_name(name) and not is_bookkeeping(
+        name) and "scale" not in lowered
+
+
+@dataclass(slots=True)
+class Log:
+    """The training rows of one log, in the log's own step units."""
+
+    path: str
+    format: str
+    """The reader that read it (a name of `trainguard.analyze.FORMATS`)."""
+    steps: list[int]
+    """The log's step of each training row (HF `step`, Megatron `iteration`, a global batch)."""
+    series: dict[str, list[float | None]]
+    """Per series, one value per row: None where the row does not hold it (a logged NaN or inf
+    is kept as such)."""
+    labels: list[str] | None = None
+    """How the log itself names each row ("epoch 4, batch 1400"), when not by its step."""
+    skipped: list[bool] | None = None
+    """Rows the log says the optimizer skipped (an overflow message, a skipped-iterations
+    counter, a GradScaler overflow in a trainguard store)."""
+    evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    """Evaluations: (step, metrics)."""
+    step_unit: str = "step"
+    notes: list[str] = field(default_factory=list)
+    """What the reader interpreted (a truncated last record, a grad norm that is 0 throughout)."""
+    param_names: list[str] = field(default_factory=list)
+    """Per-parameter gradient norms, where the log holds them (a trainguard store)."""
+    param_grad_norms: Any = None
+    """A rows x parameters array of gradient norms, or None."""
+    detector_config: dict[str, Any] | None = None
+    """The detector thresholds the run itself used, where the log records them (a store)."""
+    loss_curvature: list[float | None] | None = None
+    """The live run's own loss curvature per row, where the log records it (a store)."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def has(self, name: str) -> bool:
+        values = self.series.get(name)
+        return values is not None and any(v is not None for v in values)
+
+    def values(self, name: str) -> list[float | None]:
+        return self.series.get(name) or [None] * len(self.steps)
+
+    def label(self, row: int) -> str:
+        """The row as the log names it: `step 3010`, `iteration 7010`, `epoch 4, batch 1400`."""
+        if self.labels is not None and self.labels[row]:
+            return self.labels[row]
+        return f"{self.step_unit} {self.steps[row]}"
+
+    def interval(self) -> float:
+        """The logging interval: the median distance between consecutive rows, in steps."""
+        gaps = sorted(b - a for a, b in zip(self.steps, self.steps[1:], strict=False) if b > a)
+        if not gaps:
+            return 1.0
+        return float(gaps[len(gaps) // 2])
+
+
+class LogBuilder:
+    """Collects rows as a reader finds them; values of one step (several records of one HF log
+    step, a TensorBoard step written tag by tag) are merged into one row."""
+
+    def __init__(self, path: str | Path, fmt: str, *, step_unit: str = "step") -> None:
+        self.path = str(path)
+        self.format = fmt
+        self.step_unit = step_unit
+        self._index: dict[int, int] = {}
+        self._steps: list[int] = []
+        self._rows: list[dict[str, float]] = []
+        self._labels: list[str] = []
+        self._skipped: list[bool] = []
+        self.evals: dict[int, dict[str, float]] = {}
+        self.notes: list[str] = []
+        self._kinds: dict[str, tuple[int, str]] = {}
+        self._plans: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
+
+    def add(self, step: int, values: Mapping[str, float], *, label: str = "",
+            skipped: bool = False) -> None:
+        """A training row (or more values of a row already seen at this step)."""
+        at = self._index.get(step)
+        if at is None:
+            self._index[step] = len(self._steps)
+            self._steps.append(step)
+            self._rows.append(dict(values))
+            self._labels.append(label)
+            self._skipped.append(skipped)
+            return
+        self._rows[at].update(values)
+        self._skipped[at] = self._skipped[at] or skipped
+        if label and not self._labels[at]:
+            self._labels[at] = label
+
+    def add_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        if metrics:
+            self.evals.setdefault(step, {}).update(metrics)
+
+    def add_values(self, step: int, values: Iterable[tuple[str, Any]], *, label: str = "",
+                   skipped: bool = False) -> None:
+        """Sort named values into the training row and the evaluation of `step`: numbers only,
+        bookkeeping left out, names made canonical."""
+        row: dict[str, float] = {}
+        evals: dict[str, float] = {}
+        kinds = self._kinds
+        for name, raw in values:
+            kind = kinds.get(name)
+            if kind is None:
+                kind = kinds[name] = _classify(name)
+            if kind[0] == _IGNORE:
+                continue
+            kind_of = type(raw)
+            if kind_of is float or kind_of is int:
+                value: float | None = float(raw)
+            else:
+                value = number(raw)
+                if value is None:
+                    continue
+            if kind[0] == _TRAIN:
+                row[kind[1]] = value  # type: ignore[assignment]
+            else:
+                evals[kind[1]] = value  # type: ignore[assignment]
+        if row:
+            self.add(step, row, label=label, skipped=skipped)
+        if evals:
+            self.add_eval(step, evals)
+
+    def add_entry(self, step: int, entry: Mapping[str, Any], *, label: str = "",
+                  skipped: bool = False) -> None:
+        """`add_values` for one record (a dict), its names sorted once per set of names: the
+        fast path for logs of a hundred thousand records."""
+        names = tuple(entry)
+        plan = self._plans.get(names)
+        if plan is None:
+            plan = self._plans[names] = [(name, *_classify(name)) for name in names
+                                         if _classify(name)[0] != _IGNORE]
+        row: dict[str, float] = {}
+        evals: dict[str, float] | None = None
+        for name, kind, target in plan:
+            raw = entry[name]
+            kind_of = type(raw)
+            if kind_of is float or kind_of is int:
+                value: float | None = float(raw)
+            else:
+                value = number(raw)
+                if value is None:
+                    continue
+            if kind == _TRAIN:
+                row[target] = value  # type: ignore[assignment]
+            else:
+                if evals is None:
+                    evals = {}
+                evals[target] = value  # type: ignore[assignment]
+        if row:
+            self.add(step, row, label=label, skipped=skipped)
+        if evals:
+            self.add_eval(step, evals)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def build(self, *, what: str = "training values") -> Log:
+        if not self._steps:
+            raise LogError(f"{self.path}: no {what} found")
+        names: list[str] = []
+        seen: set[str] = set()
+        for row in self._rows:
+            for name in row:
+                if name not in seen:
+                    seen.add(name)
+                    names.append(name)
+        series = {name: [row.get(name) for row in self._rows] for name in names}
+        choose_loss(series, self.notes)
+        labels = self._labels if any(self._labels) else None
+        skipped = self._skipped if any(self._skipped) else None
+        return Log(path=self.path, format=self.format, steps=list(self._steps), series=series,
+                   labels=labels, skipped=skipped,
+                   evals=sorted(self.evals.items()), step_unit=self.step_unit,
+                   notes=list(self.notes))
+
+
+def choose_loss(series: dict[str, list[float | None]], notes: list[str]) -> None:
+    """A log without a series named as the training loss reads its first other training-loss
+    series (`data_loss`, `loss_total`) as the loss, and says so."""
+    if LOSS in series:
+        return
+    candidates = [name for name in series if is_train_loss(name)]
+    if candidates:
+        name = candidates[0]
+        series[LOSS] = series.pop(name)
+        notes.append(f"{name} is read as the training loss")
+
+
+_IGNORE, _TRAIN, _EVAL = 0, 1, 2
+
+
+def _classify(name: str) -> tuple[int, str]:
+    if is_bookkeeping(name):
+        return _IGNORE, name
+    if is_eval_name(name):
+        return _EVAL, name.strip()
+    return _TRAIN, canonical_name(name)
+
+
+def number(raw: Any) -> float | None:
+    """A logged value as a float (NaN and inf kept); None for anything that is not a number."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    if isinstance(raw, str):
+        text = raw.strip().rstrip("%")
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,167 @@
+"""The live detectors, run over a log's rows: one `StepSignals` per row, the same classes.
+
+Each row becomes the `StepSignals` the Guard would have measured at that step, holding what the
+log holds: the loss, the global gradient norm, the learning rate, the fp16 loss scale, whether the
+optimizer skipped the step (a GradScaler overflow), and in a trainguard store the per-parameter
+gradient norms. What a log cannot hold (sampled weight and activation statistics, the batches)
+is absent, so the detectors that read only those stay silent. A detector is handed a row only
+when the row holds what it reads (a row without a gradient norm is not a row whose gradient norm
+is NaN), and the detectors that read only the heavy probes' sampled statistics are not run at
+all. Every further training-loss series of the log (a custom `loss_total`) is watched for
+non-finite values by a `NonFiniteLoss` of its own, and the evaluations go through
+`MetricCollapse`, interleaved with the rows at their steps.
+
+Detectors count rows as steps (`StepSignals.step` is the row's index, so their windows are the
+row counts of `trainguard.analyze.sparse`); the events come back in the log's own step units,
+their messages naming rows as the log does ("iteration 7010").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainguard.analyze.log import GRAD_NORM, LOSS, LOSS_SCALE, LR, Log, is_train_loss
+from trainguard.config import DetectorConfig
+from trainguard.detect import DETECTOR_TYPES, Detector
+from trainguard.detect.fp16_overflow import Fp16Overflow
+from trainguard.detect.grad_explosion import GradExplosion
+from trainguard.detect.lr_change import LRChange
+from trainguard.detect.metric_collapse import MetricCollapse
+from trainguard.detect.no_gradients import NoGradients
+from trainguard.detect.nonfinite_grad import NonFiniteGrad
+from trainguard.detect.nonfinite_loss import NonFiniteLoss
+from trainguard.events import Event
+from trainguard.signals import LossCurvature, StepSignals
+
+READS_GRAD_NORM: tuple[type[Detector], ...] = (NonFiniteGrad, GradExplosion, NoGradients)
+"""The detectors that read the gradient norm: handed only the rows that hold one."""
+
+_EMPTY = np.zeros(0)
+_STEP_IN_MESSAGE = re.compile(r"\bstep (\d+)\b")
+
+
+@dataclass(slots=True)
+class Replay:
+    events: list[Event]
+    """In the log's step units; `details["row"]` is the row the event was raised at."""
+    rows: list[int]
+    """The rows that were replayed (those holding a loss, a gradient norm or an LR)."""
+
+
+def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) -> Replay:
+    """Run the detectors over the rows of a (prepared) log."""
+    # the detectors that read only heavy-probe statistics have nothing to read in a log, and
+    # two others nothing in most logs (see `_silent`)
+    detectors = [t(config) for t in DETECTOR_TYPES
+                 if not t.reads_sampled_only and not _silent(t, log, config)]
+    with_grad = detectors
+    without_grad = [d for d in detectors if not isinstance(d, READS_GRAD_NORM)]
+    aux = [name for name in log.series if is_train_loss(name)]
+    aux_watch = {name: NonFiniteLoss(config) for name in aux}
+    evals = MetricCollapse(config)
+    eval_queue = list(log.evals)
+    curvature = LossCurvature(span=max(3, math.ceil(10 / max(log.interval(), 1.0))))
+    losses = log.values(LOSS)
+    grads = log.values(GRAD_NORM)
+    lrs = log.values(LR)
+    scales = log.values(LOSS_SCALE)
+    groups = [log.series[name] for name in log.series if name.startswith("lr_group")]
+    skipped = log.skipped or [False] * len(log.steps)
+    per_param = log.param_grad_norms
+    names = list(log.param_names) if per_param is not None else []
+    live_curvature = log.loss_curvature
+    rows: list[int] = []
+    train_loss: float | None = None
+    raw: list[tuple[int, Event]] = []
+    # one StepSignals refilled row by row: no detector keeps the object it is handed
+    signals = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=_EMPTY,
+                          param_names=names)
+    aux_signals = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=_EMPTY,
+                              param_names=[])
+    for row, step in enumerate(log.steps):
+        if eval_queue and rows and eval_queue[0][0] < step:
+            while eval_queue and eval_queue[0][0] < step:
+                _, metrics = eval_queue.pop(0)
+                for event in evals.observe(metrics, len(rows) - 1, classes=num_classes,
+                                           train_loss=train_loss):
+                    raw.append((rows[-1], event))
+        loss, grad, lr = losses[row], grads[row], lrs[row]
+        if loss is None and grad is None and lr is None and not any(
+                log.series[name][row] is not None for name in aux):
+            continue
+        index = len(rows)
+        rows.append(row)
+        for name in aux:
+            value = log.series[name][row]
+            if value is not None:
+                aux_signals.step, aux_signals.loss = index, value
+                for event in aux_watch[name].check(aux_signals):
+                    event.param, event.message = name, f"{name} is {value}"
+                    raw.append((row, event))
+        if loss is not None and math.isfinite(loss):
+            train_loss = loss
+        signals.step = index
+        signals.loss = loss
+        signals.grad_norm = grad if grad is not None else 0.0
+        signals.lr = lr
+        signals.group_lrs = () if lr is None else (
+            (lr,) if not groups else (lr, *(math.nan if (v := g[row]) is None else v
+                                            for g in groups)))
+        signals.loss_scale = scales[row]
+        signals.amp_overflow = skipped[row]
+        signals.loss_curvature = (live_curvature[row] if live_curvature is not None
+                                  else curvature.observe(loss))
+        if per_param is not None:
+            signals.param_grad_norm = per_param[row]
+        for detector in (with_grad if grad is not None else without_grad):
+            found = detector.check(signals)
+            if found:
+                raw.extend((row, event) for event in found)
+    for _, metrics in eval_queue:
+        if rows:
+            for event in evals.observe(metrics, len(rows) - 1, classes=num_classes,
+                                       train_loss=train_loss):
+                raw.append((rows[-1], event))
+    events = [_in_log_units(event, log, rows, row) for row, event in raw]
+    return Replay(events=events, rows=rows)
+
+
+def _silent(kind: type[Detector], log: Log, config: DetectorConfig) -> bool:
+    """Whether a detector cannot raise anything on this log, whatever its rows hold: it reads
+    only what the log does not have. `Fp16Overflow` reads skipped steps and the loss scale;
+    `LRChange` fires only where an LR is `lr_jump_ratio` times the highest before it."""
+    if kind is Fp16Overflow:
+        return not log.skipped and not log.has(LOSS_SCALE)
+    if kind is LRChange:
+        groups = [log.values(LR)] + [log.series[n] for n in log.series if n.startswith("lr_")]
+        for values in groups:
+            highest = 0.0
+            for value in values:
+                if value is None or not value > 0 or not math.isfinite(value):
+                    continue
+                if highest > 0 and value >= config.lr_jump_ratio * highest:
+                    return False
+                highest = max(highest, value)
+        return True
+    return False
+
+
+def _in_log_units(event: Event, log: Log, rows: list[int], row: int) -> Event:
+    """The event with its step (and the steps its message and details name) as the log's."""
+
+    def at(index: int) -> int:
+        return rows[min(max(index, 0), len(rows) - 1)]
+
+    details = dict(event.details)
+    for key in ("crossed", "since"):
+        if isinstance(details.get(key), int):
+            details[key] = log.steps[at(details[key])]
+            details[f"{key}_row"] = at(event.details[key])
+    details["row"] = row
+    message = _STEP_IN_MESSAGE.sub(lambda m: log.label(at(int(m.group(1)))), event.message)
+    return Event(kind=event.kind, step=log.steps[row], severity=event.severity, message=message,
+                 param=event.param, value=event.value, details=details)

@@ -1,0 +1,91 @@
+"""What `trainguard analyze` prints: a short summary per log, a table for several, JSON."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trainguard.analyze.analysis import Analysis
+from trainguard.analyze.judge import HEALTHY
+from trainguard.analyze.log import GRAD_NORM, LOSS, LR
+
+MAX_EVIDENCE = 8
+MAX_CAUSES = 3
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}"
+
+
+def headline(result: Analysis) -> str:
+    if result.verdict == HEALTHY:
+        return "healthy: no trouble in the logged values"
+    what = {"spike-recovered": "SPIKE, RECOVERED", "diverged": "DIVERGED"}.get(
+        result.verdict, result.verdict.upper())
+    kind = f" ({result.kind})" if result.kind else ""
+    return f"{what}{kind} from {result.onset}"
+
+
+def summary_lines(result: Analysis) -> list[str]:
+    """The human summary of one log."""
+    from trainguard.cli import sparkline
+
+    every = f"every {result.interval:g} steps" if result.interval != 1 else "every step"
+    lines = [f"log        {result.path} ({result.format}, {result.rows} rows, {every})",
+             f"verdict    {headline(result)}"]
+    for name, label in ((LOSS, "loss"), (GRAD_NORM, "grad norm")):
+        values = result.curve(name) if result.log is not None and result.log.has(name) else []
+        if values:
+            finite = [v for v in values if math.isfinite(v)]
+            span = (f"  {_fmt(finite[0])} -> {_fmt(finite[-1])}" if finite else "  all non-finite")
+            lines.append(f"{label:<10} {sparkline(values)}{span}")
+    if result.log is not None and result.log.has(LR):
+        lrs = [v for v in result.curve(LR) if math.isfinite(v)]
+        if lrs:
+            lines.append(f"{'lr':<10} first {_fmt(lrs[0])}  peak {_fmt(max(lrs))}  "
+                         f"last {_fmt(lrs[-1])}")
+    if result.evidence:
+        lines.append("evidence")
+        for line in result.evidence[:MAX_EVIDENCE]:
+            lines.append(f"  - {line}")
+        if len(result.evidence) > MAX_EVIDENCE:
+            lines.append(f"  ... {len(result.evidence) - MAX_EVIDENCE} more (--json lists all)")
+    if result.causes:
+        lines.append("likely causes")
+        for cause in result.causes[:MAX_CAUSES]:
+            lines.append(f"  {cause.code:<18} {cause.confidence:>4.0%}  "
+                         f"{'; '.join(cause.evidence[:2])}")
+            lines.append(f"  {'':<18}       fix: {cause.fix}")
+    for note in result.notes:
+        lines.append(f"note       {note}")
+    return lines
+
+
+def table_lines(results: list[Analysis | tuple[str, str]]) -> list[str]:
+    """One row per log: an Analysis, or (path, error message) for one that could not be read."""
+    rows: list[tuple[str, ...]] = []
+    for result in results:
+        if isinstance(result, tuple):
+            rows.append((result[0], "-", "-", "error", "-", "-", result[1]))
+            continue
+        rows.append((result.path, result.format, str(result.rows), result.verdict,
+                     result.kind or "-", result.onset or "-",
+                     result.causes[0].code if result.causes else "-"))
+    header = ("path", "format", "rows", "verdict", "kind", "onset", "likely cause")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+            for row in [header, *rows]]
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with NaN and inf as None, for JSON that every parser reads (as the run store's
+    `strict_json`, without importing the store)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value

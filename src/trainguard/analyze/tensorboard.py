@@ -1,0 +1,484 @@
+"""TensorBoard event files (`events.out.tfevents.*`) and run directories, read directly.
+
+An event file is a TFRecord stream: per record an 8-byte little-endian length, the masked CRC32C
+of those 8 bytes, the payload (one `Event` protocol buffer) and the masked CRC32C of the payload.
+This reader walks the records and decodes, with a minimal protobuf wire-format parser, only what
+a scalar needs: `Event.step` (field 2) and, in `Event.summary` (field 5), each `Summary.Value`'s
+`tag` (1) and either its `simple_value` (2, what `torch.utils.tensorboard` and the HF Trainer
+write) or a numeric `tensor` (8) holding a single element (what `tf.summary.scalar` writes).
+Everything else (graphs, histograms, images, text, run metadata) is skipped by its wire type
+without being decoded. It needs neither TensorBoard nor protobuf installed.
+
+Checks. Every record's length CRC is verified (it guards the framing: a wrong length would
+misread every record after it), and so is the payload CRC of every record a value is taken from.
+Payloads of records that yield nothing (a graph, an image) are skipped unverified: nothing of
+theirs is used. The CRCs are computed for all records at once with NumPy (CRC32C, Castagnoli),
+one vector operation per byte position, which is what makes checking them affordable. A file
+that ends inside a record (a writer still writing, or killed) is read up to its last complete
+record, with a note; a CRC mismatch or a record that does not parse is an error naming the file
+and the byte offset.
+
+A run directory holds one run: its event files (several when the run was restarted) are read in
+name order (their names start with the creation time). Event files in subdirectories named like
+an evaluation (`validation`, `val`, `eval`, `test`: the Keras layout) are that run's
+evaluations; a directory holding several runs in other subdirectories is an error that lists them.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from trainguard.analyze.log import Log, LogError, _classify, choose_loss, is_eval_name
+
+FORMAT = "tensorboard"
+EVAL_DIRS = frozenset({"validation", "val", "valid", "eval", "evaluation", "test"})
+
+_U64 = struct.Struct("<Q").unpack_from
+_F32 = struct.Struct("<f").unpack_from
+_F64 = struct.Struct("<d").unpack_from
+_I64 = struct.Struct("<q").unpack_from
+
+# TensorProto dtypes (tensorflow/core/framework/types.proto) this reader decodes, and how
+_DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF, _DT_BFLOAT16 = 1, 2, 3, 9, 19, 14
+_NUMERIC_DTYPES = frozenset({_DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF,
+                             _DT_BFLOAT16})
+
+
+def is_event_file(path: Path) -> bool:
+    return "tfevents" in path.name and not path.name.endswith(".profile-empty")
+
+
+def event_files(path: Path) -> tuple[list[Path], list[Path]]:
+    """(training files, evaluation files) of a run directory or a single event file."""
+    if path.is_file():
+        return [path], []
+    if not path.is_dir():
+        raise LogError(f"{path}: no such file or directory")
+    found = sorted(p for p in path.rglob("*") if p.is_file() and is_event_file(p))
+    if not found:
+        raise LogError(f"{path}: no TensorBoard event files (events.out.tfevents.*) in it")
+    train: list[Path] = []
+    evals: list[Path] = []
+    runs: set[Path] = set()
+    for file in found:
+        parent = file.parent
+        if parent != path and parent.name.lower() in EVAL_DIRS:
+            evals.append(file)
+            parent = parent.parent
+        else:
+            train.append(file)
+        if parent.name.lower() == "train" and parent != path:
+            parent = parent.parent
+        runs.add(parent)
+    if len(runs) > 1:
+        names = ", ".join(sorted(str(r.relative_to(path)) or "." for r in runs)[:6])
+        raise LogError(f"{path}: holds {len(runs)} TensorBoard runs ({names}); pass one of them")
+    return train, evals
+
+
+def read(path: str | Path) -> Log:
+    path = Path(path)
+    train_files, eval_files = event_files(path)
+    tags: dict[str, tuple[list[int], list[float]]] = {}
+    notes: list[str] = []
+    for file in train_files + eval_files:
+        for tag, (steps, values) in read_scalars(file, notes).items():
+            name = tag if file in train_files or is_eval_name(tag) else f"eval/{tag}"
+            into = tags.setdefault(name, ([], []))
+            into[0].extend(steps)
+            into[1].extend(values)
+    return _build(path, tags, notes)
+
+
+def _build(path: Path, tags: dict[str, tuple[list[int], list[float]]], notes: list[str]) -> Log:
+    train: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    evals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for tag, (steps, values) in tags.items():
+        kind, name = _classify(tag)
+        if kind == 0 or not steps:
+            continue
+        pair = (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        target = train if kind == 1 else evals
+        if name in target:  # two tags meaning the same series: the first one wins
+            continue
+        target[name] = pair
+    if not train:
+        listed = ", ".join(list(tags)[:8])
+        what = "scalars" if not tags else f"training scalars (its tags: {listed})"
+        raise LogError(f"{path}: no {what} in the TensorBoard events")
+    all_steps = np.unique(np.concatenate([s for s, _ in train.values()]))
+    series: dict[str, list[float | None]] = {}
+    for name, (tag_steps, tag_values) in train.items():
+        column: list[float | None] = [None] * all_steps.size
+        where = np.searchsorted(all_steps, tag_steps).tolist()
+        for at, value in zip(where, tag_values.tolist(), strict=True):
+            column[at] = value  # a step written twice: the last
+        series[name] = column
+    choose_loss(series, notes)
+    by_step: dict[int, dict[str, float]] = {}
+    for name, (eval_steps, eval_values) in evals.items():
+        for step, value in zip(eval_steps.tolist(), eval_values.tolist(), strict=True):
+            by_step.setdefault(step, {})[name] = value
+    return Log(path=str(path), format=FORMAT, steps=all_steps.tolist(), series=series,
+               evals=sorted(by_step.items()), notes=notes)
+
+
+def read_scalars(file: Path, notes: list[str] | None = None,
+                 ) -> dict[str, tuple[list[int], list[float]]]:
+    """Every scalar of one event file: tag -> (steps, values), in file order."""
+    try:
+        buf = file.read_bytes()
+    except OSError as exc:
+        raise LogError(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    if not buf:
+        if notes is not None:
+            notes.append(f"{file.name} is empty")
+        return {}
+    out: dict[bytes, tuple[list[int], list[float]]] = {}
+    templates: dict[bytes, tuple[list[int], list[float]]] = {}
+    """A summary holding one `simple_value` is the same bytes as the last one of its tag, but
+    for the 4 bytes of the float at its end: those bytes, parsed once, name the tag."""
+    heads: list[int] = []
+    used: list[int] = []  # payload offsets and lengths of records that gave values
+    used_len: list[int] = []
+    size = len(buf)
+    pos = 0
+    truncated = False
+    f32 = _F32
+    try:
+        while pos < size:
+            if pos + 12 > size:
+                truncated = True
+                break
+            length = _U64(buf, pos)[0]
+            start = pos + 12
+            end = start + length
+            if end + 4 > size:
+                truncated = True
+                break
+            heads.append(pos)
+            pos = end + 4
+            # the fast path: wall_time, step, a summary of one simple_value already seen
+            if length > 14 and buf[start] == 0x09 and buf[start + 9] == 0x10:
+                i = start + 10
+                step = buf[i]
+                i += 1
+                if step >= 0x80:
+                    step, i = _varint_rest(buf, i, step)
+                if buf[i] == 0x2A and buf[i + 1] + i + 2 == end:
+                    pair = templates.get(buf[i + 2:end - 4])
+                    if pair is not None:
+                        pair[0].append(step)
+                        pair[1].append(f32(buf, end - 4)[0])
+                        used.append(start)
+                        used_len.append(length)
+                        continue
+            if _event(buf, start, end, out, templates):
+                used.append(start)
+                used_len.append(length)
+    except (IndexError, ValueError, struct.error) as exc:
+        _check_heads(file, buf, heads)  # a damaged length reads as a parse failure
+        raise LogError(f"{file}: the record at byte {heads[-1] if heads else pos} does not "
+                       f"parse as a TensorBoard event ({exc}); the file is damaged") from None
+    if truncated:
+        if not heads:
+            raise LogError(f"{file}: not a TensorBoard event file (no complete record)")
+        if notes is not None:
+            notes.append(f"{file.name} ends inside a record (the writer was still writing or was "
+                         f"killed); its {len(heads)} complete records are read")
+    _check_heads(file, buf, heads)
+    _check_payloads(file, buf, np.asarray(used, dtype=np.int64),
+                    np.asarray(used_len, dtype=np.int64))
+    return {tag.decode("utf-8", "replace"): pair for tag, pair in out.items()}
+
+
+def _event(buf: bytes, i: int, end: int, out: dict[bytes, tuple[list[int], list[float]]],
+           templates: dict[bytes, tuple[list[int], list[float]]]) -> bool:
+    """Decode one Event's scalars into `out`; True when it held any. A summary of exactly one
+    value made of a tag and a `simple_value` becomes a template for the fast path."""
+    step = 0
+    summary: tuple[int, int] | None = None
+    while i < end:
+        key = buf[i]
+        i += 1
+        if key == 0x09:  # wall_time, double
+            i += 8
+        elif key == 0x10:  # step, varint
+            step = buf[i]
+            i += 1
+            if step >= 0x80:
+                step, i = _varint_rest(buf, i, step)
+            if step >= 1 << 63:
+                step -= 1 << 64
+        elif key == 0x2A:  # summary
+            length = buf[i]
+            i += 1
+            if length >= 0x80:
+                length, i = _varint_rest(buf, i, length)
+            summary = (i, i + length)
+            i += length
+        else:
+            i = _skip(buf, i, key)
+    if i != end:
+        raise ValueError("a field runs past the end of the record")
+    if summary is None:
+        return False
+    found = False
+    j, stop = summary
+    while j < stop:
+        key = buf[j]
+        j += 1
+        if key != 0x0A:  # Summary.value is field 1; nothing else is defined
+            j = _skip(buf, j, key)
+            continue
+        length = buf[j]
+        j += 1
+        if length >= 0x80:
+            length, j = _varint_rest(buf, j, length)
+        value_end = j + length
+        tag, value = _value(buf, j, value_end)
+        j = value_end
+        if tag is not None and value is not None:
+            pair = out.get(tag)
+            if pair is None:
+                pair = out[tag] = ([], [])
+            pair[0].append(step)
+            pair[1].append(value)
+            found = True
+            # the template: `0a len 0a taglen tag 15` with the float's 4 bytes last, nothing else
+            head = summary[0]
+            if (value_end == stop and buf[stop - 5] == 0x15 and length < 0x80
+                    and head + 5 + len(tag) == stop - 4 and buf[head + 2] == 0x0A
+                    and len(tag) < 0x80):
+                templates[buf[head:stop - 4]] = pair
+    if j != stop:
+        raise ValueError("a summary value runs past the end of the summary")
+    return found
+
+
+def _value(buf: bytes, i: int, end: int) -> tuple[bytes | None, float | None]:
+    """(tag, scalar) of one Summary.Value; scalar None when it holds no scalar."""
+    tag: bytes | None = None
+    value: float | None = None
+    while i < end:
+        key = buf[i]
+        i += 1
+        if key == 0x0A:  # tag
+            length = buf[i]
+            i += 1
+            if length >= 0x80:
+                length, i = _varint_rest(buf, i, length)
+            tag = buf[i:i + length]
+            i += length
+        elif key == 0x15:  # simple_value, float
+            value = _F32(buf, i)[0]
+            i += 4
+        elif key == 0x42:  # tensor
+            length = buf[i]
+            i += 1
+            if length >= 0x80:
+                length, i = _varint_rest(buf, i, length)
+            value = _tensor_scalar(buf, i, i + length)
+            i += length
+        else:
+            i = _skip(buf, i, key)
+    return tag, value
+
+
+def _tensor_scalar(buf: bytes, i: int, end: int) -> float | None:
+    """The value of a numeric TensorProto holding exactly one element, else None."""
+    dtype = 0
+    elements = 1
+    content: bytes | None = None
+    values: list[float] = []
+    while i < end:
+        key = buf[i]
+        i += 1
+        field, wire = key >> 3, key & 7
+        if key >= 0x80:
+            key, i = _varint_rest(buf, i, key)
+            field, wire = key >> 3, key & 7
+        if field == 1 and wire == 0:
+            dtype, i = _varint(buf, i)
+        elif field == 2 and wire == 2:  # tensor_shape: the product of its dims
+            length, i = _varint(buf, i)
+            elements = _shape_elements(buf, i, i + length)
+            i += length
+        elif field == 4 and wire == 2:
+            length, i = _varint(buf, i)
+            content = buf[i:i + length]
+            i += length
+        elif field in (5, 6, 7, 10, 13) and wire == 2:  # packed repeated values
+            length, i = _varint(buf, i)
+            values.extend(_packed(buf, i, i + length, field))
+            i += length
+        elif field == 5 and wire == 5:
+            values.append(_F32(buf, i)[0])
+            i += 4
+        elif field == 6 and wire == 1:
+            values.append(_F64(buf, i)[0])
+            i += 8
+        elif field in (7, 10, 13) and wire == 0:
+            raw, i = _varint(buf, i)
+            values.append(float(_signed(raw)))
+        else:
+            i = _skip_field(buf, i, wire)
+    if dtype not in _NUMERIC_DTYPES or elements != 1:
+        return None
+    if content is not None:
+        width = {_DT_FLOAT: "<f", _DT_DOUBLE: "<d", _DT_INT32: "<i", _DT_INT64: "<q",
+                 _DT_HALF: "<e"}.get(dtype)
+        if width is None or len(content) != struct.calcsize(width):
+            return None
+        return float(struct.unpack(width, content)[0])
+    if len(values) != 1:
+        return None
+    if dtype == _DT_HALF:  # half_val holds the float16 bits in an int
+        return float(np.array([int(values[0])], dtype=np.uint16).view(np.float16)[0])
+    return values[0]
+
+
+def _shape_elements(buf: bytes, i: int, end: int) -> int:
+    elements = 1
+    while i < end:
+        key, i = _varint(buf, i)
+        if key == 0x12:  # dim
+            length, i = _varint(buf, i)
+            stop = i + length
+            size = 1
+            while i < stop:
+                inner, i = _varint(buf, i)
+                if inner == 0x08:
+                    size, i = _varint(buf, i)
+                    size = _signed(size)
+                else:
+                    i = _skip_field(buf, i, inner & 7)
+            elements *= size
+        else:
+            i = _skip_field(buf, i, key & 7)
+    return elements
+
+
+def _packed(buf: bytes, i: int, end: int, field: int) -> list[float]:
+    if field == 5:
+        return [v for (v,) in struct.iter_unpack("<f", buf[i:end])]
+    if field == 6:
+        return [v for (v,) in struct.iter_unpack("<d", buf[i:end])]
+    out: list[float] = []
+    while i < end:
+        raw, i = _varint(buf, i)
+        out.append(float(_signed(raw)))
+    return out
+
+
+def _signed(raw: int) -> int:
+    return raw - (1 << 64) if raw >= 1 << 63 else raw
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    first = buf[i]
+    i += 1
+    if first < 0x80:
+        return first, i
+    return _varint_rest(buf, i, first)
+
+
+def _varint_rest(buf: bytes, i: int, first: int) -> tuple[int, int]:
+    value = first & 0x7F
+    shift = 7
+    while True:
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint longer than 10 bytes")
+
+
+def _skip(buf: bytes, i: int, key: int) -> int:
+    """Skip the field whose key's first byte was `key` (the rest of a long key included)."""
+    if key >= 0x80:
+        key, i = _varint_rest(buf, i, key)
+    return _skip_field(buf, i, key & 7)
+
+
+def _skip_field(buf: bytes, i: int, wire: int) -> int:
+    if wire == 0:
+        while buf[i] >= 0x80:
+            i += 1
+        return i + 1
+    if wire == 1:
+        return i + 8
+    if wire == 2:
+        length, i = _varint(buf, i)
+        return i + length
+    if wire == 5:
+        return i + 4
+    raise ValueError(f"wire type {wire} (groups are not used by TensorBoard events)")
+
+
+# -- CRC32C (Castagnoli), vectorised over records -----------------------------------------------
+def _crc_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
+    return table.astype(np.uint32)
+
+
+_TABLE = _crc_table()
+_MASK_DELTA = np.uint32(0xA282EAD8)
+
+
+def masked_crc32c(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The TFRecord masked CRC32C of `data[starts[k] : starts[k] + lengths[k]]` for every k:
+    records of one length are processed together, one vector operation per byte position."""
+    out = np.empty(starts.size, dtype=np.uint32)
+    if starts.size == 0:
+        return out
+    order = np.argsort(lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    bounds = np.flatnonzero(np.diff(sorted_lengths)) + 1
+    for group in np.split(order, bounds):
+        width = int(lengths[group[0]])
+        crc = np.full(group.size, 0xFFFFFFFF, dtype=np.uint32)
+        at = starts[group]
+        for column in range(width):
+            crc = _TABLE[(crc ^ data[at + column]) & 0xFF] ^ (crc >> np.uint32(8))
+        crc ^= np.uint32(0xFFFFFFFF)
+        out[group] = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + _MASK_DELTA
+    return out
+
+
+def _stored(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The little-endian uint32 stored at each offset."""
+    raw = data[offsets[:, None] + np.arange(4, dtype=np.int64)].astype(np.uint32)
+    return raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16) | (raw[:, 3] << 24)
+
+
+def _check_heads(file: Path, buf: bytes, heads: list[int]) -> None:
+    if not heads:
+        return
+    data = np.frombuffer(buf, dtype=np.uint8)
+    at = np.asarray(heads, dtype=np.int64)
+    bad = np.flatnonzero(masked_crc32c(data, at, np.full(at.size, 8, dtype=np.int64))
+                         != _stored(data, at + 8))
+    if bad.size:
+        first = int(at[bad[0]])
+        what = "not a TensorBoard event file" if first == 0 else "damaged"
+        raise LogError(f"{file}: {what} (the record length at byte {first} fails its CRC "
+                       "check)")
+
+
+def _check_payloads(file: Path, buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> None:
+    if not starts.size:
+        return
+    data = np.frombuffer(buf, dtype=np.uint8)
+    bad = np.flatnonzero(masked_crc32c(data, starts, lengths) != _stored(data, starts + lengths))
+    if bad.size:
+        raise LogError(f"{file}: damaged (the record at byte {int(starts[bad[0]]) - 12} fails its "
+                       f"CRC check; {bad.size} record(s) in all)")

@@ -1,0 +1,225 @@
+"""Plain-text training logs: the line formats of common trainers, and a documented generic one.
+
+Each grammar recognises the training lines (and evaluation lines) of one trainer wherever they
+sit in a file (after timestamps, rank prefixes such as `[default7]:`, quote markers, inside a
+markdown notebook); other lines are ignored. The grammar that recognises the most lines reads the
+file; the generic grammar only reads files no trainer's grammar recognises. `nan`, `inf` and
+`-inf` are read as such.
+
+    megatron   Megatron-LM / Megatron-DeepSpeed:
+               ` iteration   7010/ 159576 | ... | learning rate: 6.000E-05 | ... | lm loss:
+               1.142026E+01 | loss scale: 2048.0 | grad norm: 219645.978 | ... | number of
+               skipped iterations:   0 | number of nan iterations:   0 |`; every `key: value`
+               between bars is read (`lm loss` -> loss, `grad norm`, `learning rate`, `loss
+               scale`); `validation loss at iteration N | lm loss value: X` is an evaluation; a
+               DeepSpeed `OVERFLOW! ... Skipping step` message marks the next iteration skipped, as
+               does a non-zero skipped or NaN iteration counter.
+    wlm        PyTorch examples/word_language_model:
+               `| epoch   4 |  1400/ 2983 batches | lr 20.00 | ms/batch 11.96 | loss  5.94 | ppl
+               379.47`, rows named `epoch 4, batch 1400` at the global batch (epoch - 1) x
+               batches per epoch + batch; `| end of epoch 4 | ... | valid loss 6.33` is an
+               evaluation at the epoch's end.
+    nanogpt    nanoGPT train.py: `iter 3010: loss nan, time 1019.95ms, mfu 14.12%`; `step 3000:
+               train loss 4.0390, val loss 4.0427` is an evaluation.
+    mlx        mlx-lm (`mlx_lm.lora`): `Iter 10: Train loss 2.123, Learning Rate 1.000e-05,
+               It/sec 1.234, ...`; `Iter 10: Val loss 2.345, Val took 1.2s` is an evaluation.
+    generic    any other line holding a step and a loss as `key value`, `key=value` or `key:
+               value` pairs (separated by spaces, commas, `|` or `;`): the step is the number after
+               `step`, `global_step`, `iteration`, `iter` or `it`; every other `key number` pair
+               is a series (`loss`, `lr` / `learning_rate`, `grad_norm` / `gnorm`, ...), and names
+               starting `val`/`eval`/`test` are evaluations. For example
+               `step 120 | loss 2.31 | lr 3e-4 | grad_norm 0.87` or
+               `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from trainguard.analyze.log import Log, LogBuilder, LogError, number
+
+FORMAT = "text"
+NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
+
+_MEGATRON = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)", re.IGNORECASE)
+_MEGATRON_VALID = re.compile(r"validation loss at iteration\s+(\d+)[^|]*\|(.*)", re.IGNORECASE)
+_OVERFLOW = re.compile(r"OVERFLOW!.*skipping step", re.IGNORECASE)
+_PAIR_COLON = re.compile(rf"^\s*([^:|]+?)\s*:\s*({NUM})\s*$", re.IGNORECASE)
+
+_WLM = re.compile(rf"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\s*\|\s*lr\s+({NUM})"
+                  rf"\s*\|\s*ms/batch\s+{NUM}\s*\|\s*loss\s+({NUM})(?:\s*\|\s*ppl\s+({NUM}))?",
+                  re.IGNORECASE)
+_WLM_EPOCH = re.compile(rf"\|\s*end of epoch\s+(\d+)\s*\|.*?valid loss\s+({NUM})", re.IGNORECASE)
+
+_NANOGPT = re.compile(rf"\biter\s+(\d+):\s*loss\s+({NUM})", re.IGNORECASE)
+_NANOGPT_EVAL = re.compile(rf"\bstep\s+(\d+):\s*train loss\s+({NUM}),\s*val loss\s+({NUM})",
+                           re.IGNORECASE)
+
+_MLX = re.compile(rf"\bIter\s+(\d+):\s*Train loss\s+({NUM})(.*)")
+_MLX_VAL = re.compile(rf"\bIter\s+(\d+):\s*Val loss\s+({NUM})")
+_MLX_PAIR = re.compile(rf"^\s*([A-Za-z][A-Za-z/ ]*?)\s+({NUM})")
+
+_GENERIC_STEP = re.compile(r"(?<![\w./-])(global_step|step|iteration|iter|it)\s*[:=]?\s*(\d+)"
+                           r"(?![\w.])", re.IGNORECASE)
+_GENERIC_PAIR = re.compile(rf"(?<![\w./-])([A-Za-z_][\w./-]*)\s*[:=]?\s*({NUM})(?![\w.])",
+                           re.IGNORECASE)
+_STEP_WORDS = frozenset({"global_step", "step", "iteration", "iter", "it"})
+
+
+def _megatron(lines: list[str], log: LogBuilder) -> int:
+    found = 0
+    pending_skip = False
+    for line in lines:
+        if _OVERFLOW.search(line):
+            pending_skip = True
+            continue
+        valid = _MEGATRON_VALID.search(line)
+        if valid:
+            pairs = _bar_pairs(valid.group(2))
+            log.add_eval(int(valid.group(1)), {f"validation {k.removesuffix(' value')}": v
+                                               for k, v in pairs if not k.endswith("PPL")})
+            continue
+        match = _MEGATRON.search(line)
+        if not match:
+            continue
+        found += 1
+        pairs = _bar_pairs(match.group(2))
+        counters = {k.lower(): v for k, v in pairs if k.lower().startswith("number of")}
+        skipped = pending_skip or any(v > 0 for v in counters.values())
+        pending_skip = False
+        log.add_values(int(match.group(1)), [(k, v) for k, v in pairs
+                                              if not k.lower().startswith("number of")],
+                       label=f"iteration {int(match.group(1))}", skipped=skipped)
+    return found
+
+
+def _bar_pairs(text: str) -> list[tuple[str, float]]:
+    out = []
+    for field in text.split("|"):
+        match = _PAIR_COLON.match(field)
+        if match:
+            value = number(match.group(2))
+            if value is not None:
+                out.append((match.group(1).strip(), value))
+    return out
+
+
+def _wlm(lines: list[str], log: LogBuilder) -> int:
+    found = 0
+    batches = 0
+    for line in lines:
+        match = _WLM.search(line)
+        if match:
+            found += 1
+            epoch, batch, batches = (int(match.group(i)) for i in (1, 2, 3))
+            pairs = [("lr", match.group(4)), ("loss", match.group(5))]
+            if match.group(6) is not None:
+                pairs.append(("ppl", match.group(6)))
+            log.add_values((epoch - 1) * batches + batch, pairs,
+                           label=f"epoch {epoch}, batch {batch}")
+            continue
+        end = _WLM_EPOCH.search(line)
+        if end and batches:
+            value = number(end.group(2))
+            if value is not None:
+                log.add_eval(int(end.group(1)) * batches, {"valid loss": value})
+    return found
+
+
+def _nanogpt(lines: list[str], log: LogBuilder) -> int:
+    found = 0
+    for line in lines:
+        match = _NANOGPT.search(line)
+        if match:
+            found += 1
+            log.add_values(int(match.group(1)), [("loss", match.group(2))])
+            continue
+        evaluation = _NANOGPT_EVAL.search(line)
+        if evaluation:
+            value = number(evaluation.group(3))
+            if value is not None:
+                log.add_eval(int(evaluation.group(1)), {"val loss": value})
+    return found
+
+
+def _mlx(lines: list[str], log: LogBuilder) -> int:
+    found = 0
+    for line in lines:
+        match = _MLX.search(line)
+        if match:
+            found += 1
+            pairs = [("loss", match.group(2))]
+            for part in match.group(3).split(","):
+                pair = _MLX_PAIR.match(part)
+                if pair:
+                    pairs.append((pair.group(1).strip().lower(), pair.group(2)))
+            log.add_values(int(match.group(1)), pairs)
+            continue
+        val = _MLX_VAL.search(line)
+        if val:
+            value = number(val.group(2))
+            if value is not None:
+                log.add_eval(int(val.group(1)), {"val loss": value})
+    return found
+
+
+def _generic(lines: list[str], log: LogBuilder) -> int:
+    found = 0
+    for line in lines:
+        step = _GENERIC_STEP.search(line)
+        if not step:
+            continue
+        pairs = [(m.group(1), m.group(2)) for m in _GENERIC_PAIR.finditer(line)
+                 if m.group(1).lower() not in _STEP_WORDS]
+        if not any("loss" in name.lower() for name, _ in pairs):
+            continue
+        found += 1
+        log.add_values(int(step.group(2)), pairs)
+    return found
+
+
+GRAMMARS: dict[str, tuple[Callable[[list[str], LogBuilder], int], str]] = {
+    "megatron": (_megatron, "iteration"),
+    "wlm": (_wlm, "batch"),
+    "nanogpt": (_nanogpt, "iter"),
+    "mlx": (_mlx, "iter"),
+    "generic": (_generic, "step"),
+}
+"""name -> (reader of the lines, the unit its steps count), in order of preference on a tie."""
+
+
+def read_lines(path: Path) -> list[str]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if b"\0" in raw[:4096]:
+        raise LogError(f"{path}: a binary file, not a text log (and no other format reads it)")
+    return raw.decode("utf-8", errors="replace").splitlines()
+
+
+def read(path: str | Path, grammar: str | None = None) -> Log:
+    path = Path(path)
+    lines = read_lines(path)
+    best: tuple[int, LogBuilder] | None = None
+    for name in ([grammar] if grammar else list(GRAMMARS)):
+        if name == "generic" and best is not None:  # a trainer's own lines come first
+            break
+        parse, unit = GRAMMARS[name]
+        log = LogBuilder(path, f"{FORMAT}:{name}", step_unit=unit)
+        found = parse(lines, log)
+        if found and (best is None or found > best[0]):
+            best = (found, log)
+    if best is None:
+        names = ", ".join(GRAMMARS) if grammar is None else grammar
+        raise LogError(f"{path}: no training log lines recognised ({names}: see `trainguard "
+                       "analyze --help` for the line formats)")
+    return best[1].build()
+
+
+def sniff(lines: Iterator[str] | list[str]) -> bool:
+    """Whether any grammar recognises a training line among `lines`."""
+    sample = list(lines)
+    return any(GRAMMARS[name][0](sample, LogBuilder("", name)) for name in GRAMMARS)

@@ -1,0 +1,77 @@
+"""The offline replay runs the live detectors: over a trainguard store of a real guarded run it
+raises the events the live run raised (those a log can hold), at the same steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import trainguard
+from trainguard import Guard, GuardConfig
+from trainguard.analyze import analyze
+
+SAMPLED_ONLY = {"nonfinite_weight", "dead_units", "extreme_weight", "nonfinite_optimizer_state",
+                "output_collapse"}
+"""Event kinds raised from heavy-probe statistics only: a log holds none of them."""
+FROM_LOGS_ONLY = {"loss_at_chance", "loss_above_chance"}
+"""Judged from a log's loss level (`analyze/chance.py`), not by a live detector."""
+
+
+def _faulty_run(run_dir: Path) -> list[tuple[str, int]]:
+    """A protected regression whose user raises the LR at step 60 (explosion, then NaN) and feeds
+    one NaN batch at step 30: the events the live run raised, as (kind, step)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="protect", console=False,
+                                                       preflight=False), run_dir=run_dir)
+    generator = torch.Generator().manual_seed(1)
+    for step in range(110):
+        if step == 60:
+            for group in optimizer.param_groups:
+                group["lr"] = 3.0
+        x = torch.randn(32, 8, generator=generator)
+        if step == 30:
+            x[0, 0] = float("nan")
+        loss = nn.functional.mse_loss(model(x), x[:, :1] * 2)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return [(e.kind, e.step) for e in guard.events]
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[str, int]]]:
+    run_dir = tmp_path_factory.mktemp("analyze") / "run"
+    return run_dir, _faulty_run(run_dir)
+
+
+def test_the_replayed_events_are_the_live_runs(faulty: tuple[Path, list[tuple[str, int]]]) -> None:
+    run_dir, live = faulty
+    offline = analyze(run_dir)
+    assert offline.format == "store"
+    expected = sorted((kind, step) for kind, step in live if kind not in SAMPLED_ONLY)
+    replayed = sorted((e.kind, e.step) for e in offline.events
+                      if e.kind not in FROM_LOGS_ONLY)
+    assert {"nonfinite_loss", "nonfinite_grad", "lr_change", "grad_explosion",
+            "loss_spike"} <= {kind for kind, _ in expected}, live
+    assert replayed == expected
+
+
+def test_the_stored_events_are_the_live_ones(faulty: tuple[Path, list[tuple[str, int]]]) -> None:
+    run_dir, live = faulty
+    stored = [(e.kind, e.step) for e in trainguard.RunReader(run_dir).events()]
+    assert sorted(stored) == sorted(live)
+
+
+def test_the_run_is_judged_from_its_first_fault(
+        faulty: tuple[Path, list[tuple[str, int]]]) -> None:
+    run_dir, _ = faulty
+    result = analyze(run_dir)
+    assert result.verdict == "spike-recovered", "protect skipped the NaN and clipped the rest"
+    assert (result.kind, result.onset_step) == ("nan", 30)
+    assert result.causes, "a run in trouble gets ranked causes"
