@@ -125,7 +125,10 @@ def test_help_everywhere_states_the_exit_codes(capsys) -> None:
         code, out, _ = call(*args, capsys=capsys)
         assert code == 0 and "usage: trainguard" in out
         flat = " ".join(out.split())
-        assert "exit codes: 0 ok, 2 bad input" in flat and "130 interrupted" in flat, args
+        assert "exit codes: 0 ok" in flat and "2 bad input" in flat, args
+        assert "130 interrupted" in flat, args
+    code, out, _ = call("doctor", "--help", capsys=capsys)
+    assert "1 findings at or above --fail-on" in " ".join(out.split())
 
 
 def test_demo_runs_healthy_then_exploding_and_keeps_every_run(tmp_path: Path) -> None:
@@ -360,11 +363,25 @@ def test_replay_and_doctor_bad_input_exit_2(tmp_path: Path) -> None:
         assert_one_error(result.returncode, result.stdout, result.stderr)
 
 
-def test_doctor_audits_a_setup() -> None:
+def test_doctor_audits_a_setup_and_fails_a_ci_gate_on_errors() -> None:
     result = run_cli("doctor", "--factory", f"{FACTORY}:bad_setup")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # an ERROR finding, --fail-on error by default
     assert "ERROR mode_and_lr" in result.stdout and "adam_settings" in result.stdout
-    assert "WARNING warmup" in result.stdout
+    assert "failing (exit 1)" in result.stdout
+    assert run_cli("doctor", "--factory", f"{FACTORY}:bad_setup",
+                   "--fail-on", "never").returncode == 0
+
+
+@pytest.mark.parametrize(("factory", "fail_on", "code"), [
+    ("warmup_only_setup", "error", 0), ("warmup_only_setup", "warning", 1),
+    ("clean_setup", "warning", 0)])
+def test_doctor_fail_on_levels(factory: str, fail_on: str, code: int) -> None:
+    result = run_cli("doctor", "--factory", f"{FACTORY}:{factory}", "--fail-on", fail_on,
+                     "--json")
+    assert result.returncode == code, result.stderr
+    report = json.loads(result.stdout)
+    assert report["failed"] is (code == 1) and report["fail_on"] == fail_on
+    assert all({"check", "severity", "message", "fix"} <= set(f) for f in report["findings"])
 
 
 def test_sparklines_keep_spikes_and_show_non_finite_values() -> None:

@@ -5,6 +5,10 @@
     trainguard runs RUN_DIR      every run recorded in a directory
     trainguard replay SNAPSHOT   rerun a crash snapshot's bad step and name where it went wrong
     trainguard doctor            audit a training setup before it runs
+    trainguard report RUN_DIR    one self-contained HTML report of a run (--out FILE.html)
+    trainguard grafana --out DIR a Grafana dashboard for PrometheusSink, with its provisioning
+    trainguard analyze PATH...   judge a training log after the fact (trainer_state.json,
+                                 metrics.csv, TensorBoard, a run directory, JSONL, text logs)
 
 Problems with the input (a missing or corrupt run directory or snapshot, a factory that fails,
 bad arguments) print one line `trainguard: error: ...` on stderr and exit with code 2; nothing is
@@ -24,12 +28,14 @@ import sys
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from trainguard import __version__
 from trainguard.errors import TrainguardError
 
 EXIT_OK = 0
+EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_CODES = "exit codes: 0 ok, 2 bad input (one error line on stderr), 130 interrupted."
@@ -139,10 +145,80 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="audit a training setup before it runs (preflight)",
         description="Run trainguard's preflight audit on the objects FACTORY builds. FACTORY is "
                     "'module:function' (or 'path/to/file.py:function'); the function takes no "
-                    "arguments and returns (model, optimizer) or (model, optimizer, scheduler).",
-        epilog=EXIT_CODES)
+                    "arguments and returns (model, optimizer) or (model, optimizer, scheduler). "
+                    "As a CI gate: exits 1 when a finding reaches the --fail-on level.",
+        epilog="exit codes: 0 ok (no finding at the --fail-on level), 1 findings at or above "
+               "--fail-on, 2 bad input (one error line on stderr), 130 interrupted.")
     doctor.add_argument("--factory", required=True, metavar="FACTORY")
+    doctor.add_argument("--fail-on", choices=("warning", "error", "never"), default="error",
+                        help="the severity that makes the audit fail (default: error)")
+    doctor.add_argument("--json", action="store_true",
+                        help="print the findings as JSON: {findings: [...], failed: bool}")
+
+    grafana = commands.add_parser(
+        "grafana", help="write a Grafana dashboard for PrometheusSink, with its provisioning",
+        description="Write DIR/datasources/trainguard.yaml (a Prometheus datasource whose URL is "
+                    "Grafana's environment variable TRAINGUARD_PROMETHEUS_URL), "
+                    "DIR/dashboards/trainguard.yaml (a file provider) and "
+                    "DIR/dashboards/trainguard.json (the dashboard: loss, curvature, gradient "
+                    "norm, clipping, LR, loss scale, non-finite counts, skips, rollbacks, "
+                    "per-layer heat maps, an annotation per event). Point Grafana's "
+                    "provisioning directory at DIR. Existing files are replaced.",
+        epilog=EXIT_CODES)
+    grafana.add_argument("--out", required=True, metavar="DIR",
+                         help="the provisioning directory to write")
+    grafana.add_argument("--dashboards-path", metavar="PATH",
+                         help="where Grafana will read DIR/dashboards (default: its absolute "
+                              "path here; e.g. /etc/grafana/provisioning/dashboards in a "
+                              "container)")
+    report = commands.add_parser(
+        "report", help="write one self-contained HTML report of a run",
+        description="Write one HTML file that shows a recorded run and opens offline: loss and "
+                    "LR with every event marked and skipped or rolled-back steps shaded, the "
+                    "gradient norm against the clip level, per-parameter heat maps of gradient "
+                    "norms, update ratios and weight health, activation panels, and the "
+                    "verdict, likely causes, preflight findings and actions as tables. "
+                    "Non-finite values are marked, never dropped. Needs plotly "
+                    "(pip install 'trainguard[report]').",
+        epilog=EXIT_CODES)
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the run directory given to the Guard")
+    report.add_argument("--out", required=True, metavar="FILE.html",
+                        help="the HTML file to write (replaced in one piece if it exists)")
+    report.add_argument("--run", type=_positive_int, metavar="ID",
+                        help="report run ID instead of the latest")
+    report.add_argument("--open", action="store_true",
+                        help="open the report in the web browser afterwards")
+    _add_analyze(commands)
     return parser
+
+
+def _add_analyze(commands: Any) -> None:
+    from trainguard.analyze import FORMATS
+
+    formats = "; ".join(f"{name}: {what}" for name, what in FORMATS.items() if ":" not in name)
+    analyze = commands.add_parser(
+        "analyze", help="judge a training log after the fact: healthy, diverged or spiked and "
+                        "recovered, from which step, and why",
+        description="Read a training log and say whether the run is healthy, diverged (nan, "
+                    "explosion, slow-divergence, collapse) or spiked and recovered, from which "
+                    "logged step, the evidence, and the likely causes with their fixes. The "
+                    "detectors of a live run are run over the logged values (their windows "
+                    "counted in logged rows). PATH is a file or a run directory; the format is "
+                    f"detected unless --format names it ({formats}). Several PATHs print a table.",
+        epilog=EXIT_CODES)
+    analyze.add_argument("paths", nargs="+", metavar="PATH", help="a log file or directory")
+    analyze.add_argument("--format", choices=list(FORMATS), metavar="FORMAT",
+                         help=f"read PATH as this format ({', '.join(FORMATS)})")
+    analyze.add_argument("--json", action="store_true",
+                         help="print {verdict, kind, onset_step, evidence, causes} as JSON (a "
+                              "list for several PATHs)")
+    analyze.add_argument("--num-classes", type=_positive_int, metavar="K",
+                         help="classes of the task, to judge the loss against chance, ln K "
+                              "(default: guessed from the loss)")
+    analyze.add_argument("--report", metavar="FILE.html",
+                         help="also write an HTML report of one PATH: the logged curves with "
+                              "the events marked, the verdict and the causes (a trainguard run "
+                              "directory gets the full `trainguard report`)")
 
 
 # -- factories -----------------------------------------------------------------------------------
@@ -160,7 +236,6 @@ def _a(value: object) -> str:
 def _load_factory(spec: str) -> Callable[[], Any]:
     import importlib
     import importlib.util
-    from pathlib import Path
 
     from trainguard.errors import UsageError
 
@@ -297,8 +372,109 @@ def _doctor(args: argparse.Namespace) -> int:
     except Exception as exc:
         raise UsageError(f"the preflight audit cannot read the factory's objects "
                          f"({_first_line(exc)})") from None
-    lines = [str(finding) for finding in findings] or ["preflight: no findings"]
-    _write_lines(lines)
+    from trainguard.events import at_least
+
+    failed = args.fail_on != "never" and any(at_least(f.severity, args.fail_on)
+                                             for f in findings)
+    if args.json:
+        from trainguard.store.writer import strict_json
+
+        sys.stdout.write(json.dumps(strict_json({"findings": [f.to_dict() for f in findings],
+                                                 "fail_on": args.fail_on, "failed": failed}),
+                                    indent=2, allow_nan=False) + "\n")
+    else:
+        lines = [str(finding) for finding in findings] or ["preflight: no findings"]
+        if failed:
+            lines.append(f"doctor: findings at or above {args.fail_on}: failing (exit 1)")
+        _write_lines(lines)
+    return EXIT_FINDINGS if failed else EXIT_OK
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    """Never imports torch: the readers, the detectors and the ranking need none."""
+    from trainguard.analyze.analysis import Analysis, analyze
+    from trainguard.analyze.log import LogError
+    from trainguard.analyze.summary import strict_json, summary_lines, table_lines
+    from trainguard.errors import UsageError
+
+    if args.report and len(args.paths) != 1:
+        raise UsageError("--report writes the report of one PATH; give only one")
+    results: list[Analysis | tuple[str, str]] = []
+    for path in args.paths:
+        try:
+            results.append(analyze(path, fmt=args.format, num_classes=args.num_classes))
+        except TrainguardError as exc:
+            results.append((path, str(exc)))
+        except (Exception, RecursionError) as exc:  # a file no reader foresaw: say which
+            results.append((path, f"{path}: cannot be read as a training log "
+                                  f"({_first_line(exc)})"))
+    errors = [message for item in results if isinstance(item, tuple) for message in item[1:]]
+    if len(results) == 1 and errors:
+        raise LogError(errors[0])
+    written = None
+    if args.report:
+        result = results[0]
+        assert isinstance(result, Analysis)
+        if result.format == "store":
+            from trainguard.report import write_report
+
+            written = write_report(result.path, args.report)
+        else:
+            from trainguard.analyze.report import log_run_data
+            from trainguard.report.output import write_data_report
+
+            if _same_file(args.report, result.path):
+                raise UsageError(f"--report {args.report} is the log being analysed; write the "
+                                 f"report elsewhere")
+            written = write_data_report(log_run_data(result), args.report)
+    if args.json:
+        payload = [r.to_dict() if isinstance(r, Analysis) else {"path": r[0], "error": r[1]}
+                   for r in results]
+        sys.stdout.write(json.dumps(strict_json(payload[0] if len(payload) == 1 else payload),
+                                    indent=2, allow_nan=False) + "\n")
+    elif len(results) == 1:
+        assert isinstance(results[0], Analysis)
+        _write_lines(summary_lines(results[0]))
+    else:
+        _write_lines(table_lines(results))
+    if written is not None:
+        print(f"wrote {written.path}", file=sys.stderr)
+    for message in errors:
+        print(f"trainguard: error: {visible(message)}", file=sys.stderr)
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def _grafana(args: argparse.Namespace) -> int:
+    from trainguard.errors import UsageError
+    from trainguard.grafana import write_provisioning
+
+    try:
+        written = write_provisioning(args.out, args.dashboards_path)
+    except OSError as exc:
+        raise UsageError(f"cannot write the Grafana files under {args.out} ({_first_line(exc)})"
+                         ) from None
+    _write_lines([f"wrote {path}" for path in written])
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from trainguard.report import write_report
+
+    written = write_report(args.run_dir, args.out, run=args.run)
+    absent = f"; not recorded: {', '.join(written.absent)}" if written.absent else ""
+    _write_lines([f"wrote {written.path} ({written.bytes / 1e6:.1f} MB, {written.plots} plots"
+                  f"{absent})"])
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(written.path.resolve().as_uri())
     return EXIT_OK
 
 
@@ -310,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "demo": _demo, "show": _show, "runs": _runs, "replay": _replay, "doctor": _doctor}
+        "demo": _demo, "show": _show, "runs": _runs, "replay": _replay, "doctor": _doctor,
+        "grafana": _grafana, "report": _report, "analyze": _analyze}
     command = commands.get(args.command)
     if command is None:
         parser.error(f"unknown command {args.command!r}")

@@ -16,3 +16,18 @@ def model_and_loss():
 def bad_setup():
     model = TinyCausalLM(vocab_size=32, d_model=32, n_layer=1, n_head=2, max_len=32)
     return model, torch.optim.AdamW(model.parameters(), lr=1.0, eps=1e-16, betas=(0.9, 0.9))
+
+
+def warmup_only_setup():
+    """A setup whose worst finding is a warning: Adam at the top of its range, no warmup."""
+    torch.manual_seed(0)
+    model = TinyCausalLM(vocab_size=32, d_model=32, n_layer=1, n_head=2, max_len=32)
+    return model, torch.optim.AdamW(model.parameters(), lr=5e-2)
+
+
+def clean_setup():
+    torch.manual_seed(0)
+    model = TinyCausalLM(vocab_size=32, d_model=32, n_layer=1, n_head=2, max_len=32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    return model, optimizer, scheduler
