@@ -392,3 +392,28 @@ def test_sparklines_keep_spikes_and_show_non_finite_values() -> None:
     assert SPARKS[-1] in line, "the spike is not averaged away"
     assert line.count("!") == 1, "the NaN step is shown"
     assert sparkline([]) == "" and sparkline([float("inf")] * 3) == "!!!"
+
+
+def test_show_on_a_terminal_draws_rich_tables(recorded_run: Path, monkeypatch, capsys) -> None:
+    import io
+
+    from trainguard.show_rich import render
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    assert main(["show", str(recorded_run)]) == 0
+    out = capsys.readouterr().out
+    assert "events (" in out and "likely causes" in out and "worst parameters" in out
+    assert "─" in out, "table rules"
+    assert main(["show", str(recorded_run), "--plain"]) == 0
+    assert "─" not in capsys.readouterr().out
+
+    with trainguard.RunReader(recorded_run) as reader:
+        summary = reader.summary()
+    summary["events"][0]["message"] = "[bold red]not markup[/bold red] \x1b[2J"
+    summary["worst_params"][0]["param"] = "[blink]evil[/blink]"
+    drawn = io.StringIO()
+    render(["run        x"], summary, 20, visible, str, file=drawn, width=200,
+           force_terminal=False)
+    text = drawn.getvalue()
+    assert "[bold red]not markup[/bold red] \\x1b[2J" in text
+    assert "[blink]evil[/blink]" in text and "\x1b" not in text

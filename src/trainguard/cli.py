@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print machine-readable JSON")
     show.add_argument("--events", type=_non_negative_int, default=20, metavar="N",
                       help="list at most N events (default: 20)")
+    show.add_argument("--plain", action="store_true",
+                      help="plain lines even on a terminal (pipes and files always get them)")
 
     runs = commands.add_parser(
         "runs", help="list the runs recorded in a run directory",
@@ -648,6 +650,11 @@ def _show(args: argparse.Namespace) -> int:
         lines.append(f"trainguard {taken}")
     by_kind = ", ".join(f"{k} {v}" for k, v in sorted(summary["events_by_kind"].items()))
     lines.append(f"events     {len(summary['events'])}" + (f" ({by_kind})" if by_kind else ""))
+    if not args.plain and sys.stdout.isatty():
+        from trainguard.show_rich import render
+
+        render(lines, summary, args.events, visible, _fmt)
+        return EXIT_OK
     for event in summary["events"][: args.events]:
         lines.append(f"  step {event['step']:>6}  {event['severity']:<8} {event['kind']:<22} "
                      f"{event['message']}")
