@@ -11,7 +11,9 @@ whether training worked:
 
 Levels are medians of `WINDOW` finite losses (the first ones, the last ones before the first
 trouble, the last ones of the run), so one noisy batch decides nothing. "Worse" means above the
-reference by `DEGRADED_RATIO` and by more than the final window's own spread.
+reference by `DEGRADED_RATIO` and by more than the final window's own spread, or above it by
+`BEYOND_NOISE` whatever the spread (a run thrashing at 30x its old loss is not excused by its own
+thrashing).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from trainguard.signals import MAD_TO_STD
 WINDOW = 20
 DEGRADED_RATIO = 1.1
 """A final loss 10% above the reference is worse than noise at the medians' resolution."""
+BEYOND_NOISE = 2.0
+"""A final median this many times the reference is degraded, however noisy the final window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,8 @@ class LossTrack:
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
         final = statistics.median(self.recent)
         spread = MAD_TO_STD * statistics.median(abs(v - final) for v in self.recent)
-        worse = final > DEGRADED_RATIO * reference and final - reference > spread
+        worse = final > DEGRADED_RATIO * reference and (final - reference > spread
+                                                         or final > BEYOND_NOISE * reference)
         if worse:
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, "
                               f"{final / reference:.3g}x the {reference:.4g} it was {against}",
