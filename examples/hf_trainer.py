@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     training = TrainingArguments(
         output_dir=f"{workdir}/trainer", per_device_train_batch_size=8, max_steps=args.steps,
         gradient_accumulation_steps=args.accumulate, learning_rate=3e-3, warmup_steps=5,
-        max_grad_norm=1.0, logging_steps=10, save_strategy="no", report_to="none",
+        logging_steps=10, save_strategy="no", report_to="none",
         use_cpu=not torch.cuda.is_available(), disable_tqdm=True, seed=0)
     callbacks = []
     if not args.no_guard:

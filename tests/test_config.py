@@ -72,7 +72,7 @@ def _roundtrip(config: GuardConfig) -> GuardConfig:
 def test_defaults_are_valid_and_round_trip() -> None:
     config = GuardConfig()
     assert config.policy == "protect"
-    assert config.max_grad_norm == 1.0
+    assert config.max_grad_norm == "auto"
     assert config.detectors.grad_norm_abs_threshold == 1000.0
     assert GuardConfig.from_dict(config.to_dict()) == config
 

@@ -6,6 +6,7 @@ The two-rank tests run real DDP and FSDP2 training on two gloo processes (tests/
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,8 +146,9 @@ def test_ddp_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path) -
     assert rank0["weights"] == rank1["weights"]
     assert all(math.isfinite(w) for w in rank0["weights"])
     assert rank0["adam_steps"] == rank1["adam_steps"] == [12.0 - len(skipped)]
-    # one transfer per step (step 0 also runs the desync check)
-    assert rank0["transfers"][1:] == [1] * 11 and rank0["transfers"][0] == 2
+    # one transfer per step: the replicas' fingerprint rides the step's all-reduce (steps 0, 5
+    # and 10 carry one), and the replicas agree, so no second check runs
+    assert rank0["transfers"] == [1] * 12
     # only rank 0 writes the store
     assert rank0["has_store"] and not rank1["has_store"]
     with RunReader(run_dir) as reader:
@@ -154,6 +156,20 @@ def test_ddp_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path) -
         stored = [(e.kind, e.step) for e in reader.events()]
     assert stored == [("nonfinite_loss", 4), ("nonfinite_grad", 4), ("nonfinite_loss", 7),
                       ("nonfinite_loss", 9)]
+
+
+def test_events_name_the_rank_a_non_finite_value_came_from(tmp_path) -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_nonfinite_on_one_rank, str(tmp_path / "run"))
+    assert rank0["messages"] == rank1["messages"], "every rank says the same"
+    by_step = {step: {kind: (message, ranks) for kind, message, ranks in events}
+               for step, events in enumerate(rank0["messages"]) if events}
+    # step 4: rank 1's poisoned sample; DDP's gradient average carries the NaN to rank 0 too,
+    # and the gradient event names the rank whose own loss was non-finite
+    assert by_step[4]["nonfinite_loss"] == ("loss is nan (on rank 1 only)", [1])
+    assert by_step[4]["nonfinite_grad"][1] == [1]
+    assert by_step[4]["nonfinite_grad"][0].endswith("(on rank 1 only)")
+    assert by_step[7]["nonfinite_loss"] == ("loss is inf (on rank 1 only)", [1])
+    assert by_step[9]["nonfinite_loss"] == ("loss is nan (on every rank)", [0, 1])
 
 
 def test_ddp_loss_spike_on_one_rank_halts_every_rank_at_the_same_step(tmp_path) -> None:
@@ -166,6 +182,8 @@ def test_ddp_loss_spike_on_one_rank_halts_every_rank_at_the_same_step(tmp_path) 
         assert rank["halt"]["step"] == spike
         assert rank["halt"]["loss"] == pytest.approx((own0 + own1) / 2, rel=1e-6)
         assert ("loss_spike", "error", spike) in [e[:3] for e in rank["halt"]["events"]]
+        spiked = next(e for e in rank["halt"]["events"] if e[0] == "loss_spike")
+        assert f"(on rank 1 only: own loss rank 1 {own1:.4g})" in spiked[3]
     assert rank0["halt"] == rank1["halt"]
     assert rank0["actions"] == rank1["actions"] == ["applied"] * spike
     assert rank0["weights"] == rank1["weights"]
@@ -244,13 +262,27 @@ def test_ddp_recover_rolls_back_every_rank_to_the_same_state() -> None:
     assert all(math.isfinite(w) for w in rank0["weights"])
 
 
-def test_desync_under_halt_halts_both_ranks_at_the_check_that_sees_it() -> None:
-    rank0, rank1 = run_ranks(scenarios.ddp_desync_under_policy, "halt")
+@pytest.mark.parametrize("policy", ["halt", "protect"])
+def test_desync_halts_both_ranks_at_the_check_that_sees_it(policy: str) -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_desync_under_policy, policy)
     for rank in (rank0, rank1):
         assert rank["halted_at"] == 8
         assert len(rank["actions"]) == 8  # steps 0-7 went through
         assert [kind for kind, _, _ in rank["events"]] == ["ddp_desync"]
     assert rank0["events"] == rank1["events"]
+
+
+@pytest.mark.parametrize("policy", ["halt", "protect"])
+def test_a_drift_at_step_30_is_caught_within_5_steps_by_default(policy: str,
+                                                                 tmp_path: Path) -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_desync_under_policy, policy, 30, None, 45,
+                             str(tmp_path))
+    for rank in (rank0, rank1):
+        assert rank["halted_at"] is not None and 31 <= rank["halted_at"] <= 35
+        assert [kind for kind, _, _ in rank["events"]] == ["ddp_desync"]
+    assert rank0["halted_at"] == rank1["halted_at"]
+    assert [p.name for p in tmp_path.iterdir()] == [f"crash_step{rank0['halted_at']}.pt"], \
+        "one crash snapshot, written by rank 0"
 
 
 def test_desync_under_recover_rolls_both_ranks_back_to_agreeing_weights() -> None:

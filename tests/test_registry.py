@@ -9,6 +9,7 @@ module, or a user) changes the ranking and the recovery without touching either.
 from __future__ import annotations
 
 import ast
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -315,9 +316,14 @@ def test_cross_rank_reductions() -> None:
 def test_the_step_all_reduce_carries_exactly_the_agreed_every_step_keys() -> None:
     agreed = {k.name for k in registry.metric_keys()
               if not k.sampled and k.reduction is not Reduction.LOCAL}
-    # [loss, loss ranks, fp16 max, fp16 ranks, grad norm, per-parameter norms...]
-    split = RankAgreement.split(np.array([2.0, 2.0, 3.0, 2.0, 1.0, 0.6, 0.8]))
+    # [loss, loss ranks, fp16 max, fp16 ranks, grad norm, per-rank slots, per-parameter norms]
+    two_ranks = types.SimpleNamespace(context=types.SimpleNamespace(world_size=2))
+    slots = [0.0] * (5 * 2)  # five per-rank blocks, one slot per rank
+    split = RankAgreement.split(two_ranks,  # type: ignore[arg-type]
+                                np.array([2.0, 2.0, 3.0, 2.0, 1.0, *slots, 0.6, 0.8]))
+    assert split.pop("ranks").size == len(slots), "each rank's own flags: not a metric"
     assert set(split) == agreed
+    assert split["param_grad_norm"].tolist() == [0.6, 0.8]
     for key in registry.metric_keys():
         if key.scope is Scope.MODULE:
             assert key.reduction is Reduction.LOCAL, key.name

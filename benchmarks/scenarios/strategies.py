@@ -4,9 +4,12 @@
     clip            clip_grad_norm_(1.0) first, like the Hugging Face Trainer default
     skip_nonfinite  skip the step when the gradient norm is not finite, like a GradScaler does
     zclip           ZClip adaptive clipping (the `zclip` package), then the step
-    protect         trainguard.Guard under the `protect` policy (clip, skip non-finite steps)
+    protect         trainguard.Guard under the `protect` policy (the adaptive default clip, skip
+                    non-finite steps)
     recover         trainguard.Guard under the `recover` policy (protect, plus rollback to the
                     last good state, LR backoff and tighter clipping when skipping is not enough)
+    protect_clip1   `protect` with a fixed clip at max_grad_norm=1.0 (the default before the
+    recover_clip1   adaptive clip, and the HF Trainer's), to compare the two side by side
     trainguard      trainguard.Guard with a given GuardConfig (default: protect); the detection
                     and diagnosis report runs this one, so `--policy` still applies to it
 """
@@ -25,11 +28,14 @@ from trainguard import Guard, GuardConfig
 
 from .base import Workload
 
-STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "trainguard", "protect", "recover")
+STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "trainguard", "protect", "recover",
+              "protect_clip1", "recover_clip1")
 RECOVERY_STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "protect", "recover")
 """The six ways to take a step that the recovery benchmark compares side by side."""
-_GUARD_POLICIES = {"protect": "protect", "recover": "recover"}
-"""Strategies that run trainguard under a fixed policy, whatever policy the config names."""
+_GUARD_POLICIES = {"protect": ("protect", None), "recover": ("recover", None),
+                   "protect_clip1": ("protect", 1.0), "recover_clip1": ("recover", 1.0)}
+"""Strategies that run trainguard under a fixed policy (and, for some, a fixed clip), whatever
+the config names."""
 
 
 class Stepper:
@@ -180,8 +186,10 @@ def make_stepper(name: str, workload: Workload, config: GuardConfig | None = Non
     if name == "trainguard":
         return GuardStepper(workload, config, run_dir)
     if name in _GUARD_POLICIES:
-        config = dataclasses.replace(config or GuardConfig(console=False),
-                                     policy=_GUARD_POLICIES[name])
+        policy, clip = _GUARD_POLICIES[name]
+        config = dataclasses.replace(config or GuardConfig(console=False), policy=policy)
+        if clip is not None:
+            config = dataclasses.replace(config, max_grad_norm=clip)
         stepper = GuardStepper(workload, config, run_dir)
         stepper.name = name
         return stepper

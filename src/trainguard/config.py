@@ -204,7 +204,14 @@ class RecoveryConfig:
     """How many verified-good training states are kept (model, optimizer, scheduler, scaler,
     guard baselines; the RNG states with `restore_rng`), oldest dropped first."""
     ring_every: int = 50
-    """A good-state candidate is taken after every this many steps (and before the first)."""
+    """The longest interval between good-state candidates (one is also taken before the first
+    step). The interval in force is the shortest of 5, 10, 25 and this one at which a capture
+    costs at most `ring_budget` of the measured step time (`recovery/cadence.py`)."""
+    ring_budget: float | None = 0.02
+    """The share of step time the good-state captures may cost: they are taken as often as this
+    allows (every 5 steps when a capture is cheap against a step, and in the first `ring_every`
+    steps; up to `ring_every`). None: a fixed cadence, every `ring_every` steps, whose rollback
+    targets do not depend on the machine's timings."""
     confirm_steps: int = 5
     """A candidate becomes "good" only after this many following steps without an event or a
     skip, and only if its weights and optimizer moments are all finite."""
@@ -254,6 +261,8 @@ class RecoveryConfig:
         _flag(self.restore_rng, "RecoveryConfig.restore_rng")
         _positive(self.max_grad_norm, "RecoveryConfig.max_grad_norm")
         _positive(self.settle_ratio, "RecoveryConfig.settle_ratio")
+        if self.ring_budget is not None:
+            _positive(self.ring_budget, "RecoveryConfig.ring_budget")
         _require(self.settle_ratio > 1, "RecoveryConfig.settle_ratio",
                  f"must be > 1, got {self.settle_ratio!r}")
         _positive(self.lr_backoff, "RecoveryConfig.lr_backoff")
@@ -274,8 +283,13 @@ class GuardConfig:
     worse, write a crash snapshot and raise `TrainingDiverged`. `recover`: as protect, and roll
     back to the last good state (LR backed off, clipping tightened) when skipping does not heal
     the run; see `RecoveryConfig`."""
-    max_grad_norm: float | None = 1.0
-    """Global gradient-norm clipping limit (the guide's max_norm=1.0); None disables clipping."""
+    max_grad_norm: float | Literal["auto"] | None = "auto"
+    """Global gradient-norm clipping. `"auto"` (the default): under protect, recover and halt a
+    step is clipped only when its norm is abnormal for this run (`remedies.RobustClipLimit`:
+    over 3x the run's typical norm and outside its noise, or above the guide's absolute 1000),
+    so healthy steps are never touched; under observe nothing is clipped. A number: a fixed
+    limit, honoured exactly under every policy (the guide's max_norm=1.0 is `1.0`). None: no
+    clipping."""
     clip_rule: Mapping[str, Any] | ClipRule | None = None
     """An extra clipping rule from `trainguard.remedies` (LayerwiseClip, AdaptiveClip, a chain),
     applied after the global `max_grad_norm` clip to the norms the Guard already measured.
@@ -318,9 +332,15 @@ class GuardConfig:
     """Write the embedded run store when a run_dir is given."""
     console: bool = True
     """Print events as they happen (through the `trainguard` logger and stderr)."""
-    desync_every: int = 50
-    """Under torch.distributed, compare cheap per-parameter weight fingerprints across ranks every
-    this many steps (the guide's §3.4.1 desync check) and name the parameters that drifted."""
+    rank_timeout_s: float = 60.0
+    """Under torch.distributed, how long a rank waits at the start for every other rank to start
+    trainguard with the same configuration before it stops with a message naming the rank
+    missing (a rank without trainguard would otherwise make the others hang in its collectives
+    until the process group's timeout)."""
+    desync_every: int = 5
+    """Under torch.distributed, every this many steps a fingerprint of each rank's replicated
+    weights (one fused norm pass) rides the step's all-reduce (the guide's §3.4.1 desync check);
+    when the ranks' fingerprints part, a second check names the parameters that drifted."""
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     """Thresholds of the built-in detectors."""
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
@@ -329,11 +349,14 @@ class GuardConfig:
     def __post_init__(self) -> None:
         _require(self.policy in POLICIES, "GuardConfig.policy",
                  f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        if self.max_grad_norm is not None:
+        if self.max_grad_norm is not None and self.max_grad_norm != "auto":
+            _require(isinstance(self.max_grad_norm, (int, float)), "GuardConfig.max_grad_norm",
+                     f"must be a number > 0, 'auto' or None, got {self.max_grad_norm!r}")
             _positive(self.max_grad_norm, "GuardConfig.max_grad_norm")
         _at_least(self.sample_every, 1, "GuardConfig.sample_every")
         _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
         _at_least(self.desync_every, 1, "GuardConfig.desync_every")
+        _positive(self.rank_timeout_s, "GuardConfig.rank_timeout_s")
         if self.batch_size is not None:
             _at_least(self.batch_size, 1, "GuardConfig.batch_size")
         _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",
@@ -361,6 +384,18 @@ class GuardConfig:
         self.recovery = _section(RecoveryConfig, self.recovery, "GuardConfig.recovery")
         _require(isinstance(self.recovery, RecoveryConfig), "GuardConfig.recovery",
                  "must be a RecoveryConfig")
+
+    @property
+    def adaptive_clip(self) -> bool:
+        """Whether the adaptive default clip is in force (`max_grad_norm="auto"`, a policy that
+        protects)."""
+        return self.max_grad_norm == "auto" and self.policy != "observe"
+
+    @property
+    def fixed_max_grad_norm(self) -> float | None:
+        """The fixed global limit the user set (None under "auto" or with no clipping)."""
+        value = self.max_grad_norm
+        return None if value is None or value == "auto" else float(value)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (nested dicts, rules as their specs), a copy."""

@@ -20,7 +20,10 @@ elsewhere, and the replicas would part. Here:
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +45,56 @@ DESYNC_RTOL = 1e-12
 Replicas kept in sync are bitwise equal; float64 fingerprints of equal weights differ by ~1e-16
 at most (a different summation order), while one float32 ulp in one of 1000 weights is ~6e-11."""
 
-# Layout of the vector each rank contributes to the step's all-reduce.
+# Layout of the vector each rank contributes to the step's all-reduce: the head, then four
+# blocks of one slot per rank (each rank writes only its own slot, so the sum is every rank's
+# value), then the per-parameter norms.
 _LOSS, _LOSS_RANKS, _LOSS_NONFINITE, _FP16, _FP16_RANKS, _HEAD = range(6)
+_RANK_LOSS, _RANK_LOSS_BAD, _RANK_GRAD_BAD, _RANK_PRINT, _RANK_WISH, _RANK_BLOCKS = range(6)
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """What each rank contributed to one step's all-reduce, identical on every rank: its own
+    loss, whether its loss or its local gradients were non-finite, and on fingerprint steps a
+    fingerprint of its replicated weights. Names the rank a fault came from."""
+
+    loss: np.ndarray
+    loss_nonfinite: np.ndarray
+    grad_nonfinite: np.ndarray
+    drift: np.ndarray | None
+    """On a fingerprint step (`GuardConfig.desync_every`): each rank's weight fingerprint
+    against rank 0's, relative (0 when the replicas agree); None on other steps."""
+    ring_wish: np.ndarray | None = None
+    """Under `recover`: the good-state interval each rank's measured costs ask for."""
+
+    def ranks_where(self, flags: np.ndarray) -> list[int]:
+        return [int(r) for r in np.flatnonzero(flags)]
+
+    def drifted(self) -> list[int]:
+        """The ranks whose replicated weights differ from rank 0's."""
+        if self.drift is None:
+            return []
+        return [int(r) for r in np.flatnonzero(self.drift > DESYNC_RTOL)]
+
+
+def _drift(prints: torch.Tensor) -> torch.Tensor:
+    """Each rank's fingerprint against rank 0's, relative to the largest: 0 for agreeing
+    replicas; inf for one non-finite where others are finite."""
+    finite = torch.isfinite(prints)
+    scale = prints.abs().where(finite, torch.zeros_like(prints)).max().clamp_min(1e-300)
+    relative = (prints - prints[0]).abs() / scale
+    mixed = finite.any() & ~finite.all()
+    return torch.where(mixed & (finite != finite[0]), torch.full_like(prints, math.inf),
+                       torch.where(finite.all(), relative, torch.zeros_like(prints)))
+
+
+def describe_ranks(ranks: list[int], world: int) -> str:
+    """"on rank 1 only", "on ranks 0, 1", "on every rank"."""
+    if len(ranks) == world:
+        return "on every rank"
+    if len(ranks) == 1:
+        return f"on rank {ranks[0]} only"
+    return f"on ranks {', '.join(map(str, ranks))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +152,68 @@ def collective_device(backend: str, model_device: torch.device) -> torch.device:
     return model_device  # other backends (mpi, ucc, xccl, ...) reduce where the model lives
 
 
+# -- every rank or none ----------------------------------------------------------------------------
+_STARTS = itertools.count()
+"""How many guarded runs this process started: the n-th run of every rank agrees with the others'
+n-th (ranks run the same code)."""
+
+AGREED_CONFIG_FIELDS_EXCLUDED = frozenset({"console", "store", "snapshot_dir"})
+"""Config fields a rank may set for itself (they decide nothing every rank must do alike)."""
+
+
+def agree_on_start(context: DistributedContext, payload: dict[str, Any],
+                   timeout_s: float) -> None:
+    """Every rank announces that it runs trainguard, and what with, through the process group's
+    store (no collective: a rank that never calls this cannot make the others hang in one), then
+    waits up to `timeout_s` for the others. Raises `UsageError` naming the rank that did not
+    start trainguard in time, or the first field in which a rank's setup differs from rank 0's:
+    the ranks' per-step all-reduces would otherwise hang or mix different things."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # no store to meet in (a custom process group): nothing to agree through
+        return
+    start = next(_STARTS)
+    mine = json.dumps(payload, sort_keys=True, default=str)
+    keys = [f"trainguard/start{start}/rank{r}" for r in range(context.world_size)]
+    store.set(keys[context.rank], mine)
+    deadline = time.monotonic() + timeout_s
+    missing = list(range(context.world_size))
+    while missing:
+        missing = [r for r in missing if not store.check([keys[r]])]
+        if not missing:
+            break
+        if time.monotonic() >= deadline:
+            shown = ", ".join(map(str, missing))
+            raise UsageError(
+                f"trainguard: rank(s) {shown} did not start trainguard within {timeout_s:g} s of "
+                f"rank {context.rank}: every rank must run it (the Guard, or the callback "
+                f"added on every rank, not only on rank 0), since the ranks agree on every step "
+                f"through collectives; a rank without it would make the others wait forever")
+        time.sleep(0.05)
+    reference = json.loads(store.get(keys[0]).decode())
+    for rank in range(1, context.world_size):
+        theirs = json.loads(store.get(keys[rank]).decode())
+        difference = _first_difference(reference, theirs)
+        if difference is not None:
+            raise UsageError(f"trainguard: rank {rank} runs trainguard with another setup than "
+                             f"rank 0: {difference}; every rank must guard the same model with "
+                             f"the same configuration")
+
+
+def _first_difference(ours: Any, theirs: Any, where: str = "") -> str | None:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in sorted(set(ours) | set(theirs)):
+            if key not in ours or key not in theirs:
+                return f"{where}{key} is set on one rank only"
+            found = _first_difference(ours[key], theirs[key], f"{where}{key}.")
+            if found is not None:
+                return found
+        return None
+    if ours != theirs:
+        return f"{where.rstrip('.')} is {theirs!r} there, {ours!r} on rank 0"
+    return None
+
+
 # -- sharded tensors -----------------------------------------------------------------------------
 def shard_count(tensor: torch.Tensor) -> int:
     """In how many parts a DTensor is split across its mesh (1 for a replicated tensor)."""
@@ -142,11 +255,23 @@ class RankAgreement:
                                    device=context.device)
         self.replicated = [i for i, c in enumerate(counts) if c == 1]
         """Watched parameters whose copies must be equal on every rank (checked for desync)."""
+        self.sharded = any(c > 1 for c in counts)
+        """Some watched parameter is sharded across ranks (FSDP): each rank holds a part."""
         self._numel = np.array([max(watched.params[i].numel(), 1) for i in self.replicated],
                                dtype=np.float64)
         self._reported: tuple[str, ...] = ()
         self._last_agreed: int | None = None
         """The last step at which the desync check found the replicas equal."""
+        # fixed pseudo-random weights: a drift in any one parameter moves the weighted sum
+        count = len(self.replicated)
+        self._print_weights = torch.tensor(
+            [1.0 + ((i * 0.6180339887498949) % 1.0) for i in range(count)], dtype=torch.float64,
+            device=context.device)
+        self.fingerprint_next = False
+        """Whether the next step's all-reduce carries a weight fingerprint (set by the caller)."""
+        self.ring_wish: int | None = None
+        """The good-state interval this rank's cadence asks for, carried by the next step's
+        all-reduce (set by the caller under `recover`)."""
 
     def step_pack(self, model_device: torch.device, *, on_host: bool | None = None) -> AgreedPack:
         """The DevicePack of one step: the agreed signals are reduced across ranks at fetch.
@@ -160,20 +285,42 @@ class RankAgreement:
 
     # The all-reduce, on tensors of the collective device (or of the host, on the host path).
     def local_vector(self, loss: torch.Tensor | None, fp16_maxabs: torch.Tensor | None,
-                     param_norms: torch.Tensor) -> torch.Tensor:
+                     param_norms: torch.Tensor,
+                     fingerprint: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's values, float64 on the collective device; no host sync."""
         device = self.context.device
+        world, rank = self.context.world_size, self.context.rank
         norms = param_norms.reshape(-1).to(device=device, dtype=torch.float64)
         head = torch.zeros(_HEAD, dtype=torch.float64, device=device)
+        slots = torch.zeros(_RANK_BLOCKS, world, dtype=torch.float64, device=device)
         if loss is not None:
             value = loss.reshape(()).to(device=device, dtype=torch.float64)
             head[_LOSS] = value
             head[_LOSS_RANKS] = 1.0
             head[_LOSS_NONFINITE] = (~torch.isfinite(value)).to(torch.float64)
+            slots[_RANK_LOSS, rank] = value
+            slots[_RANK_LOSS_BAD, rank] = head[_LOSS_NONFINITE]
+        slots[_RANK_GRAD_BAD, rank] = (~torch.isfinite(norms).all()).to(torch.float64)
+        if fingerprint is not None:
+            slots[_RANK_PRINT, rank] = fingerprint.reshape(()).to(device=device,
+                                                                 dtype=torch.float64)
+        if self.ring_wish is not None:
+            slots[_RANK_WISH, rank] = float(self.ring_wish)
         if fp16_maxabs is not None:
             head[_FP16] = fp16_maxabs.reshape(()).to(device=device, dtype=torch.float64)
             head[_FP16_RANKS] = 1.0
-        return torch.cat([head, norms])
+        return torch.cat([head, slots.reshape(-1), norms])
+
+    def weight_fingerprint(self) -> torch.Tensor | None:
+        """One float64 on the weights' device summing up this rank's replicated weights: a
+        weighted sum of their norms (one fused pass over the weights, no host sync). Ranks whose
+        replicas agree give the same value."""
+        if not self.replicated:
+            return None
+        params = [local_tensor(self.watched.params[i]).detach() for i in self.replicated]
+        norms = torch._foreach_norm(params, 2, dtype=torch.float64)
+        stacked = torch.stack([n.to(params[0].device) for n in norms])
+        return (stacked * self._print_weights.to(stacked.device)).sum()
 
     def reduce(self, local: torch.Tensor) -> torch.Tensor:
         """One SUM all-reduce; returns [loss, loss_ranks, fp16_maxabs, fp16_ranks, grad_norm,
@@ -186,20 +333,23 @@ class RankAgreement:
         gradients, whose maxima are equal; a sum cannot recover the maximum over shards.
         """
         world = float(self.context.world_size)
+        norms_at = _HEAD + _RANK_BLOCKS * self.context.world_size
         contribution = local.clone()
         contribution[_LOSS] = local[_LOSS] / world
         contribution[_FP16] = local[_FP16] / world
-        contribution[_HEAD:] = local[_HEAD:].square() * self.shares
+        contribution[norms_at:] = local[norms_at:].square() * self.shares
         dist.all_reduce(contribution, op=dist.ReduceOp.SUM)
         loss = contribution[_LOSS] * world / contribution[_LOSS_RANKS]  # 0/0 if no rank had one
         # A rank's non-finite loss stays non-finite whatever the others add (belt and braces).
         loss = torch.where((contribution[_LOSS_NONFINITE] > 0) & torch.isfinite(loss),
                            torch.full_like(loss, math.nan), loss)
         fp16 = contribution[_FP16] * world / contribution[_FP16_RANKS]
-        squares = contribution[_HEAD:]
+        squares = contribution[norms_at:]
         head = torch.stack([loss, contribution[_LOSS_RANKS], fp16, contribution[_FP16_RANKS],
                             squares.sum().sqrt()])
-        return torch.cat([head, squares.sqrt()])
+        slots = contribution[_HEAD:norms_at].reshape(_RANK_BLOCKS, -1).clone()
+        slots[_RANK_PRINT] = _drift(slots[_RANK_PRINT])  # float64 here; the host gets float32
+        return torch.cat([head, slots.reshape(-1), squares.sqrt()])
 
     def reduce_sampled(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Agree on the sampled statistics that detectors act on, so a weight that went
@@ -228,10 +378,12 @@ class RankAgreement:
                 offset += part.numel()
         return out
 
-    @staticmethod
-    def split(agreed: np.ndarray) -> dict[str, np.ndarray]:
+    def split(self, agreed: np.ndarray) -> dict[str, np.ndarray]:
         """The host view of `reduce`'s result, by DevicePack segment name."""
-        out = {"grad_norm": agreed[4:5], "param_grad_norm": agreed[5:]}
+        world = self.context.world_size
+        slots_end = 5 + _RANK_BLOCKS * world
+        out = {"grad_norm": agreed[4:5], "param_grad_norm": agreed[slots_end:],
+               "ranks": agreed[5:slots_end]}
         if agreed[1] > 0:
             out["loss"] = agreed[0:1]
         if agreed[3] > 0:
@@ -249,6 +401,25 @@ class RankAgreement:
                             torch.stack([s.to(device) for s in sums])])
 
     @torch.no_grad()
+    def replicas_agree(self, step: int, view: RankView) -> bool:
+        """The cheap check, from the fingerprints that rode the step's all-reduce: True when
+        every rank's replicas agree with rank 0's (or nothing was fingerprinted this step).
+        When they do not, every rank runs `check_desync` at this step to name the parameters."""
+        if view.drift is None or not self.replicated:
+            return True
+        if view.drifted():
+            return False
+        self._last_agreed = step
+        self._reported = ()
+        return True
+
+    def rank_view(self, slots: np.ndarray, fingerprinted: bool) -> RankView:
+        blocks = slots.reshape(_RANK_BLOCKS, self.context.world_size)
+        return RankView(loss=blocks[_RANK_LOSS], loss_nonfinite=blocks[_RANK_LOSS_BAD] > 0,
+                        grad_nonfinite=blocks[_RANK_GRAD_BAD] > 0,
+                        drift=blocks[_RANK_PRINT] if fingerprinted else None,
+                        ring_wish=blocks[_RANK_WISH] if self.ring_wish is not None else None)
+
     def check_desync(self, step: int) -> list[Event]:
         """Gather every rank's fingerprints (one all-gather, one host read) and compare them.
 
@@ -325,6 +496,8 @@ class AgreedPack(DevicePack):
         self._on_host = on_host
         self._local: dict[str, torch.Tensor] = {}
         self._sampled: dict[str, torch.Tensor] = {}
+        self._fingerprint = agreement.weight_fingerprint() if agreement.fingerprint_next else None
+        self.fingerprinted = self._fingerprint is not None
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if _agreed_every_step(name):
@@ -342,14 +515,22 @@ class AgreedPack(DevicePack):
         if self._on_host:
             for name, tensor in local.items():
                 super().add(f"local:{name}", tensor)
+            if self._fingerprint is not None:  # rides the one transfer, as two float32 halves
+                high = self._fingerprint.to(torch.float32)
+                super().add("local:print_hi", high)
+                super().add("local:print_lo", (self._fingerprint - high.double()).float())
             host = super().fetch()
             raw = {name: torch.from_numpy(host.pop(f"local:{name}")) for name in local}
+            printed = None
+            if "local:print_hi" in host:
+                printed = torch.from_numpy(host.pop("local:print_hi") + host.pop("local:print_lo"))
             agreed_t = agreement.reduce(agreement.local_vector(
-                raw.get("loss"), raw.get("fp16_grad_maxabs"), raw["param_grad_norm"]))
+                raw.get("loss"), raw.get("fp16_grad_maxabs"), raw["param_grad_norm"], printed))
             agreed = agreed_t.cpu().numpy()  # already there: collectives on the CPU
         else:
             vector = agreement.reduce(agreement.local_vector(
-                local.get("loss"), local.get("fp16_grad_maxabs"), local["param_grad_norm"]))
+                local.get("loss"), local.get("fp16_grad_maxabs"), local["param_grad_norm"],
+                self._fingerprint))
             super().add("agreed", vector)
             host = super().fetch()
             agreed = host.pop("agreed")

@@ -7,6 +7,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,9 @@ class StepSignals:
     """The recover policy sets the LR at this step (a backoff ramping back after a rollback)."""
     loss_requires_grad: bool | None = None
     """Whether the loss tensor handed over required grad (None: a number, or not known)."""
+    ranks: Any = None
+    """Under torch.distributed, what each rank contributed (`distributed.RankView`): which rank
+    a non-finite loss or gradient or a spike came from, and the replicas' fingerprint drift."""
 
     @property
     def loss_finite(self) -> bool:

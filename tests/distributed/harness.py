@@ -31,8 +31,12 @@ class RankFailed(AssertionError):
     """A rank raised, died or did not report in time; the message says which and why."""
 
 
-def run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD_SIZE) -> list[Any]:
-    """`target(rank, world, *args)` on `world` processes; their return values by rank."""
+def run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD_SIZE,
+              fail_fast: bool = False) -> list[Any]:
+    """`target(rank, world, *args)` on `world` processes; their return values by rank.
+
+    `fail_fast`: as torchrun does, the first rank that fails ends the others (which may be
+    waiting in a collective for it)."""
     context = mp.get_context("forkserver")
     # torch._dynamo is what building the first optimizer imports (~2 s): pay it once, here.
     context.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed.fsdp",
@@ -50,6 +54,10 @@ def run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD_SIZE) -
             try:
                 rank, ok, payload = results.get(timeout=0.5)
                 by_rank[rank] = (ok, payload)
+                if fail_fast and not ok:
+                    for worker in workers:
+                        worker.kill()
+                    break
             except queue.Empty:
                 if any(not w.is_alive() and w.exitcode != 0 for w in workers):
                     break

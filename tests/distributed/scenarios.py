@@ -48,7 +48,7 @@ def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, 
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     guard = Guard(model, optimizer, config=GuardConfig(console=False), run_dir=run_dir)
-    actions, losses, events, transfers = [], [], [], []
+    actions, losses, events, transfers, messages = [], [], [], [], []
     for step in range(12):
         x, y = regression_batch(rank, step)
         if step == 4 and rank == 1:
@@ -66,9 +66,11 @@ def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, 
         actions.append(report.action)
         losses.append(report.loss)
         events.append(event_view(report))
+        messages.append([(e.kind, e.message, e.details.get("ranks")) for e in report.events])
     guard.close()
     state = optimizer.state_dict()["state"]
     return {"actions": actions, "losses": losses, "events": events, "transfers": transfers,
+            "messages": messages,
             "weights": flat_weights(model),
             "adam_steps": sorted({float(s["step"]) for s in state.values()}),
             "has_store": guard.run.store is not None,
@@ -168,11 +170,12 @@ def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float)
 
 
 def ddp_desync(rank: int, world: int, run_dir: str, param: str) -> dict[str, Any]:
-    """Rank 1 nudges one element of `param` after step 5; the check runs every 4 steps."""
+    """Rank 1 nudges one element of `param` after step 5; the check runs every 4 steps. Under
+    `observe`, so that the run goes on and the check reports the drift once."""
     model = DistributedDataParallel(mlp(seed=2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, desync_every=4),
-                  run_dir=run_dir)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="observe", console=False,
+                                                       desync_every=4), run_dir=run_dir)
     for step in range(13):
         x, y = regression_batch(rank, step)
         loss = F.mse_loss(model(x), y)
@@ -257,20 +260,25 @@ def ddp_recover_on_one_rank(rank: int, world: int) -> dict[str, Any]:
             "ring": [s.step for s in guard.recovery.ring.good], "batch_events": batch_events}
 
 
-def ddp_desync_under_policy(rank: int, world: int, policy: str) -> dict[str, Any]:
-    """Rank 1 nudges a weight after step 5; the check runs every 4 steps (0, 4, 8, ...), before
-    the step's decision. `halt` must stop both ranks at step 8; `recover` must roll both back to
-    the state from before the drift, after which the replicas agree again."""
+def ddp_desync_under_policy(rank: int, world: int, policy: str, nudge_after: int = 5,
+                            desync_every: int | None = 4, steps: int = 16,
+                            snapshot_dir: str | None = None) -> dict[str, Any]:
+    """Rank 1 nudges a weight after step `nudge_after`; the check runs every `desync_every`
+    steps (None: the default), before the step's decision. `halt` and `protect` must stop both
+    ranks at the first check after the nudge; `recover` must roll both back to the state from
+    before the drift, after which the replicas agree again."""
     from trainguard import RecoveryConfig
 
     model = DistributedDataParallel(mlp(seed=2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    config = GuardConfig(policy=policy, console=False, desync_every=4,  # type: ignore[arg-type]
-                         recovery=RecoveryConfig(ring_every=4, confirm_steps=1))
+    every = {} if desync_every is None else {"desync_every": desync_every}
+    config = GuardConfig(policy=policy, console=False,  # type: ignore[arg-type]
+                         recovery=RecoveryConfig(ring_every=4, confirm_steps=1),
+                         snapshot_dir=snapshot_dir, **every)
     guard = Guard(model, optimizer, config=config)
     actions: list[str] = []
     halted_at = None
-    for step in range(16):
+    for step in range(steps):
         x, y = regression_batch(rank, step)
         loss = F.mse_loss(model(x), y)
         loss.backward()
@@ -280,7 +288,7 @@ def ddp_desync_under_policy(rank: int, world: int, policy: str) -> dict[str, Any
             halted_at = exc.report.step if exc.report is not None else None
             break
         optimizer.zero_grad(set_to_none=True)
-        if step == 5 and rank == 1:
+        if step == nudge_after and rank == 1:
             with torch.no_grad():
                 model.module[0].bias.view(-1)[0] += 1e-4
     guard.close()

@@ -20,7 +20,7 @@ from trainguard import (
     UsageError,
     load_snapshot,
 )
-from trainguard.events import StepReport
+from trainguard.events import ActionRecord, StepReport
 from trainguard.hf import TrainguardCallback
 from trainguard.sinks import Sink
 
@@ -30,9 +30,13 @@ QUIET = {"console": False}
 class Recorder(Sink):
     def __init__(self) -> None:
         self.reports: list[StepReport] = []
+        self.actions: list[ActionRecord] = []
 
     def on_step(self, report: StepReport) -> None:
         self.reports.append(report)
+
+    def on_action(self, action: ActionRecord) -> None:
+        self.actions.append(action)
 
 
 class PoisonForward:
@@ -171,6 +175,33 @@ def test_clipping_is_taken_over_at_the_trainer_limit(tmp_path: Path) -> None:
     for (name, ours), theirs in zip(model.named_parameters(), reference.parameters(),
                                     strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_trainers_default_limit_gives_the_adaptive_clip(tmp_path: Path) -> None:
+    """`max_grad_norm` left at the Trainer's default 1.0 is not a choice: trainguard's adaptive
+    clip applies, and a healthy run is not clipped although its norm sits above 1."""
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    args = make_args(tmp_path, max_steps=6)
+    assert args.max_grad_norm == 1.0
+    Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+            callbacks=[callback]).train()
+    assert callback.run is not None and callback.run.config.max_grad_norm == "auto"
+    assert min(r.grad_norm for r in recorder.reports) > 1.0
+    assert [r.clip_coef for r in recorder.reports] == [1.0] * 6
+    assert args.max_grad_norm == 1.0, "given back to the Trainer after training"
+    takeover = [a for a in recorder.actions if a.kind == "clip_takeover"]
+    assert len(takeover) == 1 and "abnormal for this run" in takeover[0].message
+
+
+def test_a_fixed_clip_at_the_trainers_default_when_the_config_asks(tmp_path: Path) -> None:
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(max_grad_norm=1.0, **QUIET), sinks=[recorder])
+    Trainer(model=tiny_gpt2(), args=make_args(tmp_path, max_steps=4),
+            train_dataset=token_data(), callbacks=[callback]).train()
+    assert callback.run is not None and callback.run.config.max_grad_norm == 1.0
+    assert all(r.action == "clipped" and r.clip_coef == pytest.approx(1 / (r.grad_norm + 1e-6))
+               for r in recorder.reports)
 
 
 def test_no_clipping_when_the_trainer_has_none(tmp_path: Path) -> None:

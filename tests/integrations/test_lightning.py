@@ -154,11 +154,15 @@ def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path
     assert [r.clip_coef for r in recorder.reports] == pytest.approx(
         [0.1 / (r.grad_norm + 1e-6) for r in recorder.reports])
 
-    recorder = Recorder()
-    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
-    make_trainer(pl, tmp_path, callback, max_steps=4).fit(regression_module(pl), loader())
-    assert callback.run is not None and callback.run.config.max_grad_norm is None
-    assert [r.action for r in recorder.reports] == ["applied"] * 4
+    # without gradient_clip_val (Lightning's default: no clipping) the config's adaptive clip
+    # applies, which leaves healthy steps alone; max_grad_norm=None turns it off
+    for clip in ("auto", None):
+        recorder = Recorder()
+        callback = TrainguardCallback(GuardConfig(max_grad_norm=clip, **QUIET), sinks=[recorder])
+        make_trainer(pl, tmp_path, callback, max_steps=4).fit(regression_module(pl), loader())
+        assert callback.run is not None and callback.run.config.max_grad_norm == clip
+        assert (callback.run.state.auto_clip is not None) == (clip == "auto")
+        assert [r.action for r in recorder.reports] == ["applied"] * 4
 
 
 def test_state_round_trips_through_a_lightning_checkpoint(pl: ModuleType,

@@ -35,9 +35,11 @@ def make_workload(lr: float = 1e-2, seed: int = 0) -> Workload:
     return Workload(model, optimizer, scheduler, torch.randn(8, 1))
 
 
-def recover_guard(w: Workload, **recovery: object) -> Guard:
-    settings = {"ring_every": 10, "confirm_steps": 2, **recovery}
-    config = GuardConfig(policy="recover", console=False,
+def recover_guard(w: Workload, *, clip: float | str | None = "auto",
+                  **recovery: object) -> Guard:
+    # a fixed cadence (every 10 steps): these tests check exact rollback targets
+    settings = {"ring_every": 10, "confirm_steps": 2, "ring_budget": None, **recovery}
+    config = GuardConfig(policy="recover", console=False, max_grad_norm=clip,  # type: ignore[arg-type]
                          recovery=RecoveryConfig(**settings))  # type: ignore[arg-type]
     return Guard(w.model, w.optimizer, w.scheduler, config=config)
 

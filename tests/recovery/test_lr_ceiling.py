@@ -68,8 +68,10 @@ def train(how: str, multiplier: float, max_rollbacks: int = 3, spike_steps: int 
         end = JUMP_AT + spike_steps if spike_steps else math.inf
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: multiplier if JUMP_AT <= s < end else 1.0)
+    # a fixed cadence, so that the rollback targets do not depend on this machine's timings
     config = GuardConfig(policy="recover", console=False, snapshot_dir=tempfile.mkdtemp(),
-                         recovery=RecoveryConfig(ring_every=20, max_rollbacks=max_rollbacks))
+                         recovery=RecoveryConfig(ring_every=20, ring_budget=None,
+                                                 max_rollbacks=max_rollbacks))
     guard = Guard(model, optimizer, scheduler, config=config)
     target = torch.randn(16, 1)
     data = torch.Generator().manual_seed(1)

@@ -18,8 +18,8 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_rolling_back_and_replaying_the_same_data_gives_the_same_losses() -> None:
     w = make_workload()
-    guard = recover_guard(w, lr_backoff=1.0, lr_ceiling=1.0, max_grad_norm=1.0,  # exact restore
-                          rewind_schedule=True, restore_rng=True)
+    guard = recover_guard(w, clip=1.0, lr_backoff=1.0, lr_ceiling=1.0,  # exact restore
+                          max_grad_norm=1.0, rewind_schedule=True, restore_rng=True)
     first = [r.loss for r in run(guard, w, range(30))]
     event = guard.rollback(to_step=20)
     assert event.details["to_step"] == 20 and event.details["steps_undone"] == 10

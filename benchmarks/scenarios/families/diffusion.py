@@ -61,6 +61,7 @@ BETA_START, BETA_END = 1e-3, 0.2
 """The standard 1e-4..0.02 linear schedule for 1000 steps, rescaled to NUM_TIMESTEPS."""
 
 SANE_LR = 1e-2
+HIGH_LR = 3e-2
 """AdamW peak learning rate at which this tiny UNet fine-tunes well with warmup (calibrated: 5e-3
 to 2e-2 all train well, 4e-2 diverges on some seeds; tiny models take larger rates than the
 guide's 1e-6..5e-5 for 7B models)."""
@@ -238,6 +239,8 @@ class Recipe:
     lr_spike_at: int | None = None
     """Scheduler step from which the LR is LR_SPIKE_FACTOR times the schedule's, for
     LR_SPIKE_STEPS steps (a misconfigured restart of the schedule)."""
+    sgd: bool = False
+    """SGD with momentum 0.9 instead of AdamW."""
     zero_target_from: int | None = None
     """label_problem: from this step a refactored data pipeline hands the loss a target of
     zeros instead of the noise it added (the noise tensor is re-created after use)."""
@@ -247,7 +250,9 @@ def build(seed: int, recipe: Recipe) -> Workload:
     model = base_model()
     model.train()
     schedule = NoiseSchedule.linear()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
+    optimizer: torch.optim.Optimizer = (
+        torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=0.9) if recipe.sgd else
+        torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01))
 
     def lr_factor(step: int) -> float:
         warm = min(1.0, (step + 1) / recipe.warmup) if recipe.warmup else 1.0
@@ -314,6 +319,9 @@ def scenarios() -> list[Scenario]:
                   f"{sane}"),
         _scenario("healthy_bf16", Recipe(autocast=torch.bfloat16, batch_size=48),
                   f"healthy DDPM fine-tune under bf16 autocast, batch 48, {sane}"),
+        _scenario("healthy_high_lr", Recipe(lr=HIGH_LR),
+                  f"healthy fp32 DDPM fine-tune at a higher LR: AdamW {HIGH_LR:g} (3x sane), "
+                  f"warmup {WARMUP} + cosine"),
         _scenario("lr_too_high", Recipe(lr=100 * SANE_LR),
                   f"AdamW lr {100 * SANE_LR:g} = 100x the sane {SANE_LR:g} (the guide's multiple "
                   "for full fine-tuning), warmup + cosine",

@@ -108,9 +108,15 @@ class _LossTap:
 class TrainguardCallback(CallbackState, TrainerCallback):
     """Watches and protects every optimizer step of a `transformers.Trainer`.
 
-    `config.max_grad_norm` is not used: the Trainer's `args.max_grad_norm` is the one limit
-    (0 disables clipping), applied by trainguard. The policy, detectors and everything else come
-    from `config`.
+    Clipping, one limit, applied by trainguard (the Trainer's own clipping is off meanwhile):
+
+    - `args.max_grad_norm` left at the Trainer's default (1.0): `config.max_grad_norm`, by
+      default `"auto"`, the adaptive clip that touches only steps whose norm is abnormal for
+      this run; `GuardConfig(max_grad_norm=1.0)` keeps the Trainer's fixed clip at 1.0;
+    - `args.max_grad_norm` set to another value on purpose: exactly that fixed limit;
+    - `args.max_grad_norm=0` (or None): no clipping at all.
+
+    The policy, detectors and everything else come from `config`.
     """
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
@@ -137,19 +143,16 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if model is None or optimizer is None:
             raise UsageError("TrainguardCallback must be given to a transformers.Trainer, which "
                              "passes it the model and optimizer when training begins")
-        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
-            raise UsageError("TrainguardCallback does not support DeepSpeed or FSDP (the "
-                             "gradients are sharded or owned by the engine): use plain or DDP "
-                             "training")
+        check_sharding(model, optimizer)
         carried = self._pending_state
         resume = self.run is not None  # a second train() on one Trainer goes on with the run
         if self.run is not None:  # ... and keeps the baselines
             carried = carried or self.run.state_dict()
             self.close()
         limit = self._take_over_clipping(args)
+        config = dataclasses.replace(self.config, max_grad_norm=limit)  # type: ignore[arg-type]
         try:
-            self.run = Run(model, unwrap_optimizer(optimizer),
-                           config=dataclasses.replace(self.config, max_grad_norm=limit),
+            self.run = Run(model, unwrap_optimizer(optimizer), config=config,
                            run_dir=self.run_dir, sinks=self.sinks,
                            scaler=getattr(optimizer, "scaler", None), scheduler=lr_scheduler,
                            rewind_schedulers=[lr_scheduler], integration="transformers.Trainer",
@@ -210,25 +213,35 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self.close(status="finished")
 
     # -- internals -------------------------------------------------------------------------------
-    def _take_over_clipping(self, args: TrainingArguments) -> float | None:
-        """Trainguard clips at the Trainer's limit, after measuring; the Trainer no longer does."""
+    def _take_over_clipping(self, args: TrainingArguments) -> float | str | None:
+        """The limit trainguard clips at, after measuring (the Trainer no longer clips): the
+        Trainer's own when set on purpose, else the callback's config (adaptive by default)."""
         value = args.max_grad_norm
-        limit = float(value) if isinstance(value, (int, float)) and value > 0 else None
-        if limit is None:
-            return None
+        if not isinstance(value, (int, float)) or value <= 0:
+            return None  # clipping turned off in the Trainer: honoured
+        limit: float | str | None = float(value)
+        if float(value) == _trainer_default_max_grad_norm():
+            limit = self.config.max_grad_norm
+            if limit == "auto" and self.config.policy == "observe":
+                limit = None
         self._clipping_args, self._trainer_max_grad_norm = args, float(value)
         args.max_grad_norm = 0.0
         return limit
 
-    def _announce(self, limit: float) -> None:
+    def _announce(self, limit: float | str) -> None:
         if self._announced or self.run is None:
             return
         self._announced = True
+        if limit == "auto":
+            how = ("trainguard clips a step only when its gradient norm is abnormal for this run "
+                   "(the adaptive default: TrainingArguments.max_grad_norm is at the Trainer's "
+                   "default; pass GuardConfig(max_grad_norm=1.0) to keep a fixed clip at 1.0)")
+        else:
+            how = f"trainguard clips gradients at max_grad_norm={limit:g} from now on"
         self.run.emit_action(ActionRecord(
             kind="clip_takeover", step=self.run.state.step,
-            message=f"trainguard clips gradients at max_grad_norm={limit:g} from now on "
-                    "(TrainingArguments.max_grad_norm is set to 0 during training so that the "
-                    "Trainer does not clip before trainguard sees the gradients)",
+            message=f"{how} (TrainingArguments.max_grad_norm is set to 0 during training so "
+                    "that the Trainer does not clip before trainguard sees the gradients)",
             details={"max_grad_norm": limit}))
 
     def _release(self) -> None:
@@ -239,3 +252,43 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if self._tap is not None:
             self._tap.remove()
             self._tap = None
+
+
+def _trainer_default_max_grad_norm() -> float:
+    """`TrainingArguments.max_grad_norm`'s default (1.0): left there, it was not chosen."""
+    for f in dataclasses.fields(TrainingArguments):
+        if f.name == "max_grad_norm" and isinstance(f.default, (int, float)):
+            return float(f.default)
+    return 1.0
+
+
+def check_sharding(model: nn.Module, optimizer: Any) -> None:
+    """Refuse what trainguard cannot guard, judged by what the Trainer really wrapped (not by
+    `TrainingArguments.fsdp` / `.deepspeed`, which say what was asked for: `fsdp="full_shard"`
+    runs plain DDP on a CPU, and `accelerate launch --use_fsdp` leaves `args.fsdp` empty).
+
+    - FSDP2 (`fully_shard`; the Trainer's `fsdp_version: 2`): supported. The parameters are
+      DTensors; each rank measures its local shards and the step's all-reduce adds them up, as
+      in a plain loop with FSDP2.
+    - FSDP1 (`FullyShardedDataParallel`): refused; its flat parameters hide the model's own.
+    - DeepSpeed: refused; the engine owns the gradients, the clipping and the optimizer step.
+    """
+    inner = optimizer
+    while hasattr(inner, "optimizer") and inner is not inner.optimizer:
+        if type(inner).__module__.split(".")[0] == "deepspeed":
+            break
+        inner = inner.optimizer  # accelerate's AcceleratedOptimizer and similar wrappers
+    if type(inner).__module__.split(".")[0] == "deepspeed" or hasattr(model, "ds_config"):
+        raise UsageError("TrainguardCallback does not support DeepSpeed: the engine owns the "
+                         "gradients, their clipping and the optimizer step. Use DDP or FSDP2")
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for module in model.modules():
+        if isinstance(module, FullyShardedDataParallel):
+            raise UsageError("TrainguardCallback does not support FSDP1 "
+                             "(FullyShardedDataParallel): its flat parameters hide the model's "
+                             "own. Use FSDP2 (fsdp_config={'fsdp_version': 2}, or fully_shard)")
+    for param in model.parameters():
+        if type(param).__name__ == "FlatParameter":
+            raise UsageError("TrainguardCallback does not support FSDP1 flat parameters; use "
+                             "FSDP2 (fsdp_config={'fsdp_version': 2})")

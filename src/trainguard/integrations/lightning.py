@@ -17,9 +17,11 @@ Trainer accepts it. How it fits Lightning's automatic optimization:
   schedulers Lightning then steps are rewound at `on_train_batch_end`;
 - state: `state_dict` / `load_state_dict` carry the guard's baselines through Lightning checkpoints.
 
-Clipping: trainguard clips at Lightning's `gradient_clip_val` (norm algorithm) before Lightning
-does, so Lightning's own clipping then finds nothing left to clip; without `gradient_clip_val`
-trainguard does not clip either. `config.max_grad_norm` is not used.
+Clipping: with `gradient_clip_val` set (norm algorithm), trainguard clips at exactly that limit
+before Lightning does, so Lightning's own clipping then finds nothing left to clip; without it
+(Lightning's default: no clipping) `config.max_grad_norm` applies, by default `"auto"`, the
+adaptive clip that touches only steps whose norm is abnormal for this run (`max_grad_norm=None`
+turns it off).
 """
 
 from __future__ import annotations
@@ -118,7 +120,9 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         optimizer = unwrap_optimizer(trainer.optimizers[0])
         schedulers = [c.scheduler for c in trainer.lr_scheduler_configs
                       if c.interval == "step" and not c.reduce_on_plateau]
-        config = dataclasses.replace(self.config, max_grad_norm=_clip_limit(trainer))
+        limit = _clip_limit(trainer)
+        config = (self.config if limit is None
+                  else dataclasses.replace(self.config, max_grad_norm=limit))
         self.run = Run(pl_module, optimizer, config=config, run_dir=self.run_dir,
                        sinks=self.sinks, scaler=getattr(trainer.precision_plugin, "scaler", None),
                        scheduler=schedulers[0] if schedulers else None,

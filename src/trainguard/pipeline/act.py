@@ -100,6 +100,12 @@ class Act:
         nothing."""
         run = self.run
         path = self._snapshot_path(ctx.step)
+        if path is None:  # a replica of rank 0's state: rank 0's snapshot holds it all
+            drop_grads(run.watched.params)
+            reason = ctx.decision.reason if ctx.decision is not None else ""
+            ctx.act("halt", f"training halted at step {ctx.step}: {reason}", reason=reason,
+                    snapshot=None)
+            return
         try:
             snapshot = build_snapshot(
                 step=ctx.step, model=run.model, optimizers=[run.optimizer],
@@ -117,9 +123,15 @@ class Act:
         ctx.act("halt", f"training halted at step {ctx.step}: {reason}", reason=reason,
                 snapshot=ctx.snapshot_path)
 
-    def _snapshot_path(self, step: int) -> Path:
+    def _snapshot_path(self, step: int) -> Path | None:
+        """Rank 0 writes `crash_step<N>.pt`; under torch.distributed the other ranks write only
+        when their state is sharded (FSDP), as `crash_step<N>_rank<r>.pt` beside it (None: this
+        rank writes nothing, its state being a replica of rank 0's)."""
         run = self.run
         base = Path(run.config.snapshot_dir) if run.config.snapshot_dir else (
             run.run_dir if run.run_dir is not None else Path("trainguard_snapshots"))
-        rank = f"_rank{run.dist.rank}" if run.dist is not None else ""
-        return base / f"crash_step{step}{rank}.pt"
+        if run.dist is None or run.dist.is_main:
+            return base / f"crash_step{step}.pt"
+        if run.ranks is not None and run.ranks.sharded:
+            return base / f"crash_step{step}_rank{run.dist.rank}.pt"
+        return None

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainguard")
 
+INSTABILITY = frozenset({"grad_explosion", "loss_spike", "loss_divergence"})
+"""Events that put the adaptive clip into its alarm (clipping at the typical norm)."""
+
 
 class Decide:
     name = "decide"
@@ -34,8 +37,14 @@ class Decide:
         run, signals = self.run, ctx.signals
         assert signals is not None
         shared = [e for e in ctx.events if not is_rank_local(e.kind)]
-        decision = choose_action(run.config, signals, shared, run.state.consecutive_skips,
-                                 max_grad_norm=run.state.max_grad_norm)
+        state = run.state
+        if state.auto_clip is not None and any(e.kind in INSTABILITY for e in shared):
+            state.auto_clip.alarm(ctx.step)  # this step is clipped at the typical norm already
+        limit = state.clip_limit()
+        decision = choose_action(run.config, signals, shared, state.consecutive_skips,
+                                 max_grad_norm=limit,
+                                 adaptive=state.auto_clip is not None
+                                 and limit != state.max_grad_norm)
         if run.state.recovery is not None:
             decision = self._recover(ctx, decision)
         ctx.decide(decision)

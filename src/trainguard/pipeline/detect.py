@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from trainguard.diagnose.batch import check_loss_above_chance
+from trainguard.distributed import RankView, describe_ranks
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.measure import BATCH_KEY
@@ -22,6 +25,9 @@ if TYPE_CHECKING:
     from trainguard.pipeline.run import Run
 
 log = logging.getLogger("trainguard")
+
+OUTLIER_RATIO = 3.0
+"""A rank whose own loss is this many times the others' median is where a spike came from."""
 
 
 def run_detectors(detectors: list[Detector], signals: StepSignals, *,
@@ -55,8 +61,10 @@ class Detect:
         ctx.fired = bool(ctx.events)
         if ctx.batch is not None and run.config.inspect_batches:
             self._inspect_batch(ctx, signals)
-        if run.ranks is not None and ctx.step % run.config.desync_every == 0:
-            self._check_desync(ctx)
+        if run.ranks is not None and signals.ranks is not None:
+            name_ranks(ctx.events, signals.ranks)
+            if not run.ranks.replicas_agree(ctx.step, signals.ranks):
+                self._check_desync(ctx)
 
     def _inspect_batch(self, ctx: StepContext, signals: StepSignals) -> None:
         run = self.run
@@ -93,3 +101,45 @@ class Detect:
             return
         for event in events:
             ctx.raise_event(event)
+
+
+def name_ranks(events: list[Event], view: RankView) -> None:
+    """Say which rank(s) a non-finite value or a spike came from: every rank reads the agreed
+    signals, so without this both ranks would print "loss is nan" for a NaN on rank 1 only."""
+    world = len(view.loss)
+    bad_loss = view.ranks_where(view.loss_nonfinite)
+    bad_grads = view.ranks_where(view.grad_nonfinite)
+    for event in events:
+        ranks: list[int] = []
+        if event.kind == "nonfinite_loss" and bad_loss:
+            ranks = bad_loss
+        elif event.kind == "nonfinite_grad":
+            # DDP averages gradients, so a NaN from one rank reaches every rank's gradients:
+            # the rank whose own loss was non-finite is the source when there is one
+            ranks = bad_loss or bad_grads
+        elif event.kind in ("loss_spike", "loss_divergence") and world > 1:
+            ranks = _outlier_ranks(view.loss)
+        if not ranks:
+            continue
+        event.details["ranks"] = ranks
+        where = describe_ranks(ranks, world)
+        if event.kind in ("loss_spike", "loss_divergence") and len(ranks) < world:
+            own = ", ".join(f"rank {r} {view.loss[r]:.4g}" for r in ranks)
+            event.message += f" ({where}: own loss {own})"
+        else:
+            event.message += f" ({where})"
+
+
+def _outlier_ranks(losses: np.ndarray) -> list[int]:
+    """Ranks whose own loss is far above the others' (a spike from one rank's batch)."""
+    finite = np.isfinite(losses)
+    if finite.sum() < 2:
+        return []
+    out = []
+    for rank in np.flatnonzero(finite):
+        others = np.delete(losses, rank)
+        others = others[np.isfinite(others)]
+        level = float(np.median(others)) if others.size else 0.0
+        if level > 0 and losses[rank] > OUTLIER_RATIO * level:
+            out.append(int(rank))
+    return out if len(out) < finite.sum() else []

@@ -75,6 +75,11 @@ class Measure:
             run.state.recovery.before_measure()  # the LR backoff over an LR the loop wrote
             extra.update(run.state.recovery.extra())
         # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
+        if run.ranks is not None:  # the replicas' fingerprint rides this step's all-reduce
+            run.ranks.fingerprint_next = ctx.step % run.config.desync_every == 0
+            recovery = run.state.recovery
+            run.ranks.ring_wish = (recovery.cadence.wished(ctx.step + 1) if recovery is not None
+                                   else None)
         pack = (DevicePack(run.device) if run.ranks is None
                 else run.ranks.step_pack(run.device))
         if loss_t is not None:
@@ -119,7 +124,9 @@ class Measure:
                               else None),
             sampled=unpack_pending(host, pending),
             loss_requires_grad=(ctx.loss.requires_grad if isinstance(ctx.loss, torch.Tensor)
-                                else None))
+                                else None),
+            ranks=(run.ranks.rank_view(host["ranks"], run.ranks.fingerprint_next)
+                   if run.ranks is not None and "ranks" in host else None))
         ctx.extra = {key: host[f"x:{key}"] for key in extra}
 
 

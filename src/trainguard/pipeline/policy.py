@@ -1,8 +1,11 @@
 """Policies turn a step's signals and shared events into the base decision of the `decide` stage.
 
-    observe  record and warn; apply every step as configured (clipping included)
-    protect  clip to max_grad_norm; skip steps whose loss or gradients are non-finite; halt when
-             `max_consecutive_skips` steps in a row had to be skipped
+    observe  record and warn; apply every step as configured (a fixed max_grad_norm included;
+             the adaptive default clips nothing under observe)
+    protect  clip to the limit in force (the adaptive default, or a fixed max_grad_norm); skip
+             steps whose loss or gradients are non-finite; halt when `max_consecutive_skips`
+             steps in a row had to be skipped, or when the replicas differ across ranks
+             (`ddp_desync`: going on with different weights per rank is never wanted)
     recover  as protect here; the `decide` stage then asks `Recovery` for its judgement
     halt     as protect, but stop at the first event of `halt_severity` or worse
 
@@ -32,6 +35,8 @@ class Decision:
     """Events raised by the policy itself (a skip limit reached, recovery giving up)."""
     verdict: Any = None
     """The recover policy's `Verdict` behind a rollback (None otherwise)."""
+    clip_limit: float | None = None
+    """The global clipping limit that was in force for this step (None: no clipping)."""
 
     @property
     def applies_update(self) -> bool:
@@ -39,13 +44,20 @@ class Decision:
 
 
 def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
-                  consecutive_skips: int, *, max_grad_norm: float | None = None) -> Decision:
-    """`max_grad_norm` is the limit in force (defaults to the configured one)."""
+                  consecutive_skips: int, *, max_grad_norm: float | None = None,
+                  adaptive: bool = False) -> Decision:
+    """`max_grad_norm` is the limit in force (defaults to the configured fixed one); `adaptive`
+    says it came from the adaptive default clip (for the reason given)."""
     finite = signals.loss_finite and signals.grads_finite
     if config.policy == "halt":
         serious = [e for e in events if at_least(e.severity, config.halt_severity)]
         if serious:
             return Decision("halted", reason=f"{serious[0].kind} at step {signals.step}")
+    if config.policy == "protect":
+        desync = next((e for e in events if e.kind == "ddp_desync"), None)
+        if desync is not None:  # training on with different replicas is never what is wanted
+            return Decision("halted", reason=f"ddp_desync at step {signals.step}: the replicas "
+                                             "differ across ranks")
     if config.policy != "observe" and not finite:
         if signals.amp_overflow:
             reason = "GradScaler overflow: the scaler skips this step and lowers its scale"
@@ -61,8 +73,10 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
     if signals.amp_overflow:
         # even under observe, the scaler itself refuses to apply an overflowed step
         return Decision("skipped", reason="GradScaler overflow")
-    limit = config.max_grad_norm if max_grad_norm is None else max_grad_norm
+    limit = config.fixed_max_grad_norm if max_grad_norm is None else max_grad_norm
     coef = clip_coefficient(signals.grad_norm, limit)
     if coef < 1.0:
-        return Decision("clipped", clip_coef=coef, reason="gradient norm above max_grad_norm")
-    return Decision("applied")
+        reason = ("gradient norm abnormal for this run (above the adaptive limit)" if adaptive
+                  else "gradient norm above max_grad_norm")
+        return Decision("clipped", clip_coef=coef, reason=reason, clip_limit=limit)
+    return Decision("applied", clip_limit=limit)

@@ -9,6 +9,7 @@ is `StepPipeline`'s; the `Guard` and the framework callbacks are thin adapters a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import statistics
 import weakref
@@ -28,8 +29,10 @@ from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.diagnose.replay import LossFn
 from trainguard.distributed import (
+    AGREED_CONFIG_FIELDS_EXCLUDED,
     LocalShardGradientProbe,
     RankAgreement,
+    agree_on_start,
     describe,
     distributed_context,
 )
@@ -48,6 +51,7 @@ from trainguard.probes.outputs import OutputProbe
 from trainguard.probes.weights import WeightProbe
 from trainguard.recovery import Recovery, Verdict
 from trainguard.remedies import build_agc, build_rule
+from trainguard.remedies.robust import RobustClipLimit
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import portable
 from trainguard.store import RunStore, RunStoreSink
@@ -94,6 +98,8 @@ class Run:
         self.is_main = self.dist is None or self.dist.is_main
         """Only rank 0 writes the run store and runs the sinks and the console."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        if self.dist is not None:  # every rank or none, before any collective
+            agree_on_start(self.dist, self._agreed_setup(config), config.rank_timeout_s)
 
         # what the stages use
         self._params_seen = optimizer_param_count([optimizer])
@@ -105,7 +111,8 @@ class Run:
         self.rewind = ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None])
         self.agc = build_agc(config.agc) if config.agc is not None else None
         self.state = RunState(
-            max_grad_norm=config.max_grad_norm,
+            max_grad_norm=config.fixed_max_grad_norm,
+            auto_clip=_auto_clip(config),
             detectors=default_detectors(config.detectors),
             clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None)
         self.metric_watch = MetricCollapse(config.detectors)
@@ -169,6 +176,16 @@ class Run:
             self.activation_probe.attach()
         if self._sampled_now and self.output_probe is not None:
             self.output_probe.attach()
+
+    def _agreed_setup(self, config: GuardConfig) -> dict[str, Any]:
+        """What every rank must share: the configuration (less what a rank may set for itself),
+        the version and the watched parameters, which lay out the per-step all-reduce."""
+        settings = {k: v for k, v in config.to_dict().items()
+                    if k not in AGREED_CONFIG_FIELDS_EXCLUDED}
+        names = "\n".join(self.watched.names)
+        return {"trainguard": __version__, "config": settings,
+                "watched parameters": len(self.watched),
+                "parameter names": hashlib.sha1(names.encode()).hexdigest()[:16]}
 
     # -- the watched parameters ------------------------------------------------------------------
     def _build_param_probes(self) -> None:
@@ -278,8 +295,9 @@ class Run:
         log.error("trainguard: %s", event.message)
         try:
             params = [p for p in self.watched.params if p.grad is not None]
-            if self.state.max_grad_norm is not None and params:
-                torch.nn.utils.clip_grad_norm_(params, self.state.max_grad_norm)
+            limit = self.state.clip_limit()
+            if limit is not None and params:
+                torch.nn.utils.clip_grad_norm_(params, limit)
         except Exception as exc:  # the optimizer step still runs
             log.error("trainguard: clipping failed too (%s: %s)", type(exc).__name__, exc)
         self.emit_event(event)
@@ -344,7 +362,7 @@ class Run:
     def _run_preflight(self) -> None:
         try:
             findings = preflight(self.model, self.optimizer, self.scheduler, scaler=self.scaler,
-                                 max_grad_norm=self.state.max_grad_norm, clipping_known=True)
+                                 max_grad_norm=self.state.clip_limit(), clipping_known=True)
         except Exception as exc:  # an audit bug must not stop training
             log.error("trainguard: preflight audit failed (%s: %s)", type(exc).__name__, exc)
             return
@@ -377,3 +395,12 @@ def _closer(run: Run) -> Callable[[str], None]:
 def _scaler_enabled(scaler: Any) -> bool:
     is_enabled = getattr(scaler, "is_enabled", None)
     return bool(is_enabled()) if callable(is_enabled) else True
+
+
+def _auto_clip(config: GuardConfig) -> RobustClipLimit | None:
+    """The adaptive default clip, on the detectors' baseline window, warm-up and absolute limit."""
+    if not config.adaptive_clip:
+        return None
+    d = config.detectors
+    return RobustClipLimit(window=d.baseline_window, warmup_steps=max(d.warmup_steps, 1),
+                           ceiling=d.grad_norm_abs_threshold, min_log_scale=d.min_log_scale)

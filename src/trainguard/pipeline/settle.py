@@ -3,7 +3,8 @@
 A scheduler a trainer stepped on a skipped step is rewound; the LR backoff ramps on after an
 applied update; the heavy post-update probes (weights, update ratio, optimizer state) are queued
 for the next transfer on sampled steps and after an event; counters move on; the step report is
-built; the good-state ring is offered the new state; the next step's sampling is scheduled.
+built; the adaptive clip learns the applied step's norm; the good-state ring is offered the new
+state; the next step's sampling is scheduled.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class Settle:
         # every rank (sampled statistics are agreed with collectives).
         state.sample_next = any(run.dist is None or not is_rank_local(e.kind)
                                 for e in ctx.events)
+        if ctx.applied and state.auto_clip is not None:
+            limit = ctx.decision.clip_limit
+            state.auto_clip.observe(signals.grad_norm, limit if limit is not None else
+                                    float("inf"))
         if ctx.applied and state.recovery is not None:
             state.recovery.after_applied()
         run.schedule_sampling()

@@ -18,12 +18,20 @@ from trainguard.verdict import LossTrack
 if TYPE_CHECKING:
     from trainguard.recovery import Recovery
     from trainguard.remedies import ClipRule
+    from trainguard.remedies.robust import RobustClipLimit
+
+
+AUTO_CLIP = "auto_clip"
+"""The adaptive clip's entry among the detectors' baselines."""
 
 
 @dataclass(slots=True)
 class RunState:
     max_grad_norm: float | None
-    """The global clipping limit in force (the recover policy tightens it after a rollback)."""
+    """The fixed global clipping limit (the user's, or the one the recover policy tightened to
+    after a rollback); None when there is none."""
+    auto_clip: RobustClipLimit | None = None
+    """The adaptive default clip (`max_grad_norm="auto"`): the run's own norm baseline."""
     detectors: list[Detector] = field(default_factory=list)
     clip_rule: ClipRule | None = None
     """The clip rule built from the config's spec; its statistics are run state."""
@@ -42,15 +50,33 @@ class RunState:
 
     # -- detectors -------------------------------------------------------------------------------
     def detector_state(self) -> dict[str, Any]:
-        return {d.kind: d.state_dict() for d in self.detectors}
+        """The detectors' baselines, and the adaptive clip's (`auto_clip`), which is one too."""
+        state = {d.kind: d.state_dict() for d in self.detectors}
+        if self.auto_clip is not None:
+            state[AUTO_CLIP] = self.auto_clip.state_dict()
+        return state
 
     def restore_detectors(self, state: dict[str, Any]) -> None:
         """Put the detectors' baselines back (on resume, or on a rollback that forgets steps)."""
         for detector in self.detectors:
             if detector.kind in state:
                 detector.load_state_dict(state[detector.kind])
+        if self.auto_clip is not None and AUTO_CLIP in state:
+            self.auto_clip.load_state_dict(state[AUTO_CLIP])
+
+    def clip_limit(self) -> float | None:
+        """The global clipping limit in force for the next step: the lower of the fixed limit
+        and the adaptive one."""
+        limits = [v for v in (self.max_grad_norm, self.auto_clip.limit(self.step)
+                              if self.auto_clip is not None else None)
+                  if v is not None]
+        return min(limits) if limits else None
 
     def tighten_clipping(self, limit: float) -> None:
+        """After a rollback: a fixed limit at `limit` (`RecoveryConfig.max_grad_norm`, the guide's
+        0.5), below any earlier one; the adaptive clip stays on beneath it. (Clipping at the run's
+        own typical norm instead was measured too: it recovered no more faults and let a run
+        whose LR stays too high settle at a worse loss.)"""
         self.max_grad_norm = limit if self.max_grad_norm is None else min(self.max_grad_norm,
                                                                            limit)
 
@@ -80,6 +106,7 @@ class RunState:
             self.curvature.load_state_dict(state["curvature"])
         if self.clip_rule is not None and "clip_rule" in state:
             self.clip_rule.load_state_dict(state["clip_rule"])
+
         recovery = state.get("recovery")
         if self.recovery is not None and isinstance(recovery, dict):
             self.recovery.load_state_dict(recovery)

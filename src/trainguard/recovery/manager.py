@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from torch import nn
 from trainguard.config import GuardConfig
 from trainguard.distributed import DistributedContext
 from trainguard.events import Event, at_least
+from trainguard.recovery.cadence import RingCadence
 from trainguard.recovery.controller import RecoveryController, Verdict
 from trainguard.recovery.data import flatten_ids
 from trainguard.recovery.lr import LRBackoff, set_lr
@@ -55,6 +57,9 @@ class Recovery:
         self.scaler = scaler
         self.config = config.recovery
         self.ring = GoodStateRing(self.config.ring_size, self.config.confirm_steps)
+        self.cadence = RingCadence(self.config.ring_every, self.config.ring_budget)
+        self._last_capture = 0
+        self._last_applied: float | None = None
         self.controller = RecoveryController(self.config, config.detectors, config.sample_every)
         self.lr = LRBackoff(optimizers, [scheduler] if scheduler is not None else [],
                             self.config.lr_ramp_steps)
@@ -74,7 +79,7 @@ class Recovery:
     # -- around each step ------------------------------------------------------------------------
     def start(self) -> None:
         """Keep the state training starts from as the first good state (checked directly)."""
-        state = self._capture()
+        state = self._capture()  # not timed: it allocates the buffers later captures reuse
         finite = state.finite is None or bool(to_host(state.finite.reshape(1))[0] == 1.0)
         if not self.ring.promote_now(state, finite=finite):
             log.error("trainguard: the initial weights or optimizer state are not finite; "
@@ -95,6 +100,8 @@ class Recovery:
         """`extra`: the host copies of the step's extra tensors (the ring's finite flag);
         `nonfinite_input`: this rank's batch holds NaN/inf."""
         self._recent_ids.append((signals.step, data_ids))  # flattened only when blamed
+        if signals.ranks is not None and getattr(signals.ranks, "ring_wish", None) is not None:
+            self.cadence.agree(list(signals.ranks.ring_wish))
         lrs = self._group_lrs(signals)
         self.lr.observe(lrs)  # a tensor LR is kept under its ceiling with the transferred value
         self._recent_lrs.append((signals.step, lrs))
@@ -127,13 +134,23 @@ class Recovery:
         self.lr.step()
 
     def after_applied(self) -> None:
-        """After an applied update: offer the new state to the ring at its interval."""
-        if self.run_state.step % self.config.ring_every == 0:
-            try:
-                self.ring.offer(self._capture(reuse=self.ring.spare))
-            except Exception as exc:  # a failed copy only costs a rollback point
-                log.error("trainguard: could not keep a good state at step %d (%s: %s)",
-                          self.run_state.step, type(exc).__name__, exc)
+        """After an applied update: offer the new state to the ring at its interval (the
+        cadence's, from the measured cost of a capture against the step time)."""
+        now = time.perf_counter()
+        if self._last_applied is not None:
+            self.cadence.observe_step(now - self._last_applied)
+        self._last_applied = now
+        step = self.run_state.step
+        if step - self._last_capture < self.cadence.interval(step):
+            return
+        self._last_capture = step
+        try:
+            self.ring.offer(self._capture(reuse=self.ring.spare))
+        except Exception as exc:  # a failed copy only costs a rollback point
+            log.error("trainguard: could not keep a good state at step %d (%s: %s)",
+                      self.run_state.step, type(exc).__name__, exc)
+        self.cadence.observe_capture(time.perf_counter() - now)
+        self._last_applied = time.perf_counter()  # the capture is not the step's time
 
     # -- rollback ----------------------------------------------------------------------------------
     def can_roll_back(self) -> bool:
@@ -170,6 +187,7 @@ class Recovery:
         self.lr.begin(self.config.lr_backoff, ceilings, applied)
         self.run_state.tighten_clipping(self.config.max_grad_norm)
         self.ring.discard_after(target.step)
+        self._last_capture = target.step
         blamed = self._ids_of(verdict.bad_steps)
         self.skipped_data.update(blamed)
         self.controller.rolled_back()
@@ -178,19 +196,22 @@ class Recovery:
         self.rolled_back_steps += thrown
         ceiling = self.lr.ceiling()
         limit = f", never above LR {ceiling:.3g}" if ceiling is not None else ""
+        clip = self.run_state.clip_limit()
+        clipping = ("no clipping" if clip is None else
+                    f"clipping above the run's typical norm ({clip:.3g})"
+                    if self.run_state.max_grad_norm is None else f"clipping at {clip:g}")
         return Event(
             kind="rollback", step=step, severity="warning",
             message=f"{verdict.reason}: rolled back to the good state from step {target.step} "
                     f"({thrown} steps undone), LR x{self.lr.factor():g} ramping back over "
-                    f"{self.config.lr_ramp_steps} steps{limit}, clipping at "
-                    f"{self.run_state.max_grad_norm:g}"
+                    f"{self.config.lr_ramp_steps} steps{limit}, {clipping}"
                     + (f", {len(blamed)} data id(s) skipped from now on" if blamed else ""),
             value=float(target.step),
             details={"to_step": target.step, "steps_undone": thrown,
                      "lr_factor": self.lr.factor(), "lr_ceiling": ceiling,
                      "lr_ceilings": list(self.lr.ceilings),
                      "lr_in_trouble": trouble_lrs[0] if trouble_lrs else None,
-                     "max_grad_norm": self.run_state.max_grad_norm, "skipped_data": blamed[:50],
+                     "max_grad_norm": clip, "skipped_data": blamed[:50],
                      "rollbacks": self.controller.rollbacks, "reason": verdict.reason})
 
     def _next_ceilings(self, trouble_lrs: Sequence[float], step: int) -> list[float | None]:

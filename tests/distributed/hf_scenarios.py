@@ -1,0 +1,100 @@
+"""Rank scenarios with a real Hugging Face Trainer on two gloo ranks (DDP on the CPU)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from trainguard import GuardConfig
+from trainguard.hf import TrainguardCallback
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                      n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+                                      attn_pdrop=0.0))
+
+
+def token_data(n: int = 64, length: int = 16) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    items = []
+    for _ in range(n):
+        ids = torch.randint(0, 64, (length,), generator=generator)
+        items.append({"input_ids": ids, "labels": ids.clone()})
+    return items
+
+
+def _trainer(rank: int, world: int, out: str, callbacks: list[Any], steps: int,
+             **options: Any) -> Trainer:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)})
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=steps,
+                             learning_rate=1e-3, report_to="none", save_strategy="no",
+                             logging_steps=1, use_cpu=True, disable_tqdm=True, seed=0,
+                             ddp_backend="gloo", **options)
+    return Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+                   callbacks=callbacks)
+
+
+def callback_on_rank0_only(rank: int, world: int, out: str, timeout_s: float) -> dict[str, Any]:
+    """The usual pattern for loggers, `if rank == 0: callbacks.append(...)`, with trainguard."""
+    callbacks = ([TrainguardCallback(GuardConfig(console=False, rank_timeout_s=timeout_s))]
+                 if rank == 0 else [])
+    trainer = _trainer(rank, world, out, callbacks, steps=4)
+    started = time.monotonic()
+    try:
+        trainer.train()
+    except Exception as exc:
+        raise RuntimeError(f"after {time.monotonic() - started:.1f} s: {exc}") from None
+    return {"finished": True}
+
+
+def callback_on_every_rank(rank: int, world: int, out: str, policy: str) -> dict[str, Any]:
+    callback = TrainguardCallback(GuardConfig(console=False, policy=policy))  # type: ignore[arg-type]
+    trainer = _trainer(rank, world, out, [callback], steps=4)
+    trainer.train()
+    assert callback.run is not None
+    return {"steps": callback.run.state.step, "world": callback.run.dist.world_size
+            if callback.run.dist is not None else 1}
+
+
+def different_configs(rank: int, world: int, out: str) -> dict[str, Any]:
+    policy = "protect" if rank == 0 else "recover"
+    callback = TrainguardCallback(GuardConfig(console=False, policy=policy,  # type: ignore[arg-type]
+                                              rank_timeout_s=20))
+    trainer = _trainer(rank, world, out, [callback], steps=4)
+    trainer.train()
+    return {"finished": True}
+
+
+def fsdp_asked_for(rank: int, world: int, out: str) -> dict[str, Any]:
+    """`fsdp="full_shard"` in the arguments, on CPU ranks: what the Trainer really wraps
+    decides whether the callback can guard it."""
+    callback = TrainguardCallback(GuardConfig(console=False))
+    trainer = _trainer(rank, world, out, [callback], steps=3, fsdp="full_shard")
+    try:
+        trainer.train()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}",
+                "wrapped": type(trainer.model_wrapped).__name__}
+    return {"steps": callback.run.state.step if callback.run else None,
+            "wrapped": type(trainer.model_wrapped).__name__}
+
+
+def sharding_checks(rank: int, world: int) -> dict[str, Any]:
+    """The callback's check on the wrapper itself: an FSDP2 model (DTensor parameters) passes.
+    (FSDP1 cannot be built without an accelerator, so its refusal is not exercised here.)"""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    from trainguard.integrations.hf import check_sharding
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    fully_shard(model)
+    check_sharding(model, torch.optim.AdamW(model.parameters()))
+    return {"fsdp2": "accepted",
+            "dtensor": type(next(model.parameters())).__name__}
