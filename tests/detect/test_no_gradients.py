@@ -99,3 +99,13 @@ def test_a_healthy_run_never_fires() -> None:
         assert guard.step(loss).events == []
         optimizer.zero_grad(set_to_none=True)
     guard.close()
+
+
+def test_a_loss_of_exactly_zero_has_no_gradients_by_right() -> None:
+    """A cross-entropy saturated on data the model fits perfectly: loss 0, gradients 0."""
+    detector = NoGradients(DetectorConfig())
+    fired = []
+    for step in range(10):
+        fired += detector.check(StepSignals(step=step, loss=0.0, grad_norm=0.0,
+                                            param_grad_norm=np.zeros(2), param_names=["a", "b"]))
+    assert fired == []

@@ -5,7 +5,8 @@ the loss is finite: `loss.backward()` was forgotten (or called on another tensor
 parameter is frozen, or the loss was computed under `torch.no_grad()` / detached, so nothing
 trains and the optimizer steps do nothing (or only decay the weights). Reported once per
 episode; the message says when the loss handed to the Guard does not require grad, which
-points at a detached loss rather than a forgotten backward.
+points at a detached loss rather than a forgotten backward. A loss of exactly 0 has zero
+gradients by right (a saturated cross-entropy on data the model fits perfectly): no alarm.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class NoGradients(Detector):
 
     def check(self, signals: StepSignals) -> list[Event]:
         loss = signals.loss
-        if loss is None or not math.isfinite(loss) or signals.amp_overflow:
+        if loss is None or not math.isfinite(loss) or signals.amp_overflow or loss == 0.0:
+            self.streak = 0 if loss == 0.0 else self.streak
             return []
         empty = signals.grad_norm == 0.0  # NaN compares unequal: a NaN step is not empty
         self.streak = self.streak + 1 if empty else 0
