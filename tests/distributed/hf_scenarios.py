@@ -98,3 +98,25 @@ def sharding_checks(rank: int, world: int) -> dict[str, Any]:
     check_sharding(model, torch.optim.AdamW(model.parameters()))
     return {"fsdp2": "accepted",
             "dtensor": type(next(model.parameters())).__name__}
+
+
+def nan_burst_under_recover(rank: int, world: int, out: str, burst: tuple[int, ...]
+                            ) -> dict[str, Any]:
+    """Rank 1's forward turns NaN on the optimizer steps in `burst`, under `recover` with its
+    default good-state cadence."""
+    callback = TrainguardCallback(GuardConfig(console=False, policy="recover"))
+    trainer = _trainer(rank, world, out, [callback], steps=40)
+    calls = {"n": 0}
+
+    def poison(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor | None:
+        if not module.training:
+            return None
+        index, calls["n"] = calls["n"], calls["n"] + 1
+        return output * float("nan") if rank == 1 and index in burst else None
+
+    trainer.model.transformer.wte.register_forward_hook(poison)
+    trainer.train()
+    events = [(e.kind, e.step, e.details.get("steps_undone"), e.details.get("ranks"))
+              for e in callback.events if e.kind in ("rollback", "nonfinite_loss")]
+    weights = [float(p.detach().double().sum()) for p in trainer.model.parameters()]
+    return {"events": events, "weights": weights}

@@ -62,3 +62,13 @@ def test_deepspeed_is_refused_only_where_it_is_really_on() -> None:
     wrapper.optimizer = engine_optimizer()
     with pytest.raises(UsageError, match="does not support DeepSpeed"):
         check_sharding(model, wrapper)
+
+
+def test_a_nan_burst_at_step_30_under_recover_loses_at_most_10_steps(tmp_path: Path) -> None:
+    rank0, rank1 = run_ranks(hf_scenarios.nan_burst_under_recover, str(tmp_path), (30, 31, 32))
+    assert rank0 == rank1, "the same rollback and the same weights on both ranks"
+    rollbacks = [e for e in rank0["events"] if e[0] == "rollback"]
+    assert len(rollbacks) == 1 and rollbacks[0][1] == 32
+    assert rollbacks[0][2] <= 10, rollbacks
+    nan = [e for e in rank0["events"] if e[0] == "nonfinite_loss"]
+    assert [(e[1], e[3]) for e in nan] == [(30, [1]), (31, [1]), (32, [1])], "rank 1 only"
