@@ -6,6 +6,8 @@ import pytest
 from benchmarks.scenarios.families import ddp
 from benchmarks.scenarios.runner import run_scenario
 
+from trainguard import GuardConfig
+
 STEPS = 60
 """Enough for the healthy loss to fall far, for the desync (from step 20) to show, and for the
 Guard's cross-rank check (every `desync_every` = 50 steps) to run after it."""
@@ -28,16 +30,27 @@ def test_healthy_ranks_stay_identical_and_converge(by_name: dict) -> None:
 
 def test_desync_drifts_apart_unseen_by_each_rank(by_name: dict) -> None:
     scenario = by_name["ddp_desync"]
-    result = run_scenario(scenario, "trainguard", steps=STEPS)
+    result = run_scenario(scenario, "trainguard", steps=STEPS,
+                          config=GuardConfig(policy="observe", console=False))
     assert result.outcome == "finished", result.error
     drift = result.notes["replica_drift"]
     assert drift[scenario.onset_step] == 0.0  # in sync until the backbone is unfrozen
     assert drift[STEPS] > 0.05 and drift[STEPS] > drift[scenario.onset_step + 10] > 0.0
     # Each rank's own loss keeps falling, so a single-rank view has nothing to flag; the Guard's
-    # cross-rank fingerprint check names the drifting backbone at its first run after the onset.
+    # cross-rank fingerprint, riding every 5th step's all-reduce, names the drifting backbone at
+    # its first check after the onset.
     assert result.detected is True
-    assert [(e["kind"], e["step"]) for e in result.events] == [("ddp_desync", 50)]
+    assert [(e["kind"], e["step"]) for e in result.events] == [
+        ("ddp_desync", scenario.onset_step + 5)]
     assert result.diagnosis[:1] == ["ddp_desync"]
     assert result.train_losses[-1] < 0.3 * result.train_losses[0]
     # Rank 0 has lost the other rank's domain.
     assert result.final_eval_loss > 2.0
+
+
+def test_under_protect_the_desync_halts_both_ranks_within_5_steps(by_name: dict) -> None:
+    scenario = by_name["ddp_desync"]
+    result = run_scenario(scenario, "trainguard", steps=STEPS)
+    assert result.outcome == "halted"
+    assert [(e["kind"], e["step"]) for e in result.events] == [
+        ("ddp_desync", scenario.onset_step + 5)]
