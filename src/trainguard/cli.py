@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import sys
-import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +31,7 @@ from typing import Any
 
 from trainguard import __version__
 from trainguard.errors import TrainguardError
+from trainguard.formatting import local_time, short
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -533,18 +532,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 # -- show and runs ---------------------------------------------------------------------------
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _when(stamp: float | None) -> str:
-    if stamp is None or not math.isfinite(stamp):
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+_fmt = short
+_when = local_time
 
 
 def _status(summary: dict[str, Any]) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from trainguard.formatting import local_time, short
 from trainguard.report.data import RunData
 from trainguard.report.escape import text
 
@@ -19,18 +19,8 @@ MAX_ROWS = 1000
 DETAIL_CHARS = 300
 
 
-def _when(stamp: Any) -> str:
-    if not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+_when = local_time
+_fmt = short
 
 
 def _compact(value: Any) -> str:
