@@ -7,26 +7,11 @@ import time
 from typing import Any
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
+from tests.integrations.test_hf import tiny_gpt2, token_data
 from trainguard import GuardConfig
 from trainguard.hf import TrainguardCallback
-
-
-def tiny_gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
-                                      n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
-                                      attn_pdrop=0.0))
-
-
-def token_data(n: int = 64, length: int = 16) -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(0)
-    items = []
-    for _ in range(n):
-        ids = torch.randint(0, 64, (length,), generator=generator)
-        items.append({"input_ids": ids, "labels": ids.clone()})
-    return items
 
 
 def _trainer(rank: int, world: int, out: str, callbacks: list[Any], steps: int,

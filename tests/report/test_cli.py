@@ -10,29 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.cli import main
 from trainguard.store import DB_NAME
 
 from ..store.helpers import cli, listing, readonly_python, world_readable_dir
+from ..test_cli import assert_one_error, call
 from .helpers import Synthetic, write_run
-
-
-def call(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_error(code: int, out: str, err: str, *fragments: str) -> None:
-    assert code == 2, err
-    assert out == "", "nothing on stdout"
-    assert err.startswith("trainguard: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 def test_report_writes_one_html_file(small_run: Synthetic, tmp_path: Path,
