@@ -266,7 +266,7 @@ class RankAgreement:
         count = len(self.replicated)
         self._print_weights = torch.tensor(
             [1.0 + ((i * 0.6180339887498949) % 1.0) for i in range(count)], dtype=torch.float64,
-            device=context.device)
+            device=watched.params[self.replicated[0]].device if count else context.device)
         self.fingerprint_next = False
         """Whether the next step's all-reduce carries a weight fingerprint (set by the caller)."""
         self.ring_wish: int | None = None
@@ -320,7 +320,7 @@ class RankAgreement:
         params = [local_tensor(self.watched.params[i]).detach() for i in self.replicated]
         norms = torch._foreach_norm(params, 2, dtype=torch.float64)
         stacked = torch.stack([n.to(params[0].device) for n in norms])
-        return (stacked * self._print_weights.to(stacked.device)).sum()
+        return (stacked * self._print_weights).sum()
 
     def reduce(self, local: torch.Tensor) -> torch.Tensor:
         """One SUM all-reduce; returns [loss, loss_ranks, fp16_maxabs, fp16_ranks, grad_norm,

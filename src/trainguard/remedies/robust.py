@@ -123,12 +123,6 @@ class RobustClipLimit:
         alarm = state.get("alarm_until", -1)
         self.alarm_until = int(alarm) if isinstance(alarm, int) else -1
 
-    def spec(self) -> dict[str, Any]:
-        return {"ratio": self.ratio, "zscore": self.zscore, "window": self.window,
-                "warmup_steps": self.warmup_steps, "warmup_ratio": self.warmup_ratio,
-                "ceiling": self.ceiling, "min_log_scale": self.min_log_scale,
-                "alarm_steps": self.alarm_steps}
-
     def describe(self) -> str:
         typical = self.typical()
         if typical is None:
