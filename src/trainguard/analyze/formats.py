@@ -6,7 +6,8 @@
                       a metrics.csv (in it, else in its latest version_N/) -> lightning
     a file            trainguard.db or an SQLite file -> store; a name with `tfevents` ->
                       tensorboard;
-                      JSON holding `log_history` -> hf; other JSON objects, one per line -> jsonl;
+                      JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
+                      (Python dicts, one per line, as the HF Trainer prints them -> text);
                       a CSV header with a `step` column -> lightning; anything else -> text
 """
 
@@ -91,7 +92,9 @@ def detect_format(path: Path) -> str:
         first_line = start.split(b"\n", 1)[0].strip()
         if path.suffix == ".json" or b'"log_history"' in head or not first_line.endswith(b"}"):
             return "hf"
-        return "jsonl"
+        if _is_json(first_line):
+            return "jsonl"
+        return "text"  # a Python dict per line: the console of the HF Trainer, pasted
     if path.suffix == ".json":
         return "hf"
     first = start.split(b"\n", 1)[0].decode("utf-8", "replace")
@@ -100,6 +103,15 @@ def detect_format(path: Path) -> str:
     if len(head) >= 12 and _looks_like_tfrecord(head):
         return "tensorboard"
     return "text"
+
+
+def _is_json(line: bytes) -> bool:
+    import json
+
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def _looks_like_tfrecord(head: bytes) -> bool:

@@ -55,7 +55,8 @@ BOOKKEEPING = frozenset({
     "trainer/global_step", "consumed tokens", "elapsed time per iteration (ms)",
     "elapsed time per iteration (s)",
     "samples per second", "tflops", "global batch size", "num zeros", "ms/batch", "it/sec",
-    "tokens/sec", "trained tokens", "peak mem", "mfu", "epoch_time",
+    "tokens/sec", "trained tokens", "peak mem", "mfu", "epoch_time", "eta", "data_time",
+    "max_mem", "memory", "batch_cost", "data_cost", "ips",
 })
 """Counters, clocks and run-level totals: not training signals."""
 
@@ -95,11 +96,17 @@ def is_bookkeeping(name: str) -> bool:
                                                          "train/epoch"))
 
 
+LOSS_WORDS = frozenset({"xent", "nll", "ce", "cross_entropy", "cross entropy"})
+"""Names of a training loss without the word (OpenNMT's `xent`)."""
+
+
 def is_train_loss(name: str) -> bool:
-    """A training-loss series other than `loss` itself (`loss_total`, `mlm loss`)."""
+    """A training-loss series other than `loss` itself (`loss_total`, `mlm loss`, `xent`,
+    BasicSR's `l_pix`)."""
     lowered = name.lower()
-    return name != LOSS and "loss" in lowered and not is_eval_name(name) and not is_bookkeeping(
-        name) and "scale" not in lowered
+    if name == LOSS or is_eval_name(name) or is_bookkeeping(name) or "scale" in lowered:
+        return False
+    return "loss" in lowered or lowered in LOSS_WORDS or lowered.startswith("l_")
 
 
 @dataclass(slots=True)
@@ -132,6 +139,9 @@ class Log:
     """The detector thresholds the run itself used, where the log records them (a store)."""
     loss_curvature: list[float | None] | None = None
     """The live run's own loss curvature per row, where the log records it (a store)."""
+    from_start: bool | None = None
+    """Whether the log begins at the start of training, where the reader can tell (a pasted
+    excerpt whose first row is at epoch 0.24 does not); None: judged from its first step."""
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -148,6 +158,13 @@ class Log:
         if self.labels is not None and self.labels[row]:
             return self.labels[row]
         return f"{self.step_unit} {self.steps[row]}"
+
+    def starts_at_start(self) -> bool:
+        """The first row is at the start of training (within two logging intervals of step
+        0), as far as the log tells."""
+        if self.from_start is not None:
+            return self.from_start
+        return bool(self.steps) and self.steps[0] <= 2 * self.interval()
 
     def interval(self) -> float:
         """The logging interval: the median distance between consecutive rows, in steps."""
@@ -173,6 +190,7 @@ class LogBuilder:
         self.evals: dict[int, dict[str, float]] = {}
         self.notes: list[str] = []
         self._kinds: dict[str, tuple[int, str]] = {}
+        self.from_start: bool | None = None
         self._plans: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
 
     def add(self, step: int, values: Mapping[str, float], *, label: str = "",
@@ -275,7 +293,7 @@ class LogBuilder:
         return Log(path=self.path, format=self.format, steps=list(self._steps), series=series,
                    labels=labels, skipped=skipped,
                    evals=sorted(self.evals.items()), step_unit=self.step_unit,
-                   notes=list(self.notes))
+                   notes=list(self.notes), from_start=self.from_start)
 
 
 def choose_loss(series: dict[str, list[float | None]], notes: list[str]) -> None:

@@ -23,12 +23,12 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                train loss 4.0390, val loss 4.0427` is an evaluation.
     mlx        mlx-lm (`mlx_lm.lora`): `Iter 10: Train loss 2.123, Learning Rate 1.000e-05,
                It/sec 1.234, ...`; `Iter 10: Val loss 2.345, Val took 1.2s` is an evaluation.
-    generic    any other line holding a step and a loss as `key value`, `key=value` or `key:
-               value` pairs (separated by spaces, commas, `|` or `;`): the step is the number after
-               `step`, `global_step`, `iteration`, `iter` or `it`; every other `key number` pair
-               is a series (`loss`, `lr` / `learning_rate`, `grad_norm` / `gnorm`, ...), and names
-               starting `val`/`eval`/`test` are evaluations. For example
-               `step 120 | loss 2.31 | lr 3e-4 | grad_norm 0.87` or
+    generic    any other line holding a loss, as people write and paste them
+               (`trainguard.analyze.pasted`): dict and JSON objects (the HF Trainer's console
+               `{'loss': 0.0, 'grad_norm': nan, ...}`), `key=value` (tqdm postfixes), `key: value`
+               (Keras, Python logging), `key value` pairs, printed loss tensors; the step from a
+               counter the lines carry (`step`, `iter`, a progress counter, an epoch), else rows
+               numbered from 1. For example `step 120 | loss 2.31 | lr 3e-4 | grad_norm 0.87` or
                `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
 """
 
@@ -38,6 +38,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from trainguard.analyze import pasted
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
 
 FORMAT = "text"
@@ -61,11 +62,6 @@ _MLX = re.compile(rf"\bIter\s+(\d+):\s*Train loss\s+({NUM})(.*)")
 _MLX_VAL = re.compile(rf"\bIter\s+(\d+):\s*Val loss\s+({NUM})")
 _MLX_PAIR = re.compile(rf"^\s*([A-Za-z][A-Za-z/ ]*?)\s+({NUM})")
 
-_GENERIC_STEP = re.compile(r"(?<![\w./-])(global_step|step|iteration|iter|it)\s*[:=]?\s*(\d+)"
-                           r"(?![\w.])", re.IGNORECASE)
-_GENERIC_PAIR = re.compile(rf"(?<![\w./-])([A-Za-z_][\w./-]*)\s*[:=]?\s*({NUM})(?![\w.])",
-                           re.IGNORECASE)
-_STEP_WORDS = frozenset({"global_step", "step", "iteration", "iter", "it"})
 
 
 def _megatron(lines: list[str], log: LogBuilder) -> int:
@@ -166,18 +162,7 @@ def _mlx(lines: list[str], log: LogBuilder) -> int:
 
 
 def _generic(lines: list[str], log: LogBuilder) -> int:
-    found = 0
-    for line in lines:
-        step = _GENERIC_STEP.search(line)
-        if not step:
-            continue
-        pairs = [(m.group(1), m.group(2)) for m in _GENERIC_PAIR.finditer(line)
-                 if m.group(1).lower() not in _STEP_WORDS]
-        if not any("loss" in name.lower() for name, _ in pairs):
-            continue
-        found += 1
-        log.add_values(int(step.group(2)), pairs)
-    return found
+    return pasted.read_rows(lines, log)
 
 
 GRAMMARS: dict[str, tuple[Callable[[list[str], LogBuilder], int], str]] = {

@@ -1,0 +1,378 @@
+"""Training values on a line, as people write and paste them: the tolerant text grammar.
+
+A line holds a training row when it holds a loss-like value (a name with `loss` in it that is not
+an evaluation's, or a printed loss tensor). Values are found by what the line holds, wherever they
+sit after timestamps, logger prefixes, quote markers and progress bars:
+
+    {'loss': 0.0, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.01}   a dict or JSON object
+                                                     (HF Trainer console, TRL, LLaMA-Factory)
+    steps: 1%| | 41/3280 [00:50<1:06:54, 1.24s/it, avr_loss=nan]   `key=value` (tqdm postfixes)
+    9595/9595 [====] - 1s - loss: nan - acc: 0.41 - val_loss: nan   `key: value` (Keras, logging)
+    INFO:tensorflow:global step 438: loss = 5.4e+19 (0.403 sec/step)
+    2018-03-23 15:40:22,720:INFO: train loss:nan        names of up to three words before `:`/`=`
+    step 3866, loss 0.43315, acc 0.90625                `key value`, one word
+    tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)     a printed tensor: the loss
+
+`nan`, `NaN`, `inf`, `-inf`, `Infinity` are read as such. A value followed by a unit (`1.2s`,
+`15%`, `562ms`) is not a value.
+
+**The step.** Among the counters the rows hold (`global_step`, `step`, `iteration`, `iter`, `it`,
+a progress counter `41/3280 [`, an `epoch` on the line or on an `Epoch 2/10` line before it),
+the one that numbers the most rows distinctly and never goes back numbers them, in its own unit;
+a counter that repeats (`Epoch 1` on every line of the epoch, a float epoch) does not. Without
+one, rows are numbered from 1 (`row 3`), with the epoch in their name where the line has one.
+The same row printed twice (a line logged by two handlers, one rounding: LLaMA-Factory's
+callback beside the Trainer's) is read once. A run's closing totals (`train_runtime`, ...)
+are not a row.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.analyze.log import LogBuilder, is_eval_name, is_train_loss, number
+
+NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
+_END = r"(?![\w.%/])"
+"""A value ends where no unit (`s`, `ms`, `%`, `/it`) or further digit follows."""
+_WORD = r"[A-Za-z_][\w./-]*"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TENSOR = re.compile(rf"tensor\(\s*\[?\s*({NUM})\s*\]?\s*(?:,[^()]*(?:\([^()]*\)[^()]*)*)?\)",
+                     re.IGNORECASE)
+_BARE_TENSOR = re.compile(rf"^\W*tensor\(\s*\[?\s*({NUM})[^\n]*\)\W*$", re.IGNORECASE)
+_SEPARATED = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})\s*[:=]\s*({NUM}){_END}",
+                        re.IGNORECASE)
+_SPACED = re.compile(rf"(?<![\w./-])({_WORD})[ \t]+({NUM}){_END}", re.IGNORECASE)
+_PROGRESS = re.compile(r"(?<![\w./])(\d+)\s*/\s*(\d+)\s*\[|\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+_OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:=]?\s*\[?\s*(\d+)"
+                       r"\s*/\s*(\d+)\s*\]?", re.IGNORECASE)
+_BRACKET_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*:?\s*\[\s*(\d+)\s*\]",
+                           re.IGNORECASE)
+_EPOCH_HEADER = re.compile(r"^\W*epoch\s*[:=]?\s*\[?\s*(\d+)\s*(?:/\s*\d+)?\s*\]?\W*$",
+                           re.IGNORECASE)
+_NONFINITE_WORD = re.compile(r"(?<![\w'\"])(-?(?:nan|inf(?:inity)?))(?![\w'\"])", re.IGNORECASE)
+
+COUNTERS = ("global_step", "global step", "step", "steps", "iteration", "iterations", "iter",
+            "iters", "it",
+            "current_steps", "progress", "batch", "epoch")
+"""Names that number rows."""
+FAMILY = {"global_step": "step", "global step": "step", "steps": "step", "current_steps": "step",
+          "iteration": "step", "iterations": "step", "iter": "step", "iters": "step",
+          "it": "step"}
+"""Spellings of one counter (`global_step=120` on one line, `step: 130` on the next; the first
+on a line counts: litgpt's `iter 1152 step 144` counts iterations)."""
+NUMBERING = ("step", "progress", "batch", "epoch")
+"""The counters in order of preference (a tie in how well they number goes to the earlier)."""
+TOTALS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second"})
+"""Keys of the closing summary a trainer prints once (not a training row)."""
+SPELLING = "_spelling"
+TOTAL = "_total"
+"""The total of a progress counter (`41/3280`): where it restarts each epoch, rows are numbered
+across epochs as (epoch - first epoch) x total + progress."""
+ROUNDING = 1e-3
+"""Two printings of one row agree to within this relative difference (one of them rounded)."""
+
+
+@dataclass(slots=True)
+class LineRow:
+    values: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    epoch: float | None = None
+    spelling: str = "step"
+    """How the line names its step counter (`iter`, `global step`...)."""
+    total: float | None = None
+    """The total of the line's progress counter (`41/3280` -> 3280)."""
+
+
+def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
+    """(named values, counters) found on one line; the step counter's own spelling is kept
+    under `SPELLING`."""
+    text = _ANSI.sub("", line)
+    values: dict[str, float] = {}
+    counters: dict[str, float] = {}
+    spellings: dict[str, Any] = {}
+    bare = _BARE_TENSOR.match(text)
+    if bare:
+        value = number(bare.group(1))
+        if value is not None:
+            values["loss"] = value
+        return values, counters
+    text = _TENSOR.sub(lambda m: m.group(1), text)
+    rest = []
+    for chunk, is_object in _objects(text):
+        if not is_object:
+            rest.append(chunk)
+            continue
+        record = _object(chunk)
+        if record is None:
+            rest.append(chunk)
+            continue
+        for name, raw in record.items():
+            value = raw if isinstance(raw, float) else number(raw)
+            if value is not None:
+                values[str(name).strip()] = value
+    remaining = " ".join(rest)
+    for pattern in (_OF_TOTAL, _BRACKET_WORD):
+        for match in pattern.finditer(remaining):
+            name = match.group(1).lower()
+            family = FAMILY.get(name, name)
+            if family == "step" and "step" not in counters:
+                spellings[SPELLING] = name
+            counters.setdefault(family, float(match.group(2)))
+        remaining = pattern.sub(" ", remaining)
+    progress = _PROGRESS.search(remaining)
+    if progress:
+        done, total = (progress.group(1), progress.group(2)) if progress.group(1) else (
+            progress.group(3), progress.group(4))
+        counters["progress"] = float(done)
+        counters[TOTAL] = float(total)
+        remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
+    taken: list[tuple[int, int]] = []
+    for match in _SEPARATED.finditer(remaining):
+        name = _name(match.group(1))
+        value = number(match.group(2))
+        if name and value is not None:
+            values.setdefault(name, value)
+            taken.append(match.span())
+    for match in _SPACED.finditer(remaining):
+        if any(a <= match.start() < b for a, b in taken):
+            continue
+        value = number(match.group(2))
+        if value is not None:
+            values.setdefault(match.group(1), value)
+    for name in list(values):
+        lowered = name.lower()
+        if lowered in COUNTERS:
+            family = FAMILY.get(lowered, lowered)
+            if family == "step" and "step" not in counters:
+                spellings[SPELLING] = lowered
+            counters.setdefault(family, values.pop(name))
+    return values, counters | spellings
+
+
+def _name(words: str) -> str:
+    """A name of several words loses the leading ones that are not part of it (`INFO train
+    loss` -> `train loss`): kept are the last word and the words before it that are letters."""
+    parts = words.split()
+    kept = [parts[-1]]
+    for part in reversed(parts[:-1]):
+        if not part.isalpha() or (part.isupper() and len(part) > 1):
+            break
+        kept.insert(0, part)
+    return " ".join(kept)
+
+
+def _objects(text: str) -> Iterable[tuple[str, bool]]:
+    """The line cut into `{...}` objects (balanced braces) and the text between them."""
+    depth, start, last = 0, 0, 0
+    for i, char in enumerate(text):
+        if char == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif char == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                yield text[last:start], False
+                yield text[start:i + 1], True
+                last = i + 1
+    yield text[last:], False
+
+
+def _object(chunk: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(chunk)
+    except ValueError:
+        try:
+            record = ast.literal_eval(_NONFINITE_WORD.sub(r"'\1'", chunk))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    if not isinstance(record, dict):
+        return None
+    return {str(k): v for k, v in record.items()
+            if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+
+
+PERPLEXITY = frozenset({"ppl", "perplexity", "train_ppl", "train perplexity", "train_perplexity"})
+
+
+def is_loss_name(name: str) -> bool:
+    """A training loss by its name (`trainguard.analyze.log.is_train_loss`), never an
+    evaluation's."""
+    return name == "loss" or is_train_loss(name)
+
+
+def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]]]:
+    """The training rows of the lines, and evaluations (index of the row they follow, values)."""
+    rows: list[LineRow] = []
+    evals: list[tuple[int, dict[str, float]]] = []
+    epoch: float | None = None
+    for raw in lines:
+        for line in raw.split("\r"):
+            header = _EPOCH_HEADER.match(_ANSI.sub("", line))
+            if header:
+                epoch = float(header.group(1))
+                continue
+            values, counters = parse_line(line)
+            if not values:
+                continue
+            if TOTALS & set(values):
+                continue
+            if "epoch" in counters:
+                epoch = counters["epoch"]
+            elif "epoch" in values:
+                epoch = values["epoch"]
+            if not any(is_loss_name(name) for name in values):
+                ppl = next((name for name in values if name.lower() in PERPLEXITY), None)
+                if ppl is not None:  # a perplexity is exp(cross-entropy): the loss is its log
+                    value = values[ppl]
+                    values["loss"] = math.log(value) if value > 0 else math.nan
+            if not any(is_loss_name(name) for name in values):
+                evaluation = {k: v for k, v in values.items() if is_eval_name(k)}
+                if evaluation and rows:
+                    evals.append((len(rows) - 1, evaluation))
+                continue
+            values.pop("epoch", None)
+            spelling = counters.pop(SPELLING, "step")
+            total = counters.pop(TOTAL, None)
+            rows.append(LineRow(values, counters, epoch, str(spelling), total))
+    return _merge_reprints(rows), evals
+
+
+def _merge_reprints(rows: list[LineRow]) -> list[LineRow]:
+    """One row printed twice in a row by two handlers (other names, one rounded) is one row."""
+    out: list[LineRow] = []
+    for row in rows:
+        if out and _same_row(out[-1], row):
+            merged = out[-1]
+            for name, value in row.values.items():
+                if name not in merged.values or _more_digits(value, merged.values[name]):
+                    merged.values[name] = value
+            merged.counters.update({k: v for k, v in row.counters.items()
+                                    if k not in merged.counters})
+            continue
+        out.append(row)
+    return out
+
+
+def _same_row(a: LineRow, b: LineRow) -> bool:
+    if set(a.values) == set(b.values) or a.epoch != b.epoch:
+        return False
+    common = set(a.values) & set(b.values)
+    if not any(is_loss_name(name) for name in common) or len(common) < 2:
+        return False
+    for counter in set(a.counters) & set(b.counters):
+        if a.counters[counter] != b.counters[counter]:
+            return False
+    return all(_agree(a.values[name], b.values[name]) for name in common)
+
+
+def _agree(x: float, y: float) -> bool:
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return (math.isnan(x) and math.isnan(y)) or x == y
+    return abs(x - y) <= ROUNDING * max(abs(x), abs(y)) or abs(x - y) <= 5e-5
+
+
+def _more_digits(x: float, y: float) -> bool:
+    return len(repr(x)) > len(repr(y))
+
+
+def read_rows(lines: list[str], log: LogBuilder) -> int:
+    """Add the training rows of `lines` to `log`; the number of rows found."""
+    rows, evals = rows_of(lines)
+    if not rows:
+        return 0
+    counter = _numbering(rows)
+    if counter == "step":
+        spellings = [row.spelling for row in rows]
+        log.step_unit = max(set(spellings), key=spellings.count).replace("global_", "global ")
+    elif counter == ACROSS:
+        log.step_unit = "batch"
+    elif counter is not None:
+        log.step_unit = _UNITS.get(counter, counter)
+    steps: list[int] = []
+    for index, row in enumerate(rows):
+        if counter == ACROSS:
+            step = int(row.counters[counter])
+            label = f"epoch {row.epoch:g}, batch {int(row.counters['progress'])}"
+        elif counter is not None:
+            step = int(row.counters[counter])
+            label = f"{log.step_unit} {step}"
+        else:
+            step = index + 1
+            label = f"row {step}" + (f" (epoch {row.epoch:g})" if row.epoch is not None
+                                     else "")
+        steps.append(step)
+        log.add_values(step, list(row.values.items()), label=label)
+    for after, values in evals:
+        log.add_eval(steps[after], values)
+    if counter is None:
+        log.step_unit = "row"
+        log.notes.append("the lines carry no step counter: rows are numbered from 1")
+        log.from_start = _from_start(rows)
+    return len(rows)
+
+
+_UNITS = {"progress": "step"}
+
+
+ACROSS = "epoch_progress"
+
+
+def _across_epochs(rows: list[LineRow]) -> None:
+    """A progress counter that restarts each epoch (`Epoch 2 ... 100/1500 [`) numbers the rows
+    across epochs as (epoch - first epoch) x total + progress, under `ACROSS`."""
+    if not rows or any(row.epoch is None or row.total is None or "progress" not in row.counters
+                       for row in rows):
+        return
+    first = rows[0].epoch
+    for row in rows:
+        row.counters[ACROSS] = ((row.epoch - first) * row.total  # type: ignore[operator]
+                                + row.counters["progress"])
+
+
+def _from_start(rows: list[LineRow]) -> bool | None:
+    """Rows numbered from 1 begin at the start of training only if their epoch says so: an
+    excerpt whose first row is at epoch 0.24, 0.01 apart, began mid-run."""
+    epochs = [row.epoch for row in rows if row.epoch is not None]
+    gaps = sorted(b - a for a, b in itertools.pairwise(epochs) if b > a)
+    if not epochs or not gaps:
+        return None
+    return epochs[0] <= 2 * gaps[len(gaps) // 2] + 1e-9
+
+
+def _numbering(rows: list[LineRow]) -> str | None:
+    """The counter that numbers the rows: on nearly every row, whole, never going back, and
+    distinct on most of them (a row printed twice shares its step)."""
+    _across_epochs(rows)
+    best: tuple[int, int, str] | None = None
+    for rank, name in enumerate((ACROSS, *NUMBERING)):
+        values = [row.counters.get(name) for row in rows]
+        if name == "epoch":
+            values = [row.epoch for row in rows]
+        present = [v for v in values if v is not None]
+        if len(present) < len(rows) or any(v != int(v) or v < 0 for v in present):
+            continue
+        if any(b < a for a, b in itertools.pairwise(present)):
+            continue
+        distinct = len(set(present))
+        if (distinct < 0.4 * len(rows) and len(rows) > 2) or (distinct < 2 and len(rows) > 1):
+            continue
+        candidate = (distinct, -rank, name)
+        if best is None or candidate > best:
+            best = candidate
+    if best is None:
+        return None
+    name = best[2]
+    if name == "epoch":  # an epoch may come from an `Epoch 2/10` line before the row
+        for row in rows:
+            row.counters["epoch"] = row.epoch  # type: ignore[assignment]
+    return name
