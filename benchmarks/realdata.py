@@ -1,6 +1,7 @@
-"""Score `trainguard analyze` on the hand-labelled real logs of ../shared/realdata.
+"""Score `trainguard analyze` on hand-labelled real logs: the shared evaluation set and this
+repository's own corpus (benchmarks/realdata).
 
-    python benchmarks/realdata.py [--data DIR] [--json]
+    python benchmarks/realdata.py [--data DIR ...] [--half tune|held-out] [--cases] [--json]
 
 Each case folder of the evaluation set holds the original log file(s) of one run and a SOURCE.md;
 `index.csv` holds the labels (README.md there explains them). Every log file of a case is
@@ -15,14 +16,21 @@ files is. Scored per case:
               "one row" the row before or after it
     false alarms   healthy cases judged otherwise
 
+Each corpus is split in two halves by a hash of the case name (`half()`): thresholds are chosen
+on the `tune` half and the `held-out` half is what the figures are reported on. Tables per half,
+per format (the folder's prefix) and per label; the false-alarm rate on healthy runs apart.
+Cases whose log is not kept (`kept` = no in index.csv: a licence that does not allow copying)
+are counted, not scored.
+
 Nothing here knows a case by its name: the labels come from index.csv, the files from the
-folder. The data is read in place (it is not the project's to copy).
+folder. The shared set is read in place (it is not the project's to copy).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import re
 import sys
@@ -31,9 +39,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.analyze.analysis import Analysis, analyze
+from trainguard.analyze.log import Log, LogError
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
+OWN_DATA = Path(__file__).resolve().parent / "realdata"
 EXCERPT = "incident_excerpt.txt"
+HALVES = ("tune", "held-out")
+
+
+def half(case: str) -> str:
+    """`tune` or `held-out`, fixed by the case's name (the first byte of its SHA-256, even or
+    odd): a case never moves between halves, and no one chooses where it lands."""
+    return HALVES[hashlib.sha256(case.encode()).digest()[0] % 2]
 
 
 @dataclass
@@ -42,6 +59,20 @@ class Label:
     verdict: str
     kind: str | None
     onset: str
+    kept: bool = True
+    corpus: str = ""
+
+    @property
+    def half(self) -> str:
+        return half(self.case)
+
+    @property
+    def fmt(self) -> str:
+        return self.case.split("_", 1)[0]
+
+    @property
+    def expected(self) -> str:
+        return self.kind if self.verdict == "diverged" and self.kind else self.verdict
 
 
 @dataclass
@@ -76,8 +107,10 @@ def labels(data: Path) -> list[Label]:
                 verdict = "diverged"
             else:
                 verdict = "spike-recovered" if kind == "spike-recovered" else "healthy"
+            kept = row.get("kept", "yes").strip() != "no"
             out.append(Label(row["case"], verdict, kind if verdict == "diverged" else None,
-                             row["onset"].strip()))
+                             row["onset"].strip(), kept, data.name if data != OWN_DATA
+                             else "own"))
     return out
 
 
@@ -88,115 +121,178 @@ def log_files(folder: Path) -> list[Path]:
     return files
 
 
-def parse_onset(text: str) -> tuple[int | None, str | None]:
-    """(step, the log's own name of the row) of a label's onset; (None, None) for none."""
+def onset_row(log: Log, text: str) -> int | None:
+    """The row of `log` a label's onset names (None for "none", or a row the log lacks).
+
+    Labels name a row in the log's own terms: a step (`3010`, `step 41`, `iter 1152`, `epoch 0
+    (step 198, ...)`), `epoch E, batch B`, `epoch 3451` (a log counted in epochs), or for lines
+    without a step counter the n-th logged value (`row 1`, `2nd printed value`, `line 6`) or
+    the first row at an epoch (`epoch 0.01`)."""
+    text = text.strip()
     if text.lower() in ("none", ""):
-        return None, None
+        return None
+    nth = re.search(r"\brow\s+(\d+)|(\d+)(?:st|nd|rd|th) printed value|^line\s+(\d+)", text)
+    if nth:
+        return int(next(g for g in nth.groups() if g)) - 1
+    main = text.split(" (")[0].strip()
+    named = re.fullmatch(r"epoch\s+(\d+),\s*(?:batch|iter|step|it)\s+(\d+)", main)
+    if named:
+        want = f"epoch {named.group(1)}, batch {named.group(2)}"
+        found = next((i for i in range(len(log)) if log.label(i) == want), None)
+        if found is None:  # a log that counts its rows across epochs names the step alone
+            found = next((i for i, s in enumerate(log.steps) if s == int(named.group(2))), None)
+        return found
     inner = re.search(r"\((?:step|global batch)\s+(\d+)", text)
-    epoch = re.match(r"epoch\s+(\d+),\s*batch\s+(\d+)", text)
-    name = f"epoch {epoch.group(1)}, batch {epoch.group(2)}" if epoch else None
-    if inner:
-        return int(inner.group(1)), name
-    leading = re.match(r"(\d+)\b", text)
-    if leading:
-        return int(leading.group(1)), None
-    return None, name
+    step = re.fullmatch(r"(?:(?:global\s+)?step|iter|iteration)?\s*(\d+)", main)
+    epoch = re.fullmatch(r"epoch\s+([\d.]+)", main)
+    if inner or step:
+        wanted = int((inner or step).group(1))  # type: ignore[union-attr]
+        return next((i for i, s in enumerate(log.steps) if s == wanted), None)
+    if epoch:
+        value = float(epoch.group(1))
+        if log.step_unit == "epoch":
+            return next((i for i, s in enumerate(log.steps) if s == value), None)
+        pattern = re.compile(r"\bepoch\s+([\d.]+)")
+        for i in range(len(log)):
+            found = pattern.search(log.label(i))
+            if found and float(found.group(1)) == value:
+                return i
+    return None
 
 
 def score(label: Label, path: Path) -> Scored:
     start = time.perf_counter()
-    result: Analysis = analyze(path)
+    try:
+        result: Analysis = analyze(path)
+    except LogError as exc:
+        return Scored(file=path.name, verdict="unreadable", kind=None, onset=str(exc)[:60],
+                      onset_step=None, verdict_ok=False, kind_ok=False, onset_ok=False,
+                      onset_near=False, seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    want_step, want_name = parse_onset(label.onset)
-    if want_step is None and want_name is None:
-        onset_ok = result.onset_step is None
-        near = onset_ok
+    assert result.log is not None
+    got = result.judgement.onset_row if result.judgement is not None else None
+    if label.onset.lower() in ("none", ""):
+        onset_ok = near = got is None
     else:
-        onset_ok = (result.onset_step == want_step) if want_step is not None else (
-            result.onset == want_name)
-        near = onset_ok or _within_a_row(result, want_step, want_name)
+        want = onset_row(result.log, label.onset)
+        onset_ok = want is not None and got == want
+        near = want is not None and got is not None and abs(got - want) <= 1
     return Scored(file=path.name, verdict=result.verdict, kind=result.kind, onset=result.onset,
                   onset_step=result.onset_step, verdict_ok=result.verdict == label.verdict,
                   kind_ok=label.kind is None or result.kind == label.kind,
                   onset_ok=onset_ok, onset_near=near, seconds=seconds)
 
 
-def _within_a_row(result: Analysis, step: int | None, name: str | None) -> bool:
-    log = result.log
-    if log is None or result.onset_step is None:
-        return False
-    rows = {s: i for i, s in enumerate(log.steps)}
-    want = rows.get(step) if step is not None else next(
-        (i for i in range(len(log.steps)) if log.label(i) == name), None)
-    got = rows.get(result.onset_step)
-    return want is not None and got is not None and abs(want - got) <= 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                        help=f"the evaluation set (default: {DEFAULT_DATA})")
+    parser.add_argument("--data", type=Path, action="append",
+                        help=f"a corpus folder with index.csv (default: {SHARED_DATA.name} "
+                             f"beside the repository, and {OWN_DATA.name} here)")
+    parser.add_argument("--half", choices=HALVES, help="score one half only")
+    parser.add_argument("--cases", action="store_true", help="print every case's line")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    if not (args.data / "index.csv").is_file():
-        print(f"realdata: no index.csv in {args.data}", file=sys.stderr)
-        return 2
-    cases = []
-    for label in labels(args.data):
-        case = Case(label)
-        for path in log_files(args.data / label.case):
-            case.files.append(score(label, path))
-        cases.append(case)
-    totals = _totals(cases)
+    folders = args.data or [d for d in (SHARED_DATA, OWN_DATA) if (d / "index.csv").is_file()]
+    for folder in folders:
+        if not (folder / "index.csv").is_file():
+            print(f"realdata: no index.csv in {folder}", file=sys.stderr)
+            return 2
+    corpora: dict[str, list[Case]] = {}
+    skipped: dict[str, int] = {}
+    for folder in folders:
+        name = "own" if folder.resolve() == OWN_DATA.resolve() else folder.name
+        cases = []
+        for label in labels(folder):
+            if args.half and label.half != args.half:
+                continue
+            if not label.kept:
+                skipped[name] = skipped.get(name, 0) + 1
+                continue
+            case = Case(label)
+            for path in log_files(folder / label.case):
+                case.files.append(score(label, path))
+            cases.append(case)
+        corpora[name] = cases
     if args.json:
-        print(json.dumps({"cases": [{"case": c.label.case, "label": vars(c.label),
-                                     "files": [vars(f) for f in c.files]} for c in cases],
-                          "totals": totals}, indent=2))
-    else:
-        _print(cases, totals)
-    return 0 if totals["all_right"] else 1
+        print(json.dumps({name: {"cases": [{"case": c.label.case, "half": c.label.half,
+                                            "label": vars(c.label),
+                                            "files": [vars(f) for f in c.files]}
+                                           for c in cases],
+                                 "totals": _totals(cases),
+                                 "halves": {h: _totals([c for c in cases if c.label.half == h])
+                                            for h in HALVES},
+                                 "not_kept": skipped.get(name, 0)}
+                          for name, cases in corpora.items()}, indent=2))
+        return 0
+    for name, cases in corpora.items():
+        _print(name, cases, skipped.get(name, 0), every=args.cases)
+    return 0
+
+
+def right(case: Case) -> bool:
+    return case.all("verdict_ok") and case.all("kind_ok") and case.all("onset_ok")
 
 
 def _totals(cases: list[Case]) -> dict[str, object]:
     diverged = [c for c in cases if c.label.verdict == "diverged"]
     healthy = [c for c in cases if c.label.verdict == "healthy"]
-    with_onset = [c for c in cases if parse_onset(c.label.onset) != (None, None)]
-    right = [c for c in cases if c.all("verdict_ok") and c.all("kind_ok") and c.all("onset_ok")]
+    with_onset = [c for c in cases if c.label.onset.lower() not in ("none", "")]
     return {
         "cases": len(cases),
         "files": sum(len(c.files) for c in cases),
+        "read": sum(all(f.verdict != "unreadable" for f in c.files) for c in cases),
         "verdict": sum(c.all("verdict_ok") for c in cases),
         "kind": sum(c.all("kind_ok") for c in diverged), "kind_of": len(diverged),
         "onset_exact": sum(c.all("onset_ok") for c in with_onset), "onset_of": len(with_onset),
         "onset_one_row": sum(c.all("onset_near") for c in with_onset),
         "false_alarms": sum(not c.all("verdict_ok") for c in healthy),
         "healthy": len(healthy),
-        "right": len(right), "all_right": len(right) == len(cases),
+        "right": sum(right(c) for c in cases),
         "seconds": round(sum(f.seconds for c in cases for f in c.files), 3),
     }
 
 
-def _print(cases: list[Case], totals: dict[str, object]) -> None:
-    rows = [("case", "file", "label", "verdict", "kind", "onset (label)", "ok")]
+def _pct(a: object, b: object) -> str:
+    return f"{a}/{b}" + (f" ({100 * int(a) / int(b):.0f}%)" if int(b) else "")  # type: ignore[call-overload]
+
+
+def _print(name: str, cases: list[Case], not_kept: int, *, every: bool) -> None:
+    print(f"== corpus: {name} ({len(cases)} cases scored"
+          + (f", {not_kept} not kept, not scored" if not_kept else "") + ")")
+    rows = [("case", "half", "file", "label", "verdict", "kind", "onset (label)", "ok")]
     for case in cases:
         label = case.label
         expected = label.verdict + (f"/{label.kind}" if label.kind else "")
         for f in case.files:
             ok = "ok" if f.verdict_ok and f.kind_ok and f.onset_ok else "WRONG"
-            rows.append((label.case, f.file[:28], expected, f.verdict, f.kind or "-",
-                         f"{f.onset or '-'} ({label.onset.split(' (')[0]})", ok))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
+            if every or ok != "ok":
+                rows.append((label.case, label.half, f.file[:28], expected, f.verdict,
+                             f.kind or "-", f"{f.onset or '-'} ({label.onset.split(' (')[0]})",
+                             ok))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        print()
+    table = [("", "cases", "read", "verdict", "kind (diverged)", "onset exact", "false alarms",
+              "all right")]
+    groups = [("all", cases)] + [(h, [c for c in cases if c.label.half == h]) for h in HALVES]
+    groups += [(f"format {p}", [c for c in cases if c.label.fmt == p])
+               for p in sorted({c.label.fmt for c in cases})]
+    groups += [(f"label {k}", [c for c in cases if c.label.expected == k])
+               for k in sorted({c.label.expected for c in cases})]
+    for title, group in groups:
+        t = _totals(group)
+        table.append((title, str(t["cases"]), _pct(t["read"], t["cases"]),
+                      _pct(t["verdict"], t["cases"]), _pct(t["kind"], t["kind_of"]),
+                      _pct(t["onset_exact"], t["onset_of"]),
+                      _pct(t["false_alarms"], t["healthy"]), _pct(t["right"], t["cases"])))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-    t = totals
+    t = _totals(cases)
+    print(f"analysis time {t['seconds']} s in all ({t['files']} files)")
     print()
-    print(f"cases {t['cases']} ({t['files']} files), all right: {t['right']}/{t['cases']}")
-    print(f"verdict accuracy     {t['verdict']}/{t['cases']}")
-    print(f"kind (diverged)      {t['kind']}/{t['kind_of']}")
-    print(f"onset, exact row     {t['onset_exact']}/{t['onset_of']}  "
-          f"(within one row: {t['onset_one_row']}/{t['onset_of']})")
-    print(f"false alarms         {t['false_alarms']}/{t['healthy']} healthy cases")
-    print(f"analysis time        {t['seconds']} s in all")
 
 
 if __name__ == "__main__":

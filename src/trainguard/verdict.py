@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,18 @@ class RunVerdict:
         return {"verdict": self.verdict, "message": self.message, "start": self.start,
                 "before_trouble": self.before_trouble, "final": self.final,
                 "trouble_step": self.trouble_step}
+
+
+def ended_worse(final: float, reference: float, tail: Iterable[float]) -> bool:
+    """The rule of "worse" that the live verdict and the verdict on a log share: `final` (the
+    median of the last losses, `tail`) above `reference` by `DEGRADED_RATIO` and beyond the
+    tail's own spread, or by `BEYOND_NOISE` whatever the spread."""
+    if not final > DEGRADED_RATIO * reference:
+        return False
+    if final > BEYOND_NOISE * reference:
+        return True
+    spread = MAD_TO_STD * statistics.median(abs(v - final) for v in tail)
+    return final - reference > spread
 
 
 class LossTrack:
@@ -92,10 +105,7 @@ class LossTrack:
             return RunVerdict("degraded", f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
         final = statistics.median(self.recent)
-        spread = MAD_TO_STD * statistics.median(abs(v - final) for v in self.recent)
-        worse = final > DEGRADED_RATIO * reference and (final - reference > spread
-                                                         or final > BEYOND_NOISE * reference)
-        if worse:
+        if ended_worse(final, reference, self.recent):
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, "
                               f"{final / reference:.3g}x the {reference:.4g} it was {against}",
                               start,

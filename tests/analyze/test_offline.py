@@ -68,10 +68,16 @@ def test_the_stored_events_are_the_live_ones(faulty: tuple[Path, list[tuple[str,
     assert sorted(stored) == sorted(live)
 
 
-def test_the_run_is_judged_from_its_first_fault(
+def test_the_run_is_judged_from_the_incident_it_never_came_back_from(
         faulty: tuple[Path, list[tuple[str, int]]]) -> None:
+    """protect skipped the NaN batch of step 30 and the run came back; the LR raised to 3 at step
+    60 broke it for good (its loss ends thousands of times higher): that incident decides the
+    verdict, its kind and its onset, and the NaN step is told as an earlier, recovered one."""
     run_dir, _ = faulty
     result = analyze(run_dir)
-    assert result.verdict == "spike-recovered", "protect skipped the NaN and clipped the rest"
-    assert (result.kind, result.onset_step) == ("nan", 30)
+    assert result.verdict == "diverged"
+    assert (result.kind, result.onset_step) == ("explosion", 61)
+    assert result.judgement is not None
+    assert {e.step for e in result.judgement.earlier} == {30}
+    assert any("earlier" in line and "step 30" in line for line in result.evidence)
     assert result.causes, "a run in trouble gets ranked causes"

@@ -4,6 +4,7 @@ fp16 steps, a falling loss scale, and a grad norm that is 0 throughout."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -60,44 +61,68 @@ def test_a_zero_loss_with_a_finite_grad_norm_stays_zero(tmp_path: Path) -> None:
 
 
 # -- a frozen LR under an active schedule: skipped optimizer steps --------------------------------
+def schedule(n: int, peak: float = 1e-4) -> list[float]:
+    """A cosine decay as a scheduler computes it: full-precision floats, a new one every step."""
+    return [peak * 0.5 * (1 + math.cos(math.pi * i / 40)) for i in range(n)]
+
+
 def test_a_decay_that_pauses_is_read_as_skipped_steps(tmp_path: Path) -> None:
-    lrs = [1e-4, 9e-5, 8e-5, 8e-5, 8e-5, 7e-5, 6e-5]
-    losses = [2.5, 2.4, 2.3, 0.0, 2.2, 2.1, 2.0]  # a 0.0 loss on a skipped step: a NaN window
+    c = schedule(6)
+    lrs = [c[0], c[1], c[2], c[3], c[3], c[3], c[4], c[5]]
+    losses = [2.5, 2.4, 2.3, 2.25, 0.0, 2.2, 2.1, 2.0]  # 0.0 on a skipped step: a NaN window
     log = read(tmp_path, [{"loss": loss, "grad_norm": 1.0, "learning_rate": lr}
                           for loss, lr in zip(losses, lrs, strict=True)])
     assert log.skipped is None, "the reader itself marks nothing"
     prepared = prepare(log)
-    assert prepared.skipped == [False, False, False, True, True, False, False]
+    assert prepared.skipped == [False, False, False, False, True, True, False, False]
     assert any(note.startswith("2 row(s) with the learning rate frozen") for note in prepared.notes)
-    assert nan_at(prepared.series["loss"]) == [3], "loss 0.0 on a skipped step, finite norm"
-    assert prepared.series["loss"][4] == 2.2
+    assert nan_at(prepared.series["loss"]) == [4], "loss 0.0 on a skipped step, finite norm"
+    assert prepared.series["loss"][5] == 2.2
 
 
 def test_a_warmup_from_zero_that_has_not_started_is_skipping(tmp_path: Path) -> None:
-    lrs = [0.0, 0.0, 0.0, 1e-5, 2e-5, 3e-5]
+    lrs = [0.0, 0.0, 0.0, 1e-4 / 3, 2e-4 / 3, 1e-4]
     prepared = prepare(read(tmp_path, [{"loss": 2.0, "learning_rate": lr} for lr in lrs]))
     assert prepared.skipped == [True, True, True, False, False, False]
 
 
-def test_a_decay_frozen_above_its_floor_to_the_end_is_skipping(tmp_path: Path) -> None:
-    lrs = [1e-3, 8e-4, 6e-4, 6e-4, 6e-4]
-    assert frozen_lr(lrs) == [False, False, False, True, True]
+def test_a_decay_frozen_above_its_floor_to_the_end_is_skipping() -> None:
+    c = schedule(4)
+    assert frozen_lr([*c, c[3], c[3]]) == [False] * 4 + [True, True]
+
+
+STEP_LR = [1e-3 / 3] * 10 + [1e-4 / 3] * 10 + [1e-5 / 3] * 10
 
 
 @pytest.mark.parametrize("lrs", [
-    [1e-3, 5e-4, 1e-4, 5e-5, 5e-5, 5e-5],  # a decay that reached its floor (below 10% of peak)
-    [2e-5] * 6,  # a constant LR: no schedule
-    [1e-5, 2e-5, 3e-5, 3e-5, 3e-5],  # a warmup that ended: a constant LR after it
-    [1e-3, 9e-4, 9e-4, 1e-3],  # down then up: not one schedule's direction
-    [1e-3, 9e-4],  # too few rows to tell
-], ids=["floor", "constant", "warmup-then-constant", "turns", "short"])
+    [*schedule(30)[:26], *[schedule(30)[26]] * 4][:4] + [1e-7 / 3] * 3,  # reached its floor
+    [2e-5 / 3] * 6,  # a constant LR: no schedule
+    [1e-5 / 3, 2e-5 / 3, 1e-4 / 3, 1e-4 / 3, 1e-4 / 3],  # a warmup, then a constant LR
+    [1e-3 / 3, 9e-4 / 3, 9e-4 / 3, 1e-3 / 3],  # down then up: not one schedule's direction
+    [1e-3 / 3, 9e-4 / 3],  # too few rows to tell
+    STEP_LR,  # StepLR: constant for a stretch, then a step; it never changes every step
+    STEP_LR[:15],  # StepLR cut after its first step: frozen above any floor, yet no decay
+    [*schedule(4), schedule(4)[3]] * 1 + [schedule(4)[3]],  # (a decay held at its end, rounded
+], ids=["floor", "constant", "warmup-then-constant", "turns", "short", "steplr",
+        "steplr-cut", "held"])
 def test_an_lr_that_is_not_frozen_under_a_schedule(lrs: list[float]) -> None:
+    if lrs and lrs[-1] == schedule(4)[3]:  # the held decay, as a logger that rounds writes it
+        lrs = [float(f"{v:.4g}") for v in lrs]
     assert not any(frozen_lr(lrs))
 
 
+def test_a_rounded_lr_is_not_read_for_frozen_rows() -> None:
+    """A logger that writes the LR with 4 digits (`9.999e-05`) shows a cosine decay as stretches
+    of equal values: they say nothing about skipped steps."""
+    rounded = [float(f"{v:.4g}") for v in (1e-4 * (1 - i / 50000) for i in range(200))]
+    assert any(a == b for a, b in itertools.pairwise(rounded))
+    assert not any(frozen_lr(rounded))
+
+
 def test_frozen_lr_skips_rows_without_an_lr() -> None:
-    lrs: list[float | None] = [1e-4, None, 9e-5, 9e-5, NAN, 8e-5]
-    assert frozen_lr(lrs) == [False, False, False, True, False, False]
+    c = schedule(5)
+    lrs: list[float | None] = [c[0], None, c[1], c[2], c[3], c[3], NAN, c[4]]
+    assert frozen_lr(lrs) == [False, False, False, False, False, True, False, False]
 
 
 def test_text_logs_round_the_lr_and_are_not_read_for_frozen_lrs(tmp_path: Path) -> None:

@@ -76,7 +76,8 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     replayed = replay(log, config, num_classes=num_classes)
     events = replayed.events
     losses = log.values(LOSS)
-    at_chance = chance_level.back_to_chance(losses, num_classes)
+    at_chance = chance_level.back_to_chance(losses, num_classes,
+                                            guess=chance_level.is_classifier(log))
     extra = _above_chance(log)
     judgement = judge(log, replayed.rows, events + extra, config, at_chance)
     findings = log_findings(log, judgement)
@@ -109,7 +110,7 @@ def _config(log: Log) -> DetectorConfig:
             return DetectorConfig(**log.detector_config)
         except (TypeError, ValueError):
             pass  # thresholds of another trainguard version: the defaults, scaled
-    return scaled_config(len(log), log.interval())
+    return scaled_config(len(log), log.interval(), from_start=log.starts_at_start())
 
 
 def _above_chance(log: Log) -> list[Event]:
@@ -141,6 +142,9 @@ def _evidence(log: Log, judgement: Judgement, findings: list[Finding]) -> list[s
             break
     if judgement.ending and judgement.verdict != HEALTHY:
         lines.append(judgement.ending)
+    for event in judgement.earlier[:2]:
+        lines.append(f"{log.label(event.details['row'])}: earlier, and the run came back from "
+                     f"it: {event.kind}: {event.message}")
     for finding in findings:
         lines.append(finding.message)
     for event in judgement.isolated[:3]:

@@ -6,10 +6,12 @@ readings of the logged loss use it:
 
 - **back to chance**: the loss settled at ln(k) (within `TOLERANCE`, over the last quarter of
   the rows, and without falling there) after it had been clearly below that level: the model
-  learned and then collapsed to a constant prediction. k is `num_classes` when given, else the
-  k in 2..`MAX_GUESSED_CLASSES` nearest the plateau (beyond a handful of classes every loss is
-  near the log of some whole number, so that says nothing). The trouble began at the first row
-  after the last one clearly below the plateau.
+  learned and then collapsed to a constant prediction. k is `num_classes` when given, else, for
+  a log whose metrics show a classifier (an accuracy, an F1: `is_classifier`), the k in
+  2..`MAX_GUESSED_CLASSES` nearest the plateau (beyond a handful of classes every loss is near
+  the log of some whole number, so that says nothing). A language model's loss is never read
+  this way: its chance level is ln(vocabulary). The trouble began at the first row after the
+  last one clearly below the plateau.
 - **above any chance level**: a cross-entropy (the log reports a perplexity, so it is one) above
   ln(`MAX_CLASSES`) is worse than a uniform guess over any vocabulary in use: the weights blew up.
 """
@@ -17,8 +19,11 @@ readings of the logged loss use it:
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass
+
+from trainguard.analyze.log import Log
 
 TOLERANCE = 0.05
 """How near ln(k) the plateau's median must be, and how far below it a row is "clearly below"."""
@@ -50,8 +55,24 @@ class AtChance:
                 "collapsed to a constant prediction")
 
 
-def back_to_chance(losses: list[float | None], num_classes: int | None = None,
-                   ) -> AtChance | None:
+def is_classifier(log: Log) -> bool:
+    """The log reports a classifier's metrics (an accuracy, an F1): its loss may be compared
+    with ln(k) for a guessed k. A language model's chance level is ln(vocabulary), so a loss
+    that happens to sit near ln 2, ln 3 or ln 4 says nothing there."""
+    names = list(log.series) + [name for _, metrics in log.evals for name in metrics]
+    return any(_CLASSIFIER_METRIC.search(name) for name in names)
+
+
+_CLASSIFIER_METRIC = re.compile(r"(?<![a-z])(acc|accuracy|f1|auroc|auc|precision|recall|mcc)"
+                                r"(?![a-z])", re.IGNORECASE)
+
+
+def back_to_chance(losses: list[float | None], num_classes: int | None = None, *,
+                   guess: bool = True) -> AtChance | None:
+    """`guess`: whether k may be guessed from the plateau when `num_classes` is not given (only
+    for a classifier, `is_classifier`)."""
+    if num_classes is None and not guess:
+        return None
     rows = [(i, v) for i, v in enumerate(losses) if v is not None and math.isfinite(v) and v > 0]
     if len(rows) < 8:
         return None

@@ -55,7 +55,7 @@ def log_findings(log: Log, judgement: Judgement) -> list[Finding]:
                                  "plain SGD takes larger ones)",
                                  CAUSES["lr_too_high"].fix, "lr_too_high",
                                  {"peak_lr": peak}))
-        starts = log.steps[0] <= 2 * log.interval()
+        starts = log.starts_at_start()
         first = lrs[0][1]
         if (starts and first >= 0.9 * peak and onset <= max(1, EARLY_SHARE * len(log))
                 and judgement.kind != "nan"):

@@ -19,15 +19,19 @@ reads their events with hindsight, the whole log in view:
 4. **Diverged or recovered.** The run diverged when it ends non-finite, when it ends skipping
    most steps since the onset, or when its final loss level (the median of its last 20 steps, or
    its last row when rows are further apart) is worse than its level before the onset (the
-   median of up to `baseline_window` rows) by the live verdict's rule (`trainguard.verdict`: 10%
-   and beyond the final window's noise), or when it went back to chance level, unless it is
-   visibly on its way back (its loss fell on every row from its peak to the
-   end of the log, over three rows or more). Trouble from the first logged row has no level to
-   come back to: the run diverged. Otherwise the spike was recovered.
+   median of up to `baseline_window` rows) by the live verdict's rule
+   (`trainguard.verdict.ended_worse`: 10% and beyond the final window's noise, or twice the
+   level whatever the noise), or when it went back to chance level, unless it is visibly on its
+   way back (its loss fell on every row from its peak to the end of the log, over three rows or
+   more). Trouble from the first logged row has no level to come back to: the run diverged.
+   Otherwise the spike was recovered, unless its jumps took back less than a tenth of what the
+   loss had come down from its start (`NEGLIGIBLE_SHARE`: a loss near its floor, where one odd
+   batch is a large ratio and a small loss): then the run is healthy.
 5. **The kind**: `nan` for non-finite values or steps skipped to the end; `collapse` for trouble
-   only the evaluations or a frozen loss show; `explosion` when the signal that raised the alarm
-   (the loss, or the gradient norm) got at least halfway (in log space) from its level before
-   to its peak within three rows of the onset; `slow-divergence` when it climbed.
+   only the evaluations or a frozen loss show; `explosion` when within three rows of the onset
+   the loss jumped from one row to the next by the spike detector's default ratio (2.5x), or the
+   signal that raised the alarm (the loss, or the gradient norm) got at least halfway (in log
+   space) from its level before to its peak; `slow-divergence` when it climbed.
 """
 
 from __future__ import annotations
@@ -40,10 +44,10 @@ from typing import TypeGuard
 
 from trainguard.analyze.chance import AtChance
 from trainguard.analyze.log import GRAD_NORM, LOSS, Log
+from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.events import Event, at_least
-from trainguard.signals import MAD_TO_STD
-from trainguard.verdict import DEGRADED_RATIO, WINDOW
+from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse
 
 HEALTHY, RECOVERED, DIVERGED = "healthy", "spike-recovered", "diverged"
 NAN, EXPLOSION, SLOW, COLLAPSE = "nan", "explosion", "slow-divergence", "collapse"
@@ -53,6 +57,20 @@ LOSS_KINDS = ("loss_spike", "bad_start", "loss_divergence", "loss_at_chance",
 NONFINITE_KINDS = ("nonfinite_loss", "nonfinite_grad")
 RECOVERING_ROWS = 3
 SUDDEN_ROWS = 3
+BACK_ROWS = 3
+"""Rows in a row at the old level that say a run came back from an incident."""
+CLUES = ("lr_change",)
+"""Events that say why, not that the run is in trouble: causes' evidence, never an incident."""
+START_ROWS = 5
+"""The loss's level at the start: the median of its first rows."""
+NEGLIGIBLE_SHARE = 0.1
+"""A recovered jump of the loss that takes back less than this share of what the loss had come
+down from its start is noise near its floor, not trouble (chosen on the tuning half of the real
+logs: such jumps took back 2% there, diverged runs 135% and more)."""
+SUDDEN_JUMP = DetectorConfig().loss_spike_ratio
+"""A loss that jumps this many times its previous row's value is sudden, whatever the logging
+interval (a slow climb moves by a fraction per row; a mean over many steps dilutes a one-step
+spike, not a jump that stays)."""
 
 
 @dataclass(slots=True)
@@ -70,15 +88,24 @@ class Judgement:
     """The loss level at the end of the log."""
     ending: str = ""
     """How the log ends, in words."""
+    earlier: list[Event] = field(default_factory=list)
+    """Events of incidents before the one that decides, which the run came back from."""
 
 
 def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
           chance: AtChance | None = None) -> Judgement:
     """`rows`: the rows the detectors were run on (those holding a training value)."""
+    judgement, earlier = _judge(log, rows, events, config, chance)
+    judgement.earlier = earlier
+    return judgement
+
+
+def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
+           chance: AtChance | None) -> tuple[Judgement, list[Event]]:
     losses = log.values(LOSS)
     grads = log.values(GRAD_NORM)
     skipped = log.skipped or [False] * len(log.steps)
-    serious = [e for e in events if at_least(e.severity, "warning")]
+    serious = [e for e in events if at_least(e.severity, "warning") and e.kind not in CLUES]
     isolated = [e for e in serious if _transient(e, log, rows, config)]
     trouble = [e for e in serious if e not in isolated]
     if chance is not None:
@@ -89,14 +116,26 @@ def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig
     trouble.sort(key=lambda e: e.details["row"])
     if not trouble:
         return Judgement(HEALTHY, None, None, isolated=isolated,
-                         ending=_ending_healthy(losses, rows))
-    first = trouble[0]
-    onset = _onset(first, log, rows, losses, grads, skipped, config)
+                         ending=_ending_healthy(losses, rows)), []
+    earlier: list[Event] = []
+    while True:  # the incident that decides: the first one the run did not come back from
+        first = trouble[0]
+        onset = _onset(first, log, rows, losses, grads, skipped, config)
+        before = [v for i in rows if i < onset and _finite(v := losses[i])]
+        reference = (statistics.median(before[-max(config.baseline_window, 1):]) if before
+                     else None)
+        back = _came_back(first, onset, reference, rows, losses, grads, skipped)
+        if back is None:
+            break
+        later = [e for e in trouble if e.details["row"] > back]
+        if not later:
+            break
+        earlier += [e for e in trouble if e.details["row"] <= back]
+        trouble = later
     incident = [e for e in trouble if e.details["row"] >= onset]
-    before = [v for i in rows if i < onset and _finite(v := losses[i])]
-    reference = statistics.median(before[-max(config.baseline_window, 1):]) if before else None
     after = [i for i in rows if i >= onset]
-    nonfinite_end, skipping_end = _bad_end(after, losses, grads, skipped)
+    whole = whole_interval_skips(log, skipped)
+    nonfinite_end, skipping_end = _bad_end(after, losses, grads, skipped, whole)
     kinds = {e.kind for e in incident}
     final_rows = [v for i in after if _finite(v := losses[i])]
     end = log.steps[after[-1]] if after else 0
@@ -112,33 +151,92 @@ def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig
         series = grads if first.kind == "grad_explosion" else losses
         before_series = [v for i in rows if i < onset and _finite(v := series[i])]
         base = min(before_series[-max(config.baseline_window, 1):], default=None)
-        kind = _shape(after, series, base if first.kind == "grad_explosion" else reference)
+        kind = (EXPLOSION if _jumped(after, losses, reference) else
+                _shape(after, series, base if first.kind == "grad_explosion" else reference))
     if nonfinite_end or skipping_end:
         ending = ("the log ends with non-finite values" if nonfinite_end else
                   "the optimizer skipped most steps from the onset to the end of the log")
-        return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending)
+        return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
+                earlier)
     if reference is None:
         ending = (f"the trouble starts at the first logged row, with no healthy level before "
                   f"it; the loss ends at {_fmt(final)}")
-        return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending)
+        return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
+                earlier)
     if final is None:
         return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final,
-                         "no finite loss after the onset")
-    spread = MAD_TO_STD * statistics.median(abs(v - final) for v in tail)
-    worse = final > DEGRADED_RATIO * reference and final - reference > spread
+                         "no finite loss after the onset"), earlier
+    worse = ended_worse(final, reference, tail)
     if chance is not None and chance.row >= onset:
         worse = True
     if not worse:
+        negligible = _negligible(incident, losses, rows, reference)
+        if negligible is not None:
+            return Judgement(HEALTHY, None, None, isolated=isolated + incident,
+                             ending=_ending_healthy(losses, rows) + "; " + negligible), earlier
         ending = (f"the loss ends at {_fmt(final)}, back to the {_fmt(reference)} it was "
                   "before the trouble")
-        return Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending)
+        return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending),
+                earlier)
     if _recovering(after, losses):
         ending = (f"the loss ends at {_fmt(final)}, above the {_fmt(reference)} before the "
                   f"trouble but falling on each of its last rows since its peak: recovering")
-        return Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending)
+        return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending),
+                earlier)
     ending = (f"the loss ends at {_fmt(final)}, {final / reference:.3g}x the {_fmt(reference)} "
               "it was before the trouble")
-    return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending)
+    return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
+                earlier)
+
+
+def _came_back(first: Event, onset: int, reference: float | None, rows: list[int],
+               losses: list[float | None], grads: list[float | None],
+               skipped: list[bool]) -> int | None:
+    """The row by which the run was back from an incident (None if it never was): the last of
+    `BACK_ROWS` consecutive rows after the event, finite and not skipped, whose median loss is
+    within
+    `DEGRADED_RATIO` of the level before the onset (for trouble from the first row, of the level
+    at which it was seen)."""
+    row = first.details["row"]
+    level = reference
+    if level is None:
+        seen = [v for i in rows if onset <= i <= row and _finite(v := losses[i])]
+        if not seen:
+            return None
+        level = statistics.median(seen)
+    after = [i for i in rows if i > row]
+    for k in range(len(after) - BACK_ROWS + 1):
+        window = after[k:k + BACK_ROWS]
+        values = [v for i in window if _finite(v := losses[i])]
+        if len(values) < len(window):
+            continue
+        if any(skipped[i] or (grads[i] is not None and not _finite(grads[i])) for i in window):
+            continue
+        if statistics.median(values) <= DEGRADED_RATIO * level:
+            return window[-1]
+    return None
+
+
+def _negligible(incident: list[Event], losses: list[float | None], rows: list[int],
+                reference: float) -> str | None:
+    """Why a recovered jump of the loss is no trouble, if it is not: it took back less than
+    `NEGLIGIBLE_SHARE` of what the loss had come down from its start (a loss near its floor,
+    0.001 going to 0.1 after starting at 12, jumps by large ratios on one odd batch)."""
+    if not incident or any(e.kind not in (*JUMPS, "loss_divergence") for e in incident):
+        return None
+    finite = [v for i in rows if _finite(v := losses[i])]
+    start = statistics.median(finite[:START_ROWS]) if finite else None
+    if start is None or start <= reference:
+        return None
+    first = incident[0].details["row"]
+    last = incident[-1].details["row"]
+    peak = max((v for i in rows if first <= i <= last + 1 and _finite(v := losses[i])),
+               default=reference)
+    if peak - reference >= NEGLIGIBLE_SHARE * (start - reference):
+        return None
+    return (f"the jumps after it (to {_fmt(peak)} at most) took back less than "
+            f"{NEGLIGIBLE_SHARE:.0%} of its fall from {_fmt(start)} to {_fmt(reference)}: "
+            "the noise of a loss near its floor")
 
 
 def _finite(value: float | None) -> TypeGuard[float]:
@@ -228,8 +326,9 @@ def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
 
 
 def _bad_end(after: list[int], losses: list[float | None], grads: list[float | None],
-             skipped: list[bool]) -> tuple[bool, bool]:
-    """(the log ends non-finite, the log ends skipping most steps since the onset)."""
+             skipped: list[bool], whole: list[bool]) -> tuple[bool, bool]:
+    """(the log ends non-finite, the log ends skipping most steps since the onset); `whole`:
+    the skipped rows that stand for their whole interval (`quirks.whole_interval_skips`)."""
     if not after:
         return False, False
     last_loss = next((losses[i] for i in reversed(after) if losses[i] is not None), None)
@@ -237,7 +336,7 @@ def _bad_end(after: list[int], losses: list[float | None], grads: list[float | N
                       and not skipped[i]), None)
     nonfinite = ((last_loss is not None and not math.isfinite(last_loss))
                  or (last_grad is not None and not math.isfinite(last_grad)))
-    skipping = skipped[after[-1]] and sum(skipped[i] for i in after) * 2 >= len(after)
+    skipping = whole[after[-1]] and sum(whole[i] for i in after) * 2 >= len(after)
     return nonfinite, skipping
 
 
@@ -253,8 +352,25 @@ def _frozen(values: list[float]) -> bool:
     return len(tail) >= 5 and len(set(tail)) == 1
 
 
+def _jumped(after: list[int], losses: list[float | None], reference: float | None) -> bool:
+    """The loss jumped `SUDDEN_JUMP` times its previous row's value within the first
+    `SUDDEN_ROWS` rows of the incident."""
+    if reference is None or reference <= 0:
+        return False
+    previous = reference
+    for i in after[:SUDDEN_ROWS]:
+        value = losses[i]
+        if not _finite(value):
+            continue
+        if value >= SUDDEN_JUMP * previous:
+            return True
+        previous = value
+    return False
+
+
 def _shape(after: list[int], series: list[float | None], reference: float | None) -> str:
-    """Sudden or gradual, in the signal that raised the alarm."""
+    """Sudden or gradual, in the signal that raised the alarm: sudden when it got halfway (in
+    log space) from its level before to its peak within `SUDDEN_ROWS` rows."""
     if reference is None or reference <= 0:
         return EXPLOSION
     values = [(k, v) for k, i in enumerate(after) if _finite(v := series[i])]

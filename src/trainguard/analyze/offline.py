@@ -2,7 +2,9 @@
 
 Each row becomes the `StepSignals` the Guard would have measured at that step, holding what the
 log holds: the loss, the global gradient norm, the learning rate, the fp16 loss scale, whether the
-optimizer skipped the step (a GradScaler overflow), and in a trainguard store the per-parameter
+optimizer skipped the step (a GradScaler overflow; `Fp16Overflow`, which counts skipped steps, is
+shown only rows that stand for every step of their interval: in a log written every 10 steps,
+a NaN grad norm on one row is one skipped step of 10), and in a trainguard store the per-parameter
 gradient norms. What a log cannot hold (sampled weight and activation statistics, the batches)
 is absent, so the detectors that read only those stay silent. A detector is handed a row only
 when the row holds what it reads (a row without a gradient norm is not a row whose gradient norm
@@ -25,8 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainguard.analyze.log import GRAD_NORM, LOSS, LOSS_SCALE, LR, Log, is_train_loss
+from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, Detector
+from trainguard.detect.bad_start import BadStart
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.grad_explosion import GradExplosion
 from trainguard.detect.lr_change import LRChange
@@ -71,6 +75,7 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
     scales = log.values(LOSS_SCALE)
     groups = [log.series[name] for name in log.series if name.startswith("lr_group")]
     skipped = log.skipped or [False] * len(log.steps)
+    whole = whole_interval_skips(log, skipped)
     per_param = log.param_grad_norms
     names = list(log.param_names) if per_param is not None else []
     live_curvature = log.loss_curvature
@@ -118,7 +123,10 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
         if per_param is not None:
             signals.param_grad_norm = per_param[row]
         for detector in (with_grad if grad is not None else without_grad):
+            if isinstance(detector, Fp16Overflow):  # it counts steps: one row, one step?
+                signals.amp_overflow = whole[row]
             found = detector.check(signals)
+            signals.amp_overflow = skipped[row]
             if found:
                 raw.extend((row, event) for event in found)
     for _, metrics in eval_queue:
@@ -132,8 +140,11 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
 
 def _silent(kind: type[Detector], log: Log, config: DetectorConfig) -> bool:
     """Whether a detector cannot raise anything on this log, whatever its rows hold: it reads
-    only what the log does not have. `Fp16Overflow` reads skipped steps and the loss scale;
+    only what the log does not have. `BadStart` judges the first steps of training, which a log
+    that begins mid-run does not hold; `Fp16Overflow` reads skipped steps and the loss scale;
     `LRChange` fires only where an LR is `lr_jump_ratio` times the highest before it."""
+    if kind is BadStart:
+        return not log.starts_at_start()  # an excerpt from mid-run has no first steps to judge
     if kind is Fp16Overflow:
         return not log.skipped and not log.has(LOSS_SCALE)
     if kind is LRChange:

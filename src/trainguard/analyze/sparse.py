@@ -39,6 +39,10 @@ Two thresholds follow the interval, and two the length of the log:
   excerpt): its baselines hold a handful of rows, whose robust spread is mostly the excursion
   being judged (a gradient norm climbing 0.24, 0.95, 2.4, 16 has a "spread" as wide as the
   climb), so the guard is lowered to `SHORT_LOG_ZSCORE` there and the ratio rules decide.
+- An excerpt that begins mid-run (`Log.starts_at_start` false) has no first steps whose blow-up
+  the early rule (`loss_spike_early_ratio` against the few rows seen) is for: it gets no such
+  rule, and shows `EXCERPT_BASELINE` rows before a jump is judged against them (one row is no
+  baseline: a mid-run log of single-batch losses may begin on its lowest value).
 
 The gradient-norm ratios are not scaled: trainers log the norm of one step, not a mean, and
 `divergence_ratio` is not either: a sustained rise is not diluted by averaging. The absolute
@@ -78,10 +82,11 @@ _WINDOWS: dict[str, tuple[int, float | None]] = {
 }
 
 
-def scaled_config(rows: int, interval: float, base: DetectorConfig | None = None,
-                  ) -> DetectorConfig:
+def scaled_config(rows: int, interval: float, base: DetectorConfig | None = None, *,
+                  from_start: bool = True) -> DetectorConfig:
     """`base` (the defaults) with its windows counted in rows of a log of `rows` rows written
-    every `interval` steps."""
+    every `interval` steps. `from_start`: whether the log begins at the start of training (an
+    excerpt from mid-run has no first steps whose blow-up needs the early rule)."""
     base = base or DetectorConfig()
     interval = max(interval, 1.0)
     changes: dict[str, Any] = {}
@@ -102,4 +107,11 @@ def scaled_config(rows: int, interval: float, base: DetectorConfig | None = None
     if rows < SHORT_LOG:
         for name in ("loss_spike_zscore", "grad_norm_zscore"):
             changes[name] = min(getattr(base, name), SHORT_LOG_ZSCORE)
+    if not from_start:
+        changes["loss_spike_early_ratio"] = sys.float_info.max
+        changes["warmup_steps"] = max(changes["warmup_steps"], EXCERPT_BASELINE)
     return dataclasses.replace(base, **changes)
+
+
+EXCERPT_BASELINE = 3
+"""Rows an excerpt from mid-run shows before a jump is judged against them."""

@@ -14,12 +14,15 @@ evaluation metrics), not by the step signals. Three rules, each reported once pe
 - **a metric falling off a cliff**: a higher-is-better metric below half its best, or a
   lower-is-better one (a loss, a perplexity, an error rate) above three times its best.
 
-NaN and inf metrics are reported as such and never enter a best value.
+Only quality metrics (`is_quality_metric`: a loss, an accuracy, an F1, a BLEU score, a
+perplexity... by name) are judged; throughput, runtime and memory figures never collapse. NaN and
+inf metrics are reported as such and never enter a best value.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Mapping
 from itertools import pairwise
@@ -41,8 +44,33 @@ HISTORY = 20
 LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "error", "wer", "cer", "mse", "mae")
 
 
+QUALITY = ("loss", "acc", "f1", "bleu", "rouge", "meteor", "chrf", "perplexity", "ppl",
+           "error", "wer", "cer", "mse", "mae", "rmse", "auc", "auroc", "precision", "recall",
+           "iou", "dice", "map", "exact", "em", "matthews", "mcc", "spearman", "pearson",
+           "r2", "score", "reward", "top1", "top5", "psnr", "ssim", "fid", "kl", "nll")
+"""Words that name what a model is judged on; only such metrics can collapse."""
+NOT_QUALITY = ("runtime", "per_second", "samples_per", "steps_per", "tokens_per", "_time",
+               "time_", "memory", "mem_", "flos", "epoch", "throughput", "latency", "seconds",
+               "_lr", "learning_rate", "num_", "batch_size")
+"""Throughput, clocks, memory and bookkeeping: they move for reasons that are not the model's."""
+
+
 def lower_is_better(name: str) -> bool:
     return any(word in name.lower() for word in LOWER_IS_BETTER)
+
+
+def is_quality_metric(name: str) -> bool:
+    """A metric of the model's quality (a loss, an accuracy, an F1, a BLEU score...), by name:
+    never a throughput, a runtime or a memory figure (`eval_samples_per_second` falling is a
+    slower machine, not a worse model)."""
+    lowered = name.lower()
+    if any(word in lowered for word in NOT_QUALITY):
+        return False
+    words = [w for w in re.split(r"[^a-z0-9]+", lowered) if w]
+    return any(w in QUALITY or w.startswith(QUALITY_PREFIXES) for w in words)
+
+
+QUALITY_PREFIXES = ("acc", "loss", "f1", "bleu", "rouge", "perplex", "precision", "recall")
 
 
 class MetricCollapse:
@@ -61,6 +89,8 @@ class MetricCollapse:
         events: list[Event] = []
         for name, raw in metrics.items():
             if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                continue
+            if not is_quality_metric(name):
                 continue
             value = float(raw)
             if not math.isfinite(value):
