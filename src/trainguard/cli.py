@@ -204,10 +204,15 @@ def _add_analyze(commands: Any) -> None:
                     "explosion, slow-divergence, collapse) or spiked and recovered, from which "
                     "logged step, the evidence, and the likely causes with their fixes. The "
                     "detectors of a live run are run over the logged values (their windows "
-                    "counted in logged rows). PATH is a file or a run directory; the format is "
-                    f"detected unless --format names it ({formats}). Several PATHs print a table.",
+                    "counted in logged rows). PATH is a file or a run directory, or - for "
+                    "standard input (paste a log: `trainguard analyze -`, then Ctrl-D); the "
+                    f"format is detected unless --format names it ({formats}). Text logs are "
+                    "read by what their lines hold (the HF Trainer's {'loss': ...} lines, "
+                    "key=value and key: value pairs, tqdm bars, Keras and logging lines, "
+                    "printed loss tensors). Several PATHs print a table.",
         epilog=EXIT_CODES)
-    analyze.add_argument("paths", nargs="+", metavar="PATH", help="a log file or directory")
+    analyze.add_argument("paths", nargs="+", metavar="PATH",
+                         help="a log file or directory, or - for standard input")
     analyze.add_argument("--format", choices=list(FORMATS), metavar="FORMAT",
                          help=f"read PATH as this format ({', '.join(FORMATS)})")
     analyze.add_argument("--json", action="store_true",
@@ -215,7 +220,9 @@ def _add_analyze(commands: Any) -> None:
                               "list for several PATHs)")
     analyze.add_argument("--num-classes", type=_positive_int, metavar="K",
                          help="classes of the task, to judge the loss against chance, ln K "
-                              "(default: guessed from the loss)")
+                              "(default: guessed from the loss only when the log reports a "
+                              "classifier's metrics, such as an accuracy; never for a language "
+                              "model)")
     analyze.add_argument("--report", metavar="FILE.html",
                          help="also write an HTML report of one PATH: the logged curves with "
                               "the events marked, the verdict and the causes (a trainguard run "
@@ -398,6 +405,33 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+STDIN = "<stdin>"
+
+
+def _analyze_stdin(args: argparse.Namespace) -> Any:
+    """A log pasted or piped in: read whole, analysed from a private copy, named `<stdin>`."""
+    import tempfile
+
+    from trainguard.analyze.analysis import analyze
+    from trainguard.analyze.log import LogError
+
+    data = sys.stdin.buffer.read()
+    if not data.strip():
+        raise LogError(f"{STDIN}: nothing was read from standard input (paste a log, then "
+                       "Ctrl-D)")
+    with tempfile.TemporaryDirectory(prefix="trainguard-stdin-") as folder:
+        copy = Path(folder) / "stdin"
+        copy.write_bytes(data)
+        try:
+            result = analyze(copy, fmt=args.format, num_classes=args.num_classes)
+        except TrainguardError as exc:
+            raise LogError(str(exc).replace(str(copy), STDIN)) from None
+    result.path = STDIN
+    if result.log is not None:
+        result.log.path = STDIN
+    return result
+
+
 def _analyze(args: argparse.Namespace) -> int:
     """Never imports torch: the readers, the detectors and the ranking need none."""
     from trainguard.analyze.analysis import Analysis, analyze
@@ -408,9 +442,14 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.report and len(args.paths) != 1:
         raise UsageError("--report writes the report of one PATH; give only one")
     results: list[Analysis | tuple[str, str]] = []
+    if args.paths.count("-") > 1:
+        raise UsageError("- (standard input) can be given once")
     for path in args.paths:
         try:
-            results.append(analyze(path, fmt=args.format, num_classes=args.num_classes))
+            if path == "-":
+                results.append(_analyze_stdin(args))
+            else:
+                results.append(analyze(path, fmt=args.format, num_classes=args.num_classes))
         except TrainguardError as exc:
             results.append((path, str(exc)))
         except (Exception, RecursionError) as exc:  # a file no reader foresaw: say which

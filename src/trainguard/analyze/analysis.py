@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,8 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     findings = log_findings(log, judgement)
     causes = (rank_causes(_ranked_events(judgement, events), findings)
               if judgement.verdict != HEALTHY else [])
+    for cause in causes:
+        cause.evidence = [_in_log_terms(log, line) for line in cause.evidence]
     onset_row = judgement.onset_row
     return Analysis(
         path=raw.path, format=raw.format, verdict=judgement.verdict, kind=judgement.kind,
@@ -91,6 +94,23 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
         evidence=_evidence(log, judgement, findings), causes=causes, events=events + extra,
         findings=findings, notes=list(log.notes), rows=len(log), interval=log.interval(),
         log=log, judgement=judgement)
+
+
+_STEP = re.compile(r"\bstep (\d+)\b")
+
+
+def _in_log_terms(log: Log, text: str) -> str:
+    """`step N` in a cause's evidence as the log names that row (`row 5 (epoch 0.2)`,
+    `iteration 7010`): the ranking speaks of steps, a log of its own rows."""
+    if log.step_unit == "step" and log.labels is None:
+        return text
+    rows = {step: row for row, step in enumerate(log.steps)}
+
+    def name(match: re.Match[str]) -> str:
+        row = rows.get(int(match.group(1)))
+        return log.label(row) if row is not None else match.group(0)
+
+    return _STEP.sub(name, text)
 
 
 def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:

@@ -302,7 +302,9 @@ def read_rows(lines: list[str], log: LogBuilder) -> int:
     for index, row in enumerate(rows):
         if counter == ACROSS:
             step = int(row.counters[counter])
-            label = f"epoch {row.epoch:g}, batch {int(row.counters['progress'])}"
+            done = int(row.counters["progress"])
+            label = (f"epoch {row.epoch:g}" if done == row.total  # Keras' line of an epoch
+                     else f"epoch {row.epoch:g}, batch {done}")
         elif counter is not None:
             step = int(row.counters[counter])
             label = f"{log.step_unit} {step}"
@@ -329,7 +331,9 @@ ACROSS = "epoch_progress"
 
 def _across_epochs(rows: list[LineRow]) -> None:
     """A progress counter that restarts each epoch (`Epoch 2 ... 100/1500 [`) numbers the rows
-    across epochs as (epoch - first epoch) x total + progress, under `ACROSS`."""
+    across epochs as (epoch - first epoch) x total + progress, under `ACROSS`: in steps, so
+    that a row that closes an epoch (Keras' `9595/9595 [====] - loss: ...`) is known as the mean
+    of a whole epoch of steps."""
     if not rows or any(row.epoch is None or row.total is None or "progress" not in row.counters
                        for row in rows):
         return
@@ -343,9 +347,11 @@ def _from_start(rows: list[LineRow]) -> bool | None:
     """Rows numbered from 1 begin at the start of training only if their epoch says so: an
     excerpt whose first row is at epoch 0.24, 0.01 apart, began mid-run."""
     epochs = [row.epoch for row in rows if row.epoch is not None]
-    gaps = sorted(b - a for a, b in itertools.pairwise(epochs) if b > a)
-    if not epochs or not gaps:
+    if not epochs:
         return None
+    gaps = sorted(b - a for a, b in itertools.pairwise(epochs) if b > a)
+    if not gaps:  # every row at one epoch: rows far closer than the epoch they are at
+        return epochs[0] == 0
     return epochs[0] <= 2 * gaps[len(gaps) // 2] + 1e-9
 
 

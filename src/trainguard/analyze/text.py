@@ -199,8 +199,11 @@ def read(path: str | Path, grammar: str | None = None) -> Log:
             best = (found, log)
     if best is None:
         names = ", ".join(GRAMMARS) if grammar is None else grammar
-        raise LogError(f"{path}: no training log lines recognised ({names}: see `trainguard "
-                       "analyze --help` for the line formats)")
+        looked = ("a loss on a line: `loss: 0.53`, `loss=0.53`, `{'loss': 0.53, ...}`, "
+                  "`train loss 0.53`, `tensor(0.53)`, a perplexity; and the lines of " if
+                  grammar in (None, "generic") else "")
+        raise LogError(f"{path}: no training log lines recognised (looked for {looked}{names}: "
+                       "see `trainguard analyze --help` for the line formats)")
     return best[1].build()
 
 

@@ -1,0 +1,170 @@
+"""What a log's judgement may read into it, and what it may not (`analyze/judge.py`,
+`quirks.py`, `chance.py`): AMP skips are notes, a language model's loss is never "at chance",
+throughput never collapses, a StepLR schedule is no skipped steps, the incident that decides
+gives the onset, and the verdict on a log is the live verdict's rule."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from trainguard.analyze import analyze
+from trainguard.verdict import LossTrack, ended_worse
+
+NAN = math.nan
+
+
+def trainer_state(path: Path, rows: list[dict], evals: list[dict] | None = None) -> Path:
+    history = [{"step": row.pop("step", i + 1), **row} for i, row in enumerate(rows)]
+    history += evals or []
+    path.write_text(json.dumps({"log_history": history}))
+    return path
+
+
+def falling(n: int, start: float = 3.0, end: float = 1.0, noise: float = 0.02,
+            seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [end + (start - end) * math.exp(-i / (n / 5)) + rng.gauss(0, noise) for i in range(n)]
+
+
+def decay(n: int, peak: float = 2e-4) -> list[float]:
+    return [peak * (1 - i / (n + 7)) for i in range(n)]
+
+
+# -- AMP skips: a non-finite grad norm with finite losses after it -------------------------------
+def test_an_amp_skip_at_the_first_step_is_a_note_not_a_verdict(tmp_path: Path) -> None:
+    """fp16's loss scaler calibrates on the first steps: NaN grad norms there, the loss falls."""
+    losses = falling(60)
+    lrs = [0.0, 0.0, *decay(58)]
+    rows = [{"loss": v, "grad_norm": NAN if i < 2 else 1.0, "learning_rate": lr}
+            for i, (v, lr) in enumerate(zip(losses, lrs, strict=True))]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.verdict == "healthy", result.evidence
+    assert any("skipped" in note for note in result.notes)
+
+
+def test_one_amp_skip_mid_run_is_a_note_not_a_verdict(tmp_path: Path) -> None:
+    losses = falling(80)
+    rows = [{"loss": v, "grad_norm": NAN if i == 40 else 1.0 + 0.01 * (i % 3),
+             "learning_rate": lr} for i, (v, lr) in enumerate(zip(losses, decay(80),
+                                                                    strict=True))]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.verdict == "healthy", result.evidence
+    assert any("non-finite grad norm beside a finite loss" in note for note in result.notes)
+
+
+def test_a_nan_grad_norm_followed_by_nan_losses_is_no_skip(tmp_path: Path) -> None:
+    losses = falling(40)
+    rows = [{"loss": v if i < 30 else 0.0, "grad_norm": 1.0 if i < 30 else NAN,
+             "learning_rate": lr} for i, (v, lr) in enumerate(zip(losses, decay(40),
+                                                                   strict=True))]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert (result.verdict, result.kind, result.onset_step) == ("diverged", "nan", 31)
+
+
+# -- chance level: only for a classifier ----------------------------------------------------------
+def test_a_language_model_loss_at_1_386_is_never_called_chance(tmp_path: Path) -> None:
+    """ln 4 = 1.386: an LM fine-tune whose loss dipped to 1.2 on its first epoch's easy batches
+    and then sits at 1.386 has not collapsed to 4 classes."""
+    rng = random.Random(2)
+    losses = [2.4 - 1.2 * i / 30 for i in range(31)] + [1.386 + rng.gauss(0, 0.02)
+                                                        for _ in range(90)]
+    rows = [{"loss": v, "grad_norm": 1.0, "learning_rate": 2e-5} for v in losses]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.verdict == "healthy" and result.judgement is not None
+    assert not any("chance" in line for line in result.evidence)
+
+
+def test_a_classifier_back_at_ln_k_is_called_chance(tmp_path: Path) -> None:
+    """With an accuracy among its metrics the log is a classifier's: its loss settling at ln 4
+    after it had learned is a collapse to a constant prediction."""
+    learned = falling(60, start=1.4, end=0.3, noise=0.01)
+    rng = random.Random(1)
+    losses = learned + [math.log(4) + rng.gauss(0, 0.005) for _ in range(60)]
+    rows = [{"loss": v, "grad_norm": 1.0, "learning_rate": 2e-5} for v in losses]
+    evals = [{"step": 30, "eval_accuracy": 0.8, "eval_loss": 0.5},
+             {"step": 110, "eval_accuracy": 0.25, "eval_loss": 1.39}]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows, evals))
+    assert result.verdict == "diverged" and result.judgement is not None
+    assert "loss_at_chance" in {e.kind for e in result.judgement.incident}
+
+
+# -- only quality metrics collapse ----------------------------------------------------------------
+def test_eval_samples_per_second_falling_is_never_a_collapse(tmp_path: Path) -> None:
+    rows = [{"loss": v, "grad_norm": 1.0, "learning_rate": 2e-5} for v in falling(100)]
+    evals = [{"step": s, "eval_loss": 1.2 - s / 1000, "eval_samples_per_second": 80.0 / (k + 1),
+              "eval_runtime": 10.0 * (k + 1), "eval_steps_per_second": 10.0 / (k + 1)}
+             for k, s in enumerate(range(10, 101, 10))]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows, evals))
+    assert result.verdict == "healthy"
+    assert "metric_collapse" not in {e.kind for e in result.events}
+
+
+# -- a StepLR schedule is not skipped steps -------------------------------------------------------
+def test_a_healthy_step_lr_run_is_healthy(tmp_path: Path) -> None:
+    """fp32, StepLR (x0.1 every 40 steps): the LR is constant for stretches and then steps; no
+    row of it is a skipped step."""
+    losses = falling(120, start=2.0, end=0.4)
+    lrs = [0.1 * 0.1 ** (i // 40) for i in range(120)]
+    rows = [{"loss": v, "grad_norm": 1.0, "learning_rate": lr}
+            for v, lr in zip(losses, lrs, strict=True)]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.verdict == "healthy", result.evidence
+    assert result.log is not None and not any(
+        "frozen" in note for note in result.notes)
+
+
+# -- the incident that decides --------------------------------------------------------------------
+def test_the_onset_is_that_of_the_incident_the_run_never_came_back_from(tmp_path: Path) -> None:
+    """A start far too high (a `bad_start` the loss falls ten orders of magnitude from), then
+    healthy training, then NaN at step 90: the NaN is the onset, the start told as earlier."""
+    losses = [1e9, 1e6, 1e3, *falling(87, start=3.0, end=1.0)]
+    rows = [{"loss": v if i < 90 else 0.0, "grad_norm": 1.0 if i < 90 else NAN,
+             "learning_rate": 1e-4} for i, v in enumerate([*losses, *[0.0] * 10])]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert (result.verdict, result.kind, result.onset_step) == ("diverged", "nan", 91)
+
+
+def test_a_jump_that_never_comes_back_is_diverged_not_recovered(tmp_path: Path) -> None:
+    """A loss that jumps from 0.06 to 1e19 and keeps climbing is thrashing far above its level,
+    however noisy its last rows are (the live verdict's noise clause)."""
+    losses = [0.06, 0.16, 0.058, 5.4e19, 4.3e20, 2.1e21, 7.8e21, 2.5e22]
+    rows = [{"loss": v, "learning_rate": 1e-3, "step": 435 + i} for i, v in enumerate(losses)]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert (result.verdict, result.kind, result.onset_step) == ("diverged", "explosion", 438)
+
+
+# -- one verdict rule, live and offline -----------------------------------------------------------
+@pytest.mark.parametrize("final_ratio, noisy, worse", [
+    (1.05, False, False),  # within 10%
+    (1.4, False, True),  # 40% above, a quiet tail
+    (1.4, True, False),  # 40% above, within a tail's own noise
+    (30.0, True, True),  # thrashing at 30x: worse whatever the noise
+])
+def test_the_offline_verdict_is_the_live_verdicts_rule(tmp_path: Path, final_ratio: float,
+                                                       noisy: bool, worse: bool) -> None:
+    """The same losses, fed to the live `LossTrack` and written as a log for `analyze`: both
+    call the end worse than before the trouble, or both do not."""
+    rng = random.Random(3)
+    before = [1.0 + rng.gauss(0, 0.01) for _ in range(60)]
+    spike = [50.0, 40.0]
+    spread = 0.9 if noisy else 0.01
+    after = [max(final_ratio + rng.uniform(-spread, spread) * final_ratio, 1e-3)
+             for _ in range(40)]
+    losses = before + spike + after
+    track = LossTrack()
+    for step, loss in enumerate(losses):
+        track.observe(step, loss, trouble=step == len(before))
+    live = track.verdict()
+    assert live is not None
+    assert (live.verdict == "degraded") is worse
+    rows = [{"loss": v, "learning_rate": 1e-4} for v in losses]
+    offline = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert (offline.verdict == "diverged") is worse, offline.evidence
+    reference, tail = live.before_trouble, list(track.recent)
+    assert reference is not None and live.final is not None
+    assert ended_worse(live.final, reference, tail) is worse

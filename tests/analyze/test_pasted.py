@@ -1,0 +1,194 @@
+"""The tolerant text grammar (`trainguard.analyze.pasted`): the lines people paste into issues,
+each test written from a line of a real log (quoted; the source named beside it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainguard.analyze import analyze, read_log
+from trainguard.analyze.log import LogError
+from trainguard.analyze.pasted import parse_line
+
+NAN = math.nan
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def same(values: list[float | None], expected: list[float]) -> bool:
+    return len(values) == len(expected) and all(
+        (a is not None and math.isnan(a) and math.isnan(b)) or a == pytest.approx(b)
+        for a, b in zip(values, expected, strict=True))
+
+
+# -- one line of each format, as it was pasted ----------------------------------------------------
+@pytest.mark.parametrize("line, values, counters", [
+    # HF Trainer console (ymcui/Chinese-LLaMA-Alpaca-3#64)
+    ("{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 7.116424708226588e-08, 'epoch': 0.0}",
+     {"loss": 0.0, "grad_norm": NAN, "learning_rate": 7.116424708226588e-08}, {"epoch": 0.0}),
+    # kohya sd-scripts tqdm bar (kohya-ss/sd-scripts#2137)
+    ("steps:   1%|▋                                                        | 41/3280 "
+     "[00:50<1:06:54,  1.24s/it, avr_loss=nan]", {"avr_loss": NAN}, {"progress": 41.0}),
+    # Keras progress line (alexander-rakhlin/CNN-for-Sentence-Classification-in-Keras#7)
+    ("9595/9595 [==============================] - 1s - loss: nan - acc: 0.4117 - val_loss: nan "
+     "- val_acc: 0.0000e+00", {"loss": NAN, "acc": 0.4117, "val_loss": NAN, "val_acc": 0.0},
+     {"progress": 9595.0}),
+    # TensorFlow console (tensorflow/models#3868)
+    ("INFO:tensorflow:global step 435: loss = 0.0630 (0.408 sec/step)", {"loss": 0.063},
+     {"step": 435.0}),
+    # Python logging (guillaumegenthial/sequence_tagging#47)
+    ("2018-03-23 15:29:33,355:INFO: train loss:1.10886", {"train loss": 1.10886}, {}),
+    # a printed loss tensor (lich99/ChatGLM-finetune-LoRA#32)
+    ("tensor(nan, device='cuda:0')", {"loss": NAN}, {}),
+    # a tqdm description (primepake/wav2lip_288x288#33)
+    ("Loss: 0.5212869264862754: : 11it [00:06,  1.59it/s]", {"Loss": 0.5212869264862754}, {}),
+    # litgpt: the first counter on the line numbers it (Lightning-AI/litgpt#628)
+    ("iter 1152 step 144: loss 11.4630, iter time: 1260.82ms", {"loss": 11.463},
+     {"step": 1152.0}),
+    # `key: value` with an epoch as the only counter (vpetren/gradnorm_tf#17)
+    ("epoch: 3451 loss: nan", {"loss": NAN}, {"epoch": 3451.0}),
+    # OpenNMT-py: `Step N/M;`, xent is the loss (OpenNMT/OpenNMT-py#1072)
+    ("[2018-11-26 15:06:01,481 INFO] Step 5650/50000; acc:   0.19; ppl:   nan; xent:  nan; lr: "
+     "0.00070; 1928/2310 tok/s;  21110 sec",
+     {"acc": 0.19, "ppl": NAN, "xent": NAN, "lr": 0.0007}, {"step": 5650.0}),
+    # BasicSR: `[epoch: 0, iter: 155, ...] l_pix: inf` (AHupuJR/EFNet#12)
+    ("2023-06-16 22:22:49,505 INFO: [debug..][epoch:  0, iter:     155, lr:(2.000e-04,"
+     "2.000e-05,)] [eta: 406 days, 12:46:06, time (data): 0.470 (0.001)] l_pix: inf ",
+     {"l_pix": math.inf}, {"epoch": 0.0, "step": 155.0}),
+    # Time-Series-Library, tab-indented (Secilia-Cxy/SOFTS#10)
+    ("\titers: 1600, epoch: 6 | loss: 2.1373572", {"loss": 2.1373572},
+     {"step": 1600.0, "epoch": 6.0}),
+])
+def test_a_pasted_line_gives_its_values_and_counters(line: str, values: dict[str, float],
+                                                     counters: dict[str, float]) -> None:
+    found, numbering = parse_line(line)
+    numbering = {k: v for k, v in numbering.items() if not k.startswith("_")}
+    assert set(found) >= set(values), found
+    for name, value in values.items():
+        assert same([found[name]], [value]), (name, found[name])
+    for name, value in counters.items():
+        assert numbering.get(name) == value, numbering
+
+
+def test_units_and_percentages_are_not_values() -> None:
+    found, _ = parse_line("steps:  41% | loss 1.5, time 1099.34ms, mfu 15.34%, 1.24s/it")
+    assert found == {"loss": 1.5}
+
+
+# -- whole pasted logs ------------------------------------------------------------------------------
+HF_CONSOLE = """\
+{'loss': 1.968, 'grad_norm': nan, 'learning_rate': 7.116424708226588e-09, 'epoch': 0.0}
+{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 7.116424708226588e-08, 'epoch': 0.0}
+{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1.4232849416453175e-07, 'epoch': 0.0}
+{'train_runtime': 12.5, 'train_samples_per_second': 3.1, 'train_loss': 0.6, 'epoch': 0.0}
+"""
+
+
+def test_hf_console_lines_are_rows_numbered_from_1(tmp_path: Path) -> None:
+    """Lines without a step counter (the Trainer prints none) are rows 1, 2, ... named with
+    their epoch; the closing totals are not a row; 0.0 beside NaN is a NaN window."""
+    result = analyze(write(tmp_path / "paste.txt", HF_CONSOLE))
+    log = result.log
+    assert log is not None and log.format == "text:generic" and log.step_unit == "row"
+    assert log.steps == [1, 2, 3]
+    assert log.label(1) == "row 2 (epoch 0)"
+    assert (result.verdict, result.kind, result.onset) == ("diverged", "nan", "row 1 (epoch 0)")
+
+
+LLAMA_FACTORY = """\
+03/12/2024 11:24:33 - INFO - llmtuner.extras.callbacks - {'loss': 2.1000, 'learning_rate': 4.9999e-02, 'epoch': 0.01}
+{'loss': 2.1, 'grad_norm': 1.5, 'learning_rate': 0.04999871292419044, 'epoch': 0.01}
+03/12/2024 11:24:42 - INFO - llmtuner.extras.callbacks - {'loss': 1.9000, 'learning_rate': 4.9995e-02, 'epoch': 0.02}
+{'loss': 1.9, 'grad_norm': 1.2, 'learning_rate': 0.04999485182928687, 'epoch': 0.02}
+"""  # noqa: E501 (the lines of hiyouga/LlamaFactory#2810, with finite values)
+
+
+def test_a_row_printed_by_two_handlers_is_read_once(tmp_path: Path) -> None:
+    log = read_log(write(tmp_path / "paste.txt", LLAMA_FACTORY))
+    assert log.steps == [1, 2]
+    assert log.series["lr"] == [0.04999871292419044, 0.04999485182928687], "the full-precision one"
+    assert log.series["grad_norm"] == [1.5, 1.2]
+
+
+KERAS = """\
+Epoch 1/10
+9595/9595 [==============================] - 1s - loss: 0.6242 - acc: 0.6295 - val_loss: 0.5265 - val_acc: 0.7470
+Epoch 2/10
+9595/9595 [==============================] - 1s - loss: nan - acc: 0.4117 - val_loss: nan - val_acc: 0.0000e+00
+Epoch 3/10
+9595/9595 [==============================] - 1s - loss: nan - acc: 0.0000e+00 - val_loss: nan - val_acc: 0.0000e+00
+"""  # noqa: E501
+
+
+def test_keras_rows_are_named_by_the_epoch_line_before_them(tmp_path: Path) -> None:
+    result = analyze(write(tmp_path / "keras.txt", KERAS))
+    log = result.log
+    assert log is not None and [log.label(i) for i in range(3)] == ["epoch 1", "epoch 2",
+                                                                     "epoch 3"]
+    assert log.steps == [9595, 19190, 28785], "counted in steps: each row is an epoch's mean"
+    assert [e[0] for e in log.evals] == log.steps, "val_* are evaluations"
+    assert (result.verdict, result.kind, result.onset) == ("diverged", "nan", "epoch 2")
+
+
+def test_a_progress_counter_restarting_each_epoch_counts_across_epochs(tmp_path: Path) -> None:
+    text = "".join(f"Epoch: [{e}] [{i:4d}/100] loss: {2.0 - e * 0.1 - i / 1000:.4f}\n"
+                   for e in range(3) for i in (0, 50))
+    log = read_log(write(tmp_path / "epochs.txt", text))
+    assert log.steps == [0, 50, 100, 150, 200, 250]
+    assert log.label(3) == "epoch 1, batch 50"
+
+
+def test_perplexity_only_lines_read_as_the_log_of_it(tmp_path: Path) -> None:
+    """OpenNMT (Lua) prints a perplexity, no loss: the cross-entropy is its log."""
+    text = "".join(f"> Epoch 1 ; Iteration {i}000/77776 ; Learning rate 1.0000 ; Source tokens/s "
+                   f"1270 ; Perplexity {p}\n" for i, p in ((74, 14.64), (75, 14.55), (76, 14.46)))
+    log = read_log(write(tmp_path / "onmt.txt", text))
+    assert log.steps == [74000, 75000, 76000] and log.step_unit == "iteration"
+    assert same(log.series["loss"], [math.log(14.64), math.log(14.55), math.log(14.46)])
+
+
+def test_an_excerpt_from_mid_run_is_not_judged_as_a_start(tmp_path: Path) -> None:
+    """Six HF lines at epoch 0.24 (haotian-liu/LLaVA#918, one odd batch): no `bad_start`, the
+    one-row outlier is isolated, the run healthy."""
+    losses = [0.6623, 0.8022, 4.2653, 0.77, 0.556, 0.8223]
+    text = "".join(f"{{'loss': {v}, 'learning_rate': {1.768e-4 - i * 2e-8!r}, 'epoch': 0.24}}\n"
+                   for i, v in enumerate(losses))
+    result = analyze(write(tmp_path / "paste.txt", text))
+    assert result.log is not None and result.log.starts_at_start() is False
+    assert result.verdict == "healthy"
+    assert "bad_start" not in {e.kind for e in result.events}
+
+
+def test_a_file_with_no_loss_says_what_was_looked_for(tmp_path: Path) -> None:
+    path = write(tmp_path / "notes.txt", "loading\nacc 0.5 - f1 0.2\n")
+    with pytest.raises(LogError, match=r"looked for a loss on a line: `loss: 0.53`"):
+        read_log(path)
+
+
+# -- `trainguard analyze -`: a pasted log on standard input ------------------------------------
+def _cli(args: list[str], stdin: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainguard", *args], input=stdin, text=True,
+                          capture_output=True, timeout=120, check=False)
+
+
+def test_analyze_reads_a_log_piped_to_it() -> None:
+    done = _cli(["analyze", "-", "--json"], HF_CONSOLE)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["path"], result["verdict"], result["kind"]) == ("<stdin>", "diverged", "nan")
+
+
+def test_analyze_of_an_empty_or_unreadable_pipe_is_one_clear_error() -> None:
+    empty = _cli(["analyze", "-"], "")
+    assert empty.returncode == 2 and "nothing was read from standard input" in empty.stderr
+    prose = _cli(["analyze", "-"], "the loss went up, please help\n")
+    assert prose.returncode == 2 and prose.stderr.startswith("trainguard: error: <stdin>: no ")
+    assert "Traceback" not in prose.stderr and "trainguard-stdin" not in prose.stderr
