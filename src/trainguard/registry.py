@@ -256,6 +256,8 @@ for _name, _description, _severity in (
     ("batch_attention_mask", "an attention mask outside 0/1, or one that masks everything",
      "warning"),
     ("batch_outlier", "a field far above its typical magnitude in earlier batches", "warning"),
+    ("batch_labels", "every label of the batch is ignored (-100): the loss averages nothing",
+     "error"),
     ("batch_size", "batches smaller than configured: silently truncated", "warning"),
     ("batch_above_chance", "a language model's loss far above chance level on this batch",
      "warning"),
