@@ -167,9 +167,37 @@ def test_events_name_the_rank_a_non_finite_value_came_from(tmp_path) -> None:
     # and the gradient event names the rank whose own loss was non-finite
     assert by_step[4]["nonfinite_loss"] == ("loss is nan (on rank 1 only)", [1])
     assert by_step[4]["nonfinite_grad"][1] == [1]
-    assert by_step[4]["nonfinite_grad"][0].endswith("(on rank 1 only)")
+    assert by_step[4]["nonfinite_grad"][0].endswith(
+        "(after the all-reduce, on every rank; from rank 1's non-finite loss)")
     assert by_step[7]["nonfinite_loss"] == ("loss is inf (on rank 1 only)", [1])
     assert by_step[9]["nonfinite_loss"] == ("loss is nan (on every rank)", [0, 1])
+
+
+def test_a_nan_batch_on_rank_1_is_diagnosed_as_the_input_of_rank_1() -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_nan_batch_on_one_rank)
+    assert rank0["weights"] == rank1["weights"]
+    assert rank0["messages"] == rank1["messages"], "every rank hears rank 1's batch finding"
+    found = [m for m in rank0["messages"] if m[1] == "batch_nonfinite"]
+    assert [(m[0], m[3]) for m in found] == [(6, None)]
+    assert found[0][2].startswith("on rank 1: field 'x' holds 1 non-finite value")
+    grad = next(m for m in rank0["messages"] if m[1] == "nonfinite_grad")
+    assert grad[2].endswith("(after the all-reduce, on every rank; from rank 1's non-finite loss)")
+    assert grad[4] == "nonfinite", "rank 1's batch was inspected and held the NaN"
+    for rank in (rank0, rank1):
+        code, confidence, evidence = rank["diagnosis"][0]
+        assert code == "nonfinite_input" and confidence > 0.5
+        assert "on rank 1: field 'x'" in evidence[0]
+        assert not any("finite batch" in e for c in rank["diagnosis"] for e in c[2])
+
+
+def test_a_nan_loss_from_clean_batches_says_whose_batch_was_checked() -> None:
+    rank0, _ = run_ranks(scenarios.ddp_nan_batch_on_one_rank, None, 6)
+    loss = next(m for m in rank0["messages"] if m[1] == "nonfinite_loss")
+    assert loss[3] == [1] and loss[4] == "finite"
+    code, _, evidence = rank0["diagnosis"][0]
+    assert code == "numerical_op"
+    assert evidence[0] == ("the loss turned non-finite at step 6 with rank 1's batch inspected "
+                           "and finite")
 
 
 def test_ddp_loss_spike_on_one_rank_halts_every_rank_at_the_same_step(tmp_path) -> None:

@@ -15,6 +15,8 @@ elsewhere, and the replicas would part. Here:
   squared norms the all-reduce adds up.
 - `RankAgreement.check_desync` (guide §3.4.1): cheap per-parameter fingerprints of the replicated
   weights, gathered from every rank and compared; names the parameters that drifted apart.
+- `RankAgreement.gather_batches`: on a step whose agreed signals raised trouble, every rank's
+  batch findings, so that the diagnosis hears them with their rank.
 - `DistributedContext.agree_max`: for a decision a driver takes from rank-local data.
 """
 
@@ -389,6 +391,15 @@ class RankAgreement:
         if agreed[3] > 0:
             out["fp16_grad_maxabs"] = agreed[2:3]
         return out
+
+    def gather_batches(self, mine: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's facts about its own batch of this step, by rank (whether it was
+        inspected, whether it held NaN/inf, its batch events as dicts). A collective: the caller
+        runs it only on steps whose agreed signals raised trouble, the same steps on every rank.
+        Objects, not a tensor: the events' texts differ in length."""
+        gathered: list[Any] = [None] * self.context.world_size
+        dist.all_gather_object(gathered, mine)
+        return gathered
 
     # -- desync check (guide §3.4.1) -------------------------------------------------------------
     def fingerprints(self) -> torch.Tensor:

@@ -77,6 +77,9 @@ class Tag:
     """The learning rate itself changed; evidence for `lr_too_high` when trouble follows."""
     BATCH = "batch"
     """A finding of the batch inspector about the batch itself; `details["cause"]` names it."""
+    LR_CUT = "lr_cut"
+    """The recover policy cut the LR (`details["lr_factor"]`): trouble that comes back right
+    after, under the cut LR, is not the LR's doing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +227,8 @@ _kind("dead_units", "a layer that was alive has gone dead, or gives every sample
 _kind("output_collapse", "the model predicts the same class (or a collapsed output) for every "
       "input, when it did not before (sampled steps)", "warning", rank_local=True,
       tags=(Tag.COLLAPSE,),
-      votes=(CauseVote("lr_too_high", 1.5, "the predictions collapsed to one class"),
+      votes=(CauseVote("lr_too_high", 1.5, "the model's output collapsed (one class, or a "
+                                           "spread that shrank or blew up)"),
              CauseVote("dead_units", 1.0, "a collapsed output often follows dead layers"),
              CauseVote("label_problem", 0.5, "one class everywhere can be the labels' doing")))
 _kind("metric_collapse", "evaluation metrics say training went wrong: accuracy at chance, an "
@@ -256,6 +260,8 @@ for _name, _description, _severity in (
     ("batch_attention_mask", "an attention mask outside 0/1, or one that masks everything",
      "warning"),
     ("batch_outlier", "a field far above its typical magnitude in earlier batches", "warning"),
+    ("batch_labels", "every label of the batch is ignored (-100): the loss averages nothing",
+     "error"),
     ("batch_size", "batches smaller than configured: silently truncated", "warning"),
     ("batch_above_chance", "a language model's loss far above chance level on this batch",
      "warning"),
@@ -265,7 +271,8 @@ for _name, _description, _severity in (
 # raised by trainguard's own decisions and actions
 _kind("skip_limit", "too many consecutive non-finite steps: skipping cannot heal the run",
       "critical")
-_kind("rollback", "the run was rolled back to a good state", "warning")
+_kind("rollback", "the run was rolled back to a good state (and its LR cut)", "warning",
+      tags=(Tag.LR_CUT,))
 _kind("rollback_limit", "recovery gives up: too many rollbacks, or no good state to return to",
       "critical")
 _kind("rollback_failed", "restoring a good state failed", "critical")

@@ -65,7 +65,8 @@ def test_token_ids_beyond_the_embedding_table() -> None:
     assert finding.check == "batch_token_ids" and finding.cause == "tokenizer_mismatch"
     assert "32 rows" in finding.message
     assert checks(inspect_batch(foreign, model=setup.model)) == {"batch_token_ids"}, "bare ids"
-    labels = torch.full_like(ids, -100)
+    labels = ids.clone()
+    labels[:, :3] = -100  # ignored positions are no foreign ids
     assert inspect_batch({"input_ids": ids, "labels": labels}, model=setup.model) == []
     guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
     with pytest.raises(BatchError, match=r"ids from \d+ to 40, outside the embedding table"):
@@ -105,6 +106,16 @@ def test_images_far_above_their_usual_size_are_not_taken_for_8_bit_pixels() -> N
     pixels = checks(inspect_batch(images() * 255, history=history))
     assert pixels == {"batch_outlier", "batch_image_range"}
     assert checks(inspect_batch(images() * 100)) == {"batch_image_range"}
+
+
+def test_labels_that_are_all_ignored_leave_the_loss_nothing_to_average() -> None:
+    ids = torch.randint(0, 10, (2, 6))
+    [finding] = inspect_batch({"input_ids": ids, "labels": torch.full((2, 6), -100)})
+    assert finding.check == "batch_labels" and finding.cause == "empty_loss"
+    assert finding.severity == "error" and "12 labels" in finding.message
+    some = torch.full((2, 6), -100)
+    some[1, 3] = 4  # one target left: a mean over one label
+    assert inspect_batch({"input_ids": ids, "labels": some}) == []
 
 
 def test_silently_truncated_batches() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainguard.diagnose.batch import describe_batch
 from trainguard.diagnose.batch_watch import BatchWatch
 
 
@@ -37,3 +38,89 @@ def test_nonfinite_input_is_known_while_it_lasts() -> None:
     assert watch.events(bad, 4, True, None) == [] and watch.nonfinite_input  # once, still known
     watch.events({"x": torch.zeros(1, 4)}, 5, True, None)
     assert not watch.nonfinite_input
+
+
+def _x(scale: float, seed: int) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(8, 4, generator=torch.Generator().manual_seed(seed)) * scale}
+
+
+def _inspect(watch: BatchWatch, batch: dict[str, torch.Tensor], step: int, data_ids=None):
+    """A step without an event whose statistics rode the step's transfer (the pipeline measures
+    them on sampled steps and while `watch.following`)."""
+    return watch.events(batch, step, False, describe_batch(batch), data_ids=data_ids)
+
+
+def test_a_lasting_finding_is_followed_and_its_consecutive_batches_make_a_run() -> None:
+    watch = BatchWatch(nn.Linear(4, 1), expected_batch_size=None)
+    for step in range(3):  # the field's usual size
+        watch.events(_x(1.0, step), step, True, None, data_ids=step)
+    assert not watch.following
+    kinds = [e.kind for e in watch.events(_x(1e4, 3), 3, True, None, data_ids=[30, 31])]
+    assert kinds == ["batch_outlier"] and watch.following, "the next batch is inspected too"
+    for step in (4, 5):
+        assert _inspect(watch, _x(1e4, step), step, data_ids=[10 * step]) == []
+    [ongoing] = watch.run_findings()
+    assert ongoing.check == "batch_run" and ongoing.cause == "outlier_batch"
+    assert ongoing.evidence["ongoing"] and ongoing.evidence["batches"] == 3
+    _inspect(watch, _x(1.0, 6), 6, data_ids=60)  # clean again: the run ends
+    assert not watch.following
+    [run] = watch.run_findings()
+    assert not run.evidence["ongoing"]
+    assert (run.evidence["first_step"], run.evidence["last_step"]) == (3, 5)
+    assert run.evidence["data_ids"] == [30, 31, 40, 50]
+    assert run.message.startswith("3 consecutive batches (steps 3-5, data ids 30, 31, 40, 50) "
+                                  "had batch_outlier on 'x'")
+
+
+def test_two_odd_batches_or_a_gap_are_no_run() -> None:
+    watch = BatchWatch(nn.Linear(4, 1), expected_batch_size=None)
+    for step in range(3):
+        watch.events(_x(1.0, step), step, True, None)
+    for step in (3, 4, 6):  # step 5 was not inspected (no batch given)
+        watch.events(_x(1e4, step), step, True, None)
+    assert watch.run_findings() == []
+
+
+def test_consecutive_batch_indices_read_as_a_range() -> None:
+    watch = BatchWatch(nn.Linear(4, 1), expected_batch_size=None)
+    for step in range(3):
+        watch.events(_x(1.0, step), step, True, None, data_ids=step)
+    for step in range(100, 110):
+        _inspect(watch, _x(1e4, step), step, data_ids=step)
+    _inspect(watch, _x(1.0, 110), 110, data_ids=110)
+    [run] = watch.run_findings()
+    assert "(steps 100-109, data ids 100-109)" in run.message
+
+
+def test_the_guard_follows_a_bad_shard_in_the_step_transfer_and_names_it() -> None:
+    from torch.nn import functional as F
+
+    from trainguard import Guard, GuardConfig
+    from trainguard.transfer import transfer_count
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False,
+                                                       sample_every=10))
+    transfers = {}
+    for step in range(60):
+        x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step))
+        y = x.sum(1, keepdim=True)
+        if 40 <= step < 50:  # a shard of raw, unscaled values
+            x = x * 1e4
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        before = transfer_count()
+        report = guard.step(loss, batch={"x": x, "y": y})
+        transfers[step] = (transfer_count() - before, bool(report.events))
+        optimizer.zero_grad(set_to_none=True)
+    # the shard's batches after the first were inspected without an event, in the one transfer
+    assert [s for s in range(40, 50) if transfers[s] == (1, False)] == list(range(41, 50))
+    [run] = guard.run.batches.run_findings()
+    assert (run.evidence["first_step"], run.evidence["last_step"]) == (40, 49)
+    ranked = guard.diagnose()
+    assert ranked[0].code == "outlier_batch"
+    assert "(steps 40-49, data ids 40-49)" in ranked[0].evidence[0]
+    guard.close()
+    assert any(f.check == "batch_run" for f in guard.findings), "recorded with the findings"

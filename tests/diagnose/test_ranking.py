@@ -196,3 +196,89 @@ def test_one_unnormalised_image_batch_is_diagnosed_as_input_scale(sample_every: 
     guard.close()
     assert ranked[0].code == "input_scale", [str(c) for c in ranked]
     assert "outlier_batch" not in codes(ranked)
+
+
+# -- the data against the learning rate ------------------------------------------------------------
+def data_event(kind: str, step: int, cause: str, severity: str = "warning",
+                field: str = "x") -> Event:
+    return Event(kind=kind, step=step, severity=severity, message=f"{kind} on {field}",
+                 param=field, details={"cause": cause, "field": field})
+
+
+def bad_run(first: int, last: int, *, ongoing: bool = False,
+            finding: str = "batch_outlier", cause: str = "outlier_batch") -> Finding:
+    return Finding("batch_run", "warning",
+                   f"{last - first + 1} consecutive batches (steps {first}-{last}, data ids "
+                   f"{first}-{last}) had {finding} on 'x'", "drop the shard", cause=cause,
+                   evidence={"finding": finding, "field": "x", "first_step": first,
+                             "last_step": last, "batches": last - first + 1,
+                             "data_ids": list(range(first, last + 1)), "ongoing": ongoing})
+
+
+def blow_up(at: int) -> list[Event]:
+    """A huge batch's explosion, the output that blew up after it and the climb it left."""
+    return [event("grad_explosion", at), event("loss_spike", at, "warning"),
+            data_event("batch_outlier", at, "outlier_batch"),
+            Event("output_collapse", at + 1, "warning", "the model's output exploded",
+                  details={"how": "exploded"}),
+            event("loss_divergence", at + 13)]
+
+
+def test_without_a_run_of_bad_batches_a_lasting_blow_up_reads_as_the_lr() -> None:
+    assert codes(rank_causes(blow_up(100)))[0] == "lr_too_high"
+
+
+def test_a_bad_shard_is_the_data_and_names_its_batches() -> None:
+    ranked = rank_causes(blow_up(100), [bad_run(100, 109)])
+    assert codes(ranked)[0] == "outlier_batch" and ranked[0].confidence > 0.5
+    assert "steps 100-109, data ids 100-109" in ranked[0].evidence[0]
+    lr = next(c for c in ranked if c.code == "lr_too_high")
+    assert lr.evidence[0] == "weighed down: the trouble began with a run of bad batches"
+
+
+def test_inputs_that_stay_far_above_their_size_are_a_change_of_scale() -> None:
+    ranked = rank_causes(blow_up(100), [bad_run(100, 299, ongoing=True)])
+    assert codes(ranked)[0] == "input_scale"
+    assert "lr_too_high" not in codes(ranked)[:1]
+
+
+def test_a_run_of_bad_batches_after_the_trouble_began_does_not_clear_the_lr() -> None:
+    events = [event("loss_spike", 50, "warning"), event("loss_divergence", 70), *blow_up(100)]
+    ranked = rank_causes(events, [bad_run(100, 109)])
+    lr = next(c for c in ranked if c.code == "lr_too_high")
+    assert not any(e.startswith("weighed down") for e in lr.evidence)
+
+
+def test_trouble_that_outlasts_a_cut_lr_is_not_the_lr() -> None:
+    events = blow_up(100)
+    for cut, factor in ((110, 0.05), (121, 0.0005)):
+        events += [Event("rollback", cut, "warning", "rolled back", details={"lr_factor": factor}),
+                   event("grad_explosion", cut + 1), event("loss_spike", cut + 1, "warning")]
+    ranked = rank_causes(events)
+    assert codes(ranked)[0] == "outlier_batch"
+    assert any("again after the LR was cut x0.05 at step 110" in e for e in ranked[0].evidence)
+    # a cut that was not far enough says nothing
+    mild = [*blow_up(100), Event("rollback", 110, "warning", "rolled back",
+                                 details={"lr_factor": 0.5}), event("grad_explosion", 111)]
+    assert codes(rank_causes(mild))[0] == "lr_too_high"
+
+
+def test_a_nan_loss_with_every_label_ignored_is_the_labels() -> None:
+    events = [event("nonfinite_loss", 120, batch="finite"),
+              data_event("batch_labels", 120, "empty_loss", "error", "labels")]
+    ranked = rank_causes(events)
+    assert codes(ranked)[0] == "empty_loss" and ranked[0].confidence > 0.9
+    assert "numerical_op" not in codes(ranked)
+
+
+def test_a_finite_batch_is_claimed_only_when_it_was_inspected() -> None:
+    [unknown] = [c for c in rank_causes([event("nonfinite_loss", 60)])
+                 if c.code == "numerical_op"]
+    assert unknown.evidence == ["the loss turned non-finite at step 60 (its batch was not "
+                                "inspected)"]
+    [checked] = [c for c in rank_causes([event("nonfinite_loss", 60, batch="finite")])
+                 if c.code == "numerical_op"]
+    assert checked.evidence == ["the loss turned non-finite at step 60 with its batch "
+                                "inspected and finite"]
+    on_rank = rank_causes([event("nonfinite_loss", 60, batch="finite", ranks=[1])])
+    assert on_rank[0].evidence[0].endswith("with rank 1's batch inspected and finite")

@@ -78,6 +78,31 @@ def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, 
                         str(guard.run.dist.device), guard.run.dist.is_main)}
 
 
+def ddp_nan_batch_on_one_rank(rank: int, world: int, batch_from: int | None = 6,
+                              loss_from: int | None = None) -> dict[str, Any]:
+    """Rank 1 alone: a NaN in its batch at step `batch_from`, or a NaN loss from a clean batch
+    at step `loss_from`. Every rank hands its batch to the Guard."""
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    messages = []
+    for step in range(12):
+        x, y = regression_batch(rank, step)
+        if rank == 1 and step == batch_from:
+            x[3, 2] = math.nan
+        loss = F.mse_loss(model(x), y)
+        if rank == 1 and step == loss_from:
+            loss = loss * math.nan  # a fault of the computation (the batch is clean)
+        loss.backward()
+        report = guard.step(loss, batch={"x": x, "y": y})
+        optimizer.zero_grad(set_to_none=True)
+        messages.extend((e.step, e.kind, e.message, e.details.get("ranks"),
+                         e.details.get("batch")) for e in report.events)
+    diagnosis = [(c.code, c.confidence, c.evidence) for c in guard.diagnose()]
+    guard.close()
+    return {"messages": messages, "diagnosis": diagnosis, "weights": flat_weights(model)}
+
+
 def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int,
                           snapshot_dir: str) -> dict[str, Any]:
     """Rank 1 alone gets an outlier batch (targets 40x) at `spike_step`, under the halt policy.

@@ -27,6 +27,11 @@ Scenarios:
                             so that count is 0 and the loss is 0/0 = NaN, whose NaN gradients
                             poison every weight of an unprotected run. A single bad step:
                             skipping it saves the run.
+    lstm_labels_ignored     (§3.2) the SGD run fed Hugging Face style: `input_ids` and `labels`
+                            with -100 on padding, and the library's mean cross-entropy over the
+                            labels not ignored. At the onset step a prompt-masking bug marks every
+                            label of the batch -100: the mean over nothing is NaN. One bad batch:
+                            skipping it saves the run.
     lstm_lr_spike           (§3.1) the SGD run with a misconfigured schedule restart: for 3
                             scheduler steps from step 100 the LR is 50x, then back to 1.0. The
                             spiked updates throw the weights as in lstm_lr_too_high_x50, with
@@ -39,7 +44,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -74,6 +79,8 @@ PRETRAIN_STEPS = 150
 PRETRAIN_LR = 1e-2
 
 NUMERICAL_ONSET = 120
+LABELS_IGNORED_ONSET = 120
+IGNORE_INDEX = -100
 LR_SPIKE_ONSET = 100
 LR_SPIKE_FACTOR = 50.0
 LR_SPIKE_STEPS = 3
@@ -151,6 +158,22 @@ def token_average_loss(model: nn.Module, batch: Batch, step: int) -> torch.Tenso
     return (per_token * real.reshape(-1)).sum() / real.sum()
 
 
+def labelled(batch: Batch) -> dict[str, torch.Tensor]:
+    """The batch as a Hugging Face collator gives it: inputs, and the next tokens as labels with
+    padding ignored (-100)."""
+    targets = batch["tokens"][:, 1:]
+    return {"input_ids": batch["tokens"][:, :-1],
+            "labels": targets.masked_fill(targets == PAD, IGNORE_INDEX)}
+
+
+def label_mean_loss(model: nn.Module, batch: dict[str, torch.Tensor],
+                    step: int) -> torch.Tensor:
+    """The library's cross-entropy: the mean over the labels that are not ignored (NaN when
+    every label is)."""
+    logits = model(batch["input_ids"])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), batch["labels"].reshape(-1),
+                           ignore_index=IGNORE_INDEX)
+
 
 def _pretrain(model: nn.Module) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=PRETRAIN_LR)
@@ -195,8 +218,9 @@ def lr_spike(optimizer: torch.optim.Optimizer, at: int) -> torch.optim.lr_schedu
 
 def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, layers: int = 1,
              hidden: int = 64, batch_size: int = BATCH, warmup: int = 0, cosine: bool = False,
-             empty_batch_at: int | None = None,
-             lr_spike_at: int | None = None) -> Callable[[int], Workload]:
+             empty_batch_at: int | None = None, lr_spike_at: int | None = None,
+             labels_ignored_at: int | None = None,
+             hf_labels: bool = False) -> Callable[[int], Workload]:
     def build(seed: int) -> Workload:
         model = _base_model(layers, hidden)
         model.train()
@@ -208,12 +232,18 @@ def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, lay
         held_out = [documents(transition, 64, _generator(seed, _STREAM_EVAL, i))
                     for i in range(2)]
 
-        def batch(step: int, micro: int) -> Batch:
+        def plain(step: int, micro: int) -> Batch:
             generator = _generator(seed, _STREAM_TRAIN, step, micro)
             if step == empty_batch_at:  # only one-token documents: no next-token target at all
                 return documents(transition, batch_size, generator,
                                  lengths=torch.ones(batch_size, dtype=torch.long))
             return documents(transition, batch_size, generator)
+
+        def with_labels(step: int, micro: int) -> dict[str, torch.Tensor]:
+            data = labelled(plain(step, micro))
+            if step == labels_ignored_at:  # the whole document taken for the prompt
+                data["labels"] = torch.full_like(data["labels"], IGNORE_INDEX)
+            return data
 
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if cosine:
@@ -221,7 +251,8 @@ def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, lay
         elif lr_spike_at is not None:
             scheduler = lr_spike(opt, lr_spike_at)
         return Workload(
-            model=model, optimizer=opt, batch=batch, loss=token_average_loss,
+            model=model, optimizer=opt, batch=with_labels if hf_labels else plain,
+            loss=label_mean_loss if hf_labels else token_average_loss,
             evaluate=lambda m: lm_eval(m, held_out, token_average_loss),
             scheduler=scheduler, batch_size=batch_size,
             notes={"optimizer": optimizer, "lr": lr, "layers": layers, "hidden": hidden})
@@ -235,6 +266,7 @@ BASELINES: dict[str, str] = {
     "lstm_lr_too_high_x100": "lstm_healthy_sgd",
     "lstm_numerical_op": "lstm_healthy_sgd",
     "lstm_lr_spike": "lstm_healthy_sgd",
+    "lstm_labels_ignored": "lstm_healthy_sgd",
 }
 """The healthy scenario of the same model and precision that each faulty one is measured
 against (its final eval loss under no protection is the reference)."""
@@ -243,7 +275,7 @@ against (its final eval loss under no protection is the reference)."""
 def scenarios() -> list[Scenario]:
     sgd = f"plain SGD, constant LR, no clipping; sane LR {SGD_SANE_LR:g}"
 
-    def sgd_at(multiple: float, **fault: int) -> Callable[[int], Workload]:
+    def sgd_at(multiple: float, **fault: Any) -> Callable[[int], Workload]:
         return _builder(STEPS, lr=SGD_SANE_LR * multiple, **fault)
 
     spike = (f"from step {LR_SPIKE_ONSET} the LR is {LR_SPIKE_FACTOR:g}x for {LR_SPIKE_STEPS} "
@@ -269,6 +301,13 @@ def scenarios() -> list[Scenario]:
                  description="token-averaged loss divides by the target count, which is 0 for a "
                              f"batch of one-token documents at step {NUMERICAL_ONSET} (0/0 = NaN);"
                              f" {sgd}"),
+        Scenario("lstm_labels_ignored", FAMILY,
+                 sgd_at(1, hf_labels=True, labels_ignored_at=LABELS_IGNORED_ONSET), STEPS,
+                 cause="empty_loss", onset_step=LABELS_IGNORED_ONSET, sudden=True,
+                 recoverable=True,
+                 description="input_ids and labels (-100 on padding), mean cross-entropy over "
+                             f"the labels kept; every label of the batch at step "
+                             f"{LABELS_IGNORED_ONSET} is -100 (NaN); {sgd}"),
         Scenario("lstm_lr_spike", FAMILY, sgd_at(1, lr_spike_at=LR_SPIKE_ONSET), STEPS,
                  cause="lr_too_high", onset_step=LR_SPIKE_ONSET, sudden=True, recoverable=True,
                  description=f"a misconfigured schedule restart: {spike}; {sgd}"),

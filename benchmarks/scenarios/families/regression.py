@@ -11,6 +11,11 @@ Scenarios:
     regression_healthy_student_t   the heavy-tailed healthy run.
     regression_outlier_batch       the same run where one batch at step 200 comes from a source
                                    with inputs 1000x larger (a unit bug in one shard, §3.2).
+    regression_input_scale_drift   (§3.2) from step 100 on, every batch comes from a source whose
+                                   inputs are 1e4x larger (a pipeline that changed its units
+                                   mid-run): the fault lasts, whatever the LR.
+    regression_bad_shard           (§3.2) the 10 batches from step 100 come from one shard whose
+                                   inputs are 1e4x larger, then the data are clean again.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ LR = 1e-3
 DEGREES_OF_FREEDOM = 3.0
 ONSET_STEP = 200
 OUTLIER_SCALE = 1000.0
+DRIFT_STEP = 100
+"""Onset of the lasting scale change and of the bad shard."""
+DRIFT_SCALE = 1e4
+SHARD_BATCHES = 10
 EVAL_BATCHES = 8
 
 _TRAIN_STREAM, _EVAL_STREAM, _TASK_STREAM = 0, 1, 2
@@ -43,6 +52,10 @@ def _generator(seed: int, stream: int, step: int) -> torch.Generator:
 @dataclass(frozen=True)
 class Recipe:
     outlier_at: int | None = None
+    scaled_from: int | None = None
+    """Batches from this step on have inputs DRIFT_SCALE times larger..."""
+    scaled_batches: int | None = None
+    """...for this many batches (None: to the end of the run)."""
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -68,6 +81,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
         data = sample(_generator(seed, _TRAIN_STREAM, step))
         if step == recipe.outlier_at:
             data = {"x": data["x"] * OUTLIER_SCALE, "y": data["y"]}
+        if _scaled(recipe, step):
+            data = {"x": data["x"] * DRIFT_SCALE, "y": data["y"]}
         return data
 
     def loss(model: nn.Module, data: dict[str, torch.Tensor], step: int) -> torch.Tensor:
@@ -84,7 +99,16 @@ def build(seed: int, recipe: Recipe) -> Workload:
                     evaluate=evaluate, batch_size=BATCH_SIZE)
 
 
-BASELINES: dict[str, str] = {"regression_outlier_batch": "regression_healthy_student_t"}
+def _scaled(recipe: Recipe, step: int) -> bool:
+    start = recipe.scaled_from
+    if start is None or step < start:
+        return False
+    return recipe.scaled_batches is None or step < start + recipe.scaled_batches
+
+
+BASELINES: dict[str, str] = {"regression_outlier_batch": "regression_healthy_student_t",
+                             "regression_input_scale_drift": "regression_healthy_student_t",
+                             "regression_bad_shard": "regression_healthy_student_t"}
 
 
 def scenarios() -> list[Scenario]:
@@ -97,4 +121,15 @@ def scenarios() -> list[Scenario]:
                  cause="outlier_batch", onset_step=ONSET_STEP, sudden=True, recoverable=True,
                  description=f"the heavy-tailed run with one batch at step {ONSET_STEP} whose "
                              f"inputs are {OUTLIER_SCALE:g}x larger"),
+        Scenario("regression_input_scale_drift", FAMILY,
+                 partial(build, recipe=Recipe(scaled_from=DRIFT_STEP)), STEPS,
+                 cause="input_scale", onset_step=DRIFT_STEP, sudden=True, recoverable=False,
+                 description=f"from step {DRIFT_STEP} on every batch's inputs are "
+                             f"{DRIFT_SCALE:g}x larger (the units changed mid-run)"),
+        Scenario("regression_bad_shard", FAMILY,
+                 partial(build, recipe=Recipe(scaled_from=DRIFT_STEP,
+                                              scaled_batches=SHARD_BATCHES)), STEPS,
+                 cause="outlier_batch", onset_step=DRIFT_STEP, sudden=True, recoverable=True,
+                 description=f"the {SHARD_BATCHES} batches from step {DRIFT_STEP} come from a "
+                             f"shard whose inputs are {DRIFT_SCALE:g}x larger"),
     ]

@@ -3,9 +3,10 @@
 `describe_batch` summarises every tensor field (shape, dtype, range, mean/std, non-finite counts)
 with one transfer; `inspect_batch` turns that summary into findings: non-finite inputs, images
 outside the expected normalisation range, token ids outside the embedding table, attention masks
-that are not 0/1 or empty, a batch smaller than configured (silent truncation), and, given the
-running statistics of earlier batches (`BatchHistory`), fields far outside their usual range.
-Meant for the first batch and for anomalous steps, not for every step.
+that are not 0/1 or empty, labels that are all ignored (-100: the loss's mean is 0/0), a batch
+smaller than configured (silent truncation), and, given the running statistics of earlier batches
+(`BatchHistory`), fields far outside their usual range. Meant for the first batch and for
+anomalous steps, not for every step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from trainguard.diagnose.finding import Finding
 from trainguard.transfer import to_host
 
 TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_type_ids")
+LABEL_FIELDS = ("labels",)
+IGNORE_INDEX = -100
+"""The label cross-entropy (PyTorch's and the Hugging Face models') leaves out of its mean."""
 MASK_FIELDS = ("attention_mask",)
 OUTLIER_RATIO = 50.0
 """A field whose max |x| is this many times its running typical value is an outlier batch."""
@@ -204,6 +208,14 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
                     "vocabulary.", "use the tokenizer the model was trained with; resize the "
                     "embeddings only if tokens were really added.", cause="tokenizer_mismatch",
                     evidence={"field": s.name, "min": s.min, "max": s.max, "vocab": vocab}))
+        if base in LABEL_FIELDS and not s.is_float and s.min == s.max == IGNORE_INDEX:
+            findings.append(Finding(
+                "batch_labels", "error",
+                f"every one of the {s.numel} labels in '{s.name}' is {IGNORE_INDEX} (ignored): "
+                "the loss has nothing to average, and a mean over nothing is NaN.",
+                "check the label masking (a prompt mask or a truncation that left no answer "
+                "token); drop batches without a single target.", cause="empty_loss",
+                evidence={"field": s.name, "labels": s.numel}))
         if base in MASK_FIELDS:
             if s.min < 0 or s.max > 1:
                 findings.append(Finding(

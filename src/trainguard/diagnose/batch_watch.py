@@ -1,8 +1,11 @@
 """`BatchWatch`: the batch inspector run along training, with its memory of earlier batches.
 
 Cheap checks (the batch size, from shapes alone) run every step. The full inspection runs on the
-first step, on sampled steps (its statistics then travel inside the step's one transfer) and on
-any step with an event. Each finding is reported once, until it goes away.
+first step, on sampled steps (its statistics then travel inside the step's one transfer), on any
+step with an event, and on every step while the last inspected batch had a finding (`following`:
+the statistics again ride the step's transfer), so that a fault that lasts is seen batch by
+batch. Each finding is reported once, until it goes away; consecutive batches with the same
+finding make a run (`data_runs`): a bad shard, or a data source that changed for good.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from trainguard.diagnose.batch import (
     describe_batch,
     inspect_batch,
 )
+from trainguard.diagnose.data_runs import RunTracker
 from trainguard.diagnose.finding import Finding
 from trainguard.events import Event
 
 log = logging.getLogger("trainguard")
-
 
 class BatchWatch:
     def __init__(self, model: nn.Module, expected_batch_size: int | None) -> None:
@@ -36,9 +39,22 @@ class BatchWatch:
         self._short_steps = 0
         self._history = BatchHistory()
         self._active: set[str] = set()
+        self._runs = RunTracker()
         self.nonfinite_input = False
         """The last inspected batch holds NaN/inf (reported once as an event, true as long as
         batches do)."""
+        self.inspected = False
+        """Whether this step's batch was inspected in full."""
+
+    @property
+    def following(self) -> bool:
+        """The last inspected batch had a finding: inspect the next one too, to see whether the
+        fault lasts (its statistics ride the next step's transfer)."""
+        return bool(self._active)
+
+    def run_findings(self) -> list[Finding]:
+        """The runs of consecutive batches with the same finding (`data_runs`), as findings."""
+        return self._runs.findings()
 
     def stats_on_device(self, batch: Any) -> BatchStatsOnDevice | None:
         """Per-field statistics computed on the device, to travel with the step's transfer."""
@@ -50,13 +66,15 @@ class BatchWatch:
         return stats if stats.tensor is not None else None
 
     def events(self, batch: Any, step: int, fired: bool, stats: list[FieldStats] | None,
-               loss: float | None = None, level: float | None = None) -> list[Event]:
+               loss: float | None = None, level: float | None = None,
+               data_ids: Any = None) -> list[Event]:
         """The batch events of one step (never raises). `level`: on a loss spike, the typical
         loss before it. A language model that was well below chance level (it understood the
         data) and jumps far above it on this batch is one too: the batch means nothing to the
         model. A fresh model sits at chance and a damaged one above it: neither is reported."""
         events: list[Event] = []
         self.nonfinite_input = False
+        self.inspected = False
         try:
             truncated = self._size_event(batch, step)
             if truncated is not None:
@@ -74,9 +92,11 @@ class BatchWatch:
                     and level * CHANCE_FACTOR < above.evidence["chance"]):
                 findings.append(above)
             current = {f.check for f in findings}
+            self.inspected = True
             self.nonfinite_input = "batch_nonfinite" in current
             events.extend(finding_event(f, step) for f in findings if f.check not in self._active)
             self._active = current
+            self._runs.observe(findings, step, data_ids)
             if not findings:
                 self._history.update(stats)
         except Exception as exc:  # inspection is advisory; never stop training for it

@@ -51,6 +51,10 @@ _ALL = (
     Cause("label_problem", "Wrong or shuffled labels", "3.2",
           "Check the label pipeline: the mapping of classes to ids, shuffling of inputs without "
           "their labels, and the evaluation set's labels."),
+    Cause("empty_loss", "Nothing for the loss to average: every label of a batch ignored", "3.2",
+          "Check the label masking (a prompt mask or a truncation that left no answer token, "
+          "labels all -100); drop batches without a single target, or divide by "
+          "max(count, 1)."),
     Cause("no_gradients", "Nothing trains: no gradients reach the weights", "3.4",
           "Call loss.backward() on the loss itself before the optimizer step; check that the "
           "parameters to train have requires_grad=True and the loss is not detached."),

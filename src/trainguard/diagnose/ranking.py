@@ -36,6 +36,27 @@ GENERIC_BATCH_CAUSE = "outlier_batch"
 A batch finding of the same step naming a cause of its own (images in [0, 255]: `input_scale`;
 NaN: `nonfinite_input`...) says what was wrong with that batch, and takes the generic
 explanation's weight: the same symptom is explained once, by the more specific finding."""
+NONFINITE_BATCH_CAUSES = frozenset({"nonfinite_input", "empty_loss"})
+"""Batch causes that explain a non-finite loss by themselves (NaN in the batch, nothing to
+average): with one of them found, no unsafe operation is needed to explain it."""
+RUN_CHECK = "batch_run"
+"""The finding of consecutive batches with the same fault (`diagnose.batch_watch`)."""
+RUN_WEIGHT = 6.0
+"""As strong as an LR change: the data were seen wrong batch after batch while the trouble went
+on, which no learning rate explains."""
+RUN_GRACE = 20
+"""Trouble up to this many steps after a run of bad batches ended is still that run's doing (a
+divergence is confirmed tens of steps later)."""
+LASTING_RUN = 20
+"""An outlier field that stays far above its earlier size for this many batches, up to the last
+one inspected, is no outlier: the data's scale changed (`input_scale`)."""
+LR_CUT = 0.1
+"""Trouble that comes back while the recover policy holds the LR at this share or less..."""
+RECUR_WINDOW = 10
+"""...within this many steps of the cut (the LR still near its cut value) is not the LR's."""
+DATA_DISCOUNT = 0.25
+"""What is left of the LR's votes when the data explain the trouble: a bad run of batches from
+the start of the trouble on, or trouble that outlasted a cut LR."""
 
 
 @dataclass
@@ -90,11 +111,24 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     early = first_step < EARLY_STEPS
 
     lr_kinds = kinds_tagged(Tag.LR)
+    lr_changed = False
     for change in (e for e in events if e.kind in lr_kinds):
         after = [e for e in serious if change.step <= e.step <= change.step + LR_CHANGE_WINDOW]
         if after:
+            lr_changed = True
             votes.add("lr_too_high", LR_CHANGE_WEIGHT,
                       f"{change.message}; then {after[0].kind} at step {after[0].step}")
+
+    batch_kinds = kinds_tagged(Tag.BATCH)
+    runs = [f for f in findings if f.check == RUN_CHECK]
+    findings = [f for f in findings if f.check != RUN_CHECK]
+    symptoms = [e for e in serious if e.kind not in batch_kinds and event_kind(e.kind).tags
+                and e.kind not in kinds_tagged(Tag.LR_CUT)]
+    data_runs = _bad_runs(votes, runs, symptoms)
+    against_lr = ""
+    if data_runs and symptoms and min(e.step for e in symptoms) >= min(
+            r.evidence["first_step"] for r, _ in data_runs):
+        against_lr = "the trouble began with a run of bad batches"
 
     instability = kinds & kinds_tagged(Tag.INSTABILITY)
     for f in findings:
@@ -104,13 +138,14 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         votes.add(f.cause, weight, f.message, f.fix)
     no_warmup = any(f.cause == "missing_warmup" for f in findings)
 
-    batch_kinds = kinds_tagged(Tag.BATCH)
     batch_causes = set()
     specific = _specific_batch_findings(serious, batch_kinds)
     for e in serious:
         cause = e.details.get("cause") if e.kind in batch_kinds else None
         if cause:
             batch_causes.add(cause)
+            if any(_in_run(e, r) for r, _ in data_runs):
+                continue  # the first batch of a run: the run votes for it
             # a normalisation mismatch shows from the first batch; later it is one odd batch
             weight = (BATCH_FINDING_WEIGHT if cause != "input_scale" or e.step == 0 else 1.0)
             why = f"step {e.step}: {_message(e)}"
@@ -124,7 +159,7 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
 
     nonfinite = kinds & kinds_tagged(Tag.NONFINITE)
     overflow = kinds & kinds_tagged(Tag.OVERFLOW)
-    if nonfinite and "nonfinite_input" not in batch_causes:
+    if nonfinite and not batch_causes & NONFINITE_BATCH_CAUSES:
         replayed = next((e.details.get("replay") for e in serious if e.details.get("replay")),
                         None)
         if overflow:
@@ -134,8 +169,8 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         else:
             where = (f" (replay: first non-finite output in {replayed['first_nonfinite_module']})"
                      if replayed and replayed.get("first_nonfinite_module") else "")
-            votes.add("numerical_op", 2.0, f"the loss turned non-finite at step {first_step} "
-                      f"with a finite batch{where}")
+            votes.add("numerical_op", 2.0, _nonfinite_batch_evidence(
+                [e for e in serious if e.kind in nonfinite]) + where)
             votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)")
     for entry in event_kinds():  # votes a kind casts once whenever it appears
         if entry.name in kinds:
@@ -206,11 +241,82 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         else:
             votes.add("lr_too_high", 1.0, f"step {e.step}: repeated {e.kind}")
 
+    outlasted = _outlasted_lr_cut(events, symptoms)
+    if outlasted:
+        data = (sorted({c for _, c in data_runs}) or sorted(batch_causes)
+                or [GENERIC_BATCH_CAUSE])
+        for code in data:
+            votes.add(code, 2.0 / len(data), outlasted)
+        against_lr = against_lr or outlasted
+    if against_lr and not lr_changed:
+        for code in ("lr_too_high", "missing_warmup"):
+            if code in votes.score:
+                votes.score[code] *= DATA_DISCOUNT
+                votes.evidence[code].insert(0, f"weighed down: {against_lr}")
+
     total = sum(votes.score.values()) or 1.0
     ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
     return [RankedCause(code=code, confidence=score / total, score=score,
                         evidence=votes.evidence[code],
                         fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]
+
+
+def _bad_runs(votes: _Votes, runs: list[Finding],
+              symptoms: list[Event]) -> list[tuple[Finding, str]]:
+    """Runs of consecutive bad batches during which (or soon after which) the trouble showed:
+    each votes for the data. An outlier field that lasts to the last batch inspected is a change
+    of the data's scale rather than outliers."""
+    out = []
+    for run in runs:
+        first, last = run.evidence["first_step"], run.evidence["last_step"]
+        during = [e for e in symptoms if first <= e.step <= last + RUN_GRACE]
+        if not during or run.cause not in CAUSES:
+            continue
+        cause = run.cause
+        if (cause == GENERIC_BATCH_CAUSE and run.evidence.get("ongoing")
+                and run.evidence["batches"] >= LASTING_RUN):
+            cause = "input_scale"
+        votes.add(cause, RUN_WEIGHT, f"{run.message}; {during[0].kind} at step {during[0].step}"
+                  + (" while they lasted" if during[0].step <= last else " after them"))
+        out.append((run, cause))
+    return out
+
+
+def _in_run(event: Event, run: Finding) -> bool:
+    """Whether a batch event is one of the batches of a run (its finding, its field)."""
+    return (event.kind == run.evidence["finding"] and event.param == run.evidence.get("field")
+            and run.evidence["first_step"] <= event.step <= run.evidence["last_step"])
+
+
+def _outlasted_lr_cut(events: list[Event], symptoms: list[Event]) -> str:
+    """Evidence that the trouble came back right after the recover policy cut the LR far down
+    ("" when it did not): an LR too high would have stopped."""
+    cut_kinds = kinds_tagged(Tag.LR_CUT)
+    again_kinds = kinds_tagged(Tag.JUMP) | kinds_tagged(Tag.NONFINITE)
+    for cut in (e for e in events if e.kind in cut_kinds):
+        factor = cut.details.get("lr_factor")
+        if not isinstance(factor, (int, float)) or not 0 <= factor <= LR_CUT:
+            continue
+        again = next((e for e in symptoms if e.kind in again_kinds
+                      and cut.step < e.step <= cut.step + RECUR_WINDOW), None)
+        if again is not None:
+            return (f"step {again.step}: {again.kind} again after the LR was cut x{factor:g} "
+                    f"at step {cut.step}: the LR was not what broke it")
+    return ""
+
+
+def _nonfinite_batch_evidence(nonfinite: list[Event]) -> str:
+    """What is known of the batch of a non-finite step: a finite batch only when it was
+    inspected on the rank(s) that went bad."""
+    checked = next((e for e in nonfinite if e.details.get("batch") == "finite"), None)
+    if checked is not None:
+        ranks = checked.details.get("ranks")
+        whose = (" and ".join(f"rank {r}'s" for r in ranks) + " batch" if ranks
+                 else "its batch")
+        return (f"the loss turned non-finite at step {checked.step} with {whose} inspected "
+                "and finite")
+    first = nonfinite[0]
+    return f"the loss turned non-finite at step {first.step} (its batch was not inspected)"
 
 
 def _message(event: Event) -> str:

@@ -1,15 +1,18 @@
 """Stage 2, `detect`: every source of events, before anything is decided.
 
 In order: the detectors on the step's signals; the first-loss check (a finding); the batch
-inspector, which reads the detectors' events (a batch is inspected in full after an anomaly); and,
-under torch.distributed, the desync check of the replicas' weights (a collective every rank runs at
-the same step). A detector that fails is logged and left out; the step goes on.
+inspector, which reads the detectors' events (a batch is inspected in full after an anomaly); what
+the batch says about a non-finite step (`details["batch"]`: "finite" or "nonfinite" only when the
+batch of the rank that went bad was inspected); and, under torch.distributed, the ranks' batch
+findings gathered on a step of agreed trouble, the ranks named on the events, and the desync check
+of the replicas' weights (collectives every rank runs at the same step). A detector that fails is
+logged and left out; the step goes on.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +21,7 @@ from trainguard.distributed import RankView, describe_ranks
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.measure import BATCH_KEY
+from trainguard.registry import Tag, kinds_tagged
 from trainguard.signals import StepSignals
 
 if TYPE_CHECKING:
@@ -28,6 +32,11 @@ log = logging.getLogger("trainguard")
 
 OUTLIER_RATIO = 3.0
 """A rank whose own loss is this many times the others' median is where a spike came from."""
+AGREED_TROUBLE = (Tag.NONFINITE, Tag.JUMP, Tag.START)
+"""Families of events raised from the agreed step signals (loss, gradient norms) alone: every
+rank raises them alike, so a collective may depend on them."""
+BatchFacts = list[dict[str, Any]]
+"""Per rank: {"inspected": bool, "nonfinite": bool, "events": [batch events as dicts]}."""
 
 
 def run_detectors(detectors: list[Detector], signals: StepSignals, *,
@@ -59,25 +68,58 @@ class Detect:
         for event in run_detectors(run.state.detectors, signals):
             ctx.raise_event(event)
         ctx.fired = bool(ctx.events)
+        run.batches.nonfinite_input = run.batches.inspected = False
+        batch_events: list[Event] = []
         if ctx.batch is not None and run.config.inspect_batches:
-            self._inspect_batch(ctx, signals)
+            batch_events = self._inspect_batch(ctx, signals)
         if run.ranks is not None and signals.ranks is not None:
-            name_ranks(ctx.events, signals.ranks)
+            facts = (self._gather_batches(ctx, batch_events)
+                     if run.config.inspect_batches and _agreed_trouble(ctx.events) else None)
+            name_ranks(ctx.events, signals.ranks, facts)
             if not run.ranks.replicas_agree(ctx.step, signals.ranks):
                 self._check_desync(ctx)
+        else:
+            note_batch(ctx.events, [{"inspected": run.batches.inspected,
+                                     "nonfinite": run.batches.nonfinite_input}])
 
-    def _inspect_batch(self, ctx: StepContext, signals: StepSignals) -> None:
+    def _inspect_batch(self, ctx: StepContext, signals: StepSignals) -> list[Event]:
         run = self.run
-        run.batches.nonfinite_input = False
         if ctx.step == 0:
             self._check_first_loss(ctx, signals.loss)
         known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
                  else None)
         spike = next((e for e in ctx.events if e.kind == "loss_spike"), None)
-        for event in run.batches.events(
-                ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
-                level=spike.details.get("baseline") if spike is not None else None):
+        events = run.batches.events(
+            ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
+            level=spike.details.get("baseline") if spike is not None else None,
+            data_ids=ctx.data_ids)
+        for event in events:
             ctx.raise_event(event)
+        return events
+
+    def _gather_batches(self, ctx: StepContext, mine: list[Event]) -> BatchFacts | None:
+        """Every rank's batch facts of a troubled step, and its batch events into this step's
+        events, each naming its rank, in rank order (every rank then holds the same list). They
+        stay rank-local kinds: no decision reads them."""
+        run = self.run
+        assert run.ranks is not None and run.dist is not None
+        own = {"inspected": run.batches.inspected, "nonfinite": run.batches.nonfinite_input,
+               "events": [e.to_dict() for e in mine]}
+        try:
+            facts: BatchFacts = run.ranks.gather_batches(own)
+        except Exception as exc:  # a monitoring bug must not kill the run
+            log.error("trainguard: gathering the ranks' batch findings failed at step %d "
+                      "(%s: %s)", ctx.step, type(exc).__name__, exc)
+            return None
+        ids = {id(e) for e in mine}
+        ctx.events[:] = [e for e in ctx.events if id(e) not in ids]
+        for rank, theirs in enumerate(facts):
+            for data in theirs["events"]:
+                event = Event.from_dict(data)
+                event.message = f"on rank {rank}: {event.message}"
+                event.details["rank"] = rank
+                ctx.raise_event(event)
+        return facts
 
     def _check_first_loss(self, ctx: StepContext, loss: float | None) -> None:
         """A runtime finding, like the preflight's: evidence for a diagnosis, not an event."""
@@ -103,31 +145,65 @@ class Detect:
             ctx.raise_event(event)
 
 
-def name_ranks(events: list[Event], view: RankView) -> None:
+def _agreed_trouble(events: list[Event]) -> bool:
+    return any(e.kind in kinds_tagged(tag) for e in events for tag in AGREED_TROUBLE)
+
+
+def name_ranks(events: list[Event], view: RankView, facts: BatchFacts | None = None) -> None:
     """Say which rank(s) a non-finite value or a spike came from: every rank reads the agreed
-    signals, so without this both ranks would print "loss is nan" for a NaN on rank 1 only."""
+    signals, so without this both ranks would print "loss is nan" for a NaN on rank 1 only.
+    Gradients are measured after the backward pass, when DDP's all-reduce has already averaged
+    them: NaN gradients on every rank name the rank whose own loss (or batch) was non-finite, or
+    say that the rank cannot be told. `facts`: every rank's batch facts, when gathered."""
     world = len(view.loss)
     bad_loss = view.ranks_where(view.loss_nonfinite)
     bad_grads = view.ranks_where(view.grad_nonfinite)
+    bad_batch = [r for r, f in enumerate(facts or []) if f["nonfinite"]]
     for event in events:
         ranks: list[int] = []
+        where = ""
         if event.kind == "nonfinite_loss" and bad_loss:
             ranks = bad_loss
+        elif event.kind == "nonfinite_grad" and bad_grads and len(bad_grads) < world:
+            ranks = bad_grads  # not every rank's: local gradients (shards), not reduced ones
         elif event.kind == "nonfinite_grad":
-            # DDP averages gradients, so a NaN from one rank reaches every rank's gradients:
-            # the rank whose own loss was non-finite is the source when there is one
-            ranks = bad_loss or bad_grads
+            event.details["after_all_reduce"] = True
+            ranks = bad_loss or bad_batch
+            source = "loss" if bad_loss else "batch"
+            where = ("after the all-reduce, on every rank; from "
+                     + " and ".join(f"rank {r}'s" for r in ranks) + f" non-finite {source}"
+                     if ranks else "after the all-reduce, on every rank: which rank's own "
+                     "gradients went bad first cannot be told")
         elif event.kind in ("loss_spike", "loss_divergence") and world > 1:
             ranks = _outlier_ranks(view.loss)
-        if not ranks:
+        if ranks:
+            event.details["ranks"] = ranks
+        if not ranks and not where:
             continue
-        event.details["ranks"] = ranks
-        where = describe_ranks(ranks, world)
+        where = where or describe_ranks(ranks, world)
         if event.kind in ("loss_spike", "loss_divergence") and len(ranks) < world:
             own = ", ".join(f"rank {r} {view.loss[r]:.4g}" for r in ranks)
             event.message += f" ({where}: own loss {own})"
         else:
             event.message += f" ({where})"
+    if facts is not None:
+        note_batch(events, facts)
+
+
+def note_batch(events: list[Event], facts: BatchFacts) -> None:
+    """What the batch of the rank(s) that went bad was, on the non-finite events: "finite" or
+    "nonfinite" only when it was inspected there (`details["batch"]`); nothing otherwise, so
+    that the diagnosis claims no more than was seen."""
+    nonfinite = kinds_tagged(Tag.NONFINITE)
+    for event in events:
+        if event.kind not in nonfinite:
+            continue
+        ranks = event.details.get("ranks") or list(range(len(facts)))
+        seen = [facts[r] for r in ranks if r < len(facts)]
+        if any(f["inspected"] and f["nonfinite"] for f in seen):
+            event.details["batch"] = "nonfinite"
+        elif seen and all(f["inspected"] for f in seen):
+            event.details["batch"] = "finite"
 
 
 def _outlier_ranks(losses: np.ndarray) -> list[int]:

@@ -2,8 +2,9 @@
 
 The loss, the global and per-parameter gradient norms, the LR, the AMP loss scale, the heavy-probe
 results of the sampled step before (queued by `settle`), the batch's statistics on sampled steps
-and the recover policy's finite flag all travel in ONE device-to-host transfer (under
-torch.distributed, after one small all-reduce that makes every rank read the same values).
+(and while a batch finding lasts) and the recover policy's finite flag all travel in ONE
+device-to-host transfer (under torch.distributed, after one small all-reduce that makes every rank
+read the same values).
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ class Measure:
         run.watch_new_params(ctx.step)
         loss_t = loss_tensor(ctx.loss)
         extra: dict[str, torch.Tensor] = {}
-        if ctx.batch is not None and run.config.inspect_batches and ctx.sampled:
+        # a batch finding that may last is followed batch by batch (rank-local, off the
+        # all-reduce: it rides the transfer as a plain segment)
+        if ctx.batch is not None and run.config.inspect_batches and (
+                ctx.sampled or run.batches.following):
             ctx.batch_stats = run.batches.stats_on_device(ctx.batch)
             if ctx.batch_stats is not None:
                 extra[BATCH_KEY] = ctx.batch_stats.tensor

@@ -305,9 +305,16 @@ class Run:
         self.schedule_sampling()
 
     # -- diagnosis, state, shutdown --------------------------------------------------------------
+    def evidence_findings(self) -> list[Finding]:
+        """The findings a diagnosis weighs: the run's, and the runs of consecutive bad batches
+        seen so far (added to the run's findings when it closes)."""
+        if self.closed:
+            return list(self.findings)
+        return self.findings + self.batches.run_findings()
+
     def diagnose(self) -> list[RankedCause]:
         try:
-            return rank_causes(self.events, self.findings)
+            return rank_causes(self.events, self.evidence_findings())
         except Exception as exc:  # diagnosis is best effort
             log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
             return []
@@ -336,6 +343,7 @@ class Run:
         except Exception as exc:  # the last sampled statistics are lost, nothing else
             log.error("trainguard: could not flush the last measurements (%s: %s)",
                       type(exc).__name__, exc)
+        self.add_findings(self.batches.run_findings())
         diagnosis = self.diagnose()
         if diagnosis:
             self.sinks.on_diagnosis(diagnosis)
