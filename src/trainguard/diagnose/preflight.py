@@ -6,7 +6,8 @@ probed on its saved state and restored, bit for bit.
 
 Checks (name: what it looks at, guide section):
     mode_and_lr       fine-tuning mode from the trainable parameters, and the LR against the
-                      Adam(W) ranges: full 1e-6..5e-5, LoRA / new head 1e-4..5e-3 (§3.1)
+                      Adam(W) ranges: full 1e-6..5e-5, LoRA / new head 1e-4..5e-3 (§3.1); small
+                      models are allowed more, LoRA adapters never (their range is their own)
     warmup            whether the schedule warms up, read by probing it; a warning only where a
                       missing warmup matters (an adaptive optimizer at an LR near the top of its
                       range: its upper half on a pre-trained or large model), else a note (§3.1, §6)
@@ -155,6 +156,21 @@ def small_model_lr_allowance(params: int, *, pretrained: bool = True) -> float:
     return SMALL_MODEL_LR_FACTOR * (TINY_MODEL_LR_FACTOR / SMALL_MODEL_LR_FACTOR) ** share
 
 
+def has_adapters(model: nn.Module) -> bool:
+    """peft LoRA adapters: trainable `lora_` parameters, or a peft config on the model."""
+    return fine_tuning_mode(model) == "lora" or bool(_peft_configs(model))
+
+
+def lr_allowance(model: nn.Module, params: int) -> float:
+    """How many times the top of the guide's range the model's LR may be. LoRA adapters: 1,
+    whatever the model's size. The LoRA range is about the adapters (new, low-rank weights
+    scaled by alpha/r), not about the size of the frozen base: a tiny base does not make larger
+    adapter steps safe. Other models: `small_model_lr_allowance`."""
+    if has_adapters(model):
+        return 1.0
+    return small_model_lr_allowance(params, pretrained=pretrained_evidence(model) is not None)
+
+
 def pretrained_evidence(model: nn.Module) -> str | None:
     """What says that `model` is pre-trained (or large enough to be treated so), or None.
 
@@ -217,8 +233,7 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
         return []
     low, high = FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE
     params = sum(p.numel() for p in setup.model.parameters())
-    allowance = small_model_lr_allowance(
-        params, pretrained=pretrained_evidence(setup.model) is not None)
+    allowance = lr_allowance(setup.model, params)
     name = {"full": "full fine-tuning", "lora": "LoRA", "head": "a new head on a frozen backbone"}
     evidence = {"mode": mode, "lr": lr, "range": [low, high], "params": params,
                 "small_model_allowance": allowance}
@@ -321,7 +336,7 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
                              "not inflated as an adaptive optimizer's are")
     elif adam:
         top = (FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE)[1]
-        tolerated = top * small_model_lr_allowance(params, pretrained=pretrained is not None)
+        tolerated = top * lr_allowance(setup.model, params)
         share = lr / tolerated
         threshold = WARMUP_NEAR_TOP if pretrained else 1.0
         evidence.update(tolerated_lr=tolerated, lr_share=share, threshold=threshold)
