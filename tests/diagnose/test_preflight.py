@@ -254,6 +254,11 @@ def test_the_guard_runs_the_audit_and_stores_it(tmp_path, capsys) -> None:
     setup = make_setup(lr=1.0, warmup=0)
     guard = trainguard.Guard(setup.model, setup.optimizer, run_dir=tmp_path,
                              config=GuardConfig(console=True))
+    for _ in range(3):  # "no warmup" waits for the LRs the first steps use
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        guard.step(loss)
+        setup.optimizer.zero_grad(set_to_none=True)
     guard.close()
     assert {f.check for f in guard.findings} >= {"mode_and_lr", "warmup"}
     assert "trainguard preflight ERROR mode_and_lr" in capsys.readouterr().err

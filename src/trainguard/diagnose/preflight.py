@@ -10,7 +10,9 @@ Checks (name: what it looks at, guide section):
                       models are allowed more, LoRA adapters never (their range is their own)
     warmup            whether the schedule warms up, read by probing it; a warning only where a
                       missing warmup matters (an adaptive optimizer at an LR near the top of its
-                      range: its upper half on a pre-trained or large model), else a note (§3.1, §6)
+                      range: its upper half on a pre-trained or large model), else a note (§3.1,
+                      §6). A guarded run holds it until its first steps show the LRs really used
+                      (`warmup_watch.py`: a loop may warm the LR up itself)
     lora_scaling      LoRA alpha/r (alpha/sqrt(r) under rsLoRA) above 2, lora_dropout, QLoRA double
                       quantisation (§5.1, §5.3)
     adam_settings     Adam eps below 1e-8 or beta2 below 0.99, worse under float16 (§5.3)
@@ -310,13 +312,25 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
         lrs = [float(optimizer.param_groups[0]["lr"])]
     else:
         lrs = probe_schedule(optimizer, setup.scheduler)
-    peak = max(lrs)
     setup.details["lr_schedule_head"] = lrs[:10]
+    # the LR the first steps take: the probed group's peak, or another group's if higher
+    others = [float(g["lr"]) for o in setup.optimizers for g in o.param_groups
+              if isinstance(g.get("lr"), (int, float))]
+    where = "no scheduler" if setup.scheduler is None else "the schedule starts at its peak"
+    return judge_warmup(setup, lrs, others, f"{where}: LR {{first}} at step 0, peak {{peak}}")
+
+
+def judge_warmup(setup: RunSetup, lrs: list[float], others: list[float], source: str,
+                 extra: dict[str, Any] | None = None) -> list[Finding]:
+    """The `warmup` finding (as `check_warmup` judges it) for a run whose first LRs are `lrs`
+    (probed from the schedule, or observed in a guarded run), `others` the LRs of its other
+    param groups; none if it warms up (starts at half its peak or less). `source` says where the
+    LRs come from, with `{first}` and `{peak}` to fill in; `extra` joins the evidence."""
+    optimizer = setup.optimizers[0]
+    peak = max(lrs)
     if not peak > 0 or lrs[0] <= 0.5 * peak:  # NaN-safe: an LR of NaN is mode_and_lr's matter
         return []
-    # the LR the first steps take: the probed group's peak, or another group's if higher
-    lr = max([peak] + [float(g["lr"]) for o in setup.optimizers for g in o.param_groups
-                       if isinstance(g.get("lr"), (int, float))])
+    lr = max([peak, *others])
     mode = fine_tuning_mode(setup.model)
     params = sum(p.numel() for p in setup.model.parameters())
     pretrained = pretrained_evidence(setup.model)
@@ -324,7 +338,7 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
     name = type(next((o for o in setup.optimizers if _is_adaptive(o)), optimizer)).__name__
     evidence: dict[str, Any] = {"lr_head": lrs[:5], "optimizer": name, "mode": mode,
                                 "params": params, "pretrained": pretrained,
-                                "total_steps": total}
+                                "total_steps": total, **(extra or {})}
     adaptive = any(_is_adaptive(o) for o in setup.optimizers)
     adam = all(_is_adam(o) for o in setup.optimizers)
     on = (f"a pre-trained or large model ({pretrained})" if pretrained
@@ -348,11 +362,10 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
     else:
         risky = pretrained is not None
         why = f"{name} moves every weight by about the LR from its first step, on {on}"
-    where = "no scheduler" if setup.scheduler is None else "the schedule starts at its peak"
     fix = (f"warm the LR up linearly from ~0 over {warmup_advice(total)}, then cosine decay, "
            "e.g. transformers.get_cosine_schedule_with_warmup.")
-    head = (f"No learning-rate warmup ({where}: LR {lrs[0]:.3g} at step 0, peak {peak:.3g}) with "
-            f"{name}")
+    said = source.format(first=f"{lrs[0]:.3g}", peak=f"{peak:.3g}")
+    head = f"No learning-rate warmup ({said}) with {name}"
     if risky:
         return [Finding("warmup", "warning",
                         f"{head}: {why}; its first steps act before the optimizer's moment "
