@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +19,13 @@ from trainguard.transfer import transfer_count
 from .conftest import make_setup
 
 QUIET = {"console": False}
+PACKAGE = Path(trainguard.__file__).resolve().parent
+
+
+def ours(filename: str) -> bool:
+    """Whether code in `filename` is trainguard's own: by where the package really is, not by a
+    folder named trainguard in the path (a clone is one, and may hold the venv with torch)."""
+    return Path(filename).resolve().is_relative_to(PACKAGE)
 
 
 def train(guard: Guard, setup, steps: int, *, poison: dict[int, float] | None = None,
@@ -136,8 +143,7 @@ def test_one_device_to_host_transfer_per_step_and_no_item_calls(monkeypatch) -> 
 
     def counting_item(self):
         caller = sys._getframe(1).f_code.co_filename
-        # the optimizer's own .item() calls are not ours
-        if f"{os.sep}trainguard{os.sep}" in caller:
+        if ours(caller):  # the optimizer's own .item() calls are not ours
             items.append(caller)
         return original_item(self)
 
@@ -154,6 +160,14 @@ def test_one_device_to_host_transfer_per_step_and_no_item_calls(monkeypatch) -> 
         setup.optimizer.zero_grad(set_to_none=True)
     assert items == [], "no .item() on the hot path"
     guard.close()
+
+
+def test_the_frame_filter_knows_trainguard_by_its_location(tmp_path) -> None:
+    import trainguard.guard
+
+    assert ours(trainguard.guard.__file__) and not ours(torch.__file__)
+    clone = tmp_path / "trainguard" / ".venv" / "lib" / "python3.11" / "site-packages"
+    assert not ours(str(clone / "torch" / "optim" / "optimizer.py"))
 
 
 def test_sampled_steps_record_weights_update_ratio_activations_and_adam_state(tmp_path) -> None:

@@ -66,10 +66,30 @@ def test_a_single_late_spike_is_an_outlier_batch() -> None:
     assert codes(ranked)[0] == "outlier_batch"
 
 
-def test_lora_parameters_in_the_evidence_point_at_lora_scaling() -> None:
-    spike = Event("grad_explosion", 30, "error", "big",
-                  param="base_model.model.h.0.attn.c_attn.lora_B.default.weight")
-    assert "lora_scaling" in codes(rank_causes([spike]))[:2]
+LORA_PARAM = "base_model.model.h.0.attn.c_attn.lora_B.default.weight"
+
+
+def test_lora_parameters_in_the_evidence_point_at_a_high_lora_scaling() -> None:
+    spike = Event("grad_explosion", 30, "error", "big", param=LORA_PARAM)
+    high = Finding("lora_scaling", "warning", "alpha/r 8", "lower alpha", cause="lora_scaling",
+                   evidence={"scaling": 8.0})
+    ranked = rank_causes([spike], [high])
+    assert "lora_scaling" in codes(ranked)[:2]
+    assert any("LoRA adapter" in why for why in ranked[codes(ranked).index(
+        "lora_scaling")].evidence)
+
+
+@pytest.mark.parametrize("alpha", [8, 16])  # alpha/r 1 and 2
+def test_a_lora_scaling_of_at_most_2_never_votes_lora_scaling(alpha: int) -> None:
+    from .test_preflight import gpt2_lora
+
+    model = gpt2_lora(r=8, alpha=alpha)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    findings = trainguard.preflight(model, optimizer)
+    events = [Event("grad_explosion", step, "error", "big", param=LORA_PARAM)
+              for step in (3, 30, 31)]
+    assert "lora_scaling" not in codes(rank_causes(events, findings, top=20))
+    assert "lora_scaling" not in codes(rank_causes(events, top=20))  # nor with no audit at all
 
 
 @pytest.mark.parametrize("source", ["guard", "error"])

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from trainguard import Guard, GuardConfig
-from trainguard.events import RunInfo, StepReport
+from trainguard.events import Event, RunInfo, StepReport
 from trainguard.sinks import ConsoleSink
 
 
@@ -89,3 +89,47 @@ def test_turned_off_it_says_nothing(capsys) -> None:
     guard.close()
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+def causes_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("trainguard likely causes")]
+
+
+def test_an_incident_prints_its_likely_causes_once_not_every_step() -> None:
+    out = io.StringIO()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False),
+                  sinks=[ConsoleSink(out)])
+    for step in range(30):
+        loss = model(torch.randn(8, 4)).square().mean()
+        if 10 <= step < 22:  # twelve NaN steps in a row
+            loss = loss * math.nan
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    text = out.getvalue()
+    assert text.count("nonfinite_loss") >= 12, "every NaN step is still reported"
+    assert len(causes_lines(text)) == 1, text
+
+
+def test_the_causes_line_is_printed_again_when_the_ranking_changes() -> None:
+    out = io.StringIO()
+    sink = ConsoleSink(out)
+
+    def event(step: int, *codes: str, confidence: float = 0.5) -> Event:
+        return Event(kind="nonfinite_loss", step=step, severity="error", message="loss is nan",
+                     details={"likely_causes": [{"code": c, "confidence": confidence}
+                                                for c in codes]})
+
+    sink.on_event(event(1, "numerical_op", "nonfinite_input"))
+    sink.on_event(event(2, "numerical_op", "nonfinite_input", confidence=0.6))  # same ranking
+    sink.on_event(event(3, "nonfinite_input", "numerical_op"))  # the order changed
+    sink.on_event(event(4, "nonfinite_input", "numerical_op", "lr_too_high"))  # a new cause
+    sink.on_event(event(5, "nonfinite_input", "numerical_op", "lr_too_high"))
+    lines = causes_lines(out.getvalue())
+    assert [line.split(":")[1].split(". Fix")[0].strip() for line in lines] == [
+        "numerical_op 50%, nonfinite_input 50%", "nonfinite_input 50%, numerical_op 50%",
+        "nonfinite_input 50%, numerical_op 50%, lr_too_high 50%"]

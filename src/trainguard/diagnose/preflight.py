@@ -6,10 +6,13 @@ probed on its saved state and restored, bit for bit.
 
 Checks (name: what it looks at, guide section):
     mode_and_lr       fine-tuning mode from the trainable parameters, and the LR against the
-                      Adam(W) ranges: full 1e-6..5e-5, LoRA / new head 1e-4..5e-3 (§3.1)
+                      Adam(W) ranges: full 1e-6..5e-5, LoRA / new head 1e-4..5e-3 (§3.1); small
+                      models are allowed more, LoRA adapters never (their range is their own)
     warmup            whether the schedule warms up, read by probing it; a warning only where a
                       missing warmup matters (an adaptive optimizer at an LR near the top of its
-                      range: its upper half on a pre-trained or large model), else a note (§3.1, §6)
+                      range: its upper half on a pre-trained or large model), else a note (§3.1,
+                      §6). A guarded run holds it until its first steps show the LRs really used
+                      (`warmup_watch.py`: a loop may warm the LR up itself)
     lora_scaling      LoRA alpha/r (alpha/sqrt(r) under rsLoRA) above 2, lora_dropout, QLoRA double
                       quantisation (§5.1, §5.3)
     adam_settings     Adam eps below 1e-8 or beta2 below 0.99, worse under float16 (§5.3)
@@ -155,6 +158,21 @@ def small_model_lr_allowance(params: int, *, pretrained: bool = True) -> float:
     return SMALL_MODEL_LR_FACTOR * (TINY_MODEL_LR_FACTOR / SMALL_MODEL_LR_FACTOR) ** share
 
 
+def has_adapters(model: nn.Module) -> bool:
+    """peft LoRA adapters: trainable `lora_` parameters, or a peft config on the model."""
+    return fine_tuning_mode(model) == "lora" or bool(_peft_configs(model))
+
+
+def lr_allowance(model: nn.Module, params: int) -> float:
+    """How many times the top of the guide's range the model's LR may be. LoRA adapters: 1,
+    whatever the model's size. The LoRA range is about the adapters (new, low-rank weights
+    scaled by alpha/r), not about the size of the frozen base: a tiny base does not make larger
+    adapter steps safe. Other models: `small_model_lr_allowance`."""
+    if has_adapters(model):
+        return 1.0
+    return small_model_lr_allowance(params, pretrained=pretrained_evidence(model) is not None)
+
+
 def pretrained_evidence(model: nn.Module) -> str | None:
     """What says that `model` is pre-trained (or large enough to be treated so), or None.
 
@@ -217,8 +235,7 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
         return []
     low, high = FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE
     params = sum(p.numel() for p in setup.model.parameters())
-    allowance = small_model_lr_allowance(
-        params, pretrained=pretrained_evidence(setup.model) is not None)
+    allowance = lr_allowance(setup.model, params)
     name = {"full": "full fine-tuning", "lora": "LoRA", "head": "a new head on a frozen backbone"}
     evidence = {"mode": mode, "lr": lr, "range": [low, high], "params": params,
                 "small_model_allowance": allowance}
@@ -295,13 +312,25 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
         lrs = [float(optimizer.param_groups[0]["lr"])]
     else:
         lrs = probe_schedule(optimizer, setup.scheduler)
-    peak = max(lrs)
     setup.details["lr_schedule_head"] = lrs[:10]
+    # the LR the first steps take: the probed group's peak, or another group's if higher
+    others = [float(g["lr"]) for o in setup.optimizers for g in o.param_groups
+              if isinstance(g.get("lr"), (int, float))]
+    where = "no scheduler" if setup.scheduler is None else "the schedule starts at its peak"
+    return judge_warmup(setup, lrs, others, f"{where}: LR {{first}} at step 0, peak {{peak}}")
+
+
+def judge_warmup(setup: RunSetup, lrs: list[float], others: list[float], source: str,
+                 extra: dict[str, Any] | None = None) -> list[Finding]:
+    """The `warmup` finding (as `check_warmup` judges it) for a run whose first LRs are `lrs`
+    (probed from the schedule, or observed in a guarded run), `others` the LRs of its other
+    param groups; none if it warms up (starts at half its peak or less). `source` says where the
+    LRs come from, with `{first}` and `{peak}` to fill in; `extra` joins the evidence."""
+    optimizer = setup.optimizers[0]
+    peak = max(lrs)
     if not peak > 0 or lrs[0] <= 0.5 * peak:  # NaN-safe: an LR of NaN is mode_and_lr's matter
         return []
-    # the LR the first steps take: the probed group's peak, or another group's if higher
-    lr = max([peak] + [float(g["lr"]) for o in setup.optimizers for g in o.param_groups
-                       if isinstance(g.get("lr"), (int, float))])
+    lr = max([peak, *others])
     mode = fine_tuning_mode(setup.model)
     params = sum(p.numel() for p in setup.model.parameters())
     pretrained = pretrained_evidence(setup.model)
@@ -309,7 +338,7 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
     name = type(next((o for o in setup.optimizers if _is_adaptive(o)), optimizer)).__name__
     evidence: dict[str, Any] = {"lr_head": lrs[:5], "optimizer": name, "mode": mode,
                                 "params": params, "pretrained": pretrained,
-                                "total_steps": total}
+                                "total_steps": total, **(extra or {})}
     adaptive = any(_is_adaptive(o) for o in setup.optimizers)
     adam = all(_is_adam(o) for o in setup.optimizers)
     on = (f"a pre-trained or large model ({pretrained})" if pretrained
@@ -321,7 +350,7 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
                              "not inflated as an adaptive optimizer's are")
     elif adam:
         top = (FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE)[1]
-        tolerated = top * small_model_lr_allowance(params, pretrained=pretrained is not None)
+        tolerated = top * lr_allowance(setup.model, params)
         share = lr / tolerated
         threshold = WARMUP_NEAR_TOP if pretrained else 1.0
         evidence.update(tolerated_lr=tolerated, lr_share=share, threshold=threshold)
@@ -333,11 +362,10 @@ def check_warmup(setup: RunSetup) -> list[Finding]:
     else:
         risky = pretrained is not None
         why = f"{name} moves every weight by about the LR from its first step, on {on}"
-    where = "no scheduler" if setup.scheduler is None else "the schedule starts at its peak"
     fix = (f"warm the LR up linearly from ~0 over {warmup_advice(total)}, then cosine decay, "
            "e.g. transformers.get_cosine_schedule_with_warmup.")
-    head = (f"No learning-rate warmup ({where}: LR {lrs[0]:.3g} at step 0, peak {peak:.3g}) with "
-            f"{name}")
+    said = source.format(first=f"{lrs[0]:.3g}", peak=f"{peak:.3g}")
+    head = f"No learning-rate warmup ({said}) with {name}"
     if risky:
         return [Finding("warmup", "warning",
                         f"{head}: {why}; its first steps act before the optimizer's moment "

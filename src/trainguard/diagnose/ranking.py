@@ -214,9 +214,12 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
                       "curvature (accelerating upwards), as updates too large do")
     jump_kinds = kinds_tagged(Tag.JUMP)
     jumps = [e for e in serious if e.kind in jump_kinds]
+    # a jump in an adapter points at LoRA's scaling only when the audit found it high (alpha/r
+    # above 2): at 1-2 the adapters step like any weight, and the jump is someone else's doing
+    high_scaling = any(f.cause == "lora_scaling" for f in findings)
     for e in jumps:
         param = e.param or ""
-        if "lora_" in param:
+        if "lora_" in param and high_scaling:
             votes.add("lora_scaling", 1.5, f"step {e.step}: {e.kind} in LoRA adapter {param}")
         if any(f.check == "layer_init" and f.evidence.get("param") == param for f in findings):
             votes.add("bad_init", 2.0, f"step {e.step}: {e.kind} in the badly initialised {param}")

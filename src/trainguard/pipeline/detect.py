@@ -1,6 +1,7 @@
 """Stage 2, `detect`: every source of events, before anything is decided.
 
-In order: the detectors on the step's signals; the first-loss check (a finding); the batch
+In order: the LRs the step uses, which decide the preflight's held `warmup` finding in the run's
+first steps; the detectors on the step's signals; the first-loss check (a finding); the batch
 inspector, which reads the detectors' events (a batch is inspected in full after an anomaly); what
 the batch says about a non-finite step (`details["batch"]`: "finite" or "nonfinite" only when the
 batch of the rank that went bad was inspected); and, under torch.distributed, the ranks' batch
@@ -65,6 +66,7 @@ class Detect:
         for sample in signals.sampled:  # the class count metric_collapse judges chance by
             if sample.output.get("out_classes", 0.0) >= 2:
                 run.output_classes = int(sample.output["out_classes"])
+        run.observe_lrs(signals.group_lrs)  # before explain ranks causes with the findings
         for event in run_detectors(run.state.detectors, signals):
             ctx.raise_event(event)
         ctx.fired = bool(ctx.events)

@@ -26,8 +26,10 @@ from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.batch_watch import BatchWatch
+from trainguard.diagnose.preflight import RunSetup
 from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.diagnose.replay import LossFn
+from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.distributed import (
     AGREED_CONFIG_FIELDS_EXCLUDED,
     LocalShardGradientProbe,
@@ -122,6 +124,8 @@ class Run:
         """Heavy-probe results on the device, waiting for the next step's transfer."""
         self.events: list[Event] = []
         self.findings: list[Finding] = []
+        self.warmup_watch: WarmupWatch | None = None
+        """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
         self.closed = False
         self.verdict: RunVerdict | None = None
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
@@ -238,6 +242,21 @@ class Run:
             self.findings.extend(findings)
             self.sinks.on_findings(list(self.findings))
 
+    def observe_lrs(self, group_lrs: tuple[float, ...]) -> None:
+        """The LRs of the step about to be taken (per param group): they decide the held
+        `warmup` finding over the run's first steps."""
+        watch = self.warmup_watch
+        if watch is None:
+            return
+        try:
+            decided = watch.observe(group_lrs)
+        except Exception as exc:  # advisory
+            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
+            decided = []
+        if decided is not None:
+            self.warmup_watch = None
+            self.add_findings(decided)
+
     def observe_eval(self, metrics: Mapping[str, Any], step: int | None = None) -> list[Event]:
         """Evaluation metrics of the model at `step` (default: the last step taken): stored,
         handed to the sinks, and judged by `metric_collapse`. Returns its events."""
@@ -344,6 +363,7 @@ class Run:
             log.error("trainguard: could not flush the last measurements (%s: %s)",
                       type(exc).__name__, exc)
         self.add_findings(self.batches.run_findings())
+        self._settle_warmup()
         diagnosis = self.diagnose()
         if diagnosis:
             self.sinks.on_diagnosis(diagnosis)
@@ -374,8 +394,23 @@ class Run:
         except Exception as exc:  # an audit bug must not stop training
             log.error("trainguard: preflight audit failed (%s: %s)", type(exc).__name__, exc)
             return
+        # the loop may warm the LR up itself: "no warmup" waits for the LRs the steps use
+        if any(f.check == "warmup" for f in findings):
+            self.warmup_watch = WarmupWatch(RunSetup(
+                model=self.model, optimizers=[self.optimizer], scheduler=self.scheduler))
+            findings = [f for f in findings if f.check != "warmup"]
         self.findings.extend(findings)
         self.sinks.on_findings(list(self.findings))
+
+    def _settle_warmup(self) -> None:
+        """A run that ended within the warmup watch: judged on the steps it had."""
+        watch, self.warmup_watch = self.warmup_watch, None
+        if watch is None:
+            return
+        try:
+            self.add_findings(watch.settle())
+        except Exception as exc:  # advisory
+            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
 
     def _flush_pending(self) -> None:
         """Bring the last heavy-probe results to the host (one transfer) and record them."""

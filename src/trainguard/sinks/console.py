@@ -1,7 +1,8 @@
 """The console: what a person watching the run should read, on stderr.
 
 Preflight and runtime findings of warning severity and worse; every event, followed by the
-replay's summary and the likely causes when the step has them (once per step); the actions that
+replay's summary, and the likely causes when their ranking changed (the top causes or their
+order: an incident of many bad steps names its causes once, not once a step); the actions that
 change the run beyond a step (halt, crash snapshot, clipping taken over from a trainer); the
 diagnosis when the run halts; the verdict at the end when the run degraded or recovered.
 
@@ -42,7 +43,8 @@ class ConsoleSink(Sink):
         self.live = live
         self.min_interval = 1.0 / refresh_per_second
         self._findings_seen = 0
-        self._causes_step: int | None = None
+        self._causes_shown: tuple[str, ...] = ()
+        """The ranking (cause codes, best first) the last likely-causes line showed."""
         self._diagnosis: list[RankedCause] = []
         self._line: Any = None
         """The rich Live display while it runs."""
@@ -128,9 +130,10 @@ class ConsoleSink(Sink):
         replayed = event.details.get("replay")
         if isinstance(replayed, dict) and replayed.get("summary"):
             self._write(f"trainguard replay: {replayed['summary']}")
-        likely = event.details.get("likely_causes")
-        if likely and self._causes_step != event.step:
-            self._causes_step = event.step
+        likely = event.details.get("likely_causes") or []
+        ranking = tuple(str(c["code"]) for c in likely)
+        if ranking and ranking != self._causes_shown:
+            self._causes_shown = ranking
             self._write("trainguard likely causes: " + ", ".join(
                 f"{c['code']} {c['confidence']:.0%}" for c in likely) + _fix(likely[0]["code"]))
 
