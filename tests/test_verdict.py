@@ -31,11 +31,13 @@ def test_a_falling_loss_is_healthy() -> None:
 
 
 def test_noise_around_a_flat_loss_is_not_degraded() -> None:
-    rng = np.random.default_rng(0)
+    """Heavy-tailed noise around a loss that never moves: never degraded (a loss that did not
+    come down in 200 steps is `stalled`, unless its noise happens to trend)."""
     for seed in range(20):
         rng = np.random.default_rng(seed)
         losses = list(2.0 + rng.standard_t(3, size=200) * 0.3)
-        assert track(losses).verdict().verdict == "healthy", seed  # type: ignore[union-attr]
+        verdict = track(losses).verdict()
+        assert verdict is not None and verdict.verdict in ("healthy", "stalled"), seed
 
 
 def test_ending_above_the_level_before_the_trouble_is_degraded() -> None:

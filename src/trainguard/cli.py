@@ -633,7 +633,8 @@ def _show(args: argparse.Namespace) -> int:
     lines.append(f"status     {_status(summary)}")
     verdict = summary.get("verdict")
     if verdict:
-        label = "DEGRADED" if verdict["verdict"] == "degraded" else verdict["verdict"]
+        label = (verdict["verdict"].upper() if verdict["verdict"] in ("degraded", "stalled")
+                 else verdict["verdict"])
         lines.append(f"verdict    {label}: {verdict['message']}")
     span = f"started {_when(summary['started'])}"
     if summary["ended"] is not None:
@@ -736,6 +737,8 @@ def _runs(args: argparse.Namespace) -> int:
             notes.append(f"store stopped writing, {run['dropped']} dropped")
         if run.get("verdict") == "degraded":
             notes.append("DEGRADED: ended worse than before its trouble")
+        elif run.get("verdict") == "stalled":
+            notes.append("STALLED: the loss never came down")
         lines.append(f"{run['id']:>4}  {_when(run['started']):<19}  {_when(run['ended']):<19}  "
                      f"{run['status']:<12} {run['steps']:>7} {_fmt(run['last_step']):>9} "
                      f"{run['events']:>7}  {'; '.join(notes)}".rstrip())

@@ -152,6 +152,9 @@ class DetectorConfig:
     """Optimizer steps in a row without any gradient (None or zero) before `no_gradients` fires:
     one such step happens legitimately (a batch that touches no trainable weight), three in a
     row mean nothing is training."""
+    stall_steps: int = 100
+    """Optimizer steps at a working LR after which a loss that has not come down is a stall
+    (`no_progress`, and the verdict `stalled`)."""
 
     rearm_steps: int = 5
     """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the
@@ -192,7 +195,8 @@ class DetectorConfig:
                               ("baseline_window", 3), ("warmup_steps", 0),
                               ("loss_spike_level_window", 1), ("rearm_steps", 1),
                               ("max_named_params", 1), ("no_gradient_steps", 1),
-                              ("transient_horizon", 1), ("eval_patience", 1)):
+                              ("stall_steps", 1), ("transient_horizon", 1),
+                              ("eval_patience", 1)):
             _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
 
 

@@ -238,6 +238,13 @@ _kind("metric_collapse", "evaluation metrics say training went wrong: accuracy a
 _kind("no_gradients", "no watched parameter has a gradient while the loss is finite",
       "warning", votes=(CauseVote("no_gradients", 3.0, "no gradients at all at step {step}: "
                                   "{message}", each_event=True),))
+_kind("no_progress", "the loss has not come down after enough steps at a working learning rate "
+      "to tell (a stall)", "warning",
+      votes=(CauseVote("lr_too_high", 1.0, "the loss did not come down"),
+             CauseVote("lr_too_low", 1.0, "the loss did not come down: an LR too low moves "
+                                          "nothing"),
+             CauseVote("no_gradients", 0.5, "a loss that does not come down may carry no "
+                                            "gradient")))
 # the loss against chance level, read from a training log (trainguard analyze: analyze/chance.py)
 _kind("loss_at_chance", "the logged loss went back to chance level, ln(num_classes), after the "
       "run had learned, and stayed there: a collapse to a constant prediction", "error",

@@ -5,9 +5,14 @@ whether training worked:
 
     healthy     no trouble (no event of warning severity or worse), and the loss did not end
                 above where it started
-    recovered   trouble came, and the loss ended no worse than it was before the trouble
+    recovered   trouble came, and the loss ended no worse than it was before the trouble and
+                back on its own best level
     degraded    the loss ended worse than before its first trouble (or than its start, when
-                there was none): a run that "finished" but is worse off than it was
+                there was none), or, after trouble, worse than the best level the run had
+                reached: a run that "finished" but is worse off than it was
+    stalled     the run trained long enough to tell (`DetectorConfig.stall_steps` losses) and
+                its loss never came down beyond its own noise at the start
+                (`detect.no_progress.came_down`): it did not learn, with or without trouble
 
 Levels are medians of `WINDOW` finite losses (the first ones, the last ones before the first
 trouble, the last ones of the run), so one noisy batch decides nothing. "Worse" means above the
@@ -25,9 +30,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.detect.no_progress import came_down, flat, progressed
 from trainguard.signals import MAD_TO_STD
 
 WINDOW = 20
+STALL_STEPS = 100
+"""`DetectorConfig.stall_steps`' default: the losses a run needs before it can be `stalled`."""
 DEGRADED_RATIO = 1.1
 """A final loss 10% above the reference is worse than noise at the medians' resolution."""
 BEYOND_NOISE = 2.0
@@ -65,14 +73,23 @@ def ended_worse(final: float, reference: float, tail: Iterable[float]) -> bool:
 class LossTrack:
     """The few loss levels the verdict needs, kept as the run goes (a bounded memory)."""
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, stall_steps: int = STALL_STEPS) -> None:
         self.window = window
+        self.stall_steps = stall_steps
         self.first: list[float] = []
         self.recent: deque[float] = deque(maxlen=window)
         self.before_trouble: float | None = None
         self.trouble_step: int | None = None
         self.nonfinite_tail = 0
         """Non-finite losses since the last finite one."""
+        self.start: list[float] = []
+        """The first `window` finite losses (the start level and its noise)."""
+        self.best: float | None = None
+        """The lowest median of `window` recent losses the run reached."""
+        self.seen = 0
+        """Finite losses seen."""
+        self.history: deque[float] = deque(maxlen=stall_steps)
+        """The last `stall_steps` finite losses (their trend)."""
 
     def observe(self, step: int, loss: float | None, *, trouble: bool) -> None:
         if trouble and self.trouble_step is None:
@@ -81,13 +98,21 @@ class LossTrack:
                                    else self._start())
         if loss is None:
             return
+        loss = float(loss)
         if not math.isfinite(loss):
             self.nonfinite_tail += 1
             return
         self.nonfinite_tail = 0
+        self.seen += 1
         if len(self.first) < self.window // 2:
             self.first.append(loss)
+        if len(self.start) < self.window:
+            self.start.append(loss)
         self.recent.append(loss)
+        self.history.append(loss)
+        if len(self.recent) == self.window:
+            level = statistics.median(self.recent)
+            self.best = level if self.best is None else min(self.best, level)
 
     def _start(self) -> float | None:
         return statistics.median(self.first) if self.first else None
@@ -105,11 +130,27 @@ class LossTrack:
             return RunVerdict("degraded", f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
         final = statistics.median(self.recent)
+        stalled = (self.seen >= self.stall_steps and len(self.start) == self.window
+                   and not progressed(self.start, list(self.recent), list(self.history))
+                   and flat(self.start, list(self.recent), list(self.history))
+                   and not (self.best is not None and came_down(self.start, [self.best])))
         if ended_worse(final, reference, self.recent):
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, "
                               f"{final / reference:.3g}x the {reference:.4g} it was {against}",
                               start,
                               self.before_trouble, final, self.trouble_step)
+        best = self.best
+        if (self.trouble_step is not None and best is not None and best < reference
+                and ended_worse(final, best, self.recent)):
+            return RunVerdict("degraded", f"the loss ended at {final:.4g}, {final / best:.3g}x "
+                              f"the best level it had reached ({best:.4g}): it did not come back "
+                              "to its own best", start, self.before_trouble, final,
+                              self.trouble_step)
+        if stalled:
+            return RunVerdict("stalled", f"the loss never came down in {self.seen} steps "
+                              f"(from {statistics.median(self.start):.4g} at the start to "
+                              f"{final:.4g}): the run did not learn", start, self.before_trouble,
+                              final, self.trouble_step)
         if self.trouble_step is not None:
             how = ("no worse than" if final <= reference
                    else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
@@ -122,7 +163,8 @@ class LossTrack:
     def state_dict(self) -> dict[str, Any]:
         return {"first": list(self.first), "recent": list(self.recent),
                 "before_trouble": self.before_trouble, "trouble_step": self.trouble_step,
-                "nonfinite_tail": self.nonfinite_tail}
+                "nonfinite_tail": self.nonfinite_tail, "start": list(self.start),
+                "best": self.best, "seen": self.seen, "history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first = [float(v) for v in state["first"]]
@@ -132,3 +174,9 @@ class LossTrack:
         trouble = state.get("trouble_step")
         self.trouble_step = None if trouble is None else int(trouble)
         self.nonfinite_tail = int(state.get("nonfinite_tail", 0))
+        self.start = [float(v) for v in state.get("start", self.first)]
+        best = state.get("best")
+        self.best = None if best is None else float(best)
+        self.seen = int(state.get("seen", len(self.recent)))
+        self.history = deque((float(v) for v in state.get("history", self.recent)),
+                             maxlen=self.stall_steps)

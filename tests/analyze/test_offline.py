@@ -14,8 +14,9 @@ from trainguard import Guard, GuardConfig
 from trainguard.analyze import analyze
 
 SAMPLED_ONLY = {"nonfinite_weight", "dead_units", "extreme_weight", "nonfinite_optimizer_state",
-                "output_collapse"}
-"""Event kinds raised from heavy-probe statistics only: a log holds none of them."""
+                "output_collapse", "no_progress"}
+"""Event kinds raised from heavy-probe statistics only: a log holds none of them (and the stall,
+judged on a live run from its start only)."""
 FROM_LOGS_ONLY = {"loss_at_chance", "loss_above_chance"}
 """Judged from a log's loss level (`analyze/chance.py`), not by a live detector."""
 

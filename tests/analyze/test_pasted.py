@@ -83,7 +83,7 @@ def test_units_and_percentages_are_not_values() -> None:
     assert found == {"loss": 1.5}
 
 
-# -- whole pasted logs ------------------------------------------------------------------------------
+# -- whole pasted logs ----------------------------------------------------------------------------
 HF_CONSOLE = """\
 {'loss': 1.968, 'grad_norm': nan, 'learning_rate': 7.116424708226588e-09, 'epoch': 0.0}
 {'loss': 0.0, 'grad_norm': nan, 'learning_rate': 7.116424708226588e-08, 'epoch': 0.0}

@@ -527,7 +527,8 @@ def test_text_each_grammar_forced(tmp_path: Path, fmt: str, text: str,
 
 def test_text_a_grammar_forced_on_other_lines_is_an_error(tmp_path: Path) -> None:
     path = write(tmp_path / "out.txt", NANOGPT)
-    with pytest.raises(LogError, match=r"no training log lines recognised \(mlx") as info:
+    with pytest.raises(LogError,
+                       match=r"no training log lines recognised \(looked for mlx") as info:
         read_log(path, "text:mlx")
     assert str(path) in str(info.value)
 

@@ -36,6 +36,7 @@ from trainguard.detect.grad_explosion import GradExplosion
 from trainguard.detect.lr_change import LRChange
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.no_gradients import NoGradients
+from trainguard.detect.no_progress import NoProgress
 from trainguard.detect.nonfinite_grad import NonFiniteGrad
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
 from trainguard.events import Event
@@ -140,9 +141,13 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
 
 def _silent(kind: type[Detector], log: Log, config: DetectorConfig) -> bool:
     """Whether a detector cannot raise anything on this log, whatever its rows hold: it reads
-    only what the log does not have. `BadStart` judges the first steps of training, which a log
-    that begins mid-run does not hold; `Fp16Overflow` reads skipped steps and the loss scale;
-    `LRChange` fires only where an LR is `lr_jump_ratio` times the highest before it."""
+    only what the log does not have. `NoProgress` judges a whole run from its start (a log may
+    be an excerpt that begins on a plateau); `BadStart` judges the first steps of training,
+    which a log that begins mid-run does not hold; `Fp16Overflow` reads skipped steps and the
+    loss scale; `LRChange` fires only where an LR is `lr_jump_ratio` times the highest before
+    it."""
+    if kind is NoProgress:
+        return True  # an excerpt may begin on a plateau: a stall is judged on a live run
     if kind is BadStart:
         return not log.starts_at_start()  # an excerpt from mid-run has no first steps to judge
     if kind is Fp16Overflow:

@@ -13,6 +13,7 @@ from trainguard.detect.loss_divergence import LossDivergence
 from trainguard.detect.loss_spike import LossSpike
 from trainguard.detect.lr_change import LRChange
 from trainguard.detect.no_gradients import NoGradients
+from trainguard.detect.no_progress import NoProgress
 from trainguard.detect.nonfinite_grad import NonFiniteGrad
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
 from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
@@ -22,7 +23,7 @@ from trainguard.detect.output_collapse import OutputCollapse
 DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
-    LRChange, DeadUnits, OutputCollapse,
+    LRChange, DeadUnits, OutputCollapse, NoProgress,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

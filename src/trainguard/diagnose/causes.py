@@ -58,6 +58,9 @@ _ALL = (
     Cause("no_gradients", "Nothing trains: no gradients reach the weights", "3.4",
           "Call loss.backward() on the loss itself before the optimizer step; check that the "
           "parameters to train have requires_grad=True and the loss is not detached."),
+    Cause("lr_too_low", "Learning rate too low to move the weights", "3.1",
+          "Raise the LR into the guide's range for the mode (Adam(W) 1e-6..5e-5 full "
+          "fine-tuning, 1e-4..5e-3 LoRA); check the scheduler did not decay it to ~0."),
     Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
           "Check DDP initialisation and that every parameter's gradient is all-reduced."),
 )

@@ -172,6 +172,10 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
             votes.add("numerical_op", 2.0, _nonfinite_batch_evidence(
                 [e for e in serious if e.kind in nonfinite]) + where)
             votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)")
+    for e in serious:
+        if e.kind == "no_progress" and e.details.get("grad_collapse"):
+            votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
+                      f"{e.details['grad_collapse']:.3g}x while the loss stayed flat")
     for entry in event_kinds():  # votes a kind casts once whenever it appears
         if entry.name in kinds:
             for vote in entry.votes:

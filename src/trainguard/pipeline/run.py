@@ -57,7 +57,7 @@ from trainguard.remedies.robust import RobustClipLimit
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import portable
 from trainguard.store import RunStore, RunStoreSink
-from trainguard.verdict import RunVerdict
+from trainguard.verdict import LossTrack, RunVerdict
 
 log = logging.getLogger("trainguard")
 
@@ -116,7 +116,8 @@ class Run:
             max_grad_norm=config.fixed_max_grad_norm,
             auto_clip=_auto_clip(config),
             detectors=default_detectors(config.detectors),
-            clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None)
+            clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
+            losses=LossTrack(stall_steps=config.detectors.stall_steps))
         self.metric_watch = MetricCollapse(config.detectors)
         self.output_classes: int | None = None
         """Width of the model's class scores, as the output probe last saw it."""

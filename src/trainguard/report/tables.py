@@ -99,7 +99,8 @@ def verdict_html(data: RunData) -> str:
                                               "not close, or was written by an older "
                                               "trainguard)</p>")
     label = str(verdict.get("verdict", "?"))
-    klass = {"healthy": "ok", "recovered": "warn", "degraded": "bad"}.get(label, "")
+    klass = {"healthy": "ok", "recovered": "warn", "degraded": "bad",
+             "stalled": "bad"}.get(label, "")
     numbers = [(name.replace("_", " "), verdict[name])
                for name in ("start", "before_trouble", "final", "trouble_step")
                if verdict.get(name) is not None]

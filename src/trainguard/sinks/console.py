@@ -149,8 +149,9 @@ class ConsoleSink(Sink):
 
     def on_verdict(self, verdict: RunVerdict) -> None:
         self._stop()
-        if verdict.verdict == "degraded":
-            self._write(f"trainguard verdict: DEGRADED: {verdict.message}", "warning")
+        if verdict.verdict in ("degraded", "stalled"):
+            self._write(f"trainguard verdict: {verdict.verdict.upper()}: {verdict.message}",
+                        "warning")
         elif verdict.verdict == "recovered":
             self._write(f"trainguard verdict: recovered: {verdict.message}")
 

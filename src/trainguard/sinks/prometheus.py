@@ -62,7 +62,7 @@ log = logging.getLogger("trainguard")
 
 INSTALL_HINT = "pip install 'trainguard[prometheus]'"
 STATUSES = ("running", "finished", "halted", "crashed", "interrupted")
-VERDICTS = ("healthy", "recovered", "degraded")
+VERDICTS = ("healthy", "recovered", "degraded", "stalled")
 NONFINITE = ("loss", "grad_norm", "grads")
 NAN = math.nan
 

@@ -35,7 +35,7 @@ from trainguard.store.writer import DB_NAME
 STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad_maxabs",
                 "nonfinite_grads", "loss_curvature")
 """Per-step scalars that must be numbers (or null) when present."""
-VERDICTS = ("healthy", "recovered", "degraded")
+VERDICTS = ("healthy", "recovered", "degraded", "stalled")
 
 
 def _is_number(value: Any) -> bool:
