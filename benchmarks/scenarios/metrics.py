@@ -31,6 +31,10 @@ def totals(results: list[RunResult], scenarios: dict[str, Scenario],
         "recall": len(detected) / len(faulty) if faulty else math.nan,
         "missed": [r.scenario for r in faulty if not r.detected],
         "healthy_with_events": [r.scenario for r in healthy if r.false_alarms],
+        "healthy_judged_bad": [f"{r.scenario} ({r.verdict})" for r in healthy
+                               if r.verdict in ("stalled", "degraded")],
+        "verdicts": {v: sum(1 for r in mine if r.verdict == v)
+                     for v in sorted({str(r.verdict) for r in mine if r.verdict is not None})},
         "false_alarm_rate": (sum(1 for r in healthy if r.false_alarms) / len(healthy)
                              if healthy else math.nan),
         "faulty_with_early_events": [r.scenario for r in faulty if r.false_alarms],
@@ -74,6 +78,9 @@ def summary_lines(summary: dict[str, Any]) -> str:
         f"  false-alarm rate (healthy runs with a warning: an event or a preflight finding) "
         f"{_fmt(summary['false_alarm_rate'])}"
         f"  {', '.join(summary['healthy_with_events']) or ''}",
+        f"  healthy runs judged stalled or degraded: "
+        f"{', '.join(summary['healthy_judged_bad']) or 'none'}",
+        f"  verdicts: {', '.join(f'{k} {v}' for k, v in summary['verdicts'].items()) or '-'}",
         f"  faulty runs with events before onset: "
         f"{', '.join(summary['faulty_with_early_events']) or 'none'}",
         f"  cause accuracy: top-1 {_fmt(summary['top1'])}, top-3 {_fmt(summary['top3'])}"

@@ -49,6 +49,9 @@ class RunResult:
     rolled_back_steps: int = 0
     """Updates thrown away by rollbacks (`guard.recovery.rolled_back_steps`): the extra compute
     the `recover` strategy spent. 0 for strategies that never roll back."""
+    verdict: str | None = None
+    """The run's verdict (`guard.verdict`: healthy, recovered, degraded, stalled); None for
+    strategies without one."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,6 +173,6 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         events=[e.to_dict() for e in stepper.events],
         seconds=time.perf_counter() - started, error=error, notes=dict(workload.notes),
         diagnosis=stepper.diagnosis(), rolled_back_steps=stepper.rolled_back_steps(),
-        findings=stepper.findings())
+        findings=stepper.findings(), verdict=stepper.verdict())
     score(result, scenario)
     return result

@@ -58,6 +58,10 @@ class Stepper:
         """Ranked cause codes, most likely first (only trainguard diagnoses)."""
         return []
 
+    def verdict(self) -> str | None:
+        """The run's verdict, once closed (only trainguard gives one)."""
+        return None
+
     def rolled_back_steps(self) -> int:
         """Updates thrown away by rollbacks: the extra compute a strategy spent (only `recover`
         rolls back)."""
@@ -159,6 +163,9 @@ class GuardStepper(Stepper):
 
     def diagnosis(self) -> list[str]:
         return [cause.code for cause in self.guard.diagnose()]
+
+    def verdict(self) -> str | None:
+        return self.guard.verdict.verdict if self.guard.verdict is not None else None
 
     def findings(self) -> list[dict[str, Any]]:
         return [f.to_dict() for f in self.guard.findings]

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.detect.no_progress import came_down, flat, progressed
+from trainguard.detect.no_progress import came_down, flat, judgeable, progressed
 from trainguard.signals import MAD_TO_STD
 
 WINDOW = 20
@@ -133,6 +133,7 @@ class LossTrack:
         stalled = (self.seen >= self.stall_steps and len(self.start) == self.window
                    and not progressed(self.start, list(self.recent), list(self.history))
                    and flat(self.start, list(self.recent), list(self.history))
+                   and judgeable(self.start)
                    and not (self.best is not None and came_down(self.start, [self.best])))
         if ended_worse(final, reference, self.recent):
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, "

@@ -168,3 +168,14 @@ def test_the_offline_verdict_is_the_live_verdicts_rule(tmp_path: Path, final_rat
     reference, tail = live.before_trouble, list(track.recent)
     assert reference is not None and live.final is not None
     assert ended_worse(live.final, reference, tail) is worse
+
+
+# -- only claims a log can support ----------------------------------------------------------------
+def test_a_log_analysis_claims_nothing_about_batches(tmp_path: Path) -> None:
+    """A log holds no batch: a NaN in it is never 'with a finite batch' nor 'check the batch'."""
+    rows = [{"loss": v if i < 30 else 0.0, "grad_norm": 1.0 if i < 30 else NAN,
+             "learning_rate": 1e-4} for i, v in enumerate(falling(40))]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.verdict == "diverged" and result.causes
+    said = [line for cause in result.causes for line in cause.evidence] + result.evidence
+    assert not [line for line in said if "batch" in line], said

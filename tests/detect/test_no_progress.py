@@ -168,3 +168,13 @@ def test_a_loss_computed_under_no_grad_is_stalled_with_no_gradients_first(tmp_pa
     assert guard.verdict is not None and guard.verdict.verdict == "stalled"
     assert guard.diagnose()[0].code == "no_gradients"
     assert "no_progress" in {e.kind for e in guard.events}
+
+
+def test_a_loss_at_its_noise_floor_from_the_first_steps_is_not_a_stall() -> None:
+    """Heavy-tailed targets (Student-t, 3 degrees of freedom): the model reaches the floor in a
+    few steps and the loss is then its data's noise (a spread of a third of its level); a stall
+    cannot be told from that, so none is claimed."""
+    rng = random.Random(5)
+    losses = [5.0, 3.5] + [3.0 * (1 + 0.5 * rng.gauss(0, 1)) ** 2 / 1.25 for _ in range(298)]
+    assert feed(losses) == []
+    assert verdict(losses) != "stalled"

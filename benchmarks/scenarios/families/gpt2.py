@@ -39,6 +39,8 @@ Faults (guide sections from `trainguard.diagnose.causes`):
     numerical_op (3.3.2)       a confidence regulariser sum(p * log p) whose softmax temperature
                                collapses at the onset step: the softmax underflows to exact zeros,
                                0 * log(0) is NaN, and so are the loss and every gradient.
+    lr_too_low (3.1)           1e-5x the sane full fine-tuning LR: the loss never comes down,
+                               with nothing else wrong (a stall: `no_progress`, `stalled`).
     batch_truncated (3.4.2)    from the onset step the loader silently yields 2 sequences
                                instead of 16, so the gradient noise grows past what the LR was
                                tuned for. On this tiny model that degrades the fine-tune (about
@@ -342,6 +344,7 @@ BASELINES: dict[str, str] = {
     "gpt2_lr_ramp": "gpt2_healthy",
     "gpt2_late_group_lr": "gpt2_healthy",
     "gpt2_forgotten_backward": "gpt2_healthy",
+    "gpt2_lr_too_low": "gpt2_healthy",
     # LoRA r=8 at the sane LoRA LR
     "gpt2_lora_lr_too_high": "gpt2_lora_healthy",
     "gpt2_lora_scaling": "gpt2_lora_healthy",
@@ -424,6 +427,10 @@ def scenarios() -> list[Scenario]:
                   f"adds it to the optimizer at {100 * SANE_FULL_LR:g} (100x the sane LR, the "
                   "head's LR given to a pre-trained block)",
                   cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_lr_too_low", replace(full, lr=1e-5 * SANE_FULL_LR),
+                  f"full fine-tune at {1e-5 * SANE_FULL_LR:g} = 1e-5x the sane LR (warmup + "
+                  "cosine kept): nothing moves, everything stays calm and finite",
+                  cause="lr_too_low", onset_step=0, sudden=False, recoverable=False),
         _scenario("gpt2_forgotten_backward", replace(full, no_backward_from=ONSET_STEP),
                   f"from step {ONSET_STEP} the loop forgets loss.backward(): nothing trains",
                   cause="no_gradients", onset_step=ONSET_STEP, sudden=True, recoverable=False),

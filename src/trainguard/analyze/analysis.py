@@ -82,7 +82,7 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     extra = _above_chance(log)
     judgement = judge(log, replayed.rows, events + extra, config, at_chance)
     findings = log_findings(log, judgement)
-    causes = (rank_causes(_ranked_events(judgement, events), findings)
+    causes = (rank_causes(_ranked_events(judgement, events), findings, batches=False)
               if judgement.verdict != HEALTHY else [])
     for cause in causes:
         cause.evidence = [_in_log_terms(log, line) for line in cause.evidence]

@@ -93,7 +93,7 @@ def log_findings(log: Log, judgement: Judgement) -> list[Finding]:
             and len(single) == 1):
         found.append(Finding("log_no_recovery", "warning",
                              f"the loss never came back after the jump at "
-                             f"{log.label(single[0].details['row'])}: not one odd batch, the "
+                             f"{log.label(single[0].details['row'])}: not a one-off, the "
                              "run's own instability", CAUSES["lr_too_high"].fix, "lr_too_high"))
     jumps = [e for e in judgement.isolated if e.kind == "grad_explosion"
              and e.details["row"] < onset]

@@ -1,14 +1,15 @@
 """`no_progress`: the run has trained long enough to tell, and its loss has not come down.
 
 Judged once, after `stall_steps` optimizer steps taken at a working learning rate (counted from
-the last time the LR rose 10% above its highest, so a warm-up does not count, and only at half
-that highest LR or more): the median of the
+the last time the LR rose 10% above its highest, so a warm-up does not count): the median of the
 last `STALL_WINDOW` finite losses against the median of the first ones. The loss has come down
 when it fell by more than its own noise at the start (one standard deviation of the first
 losses, robustly) and by more than `STALL_SHARE` of its start level, or when it is coming down
 over the steps judged (a significant downward Kendall trend: a slow learner on heavy-tailed
 data); a run that did neither, and shows no hint of a downward trend (else it is judged again
-`stall_steps` later), is not learning:
+`stall_steps` later), is not learning, provided its noise at the start was small enough to tell
+(`judgeable`: at most a tenth of its level; a loss dominated by its data's noise, at its floor
+from the first steps, is never called stalled):
 
 - its gradient norm collapsed by `GRAD_COLLAPSE` or more from its early level while the loss
   stayed flat: updates too large killed the network (dead units, saturated outputs), the LR is
@@ -38,10 +39,10 @@ STALL_SHARE = 0.02
 """A loss that fell by less than this share of its start has not come down."""
 GRAD_COLLAPSE = 100.0
 """A gradient norm this many times below its early level has collapsed."""
-WORKING_LR = 0.5
-"""Steps at an LR below this share of the highest seen so far do not count..."""
+NOISE_SHARE = 0.1
+"""A stall is claimed only where the start's noise is at most this share of its level."""
 RISING = 1.1
-"""...nor do steps before the LR last rose this much above its highest (a warm-up)."""
+"""Steps before the LR last rose this much above its highest (a warm-up) do not count."""
 
 
 TREND_Z = 3.0
@@ -88,6 +89,16 @@ def flat(start: list[float], recent: list[float], history: list[float]) -> bool:
     return trend_z(history) > -FLAT_Z or _share(start, recent) < STALL_SHARE
 
 
+def judgeable(start: list[float]) -> bool:
+    """Whether a stall can be told at all: the losses' own noise at the start is at most
+    `NOISE_SHARE` of their level, so a fall of that much would have stood out. A loss dominated
+    by its data's noise (heavy-tailed targets, where a model at its floor from its first steps
+    looks the same as one that learned nothing) is never called stalled."""
+    level = statistics.median(start)
+    spread = MAD_TO_STD * statistics.median(abs(v - level) for v in start)
+    return spread <= NOISE_SHARE * abs(level)
+
+
 def came_down(start: list[float], recent: list[float]) -> bool:
     """The loss fell beyond its own noise at the start and by more than `STALL_SHARE` of it:
     the rule `no_progress` and the run's verdict (`stalled`) share."""
@@ -132,7 +143,7 @@ class NoProgress(Detector):
                 self.top_lr = lr
                 self.working_steps = 0
                 self.history.clear()
-            elif lr >= WORKING_LR * self.top_lr:
+            else:
                 working = True
         if working:
             self.working_steps += 1
@@ -143,7 +154,7 @@ class NoProgress(Detector):
             return []
         history = list(self.history)
         if (progressed(self.start, list(self.recent), history)
-                or all(v == 0 for v in self.start)):
+                or all(v == 0 for v in self.start) or not judgeable(self.start)):
             self.done = True
             return []
         if not flat(self.start, list(self.recent), history):  # a hint: judge again later

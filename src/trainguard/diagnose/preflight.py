@@ -256,7 +256,7 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
         return [Finding("mode_and_lr", "info",
                         f"LR {lr:.3g} is far below the range for {name[mode]} ({low:g} to "
                         f"{high:g}); training may barely move.", f"try {low:g} or more.",
-                        evidence=evidence)]
+                        cause="lr_too_low", evidence=evidence)]
     return []
 
 

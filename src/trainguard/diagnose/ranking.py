@@ -97,10 +97,11 @@ NO_SYMPTOM_SHARE = 0.5
 
 
 def rank_causes(events: list[Event], findings: list[Finding] | None = None,
-                *, top: int = 5) -> list[RankedCause]:
+                *, top: int = 5, batches: bool = True) -> list[RankedCause]:
     """Ranked causes for a run's events. Without an event of warning severity, the risks the
     preflight (and runtime) findings of warning severity or worse point at, flagged as such; empty
-    when there are none either."""
+    when there are none either. `batches`: whether the run could see its batches at all (a
+    training log cannot: its evidence then says nothing of batches)."""
     serious = [e for e in events if at_least(e.severity, "warning")]
     findings = findings or []
     if not serious:
@@ -169,9 +170,12 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         else:
             where = (f" (replay: first non-finite output in {replayed['first_nonfinite_module']})"
                      if replayed and replayed.get("first_nonfinite_module") else "")
-            votes.add("numerical_op", 2.0, _nonfinite_batch_evidence(
-                [e for e in serious if e.kind in nonfinite]) + where)
-            votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)")
+            bad = [e for e in serious if e.kind in nonfinite]
+            votes.add("numerical_op", 2.0, (_nonfinite_batch_evidence(bad) if batches else
+                                            f"the loss turned non-finite at step {bad[0].step}")
+                      + where)
+            votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)" if batches
+                      else "non-finite loss (the inputs can be the cause)")
     for e in serious:
         if e.kind == "no_progress" and e.details.get("grad_collapse"):
             votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
