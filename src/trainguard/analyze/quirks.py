@@ -201,9 +201,18 @@ def _moved_each_row(values: list[float], k: int) -> bool:
     return all(b != a for a, b in itertools.pairwise(window))
 
 
+PRECISION_SAMPLE = 200
+
+
 def full_precision(values: list[float]) -> bool:
-    """Most distinct non-zero LRs carry `DIGITS` significant digits or more."""
-    distinct = {v for v in values if v != 0}
+    """Most distinct non-zero LRs carry `DIGITS` significant digits or more (judged on up to
+    `PRECISION_SAMPLE` of them, the first ones)."""
+    distinct: set[float] = set()
+    for value in values:
+        if value != 0:
+            distinct.add(value)
+            if len(distinct) >= PRECISION_SAMPLE:
+                break
     if not distinct:
         return False
     full = sum(_digits(v) >= DIGITS for v in distinct)
