@@ -63,6 +63,14 @@ def same(values: list[float | None], expected: list[float]) -> bool:
     ("2023-06-16 22:22:49,505 INFO: [debug..][epoch:  0, iter:     155, lr:(2.000e-04,"
      "2.000e-05,)] [eta: 406 days, 12:46:06, time (data): 0.470 (0.001)] l_pix: inf ",
      {"l_pix": math.inf}, {"epoch": 0.0, "step": 155.0}),
+    # BigDL: values in a sentence, `X is Y` (intel/ipex-llm#2000)
+    ("2017-12-06 10:13:01 INFO  DistriOptimizer$:330 - [Epoch 34 254464/1281167][Iteration "
+     "11885][Wall Clock 18617.882038226s] Trained 3584 records in 1.679330981 seconds. "
+     "Throughput is 2134.1833 records/second. Loss is NaN. Current learning rate is 0.0805",
+     {"Loss": NAN, "learning rate": 0.0805}, {"step": 11885.0, "epoch": 34.0}),
+    # Caffe, with the user's markdown bold around the value (BVLC/caffe#4602)
+    ("I0818 01:17:15.557899 30915 solver.cpp:228] Iteration 20440, loss = **0.000163291**",
+     {"loss": 0.000163291}, {"step": 20440.0}),
     # Time-Series-Library, tab-indented (Secilia-Cxy/SOFTS#10)
     ("\titers: 1600, epoch: 6 | loss: 2.1373572", {"loss": 2.1373572},
      {"step": 1600.0, "epoch": 6.0}),
@@ -136,6 +144,25 @@ def test_keras_rows_are_named_by_the_epoch_line_before_them(tmp_path: Path) -> N
     assert log.steps == [9595, 19190, 28785], "counted in steps: each row is an epoch's mean"
     assert [e[0] for e in log.evals] == log.steps, "val_* are evaluations"
     assert (result.verdict, result.kind, result.onset) == ("diverged", "nan", "epoch 2")
+
+
+CAFFE = """\
+I0818 01:17:12.052695 30915 solver.cpp:228] Iteration 20420, loss = 0.000200683
+I0818 01:17:12.052738 30915 solver.cpp:244]     Train net output #0: loss = 0.000200677 (* 1 = 0.000200677 loss)
+I0818 01:17:12.052752 30915 sgd_solver.cpp:106] Iteration 20420, lr = 0.0001
+I0818 01:17:15.557899 30915 solver.cpp:228] Iteration 20440, loss = **0.000163291**
+I0818 01:17:15.557940 30915 solver.cpp:244]     Train net output #0: loss = 0.000163287 (* 1 = 0.000163287 loss)
+I0818 01:17:15.557948 30915 sgd_solver.cpp:106] Iteration 20440, lr = 0.0001
+"""  # noqa: E501
+
+
+def test_lines_without_the_step_belong_to_the_step_before_them(tmp_path: Path) -> None:
+    """Caffe prints the iteration's loss, then the net's output without the iteration, then the
+    LR: one row per iteration, with all three."""
+    log = read_log(write(tmp_path / "caffe.log", CAFFE))
+    assert log.steps == [20420, 20440] and log.step_unit == "iteration"
+    assert log.series["lr"] == [0.0001, 0.0001]
+    assert same(log.series["loss"], [0.000200677, 0.000163287])
 
 
 def test_a_progress_counter_restarting_each_epoch_counts_across_epochs(tmp_path: Path) -> None:

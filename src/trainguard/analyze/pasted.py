@@ -37,7 +37,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.analyze.log import LogBuilder, is_eval_name, is_train_loss, number
+from trainguard.analyze.log import (
+    LogBuilder,
+    canonical_name,
+    is_eval_name,
+    is_train_loss,
+    number,
+)
 
 NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 _END = r"(?![\w.%/])"
@@ -45,12 +51,17 @@ _END = r"(?![\w.%/])"
 _WORD = r"[A-Za-z_][\w./-]*"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_EMPHASIS = re.compile(r"\*\*|__|`|\\(?=[*_])")
+"""Markdown around a pasted value (`loss = **0.0002**`, `\\*`): not part of it."""
 _TENSOR = re.compile(rf"tensor\(\s*\[?\s*({NUM})\s*\]?\s*(?:,[^()]*(?:\([^()]*\)[^()]*)*)?\)",
                      re.IGNORECASE)
 _BARE_TENSOR = re.compile(rf"^\W*tensor\(\s*\[?\s*({NUM})[^\n]*\)\W*$", re.IGNORECASE)
 _SEPARATED = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})\s*[:=]\s*({NUM}){_END}",
                         re.IGNORECASE)
 _SPACED = re.compile(rf"(?<![\w./-])({_WORD})[ \t]+({NUM}){_END}", re.IGNORECASE)
+_IS = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})[ \t]+(?:is|was)[ \t]+({NUM})"
+                 rf"(?=[\s.,;)]|$)", re.IGNORECASE)
+"""`Loss is NaN.`, `Current learning rate is 0.08` (a sentence, as BigDL and others print)."""
 _PROGRESS = re.compile(r"(?<![\w./])(\d+)\s*/\s*(\d+)\s*\[|\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:=]?\s*\[?\s*(\d+)"
                        r"\s*/\s*(\d+)\s*\]?", re.IGNORECASE)
@@ -106,6 +117,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
             values["loss"] = value
         return values, counters
     text = _TENSOR.sub(lambda m: m.group(1), text)
+    text = _EMPHASIS.sub("", text)
     rest = []
     for chunk, is_object in _objects(text):
         if not is_object:
@@ -142,6 +154,12 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         if name and value is not None:
             values.setdefault(name, value)
             taken.append(match.span())
+    for match in _IS.finditer(remaining):
+        name = _name(match.group(1))
+        value = number(match.group(2))
+        if name and value is not None:
+            values.setdefault(name, value)
+            taken.append(match.span())
     for match in _SPACED.finditer(remaining):
         if any(a <= match.start() < b for a, b in taken):
             continue
@@ -167,6 +185,10 @@ def _name(words: str) -> str:
         if not part.isalpha() or (part.isupper() and len(part) > 1):
             break
         kept.insert(0, part)
+    for start in range(len(kept) - 1):  # `Current learning rate` -> `learning rate`
+        tail = " ".join(kept[start:])
+        if canonical_name(tail) != tail:
+            return tail
     return " ".join(kept)
 
 
@@ -239,12 +261,42 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
                 evaluation = {k: v for k, v in values.items() if is_eval_name(k)}
                 if evaluation and rows:
                     evals.append((len(rows) - 1, evaluation))
+                elif (owner := _row_of_step(rows, counters)) is not None:
+                    for name, value in values.items():  # Caffe's `Iteration N, lr = X`
+                        owner.values.setdefault(name, value)
                 continue
             values.pop("epoch", None)
             spelling = counters.pop(SPELLING, "step")
             total = counters.pop(TOTAL, None)
             rows.append(LineRow(values, counters, epoch, str(spelling), total))
     return _merge_reprints(rows), evals
+
+
+def _row_of_step(rows: list[LineRow], counters: dict[str, float]) -> LineRow | None:
+    """The last row carrying the line's step (the rows after it carry none): a line of more
+    values of that step."""
+    step = counters.get("step")
+    if step is None:
+        return None
+    for row in reversed(rows):
+        if "step" in row.counters:
+            return row if row.counters["step"] == step else None
+    return None
+
+
+def _inherit_steps(rows: list[LineRow]) -> None:
+    """Rows without a step counter among rows that mostly carry one belong to the step before
+    them (Caffe prints `Iteration N, loss = X` and then `Train net output #0: loss = X`)."""
+    carrying = sum("step" in row.counters for row in rows)
+    if not carrying or carrying == len(rows) or carrying * 2 < len(rows):
+        return
+    last: LineRow | None = None
+    for row in rows:
+        if "step" in row.counters:
+            last = row
+        elif last is not None:
+            row.counters["step"] = last.counters["step"]
+            row.spelling = last.spelling
 
 
 def _merge_reprints(rows: list[LineRow]) -> list[LineRow]:
@@ -290,6 +342,7 @@ def read_rows(lines: list[str], log: LogBuilder) -> int:
     rows, evals = rows_of(lines)
     if not rows:
         return 0
+    _inherit_steps(rows)
     counter = _numbering(rows)
     if counter == "step":
         spellings = [row.spelling for row in rows]
