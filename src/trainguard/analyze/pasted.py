@@ -148,13 +148,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         counters[TOTAL] = float(total)
         remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
     taken: list[tuple[int, int]] = []
-    for match in _SEPARATED.finditer(remaining):
-        name = _name(match.group(1))
-        value = number(match.group(2))
-        if name and value is not None:
-            values.setdefault(name, value)
-            taken.append(match.span())
-    for match in _IS.finditer(remaining):
+    for match in (*_SEPARATED.finditer(remaining), *_IS.finditer(remaining)):
         name = _name(match.group(1))
         value = number(match.group(2))
         if name and value is not None:
