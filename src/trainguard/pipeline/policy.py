@@ -70,8 +70,9 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
                          value=float(consecutive_skips + 1))
             return Decision("halted", reason="skip limit reached", events=(halt,))
         return Decision("skipped", reason=reason)
-    if signals.amp_overflow:
-        # even under observe, the scaler itself refuses to apply an overflowed step
+    if signals.amp_overflow or (signals.loss_scale is not None and not signals.grads_finite):
+        # even under observe, the scaler itself refuses to apply a step whose gradients are not
+        # finite, whatever the loss (what `scaler.step` does without trainguard)
         return Decision("skipped", reason="GradScaler overflow")
     limit = config.fixed_max_grad_norm if max_grad_norm is None else max_grad_norm
     coef = clip_coefficient(signals.grad_norm, limit)

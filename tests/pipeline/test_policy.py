@@ -1,0 +1,46 @@
+"""The base policy (`pipeline/policy.py`) as a loop meets it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def test_observe_under_a_grad_scaler_is_bit_identical_to_the_plain_loop(tmp_path: Path) -> None:
+    """A step whose loss itself is not finite (inputs x1e36) overflows the scaled gradients:
+    `scaler.step` skips it without trainguard, so `observe` must too (it once applied the NaN
+    update and left non-finite weights)."""
+    import torch
+    from torch import nn
+
+    import trainguard
+
+    def run(guarded: bool) -> tuple[list[torch.Tensor], float]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+        generator = torch.Generator().manual_seed(1)
+        guard = (trainguard.Guard(model, optimizer, scaler=scaler, run_dir=tmp_path / "run",
+                                  config=trainguard.GuardConfig(policy="observe", console=False))
+                 if guarded else None)
+        for step in range(40):
+            x = torch.randn(16, 8, generator=generator)
+            if step == 20:
+                x = x * 1e36
+            loss = nn.functional.mse_loss(model(x), x[:, :1])
+            scaler.scale(loss).backward()
+            if guard is not None:
+                guard.step(loss)
+            else:
+                scaler.step(optimizer)
+                scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        if guard is not None:
+            guard.close()
+        return [p.detach().clone() for p in model.parameters()], scaler.get_scale()
+
+    plain, plain_scale = run(False)
+    guarded, guarded_scale = run(True)
+    assert guarded_scale == plain_scale
+    assert all(torch.equal(a, b) for a, b in zip(plain, guarded, strict=True))
+    assert all(torch.isfinite(p).all() for p in guarded)
