@@ -594,3 +594,25 @@ def test_a_log_is_what_every_reader_returns(tmp_path: Path) -> None:
         assert isinstance(log, Log)
         assert all(len(values) == len(log.steps) for values in log.series.values())
         assert log.steps == sorted(log.steps)
+
+
+def test_a_fifo_is_refused_at_once_not_read_forever(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "log.pipe"
+    os.mkfifo(fifo)
+    for fmt in (None, "text"):
+        with pytest.raises(LogError, match="not a regular file or directory"):
+            read_log(fifo, fmt)
+
+
+def test_a_symlink_loop_says_so(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(LogError, match="too many levels of symbolic links"):
+        read_log(loop)
+
+
+def test_a_directory_under_a_file_format_names_the_format(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match="a directory; --format text reads a file"):
+        read_log(tmp_path, "text")

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,8 +31,14 @@ _SQLITE = b"SQLite format 3\0"
 def read_log(path: str | Path, fmt: str | None = None) -> Log:
     """Read a training log, its format detected unless `fmt` names one of `FORMATS`."""
     path = Path(path)
-    if not path.exists():
-        raise LogError(f"{path}: no such file or directory")
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:  # missing, a symlink loop, no permission: say which
+        why = exc.strerror or "cannot be read"
+        raise LogError(f"{path}: {why[:1].lower()}{why[1:]}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block the reader
+        raise LogError(f"{path}: not a regular file or directory (a pipe, socket or device); "
+                       "to read standard input, give - as the path")
     if fmt is not None and fmt not in FORMATS:
         raise LogError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     name = fmt or detect_format(path)
@@ -48,7 +55,9 @@ def _file(path: Path, fmt: str) -> Path:
     found = {"hf": _latest(path, "trainer_state.json", "checkpoint-"),
              "lightning": _latest(path, "metrics.csv", "version_")}.get(fmt)
     if found is None:
-        raise LogError(f"{path}: a directory; give the {FORMATS.get(fmt, fmt)} file itself")
+        what = FORMATS.get(fmt.split(":", 1)[0], fmt)
+        raise LogError(f"{path}: a directory; --format {fmt} reads a file: give the {what} "
+                       "file itself")
     return found
 
 
