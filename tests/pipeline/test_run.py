@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,17 @@ def test_rollback_under_a_trainer_rewinds_its_scheduler_step_and_backs_the_lr_of
         (0.1 + 0.9 / config.recovery.lr_ramp_steps) * min(plain[13], ceiling))
     assert all(torch.isfinite(p).all() for p in setup.model.parameters())
     run.close()
+
+
+@pytest.mark.parametrize("run_dir, message", [
+    ("", "run_dir is empty"), ("  ", "run_dir is empty"),
+    (123, "run_dir must be a path (str or pathlib.Path) or None, got int 123"),
+])
+def test_a_run_dir_that_is_no_directory_is_one_clear_error(run_dir: object, message: str) -> None:
+    from trainguard import Guard
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        Guard(model, optimizer, run_dir=run_dir,  # type: ignore[arg-type]
+              config=GuardConfig(console=False))

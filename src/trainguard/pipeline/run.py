@@ -99,7 +99,7 @@ class Run:
         """This rank under torch.distributed (world size > 1); None for a single process."""
         self.is_main = self.dist is None or self.dist.is_main
         """Only rank 0 writes the run store and runs the sinks and the console."""
-        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.run_dir = _run_dir(run_dir)
         if self.dist is not None:  # every rank or none, before any collective
             agree_on_start(self.dist, self._agreed_setup(config), config.rank_timeout_s)
 
@@ -448,3 +448,17 @@ def _auto_clip(config: GuardConfig) -> RobustClipLimit | None:
     d = config.detectors
     return RobustClipLimit(window=d.baseline_window, warmup_steps=max(d.warmup_steps, 1),
                            ceiling=d.grad_norm_abs_threshold, min_log_scale=d.min_log_scale)
+
+
+def _run_dir(run_dir: object) -> Path | None:
+    """The run directory, or one clear error: an empty string would write into the current
+    directory, a number is no path."""
+    if run_dir is None:
+        return None
+    if not isinstance(run_dir, (str, Path)):
+        raise UsageError(f"run_dir must be a path (str or pathlib.Path) or None, got "
+                         f"{type(run_dir).__name__} {run_dir!r}")
+    if not str(run_dir).strip():
+        raise UsageError("run_dir is empty; give a directory such as 'runs/exp1' (or None to "
+                         "keep no run store)")
+    return Path(run_dir)
