@@ -119,3 +119,28 @@ def test_a_healthy_run_prints_no_verdict(tmp_path: Path, capsys) -> None:
     guard.close()
     assert guard.verdict is not None and guard.verdict.verdict == "healthy"
     assert "verdict" not in capsys.readouterr().err
+
+
+def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+    import torch
+
+    import trainguard
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
+                             config=trainguard.GuardConfig(policy="halt", console=False))
+    with pytest.raises(trainguard.TrainingDiverged):
+        for step in range(60):
+            x = torch.randn(8, 4)
+            if step == 40:
+                x[0, 0] = float("nan")
+            loss = torch.nn.functional.mse_loss(model(x), x[:, :1])
+            loss.backward()
+            guard.step(loss)
+            optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert guard.verdict is not None and guard.verdict.verdict == "degraded"
+    assert "halted on a non-finite loss" in guard.verdict.message

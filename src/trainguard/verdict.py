@@ -117,8 +117,9 @@ class LossTrack:
     def _start(self) -> float | None:
         return statistics.median(self.first) if self.first else None
 
-    def verdict(self) -> RunVerdict | None:
-        """None when no loss was ever seen."""
+    def verdict(self, *, halted: bool = False) -> RunVerdict | None:
+        """None when no loss was ever seen. `halted`: the run was stopped by the Guard; stopped
+        on a non-finite loss, it did not recover, whatever the losses before it."""
         start = self._start()
         if start is None:
             return None
@@ -126,6 +127,9 @@ class LossTrack:
         against = ("before the first trouble" + (f" (step {self.trouble_step})"
                                                   if self.trouble_step is not None else "")
                    if self.before_trouble is not None else "at the start")
+        if halted and self.nonfinite_tail:
+            return RunVerdict("degraded", "the run was halted on a non-finite loss", start,
+                              self.before_trouble, math.nan, self.trouble_step)
         if self.nonfinite_tail >= self.window // 2 or not self.recent:
             return RunVerdict("degraded", f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)

@@ -40,6 +40,7 @@ class Act:
         if decision.action == "rolled_back":
             self._roll_back(ctx)
         if ctx.outcome == "halted":
+            self.run.halted = True
             self._halt(ctx)
         elif ctx.applied:
             scale_grads(ctx.grads, decision.clip_coef)

@@ -100,6 +100,8 @@ class Run:
         self.is_main = self.dist is None or self.dist.is_main
         """Only rank 0 writes the run store and runs the sinks and the console."""
         self.run_dir = _run_dir(run_dir)
+        self.halted = False
+        """The Guard halted this run (a crash snapshot, `TrainingDiverged`)."""
         if self.dist is not None:  # every rank or none, before any collective
             agree_on_start(self.dist, self._agreed_setup(config), config.rank_timeout_s)
 
@@ -369,7 +371,8 @@ class Run:
         if diagnosis:
             self.sinks.on_diagnosis(diagnosis)
         try:
-            self.verdict = self.state.losses.verdict()
+            self.verdict = self.state.losses.verdict(
+                halted=self.halted or status == "halted")
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
