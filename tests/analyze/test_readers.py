@@ -616,3 +616,10 @@ def test_a_symlink_loop_says_so(tmp_path: Path) -> None:
 def test_a_directory_under_a_file_format_names_the_format(tmp_path: Path) -> None:
     with pytest.raises(LogError, match="a directory; --format text reads a file"):
         read_log(tmp_path, "text")
+
+
+def test_a_step_beyond_64_bits_is_one_clear_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "log.jsonl", "".join(
+        f'{{"step": {2 ** 70 + i}, "loss": {2.0 - 0.01 * i}}}\n' for i in range(5)))
+    with pytest.raises(LogError, match=r"step 1180591620717411303424 is beyond any training step"):
+        read_log(path)

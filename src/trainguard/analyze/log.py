@@ -61,6 +61,10 @@ BOOKKEEPING = frozenset({
 """Counters, clocks and run-level totals: not training signals."""
 
 
+MAX_STEP = 2 ** 63
+"""Steps are 64-bit integers wherever they are kept (arrays, stores, plots)."""
+
+
 class LogError(TrainguardError):
     """A training log cannot be read: the message names the file and the problem."""
 
@@ -279,6 +283,11 @@ class LogBuilder:
     def build(self, *, what: str = "training values") -> Log:
         if not self._steps:
             raise LogError(f"{self.path}: no {what} found")
+        out_of_range = next((s for s in (min(self._steps), max(self._steps))
+                             if not -MAX_STEP <= s < MAX_STEP), None)
+        if out_of_range is not None:
+            raise LogError(f"{self.path}: step {out_of_range} is beyond any training step "
+                           f"(|step| < 2^63 is read)")
         names: list[str] = []
         seen: set[str] = set()
         for row in self._rows:
