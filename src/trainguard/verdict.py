@@ -76,7 +76,6 @@ class LossTrack:
     def __init__(self, window: int = WINDOW, stall_steps: int = STALL_STEPS) -> None:
         self.window = window
         self.stall_steps = stall_steps
-        self.first: list[float] = []
         self.recent: deque[float] = deque(maxlen=window)
         self.before_trouble: float | None = None
         self.trouble_step: int | None = None
@@ -104,8 +103,6 @@ class LossTrack:
             return
         self.nonfinite_tail = 0
         self.seen += 1
-        if len(self.first) < self.window // 2:
-            self.first.append(loss)
         if len(self.start) < self.window:
             self.start.append(loss)
         self.recent.append(loss)
@@ -113,6 +110,11 @@ class LossTrack:
         if len(self.recent) == self.window:
             level = statistics.median(self.recent)
             self.best = level if self.best is None else min(self.best, level)
+
+    @property
+    def first(self) -> list[float]:
+        """The first half-window of losses: the start level the verdict compares with."""
+        return self.start[: self.window // 2]
 
     def _start(self) -> float | None:
         return statistics.median(self.first) if self.first else None
@@ -166,20 +168,19 @@ class LossTrack:
                           None, final, None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first": list(self.first), "recent": list(self.recent),
+        return {"first": self.first, "recent": list(self.recent),
                 "before_trouble": self.before_trouble, "trouble_step": self.trouble_step,
                 "nonfinite_tail": self.nonfinite_tail, "start": list(self.start),
                 "best": self.best, "seen": self.seen, "history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.first = [float(v) for v in state["first"]]
         self.recent = deque((float(v) for v in state["recent"]), maxlen=self.window)
         before = state.get("before_trouble")
         self.before_trouble = None if before is None else float(before)
         trouble = state.get("trouble_step")
         self.trouble_step = None if trouble is None else int(trouble)
         self.nonfinite_tail = int(state.get("nonfinite_tail", 0))
-        self.start = [float(v) for v in state.get("start", self.first)]
+        self.start = [float(v) for v in state.get("start", state["first"])]
         best = state.get("best")
         self.best = None if best is None else float(best)
         self.seen = int(state.get("seen", len(self.recent)))

@@ -66,7 +66,8 @@ START_ROWS = 5
 NEGLIGIBLE_SHARE = 0.1
 """A recovered jump of the loss that takes back less than this share of what the loss had come
 down from its start is noise near its floor, not trouble (chosen on the tuning half of the real
-logs: such jumps took back 2% there, diverged runs 135% and more)."""
+logs: a healthy run's one-batch jumps took back 2% of its fall there; every diverged run with a
+level before its trouble took back more than its whole fall)."""
 SUDDEN_JUMP = DetectorConfig().loss_spike_ratio
 """A loss that jumps this many times its previous row's value is sudden, whatever the logging
 interval (a slow climb moves by a fraction per row; a mean over many steps dilutes a one-step

@@ -64,6 +64,7 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
     detectors = [t(config) for t in DETECTOR_TYPES
                  if not t.reads_sampled_only and not _silent(t, log, config)]
     with_grad = detectors
+    overflow = next((d for d in detectors if isinstance(d, Fp16Overflow)), None)
     without_grad = [d for d in detectors if not isinstance(d, READS_GRAD_NORM)]
     aux = [name for name in log.series if is_train_loss(name)]
     aux_watch = {name: NonFiniteLoss(config) for name in aux}
@@ -124,7 +125,7 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
         if per_param is not None:
             signals.param_grad_norm = per_param[row]
         for detector in (with_grad if grad is not None else without_grad):
-            if isinstance(detector, Fp16Overflow):  # it counts steps: one row, one step?
+            if detector is overflow:  # it counts steps: one row, one step?
                 signals.amp_overflow = whole[row]
             found = detector.check(signals)
             signals.amp_overflow = skipped[row]
