@@ -10,8 +10,10 @@
 
 `guard.step` replaces clip_grad_norm_ + optimizer.step() + scheduler.step() (and the scaler's
 unscale_/step/update). On a skipped step the scheduler does not advance: the schedule follows the
-updates that were really applied. Everything around the step is the `Run` and its
-`StepPipeline`, which the framework callbacks use too: the Guard only takes the optimizer step.
+updates that were really applied. Under `observe` a step the GradScaler skips still advances
+the scheduler, as the loop without trainguard does (`observe` changes nothing in training).
+Everything around the step is the `Run` and its `StepPipeline`, which the framework callbacks use
+too: the Guard only takes the optimizer step.
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ class Guard:
                 self.scheduler.step()
         elif self.scaler is not None and ctx.outcome != "rolled_back":
             self.scaler.update()  # lowers the scale after an overflow, as scaler.step would
+            if self.config.policy == "observe" and self.scheduler is not None:
+                self.scheduler.step()  # the plain loop steps its schedule past the scaler's skip
         report = self.run.steps.after_update(ctx)
         assert report is not None
         return report

@@ -48,8 +48,9 @@ class Act:
             if ctx.sampled:
                 self.run.weight_probe.remember()
         else:
-            drop_grads(self.run.watched.params)
-            self.run.rewind.remember()
+            if self.run.config.policy != "observe":  # observe leaves grads and schedule as they are
+                drop_grads(self.run.watched.params)
+                self.run.rewind.remember()
             if ctx.outcome == "skipped":
                 ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
                         reason=decision.reason)
