@@ -219,3 +219,26 @@ def test_analyze_of_an_empty_or_unreadable_pipe_is_one_clear_error() -> None:
     prose = _cli(["analyze", "-"], "the loss went up, please help\n")
     assert prose.returncode == 2 and prose.stderr.startswith("trainguard: error: <stdin>: no ")
     assert "Traceback" not in prose.stderr and "trainguard-stdin" not in prose.stderr
+
+
+def test_a_file_of_bare_counter_and_loss_lines_is_read_as_steps_and_losses(
+        tmp_path: Path) -> None:
+    # `print(epoch, loss)` pasted as is (HobbitLong/SupContrast#14)
+    lines = ["788 41.23225021362305", "789 41.23267364501953", "790 41.23270034790039",
+             "791 41.21902847290039", "792 41.21857452392578", "793 nan"]
+    log = read_log(write(tmp_path / "pasted.txt", "\n".join(lines) + "\n"))
+    assert log.format == "text:columns"
+    assert list(log.steps) == [788, 789, 790, 791, 792, 793]
+    assert same(log.series["loss"], [41.23225021362305, 41.23267364501953, 41.23270034790039,
+                                      41.21902847290039, 41.21857452392578, NAN])
+
+
+@pytest.mark.parametrize("text", [
+    "1 0.5\n2 0.4\n3 0.3\n",                                   # too few lines to say anything
+    "1 0.5\n2 0.4\n3 0.3\n2 0.2\n5 0.1\n6 0.1\n",             # a first column that goes back
+    "1 0.5\n2 0.4\n3 0.3\n4 0.2\n5 0.1\nthe run\nwas\nfine\n",  # more prose than numbers
+])
+def test_bare_number_lines_that_are_not_a_counter_and_a_loss_are_not_read(
+        tmp_path: Path, text: str) -> None:
+    with pytest.raises(LogError, match="bare `step loss` lines"):
+        read_log(write(tmp_path / "numbers.txt", text))

@@ -30,10 +30,16 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                counter the lines carry (`step`, `iter`, a progress counter, an epoch), else rows
                numbered from 1. For example `step 120 | loss 2.31 | lr 3e-4 | grad_norm 0.87` or
                `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
+    columns    a file of bare `counter value` lines and nothing else (`print(epoch, loss)`:
+               `788 41.23225021362305`): the first column, an integer that only grows, numbers
+               the rows, the second is the loss. Read only when no other grammar recognises a
+               line, and only when such lines are at least `COLUMNS_SHARE` of the file's
+               non-blank lines and at least `COLUMNS_FEWEST` of them.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -165,12 +171,35 @@ def _generic(lines: list[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
+_COLUMNS = re.compile(rf"^\s*(\d+)[ \t,;]+({NUM})\s*$", re.IGNORECASE)
+COLUMNS_SHARE = 0.9
+"""Bare two-number lines must make up this share of a file's non-blank lines: a file that says
+nothing else about its numbers is read so only when the numbers are all it holds."""
+COLUMNS_FEWEST = 5
+
+
+def _columns(lines: list[str], log: LogBuilder) -> int:
+    filled = [line for line in lines if line.strip()]
+    matches = [m for m in map(_COLUMNS.match, filled) if m is not None]
+    if len(matches) < max(COLUMNS_FEWEST, COLUMNS_SHARE * len(filled)):
+        return 0
+    steps = [int(m.group(1)) for m in matches]
+    if any(b <= a for a, b in itertools.pairwise(steps)):
+        return 0  # a first column that goes back is no counter
+    for step, m in zip(steps, matches, strict=True):
+        value = number(m.group(2))
+        if value is not None:
+            log.add(step, {"loss": value})
+    return len(matches)
+
+
 GRAMMARS: dict[str, tuple[Callable[[list[str], LogBuilder], int], str]] = {
     "megatron": (_megatron, "iteration"),
     "wlm": (_wlm, "batch"),
     "nanogpt": (_nanogpt, "iter"),
     "mlx": (_mlx, "iter"),
     "generic": (_generic, "step"),
+    "columns": (_columns, "step"),
 }
 """name -> (reader of the lines, the unit its steps count), in order of preference on a tie."""
 
@@ -190,7 +219,7 @@ def read(path: str | Path, grammar: str | None = None) -> Log:
     lines = read_lines(path)
     best: tuple[int, LogBuilder] | None = None
     for name in ([grammar] if grammar else list(GRAMMARS)):
-        if name == "generic" and best is not None:  # a trainer's own lines come first
+        if name in ("generic", "columns") and best is not None:  # a trainer's own lines first
             break
         parse, unit = GRAMMARS[name]
         log = LogBuilder(path, f"{FORMAT}:{name}", step_unit=unit)
@@ -200,7 +229,8 @@ def read(path: str | Path, grammar: str | None = None) -> Log:
     if best is None:
         names = ", ".join(GRAMMARS) if grammar is None else grammar
         looked = ("a loss on a line: `loss: 0.53`, `loss=0.53`, `{'loss': 0.53, ...}`, "
-                  "`train loss 0.53`, `tensor(0.53)`, a perplexity; and the lines of " if
+                  "`train loss 0.53`, `tensor(0.53)`, a perplexity; a file of bare "
+                  "`step loss` lines; and the lines of " if
                   grammar in (None, "generic") else "")
         raise LogError(f"{path}: no training log lines recognised (looked for {looked}{names}: "
                        "see `trainguard analyze --help` for the line formats)")
