@@ -20,9 +20,10 @@ Each corpus is split in two halves by a hash of the case name (`half()`): thresh
 on the `tune` half and the `held-out` half is what the figures are reported on. Tables per half,
 per format (the folder's prefix) and per label; the false-alarm rate on healthy runs apart.
 Cases whose log is not kept (`kept` = no in index.csv: a licence that does not allow copying)
-are counted, not scored. Where index.csv has a `batch` column, the cases of batch 2 (collected
-and labelled after the thresholds were chosen, never looked at while tuning) get the summary rows
-once more on their own: the figure on never-seen logs.
+are counted, not scored. Where index.csv has a `batch` column, the cases of each later batch (2,
+3: collected and labelled after the thresholds were chosen, never looked at while tuning) get the
+summary rows once more on their own, and all of them together ("batches 2+3"): the figure on
+never-seen logs.
 
 Nothing here knows a case by its name: the labels come from index.csv, the files from the
 folder. The shared set is read in place (it is not the project's to copy).
@@ -46,7 +47,8 @@ from trainguard.analyze.log import Log, LogError
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 OWN_DATA = Path(__file__).resolve().parent / "realdata"
 EXCERPT = "incident_excerpt.txt"
-NEW_BATCH = "2"  # index.csv `batch`: cases collected after the tuning, never looked at while tuning
+# index.csv `batch`: the batches collected after the tuning, never looked at while tuning
+NEW_BATCHES = ("2", "3")
 HALVES = ("tune", "held-out")
 
 
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     corpora: dict[str, list[Case]] = {}
     skipped: dict[str, int] = {}
-    skipped_new: dict[str, int] = {}
+    skipped_new: dict[str, dict[str, int]] = {}
     for folder in folders:
         name = "own" if folder.resolve() == OWN_DATA.resolve() else folder.name
         cases = []
@@ -212,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if not label.kept:
                 skipped[name] = skipped.get(name, 0) + 1
-                if label.batch == NEW_BATCH:
-                    skipped_new[name] = skipped_new.get(name, 0) + 1
+                if label.batch in NEW_BATCHES:
+                    counts = skipped_new.setdefault(name, {})
+                    counts[label.batch] = counts.get(label.batch, 0) + 1
                 continue
             case = Case(label)
             for path in log_files(folder / label.case):
@@ -229,15 +232,18 @@ def main(argv: list[str] | None = None) -> int:
                                  "halves": {h: _totals([c for c in cases if c.label.half == h])
                                             for h in HALVES},
                                  "not_kept": skipped.get(name, 0),
-                                 "new_batch": {h: _totals([c for c in cases
-                                                           if c.label.batch == NEW_BATCH
-                                                           and (h == "all" or c.label.half == h)])
-                                               for h in ("all", *HALVES)}}
+                                 "new_batches": {
+                                     "+".join(batches): {
+                                         h: _totals([c for c in cases
+                                                     if c.label.batch in batches
+                                                     and (h == "all" or c.label.half == h)])
+                                         for h in ("all", *HALVES)}
+                                     for batches in _new_groups()}}
                           for name, cases in corpora.items()}, indent=2))
         return 0
     for name, cases in corpora.items():
         _print(name, cases, skipped.get(name, 0), every=args.cases)
-        _print_new_batch(cases, skipped_new.get(name, 0))
+        _print_new_batches(cases, skipped_new.get(name, {}))
     return 0
 
 
@@ -281,18 +287,28 @@ HEADER = ("", "cases", "read", "verdict", "kind (diverged)", "onset exact", "fal
           "all right")
 
 
-def _print_new_batch(cases: list[Case], not_kept: int) -> None:
-    """The summary rows again, for the cases of the batch collected after the tuning only: the
-    figure on logs no threshold was ever chosen on (its misses are among the lines above)."""
-    new = [c for c in cases if c.label.batch == NEW_BATCH]
-    if not new and not not_kept:
-        return
-    print(f"-- batch {NEW_BATCH}, never seen while tuning ({len(new)} cases scored"
-          + (f", {not_kept} not kept, not scored" if not_kept else "") + ")")
-    rows = [HEADER, _row(f"batch {NEW_BATCH} all", new)]
-    rows += [_row(f"batch {NEW_BATCH} {h}", [c for c in new if c.label.half == h]) for h in HALVES]
-    _table(rows)
-    print()
+def _new_groups() -> list[tuple[str, ...]]:
+    """Each later batch on its own, then all of them together."""
+    groups = [(b,) for b in NEW_BATCHES]
+    return [*groups, NEW_BATCHES] if len(NEW_BATCHES) > 1 else groups
+
+
+def _print_new_batches(cases: list[Case], not_kept: dict[str, int]) -> None:
+    """The summary rows again, for the cases of each batch collected after the tuning, then for
+    all of them together: the figure on logs no threshold was ever chosen on (their misses are
+    among the lines above)."""
+    for batches in _new_groups():
+        new = [c for c in cases if c.label.batch in batches]
+        skipped = sum(not_kept.get(b, 0) for b in batches)
+        if not new and not skipped:
+            continue
+        title = ("batch " if len(batches) == 1 else "batches ") + "+".join(batches)
+        print(f"-- {title}, never seen while tuning ({len(new)} cases scored"
+              + (f", {skipped} not kept, not scored" if skipped else "") + ")")
+        rows = [HEADER, _row(f"{title} all", new)]
+        rows += [_row(f"{title} {h}", [c for c in new if c.label.half == h]) for h in HALVES]
+        _table(rows)
+        print()
 
 
 def _pct(a: object, b: object) -> str:
