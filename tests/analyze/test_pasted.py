@@ -74,6 +74,8 @@ def same(values: list[float | None], expected: list[float]) -> bool:
     # Time-Series-Library, tab-indented (Secilia-Cxy/SOFTS#10)
     ("\titers: 1600, epoch: 6 | loss: 2.1373572", {"loss": 2.1373572},
      {"step": 1600.0, "epoch": 6.0}),
+    # NVIDIA apex's Tacotron 2 example: a name numbered by its iteration (NVIDIA/apex#318)
+    ("Validation loss 6312:  0.149928  ", {"Validation loss": 0.149928}, {"step": 6312.0}),
 ])
 def test_a_pasted_line_gives_its_values_and_counters(line: str, values: dict[str, float],
                                                      counters: dict[str, float]) -> None:
@@ -242,3 +244,14 @@ def test_bare_number_lines_that_are_not_a_counter_and_a_loss_are_not_read(
         tmp_path: Path, text: str) -> None:
     with pytest.raises(LogError, match="bare `step loss` lines"):
         read_log(write(tmp_path / "numbers.txt", text))
+
+
+def test_a_log_of_evaluation_losses_only_judges_them_and_says_so(tmp_path: Path) -> None:
+    # NVIDIA/apex#318: the log prints a validation loss per epoch and no training loss
+    text = "".join(f"Epoch: {e}\nValidation loss {i}:  {v}  \nEpoch {e} time 30.5 lr 0.001\n"
+                   for e, i, v in [(11, 6312, 0.149928), (12, 6838, 0.147172),
+                                   (13, 7364, 0.148571), (14, 7890, 0.148049)])
+    log = read_log(write(tmp_path / "val.txt", text))
+    assert list(log.steps) == [6312, 6838, 7364, 7890]
+    assert same(log.series["loss"], [0.149928, 0.147172, 0.148571, 0.148049])
+    assert any("no training loss" in note for note in log.notes)

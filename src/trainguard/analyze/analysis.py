@@ -168,8 +168,10 @@ def _evidence(log: Log, judgement: Judgement, findings: list[Finding]) -> list[s
     for finding in findings:
         lines.append(finding.message)
     for event in judgement.isolated[:3]:
-        lines.append(f"{log.label(event.details['row'])}: isolated {event.kind} (back to normal "
-                     f"at the next row, not counted): {event.message}")
+        why = ("the log ends on it: nothing after it says whether it lasted" if
+               event.details["row"] == len(log) - 1 else "back to normal at the next row")
+        lines.append(f"{log.label(event.details['row'])}: isolated {event.kind} ({why}, not "
+                     f"counted): {event.message}")
     if len(judgement.isolated) > 3:
         lines.append(f"... {len(judgement.isolated) - 3} more isolated jumps")
     if judgement.verdict == HEALTHY:

@@ -62,6 +62,11 @@ _SPACED = re.compile(rf"(?<![\w./-])({_WORD})[ \t]+({NUM}){_END}", re.IGNORECASE
 _IS = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})[ \t]+(?:is|was)[ \t]+({NUM})"
                  rf"(?=[\s.,;)]|$)", re.IGNORECASE)
 """`Loss is NaN.`, `Current learning rate is 0.08` (a sentence, as BigDL and others print)."""
+_LABELLED = re.compile(rf"(?<![\w./-])((?:[A-Za-z_]+[ \t]){{0,2}}[A-Za-z_]+)[ \t]+(\d+):[ \t]+"
+                       rf"({NUM}){_END}(?!:)", re.IGNORECASE)
+"""`Validation loss 6312:  0.149928`: a name in letters numbered by its step, a colon, a space,
+then its value (the step is not the name's value, as `key value` would read it; a time such as
+`01:17:15` has no space after its colons)."""
 _PROGRESS = re.compile(r"(?<![\w./])(\d+)\s*/\s*(\d+)\s*\[|\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:=]?\s*\[?\s*(\d+)"
                        r"\s*/\s*(\d+)\s*\]?", re.IGNORECASE)
@@ -147,6 +152,14 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         counters["progress"] = float(done)
         counters[TOTAL] = float(total)
         remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
+    for match in _LABELLED.finditer(remaining):
+        name = _name(match.group(1))
+        value = number(match.group(3))
+        if name.lower() in COUNTERS or value is None:
+            continue
+        values.setdefault(name, value)
+        counters.setdefault("step", float(match.group(2)))
+        remaining = remaining.replace(match.group(0), " ", 1)
     taken: list[tuple[int, int]] = []
     for match in (*_SEPARATED.finditer(remaining), *_IS.finditer(remaining)):
         name = _name(match.group(1))
@@ -226,10 +239,17 @@ def is_loss_name(name: str) -> bool:
     return name == "loss" or is_train_loss(name)
 
 
-def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]]]:
-    """The training rows of the lines, and evaluations (index of the row they follow, values)."""
+def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]],
+                                            bool]:
+    """The training rows of the lines, evaluations (index of the row they follow, values), and
+    whether the rows are evaluations' (see below).
+
+    Lines that hold no training loss at all but an evaluation's loss (`Validation loss 6312:
+    0.149928` and nothing else) are the log's rows, that loss read as the loss: what the log
+    says of the run is what is judged (`read_rows` notes it)."""
     rows: list[LineRow] = []
     evals: list[tuple[int, dict[str, float]]] = []
+    eval_rows: list[LineRow] = []
     epoch: float | None = None
     for raw in lines:
         for line in raw.split("\r"):
@@ -253,6 +273,12 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
                     values["loss"] = math.log(value) if value > 0 else math.nan
             if not any(is_loss_name(name) for name in values):
                 evaluation = {k: v for k, v in values.items() if is_eval_name(k)}
+                losses = [k for k in evaluation if "loss" in k.lower()]
+                if losses and not rows:
+                    eval_rows.append(LineRow({EVAL_AS_LOSS: evaluation[losses[0]]},
+                                             {k: v for k, v in counters.items()
+                                              if k not in (SPELLING, TOTAL)}, epoch,
+                                             str(counters.get(SPELLING, "step"))))
                 if evaluation and rows:
                     evals.append((len(rows) - 1, evaluation))
                 elif (owner := _row_of_step(rows, counters)) is not None:
@@ -263,7 +289,13 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
             spelling = counters.pop(SPELLING, "step")
             total = counters.pop(TOTAL, None)
             rows.append(LineRow(values, counters, epoch, str(spelling), total))
-    return _merge_reprints(rows), evals
+    if not rows and eval_rows:
+        return _merge_reprints(eval_rows), [], True
+    return _merge_reprints(rows), evals, False
+
+
+EVAL_AS_LOSS = "loss"
+"""The name an evaluation's loss is read under in a log that holds no training loss."""
 
 
 def _row_of_step(rows: list[LineRow], counters: dict[str, float]) -> LineRow | None:
@@ -333,9 +365,11 @@ def _more_digits(x: float, y: float) -> bool:
 
 def read_rows(lines: list[str], log: LogBuilder) -> int:
     """Add the training rows of `lines` to `log`; the number of rows found."""
-    rows, evals = rows_of(lines)
+    rows, evals, of_evaluations = rows_of(lines)
     if not rows:
         return 0
+    if of_evaluations:
+        log.notes.append("the log holds no training loss: its evaluation loss is judged")
     _inherit_steps(rows)
     counter = _numbering(rows)
     if counter == "step":
