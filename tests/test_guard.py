@@ -383,6 +383,32 @@ def test_parameters_unfrozen_later_are_watched() -> None:
     assert next(e for e in report.events if e.kind == "nonfinite_grad").param == name
 
 
+def test_the_same_monitoring_failure_on_every_step_is_recorded_once(monkeypatch, caplog,
+                                                                   tmp_path) -> None:
+    """A failure that recurs on every step (a probe bug, a broken collective) used to add one
+    `monitor_error` per step, thousands in the store: it is one event, then one count."""
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path)
+    train(guard, setup, 2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("probe bug")
+
+    monkeypatch.setattr(guard.run.grad_probe, "measure", broken)
+    with caplog.at_level("ERROR", logger="trainguard"):
+        reports = train(guard, setup, 50)
+    assert all(r.action == "applied" and [e.kind for e in r.events] == ["monitor_error"]
+               and r.events[0].step == r.step for r in reports), "each step still says so"
+    assert caplog.text.count("probe bug") == 1
+    assert [(e.kind, e.step) for e in guard.events] == [("monitor_error", 2)]
+    guard.close()
+    assert [(e.kind, e.step) for e in guard.events] == [("monitor_error", 2), ("monitor_error", 51)]
+    assert guard.events[1].details == {"repeats": 49, "first_step": 2}
+    assert "recurred on 49 more step(s), through step 51" in guard.events[1].message
+    with trainguard.RunReader(tmp_path) as reader:
+        assert [e.kind for e in reader.events()] == ["monitor_error"] * 2
+
+
 def test_a_monitoring_bug_does_not_stop_training(monkeypatch, caplog) -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer, setup.scheduler, config=GuardConfig(**QUIET))

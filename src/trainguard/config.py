@@ -341,6 +341,15 @@ class GuardConfig:
     trainguard with the same configuration before it stops with a message naming the rank
     missing (a rank without trainguard would otherwise make the others hang in its collectives
     until the process group's timeout)."""
+    collective_timeout_s: float = 300.0
+    """Under torch.distributed with gloo, how long one of trainguard's own collectives (the
+    step's all-reduce and the few others) waits for the other ranks before the run stops with
+    `PeerLost`. They run on a process group of trainguard's own created with this timeout, so a
+    rank that hangs does not hold the others for the default group's 30 minutes. A rank that dies
+    is seen at once (its connections close); this bounds only a rank that stops answering. Keep
+    it above the longest time one rank may legitimately spend outside its steps while the others
+    wait in trainguard's all-reduce (an evaluation or a checkpoint on one rank only). Under NCCL
+    trainguard uses the default group, and its timeout and NCCL's watchdog apply."""
     desync_every: int = 5
     """Under torch.distributed, every this many steps a fingerprint of each rank's replicated
     weights (one fused norm pass) rides the step's all-reduce (the guide's §3.4.1 desync check);
@@ -361,6 +370,7 @@ class GuardConfig:
         _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
         _at_least(self.desync_every, 1, "GuardConfig.desync_every")
         _positive(self.rank_timeout_s, "GuardConfig.rank_timeout_s")
+        _positive(self.collective_timeout_s, "GuardConfig.collective_timeout_s")
         if self.batch_size is not None:
             _at_least(self.batch_size, 1, "GuardConfig.batch_size")
         _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",
