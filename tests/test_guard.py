@@ -428,3 +428,27 @@ def test_a_monitoring_bug_does_not_stop_training(monkeypatch, caplog) -> None:
     assert "probe bug" in caplog.text
     monkeypatch.undo()
     assert train(guard, setup, 1)[0].step == 3, "and guarding resumes"
+
+
+def test_a_regression_converged_to_float_noise_is_not_halted() -> None:
+    """A float32 linear regression on exact targets converges to ~1e-14 and then wobbles by 10x
+    from batch to batch: rounding. Its loss_divergence used to fire at error and halt it."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 8)
+    y = x @ torch.randn(8, 1) + 0.5
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="halt", **QUIET))
+    generator = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(1000):
+        rows = torch.randint(0, 64, (16,), generator=generator)
+        loss = nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    guard.close()
+    assert max(losses[-100:]) < 1e-11 and max(losses[-100:]) > 10 * min(losses[-100:])
+    assert guard.events == []
+    assert guard.run.verdict is not None and guard.run.verdict.verdict == "healthy"

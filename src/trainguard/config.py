@@ -96,6 +96,12 @@ class DetectorConfig:
     """...and a level this many times the first loss is one too (the first updates blew the
     model up: an LR too high for the start)."""
 
+    loss_resolution: float = 1e-7
+    """The smallest rise of the loss that is not float noise, as a fraction of the level the run
+    started at (the median of its first `warmup_steps` losses): about float32's relative
+    resolution (1.2e-7). A regression that converged to 1e-14 wobbles by 1e-13, rises of 10x that
+    are only rounding; `loss_spike` and `loss_divergence` ignore rises smaller than this."""
+
     divergence_ratio: float = 1.5
     """Sustained divergence: the smoothed loss stays this many times above its best value..."""
     divergence_patience: int = 10
@@ -177,7 +183,8 @@ class DetectorConfig:
                      "bad_start_ratio", "bad_start_blowup_ratio", "lr_jump_ratio",
                      "transient_margin", "dead_unit_share", "collapse_spread",
                      "collapse_mode_share", "output_std_ratio",
-                     "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
+                     "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
+                     "loss_resolution"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",
