@@ -345,3 +345,14 @@ def test_a_dead_peer_stops_the_surviving_rank_with_one_clear_error(tmp_path) -> 
         events = reader.events()
     assert [(e.kind, e.details["ranks"]) for e in events] == [("peer_lost", [1])]
     assert "rank 1 is gone" in events[0].message
+
+
+def test_a_hung_peer_stops_the_surviving_rank_after_the_collective_timeout(tmp_path) -> None:
+    """Rank 1 stops (SIGSTOP) without closing its connections: rank 0 waits out
+    collective_timeout_s in trainguard's own process group, not the default group's 30 s."""
+    timeout = 2.0
+    rank0, _ = run_ranks(scenarios.peer_killed, str(tmp_path / "run"), 4, timeout, "SIGSTOP",
+                         dies=(1,))
+    assert rank0["ranks"] == [1] and "rank 1 hangs or is gone" in rank0["error"]
+    assert "Timed out" in rank0["error"]
+    assert 2 * timeout - 0.5 < rank0["after_s"] < 2 * timeout + 5.0  # the timeout, the roll call

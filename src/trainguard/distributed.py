@@ -233,7 +233,7 @@ class PeerLink:
         at = f" at step {self.step}" if self.step is not None else ""
         if missing is None:
             who = ("a rank stopped answering (which one cannot be told: the process group's "
-                   "store is unreachable too, so the rank hosting it is likely gone)")
+                   "store cannot be reached; if it was there, the rank hosting it is gone)")
         elif missing:
             hung = "timed out" in str(error).lower()  # else the connection broke: it died
             who = (f"rank {missing[0]} {'hangs or ' if hung else ''}is gone" if len(missing) == 1

@@ -326,10 +326,11 @@ def ddp_desync_under_policy(rank: int, world: int, policy: str, nudge_after: int
                        if e.kind in ("ddp_desync", "rollback", "rollback_limit")]}
 
 
-def peer_killed(rank: int, world: int, run_dir: str, kill_at: int,
-                timeout_s: float) -> dict[str, Any]:
-    """Two ranks whose only collective is trainguard's; rank 1 kills itself (SIGKILL) at step
-    `kill_at`. Rank 0 reports how it stopped, and how long after rank 1 died."""
+def peer_killed(rank: int, world: int, run_dir: str, kill_at: int, timeout_s: float,
+                how: str = "SIGKILL") -> dict[str, Any]:
+    """Two ranks whose only collective is trainguard's; rank 1 sends itself `how` (SIGKILL: it
+    dies; SIGSTOP: it hangs) at step `kill_at`. Rank 0 reports how it stopped, and how long
+    after rank 1 went."""
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     guard = Guard(model, optimizer, run_dir=run_dir,
@@ -343,7 +344,7 @@ def peer_killed(rank: int, world: int, run_dir: str, kill_at: int,
             loss.backward()
             if rank == 1 and step == kill_at:
                 store.set("test/killed_at", str(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), getattr(signal, how))
             guard.step(loss)
             optimizer.zero_grad(set_to_none=True)
             step += 1
