@@ -196,6 +196,7 @@ def test_replace_keeps_the_rules_and_revalidates() -> None:
     ({"halt_severity": "bad"}, "GuardConfig.halt_severity"),
     ({"max_consecutive_skips": 0}, "GuardConfig.max_consecutive_skips"),
     ({"batch_size": 0}, "GuardConfig.batch_size"),
+    ({"collective_timeout_s": 0}, "GuardConfig.collective_timeout_s"),
     ({"console": "false"}, "GuardConfig.console"),
     ({"store": 1}, "GuardConfig.store"),
     ({"snapshot_dir": 3}, "GuardConfig.snapshot_dir"),

@@ -323,3 +323,36 @@ def test_desync_under_recover_rolls_both_ranks_back_to_agreeing_weights() -> Non
         assert [e for e in rank["events"] if e[0] == "ddp_desync"] == [("ddp_desync", 8, None)]
     assert rank0["actions"] == rank1["actions"]
     assert rank0["weights"] == rank1["weights"]  # in sync again, bit for bit
+
+
+# -- a rank that dies ------------------------------------------------------------------------------
+def test_a_dead_peer_stops_the_surviving_rank_with_one_clear_error(tmp_path) -> None:
+    """Rank 1 is killed inside a run whose only collective is trainguard's: rank 0 stops soon
+    after (it used to train on unguarded, one monitor_error per step), names rank 1, and the
+    store says the run failed and why."""
+    run_dir = tmp_path / "run"
+    timeout = 5.0
+    rank0, rank1 = run_ranks(scenarios.peer_killed, str(run_dir), 4, timeout, dies=(1,))
+    assert rank1 is None
+    assert rank0["error"] is not None, rank0
+    assert rank0["ranks"] == [1] and rank0["step"] == 4 and rank0["steps"] == 4
+    assert "rank 1 is gone" in rank0["error"] and "at step 4" in rank0["error"]
+    assert rank0["after_s"] < timeout + 5.0  # the roll call waits at most the timeout
+    assert rank0["closed"] and rank0["again"] == rank0["error"]
+    assert rank0["events"] == [("peer_lost", "error")]  # no monitor_error
+    with RunReader(run_dir) as reader:
+        assert reader.meta()["status"] == "failed"
+        events = reader.events()
+    assert [(e.kind, e.details["ranks"]) for e in events] == [("peer_lost", [1])]
+    assert "rank 1 is gone" in events[0].message
+
+
+def test_a_hung_peer_stops_the_surviving_rank_after_the_collective_timeout(tmp_path) -> None:
+    """Rank 1 stops (SIGSTOP) without closing its connections: rank 0 waits out
+    collective_timeout_s in trainguard's own process group, not the default group's 30 s."""
+    timeout = 2.0
+    rank0, _ = run_ranks(scenarios.peer_killed, str(tmp_path / "run"), 4, timeout, "SIGSTOP",
+                         dies=(1,))
+    assert rank0["ranks"] == [1] and "rank 1 hangs or is gone" in rank0["error"]
+    assert "Timed out" in rank0["error"]
+    assert 2 * timeout - 0.5 < rank0["after_s"] < 2 * timeout + 5.0  # the timeout, the roll call

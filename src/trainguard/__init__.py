@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports th
     from trainguard.diagnose import Finding, preflight, replay
     from trainguard.errors import (
         ConfigError,
+        PeerLost,
         SnapshotError,
         StoreError,
         TrainguardError,
@@ -38,7 +39,8 @@ _LAZY: dict[str, str] = {
     "RecoveryConfig": "trainguard.config",
     "Finding": "trainguard.diagnose", "preflight": "trainguard.diagnose",
     "replay": "trainguard.diagnose",
-    "ConfigError": "trainguard.errors", "SnapshotError": "trainguard.errors",
+    "ConfigError": "trainguard.errors", "PeerLost": "trainguard.errors",
+    "SnapshotError": "trainguard.errors",
     "StoreError": "trainguard.errors", "TrainguardError": "trainguard.errors",
     "TrainingDiverged": "trainguard.errors", "UsageError": "trainguard.errors",
     "Event": "trainguard.events", "StepReport": "trainguard.events",
@@ -49,8 +51,8 @@ _LAZY: dict[str, str] = {
 """Public name -> the module that defines it (a module itself for `recipes`)."""
 
 __all__ = [
-    "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "RecoveryConfig",
-    "RunReader",
+    "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "PeerLost",
+    "RecoveryConfig", "RunReader",
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
     "UsageError", "__version__", "load_snapshot", "preflight", "recipes", "replay",
 ]

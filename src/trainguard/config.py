@@ -96,6 +96,12 @@ class DetectorConfig:
     """...and a level this many times the first loss is one too (the first updates blew the
     model up: an LR too high for the start)."""
 
+    loss_resolution: float = 1e-7
+    """The smallest rise of the loss that is not float noise, as a fraction of the level the run
+    started at (the median of its first `warmup_steps` losses): about float32's relative
+    resolution (1.2e-7). A regression that converged to 1e-14 wobbles by 1e-13, rises of 10x that
+    are only rounding; `loss_spike` and `loss_divergence` ignore rises smaller than this."""
+
     divergence_ratio: float = 1.5
     """Sustained divergence: the smoothed loss stays this many times above its best value..."""
     divergence_patience: int = 10
@@ -177,7 +183,8 @@ class DetectorConfig:
                      "bad_start_ratio", "bad_start_blowup_ratio", "lr_jump_ratio",
                      "transient_margin", "dead_unit_share", "collapse_spread",
                      "collapse_mode_share", "output_std_ratio",
-                     "fp16_limit_fraction", "min_loss_scale", "min_log_scale"):
+                     "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
+                     "loss_resolution"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",
@@ -341,6 +348,15 @@ class GuardConfig:
     trainguard with the same configuration before it stops with a message naming the rank
     missing (a rank without trainguard would otherwise make the others hang in its collectives
     until the process group's timeout)."""
+    collective_timeout_s: float = 300.0
+    """Under torch.distributed with gloo, how long one of trainguard's own collectives (the
+    step's all-reduce and the few others) waits for the other ranks before the run stops with
+    `PeerLost`. They run on a process group of trainguard's own created with this timeout, so a
+    rank that hangs does not hold the others for the default group's 30 minutes. A rank that dies
+    is seen at once (its connections close); this bounds only a rank that stops answering. Keep
+    it above the longest time one rank may legitimately spend outside its steps while the others
+    wait in trainguard's all-reduce (an evaluation or a checkpoint on one rank only). Under NCCL
+    trainguard uses the default group, and its timeout and NCCL's watchdog apply."""
     desync_every: int = 5
     """Under torch.distributed, every this many steps a fingerprint of each rank's replicated
     weights (one fused norm pass) rides the step's all-reduce (the guide's §3.4.1 desync check);
@@ -361,6 +377,7 @@ class GuardConfig:
         _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
         _at_least(self.desync_every, 1, "GuardConfig.desync_every")
         _positive(self.rank_timeout_s, "GuardConfig.rank_timeout_s")
+        _positive(self.collective_timeout_s, "GuardConfig.collective_timeout_s")
         if self.batch_size is not None:
             _at_least(self.batch_size, 1, "GuardConfig.batch_size")
         _require(self.halt_severity in SEVERITIES, "GuardConfig.halt_severity",

@@ -18,22 +18,30 @@ elsewhere, and the replicas would part. Here:
 - `RankAgreement.gather_batches`: on a step whose agreed signals raised trouble, every rank's
   batch findings, so that the diagnosis hears them with their rank.
 - `DistributedContext.agree_max`: for a decision a driver takes from rank-local data.
+- `PeerLink`: every collective above goes through it, on a gloo group of trainguard's own with
+  `GuardConfig.collective_timeout_s`. The first one that fails (a rank died, or hung past the
+  timeout) ends the agreement for good: a roll call through the process group's store names the
+  rank(s) gone, and `PeerLost` stops the run on every rank left.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
+import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainguard.errors import UsageError
+from trainguard.errors import PeerLost, UsageError
 from trainguard.events import Event
 from trainguard.params import WatchedParams
 from trainguard.probes.gradients import GradientProbe
@@ -41,6 +49,8 @@ from trainguard.probes.local import local_tensor
 from trainguard.probes.packing import DevicePack
 from trainguard.registry import Reduction, Scope, metric_key
 from trainguard.transfer import to_host
+
+log = logging.getLogger("trainguard")
 
 DESYNC_RTOL = 1e-12
 """Fingerprints of a parameter differ when they part by more than this, relative to its norm.
@@ -108,6 +118,8 @@ class DistributedContext:
     device: torch.device
     """Where collectives run: the CPU for gloo, the current CUDA device for nccl."""
     backend: str
+    link: PeerLink = field(default_factory=lambda: PeerLink(), compare=False, repr=False)
+    """trainguard's own collectives (its process group, timeout, and whether a peer was lost)."""
 
     @property
     def is_main(self) -> bool:
@@ -123,7 +135,7 @@ class DistributedContext:
         if isinstance(code, bool) or not isinstance(code, int):
             raise UsageError(f"agree_max takes an int code, got {type(code).__name__}")
         value = torch.tensor([code], dtype=torch.int64, device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        self.link.call(dist.all_reduce, value, op=dist.ReduceOp.MAX)
         return int(to_host(value)[0])
 
 
@@ -154,6 +166,123 @@ def collective_device(backend: str, model_device: torch.device) -> torch.device:
     return model_device  # other backends (mpi, ucc, xccl, ...) reduce where the model lives
 
 
+# -- trainguard's own collectives ------------------------------------------------------------------
+ROLL_CALL_S = 10.0
+"""After a collective failed, how long a rank waits for the others to answer the roll call (at
+most `collective_timeout_s`): a dead rank never answers, a living one answers as soon as its own
+collective fails too."""
+
+
+class PeerLink:
+    """trainguard's own collectives, and the end of the ranks' agreement when one fails.
+
+    Under gloo they run on a process group of trainguard's own, created with
+    `GuardConfig.collective_timeout_s`, so that a rank that hangs stops the others after that
+    long rather than after the default group's timeout. A failed collective leaves the ranks out
+    of step (some may have finished it, others not), so nothing trainguard does afterwards could
+    be agreed: the first failure is final. This rank then answers a roll call through the process
+    group's store, names the ranks that did not answer, tells the run (`on_lost`: record why,
+    close it) and raises `PeerLost`; every later collective raises the same error at once, so a
+    dead peer is one error, never one `monitor_error` per step.
+    """
+
+    def __init__(self) -> None:
+        self.group: Any = None
+        """The process group of trainguard's collectives; None: the default group."""
+        self.timeout_s: float | None = None
+        """The timeout of `group`; None: the default group's own."""
+        self.lost: PeerLost | None = None
+        self.on_lost: Callable[[PeerLost], None] | None = None
+        self.step: int | None = None
+        """The step being checked, for the message."""
+        self._rank = 0
+        self._world = 1
+        self._roll_call: str | None = None
+
+    def open(self, context: DistributedContext, timeout_s: float, start: int | None) -> None:
+        """Every rank calls this at the same point (right after `agree_on_start`): creating a
+        process group is itself a collective."""
+        self._rank, self._world = context.rank, context.world_size
+        if start is not None:
+            self._roll_call = f"trainguard/start{start}/roll_call"
+        if context.device.type != "cpu" or "gloo" not in context.backend.lower():
+            return  # NCCL & co.: a second communicator costs accelerator memory; theirs applies
+        try:
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            self.timeout_s = timeout_s
+        except Exception as exc:  # the default group serves, with its own timeout
+            log.warning("trainguard: no process group of its own (%s: %s); its collectives use "
+                        "the default group and its timeout", type(exc).__name__, exc)
+
+    def call(self, collective: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`collective(*args, group=..., **kwargs)`; raises `PeerLost` if it fails in
+        communication (a RuntimeError, as backends raise), or failed before. Other errors are
+        bugs of the caller's, left to the step's monitoring."""
+        if self.lost is not None:
+            raise self.lost
+        if self.group is not None:
+            kwargs["group"] = self.group
+        try:
+            return collective(*args, **kwargs)
+        except (RuntimeError, OSError) as exc:  # what backends raise (DistError is one)
+            raise self._lose(exc) from exc
+
+    def _lose(self, error: Exception) -> PeerLost:
+        grace = min(ROLL_CALL_S, self.timeout_s or ROLL_CALL_S)
+        missing = self._answer_roll_call(grace)
+        at = f" at step {self.step}" if self.step is not None else ""
+        if missing is None:
+            who = ("a rank stopped answering (which one cannot be told: the process group's "
+                   "store cannot be reached; if it was there, the rank hosting it is gone)")
+        elif missing:
+            hung = "timed out" in str(error).lower()  # else the connection broke: it died
+            who = (f"rank {missing[0]} {'hangs or ' if hung else ''}is gone" if len(missing) == 1
+                   else f"ranks {', '.join(map(str, missing))} {'hang or ' if hung else ''}are "
+                        f"gone")
+            who += f" (no answer within {grace:g} s)"
+        else:
+            who = ("the ranks fell out of step, though every rank still answers (one spent "
+                   "longer than GuardConfig.collective_timeout_s outside its steps?)")
+        lost = PeerLost(
+            f"trainguard: {who}: its all-reduce{at} failed on rank {self._rank} "
+            f"({type(error).__name__}: {_first_sentence(error)}). The ranks can no longer agree "
+            f"on their steps, so training stops here; the run is recorded as failed",
+            ranks=missing, step=self.step)
+        self.lost = lost
+        if self.on_lost is not None:
+            try:
+                self.on_lost(lost)
+            except Exception as exc:  # the error itself still reaches the loop
+                log.error("trainguard: could not record the lost peer (%s: %s)",
+                          type(exc).__name__, exc)
+        return lost
+
+    def _answer_roll_call(self, grace_s: float) -> list[int] | None:
+        """The ranks that do not answer within `grace_s`; None when the store cannot be used."""
+        if self._roll_call is None:
+            return None
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            keys = [f"{self._roll_call}/rank{r}" for r in range(self._world)]
+            store.set(keys[self._rank], "here")
+            missing = [r for r in range(self._world) if r != self._rank]
+            deadline = time.monotonic() + grace_s
+            while True:
+                missing = [r for r in missing if not store.check([keys[r]])]
+                if not missing or time.monotonic() >= deadline:
+                    return missing
+                time.sleep(0.1)
+        except Exception:  # the store's host is gone too
+            return None
+
+
+def _first_sentence(error: Exception) -> str:
+    """gloo's errors go on with advice about the remote worker; the first sentence says it."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", text)  # the source location in gloo
+    return text.split(". ")[0][:300]
+
+
 # -- every rank or none ----------------------------------------------------------------------------
 _STARTS = itertools.count()
 """How many guarded runs this process started: the n-th run of every rank agrees with the others'
@@ -164,16 +293,17 @@ AGREED_CONFIG_FIELDS_EXCLUDED = frozenset({"console", "store", "snapshot_dir"})
 
 
 def agree_on_start(context: DistributedContext, payload: dict[str, Any],
-                   timeout_s: float) -> None:
+                   timeout_s: float) -> int | None:
     """Every rank announces that it runs trainguard, and what with, through the process group's
     store (no collective: a rank that never calls this cannot make the others hang in one), then
     waits up to `timeout_s` for the others. Raises `UsageError` naming the rank that did not
     start trainguard in time, or the first field in which a rank's setup differs from rank 0's:
-    the ranks' per-step all-reduces would otherwise hang or mix different things."""
+    the ranks' per-step all-reduces would otherwise hang or mix different things. Returns the
+    number of this start, which every rank shares (None without a store)."""
     try:
         store = dist.distributed_c10d._get_default_store()
     except Exception:  # no store to meet in (a custom process group): nothing to agree through
-        return
+        return None
     start = next(_STARTS)
     mine = json.dumps(payload, sort_keys=True, default=str)
     keys = [f"trainguard/start{start}/rank{r}" for r in range(context.world_size)]
@@ -200,6 +330,7 @@ def agree_on_start(context: DistributedContext, payload: dict[str, Any],
             raise UsageError(f"trainguard: rank {rank} runs trainguard with another setup than "
                              f"rank 0: {difference}; every rank must guard the same model with "
                              f"the same configuration")
+    return start
 
 
 def _first_difference(ours: Any, theirs: Any, where: str = "") -> str | None:
@@ -340,7 +471,7 @@ class RankAgreement:
         contribution[_LOSS] = local[_LOSS] / world
         contribution[_FP16] = local[_FP16] / world
         contribution[norms_at:] = local[norms_at:].square() * self.shares
-        dist.all_reduce(contribution, op=dist.ReduceOp.SUM)
+        self.context.link.call(dist.all_reduce, contribution, op=dist.ReduceOp.SUM)
         loss = contribution[_LOSS] * world / contribution[_LOSS_RANKS]  # 0/0 if no rank had one
         # A rank's non-finite loss stays non-finite whatever the others add (belt and braces).
         loss = torch.where((contribution[_LOSS_NONFINITE] > 0) & torch.isfinite(loss),
@@ -368,11 +499,11 @@ class RankAgreement:
             parts = [local[n].to(device=device, dtype=torch.float64) for n in names]
             flat = torch.cat(parts)
             if op is Reduction.MAX:
-                dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+                self.context.link.call(dist.all_reduce, flat, op=dist.ReduceOp.MAX)
             else:
                 shares = torch.cat([self.shares] * len(names))
                 flat = flat.square() * shares
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                self.context.link.call(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
                 flat = flat.sqrt()
             offset = 0
             for name, part in zip(names, parts, strict=True):
@@ -398,7 +529,7 @@ class RankAgreement:
         runs it only on steps whose agreed signals raised trouble, the same steps on every rank.
         Objects, not a tensor: the events' texts differ in length."""
         gathered: list[Any] = [None] * self.context.world_size
-        dist.all_gather_object(gathered, mine)
+        self.context.link.call(dist.all_gather_object, gathered, mine)
         return gathered
 
     # -- desync check (guide §3.4.1) -------------------------------------------------------------
@@ -443,7 +574,7 @@ class RankAgreement:
         world = self.context.world_size
         mine = self.fingerprints()
         gathered = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(gathered, mine)
+        self.context.link.call(dist.all_gather, gathered, mine)
         table = to_host(torch.stack(gathered).reshape(-1)).reshape(world, 2, -1)
         relative = replica_difference(table, self._numel)
         drifted = np.flatnonzero(relative > DESYNC_RTOL)

@@ -45,6 +45,22 @@ class RunDirInUse(UsageError):
         """The process holding the directory, when it could be read."""
 
 
+class PeerLost(TrainguardError):
+    """Under torch.distributed, one of trainguard's own collectives failed: a rank died, or
+    stopped answering for longer than `GuardConfig.collective_timeout_s`. The ranks can no longer
+    agree on their steps, so the run was closed (status "failed", with a `peer_lost` event saying
+    why) and training stops on every rank that is left."""
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None, step: int | None = None
+                 ) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        """The ranks that did not answer the roll call after the failure (None when it could not
+        be held: the process group's store was unreachable too)."""
+        self.step = step
+        """The step whose collective failed, when known."""
+
+
 class SnapshotError(TrainguardError):
     """A crash snapshot cannot be read."""
 

@@ -87,7 +87,7 @@ def _panels() -> list[dict[str, Any]]:
     stats = [
         _stat("Step", f"trainguard_step{s}", "{{instance}}", "the last optimizer step reported"),
         _stat("Run status", f"trainguard_run_status{s} == 1", "{{status}}",
-              "running, then finished, halted, crashed or interrupted"),
+              "running, then finished, halted, failed, crashed or interrupted"),
         _stat("Verdict", f"trainguard_verdict{s} == 1", "{{verdict}}",
               "did training work: healthy, recovered or degraded (set when the run closes)"),
         _stat("Since the last step", f"time() - trainguard_last_step_timestamp_seconds{s}",

@@ -30,7 +30,7 @@ from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding
 from trainguard.diagnose.ranking import RankedCause
 from trainguard.diagnose.replay import LossFn
-from trainguard.errors import TrainingDiverged, UsageError
+from trainguard.errors import PeerLost, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
 from trainguard.pipeline.run import Run
 from trainguard.recovery import Recovery
@@ -103,6 +103,7 @@ class Guard:
         the dataset indices of the batch); by default it is the batch's running position.
         """
         if self.run.closed:
+            self.run.raise_if_peer_lost()
             raise UsageError("this Guard is closed; create a new one to keep training")
         if self.scaler is not None:
             self._unscale()
@@ -112,7 +113,7 @@ class Guard:
             if self.scheduler is not None:
                 self.scheduler.step()
             return StepReport(step=ctx.step, loss=None, grad_norm=float("nan"),
-                              action="applied", events=self.run.events[-1:])
+                              action="applied", events=list(ctx.events))
         if ctx.applied:
             self.optimizer.step()
             if self.scaler is not None:
@@ -195,6 +196,8 @@ def exit_status(exc: BaseException | None) -> str:
         return "finished"
     if isinstance(exc, TrainingDiverged):
         return "halted"
+    if isinstance(exc, PeerLost):
+        return "failed"
     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return "interrupted"
     return "crashed"

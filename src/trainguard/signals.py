@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
@@ -66,6 +67,31 @@ class StepSignals:
     def nonfinite_params(self) -> list[str]:
         bad = np.flatnonzero(~np.isfinite(self.param_grad_norm))
         return [self.param_names[i] for i in bad]
+
+
+class LossOrigin:
+    """Where the loss started: the median of its first `count` finite values. A rise of the loss
+    smaller than `resolution` times that is float noise at the run's scale, however large a
+    ratio it makes near zero (a loss converged to 1e-14 that wobbles to 1e-13)."""
+
+    def __init__(self, count: int, resolution: float) -> None:
+        self.count = max(count, 1)
+        self.resolution = resolution
+        self.first: list[float] = []
+
+    def observe(self, loss: float) -> None:
+        if len(self.first) < self.count and math.isfinite(loss):
+            self.first.append(float(loss))
+
+    def negligible(self, rise: float) -> bool:
+        """Whether a rise of the loss by `rise` (in loss units) is within float noise."""
+        return bool(self.first) and rise < statistics.median(self.first) * self.resolution
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": list(self.first)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first = [float(v) for v in state.get("first", [])][:self.count]
 
 
 class RobustBaseline:

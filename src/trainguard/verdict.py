@@ -1,7 +1,7 @@
 """The run's verdict: did it end better than it was, beyond how it ended?
 
-A run's *status* says how it ended (finished, halted, crashed, interrupted); its *verdict* says
-whether training worked:
+A run's *status* says how it ended (finished, halted, failed, crashed, interrupted); its *verdict*
+says whether training worked:
 
     healthy     no trouble (no event of warning severity or worse), and the loss did not end
                 above where it started

@@ -86,6 +86,21 @@ def healthy_losses(n: int, seed: int, *, start: float = 2.3, floor: float = 0.7,
     return mean * np.exp(rng.normal(0.0, noise, n))
 
 
+def converged_to_noise(n: int, seed: int, *, start: float = 1.0, floor: float = 1e-14,
+                       wobble: float = 1e-13) -> np.ndarray:
+    """A regression that converged to float noise: an exponential decline from `start` to
+    `floor` over the first half, then rounding, not training: a slow swell between `floor` / 10
+    and `wobble` (10x its lowest, for tens of steps) with now and then one step 10x up."""
+    rng = np.random.default_rng(seed)
+    half = n // 2
+    decline = start * (floor / start) ** (np.arange(half) / (half - 1))
+    t = np.arange(n - half)
+    swell = np.log(floor) + math.log(10) * np.sin(2 * math.pi * t / 150 + rng.uniform(0, 6))
+    jumps = np.where(rng.random(n - half) < 0.02, math.log(10), 0.0)
+    noise = np.exp(swell + jumps + rng.normal(0.0, 0.05, n - half))
+    return np.concatenate([decline, noise])
+
+
 def healthy_grad_norms(n: int, seed: int, *, level: float = 1.0, noise: float = 0.3) -> np.ndarray:
     """Gradient norms of a healthy run: high in the first steps, settling to `level`, a slow
     drift, log-normal noise and rare 1.5-3x bumps (a hard batch)."""

@@ -11,6 +11,7 @@ from tests.detect.synth import (
     NAN,
     SEEDS,
     assert_same_decisions,
+    converged_to_noise,
     default_config,
     healthy_losses,
     loss_run,
@@ -166,3 +167,27 @@ def test_a_blow_up_in_the_first_steps_that_stays_up_is_divergence() -> None:
     losses = losses * np.exp(rng.normal(0.0, 0.03, losses.size))
     events = run(LossDivergence(default_config()), loss_run(losses))
     assert len(events) == 1 and events[0].step < 60
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_converged_to_float_noise_is_not_divergence(seed: int) -> None:
+    """A regression at 1e-14 that wobbles up to 1e-13 rises 10x over its best, but by 1e-13 of
+    a run that started at 1: rounding, which must not halt a healthy run."""
+    losses = converged_to_noise(1000, seed)
+    assert max(losses[600:]) / min(losses[500:600]) > 10  # the ratio alone would fire
+    assert run(LossDivergence(default_config()), loss_run(losses)) == []
+
+
+def test_a_real_divergence_after_converging_to_float_noise_still_fires() -> None:
+    climb = 1e-14 * 1.2 ** np.arange(1, 151)  # from the noise floor up to ~1e-2
+    losses = np.concatenate([converged_to_noise(1000, 0), climb])
+    event, = run(LossDivergence(default_config()), loss_run(losses))
+    assert (event.kind, event.severity) == ("loss_divergence", "error")
+    assert event.step >= 1000 and event.value > 1e-7  # once the rise is beyond float noise
+
+
+def test_the_start_scale_survives_a_state_round_trip() -> None:
+    losses = converged_to_noise(1000, 1)
+    detector = LossDivergence(default_config())
+    run(detector, loss_run(losses[:600]))
+    assert run(restored(detector), loss_run(losses[600:], start=600)) == []

@@ -11,6 +11,7 @@ from tests.detect.synth import (
     NAN,
     SEEDS,
     assert_same_decisions,
+    converged_to_noise,
     default_config,
     healthy_losses,
     loss_run,
@@ -164,3 +165,15 @@ def test_state_round_trip_preserves_behaviour() -> None:
     # the state matters: a fresh detector (not warm) lets the 4x jump pass
     assert run(LossSpike(config), continuation) == []
     assert math.isclose(events[0].details["baseline"], 1.0, rel_tol=0.1)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_loss_converged_to_float_noise_makes_no_spike(seed: int) -> None:
+    """Jumps of 10x and more between 1e-15 and 1e-13 in a run that started at 1 are rounding."""
+    assert run(LossSpike(default_config()), loss_run(converged_to_noise(1000, seed))) == []
+
+
+def test_a_real_jump_from_float_noise_is_still_a_spike() -> None:
+    losses = np.concatenate([converged_to_noise(1000, 0), [0.5]])
+    event, = run(LossSpike(default_config()), loss_run(losses))
+    assert (event.step, event.severity) == (1000, "error")

@@ -302,3 +302,36 @@ def test_a_finite_batch_is_claimed_only_when_it_was_inspected() -> None:
                                 "inspected and finite"]
     on_rank = rank_causes([event("nonfinite_loss", 60, batch="finite", ranks=[1])])
     assert on_rank[0].evidence[0].endswith("with rank 1's batch inspected and finite")
+
+
+def evidence(ranked) -> str:
+    return " | ".join(line for cause in ranked for line in cause.evidence)
+
+
+def test_the_evidence_names_what_went_non_finite() -> None:
+    """"the loss turned non-finite" only when the loss did: NaN gradients beside a finite loss
+    say so, and a NaN eval metric is named, with the training loss finite."""
+    said = evidence(rank_causes([event("nonfinite_loss", 60), event("nonfinite_grad", 60)]))
+    assert "the loss turned non-finite at step 60" in said
+    said = evidence(rank_causes([event("nonfinite_grad", 60)]))
+    assert "the gradients turned non-finite at step 60" in said and "loss" not in said
+    nan_eval = Event(kind="metric_collapse", step=70, severity="error",
+                     message="eval metric eval_loss is nan", param="eval_loss",
+                     details={"metric": "eval_loss", "rule": "nonfinite"})
+    said = evidence(rank_causes([nan_eval]))
+    assert ("eval metric eval_loss turned non-finite at step 70 while the training loss stayed "
+            "finite") in said
+    assert "the loss turned" not in said
+
+
+def test_a_nan_eval_metric_of_a_live_run_is_named_not_the_loss() -> None:
+    setup = make_setup()
+    guard = trainguard.Guard(setup.model, setup.optimizer, config=trainguard.GuardConfig(
+        console=False))
+    train(guard, setup, 20)
+    [nan_eval] = guard.observe_eval({"eval_loss": float("nan"), "eval_accuracy": 0.5})
+    assert nan_eval.message == "eval metric eval_loss is nan"
+    said = evidence(guard.diagnose())
+    assert "eval metric eval_loss turned non-finite at step 19" in said
+    assert "the loss turned non-finite" not in said
+    guard.close()

@@ -32,11 +32,11 @@ class RankFailed(AssertionError):
 
 
 def run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD_SIZE,
-              fail_fast: bool = False) -> list[Any]:
+              fail_fast: bool = False, dies: tuple[int, ...] = ()) -> list[Any]:
     """`target(rank, world, *args)` on `world` processes; their return values by rank.
 
     `fail_fast`: as torchrun does, the first rank that fails ends the others (which may be
-    waiting in a collective for it)."""
+    waiting in a collective for it). `dies`: ranks meant to die without a result (None)."""
     context = mp.get_context("forkserver")
     # torch._dynamo is what building the first optimizer imports (~2 s): pay it once, here.
     context.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed.fsdp",
@@ -50,7 +50,7 @@ def run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD_SIZE,
     by_rank: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
-        while len(by_rank) < world and time.monotonic() < deadline:
+        while len(by_rank) < world - len(dies) and time.monotonic() < deadline:
             try:
                 rank, ok, payload = results.get(timeout=0.5)
                 by_rank[rank] = (ok, payload)
@@ -59,7 +59,8 @@ def run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD_SIZE,
                         worker.kill()
                     break
             except queue.Empty:
-                if any(not w.is_alive() and w.exitcode != 0 for w in workers):
+                if any(not w.is_alive() and w.exitcode != 0 for r, w in enumerate(workers)
+                       if r not in dies):
                     break
     finally:
         for worker in workers:
@@ -69,10 +70,11 @@ def run_ranks(target: Callable[..., Any], *args: Any, world: int = WORLD_SIZE,
                 worker.join()
     failures = [f"rank {r}: {by_rank[r][1]}" if r in by_rank and not by_rank[r][0]
                 else f"rank {r}: no result (exit code {workers[r].exitcode})"
-                for r in range(world) if r not in by_rank or not by_rank[r][0]]
+                for r in range(world)
+                if r not in dies and (r not in by_rank or not by_rank[r][0])]
     if failures:
         raise RankFailed("\n".join(failures))
-    return [by_rank[r][1] for r in range(world)]
+    return [by_rank[r][1] if r in by_rank else None for r in range(world)]
 
 
 def _free_port() -> int:

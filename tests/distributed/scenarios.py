@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import signal
+import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from trainguard import Guard, GuardConfig, TrainingDiverged
+from trainguard import Guard, GuardConfig, PeerLost, TrainingDiverged
 from trainguard.transfer import transfer_count
 
 IN_FEATURES = 8
@@ -320,3 +324,39 @@ def ddp_desync_under_policy(rank: int, world: int, policy: str, nudge_after: int
     return {"actions": actions, "halted_at": halted_at, "weights": flat_weights(model),
             "events": [(e.kind, e.step, e.details.get("to_step")) for e in guard.events
                        if e.kind in ("ddp_desync", "rollback", "rollback_limit")]}
+
+
+def peer_killed(rank: int, world: int, run_dir: str, kill_at: int, timeout_s: float,
+                how: str = "SIGKILL") -> dict[str, Any]:
+    """Two ranks whose only collective is trainguard's; rank 1 sends itself `how` (SIGKILL: it
+    dies; SIGSTOP: it hangs) at step `kill_at`. Rank 0 reports how it stopped, and how long
+    after rank 1 went."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    guard = Guard(model, optimizer, run_dir=run_dir,
+                  config=GuardConfig(console=False, collective_timeout_s=timeout_s))
+    store = dist.distributed_c10d._get_default_store()
+    step, deadline = 0, time.monotonic() + 60  # unguarded, rank 0 would train on for ever
+    try:
+        while time.monotonic() < deadline:
+            x, y = regression_batch(rank, step)
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            if rank == 1 and step == kill_at:
+                store.set("test/killed_at", str(time.time()))
+                os.kill(os.getpid(), getattr(signal, how))
+            guard.step(loss)
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+        guard.close()
+        return {"error": None, "steps": step, "events": len(guard.events)}
+    except PeerLost as exc:
+        after = time.time() - float(store.get("test/killed_at").decode())
+        again = None
+        try:  # a later step says the same, not "trainguard is closed"
+            guard.step(F.mse_loss(model(x), y))
+        except PeerLost as second:
+            again = str(second)
+        return {"error": str(exc), "ranks": exc.ranks, "step": exc.step, "after_s": after,
+                "steps": step, "closed": guard.run.closed, "again": again,
+                "events": [(e.kind, e.severity) for e in guard.events]}

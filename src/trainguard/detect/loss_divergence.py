@@ -8,9 +8,10 @@ too). The *current* level is fast: the median of the last `divergence_window` lo
 outlier batch cannot move. The run diverges when the current level stays `divergence_ratio`
 above the best, and more than `divergence_zscore` times the run's own noise (the robust spread
 of its step-to-step changes, which a trend does not inflate, so a noisy run needs a clearer
-rise), for `divergence_patience`
-consecutive steps after `warmup_steps`. A loss that climbs gradually is reported about
-`divergence_window / 2 + divergence_patience` steps after it crossed the ratio.
+rise), for `divergence_patience` consecutive steps after `warmup_steps`. A loss that climbs
+gradually is reported about `divergence_window / 2 + divergence_patience` steps after it crossed
+the ratio. A rise within float noise at the scale the loss started at (`loss_resolution` of it) is
+none, however large its ratio near zero.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
-from trainguard.signals import RobustBaseline, StepSignals, safe_log
+from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log
 
 
 class LossDivergence(Detector):
@@ -43,6 +44,7 @@ class LossDivergence(Detector):
         self.bends: list[float] = []
         """The loss curvature of the last `divergence_patience` steps."""
         self.episode = Episode(config.rearm_steps)
+        self.origin = LossOrigin(config.warmup_steps, config.loss_resolution)
 
     def smoothed(self) -> float:
         decay = 1.0 - 2.0 / (self.config.divergence_span + 1)
@@ -55,6 +57,7 @@ class LossDivergence(Detector):
         log_loss = safe_log(signals.loss)
         if not math.isfinite(log_loss):
             return []
+        self.origin.observe(signals.loss)
         margin = math.log(cfg.divergence_ratio)
         if signals.loss_curvature is not None:  # the guide's second derivative, as evidence
             self.bends = [*self.bends[-(cfg.divergence_patience - 1):], signals.loss_curvature]
@@ -78,6 +81,7 @@ class LossDivergence(Detector):
         rise = level - self.best
         noise = self.noise.stats()[1] / math.sqrt(2) if len(self.noise) else 0.0
         self.above = (self.above + 1 if rise >= margin and rise >= cfg.divergence_zscore * noise
+                      and not self.origin.negligible(math.exp(level) - math.exp(self.best))
                       else 0)
         if not self.episode.update(self.above >= cfg.divergence_patience):
             return []
@@ -96,7 +100,7 @@ class LossDivergence(Detector):
         return {"raw": self.raw, "seen": self.seen, "best": self.best, "above": self.above,
                 "start": list(self.start), "recent": list(self.recent),
                 "noise": self.noise.state_dict(), "bends": list(self.bends),
-                "episode": self.episode.state_dict()}
+                "episode": self.episode.state_dict(), "origin": self.origin.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.raw = float(state["raw"])
@@ -110,3 +114,4 @@ class LossDivergence(Detector):
             self.noise.load_state_dict(state["noise"])
         self.bends = [float(v) for v in state.get("bends", [])]
         self.episode.load_state_dict(state["episode"])
+        self.origin.load_state_dict(state.get("origin", {}))

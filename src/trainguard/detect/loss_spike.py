@@ -7,7 +7,9 @@ Works in log space on positive losses. Before the baseline is warm (the first `w
 steps) a jump must reach `loss_spike_early_ratio` against the few values seen so far, so that a
 learning rate that blows the run up at its very first steps is caught. A run whose data has heavy
 tails shows one-step jumps that are back to normal at the next step; once it has, a new jump must
-go `transient_margin` beyond the largest such jump of the last `transient_horizon` steps.
+go `transient_margin` beyond the largest such jump of the last `transient_horizon` steps. A jump
+within float noise at the scale the loss started at (`loss_resolution` of it) is none, however
+large its ratio near zero.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event, Severity
-from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
+from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
 class LossSpike(Detector):
@@ -30,6 +32,7 @@ class LossSpike(Detector):
         self.transients = TransientJumps(config.transient_horizon,
                                          math.log(config.transient_margin))
         self.episode = Episode(config.rearm_steps)
+        self.origin = LossOrigin(config.warmup_steps, config.loss_resolution)
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
@@ -38,6 +41,7 @@ class LossSpike(Detector):
         log_loss = safe_log(signals.loss)
         if not math.isfinite(log_loss):
             return []
+        self.origin.observe(signals.loss)
         n = len(self.baseline)
         if n == 0:
             self.baseline.admit(log_loss)
@@ -47,7 +51,8 @@ class LossSpike(Detector):
         excess = log_loss - level
         warm = n >= cfg.warmup_steps
         threshold = math.log(cfg.loss_spike_ratio if warm else cfg.loss_spike_early_ratio)
-        jump = excess >= threshold and excess >= cfg.loss_spike_zscore * scale
+        jump = (excess >= threshold and excess >= cfg.loss_spike_zscore * scale
+                and not self.origin.negligible(signals.loss - math.exp(level)))
         spike = jump and excess >= self.transients.threshold(signals.step)
         self.transients.observe(signals.step, excess, jumped=jump, normal=excess < threshold)
         self.baseline.admit(min(log_loss, level + threshold) if jump else log_loss)
@@ -62,9 +67,10 @@ class LossSpike(Detector):
 
     def state_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict(),
-                "transients": self.transients.state_dict()}
+                "transients": self.transients.state_dict(), "origin": self.origin.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.baseline.load_state_dict(state["baseline"])
         self.episode.load_state_dict(state["episode"])
         self.transients.load_state_dict(state.get("transients", {}))
+        self.origin.load_state_dict(state.get("origin", {}))

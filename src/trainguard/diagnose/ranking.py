@@ -171,11 +171,17 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
             where = (f" (replay: first non-finite output in {replayed['first_nonfinite_module']})"
                      if replayed and replayed.get("first_nonfinite_module") else "")
             bad = [e for e in serious if e.kind in nonfinite]
-            votes.add("numerical_op", 2.0, (_nonfinite_batch_evidence(bad) if batches else
-                                            f"the loss turned non-finite at step {bad[0].step}")
-                      + where)
-            votes.add("nonfinite_input", 0.5, "non-finite loss (check the batch)" if batches
-                      else "non-finite loss (the inputs can be the cause)")
+            what = _went_nonfinite(serious, bad[0].step)
+            votes.add("numerical_op", 2.0, (_nonfinite_batch_evidence(bad, serious) if batches
+                                            else f"{what} turned non-finite at step "
+                                                 f"{bad[0].step}") + where)
+            short = "loss" if what == "the loss" else "values"
+            votes.add("nonfinite_input", 0.5, f"non-finite {short} (check the batch)" if batches
+                      else f"non-finite {short} (the inputs can be the cause)")
+    evals = [e for e in serious if _nonfinite_eval(e)]
+    if evals and not nonfinite:  # only an evaluation went non-finite: say which metric
+        votes.add("numerical_op", 1.0, f"{_went_nonfinite(serious, evals[0].step)} turned "
+                  f"non-finite at step {evals[0].step} while the training loss stayed finite")
     for e in serious:
         if e.kind == "no_progress" and e.details.get("grad_collapse"):
             votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
@@ -316,7 +322,25 @@ def _outlasted_lr_cut(events: list[Event], symptoms: list[Event]) -> str:
     return ""
 
 
-def _nonfinite_batch_evidence(nonfinite: list[Event]) -> str:
+def _nonfinite_eval(event: Event) -> bool:
+    return event.kind == "metric_collapse" and event.details.get("rule") == "nonfinite"
+
+
+def _went_nonfinite(events: list[Event], step: int) -> str:
+    """What went non-finite at `step`, by name: "the loss" only when the loss did, else the
+    gradients, else the evaluation metrics."""
+    at = [e for e in events if e.step == step]
+    if any(e.kind == "nonfinite_loss" for e in at):
+        return "the loss"
+    if any(e.kind == "nonfinite_grad" for e in at):
+        return "the gradients"
+    metrics = [str(e.details.get("metric") or e.param) for e in at if _nonfinite_eval(e)]
+    if metrics:
+        return ("eval metric " if len(metrics) == 1 else "eval metrics ") + ", ".join(metrics)
+    return "a value"
+
+
+def _nonfinite_batch_evidence(nonfinite: list[Event], events: list[Event]) -> str:
     """What is known of the batch of a non-finite step: a finite batch only when it was
     inspected on the rank(s) that went bad."""
     checked = next((e for e in nonfinite if e.details.get("batch") == "finite"), None)
@@ -324,10 +348,11 @@ def _nonfinite_batch_evidence(nonfinite: list[Event]) -> str:
         ranks = checked.details.get("ranks")
         whose = (" and ".join(f"rank {r}'s" for r in ranks) + " batch" if ranks
                  else "its batch")
-        return (f"the loss turned non-finite at step {checked.step} with {whose} inspected "
-                "and finite")
+        return (f"{_went_nonfinite(events, checked.step)} turned non-finite at step "
+                f"{checked.step} with {whose} inspected and finite")
     first = nonfinite[0]
-    return f"the loss turned non-finite at step {first.step} (its batch was not inspected)"
+    return (f"{_went_nonfinite(events, first.step)} turned non-finite at step {first.step} "
+            "(its batch was not inspected)")
 
 
 def _message(event: Event) -> str:

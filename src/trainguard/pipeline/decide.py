@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from trainguard.errors import PeerLost
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.policy import Decision, choose_action
@@ -58,6 +59,8 @@ class Decide:
             verdict = recovery.review(ctx.signals, ctx.extra, events, decision.applies_update,
                                       ctx.data_ids,
                                       nonfinite_input=self.run.batches.nonfinite_input)
+        except PeerLost:  # a rank is gone: the run stops
+            raise
         except Exception as exc:  # judgement is advisory; the policy's decision stands
             log.error("trainguard: recovery review failed (%s: %s)", type(exc).__name__, exc)
             return decision

@@ -19,6 +19,7 @@ import numpy as np
 
 from trainguard.diagnose.batch import check_loss_above_chance
 from trainguard.distributed import RankView, describe_ranks
+from trainguard.errors import PeerLost
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.measure import BATCH_KEY
@@ -109,6 +110,8 @@ class Detect:
                "events": [e.to_dict() for e in mine]}
         try:
             facts: BatchFacts = run.ranks.gather_batches(own)
+        except PeerLost:  # a rank is gone: the run stops
+            raise
         except Exception as exc:  # a monitoring bug must not kill the run
             log.error("trainguard: gathering the ranks' batch findings failed at step %d "
                       "(%s: %s)", ctx.step, type(exc).__name__, exc)
@@ -139,6 +142,8 @@ class Detect:
         assert self.run.ranks is not None
         try:
             events = self.run.ranks.check_desync(ctx.step)
+        except PeerLost:  # a rank is gone: the run stops
+            raise
         except Exception as exc:  # a monitoring bug must not kill the run
             log.error("trainguard: desync check failed at step %d (%s: %s)", ctx.step,
                       type(exc).__name__, exc)

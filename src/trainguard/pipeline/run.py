@@ -38,7 +38,7 @@ from trainguard.distributed import (
     describe,
     distributed_context,
 )
-from trainguard.errors import BatchError, StoreUnavailable, UsageError
+from trainguard.errors import BatchError, PeerLost, StoreUnavailable, UsageError
 from trainguard.events import ActionRecord, Event, RunInfo, at_least
 from trainguard.params import new_params, optimizer_param_count, watched_params
 from trainguard.pipeline.detect import run_detectors
@@ -103,7 +103,12 @@ class Run:
         self.halted = False
         """The Guard halted this run (a crash snapshot, `TrainingDiverged`)."""
         if self.dist is not None:  # every rank or none, before any collective
-            agree_on_start(self.dist, self._agreed_setup(config), config.rank_timeout_s)
+            start = agree_on_start(self.dist, self._agreed_setup(config), config.rank_timeout_s)
+            self.dist.link.open(self.dist, config.collective_timeout_s, start)
+            self.dist.link.on_lost = _on_lost(self)
+        self._monitor_error: tuple[str, int, int, int] | None = None
+        """The last monitoring failure reported: its text, its first step, how often it recurred
+        since and the last step it did."""
 
         # what the stages use
         self._params_seen = optimizer_param_count([optimizer])
@@ -309,12 +314,23 @@ class Run:
                                       details=dict(event.details)))
         return event
 
-    def unguarded(self, error: Exception) -> None:
-        """What the loop would do without trainguard: clip as configured; the step goes ahead."""
+    def unguarded(self, error: Exception) -> Event:
+        """What the loop would do without trainguard: clip as configured; the step goes ahead.
+        Returns the step's `monitor_error`. The same failure on step after step is recorded
+        once, and once more saying how often it recurred when another failure comes or the run
+        closes: not one event per step flooding the store."""
+        text = f"{type(error).__name__}: {error}"
         event = Event(kind="monitor_error", step=self.state.step, severity="warning",
-                      message=f"trainguard could not check this step ({type(error).__name__}: "
-                              f"{error}); it was applied unguarded")
-        log.error("trainguard: %s", event.message)
+                      message=f"trainguard could not check this step ({text}); it was applied "
+                              f"unguarded")
+        last = self._monitor_error
+        if last is not None and last[0] == text:
+            self._monitor_error = (text, last[1], last[2] + 1, self.state.step)
+        else:
+            self._report_repeats()
+            self._monitor_error = (text, self.state.step, 0, self.state.step)
+            log.error("trainguard: %s", event.message)
+            self.emit_event(event)
         try:
             params = [p for p in self.watched.params if p.grad is not None]
             limit = self.state.clip_limit()
@@ -322,9 +338,37 @@ class Run:
                 torch.nn.utils.clip_grad_norm_(params, limit)
         except Exception as exc:  # the optimizer step still runs
             log.error("trainguard: clipping failed too (%s: %s)", type(exc).__name__, exc)
-        self.emit_event(event)
         self.state.step += 1
         self.schedule_sampling()
+        return event
+
+    def _report_repeats(self) -> None:
+        last = self._monitor_error
+        if last is None or not last[2]:
+            return
+        text, first, repeats, until = last
+        self._monitor_error = (text, until, 0, until)
+        event = Event(kind="monitor_error", step=until, severity="warning",
+                      message=f"the failure of step {first} ({text}) recurred on {repeats} more "
+                              f"step(s), through step {until}; each was applied unguarded",
+                      details={"repeats": repeats, "first_step": first})
+        log.error("trainguard: %s", event.message)
+        self.emit_event(event)
+
+    def peer_lost(self, error: PeerLost) -> None:
+        """A rank is gone (or the ranks fell out of step): record why and close the run as
+        failed. No collective runs after this (the link refuses them)."""
+        if self.closed:
+            return
+        self.emit_event(Event(
+            kind="peer_lost", step=self.state.step, severity="error", message=str(error),
+            details={"ranks": error.ranks, "rank": self.dist.rank if self.dist else 0}))
+        self.close(status="failed")
+
+    def raise_if_peer_lost(self) -> None:
+        """Steps after a lost peer fail with the same error, not with "trainguard is closed"."""
+        if self.dist is not None and self.dist.link.lost is not None:
+            raise self.dist.link.lost
 
     # -- diagnosis, state, shutdown --------------------------------------------------------------
     def evidence_findings(self) -> list[Finding]:
@@ -354,6 +398,7 @@ class Run:
         if self.closed:
             return []
         self.closed = True
+        self._report_repeats()
         if self._lifecycle is not None:
             lifecycle.untrack(self._lifecycle)
         if self.activation_probe is not None and self.activation_probe.attached:
@@ -437,6 +482,18 @@ def _closer(run: Run) -> Callable[[str], None]:
             alive.close(status=status)
 
     return close
+
+
+def _on_lost(run: Run) -> Callable[[PeerLost], None]:
+    """`Run.peer_lost`, holding the run weakly (the link lives as long as the run's context)."""
+    ref = weakref.ref(run)
+
+    def lost(error: PeerLost) -> None:
+        alive = ref()
+        if alive is not None:
+            alive.peer_lost(error)
+
+    return lost
 
 
 def _scaler_enabled(scaler: Any) -> bool:

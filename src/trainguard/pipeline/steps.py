@@ -7,7 +7,8 @@
 A halted step is settled and recorded at once; the run is then closed and `TrainingDiverged`
 raised. When trainguard itself fails in `measure`, `detect` or `decide`, the step is applied
 unguarded (clipped as configured) and a `monitor_error` event says so: a monitoring bug must not
-kill a run.
+kill a run. A failure of trainguard's own collectives under torch.distributed is no monitoring
+bug but a rank gone: the run was closed as failed and `PeerLost` goes up to the loop.
 """
 
 from __future__ import annotations
@@ -57,8 +58,11 @@ class StepPipeline:
         when the step halts the run; `ctx.unguarded` is set when the check itself failed."""
         run = self.run
         if run.closed:
+            run.raise_if_peer_lost()
             raise UsageError("trainguard is closed for this run; start a new one to keep training")
         state = run.state
+        if run.dist is not None:
+            run.dist.link.step = state.step
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
                           data_ids=state.data_position if data_ids is None else data_ids,
                           sampled=run.sampled_now)
@@ -72,7 +76,7 @@ class StepPipeline:
             except Exception as exc:
                 if getattr(stage, "name", "") not in _GUARDED or ctx.decision is not None:
                     raise
-                run.unguarded(exc)
+                ctx.events[:] = [run.unguarded(exc)]
                 ctx.unguarded = exc
                 return ctx
         if ctx.outcome == "halted":

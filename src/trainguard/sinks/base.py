@@ -4,9 +4,9 @@ A sink hears everything a run says, in this order: `on_run_start` once; then, as
 `on_findings` (the preflight audit, runtime checks), `on_event`, `on_action` (skip, clip, rollback,
 LR change, halt, snapshot) and `on_step` once per step; at the end `on_sampled` (the last sampled
 statistics), `on_diagnosis` (the ranked causes), `on_verdict` (did training work: healthy,
-recovered, degraded), `on_run_end` with the run's status (`finished`,
-`halted`, `crashed`, `interrupted`) and `close`. Sinks observe only: they must not change
-training. Under torch.distributed only rank 0 has sinks.
+recovered, degraded), `on_run_end` with the run's status (`finished`, `halted`, `failed` (a rank
+lost under torch.distributed), `crashed`, `interrupted`) and `close`. Sinks observe only: they must
+not change training. Under torch.distributed only rank 0 has sinks.
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainguard")
 
 INSTALL_HINT = "pip install 'trainguard[prometheus]'"
-STATUSES = ("running", "finished", "halted", "crashed", "interrupted")
+STATUSES = ("running", "finished", "halted", "failed", "crashed",
+            "interrupted")
 VERDICTS = ("healthy", "recovered", "degraded", "stalled")
 NONFINITE = ("loss", "grad_norm", "grads")
 NAN = math.nan
