@@ -86,6 +86,17 @@ CASES: dict[str, tuple[str, tuple, str]] = {
     "large step": ("""UPDATE steps SET data = '{"loss": 1.0, "x": "' ||
                       hex(zeroblob(9000000)) || '"}' WHERE step = 4""", (),
                    "step 4 is 17.2 MiB, over trainguard's limit of 16.0 MiB for one value"),
+    "large event details": ("""UPDATE events SET details = '{"x": "' || hex(zeroblob(9000000))
+                               || '"}'""", (), "details is 17.2 MiB, over trainguard's limit"),
+    "large action details": ("""UPDATE actions SET details = '{"x": "' ||
+                                hex(zeroblob(9000000)) || '"}'""", (),
+                             "details is 17.2 MiB, over trainguard's limit"),
+    "large module names": ("""UPDATE module_metrics SET names = '["' || hex(zeroblob(9000000))
+                              || '"]' WHERE metric = 'act_zero_frac'""", (),
+                           "module names is 17.2 MiB, over trainguard's limit"),
+    "large verdict": ("""UPDATE meta SET value = '"' || hex(zeroblob(9000000)) || '"'
+                         WHERE key = 'verdict'""", (), "verdict is 17.2 MiB, over trainguard's "
+                                                       "limit of 16.0 MiB"),
     "large meta value": ("UPDATE meta SET value = '\"' || hex(zeroblob(9000000)) || '\"' "
                          "WHERE key = 'trainguard_version'", (),
                          "meta trainguard_version is 17.2 MiB, over trainguard's limit of "
@@ -118,9 +129,10 @@ def _assert_one_error(code: int, out: str, err: str, message: str) -> None:
     assert message in err, err
 
 
-ONLY_REPORT = {"deep module names", "large param metric", "large module metric"}
+ONLY_REPORT = {"deep module names", "large param metric", "large module metric",
+               "large module names"}
 """Sampled metrics: only the report reads them."""
-RUNS_TOO = {"deep verdict", "generated column", "virtual table"}
+RUNS_TOO = {"deep verdict", "large verdict", "generated column", "virtual table"}
 """What `trainguard runs` reads too (the listing reads each run's verdict)."""
 
 

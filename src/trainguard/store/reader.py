@@ -86,6 +86,17 @@ def _json_depth_over(text: str, limit: int) -> bool:
     return False
 
 
+def _capped_parts(column: str) -> tuple[str, str]:
+    """SQL for `column` (NULL when longer than `MAX_JSON_BYTES`: an oversized value is measured
+    by SQLite and never fetched) and for its length."""
+    return (f"CASE WHEN length({column}) > {MAX_JSON_BYTES} THEN NULL ELSE {column} END",
+            f"length({column})")
+
+
+def _capped(column: str) -> str:
+    return ", ".join(_capped_parts(column))
+
+
 def _size(count: int) -> str:
     return f"{count / MiB:.1f} MiB" if count >= MiB else f"{count:,} bytes"
 
@@ -230,7 +241,10 @@ class RunReader:
                           f"trainguard's limit of {_size(limit)} for {unit}; the store is "
                           f"damaged or was not written by trainguard")
 
-    def _json(self, text: Any, what: str) -> Any:
+    def _json(self, text: Any, what: str, size: Any = None) -> Any:
+        """`text` parsed; `size` is its SQL length() when the query capped it (`_capped`)."""
+        if isinstance(size, int) and size > MAX_JSON_BYTES:
+            raise self._too_big(what, size, MAX_JSON_BYTES)
         if not isinstance(text, str):
             raise self._bad(what, text, "JSON text")
         if len(text) > MAX_JSON_BYTES:  # characters: at least as many bytes
@@ -312,20 +326,22 @@ class RunReader:
                      "status": status, "pid": None, "hostname": None, "resumed": 0,
                      "store_failed": None, "failed_step": None, "dropped": 0, "steps": count,
                      "events": events, "last_step": last_step, "verdict": None}]
+        verdict_of = "FROM meta m WHERE m.run_id = r.id AND m.key = 'verdict'"
+        value, length = _capped_parts("value")
         rows = self._query(
             "SELECT r.id, r.started, r.ended, r.status, r.pid, r.hostname, r.resumed, "
             "r.store_failed, r.failed_step, r.dropped, "
             "(SELECT count(*) FROM steps s WHERE s.run_id = r.id), "
             "(SELECT count(*) FROM events e WHERE e.run_id = r.id), "
             "(SELECT max(step) FROM steps s WHERE s.run_id = r.id), "
-            "(SELECT value FROM meta m WHERE m.run_id = r.id AND m.key = 'verdict') "
+            f"(SELECT {value} {verdict_of}), (SELECT {length} {verdict_of}) "
             "FROM runs r ORDER BY r.id")
         listing = []
         for (run_id, started, ended, status, pid, host, resumed, failed, failed_step, dropped,
-             steps, events, last_step, verdict_text) in rows:
+             steps, events, last_step, verdict_text, verdict_size) in rows:
             what = f"run {run_id}"
-            verdict = (self._verdict(self._json(verdict_text, f"{what} verdict"))
-                       if verdict_text is not None else None)
+            verdict = (self._verdict(self._json(verdict_text, f"{what} verdict", verdict_size))
+                       if verdict_size is not None else None)
             listing.append({
                 "id": run_id, "started": self._num(started, f"{what} start time"),
                 "ended": self._num(ended, f"{what} end time"),
@@ -362,8 +378,8 @@ class RunReader:
                 total += size
         if total > MAX_META_BYTES:
             raise self._too_big("its meta", total, MAX_META_BYTES, "a run's meta")
-        meta = {key: self._json(value, f"meta {key}")
-                for key, value in self._select("SELECT key, value FROM meta WHERE {run}")}
+        meta = {key: self._json(value, f"meta {key}", size) for key, value, size in
+                self._select(f"SELECT key, {_capped('value')} FROM meta WHERE {{run}}")}
         meta.pop("schema_version", None)
         if self.version >= 2:  # the runs row holds the status
             status = self._query("SELECT status FROM runs WHERE id = ?", (self.run_id,))
@@ -428,11 +444,12 @@ class RunReader:
     # -- per step ---------------------------------------------------------------------------
     def steps(self) -> list[dict[str, Any]]:
         """One dict per recorded step: step, time, loss, grad_norm, lr, action, ..."""
-        rows = self._select("SELECT step, time, data FROM steps WHERE {run} ORDER BY step")
+        rows = self._select(f"SELECT step, time, {_capped('data')} FROM steps WHERE {{run}} "
+                            f"ORDER BY step")
         out = []
-        for step, at, data in rows:
+        for step, at, data, size in rows:
             self._int(step, "a step number")
-            values = self._json(data, f"step {step}")
+            values = self._json(data, f"step {step}", size)
             if not isinstance(values, dict):
                 raise self._bad(f"step {step}", values, "a JSON object")
             for name in STEP_NUMBERS:
@@ -494,11 +511,11 @@ class RunReader:
             raise StoreError(f"{self.path}: run {self.run_id}: {metric} of step {step} holds "
                              f"{_size(size)}, more than one float32 value per module its "
                              f"{_size(names_size)} of names can list; the store is damaged")
-        rows = self._select("SELECT step, names, data FROM module_metrics WHERE {run} AND "
-                            "metric = ? ORDER BY step", (metric,))
+        rows = self._select(f"SELECT step, {_capped('names')}, data FROM module_metrics WHERE "
+                            f"{{run}} AND metric = ? ORDER BY step", (metric,))
         out = []
-        for step, names_text, data in rows:
-            names = self._json(names_text, "module names")
+        for step, names_text, names_size, data in rows:
+            names = self._json(names_text, "module names", names_size)
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise self._bad(f"step {step} module names", names, "a list of names")
             out.append((self._int(step, "a step number"), names,
@@ -530,14 +547,15 @@ class RunReader:
         return steps, matrix
 
     def events(self) -> list[Event]:
-        rows = self._select("SELECT step, kind, severity, param, value, message, details "
-                            "FROM events WHERE {run} ORDER BY id")
+        rows = self._select(f"SELECT step, kind, severity, param, {_capped('value')}, message, "
+                            f"{_capped('details')} FROM events WHERE {{run}} ORDER BY id")
         out = []
-        for step, kind, severity, param, value, message, details in rows:
+        for step, kind, severity, param, value, value_size, message, details, size in rows:
             self._int(step, "an event's step")
             where = f"the event at step {step}"
-            loaded = self._json(value, f"{where}'s value") if value is not None else None
-            extra = self._json(details, f"{where}'s details")
+            loaded = (self._json(value, f"{where}'s value", value_size)
+                      if value_size is not None else None)
+            extra = self._json(details, f"{where}'s details", size)
             if not isinstance(extra, dict):
                 raise self._bad(f"{where}'s details", extra, "a JSON object")
             out.append(Event(kind=self._str(kind, f"{where}'s kind"),
@@ -552,12 +570,12 @@ class RunReader:
         """What trainguard did to the run (skip, clip, rollback, LR change, halt, snapshot)."""
         if self.version == 1:
             return []
-        rows = self._select("SELECT step, kind, message, details FROM actions WHERE {run} "
-                            "ORDER BY id")
+        rows = self._select(f"SELECT step, kind, message, {_capped('details')} FROM actions "
+                            f"WHERE {{run}} ORDER BY id")
         out = []
-        for step, kind, message, details in rows:
+        for step, kind, message, details, size in rows:
             where = f"the action at step {step}"
-            extra = self._json(details, f"{where}'s details")
+            extra = self._json(details, f"{where}'s details", size)
             if not isinstance(extra, dict):
                 raise self._bad(f"{where}'s details", extra, "a JSON object")
             out.append(ActionRecord(kind=cast(ActionKind, self._str(kind, f"{where}'s kind")),
