@@ -4,13 +4,23 @@ A snapshot holds the model, optimizer, scheduler and scaler states as they were 
 update, the RNG states, the step, the offending batch when known, the events and the config. It is
 written atomically (temporary file, fsync, rename) and only holds types that
 `torch.load(weights_only=True)` accepts.
+
+`load_snapshot` reads a file as untrusted input. `torch.save` writes a zip archive whose entries
+are stored, not compressed, so loading one takes about its size in memory, however large the
+model. A compressed entry can inflate about a thousandfold (a 4 MB file to 4 GB), so before
+`torch.load` the archive's directory is read: the compressed entries may inflate to at most
+`max_inflated` bytes (1 GiB by default) more than they take in the file, and each one is inflated
+in chunks, without keeping the output, to check that it holds no more than it declares.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import struct
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +33,12 @@ from trainguard.errors import SnapshotError
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "rng", "events")
+GiB = 1 << 30
+MAX_INFLATED = GiB
+"""How much more than the file holds its compressed entries may inflate to, by default.
+trainguard's own snapshots have no compressed entries, so this limits foreign files only."""
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+_CHUNK = 1 << 20
 
 
 def portable(value: Any) -> Any:
@@ -123,15 +139,20 @@ def write_snapshot(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Pa
     return target
 
 
-def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_snapshot(path: str | os.PathLike[str], *,
+                  max_inflated: int | None = None) -> dict[str, Any]:
     """Load a crash snapshot safely (weights_only=True); one clear `SnapshotError` when it is
-    missing, empty, truncated, corrupt, not a snapshot, or has the wrong structure."""
+    missing, empty, truncated, corrupt, not a snapshot, or has the wrong structure, and when its
+    compressed entries would inflate to more than `max_inflated` bytes beyond what they take in
+    the file (a decompression bomb; trainguard's own snapshots are not compressed). None:
+    `MAX_INFLATED`, 1 GiB."""
     source = Path(path)
     if not source.is_file():
         raise SnapshotError(f"no snapshot at {source}")
     try:
         if source.stat().st_size == 0:
             raise SnapshotError(f"{source} is empty, not a trainguard snapshot")
+        check_archive(source, MAX_INFLATED if max_inflated is None else max_inflated)
         snap = torch.load(source, map_location="cpu", weights_only=True)
     except SnapshotError:
         raise
@@ -153,6 +174,93 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
                             f"reads format {FORMAT_VERSION}")
     check_structure(snap, source)
     return snap
+
+
+def check_archive(source: Path, max_inflated: int) -> None:
+    """Raise a SnapshotError when the zip archive `torch.load` would read inflates to more than
+    `max_inflated` bytes beyond its compressed size, or when an entry holds more or less than
+    its directory declares. A file that is no zip archive (torch's legacy format) passes: it is
+    read as it lies on disk."""
+    with source.open("rb") as handle:
+        if handle.read(4) != b"PK\x03\x04":
+            return  # what torch.load takes for its legacy format: nothing inflates there
+        try:
+            entries = zipfile.ZipFile(handle).infolist()
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+            raise SnapshotError(f"{source} is not a readable trainguard snapshot (a damaged zip "
+                                f"archive; {_short(exc)})") from None
+        size = source.stat().st_size
+        packed = [e for e in entries if e.compress_type != zipfile.ZIP_STORED]
+        for entry in entries:
+            if entry.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise SnapshotError(f"{source} is not a readable trainguard snapshot: its entry "
+                                    f"{entry.filename!r} uses compression method "
+                                    f"{entry.compress_type}, which torch cannot read")
+            if entry.compress_type == zipfile.ZIP_STORED and entry.file_size != entry.compress_size:
+                raise _lies(source, entry, f"{entry.compress_size:,} stored bytes")
+            if entry.header_offset + entry.compress_size > size:
+                raise SnapshotError(f"{source} is not a readable trainguard snapshot (truncated: "
+                                    f"its entry {entry.filename!r} runs past the end of the file)")
+        inflated = sum(e.file_size for e in packed)
+        compressed = sum(e.compress_size for e in packed)
+        if inflated - compressed > max_inflated:
+            raise SnapshotError(
+                f"{source} is refused: its compressed entries would inflate to "
+                f"{_bytes(inflated)} from {_bytes(compressed)}, more than the "
+                f"{_bytes(max_inflated)} beyond their size in the file that trainguard allows (its "
+                f"own snapshots are not compressed; load_snapshot(path, max_inflated=...) raises "
+                f"the limit)")
+        for entry in packed:
+            actual = _inflated_size(handle, entry)
+            if actual < 0:
+                raise SnapshotError(f"{source} is not a readable trainguard snapshot: its entry "
+                                    f"{entry.filename!r} is not a whole deflate stream (a "
+                                    f"damaged or crafted archive)")
+            if actual != entry.file_size:
+                shown = f"more than {entry.file_size:,}" if actual > entry.file_size else (
+                    f"{actual:,}")
+                raise _lies(source, entry, f"{shown} bytes when inflated")
+
+
+def _inflated_size(handle: Any, entry: zipfile.ZipInfo) -> int:
+    """How many bytes a deflated entry inflates to, counted in chunks and never kept; counting
+    stops once past its declared size. -1 when the data is not a whole deflate stream."""
+    handle.seek(entry.header_offset)
+    header = handle.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        return -1
+    fields = _LOCAL_HEADER.unpack(header)
+    handle.seek(entry.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1])
+    inflater = zlib.decompressobj(-15)
+    left, total = entry.compress_size, 0
+    try:
+        while not inflater.eof and total <= entry.file_size:
+            chunk = inflater.unconsumed_tail
+            if not chunk and left > 0:
+                chunk = handle.read(min(left, _CHUNK))
+                if not chunk:
+                    return -1
+                left -= len(chunk)
+            out = len(inflater.decompress(chunk, _CHUNK))  # an empty chunk flushes what is due
+            total += out
+            if not out and not chunk:
+                return -1  # the data ended before the deflate stream did
+    except zlib.error:
+        return -1
+    return total
+
+
+def _lies(source: Path, entry: zipfile.ZipInfo, holds: str) -> SnapshotError:
+    return SnapshotError(f"{source} is not a readable trainguard snapshot: its entry "
+                         f"{entry.filename!r} declares {entry.file_size:,} bytes but holds "
+                         f"{holds} (a damaged or crafted archive)")
+
+
+def _bytes(count: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def _short(exc: BaseException) -> str:

@@ -133,3 +133,46 @@ def test_analyze_never_imports_torch(diverged: Path) -> None:
 def test_help_documents_the_exit_codes() -> None:
     done = subprocess.run([*CLI, "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "exit codes" in done.stdout
+
+
+BIG = 2 ** 70
+STEP_LOGS = {
+    "jsonl": ("log.jsonl", "".join(f'{{"step": {BIG + i}, "loss": {2 - i / 100}}}\n'
+                                   for i in range(30)), f"step {BIG} is beyond"),
+    "csv": ("metrics.csv", "step,train_loss\n" + "".join(f"{BIG + i},{2 - i / 100}\n"
+                                                         for i in range(30)),
+            f"step {BIG} is beyond"),
+    "text": ("train.log", "".join(f"step {BIG + i} loss {2 - i / 100}\n" for i in range(30)),
+             f"step {BIG} is beyond"),
+    "text, one line": ("one.log", "".join(f"step {BIG if i == 20 else i} loss {2 - i / 100}\n"
+                                          for i in range(30)), f"step {BIG} is beyond"),
+    "trainer lines": ("hf.log", "".join(f"{{'loss': {2 - i / 100}, 'step': {BIG + i}}}\n"
+                                        for i in range(30)), f"step {BIG} is beyond"),
+    "iteration": ("it.log", "".join(f"iter {BIG + i}: loss {2 - i / 100}\n" for i in range(30)),
+                  f"{BIG} is beyond"),  # nanoGPT's grammar
+    "text inf": ("inf.log", "step 1 loss 2.0\nstep inf loss 1.9\nstep 3 loss 1.8\n",
+                 "step inf is beyond"),
+    "text nan": ("nan.log", "step 1 loss 2.0\nstep nan loss 1.9\nstep 3 loss 1.8\n",
+                 "step nan is not a step number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STEP_LOGS))
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--report"]])
+def test_a_step_beyond_64_bits_is_one_line_and_no_report(tmp_path: Path, case: str,
+                                                          extra: list[str], capsys) -> None:
+    """As text, 2^70 + 1 is the float 2^70: the counter was taken for none and the rows were
+    numbered from 1 without a word; it is now the JSONL and CSV readers' one clear error."""
+    from trainguard.cli import main
+
+    name, text, message = STEP_LOGS[case]
+    log = tmp_path / name
+    log.write_text(text)
+    report = tmp_path / "report.html"
+    args = [*extra, str(report)] if extra == ["--report"] else extra
+    code = main(["analyze", str(log), *args])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith("trainguard: error: ") and captured.err.count("\n") == 1
+    assert message in captured.err, captured.err
+    assert not report.exists()

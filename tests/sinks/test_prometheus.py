@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 import sys
 import threading
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
+from trainguard.errors import ConfigError
 from trainguard.sinks import PrometheusSink
+from trainguard.sinks.prometheus import SCRAPE_THREADS
 
 from .conftest import run_steps, tiny_run
 from .test_conformance import Recorder
@@ -205,3 +209,100 @@ def test_without_prometheus_client_the_error_names_the_extra(
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(ImportError, match=r"trainguard\[prometheus\]"):
         PrometheusSink(port=0)
+
+
+# -- the endpoint under hostile or careless clients ---------------------------------------------
+def _endpoint_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("trainguard-prometheus"))
+
+
+def _closed_by_server(conn: socket.socket) -> bool:
+    conn.settimeout(0.05)
+    try:
+        return conn.recv(1) == b""
+    except TimeoutError:
+        return False  # still open
+    except OSError:
+        return True  # reset
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_idle_connections_hold_no_thread_and_are_closed_after_the_timeout() -> None:
+    """Before, each idle connection held a thread forever (400 connections: 400 threads)."""
+    sink = PrometheusSink(port=0, linger_s=0, idle_timeout_s=1.0)
+    run = tiny_run([sink])
+    run_steps(run, 2)
+    assert sink.port
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", sink.port), timeout=5) for _ in range(50)]
+    partial = socket.create_connection(("127.0.0.1", sink.port), timeout=5)
+    partial.sendall(b"GET /metr")  # a request that never ends holds a worker until the timeout
+    try:
+        time.sleep(0.3)
+        assert threading.active_count() == before, "no thread per connection"
+        assert _endpoint_threads() == 2 + SCRAPE_THREADS  # accept, idle watch, workers
+        assert value(scrape(sink.port), "trainguard_step") == 1  # answered meanwhile
+        assert not any(_closed_by_server(c) for c in idle[:5])
+        assert _wait_for(lambda: all(_closed_by_server(c) for c in [*idle, partial]), 5.0)
+        assert threading.active_count() == before
+        assert value(scrape(sink.port), "trainguard_step") == 1
+    finally:
+        for conn in [*idle, partial]:
+            conn.close()
+        run.guard.close()
+    assert _wait_for(lambda: _endpoint_threads() == 0, 5.0), "the endpoint's threads end"
+
+
+def test_at_most_max_connections_are_open_the_oldest_closed_first() -> None:
+    sink = PrometheusSink(port=0, linger_s=0, idle_timeout_s=30.0, max_connections=10)
+    run = tiny_run([sink])
+    run.step()
+    assert sink.port
+    conns = []
+    try:
+        for _ in range(30):
+            conns.append(socket.create_connection(("127.0.0.1", sink.port), timeout=5))
+        assert _wait_for(lambda: all(_closed_by_server(c) for c in conns[:19]), 5.0)
+        assert not any(_closed_by_server(c) for c in conns[-5:])
+        assert value(scrape(sink.port), "trainguard_step") == 0
+    finally:
+        for conn in conns:
+            conn.close()
+        run.guard.close()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"port": 70000}, "port must be a whole number from 0 to 65535"),
+    ({"port": -1}, "port must be a whole number from 0 to 65535"),
+    ({"port": "9464"}, "got '9464'"),
+    ({"port": True}, "got True"),
+    ({"addr": ""}, "addr must be a host name or address"),
+    ({"idle_timeout_s": 0}, "idle_timeout_s must be a positive number of seconds"),
+    ({"idle_timeout_s": math.inf}, "idle_timeout_s"),
+    ({"max_connections": 0}, "max_connections must be at least 1"),
+])
+def test_a_bad_port_or_limit_is_a_config_error_when_the_sink_is_made(
+        settings: dict[str, object], message: str) -> None:
+    """Before, a port of 70000 or '9464' failed only at the run's start, as a sink failure."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PrometheusSink(**settings)  # type: ignore[arg-type]
+
+
+def test_an_address_not_of_this_machine_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    sink = PrometheusSink(port=0, addr="no-such-host.invalid", linger_s=0)
+    with caplog.at_level(logging.WARNING, logger="trainguard"):
+        run = tiny_run([sink])
+        run_steps(run, 3)
+        run.guard.close()
+    warnings = [r.getMessage() for r in caplog.records if "Prometheus" in r.getMessage()]
+    assert len(warnings) == 1 and "no-such-host.invalid" in warnings[0]
+    assert "training goes on" in warnings[0] and not sink.active
+    assert len(run.reports) == 3

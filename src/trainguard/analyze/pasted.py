@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.analyze.log import (
+    MAX_STEP,
     LogBuilder,
+    LogError,
     canonical_name,
     is_eval_name,
     is_train_loss,
@@ -368,6 +370,7 @@ def read_rows(lines: list[str], log: LogBuilder) -> int:
     rows, evals, of_evaluations = rows_of(lines)
     if not rows:
         return 0
+    _check_counters(rows, log.path)
     if of_evaluations:
         log.notes.append("the log holds no training loss: its evaluation loss is judged")
     _inherit_steps(rows)
@@ -402,6 +405,22 @@ def read_rows(lines: list[str], log: LogBuilder) -> int:
         log.notes.append("the lines carry no step counter: rows are numbered from 1")
         log.from_start = _from_start(rows)
     return len(rows)
+
+
+def _check_counters(rows: list[LineRow], path: str) -> None:
+    """A counter beyond 64 bits, or not a number, is one clear error, as in JSONL and CSV logs
+    (as a float, 2^70 + 1 equals 2^70: such a counter would be taken for no counter at all)."""
+    for row in rows:
+        for name, value in [*((n, row.counters.get(n)) for n in NUMBERING),
+                            ("epoch", row.epoch)]:
+            if value is None or (math.isfinite(value) and -MAX_STEP <= value < MAX_STEP):
+                continue
+            spelling = row.spelling if name == "step" else name
+            if math.isnan(value):
+                raise LogError(f"{path}: {spelling} nan is not a step number")
+            shown = f"{int(value)}" if math.isfinite(value) else f"{value}"
+            raise LogError(f"{path}: {spelling} {shown} is beyond any training step (|step| < "
+                           f"2^63 is read)")
 
 
 _UNITS = {"progress": "step"}

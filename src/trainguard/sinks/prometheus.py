@@ -31,9 +31,17 @@ rest of the run, and the `top_k` modules ranked by the gradient norm of the para
 parameter and module instead. Every registered event kind starts at 0, so `increase()` sees the
 first event.
 
-The server starts when the run starts (on rank 0 only, under torch.distributed). A port already
-in use is one warning: the sink disables itself and training goes on (with a `pushgateway` it
-still keeps the metrics for the push). After the run closed the endpoint serves the final
+The server starts when the run starts (on rank 0 only, under torch.distributed). A port that is
+not a whole number from 0 to 65535 is a `ConfigError` when the sink is made; a port already in
+use, or an address that is not this machine's, is one warning at the start: the sink disables
+itself and training goes on (with a `pushgateway` it still keeps the metrics for the push).
+
+The endpoint holds a bounded number of threads whatever its clients do: a connection waits for
+its request in one selector thread, without a thread of its own, and is closed when it sent
+nothing for `idle_timeout_s` (10) seconds; `SCRAPE_THREADS` (4) threads answer the requests, each
+read and write timed out after `idle_timeout_s` too; at most `max_connections` (64) are open at
+once, the longest-waiting one closed for a new one. A scrape is answered while hundreds of idle
+connections are open. After the run closed the endpoint serves the final
 values for `linger_s` (15) seconds more, so a scrape sees the final status and the verdict; a
 new sink on the same port takes it over at once. With `pushgateway="host:9091"` the metrics are
 pushed once when the run closes, under `job`; a failed push is one warning.
@@ -43,14 +51,17 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
+import selectors
 import socket
 import threading
-from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import numpy as np
 
+from trainguard.errors import ConfigError
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
 
@@ -66,6 +77,8 @@ STATUSES = ("running", "finished", "halted", "failed", "crashed",
 VERDICTS = ("healthy", "recovered", "degraded", "stalled")
 NONFINITE = ("loss", "grad_norm", "grads")
 NAN = math.nan
+SCRAPE_THREADS = 4
+"""Threads that answer requests (a scrape takes milliseconds)."""
 
 
 def _client() -> Any:
@@ -77,8 +90,132 @@ def _client() -> Any:
     return prometheus_client
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _Server(WSGIServer):
+    """A WSGI server with a bounded number of threads: accepted connections wait in a selector
+    (no thread each) until they send something, then `SCRAPE_THREADS` workers answer them.
+    A connection idle for `idle_timeout_s` is closed; at most `max_connections` are open."""
+
+    request_queue_size = 64
+    idle_timeout_s = 10.0
+    max_connections = 64
+    _active = False
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._active = True
+        self._lock = threading.Lock()
+        self._new: list[tuple[socket.socket, Any]] = []
+        self._waiting: dict[socket.socket, tuple[Any, float]] = {}
+        self._open = 0
+        self._stopping = False
+        self._jobs: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # never stall the accepting thread
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._threads = [threading.Thread(target=self._watch, name="trainguard-prometheus-idle",
+                                          daemon=True)]
+        self._threads += [threading.Thread(target=self._work, daemon=True,
+                                           name=f"trainguard-prometheus-{i}")
+                          for i in range(SCRAPE_THREADS)]
+        for thread in self._threads:
+            thread.start()
+
+    # -- called by serve_forever's thread, once per accepted connection
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            if self._stopping:
+                self.shutdown_request(request)
+                return
+            self._open += 1
+            self._new.append((request, client_address))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # the wake-up pipe is full: the watcher is awake already
+
+    def _watch(self) -> None:
+        """Wait for requests without a thread per connection; close idle connections."""
+        while True:
+            with self._lock:
+                if self._stopping:
+                    return
+                new, self._new = self._new, []
+            now = time.monotonic()
+            for request, address in new:
+                try:
+                    self._selector.register(request, selectors.EVENT_READ)
+                except (ValueError, OSError):  # closed by its client already
+                    self._done(request)
+                    continue
+                self._waiting[request] = (address, now + self.idle_timeout_s)
+            while self._waiting and self._open > self.max_connections:
+                oldest = min(self._waiting, key=lambda r: self._waiting[r][1])
+                self._close_waiting(oldest)
+            timeout = (min(d for _, d in self._waiting.values()) - now if self._waiting
+                       else None)
+            for key, _ in self._selector.select(None if timeout is None else max(timeout, 0)):
+                if key.fileobj is self._wake_r:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except OSError:
+                        pass  # drained
+                    continue
+                ready = cast(socket.socket, key.fileobj)
+                address, _ = self._waiting.pop(ready)
+                self._selector.unregister(ready)
+                self._jobs.put((ready, address))
+            now = time.monotonic()
+            for request in [r for r, (_, d) in self._waiting.items() if d <= now]:
+                self._close_waiting(request)
+
+    def _close_waiting(self, request: socket.socket) -> None:
+        del self._waiting[request]
+        self._selector.unregister(request)
+        self._done(request)
+
+    def _done(self, request: socket.socket) -> None:
+        self.shutdown_request(request)
+        with self._lock:
+            self._open -= 1
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            request, address = job
+            try:
+                self.finish_request(request, address)
+            except Exception:
+                self.handle_error(request, address)
+            finally:
+                self._done(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request is no news for the training log."""
+        log.debug("trainguard: a Prometheus scrape from %s failed", client_address,
+                  exc_info=True)
+
+    def server_close(self) -> None:
+        super().server_close()
+        if not self._active:
+            return  # the bind failed: no thread was started
+        with self._lock:
+            self._stopping = True
+        self._wake()
+        for _ in range(SCRAPE_THREADS):
+            self._jobs.put(None)
+        self._threads[0].join(timeout=5)
+        for request in list(self._waiting):
+            self._close_waiting(request)
+        for request, _ in self._new:
+            self._done(request)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class _Server6(_Server):
@@ -86,6 +223,11 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    def setup(self) -> None:
+        super().setup()
+        # A client that stops sending or reading mid-request frees its thread after this long.
+        self.connection.settimeout(self.server.idle_timeout_s)  # type: ignore[attr-defined]
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged."""
 
@@ -96,10 +238,25 @@ class PrometheusSink(Sink):
     def __init__(self, port: int | None = 9464, addr: str = "127.0.0.1", top_k: int = 10,
                  all_params: bool = False, pushgateway: str | None = None,
                  job: str = "trainguard", *, linger_s: float = 15.0,
-                 push_timeout: float = 10.0) -> None:
+                 push_timeout: float = 10.0, idle_timeout_s: float = 10.0,
+                 max_connections: int = 64) -> None:
         client = _client()  # a missing extra fails here, loudly
         if top_k < 1:
             raise ValueError(f"PrometheusSink top_k must be at least 1, got {top_k}")
+        if port is not None and not (isinstance(port, int) and not isinstance(port, bool)
+                                     and 0 <= port <= 65535):
+            raise ConfigError(f"PrometheusSink port must be a whole number from 0 to 65535 (0: "
+                              f"any free port) or None, got {port!r}")
+        if not isinstance(addr, str) or not addr:
+            raise ConfigError(f"PrometheusSink addr must be a host name or address, got {addr!r}")
+        if not (isinstance(idle_timeout_s, (int, float)) and not isinstance(idle_timeout_s, bool)
+                and 0 < idle_timeout_s < math.inf):
+            raise ConfigError(f"PrometheusSink idle_timeout_s must be a positive number of "
+                              f"seconds, got {idle_timeout_s!r}")
+        if not (isinstance(max_connections, int) and not isinstance(max_connections, bool)
+                and max_connections >= 1):
+            raise ConfigError(f"PrometheusSink max_connections must be at least 1, got "
+                              f"{max_connections!r}")
         self._client = client
         self.requested_port = port
         """The port asked for; None serves nothing (push only)."""
@@ -112,6 +269,10 @@ class PrometheusSink(Sink):
         self.linger_s = linger_s
         """How long the endpoint stays up after the run closed, so that a scrape sees the final
         status and the verdict (a daemon thread: it never delays the end of the process)."""
+        self.idle_timeout_s = float(idle_timeout_s)
+        """A connection that sends nothing for this long is closed."""
+        self.max_connections = max_connections
+        """Connections open at once; the longest-waiting one is closed for a new one."""
         self.port: int | None = None
         """The port the endpoint listens on once the run started (the free one for port 0)."""
         self.active = True
@@ -197,7 +358,9 @@ class PrometheusSink(Sink):
     def _serve(self) -> None:
         if self.requested_port is None:
             return
-        server_type: type[_Server] = _Server6 if ":" in self.addr else _Server
+        base: type[_Server] = _Server6 if ":" in self.addr else _Server
+        server_type: type[_Server] = type("_Server", (base,), {
+            "idle_timeout_s": self.idle_timeout_s, "max_connections": self.max_connections})
         _release_lingering(self.addr, self.requested_port)
         try:
             server = make_server(self.addr, self.requested_port,

@@ -11,6 +11,15 @@ that is not a JSON object, a loss that is a string, a blob of the wrong length) 
 
 Readers never write and never lock: a store on read-only media is read with SQLite's
 `immutable` mode when the normal read-only mode cannot be used.
+
+A store is read as untrusted input, with limits that keep a small hostile file from taking the
+reader's memory or stack: a table with a generated (computed) column or a virtual table is
+refused (trainguard writes neither; such a column makes any value out of a few bytes), SQLite
+refuses any one value over `MAX_VALUE_BYTES`, a JSON value over `MAX_JSON_BYTES` or nested
+deeper than `MAX_JSON_DEPTH` is refused before it is parsed, the run's meta may hold
+`MAX_META_BYTES` in all, and a per-parameter vector's size is checked with SQL `length()` against
+the parameter count before any vector is fetched. Each refusal is one `StoreError` that states
+the limit.
 """
 
 from __future__ import annotations
@@ -18,10 +27,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import sqlite3
 from collections import Counter
 from itertools import pairwise
+from json.decoder import scanstring  # type: ignore[attr-defined]  # public, untyped
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,6 +48,58 @@ STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad
 """Per-step scalars that must be numbers (or null) when present."""
 VERDICTS = ("healthy", "recovered", "degraded", "stalled")
 
+MiB = 1 << 20
+MAX_VALUE_BYTES = 64 * MiB
+"""SQLite refuses to produce any one value larger than this (SQLITE_LIMIT_LENGTH, Python 3.11+):
+a damaged store cannot make the reader allocate more for one cell."""
+MAX_JSON_BYTES = 16 * MiB
+"""The largest JSON value read (a meta value, a step's record, an event's details). The largest
+trainguard writes is the parameter names, about 6 MB for 100,000 parameters; parsing 16 MiB of
+the worst JSON (`[{},{},...]`) takes about 450 MB."""
+MAX_META_BYTES = 32 * MiB
+"""The most a run's meta may hold in all (it is parsed whole)."""
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects read; trainguard writes under 10 levels."""
+_JSON_TOKENS = re.compile(r'["\[\]{}]')
+
+
+def _json_depth_over(text: str, limit: int) -> bool:
+    """True when `text` nests arrays and objects deeper than `limit` (brackets inside strings do
+    not count). json.loads recurses once per level, so a deep value must be refused first."""
+    if text.count("[") + text.count("{") <= limit:
+        return False  # too few brackets to nest that deep: the common case costs two counts
+    depth, pos = 0, 0
+    search = _JSON_TOKENS.search
+    while (match := search(text, pos)) is not None:
+        char, pos = match.group(), match.end()
+        if char == '"':
+            try:
+                pos = scanstring(text, pos)[1]
+            except ValueError:
+                return False  # an unterminated string: json.loads says where
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _capped_parts(column: str) -> tuple[str, str]:
+    """SQL for `column` (NULL when longer than `MAX_JSON_BYTES`: an oversized value is measured
+    by SQLite and never fetched) and for its length."""
+    return (f"CASE WHEN length({column}) > {MAX_JSON_BYTES} THEN NULL ELSE {column} END",
+            f"length({column})")
+
+
+def _capped(column: str) -> str:
+    return ", ".join(_capped_parts(column))
+
+
+def _size(count: int) -> str:
+    return f"{count / MiB:.1f} MiB" if count >= MiB else f"{count:,} bytes"
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -49,7 +112,7 @@ def _connect(path: Path) -> tuple[sqlite3.Connection, bool]:
     directory names are part of the path and not read as URI syntax."""
     uri = path.resolve().as_uri()
     try:
-        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True)
+        conn = _limited(sqlite3.connect(f"{uri}?mode=ro", uri=True))
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         return conn, False
     except sqlite3.OperationalError as exc:
@@ -57,9 +120,31 @@ def _connect(path: Path) -> tuple[sqlite3.Connection, bool]:
         # created, and only immutable mode reads the store.
         if "locked" in str(exc) or "busy" in str(exc):
             raise
-    conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+    conn = _limited(sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True))
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     return conn, True
+
+
+def _limited(conn: sqlite3.Connection) -> sqlite3.Connection:
+    setlimit = getattr(conn, "setlimit", None)  # Python 3.11+
+    if setlimit is not None:
+        setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    return conn
+
+
+def _computed_column(conn: sqlite3.Connection) -> str | None:
+    """The first of trainguard's tables that is virtual or has a generated column, described;
+    None when every table stores what it returns."""
+    tables = schema.V2_TABLES | schema.V1_TABLES
+    for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"):
+        if name not in tables:
+            continue
+        if not isinstance(sql, str) or not sql.lstrip().upper().startswith("CREATE TABLE"):
+            return f"table {name} is a virtual table"
+        for column in conn.execute(f'PRAGMA table_xinfo("{name}")'):
+            if column[6] != 0:  # 2: generated virtual, 3: generated stored, 1: hidden
+                return f"column {name}.{column[1]} is computed, not stored"
+    return None
 
 
 class RunReader:
@@ -93,6 +178,15 @@ class RunReader:
             self._conn.close()
             raise StoreError(f"{self.path} was written by a newer trainguard (store version "
                              f"{version}; this one reads up to {schema.SCHEMA_VERSION})")
+        try:
+            computed = _computed_column(self._conn)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path} is corrupt or not a trainguard store ({exc})") from None
+        if computed is not None:
+            self._conn.close()
+            raise StoreError(f"{self.path} is not a trainguard store: its {computed} "
+                             f"(trainguard stores every value it records)")
         self.version = version
         """The store's schema version (1: one run, no runs table; 2: runs kept apart)."""
         self.run_ids = self._run_ids()
@@ -121,6 +215,12 @@ class RunReader:
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
             return self._conn.execute(sql, args).fetchall()
+        except sqlite3.DataError as exc:
+            if "too big" not in str(exc):
+                raise StoreError(f"{self.path} is corrupt ({exc})") from None
+            raise StoreError(f"{self.path} holds a value larger than {_size(MAX_VALUE_BYTES)}, "
+                             f"trainguard's limit for one stored value; the store is damaged or "
+                             f"was not written by trainguard") from None
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path} is corrupt ({exc})") from None
 
@@ -136,14 +236,28 @@ class RunReader:
         return StoreError(f"{self.path}: run {self.run_id}: {what} is {shown}, expected "
                           f"{expected}; the store is damaged or was not written by trainguard")
 
-    def _json(self, text: Any, what: str) -> Any:
+    def _too_big(self, what: str, size: int, limit: int, unit: str = "one value") -> StoreError:
+        return StoreError(f"{self.path}: run {self.run_id}: {what} is {_size(size)}, over "
+                          f"trainguard's limit of {_size(limit)} for {unit}; the store is "
+                          f"damaged or was not written by trainguard")
+
+    def _json(self, text: Any, what: str, size: Any = None) -> Any:
+        """`text` parsed; `size` is its SQL length() when the query capped it (`_capped`)."""
+        if isinstance(size, int) and size > MAX_JSON_BYTES:
+            raise self._too_big(what, size, MAX_JSON_BYTES)
         if not isinstance(text, str):
             raise self._bad(what, text, "JSON text")
+        if len(text) > MAX_JSON_BYTES:  # characters: at least as many bytes
+            raise self._too_big(what, len(text), MAX_JSON_BYTES)
+        if _json_depth_over(text, MAX_JSON_DEPTH):
+            raise StoreError(f"{self.path}: run {self.run_id}: {what} nests arrays or objects "
+                             f"deeper than {MAX_JSON_DEPTH} levels, trainguard's limit; the store "
+                             f"is damaged or was not written by trainguard")
         try:
             return json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise StoreError(f"{self.path}: run {self.run_id}: malformed {what} "
-                             f"({exc})") from None
+                             f"({str(exc)[:200]})") from None
 
     def _int(self, value: Any, what: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
@@ -175,11 +289,20 @@ class RunReader:
             size = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
             raise StoreError(f"{self.path}: run {self.run_id}: {what} holds {size}, not a "
                              f"float32 vector; the store is damaged")
-        values = np.frombuffer(data, dtype="<f4").astype(np.float64)
-        if width is not None and values.size != width:
-            raise StoreError(f"{self.path}: run {self.run_id}: {what} holds {values.size} "
+        if width is not None and len(data) // 4 != width:  # before the float64 copy
+            raise StoreError(f"{self.path}: run {self.run_id}: {what} holds {len(data) // 4} "
                              f"values for {width} entries; the store is damaged")
-        return values
+        return np.frombuffer(data, dtype="<f4").astype(np.float64)
+
+    def _check_blob_sizes(self, sql: str, args: tuple, what: str, width: int) -> None:
+        """Refuse before fetching when a vector holds more than `width` float32 values: `sql`
+        selects (step, length(blob)) of the rows whose blob is longer than its last argument."""
+        over = self._select(sql + " LIMIT 1", (*args, 4 * width))
+        if over:
+            step, size = over[0]
+            raise StoreError(f"{self.path}: run {self.run_id}: {what} of step {step} holds "
+                             f"{_size(size)}, more than the {_size(4 * width)} of {width} float32 "
+                             f"values (one per parameter); the store is damaged")
 
     # -- runs ----------------------------------------------------------------------------------
     def _run_ids(self) -> list[int]:
@@ -203,20 +326,22 @@ class RunReader:
                      "status": status, "pid": None, "hostname": None, "resumed": 0,
                      "store_failed": None, "failed_step": None, "dropped": 0, "steps": count,
                      "events": events, "last_step": last_step, "verdict": None}]
+        verdict_of = "FROM meta m WHERE m.run_id = r.id AND m.key = 'verdict'"
+        value, length = _capped_parts("value")
         rows = self._query(
             "SELECT r.id, r.started, r.ended, r.status, r.pid, r.hostname, r.resumed, "
             "r.store_failed, r.failed_step, r.dropped, "
             "(SELECT count(*) FROM steps s WHERE s.run_id = r.id), "
             "(SELECT count(*) FROM events e WHERE e.run_id = r.id), "
             "(SELECT max(step) FROM steps s WHERE s.run_id = r.id), "
-            "(SELECT value FROM meta m WHERE m.run_id = r.id AND m.key = 'verdict') "
+            f"(SELECT {value} {verdict_of}), (SELECT {length} {verdict_of}) "
             "FROM runs r ORDER BY r.id")
         listing = []
         for (run_id, started, ended, status, pid, host, resumed, failed, failed_step, dropped,
-             steps, events, last_step, verdict_text) in rows:
+             steps, events, last_step, verdict_text, verdict_size) in rows:
             what = f"run {run_id}"
-            verdict = (self._verdict(self._json(verdict_text, f"{what} verdict"))
-                       if verdict_text is not None else None)
+            verdict = (self._verdict(self._json(verdict_text, f"{what} verdict", verdict_size))
+                       if verdict_size is not None else None)
             listing.append({
                 "id": run_id, "started": self._num(started, f"{what} start time"),
                 "ended": self._num(ended, f"{what} end time"),
@@ -243,8 +368,18 @@ class RunReader:
 
     # -- run-level -------------------------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        meta = {key: self._json(value, f"meta {key}")
-                for key, value in self._select("SELECT key, value FROM meta WHERE {run}")}
+        # Sizes first, with SQL length(), so that no oversized value is fetched.
+        sizes = self._select("SELECT key, length(value) FROM meta WHERE {run}")
+        total = 0
+        for key, size in sizes:
+            if isinstance(size, int):
+                if size > MAX_JSON_BYTES:
+                    raise self._too_big(f"meta {key}", size, MAX_JSON_BYTES)
+                total += size
+        if total > MAX_META_BYTES:
+            raise self._too_big("its meta", total, MAX_META_BYTES, "a run's meta")
+        meta = {key: self._json(value, f"meta {key}", size) for key, value, size in
+                self._select(f"SELECT key, {_capped('value')} FROM meta WHERE {{run}}")}
         meta.pop("schema_version", None)
         if self.version >= 2:  # the runs row holds the status
             status = self._query("SELECT status FROM runs WHERE id = ?", (self.run_id,))
@@ -309,11 +444,12 @@ class RunReader:
     # -- per step ---------------------------------------------------------------------------
     def steps(self) -> list[dict[str, Any]]:
         """One dict per recorded step: step, time, loss, grad_norm, lr, action, ..."""
-        rows = self._select("SELECT step, time, data FROM steps WHERE {run} ORDER BY step")
+        rows = self._select(f"SELECT step, time, {_capped('data')} FROM steps WHERE {{run}} "
+                            f"ORDER BY step")
         out = []
-        for step, at, data in rows:
+        for step, at, data, size in rows:
             self._int(step, "a step number")
-            values = self._json(data, f"step {step}")
+            values = self._json(data, f"step {step}", size)
             if not isinstance(values, dict):
                 raise self._bad(f"step {step}", values, "a JSON object")
             for name in STEP_NUMBERS:
@@ -339,15 +475,25 @@ class RunReader:
 
     def param_grad_norms(self) -> tuple[np.ndarray, np.ndarray]:
         """(steps, matrix[step, param]) of per-parameter gradient norms."""
+        meta = self.meta()
+        if "param_names" in meta:
+            self._check_blob_sizes("SELECT step, length(grad_norms) FROM steps WHERE {run} AND "
+                                   "length(grad_norms) > ? ORDER BY step", (), "gradient norms",
+                                   len(meta["param_names"]))
         rows = self._select("SELECT step, grad_norms FROM steps WHERE {run} AND grad_norms IS "
                             "NOT NULL ORDER BY step")
-        return self._matrix(rows, "gradient norms", 0.0)  # not yet watched: no gradient
+        return self._matrix(rows, "gradient norms", 0.0, meta)  # not yet watched: no gradient
 
     def param_metric(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, matrix[step, param]) of a sampled per-parameter metric (e.g. update_ratio)."""
+        meta = self.meta()
+        if "param_names" in meta:
+            self._check_blob_sizes("SELECT step, length(data) FROM param_metrics WHERE {run} AND "
+                                   "metric = ? AND length(data) > ? ORDER BY step", (metric,),
+                                   metric, len(meta["param_names"]))
         rows = self._select("SELECT step, data FROM param_metrics WHERE {run} AND metric = ? "
                             "ORDER BY step", (metric,))
-        return self._matrix(rows, metric, np.nan)  # not yet watched: not measured
+        return self._matrix(rows, metric, np.nan, meta)  # not yet watched: not measured
 
     def param_metric_names(self) -> list[str]:
         return [r[0] for r in self._select("SELECT DISTINCT metric FROM param_metrics "
@@ -355,22 +501,31 @@ class RunReader:
 
     def module_metric(self, metric: str) -> list[tuple[int, list[str], np.ndarray]]:
         """[(step, module names, values)] of a sampled per-module metric (e.g. act_maxabs)."""
-        rows = self._select("SELECT step, names, data FROM module_metrics WHERE {run} AND "
-                            "metric = ? ORDER BY step", (metric,))
+        # Each name takes at least three characters of its JSON list ("",), so a vector of
+        # float32 values, one per name, is never longer than 4/3 of the list's text.
+        over = self._select("SELECT step, length(data), length(names) FROM module_metrics "
+                            "WHERE {run} AND metric = ? AND length(data) > 4 * length(names) / 3 "
+                            "+ 4 ORDER BY step LIMIT 1", (metric,))
+        if over:
+            step, size, names_size = over[0]
+            raise StoreError(f"{self.path}: run {self.run_id}: {metric} of step {step} holds "
+                             f"{_size(size)}, more than one float32 value per module its "
+                             f"{_size(names_size)} of names can list; the store is damaged")
+        rows = self._select(f"SELECT step, {_capped('names')}, data FROM module_metrics WHERE "
+                            f"{{run}} AND metric = ? ORDER BY step", (metric,))
         out = []
-        for step, names_text, data in rows:
-            names = self._json(names_text, "module names")
+        for step, names_text, names_size, data in rows:
+            names = self._json(names_text, "module names", names_size)
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise self._bad(f"step {step} module names", names, "a list of names")
             out.append((self._int(step, "a step number"), names,
                         self._blob(data, f"{metric} of step {step}", len(names))))
         return out
 
-    def _matrix(self, rows: list[tuple], what: str,
-                fill: float) -> tuple[np.ndarray, np.ndarray]:
+    def _matrix(self, rows: list[tuple], what: str, fill: float,
+                meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """One row per step. Parameters the optimizer gained mid-run (meta `param_widths`) have
         no value before they were watched: their columns hold `fill` there."""
-        meta = self.meta()
         width: int | None = len(meta["param_names"]) if "param_names" in meta else None
         if "verdict" in meta:
             self._verdict(meta["verdict"])
@@ -392,14 +547,15 @@ class RunReader:
         return steps, matrix
 
     def events(self) -> list[Event]:
-        rows = self._select("SELECT step, kind, severity, param, value, message, details "
-                            "FROM events WHERE {run} ORDER BY id")
+        rows = self._select(f"SELECT step, kind, severity, param, {_capped('value')}, message, "
+                            f"{_capped('details')} FROM events WHERE {{run}} ORDER BY id")
         out = []
-        for step, kind, severity, param, value, message, details in rows:
+        for step, kind, severity, param, value, value_size, message, details, size in rows:
             self._int(step, "an event's step")
             where = f"the event at step {step}"
-            loaded = self._json(value, f"{where}'s value") if value is not None else None
-            extra = self._json(details, f"{where}'s details")
+            loaded = (self._json(value, f"{where}'s value", value_size)
+                      if value_size is not None else None)
+            extra = self._json(details, f"{where}'s details", size)
             if not isinstance(extra, dict):
                 raise self._bad(f"{where}'s details", extra, "a JSON object")
             out.append(Event(kind=self._str(kind, f"{where}'s kind"),
@@ -414,12 +570,12 @@ class RunReader:
         """What trainguard did to the run (skip, clip, rollback, LR change, halt, snapshot)."""
         if self.version == 1:
             return []
-        rows = self._select("SELECT step, kind, message, details FROM actions WHERE {run} "
-                            "ORDER BY id")
+        rows = self._select(f"SELECT step, kind, message, {_capped('details')} FROM actions "
+                            f"WHERE {{run}} ORDER BY id")
         out = []
-        for step, kind, message, details in rows:
+        for step, kind, message, details, size in rows:
             where = f"the action at step {step}"
-            extra = self._json(details, f"{where}'s details")
+            extra = self._json(details, f"{where}'s details", size)
             if not isinstance(extra, dict):
                 raise self._bad(f"{where}'s details", extra, "a JSON object")
             out.append(ActionRecord(kind=cast(ActionKind, self._str(kind, f"{where}'s kind")),
