@@ -27,11 +27,12 @@ evaluations; a directory holding several runs in other subdirectories is an erro
 from __future__ import annotations
 
 import struct
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from trainguard.analyze.log import Log, LogError, _classify, choose_loss, is_eval_name
+from trainguard.analyze.log import Log, LogError, Series, _classify, choose_loss, is_eval_name
 
 FORMAT = "tensorboard"
 EVAL_DIRS = frozenset({"validation", "val", "valid", "eval", "evaluation", "test"})
@@ -85,8 +86,9 @@ def read(path: str | Path) -> Log:
     tags: dict[str, tuple[list[int], list[float]]] = {}
     notes: list[str] = []
     for file in train_files + eval_files:
+        training = file in train_files
         for tag, (steps, values) in read_scalars(file, notes).items():
-            name = tag if file in train_files or is_eval_name(tag) else f"eval/{tag}"
+            name = tag if training or is_eval_name(tag) else f"eval/{tag}"
             into = tags.setdefault(name, ([], []))
             into[0].extend(steps)
             into[1].extend(values)
@@ -94,36 +96,56 @@ def read(path: str | Path) -> Log:
 
 
 def _build(path: Path, tags: dict[str, tuple[list[int], list[float]]], notes: list[str]) -> Log:
-    train: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    evals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    train: dict[str, tuple[list[int], list[float]]] = {}
+    evals: dict[str, tuple[list[int], list[float]]] = {}
     for tag, (steps, values) in tags.items():
         kind, name = _classify(tag)
         if kind == 0 or not steps:
             continue
-        pair = (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
         target = train if kind == 1 else evals
         if name in target:  # two tags meaning the same series: the first one wins
             continue
-        target[name] = pair
+        target[name] = (steps, values)
     if not train:
         listed = ", ".join(list(tags)[:8])
         what = "scalars" if not tags else f"training scalars (its tags: {listed})"
         raise LogError(f"{path}: no {what} in the TensorBoard events")
-    all_steps = np.unique(np.concatenate([s for s, _ in train.values()]))
-    series: dict[str, list[float | None]] = {}
-    for name, (tag_steps, tag_values) in train.items():
-        column: list[float | None] = [None] * all_steps.size
-        where = np.searchsorted(all_steps, tag_steps).tolist()
-        for at, value in zip(where, tag_values.tolist(), strict=True):
-            column[at] = value  # a step written twice: the last
-        series[name] = column
+    all_steps, series = _series(train)
     choose_loss(series, notes)
     by_step: dict[int, dict[str, float]] = {}
     for name, (eval_steps, eval_values) in evals.items():
-        for step, value in zip(eval_steps.tolist(), eval_values.tolist(), strict=True):
+        for step, value in zip(eval_steps, eval_values, strict=True):
             by_step.setdefault(step, {})[name] = value
-    return Log(path=str(path), format=FORMAT, steps=all_steps.tolist(), series=series,
+    return Log(path=str(path), format=FORMAT, steps=all_steps, series=series,
                evals=sorted(by_step.items()), notes=notes)
+
+
+def _series(train: dict[str, tuple[list[int], list[float]]]) -> tuple[list[int], Series]:
+    """The rows (every step any series holds, ascending) and each series' points, for all
+    series at once: a run of 100k tags is a few array operations, not 100k of them."""
+    sizes = np.fromiter((len(steps) for steps, _ in train.values()), dtype=np.int64,
+                        count=len(train))
+    steps = np.asarray(list(chain.from_iterable(s for s, _ in train.values())), dtype=np.int64)
+    values = np.asarray(list(chain.from_iterable(v for _, v in train.values())),
+                        dtype=np.float64)
+    owner = np.repeat(np.arange(len(train), dtype=np.int64), sizes)
+    all_steps = np.unique(steps)
+    rows = np.searchsorted(all_steps, steps)
+    later = np.diff(rows) > 0
+    same_owner = owner[1:] == owner[:-1]
+    if np.any(same_owner & ~later):  # a tag whose steps go back or repeat: order its rows
+        order = np.lexsort((rows, owner))  # stable: a step written twice keeps its file order
+        rows, owner, values = rows[order], owner[order], values[order]
+        last = np.ones(rows.size, dtype=bool)  # a step written twice: the last
+        last[:-1] = (rows[1:] != rows[:-1]) | (owner[1:] != owner[:-1])
+        rows, owner, values = rows[last], owner[last], values[last]
+    bounds = np.searchsorted(owner, np.arange(len(train) + 1)).tolist()
+    row_list, value_list = rows.tolist(), values.tolist()
+    series = Series(all_steps.size)
+    for k, name in enumerate(train):
+        start, stop = bounds[k], bounds[k + 1]
+        series.set_points(name, row_list[start:stop], value_list[start:stop])
+    return all_steps.tolist(), series
 
 
 def read_scalars(file: Path, notes: list[str] | None = None,
