@@ -13,7 +13,8 @@ Checks. Every record's length CRC is verified (it guards the framing: a wrong le
 misread every record after it), and so is the payload CRC of every record a value is taken from.
 Payloads of records that yield nothing (a graph, an image) are skipped unverified: nothing of
 theirs is used. The CRCs are computed for all records at once with NumPy (CRC32C, Castagnoli),
-one vector operation per byte position, which is what makes checking them affordable. A file
+one vector operation per byte position of 32-byte chunks cut from every record, whatever the
+mix of record lengths, which is what makes checking them affordable. A file
 that ends inside a record (a writer still writing, or killed) is read up to its last complete
 record, with a note; a CRC mismatch or a record that does not parse is an error naming the file
 and the byte offset.
@@ -456,24 +457,87 @@ _TABLE = _crc_table()
 _MASK_DELTA = np.uint32(0xA282EAD8)
 
 
+_CHUNK = 32
+"""Bytes of a record hashed per vector step: records are cut into chunks of this many bytes,
+all chunks of all records hashed together, and each record's chunks then combined."""
+
+
 def masked_crc32c(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The TFRecord masked CRC32C of `data[starts[k] : starts[k] + lengths[k]]` for every k:
-    records of one length are processed together, one vector operation per byte position."""
+    """The TFRecord masked CRC32C of `data[starts[k] : starts[k] + lengths[k]]` for every k.
+
+    Records of any mix of lengths cost the same per byte: each record is cut into chunks of
+    `_CHUNK` bytes (its first chunk padded in front with zeros, which leave a CRC register of 0
+    at 0), the chunks of every record are hashed together, one vector operation per byte
+    position, and a record's CRC is the XOR of its chunks' CRCs, each carried through the zero
+    bytes after it (CRC is linear over GF(2): `_carry`). The initial register of the CRC is
+    put in where a record's first byte is hashed."""
     out = np.empty(starts.size, dtype=np.uint32)
     if starts.size == 0:
         return out
-    order = np.argsort(lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    bounds = np.flatnonzero(np.diff(sorted_lengths)) + 1
-    for group in np.split(order, bounds):
-        width = int(lengths[group[0]])
-        crc = np.full(group.size, 0xFFFFFFFF, dtype=np.uint32)
-        at = starts[group]
-        for column in range(width):
-            crc = _TABLE[(crc ^ data[at + column]) & 0xFF] ^ (crc >> np.uint32(8))
-        crc ^= np.uint32(0xFFFFFFFF)
-        out[group] = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + _MASK_DELTA
+    lengths = lengths.astype(np.int64)
+    width = int(min(_CHUNK, max(int(lengths.max()), 1)))
+    chunks = np.maximum((lengths + width - 1) // width, 1)
+    pad = chunks * width - lengths  # zeros in front of the first chunk
+    first = np.cumsum(chunks) - chunks  # each record's first chunk
+    record = np.repeat(np.arange(starts.size), chunks)
+    place = np.arange(record.size, dtype=np.int64) - first[record]  # a chunk's place in its record
+    origin = starts.astype(np.int64)[record] - pad[record] + width * place
+    by_pad = first[np.argsort(pad, kind="stable")]  # first chunks, by their padding
+    pad_bounds = np.searchsorted(np.sort(pad), np.arange(width + 1))
+    register = np.zeros(record.size, dtype=np.uint32)
+    byte = np.empty(record.size, dtype=np.uint8)
+    low = np.empty(record.size, dtype=np.uint32)
+    at = origin
+    for column in range(width):  # in place: this loop is the whole cost
+        register[by_pad[pad_bounds[column]:pad_bounds[column + 1]]] ^= np.uint32(0xFFFFFFFF)
+        data.take(at, out=byte, mode="clip")
+        byte[by_pad[pad_bounds[column + 1]:]] = 0  # still padding
+        register ^= byte
+        np.bitwise_and(register, 0xFF, out=low)
+        register >>= np.uint32(8)
+        register ^= _TABLE.take(low)
+        at += 1
+    after = (chunks[record] - 1 - place) * width  # zero bytes a chunk's CRC is carried through
+    register = _carry(register, after, width)
+    crc = np.bitwise_xor.reduceat(register, first) ^ np.uint32(0xFFFFFFFF)
+    crc[lengths == 0] = 0  # the CRC of nothing (no byte took the initial register)
+    out[:] = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + _MASK_DELTA
     return out
+
+
+_CARRIES: dict[int, list[np.ndarray]] = {}
+"""Per chunk width, the tables carrying a CRC register through width * 2^k zero bytes."""
+
+
+def _carry(register: np.ndarray, zeros: np.ndarray, width: int) -> np.ndarray:
+    """Each register as it is after `zeros` (a multiple of `width`) zero bytes: a linear map,
+    applied as its tables for width * 2^k zero bytes, one per set bit of zeros / width."""
+    steps = zeros // width
+    tables = _CARRIES.setdefault(width, [])
+    bit = 0
+    while (steps >> bit).any():
+        if bit == len(tables):
+            tables.append(_carry_table(width) if bit == 0 else _apply(tables[-1], tables[-1]))
+        chosen = np.flatnonzero((steps >> bit) & 1)
+        register[chosen] = _apply(tables[bit], register[chosen])
+        bit += 1
+    return register
+
+
+def _carry_table(width: int) -> np.ndarray:
+    """A (4, 256) table: the register after `width` zero bytes, for each value of each of its
+    bytes (the register's other bytes 0): the map is linear, so a register's image is the XOR of
+    its four bytes' images."""
+    table = (np.arange(256, dtype=np.uint32)[None, :]
+             << (np.uint32(8) * np.arange(4, dtype=np.uint32))[:, None])
+    for _ in range(width):
+        table = _TABLE[table & 0xFF] ^ (table >> np.uint32(8))
+    return table
+
+
+def _apply(table: np.ndarray, register: np.ndarray) -> np.ndarray:
+    return (table[0][register & 0xFF] ^ table[1][(register >> np.uint32(8)) & 0xFF]
+            ^ table[2][(register >> np.uint32(16)) & 0xFF] ^ table[3][register >> np.uint32(24)])
 
 
 def _stored(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
