@@ -163,11 +163,21 @@ def many_csv(path: Path, names: int, rows: int = 40) -> None:
             out.write(",".join(fields) + "\n")
 
 
+def many_text(path: Path, names: int) -> None:
+    """Megatron-LM lines (every `key: value` between bars is read)."""
+    with path.open("w") as out:
+        for row, record in _sparse_rows(names):
+            pairs = " | ".join(f"{'lm loss' if k == 'loss' else k}: {v:.6E}"
+                               for k, v in record.items())
+            out.write(f" iteration {row + 1:8d}/  100000 | {pairs} |\n")
+
+
 MANY: dict[str, tuple[str, Callable[[Path, int], None]]] = {
     "tensorboard": ("events.out.tfevents.1700000000.host.1.0", many_tensorboard),
     "jsonl": ("metrics.jsonl", many_jsonl),
     "csv": ("metrics.csv", many_csv),
     "hf": ("trainer_state.json", many_hf),
+    "text": ("train.log", many_text),
 }
 
 
