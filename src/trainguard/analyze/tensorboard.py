@@ -130,7 +130,9 @@ def _series(train: dict[str, tuple[list[int], list[float]]]) -> tuple[list[int],
     values = np.asarray(list(chain.from_iterable(v for _, v in train.values())),
                         dtype=np.float64)
     owner = np.repeat(np.arange(len(train), dtype=np.int64), sizes)
-    all_steps = np.unique(steps)
+    # np.unique hashes (NumPy 2): a stable sort merges the tags' ascending runs far faster
+    ordered = np.sort(steps, kind="stable")
+    all_steps = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
     rows = np.searchsorted(all_steps, steps)
     later = np.diff(rows) > 0
     same_owner = owner[1:] == owner[:-1]
