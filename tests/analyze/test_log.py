@@ -13,7 +13,9 @@ def test_a_series_is_laid_out_over_every_row_when_read() -> None:
     series = Series(5)
     series.set_points("grad_norm/p1", [1, 3], [0.5, math.inf])
     assert series.points("grad_norm/p1") == ([1, 3], [0.5, math.inf])
+    assert not series.laid_out("grad_norm/p1")
     assert series["grad_norm/p1"] == [None, 0.5, None, math.inf, None]
+    assert series.laid_out("grad_norm/p1"), "read once, kept laid out"
     assert series.points("grad_norm/p1") == ([1, 3], [0.5, math.inf]), "the same once laid out"
 
 
@@ -53,6 +55,6 @@ def test_the_builder_keeps_names_of_a_few_rows_sparse() -> None:
     assert len(log) == names and len(log.series) == names + 1
     # stored as (rows, values): no list of 5000 rows for each of the 5000 names
     assert log.series.points("grad_norm/p7") == ([7], [0.5])
-    assert sum(isinstance(entry, list) for entry in log.series._entries.values()) == 1
+    assert [name for name in log.series if log.series.laid_out(name)] == [LOSS]
     assert log.series["grad_norm/p7"][7] == 0.5 and log.series["grad_norm/p7"][6] is None
     assert len(log.evals) == names

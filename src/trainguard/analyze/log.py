@@ -156,6 +156,10 @@ class Series(MutableMapping[str, list[float | None]]):
             return bool(entry[0])
         return any(v is not None for v in entry)
 
+    def laid_out(self, name: str) -> bool:
+        """Whether `name` is held as one value per row (read, or on every row), not as points."""
+        return not isinstance(self._entries[name], tuple)
+
     def rename(self, old: str, new: str) -> None:
         """`old` read as `new` (moved to the end, as a dict's pop and insert would)."""
         self._entries[new] = self._entries.pop(old)
