@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import math
 import struct
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from trainguard.analyze import FORMATS, read_log
+from trainguard.analyze import FORMATS, analyze_log, read_log
 from trainguard.analyze.log import Log, LogError
+
+from .logs import event_file
 
 NAN = math.nan
 
@@ -623,3 +627,72 @@ def test_a_step_beyond_64_bits_is_one_clear_error(tmp_path: Path) -> None:
         f'{{"step": {2 ** 70 + i}, "loss": {2.0 - 0.01 * i}}}\n' for i in range(5)))
     with pytest.raises(LogError, match=r"step 1180591620717411303424 is beyond any training step"):
         read_log(path)
+
+
+# -- many series names ----------------------------------------------------------------------------
+NAMES, PER_ROW = 20_000, 8
+"""A log of 20k names, 8 of them on each row beside the loss and the LR (per-parameter gradient
+norms): 2500 rows, so a rows x names table would hold 50M cells (400 MB of pointers alone)."""
+
+
+def sparse_rows() -> list[tuple[int, dict[str, float]]]:
+    return [(row, {"loss": 2.0 * math.exp(-row / 1000) + 0.5, "lr": 1e-4,
+                   **{f"grad_norm/p{j}": 1.0 + j % 5 / 10
+                      for j in range(row * PER_ROW, (row + 1) * PER_ROW)}})
+            for row in range(NAMES // PER_ROW)]
+
+
+def many_jsonl(tmp_path: Path) -> Path:
+    return write(tmp_path / "log.jsonl", "".join(json.dumps({"step": row, **record}) + "\n"
+                                                 for row, record in sparse_rows()))
+
+
+def many_hf(tmp_path: Path) -> Path:
+    return trainer_state(tmp_path / "trainer_state.json",
+                         [{"step": row, **record} for row, record in sparse_rows()])
+
+
+def many_text(tmp_path: Path) -> Path:  # Megatron-LM lines: every `key: value` is read
+    return write(tmp_path / "train.log", "".join(
+        f" iteration {row + 1:8d}/ 100000 | " + " | ".join(
+            f"{'lm loss' if k == 'loss' else k}: {v:.6E}" for k, v in record.items()) + " |\n"
+        for row, record in sparse_rows()))
+
+
+def many_tensorboard(tmp_path: Path) -> Path:
+    return event_file(tmp_path / "events.out.tfevents.1.host", [
+        (row, tag, value) for row, record in sparse_rows() for tag, value in record.items()])
+
+
+def many_csv(tmp_path: Path) -> Path:
+    """A Lightning metrics.csv of 20k columns, 40 lines each filling 500 of them."""
+    rows, names = 40, [f"grad_norm/p{j}" for j in range(NAMES)]
+    lines = [",".join(["step", "epoch", "train_loss_step", *names])]
+    per_line = NAMES // rows
+    for row in range(rows):
+        fields = [""] * NAMES
+        for j in range(row * per_line, (row + 1) * per_line):
+            fields[j] = str(1.0 + j % 5 / 10)
+        lines.append(",".join([str(row), "0", str(2.0 - row / 100), *fields]))
+    return write(tmp_path / "metrics.csv", "\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("writer", [many_jsonl, many_hf, many_text, many_tensorboard, many_csv],
+                         ids=["jsonl", "hf", "text", "tensorboard", "lightning"])
+def test_many_series_names_cost_what_their_values_cost(writer: Callable[[Path], Path],
+                                                      tmp_path: Path) -> None:
+    path = writer(tmp_path)
+    tracemalloc.start()
+    try:
+        log = read_log(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(log.series) >= NAMES and log.has("loss")
+    # each name kept as its rows and values, not laid out over every row
+    assert sum(not log.series.laid_out(name) for name in log.series) >= NAMES
+    assert log.series.points("grad_norm/p123")[1] == [pytest.approx(1.3)]
+    # linear in the file, with room to spare (a laid-out table of 2500 rows: 400 MB)
+    assert peak < 64e6 + 30 * path.stat().st_size, f"{peak / 1e6:.0f} MB traced"
+    result = analyze_log(log)
+    assert result.rows == len(log) and result.verdict == "healthy"

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import stat
 from collections.abc import Callable
@@ -42,10 +43,18 @@ def read_log(path: str | Path, fmt: str | None = None) -> Log:
     if fmt is not None and fmt not in FORMATS:
         raise LogError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     name = fmt or detect_format(path)
-    if name.startswith("text:"):
-        return text.read(_file(path, name), grammar=name.split(":", 1)[1])
-    target = path if name in ("tensorboard", "store") else _file(path, name)
-    return _READERS[name](target)
+    # a reader makes a few objects per logged value and no cycles: the cyclic collector,
+    # scanning them again and again as they pile up, would cost more than the reading
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if name.startswith("text:"):
+            return text.read(_file(path, name), grammar=name.split(":", 1)[1])
+        target = path if name in ("tensorboard", "store") else _file(path, name)
+        return _READERS[name](target)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _file(path: Path, fmt: str) -> Path:

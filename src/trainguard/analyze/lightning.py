@@ -29,11 +29,12 @@ def read(path: str | Path) -> Log:
         raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if not text.strip():
         raise LogError(f"{path}: the file is empty")
+    # records read as they go: a list of every field would cost several times the file
+    records = csv.reader(io.StringIO(text))
     try:
-        lines = list(csv.reader(io.StringIO(text)))
+        header = [name.strip() for name in next(records)]
     except csv.Error as exc:
         raise LogError(f"{path}: not a valid CSV file ({exc})") from None
-    header = [name.strip() for name in lines[0]]
     if "step" not in header:
         raise LogError(f"{path}: not a Lightning metrics.csv (no 'step' column in its header "
                        f"{', '.join(header[:6])})")
@@ -45,23 +46,30 @@ def read(path: str | Path) -> Log:
             and not (step_level and name.endswith("_epoch") and not is_eval_name(name))]
     log = LogBuilder(path, FORMAT)
     ended = text.endswith(("\n", "\r"))
-    for number_, fields in enumerate(lines[1:], start=2):
-        if not fields:
-            continue
-        if len(fields) != len(header):
-            if number_ == len(lines) and not ended:
-                log.notes.append(f"the last line ({number_}) is incomplete (the file was cut "
-                                 "while being written); it is left out")
+    try:
+        following = next(records, None)
+        number_ = 1
+        while following is not None:
+            fields, following = following, next(records, None)
+            number_ += 1
+            if not fields:
                 continue
-            raise LogError(f"{path}: line {number_} has {len(fields)} fields, the header "
-                           f"{len(header)}")
-        step = number(fields[step_at])
-        if step is None or step != int(step):
-            raise LogError(f"{path}: line {number_}: the step {fields[step_at]!r} is not a whole "
-                           "number")
-        epoch = number(fields[epoch_at]) if epoch_at is not None else None
-        label = (f"epoch {int(epoch)} (step {int(step)})"
-                 if epoch is not None and epoch == int(epoch) else "")
-        log.add_values(int(step), ((header[i], fields[i]) for i in keep if fields[i].strip()),
-                       label=label)
+            if len(fields) != len(header):
+                if following is None and not ended:
+                    log.notes.append(f"the last line ({number_}) is incomplete (the file was "
+                                     "cut while being written); it is left out")
+                    continue
+                raise LogError(f"{path}: line {number_} has {len(fields)} fields, the header "
+                               f"{len(header)}")
+            step = number(fields[step_at])
+            if step is None or step != int(step):
+                raise LogError(f"{path}: line {number_}: the step {fields[step_at]!r} is not a "
+                               "whole number")
+            epoch = number(fields[epoch_at]) if epoch_at is not None else None
+            label = (f"epoch {int(epoch)} (step {int(step)})"
+                     if epoch is not None and epoch == int(epoch) else "")
+            log.add_values(int(step), ((header[i], fields[i]) for i in keep if fields[i].strip()),
+                           label=label)
+    except csv.Error as exc:
+        raise LogError(f"{path}: not a valid CSV file ({exc})") from None
     return log.build(what="training values (no row with a training metric)")

@@ -10,13 +10,17 @@ own name (`loss_total`, `mean_token_accuracy`...).
 
 A row that does not hold a series has None there; a logged NaN or inf stays NaN or inf.
 
+The series are kept sparse (`Series`): each as the rows that hold it and their values, laid out
+over every row only when read. A log of 100k names each on a few rows (per-parameter gradient
+norms) then costs memory in proportion to its values, not to its rows times its names.
+
 A file that cannot be read (missing, truncated, of another format, holding no training values)
 raises `LogError` with one message that names the file and the problem.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +116,87 @@ def is_train_loss(name: str) -> bool:
         return False
     return "loss" in lowered or lowered in LOSS_WORDS or lowered.startswith("l_")
 
+Points = tuple[list[int], list[float]]
+"""The rows that hold a series (ascending, each once) and its values there."""
+
+
+class Series(MutableMapping[str, list[float | None]]):
+    """A log's series by name, each a list of one value per row (None where a row does not hold
+    it) when read. Kept as the rows holding it and their values until a name is read, so that
+    memory follows the values a log holds, not its rows times its names; a series read once
+    stays laid out (the detectors read the loss, the grad norm and the LR row by row)."""
+
+    __slots__ = ("_entries", "rows")
+
+    def __init__(self, rows: int, dense: Mapping[str, list[float | None]] | None = None) -> None:
+        self.rows = rows
+        self._entries: dict[str, list[float | None] | Points] = dict(dense or {})
+
+    def set_points(self, name: str, rows: list[int], values: list[float]) -> None:
+        """The series `name` holds `values[k]` at row `rows[k]` (ascending, each row once)."""
+        if len(rows) == self.rows:  # on every row: its values are its layout
+            self._entries[name] = values  # type: ignore[assignment]
+        else:
+            self._entries[name] = (rows, values)
+
+    def points(self, name: str) -> Points:
+        """The rows that hold a value of `name` and those values, without laying it out."""
+        entry = self._entries[name]
+        if isinstance(entry, tuple):
+            return entry
+        rows = [i for i, v in enumerate(entry) if v is not None]
+        return rows, [entry[i] for i in rows]  # type: ignore[misc]
+
+    def holds(self, name: str) -> bool:
+        """Whether some row holds a value of `name`."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return False
+        if isinstance(entry, tuple):
+            return bool(entry[0])
+        return any(v is not None for v in entry)
+
+    def laid_out(self, name: str) -> bool:
+        """Whether `name` is held as one value per row (read, or on every row), not as points."""
+        return not isinstance(self._entries[name], tuple)
+
+    def rename(self, old: str, new: str) -> None:
+        """`old` read as `new` (moved to the end, as a dict's pop and insert would)."""
+        self._entries[new] = self._entries.pop(old)
+
+    def copy(self) -> Series:
+        """A shallow copy: the values are shared, names set or deleted are its own."""
+        out = Series(self.rows)
+        out._entries = dict(self._entries)
+        return out
+
+    def __getitem__(self, name: str) -> list[float | None]:
+        entry = self._entries[name]
+        if isinstance(entry, tuple):
+            column: list[float | None] = [None] * self.rows
+            for at, value in zip(*entry, strict=True):
+                column[at] = value
+            self._entries[name] = entry = column
+        return entry
+
+    def __setitem__(self, name: str, values: list[float | None]) -> None:
+        self._entries[name] = values
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Series({self.rows} rows: {', '.join(list(self._entries)[:8])})"
+
 
 @dataclass(slots=True)
 class Log:
@@ -122,9 +207,9 @@ class Log:
     """The reader that read it (a name of `trainguard.analyze.FORMATS`)."""
     steps: list[int]
     """The log's step of each training row (HF `step`, Megatron `iteration`, a global batch)."""
-    series: dict[str, list[float | None]]
+    series: Series
     """Per series, one value per row: None where the row does not hold it (a logged NaN or inf
-    is kept as such)."""
+    is kept as such). A plain dict of such lists is taken too."""
     labels: list[str] | None = None
     """How the log itself names each row ("epoch 4, batch 1400"), when not by its step."""
     skipped: list[bool] | None = None
@@ -147,15 +232,18 @@ class Log:
     """Whether the log begins at the start of training, where the reader can tell (a pasted
     excerpt whose first row is at epoch 0.24 does not); None: judged from its first step."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.series, Series):
+            self.series = Series(len(self.steps), self.series)
+
     def __len__(self) -> int:
         return len(self.steps)
 
     def has(self, name: str) -> bool:
-        values = self.series.get(name)
-        return values is not None and any(v is not None for v in values)
+        return self.series.holds(name)
 
     def values(self, name: str) -> list[float | None]:
-        return self.series.get(name) or [None] * len(self.steps)
+        return self.series[name] if name in self.series else [None] * len(self.steps)
 
     def label(self, row: int) -> str:
         """The row as the log names it: `step 3010`, `iteration 7010`, `epoch 4, batch 1400`."""
@@ -253,8 +341,16 @@ class LogBuilder:
         names = tuple(entry)
         plan = self._plans.get(names)
         if plan is None:
-            plan = self._plans[names] = [(name, *_classify(name)) for name in names
-                                         if _classify(name)[0] != _IGNORE]
+            kinds = self._kinds
+            plan = []
+            for name in names:
+                sort = kinds.get(name)
+                if sort is None:
+                    sort = kinds[name] = _classify(name)
+                if sort[0] != _IGNORE:
+                    plan.append((name, *sort))
+            if len(self._plans) < _PLANS:  # records of names of their own are not cached
+                self._plans[names] = plan
         row: dict[str, float] = {}
         evals: dict[str, float] | None = None
         for name, kind, target in plan:
@@ -288,14 +384,20 @@ class LogBuilder:
         if out_of_range is not None:
             raise LogError(f"{self.path}: step {out_of_range} is beyond any training step "
                            f"(|step| < 2^63 is read)")
-        names: list[str] = []
-        seen: set[str] = set()
-        for row in self._rows:
-            for name in row:
-                if name not in seen:
-                    seen.add(name)
-                    names.append(name)
-        series = {name: [row.get(name) for row in self._rows] for name in names}
+        # one pass over the values: each series as its rows and values (a rows x names table
+        # would grow with the square of a log whose names each appear on a few rows)
+        points: dict[str, Points] = {}
+        for at, row in enumerate(self._rows):
+            for name, value in row.items():
+                pair = points.get(name)
+                if pair is None:
+                    pair = points[name] = ([], [])
+                pair[0].append(at)
+                pair[1].append(value)
+        series = Series(len(self._rows))
+        for name, (rows, values) in points.items():
+            series.set_points(name, rows, values)
+        del points
         choose_loss(series, self.notes)
         labels = self._labels if any(self._labels) else None
         skipped = self._skipped if any(self._skipped) else None
@@ -305,19 +407,20 @@ class LogBuilder:
                    notes=list(self.notes), from_start=self.from_start)
 
 
-def choose_loss(series: dict[str, list[float | None]], notes: list[str]) -> None:
+def choose_loss(series: Series, notes: list[str]) -> None:
     """A log without a series named as the training loss reads its first other training-loss
     series (`data_loss`, `loss_total`) as the loss, and says so."""
     if LOSS in series:
         return
-    candidates = [name for name in series if is_train_loss(name)]
-    if candidates:
-        name = candidates[0]
-        series[LOSS] = series.pop(name)
+    name = next((name for name in series if is_train_loss(name)), None)
+    if name is not None:
+        series.rename(name, LOSS)
         notes.append(f"{name} is read as the training loss")
 
 
 _IGNORE, _TRAIN, _EVAL = 0, 1, 2
+_PLANS = 1024
+"""Sets of record names whose sorting `LogBuilder.add_entry` keeps."""
 
 
 def _classify(name: str) -> tuple[int, str]:

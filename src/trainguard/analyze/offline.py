@@ -66,8 +66,13 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
     with_grad = detectors
     overflow = next((d for d in detectors if isinstance(d, Fp16Overflow)), None)
     without_grad = [d for d in detectors if not isinstance(d, READS_GRAD_NORM)]
-    aux = [name for name in log.series if is_train_loss(name)]
-    aux_watch = {name: NonFiniteLoss(config) for name in aux}
+    # the other training losses, by row: read from their points, as a log may hold thousands
+    aux: dict[int, list[tuple[str, float]]] = {}
+    for name in log.series:
+        if is_train_loss(name):
+            for at, value in zip(*log.series.points(name), strict=True):
+                aux.setdefault(at, []).append((name, value))
+    aux_watch: dict[str, NonFiniteLoss] = {}
     evals = MetricCollapse(config)
     eval_queue = list(log.evals)
     curvature = LossCurvature(span=max(3, math.ceil(10 / max(log.interval(), 1.0))))
@@ -97,18 +102,18 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
                                            train_loss=train_loss):
                     raw.append((rows[-1], event))
         loss, grad, lr = losses[row], grads[row], lrs[row]
-        if loss is None and grad is None and lr is None and not any(
-                log.series[name][row] is not None for name in aux):
+        if loss is None and grad is None and lr is None and row not in aux:
             continue
         index = len(rows)
         rows.append(row)
-        for name in aux:
-            value = log.series[name][row]
-            if value is not None:
-                aux_signals.step, aux_signals.loss = index, value
-                for event in aux_watch[name].check(aux_signals):
-                    event.param, event.message = name, f"{name} is {value}"
-                    raw.append((row, event))
+        for name, value in aux.get(row, ()):
+            watch = aux_watch.get(name)
+            if watch is None:
+                watch = aux_watch[name] = NonFiniteLoss(config)
+            aux_signals.step, aux_signals.loss = index, value
+            for event in watch.check(aux_signals):
+                event.param, event.message = name, f"{name} is {value}"
+                raw.append((row, event))
         if loss is not None and math.isfinite(loss):
             train_loss = loss
         signals.step = index
@@ -154,7 +159,8 @@ def _silent(kind: type[Detector], log: Log, config: DetectorConfig) -> bool:
     if kind is Fp16Overflow:
         return not log.skipped and not log.has(LOSS_SCALE)
     if kind is LRChange:
-        groups = [log.values(LR)] + [log.series[n] for n in log.series if n.startswith("lr_")]
+        groups = [log.values(LR)] + [log.series.points(n)[1] for n in log.series
+                                     if n.startswith("lr_")]
         for values in groups:
             highest = 0.0
             for value in values:

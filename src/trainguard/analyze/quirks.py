@@ -44,7 +44,7 @@ reached its floor."""
 
 def prepare(log: Log) -> Log:
     """The log with its values read for what they mean (a copy; notes say what changed)."""
-    series = dict(log.series)
+    series = log.series.copy()  # sparse series stay sparse: only the canonical ones are read
     notes = list(log.notes)
     grads = series.get(GRAD_NORM)
     if grads is not None:

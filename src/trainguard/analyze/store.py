@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.analyze.log import GRAD_NORM, LOSS, LOSS_SCALE, LR, Log, LogError
+from trainguard.analyze.log import GRAD_NORM, LOSS, LOSS_SCALE, LR, Log, LogError, Series
 from trainguard.errors import StoreError
 
 FORMAT = "store"
@@ -46,12 +46,12 @@ def read(path: str | Path, run: int | None = None) -> Log:
     if not rows:
         raise LogError(f"{run_dir}: the run store holds no steps yet")
     steps = [int(r["step"]) for r in rows]
-    series: dict[str, list[float | None]] = {
+    series = Series(len(rows), {
         LOSS: [_num(r.get("loss")) for r in rows],
         GRAD_NORM: [_num(r.get("grad_norm")) for r in rows],
         LR: [_num(r.get("lr")) for r in rows],
         LOSS_SCALE: [_num(r.get("loss_scale")) for r in rows],
-    }
+    })
     lrs = [r.get("lrs") for r in rows]
     if any(lrs):
         width = max(len(v) for v in lrs if v)

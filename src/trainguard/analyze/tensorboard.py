@@ -13,7 +13,8 @@ Checks. Every record's length CRC is verified (it guards the framing: a wrong le
 misread every record after it), and so is the payload CRC of every record a value is taken from.
 Payloads of records that yield nothing (a graph, an image) are skipped unverified: nothing of
 theirs is used. The CRCs are computed for all records at once with NumPy (CRC32C, Castagnoli),
-one vector operation per byte position, which is what makes checking them affordable. A file
+one vector operation per byte position of 32-byte chunks cut from every record, whatever the
+mix of record lengths, which is what makes checking them affordable. A file
 that ends inside a record (a writer still writing, or killed) is read up to its last complete
 record, with a note; a CRC mismatch or a record that does not parse is an error naming the file
 and the byte offset.
@@ -27,11 +28,12 @@ evaluations; a directory holding several runs in other subdirectories is an erro
 from __future__ import annotations
 
 import struct
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
-from trainguard.analyze.log import Log, LogError, _classify, choose_loss, is_eval_name
+from trainguard.analyze.log import Log, LogError, Series, _classify, choose_loss, is_eval_name
 
 FORMAT = "tensorboard"
 EVAL_DIRS = frozenset({"validation", "val", "valid", "eval", "evaluation", "test"})
@@ -85,8 +87,9 @@ def read(path: str | Path) -> Log:
     tags: dict[str, tuple[list[int], list[float]]] = {}
     notes: list[str] = []
     for file in train_files + eval_files:
+        training = file in train_files
         for tag, (steps, values) in read_scalars(file, notes).items():
-            name = tag if file in train_files or is_eval_name(tag) else f"eval/{tag}"
+            name = tag if training or is_eval_name(tag) else f"eval/{tag}"
             into = tags.setdefault(name, ([], []))
             into[0].extend(steps)
             into[1].extend(values)
@@ -94,36 +97,58 @@ def read(path: str | Path) -> Log:
 
 
 def _build(path: Path, tags: dict[str, tuple[list[int], list[float]]], notes: list[str]) -> Log:
-    train: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    evals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    train: dict[str, tuple[list[int], list[float]]] = {}
+    evals: dict[str, tuple[list[int], list[float]]] = {}
     for tag, (steps, values) in tags.items():
         kind, name = _classify(tag)
         if kind == 0 or not steps:
             continue
-        pair = (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
         target = train if kind == 1 else evals
         if name in target:  # two tags meaning the same series: the first one wins
             continue
-        target[name] = pair
+        target[name] = (steps, values)
     if not train:
         listed = ", ".join(list(tags)[:8])
         what = "scalars" if not tags else f"training scalars (its tags: {listed})"
         raise LogError(f"{path}: no {what} in the TensorBoard events")
-    all_steps = np.unique(np.concatenate([s for s, _ in train.values()]))
-    series: dict[str, list[float | None]] = {}
-    for name, (tag_steps, tag_values) in train.items():
-        column: list[float | None] = [None] * all_steps.size
-        where = np.searchsorted(all_steps, tag_steps).tolist()
-        for at, value in zip(where, tag_values.tolist(), strict=True):
-            column[at] = value  # a step written twice: the last
-        series[name] = column
+    all_steps, series = _series(train)
     choose_loss(series, notes)
     by_step: dict[int, dict[str, float]] = {}
     for name, (eval_steps, eval_values) in evals.items():
-        for step, value in zip(eval_steps.tolist(), eval_values.tolist(), strict=True):
+        for step, value in zip(eval_steps, eval_values, strict=True):
             by_step.setdefault(step, {})[name] = value
-    return Log(path=str(path), format=FORMAT, steps=all_steps.tolist(), series=series,
+    return Log(path=str(path), format=FORMAT, steps=all_steps, series=series,
                evals=sorted(by_step.items()), notes=notes)
+
+
+def _series(train: dict[str, tuple[list[int], list[float]]]) -> tuple[list[int], Series]:
+    """The rows (every step any series holds, ascending) and each series' points, for all
+    series at once: a run of 100k tags is a few array operations, not 100k of them."""
+    sizes = np.fromiter((len(steps) for steps, _ in train.values()), dtype=np.int64,
+                        count=len(train))
+    steps = np.asarray(list(chain.from_iterable(s for s, _ in train.values())), dtype=np.int64)
+    values = np.asarray(list(chain.from_iterable(v for _, v in train.values())),
+                        dtype=np.float64)
+    owner = np.repeat(np.arange(len(train), dtype=np.int64), sizes)
+    # np.unique hashes (NumPy 2): a stable sort merges the tags' ascending runs far faster
+    ordered = np.sort(steps, kind="stable")
+    all_steps = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+    rows = np.searchsorted(all_steps, steps)
+    later = np.diff(rows) > 0
+    same_owner = owner[1:] == owner[:-1]
+    if np.any(same_owner & ~later):  # a tag whose steps go back or repeat: order its rows
+        order = np.lexsort((rows, owner))  # stable: a step written twice keeps its file order
+        rows, owner, values = rows[order], owner[order], values[order]
+        last = np.ones(rows.size, dtype=bool)  # a step written twice: the last
+        last[:-1] = (rows[1:] != rows[:-1]) | (owner[1:] != owner[:-1])
+        rows, owner, values = rows[last], owner[last], values[last]
+    bounds = np.searchsorted(owner, np.arange(len(train) + 1)).tolist()
+    row_list, value_list = rows.tolist(), values.tolist()
+    series = Series(all_steps.size)
+    for k, name in enumerate(train):
+        start, stop = bounds[k], bounds[k + 1]
+        series.set_points(name, row_list[start:stop], value_list[start:stop])
+    return all_steps.tolist(), series
 
 
 def read_scalars(file: Path, notes: list[str] | None = None,
@@ -434,24 +459,87 @@ _TABLE = _crc_table()
 _MASK_DELTA = np.uint32(0xA282EAD8)
 
 
+_CHUNK = 32
+"""Bytes of a record hashed per vector step: records are cut into chunks of this many bytes,
+all chunks of all records hashed together, and each record's chunks then combined."""
+
+
 def masked_crc32c(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The TFRecord masked CRC32C of `data[starts[k] : starts[k] + lengths[k]]` for every k:
-    records of one length are processed together, one vector operation per byte position."""
+    """The TFRecord masked CRC32C of `data[starts[k] : starts[k] + lengths[k]]` for every k.
+
+    Records of any mix of lengths cost the same per byte: each record is cut into chunks of
+    `_CHUNK` bytes (its first chunk padded in front with zeros, which leave a CRC register of 0
+    at 0), the chunks of every record are hashed together, one vector operation per byte
+    position, and a record's CRC is the XOR of its chunks' CRCs, each carried through the zero
+    bytes after it (CRC is linear over GF(2): `_carry`). The initial register of the CRC is
+    put in where a record's first byte is hashed."""
     out = np.empty(starts.size, dtype=np.uint32)
     if starts.size == 0:
         return out
-    order = np.argsort(lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    bounds = np.flatnonzero(np.diff(sorted_lengths)) + 1
-    for group in np.split(order, bounds):
-        width = int(lengths[group[0]])
-        crc = np.full(group.size, 0xFFFFFFFF, dtype=np.uint32)
-        at = starts[group]
-        for column in range(width):
-            crc = _TABLE[(crc ^ data[at + column]) & 0xFF] ^ (crc >> np.uint32(8))
-        crc ^= np.uint32(0xFFFFFFFF)
-        out[group] = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + _MASK_DELTA
+    lengths = lengths.astype(np.int64)
+    width = int(min(_CHUNK, max(int(lengths.max()), 1)))
+    chunks = np.maximum((lengths + width - 1) // width, 1)
+    pad = chunks * width - lengths  # zeros in front of the first chunk
+    first = np.cumsum(chunks) - chunks  # each record's first chunk
+    record = np.repeat(np.arange(starts.size), chunks)
+    place = np.arange(record.size, dtype=np.int64) - first[record]  # a chunk's place in its record
+    origin = starts.astype(np.int64)[record] - pad[record] + width * place
+    by_pad = first[np.argsort(pad, kind="stable")]  # first chunks, by their padding
+    pad_bounds = np.searchsorted(np.sort(pad), np.arange(width + 1))
+    register = np.zeros(record.size, dtype=np.uint32)
+    byte = np.empty(record.size, dtype=np.uint8)
+    low = np.empty(record.size, dtype=np.uint32)
+    at = origin
+    for column in range(width):  # in place: this loop is the whole cost
+        register[by_pad[pad_bounds[column]:pad_bounds[column + 1]]] ^= np.uint32(0xFFFFFFFF)
+        data.take(at, out=byte, mode="clip")
+        byte[by_pad[pad_bounds[column + 1]:]] = 0  # still padding
+        register ^= byte
+        np.bitwise_and(register, 0xFF, out=low)
+        register >>= np.uint32(8)
+        register ^= _TABLE.take(low)
+        at += 1
+    after = (chunks[record] - 1 - place) * width  # zero bytes a chunk's CRC is carried through
+    register = _carry(register, after, width)
+    crc = np.bitwise_xor.reduceat(register, first) ^ np.uint32(0xFFFFFFFF)
+    crc[lengths == 0] = 0  # the CRC of nothing (no byte took the initial register)
+    out[:] = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + _MASK_DELTA
     return out
+
+
+_CARRIES: dict[int, list[np.ndarray]] = {}
+"""Per chunk width, the tables carrying a CRC register through width * 2^k zero bytes."""
+
+
+def _carry(register: np.ndarray, zeros: np.ndarray, width: int) -> np.ndarray:
+    """Each register as it is after `zeros` (a multiple of `width`) zero bytes: a linear map,
+    applied as its tables for width * 2^k zero bytes, one per set bit of zeros / width."""
+    steps = zeros // width
+    tables = _CARRIES.setdefault(width, [])
+    bit = 0
+    while (steps >> bit).any():
+        if bit == len(tables):
+            tables.append(_carry_table(width) if bit == 0 else _apply(tables[-1], tables[-1]))
+        chosen = np.flatnonzero((steps >> bit) & 1)
+        register[chosen] = _apply(tables[bit], register[chosen])
+        bit += 1
+    return register
+
+
+def _carry_table(width: int) -> np.ndarray:
+    """A (4, 256) table: the register after `width` zero bytes, for each value of each of its
+    bytes (the register's other bytes 0): the map is linear, so a register's image is the XOR of
+    its four bytes' images."""
+    table = (np.arange(256, dtype=np.uint32)[None, :]
+             << (np.uint32(8) * np.arange(4, dtype=np.uint32))[:, None])
+    for _ in range(width):
+        table = _TABLE[table & 0xFF] ^ (table >> np.uint32(8))
+    return table
+
+
+def _apply(table: np.ndarray, register: np.ndarray) -> np.ndarray:
+    return (table[0][register & 0xFF] ^ table[1][(register >> np.uint32(8)) & 0xFF]
+            ^ table[2][(register >> np.uint32(16)) & 0xFF] ^ table[3][register >> np.uint32(24)])
 
 
 def _stored(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:

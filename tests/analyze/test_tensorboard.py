@@ -1,0 +1,89 @@
+"""The TensorBoard reader's CRC32C check: the known value, a bitwise reference on records of any
+mix of lengths (zero, one byte, chunk boundaries, one long record), and event files whose records
+all differ in length: read when intact, refused (exit 2) when one byte is changed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainguard.analyze import read_log
+from trainguard.analyze.log import LogError
+from trainguard.analyze.tensorboard import masked_crc32c
+
+from .logs import event_file
+
+
+def crc32c(data: bytes) -> int:
+    """CRC32C (Castagnoli), bit by bit: the definition the vectorised one must agree with."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def crcs(data: bytes, starts: list[int], lengths: list[int]) -> list[int]:
+    return masked_crc32c(np.frombuffer(data, dtype=np.uint8), np.asarray(starts, dtype=np.int64),
+                         np.asarray(lengths, dtype=np.int64)).tolist()
+
+
+def test_the_known_crc32c_of_123456789() -> None:
+    assert crc32c(b"123456789") == 0xE3069283
+    assert crcs(b"123456789", [0], [9]) == [masked(0xE3069283)]
+
+
+def test_records_of_every_mix_of_lengths_agree_with_the_bitwise_crc() -> None:
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, 6000, dtype=np.uint8).tobytes()
+    lengths = [0, 1, 7, 8, 31, 32, 33, 64, 65, 2500, *rng.integers(0, 200, 60).tolist()]
+    starts = [int(rng.integers(0, len(data) - n + 1)) for n in lengths]
+    got = crcs(data, starts, lengths)
+    assert got == [masked(crc32c(data[s:s + n])) for s, n in zip(starts, lengths, strict=True)]
+    heads = crcs(data, [8 * k for k in range(50)], [8] * 50)  # record lengths: 8 bytes each
+    assert heads == [masked(crc32c(data[8 * k:8 * k + 8])) for k in range(50)]
+
+
+def test_the_crc_agrees_with_tensorboards_own() -> None:
+    reference = pytest.importorskip("tensorboard.compat.tensorflow_stub.pywrap_tensorflow")
+    data = bytes(range(256)) * 3
+    lengths = list(range(0, 700, 7))
+    assert crcs(data, [5] * len(lengths), lengths) == [reference.masked_crc32c(data[5:5 + n])
+                                                      for n in lengths]
+
+
+@pytest.fixture
+def varied(tmp_path: Path) -> Path:
+    """Records of 400 distinct lengths: tags of 1 to 400 characters, one value each."""
+    return event_file(tmp_path / "events.out.tfevents.1.host",
+                      [(0, "loss", 2.0)] + [(k, "t" * k, float(k)) for k in range(1, 401)])
+
+
+def test_records_of_distinct_lengths_pass_the_check(varied: Path) -> None:
+    log = read_log(varied)
+    assert log.format == "tensorboard" and len(log.series) == 401
+    assert log.series.points("t" * 250) == ([250], [250.0])
+
+
+def test_a_changed_byte_in_a_record_of_distinct_lengths_is_refused(varied: Path,
+                                                                  tmp_path: Path) -> None:
+    data = bytearray(varied.read_bytes())
+    at = data.index(b"t" * 300) + 10  # inside a tag: the record still parses
+    data[at] = ord("u")
+    damaged = tmp_path / "damaged" / varied.name
+    damaged.parent.mkdir()
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(LogError, match="fails its CRC check"):
+        read_log(damaged)
+    done = subprocess.run([sys.executable, "-m", "trainguard", "analyze", str(damaged)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "damaged" in done.stderr and "Traceback" not in done.stderr
