@@ -353,6 +353,10 @@ class Run:
         close them. Returns the diagnosis."""
         if self.closed:
             return []
+        with lifecycle.closing():  # a signal meanwhile waits: no run is left half closed
+            return self._close(status)
+
+    def _close(self, status: str) -> list[RankedCause]:
         self.closed = True
         if self._lifecycle is not None:
             lifecycle.untrack(self._lifecycle)
