@@ -21,6 +21,8 @@ Usage
     python -m benchmarks.kill_trials sigkill --trials 50 --step-ms 1
     python -m benchmarks.kill_trials signals --trials 100
     python -m benchmarks.kill_trials signals --trials 20 --json     # one JSON object
+    python -m benchmarks.kill_trials overhead       # us per step: plain, Guard, Guard + store
+    TRAINGUARD_WRITER_SET=COMMIT_AT_STEPS=1 python -m benchmarks.kill_trials sigkill
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def _helper(kind: str, trials: int, step_ms: float, warmup: int, max_delay: floa
 
     import trainguard  # noqa: F401
 
+    _apply_settings()
     rng = random.Random(seed)
     counter = mmap.mmap(-1, SLOT * trials)
     results: list[dict[str, Any]] = []
@@ -170,6 +173,16 @@ def _helper(kind: str, trials: int, step_ms: float, warmup: int, max_delay: floa
                 "lost": max(0, completed - steps)})
     return {"kind": kind, "step_ms": step_ms, "trials": sorted(results,
                                                                key=lambda r: r["trial"])}
+
+
+def _apply_settings() -> None:
+    """`TRAINGUARD_WRITER_SET="COMMIT_AT_STEPS=1,MAX_UNCOMMITTED_STEPS=2"`: try other writer
+    constants (`trainguard.store.writer`) in this process and the trials it forks."""
+    from trainguard.store import writer
+
+    for item in filter(None, os.environ.get("TRAINGUARD_WRITER_SET", "").split(",")):
+        name, value = item.split("=")
+        setattr(writer, name.strip(), type(getattr(writer, name.strip()))(value))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -234,6 +247,7 @@ def step_overhead(steps: int = 3000, rounds: int = 5) -> dict[str, float]:
 
     import trainguard
 
+    _apply_settings()
     torch.set_num_threads(1)
     times: dict[str, list[float]] = {"plain": [], "guard": [], "guard+store": []}
     for _ in range(rounds):

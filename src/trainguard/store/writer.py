@@ -1,9 +1,14 @@
 """Writes a run to its store from a background thread.
 
-The training thread only enqueues records. The writer thread drains the queue and commits each
-batch in one transaction; SQLite's write-ahead log makes every committed step survive a SIGKILL of
-the process. If the disk fails, the store reports it once and drops records: monitoring must never
-stop training.
+The training thread only enqueues records (a deque: no lock). The writer thread commits what is
+queued in one transaction as soon as `COMMIT_AT_STEPS` steps are waiting or `COMMIT_INTERVAL_S`
+has passed; SQLite's write-ahead log makes every committed step survive a SIGKILL of the process.
+A writer that falls behind (it needs the GIL, which a busy training thread holds) is waited for:
+a step never returns while more than `MAX_UNCOMMITTED_STEPS` steps, or a step older than
+`MAX_UNCOMMITTED_S`, are uncommitted, so a SIGKILL loses at most that much. The wait is bounded
+(`MAX_WAIT_S`): a stalled disk slows no step for longer, and a writer that cannot keep up is
+reported once and no longer waited for. If the disk fails, the store reports it once and drops
+records: monitoring must never stop training.
 
 Every `RunStore` is one run of its directory (`run_id`): a new one by default, the latest one with
 `resume=True`. While it is open it holds an exclusive `flock` on `trainguard.lock` in the
@@ -19,11 +24,11 @@ import json
 import logging
 import math
 import os
-import queue
 import socket
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +44,19 @@ DB_NAME = "trainguard.db"
 LOCK_NAME = "trainguard.lock"
 SQLITE_HEADER = b"SQLite format 3\x00"
 log = logging.getLogger("trainguard")
-_STOP = object()
+_STOP = ("stop",)
+
+COMMIT_AT_STEPS = 4
+"""The writer is woken to commit once this many steps wait."""
+COMMIT_INTERVAL_S = 0.05
+"""...and commits whatever waits at least this often."""
+MAX_UNCOMMITTED_STEPS = 8
+"""A step returns only when at most this many steps (itself included) wait to be committed."""
+MAX_UNCOMMITTED_S = 0.25
+"""...and none of them was put longer ago than this."""
+MAX_WAIT_S = 0.5
+"""The longest one step waits for the writer; after such a wait the writer is no longer waited
+for until it has caught up."""
 
 
 def to_json(value: Any) -> str:
@@ -130,7 +147,19 @@ class RunStore:
             if isinstance(exc, OSError):
                 raise self._unavailable("the directory cannot be used", _reason(exc)) from None
             raise
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._max_queue = max_queue
+        self._queue: deque[tuple] = deque()
+        """Records for the writer: appended by the training thread, taken by the writer."""
+        self._wake = threading.Event()
+        self._commit_cond = threading.Condition()
+        self._steps_put = 0
+        """Step records enqueued (training thread)."""
+        self._steps_done = 0
+        """Step records committed, or dropped by a failed store (writer thread)."""
+        self._put_times: deque[float] = deque()
+        """When each step not yet known to be done was enqueued (training thread)."""
+        self._lagging = False
+        """The writer did not keep up within `MAX_WAIT_S`: not waited for until it catches up."""
         self._thread = threading.Thread(target=self._run, name="trainguard-store", daemon=True)
         self._thread.start()
 
@@ -285,16 +314,15 @@ class RunStore:
         with self._count_lock:
             self.dropped += count
 
-    def _put(self, record: tuple) -> None:
+    def _put(self, record: tuple) -> bool:
+        """Enqueue a record; False when it was dropped (or the store is closed)."""
         if self._closed:
-            return
-        if self.failed is not None:
+            return False
+        if self.failed is not None or len(self._queue) >= self._max_queue:
             self._drop()
-            return
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self._drop()
+            return False
+        self._queue.append(record)  # deque.append is atomic: no lock a signal could catch held
+        return True
 
     def put_meta(self, key: str, value: Any) -> None:
         if key == "status":  # the runs row holds the status; meta mirrors it
@@ -307,8 +335,43 @@ class RunStore:
         self._put(("status", status, None if status == "running" else time.time()))
 
     def put_step(self, step: int, scalars: dict[str, Any], grad_norms: np.ndarray | None) -> None:
-        self._put(("step", step, time.time(), scalars,
-                   None if grad_norms is None else to_blob(grad_norms)))
+        if self._put(("step", step, time.time(), scalars,
+                      None if grad_norms is None else to_blob(grad_norms))):
+            self._steps_put += 1
+            self._put_times.append(time.monotonic())
+            self._pace()
+
+    def _pace(self) -> None:
+        """Wake the writer when steps wait; wait for it (bounded) when too many, or too old."""
+        times = self._put_times
+        while len(times) > self._steps_put - self._steps_done:
+            times.popleft()  # committed meanwhile
+        waiting = len(times)
+        if waiting >= COMMIT_AT_STEPS and not self._wake.is_set():
+            self._wake.set()
+        now = time.monotonic()
+        if waiting <= MAX_UNCOMMITTED_STEPS and (not waiting
+                                                 or now - times[0] <= MAX_UNCOMMITTED_S):
+            self._lagging = False
+            return
+        if self._lagging or self.failed is not None or not self._thread.is_alive():
+            return
+        self._wake.set()
+        deadline = now + MAX_WAIT_S
+        with self._commit_cond:  # until every step put so far is committed
+            while self._steps_done < self._steps_put:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.failed is not None:
+                    break
+                self._commit_cond.wait(left)
+            else:
+                return
+        if self.failed is None:
+            self._lagging = True
+            log.warning("trainguard: the run store at %s cannot keep up with the steps (no commit "
+                        "within %.1f s); training goes on without waiting for it, and a kill "
+                        "may lose more than the last %d steps", self.path, MAX_WAIT_S,
+                        MAX_UNCOMMITTED_STEPS)
 
     def put_param_metrics(self, step: int, metrics: dict[str, np.ndarray]) -> None:
         self._put(("param", step, {k: to_blob(v) for k, v in metrics.items()}))
@@ -329,10 +392,8 @@ class RunStore:
         if self._closed or self.failed is not None or not self._thread.is_alive():
             return
         done = threading.Event()
-        try:
-            self._queue.put(("flush", done), timeout=timeout)
-        except queue.Full:
-            return
+        self._queue.append(("flush", done))
+        self._wake.set()
         done.wait(timeout)
 
     def close(self) -> None:
@@ -341,7 +402,8 @@ class RunStore:
             return
         self._closed = True
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._queue.append(_STOP)
+            self._wake.set()
             self._thread.join(timeout=30)
         if self.failed is not None or self.dropped:
             self._note_failure()
@@ -361,12 +423,16 @@ class RunStore:
     def _run(self) -> None:
         stop = False
         while not stop:
-            records = [self._queue.get()]
-            while len(records) < 1000:
+            self._wake.wait(COMMIT_INTERVAL_S)
+            self._wake.clear()  # before taking records: a later wake-up is not lost
+            records: list[tuple] = []
+            while len(records) < 5000:
                 try:
-                    records.append(self._queue.get_nowait())
-                except queue.Empty:
+                    records.append(self._queue.popleft())
+                except IndexError:
                     break
+            if len(records) == 5000:
+                self._wake.set()  # more wait: go on at once
             flushes = []
             batch = []
             for record in records:
@@ -383,6 +449,11 @@ class RunStore:
                     self._fail(exc, batch)
             elif batch:
                 self._drop(len(batch))
+            steps = sum(1 for record in batch if record[0] == "step")
+            if steps:
+                with self._commit_cond:
+                    self._steps_done += steps
+                    self._commit_cond.notify_all()
             for done in flushes:
                 done.set()
 
