@@ -469,6 +469,15 @@ class RunReader:
         if self.wal_unread:
             notes.append("read from read-only media without its write-ahead log: the last "
                          "records of a run that never closed may be missing")
+        resumes = meta.get("resumes", [])
+        for resume in resumes if isinstance(resumes, list) else []:
+            if isinstance(resume, dict) and all(isinstance(resume.get(k), int)
+                                                for k in ("at", "counted_from", "offset")) \
+                    and resume["offset"] > 0:
+                notes.append(f"resumed at step {resume['at']}: that process counted its steps "
+                             f"from {resume['counted_from']}, so they are stored "
+                             f"{resume['offset']} later, after the steps already recorded "
+                             f"(which are kept)")
         return {
             "run_dir": str(self.run_dir),
             "run_id": self.run_id,

@@ -121,6 +121,13 @@ class RunStore:
         """Records lost: after a failure, or when the queue was full."""
         self.resumed = False
         """True when this store continues an earlier run (`resume=True` and there was one)."""
+        self._last_stored: int | None = None
+        """The last step the run held when this process resumed it (None: nothing stored)."""
+        self.offset: int | None = 0
+        """Added to every step this process records (None: decided by its first step). A
+        resumed run continues after its last stored step: a process that counts from 0 (no
+        `load_state_dict`), or from a checkpoint older than the last stored step, has its steps
+        stored after it, so the earlier process's steps are never overwritten."""
         self._count_lock = threading.Lock()
         self._closed = False
         self._lock_fd = -1
@@ -148,6 +155,8 @@ class RunStore:
                 raise self._unavailable("the directory cannot be used", _reason(exc)) from None
             raise
         self._max_queue = max_queue
+        if self._last_stored is not None:
+            self.offset = None
         self._queue: deque[tuple] = deque()
         """Records for the writer: appended by the training thread, taken by the writer."""
         self._wake = threading.Event()
@@ -301,6 +310,11 @@ class RunStore:
                          "hostname = ?, resumed = resumed + 1 WHERE id = ?", (pid, host, latest))
             self.resumed = True
             run_id = int(latest)
+            self._last_stored = max(
+                (row[0] for table in ("steps", "param_metrics", "module_metrics", "events",
+                                      "actions")
+                 for row in conn.execute(f"SELECT max(step) FROM {table} WHERE run_id = ?",
+                                         (run_id,)) if row[0] is not None), default=None)
         else:
             cursor = conn.execute("INSERT INTO runs (started, status, pid, hostname) "
                                   "VALUES (?, 'running', ?, ?)", (time.time(), pid, host))
@@ -475,6 +489,24 @@ class RunStore:
         except sqlite3.Error:
             pass
 
+    def _stored_step(self, conn: sqlite3.Connection, step: int) -> int:
+        """The step number `step` of this process is stored under (see `offset`)."""
+        if self.offset is None:
+            last = self._last_stored if self._last_stored is not None else -1
+            self.offset = max(0, last + 1 - step)
+            resumes = conn.execute("SELECT value FROM meta WHERE run_id = ? AND key = 'resumes'",
+                                   (self.run_id,)).fetchone()
+            try:
+                listing = json.loads(resumes[0]) if resumes is not None else []
+            except ValueError:
+                listing = []
+            listing = listing if isinstance(listing, list) else []
+            listing.append({"at": step + self.offset, "counted_from": step,
+                            "offset": self.offset, "pid": os.getpid(), "time": time.time()})
+            conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'resumes', ?)",
+                         (self.run_id, to_json(listing)))
+        return step + self.offset
+
     def _write(self, batch: list[tuple]) -> None:
         conn, run = self._conn, self.run_id
         with transaction(conn):
@@ -482,14 +514,17 @@ class RunStore:
                 tag = record[0]
                 if tag == "step":
                     _, step, at, scalars, blob = record
+                    step = self._stored_step(conn, step)
                     conn.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)",
                                  (run, step, at, to_json(scalars), blob))
                 elif tag == "param":
                     _, step, metrics = record
+                    step = self._stored_step(conn, step)
                     conn.executemany("INSERT OR REPLACE INTO param_metrics VALUES (?, ?, ?, ?)",
                                      [(run, step, k, v) for k, v in metrics.items()])
                 elif tag == "module":
                     _, step, names, metrics = record
+                    step = self._stored_step(conn, step)
                     conn.executemany(
                         "INSERT OR REPLACE INTO module_metrics VALUES (?, ?, ?, ?, ?)",
                         [(run, step, k, names, v) for k, v in metrics.items()])
@@ -498,10 +533,12 @@ class RunStore:
                     conn.execute(
                         "INSERT INTO events (run_id, step, kind, severity, param, value, message,"
                         " details) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (run, event.step, event.kind, event.severity, event.param,
-                         to_json(event.value), event.message, to_json(event.details)))
+                        (run, self._stored_step(conn, event.step), event.kind, event.severity,
+                         event.param, to_json(event.value), event.message,
+                         to_json(event.details)))
                 elif tag == "action":
                     _, step, kind, message, details = record
+                    step = self._stored_step(conn, step)
                     conn.execute("INSERT INTO actions (run_id, step, kind, message, details) "
                                  "VALUES (?, ?, ?, ?, ?)", (run, step, kind, message, details))
                 elif tag == "meta":
