@@ -92,6 +92,40 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+NOTE_MAX = 2048
+"""Bytes of a lock file's note: well within the block the lock file already has on disk."""
+
+
+def write_note(fd: int, note: dict[str, Any]) -> None:
+    """Append `note` (one JSON line) after the holder line of the lock file open as `fd`,
+    rewriting bytes the file already has where it can: on a full disk, nothing else can be
+    written."""
+    if fd < 0:
+        return
+    for key in ("store_failed",):
+        if isinstance(note.get(key), str) and len(note[key]) > 300:
+            note[key] = note[key][:297] + "..."
+    line = (json.dumps(note, allow_nan=False, default=str) + "\n").encode()[:NOTE_MAX]
+    try:
+        head = os.pread(fd, 256, 0).split(b"\n", 1)[0] + b"\n"
+        os.pwrite(fd, head + line, 0)
+        os.ftruncate(fd, len(head) + len(line))
+    except OSError:
+        pass  # nowhere left to say it: the log has it
+
+
+def read_note(lock_path: Path) -> dict[str, Any] | None:
+    """The note a writer left in a lock file (`write_note`), or None."""
+    try:
+        with open(lock_path, "rb") as handle:
+            text = handle.read(256 + NOTE_MAX).decode("utf-8", errors="replace")
+        lines = text.splitlines()
+        note = json.loads(lines[1]) if len(lines) > 1 else None
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
 def read_holder(lock_path: Path) -> int | None:
     """The pid written in a lock file by the writer that holds it (None when unknown)."""
     try:
@@ -119,6 +153,11 @@ class RunStore:
         self.failed_step: int | None = None
         self.dropped = 0
         """Records lost: after a failure, or when the queue was full."""
+        self.dropped_steps = 0
+        """Of those, the steps."""
+        self._status: tuple[str, float | None] | None = None
+        """The last status set (the run's close status), written at close even if its record
+        was dropped."""
         self.resumed = False
         """True when this store continues an earlier run (`resume=True` and there was one)."""
         self._last_stored: int | None = None
@@ -131,6 +170,7 @@ class RunStore:
         self._count_lock = threading.Lock()
         self._closed = False
         self._lock_fd = -1
+        self._note: dict[str, Any] | None = None
         try:
             created_dirs = self._make_dir()
         except OSError as exc:  # e.g. a parent that cannot be searched
@@ -225,6 +265,7 @@ class RunStore:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise self._unavailable("the directory cannot be locked", _reason(exc)) from None
             raise self._in_use() from None
+        self._note = read_note(self.lock_path)  # an earlier writer's, applied in `_prepare`
         try:  # who holds the directory, for the message a second writer gets
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
@@ -300,7 +341,31 @@ class RunStore:
                 schema.create(conn)
             elif version == 1:
                 schema.migrate_v1(conn)
+            schema.add_columns(conn)
+            self._apply_note(conn)
             return self._start_run(conn, resume)
+
+    def _apply_note(self, conn: sqlite3.Connection) -> None:
+        """An earlier writer that could not record its failure or close status (a full disk)
+        left them in the lock file: into its runs row now, before the note is overwritten."""
+        note = self._note
+        if note is None or not isinstance(note.get("run_id"), int):
+            return
+        row = conn.execute("SELECT status, pid FROM runs WHERE id = ?",
+                           (note["run_id"],)).fetchone()
+        if row is None or row[1] != note.get("pid"):
+            return
+        conn.execute("UPDATE runs SET store_failed = coalesce(?, store_failed), "
+                     "failed_step = coalesce(?, failed_step), dropped = max(dropped, ?), "
+                     "dropped_steps = max(dropped_steps, ?) WHERE id = ?",
+                     (note.get("store_failed"), note.get("failed_step"),
+                      int(note.get("dropped") or 0), int(note.get("dropped_steps") or 0),
+                      note["run_id"]))
+        if row[0] == "running" and isinstance(note.get("status"), str):
+            conn.execute("UPDATE runs SET status = ?, ended = ? WHERE id = ?",
+                         (note["status"], note.get("ended"), note["run_id"]))
+            conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'status', ?)",
+                         (note["run_id"], to_json(note["status"])))
 
     def _start_run(self, conn: sqlite3.Connection, resume: bool) -> int:
         host, pid = socket.gethostname(), os.getpid()
@@ -324,16 +389,19 @@ class RunStore:
         return run_id
 
     # -- enqueueing (training thread) ---------------------------------------------------------
-    def _drop(self, count: int = 1) -> None:
+    def _drop(self, records: list[tuple] | tuple) -> None:
+        batch = records if isinstance(records, list) else [records]
+        steps = sum(1 for record in batch if record[0] == "step")
         with self._count_lock:
-            self.dropped += count
+            self.dropped += len(batch)
+            self.dropped_steps += steps
 
     def _put(self, record: tuple) -> bool:
         """Enqueue a record; False when it was dropped (or the store is closed)."""
         if self._closed:
             return False
         if self.failed is not None or len(self._queue) >= self._max_queue:
-            self._drop()
+            self._drop(record)
             return False
         self._queue.append(record)  # deque.append is atomic: no lock a signal could catch held
         return True
@@ -346,7 +414,9 @@ class RunStore:
 
     def set_status(self, status: str) -> None:
         """Set the run's status; any status but "running" also records when the run ended."""
-        self._put(("status", status, None if status == "running" else time.time()))
+        ended = None if status == "running" else time.time()
+        self._status = (status, ended)
+        self._put(("status", status, ended))
 
     def put_step(self, step: int, scalars: dict[str, Any], grad_norms: np.ndarray | None) -> None:
         if self._put(("step", step, time.time(), scalars,
@@ -420,7 +490,8 @@ class RunStore:
             self._wake.set()
             self._thread.join(timeout=30)
         if self.failed is not None or self.dropped:
-            self._note_failure()
+            self._note_failure(closing=True)
+            self._report_loss()
         try:
             self._conn.close()
         except sqlite3.Error:
@@ -462,7 +533,7 @@ class RunStore:
                 except Exception as exc:  # disk errors, and any bug: never stop training
                     self._fail(exc, batch)
             elif batch:
-                self._drop(len(batch))
+                self._drop(batch)
             steps = sum(1 for record in batch if record[0] == "step")
             if steps:
                 with self._commit_cond:
@@ -473,21 +544,49 @@ class RunStore:
 
     def _fail(self, exc: BaseException, batch: list[tuple]) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
-        self.failed_step = next((r[1] for r in batch if r[0] in ("step", "param", "module")),
-                                None)
-        self._drop(len(batch))
+        step = next((r[1] for r in batch if r[0] in ("step", "param", "module")), None)
+        self.failed_step = None if step is None else step + (self.offset or 0)
+        self._drop(batch)
         log.error("trainguard: the run store at %s stopped writing (%s); training goes on "
                   "without it", self.path, self.failed)
         self._note_failure()  # best effort: a store that recovers briefly still says why
 
-    def _note_failure(self) -> None:
-        """Record the failure and the dropped count in the runs row, if the disk allows."""
+    def _note_failure(self, *, closing: bool = False) -> None:
+        """Record the failure, what was dropped and (at close) the run's status in the runs row.
+        A full disk may refuse that too: the note then goes into the lock file, whose first
+        block is already on disk, and the reader takes it from there."""
+        status, ended = self._status if closing and self._status is not None else (None, None)
         try:
-            self._conn.execute("UPDATE runs SET store_failed = ?, failed_step = ?, dropped = ? "
-                               "WHERE id = ?",
-                               (self.failed, self.failed_step, self.dropped, self.run_id))
+            with transaction(self._conn):
+                self._conn.execute(
+                    "UPDATE runs SET store_failed = ?, failed_step = ?, dropped = ?, "
+                    "dropped_steps = ? WHERE id = ?",
+                    (self.failed, self.failed_step, self.dropped, self.dropped_steps,
+                     self.run_id))
+                if status is not None:
+                    self._conn.execute("UPDATE runs SET status = ?, ended = ? WHERE id = ?",
+                                       (status, ended, self.run_id))
+                    self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'status', ?)",
+                                       (self.run_id, to_json(status)))
+            return
         except sqlite3.Error:
             pass
+        note: dict[str, Any] = {
+            "run_id": self.run_id, "pid": os.getpid(), "store_failed": self.failed,
+            "failed_step": self.failed_step, "dropped": self.dropped,
+            "dropped_steps": self.dropped_steps}
+        if status is not None:
+            note.update(status=status, ended=ended)
+        write_note(self._lock_fd, note)
+
+    def _report_loss(self) -> None:
+        """At close, once: how much of the run the store lost (the failure itself was reported
+        when it happened)."""
+        where = (f"after step {self.failed_step}" if self.failed_step is not None
+                 else "of this run")
+        why = f" ({self.failed})" if self.failed else " (the writer fell behind)"
+        log.error("trainguard: run store %s: %d steps %s were not recorded, %d records in all%s",
+                  self.path, self.dropped_steps, where, self.dropped, why)
 
     def _stored_step(self, conn: sqlite3.Connection, step: int) -> int:
         """The step number `step` of this process is stored under (see `offset`)."""
