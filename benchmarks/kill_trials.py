@@ -130,6 +130,11 @@ def _helper(kind: str, trials: int, step_ms: float, warmup: int, max_delay: floa
             if pid == 0:  # the trial: train as the main program, exit as it would
                 os.close(read_fd)
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGQUIT would dump core
+                # as a training script started from a terminal: a background launch ignores
+                # SIGINT and SIGQUIT, which trainguard then rightly leaves ignored
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                for default in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                    signal.signal(default, signal.SIG_DFL)
                 _train(run_dir, step_ms, counter, slot, write_fd, warmup, use_with=_uses_with(slot))
                 return None
             os.close(write_fd)
