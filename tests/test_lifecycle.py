@@ -19,7 +19,8 @@ from .store.helpers import child_env, python
 TESTS = str(Path(__file__).parent)
 
 CHILD = textwrap.dedent("""
-    import os, signal, sys, time
+    import os, resource, signal, sys, time
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGQUIT dumps core by default
     sys.path.insert(0, {tests!r})
     from trainguard.store import RunStoreSink
     from store.helpers import run_info, step_report
@@ -58,7 +59,8 @@ def _status(run_dir: Path) -> tuple[str, int, float | None]:
     return summary["status"], summary["steps"], summary["ended"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                    signal.SIGQUIT])
 def test_a_signal_marks_the_run_interrupted(tmp_path: Path, signum: int) -> None:
     child = _start(tmp_path, "wait")
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
@@ -78,7 +80,7 @@ def test_exit_without_close(tmp_path: Path, mode: str, status: str) -> None:
     assert _status(tmp_path)[:2] == (status, 5)
 
 
-def test_a_user_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
+def test_a_user_sigterm_handler_is_chained_to(tmp_path: Path) -> None:
     child = _start(tmp_path, "user-handler")
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
     child.send_signal(signal.SIGTERM)
@@ -87,28 +89,28 @@ def test_a_user_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
     assert _status(tmp_path)[0] == "interrupted", "its sys.exit still closes the run at exit"
 
 
-def test_the_handler_is_installed_only_over_the_default() -> None:
+def test_handlers_wrap_the_default_and_the_users_but_not_an_ignored_signal() -> None:
     result = python("""
         import signal, threading
         from trainguard import lifecycle
         def mine(signum, frame):
             pass
         signal.signal(signal.SIGTERM, mine)
-        lifecycle.track(lambda status: None)
-        print(signal.getsignal(signal.SIGTERM) is mine)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)   # nohup
         thread = threading.Thread(target=lifecycle.track, args=(lambda status: None,))
         thread.start()
         thread.join()
-        print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        print(signal.getsignal(signal.SIGTERM) is mine)   # not from a thread
         lifecycle.track(lambda status: None)
-        print(signal.getsignal(signal.SIGTERM) is lifecycle._on_sigterm)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        lifecycle.track(lambda status: None)
-        print(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+        print(signal.getsignal(signal.SIGTERM) is lifecycle._on_signal,
+              lifecycle._previous[signal.SIGTERM] is mine)
+        print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)
+        print(signal.getsignal(signal.SIGQUIT) is lifecycle._on_signal,
+              lifecycle._previous[signal.SIGQUIT] is signal.SIG_DFL)
+        print(lifecycle._previous[signal.SIGINT] is signal.default_int_handler)
     """)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "True", "True", "True"]
+    assert result.stdout.split() == ["True"] * 7
 
 
 def test_close_all_runs_each_closer_once_newest_first_despite_failures(caplog,

@@ -646,9 +646,11 @@ def _show(args: argparse.Namespace) -> int:
         at = (f"step {summary['failed_step']}" if summary["failed_step"] is not None
               else "an unknown step")
         lines.append(f"store      stopped writing at {at}: {summary['store_failed']}; "
-                     f"{summary['dropped']} records dropped")
+                     f"{summary['dropped_steps']} steps not recorded "
+                     f"({summary['dropped']} records dropped)")
     elif summary["dropped"]:
-        lines.append(f"store      {summary['dropped']} records dropped (the writer fell behind)")
+        lines.append(f"store      {summary['dropped_steps']} steps not recorded "
+                     f"({summary['dropped']} records dropped; the writer fell behind)")
     for note in summary["notes"]:
         lines.append(f"note       {note}")
     if summary.get("snapshot"):
@@ -734,7 +736,7 @@ def _runs(args: argparse.Namespace) -> int:
         if run["resumed"]:
             notes.append(f"resumed {run['resumed']}x")
         if run["store_failed"]:
-            notes.append(f"store stopped writing, {run['dropped']} dropped")
+            notes.append(f"store stopped writing, {run['dropped_steps']} steps lost")
         if run.get("verdict") == "degraded":
             notes.append("DEGRADED: ended worse than before its trouble")
         elif run.get("verdict") == "stalled":

@@ -11,14 +11,22 @@ model. A compressed entry can inflate about a thousandfold (a 4 MB file to 4 GB)
 `torch.load` the archive's directory is read: the compressed entries may inflate to at most
 `max_inflated` bytes (1 GiB by default) more than they take in the file, and each one is inflated
 in chunks, without keeping the output, to check that it holds no more than it declares.
+
+A process killed while it writes one leaves its hidden temporary file (`.crash_step12.pt.<pid>.
+<host>.<random>.tmp`, as large as the snapshot) behind. `clean_stale_temps` removes those of
+processes that are gone; the Guard runs it when it starts and before every snapshot it writes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import re
+import socket
 import struct
 import tempfile
+import time
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -39,6 +47,57 @@ MAX_INFLATED = GiB
 trainguard's own snapshots have no compressed entries, so this limits foreign files only."""
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 _CHUNK = 1 << 20
+
+STALE_AFTER_S = 3600.0
+"""A temporary snapshot whose writer cannot be checked (another host, or a name from before the
+writer's pid was in it) is left alone until it has not changed for this long."""
+log = logging.getLogger("trainguard")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<host>[A-Za-z0-9-]+)\.\w+\.tmp$")
+_LEGACY_TEMP = re.compile(r"^\.crash_step\d+(_rank\d+)?\.pt\.\w+\.tmp$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+def clean_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary snapshot files in `directory` that a killed process left behind:
+    those of a process of this host that is gone, and, when the writer cannot be checked, those
+    unchanged for `STALE_AFTER_S`. Returns what was removed; never raises."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    host, now = _host(), time.time()
+    for entry in entries:
+        match = _TEMP.match(entry.name)
+        try:
+            if match is not None and match["host"] == host:
+                stale = int(match["pid"]) != os.getpid() and not _pid_alive(int(match["pid"]))
+            elif match is not None or _LEGACY_TEMP.match(entry.name):
+                stale = now - entry.stat(follow_symlinks=False).st_mtime > STALE_AFTER_S
+            else:
+                continue
+            if stale and entry.is_file(follow_symlinks=False):
+                size = entry.stat(follow_symlinks=False).st_size
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+                log.info("trainguard: removed %s (%.0f MB), a snapshot left half written by a "
+                         "process that was killed", entry.path, size / 1e6)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    return removed
 
 
 def portable(value: Any) -> Any:
@@ -118,7 +177,10 @@ def write_snapshot(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> Pa
     """Write atomically: readers see either no file or the whole snapshot."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    clean_stale_temps(target.parent)  # room for this one: the leftovers of killed writers go
+    # the pid and host in the name tell a later process whether the writer is gone
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.{_host()}.",
+                               suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(snapshot, handle)

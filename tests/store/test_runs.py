@@ -187,3 +187,37 @@ def test_directory_names_that_look_like_uri_syntax(tmp_path: Path, name: str, ca
     assert result.returncode == 0, result.stderr
     assert "steps      3 recorded" in result.stdout
     assert {p.name for p in tmp_path.iterdir()} == {name}, "no stray files next to the run"
+
+
+def test_resume_without_the_guards_state_continues_after_the_stored_steps(tmp_path: Path,
+                                                                          capsys) -> None:
+    record(tmp_path, 5, loss=9.0, status="interrupted", events=1)
+    # a second process resumes but counts from 0 again (no load_state_dict)
+    record(tmp_path, 3, loss=1.0, resume=True, events=1)
+    with RunReader(tmp_path) as reader:
+        assert reader.run_ids == [1]
+        rows = reader.steps()
+        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6, 7]
+        assert [r["loss"] for r in rows] == [9.0] * 5 + [1.0] * 3, "the first process's rows stay"
+        assert [e.step for e in reader.events()] == [0, 5]
+        summary = reader.summary()
+        assert summary["loss"]["first"] == 9.0 and summary["loss"]["last"] == 1.0
+        assert summary["resumed"] == 1
+    assert main(["show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "resumed at step 5: that process counted its steps from 0" in out
+
+
+def test_resume_from_an_older_checkpoint_keeps_the_steps_after_it(tmp_path: Path) -> None:
+    record(tmp_path, 10, loss=9.0, status="interrupted")
+    store = RunStore(tmp_path, resume=True)  # restarted from a checkpoint of step 6
+    for step in (6, 7):
+        store.put_step(step, {"loss": 1.0}, np.zeros(3))
+    store.close()
+    with RunReader(tmp_path) as reader:
+        rows = reader.steps()
+        assert [r["step"] for r in rows] == list(range(12))
+        assert [r["loss"] for r in rows[:10]] == [9.0] * 10
+        assert [r["loss"] for r in rows[10:]] == [1.0, 1.0]
+        [resume] = reader.meta()["resumes"]
+        assert (resume["at"], resume["counted_from"], resume["offset"]) == (10, 6, 4)

@@ -55,7 +55,7 @@ from trainguard.recovery import Recovery, Verdict
 from trainguard.remedies import build_agc, build_rule
 from trainguard.remedies.robust import RobustClipLimit
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
-from trainguard.snapshot import portable
+from trainguard.snapshot import clean_stale_temps, portable
 from trainguard.store import RunStore, RunStoreSink
 from trainguard.verdict import LossTrack, RunVerdict
 
@@ -158,6 +158,10 @@ class Run:
             trainguard_version=__version__, integration=integration,
             distributed=describe(self.dist), resume=resume))
         self._lifecycle = lifecycle.track(_closer(self)) if self.is_main else None
+        # a process killed while writing a crash snapshot left a hidden temporary file as large
+        # as the snapshot: the directory this run's snapshots go to is cleared of those
+        clean_stale_temps(Path(config.snapshot_dir) if config.snapshot_dir else (
+            self.run_dir if self.run_dir is not None else Path("trainguard_snapshots")))
 
         if config.preflight and not mid_run:
             self._run_preflight()
@@ -397,6 +401,10 @@ class Run:
         close them. Returns the diagnosis."""
         if self.closed:
             return []
+        with lifecycle.closing():  # a signal meanwhile waits: no run is left half closed
+            return self._close(status)
+
+    def _close(self, status: str) -> list[RankedCause]:
         self.closed = True
         self._report_repeats()
         if self._lifecycle is not None:

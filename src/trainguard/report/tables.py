@@ -80,10 +80,11 @@ def summary_html(data: RunData) -> str:
         rows.append(("resumed", f"{info['resumed']} time(s)"))
     if info.get("store_failed"):
         rows.append(("store", f"stopped writing at step {_fmt(info.get('failed_step'))}: "
-                              f"{info['store_failed']}; {info.get('dropped', 0)} records "
-                              f"dropped"))
+                              f"{info['store_failed']}; {info.get('dropped_steps', 0)} steps "
+                              f"not recorded ({info.get('dropped', 0)} records dropped)"))
     elif info.get("dropped"):
-        rows.append(("store", f"{info['dropped']} records dropped (the writer fell behind)"))
+        rows.append(("store", f"{info.get('dropped_steps', 0)} steps not recorded "
+                              f"({info['dropped']} records dropped; the writer fell behind)"))
     if meta.get("snapshot"):
         rows.append(("crash snapshot", meta["snapshot"]))
     for note in data.notes:

@@ -41,7 +41,7 @@ import numpy as np
 from trainguard.errors import StoreError
 from trainguard.events import SEVERITY_RANK, ActionKind, ActionRecord, Event, Severity
 from trainguard.store import schema
-from trainguard.store.writer import DB_NAME
+from trainguard.store.writer import DB_NAME, LOCK_NAME, read_note
 
 STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad_maxabs",
                 "nonfinite_grads", "loss_curvature")
@@ -324,21 +324,25 @@ class RunReader:
             last_step = self._query("SELECT max(step) FROM steps")[0][0]
             return [{"id": 1, "started": first, "ended": None if status == "running" else last,
                      "status": status, "pid": None, "hostname": None, "resumed": 0,
-                     "store_failed": None, "failed_step": None, "dropped": 0, "steps": count,
+                     "store_failed": None, "failed_step": None, "dropped": 0,
+                     "dropped_steps": 0, "steps": count,
                      "events": events, "last_step": last_step, "verdict": None}]
         verdict_of = "FROM meta m WHERE m.run_id = r.id AND m.key = 'verdict'"
         value, length = _capped_parts("value")
+        columns = {row[1] for row in self._query("PRAGMA table_info(runs)")}
+        dropped_steps = "r.dropped_steps" if "dropped_steps" in columns else "0"
         rows = self._query(
             "SELECT r.id, r.started, r.ended, r.status, r.pid, r.hostname, r.resumed, "
-            "r.store_failed, r.failed_step, r.dropped, "
+            f"r.store_failed, r.failed_step, r.dropped, {dropped_steps}, "
             "(SELECT count(*) FROM steps s WHERE s.run_id = r.id), "
             "(SELECT count(*) FROM events e WHERE e.run_id = r.id), "
             "(SELECT max(step) FROM steps s WHERE s.run_id = r.id), "
             f"(SELECT {value} {verdict_of}), (SELECT {length} {verdict_of}) "
             "FROM runs r ORDER BY r.id")
         listing = []
+        note = read_note(self.run_dir / LOCK_NAME)
         for (run_id, started, ended, status, pid, host, resumed, failed, failed_step, dropped,
-             steps, events, last_step, verdict_text, verdict_size) in rows:
+             lost_steps, steps, events, last_step, verdict_text, verdict_size) in rows:
             what = f"run {run_id}"
             verdict = (self._verdict(self._json(verdict_text, f"{what} verdict", verdict_size))
                        if verdict_size is not None else None)
@@ -352,8 +356,11 @@ class RunReader:
                 "store_failed": self._opt_str(failed, f"{what} store failure"),
                 "failed_step": failed_step if isinstance(failed_step, int) else None,
                 "dropped": dropped if isinstance(dropped, int) else 0,
+                "dropped_steps": lost_steps if isinstance(lost_steps, int) else 0,
                 "steps": steps, "events": events, "last_step": last_step,
                 "verdict": verdict["verdict"] if verdict else None})
+            if note is not None and note.get("run_id") == run_id and note.get("pid") == pid:
+                _merge_note(listing[-1], note)
         return listing
 
     def _verdict(self, value: Any) -> dict[str, Any]:
@@ -625,6 +632,15 @@ class RunReader:
         if self.wal_unread:
             notes.append("read from read-only media without its write-ahead log: the last "
                          "records of a run that never closed may be missing")
+        resumes = meta.get("resumes", [])
+        for resume in resumes if isinstance(resumes, list) else []:
+            if isinstance(resume, dict) and all(isinstance(resume.get(k), int)
+                                                for k in ("at", "counted_from", "offset")) \
+                    and resume["offset"] > 0:
+                notes.append(f"resumed at step {resume['at']}: that process counted its steps "
+                             f"from {resume['counted_from']}, so they are stored "
+                             f"{resume['offset']} later, after the steps already recorded "
+                             f"(which are kept)")
         return {
             "run_dir": str(self.run_dir),
             "run_id": self.run_id,
@@ -639,6 +655,7 @@ class RunReader:
             "store_failed": info["store_failed"],
             "failed_step": info["failed_step"],
             "dropped": info["dropped"],
+            "dropped_steps": info["dropped_steps"],
             "trainguard_version": meta.get("trainguard_version"),
             "policy": config.get("policy"),
             "snapshot": meta.get("snapshot"),
@@ -667,6 +684,24 @@ class RunReader:
             "worst_params": worst,
             "notes": notes,
         }
+
+
+def _merge_note(run: dict[str, Any], note: dict[str, Any]) -> None:
+    """What the run's writer could only leave in the lock file (a full disk refused the store):
+    its store failure, what it dropped and, for a run the store still shows running, how it
+    closed."""
+    if isinstance(note.get("store_failed"), str):
+        run["store_failed"] = note["store_failed"]
+    if isinstance(note.get("failed_step"), int):
+        run["failed_step"] = note["failed_step"]
+    for key in ("dropped", "dropped_steps"):
+        if isinstance(note.get(key), int):
+            run[key] = max(run[key], note[key])
+    if run["status"] == "running" and isinstance(note.get("status"), str):
+        run["status"] = note["status"]
+        ended = note.get("ended")
+        if isinstance(ended, (int, float)):
+            run["ended"] = float(ended)
 
 
 def _id_ranges(ids: list[int]) -> str:

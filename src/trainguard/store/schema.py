@@ -2,8 +2,9 @@
 
 One `trainguard.db` per run directory holds every run started in that directory. The `runs` table
 has one row per run (when it started and ended, its status, the process that wrote it, whether the
-store stopped writing and how many records it dropped); every other table is keyed by `run_id`, so
-runs never mix.
+store stopped writing and how many records, and steps, it dropped); every other table is keyed by
+`run_id`, so runs never mix. `runs.dropped_steps` was added to version 2 later: a writer adds it
+to an older version 2 store, and the reader reads 0 where it is missing.
 
 Scalars are JSON (Python's encoder writes NaN and Infinity literally, so nothing is lost);
 per-parameter and per-module vectors are float32 blobs, which keep NaN and inf bit for bit.
@@ -34,7 +35,8 @@ SCHEMA = """
 CREATE TABLE runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, started REAL NOT NULL, ended REAL,
     status TEXT NOT NULL, pid INTEGER, hostname TEXT, resumed INTEGER NOT NULL DEFAULT 0,
-    store_failed TEXT, failed_step INTEGER, dropped INTEGER NOT NULL DEFAULT 0);
+    store_failed TEXT, failed_step INTEGER, dropped INTEGER NOT NULL DEFAULT 0,
+    dropped_steps INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE meta (
     run_id INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (run_id, key));
 CREATE TABLE steps (
@@ -109,6 +111,14 @@ def migrate_v1(conn: sqlite3.Connection) -> None:
     for table in V1_TABLES:
         conn.execute(f"DROP TABLE v1_{table}")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def add_columns(conn: sqlite3.Connection) -> None:
+    """Columns added to version 2 after it shipped (readers of version 2 ignore them; this one
+    reads a store without them): `runs.dropped_steps`."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "dropped_steps" not in columns:
+        conn.execute("ALTER TABLE runs ADD COLUMN dropped_steps INTEGER NOT NULL DEFAULT 0")
 
 
 def create(conn: sqlite3.Connection) -> None:

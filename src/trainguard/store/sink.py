@@ -122,8 +122,9 @@ class RunStoreSink(Sink):
         if self._closed:
             return
         self._closed = True
-        lifecycle.untrack(self._handle)
-        self.store.close()
+        with lifecycle.closing():  # a signal meanwhile waits until the store is closed
+            lifecycle.untrack(self._handle)
+            self.store.close()
 
     def _end_and_close(self, status: str) -> None:
         """At exit without close: a run that already ended keeps its status."""

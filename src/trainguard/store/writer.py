@@ -1,9 +1,14 @@
 """Writes a run to its store from a background thread.
 
-The training thread only enqueues records. The writer thread drains the queue and commits each
-batch in one transaction; SQLite's write-ahead log makes every committed step survive a SIGKILL of
-the process. If the disk fails, the store reports it once and drops records: monitoring must never
-stop training.
+The training thread only enqueues records (a deque: no lock). The writer thread commits what is
+queued in one transaction as soon as `COMMIT_AT_STEPS` steps are waiting or `COMMIT_INTERVAL_S`
+has passed; SQLite's write-ahead log makes every committed step survive a SIGKILL of the process.
+A writer that falls behind (it needs the GIL, which a busy training thread holds) is waited for:
+a step never returns while more than `MAX_UNCOMMITTED_STEPS` steps, or a step older than
+`MAX_UNCOMMITTED_S`, are uncommitted, so a SIGKILL loses at most that much. The wait is bounded
+(`MAX_WAIT_S`): a stalled disk slows no step for longer, and a writer that cannot keep up is
+reported once and no longer waited for. If the disk fails, the store reports it once and drops
+records: monitoring must never stop training.
 
 Every `RunStore` is one run of its directory (`run_id`): a new one by default, the latest one with
 `resume=True`. While it is open it holds an exclusive `flock` on `trainguard.lock` in the
@@ -19,11 +24,11 @@ import json
 import logging
 import math
 import os
-import queue
 import socket
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +44,19 @@ DB_NAME = "trainguard.db"
 LOCK_NAME = "trainguard.lock"
 SQLITE_HEADER = b"SQLite format 3\x00"
 log = logging.getLogger("trainguard")
-_STOP = object()
+_STOP = ("stop",)
+
+COMMIT_AT_STEPS = 4
+"""The writer is woken to commit once this many steps wait."""
+COMMIT_INTERVAL_S = 0.05
+"""...and commits whatever waits at least this often."""
+MAX_UNCOMMITTED_STEPS = 8
+"""A step returns only when at most this many steps (itself included) wait to be committed."""
+MAX_UNCOMMITTED_S = 0.25
+"""...and none of them was put longer ago than this."""
+MAX_WAIT_S = 0.5
+"""The longest one step waits for the writer; after such a wait the writer is no longer waited
+for until it has caught up."""
 
 
 def to_json(value: Any) -> str:
@@ -75,6 +92,40 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+NOTE_MAX = 2048
+"""Bytes of a lock file's note: well within the block the lock file already has on disk."""
+
+
+def write_note(fd: int, note: dict[str, Any]) -> None:
+    """Append `note` (one JSON line) after the holder line of the lock file open as `fd`,
+    rewriting bytes the file already has where it can: on a full disk, nothing else can be
+    written."""
+    if fd < 0:
+        return
+    for key in ("store_failed",):
+        if isinstance(note.get(key), str) and len(note[key]) > 300:
+            note[key] = note[key][:297] + "..."
+    line = (json.dumps(note, allow_nan=False, default=str) + "\n").encode()[:NOTE_MAX]
+    try:
+        head = os.pread(fd, 256, 0).split(b"\n", 1)[0] + b"\n"
+        os.pwrite(fd, head + line, 0)
+        os.ftruncate(fd, len(head) + len(line))
+    except OSError:
+        pass  # nowhere left to say it: the log has it
+
+
+def read_note(lock_path: Path) -> dict[str, Any] | None:
+    """The note a writer left in a lock file (`write_note`), or None."""
+    try:
+        with open(lock_path, "rb") as handle:
+            text = handle.read(256 + NOTE_MAX).decode("utf-8", errors="replace")
+        lines = text.splitlines()
+        note = json.loads(lines[1]) if len(lines) > 1 else None
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
 def read_holder(lock_path: Path) -> int | None:
     """The pid written in a lock file by the writer that holds it (None when unknown)."""
     try:
@@ -102,11 +153,24 @@ class RunStore:
         self.failed_step: int | None = None
         self.dropped = 0
         """Records lost: after a failure, or when the queue was full."""
+        self.dropped_steps = 0
+        """Of those, the steps."""
+        self._status: tuple[str, float | None] | None = None
+        """The last status set (the run's close status), written at close even if its record
+        was dropped."""
         self.resumed = False
         """True when this store continues an earlier run (`resume=True` and there was one)."""
+        self._last_stored: int | None = None
+        """The last step the run held when this process resumed it (None: nothing stored)."""
+        self.offset: int | None = 0
+        """Added to every step this process records (None: decided by its first step). A
+        resumed run continues after its last stored step: a process that counts from 0 (no
+        `load_state_dict`), or from a checkpoint older than the last stored step, has its steps
+        stored after it, so the earlier process's steps are never overwritten."""
         self._count_lock = threading.Lock()
         self._closed = False
         self._lock_fd = -1
+        self._note: dict[str, Any] | None = None
         try:
             created_dirs = self._make_dir()
         except OSError as exc:  # e.g. a parent that cannot be searched
@@ -130,7 +194,21 @@ class RunStore:
             if isinstance(exc, OSError):
                 raise self._unavailable("the directory cannot be used", _reason(exc)) from None
             raise
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._max_queue = max_queue
+        if self._last_stored is not None:
+            self.offset = None
+        self._queue: deque[tuple] = deque()
+        """Records for the writer: appended by the training thread, taken by the writer."""
+        self._wake = threading.Event()
+        self._commit_cond = threading.Condition()
+        self._steps_put = 0
+        """Step records enqueued (training thread)."""
+        self._steps_done = 0
+        """Step records committed, or dropped by a failed store (writer thread)."""
+        self._put_times: deque[float] = deque()
+        """When each step not yet known to be done was enqueued (training thread)."""
+        self._lagging = False
+        """The writer did not keep up within `MAX_WAIT_S`: not waited for until it catches up."""
         self._thread = threading.Thread(target=self._run, name="trainguard-store", daemon=True)
         self._thread.start()
 
@@ -187,6 +265,7 @@ class RunStore:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise self._unavailable("the directory cannot be locked", _reason(exc)) from None
             raise self._in_use() from None
+        self._note = read_note(self.lock_path)  # an earlier writer's, applied in `_prepare`
         try:  # who holds the directory, for the message a second writer gets
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
@@ -262,7 +341,31 @@ class RunStore:
                 schema.create(conn)
             elif version == 1:
                 schema.migrate_v1(conn)
+            schema.add_columns(conn)
+            self._apply_note(conn)
             return self._start_run(conn, resume)
+
+    def _apply_note(self, conn: sqlite3.Connection) -> None:
+        """An earlier writer that could not record its failure or close status (a full disk)
+        left them in the lock file: into its runs row now, before the note is overwritten."""
+        note = self._note
+        if note is None or not isinstance(note.get("run_id"), int):
+            return
+        row = conn.execute("SELECT status, pid FROM runs WHERE id = ?",
+                           (note["run_id"],)).fetchone()
+        if row is None or row[1] != note.get("pid"):
+            return
+        conn.execute("UPDATE runs SET store_failed = coalesce(?, store_failed), "
+                     "failed_step = coalesce(?, failed_step), dropped = max(dropped, ?), "
+                     "dropped_steps = max(dropped_steps, ?) WHERE id = ?",
+                     (note.get("store_failed"), note.get("failed_step"),
+                      int(note.get("dropped") or 0), int(note.get("dropped_steps") or 0),
+                      note["run_id"]))
+        if row[0] == "running" and isinstance(note.get("status"), str):
+            conn.execute("UPDATE runs SET status = ?, ended = ? WHERE id = ?",
+                         (note["status"], note.get("ended"), note["run_id"]))
+            conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'status', ?)",
+                         (note["run_id"], to_json(note["status"])))
 
     def _start_run(self, conn: sqlite3.Connection, resume: bool) -> int:
         host, pid = socket.gethostname(), os.getpid()
@@ -272,6 +375,11 @@ class RunStore:
                          "hostname = ?, resumed = resumed + 1 WHERE id = ?", (pid, host, latest))
             self.resumed = True
             run_id = int(latest)
+            self._last_stored = max(
+                (row[0] for table in ("steps", "param_metrics", "module_metrics", "events",
+                                      "actions")
+                 for row in conn.execute(f"SELECT max(step) FROM {table} WHERE run_id = ?",
+                                         (run_id,)) if row[0] is not None), default=None)
         else:
             cursor = conn.execute("INSERT INTO runs (started, status, pid, hostname) "
                                   "VALUES (?, 'running', ?, ?)", (time.time(), pid, host))
@@ -281,20 +389,22 @@ class RunStore:
         return run_id
 
     # -- enqueueing (training thread) ---------------------------------------------------------
-    def _drop(self, count: int = 1) -> None:
+    def _drop(self, records: list[tuple] | tuple) -> None:
+        batch = records if isinstance(records, list) else [records]
+        steps = sum(1 for record in batch if record[0] == "step")
         with self._count_lock:
-            self.dropped += count
+            self.dropped += len(batch)
+            self.dropped_steps += steps
 
-    def _put(self, record: tuple) -> None:
+    def _put(self, record: tuple) -> bool:
+        """Enqueue a record; False when it was dropped (or the store is closed)."""
         if self._closed:
-            return
-        if self.failed is not None:
-            self._drop()
-            return
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self._drop()
+            return False
+        if self.failed is not None or len(self._queue) >= self._max_queue:
+            self._drop(record)
+            return False
+        self._queue.append(record)  # deque.append is atomic: no lock a signal could catch held
+        return True
 
     def put_meta(self, key: str, value: Any) -> None:
         if key == "status":  # the runs row holds the status; meta mirrors it
@@ -304,11 +414,48 @@ class RunStore:
 
     def set_status(self, status: str) -> None:
         """Set the run's status; any status but "running" also records when the run ended."""
-        self._put(("status", status, None if status == "running" else time.time()))
+        ended = None if status == "running" else time.time()
+        self._status = (status, ended)
+        self._put(("status", status, ended))
 
     def put_step(self, step: int, scalars: dict[str, Any], grad_norms: np.ndarray | None) -> None:
-        self._put(("step", step, time.time(), scalars,
-                   None if grad_norms is None else to_blob(grad_norms)))
+        if self._put(("step", step, time.time(), scalars,
+                      None if grad_norms is None else to_blob(grad_norms))):
+            self._steps_put += 1
+            self._put_times.append(time.monotonic())
+            self._pace()
+
+    def _pace(self) -> None:
+        """Wake the writer when steps wait; wait for it (bounded) when too many, or too old."""
+        times = self._put_times
+        while len(times) > self._steps_put - self._steps_done:
+            times.popleft()  # committed meanwhile
+        waiting = len(times)
+        if waiting >= COMMIT_AT_STEPS and not self._wake.is_set():
+            self._wake.set()
+        now = time.monotonic()
+        if waiting <= MAX_UNCOMMITTED_STEPS and (not waiting
+                                                 or now - times[0] <= MAX_UNCOMMITTED_S):
+            self._lagging = False
+            return
+        if self._lagging or self.failed is not None or not self._thread.is_alive():
+            return
+        self._wake.set()
+        deadline = now + MAX_WAIT_S
+        with self._commit_cond:  # until every step put so far is committed
+            while self._steps_done < self._steps_put:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.failed is not None:
+                    break
+                self._commit_cond.wait(left)
+            else:
+                return
+        if self.failed is None:
+            self._lagging = True
+            log.warning("trainguard: the run store at %s cannot keep up with the steps (no commit "
+                        "within %.1f s); training goes on without waiting for it, and a kill "
+                        "may lose more than the last %d steps", self.path, MAX_WAIT_S,
+                        MAX_UNCOMMITTED_STEPS)
 
     def put_param_metrics(self, step: int, metrics: dict[str, np.ndarray]) -> None:
         self._put(("param", step, {k: to_blob(v) for k, v in metrics.items()}))
@@ -329,10 +476,8 @@ class RunStore:
         if self._closed or self.failed is not None or not self._thread.is_alive():
             return
         done = threading.Event()
-        try:
-            self._queue.put(("flush", done), timeout=timeout)
-        except queue.Full:
-            return
+        self._queue.append(("flush", done))
+        self._wake.set()
         done.wait(timeout)
 
     def close(self) -> None:
@@ -341,10 +486,12 @@ class RunStore:
             return
         self._closed = True
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._queue.append(_STOP)
+            self._wake.set()
             self._thread.join(timeout=30)
         if self.failed is not None or self.dropped:
-            self._note_failure()
+            self._note_failure(closing=True)
+            self._report_loss()
         try:
             self._conn.close()
         except sqlite3.Error:
@@ -361,12 +508,16 @@ class RunStore:
     def _run(self) -> None:
         stop = False
         while not stop:
-            records = [self._queue.get()]
-            while len(records) < 1000:
+            self._wake.wait(COMMIT_INTERVAL_S)
+            self._wake.clear()  # before taking records: a later wake-up is not lost
+            records: list[tuple] = []
+            while len(records) < 5000:
                 try:
-                    records.append(self._queue.get_nowait())
-                except queue.Empty:
+                    records.append(self._queue.popleft())
+                except IndexError:
                     break
+            if len(records) == 5000:
+                self._wake.set()  # more wait: go on at once
             flushes = []
             batch = []
             for record in records:
@@ -382,27 +533,78 @@ class RunStore:
                 except Exception as exc:  # disk errors, and any bug: never stop training
                     self._fail(exc, batch)
             elif batch:
-                self._drop(len(batch))
+                self._drop(batch)
+            steps = sum(1 for record in batch if record[0] == "step")
+            if steps:
+                with self._commit_cond:
+                    self._steps_done += steps
+                    self._commit_cond.notify_all()
             for done in flushes:
                 done.set()
 
     def _fail(self, exc: BaseException, batch: list[tuple]) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
-        self.failed_step = next((r[1] for r in batch if r[0] in ("step", "param", "module")),
-                                None)
-        self._drop(len(batch))
+        step = next((r[1] for r in batch if r[0] in ("step", "param", "module")), None)
+        self.failed_step = None if step is None else step + (self.offset or 0)
+        self._drop(batch)
         log.error("trainguard: the run store at %s stopped writing (%s); training goes on "
                   "without it", self.path, self.failed)
         self._note_failure()  # best effort: a store that recovers briefly still says why
 
-    def _note_failure(self) -> None:
-        """Record the failure and the dropped count in the runs row, if the disk allows."""
+    def _note_failure(self, *, closing: bool = False) -> None:
+        """Record the failure, what was dropped and (at close) the run's status in the runs row.
+        A full disk may refuse that too: the note then goes into the lock file, whose first
+        block is already on disk, and the reader takes it from there."""
+        status, ended = self._status if closing and self._status is not None else (None, None)
         try:
-            self._conn.execute("UPDATE runs SET store_failed = ?, failed_step = ?, dropped = ? "
-                               "WHERE id = ?",
-                               (self.failed, self.failed_step, self.dropped, self.run_id))
+            with transaction(self._conn):
+                self._conn.execute(
+                    "UPDATE runs SET store_failed = ?, failed_step = ?, dropped = ?, "
+                    "dropped_steps = ? WHERE id = ?",
+                    (self.failed, self.failed_step, self.dropped, self.dropped_steps,
+                     self.run_id))
+                if status is not None:
+                    self._conn.execute("UPDATE runs SET status = ?, ended = ? WHERE id = ?",
+                                       (status, ended, self.run_id))
+                    self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'status', ?)",
+                                       (self.run_id, to_json(status)))
+            return
         except sqlite3.Error:
             pass
+        note: dict[str, Any] = {
+            "run_id": self.run_id, "pid": os.getpid(), "store_failed": self.failed,
+            "failed_step": self.failed_step, "dropped": self.dropped,
+            "dropped_steps": self.dropped_steps}
+        if status is not None:
+            note.update(status=status, ended=ended)
+        write_note(self._lock_fd, note)
+
+    def _report_loss(self) -> None:
+        """At close, once: how much of the run the store lost (the failure itself was reported
+        when it happened)."""
+        where = (f"after step {self.failed_step}" if self.failed_step is not None
+                 else "of this run")
+        why = f" ({self.failed})" if self.failed else " (the writer fell behind)"
+        log.error("trainguard: run store %s: %d steps %s were not recorded, %d records in all%s",
+                  self.path, self.dropped_steps, where, self.dropped, why)
+
+    def _stored_step(self, conn: sqlite3.Connection, step: int) -> int:
+        """The step number `step` of this process is stored under (see `offset`)."""
+        if self.offset is None:
+            last = self._last_stored if self._last_stored is not None else -1
+            self.offset = max(0, last + 1 - step)
+            resumes = conn.execute("SELECT value FROM meta WHERE run_id = ? AND key = 'resumes'",
+                                   (self.run_id,)).fetchone()
+            try:
+                listing = json.loads(resumes[0]) if resumes is not None else []
+            except ValueError:
+                listing = []
+            listing = listing if isinstance(listing, list) else []
+            listing.append({"at": step + self.offset, "counted_from": step,
+                            "offset": self.offset, "pid": os.getpid(), "time": time.time()})
+            conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'resumes', ?)",
+                         (self.run_id, to_json(listing)))
+        return step + self.offset
 
     def _write(self, batch: list[tuple]) -> None:
         conn, run = self._conn, self.run_id
@@ -411,14 +613,17 @@ class RunStore:
                 tag = record[0]
                 if tag == "step":
                     _, step, at, scalars, blob = record
+                    step = self._stored_step(conn, step)
                     conn.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?)",
                                  (run, step, at, to_json(scalars), blob))
                 elif tag == "param":
                     _, step, metrics = record
+                    step = self._stored_step(conn, step)
                     conn.executemany("INSERT OR REPLACE INTO param_metrics VALUES (?, ?, ?, ?)",
                                      [(run, step, k, v) for k, v in metrics.items()])
                 elif tag == "module":
                     _, step, names, metrics = record
+                    step = self._stored_step(conn, step)
                     conn.executemany(
                         "INSERT OR REPLACE INTO module_metrics VALUES (?, ?, ?, ?, ?)",
                         [(run, step, k, names, v) for k, v in metrics.items()])
@@ -427,10 +632,12 @@ class RunStore:
                     conn.execute(
                         "INSERT INTO events (run_id, step, kind, severity, param, value, message,"
                         " details) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (run, event.step, event.kind, event.severity, event.param,
-                         to_json(event.value), event.message, to_json(event.details)))
+                        (run, self._stored_step(conn, event.step), event.kind, event.severity,
+                         event.param, to_json(event.value), event.message,
+                         to_json(event.details)))
                 elif tag == "action":
                     _, step, kind, message, details = record
+                    step = self._stored_step(conn, step)
                     conn.execute("INSERT INTO actions (run_id, step, kind, message, details) "
                                  "VALUES (?, ?, ?, ?, ?)", (run, step, kind, message, details))
                 elif tag == "meta":
