@@ -4,8 +4,7 @@ A run whose process ends without `guard.close()` (a script that forgot it, Ctrl-
 a scheduler, SIGHUP from a closed terminal) is closed with the status "interrupted":
 
 - at interpreter exit (`atexit`), which also covers Ctrl-C: the KeyboardInterrupt ends the
-  process through the normal exit path (once the runs are closed, an uncaught one ends the
-  process of SIGINT at once, as Python would after tearing the interpreter down);
+  process through Python's normal exit path (every exit hook, then death by SIGINT);
 - on SIGTERM, SIGHUP and SIGQUIT whose handler is the default one: trainguard's handler turns
   the signal into `SystemExit` in the main thread, so `with guard:` blocks, `finally` clauses and
   the exit close the run as for Ctrl-C, and the process then ends as killed by that signal;
@@ -91,7 +90,6 @@ _raised = False
 """SystemExit was raised for `_fatal` (a second fatal signal then ends the process at once)."""
 _exiting = False
 """The exit close runs (atexit)."""
-_sigint_seen = False
 _wake_w = -1
 _watcher: threading.Thread | None = None
 
@@ -164,12 +162,10 @@ def _close_at_exit() -> None:
             _mark_fatal(signum)
     if os.getpid() != _owner_pid:
         return
-    if _fatal is not None:
+    if _fatal is not None:  # the default action would have ended the process at the signal
         _end_process(_fatal)
-    if _sigint_seen and isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
-        # Ctrl-C went uncaught: Python would now tear the interpreter down (a second or more
-        # with torch loaded) and then die of SIGINT; the runs are closed, so die now
-        _end_process(signal.SIGINT)
+    # An uncaught Ctrl-C is left to Python: it runs every other exit hook, tears the
+    # interpreter down and then dies of SIGINT, as without trainguard.
 
 
 # -- signals ---------------------------------------------------------------------------------
@@ -197,12 +193,9 @@ def _install_handlers() -> None:
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     # Runs in the main thread between two bytecodes, maybe inside a lock: takes no lock.
-    global _sigint_seen
     if os.getpid() != _owner_pid:  # a forked child (a DataLoader worker): as without us
         _as_previous(signum, frame)
         return
-    if signum == signal.SIGINT:
-        _sigint_seen = True
     if _shield_depth > 0:
         _deferred.append(signum)
         if _previous.get(signum) == signal.SIG_DFL and _fatal is None:
@@ -308,7 +301,7 @@ def _watch(read_fd: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _lock, _wake_w, _watcher, _shield_depth, _fatal, _raised, _exiting, _sigint_seen
+    global _lock, _wake_w, _watcher, _shield_depth, _fatal, _raised, _exiting
     _lock = threading.RLock()  # another thread may have held it at fork
     _tracked.clear()  # the parent's runs are the parent's to close
     if _wake_w >= 0:
@@ -317,7 +310,7 @@ def _after_fork_in_child() -> None:
         except OSError:
             pass
     _wake_w, _watcher = -1, None  # the parent's watcher did not come along
-    _shield_depth, _fatal, _raised, _exiting, _sigint_seen = 0, None, False, False, False
+    _shield_depth, _fatal, _raised, _exiting = 0, None, False, False
     _deferred.clear()
 
 
