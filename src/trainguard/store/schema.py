@@ -86,7 +86,7 @@ def migrate_v1(conn: sqlite3.Connection) -> None:
     if row is not None:
         try:
             loaded = json.loads(row[0])
-        except ValueError:
+        except (ValueError, TypeError, RecursionError):  # a hostile or odd status: no status
             loaded = None
         status = loaded if isinstance(loaded, str) else status
     first, last = conn.execute("SELECT min(time), max(time) FROM steps").fetchone()
