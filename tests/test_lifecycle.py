@@ -21,6 +21,11 @@ TESTS = str(Path(__file__).parent)
 CHILD = textwrap.dedent("""
     import os, resource, signal, sys, time
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGQUIT dumps core by default
+    # as a script started from a terminal has them (a suite launched in the background or under
+    # nohup hands its children SIGINT, SIGQUIT and SIGHUP ignored)
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from trainguard.store import RunStoreSink
     from store.helpers import run_info, step_report
@@ -93,6 +98,9 @@ def test_handlers_wrap_the_default_and_the_users_but_not_an_ignored_signal() -> 
     result = python("""
         import signal, threading
         from trainguard import lifecycle
+        for name in ("SIGHUP", "SIGQUIT"):  # as from a terminal, whatever launched the suite
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def mine(signum, frame):
             pass
         signal.signal(signal.SIGTERM, mine)
