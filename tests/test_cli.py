@@ -385,7 +385,7 @@ def test_doctor_fail_on_levels(factory: str, fail_on: str, code: int) -> None:
 
 
 def test_sparklines_keep_spikes_and_show_non_finite_values() -> None:
-    from trainguard.cli import SPARKS, sparkline
+    from trainguard.formatting import SPARKS, sparkline
 
     line = sparkline([1.0] * 50 + [1e6] + [1.0] * 49 + [float("nan")] + [1.0] * 99, width=40)
     assert len(line) == 40

@@ -24,35 +24,25 @@ import json
 import os
 import shlex
 import sys
-import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainguard import __version__
 from trainguard.errors import TrainguardError
-from trainguard.formatting import local_time, short
+from trainguard.formatting import (
+    local_time,
+    short,
+    sparkline,
+    strict_json,
+    visible,
+)
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_CODES = "exit codes: 0 ok, 2 bad input (one error line on stderr), 130 interrupted."
-
-
-def visible(text: str) -> str:
-    """`text` with control and format characters escaped (`\\x1b`, `\\n`, `\\u202e`), so that
-    stored strings cannot move the cursor, recolour or rewrite a terminal."""
-    if text.isprintable():
-        return text
-    out = []
-    for char in text:
-        if char == " " or unicodedata.category(char) not in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co",
-                                                             "Cn"):
-            out.append(char)
-        else:
-            out.append(repr(char)[1:-1])
-    return "".join(out)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -385,8 +375,6 @@ def _doctor(args: argparse.Namespace) -> int:
     failed = args.fail_on != "never" and any(at_least(f.severity, args.fail_on)
                                              for f in findings)
     if args.json:
-        from trainguard.store.writer import strict_json
-
         sys.stdout.write(json.dumps(strict_json({"findings": [f.to_dict() for f in findings],
                                                  "fail_on": args.fail_on, "failed": failed}),
                                     indent=2, allow_nan=False) + "\n")
@@ -436,7 +424,7 @@ def _analyze(args: argparse.Namespace) -> int:
     """Never imports torch: the readers, the detectors and the ranking need none."""
     from trainguard.analyze.analysis import Analysis, analyze
     from trainguard.analyze.log import LogError
-    from trainguard.analyze.summary import strict_json, summary_lines, table_lines
+    from trainguard.analyze.summary import summary_lines, table_lines
     from trainguard.errors import UsageError
 
     if args.report and len(args.paths) != 1:
@@ -584,39 +572,8 @@ def _status(summary: dict[str, Any]) -> str:
     return line
 
 
-SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: Any, width: int = 60) -> str:
-    """A one-line curve of `values` in log scale, `width` cells at most; each cell shows the
-    largest value of its bucket (a spike stays visible) and `!` where the bucket holds a NaN or
-    inf (never hidden)."""
-    import numpy as np
-
-    values = np.asarray(values, dtype=np.float64)
-    if values.size == 0:
-        return ""
-    buckets = np.array_split(values, min(width, values.size))
-    finite = values[np.isfinite(values) & (values > 0)]
-    if finite.size == 0:
-        return "".join("!" if not np.isfinite(b).all() else SPARKS[0] for b in buckets)
-    low, high = np.log(finite.min()), np.log(finite.max())
-    span = high - low if high > low else 1.0
-    cells = []
-    for bucket in buckets:
-        if not np.isfinite(bucket).all():
-            cells.append("!")
-            continue
-        top = bucket.max()
-        level = 0.0 if top <= 0 else (np.log(top) - low) / span
-        cells.append(SPARKS[int(np.rint(min(max(level, 0.0), 1.0) * (len(SPARKS) - 1)))])
-    return "".join(cells)
-
-
 def _show(args: argparse.Namespace) -> int:
     from trainguard.store import RunReader
-    from trainguard.store.writer import strict_json
-
     with RunReader(args.run_dir, run=args.run) as reader:
         summary = reader.summary()
         curves = {name: reader.scalar(name)[1] for name in ("loss", "grad_norm")}
@@ -715,8 +672,6 @@ def _show(args: argparse.Namespace) -> int:
 
 def _runs(args: argparse.Namespace) -> int:
     from trainguard.store import RunReader
-    from trainguard.store.writer import strict_json
-
     with RunReader(args.run_dir) as reader:
         runs = reader.runs()
         for run in runs:

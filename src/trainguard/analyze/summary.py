@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from trainguard.analyze.analysis import Analysis
 from trainguard.analyze.judge import HEALTHY
 from trainguard.analyze.log import GRAD_NORM, LOSS, LR
+from trainguard.formatting import sparkline
 
 MAX_EVIDENCE = 8
 MAX_CAUSES = 3
@@ -30,8 +30,6 @@ def headline(result: Analysis) -> str:
 
 def summary_lines(result: Analysis) -> list[str]:
     """The human summary of one log."""
-    from trainguard.cli import sparkline
-
     every = f"every {result.interval:g} steps" if result.interval != 1 else "every step"
     lines = [f"log        {result.path} ({result.format}, {result.rows} rows, {every})",
              f"verdict    {headline(result)}"]
@@ -77,15 +75,3 @@ def table_lines(results: list[Analysis | tuple[str, str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
             for row in [header, *rows]]
-
-
-def strict_json(value: Any) -> Any:
-    """`value` with NaN and inf as None, for JSON that every parser reads (as the run store's
-    `strict_json`, without importing the store)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value

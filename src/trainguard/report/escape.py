@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-from trainguard.cli import visible
+from trainguard.formatting import visible
 
 _SCRIPT_SAFE = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                 0x2028: "\\u2028", 0x2029: "\\u2029"}

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.cli import visible
 from trainguard.events import ActionRecord, Event
+from trainguard.formatting import visible
 from trainguard.report import downsample, encode
 from trainguard.report.data import Matrix, RunData, Scalar
 from trainguard.report.escape import text

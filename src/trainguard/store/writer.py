@@ -22,7 +22,6 @@ import errno
 import fcntl
 import json
 import logging
-import math
 import os
 import socket
 import sqlite3
@@ -38,6 +37,7 @@ import numpy as np
 
 from trainguard.errors import RunDirInUse, StoreUnavailable
 from trainguard.events import ActionRecord, Event
+from trainguard.formatting import strict_json as strict_json  # re-exported for scripts
 from trainguard.store import schema
 
 DB_NAME = "trainguard.db"
@@ -69,17 +69,6 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     return repr(value)
-
-
-def strict_json(value: Any) -> Any:
-    """For strict JSON readers: non-finite numbers become the strings "nan", "inf", "-inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
 
 
 def to_blob(values: np.ndarray) -> bytes:
