@@ -18,7 +18,7 @@ from trainguard.report import page, tables
 from trainguard.report.data import RunData, read_run
 from trainguard.report.escape import text
 from trainguard.report.figures import Figures, build_figures
-from trainguard.store.writer import DB_NAME, LOCK_NAME
+from trainguard.store.files import DB_NAME, LOCK_NAME
 
 INSTALL_HINT = "pip install 'trainguard[report]'"
 

@@ -1,8 +1,38 @@
 """The embedded run store: one SQLite file per run directory, one row per run in it, written off
-the hot path."""
+the hot path.
 
-from trainguard.store.reader import RunReader
-from trainguard.store.sink import RunStoreSink
-from trainguard.store.writer import DB_NAME, LOCK_NAME, RunStore
+The names below load on first use (PEP 562, as in `trainguard`): reading a store
+(`trainguard.store.reader`, `trainguard analyze`, the HTML report) imports no writer thread and
+no sink."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainguard.store.files import DB_NAME, LOCK_NAME
+    from trainguard.store.reader import RunReader
+    from trainguard.store.sink import RunStoreSink
+    from trainguard.store.writer import RunStore
+
+_LAZY: dict[str, str] = {
+    "DB_NAME": "trainguard.store.files", "LOCK_NAME": "trainguard.store.files",
+    "RunReader": "trainguard.store.reader", "RunStoreSink": "trainguard.store.sink",
+    "RunStore": "trainguard.store.writer",
+}
 
 __all__ = ["DB_NAME", "LOCK_NAME", "RunReader", "RunStore", "RunStoreSink"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainguard.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -41,7 +41,7 @@ import numpy as np
 from trainguard.errors import StoreError
 from trainguard.events import SEVERITY_RANK, ActionKind, ActionRecord, Event, Severity
 from trainguard.store import schema
-from trainguard.store.writer import DB_NAME, LOCK_NAME, read_note
+from trainguard.store.files import DB_NAME, LOCK_NAME, read_note
 
 STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad_maxabs",
                 "nonfinite_grads", "loss_curvature")
