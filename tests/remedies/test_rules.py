@@ -18,9 +18,9 @@ from trainguard.remedies.rules import (
     ClipRule,
     GlobalNormClip,
     apply_coefficients,
-    chain,
     clip_factor,
 )
+from trainguard.remedies.spec import chain
 
 from .helpers import Measured, grad_copy, grads, measure
 

@@ -8,15 +8,17 @@ from trainguard.remedies.adaptive import AdaptiveClip
 from trainguard.remedies.agc import AGC
 from trainguard.remedies.clip import clip_coefficient, scale_grads
 from trainguard.remedies.layerwise import LayerwiseClip
-from trainguard.remedies.rules import (
-    Chain,
-    ClipRule,
-    GlobalNormClip,
-    apply_coefficients,
-    chain,
-)
+from trainguard.remedies.rules import ClipRule, GlobalNormClip, apply_coefficients
 from trainguard.remedies.skip import drop_grads
-from trainguard.remedies.spec import RULE_TYPES, agc_spec, build_agc, build_rule, rule_spec
+from trainguard.remedies.spec import (
+    RULE_TYPES,
+    Chain,
+    agc_spec,
+    build_agc,
+    build_rule,
+    chain,
+    rule_spec,
+)
 
 __all__ = ["AGC", "RULE_TYPES", "AdaptiveClip", "Chain", "ClipRule", "GlobalNormClip",
            "LayerwiseClip", "agc_spec", "apply_coefficients", "build_agc", "build_rule", "chain",

@@ -5,8 +5,9 @@ the host with the step's single transfer. A `ClipRule` turns those norms into on
 parameter (1.0 = untouched) without touching the gradients, so clipping costs no second pass over
 them and no host sync; `apply_coefficients` then scales the gradients with grouped fused ops.
 
-Rules compose like optax transformations: `chain(a, b)` runs `a`, then shows `b` the norms as `a`
-left them, and multiplies the coefficients.
+Rules compose like optax transformations: `chain(a, b)` (in `spec.py`, since a chain is built
+from specs and stored as one) runs `a`, then shows `b` the norms as `a` left them, and multiplies
+the coefficients.
 
 Non-finite norms never produce a coefficient below 1: a step with a NaN/Inf gradient is skipped
 by the Guard, not clipped (multiplying a NaN by any factor still yields NaN).
@@ -120,66 +121,6 @@ class GlobalNormClip(StatelessRule):
 
     def describe(self) -> str:
         return f"global norm <= {self.max_norm:g}"
-
-
-class Chain:
-    """Rules applied in order; each sees the norms already scaled by the ones before it.
-
-    A rule may also be given as its spec dict (see `trainguard.remedies.spec`)."""
-
-    def __init__(self, rules: Sequence[ClipRule | Mapping[str, Any]]) -> None:
-        if not rules:
-            raise ConfigError("chain: give at least one clip rule")
-        if any(isinstance(rule, Mapping) for rule in rules):
-            from trainguard.remedies.spec import build_rule  # spec imports this module
-
-            rules = [build_rule(rule, where=f"chain.rules[{i}]") if isinstance(rule, Mapping)
-                     else rule for i, rule in enumerate(rules)]
-        for i, rule in enumerate(rules):
-            if not isinstance(rule, ClipRule):
-                raise ConfigError(f"chain: rule {i} must be a clip rule (with coefficients, "
-                                  f"state_dict, load_state_dict, describe), got "
-                                  f"{type(rule).__name__}")
-        self.rules: tuple[ClipRule, ...] = tuple(rules)  # type: ignore[arg-type]
-
-    def coefficients(self, norms: np.ndarray, global_norm: float,
-                     names: Sequence[str]) -> np.ndarray:
-        norms = check_norms(norms, names)
-        total = np.ones(norms.shape[0])
-        for i, rule in enumerate(self.rules):
-            if i > 0:
-                # the next rule sees the gradients as the previous rules left them
-                with np.errstate(invalid="ignore", over="ignore"):
-                    scaled = norms.astype(np.float64) * total
-                    global_norm = float(np.sqrt(np.sum(np.square(scaled))))
-                norms = scaled
-            total = total * rule.coefficients(norms, global_norm, names)
-        return total
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rules": [rule.state_dict() for rule in self.rules]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        states = state.get("rules") if isinstance(state, Mapping) else None
-        if not isinstance(states, list) or len(states) != len(self.rules):
-            raise UsageError(f"chain.load_state_dict: expected {{'rules': [...]}} with "
-                             f"{len(self.rules)} entries, got {state!r:.200}")
-        for rule, rule_state in zip(self.rules, states, strict=True):
-            rule.load_state_dict(rule_state)
-
-    def spec(self) -> dict[str, Any]:
-        from trainguard.remedies.spec import rule_spec  # spec imports this module
-
-        return {"type": "chain", "rules": [rule_spec(rule, where=f"chain.rules[{i}]")
-                                           for i, rule in enumerate(self.rules)]}
-
-    def describe(self) -> str:
-        return " -> ".join(rule.describe() for rule in self.rules)
-
-
-def chain(*rules: ClipRule) -> Chain:
-    """Compose clip rules: `chain(LayerwiseClip(...), GlobalNormClip(1.0))`."""
-    return Chain(rules)
 
 
 def apply_coefficients(params: Sequence[torch.Tensor], coefs: np.ndarray) -> int:

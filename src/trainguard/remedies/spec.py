@@ -1,4 +1,5 @@
-"""Rule specs: clipping rules and AGC as plain data, and fresh rules built from them.
+"""Rule specs: clipping rules and AGC as plain data, and fresh rules built from them; `Chain`,
+the rule made of rules, lives here because it is built from specs and stored as one.
 
 A `GuardConfig` holds only plain data, so it stores each rule as its spec, a JSON-able dict with
 a "type" key; the runtime builds the live rule (and its state, such as AdaptiveClip's EMA) from
@@ -31,16 +32,16 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from trainguard.errors import ConfigError
+from trainguard.errors import ConfigError, UsageError
 from trainguard.remedies.adaptive import AdaptiveClip
 from trainguard.remedies.agc import AGC
 from trainguard.remedies.layerwise import LayerwiseClip
-from trainguard.remedies.rules import Chain, ClipRule, GlobalNormClip
+from trainguard.remedies.rules import ClipRule, GlobalNormClip, check_norms
 
 RuleLike = Mapping[str, Any] | ClipRule
 AgcLike = Mapping[str, Any] | AGC
@@ -245,3 +246,59 @@ def _import(path: str, where: str) -> Callable[..., Any]:
     if not callable(target):
         raise ConfigError(f"{where}.class: {path!r} is not a class")
     return target
+
+
+class Chain:
+    """Rules applied in order; each sees the norms already scaled by the ones before it.
+
+    A rule may also be given as its spec dict (`build_rule` makes it)."""
+
+    def __init__(self, rules: Sequence[ClipRule | Mapping[str, Any]]) -> None:
+        if not rules:
+            raise ConfigError("chain: give at least one clip rule")
+        if any(isinstance(rule, Mapping) for rule in rules):
+            rules = [build_rule(rule, where=f"chain.rules[{i}]") if isinstance(rule, Mapping)
+                     else rule for i, rule in enumerate(rules)]
+        for i, rule in enumerate(rules):
+            if not isinstance(rule, ClipRule):
+                raise ConfigError(f"chain: rule {i} must be a clip rule (with coefficients, "
+                                  f"state_dict, load_state_dict, describe), got "
+                                  f"{type(rule).__name__}")
+        self.rules: tuple[ClipRule, ...] = tuple(rules)  # type: ignore[arg-type]
+
+    def coefficients(self, norms: np.ndarray, global_norm: float,
+                     names: Sequence[str]) -> np.ndarray:
+        norms = check_norms(norms, names)
+        total = np.ones(norms.shape[0])
+        for i, rule in enumerate(self.rules):
+            if i > 0:
+                # the next rule sees the gradients as the previous rules left them
+                with np.errstate(invalid="ignore", over="ignore"):
+                    scaled = norms.astype(np.float64) * total
+                    global_norm = float(np.sqrt(np.sum(np.square(scaled))))
+                norms = scaled
+            total = total * rule.coefficients(norms, global_norm, names)
+        return total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rules": [rule.state_dict() for rule in self.rules]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        states = state.get("rules") if isinstance(state, Mapping) else None
+        if not isinstance(states, list) or len(states) != len(self.rules):
+            raise UsageError(f"chain.load_state_dict: expected {{'rules': [...]}} with "
+                             f"{len(self.rules)} entries, got {state!r:.200}")
+        for rule, rule_state in zip(self.rules, states, strict=True):
+            rule.load_state_dict(rule_state)
+
+    def spec(self) -> dict[str, Any]:
+        return {"type": "chain", "rules": [rule_spec(rule, where=f"chain.rules[{i}]")
+                                           for i, rule in enumerate(self.rules)]}
+
+    def describe(self) -> str:
+        return " -> ".join(rule.describe() for rule in self.rules)
+
+
+def chain(*rules: ClipRule) -> Chain:
+    """Compose clip rules: `chain(LayerwiseClip(...), GlobalNormClip(1.0))`."""
+    return Chain(rules)
