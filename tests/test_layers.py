@@ -32,7 +32,6 @@ CYCLE_ALLOWED = {
 
 LONG_FUNCTIONS_ALLOWED = {
     "trainguard.pipeline.run:Run.__init__": "being split with the pipeline's restructuring",
-    "trainguard.diagnose.ranking:rank_causes": "to split",
     "trainguard.cli:build_parser": "to split",
     "trainguard.cli:_show": "to split",
     "trainguard.analyze.judge:_judge": "to split",

@@ -107,18 +107,8 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     if not serious:
         return _configuration_risks(findings, top)
     votes = _Votes()
-    first_step = min(e.step for e in serious)
     kinds = {e.kind for e in serious}
-    early = first_step < EARLY_STEPS
-
-    lr_kinds = kinds_tagged(Tag.LR)
-    lr_changed = False
-    for change in (e for e in events if e.kind in lr_kinds):
-        after = [e for e in serious if change.step <= e.step <= change.step + LR_CHANGE_WINDOW]
-        if after:
-            lr_changed = True
-            votes.add("lr_too_high", LR_CHANGE_WEIGHT,
-                      f"{change.message}; then {after[0].kind} at step {after[0].step}")
+    lr_changed = _vote_lr_changes(votes, events, serious)
 
     batch_kinds = kinds_tagged(Tag.BATCH)
     runs = [f for f in findings if f.check == RUN_CHECK]
@@ -131,16 +121,48 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
             r.evidence["first_step"] for r, _ in data_runs):
         against_lr = "the trouble began with a run of bad batches"
 
+    _vote_findings(votes, findings, kinds)
+    no_warmup = any(f.cause == "missing_warmup" for f in findings)
+    specific = _specific_batch_findings(serious, batch_kinds)
+    batch_causes = _vote_batch_events(votes, serious, data_runs, specific)
+    _vote_nonfinite(votes, serious, findings, batch_causes, batches=batches)
+    _vote_event_kinds(votes, serious, no_warmup)
+    _vote_climb(votes, events, serious)
+    _vote_jumps(votes, serious, findings, specific, no_warmup)
+    _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
+                   lr_changed=lr_changed)
+    return _ranked(votes, top)
+
+
+def _vote_lr_changes(votes: _Votes, events: list[Event], serious: list[Event]) -> bool:
+    """Votes for an LR change followed by trouble; whether there was one."""
+    lr_kinds = kinds_tagged(Tag.LR)
+    lr_changed = False
+    for change in (e for e in events if e.kind in lr_kinds):
+        after = [e for e in serious if change.step <= e.step <= change.step + LR_CHANGE_WINDOW]
+        if after:
+            lr_changed = True
+            votes.add("lr_too_high", LR_CHANGE_WEIGHT,
+                      f"{change.message}; then {after[0].kind} at step {after[0].step}")
+    return lr_changed
+
+
+def _vote_findings(votes: _Votes, findings: list[Finding], kinds: set[str]) -> None:
+    """The preflight's and runtime's findings (runs of bad batches aside)."""
     instability = kinds & kinds_tagged(Tag.INSTABILITY)
     for f in findings:
         weight = FINDING_WEIGHT[f.severity]
         if f.cause in CONFIG_CAUSES and not instability:
             weight *= 0.25  # a bad setting explains instability, not a sudden NaN mid-run
         votes.add(f.cause, weight, f.message, f.fix)
-    no_warmup = any(f.cause == "missing_warmup" for f in findings)
 
+
+def _vote_batch_events(votes: _Votes, serious: list[Event],
+                       data_runs: list[tuple[Finding, str]],
+                       specific: dict[int, list[Event]]) -> set[str]:
+    """Votes of the batch inspector's events; the causes they named."""
+    batch_kinds = kinds_tagged(Tag.BATCH)
     batch_causes = set()
-    specific = _specific_batch_findings(serious, batch_kinds)
     for e in serious:
         cause = e.details.get("cause") if e.kind in batch_kinds else None
         if cause:
@@ -157,7 +179,13 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
                          f"{e.param or 'a field'}")
             else:
                 votes.add(cause, weight, why)
+    return batch_causes
 
+
+def _vote_nonfinite(votes: _Votes, serious: list[Event], findings: list[Finding],
+                    batch_causes: set[str], *, batches: bool) -> None:
+    """Non-finite values that no batch explains, in training or only in an evaluation."""
+    kinds = {e.kind for e in serious}
     nonfinite = kinds & kinds_tagged(Tag.NONFINITE)
     overflow = kinds & kinds_tagged(Tag.OVERFLOW)
     if nonfinite and not batch_causes & NONFINITE_BATCH_CAUSES:
@@ -182,6 +210,11 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     if evals and not nonfinite:  # only an evaluation went non-finite: say which metric
         votes.add("numerical_op", 1.0, f"{_went_nonfinite(serious, evals[0].step)} turned "
                   f"non-finite at step {evals[0].step} while the training loss stayed finite")
+
+
+def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> None:
+    """The votes each kind casts (registry), a collapsed gradient, a bad start, bad state."""
+    kinds = {e.kind for e in serious}
     for e in serious:
         if e.kind == "no_progress" and e.details.get("grad_collapse"):
             votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
@@ -211,6 +244,10 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
 
+
+def _vote_climb(votes: _Votes, events: list[Event], serious: list[Event]) -> None:
+    """A loss that climbed, or an output that shrank to nothing while it did not."""
+    kinds = {e.kind for e in serious}
     climb = kinds_tagged(Tag.CLIMB)
     shrunk = next((e for e in events if e.kind in kinds_tagged(Tag.COLLAPSE)
                    and e.details.get("how") == "collapsed"), None)
@@ -226,6 +263,13 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         if bent is not None:  # the loss's second derivative was positive: it accelerated up
             votes.add("lr_too_high", 0.5, f"step {bent.step}: the loss climbed with a positive "
                       "curvature (accelerating upwards), as updates too large do")
+
+
+def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
+                specific: dict[int, list[Event]], no_warmup: bool) -> None:
+    """Spikes and explosions: where and when they happened says whose doing they were."""
+    early = min(e.step for e in serious) < EARLY_STEPS
+    climb = kinds_tagged(Tag.CLIMB)
     jump_kinds = kinds_tagged(Tag.JUMP)
     jumps = [e for e in serious if e.kind in jump_kinds]
     # a jump in an adapter points at LoRA's scaling only when the audit found it high (alpha/r
@@ -258,6 +302,12 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         else:
             votes.add("lr_too_high", 1.0, f"step {e.step}: repeated {e.kind}")
 
+
+def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
+                   data_runs: list[tuple[Finding, str]], batch_causes: set[str],
+                   against_lr: str, *, lr_changed: bool) -> None:
+    """Trouble that outlasted an LR cut, or began with bad batches, is the data's, not the LR's
+    (unless an LR change came just before the trouble)."""
     outlasted = _outlasted_lr_cut(events, symptoms)
     if outlasted:
         data = (sorted({c for _, c in data_runs}) or sorted(batch_causes)
@@ -271,6 +321,8 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
                 votes.score[code] *= DATA_DISCOUNT
                 votes.evidence[code].insert(0, f"weighed down: {against_lr}")
 
+
+def _ranked(votes: _Votes, top: int) -> list[RankedCause]:
     total = sum(votes.score.values()) or 1.0
     ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
     return [RankedCause(code=code, confidence=score / total, score=score,
