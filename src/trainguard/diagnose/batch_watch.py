@@ -112,6 +112,29 @@ class BatchWatch:
         fatal = [f for f in findings if f.check == "batch_token_ids"]
         return findings, (finding_event(fatal[0], step, severity="error") if fatal else None)
 
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What the next batches are judged against: the reference batch size, the run of short
+        batches, the fields' typical magnitudes, the findings still on and the runs of bad
+        batches (`nonfinite_input` and `inspected` are this step's, not run state)."""
+        return {"reference_batch_size": self._reference_batch_size,
+                "short_steps": self._short_steps,
+                "history": {"typical": dict(self._history.typical),
+                            "seen": dict(self._history.seen)},
+                "active": sorted(self._active), "runs": self._runs.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        reference = state.get("reference_batch_size")
+        self._reference_batch_size = None if reference is None else int(reference)
+        self._short_steps = int(state.get("short_steps", 0))
+        history = state.get("history", {})
+        self._history = BatchHistory(
+            typical={str(k): float(v) for k, v in history.get("typical", {}).items()},
+            seen={str(k): int(v) for k, v in history.get("seen", {}).items()})
+        self._active = {str(c) for c in state.get("active", [])}
+        self._runs = RunTracker()
+        self._runs.load_state_dict(state.get("runs", {}))
+
     def _size_event(self, batch: Any, step: int) -> Event | None:
         size = batch_size_of(batch)
         if size is None:

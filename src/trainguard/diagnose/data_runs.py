@@ -91,6 +91,17 @@ class RunTracker:
         """The runs of at least MIN_RUN batches, as `batch_run` findings."""
         return [r.finding() for r in self._runs if r.count >= MIN_RUN]
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"runs": [dataclasses.asdict(r) for r in self._runs],
+                "last_inspected": self._last_inspected}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        fields = {f.name for f in dataclasses.fields(BatchRun)}
+        self._runs = [BatchRun(**{k: v for k, v in dict(r).items() if k in fields})
+                      for r in state.get("runs", [])]
+        last = state.get("last_inspected")
+        self._last_inspected = None if last is None else int(last)
+
 
 def compact_ids(ids: list[Any], shown: int = 12) -> str:
     """"100-109" for consecutive integers, else the first `shown` ids and a count."""

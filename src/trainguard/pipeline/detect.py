@@ -66,7 +66,7 @@ class Detect:
         assert signals is not None
         for sample in signals.sampled:  # the class count metric_collapse judges chance by
             if sample.output.get("out_classes", 0.0) >= 2:
-                run.output_classes = int(sample.output["out_classes"])
+                run.state.output_classes = int(sample.output["out_classes"])
         run.observe_lrs(signals.group_lrs)  # before explain ranks causes with the findings
         for event in run_detectors(run.state.detectors, signals):
             ctx.raise_event(event)

@@ -124,10 +124,8 @@ class Run:
             auto_clip=_auto_clip(config),
             detectors=default_detectors(config.detectors),
             clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
-            losses=LossTrack(stall_steps=config.detectors.stall_steps))
-        self.metric_watch = MetricCollapse(config.detectors)
-        self.output_classes: int | None = None
-        """Width of the model's class scores, as the output probe last saw it."""
+            losses=LossTrack(stall_steps=config.detectors.stall_steps),
+            metric_watch=MetricCollapse(config.detectors), batches=self.batches)
         self.pending: list[PendingStats] = []
         """Heavy-probe results on the device, waiting for the next step's transfer."""
         self.events: list[Event] = []
@@ -137,7 +135,6 @@ class Run:
         self.closed = False
         self.verdict: RunVerdict | None = None
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
-        self._sampled_now = False
 
         # sinks: only rank 0 speaks and records
         self.store: RunStore | None = None
@@ -177,7 +174,17 @@ class Run:
     @property
     def sampled_now(self) -> bool:
         """Whether the step about to be measured runs the heavy probes."""
-        return self._sampled_now
+        return self.state.sampled_now
+
+    @property
+    def metric_watch(self) -> MetricCollapse:
+        """`metric_collapse` on the evaluation metrics (its state is in `RunState`)."""
+        assert self.state.metric_watch is not None
+        return self.state.metric_watch
+
+    @property
+    def output_classes(self) -> int | None:
+        return self.state.output_classes
 
     def is_sampled(self, step: int) -> bool:
         return self.config.sample_all_steps or step % self.config.sample_every == 0
@@ -186,11 +193,11 @@ class Run:
         """Decide before the forward pass of the next step whether it is sampled; attach the
         activation hooks if so."""
         state = self.state
-        self._sampled_now = self.is_sampled(state.step) or state.sample_next
+        state.sampled_now = self.is_sampled(state.step) or state.sample_next
         state.sample_next = False
-        if self._sampled_now and self.activation_probe is not None:
+        if state.sampled_now and self.activation_probe is not None:
             self.activation_probe.attach()
-        if self._sampled_now and self.output_probe is not None:
+        if state.sampled_now and self.output_probe is not None:
             self.output_probe.attach()
 
     def _agreed_setup(self, config: GuardConfig) -> dict[str, Any]:
@@ -394,6 +401,8 @@ class Run:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.load_state_dict(state)
+        if self.state.recovery is not None:
+            self.state.recovery.restart()
         self.schedule_sampling()
 
     def close(self, status: str = "finished") -> list[RankedCause]:

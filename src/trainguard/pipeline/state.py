@@ -1,9 +1,11 @@
 """`RunState`: the one home of a guarded run's runtime state, with one `state_dict`.
 
-Counters, the clipping limit in force, the detectors' baselines, the clip rule's statistics and
-the recover policy's judgement live here (or are reached from here), so that a checkpoint, a
-resumed job and a rollback all see the same thing. The configuration is plain data and holds no
-state; the objects built from it (detectors, rules) are held here.
+Counters, the clipping limit in force, the detectors' baselines, the clip rule's statistics,
+metric collapse's best values, the batch watch's memory, the sampling schedule and the recover
+policy's judgement live here (or are reached from here), each a `Stateful` under a stable key
+(`components`), so that a checkpoint, a resumed job and a rollback all see the same thing. The
+configuration is plain data and holds no state; the objects built from it (detectors, rules) are
+held here.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
 from trainguard.signals import LossCurvature
+from trainguard.stateful import Stateful, gather, restore
 from trainguard.verdict import LossTrack
 
 if TYPE_CHECKING:
+    from trainguard.detect.metric_collapse import MetricCollapse
+    from trainguard.diagnose.batch_watch import BatchWatch
     from trainguard.recovery import Recovery
     from trainguard.remedies import ClipRule
     from trainguard.remedies.robust import RobustClipLimit
@@ -23,6 +28,12 @@ if TYPE_CHECKING:
 
 AUTO_CLIP = "auto_clip"
 """The adaptive clip's entry among the detectors' baselines."""
+
+REWOUND = ("detectors",)
+"""The components a rollback puts back with the weights: the baselines the bad steps fed (the
+detectors' and the adaptive clip's). The others describe the data and the evaluations seen, which
+a rollback does not undo (a bad batch stays bad, a collapsed metric was seen), or, as recovery's
+judgement, are what decided the rollback."""
 
 
 @dataclass(slots=True)
@@ -43,10 +54,28 @@ class RunState:
     """Running position of the next batch (the default data id for the skip list)."""
     sample_next: bool = False
     """The step after an event runs the heavy probes too."""
+    sampled_now: bool = False
+    """Whether the step about to be measured runs the heavy probes (decided before its forward
+    pass, by `Run.schedule_sampling`)."""
     curvature: LossCurvature = field(default_factory=LossCurvature)
     """The loss's smoothed second difference, measured every step."""
     losses: LossTrack = field(default_factory=LossTrack)
     """The loss levels the run's verdict compares (start, before the first trouble, final)."""
+    metric_watch: MetricCollapse | None = None
+    """`metric_collapse` on the evaluation metrics handed over: their best values, episodes."""
+    batches: BatchWatch | None = None
+    """The batch inspector's memory: reference size, typical magnitudes, runs of bad batches."""
+    output_classes: int | None = None
+    """Width of the model's class scores, as the output probe last saw it (chance level for
+    `metric_collapse`)."""
+
+    # -- every component with state ----------------------------------------------------------------
+    def components(self) -> dict[str, Stateful | None]:
+        """Every component with state, under its key in `state_dict` (None: not in this run)."""
+        return {"detectors": _Baselines(self), "losses": self.losses,
+                "curvature": self.curvature, "clip_rule": self.clip_rule,
+                "recovery": self.recovery, "metric_collapse": self.metric_watch,
+                "batch_watch": self.batches, "sampling": _Sampling(self)}
 
     # -- detectors -------------------------------------------------------------------------------
     def detector_state(self) -> dict[str, Any]:
@@ -81,36 +110,66 @@ class RunState:
                                                                            limit)
 
     # -- checkpoints -----------------------------------------------------------------------------
+    def rewind_state(self) -> dict[str, Any]:
+        """The state a good-state capture keeps for a rollback to put back (`REWOUND`)."""
+        components = self.components()
+        return gather({key: components[key] for key in REWOUND})
+
+    def rewind(self, state: dict[str, Any]) -> None:
+        """Put back what a good state kept (`rewind_state`)."""
+        components = self.components()
+        restore({key: components[key] for key in REWOUND}, state)
+
+    # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Plain Python types (framework checkpoints load them with weights_only=True). The
         recover policy's saved states are not included: they are as large as a checkpoint."""
-        state: dict[str, Any] = {
-            "step": self.step, "consecutive_skips": self.consecutive_skips,
-            "data_position": self.data_position, "max_grad_norm": self.max_grad_norm,
-            "detectors": self.detector_state(), "losses": self.losses.state_dict(),
-            "curvature": self.curvature.state_dict()}
-        if self.clip_rule is not None:
-            state["clip_rule"] = self.clip_rule.state_dict()
-        if self.recovery is not None:
-            state["recovery"] = self.recovery.state_dict()
-        return state
+        return {"step": self.step, "consecutive_skips": self.consecutive_skips,
+                "data_position": self.data_position, "max_grad_norm": self.max_grad_norm,
+                "output_classes": self.output_classes, **gather(self.components())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a `state_dict`, from this version or an older one: a component whose key is
+        missing keeps its fresh state."""
         self.step = int(state["step"])
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.data_position = int(state.get("data_position", self.data_position))
-        self.restore_detectors(state.get("detectors", {}))
-        if "losses" in state:
-            self.losses.load_state_dict(state["losses"])
-        if "curvature" in state:
-            self.curvature.load_state_dict(state["curvature"])
-        if self.clip_rule is not None and "clip_rule" in state:
-            self.clip_rule.load_state_dict(state["clip_rule"])
-
+        classes = state.get("output_classes")
+        self.output_classes = None if classes is None else int(classes)
+        restore(self.components(), state)
         recovery = state.get("recovery")
         if self.recovery is not None and isinstance(recovery, dict):
-            self.recovery.load_state_dict(recovery)
             # only recovery moves the limit away from the configured one (older checkpoints
             # kept it inside the recovery state)
             self.max_grad_norm = state.get("max_grad_norm",
                                            recovery.get("max_grad_norm", self.max_grad_norm))
+
+
+class _Baselines:
+    """The detectors' baselines and the adaptive clip's (`auto_clip`), under one key (the
+    format checkpoints have always had)."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.detector_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.restore_detectors(state)
+
+
+class _Sampling:
+    """The sampling schedule's memory: whether the step after an event runs the heavy probes
+    (the rest follows from the step and the configuration)."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        # between steps the next step's sampling is already decided (`sampled_now`): a resumed
+        # job must sample it too, whether by the schedule or after an event
+        return {"sample_next": self.state.sample_next or self.state.sampled_now}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.sample_next = bool(state.get("sample_next", False))

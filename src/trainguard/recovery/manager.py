@@ -183,7 +183,7 @@ class Recovery:
             groups = [g for opt in self.optimizers for g in opt.param_groups]  # new after restore
             for group, lr in zip(groups, current_lrs, strict=True):
                 set_lr(group, lr)
-        self.run_state.restore_detectors(target.guard)
+        self.run_state.rewind(target.guard)
         self.lr.begin(self.config.lr_backoff, ceilings, applied)
         self.run_state.tighten_clipping(self.config.max_grad_norm)
         self.ring.discard_after(target.step)
@@ -265,7 +265,7 @@ class Recovery:
     def _capture(self, reuse: SavedState | None = None) -> SavedState:
         return capture(step=self.run_state.step, model=self.model, optimizers=self.optimizers,
                        scheduler=self.scheduler, scaler=self.scaler,
-                       guard_state=self.run_state.detector_state(),
+                       guard_state=self.run_state.rewind_state(),
                        extra={"lr_applied": list(self.lr.applied)},
                        rng=self.config.restore_rng, reuse=reuse)
 
@@ -275,13 +275,25 @@ class Recovery:
         return {"controller": self.controller.state_dict(), "lr": self.lr.state_dict(),
                 "skipped_data": sorted(self.skipped_data, key=repr),
                 "rolled_back_steps": self.rolled_back_steps,
-                "last_rollback": self._last_rollback}
+                "last_rollback": self._last_rollback, "last_capture": self._last_capture}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.controller.load_state_dict(state["controller"])
-        self.lr.load_state_dict(state["lr"])
-        self.skipped_data = set(state["skipped_data"])
-        self.rolled_back_steps = int(state["rolled_back_steps"])
+        """Entries an older checkpoint lacks keep their fresh values."""
+        if "controller" in state:
+            self.controller.load_state_dict(state["controller"])
+        if "lr" in state:
+            self.lr.load_state_dict(state["lr"])
+        self.skipped_data = set(state.get("skipped_data", ()))
+        self.rolled_back_steps = int(state.get("rolled_back_steps", 0))
         last = state.get("last_rollback")
         self._last_rollback = None if last is None else int(last)
+        # the ring's cadence goes on from the last capture, as it would have without the restart
+        self._last_capture = int(state.get("last_capture", self.run_state.step))
+
+    def restart(self) -> None:
+        """After a resume: the ring starts again from the state loaded, so that its first good
+        state carries the loaded step and baselines (not those of the fresh run it was built
+        in)."""
+        self.ring.discard_after(-1)
+        self.start()
 
