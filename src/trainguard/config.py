@@ -286,8 +286,27 @@ class RecoveryConfig:
 
 @dataclass(kw_only=True, slots=True)
 class GuardConfig:
-    """How the Guard watches and protects a run."""
+    """How the Guard watches and protects a run.
 
+    Every field is a keyword with a default; most runs set at most the first four:
+
+    - `policy` ("protect"), `max_grad_norm` ("auto"), `sample_every` (50), `console` (True).
+
+    The rest, in sections:
+
+    - clipping beyond the global limit: `clip_rule`, `agc`, and the adaptive clip's knobs
+      (`auto_clip_ratio`, `auto_clip_zscore`, `auto_clip_warmup_ratio`, `auto_clip_alarm_steps`);
+    - halting and skipping: `halt_severity`, `max_consecutive_skips`, `snapshot_dir`;
+    - probes and checks: `sample_all_steps`, `inspect_batches`, `batch_size`, `preflight`,
+      `activation_probe`, `output_probe`, `num_classes`;
+    - the run store: `store`;
+    - torch.distributed: `rank_timeout_s`, `collective_timeout_s`, `desync_every`;
+    - nested sections: `detectors` (`DetectorConfig`: the detectors' thresholds, whose baseline
+      window, warm-up and absolute limit the adaptive clip shares) and `recovery`
+      (`RecoveryConfig`: the `recover` policy).
+    """
+
+    # -- The settings most runs change --
     policy: Policy = "protect"
     """`observe`: record and warn only. `protect`: clip, and skip steps whose loss or gradients
     are non-finite without touching optimizer state. `halt`: on an event of `halt_severity` or
@@ -297,10 +316,18 @@ class GuardConfig:
     max_grad_norm: float | Literal["auto"] | None = "auto"
     """Global gradient-norm clipping. `"auto"` (the default): under protect, recover and halt a
     step is clipped only when its norm is abnormal for this run (`remedies.RobustClipLimit`:
-    over 3x the run's typical norm and outside its noise, or above the guide's absolute 1000),
-    so healthy steps are never touched; under observe nothing is clipped. A number: a fixed
-    limit, honoured exactly under every policy (the guide's max_norm=1.0 is `1.0`). None: no
-    clipping."""
+    at the run's typical norm for `auto_clip_alarm_steps` steps after an explosion or a spike,
+    otherwise only beyond a loose backstop (`auto_clip_ratio`, `auto_clip_zscore`), never above
+    the guide's absolute 1000), so healthy steps are never touched; under observe nothing is
+    clipped. A number: a fixed limit, honoured exactly under every policy (the guide's
+    max_norm=1.0 is `1.0`). None: no clipping."""
+    sample_every: int = 50
+    """Heavy probes (weights, update ratio, activations, optimizer state) run every this many steps,
+    and on the step after any event."""
+    console: bool = True
+    """Print events as they happen (through the `trainguard` logger and stderr)."""
+
+    # -- Clipping beyond max_grad_norm, and the adaptive clip's knobs --
     clip_rule: Mapping[str, Any] | ClipRule | None = None
     """An extra clipping rule from `trainguard.remedies` (LayerwiseClip, AdaptiveClip, a chain),
     applied after the global `max_grad_norm` clip to the norms the Guard already measured.
@@ -310,25 +337,37 @@ class GuardConfig:
     agc: Mapping[str, Any] | AGC | None = None
     """Adaptive gradient clipping relative to weight norms (`trainguard.remedies.AGC`), applied
     last, on the device. Given as an AGC or its spec dict; kept as the spec (`agc_spec`)."""
-    sample_every: int = 50
-    """Heavy probes (weights, update ratio, activations, optimizer state) run every this many steps,
-    and on the step after any event."""
-    sample_all_steps: bool = False
-    """Run the heavy probes on every step (for debugging; costs more)."""
+    auto_clip_ratio: float = 20.0
+    """Under `max_grad_norm="auto"`, once warm: a step is clipped above this many times the run's
+    typical norm (loose on purpose: healthy fine-tunes have single steps at 10x their median)..."""
+    auto_clip_zscore: float = 6.0
+    """...and at least this many robust standard deviations (in log space) above it."""
+    auto_clip_warmup_ratio: float = 10.0
+    """While the first `detectors.warmup_steps` norms come in: clipped above this many times the
+    median of the norms so far (looser, since a fine-tune's first norms still climb)."""
+    auto_clip_alarm_steps: int = 20
+    """After a gradient explosion, loss spike or divergence event, this many steps (that one
+    included) are clipped at the run's typical norm."""
+
+    # -- Halting and skipping --
     halt_severity: str = "error"
     """Under `halt`, the least severe event that stops the run."""
-    snapshot_dir: str | os.PathLike[str] | None = None
-    """Where `halt` writes crash snapshots; defaults to the run_dir (or ./trainguard_snapshots).
-    A path object is kept as its string."""
     max_consecutive_skips: int = 25
     """Under `protect`, this many consecutive skipped steps mean the run cannot heal by skipping:
     the Guard halts with a snapshot instead of skipping forever."""
-    batch_size: int | None = None
-    """The configured batch size. Batches smaller than it for two steps in a row are reported
-    (silent truncation, §3.4.2); None takes the first batch's size as the reference."""
+    snapshot_dir: str | os.PathLike[str] | None = None
+    """Where `halt` writes crash snapshots; defaults to the run_dir (or ./trainguard_snapshots).
+    A path object is kept as its string."""
+
+    # -- Probes and checks --
+    sample_all_steps: bool = False
+    """Run the heavy probes on every step (for debugging; costs more)."""
     inspect_batches: bool = True
     """Inspect the batch given to `guard.step` on the first step, on sampled steps and on any
     step with an event (range, non-finite values, token ids, masks, outliers)."""
+    batch_size: int | None = None
+    """The configured batch size. Batches smaller than it for two steps in a row are reported
+    (silent truncation, §3.4.2); None takes the first batch's size as the reference."""
     preflight: bool = True
     """Audit the model, optimizer and scheduler when the Guard starts (trainguard.preflight)."""
     activation_probe: bool = True
@@ -339,10 +378,12 @@ class GuardConfig:
     num_classes: int | None = None
     """Classes of the task, for judging evaluation accuracy against chance (`metric_collapse`);
     None: inferred from the width of the model's class scores."""
+
+    # -- The run store --
     store: bool = True
     """Write the embedded run store when a run_dir is given."""
-    console: bool = True
-    """Print events as they happen (through the `trainguard` logger and stderr)."""
+
+    # -- torch.distributed --
     rank_timeout_s: float = 60.0
     """Under torch.distributed, how long a rank waits at the start for every other rank to start
     trainguard with the same configuration before it stops with a message naming the rank
@@ -361,6 +402,8 @@ class GuardConfig:
     """Under torch.distributed, every this many steps a fingerprint of each rank's replicated
     weights (one fused norm pass) rides the step's all-reduce (the guide's §3.4.1 desync check);
     when the ranks' fingerprints part, a second check names the parameters that drifted."""
+
+    # -- Nested sections --
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     """Thresholds of the built-in detectors."""
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
@@ -376,6 +419,13 @@ class GuardConfig:
         _at_least(self.sample_every, 1, "GuardConfig.sample_every")
         _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
         _at_least(self.desync_every, 1, "GuardConfig.desync_every")
+        for name in ("auto_clip_ratio", "auto_clip_zscore", "auto_clip_warmup_ratio"):
+            _positive(getattr(self, name), f"GuardConfig.{name}")
+        for name in ("auto_clip_ratio", "auto_clip_warmup_ratio"):
+            # a limit below the typical norm would clip healthy steps
+            _require(getattr(self, name) >= 1, f"GuardConfig.{name}",
+                     f"must be >= 1, got {getattr(self, name)!r}")
+        _at_least(self.auto_clip_alarm_steps, 1, "GuardConfig.auto_clip_alarm_steps")
         _positive(self.rank_timeout_s, "GuardConfig.rank_timeout_s")
         _positive(self.collective_timeout_s, "GuardConfig.collective_timeout_s")
         if self.batch_size is not None:
@@ -411,6 +461,13 @@ class GuardConfig:
         """Whether the adaptive default clip is in force (`max_grad_norm="auto"`, a policy that
         protects)."""
         return self.max_grad_norm == "auto" and self.policy != "observe"
+
+    def auto_clip_options(self) -> dict[str, Any]:
+        """The adaptive clip's own knobs, as `remedies.RobustClipLimit`'s keywords (its window,
+        warm-up and ceiling come from `detectors`)."""
+        return {"ratio": self.auto_clip_ratio, "zscore": self.auto_clip_zscore,
+                "warmup_ratio": self.auto_clip_warmup_ratio,
+                "alarm_steps": self.auto_clip_alarm_steps}
 
     @property
     def fixed_max_grad_norm(self) -> float | None:

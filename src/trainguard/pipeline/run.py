@@ -524,7 +524,8 @@ def _auto_clip(config: GuardConfig) -> RobustClipLimit | None:
         return None
     d = config.detectors
     return RobustClipLimit(window=d.baseline_window, warmup_steps=max(d.warmup_steps, 1),
-                           ceiling=d.grad_norm_abs_threshold, min_log_scale=d.min_log_scale)
+                           ceiling=d.grad_norm_abs_threshold, min_log_scale=d.min_log_scale,
+                           **config.auto_clip_options())
 
 
 def _run_dir(run_dir: object) -> Path | None:
