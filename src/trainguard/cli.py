@@ -80,7 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"trainguard {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_demo(commands)
+    _add_show(commands)
+    _add_runs(commands)
+    _add_replay(commands)
+    _add_doctor(commands)
+    _add_grafana(commands)
+    _add_report(commands)
+    _add_analyze(commands)
+    return parser
 
+
+def _add_demo(commands: Any) -> None:
+    """`trainguard demo`: a healthy run, then one with a far too high LR."""
     demo = commands.add_parser(
         "demo", help="train a tiny transformer twice: healthy, then with a far too high LR",
         description="Fine-tune a small randomly initialised transformer on a synthetic language "
@@ -94,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="directory for the two run directories (default: ./trainguard-demo)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
 
+
+def _add_show(commands: Any) -> None:
+    """`trainguard show`: the summary of a recorded run."""
     show = commands.add_parser(
         "show", help="summarise the latest run of a run directory",
         description="Summarise a run recorded by trainguard: status, steps, loss (with NaN/inf "
@@ -110,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--plain", action="store_true",
                       help="plain lines even on a terminal (pipes and files always get them)")
 
+
+def _add_runs(commands: Any) -> None:
+    """`trainguard runs`: the runs of a run directory."""
     runs = commands.add_parser(
         "runs", help="list the runs recorded in a run directory",
         description="List every run recorded in a run directory, oldest first: its id, when it "
@@ -118,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("run_dir", metavar="RUN_DIR", help="the run directory given to the Guard")
     runs.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
+
+def _add_replay(commands: Any) -> None:
+    """`trainguard replay`: rerun a crash snapshot's bad step."""
     replay_cmd = commands.add_parser(
         "replay", help="rerun the bad step of a crash snapshot and name where it went wrong",
         description="Load a crash snapshot (weights_only), rebuild the model with FACTORY, restore "
@@ -132,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cmd.add_argument("--runs", type=_positive_int, default=2,
                             help="reruns, to tell deterministic from transient faults (default 2)")
 
+
+def _add_doctor(commands: Any) -> None:
+    """`trainguard doctor`: the preflight audit as a CI gate."""
     doctor = commands.add_parser(
         "doctor", help="audit a training setup before it runs (preflight)",
         description="Run trainguard's preflight audit on the objects FACTORY builds. FACTORY is "
@@ -146,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true",
                         help="print the findings as JSON: {findings: [...], failed: bool}")
 
+
+def _add_grafana(commands: Any) -> None:
+    """`trainguard grafana`: the dashboard and its provisioning."""
     grafana = commands.add_parser(
         "grafana", help="write a Grafana dashboard for PrometheusSink, with its provisioning",
         description="Write DIR/datasources/trainguard.yaml (a Prometheus datasource whose URL is "
@@ -162,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="where Grafana will read DIR/dashboards (default: its absolute "
                               "path here; e.g. /etc/grafana/provisioning/dashboards in a "
                               "container)")
+
+
+def _add_report(commands: Any) -> None:
+    """`trainguard report`: one HTML report of a run."""
     report = commands.add_parser(
         "report", help="write one self-contained HTML report of a run",
         description="Write one HTML file that shows a recorded run and opens offline: loss and "
@@ -179,8 +210,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="report run ID instead of the latest")
     report.add_argument("--open", action="store_true",
                         help="open the report in the web browser afterwards")
-    _add_analyze(commands)
-    return parser
 
 
 def _add_analyze(commands: Any) -> None:
@@ -580,8 +609,21 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(strict_json(summary), indent=2, allow_nan=False) + "\n")
         return EXIT_OK
+    lines = _show_header(summary) + _show_curves(summary, curves)
+    if not args.plain and sys.stdout.isatty():
+        from trainguard.show_rich import render
+
+        render(lines, summary, args.events, visible, _fmt)
+        return EXIT_OK
+    lines += _show_details(summary, args.events)
+    _write_lines(lines)
+    return EXIT_OK
+
+
+def _show_header(summary: dict[str, Any]) -> list[str]:
+    """`trainguard show`'s first lines: which run, its status and verdict, its time, the
+    records the store lost, notes and the crash snapshot."""
     lines = []
-    loss = summary["loss"]
     where = f"run {summary['run_id']} of {summary['runs']} in this directory"
     if summary["runs"] > 1:
         others = "earlier runs" if summary["run_id"] == summary["latest_run"] else "all runs"
@@ -612,6 +654,13 @@ def _show(args: argparse.Namespace) -> int:
         lines.append(f"note       {note}")
     if summary.get("snapshot"):
         lines.append(f"snapshot   {summary['snapshot']}")
+    return lines
+
+
+def _show_curves(summary: dict[str, Any], curves: dict[str, Any]) -> list[str]:
+    """The steps, the loss, gradient norm and LR curves, evaluations, actions, events."""
+    lines = []
+    loss = summary["loss"]
     lines.append(f"steps      {summary['steps']} recorded"
                  + (f" ({summary['first_step']}..{summary['last_step']})" if summary["steps"]
                     else ""))
@@ -638,16 +687,18 @@ def _show(args: argparse.Namespace) -> int:
         lines.append(f"trainguard {taken}")
     by_kind = ", ".join(f"{k} {v}" for k, v in sorted(summary["events_by_kind"].items()))
     lines.append(f"events     {len(summary['events'])}" + (f" ({by_kind})" if by_kind else ""))
-    if not args.plain and sys.stdout.isatty():
-        from trainguard.show_rich import render
+    return lines
 
-        render(lines, summary, args.events, visible, _fmt)
-        return EXIT_OK
-    for event in summary["events"][: args.events]:
+
+def _show_details(summary: dict[str, Any], events: int) -> list[str]:
+    """The plain listing's last lines: at most `events` events, likely causes, serious
+    preflight findings, the worst parameters."""
+    lines = []
+    for event in summary["events"][: events]:
         lines.append(f"  step {event['step']:>6}  {event['severity']:<8} {event['kind']:<22} "
                      f"{event['message']}")
-    if len(summary["events"]) > args.events:
-        lines.append(f"  ... {len(summary['events']) - args.events} more (use --events N)")
+    if len(summary["events"]) > events:
+        lines.append(f"  ... {len(summary['events']) - events} more (use --events N)")
     if summary.get("diagnosis"):
         lines.append("likely causes")
         for cause in summary["diagnosis"][:3]:
@@ -666,8 +717,7 @@ def _show(args: argparse.Namespace) -> int:
         for worst in summary["worst_params"]:
             lines.append(f"  {visible(worst['param']):<{width}}  non-finite "
                          f"{worst['nonfinite_steps']:>4}  max {_fmt(worst['max_grad_norm'])}")
-    _write_lines(lines)
-    return EXIT_OK
+    return lines
 
 
 def _runs(args: argparse.Namespace) -> int:
