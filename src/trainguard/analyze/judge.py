@@ -106,33 +106,11 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     losses = log.values(LOSS)
     grads = log.values(GRAD_NORM)
     skipped = log.skipped or [False] * len(log.steps)
-    serious = [e for e in events if at_least(e.severity, "warning") and e.kind not in CLUES]
-    isolated = [e for e in serious if _transient(e, log, rows, config)]
-    trouble = [e for e in serious if e not in isolated]
-    if chance is not None:
-        trouble.append(Event(kind="loss_at_chance", step=log.steps[chance.row], severity="error",
-                             message=chance.describe(), value=chance.level,
-                             details={"row": chance.row, "classes": chance.classes,
-                                      "guessed": chance.guessed}))
-    trouble.sort(key=lambda e: e.details["row"])
+    isolated, trouble = _trouble(log, rows, events, config, chance)
     if not trouble:
         return Judgement(HEALTHY, None, None, isolated=isolated,
                          ending=_ending_healthy(losses, rows)), []
-    earlier: list[Event] = []
-    while True:  # the incident that decides: the first one the run did not come back from
-        first = trouble[0]
-        onset = _onset(first, log, rows, losses, grads, skipped, config)
-        before = [v for i in rows if i < onset and _finite(v := losses[i])]
-        reference = (statistics.median(before[-max(config.baseline_window, 1):]) if before
-                     else None)
-        back = _came_back(first, onset, reference, rows, losses, grads, skipped)
-        if back is None:
-            break
-        later = [e for e in trouble if e.details["row"] > back]
-        if not later:
-            break
-        earlier += [e for e in trouble if e.details["row"] <= back]
-        trouble = later
+    first, onset, reference, trouble, earlier = _deciding(log, rows, trouble, config)
     incident = [e for e in trouble if e.details["row"] >= onset]
     after = [i for i in rows if i >= onset]
     whole = whole_interval_skips(log, skipped)
@@ -149,11 +127,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
             final_rows[-1], reference, config)):
         kind = COLLAPSE  # frozen where it was: a constant prediction, not a blow-up
     else:
-        series = grads if first.kind == "grad_explosion" else losses
-        before_series = [v for i in rows if i < onset and _finite(v := series[i])]
-        base = min(before_series[-max(config.baseline_window, 1):], default=None)
-        kind = (EXPLOSION if _jumped(after, losses, reference) else
-                _shape(after, series, base if first.kind == "grad_explosion" else reference))
+        kind = _blowup_kind(log, rows, first, onset, reference, config)
     if nonfinite_end or skipping_end:
         ending = ("the log ends with non-finite values" if nonfinite_end else
                   "the optimizer skipped most steps from the onset to the end of the log")
@@ -188,6 +162,62 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
               "it was before the trouble")
     return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
+
+
+def _trouble(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
+             chance: AtChance | None) -> tuple[list[Event], list[Event]]:
+    """(isolated, trouble): the serious events that were one-step jumps the run shrugged off,
+    and the others (with a loss at chance level), in row order."""
+    serious = [e for e in events if at_least(e.severity, "warning") and e.kind not in CLUES]
+    isolated = [e for e in serious if _transient(e, log, rows, config)]
+    trouble = [e for e in serious if e not in isolated]
+    if chance is not None:
+        trouble.append(Event(kind="loss_at_chance", step=log.steps[chance.row], severity="error",
+                             message=chance.describe(), value=chance.level,
+                             details={"row": chance.row, "classes": chance.classes,
+                                      "guessed": chance.guessed}))
+    trouble.sort(key=lambda e: e.details["row"])
+    return isolated, trouble
+
+
+def _deciding(log: Log, rows: list[int], trouble: list[Event], config: DetectorConfig
+              ) -> tuple[Event, int, float | None, list[Event], list[Event]]:
+    """The incident that decides: the first one the run did not come back from. (Its first
+    event, its onset row, the loss level before it, the trouble from it on, the events of the
+    incidents the run came back from.)"""
+    losses = log.values(LOSS)
+    grads = log.values(GRAD_NORM)
+    skipped = log.skipped or [False] * len(log.steps)
+    earlier: list[Event] = []
+    while True:
+        first = trouble[0]
+        onset = _onset(first, log, rows, losses, grads, skipped, config)
+        before = [v for i in rows if i < onset and _finite(v := losses[i])]
+        reference = (statistics.median(before[-max(config.baseline_window, 1):]) if before
+                     else None)
+        back = _came_back(first, onset, reference, rows, losses, grads, skipped)
+        if back is None:
+            break
+        later = [e for e in trouble if e.details["row"] > back]
+        if not later:
+            break
+        earlier += [e for e in trouble if e.details["row"] <= back]
+        trouble = later
+    return first, onset, reference, trouble, earlier
+
+
+def _blowup_kind(log: Log, rows: list[int], first: Event, onset: int,
+                 reference: float | None, config: DetectorConfig) -> str:
+    """A finite incident's kind: a jump, or the shape of the loss (of the gradient norm, for an
+    explosion) after the onset."""
+    losses = log.values(LOSS)
+    grads = log.values(GRAD_NORM)
+    after = [i for i in rows if i >= onset]
+    series = grads if first.kind == "grad_explosion" else losses
+    before_series = [v for i in rows if i < onset and _finite(v := series[i])]
+    base = min(before_series[-max(config.baseline_window, 1):], default=None)
+    return (EXPLOSION if _jumped(after, losses, reference) else
+            _shape(after, series, base if first.kind == "grad_explosion" else reference))
 
 
 def _came_back(first: Event, onset: int, reference: float | None, rows: list[int],

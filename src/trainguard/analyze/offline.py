@@ -66,12 +66,7 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
     with_grad = detectors
     overflow = next((d for d in detectors if isinstance(d, Fp16Overflow)), None)
     without_grad = [d for d in detectors if not isinstance(d, READS_GRAD_NORM)]
-    # the other training losses, by row: read from their points, as a log may hold thousands
-    aux: dict[int, list[tuple[str, float]]] = {}
-    for name in log.series:
-        if is_train_loss(name):
-            for at, value in zip(*log.series.points(name), strict=True):
-                aux.setdefault(at, []).append((name, value))
+    aux = _aux_losses(log)
     aux_watch: dict[str, NonFiniteLoss] = {}
     evals = MetricCollapse(config)
     eval_queue = list(log.evals)
@@ -106,14 +101,9 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
             continue
         index = len(rows)
         rows.append(row)
-        for name, value in aux.get(row, ()):
-            watch = aux_watch.get(name)
-            if watch is None:
-                watch = aux_watch[name] = NonFiniteLoss(config)
-            aux_signals.step, aux_signals.loss = index, value
-            for event in watch.check(aux_signals):
-                event.param, event.message = name, f"{name} is {value}"
-                raw.append((row, event))
+        if row in aux:
+            raw.extend((row, event) for event in _check_aux(aux[row], index, aux_watch,
+                                                            aux_signals, config))
         if loss is not None and math.isfinite(loss):
             train_loss = loss
         signals.step = index
@@ -136,13 +126,40 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
             signals.amp_overflow = skipped[row]
             if found:
                 raw.extend((row, event) for event in found)
-    for _, metrics in eval_queue:
+    for _, metrics in eval_queue:  # evaluations after the last row
         if rows:
             for event in evals.observe(metrics, len(rows) - 1, classes=num_classes,
                                        train_loss=train_loss):
                 raw.append((rows[-1], event))
     events = [_in_log_units(event, log, rows, row) for row, event in raw]
     return Replay(events=events, rows=rows)
+
+
+def _aux_losses(log: Log) -> dict[int, list[tuple[str, float]]]:
+    """The other training losses, by row: read from their points, as a log may hold
+    thousands."""
+    aux: dict[int, list[tuple[str, float]]] = {}
+    for name in log.series:
+        if is_train_loss(name):
+            for at, value in zip(*log.series.points(name), strict=True):
+                aux.setdefault(at, []).append((name, value))
+    return aux
+
+
+def _check_aux(values: list[tuple[str, float]], index: int, watches: dict[str, NonFiniteLoss],
+               signals: StepSignals, config: DetectorConfig) -> list[Event]:
+    """A row's other training losses, each watched for non-finite values by its own
+    detector (made at its first value), the event naming the loss."""
+    found: list[Event] = []
+    for name, value in values:
+        watch = watches.get(name)
+        if watch is None:
+            watch = watches[name] = NonFiniteLoss(config)
+        signals.step, signals.loss = index, value
+        for event in watch.check(signals):
+            event.param, event.message = name, f"{name} is {value}"
+            found.append(event)
+    return found
 
 
 def _silent(kind: type[Detector], log: Log, config: DetectorConfig) -> bool:
