@@ -178,67 +178,102 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
     vocab = embedding_size(model)
     for s in stats:
         base = s.name.rsplit(".", 1)[-1]
-        if s.nonfinite:
+        findings += _value_findings(s, history)
+        findings += _id_findings(s, base, vocab)
+        findings += _label_mask_findings(s, base)
+        findings += _outlier_findings(s, history)
+    findings += _size_findings(stats, expected_batch_size)
+    return findings
+
+
+def _value_findings(s: FieldStats, history: BatchHistory | None) -> list[Finding]:
+    """A field's non-finite values, and images left in 0-255."""
+    findings: list[Finding] = []
+    if s.nonfinite:
+        findings.append(Finding(
+            "batch_nonfinite", "error",
+            f"field '{s.name}' holds {s.nonfinite} non-finite value(s) ({s.nan} NaN) of "
+            f"{s.numel}.", "find the sample (a corrupt file, a division by zero in "
+            "preprocessing) and clean or drop it.", cause="nonfinite_input",
+            evidence={"field": s.name, "nonfinite": s.nonfinite, "nan": s.nan}))
+    pixel_floor = (PIXEL_MAX_WITH_HISTORY if history is not None
+                   and s.name in history.typical else 2.0)
+    if _looks_like_images(s) and s.max > pixel_floor and s.max <= 255.0 and s.min >= 0:
+        findings.append(Finding(
+            "batch_image_range", "warning",
+            f"field '{s.name}' looks like images with values in [{s.min:.3g}, {s.max:.3g}]: "
+            "unnormalised 0-255 pixels where models expect [0, 1] or [-1, 1].",
+            "divide by 255 (and normalise with the pre-training mean/std).",
+            cause="input_scale", evidence={"field": s.name, "min": s.min, "max": s.max}))
+    return findings
+
+
+def _id_findings(s: FieldStats, base: str, vocab: int | None) -> list[Finding]:
+    """Token ids outside the model's embedding table."""
+    findings: list[Finding] = []
+    # a bare integer tensor fed to a model with an embedding table is token ids too
+    token_field = base in TOKEN_FIELDS or s.name == "input"
+    if token_field and not s.is_float and vocab is not None:
+        limit = vocab
+        bad_high = s.max >= limit
+        bad_low = s.min < 0 and base != "labels"  # labels use -100 for ignored positions
+        if bad_high or bad_low:
             findings.append(Finding(
-                "batch_nonfinite", "error",
-                f"field '{s.name}' holds {s.nonfinite} non-finite value(s) ({s.nan} NaN) of "
-                f"{s.numel}.", "find the sample (a corrupt file, a division by zero in "
-                "preprocessing) and clean or drop it.", cause="nonfinite_input",
-                evidence={"field": s.name, "nonfinite": s.nonfinite, "nan": s.nan}))
-        pixel_floor = (PIXEL_MAX_WITH_HISTORY if history is not None
-                       and s.name in history.typical else 2.0)
-        if _looks_like_images(s) and s.max > pixel_floor and s.max <= 255.0 and s.min >= 0:
+                "batch_token_ids", "error",
+                f"field '{s.name}' holds ids from {s.min:.0f} to {s.max:.0f}, outside the "
+                f"embedding table of {vocab} rows: the data were tokenised with another "
+                "vocabulary.", "use the tokenizer the model was trained with; resize the "
+                "embeddings only if tokens were really added.", cause="tokenizer_mismatch",
+                evidence={"field": s.name, "min": s.min, "max": s.max, "vocab": vocab}))
+    return findings
+
+
+def _label_mask_findings(s: FieldStats, base: str) -> list[Finding]:
+    """Labels that are all ignored, attention masks outside 0/1 or masking everything."""
+    findings: list[Finding] = []
+    if base in LABEL_FIELDS and not s.is_float and s.min == s.max == IGNORE_INDEX:
+        findings.append(Finding(
+            "batch_labels", "error",
+            f"every one of the {s.numel} labels in '{s.name}' is {IGNORE_INDEX} (ignored): "
+            "the loss has nothing to average, and a mean over nothing is NaN.",
+            "check the label masking (a prompt mask or a truncation that left no answer "
+            "token); drop batches without a single target.", cause="empty_loss",
+            evidence={"field": s.name, "labels": s.numel}))
+    if base in MASK_FIELDS:
+        if s.min < 0 or s.max > 1:
             findings.append(Finding(
-                "batch_image_range", "warning",
-                f"field '{s.name}' looks like images with values in [{s.min:.3g}, {s.max:.3g}]: "
-                "unnormalised 0-255 pixels where models expect [0, 1] or [-1, 1].",
-                "divide by 255 (and normalise with the pre-training mean/std).",
-                cause="input_scale", evidence={"field": s.name, "min": s.min, "max": s.max}))
-        # a bare integer tensor fed to a model with an embedding table is token ids too
-        token_field = base in TOKEN_FIELDS or s.name == "input"
-        if token_field and not s.is_float and vocab is not None:
-            limit = vocab
-            bad_high = s.max >= limit
-            bad_low = s.min < 0 and base != "labels"  # labels use -100 for ignored positions
-            if bad_high or bad_low:
-                findings.append(Finding(
-                    "batch_token_ids", "error",
-                    f"field '{s.name}' holds ids from {s.min:.0f} to {s.max:.0f}, outside the "
-                    f"embedding table of {vocab} rows: the data were tokenised with another "
-                    "vocabulary.", "use the tokenizer the model was trained with; resize the "
-                    "embeddings only if tokens were really added.", cause="tokenizer_mismatch",
-                    evidence={"field": s.name, "min": s.min, "max": s.max, "vocab": vocab}))
-        if base in LABEL_FIELDS and not s.is_float and s.min == s.max == IGNORE_INDEX:
+                "batch_attention_mask", "warning",
+                f"'{s.name}' has values outside 0/1 ([{s.min:g}, {s.max:g}]).",
+                "build the mask from the tokenizer (1 = token, 0 = padding).",
+                evidence={"field": s.name}))
+        elif s.max == 0:
             findings.append(Finding(
-                "batch_labels", "error",
-                f"every one of the {s.numel} labels in '{s.name}' is {IGNORE_INDEX} (ignored): "
-                "the loss has nothing to average, and a mean over nothing is NaN.",
-                "check the label masking (a prompt mask or a truncation that left no answer "
-                "token); drop batches without a single target.", cause="empty_loss",
-                evidence={"field": s.name, "labels": s.numel}))
-        if base in MASK_FIELDS:
-            if s.min < 0 or s.max > 1:
-                findings.append(Finding(
-                    "batch_attention_mask", "warning",
-                    f"'{s.name}' has values outside 0/1 ([{s.min:g}, {s.max:g}]).",
-                    "build the mask from the tokenizer (1 = token, 0 = padding).",
-                    evidence={"field": s.name}))
-            elif s.max == 0:
-                findings.append(Finding(
-                    "batch_attention_mask", "error",
-                    f"'{s.name}' masks every position: the batch has no tokens to attend to.",
-                    "check padding and truncation.", evidence={"field": s.name}))
-        if history is not None and s.is_float and not s.nonfinite:
-            typical = history.typical.get(s.name)
-            if (typical and history.seen.get(s.name, 0) >= 2
-                    and s.maxabs > OUTLIER_RATIO * typical):
-                findings.append(Finding(
-                    "batch_outlier", "warning",
-                    f"field '{s.name}' reaches |x| = {s.maxabs:.3g}, {s.maxabs / typical:.3g}x "
-                    f"its typical {typical:.3g} in earlier batches.",
-                    "check this batch's samples; clip or drop outliers, or skip the batch.",
-                    cause="outlier_batch",
-                    evidence={"field": s.name, "maxabs": s.maxabs, "typical": typical}))
+                "batch_attention_mask", "error",
+                f"'{s.name}' masks every position: the batch has no tokens to attend to.",
+                "check padding and truncation.", evidence={"field": s.name}))
+    return findings
+
+
+def _outlier_findings(s: FieldStats, history: BatchHistory | None) -> list[Finding]:
+    """A float field far beyond its typical magnitude in earlier batches."""
+    findings: list[Finding] = []
+    if history is not None and s.is_float and not s.nonfinite:
+        typical = history.typical.get(s.name)
+        if (typical and history.seen.get(s.name, 0) >= 2
+                and s.maxabs > OUTLIER_RATIO * typical):
+            findings.append(Finding(
+                "batch_outlier", "warning",
+                f"field '{s.name}' reaches |x| = {s.maxabs:.3g}, {s.maxabs / typical:.3g}x "
+                f"its typical {typical:.3g} in earlier batches.",
+                "check this batch's samples; clip or drop outliers, or skip the batch.",
+                cause="outlier_batch",
+                evidence={"field": s.name, "maxabs": s.maxabs, "typical": typical}))
+    return findings
+
+
+def _size_findings(stats: list[FieldStats], expected_batch_size: int | None) -> list[Finding]:
+    """A batch smaller than the configured size."""
+    findings: list[Finding] = []
     if expected_batch_size is not None and stats:
         sizes = {s.shape[0] for s in stats if s.shape}
         actual = max(sizes) if sizes else None
