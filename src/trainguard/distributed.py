@@ -400,26 +400,26 @@ class RankAgreement:
         self._print_weights = torch.tensor(
             [1.0 + ((i * 0.6180339887498949) % 1.0) for i in range(count)], dtype=torch.float64,
             device=watched.params[self.replicated[0]].device if count else context.device)
-        self.fingerprint_next = False
-        """Whether the next step's all-reduce carries a weight fingerprint (set by the caller)."""
-        self.ring_wish: int | None = None
-        """The good-state interval this rank's cadence asks for, carried by the next step's
-        all-reduce (set by the caller under `recover`)."""
 
-    def step_pack(self, model_device: torch.device, *, on_host: bool | None = None) -> AgreedPack:
+    def step_pack(self, model_device: torch.device, *, on_host: bool | None = None,
+                  fingerprint: bool = False, ring_wish: int | None = None) -> AgreedPack:
         """The DevicePack of one step: the agreed signals are reduced across ranks at fetch.
 
         `on_host`: reduce after the transfer, on the host copy; by default only when collectives
-        run on the CPU and the model does not (gloo serving an accelerator).
+        run on the CPU and the model does not (gloo serving an accelerator). `fingerprint`: the
+        step's all-reduce carries a weight fingerprint; `ring_wish`: the good-state interval
+        this rank's cadence asks for (under `recover`). Both are the step's, not the agreement's.
         """
         if on_host is None:
             on_host = self.context.device.type == "cpu" and model_device.type != "cpu"
-        return AgreedPack(model_device, self, on_host=on_host)
+        return AgreedPack(model_device, self, on_host=on_host, fingerprint=fingerprint,
+                          ring_wish=ring_wish)
 
     # The all-reduce, on tensors of the collective device (or of the host, on the host path).
     def local_vector(self, loss: torch.Tensor | None, fp16_maxabs: torch.Tensor | None,
                      param_norms: torch.Tensor,
-                     fingerprint: torch.Tensor | None = None) -> torch.Tensor:
+                     fingerprint: torch.Tensor | None = None,
+                     ring_wish: int | None = None) -> torch.Tensor:
         """This rank's values, float64 on the collective device; no host sync."""
         device = self.context.device
         world, rank = self.context.world_size, self.context.rank
@@ -437,8 +437,8 @@ class RankAgreement:
         if fingerprint is not None:
             slots[_RANK_PRINT, rank] = fingerprint.reshape(()).to(device=device,
                                                                  dtype=torch.float64)
-        if self.ring_wish is not None:
-            slots[_RANK_WISH, rank] = float(self.ring_wish)
+        if ring_wish is not None:
+            slots[_RANK_WISH, rank] = float(ring_wish)
         if fp16_maxabs is not None:
             head[_FP16] = fp16_maxabs.reshape(()).to(device=device, dtype=torch.float64)
             head[_FP16_RANKS] = 1.0
@@ -555,12 +555,13 @@ class RankAgreement:
         self._reported = ()
         return True
 
-    def rank_view(self, slots: np.ndarray, fingerprinted: bool) -> RankView:
+    def rank_view(self, slots: np.ndarray, fingerprinted: bool,
+                  wished: bool = False) -> RankView:
         blocks = slots.reshape(_RANK_BLOCKS, self.context.world_size)
         return RankView(loss=blocks[_RANK_LOSS], loss_nonfinite=blocks[_RANK_LOSS_BAD] > 0,
                         grad_nonfinite=blocks[_RANK_GRAD_BAD] > 0,
                         drift=blocks[_RANK_PRINT] if fingerprinted else None,
-                        ring_wish=blocks[_RANK_WISH] if self.ring_wish is not None else None)
+                        ring_wish=blocks[_RANK_WISH] if wished else None)
 
     def check_desync(self, step: int) -> list[Event]:
         """Gather every rank's fingerprints (one all-gather, one host read) and compare them.
@@ -632,14 +633,15 @@ class AgreedPack(DevicePack):
     """
 
     def __init__(self, device: torch.device | None, agreement: RankAgreement, *,
-                 on_host: bool) -> None:
+                 on_host: bool, fingerprint: bool = False, ring_wish: int | None = None) -> None:
         super().__init__(device)
         self._agreement = agreement
         self._on_host = on_host
         self._local: dict[str, torch.Tensor] = {}
         self._sampled: dict[str, torch.Tensor] = {}
-        self._fingerprint = agreement.weight_fingerprint() if agreement.fingerprint_next else None
+        self._fingerprint = agreement.weight_fingerprint() if fingerprint else None
         self.fingerprinted = self._fingerprint is not None
+        self.ring_wish = ring_wish
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if _agreed_every_step(name):
@@ -667,12 +669,13 @@ class AgreedPack(DevicePack):
             if "local:print_hi" in host:
                 printed = torch.from_numpy(host.pop("local:print_hi") + host.pop("local:print_lo"))
             agreed_t = agreement.reduce(agreement.local_vector(
-                raw.get("loss"), raw.get("fp16_grad_maxabs"), raw["param_grad_norm"], printed))
+                raw.get("loss"), raw.get("fp16_grad_maxabs"), raw["param_grad_norm"], printed,
+                self.ring_wish))
             agreed = agreed_t.cpu().numpy()  # already there: collectives on the CPU
         else:
             vector = agreement.reduce(agreement.local_vector(
                 local.get("loss"), local.get("fp16_grad_maxabs"), local["param_grad_norm"],
-                self._fingerprint))
+                self._fingerprint, self.ring_wish))
             super().add("agreed", vector)
             host = super().fetch()
             agreed = host.pop("agreed")

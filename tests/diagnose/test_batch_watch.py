@@ -33,11 +33,12 @@ def test_a_fresh_or_damaged_model_above_chance_is_not_the_batch() -> None:
 def test_nonfinite_input_is_known_while_it_lasts() -> None:
     watch = BatchWatch(nn.Linear(4, 1), expected_batch_size=None)
     bad = {"x": torch.tensor([[float("nan"), 0.0, 0.0, 0.0]])}
-    assert [e.kind for e in watch.events(bad, 3, True, None)] == ["batch_nonfinite"]
-    assert watch.nonfinite_input
-    assert watch.events(bad, 4, True, None) == [] and watch.nonfinite_input  # once, still known
-    watch.events({"x": torch.zeros(1, 4)}, 5, True, None)
-    assert not watch.nonfinite_input
+    first = watch.look(bad, 3, True, None)
+    assert [e.kind for e in first.events] == ["batch_nonfinite"]
+    assert first.nonfinite and first.inspected
+    again = watch.look(bad, 4, True, None)
+    assert again.events == [] and again.nonfinite  # once, still known
+    assert not watch.look({"x": torch.zeros(1, 4)}, 5, True, None).nonfinite
 
 
 def _x(scale: float, seed: int) -> dict[str, torch.Tensor]:

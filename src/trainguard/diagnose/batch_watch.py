@@ -11,6 +11,7 @@ finding make a run (`data_runs`): a bad shard, or a data source that changed for
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -31,6 +32,16 @@ from trainguard.events import Event
 
 log = logging.getLogger("trainguard")
 
+@dataclass(slots=True)
+class BatchLook:
+    """What one step's batch was: its events, whether it was inspected in full, and whether it
+    holds NaN/inf (true as long as batches do; the event is raised once)."""
+
+    events: list[Event]
+    inspected: bool = False
+    nonfinite: bool = False
+
+
 class BatchWatch:
     def __init__(self, model: nn.Module, expected_batch_size: int | None) -> None:
         self.model = model
@@ -40,11 +51,6 @@ class BatchWatch:
         self._history = BatchHistory()
         self._active: set[str] = set()
         self._runs = RunTracker()
-        self.nonfinite_input = False
-        """The last inspected batch holds NaN/inf (reported once as an event, true as long as
-        batches do)."""
-        self.inspected = False
-        """Whether this step's batch was inspected in full."""
 
     @property
     def following(self) -> bool:
@@ -68,20 +74,27 @@ class BatchWatch:
     def events(self, batch: Any, step: int, fired: bool, stats: list[FieldStats] | None,
                loss: float | None = None, level: float | None = None,
                data_ids: Any = None) -> list[Event]:
-        """The batch events of one step (never raises). `level`: on a loss spike, the typical
-        loss before it. A language model that was well below chance level (it understood the
-        data) and jumps far above it on this batch is one too: the batch means nothing to the
-        model. A fresh model sits at chance and a damaged one above it: neither is reported."""
+        """The batch events of one step (`look`'s events)."""
+        return self.look(batch, step, fired, stats, loss=loss, level=level,
+                         data_ids=data_ids).events
+
+    def look(self, batch: Any, step: int, fired: bool, stats: list[FieldStats] | None,
+             loss: float | None = None, level: float | None = None,
+             data_ids: Any = None) -> BatchLook:
+        """The batch events of one step and what was seen (never raises). `level`: on a loss
+        spike, the typical loss before it. A language model that was well below chance level (it
+        understood the data) and jumps far above it on this batch is one too: the batch means
+        nothing to the model. A fresh model sits at chance and a damaged one above it: neither
+        is reported."""
         events: list[Event] = []
-        self.nonfinite_input = False
-        self.inspected = False
+        seen = BatchLook(events)
         try:
             truncated = self._size_event(batch, step)
             if truncated is not None:
                 events.append(truncated)
             if stats is None:
                 if not fired:
-                    return events
+                    return seen
                 stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
             findings = inspect_batch(batch, model=self.model, history=self._history,
                                      stats=stats)
@@ -92,8 +105,8 @@ class BatchWatch:
                     and level * CHANCE_FACTOR < above.evidence["chance"]):
                 findings.append(above)
             current = {f.check for f in findings}
-            self.inspected = True
-            self.nonfinite_input = "batch_nonfinite" in current
+            seen.inspected = True
+            seen.nonfinite = "batch_nonfinite" in current
             events.extend(finding_event(f, step) for f in findings if f.check not in self._active)
             self._active = current
             self._runs.observe(findings, step, data_ids)
@@ -102,7 +115,7 @@ class BatchWatch:
         except Exception as exc:  # inspection is advisory; never stop training for it
             log.error("trainguard: batch inspection failed at step %d (%s: %s)", step,
                       type(exc).__name__, exc)
-        return events
+        return seen
 
     def fatal(self, batch: Any, step: int) -> tuple[list[Finding], Event | None]:
         """Inspect a batch before the forward pass: its findings, and the event of a fault the
@@ -116,7 +129,7 @@ class BatchWatch:
     def state_dict(self) -> dict[str, Any]:
         """What the next batches are judged against: the reference batch size, the run of short
         batches, the fields' typical magnitudes, the findings still on and the runs of bad
-        batches (`nonfinite_input` and `inspected` are this step's, not run state)."""
+        batches (what one step's batch was is the step's, in its `BatchLook`)."""
         return {"reference_batch_size": self._reference_batch_size,
                 "short_steps": self._short_steps,
                 "history": {"typical": dict(self._history.typical),

@@ -1,8 +1,10 @@
 """`StepContext`: everything one optimizer step carries from stage to stage.
 
 Each stage reads what the stages before it wrote and adds its own part; nothing else holds
-per-step data. Events enter through `raise_event` (any stage up to `act` may raise one), and the
-decision is set once, by `decide`, through `decide`.
+per-step data (the batch's look, the ranks' per-step flags, the heavy-probe results riding this
+step's transfer, the step's new findings and parameters, the next step's sampling). Only `record`
+hands what the step found to the sinks. Events enter through `raise_event` (any stage up to `act`
+may raise one), and the decision is set once, by `decide`, through `decide`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainguard.diagnose import Finding
 from trainguard.events import Action, ActionRecord, Event, StepReport
 from trainguard.pipeline.policy import Decision
 from trainguard.signals import StepSignals
+
+
+@dataclass(slots=True)
+class PendingStats:
+    """Device-side heavy-probe results of `step`, waiting for the next transfer."""
+
+    step: int
+    per_param: dict[str, torch.Tensor] = field(default_factory=dict)
+    module_names: list[str] = field(default_factory=list)
+    per_module: dict[str, torch.Tensor] = field(default_factory=dict)
+    output: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -28,8 +42,17 @@ class StepContext:
     data_ids: Any = None
     sampled: bool = False
     """Whether the heavy probes run on this step (decided before its forward pass)."""
+    carried: list[PendingStats] = field(default_factory=list)
+    """Heavy-probe results of earlier steps, to ride this step's transfer (`measure` takes
+    them; what it did not take goes on to the next step)."""
 
     # measure
+    new_params: ActionRecord | None = None
+    """The parameters the optimizer gained at this step (now watched), for the sinks."""
+    fingerprint: bool = False
+    """Under torch.distributed: the step's all-reduce carries the replicas' weight fingerprint."""
+    ring_wish: int | None = None
+    """Under torch.distributed and `recover`: the good-state interval this rank asks for."""
     signals: StepSignals | None = None
     grads: list[torch.Tensor] = field(default_factory=list)
     """The present gradients (local shards under FSDP2), for the remedies to scale in place."""
@@ -43,6 +66,12 @@ class StepContext:
     fired: bool = False
     """A detector raised an event on this step (the batch is inspected in full, and the next
     step is sampled)."""
+    findings: list[Finding] = field(default_factory=list)
+    """Findings made at this step (the first loss, the held `warmup` one decided)."""
+    batch_inspected: bool = False
+    """This step's batch was inspected in full."""
+    nonfinite_input: bool = False
+    """This rank's batch holds NaN/inf (as long as batches do; the event is raised once)."""
 
     # decide
     decision: Decision | None = None
@@ -54,6 +83,10 @@ class StepContext:
     snapshot_path: str | None = None
 
     # settle, record
+    queued: list[PendingStats] = field(default_factory=list)
+    """Heavy-probe results measured after this step's update, for the next step's transfer."""
+    sample_next: bool = False
+    """An event of this step has the next step sampled."""
     report: StepReport | None = None
     unguarded: BaseException | None = None
     """Set when trainguard itself failed on this step: it was applied unguarded."""

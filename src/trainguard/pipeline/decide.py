@@ -58,7 +58,7 @@ class Decide:
         try:
             verdict = recovery.review(ctx.signals, ctx.extra, events, decision.applies_update,
                                       ctx.data_ids,
-                                      nonfinite_input=self.run.batches.nonfinite_input)
+                                      nonfinite_input=ctx.nonfinite_input)
         except PeerLost:  # a rank is gone: the run stops
             raise
         except Exception as exc:  # judgement is advisory; the policy's decision stands

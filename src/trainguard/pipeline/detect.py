@@ -67,11 +67,11 @@ class Detect:
         for sample in signals.sampled:  # the class count metric_collapse judges chance by
             if sample.output.get("out_classes", 0.0) >= 2:
                 run.state.output_classes = int(sample.output["out_classes"])
-        run.observe_lrs(signals.group_lrs)  # before explain ranks causes with the findings
+        # before explain ranks causes with the findings
+        ctx.findings.extend(run.observe_lrs(signals.group_lrs))
         for event in run_detectors(run.state.detectors, signals):
             ctx.raise_event(event)
         ctx.fired = bool(ctx.events)
-        run.batches.nonfinite_input = run.batches.inspected = False
         batch_events: list[Event] = []
         if ctx.batch is not None and run.config.inspect_batches:
             batch_events = self._inspect_batch(ctx, signals)
@@ -82,8 +82,8 @@ class Detect:
             if not run.ranks.replicas_agree(ctx.step, signals.ranks):
                 self._check_desync(ctx)
         else:
-            note_batch(ctx.events, [{"inspected": run.batches.inspected,
-                                     "nonfinite": run.batches.nonfinite_input}])
+            note_batch(ctx.events, [{"inspected": ctx.batch_inspected,
+                                     "nonfinite": ctx.nonfinite_input}])
 
     def _inspect_batch(self, ctx: StepContext, signals: StepSignals) -> list[Event]:
         run = self.run
@@ -92,13 +92,14 @@ class Detect:
         known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
                  else None)
         spike = next((e for e in ctx.events if e.kind == "loss_spike"), None)
-        events = run.batches.events(
+        seen = run.batches.look(
             ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
             level=spike.details.get("baseline") if spike is not None else None,
             data_ids=ctx.data_ids)
-        for event in events:
+        ctx.batch_inspected, ctx.nonfinite_input = seen.inspected, seen.nonfinite
+        for event in seen.events:
             ctx.raise_event(event)
-        return events
+        return seen.events
 
     def _gather_batches(self, ctx: StepContext, mine: list[Event]) -> BatchFacts | None:
         """Every rank's batch facts of a troubled step, and its batch events into this step's
@@ -106,7 +107,7 @@ class Detect:
         stay rank-local kinds: no decision reads them."""
         run = self.run
         assert run.ranks is not None and run.dist is not None
-        own = {"inspected": run.batches.inspected, "nonfinite": run.batches.nonfinite_input,
+        own = {"inspected": ctx.batch_inspected, "nonfinite": ctx.nonfinite_input,
                "events": [e.to_dict() for e in mine]}
         try:
             facts: BatchFacts = run.ranks.gather_batches(own)
@@ -134,7 +135,7 @@ class Detect:
             log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
             return
         if finding is not None:
-            self.run.add_findings([finding])
+            ctx.findings.append(finding)
 
     def _check_desync(self, ctx: StepContext) -> None:
         """Do the ranks' copies of the weights still agree (from step 0, to catch replicas that

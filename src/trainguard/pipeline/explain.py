@@ -55,8 +55,8 @@ class Explain:
 
     def _likely_causes(self, ctx: StepContext) -> None:
         try:
-            ranked = rank_causes(self.run.events + ctx.events, self.run.evidence_findings(),
-                                 top=3)
+            ranked = rank_causes(self.run.events + ctx.events,
+                                 self.run.evidence_findings(ctx.findings), top=3)
         except Exception as exc:  # diagnosis is best effort
             log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
             return

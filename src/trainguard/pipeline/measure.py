@@ -10,14 +10,13 @@ read the same values).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from trainguard.errors import UsageError
-from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.context import PendingStats, StepContext
 from trainguard.probes.packing import DevicePack
 from trainguard.signals import SampledStats, StepSignals
 
@@ -26,17 +25,6 @@ if TYPE_CHECKING:
 
 BATCH_KEY = "batch"
 """Name of the batch statistics among the extra tensors of the step's transfer."""
-
-
-@dataclass(slots=True)
-class PendingStats:
-    """Device-side heavy-probe results of `step`, waiting for the next transfer."""
-
-    step: int
-    per_param: dict[str, torch.Tensor] = field(default_factory=dict)
-    module_names: list[str] = field(default_factory=list)
-    per_module: dict[str, torch.Tensor] = field(default_factory=dict)
-    output: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def loss_tensor(loss: Any) -> torch.Tensor | None:
@@ -65,7 +53,7 @@ class Measure:
 
     def __call__(self, ctx: StepContext) -> None:
         run = self.run
-        run.watch_new_params(ctx.step)
+        ctx.new_params = run.watch_new_params(ctx.step)
         loss_t = loss_tensor(ctx.loss)
         extra: dict[str, torch.Tensor] = {}
         # a batch finding that may last is followed batch by batch (rank-local, off the
@@ -80,12 +68,13 @@ class Measure:
             extra.update(run.state.recovery.extra())
         # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
         if run.ranks is not None:  # the replicas' fingerprint rides this step's all-reduce
-            run.ranks.fingerprint_next = ctx.step % run.config.desync_every == 0
+            ctx.fingerprint = ctx.step % run.config.desync_every == 0
             recovery = run.state.recovery
-            run.ranks.ring_wish = (recovery.cadence.wished(ctx.step + 1) if recovery is not None
-                                   else None)
+            ctx.ring_wish = (recovery.cadence.wished(ctx.step + 1) if recovery is not None
+                             else None)
         pack = (DevicePack(run.device) if run.ranks is None
-                else run.ranks.step_pack(run.device))
+                else run.ranks.step_pack(run.device, fingerprint=ctx.fingerprint,
+                                         ring_wish=ctx.ring_wish))
         if loss_t is not None:
             pack.add("loss", loss_t)
         _, ctx.grads, _ = run.grad_probe.measure(pack, run.device)
@@ -102,10 +91,10 @@ class Measure:
                 else None)
         predicted = outputs.detach() if outputs is not None and outputs.attached else None
         if seen is not None or predicted is not None:
-            run.pending.append(PendingStats(
+            ctx.carried.append(PendingStats(
                 step=ctx.step, module_names=seen[0] if seen else [],
                 per_module=seen[1] if seen else {}, output=predicted or {}))
-        pending, run.pending = run.pending, []
+        pending, ctx.carried = ctx.carried, []
         pack_pending(pack, pending)
         for key, tensor in extra.items():
             pack.add(f"x:{key}", tensor)
@@ -129,7 +118,8 @@ class Measure:
             sampled=unpack_pending(host, pending),
             loss_requires_grad=(ctx.loss.requires_grad if isinstance(ctx.loss, torch.Tensor)
                                 else None),
-            ranks=(run.ranks.rank_view(host["ranks"], run.ranks.fingerprint_next)
+            ranks=(run.ranks.rank_view(host["ranks"], ctx.fingerprint,
+                                       wished=ctx.ring_wish is not None)
                    if run.ranks is not None and "ranks" in host else None))
         ctx.extra = {key: host[f"x:{key}"] for key in extra}
 
@@ -154,12 +144,11 @@ def unpack_pending(host: dict[str, np.ndarray],
             for i, item in enumerate(pending)]
 
 
-def flush_pending(run: Run) -> StepSignals | None:
+def flush_pending(run: Run, pending: list[PendingStats]) -> StepSignals | None:
     """At the end of a run: the last heavy-probe results, brought over in one transfer."""
-    if not run.pending:
+    if not pending:
         return None
     pack = DevicePack(run.device)
-    pending, run.pending = run.pending, []
     pack_pending(pack, pending)
     return StepSignals(step=run.state.step, loss=None, grad_norm=0.0,
                        param_grad_norm=np.zeros(len(run.watched)),

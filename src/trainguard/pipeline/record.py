@@ -1,7 +1,8 @@
 """Stage 7, `record`: tell the sinks what happened at this step.
 
-The step's events (with their likely causes and replay), the actions taken and the step report go
-to every sink (the console, the run store, the user's), in that order. A failing sink is reported
+The parameters the optimizer gained, the step's new findings, its events (with their likely
+causes and replay), the actions taken and the step report go to every sink (the console, the run
+store, the user's), in that order; no other stage talks to the sinks. A failing sink is reported
 once and disabled by the `SinkSet`; training never notices.
 """
 
@@ -23,6 +24,9 @@ class Record:
 
     def __call__(self, ctx: StepContext) -> None:
         run = self.run
+        if ctx.new_params is not None:
+            run.emit_action(ctx.new_params)
+        run.add_findings(ctx.findings)
         run.events.extend(ctx.events)
         for event in ctx.events:
             run.sinks.on_event(event)

@@ -42,7 +42,7 @@ from trainguard.errors import BatchError, PeerLost, StoreUnavailable, UsageError
 from trainguard.events import ActionRecord, Event, RunInfo, at_least
 from trainguard.params import new_params, optimizer_param_count, watched_params
 from trainguard.pipeline.detect import run_detectors
-from trainguard.pipeline.measure import PendingStats, flush_pending
+from trainguard.pipeline.measure import flush_pending
 from trainguard.pipeline.rewind import ScheduleRewind
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
@@ -126,8 +126,6 @@ class Run:
             clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
             losses=LossTrack(stall_steps=config.detectors.stall_steps),
             metric_watch=MetricCollapse(config.detectors), batches=self.batches)
-        self.pending: list[PendingStats] = []
-        """Heavy-probe results on the device, waiting for the next step's transfer."""
         self.events: list[Event] = []
         self.findings: list[Finding] = []
         self.warmup_watch: WarmupWatch | None = None
@@ -189,11 +187,12 @@ class Run:
     def is_sampled(self, step: int) -> bool:
         return self.config.sample_all_steps or step % self.config.sample_every == 0
 
-    def schedule_sampling(self) -> None:
-        """Decide before the forward pass of the next step whether it is sampled; attach the
-        activation hooks if so."""
+    def schedule_sampling(self, after_event: bool = False) -> None:
+        """Decide before the forward pass of the next step whether it is sampled (by the
+        schedule, after an event of the step before, or as a resumed run's state says); attach
+        the activation hooks if so."""
         state = self.state
-        state.sampled_now = self.is_sampled(state.step) or state.sample_next
+        state.sampled_now = self.is_sampled(state.step) or state.sample_next or after_event
         state.sample_next = False
         if state.sampled_now and self.activation_probe is not None:
             self.activation_probe.attach()
@@ -219,19 +218,20 @@ class Run:
                            else LocalShardGradientProbe(self.watched))
         self.weight_probe = WeightProbe(self.watched)
 
-    def watch_new_params(self, step: int) -> None:
+    def watch_new_params(self, step: int) -> ActionRecord | None:
         """Parameters the optimizer gained since the last step (`add_param_group`, as progressive
-        unfreezing does) are watched, clipped and skipped from this step on. Checked every step
+        unfreezing does) are watched, clipped and skipped from this step on; returns the notice
+        for the sinks (None when nothing was added). Checked every step
         by counting the optimizer's parameters; the lists are rebuilt only when it changed.
         Under torch.distributed every rank adds the same groups at the same step (the same code
         runs everywhere), so the ranks rebuild their agreement alike."""
         count = optimizer_param_count([self.optimizer])
         if count == self._params_seen:
-            return
+            return None
         self._params_seen = count
         added = new_params(self.watched, self.model, [self.optimizer])
         if not len(added):
-            return
+            return None
         self.watched.extend(added)
         self._build_param_probes()
         recovery = self.state.recovery
@@ -239,12 +239,12 @@ class Run:
             recovery.ring.discard_after(-1)
             recovery.start()
         shown = ", ".join(added.names[:5]) + (", ..." if len(added) > 5 else "")
-        self.emit_action(ActionRecord(
+        return ActionRecord(
             kind="watch", step=step,
             message=f"the optimizer gained {len(added)} parameter(s) ({shown}): watched from "
                     f"step {step}",
             details={"names": list(added.names), "shapes": [list(p.shape) for p in added.params],
-                     "count": len(self.watched)}))
+                     "count": len(self.watched)})
 
     # -- outside a step --------------------------------------------------------------------------
     def emit_event(self, event: Event) -> None:
@@ -261,20 +261,21 @@ class Run:
             self.findings.extend(findings)
             self.sinks.on_findings(list(self.findings))
 
-    def observe_lrs(self, group_lrs: tuple[float, ...]) -> None:
+    def observe_lrs(self, group_lrs: tuple[float, ...]) -> list[Finding]:
         """The LRs of the step about to be taken (per param group): they decide the held
-        `warmup` finding over the run's first steps."""
+        `warmup` finding over the run's first steps. Returns the findings decided now."""
         watch = self.warmup_watch
         if watch is None:
-            return
+            return []
         try:
             decided = watch.observe(group_lrs)
         except Exception as exc:  # advisory
             log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
             decided = []
-        if decided is not None:
-            self.warmup_watch = None
-            self.add_findings(decided)
+        if decided is None:
+            return []
+        self.warmup_watch = None
+        return decided
 
     def observe_eval(self, metrics: Mapping[str, Any], step: int | None = None) -> list[Event]:
         """Evaluation metrics of the model at `step` (default: the last step taken): stored,
@@ -382,12 +383,13 @@ class Run:
             raise self.dist.link.lost
 
     # -- diagnosis, state, shutdown --------------------------------------------------------------
-    def evidence_findings(self) -> list[Finding]:
-        """The findings a diagnosis weighs: the run's, and the runs of consecutive bad batches
-        seen so far (added to the run's findings when it closes)."""
+    def evidence_findings(self, step_findings: Iterable[Finding] = ()) -> list[Finding]:
+        """The findings a diagnosis weighs: the run's, those of the step under way (not yet
+        recorded), and the runs of consecutive bad batches seen so far (added to the run's
+        findings when it closes)."""
         if self.closed:
             return list(self.findings)
-        return self.findings + self.batches.run_findings()
+        return self.findings + list(step_findings) + self.batches.run_findings()
 
     def diagnose(self) -> list[RankedCause]:
         try:
@@ -480,7 +482,8 @@ class Run:
 
     def _flush_pending(self) -> None:
         """Bring the last heavy-probe results to the host (one transfer) and record them."""
-        signals = flush_pending(self)
+        pending, self.steps.queued = self.steps.queued, []
+        signals = flush_pending(self, pending)
         if signals is None:
             return
         for event in run_detectors(self.state.detectors, signals, sampled_only=True):

@@ -13,8 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from trainguard.events import StepReport, at_least
-from trainguard.pipeline.context import StepContext
-from trainguard.pipeline.measure import PendingStats
+from trainguard.pipeline.context import PendingStats, StepContext
 from trainguard.registry import is_rank_local
 
 if TYPE_CHECKING:
@@ -52,15 +51,15 @@ class Settle:
             return
         # Under torch.distributed batch findings are rank-local; sampling must stay in step on
         # every rank (sampled statistics are agreed with collectives).
-        state.sample_next = any(run.dist is None or not is_rank_local(e.kind)
-                                for e in ctx.events)
+        ctx.sample_next = any(run.dist is None or not is_rank_local(e.kind)
+                              for e in ctx.events)
         if ctx.applied and state.auto_clip is not None:
             limit = ctx.decision.clip_limit
             state.auto_clip.observe(signals.grad_norm, limit if limit is not None else
                                     float("inf"))
         if ctx.applied and state.recovery is not None:
             state.recovery.after_applied()
-        run.schedule_sampling()
+        run.schedule_sampling(after_event=ctx.sample_next)
 
     def _schedule_and_probes(self, ctx: StepContext) -> None:
         run = self.run
@@ -82,6 +81,6 @@ class Settle:
                 log.error("trainguard: sampled probes failed at step %d (%s: %s)", ctx.step,
                           type(exc).__name__, exc)
                 return
-            run.pending.append(PendingStats(step=ctx.step, per_param=per_param))
+            ctx.queued.append(PendingStats(step=ctx.step, per_param=per_param))
         else:
             run.weight_probe.forget()

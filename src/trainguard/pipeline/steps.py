@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard.errors import TrainguardError, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport, at_least
 from trainguard.pipeline.act import Act
-from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.context import PendingStats, StepContext
 from trainguard.pipeline.decide import Decide
 from trainguard.pipeline.detect import Detect
 from trainguard.pipeline.explain import Explain
@@ -50,6 +50,8 @@ class StepPipeline:
         self.before: Sequence[Stage] = [t(run) for t in BEFORE_UPDATE]
         self.after: Sequence[Stage] = [t(run) for t in AFTER_UPDATE]
         self._pending: StepContext | None = None
+        self.queued: list[PendingStats] = []
+        """Heavy-probe results on the device, waiting for the next step's transfer."""
 
     def before_update(self, loss: Any, *, batch: Any = None,
                       data_ids: Any = None) -> StepContext:
@@ -65,7 +67,8 @@ class StepPipeline:
             run.dist.link.step = state.step
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
                           data_ids=state.data_position if data_ids is None else data_ids,
-                          sampled=run.sampled_now)
+                          sampled=run.sampled_now, carried=self.queued)
+        self.queued = []
         state.data_position += 1
         self._pending = None
         for stage in self.before:
@@ -76,6 +79,10 @@ class StepPipeline:
             except Exception as exc:
                 if getattr(stage, "name", "") not in _GUARDED or ctx.decision is not None:
                     raise
+                self.queued = ctx.carried  # what measure did not take rides the next step
+                if ctx.new_params is not None:  # said outside a step: record will not run
+                    run.emit_action(ctx.new_params)
+                run.add_findings(ctx.findings)
                 ctx.events[:] = [run.unguarded(exc)]
                 ctx.unguarded = exc
                 return ctx
@@ -94,6 +101,7 @@ class StepPipeline:
             return None
         for stage in self.after:
             stage(pending)
+        self.queued.extend(pending.queued)
         return pending.report
 
     def _halt(self, ctx: StepContext) -> None:
