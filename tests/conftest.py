@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
+# OpenMP threads that spin while they wait for work hold a core they do not use: on a busy
+# machine with few cores, two-thread torch ran the tests that train several times slower than
+# with waiting threads that sleep. Set before torch is first imported (OpenMP reads it when it
+# loads), so the test processes and every process they start inherit it; a value given in the
+# environment is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager

@@ -131,6 +131,7 @@ def test_help_everywhere_states_the_exit_codes(capsys) -> None:
     assert "1 findings at or above --fail-on" in " ".join(out.split())
 
 
+@pytest.mark.slow
 def test_demo_runs_healthy_then_exploding_and_keeps_every_run(tmp_path: Path) -> None:
     result = run_cli("demo", "--steps", "60", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

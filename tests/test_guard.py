@@ -59,6 +59,7 @@ def assert_same_state(a: dict, b: dict) -> None:
                 assert value == other, (key, name)
 
 
+@pytest.mark.slow
 def test_healthy_run_of_300_steps_raises_no_event() -> None:
     setup = make_setup(lr=3e-3, warmup=20, total=300)
     guard = Guard(setup.model, setup.optimizer, setup.scheduler, config=GuardConfig(**QUIET))

@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks import kill_trials
 from trainguard import RunReader
 
@@ -122,6 +124,7 @@ def test_a_forked_child_dies_of_the_signal_as_without_trainguard(tmp_path: Path)
     assert code == -signal.SIGTERM and _status(tmp_path) == "interrupted"
 
 
+@pytest.mark.slow
 def test_signals_at_random_moments_of_a_training_loop() -> None:
     """20 loops (SIGTERM, SIGINT, SIGHUP, SIGQUIT in turn, with and without `with guard:`),
     two at a time, each signalled at a random moment."""

@@ -1,5 +1,6 @@
-"""Data faults that last or come in runs, and labels that leave the loss nothing to average: the
-data (or the labels) first in the diagnosis, not the learning rate."""
+"""Data faults that last or come in runs: ground truth on the unguarded run, and the batches of a
+bad shard named. Whether each is caught and its cause named is a row of
+`test_scenario_families.py`'s table."""
 
 from __future__ import annotations
 
@@ -15,13 +16,6 @@ def test_the_fault_really_hurts_an_unguarded_run(name: str) -> None:
     assert unguarded.final_eval_loss > 1.1 * healthy.final_eval_loss
 
 
-@pytest.mark.parametrize("strategy", ["trainguard", "recover"])
-def test_inputs_1e4x_larger_from_step_100_on_are_a_change_of_scale(strategy: str) -> None:
-    result = run_scenario(scenario("regression_input_scale_drift"), strategy)
-    assert result.detected and result.latency == 0 and result.false_alarms == 0
-    assert result.diagnosis[0] == "input_scale"
-
-
 def test_a_10_batch_bad_shard_is_the_data_and_its_batches_are_named() -> None:
     result = run_scenario(scenario("regression_bad_shard"), "trainguard")
     assert result.detected and result.latency == 0
@@ -29,11 +23,3 @@ def test_a_10_batch_bad_shard_is_the_data_and_its_batches_are_named() -> None:
     [run] = [f for f in result.findings if f["check"] == "batch_run"]
     assert run["message"].startswith("10 consecutive batches (steps 100-109, data ids 100-109) "
                                      "had batch_outlier on 'x'")
-
-
-def test_labels_all_ignored_are_the_labels_not_a_numerical_op() -> None:
-    s = scenario("lstm_labels_ignored")
-    result = run_scenario(s, "trainguard", steps=s.onset_step + 5)
-    assert result.detected and result.latency == 0
-    assert result.diagnosis[0] == "empty_loss"
-    assert "numerical_op" not in result.diagnosis

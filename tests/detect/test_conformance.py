@@ -1,13 +1,21 @@
-"""Every built-in detector honours the contract of trainguard.detect.base.Detector."""
+"""Every built-in detector honours the contract of trainguard.detect.base.Detector, and the
+evaluation watch (`MetricCollapse`, fed metrics rather than step signals) honours its own.
+
+The detectors are found by importing every module of `trainguard.detect`: a new detector class is
+under these checks without being listed here, and one left out of `DETECTOR_TYPES` (so out of
+every run) fails `test_every_detector_class_is_in_the_runs`."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import pkgutil
 
 import numpy as np
 import pytest
 
+import trainguard.detect
 from tests.detect.synth import (
     NAMES,
     default_config,
@@ -18,8 +26,11 @@ from tests.detect.synth import (
     restored,
     signals,
 )
-from trainguard.config import SEVERITIES
+from trainguard import registry
+from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
+from trainguard.detect.base import Episode
+from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.events import Event
 from trainguard.signals import SampledStats, StepSignals
 
@@ -30,6 +41,31 @@ PER_PARAM_KEYS = ["weight_mean", "weight_std", "weight_maxabs", "weight_nonfinit
                   "optstate_exp_avg_sq_maxabs"]
 PER_MODULE_KEYS = ["act_maxabs", "act_zero_frac", "act_nonfinite", "act_fp16"]
 IDS = [t.__name__ for t in DETECTOR_TYPES]
+
+
+def detect_classes() -> set[type]:
+    """Every class defined in a module of `trainguard.detect`."""
+    found: set[type] = set()
+    for info in pkgutil.walk_packages(trainguard.detect.__path__, "trainguard.detect."):
+        module = importlib.import_module(info.name)
+        found |= {value for value in vars(module).values()
+                  if isinstance(value, type) and value.__module__ == info.name}
+    return found
+
+
+EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
+"""Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
+HELPERS: tuple[type, ...] = (Detector, Episode)
+"""The base class, and a helper detectors share."""
+
+
+def test_every_detector_class_is_in_the_runs() -> None:
+    found = detect_classes()
+    detectors = {c for c in found if issubclass(c, Detector) and c is not Detector}
+    assert detectors == set(DETECTOR_TYPES), "a detector missing from DETECTOR_TYPES"
+    unknown = found - detectors - set(EVAL_WATCHES) - set(HELPERS)
+    assert not unknown, (f"new classes in trainguard.detect: {sorted(c.__name__ for c in unknown)}"
+                         "; add each to DETECTOR_TYPES, or to EVAL_WATCHES or HELPERS here")
 
 
 def all_nan(step: int) -> StepSignals:
@@ -69,6 +105,7 @@ def test_kinds_are_unique_and_non_empty() -> None:
     assert len(set(kinds)) == len(kinds)
     assert tuple(kinds) == KINDS
     assert [d.kind for d in default_detectors(default_config())] == kinds
+    assert "metric_collapse" not in kinds and registry.is_registered("metric_collapse")
 
 
 @pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
@@ -143,3 +180,56 @@ def check_events(detector: Detector, events: list[Event]) -> None:
         assert event.message
         assert event.param is None or isinstance(event.param, str)
         json.dumps(event.to_dict(), allow_nan=True)
+
+
+# -- the evaluation watch ----------------------------------------------------------------------
+def evaluations(n: int = 30) -> list[dict[str, float]]:
+    """Evaluations that rise above chance, fall back to it, and climb and jump in loss."""
+    evals = []
+    for i in range(n):
+        accuracy = 0.9 if i < 15 else 0.1
+        loss = 1.0 - 0.02 * i if i < 15 else 0.7 + 0.1 * (i - 15)
+        evals.append({"eval_accuracy": accuracy, "eval_loss": loss, "eval_f1": 0.8 if i < 20
+                      else 0.2, "eval_samples_per_second": 100.0 + i})
+    return evals
+
+
+def check_eval_events(events: list[Event]) -> None:
+    for event in events:
+        assert isinstance(event, Event) and event.kind == "metric_collapse"
+        assert event.severity in SEVERITIES and event.message
+        json.dumps(event.to_dict(), allow_nan=True)
+
+
+@pytest.mark.parametrize("watch_type", EVAL_WATCHES, ids=[t.__name__ for t in EVAL_WATCHES])
+def test_nan_and_missing_metrics_do_not_raise(watch_type: type) -> None:
+    watch = watch_type(DetectorConfig())
+    for step in range(40):
+        metrics = {"eval_loss": math.nan, "eval_accuracy": math.inf, "eval_f1": None,
+                   "eval_note": "text", "eval_flag": True}
+        check_eval_events(watch.observe(metrics, step * 10, classes=None, train_loss=None))
+        check_eval_events(watch.observe({}, step * 10 + 5, classes=4, train_loss=math.nan))
+    json.dumps(watch.state_dict(), allow_nan=True)
+
+
+@pytest.mark.parametrize("watch_type", EVAL_WATCHES, ids=[t.__name__ for t in EVAL_WATCHES])
+def test_eval_watch_state_round_trips_through_json(watch_type: type) -> None:
+    evals = evaluations()
+    original = watch_type(DetectorConfig())
+    for i, metrics in enumerate(evals[:18]):  # cut after the accuracy fell to chance
+        check_eval_events(original.observe(metrics, i * 10, classes=4, train_loss=1.0 / (i + 1)))
+    text = json.dumps(original.state_dict(), allow_nan=True)
+    clone = watch_type(DetectorConfig())
+    clone.load_state_dict(json.loads(text))
+    assert json.dumps(clone.state_dict(), allow_nan=True) == text
+    seen = []
+    for i, metrics in enumerate(evals[18:], start=18):
+        a = original.observe(metrics, i * 10, classes=4, train_loss=1.0 / (i + 1))
+        b = clone.observe(metrics, i * 10, classes=4, train_loss=1.0 / (i + 1))
+        assert [event_key(e) for e in a] == [event_key(e) for e in b]
+        seen += a
+    assert seen, "the continuation raised something to compare"
+    fresh = watch_type(DetectorConfig())
+    reloaded = watch_type(DetectorConfig())
+    reloaded.load_state_dict(json.loads(json.dumps(fresh.state_dict(), allow_nan=True)))
+    assert reloaded.state_dict() == fresh.state_dict()

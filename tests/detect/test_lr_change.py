@@ -112,6 +112,7 @@ def lm_batches(count: int, structured: bool) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("structured", [False, True])
 def test_an_lr_raised_by_the_loop_ranks_lr_too_high_in_a_plain_loop(structured: bool) -> None:
     model = tiny_gpt2()
@@ -133,6 +134,7 @@ def test_an_lr_raised_by_the_loop_ranks_lr_too_high_in_a_plain_loop(structured: 
     assert "LR x1000 at step 60" in top.evidence[0]
 
 
+@pytest.mark.slow
 def test_an_lr_raised_by_a_callback_ranks_lr_too_high_under_the_trainer(tmp_path) -> None:
     from torch.utils.data import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments

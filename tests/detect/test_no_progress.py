@@ -136,6 +136,7 @@ def _gpt2() -> torch.nn.Module:
                                       n_positions=32))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_lora_at_lr_0_5_is_stalled_with_the_lr_first(tmp_path) -> None:
     from peft import LoraConfig, get_peft_model
@@ -154,6 +155,7 @@ def test_lora_at_lr_0_5_is_stalled_with_the_lr_first(tmp_path) -> None:
     assert guard.diagnose()[0].code == "lr_too_high"
 
 
+@pytest.mark.slow
 def test_a_loss_computed_under_no_grad_is_stalled_with_no_gradients_first(tmp_path) -> None:
     model = _gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -64,6 +64,7 @@ def test_deepspeed_is_refused_only_where_it_is_really_on() -> None:
         check_sharding(model, wrapper)
 
 
+@pytest.mark.slow
 def test_a_nan_burst_at_step_30_under_recover_loses_at_most_10_steps(tmp_path: Path) -> None:
     rank0, rank1 = run_ranks(hf_scenarios.nan_burst_under_recover, str(tmp_path), (30, 31, 32))
     assert rank0 == rank1, "the same rollback and the same weights on both ranks"

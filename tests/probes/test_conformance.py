@@ -4,11 +4,16 @@ Each probe measures on the device and hands back tensors; none reads a value on 
 transfer, no `.item()`), a NaN or inf in what it measures shows in its output instead of being
 hidden, and its results are one value per watched parameter (or per hooked module), in order.
 Which keys are registered, with which scope, is `tests/test_registry.py`'s check.
+
+The probes are found by importing every module of `trainguard.probes`: every class named
+`...Probe` must be in `MEASURED` or `HOOKED` below, so a new probe cannot be left out.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -17,10 +22,12 @@ import pytest
 import torch
 from torch import nn
 
+import trainguard.probes
 from trainguard.params import WatchedParams, watched_params
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
+from trainguard.probes.outputs import OUTPUT_KEYS, OutputProbe
 from trainguard.probes.packing import DevicePack
 from trainguard.probes.weights import WeightProbe
 from trainguard.transfer import transfer_count
@@ -84,6 +91,44 @@ def measure_optimizer_state(model: Net, optimizer: torch.optim.Optimizer,
 PROBES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
     "gradients": measure_gradients, "weights": measure_weights,
     "optimizer_state": measure_optimizer_state}
+MEASURED: dict[type, str] = {GradientProbe: "gradients", WeightProbe: "weights",
+                             OptimizerStateProbe: "optimizer_state"}
+"""Probes that measure the watched parameters, by their entry in PROBES."""
+HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe)
+"""Probes hooked on the forward pass of sampled steps: attach, forward, detach."""
+
+
+def probe_classes() -> set[type]:
+    """Every class named `...Probe` defined in a module of `trainguard.probes`."""
+    found: set[type] = set()
+    for info in pkgutil.walk_packages(trainguard.probes.__path__, "trainguard.probes."):
+        module = importlib.import_module(info.name)
+        found |= {value for name, value in vars(module).items()
+                  if isinstance(value, type) and value.__module__ == info.name
+                  and name.endswith("Probe")}
+    return found
+
+
+def test_every_probe_is_under_these_checks() -> None:
+    found = probe_classes()
+    assert {GradientProbe, ActivationProbe, OutputProbe} <= found
+    unknown = found - set(MEASURED) - set(HOOKED)
+    assert not unknown, (f"probes under no check: {sorted(c.__name__ for c in unknown)}; add "
+                         "each to MEASURED (with a measure function in PROBES) or HOOKED")
+    assert set(MEASURED.values()) == set(PROBES)
+
+
+@pytest.mark.parametrize("probe_type", HOOKED, ids=[t.__name__ for t in HOOKED])
+def test_hooked_probes_read_nothing_on_the_host_and_remove_their_hooks(
+        probe_type: type, monkeypatch) -> None:
+    model, _, _ = setup()
+    probe = probe_type(model)
+    with no_host_reads(monkeypatch):
+        probe.attach()
+        model(torch.randn(5, 4))
+        seen = probe.detach()
+    assert seen is not None and not probe.attached
+    assert all(not m._forward_hooks for m in model.modules())
 
 
 @pytest.mark.parametrize("name", ["weights", "optimizer_state"])
@@ -162,6 +207,17 @@ def test_a_nonfinite_activation_shows_in_the_activation_probe() -> None:
     assert not math.isfinite(float(table["act_maxabs"][names.index("inp")]))
 
 
+def test_a_nonfinite_output_shows_in_the_output_probe() -> None:
+    model, _, _ = setup()
+    probe = OutputProbe(model)
+    probe.attach()
+    model(torch.tensor([[math.nan, 0.0, 0.0, 0.0]] + [[1.0, 2.0, 3.0, 4.0]] * 3))
+    seen = probe.detach()
+    assert seen is not None and set(seen) == set(OUTPUT_KEYS)
+    assert not math.isfinite(float(seen["out_std"]))
+    assert float(seen["out_count"]) == 4 and float(seen["out_classes"]) == 3
+
+
 def test_parameters_without_a_gradient_read_zero_not_nan() -> None:
     model, optimizer, watched = setup()
     model.out.weight.grad = None
@@ -178,9 +234,11 @@ def test_a_step_without_any_gradient_measures_zeros() -> None:
     assert float(out["grad_norm"]) == 0.0 and (out["param_grad_norm"] == 0).all()
 
 
-def test_detaching_without_a_forward_pass_gives_nothing_and_removes_the_hooks() -> None:
+@pytest.mark.parametrize("probe_type", HOOKED, ids=[t.__name__ for t in HOOKED])
+def test_detaching_without_a_forward_pass_gives_nothing_and_removes_the_hooks(
+        probe_type: type) -> None:
     model, _, _ = setup()
-    probe = ActivationProbe(model)
+    probe = probe_type(model)
     probe.attach()
     assert probe.attached
     assert probe.detach() is None and not probe.attached

@@ -61,6 +61,7 @@ def test_max_grad_norm_takes_a_positive_number_auto_or_none(bad: object) -> None
         GuardConfig(max_grad_norm=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_healthy_run_is_never_clipped() -> None:
     _, reports = _train(GuardConfig(**QUIET))
     assert min(r.grad_norm for r in reports) > 1.0, "a fixed clip at 1.0 would clip every step"
@@ -68,6 +69,7 @@ def test_a_healthy_run_is_never_clipped() -> None:
     assert {r.action for r in reports} == {"applied"}
 
 
+@pytest.mark.slow
 def test_an_outlier_step_is_clipped_to_the_runs_own_scale() -> None:
     _, reports = _train(GuardConfig(**QUIET), outlier_at=150)
     outlier = reports[150]

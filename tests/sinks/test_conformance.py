@@ -1,16 +1,24 @@
 """Contract tests over every sink: each hears the whole run in order, NaN values included,
-without a host transfer of its own; a sink that fails is disabled and training goes on."""
+without a host transfer of its own; a sink that fails is disabled and training goes on.
+
+The sinks are found by importing every module of trainguard: a new sink is under these checks
+without being listed, and the test fails until `FACTORIES` knows how to build it."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import math
+import pkgutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import trainguard
 from trainguard import Guard, GuardConfig, TrainingDiverged
+from trainguard.demo.run import ProgressSink
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks import ConsoleSink, PrometheusSink, Sink, TensorBoardSink
 from trainguard.sinks.base import SINK_METHODS
@@ -123,14 +131,56 @@ def _prometheus(tmp: Path) -> PrometheusSink:
     return PrometheusSink(port=0, linger_s=0)
 
 
-SINKS = pytest.mark.parametrize("make_sink", [
-    lambda tmp: ConsoleSink(io.StringIO()),
-    lambda tmp: RunStoreSink(tmp / "store_run"),
-    lambda tmp: Recorder(),
-    _tensorboard,
-    _prometheus,
-], ids=["console", "store", "recorder", "tensorboard", "prometheus"])
-"""Every sink trainguard ships: add a new one here."""
+def _subclasses(cls: type) -> set[type]:
+    return {sub for direct in cls.__subclasses__() for sub in {direct, *_subclasses(direct)}}
+
+
+def shipped_sinks() -> list[type[Sink]]:
+    """Every Sink subclass trainguard defines, each of its modules imported (one that needs an
+    extra that is not installed is passed over: a sink there cannot be built either)."""
+    for info in pkgutil.walk_packages(trainguard.__path__, "trainguard."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and exc.name.split(".")[0] == "trainguard":
+                raise
+    return sorted((c for c in _subclasses(Sink) if c.__module__.startswith("trainguard.")),
+                  key=lambda c: f"{c.__module__}.{c.__qualname__}")
+
+
+FACTORIES: dict[type[Sink], Callable[[Path], Sink]] = {
+    ConsoleSink: lambda tmp: ConsoleSink(io.StringIO()),
+    RunStoreSink: lambda tmp: RunStoreSink(tmp / "store_run"),
+    TensorBoardSink: _tensorboard,
+    PrometheusSink: _prometheus,
+    ProgressSink: lambda tmp: ProgressSink("demo", 10, io.StringIO()),
+}
+"""How to build each sink trainguard ships: a new one fails the checks below until it is here."""
+SHIPPED = shipped_sinks()
+
+
+def test_every_sink_trainguard_ships_is_found_and_can_be_built() -> None:
+    assert {ConsoleSink, RunStoreSink, ProgressSink} <= set(SHIPPED)
+    unknown = [c.__qualname__ for c in SHIPPED if c not in FACTORIES]
+    assert not unknown, f"sinks without a factory in FACTORIES: {unknown}"
+    assert set(FACTORIES) <= set(SHIPPED)
+
+
+def _factory_of(sink_type: type[Sink]) -> Callable[[Path], Sink]:
+    """Builds the sink when a test runs: an unknown one fails that test, it is not skipped."""
+    def build(tmp: Path) -> Sink:
+        if sink_type not in FACTORIES:
+            pytest.fail(f"no factory for the sink {sink_type.__qualname__}: add one to FACTORIES")
+        return FACTORIES[sink_type](tmp)
+    return build
+
+
+SINKS = pytest.mark.parametrize(
+    "make_sink", [*(_factory_of(c) for c in SHIPPED), lambda tmp: Recorder()],
+    ids=[*(c.__name__ for c in SHIPPED), "Recorder"])
+"""Every sink trainguard ships, found above, and a sink of the user's own."""
 
 
 @SINKS
