@@ -24,8 +24,19 @@ from trainguard.snapshot import build_snapshot, write_snapshot
 
 if TYPE_CHECKING:
     from trainguard.pipeline.run import Run
+    from trainguard.pipeline.state import RunState
+    from trainguard.recovery.manager import Rollback
 
 log = logging.getLogger("trainguard")
+
+
+def apply_rollback(state: RunState, plan: Rollback) -> Event:
+    """Apply what a rollback changes in the run's state (the baselines its good state kept, the
+    tightened clipping) and return its event, which names the limit then in force. The step's
+    rollbacks and `Guard.rollback` both come through here."""
+    state.rewind(plan.guard_state)
+    state.tighten_clipping(plan.max_grad_norm)
+    return plan.event(state.clip_limit(), adaptive=state.max_grad_norm is None)
 
 
 class Act:
@@ -79,8 +90,8 @@ class Act:
         assert recovery is not None and ctx.decision is not None
         lr_before = recovery.lr.factor()
         try:
-            event = recovery.rollback(ctx.decision.verdict, ctx.step,
-                                      mid_step=run.owns_scaler_step)
+            event = apply_rollback(run.state, recovery.rollback(
+                ctx.decision.verdict, ctx.step, mid_step=run.owns_scaler_step))
         except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
             ctx.raise_event(Event(
                 kind="rollback_failed", step=ctx.step, severity="critical",

@@ -41,6 +41,7 @@ from trainguard.distributed import (
 from trainguard.errors import BatchError, PeerLost, StoreUnavailable, UsageError
 from trainguard.events import ActionRecord, Event, RunInfo, at_least
 from trainguard.params import new_params, optimizer_param_count, watched_params
+from trainguard.pipeline.act import apply_rollback
 from trainguard.pipeline.detect import run_detectors
 from trainguard.pipeline.measure import flush_pending
 from trainguard.pipeline.rewind import ScheduleRewind
@@ -162,9 +163,9 @@ class Run:
             self._run_preflight()
         if config.policy == "recover":
             self.state.recovery = Recovery(
-                state=self.state, dist=self.dist, model=model, optimizers=[optimizer],
+                dist=self.dist, model=model, optimizers=[optimizer],
                 scheduler=scheduler, scaler=self.scaler, config=config)
-            self.state.recovery.start()
+            self.state.recovery.start(self.state.step, self.state.rewind_state())
         self.steps = StepPipeline(self)
         self.schedule_sampling()
 
@@ -237,7 +238,7 @@ class Run:
         recovery = self.state.recovery
         if recovery is not None:  # good states hold the old parameter groups: start afresh
             recovery.ring.discard_after(-1)
-            recovery.start()
+            recovery.start(self.state.step, self.state.rewind_state())
         shown = ", ".join(added.names[:5]) + (", ..." if len(added) > 5 else "")
         return ActionRecord(
             kind="watch", step=step,
@@ -320,7 +321,8 @@ class Run:
             raise UsageError("there is no good state to roll back to yet")
         step = self.state.step - 1
         onset = step + 1 if to_step is None else to_step
-        event = recovery.rollback(Verdict("rollback", reason, onset=onset), step, mid_step=False)
+        event = apply_rollback(self.state, recovery.rollback(
+            Verdict("rollback", reason, onset=onset), step, mid_step=False))
         self.emit_event(event)
         self.emit_action(ActionRecord(kind="rollback", step=step, message=event.message,
                                       details=dict(event.details)))
@@ -404,7 +406,7 @@ class Run:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.load_state_dict(state)
         if self.state.recovery is not None:
-            self.state.recovery.restart()
+            self.state.recovery.restart(self.state.step, self.state.rewind_state())
         self.schedule_sampling()
 
     def close(self, status: str = "finished") -> list[RankedCause]:

@@ -58,7 +58,7 @@ class Settle:
             state.auto_clip.observe(signals.grad_norm, limit if limit is not None else
                                     float("inf"))
         if ctx.applied and state.recovery is not None:
-            state.recovery.after_applied()
+            state.recovery.after_applied(state.step, state.rewind_state)
         run.schedule_sampling(after_event=ctx.sample_next)
 
     def _schedule_and_probes(self, ctx: StepContext) -> None:

@@ -1,7 +1,9 @@
 """`Recovery`: the `recover` policy's moving parts (good-state ring, judgement, LR backoff, data
 skip list) behind a few calls the step pipeline makes: `before_measure` (measure), `review`
-(decide), `rollback` (act), `after_schedule` and `after_applied` (settle). Its writes to the run's
-state (the clipping limit, the detectors' baselines) go through `RunState`, their one home.
+(decide), `rollback` (act), `after_schedule` and `after_applied` (settle). It holds no reference
+to the run's state: a rollback returns a `Rollback` saying what changes there (the detectors'
+baselines to put back, the clipping limit to tighten to), and `act` applies it to `RunState`, their
+one home.
 
 A rollback restores what this run owns: the model, the optimizer, the scheduler (with
 `rewind_schedule`), the scaler and the Guard's own baselines. The process-wide random number
@@ -14,8 +16,9 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,20 +37,63 @@ from trainguard.registry import is_rank_local
 from trainguard.signals import StepSignals
 from trainguard.transfer import to_host
 
-if TYPE_CHECKING:
-    from trainguard.pipeline.state import RunState
-
 log = logging.getLogger("trainguard")
 
 RING_FLAG = "ring_finite"
 """Name of the candidate's finite flag in the step's packed transfer."""
 
 
+@dataclass(frozen=True)
+class Rollback:
+    """What a rollback changes beyond the model, optimizer, scheduler and scaler it restored
+    itself: the run's state that `act` puts back and tightens, and what the event says."""
+    step: int
+    to_step: int
+    guard_state: dict[str, Any]
+    """The run state the good state kept (`RunState.rewind_state`), to put back."""
+    max_grad_norm: float
+    """The fixed clipping limit to tighten to (`RunState.tighten_clipping`)."""
+    lr_factor: float
+    lr_ceiling: float | None
+    lr_ceilings: tuple[float | None, ...]
+    lr_in_trouble: float | None
+    lr_ramp_steps: int
+    skipped_data: tuple[Any, ...]
+    """Data ids this rollback blamed (skipped from now on)."""
+    rollbacks: int
+    reason: str
+
+    @property
+    def steps_undone(self) -> int:
+        return self.step + 1 - self.to_step
+
+    def event(self, clip: float | None, *, adaptive: bool) -> Event:
+        """The `rollback` event, once the run state is applied: `clip` the limit then in force,
+        `adaptive` when no fixed limit was set (the adaptive clip's)."""
+        limit = f", never above LR {self.lr_ceiling:.3g}" if self.lr_ceiling is not None else ""
+        clipping = ("no clipping" if clip is None else
+                    f"clipping above the run's typical norm ({clip:.3g})"
+                    if adaptive else f"clipping at {clip:g}")
+        blamed = self.skipped_data
+        return Event(
+            kind="rollback", step=self.step, severity="warning",
+            message=f"{self.reason}: rolled back to the good state from step {self.to_step} "
+                    f"({self.steps_undone} steps undone), LR x{self.lr_factor:g} ramping back "
+                    f"over {self.lr_ramp_steps} steps{limit}, {clipping}"
+                    + (f", {len(blamed)} data id(s) skipped from now on" if blamed else ""),
+            value=float(self.to_step),
+            details={"to_step": self.to_step, "steps_undone": self.steps_undone,
+                     "lr_factor": self.lr_factor, "lr_ceiling": self.lr_ceiling,
+                     "lr_ceilings": list(self.lr_ceilings),
+                     "lr_in_trouble": self.lr_in_trouble,
+                     "max_grad_norm": clip, "skipped_data": list(blamed[:50]),
+                     "rollbacks": self.rollbacks, "reason": self.reason})
+
+
 class Recovery:
-    def __init__(self, *, state: RunState, dist: DistributedContext | None, model: nn.Module,
+    def __init__(self, *, dist: DistributedContext | None, model: nn.Module,
                  optimizers: list[torch.optim.Optimizer], scheduler: Any, scaler: Any,
                  config: GuardConfig) -> None:
-        self.run_state = state
         self.dist = dist
         self.model = model
         self.optimizers = optimizers
@@ -75,11 +121,15 @@ class Recovery:
         """The LR of every group at each recent step (as used by its update): a rollback's
         ceiling is set below the highest LR among the updates it undoes."""
         self._last_rollback: int | None = None
+        self._capture_from_restart = False
+        """An older checkpoint without `last_capture`: the cadence counts from the loaded step."""
 
     # -- around each step ------------------------------------------------------------------------
-    def start(self) -> None:
-        """Keep the state training starts from as the first good state (checked directly)."""
-        state = self._capture()  # not timed: it allocates the buffers later captures reuse
+    def start(self, step: int, guard_state: dict[str, Any]) -> None:
+        """Keep the state training starts from (at `step`, with the run state `guard_state` a
+        rollback puts back) as the first good state (checked directly)."""
+        # not timed: it allocates the buffers later captures reuse
+        state = self._capture(step, guard_state)
         finite = state.finite is None or bool(to_host(state.finite.reshape(1))[0] == 1.0)
         if not self.ring.promote_now(state, finite=finite):
             log.error("trainguard: the initial weights or optimizer state are not finite; "
@@ -133,22 +183,22 @@ class Recovery:
         """After the scheduler step of an applied update: the LR backoff ramps on by a step."""
         self.lr.step()
 
-    def after_applied(self) -> None:
+    def after_applied(self, step: int, guard_state: Callable[[], dict[str, Any]]) -> None:
         """After an applied update: offer the new state to the ring at its interval (the
-        cadence's, from the measured cost of a capture against the step time)."""
+        cadence's, from the measured cost of a capture against the step time). `guard_state`
+        is called only when a capture is made (it copies the detectors' baselines)."""
         now = time.perf_counter()
         if self._last_applied is not None:
             self.cadence.observe_step(now - self._last_applied)
         self._last_applied = now
-        step = self.run_state.step
         if step - self._last_capture < self.cadence.interval(step):
             return
         self._last_capture = step
         try:
-            self.ring.offer(self._capture(reuse=self.ring.spare))
+            self.ring.offer(self._capture(step, guard_state(), reuse=self.ring.spare))
         except Exception as exc:  # a failed copy only costs a rollback point
             log.error("trainguard: could not keep a good state at step %d (%s: %s)",
-                      self.run_state.step, type(exc).__name__, exc)
+                      step, type(exc).__name__, exc)
         self.cadence.observe_capture(time.perf_counter() - now)
         self._last_applied = time.perf_counter()  # the capture is not the step's time
 
@@ -156,10 +206,10 @@ class Recovery:
     def can_roll_back(self) -> bool:
         return len(self.ring) > 0
 
-    def rollback(self, verdict: Verdict, step: int, *, mid_step: bool = True) -> Event:
+    def rollback(self, verdict: Verdict, step: int, *, mid_step: bool = True) -> Rollback:
         """Restore the newest good state from before the trouble, back the LR off under a lower
-        ceiling, tighten clipping, and blame the suspect batches. Returns the event that says so.
-        """
+        ceiling and blame the suspect batches. Returns the `Rollback`: the run state to put back,
+        the clipping to tighten, and what the event says (applied by `act`)."""
         target = self.ring.latest_before(verdict.onset)
         assert target is not None  # callers check can_roll_back()
         # The update that did the damage is among those this rollback undoes: the LR that failed
@@ -183,36 +233,21 @@ class Recovery:
             groups = [g for opt in self.optimizers for g in opt.param_groups]  # new after restore
             for group, lr in zip(groups, current_lrs, strict=True):
                 set_lr(group, lr)
-        self.run_state.rewind(target.guard)
         self.lr.begin(self.config.lr_backoff, ceilings, applied)
-        self.run_state.tighten_clipping(self.config.max_grad_norm)
         self.ring.discard_after(target.step)
         self._last_capture = target.step
         blamed = self._ids_of(verdict.bad_steps)
         self.skipped_data.update(blamed)
         self.controller.rolled_back()
         self._last_rollback = step
-        thrown = step + 1 - target.step
-        self.rolled_back_steps += thrown
-        ceiling = self.lr.ceiling()
-        limit = f", never above LR {ceiling:.3g}" if ceiling is not None else ""
-        clip = self.run_state.clip_limit()
-        clipping = ("no clipping" if clip is None else
-                    f"clipping above the run's typical norm ({clip:.3g})"
-                    if self.run_state.max_grad_norm is None else f"clipping at {clip:g}")
-        return Event(
-            kind="rollback", step=step, severity="warning",
-            message=f"{verdict.reason}: rolled back to the good state from step {target.step} "
-                    f"({thrown} steps undone), LR x{self.lr.factor():g} ramping back over "
-                    f"{self.config.lr_ramp_steps} steps{limit}, {clipping}"
-                    + (f", {len(blamed)} data id(s) skipped from now on" if blamed else ""),
-            value=float(target.step),
-            details={"to_step": target.step, "steps_undone": thrown,
-                     "lr_factor": self.lr.factor(), "lr_ceiling": ceiling,
-                     "lr_ceilings": list(self.lr.ceilings),
-                     "lr_in_trouble": trouble_lrs[0] if trouble_lrs else None,
-                     "max_grad_norm": clip, "skipped_data": blamed[:50],
-                     "rollbacks": self.controller.rollbacks, "reason": verdict.reason})
+        self.rolled_back_steps += step + 1 - target.step
+        return Rollback(
+            step=step, to_step=target.step, guard_state=target.guard,
+            max_grad_norm=self.config.max_grad_norm, lr_factor=self.lr.factor(),
+            lr_ceiling=self.lr.ceiling(), lr_ceilings=tuple(self.lr.ceilings),
+            lr_in_trouble=trouble_lrs[0] if trouble_lrs else None,
+            lr_ramp_steps=self.config.lr_ramp_steps, skipped_data=tuple(blamed),
+            rollbacks=self.controller.rollbacks, reason=verdict.reason)
 
     def _next_ceilings(self, trouble_lrs: Sequence[float], step: int) -> list[float | None]:
         """Each group's LR ceiling after this rollback: a share of the lower of its ceiling so far
@@ -262,10 +297,10 @@ class Recovery:
         return [i for s, ids in self._recent_ids if s in steps for i in flatten_ids(ids)]
 
     # -- state -------------------------------------------------------------------------------------
-    def _capture(self, reuse: SavedState | None = None) -> SavedState:
-        return capture(step=self.run_state.step, model=self.model, optimizers=self.optimizers,
-                       scheduler=self.scheduler, scaler=self.scaler,
-                       guard_state=self.run_state.rewind_state(),
+    def _capture(self, step: int, guard_state: dict[str, Any],
+                 reuse: SavedState | None = None) -> SavedState:
+        return capture(step=step, model=self.model, optimizers=self.optimizers,
+                       scheduler=self.scheduler, scaler=self.scaler, guard_state=guard_state,
                        extra={"lr_applied": list(self.lr.applied)},
                        rng=self.config.restore_rng, reuse=reuse)
 
@@ -288,12 +323,19 @@ class Recovery:
         last = state.get("last_rollback")
         self._last_rollback = None if last is None else int(last)
         # the ring's cadence goes on from the last capture, as it would have without the restart
-        self._last_capture = int(state.get("last_capture", self.run_state.step))
+        # (an older checkpoint without it counts from the loaded step: `restart`)
+        last_capture = state.get("last_capture")
+        self._capture_from_restart = last_capture is None
+        if last_capture is not None:
+            self._last_capture = int(last_capture)
 
-    def restart(self) -> None:
-        """After a resume: the ring starts again from the state loaded, so that its first good
-        state carries the loaded step and baselines (not those of the fresh run it was built
-        in)."""
+    def restart(self, step: int, guard_state: dict[str, Any]) -> None:
+        """After a resume at `step`: the ring starts again from the state loaded, so that its
+        first good state carries the loaded step and baselines (not those of the fresh run it
+        was built in)."""
+        if self._capture_from_restart:
+            self._last_capture = step
+            self._capture_from_restart = False
         self.ring.discard_after(-1)
-        self.start()
+        self.start(step, guard_state)
 
