@@ -17,7 +17,7 @@ import torch
 
 from trainguard.diagnose import Finding
 from trainguard.events import Action, ActionRecord, Event, StepReport
-from trainguard.pipeline.policy import Decision
+from trainguard.pipeline.policy import Decision, applies
 from trainguard.signals import StepSignals
 
 
@@ -74,6 +74,10 @@ class StepContext:
     """This rank's batch holds NaN/inf (as long as batches do; the event is raised once)."""
 
     # decide
+    clip_limit: float | None = None
+    """The global clipping limit in force for this step (None: no clipping), set once by
+    `decide`; `act` clips to it through the decision's factor, `settle` feeds it to the adaptive
+    clip's baseline."""
     decision: Decision | None = None
 
     # act
@@ -111,4 +115,4 @@ class StepContext:
     @property
     def applied(self) -> bool:
         """Whether the optimizer step really applies this step's update."""
-        return self.outcome in ("applied", "clipped")
+        return applies(self.outcome)

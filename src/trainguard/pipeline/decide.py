@@ -42,8 +42,10 @@ class Decide:
         if state.auto_clip is not None and any(e.kind in INSTABILITY for e in shared):
             state.auto_clip.alarm(ctx.step)  # this step is clipped at the typical norm already
         limit = state.clip_limit()
+        # the one computation of the step's limit (the fixed one, when the state has none)
+        ctx.clip_limit = run.config.fixed_max_grad_norm if limit is None else limit
         decision = choose_action(run.config, signals, shared, state.consecutive_skips,
-                                 max_grad_norm=limit,
+                                 max_grad_norm=ctx.clip_limit,
                                  adaptive=state.auto_clip is not None
                                  and limit != state.max_grad_norm)
         if run.state.recovery is not None:

@@ -22,6 +22,15 @@ from trainguard.events import Action, Event, at_least
 from trainguard.remedies.clip import clip_coefficient
 from trainguard.signals import StepSignals
 
+APPLYING: frozenset[str] = frozenset({"applied", "clipped"})
+"""The actions whose update the optimizer step applies."""
+
+
+def applies(action: str | None) -> bool:
+    """Whether a step with this action (or outcome) has its update applied: the one definition
+    behind `Decision.applies_update` and `StepContext.applied`."""
+    return action in APPLYING
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -35,18 +44,17 @@ class Decision:
     """Events raised by the policy itself (a skip limit reached, recovery giving up)."""
     verdict: Any = None
     """The recover policy's `Verdict` behind a rollback (None otherwise)."""
-    clip_limit: float | None = None
-    """The global clipping limit that was in force for this step (None: no clipping)."""
 
     @property
     def applies_update(self) -> bool:
-        return self.action in ("applied", "clipped")
+        return applies(self.action)
 
 
 def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
                   consecutive_skips: int, *, max_grad_norm: float | None = None,
                   adaptive: bool = False) -> Decision:
-    """`max_grad_norm` is the limit in force (defaults to the configured fixed one); `adaptive`
+    """`max_grad_norm` is the step's limit in force, `StepContext.clip_limit` (defaults to the
+    configured fixed one); `adaptive`
     says it came from the adaptive default clip (for the reason given)."""
     finite = signals.loss_finite and signals.grads_finite
     if config.policy == "halt":
@@ -79,5 +87,5 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
     if coef < 1.0:
         reason = ("gradient norm abnormal for this run (above the adaptive limit)" if adaptive
                   else "gradient norm above max_grad_norm")
-        return Decision("clipped", clip_coef=coef, reason=reason, clip_limit=limit)
-    return Decision("applied", clip_limit=limit)
+        return Decision("clipped", clip_coef=coef, reason=reason)
+    return Decision("applied")

@@ -54,7 +54,7 @@ class Settle:
         ctx.sample_next = any(run.dist is None or not is_rank_local(e.kind)
                               for e in ctx.events)
         if ctx.applied and state.auto_clip is not None:
-            limit = ctx.decision.clip_limit
+            limit = ctx.clip_limit
             state.auto_clip.observe(signals.grad_norm, limit if limit is not None else
                                     float("inf"))
         if ctx.applied and state.recovery is not None:
