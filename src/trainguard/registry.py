@@ -80,6 +80,10 @@ class Tag:
     LR_CUT = "lr_cut"
     """The recover policy cut the LR (`details["lr_factor"]`): trouble that comes back right
     after, under the cut LR, is not the LR's doing."""
+    CLIP_ALARM = "clip_alarm"
+    """Puts the adaptive gradient clip into its alarm (clipping at the typical norm) at the step
+    it is raised. Narrower than INSTABILITY: a bad start or an extreme weight is no reason to
+    clip harder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,17 +199,18 @@ def kinds_reacting(reaction: Reaction) -> tuple[str, ...]:
 
 # Trainguard's own kinds. Order matters only among kinds of one reaction (see kinds_reacting).
 _kind = register_event_kind
-_I, _N, _S = Tag.INSTABILITY, Tag.NONFINITE, Tag.STATE
+_I, _N, _S, _A = Tag.INSTABILITY, Tag.NONFINITE, Tag.STATE, Tag.CLIP_ALARM
 # detectors (detect/)
 _kind("nonfinite_loss", "the loss is NaN or infinite", "error", tags=(_N,))
 _kind("nonfinite_grad", "some gradients are NaN or infinite (not a GradScaler's calibration)",
       "error", tags=(_N,))
 _kind("loss_spike", "a sudden jump of the loss against a robust recent baseline", "warning",
-      reaction=Reaction.WATCH, tags=(_I, Tag.JUMP))
+      reaction=Reaction.WATCH, tags=(_I, Tag.JUMP, _A))
 _kind("grad_explosion", "the pre-clip global gradient norm is far above normal", "error",
-      reaction=Reaction.WATCH, tags=(_I, Tag.JUMP))
+      reaction=Reaction.WATCH, tags=(_I, Tag.JUMP, _A))
 _kind("loss_divergence", "a sustained upward trend of the smoothed loss", "error",
-      reaction=Reaction.ROLL_BACK, onset=Onset.SMOOTHED_LOSS, tags=(_I, Tag.JUMP, Tag.CLIMB))
+      reaction=Reaction.ROLL_BACK, onset=Onset.SMOOTHED_LOSS,
+      tags=(_I, Tag.JUMP, Tag.CLIMB, _A))
 _kind("nonfinite_weight", "weights hold NaN or inf (sampled steps)", "error",
       reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_S,))
 _kind("nonfinite_optimizer_state", "optimizer moments hold NaN or inf (sampled steps)", "error",
@@ -287,7 +292,7 @@ _kind("monitor_error", "trainguard could not check a step; it was applied unguar
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
 _kind("peer_lost", "under torch.distributed, a rank is gone (trainguard's collective failed): "
       "the run stopped as failed", "error")
-del _kind, _I, _N, _S, _name, _description, _severity
+del _kind, _I, _N, _S, _A, _name, _description, _severity
 
 
 # -- metric keys ---------------------------------------------------------------------------------

@@ -17,16 +17,12 @@ from trainguard.errors import PeerLost
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.policy import Decision, choose_action
-from trainguard.registry import is_rank_local
+from trainguard.registry import Tag, is_rank_local, kinds_tagged
 
 if TYPE_CHECKING:
     from trainguard.pipeline.run import Run
 
 log = logging.getLogger("trainguard")
-
-INSTABILITY = frozenset({"grad_explosion", "loss_spike", "loss_divergence"})
-"""Events that put the adaptive clip into its alarm (clipping at the typical norm)."""
-
 
 class Decide:
     name = "decide"
@@ -39,7 +35,8 @@ class Decide:
         assert signals is not None
         shared = [e for e in ctx.events if not is_rank_local(e.kind)]
         state = run.state
-        if state.auto_clip is not None and any(e.kind in INSTABILITY for e in shared):
+        alarm = kinds_tagged(Tag.CLIP_ALARM)  # the kinds that put the adaptive clip in alarm
+        if state.auto_clip is not None and any(e.kind in alarm for e in shared):
             state.auto_clip.alarm(ctx.step)  # this step is clipped at the typical norm already
         limit = state.clip_limit()
         # the one computation of the step's limit (the fixed one, when the state has none)
