@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from trainguard.vocabulary import Action as Action  # re-exported: events.Action stays valid
+
 if TYPE_CHECKING:
     from trainguard.signals import StepSignals
 
 Severity = Literal["info", "warning", "error", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 
-Action = Literal["applied", "clipped", "skipped", "halted", "rolled_back"]
 
 
 def at_least(severity: str, threshold: str) -> bool:

@@ -36,6 +36,7 @@ from trainguard.pipeline.run import Run
 from trainguard.recovery import Recovery
 from trainguard.sinks import Sink
 from trainguard.verdict import RunVerdict
+from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")
 
@@ -190,7 +191,7 @@ class Guard:
             self.scaler.unscale_(self.optimizer)
 
 
-def exit_status(exc: BaseException | None) -> str:
+def exit_status(exc: BaseException | None) -> Status:
     """The status a run ends with when its `with` block (or a trainer) exits with `exc`."""
     if exc is None:
         return "finished"

@@ -44,9 +44,11 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from trainguard.vocabulary import Status
+
 log = logging.getLogger("trainguard")
 
-INTERRUPTED = "interrupted"
+INTERRUPTED: Status = "interrupted"
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
                 if hasattr(signal, name))
 """The signals whose handler trainguard wraps."""
@@ -62,7 +64,7 @@ class RunHandle:
 
     __slots__ = ("close", "pid")
 
-    def __init__(self, close: Callable[[str], None]) -> None:
+    def __init__(self, close: Callable[[Status], None]) -> None:
         self.close = close
         self.pid = os.getpid()
 
@@ -94,7 +96,7 @@ _wake_w = -1
 _watcher: threading.Thread | None = None
 
 
-def track(close: Callable[[str], None]) -> RunHandle:
+def track(close: Callable[[Status], None]) -> RunHandle:
     """Close this run with `close("interrupted")` if the process ends before `untrack`."""
     handle = RunHandle(close)
     with _lock:
@@ -116,7 +118,7 @@ def tracked() -> int:
         return sum(1 for h in _tracked if h.pid == os.getpid())
 
 
-def close_all(status: str = INTERRUPTED) -> int:
+def close_all(status: Status = INTERRUPTED) -> int:
     """Close every tracked run of this process with `status`, newest first; returns how many
     closers ran. Each is called once, and a failing one does not stop the others."""
     with closing():

@@ -32,6 +32,7 @@ from typing import Any
 
 from trainguard.detect.no_progress import came_down, flat, judgeable, progressed
 from trainguard.signals import MAD_TO_STD
+from trainguard.vocabulary import Verdict
 
 WINDOW = 20
 STALL_STEPS = 100
@@ -44,8 +45,8 @@ BEYOND_NOISE = 2.0
 
 @dataclass(frozen=True, slots=True)
 class RunVerdict:
-    verdict: str
-    """`healthy`, `recovered` or `degraded`."""
+    verdict: Verdict
+    """`healthy`, `recovered`, `degraded` or `stalled`."""
     message: str
     start: float | None
     before_trouble: float | None

@@ -36,6 +36,7 @@ from trainguard.integrations.callback_state import CallbackState, unwrap_optimiz
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
+from trainguard.vocabulary import Status
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -129,7 +130,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._ctx: StepContext | None = None
 
     # -- public API ------------------------------------------------------------------------------
-    def close(self, status: str = "finished") -> None:
+    def close(self, status: Status = "finished") -> None:
         """Flush and close the run store (training end does this; call it after a crash)."""
         self._release()
         self._ctx = None

@@ -41,6 +41,7 @@ from trainguard.integrations.callback_state import CallbackState, unwrap_optimiz
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
+from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")
 
@@ -97,7 +98,7 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         self._ctx: StepContext | None = None
 
     # -- public API ------------------------------------------------------------------------------
-    def close(self, status: str = "finished") -> None:
+    def close(self, status: Status = "finished") -> None:
         """Flush and close the run store (the end of training, or an exception, does this)."""
         self._batch = None
         self._ctx = None

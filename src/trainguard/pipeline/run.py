@@ -59,6 +59,7 @@ from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
 from trainguard.store import RunStore, RunStoreSink
 from trainguard.verdict import LossTrack, RunVerdict
+from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")
 
@@ -409,7 +410,7 @@ class Run:
             self.state.recovery.restart(self.state.step, self.state.rewind_state())
         self.schedule_sampling()
 
-    def close(self, status: str = "finished") -> list[RankedCause]:
+    def close(self, status: Status = "finished") -> list[RankedCause]:
         """Flush the last measurements, tell the sinks the diagnosis and the final status, and
         close them. Returns the diagnosis."""
         if self.closed:
@@ -417,7 +418,7 @@ class Run:
         with lifecycle.closing():  # a signal meanwhile waits: no run is left half closed
             return self._close(status)
 
-    def _close(self, status: str) -> list[RankedCause]:
+    def _close(self, status: Status) -> list[RankedCause]:
         self.closed = True
         self._report_repeats()
         if self._lifecycle is not None:
@@ -493,12 +494,12 @@ class Run:
         self.sinks.on_sampled(signals.sampled)
 
 
-def _closer(run: Run) -> Callable[[str], None]:
+def _closer(run: Run) -> Callable[[Status], None]:
     """Closes the run if the process ends (SIGTERM, Ctrl-C, exit) before `close()`; holds the run
     weakly, so an abandoned run can still be collected."""
     ref = weakref.ref(run)
 
-    def close(status: str) -> None:
+    def close(status: Status) -> None:
         alive = ref()
         if alive is not None:
             alive.close(status=status)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+from trainguard.vocabulary import Status
 
 if TYPE_CHECKING:
     from trainguard.diagnose.finding import Finding
@@ -63,7 +64,7 @@ class Sink:
         """Called once at the end, before `on_run_end`, with the run's verdict (healthy,
         recovered, degraded; see `trainguard.verdict`), when any loss was seen."""
 
-    def on_run_end(self, status: str) -> None:
+    def on_run_end(self, status: Status) -> None:
         """Called once with the run's final status."""
 
     def close(self) -> None:
@@ -118,7 +119,7 @@ class SinkSet:
     def on_verdict(self, verdict: RunVerdict) -> None:
         self._call("on_verdict", verdict)
 
-    def on_run_end(self, status: str) -> None:
+    def on_run_end(self, status: Status) -> None:
         self._call("on_run_end", status)
 
     def close(self) -> None:

@@ -61,6 +61,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import numpy as np
 
+from trainguard import vocabulary
 from trainguard.errors import ConfigError
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
@@ -72,9 +73,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainguard")
 
 INSTALL_HINT = "pip install 'trainguard[prometheus]'"
-STATUSES = ("running", "finished", "halted", "failed", "crashed",
-            "interrupted")
-VERDICTS = ("healthy", "recovered", "degraded", "stalled")
+STATUSES: tuple[str, ...] = vocabulary.STATUSES
+VERDICTS: tuple[str, ...] = vocabulary.VERDICTS
 NONFINITE = ("loss", "grad_norm", "grads")
 NAN = math.nan
 SCRAPE_THREADS = 4

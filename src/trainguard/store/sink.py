@@ -23,6 +23,7 @@ from trainguard import lifecycle
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
 from trainguard.store.writer import RunStore
+from trainguard.vocabulary import Status
 
 if TYPE_CHECKING:
     from trainguard.diagnose.finding import Finding
@@ -114,7 +115,7 @@ class RunStoreSink(Sink):
     def on_verdict(self, verdict: RunVerdict) -> None:
         self.store.put_meta("verdict", verdict.to_dict())
 
-    def on_run_end(self, status: str) -> None:
+    def on_run_end(self, status: Status) -> None:
         self._ended = True
         self.store.set_status(status)
 
@@ -126,7 +127,7 @@ class RunStoreSink(Sink):
             lifecycle.untrack(self._handle)
             self.store.close()
 
-    def _end_and_close(self, status: str) -> None:
+    def _end_and_close(self, status: Status) -> None:
         """At exit without close: a run that already ended keeps its status."""
         if not self._ended:
             self.on_run_end(status)
