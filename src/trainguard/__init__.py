@@ -10,8 +10,9 @@ detectors on logged values) start fast. `trainguard.Guard` imports torch when it
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainguard.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -58,15 +59,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
-    module = importlib.import_module(module_name)
-    value = module if module_name == f"trainguard.{name}" else getattr(module, name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

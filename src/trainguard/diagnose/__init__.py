@@ -7,10 +7,11 @@ them in.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from trainguard.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trainguard.diagnose.causes import CAUSES, Cause, cause
@@ -28,17 +29,7 @@ _LAZY: dict[str, str] = {
 __all__ = ["CAUSES", "Cause", "Finding", "ReplayReport", "cause", "preflight", "replay"]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'trainguard.diagnose' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 class _Package(types.ModuleType):

@@ -7,8 +7,9 @@ no sink."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainguard.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trainguard.store.files import DB_NAME, LOCK_NAME
@@ -25,14 +26,4 @@ _LAZY: dict[str, str] = {
 __all__ = ["DB_NAME", "LOCK_NAME", "RunReader", "RunStore", "RunStoreSink"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainguard.store' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
