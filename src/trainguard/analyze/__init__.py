@@ -29,8 +29,9 @@ Importing this package is cheap (no torch, no NumPy); the names below load on fi
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainguard.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trainguard.analyze.analysis import Analysis, analyze, analyze_log
@@ -43,12 +44,14 @@ FORMATS: dict[str, str] = {
     "tensorboard": "TensorBoard event file or run directory",
     "store": "trainguard run directory (its run store)",
     "jsonl": "JSON Lines, one object per logged step",
-    "text": "text log (Megatron, word_language_model, nanoGPT, mlx-lm or generic lines)",
+    "text": "text log (Megatron, word_language_model, nanoGPT, mlx-lm, generic lines or bare "
+            "'step loss' columns)",
     "text:megatron": "text log, Megatron-LM / Megatron-DeepSpeed iteration lines only",
     "text:wlm": "text log, PyTorch examples/word_language_model lines only",
     "text:nanogpt": "text log, nanoGPT 'iter N: loss X' lines only",
     "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
     "text:generic": "text log, generic 'step N ... loss X' lines only",
+    "text:columns": "text log, bare 'step loss' lines only",
 }
 """The formats `analyze` reads, by the name `--format` takes."""
 
@@ -59,14 +62,4 @@ _LAZY = {"Analysis": "trainguard.analyze.analysis", "analyze": "trainguard.analy
 __all__ = ["FORMATS", "Analysis", "Log", "LogError", "analyze", "analyze_log", "read_log"]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'trainguard.analyze' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
