@@ -35,12 +35,21 @@ def pretrained(key: str, model: nn.Module, train: Callable[[nn.Module], None]) -
     if state is None:
         generator_state = torch.get_rng_state()
         threads = torch.get_num_threads()
+        mode = {name: m.training for name, m in model.named_modules()}
+        trainable = {name: p.requires_grad for name, p in model.named_parameters()}
         torch.set_num_threads(1)  # the weights must not depend on the machine's thread count
         try:
             train(model)
         finally:
             torch.set_num_threads(threads)
             torch.set_rng_state(generator_state)
+            # The model must leave as a cache load leaves it: no pre-training grads (a first
+            # backward would add to them), the same modes and trainable flags.
+            model.zero_grad(set_to_none=True)
+            for name, m in model.named_modules():
+                m.train(mode[name])
+            for name, p in model.named_parameters():
+                p.requires_grad_(trainable[name])
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
