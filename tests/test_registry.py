@@ -342,3 +342,15 @@ def test_registering_a_metric_key(scratch_registry) -> None:
         register_metric_key("act_mean", Scope.MODULE, "mean output", Reduction.MAX)
     assert register_metric_key("tokens_seen", Scope.STEP, "tokens", sampled=False).reduction \
         is Reduction.LOCAL
+
+
+def test_the_kind_names_are_the_registered_built_in_kinds() -> None:
+    import re
+
+    from trainguard import registry
+    from trainguard.registry import Kind
+    names = {v for k, v in vars(Kind).items() if k.isupper()}
+    assert all(getattr(Kind, n.upper()) == n for n in names)
+    source = Path(registry.__file__).read_text(encoding="utf-8")
+    assert names == set(re.findall(r'^_kind\("([a-z_0-9]+)"', source, re.M))
+    assert all(registry.is_registered(n) for n in names)

@@ -108,7 +108,7 @@ class Guard:
             raise UsageError("this Guard is closed; create a new one to keep training")
         if self.scaler is not None:
             self._unscale()
-        ctx = self.run.steps.before_update(loss, batch=batch, data_ids=data_ids)
+        ctx = self.run.before_update(loss, batch=batch, data_ids=data_ids)
         if ctx.unguarded is not None:  # the check failed: the step goes ahead unguarded
             self._optimizer_step()
             if self.scheduler is not None:
@@ -125,7 +125,7 @@ class Guard:
             self.scaler.update()  # lowers the scale after an overflow, as scaler.step would
             if self.config.policy == "observe" and self.scheduler is not None:
                 self.scheduler.step()  # the plain loop steps its schedule past the scaler's skip
-        report = self.run.steps.after_update(ctx)
+        report = self.run.after_update(ctx)
         assert report is not None
         return report
 

@@ -198,6 +198,39 @@ def kinds_reacting(reaction: Reaction) -> tuple[str, ...]:
 
 
 # Trainguard's own kinds. Order matters only among kinds of one reaction (see kinds_reacting).
+class Kind:
+    """The built-in event kinds by name, for the code that must tell one kind from another (a
+    family of kinds is asked of the registry by tag instead). Every name here is registered
+    below; `tests/test_registry.py` checks the two lists agree."""
+
+    NONFINITE_LOSS = "nonfinite_loss"
+    NONFINITE_GRAD = "nonfinite_grad"
+    LOSS_SPIKE = "loss_spike"
+    GRAD_EXPLOSION = "grad_explosion"
+    LOSS_DIVERGENCE = "loss_divergence"
+    NONFINITE_WEIGHT = "nonfinite_weight"
+    NONFINITE_OPTIMIZER_STATE = "nonfinite_optimizer_state"
+    EXTREME_WEIGHT = "extreme_weight"
+    FP16_OVERFLOW = "fp16_overflow"
+    BAD_START = "bad_start"
+    LR_CHANGE = "lr_change"
+    DEAD_UNITS = "dead_units"
+    OUTPUT_COLLAPSE = "output_collapse"
+    METRIC_COLLAPSE = "metric_collapse"
+    NO_GRADIENTS = "no_gradients"
+    NO_PROGRESS = "no_progress"
+    LOSS_AT_CHANCE = "loss_at_chance"
+    LOSS_ABOVE_CHANCE = "loss_above_chance"
+    DDP_DESYNC = "ddp_desync"
+    SKIP_LIMIT = "skip_limit"
+    ROLLBACK = "rollback"
+    ROLLBACK_LIMIT = "rollback_limit"
+    ROLLBACK_FAILED = "rollback_failed"
+    MONITOR_ERROR = "monitor_error"
+    SNAPSHOT_FAILED = "snapshot_failed"
+    PEER_LOST = "peer_lost"
+
+
 _kind = register_event_kind
 _I, _N, _S, _A = Tag.INSTABILITY, Tag.NONFINITE, Tag.STATE, Tag.CLIP_ALARM
 # detectors (detect/)

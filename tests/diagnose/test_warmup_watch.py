@@ -86,7 +86,8 @@ def test_a_schedule_without_warmup_is_confirmed_and_one_with_it_is_not_watched()
     guard.close()
     warm = make_setup(lr=5e-2, warmup=20)
     guard = Guard(warm.model, warm.optimizer, warm.scheduler, config=GuardConfig(console=False))
-    assert guard.run.warmup_watch is None, "the probed schedule warms up: nothing to watch"
+    assert guard.run.services.journal.warmup_watch is None, \
+        "the probed schedule warms up: nothing to watch"
     guard.close()
 
 

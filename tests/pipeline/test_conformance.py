@@ -3,6 +3,8 @@ NaN inputs, the decision made once, and the runtime state's round trip."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 
@@ -12,6 +14,8 @@ import torch
 from trainguard import Guard, GuardConfig, RecoveryConfig
 from trainguard.pipeline import AFTER_UPDATE, BEFORE_UPDATE, STAGE_NAMES, Run, StepContext
 from trainguard.pipeline.policy import Decision
+from trainguard.pipeline.services import Services
+from trainguard.pipeline.state import RunState
 from trainguard.remedies import AdaptiveClip
 from trainguard.transfer import transfer_count
 
@@ -25,13 +29,23 @@ def test_the_stage_order_is_written_once() -> None:
     assert len(BEFORE_UPDATE) + len(AFTER_UPDATE) == len(STAGE_NAMES)
 
 
+def test_each_stage_is_a_function_of_the_step_the_state_and_the_services() -> None:
+    for stage in BEFORE_UPDATE + AFTER_UPDATE:
+        assert list(inspect.signature(stage).parameters) == ["ctx", "state", "services"]
+    setup = make_setup()
+    run = Run(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.services.model = setup.model  # type: ignore[misc]
+    run.close()
+
+
 def test_every_step_runs_the_stages_in_order() -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
     seen: list[tuple[int, str]] = []
     pipeline = guard.run.steps
-    pipeline.before = [_Spy(stage, seen) for stage in pipeline.before]
-    pipeline.after = [_Spy(stage, seen) for stage in pipeline.after]
+    pipeline.before = tuple(_Spy(stage, seen) for stage in pipeline.before)
+    pipeline.after = tuple(_Spy(stage, seen) for stage in pipeline.after)
     for _ in range(3):
         loss = setup.model.loss(setup.batch())
         loss.backward()
@@ -42,14 +56,13 @@ def test_every_step_runs_the_stages_in_order() -> None:
 
 
 class _Spy:
-    def __init__(self, stage: Callable[[StepContext], None],
-                 seen: list[tuple[int, str]]) -> None:
+    def __init__(self, stage: Callable[..., None], seen: list[tuple[int, str]]) -> None:
         self.stage, self.seen = stage, seen
-        self.name: str = stage.name  # type: ignore[attr-defined]
+        self.__name__ = stage.__name__
 
-    def __call__(self, ctx: StepContext) -> None:
-        self.seen.append((ctx.step, self.name))
-        self.stage(ctx)
+    def __call__(self, ctx: StepContext, state: RunState, services: Services) -> None:
+        self.seen.append((ctx.step, self.__name__))
+        self.stage(ctx, state, services)
 
 
 @pytest.mark.parametrize("config", [
@@ -133,9 +146,9 @@ def test_the_config_holds_no_state() -> None:
     for _ in range(4):
         loss = first.model.loss(first.batch())
         loss.backward()
-        a.steps.before_update(loss)
+        a.before_update(loss)
         first.optimizer.step()
-        a.steps.after_update()
+        a.after_update()
         first.optimizer.zero_grad(set_to_none=True)
     assert a.state_dict()["clip_rule"] != b.state_dict()["clip_rule"]
     a.close()

@@ -24,11 +24,11 @@ QUIET = {"console": False}
 def trainer_step(run: Run, setup: Setup, loss: torch.Tensor) -> None:
     """What a trainer does around its optimizer step, with the pipeline's two calls."""
     loss.backward()
-    run.steps.before_update(loss)
+    run.before_update(loss)
     setup.optimizer.step()
     if setup.scheduler is not None:
         setup.scheduler.step()
-    run.steps.after_update()
+    run.after_update()
     setup.optimizer.zero_grad(set_to_none=True)
 
 
@@ -74,13 +74,13 @@ def test_skipped_step_leaves_weights_optimizer_and_schedule_untouched() -> None:
 
     loss = setup.model.loss(setup.batch()) * float("nan")
     loss.backward()
-    ctx = run.steps.before_update(loss)
+    ctx = run.before_update(loss)
     assert isinstance(ctx, StepContext) and ctx.decision is not None
     assert ctx.decision.action == "skipped"
     assert all(p.grad is None for p in setup.model.parameters())
     setup.optimizer.step()  # the trainer steps anyway: nothing to apply
     setup.scheduler.step()
-    report = run.steps.after_update()
+    report = run.after_update()
 
     assert report is not None and report.step == 3 and report.action == "skipped"
     for name, value in setup.model.state_dict().items():
@@ -91,7 +91,7 @@ def test_skipped_step_leaves_weights_optimizer_and_schedule_untouched() -> None:
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(state["state"][key][name]))
     assert lrs(setup.optimizer) == lr
     assert setup.scheduler.state_dict() == schedule
-    assert run.steps.after_update() is None, "one report per checked step"
+    assert run.after_update() is None, "one report per checked step"
     run.close()
 
 
@@ -102,12 +102,12 @@ def test_a_monitoring_failure_leaves_the_step_to_the_trainer_clipped() -> None:
     loss = setup.model.loss(setup.batch())
     loss.backward()
     setup.optimizer.param_groups[0]["lr"] = "not a number"  # measure() cannot read it
-    assert run.steps.before_update(loss).unguarded is not None
+    assert run.before_update(loss).unguarded is not None
     total = torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for p in setup.model.parameters()]))
     assert float(total) == pytest.approx(1e-3, rel=1e-3)
     assert [e.kind for e in run.events] == ["monitor_error"]
-    assert run.steps.after_update() is None
+    assert run.after_update() is None
     assert run.state.step == 1
     run.close()
 
@@ -123,7 +123,7 @@ def test_halt_writes_a_snapshot_from_before_the_update(tmp_path: Path) -> None:
     loss = setup.model.loss(batch) * float("inf")
     loss.backward()
     with pytest.raises(TrainingDiverged) as caught:
-        run.steps.before_update(loss, batch=batch)
+        run.before_update(loss, batch=batch)
     assert caught.value.snapshot_path == str(tmp_path / "crash_step1.pt")
     snapshot = load_snapshot(tmp_path / "crash_step1.pt")
     assert snapshot["step"] == 1
@@ -133,7 +133,7 @@ def test_halt_writes_a_snapshot_from_before_the_update(tmp_path: Path) -> None:
     assert all(p.grad is None for p in setup.model.parameters())
     assert run.closed
     with pytest.raises(UsageError, match="closed"):
-        run.steps.before_update(loss)
+        run.before_update(loss)
 
 
 def test_rollback_under_a_trainer_rewinds_its_scheduler_step_and_backs_the_lr_off() -> None:

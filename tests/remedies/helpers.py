@@ -10,7 +10,7 @@ from torch import nn
 
 from trainguard import GuardConfig
 from trainguard.pipeline import Run, StepContext
-from trainguard.pipeline.measure import Measure
+from trainguard.pipeline.measure import measure as measure_stage
 
 QUIET = {"console": False, "activation_probe": False}
 
@@ -29,7 +29,7 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tens
     """Measure the gradients already in `model` through the `measure` stage's single transfer."""
     run = Run(model, optimizer, config=GuardConfig(**QUIET))
     ctx = StepContext(step=0, loss=loss)
-    Measure(run)(ctx)
+    measure_stage(ctx, run.state, run.services)
     run.close()
     assert ctx.signals is not None
     return Measured(ctx.signals.param_grad_norm, ctx.signals.grad_norm, list(run.watched.names),

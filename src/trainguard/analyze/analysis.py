@@ -28,6 +28,7 @@ from trainguard.config import DetectorConfig
 from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.events import Event
+from trainguard.registry import Kind
 
 
 @dataclass(slots=True)
@@ -118,9 +119,9 @@ def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
     evaluation that collapsed because the training itself blew up (or went NaN) is a
     consequence, not the labels' doing, and is left out (it stays in the evidence)."""
     incident = judgement.incident
-    if any(e.kind != "metric_collapse" for e in incident):
-        incident = [e for e in incident if e.kind != "metric_collapse"]
-    changes = [e for e in events if e.kind == "lr_change"]
+    if any(e.kind != Kind.METRIC_COLLAPSE for e in incident):
+        incident = [e for e in incident if e.kind != Kind.METRIC_COLLAPSE]
+    changes = [e for e in events if e.kind == Kind.LR_CHANGE]
     return changes + incident
 
 

@@ -31,6 +31,7 @@ from trainguard.analyze.log import GRAD_NORM, LR, Log
 from trainguard.config import DetectorConfig
 from trainguard.diagnose.causes import CAUSES
 from trainguard.diagnose.finding import Finding
+from trainguard.registry import Kind
 
 ADAM_LR_MAX = 5e-3
 """The top of the guide's Adam(W) ranges (LoRA: 1e-4..5e-3; full fine-tuning 1e-6..5e-5)."""
@@ -88,14 +89,14 @@ def log_findings(log: Log, judgement: Judgement) -> list[Finding]:
                              f"the guide's explosion limit "
                              f"{GRAD_LIMIT:g}",
                              CAUSES["lr_too_high"].fix, "lr_too_high"))
-    single = [e for e in judgement.incident if e.kind in ("loss_spike", "grad_explosion")]
+    single = [e for e in judgement.incident if e.kind in (Kind.LOSS_SPIKE, Kind.GRAD_EXPLOSION)]
     if (judgement.verdict == "diverged" and judgement.kind in ("explosion", "slow-divergence")
             and len(single) == 1):
         found.append(Finding("log_no_recovery", "warning",
                              f"the loss never came back after the jump at "
                              f"{log.label(single[0].details['row'])}: not a one-off, the "
                              "run's own instability", CAUSES["lr_too_high"].fix, "lr_too_high"))
-    jumps = [e for e in judgement.isolated if e.kind == "grad_explosion"
+    jumps = [e for e in judgement.isolated if e.kind == Kind.GRAD_EXPLOSION
              and e.details["row"] < onset]
     if jumps:
         shown = ", ".join(f"{e.value:.3g} at {log.label(e.details['row'])}" for e in jumps[:3])

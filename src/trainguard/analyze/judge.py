@@ -47,6 +47,7 @@ from trainguard.analyze.log import GRAD_NORM, LOSS, Log
 from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.events import Event, at_least
+from trainguard.registry import Kind
 from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse
 
 HEALTHY, RECOVERED, DIVERGED = "healthy", "spike-recovered", "diverged"
@@ -213,11 +214,11 @@ def _blowup_kind(log: Log, rows: list[int], first: Event, onset: int,
     losses = log.values(LOSS)
     grads = log.values(GRAD_NORM)
     after = [i for i in rows if i >= onset]
-    series = grads if first.kind == "grad_explosion" else losses
+    series = grads if first.kind == Kind.GRAD_EXPLOSION else losses
     before_series = [v for i in rows if i < onset and _finite(v := series[i])]
     base = min(before_series[-max(config.baseline_window, 1):], default=None)
     return (EXPLOSION if _jumped(after, losses, reference) else
-            _shape(after, series, base if first.kind == "grad_explosion" else reference))
+            _shape(after, series, base if first.kind == Kind.GRAD_EXPLOSION else reference))
 
 
 def _came_back(first: Event, onset: int, reference: float | None, rows: list[int],
@@ -297,7 +298,7 @@ def _transient(event: Event, log: Log, rows: list[int], config: DetectorConfig) 
     following = _next_row(log, rows, row)
     if following is None or not isinstance(baseline, (int, float)) or baseline <= 0:
         return False
-    if event.kind == "loss_spike":
+    if event.kind == Kind.LOSS_SPIKE:
         value = log.values(LOSS)[following]
         limit = baseline * config.loss_spike_ratio
     else:
@@ -318,7 +319,7 @@ def _previous(values: list[float | None], rows: list[int], row: int) -> float | 
 def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
            grads: list[float | None], skipped: list[bool], config: DetectorConfig) -> int:
     row = first.details["row"]
-    if first.kind == "loss_divergence" and isinstance(first.details.get("crossed_row"), int):
+    if first.kind == Kind.LOSS_DIVERGENCE and isinstance(first.details.get("crossed_row"), int):
         # where the detector's level crossed, moved on to the first row that is itself above
         limit = first.details.get("best", 0.0) * config.divergence_ratio
         row = min(row, first.details["crossed_row"])
@@ -334,13 +335,13 @@ def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
         return skipped[i] or (loss is not None and not math.isfinite(loss)) \
             or (grad is not None and not math.isfinite(grad) and not skipped[i])
 
-    if first.kind in NONFINITE_KINDS or first.kind == "fp16_overflow":
+    if first.kind in NONFINITE_KINDS or first.kind == Kind.FP16_OVERFLOW:
         while position > 0 and bad(rows[position - 1]):
             position -= 1
         return rows[position]
-    if first.kind in ("loss_at_chance", "loss_above_chance"):
+    if first.kind in (Kind.LOSS_AT_CHANCE, Kind.LOSS_ABOVE_CHANCE):
         return row
-    series, ratio = ((grads, config.grad_norm_abs_min_ratio) if first.kind == "grad_explosion"
+    series, ratio = ((grads, config.grad_norm_abs_min_ratio) if first.kind == Kind.GRAD_EXPLOSION
                      else (losses, config.loss_spike_ratio))
     start = position
     earlier = [v for i in rows[max(0, start - window):start] if _finite(v := series[i])]

@@ -17,7 +17,7 @@ from typing import Any
 from trainguard.diagnose.causes import CAUSES
 from trainguard.diagnose.finding import Finding
 from trainguard.events import Event, at_least
-from trainguard.registry import Tag, event_kind, event_kinds, kinds_tagged
+from trainguard.registry import Kind, Tag, event_kind, event_kinds, kinds_tagged
 
 FINDING_WEIGHT = {"critical": 3.0, "error": 2.0, "warning": 1.0, "info": 0.2}
 BATCH_FINDING_WEIGHT = 4.0
@@ -216,7 +216,7 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
     """The votes each kind casts (registry), a collapsed gradient, a bad start, bad state."""
     kinds = {e.kind for e in serious}
     for e in serious:
-        if e.kind == "no_progress" and e.details.get("grad_collapse"):
+        if e.kind == Kind.NO_PROGRESS and e.details.get("grad_collapse"):
             votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
                       f"{e.details['grad_collapse']:.3g}x while the loss stayed flat")
     for entry in event_kinds():  # votes a kind casts once whenever it appears
@@ -375,16 +375,16 @@ def _outlasted_lr_cut(events: list[Event], symptoms: list[Event]) -> str:
 
 
 def _nonfinite_eval(event: Event) -> bool:
-    return event.kind == "metric_collapse" and event.details.get("rule") == "nonfinite"
+    return event.kind == Kind.METRIC_COLLAPSE and event.details.get("rule") == "nonfinite"
 
 
 def _went_nonfinite(events: list[Event], step: int) -> str:
     """What went non-finite at `step`, by name: "the loss" only when the loss did, else the
     gradients, else the evaluation metrics."""
     at = [e for e in events if e.step == step]
-    if any(e.kind == "nonfinite_loss" for e in at):
+    if any(e.kind == Kind.NONFINITE_LOSS for e in at):
         return "the loss"
-    if any(e.kind == "nonfinite_grad" for e in at):
+    if any(e.kind == Kind.NONFINITE_GRAD for e in at):
         return "the gradients"
     metrics = [str(e.details.get("metric") or e.param) for e in at if _nonfinite_eval(e)]
     if metrics:

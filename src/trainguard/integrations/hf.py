@@ -182,7 +182,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
             return
         loss = self._tap.take()
         try:
-            self._ctx = self.run.steps.before_update(loss, batch=self._tap.batch)
+            self._ctx = self.run.before_update(loss, batch=self._tap.batch)
         except TrainingDiverged:
             self._release()
             raise
@@ -192,7 +192,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if self.run is None or self._ctx is None:
             return
         ctx, self._ctx = self._ctx, None
-        report = self.run.steps.after_update(ctx)
+        report = self.run.after_update(ctx)
         if report is not None:
             self.last_report = report
 

@@ -158,14 +158,14 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         if self.run is None:
             return
         loss, self._loss = self._loss, None
-        self._ctx = self.run.steps.before_update(loss, batch=self._batch)
+        self._ctx = self.run.before_update(loss, batch=self._batch)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.run is None or self._ctx is None:  # None while gradients are accumulated
             return
         ctx, self._ctx = self._ctx, None
-        report = self.run.steps.after_update(ctx)
+        report = self.run.after_update(ctx)
         if report is not None:
             self.last_report = report
 

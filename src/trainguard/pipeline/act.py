@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.services import Services
+from trainguard.pipeline.state import RunState
 from trainguard.remedies import apply_coefficients, drop_grads, scale_grads
-from trainguard.snapshot import build_snapshot, write_snapshot
+from trainguard.snapshot import build_snapshot, portable, write_snapshot
 
 if TYPE_CHECKING:
-    from trainguard.pipeline.run import Run
-    from trainguard.pipeline.state import RunState
     from trainguard.recovery.manager import Rollback
 
 log = logging.getLogger("trainguard")
@@ -39,112 +39,101 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
     return plan.event(state.clip_limit(), adaptive=state.max_grad_norm is None)
 
 
-class Act:
-    name = "act"
+def act(ctx: StepContext, state: RunState, services: Services) -> None:
+    decision = ctx.decision
+    assert decision is not None
+    if decision.action == "rolled_back":
+        _roll_back(ctx, state, services)
+    if ctx.outcome == "halted":
+        _halt(ctx, state, services)
+    elif ctx.applied:
+        scale_grads(ctx.grads, decision.clip_coef)
+        _clip_rules(ctx, state, services, decision.clip_coef)
+        if ctx.sampled:
+            services.watch.weight_probe.remember()
+    else:
+        if services.config.policy != "observe":  # observe leaves grads and schedule as they are
+            drop_grads(services.watched.params)
+            services.rewind.remember()
+        if ctx.outcome == "skipped":
+            ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
+                    reason=decision.reason)
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
 
-    def __call__(self, ctx: StepContext) -> None:
-        decision = ctx.decision
-        assert decision is not None
-        if decision.action == "rolled_back":
-            self._roll_back(ctx)
-        if ctx.outcome == "halted":
-            self.run.halted = True
-            self._halt(ctx)
-        elif ctx.applied:
-            scale_grads(ctx.grads, decision.clip_coef)
-            self._clip_rules(ctx, decision.clip_coef)
-            if ctx.sampled:
-                self.run.weight_probe.remember()
-        else:
-            if self.run.config.policy != "observe":  # observe leaves grads and schedule as they are
-                drop_grads(self.run.watched.params)
-                self.run.rewind.remember()
-            if ctx.outcome == "skipped":
-                ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
-                        reason=decision.reason)
+def _clip_rules(ctx: StepContext, state: RunState, services: Services, coef: float) -> None:
+    """The configured extra clipping, on the norms as the global clip left them."""
+    signals = ctx.signals
+    rule, agc, watched = state.clip_rule, services.agc, services.watched
+    if (rule is None and agc is None) or signals is None:
+        return
+    try:
+        if rule is not None:
+            coefs = rule.coefficients(signals.param_grad_norm * coef,
+                                      signals.grad_norm * coef, signals.param_names)
+            apply_coefficients(watched.params, coefs)
+        if agc is not None:
+            agc.apply(watched.params, watched.names,
+                      grad_norms=signals.param_grad_norm * coef if rule is None else None)
+    except Exception as exc:  # a remedy bug must not kill the run; the global clip stands
+        log.error("trainguard: clipping rule failed at step %d (%s: %s)", ctx.step,
+                  type(exc).__name__, exc)
 
-    def _clip_rules(self, ctx: StepContext, coef: float) -> None:
-        """The configured extra clipping, on the norms as the global clip left them."""
-        run, signals = self.run, ctx.signals
-        rule, agc = run.state.clip_rule, run.agc
-        if (rule is None and agc is None) or signals is None:
-            return
-        try:
-            if rule is not None:
-                coefs = rule.coefficients(signals.param_grad_norm * coef,
-                                          signals.grad_norm * coef, signals.param_names)
-                apply_coefficients(run.watched.params, coefs)
-            if agc is not None:
-                agc.apply(run.watched.params, run.watched.names,
-                          grad_norms=signals.param_grad_norm * coef if rule is None else None)
-        except Exception as exc:  # a remedy bug must not kill the run; the global clip stands
-            log.error("trainguard: clipping rule failed at step %d (%s: %s)", ctx.step,
-                      type(exc).__name__, exc)
 
-    def _roll_back(self, ctx: StepContext) -> None:
-        run = self.run
-        recovery = run.state.recovery
-        assert recovery is not None and ctx.decision is not None
-        lr_before = recovery.lr.factor()
-        try:
-            event = apply_rollback(run.state, recovery.rollback(
-                ctx.decision.verdict, ctx.step, mid_step=run.owns_scaler_step))
-        except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
-            ctx.raise_event(Event(
-                kind="rollback_failed", step=ctx.step, severity="critical",
-                message=f"{ctx.decision.reason}; the rollback failed ({type(exc).__name__}: "
-                        f"{exc})"))
-            ctx.outcome = "halted"
-            return
-        ctx.raise_event(event)
-        ctx.act("rollback", event.message, **event.details)
-        if recovery.lr.factor() != lr_before:
-            ceiling = event.details.get("lr_ceiling")
-            ctx.act("lr_change", f"LR x{recovery.lr.factor():g} after the rollback, ramping back"
-                                 + (f", never above LR {ceiling:.3g}" if ceiling is not None
-                                    else ""),
-                    factor=recovery.lr.factor(), ceiling=ceiling)
+def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
+    recovery = state.recovery
+    assert recovery is not None and ctx.decision is not None
+    lr_before = recovery.lr.factor()
+    try:
+        event = apply_rollback(state, recovery.rollback(
+            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step))
+    except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
+        ctx.raise_event(Event(
+            kind="rollback_failed", step=ctx.step, severity="critical",
+            message=f"{ctx.decision.reason}; the rollback failed ({type(exc).__name__}: "
+                    f"{exc})"))
+        ctx.outcome = "halted"
+        return
+    ctx.raise_event(event)
+    ctx.act("rollback", event.message, **event.details)
+    if recovery.lr.factor() != lr_before:
+        ceiling = event.details.get("lr_ceiling")
+        ctx.act("lr_change", f"LR x{recovery.lr.factor():g} after the rollback, ramping back"
+                             + (f", never above LR {ceiling:.3g}" if ceiling is not None
+                                else ""),
+                factor=recovery.lr.factor(), ceiling=ceiling)
 
-    def _halt(self, ctx: StepContext) -> None:
-        """Snapshot the state from before this step's update; whatever runs next applies
-        nothing."""
-        run = self.run
-        path = self._snapshot_path(ctx.step)
-        if path is None:  # a replica of rank 0's state: rank 0's snapshot holds it all
-            drop_grads(run.watched.params)
-            reason = ctx.decision.reason if ctx.decision is not None else ""
-            ctx.act("halt", f"training halted at step {ctx.step}: {reason}", reason=reason,
-                    snapshot=None)
-            return
+
+def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
+    """Snapshot the state from before this step's update; whatever runs next applies
+    nothing."""
+    path = snapshot_path(services, ctx.step)
+    if path is not None:  # None: a replica of rank 0's state, rank 0's snapshot holds it all
         try:
             snapshot = build_snapshot(
-                step=ctx.step, model=run.model, optimizers=[run.optimizer],
-                scheduler=run.scheduler, scaler=run.scaler, batch=ctx.batch,
-                events=[e.to_dict() for e in run.events + ctx.events],
-                config=run.config.to_dict(), extra={"guard": run.state_dict()})
+                step=ctx.step, model=services.model, optimizers=[services.optimizer],
+                scheduler=services.scheduler, scaler=services.scaler, batch=ctx.batch,
+                events=[e.to_dict() for e in services.journal.events + ctx.events],
+                config=services.config.to_dict(),
+                extra={"guard": portable(state.state_dict())})
             ctx.snapshot_path = str(write_snapshot(path, snapshot))
             ctx.act("snapshot", f"crash snapshot written to {ctx.snapshot_path}",
                     path=ctx.snapshot_path)
         except Exception as exc:  # still halt, and say why there is no snapshot
             ctx.raise_event(Event(kind="snapshot_failed", step=ctx.step, severity="error",
                                   message=f"could not write {path}: {exc}"))
-        drop_grads(run.watched.params)
-        reason = ctx.decision.reason if ctx.decision is not None else ""
-        ctx.act("halt", f"training halted at step {ctx.step}: {reason}", reason=reason,
-                snapshot=ctx.snapshot_path)
+    drop_grads(services.watched.params)
+    reason = ctx.decision.reason if ctx.decision is not None else ""
+    ctx.act("halt", f"training halted at step {ctx.step}: {reason}", reason=reason,
+            snapshot=ctx.snapshot_path)
 
-    def _snapshot_path(self, step: int) -> Path | None:
-        """Rank 0 writes `crash_step<N>.pt`; under torch.distributed the other ranks write only
-        when their state is sharded (FSDP), as `crash_step<N>_rank<r>.pt` beside it (None: this
-        rank writes nothing, its state being a replica of rank 0's)."""
-        run = self.run
-        base = Path(run.config.snapshot_dir) if run.config.snapshot_dir else (
-            run.run_dir if run.run_dir is not None else Path("trainguard_snapshots"))
-        if run.dist is None or run.dist.is_main:
-            return base / f"crash_step{step}.pt"
-        if run.ranks is not None and run.ranks.sharded:
-            return base / f"crash_step{step}_rank{run.dist.rank}.pt"
-        return None
+
+def snapshot_path(services: Services, step: int) -> Path | None:
+    """Rank 0 writes `crash_step<N>.pt`; under torch.distributed the other ranks write only
+    when their state is sharded (FSDP), as `crash_step<N>_rank<r>.pt` beside it (None: this
+    rank writes nothing, its state being a replica of rank 0's)."""
+    base, dist = services.snapshot_dir(), services.dist
+    if dist is None or dist.is_main:
+        return base / f"crash_step{step}.pt"
+    if services.ranks is not None and services.ranks.sharded:
+        return base / f"crash_step{step}_rank{dist.rank}.pt"
+    return None

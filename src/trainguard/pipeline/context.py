@@ -20,6 +20,9 @@ from trainguard.events import Action, ActionRecord, Event, StepReport
 from trainguard.pipeline.policy import Decision, applies
 from trainguard.signals import StepSignals
 
+BATCH_KEY = "batch"
+"""Name of the batch statistics among the extra tensors of the step's transfer."""
+
 
 @dataclass(slots=True)
 class PendingStats:

@@ -11,72 +11,64 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
 
 from trainguard.errors import PeerLost
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.policy import Decision, choose_action
+from trainguard.pipeline.services import Services
+from trainguard.pipeline.state import RunState
 from trainguard.registry import Tag, is_rank_local, kinds_tagged
-
-if TYPE_CHECKING:
-    from trainguard.pipeline.run import Run
 
 log = logging.getLogger("trainguard")
 
-class Decide:
-    name = "decide"
+def decide(ctx: StepContext, state: RunState, services: Services) -> None:
+    signals, config = ctx.signals, services.config
+    assert signals is not None
+    shared = [e for e in ctx.events if not is_rank_local(e.kind)]
+    alarm = kinds_tagged(Tag.CLIP_ALARM)  # the kinds that put the adaptive clip in alarm
+    if state.auto_clip is not None and any(e.kind in alarm for e in shared):
+        state.auto_clip.alarm(ctx.step)  # this step is clipped at the typical norm already
+    limit = state.clip_limit()
+    # the one computation of the step's limit (the fixed one, when the state has none)
+    ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
+    decision = choose_action(config, signals, shared, state.consecutive_skips,
+                             max_grad_norm=ctx.clip_limit,
+                             adaptive=state.auto_clip is not None
+                             and limit != state.max_grad_norm)
+    if state.recovery is not None:
+        decision = _recover(ctx, state, decision)
+    ctx.decide(decision)
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
 
-    def __call__(self, ctx: StepContext) -> None:
-        run, signals = self.run, ctx.signals
-        assert signals is not None
-        shared = [e for e in ctx.events if not is_rank_local(e.kind)]
-        state = run.state
-        alarm = kinds_tagged(Tag.CLIP_ALARM)  # the kinds that put the adaptive clip in alarm
-        if state.auto_clip is not None and any(e.kind in alarm for e in shared):
-            state.auto_clip.alarm(ctx.step)  # this step is clipped at the typical norm already
-        limit = state.clip_limit()
-        # the one computation of the step's limit (the fixed one, when the state has none)
-        ctx.clip_limit = run.config.fixed_max_grad_norm if limit is None else limit
-        decision = choose_action(run.config, signals, shared, state.consecutive_skips,
-                                 max_grad_norm=ctx.clip_limit,
-                                 adaptive=state.auto_clip is not None
-                                 and limit != state.max_grad_norm)
-        if run.state.recovery is not None:
-            decision = self._recover(ctx, decision)
-        ctx.decide(decision)
-
-    def _recover(self, ctx: StepContext, decision: Decision) -> Decision:
-        """Let the recover policy turn the decision into a skip, a rollback or a halt."""
-        recovery = self.run.state.recovery
-        assert recovery is not None and ctx.signals is not None
-        events = ctx.events + list(decision.events)
-        try:
-            verdict = recovery.review(ctx.signals, ctx.extra, events, decision.applies_update,
-                                      ctx.data_ids,
-                                      nonfinite_input=ctx.nonfinite_input)
-        except PeerLost:  # a rank is gone: the run stops
-            raise
-        except Exception as exc:  # judgement is advisory; the policy's decision stands
-            log.error("trainguard: recovery review failed (%s: %s)", type(exc).__name__, exc)
+def _recover(ctx: StepContext, state: RunState, decision: Decision) -> Decision:
+    """Let the recover policy turn the decision into a skip, a rollback or a halt."""
+    recovery = state.recovery
+    assert recovery is not None and ctx.signals is not None
+    events = ctx.events + list(decision.events)
+    try:
+        verdict = recovery.review(ctx.signals, ctx.extra, events, decision.applies_update,
+                                  ctx.data_ids,
+                                  nonfinite_input=ctx.nonfinite_input)
+    except PeerLost:  # a rank is gone: the run stops
+        raise
+    except Exception as exc:  # judgement is advisory; the policy's decision stands
+        log.error("trainguard: recovery review failed (%s: %s)", type(exc).__name__, exc)
+        return decision
+    if verdict is None or decision.action == "halted":
+        return decision
+    if verdict.action == "skip":
+        if not decision.applies_update:
             return decision
-        if verdict is None or decision.action == "halted":
-            return decision
-        if verdict.action == "skip":
-            if not decision.applies_update:
-                return decision
-            return dataclasses.replace(decision, action="skipped", clip_coef=1.0,
-                                       reason=verdict.reason)
-        if verdict.action == "rollback" and recovery.can_roll_back():
-            return dataclasses.replace(decision, action="rolled_back", clip_coef=1.0,
-                                       reason=verdict.reason, verdict=verdict)
-        why = verdict.reason if verdict.action == "halt" else \
-            f"{verdict.reason}, and there is no good state to roll back to"
-        limit = Event(kind="rollback_limit", step=ctx.step, severity="critical",
-                      message=f"{why}: recovery gives up",
-                      value=float(recovery.controller.rollbacks))
-        return dataclasses.replace(decision, action="halted", reason=why,
-                                   events=(*decision.events, limit))
+        return dataclasses.replace(decision, action="skipped", clip_coef=1.0,
+                                   reason=verdict.reason)
+    if verdict.action == "rollback" and recovery.can_roll_back():
+        return dataclasses.replace(decision, action="rolled_back", clip_coef=1.0,
+                                   reason=verdict.reason, verdict=verdict)
+    why = verdict.reason if verdict.action == "halt" else \
+        f"{verdict.reason}, and there is no good state to roll back to"
+    limit = Event(kind="rollback_limit", step=ctx.step, severity="critical",
+                  message=f"{why}: recovery gives up",
+                  value=float(recovery.controller.rollbacks))
+    return dataclasses.replace(decision, action="halted", reason=why,
+                               events=(*decision.events, limit))

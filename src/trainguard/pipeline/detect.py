@@ -21,14 +21,14 @@ from trainguard.diagnose.batch import check_loss_above_chance
 from trainguard.distributed import RankView, describe_ranks
 from trainguard.errors import PeerLost
 from trainguard.events import Event
-from trainguard.pipeline.context import StepContext
-from trainguard.pipeline.measure import BATCH_KEY
-from trainguard.registry import Tag, kinds_tagged
+from trainguard.pipeline.context import BATCH_KEY, StepContext
+from trainguard.pipeline.services import Services
+from trainguard.pipeline.state import RunState
+from trainguard.registry import Kind, Tag, kinds_tagged
 from trainguard.signals import StepSignals
 
 if TYPE_CHECKING:
     from trainguard.detect import Detector
-    from trainguard.pipeline.run import Run
 
 log = logging.getLogger("trainguard")
 
@@ -55,102 +55,98 @@ def run_detectors(detectors: list[Detector], signals: StepSignals, *,
     return events
 
 
-class Detect:
-    name = "detect"
+def detect(ctx: StepContext, state: RunState, services: Services) -> None:
+    signals, config, ranks = ctx.signals, services.config, services.ranks
+    assert signals is not None
+    for sample in signals.sampled:  # the class count metric_collapse judges chance by
+        if sample.output.get("out_classes", 0.0) >= 2:
+            state.output_classes = int(sample.output["out_classes"])
+    # before explain ranks causes with the findings
+    ctx.findings.extend(services.journal.observe_lrs(signals.group_lrs))
+    for event in run_detectors(state.detectors, signals):
+        ctx.raise_event(event)
+    ctx.fired = bool(ctx.events)
+    batch_events: list[Event] = []
+    if ctx.batch is not None and config.inspect_batches:
+        batch_events = _inspect_batch(ctx, services, signals)
+    if ranks is not None and signals.ranks is not None:
+        facts = (_gather_batches(ctx, services, batch_events)
+                 if config.inspect_batches and _agreed_trouble(ctx.events) else None)
+        name_ranks(ctx.events, signals.ranks, facts)
+        if not ranks.replicas_agree(ctx.step, signals.ranks):
+            _check_desync(ctx, services)
+    else:
+        note_batch(ctx.events, [{"inspected": ctx.batch_inspected,
+                                 "nonfinite": ctx.nonfinite_input}])
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
 
-    def __call__(self, ctx: StepContext) -> None:
-        run, signals = self.run, ctx.signals
-        assert signals is not None
-        for sample in signals.sampled:  # the class count metric_collapse judges chance by
-            if sample.output.get("out_classes", 0.0) >= 2:
-                run.state.output_classes = int(sample.output["out_classes"])
-        # before explain ranks causes with the findings
-        ctx.findings.extend(run.observe_lrs(signals.group_lrs))
-        for event in run_detectors(run.state.detectors, signals):
+def _inspect_batch(ctx: StepContext, services: Services, signals: StepSignals) -> list[Event]:
+    if ctx.step == 0:
+        _check_first_loss(ctx, services, signals.loss)
+    known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
+             else None)
+    spike = next((e for e in ctx.events if e.kind == Kind.LOSS_SPIKE), None)
+    seen = services.batches.look(
+        ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
+        level=spike.details.get("baseline") if spike is not None else None,
+        data_ids=ctx.data_ids)
+    ctx.batch_inspected, ctx.nonfinite_input = seen.inspected, seen.nonfinite
+    for event in seen.events:
+        ctx.raise_event(event)
+    return seen.events
+
+
+def _gather_batches(ctx: StepContext, services: Services, mine: list[Event]) -> BatchFacts | None:
+    """Every rank's batch facts of a troubled step, and its batch events into this step's
+    events, each naming its rank, in rank order (every rank then holds the same list). They
+    stay rank-local kinds: no decision reads them."""
+    assert services.ranks is not None
+    own = {"inspected": ctx.batch_inspected, "nonfinite": ctx.nonfinite_input,
+           "events": [e.to_dict() for e in mine]}
+    try:
+        facts: BatchFacts = services.ranks.gather_batches(own)
+    except PeerLost:  # a rank is gone: the run stops
+        raise
+    except Exception as exc:  # a monitoring bug must not kill the run
+        log.error("trainguard: gathering the ranks' batch findings failed at step %d "
+                  "(%s: %s)", ctx.step, type(exc).__name__, exc)
+        return None
+    ids = {id(e) for e in mine}
+    ctx.events[:] = [e for e in ctx.events if id(e) not in ids]
+    for rank, theirs in enumerate(facts):
+        for data in theirs["events"]:
+            event = Event.from_dict(data)
+            event.message = f"on rank {rank}: {event.message}"
+            event.details["rank"] = rank
             ctx.raise_event(event)
-        ctx.fired = bool(ctx.events)
-        batch_events: list[Event] = []
-        if ctx.batch is not None and run.config.inspect_batches:
-            batch_events = self._inspect_batch(ctx, signals)
-        if run.ranks is not None and signals.ranks is not None:
-            facts = (self._gather_batches(ctx, batch_events)
-                     if run.config.inspect_batches and _agreed_trouble(ctx.events) else None)
-            name_ranks(ctx.events, signals.ranks, facts)
-            if not run.ranks.replicas_agree(ctx.step, signals.ranks):
-                self._check_desync(ctx)
-        else:
-            note_batch(ctx.events, [{"inspected": ctx.batch_inspected,
-                                     "nonfinite": ctx.nonfinite_input}])
+    return facts
 
-    def _inspect_batch(self, ctx: StepContext, signals: StepSignals) -> list[Event]:
-        run = self.run
-        if ctx.step == 0:
-            self._check_first_loss(ctx, signals.loss)
-        known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
-                 else None)
-        spike = next((e for e in ctx.events if e.kind == "loss_spike"), None)
-        seen = run.batches.look(
-            ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
-            level=spike.details.get("baseline") if spike is not None else None,
-            data_ids=ctx.data_ids)
-        ctx.batch_inspected, ctx.nonfinite_input = seen.inspected, seen.nonfinite
-        for event in seen.events:
-            ctx.raise_event(event)
-        return seen.events
 
-    def _gather_batches(self, ctx: StepContext, mine: list[Event]) -> BatchFacts | None:
-        """Every rank's batch facts of a troubled step, and its batch events into this step's
-        events, each naming its rank, in rank order (every rank then holds the same list). They
-        stay rank-local kinds: no decision reads them."""
-        run = self.run
-        assert run.ranks is not None and run.dist is not None
-        own = {"inspected": ctx.batch_inspected, "nonfinite": ctx.nonfinite_input,
-               "events": [e.to_dict() for e in mine]}
-        try:
-            facts: BatchFacts = run.ranks.gather_batches(own)
-        except PeerLost:  # a rank is gone: the run stops
-            raise
-        except Exception as exc:  # a monitoring bug must not kill the run
-            log.error("trainguard: gathering the ranks' batch findings failed at step %d "
-                      "(%s: %s)", ctx.step, type(exc).__name__, exc)
-            return None
-        ids = {id(e) for e in mine}
-        ctx.events[:] = [e for e in ctx.events if id(e) not in ids]
-        for rank, theirs in enumerate(facts):
-            for data in theirs["events"]:
-                event = Event.from_dict(data)
-                event.message = f"on rank {rank}: {event.message}"
-                event.details["rank"] = rank
-                ctx.raise_event(event)
-        return facts
+def _check_first_loss(ctx: StepContext, services: Services, loss: float | None) -> None:
+    """A runtime finding, like the preflight's: evidence for a diagnosis, not an event."""
+    try:
+        finding = check_loss_above_chance(loss, ctx.batch, services.model)
+    except Exception as exc:  # advisory
+        log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
+        return
+    if finding is not None:
+        ctx.findings.append(finding)
 
-    def _check_first_loss(self, ctx: StepContext, loss: float | None) -> None:
-        """A runtime finding, like the preflight's: evidence for a diagnosis, not an event."""
-        try:
-            finding = check_loss_above_chance(loss, ctx.batch, self.run.model)
-        except Exception as exc:  # advisory
-            log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
-            return
-        if finding is not None:
-            ctx.findings.append(finding)
 
-    def _check_desync(self, ctx: StepContext) -> None:
-        """Do the ranks' copies of the weights still agree (from step 0, to catch replicas that
-        never started equal)? Checked before the decision, so every policy can act on it."""
-        assert self.run.ranks is not None
-        try:
-            events = self.run.ranks.check_desync(ctx.step)
-        except PeerLost:  # a rank is gone: the run stops
-            raise
-        except Exception as exc:  # a monitoring bug must not kill the run
-            log.error("trainguard: desync check failed at step %d (%s: %s)", ctx.step,
-                      type(exc).__name__, exc)
-            return
-        for event in events:
-            ctx.raise_event(event)
+def _check_desync(ctx: StepContext, services: Services) -> None:
+    """Do the ranks' copies of the weights still agree (from step 0, to catch replicas that
+    never started equal)? Checked before the decision, so every policy can act on it."""
+    assert services.ranks is not None
+    try:
+        events = services.ranks.check_desync(ctx.step)
+    except PeerLost:  # a rank is gone: the run stops
+        raise
+    except Exception as exc:  # a monitoring bug must not kill the run
+        log.error("trainguard: desync check failed at step %d (%s: %s)", ctx.step,
+                  type(exc).__name__, exc)
+        return
+    for event in events:
+        ctx.raise_event(event)
 
 
 def _agreed_trouble(events: list[Event]) -> bool:
@@ -170,11 +166,11 @@ def name_ranks(events: list[Event], view: RankView, facts: BatchFacts | None = N
     for event in events:
         ranks: list[int] = []
         where = ""
-        if event.kind == "nonfinite_loss" and bad_loss:
+        if event.kind == Kind.NONFINITE_LOSS and bad_loss:
             ranks = bad_loss
-        elif event.kind == "nonfinite_grad" and bad_grads and len(bad_grads) < world:
+        elif event.kind == Kind.NONFINITE_GRAD and bad_grads and len(bad_grads) < world:
             ranks = bad_grads  # not every rank's: local gradients (shards), not reduced ones
-        elif event.kind == "nonfinite_grad":
+        elif event.kind == Kind.NONFINITE_GRAD:
             event.details["after_all_reduce"] = True
             ranks = bad_loss or bad_batch
             source = "loss" if bad_loss else "batch"
@@ -182,14 +178,14 @@ def name_ranks(events: list[Event], view: RankView, facts: BatchFacts | None = N
                      + " and ".join(f"rank {r}'s" for r in ranks) + f" non-finite {source}"
                      if ranks else "after the all-reduce, on every rank: which rank's own "
                      "gradients went bad first cannot be told")
-        elif event.kind in ("loss_spike", "loss_divergence") and world > 1:
+        elif event.kind in (Kind.LOSS_SPIKE, Kind.LOSS_DIVERGENCE) and world > 1:
             ranks = _outlier_ranks(view.loss)
         if ranks:
             event.details["ranks"] = ranks
         if not ranks and not where:
             continue
         where = where or describe_ranks(ranks, world)
-        if event.kind in ("loss_spike", "loss_divergence") and len(ranks) < world:
+        if event.kind in (Kind.LOSS_SPIKE, Kind.LOSS_DIVERGENCE) and len(ranks) < world:
             own = ", ".join(f"rank {r} {view.loss[r]:.4g}" for r in ranks)
             event.message += f" ({where}: own loss {own})"
         else:

@@ -9,58 +9,66 @@ replay, are attached to the step's serious events. Both are advisory: a failure 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
+from trainguard.diagnose import Finding
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.diagnose.replay import replay
 from trainguard.events import at_least
 from trainguard.pipeline.context import StepContext
-
-if TYPE_CHECKING:
-    from trainguard.pipeline.run import Run
+from trainguard.pipeline.services import Services
+from trainguard.pipeline.state import RunState
 
 log = logging.getLogger("trainguard")
 
 
-class Explain:
-    name = "explain"
+def explain(ctx: StepContext, state: RunState, services: Services) -> None:
+    if not any(at_least(e.severity, "warning") for e in ctx.events):
+        return
+    if services.replay_fn is not None and ctx.batch is not None and any(
+            at_least(e.severity, "error") for e in ctx.events):
+        _replay(ctx, services)
+    _likely_causes(ctx, services)
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
 
-    def __call__(self, ctx: StepContext) -> None:
-        if not any(at_least(e.severity, "warning") for e in ctx.events):
-            return
-        if self.run.replay_fn is not None and ctx.batch is not None and any(
-                at_least(e.severity, "error") for e in ctx.events):
-            self._replay(ctx)
-        self._likely_causes(ctx)
+def _replay(ctx: StepContext, services: Services) -> None:
+    try:
+        report = replay(services.model, ctx.batch, services.replay_fn)  # type: ignore[arg-type]
+    except Exception as exc:  # diagnosis is best effort
+        log.error("trainguard: replay failed (%s: %s)", type(exc).__name__, exc)
+        return
+    first = report.first
+    details = {"summary": report.summary(), "deterministic": report.deterministic,
+               "first_nonfinite_module": first.first_nonfinite_module.module
+               if first.first_nonfinite_module else None,
+               "first_overflow_module": first.first_overflow_module.module
+               if first.first_overflow_module else None,
+               "first_nonfinite_grad": first.first_nonfinite_grad}
+    for event in ctx.events:
+        if at_least(event.severity, "error"):
+            event.details["replay"] = details
 
-    def _replay(self, ctx: StepContext) -> None:
-        try:
-            report = replay(self.run.model, ctx.batch, self.run.replay_fn)  # type: ignore[arg-type]
-        except Exception as exc:  # diagnosis is best effort
-            log.error("trainguard: replay failed (%s: %s)", type(exc).__name__, exc)
-            return
-        first = report.first
-        details = {"summary": report.summary(), "deterministic": report.deterministic,
-                   "first_nonfinite_module": first.first_nonfinite_module.module
-                   if first.first_nonfinite_module else None,
-                   "first_overflow_module": first.first_overflow_module.module
-                   if first.first_overflow_module else None,
-                   "first_nonfinite_grad": first.first_nonfinite_grad}
-        for event in ctx.events:
-            if at_least(event.severity, "error"):
-                event.details["replay"] = details
 
-    def _likely_causes(self, ctx: StepContext) -> None:
-        try:
-            ranked = rank_causes(self.run.events + ctx.events,
-                                 self.run.evidence_findings(ctx.findings), top=3)
-        except Exception as exc:  # diagnosis is best effort
-            log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
-            return
-        likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
-        for event in ctx.events:
-            if likely and at_least(event.severity, "warning"):
-                event.details["likely_causes"] = likely
+def _likely_causes(ctx: StepContext, services: Services) -> None:
+    journal = services.journal
+    try:
+        ranked = rank_causes(journal.events + ctx.events,
+                             evidence_findings(services, ctx.findings), top=3)
+    except Exception as exc:  # diagnosis is best effort
+        log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
+        return
+    likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+    for event in ctx.events:
+        if likely and at_least(event.severity, "warning"):
+            event.details["likely_causes"] = likely
+
+
+def evidence_findings(services: Services, step_findings: Iterable[Finding] = (),
+                      closed: bool = False) -> list[Finding]:
+    """The findings a diagnosis weighs: the run's, those of the step under way (not yet
+    recorded), and the runs of consecutive bad batches seen so far (added to the run's
+    findings when it closes)."""
+    findings = services.journal.findings
+    if closed:
+        return list(findings)
+    return findings + list(step_findings) + services.batches.run_findings()

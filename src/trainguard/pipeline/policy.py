@@ -19,6 +19,7 @@ from typing import Any
 
 from trainguard.config import GuardConfig
 from trainguard.events import Action, Event, at_least
+from trainguard.registry import Kind
 from trainguard.remedies.clip import clip_coefficient
 from trainguard.signals import StepSignals
 
@@ -62,7 +63,7 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
         if serious:
             return Decision("halted", reason=f"{serious[0].kind} at step {signals.step}")
     if config.policy == "protect":
-        desync = next((e for e in events if e.kind == "ddp_desync"), None)
+        desync = next((e for e in events if e.kind == Kind.DDP_DESYNC), None)
         if desync is not None:  # training on with different replicas is never what is wanted
             return Decision("halted", reason=f"ddp_desync at step {signals.step}: the replicas "
                                              "differ across ranks")

@@ -8,29 +8,19 @@ once and disabled by the `SinkSet`; training never notices.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.services import Services
+from trainguard.pipeline.state import RunState
 
-if TYPE_CHECKING:
-    from trainguard.pipeline.run import Run
 
-
-class Record:
-    name = "record"
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-
-    def __call__(self, ctx: StepContext) -> None:
-        run = self.run
-        if ctx.new_params is not None:
-            run.emit_action(ctx.new_params)
-        run.add_findings(ctx.findings)
-        run.events.extend(ctx.events)
-        for event in ctx.events:
-            run.sinks.on_event(event)
-        for action in ctx.actions:
-            run.sinks.on_action(action)
-        if ctx.report is not None:
-            run.sinks.on_step(ctx.report)
+def record(ctx: StepContext, state: RunState, services: Services) -> None:
+    journal = services.journal
+    if ctx.new_params is not None:
+        journal.emit_action(ctx.new_params)
+    journal.add_findings(ctx.findings)
+    for event in ctx.events:
+        journal.emit_event(event)
+    for action in ctx.actions:
+        journal.emit_action(action)
+    if ctx.report is not None:
+        journal.sinks.on_step(ctx.report)

@@ -1,10 +1,11 @@
 """`Run`: one guarded training run, whoever takes its optimizer steps.
 
-It builds, from the configuration and the user's objects, everything the stages use (the watched
-parameters, the probes, the detectors, the batch inspector, the recover policy, the sinks) and the
-runtime state (`RunState`), and it owns the run's life: start (preflight audit, sinks told), the
-events and findings outside a step, the diagnosis, the state dict and the close. The step itself
-is `StepPipeline`'s; the `Guard` and the framework callbacks are thin adapters around both.
+It builds, from the configuration and the user's objects, what the stages use (`Services`: the
+watched parameters, the probes, the batch inspector, the sinks) and the runtime state
+(`RunState`: the detectors, the clip limits, the recover policy), and it owns the run's life:
+start (preflight audit, sinks told), each step's check and settling around `StepPipeline`, a
+halted or unguarded step, the events outside a step, the diagnosis, the state dict and the close.
+The `Guard` and the framework callbacks are thin adapters around it.
 """
 
 from __future__ import annotations
@@ -32,28 +33,30 @@ from trainguard.diagnose.replay import LossFn
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.distributed import (
     AGREED_CONFIG_FIELDS_EXCLUDED,
-    LocalShardGradientProbe,
-    RankAgreement,
     agree_on_start,
     describe,
     distributed_context,
 )
-from trainguard.errors import BatchError, PeerLost, StoreUnavailable, UsageError
-from trainguard.events import ActionRecord, Event, RunInfo, at_least
-from trainguard.params import new_params, optimizer_param_count, watched_params
+from trainguard.errors import (
+    BatchError,
+    PeerLost,
+    StoreUnavailable,
+    TrainingDiverged,
+    UsageError,
+)
+from trainguard.events import ActionRecord, Event, RunInfo, StepReport, at_least
+from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
+from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.detect import run_detectors
+from trainguard.pipeline.explain import evidence_findings
 from trainguard.pipeline.measure import flush_pending
-from trainguard.pipeline.rewind import ScheduleRewind
+from trainguard.pipeline.services import build_services
+from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
-from trainguard.probes.activations import ActivationProbe
-from trainguard.probes.gradients import GradientProbe
-from trainguard.probes.optimizer_state import OptimizerStateProbe
-from trainguard.probes.outputs import OutputProbe
-from trainguard.probes.weights import WeightProbe
 from trainguard.recovery import Recovery, Verdict
-from trainguard.remedies import build_agc, build_rule
+from trainguard.remedies import build_rule
 from trainguard.remedies.robust import RobustClipLimit
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
@@ -79,102 +82,61 @@ class Run:
                  rewind_schedulers: Iterable[Any] = (), replay_fn: LossFn | None = None,
                  owns_scaler_step: bool = False, integration: str = "", resume: bool = False,
                  mid_run: bool = False) -> None:
-        config = config if config is not None else GuardConfig()
-        if not isinstance(config, GuardConfig):
-            raise UsageError(f"config must be a trainguard.GuardConfig, got "
-                             f"{type(config).__name__}")
-        if not isinstance(model, nn.Module):
-            raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise UsageError(f"optimizer must be a torch.optim.Optimizer, got "
-                             f"{type(optimizer).__name__}")
+        config = _checked(config, model, optimizer)
         self.config = config
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.replay_fn = replay_fn
-        self.owns_scaler_step = owns_scaler_step
-        self.watched = watched_params(model, [optimizer])
-        self.device = self.watched.params[0].device
-        self.scaler = scaler if scaler is not None and _scaler_enabled(scaler) else None
-        self.dist = distributed_context(self.device)
-        """This rank under torch.distributed (world size > 1); None for a single process."""
-        self.is_main = self.dist is None or self.dist.is_main
+        watched = watched_params(model, [optimizer])
+        dist = distributed_context(watched.params[0].device)
+        self.is_main = dist is None or dist.is_main
         """Only rank 0 writes the run store and runs the sinks and the console."""
         self.run_dir = _run_dir(run_dir)
         self.halted = False
         """The Guard halted this run (a crash snapshot, `TrainingDiverged`)."""
-        if self.dist is not None:  # every rank or none, before any collective
-            start = agree_on_start(self.dist, self._agreed_setup(config), config.rank_timeout_s)
-            self.dist.link.open(self.dist, config.collective_timeout_s, start)
-            self.dist.link.on_lost = _on_lost(self)
+        if dist is not None:  # every rank or none, before any collective
+            start = agree_on_start(dist, _agreed_setup(config, watched), config.rank_timeout_s)
+            dist.link.open(dist, config.collective_timeout_s, start)
+            dist.link.on_lost = _on_lost(self)
+        self._pending: StepContext | None = None
+        """The step checked by `before_update`, waiting for `after_update`."""
         self._monitor_error: tuple[str, int, int, int] | None = None
         """The last monitoring failure reported: its text, its first step, how often it recurred
         since and the last step it did."""
-
-        # what the stages use
-        self._params_seen = optimizer_param_count([optimizer])
-        self._build_param_probes()
-        self.optstate_probe = OptimizerStateProbe(self.watched, [optimizer])
-        self.activation_probe = ActivationProbe(model) if config.activation_probe else None
-        self.output_probe = OutputProbe(model) if config.output_probe else None
-        self.batches = BatchWatch(model, config.batch_size)
-        self.rewind = ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None])
-        self.agc = build_agc(config.agc) if config.agc is not None else None
-        self.state = RunState(
-            max_grad_norm=config.fixed_max_grad_norm,
-            auto_clip=_auto_clip(config),
-            detectors=default_detectors(config.detectors),
-            clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
-            losses=LossTrack(stall_steps=config.detectors.stall_steps),
-            metric_watch=MetricCollapse(config.detectors), batches=self.batches)
-        self.events: list[Event] = []
-        self.findings: list[Finding] = []
-        self.warmup_watch: WarmupWatch | None = None
-        """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
+        self.store: RunStore | None = None
+        self.services = build_services(
+            config=config, model=model, optimizer=optimizer, watched=watched, dist=dist,
+            scheduler=scheduler, owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
+            scaler=scaler if scaler is not None and _scaler_enabled(scaler) else None,
+            run_dir=self.run_dir, rewind_schedulers=rewind_schedulers,
+            sinks=self._open_sinks(sinks, resume))
+        self.state = _initial_state(config, self.services.batches)
         self.closed = False
         self.verdict: RunVerdict | None = None
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
-
-        # sinks: only rank 0 speaks and records
-        self.store: RunStore | None = None
-        all_sinks: list[Sink] = []
-        if self.is_main:
-            if config.console:
-                all_sinks.append(ConsoleSink())
-            store_sink = self._open_store(resume)
-            if store_sink is not None:
-                all_sinks.append(store_sink)
-                self.store = store_sink.store
-            all_sinks.extend(sinks)
-        self.sinks = SinkSet(all_sinks)
-        self.sinks.on_run_start(RunInfo(
-            run_dir=str(self.run_dir) if self.run_dir is not None else None,
-            config=config.to_dict(), param_names=list(self.watched.names),
-            param_shapes=[list(p.shape) for p in self.watched.params],
-            trainguard_version=__version__, integration=integration,
-            distributed=describe(self.dist), resume=resume))
-        self._lifecycle = lifecycle.track(_closer(self)) if self.is_main else None
-        # a process killed while writing a crash snapshot left a hidden temporary file as large
-        # as the snapshot: the directory this run's snapshots go to is cleared of those
-        clean_stale_temps(Path(config.snapshot_dir) if config.snapshot_dir else (
-            self.run_dir if self.run_dir is not None else Path("trainguard_snapshots")))
-
+        self._announce(integration, resume)
         if config.preflight and not mid_run:
             self._run_preflight()
         if config.policy == "recover":
             self.state.recovery = Recovery(
-                dist=self.dist, model=model, optimizers=[optimizer],
-                scheduler=scheduler, scaler=self.scaler, config=config)
+                dist=dist, model=model, optimizers=[optimizer], scheduler=scheduler,
+                scaler=self.services.scaler, config=config)
             self.state.recovery.start(self.state.step, self.state.rewind_state())
-        self.steps = StepPipeline(self)
+        self.steps = StepPipeline(self.state, self.services)
         self.schedule_sampling()
 
-    # -- sampling --------------------------------------------------------------------------------
-    @property
-    def sampled_now(self) -> bool:
-        """Whether the step about to be measured runs the heavy probes."""
-        return self.state.sampled_now
+    # -- what the stages use, by name ------------------------------------------------------------
+    model = property(lambda self: self.services.model)
+    optimizer = property(lambda self: self.services.optimizer)
+    scheduler = property(lambda self: self.services.scheduler)
+    scaler = property(lambda self: self.services.scaler)
+    device = property(lambda self: self.services.device)
+    dist = property(lambda self: self.services.dist)
+    watched = property(lambda self: self.services.watched)
+    ranks = property(lambda self: self.services.ranks)
+    grad_probe = property(lambda self: self.services.watch.grad_probe)
+    weight_probe = property(lambda self: self.services.watch.weight_probe)
+    batches = property(lambda self: self.services.batches)
+    sinks = property(lambda self: self.services.journal.sinks)
+    events = property(lambda self: self.services.journal.events)
+    findings = property(lambda self: self.services.journal.findings)
 
     @property
     def metric_watch(self) -> MetricCollapse:
@@ -182,102 +144,76 @@ class Run:
         assert self.state.metric_watch is not None
         return self.state.metric_watch
 
-    @property
-    def output_classes(self) -> int | None:
-        return self.state.output_classes
-
-    def is_sampled(self, step: int) -> bool:
-        return self.config.sample_all_steps or step % self.config.sample_every == 0
-
     def schedule_sampling(self, after_event: bool = False) -> None:
-        """Decide before the forward pass of the next step whether it is sampled (by the
-        schedule, after an event of the step before, or as a resumed run's state says); attach
-        the activation hooks if so."""
+        schedule_sampling(self.state, self.services, after_event)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def before_update(self, loss: Any, *, batch: Any = None,
+                      data_ids: Any = None) -> StepContext:
+        """Check the step and act on its gradients. Call once per optimizer step, after the
+        gradients are final and unscaled, before `optimizer.step()`. Raises TrainingDiverged
+        when the step halts the run; `ctx.unguarded` is set when the check itself failed."""
+        if self.closed:
+            self.raise_if_peer_lost()
+            raise UsageError("trainguard is closed for this run; start a new one to keep training")
         state = self.state
-        state.sampled_now = self.is_sampled(state.step) or state.sample_next or after_event
-        state.sample_next = False
-        if state.sampled_now and self.activation_probe is not None:
-            self.activation_probe.attach()
-        if state.sampled_now and self.output_probe is not None:
-            self.output_probe.attach()
+        if self.dist is not None:
+            self.dist.link.step = state.step
+        ctx = StepContext(step=state.step, loss=loss, batch=batch,
+                          data_ids=state.data_position if data_ids is None else data_ids,
+                          sampled=state.sampled_now, carried=self.steps.queued)
+        self.steps.queued = []
+        state.data_position += 1
+        self._pending = None
+        failure = self.steps.check(ctx)
+        if failure is not None:
+            journal = self.services.journal
+            if ctx.new_params is not None:  # said outside a step: record will not run
+                journal.emit_action(ctx.new_params)
+            journal.add_findings(ctx.findings)
+            ctx.events[:] = [self.unguarded(failure)]
+            ctx.unguarded = failure
+            return ctx
+        if ctx.outcome == "halted":
+            self._halt(ctx)
+        self._pending = ctx
+        return ctx
 
-    def _agreed_setup(self, config: GuardConfig) -> dict[str, Any]:
-        """What every rank must share: the configuration (less what a rank may set for itself),
-        the version and the watched parameters, which lay out the per-step all-reduce."""
-        settings = {k: v for k, v in config.to_dict().items()
-                    if k not in AGREED_CONFIG_FIELDS_EXCLUDED}
-        names = "\n".join(self.watched.names)
-        return {"trainguard": __version__, "config": settings,
-                "watched parameters": len(self.watched),
-                "parameter names": hashlib.sha1(names.encode()).hexdigest()[:16]}
-
-    # -- the watched parameters ------------------------------------------------------------------
-    def _build_param_probes(self) -> None:
-        """What depends on the list of watched parameters (their count, devices and dtypes)."""
-        self.ranks = RankAgreement(self.dist, self.watched) if self.dist is not None else None
-        """One all-reduce per step and the desync check, so that every rank decides alike."""
-        self.grad_probe = (GradientProbe(self.watched) if self.dist is None
-                           else LocalShardGradientProbe(self.watched))
-        self.weight_probe = WeightProbe(self.watched)
-
-    def watch_new_params(self, step: int) -> ActionRecord | None:
-        """Parameters the optimizer gained since the last step (`add_param_group`, as progressive
-        unfreezing does) are watched, clipped and skipped from this step on; returns the notice
-        for the sinks (None when nothing was added). Checked every step
-        by counting the optimizer's parameters; the lists are rebuilt only when it changed.
-        Under torch.distributed every rank adds the same groups at the same step (the same code
-        runs everywhere), so the ranks rebuild their agreement alike."""
-        count = optimizer_param_count([self.optimizer])
-        if count == self._params_seen:
+    def after_update(self, ctx: StepContext | None = None) -> StepReport | None:
+        """Settle and record the step checked by `before_update`; call after the optimizer step
+        and the scheduler step. None when no step was pending (the check failed)."""
+        pending, self._pending = self._pending, None
+        if ctx is not None and ctx is not pending:
+            pending = None if ctx.unguarded is not None else ctx
+        if pending is None or self.closed:
             return None
-        self._params_seen = count
-        added = new_params(self.watched, self.model, [self.optimizer])
-        if not len(added):
-            return None
-        self.watched.extend(added)
-        self._build_param_probes()
-        recovery = self.state.recovery
-        if recovery is not None:  # good states hold the old parameter groups: start afresh
-            recovery.ring.discard_after(-1)
-            recovery.start(self.state.step, self.state.rewind_state())
-        shown = ", ".join(added.names[:5]) + (", ..." if len(added) > 5 else "")
-        return ActionRecord(
-            kind="watch", step=step,
-            message=f"the optimizer gained {len(added)} parameter(s) ({shown}): watched from "
-                    f"step {step}",
-            details={"names": list(added.names), "shapes": [list(p.shape) for p in added.params],
-                     "count": len(self.watched)})
+        self.steps.settle(pending)
+        return pending.report
+
+    def _halt(self, ctx: StepContext) -> None:
+        self.halted = True
+        self.steps.settle(ctx)
+        diagnosis = self.close(status="halted")
+        threshold = self.config.halt_severity
+        causes: list[Event] = ([e for e in ctx.events if at_least(e.severity, threshold)]
+                               or ctx.events)
+        raise TrainingDiverged(
+            f"training halted at step {ctx.step}: " + "; ".join(e.message for e in causes)
+            + (f". Crash snapshot: {ctx.snapshot_path}" if ctx.snapshot_path else ""),
+            snapshot_path=ctx.snapshot_path, events=causes, report=ctx.report,
+            diagnosis=diagnosis)
 
     # -- outside a step --------------------------------------------------------------------------
     def emit_event(self, event: Event) -> None:
         """An event outside a step's report (a batch refused before its forward pass, a rollback
         between steps, a monitoring failure)."""
-        self.events.append(event)
-        self.sinks.on_event(event)
+        self.services.journal.emit_event(event)
 
     def emit_action(self, action: ActionRecord) -> None:
-        self.sinks.on_action(action)
+        self.services.journal.emit_action(action)
 
     def add_findings(self, findings: list[Finding]) -> None:
-        if findings:
-            self.findings.extend(findings)
-            self.sinks.on_findings(list(self.findings))
-
-    def observe_lrs(self, group_lrs: tuple[float, ...]) -> list[Finding]:
-        """The LRs of the step about to be taken (per param group): they decide the held
-        `warmup` finding over the run's first steps. Returns the findings decided now."""
-        watch = self.warmup_watch
-        if watch is None:
-            return []
-        try:
-            decided = watch.observe(group_lrs)
-        except Exception as exc:  # advisory
-            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
-            decided = []
-        if decided is None:
-            return []
-        self.warmup_watch = None
-        return decided
+        self.services.journal.add_findings(findings)
 
     def observe_eval(self, metrics: Mapping[str, Any], step: int | None = None) -> list[Event]:
         """Evaluation metrics of the model at `step` (default: the last step taken): stored,
@@ -293,7 +229,7 @@ class Run:
         train = statistics.median(losses.recent) if losses.recent else None
         try:
             events = self.metric_watch.observe(
-                numbers, at, classes=self.config.num_classes or self.output_classes,
+                numbers, at, classes=self.config.num_classes or self.state.output_classes,
                 train_loss=train)
         except Exception as exc:  # a monitoring bug must not kill the run
             log.error("trainguard: evaluation check failed (%s: %s)", type(exc).__name__, exc)
@@ -387,12 +323,8 @@ class Run:
 
     # -- diagnosis, state, shutdown --------------------------------------------------------------
     def evidence_findings(self, step_findings: Iterable[Finding] = ()) -> list[Finding]:
-        """The findings a diagnosis weighs: the run's, those of the step under way (not yet
-        recorded), and the runs of consecutive bad batches seen so far (added to the run's
-        findings when it closes)."""
-        if self.closed:
-            return list(self.findings)
-        return self.findings + list(step_findings) + self.batches.run_findings()
+        """The findings a diagnosis weighs (see `explain.evidence_findings`)."""
+        return evidence_findings(self.services, step_findings, closed=self.closed)
 
     def diagnose(self) -> list[RankedCause]:
         try:
@@ -423,17 +355,16 @@ class Run:
         self._report_repeats()
         if self._lifecycle is not None:
             lifecycle.untrack(self._lifecycle)
-        if self.activation_probe is not None and self.activation_probe.attached:
-            self.activation_probe.detach()
-        if self.output_probe is not None and self.output_probe.attached:
-            self.output_probe.detach()
+        for probe in (self.services.activation_probe, self.services.output_probe):
+            if probe is not None and probe.attached:
+                probe.detach()
         try:
             self._flush_pending()
         except Exception as exc:  # the last sampled statistics are lost, nothing else
             log.error("trainguard: could not flush the last measurements (%s: %s)",
                       type(exc).__name__, exc)
         self.add_findings(self.batches.run_findings())
-        self._settle_warmup()
+        self.services.journal.settle_warmup()
         diagnosis = self.diagnose()
         if diagnosis:
             self.sinks.on_diagnosis(diagnosis)
@@ -449,14 +380,35 @@ class Run:
         return diagnosis
 
     # -- internals -------------------------------------------------------------------------------
-    def _open_store(self, resume: bool) -> RunStoreSink | None:
-        if self.run_dir is None or not self.config.store:
-            return None
-        try:
-            return RunStoreSink(self.run_dir, resume=resume)
-        except StoreUnavailable as exc:  # the README's promise: training goes on without it
-            log.warning("trainguard: %s; training goes on without the run store", exc)
-            return None
+    def _open_sinks(self, sinks: Iterable[Sink], resume: bool) -> SinkSet:
+        """Only rank 0 speaks and records: the console, the run store, the user's sinks."""
+        if not self.is_main:
+            return SinkSet([])
+        config, chosen = self.config, list[Sink]()
+        if config.console:
+            chosen.append(ConsoleSink())
+        if self.run_dir is not None and config.store:
+            try:
+                store_sink = RunStoreSink(self.run_dir, resume=resume)
+            except StoreUnavailable as exc:  # the README's promise: training goes on without it
+                log.warning("trainguard: %s; training goes on without the run store", exc)
+            else:
+                chosen.append(store_sink)
+                self.store = store_sink.store
+        return SinkSet([*chosen, *sinks])
+
+    def _announce(self, integration: str, resume: bool) -> None:
+        """Tell the sinks the run started; close it if the process ends first; clear the
+        snapshot folder of the temporaries a killed process left (as large as a snapshot)."""
+        services, watched = self.services, self.services.watched
+        self.sinks.on_run_start(RunInfo(
+            run_dir=str(self.run_dir) if self.run_dir is not None else None,
+            config=self.config.to_dict(), param_names=list(watched.names),
+            param_shapes=[list(p.shape) for p in watched.params],
+            trainguard_version=__version__, integration=integration,
+            distributed=describe(services.dist), resume=resume))
+        self._lifecycle = lifecycle.track(_closer(self)) if self.is_main else None
+        clean_stale_temps(services.snapshot_dir())
 
     def _run_preflight(self) -> None:
         try:
@@ -467,26 +419,16 @@ class Run:
             return
         # the loop may warm the LR up itself: "no warmup" waits for the LRs the steps use
         if any(f.check == "warmup" for f in findings):
-            self.warmup_watch = WarmupWatch(RunSetup(
+            self.services.journal.warmup_watch = WarmupWatch(RunSetup(
                 model=self.model, optimizers=[self.optimizer], scheduler=self.scheduler))
             findings = [f for f in findings if f.check != "warmup"]
-        self.findings.extend(findings)
+        self.services.journal.findings.extend(findings)
         self.sinks.on_findings(list(self.findings))
-
-    def _settle_warmup(self) -> None:
-        """A run that ended within the warmup watch: judged on the steps it had."""
-        watch, self.warmup_watch = self.warmup_watch, None
-        if watch is None:
-            return
-        try:
-            self.add_findings(watch.settle())
-        except Exception as exc:  # advisory
-            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
 
     def _flush_pending(self) -> None:
         """Bring the last heavy-probe results to the host (one transfer) and record them."""
         pending, self.steps.queued = self.steps.queued, []
-        signals = flush_pending(self, pending)
+        signals = flush_pending(self.state, self.services, pending)
         if signals is None:
             return
         for event in run_detectors(self.state.detectors, signals, sampled_only=True):
@@ -517,6 +459,38 @@ def _on_lost(run: Run) -> Callable[[PeerLost], None]:
             alive.peer_lost(error)
 
     return lost
+
+
+def _checked(config: Any, model: Any, optimizer: Any) -> GuardConfig:
+    """The configuration (the default one for None), or one clear error for a wrong argument."""
+    config = config if config is not None else GuardConfig()
+    if not isinstance(config, GuardConfig):
+        raise UsageError(f"config must be a trainguard.GuardConfig, got {type(config).__name__}")
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError(f"optimizer must be a torch.optim.Optimizer, got "
+                         f"{type(optimizer).__name__}")
+    return config
+
+
+def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]:
+    """What every rank must share: the configuration (less what a rank may set for itself), the
+    version and the watched parameters, which lay out the per-step all-reduce."""
+    settings = {k: v for k, v in config.to_dict().items()
+                if k not in AGREED_CONFIG_FIELDS_EXCLUDED}
+    names = "\n".join(watched.names)
+    return {"trainguard": __version__, "config": settings, "watched parameters": len(watched),
+            "parameter names": hashlib.sha1(names.encode()).hexdigest()[:16]}
+
+
+def _initial_state(config: GuardConfig, batches: BatchWatch) -> RunState:
+    return RunState(
+        max_grad_norm=config.fixed_max_grad_norm, auto_clip=_auto_clip(config),
+        detectors=default_detectors(config.detectors),
+        clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
+        losses=LossTrack(stall_steps=config.detectors.stall_steps),
+        metric_watch=MetricCollapse(config.detectors), batches=batches)
 
 
 def _scaler_enabled(scaler: Any) -> bool:

@@ -1,0 +1,98 @@
+"""Time spent in each stage of the Guard's step pipeline, per optimizer step.
+
+Builds the `mlp` and `gpt2` workloads of `benchmarks/overhead.py`, runs a guarded loop
+(`GuardConfig(console=False)`, no run directory) and wraps every stage of the Guard's pipeline
+with a timer. Prints, per workload, the median microseconds per step of each stage (the median
+over blocks of steps, so a slow step from elsewhere on the machine moves it little), their sum,
+and the whole step (forward, backward, Guard, optimizer) for scale.
+
+    python benchmarks/stage_profile.py                 # both workloads
+    python benchmarks/stage_profile.py --workload mlp --blocks 9 --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import build_workload
+from trainguard import Guard, GuardConfig
+
+DEFAULTS = {"mlp": (9, 100), "gpt2": (7, 4)}
+"""Workload -> (blocks, steps per block)."""
+
+
+def _timed(stage: Any, spent: dict[str, float]) -> Callable[..., None]:
+    name = getattr(stage, "name", None) or stage.__name__
+
+    def timed(*args: Any) -> None:
+        start = time.perf_counter()
+        try:
+            stage(*args)
+        finally:
+            spent[name] += time.perf_counter() - start
+
+    timed.__name__ = name
+    timed.name = name  # type: ignore[attr-defined]
+    return timed
+
+
+def profile(workload_name: str, blocks: int, steps: int) -> dict[str, float]:
+    """Median microseconds per step, per stage and for the whole step."""
+    workload = build_workload(workload_name, torch.device("cpu"))
+    model = workload.model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    spent: dict[str, float] = defaultdict(float)
+    pipeline = guard.run.steps
+    pipeline.before = type(pipeline.before)(_timed(s, spent) for s in pipeline.before)
+    pipeline.after = type(pipeline.after)(_timed(s, spent) for s in pipeline.after)
+    per_block: dict[str, list[float]] = defaultdict(list)
+    batches = workload.batches
+    for block in range(blocks + 1):  # the first block warms up
+        spent.clear()
+        start = time.perf_counter()
+        for i in range(steps):
+            loss = workload.compute_loss(model, batches[(block * steps + i) % len(batches)])
+            loss.backward()
+            guard.step(loss)
+            optimizer.zero_grad(set_to_none=True)
+        whole = time.perf_counter() - start
+        if block:
+            for name, seconds in spent.items():
+                per_block[name].append(seconds / steps * 1e6)
+            per_block["(stages together)"].append(sum(spent.values()) / steps * 1e6)
+            per_block["(whole step)"].append(whole / steps * 1e6)
+    guard.close()
+    return {name: statistics.median(values) for name, values in per_block.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=["mlp", "gpt2", "all"], default="all")
+    parser.add_argument("--blocks", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in (["mlp", "gpt2"] if args.workload == "all" else [args.workload]):
+        blocks, steps = DEFAULTS[name]
+        result = profile(name, args.blocks or blocks, args.steps or steps)
+        print(f"{name}: median us per step over blocks")
+        for stage, micros in result.items():
+            print(f"  {stage:<20} {micros:10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

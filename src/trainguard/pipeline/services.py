@@ -1,0 +1,202 @@
+"""`Services`: what the stages use and do not own, built once per run by `build_services`.
+
+A stage is a function of (`StepContext`, `RunState`, `Services`): the context carries the step,
+the state is what a rollback rewinds and a resume restores, and the services are the user's
+objects (model, optimizer, scheduler, scaler), the probes, the batch watch, the distributed
+context and the `Journal` (the run's events and findings, and the sinks that hear them). The
+bundle is frozen; what changes inside it changes for a reason of its own: `ParamWatch` rebuilds
+its parameter-wise probes when the optimizer gains parameters, the journal grows as the run goes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.config import GuardConfig
+from trainguard.diagnose import Finding
+from trainguard.diagnose.batch_watch import BatchWatch
+from trainguard.diagnose.replay import LossFn
+from trainguard.diagnose.warmup_watch import WarmupWatch
+from trainguard.distributed import DistributedContext, LocalShardGradientProbe, RankAgreement
+from trainguard.events import ActionRecord, Event
+from trainguard.params import WatchedParams, new_params, optimizer_param_count
+from trainguard.pipeline.rewind import ScheduleRewind
+from trainguard.probes.activations import ActivationProbe
+from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.optimizer_state import OptimizerStateProbe
+from trainguard.probes.outputs import OutputProbe
+from trainguard.probes.weights import WeightProbe
+from trainguard.remedies import build_agc
+from trainguard.remedies.agc import AGC
+from trainguard.sinks import SinkSet
+
+log = logging.getLogger("trainguard")
+
+
+class ParamWatch:
+    """The watched parameters and the probes laid out on them (their count, devices, dtypes):
+    the gradient and weight probes and, under torch.distributed, the ranks' per-step agreement.
+    All are rebuilt together when the optimizer gains parameters."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 watched: WatchedParams, dist: DistributedContext | None) -> None:
+        self.model, self.optimizer, self.dist = model, optimizer, dist
+        self.params = watched
+        self._seen = optimizer_param_count([optimizer])
+        self._build()
+
+    def _build(self) -> None:
+        self.ranks = (RankAgreement(self.dist, self.params) if self.dist is not None else None)
+        """One all-reduce per step and the desync check, so that every rank decides alike."""
+        self.grad_probe = (GradientProbe(self.params) if self.dist is None
+                           else LocalShardGradientProbe(self.params))
+        self.weight_probe = WeightProbe(self.params)
+
+    def gained(self) -> WatchedParams | None:
+        """Parameters the optimizer gained since the last call (`add_param_group`, as progressive
+        unfreezing does), now watched; None when nothing was added. Counting the optimizer's
+        parameters is the per-step check; the lists are rebuilt only when it changed. Under
+        torch.distributed every rank adds the same groups at the same step (the same code runs
+        everywhere), so the ranks rebuild their agreement alike."""
+        count = optimizer_param_count([self.optimizer])
+        if count == self._seen:
+            return None
+        self._seen = count
+        added = new_params(self.params, self.model, [self.optimizer])
+        if not len(added):
+            return None
+        self.params.extend(added)
+        self._build()
+        return added
+
+
+@dataclass
+class Journal:
+    """The run's events and findings, and the sinks that hear them. `record` adds a step's;
+    the run adds what happens between steps (a refused batch, a rollback, a monitoring failure)."""
+
+    sinks: SinkSet
+    events: list[Event] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    warmup_watch: WarmupWatch | None = None
+    """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
+
+    def emit_event(self, event: Event) -> None:
+        self.events.append(event)
+        self.sinks.on_event(event)
+
+    def emit_action(self, action: ActionRecord) -> None:
+        self.sinks.on_action(action)
+
+    def add_findings(self, findings: Iterable[Finding]) -> None:
+        findings = list(findings)
+        if findings:
+            self.findings.extend(findings)
+            self.sinks.on_findings(list(self.findings))
+
+    def observe_lrs(self, group_lrs: tuple[float, ...]) -> list[Finding]:
+        """The LRs of the step about to be taken (per param group): they decide the held
+        `warmup` finding over the run's first steps. Returns the findings decided now."""
+        watch = self.warmup_watch
+        if watch is None:
+            return []
+        try:
+            decided = watch.observe(group_lrs)
+        except Exception as exc:  # advisory
+            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
+            decided = []
+        if decided is None:
+            return []
+        self.warmup_watch = None
+        return decided
+
+    def settle_warmup(self) -> None:
+        """A run that ended within the warmup watch: judged on the steps it had."""
+        watch, self.warmup_watch = self.warmup_watch, None
+        if watch is None:
+            return
+        try:
+            self.add_findings(watch.settle())
+        except Exception as exc:  # advisory
+            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
+
+
+@dataclass(frozen=True)
+class Services:
+    config: GuardConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+    """The AMP GradScaler when it is enabled, else None."""
+    owns_scaler_step: bool
+    """The caller runs `scaler.update()` after the checks (the Guard): a rollback then closes the
+    scaler's step before restoring it."""
+    replay_fn: LossFn | None
+    device: torch.device
+    dist: DistributedContext | None
+    """This rank under torch.distributed (world size > 1); None for a single process."""
+    run_dir: Path | None
+    watch: ParamWatch
+    optstate_probe: OptimizerStateProbe
+    activation_probe: ActivationProbe | None
+    output_probe: OutputProbe | None
+    batches: BatchWatch
+    rewind: ScheduleRewind
+    agc: AGC | None
+    journal: Journal
+
+    @property
+    def watched(self) -> WatchedParams:
+        return self.watch.params
+
+    @property
+    def ranks(self) -> RankAgreement | None:
+        return self.watch.ranks
+
+    def snapshot_dir(self) -> Path:
+        """Where crash snapshots go: the configured folder, else the run directory."""
+        config = self.config
+        return Path(config.snapshot_dir) if config.snapshot_dir else (
+            self.run_dir if self.run_dir is not None else Path("trainguard_snapshots"))
+
+
+def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   watched: WatchedParams, dist: DistributedContext | None, scheduler: Any,
+                   scaler: Any, owns_scaler_step: bool, replay_fn: LossFn | None,
+                   run_dir: Path | None, rewind_schedulers: Iterable[Any],
+                   sinks: SinkSet) -> Services:
+    return Services(
+        config=config, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+        owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
+        device=watched.params[0].device, dist=dist, run_dir=run_dir,
+        watch=ParamWatch(model, optimizer, watched, dist),
+        optstate_probe=OptimizerStateProbe(watched, [optimizer]),
+        activation_probe=ActivationProbe(model) if config.activation_probe else None,
+        output_probe=OutputProbe(model) if config.output_probe else None,
+        batches=BatchWatch(model, config.batch_size),
+        rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
+        agc=build_agc(config.agc) if config.agc is not None else None,
+        journal=Journal(sinks))
+
+
+def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:
+    """What the sinks hear when the optimizer gained parameters."""
+    shown = ", ".join(added.names[:5]) + (", ..." if len(added) > 5 else "")
+    return ActionRecord(
+        kind="watch", step=step,
+        message=f"the optimizer gained {len(added)} parameter(s) ({shown}): watched from "
+                f"step {step}",
+        details={"names": list(added.names), "shapes": [list(p.shape) for p in added.params],
+                 "count": count})
+
+
+Stage = Callable[..., None]
+"""A stage: `stage(ctx, state, services)`; its `__name__` is the stage's name."""
