@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,20 +31,25 @@ from trainguard.analyze.log import GRAD_NORM, LOSS, LOSS_SCALE, LR, Log, is_trai
 from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, Detector
-from trainguard.detect.bad_start import BadStart
 from trainguard.detect.fp16_overflow import Fp16Overflow
-from trainguard.detect.grad_explosion import GradExplosion
-from trainguard.detect.lr_change import LRChange
 from trainguard.detect.metric_collapse import MetricCollapse
-from trainguard.detect.no_gradients import NoGradients
-from trainguard.detect.no_progress import NoProgress
-from trainguard.detect.nonfinite_grad import NonFiniteGrad
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
 from trainguard.events import Event
 from trainguard.signals import LossCurvature, StepSignals
 
-READS_GRAD_NORM: tuple[type[Detector], ...] = (NonFiniteGrad, GradExplosion, NoGradients)
-"""The detectors that read the gradient norm: handed only the rows that hold one."""
+LOG_HOLDS: dict[str, Callable[[Log], bool]] = {
+    "loss": lambda log: log.has(LOSS),
+    "loss_curvature": lambda log: log.has(LOSS),  # computed from the loss when not logged
+    "grad_norm": lambda log: log.has(GRAD_NORM),
+    "param_grad_norm": lambda log: log.param_grad_norms is not None,
+    "param_names": lambda log: log.param_grad_norms is not None,
+    "lr": lambda log: log.has(LR),
+    "group_lrs": lambda log: log.has(LR),
+    "loss_scale": lambda log: log.has(LOSS_SCALE),
+    "amp_overflow": lambda log: bool(log.skipped),
+}
+"""`StepSignals` field -> whether a log holds it. Fields a log never holds (heavy-probe results,
+the recover policy's LR, the ranks) are missing: a detector that reads only those is left out."""
 
 _EMPTY = np.zeros(0)
 _STEP_IN_MESSAGE = re.compile(r"\bstep (\d+)\b")
@@ -63,9 +69,9 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
     # two others nothing in most logs (see `_silent`)
     detectors = [t(config) for t in DETECTOR_TYPES
                  if not t.reads_sampled_only and not _silent(t, log, config)]
-    with_grad = detectors
+    with_grad = detectors  # a row without a gradient norm is not a row whose norm is 0
     overflow = next((d for d in detectors if isinstance(d, Fp16Overflow)), None)
-    without_grad = [d for d in detectors if not isinstance(d, READS_GRAD_NORM)]
+    without_grad = [d for d in detectors if "grad_norm" not in d.reads]
     aux = _aux_losses(log)
     aux_watch: dict[str, NonFiniteLoss] = {}
     evals = MetricCollapse(config)
@@ -163,30 +169,19 @@ def _check_aux(values: list[tuple[str, float]], index: int, watches: dict[str, N
 
 
 def _silent(kind: type[Detector], log: Log, config: DetectorConfig) -> bool:
-    """Whether a detector cannot raise anything on this log, whatever its rows hold: it reads
-    only what the log does not have. `NoProgress` judges a whole run from its start (a log may
-    be an excerpt that begins on a plateau); `BadStart` judges the first steps of training,
-    which a log that begins mid-run does not hold; `Fp16Overflow` reads skipped steps and the
-    loss scale; `LRChange` fires only where an LR is `lr_jump_ratio` times the highest before
-    it."""
-    if kind is NoProgress:
-        return True  # an excerpt may begin on a plateau: a stall is judged on a live run
-    if kind is BadStart:
-        return not log.starts_at_start()  # an excerpt from mid-run has no first steps to judge
-    if kind is Fp16Overflow:
-        return not log.skipped and not log.has(LOSS_SCALE)
-    if kind is LRChange:
-        groups = [log.values(LR)] + [log.series.points(n)[1] for n in log.series
-                                     if n.startswith("lr_")]
-        for values in groups:
-            highest = 0.0
-            for value in values:
-                if value is None or not value > 0 or not math.isfinite(value):
-                    continue
-                if highest > 0 and value >= config.lr_jump_ratio * highest:
-                    return False
-                highest = max(highest, value)
+    """Whether a detector cannot raise anything on this log, whatever its rows hold: it judges
+    a live run only (`live_only`), or the run's first steps which the log does not begin with
+    (`judges_start`), or it reads only what the log does not hold (`reads`)."""
+    del config
+    if kind.live_only:
         return True
+    if kind.judges_start and not log.starts_at_start():
+        return True
+    return not any(LOG_HOLDS.get(name, _never)(log) for name in kind.reads)
+
+
+def _never(log: Log) -> bool:
+    del log
     return False
 
 

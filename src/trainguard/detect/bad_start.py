@@ -28,6 +28,8 @@ from trainguard.signals import StepSignals
 
 class BadStart(Detector):
     kind = "bad_start"
+    reads = frozenset({"loss"})
+    judges_start = True
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

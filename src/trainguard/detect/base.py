@@ -45,8 +45,19 @@ class Detector:
     methods so a resumed job keeps its baselines."""
 
     kind: str = ""
+    reads: frozenset[str] = frozenset()
+    """The `StepSignals` fields `check` reads, `step` aside (a property such as `loss_finite`
+    counts as the field it derives from). The offline analyzer hands a detector the log's rows
+    by what it reads and leaves it out of a log that holds none of it;
+    `tests/detect/test_reads.py` checks the declaration against what `check` does."""
     reads_sampled_only: bool = False
     """True for detectors that only look at heavy-probe results (safe to run at close)."""
+    live_only: bool = False
+    """True for a detector that judges a whole run from its first step and cannot judge a log,
+    which may be an excerpt that begins anywhere (a stall)."""
+    judges_start: bool = False
+    """True for a detector that judges the first steps of training: left out of a log that does
+    not begin at the run's start."""
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config

@@ -26,6 +26,7 @@ FP16_MAX = 65504.0
 
 class Fp16Overflow(Detector):
     kind = "fp16_overflow"
+    reads = frozenset({"amp_overflow", "fp16_grad_maxabs", "loss_scale", "sampled"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

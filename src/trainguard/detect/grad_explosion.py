@@ -22,6 +22,7 @@ from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe
 
 class GradExplosion(Detector):
     kind = "grad_explosion"
+    reads = frozenset({"amp_overflow", "grad_norm", "param_grad_norm", "param_names"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

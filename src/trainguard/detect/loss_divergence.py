@@ -29,6 +29,7 @@ from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log
 
 class LossDivergence(Detector):
     kind = "loss_divergence"
+    reads = frozenset({"loss", "loss_curvature"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

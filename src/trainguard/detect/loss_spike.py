@@ -25,6 +25,7 @@ from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, Transien
 
 class LossSpike(Detector):
     kind = "loss_spike"
+    reads = frozenset({"loss"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

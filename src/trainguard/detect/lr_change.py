@@ -23,6 +23,7 @@ from trainguard.signals import StepSignals
 
 class LRChange(Detector):
     kind = "lr_change"
+    reads = frozenset({"group_lrs", "lr_managed"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

@@ -22,6 +22,7 @@ from trainguard.signals import StepSignals
 
 class NoGradients(Detector):
     kind = "no_gradients"
+    reads = frozenset({"amp_overflow", "grad_norm", "loss", "loss_requires_grad"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

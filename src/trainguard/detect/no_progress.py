@@ -110,6 +110,8 @@ def came_down(start: list[float], recent: list[float]) -> bool:
 
 class NoProgress(Detector):
     kind = "no_progress"
+    reads = frozenset({"amp_overflow", "grad_norm", "loss", "lr"})
+    live_only = True
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

@@ -18,6 +18,7 @@ from trainguard.signals import StepSignals
 
 class NonFiniteGrad(Detector):
     kind = "nonfinite_grad"
+    reads = frozenset({"amp_overflow", "grad_norm", "param_grad_norm", "param_names"})
 
     def check(self, signals: StepSignals) -> list[Event]:
         if signals.grads_finite or signals.amp_overflow:

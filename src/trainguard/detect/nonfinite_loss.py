@@ -9,6 +9,7 @@ from trainguard.signals import StepSignals
 
 class NonFiniteLoss(Detector):
     kind = "nonfinite_loss"
+    reads = frozenset({"loss"})
 
     def check(self, signals: StepSignals) -> list[Event]:
         if signals.loss_finite:

@@ -33,6 +33,7 @@ MIN_SAMPLES = 3
 
 class OutputCollapse(Detector):
     kind = "output_collapse"
+    reads = frozenset({"loss", "sampled"})
     reads_sampled_only = True
 
     def __init__(self, config: Any) -> None:

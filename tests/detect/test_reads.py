@@ -1,0 +1,106 @@
+"""Each detector reads what it declares (`Detector.reads`) and nothing else: the offline analyzer
+hands detectors a log's rows by that declaration, so a field read but not declared would be read
+as a default the log never said.
+
+The check: a busy run (spikes, explosions, fp16 overflows, a NaN step, an LR jump, sampled
+weight statistics) is run through each detector twice, once as it is and once with every field
+the detector does not declare replaced by a poison value; the events must be the same."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.detect.synth import NAMES, default_config, event_key, healthy_weight_stats, signals
+from trainguard.detect import DETECTOR_TYPES, Detector
+from trainguard.signals import SampledStats, StepSignals
+
+from .test_conformance import IDS, MODULES, busy_run
+
+POISON = {
+    "loss": lambda s: 1e9,
+    "grad_norm": lambda s: math.nan,
+    "param_grad_norm": lambda s: np.full_like(s.param_grad_norm, np.nan),
+    "param_names": lambda s: [f"poison.{i}" for i in range(len(s.param_names))],
+    "lr": lambda s: 1e3,
+    "group_lrs": lambda s: (1e3 * (1 + s.step),),
+    "loss_scale": lambda s: 1.0,
+    "amp_overflow": lambda s: not s.amp_overflow,
+    "fp16_grad_maxabs": lambda s: 65504.0,
+    "sampled": lambda s: [],
+    "loss_curvature": lambda s: 1e3,
+    "lr_managed": lambda s: True,
+    "loss_requires_grad": lambda s: False,
+}
+"""A value for each `StepSignals` field that no detector could take for what it was."""
+
+
+def _run() -> list[StepSignals]:
+    steps = busy_run()
+    n = len(steps)
+    for i in range(6):  # a forgotten backward: finite loss, no gradients
+        steps.append(signals(n + i, loss=2.0, grad_norm=0.0, param_grad_norm=np.zeros(len(NAMES))))
+    stats = healthy_weight_stats(n)
+    alive = {"act_dead_frac": np.zeros(len(MODULES)), "act_batch_spread": np.ones(len(MODULES))}
+    for i, step in enumerate((n + 6, n + 7, n + 8)):  # then the heavy probes see trouble
+        bad = {**stats, "weight_nonfinite": np.array([0.0, 3.0]),
+               "weight_maxabs": np.array([1e7, 0.1]),
+               "optstate_exp_avg_sq_norm": np.array([math.nan, 1e-7])}
+        steps.append(signals(step, loss=2.0, sampled=[SampledStats(
+            step=step - 1, per_param=stats if i == 0 else bad, module_names=list(MODULES),
+            per_module=alive if i == 0 else {"act_dead_frac": np.ones(len(MODULES)),
+                                             "act_batch_spread": np.zeros(len(MODULES))})]))
+    for s in steps:  # an LR that jumps x100 at step 90, and the fields the busy run leaves out
+        s.lr = 1e-4 if s.step < 90 else 1e-2
+        s.group_lrs = (s.lr,)
+        s.loss_curvature = 0.01
+        s.loss_requires_grad = True
+    return steps
+
+
+def _events(detector: Detector, steps: list[StepSignals]) -> list[tuple]:
+    return [event_key(e) for s in steps for e in detector.check(s)]
+
+
+def _seen(detector: Detector, steps: list[StepSignals]) -> tuple:
+    """The events and the state the run leaves the detector in."""
+    return _events(detector, steps), json.dumps(detector.state_dict(), sort_keys=True,
+                                                default=str)
+
+
+def test_every_field_has_a_poison() -> None:
+    fields = {f.name for f in dataclasses.fields(StepSignals)} - {"step", "ranks"}
+    assert fields == set(POISON)
+    for t in DETECTOR_TYPES:
+        assert t.reads, f"{t.__name__} declares no field it reads"
+        assert t.reads <= fields, f"{t.__name__} declares fields StepSignals does not have"
+
+
+@pytest.mark.parametrize("detector_type", DETECTOR_TYPES, ids=IDS)
+def test_a_detector_reads_only_what_it_declares(detector_type: type[Detector]) -> None:
+    config = default_config()
+    plain = _events(detector_type(config), _run())
+    poisoned = _run()
+    for s in poisoned:
+        for name, poison in POISON.items():
+            if name not in detector_type.reads:
+                setattr(s, name, poison(s))
+    assert _events(detector_type(config), poisoned) == plain
+
+
+@pytest.mark.parametrize("detector_type", [t for t in DETECTOR_TYPES if t.reads],
+                         ids=[t.__name__ for t in DETECTOR_TYPES if t.reads])
+def test_the_busy_run_exercises_what_a_detector_declares(detector_type: type[Detector]) -> None:
+    """Poisoning every declared field changes the events or the state the run leaves, or the
+    check above proves little."""
+    config = default_config()
+    plain = _seen(detector_type(config), _run())
+    poisoned = _run()
+    for s in poisoned:
+        for name in detector_type.reads:
+            setattr(s, name, POISON[name](s))
+    assert _seen(detector_type(config), poisoned) != plain
