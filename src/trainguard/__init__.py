@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports them on demand
     from trainguard import recipes
+    from trainguard.checkpoint_health import mark_checkpoint, resume_guard
+    from trainguard.checkpoints import last_healthy_checkpoint, list_checkpoints
     from trainguard.config import DetectorConfig, GuardConfig, RecoveryConfig
     from trainguard.diagnose import Finding, preflight, replay
     from trainguard.errors import (
@@ -36,6 +38,10 @@ if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports th
 
 _LAZY: dict[str, str] = {
     "recipes": "trainguard.recipes",
+    "mark_checkpoint": "trainguard.checkpoint_health",
+    "resume_guard": "trainguard.checkpoint_health",
+    "last_healthy_checkpoint": "trainguard.checkpoints",
+    "list_checkpoints": "trainguard.checkpoints",
     "DetectorConfig": "trainguard.config", "GuardConfig": "trainguard.config",
     "RecoveryConfig": "trainguard.config",
     "Finding": "trainguard.diagnose", "preflight": "trainguard.diagnose",
@@ -55,7 +61,8 @@ __all__ = [
     "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "PeerLost",
     "RecoveryConfig", "RunReader",
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
-    "UsageError", "__version__", "load_snapshot", "preflight", "recipes", "replay",
+    "UsageError", "__version__", "last_healthy_checkpoint", "list_checkpoints", "load_snapshot",
+    "mark_checkpoint", "preflight", "recipes", "replay", "resume_guard",
 ]
 
 

@@ -297,6 +297,7 @@ class GuardConfig:
     - clipping beyond the global limit: `clip_rule`, `agc`, and the adaptive clip's knobs
       (`auto_clip_ratio`, `auto_clip_zscore`, `auto_clip_warmup_ratio`, `auto_clip_alarm_steps`);
     - halting and skipping: `halt_severity`, `max_consecutive_skips`, `snapshot_dir`;
+    - checkpoints: `block_poisoned_checkpoints`;
     - probes and checks: `sample_all_steps`, `inspect_batches`, `batch_size`, `preflight`,
       `activation_probe`, `output_probe`, `num_classes`;
     - the run store: `store`;
@@ -358,6 +359,12 @@ class GuardConfig:
     snapshot_dir: str | os.PathLike[str] | None = None
     """Where `halt` writes crash snapshots; defaults to the run_dir (or ./trainguard_snapshots).
     A path object is kept as its string."""
+    block_poisoned_checkpoints: bool | None = None
+    """A checkpoint saved with non-finite weights or optimizer moments is always marked
+    `poisoned` in its `trainguard.json` sidecar, with a warning naming it. True: it is also
+    renamed `<name>.poisoned`, so that a trainer's resume logic (`get_last_checkpoint`,
+    `ckpt_path="last"`) never picks it. None (the default): True under `recover`, False under
+    the other policies."""
 
     # -- Probes and checks --
     sample_all_steps: bool = False
@@ -437,6 +444,8 @@ class GuardConfig:
             _flag(getattr(self, name), f"GuardConfig.{name}")
         if self.num_classes is not None:
             _at_least(self.num_classes, 2, "GuardConfig.num_classes")
+        if self.block_poisoned_checkpoints is not None:
+            _flag(self.block_poisoned_checkpoints, "GuardConfig.block_poisoned_checkpoints")
         if self.snapshot_dir is not None:
             _require(isinstance(self.snapshot_dir, (str, os.PathLike)), "GuardConfig.snapshot_dir",
                      f"must be a path, got {self.snapshot_dir!r}")
@@ -461,6 +470,14 @@ class GuardConfig:
         """Whether the adaptive default clip is in force (`max_grad_norm="auto"`, a policy that
         protects)."""
         return self.max_grad_norm == "auto" and self.policy != "observe"
+
+    @property
+    def blocks_poisoned_checkpoints(self) -> bool:
+        """Whether a poisoned checkpoint is renamed `<name>.poisoned` (`block_poisoned_checkpoints`,
+        by default only under `recover`)."""
+        if self.block_poisoned_checkpoints is None:
+            return self.policy == "recover"
+        return self.block_poisoned_checkpoints
 
     def auto_clip_options(self) -> dict[str, Any]:
         """The adaptive clip's own knobs, as `remedies.RobustClipLimit`'s keywords (its window,

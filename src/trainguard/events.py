@@ -77,7 +77,7 @@ class StepReport:
 
 
 ActionKind = Literal["skip", "clip", "rollback", "lr_change", "halt", "snapshot", "clip_takeover",
-                     "watch"]
+                     "watch", "checkpoint_kept"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ too: the Guard only takes the optimizer step.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainguard.checkpoints import CheckpointHealth
 from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding
 from trainguard.diagnose.ranking import RankedCause
@@ -173,6 +175,20 @@ class Guard:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.run.load_state_dict(state)
+
+    def checkpoint_health(self, path: str | os.PathLike[str] | None = None
+                          ) -> CheckpointHealth | None:
+        """The run's health for a checkpoint: the step, healthy / inside an incident / after a
+        rollback, whether every weight and optimizer moment is finite (checked on the device),
+        the open events and the verdict so far. Given the `path` of a checkpoint just saved (a
+        file or a folder), it also writes the checkpoint's `trainguard.json` sidecar and the
+        Guard's state beside it, as `trainguard.mark_checkpoint(path, guard)` does (None when
+        that write failed: logged, training goes on)."""
+        from trainguard.checkpoint_health import current_health, mark_checkpoint
+
+        if path is None:
+            return current_health(self.run)
+        return mark_checkpoint(path, self.run)
 
     # -- internals -------------------------------------------------------------------------------
     def _optimizer_step(self) -> None:

@@ -323,6 +323,8 @@ _kind("rollback_limit", "recovery gives up: too many rollbacks, or no good state
 _kind("rollback_failed", "restoring a good state failed", "critical")
 _kind("monitor_error", "trainguard could not check a step; it was applied unguarded", "warning")
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
+_kind("poisoned_checkpoint", "a checkpoint was saved with non-finite weights or optimizer "
+      "moments (marked poisoned in its trainguard.json)", "error")
 _kind("peer_lost", "under torch.distributed, a rank is gone (trainguard's collective failed): "
       "the run stopped as failed", "error")
 del _kind, _I, _N, _S, _A, _name, _description, _severity

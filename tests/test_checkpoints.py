@@ -1,0 +1,261 @@
+"""Checkpoint sidecars in a plain loop that saves with `torch.save`: the healthy checkpoint before
+a NaN survives marked healthy, the NaN ones are marked poisoned (renamed when blocked), a resume
+from `last_healthy_checkpoint` with the bad data still there ends where the healthy run ends, the
+Guard's skip list comes back with the checkpoint, and sidecars are written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import trainguard
+from trainguard import GuardConfig
+from trainguard.checkpoint_health import finite_state, load_guard_state
+from trainguard.checkpoints import (
+    CheckpointError,
+    list_checkpoints,
+    read_health,
+    sidecar_path,
+)
+from trainguard.recovery import SkippingSampler
+
+STEPS, SAVE_EVERY, BAD = 60, 10, range(35, 38)
+"""60 steps, a checkpoint every 10; the batches of steps 35 to 37 hold an inf."""
+
+
+def _data(bad: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 1, generator=gen)
+    batches = []
+    for step in range(STEPS):
+        x = torch.randn(16, 8, generator=gen)
+        y = x @ w + 0.05 * torch.randn(16, 1, generator=gen)
+        if bad and step in BAD:
+            x = x.clone()
+            x[0, 0] = float("inf")  # a corrupt record: the loss and every gradient go NaN
+        batches.append((x, y))
+    return batches
+
+
+def _eval_loss(model: nn.Module) -> float:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 8, generator=gen)
+    w = torch.randn(8, 1, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return float(nn.functional.mse_loss(model(x), x @ w))
+
+
+def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _train(out: Path | None, policy: str, *, bad: bool = True, start: Path | None = None,
+           **config: Any) -> tuple[nn.Module, trainguard.Guard]:
+    """The loop a user writes: forward, backward, guard.step, torch.save + mark_checkpoint."""
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(
+        policy=policy, console=False, **config))  # type: ignore[arg-type]
+    first = 0
+    if start is not None:
+        saved = torch.load(start, weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        assert trainguard.resume_guard(start, guard)
+        first = saved["step"]
+    for step, (x, y) in enumerate(_data(bad)[first:], start=first):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        if out is not None and (step + 1) % SAVE_EVERY == 0:
+            path = out / f"step{step + 1}.pt"
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "step": step + 1}, path)
+            trainguard.mark_checkpoint(path, guard)
+    guard.close()
+    return model, guard
+
+
+def _statuses(out: Path) -> dict[str, str]:
+    return {e.path.name: e.status for e in list_checkpoints(out)}
+
+
+def test_observe_marks_the_nan_checkpoints_poisoned_and_keeps_the_healthy_one(
+        tmp_path: Path) -> None:
+    model, guard = _train(tmp_path, "observe")
+    assert not all(torch.isfinite(p).all() for p in model.parameters())  # observe changed nothing
+    assert _statuses(tmp_path) == {"step10.pt": "healthy", "step20.pt": "healthy",
+                                   "step30.pt": "healthy", "step40.pt": "poisoned",
+                                   "step50.pt": "poisoned", "step60.pt": "poisoned"}
+    assert trainguard.last_healthy_checkpoint(tmp_path) == tmp_path / "step30.pt"
+    poisoned = [e for e in guard.events if e.kind == "poisoned_checkpoint"]
+    assert [e.step for e in poisoned] == [40, 50, 60]
+    assert "step40.pt" in poisoned[0].message
+    health = read_health(tmp_path / "step40.pt").health
+    assert health is not None and not health.weights_finite and health.optimizer_finite is False
+
+
+def test_protect_poisons_nothing_and_blocking_renames_the_poisoned(tmp_path: Path) -> None:
+    (tmp_path / "protect").mkdir()
+    _train(tmp_path / "protect", "protect")
+    statuses = _statuses(tmp_path / "protect")
+    assert "poisoned" not in statuses.values()
+    assert statuses["step40.pt"] == "incident"  # the skipped NaN steps were 3 to 5 steps before
+    assert statuses["step60.pt"] == "healthy"
+
+    (tmp_path / "blocked").mkdir()
+    _train(tmp_path / "blocked", "observe", block_poisoned_checkpoints=True)
+    names = sorted(p.name for p in (tmp_path / "blocked").iterdir() if p.suffix != ".json")
+    assert "step40.pt.poisoned" in names and "step40.pt" not in names
+    assert _statuses(tmp_path / "blocked")["step40.pt.poisoned"] == "poisoned"
+    assert trainguard.last_healthy_checkpoint(tmp_path / "blocked") == (
+        tmp_path / "blocked" / "step30.pt")
+
+
+def test_a_resume_from_the_last_healthy_checkpoint_ends_as_the_healthy_run(
+        tmp_path: Path) -> None:
+    healthy, _ = _train(None, "observe", bad=False)
+    _train(tmp_path, "observe")
+    start = trainguard.last_healthy_checkpoint(tmp_path)
+    assert start is not None
+    resumed, guard = _train(None, "protect", start=start)  # the bad batches are still there
+    assert all(torch.isfinite(p).all() for p in resumed.parameters())
+    assert guard.run.state.step == STEPS  # the Guard's step count came back with the state
+    # skipped at the bad batches, no relapse after them
+    assert sorted({e.step for e in guard.events if e.kind.startswith("nonfinite")}) == list(BAD)
+    assert abs(_eval_loss(resumed) / _eval_loss(healthy) - 1) < 0.05
+
+
+def test_the_skip_list_comes_back_with_the_checkpoint(tmp_path: Path) -> None:
+    """Under recover, the skipped steps' samples are blamed; a checkpoint saved later carries the
+    skip list: a job resumed from it never sees them again."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(256, 8, generator=gen), torch.randn(8, 1, generator=gen)
+    y = x @ w
+    x[40:48, 0] = float("inf")  # the bad samples
+    model, optimizer = _model()
+    config = GuardConfig(policy="recover", console=False)
+    guard = trainguard.Guard(model, optimizer, config=config)
+    sampler = SkippingSampler(range(256), guard)
+    for _ in range(3):
+        order = list(sampler)
+        for start in range(0, len(order), 8):
+            ids = order[start:start + 8]
+            loss = nn.functional.mse_loss(model(x[ids]), y[ids])
+            loss.backward()
+            guard.step(loss, data_ids=ids)
+            optimizer.zero_grad(set_to_none=True)
+    assert set(range(40, 48)) <= guard.skipped_data
+    path = tmp_path / "after.pt"
+    torch.save({"model": model.state_dict()}, path)
+    assert trainguard.mark_checkpoint(path, guard) is not None
+    guard.close()
+    assert _statuses(tmp_path)["after.pt"] == "healthy"
+    assert trainguard.last_healthy_checkpoint(tmp_path) == path
+
+    fresh_model, fresh_opt = _model()
+    fresh_model.load_state_dict(torch.load(path, weights_only=True)["model"])
+    resumed = trainguard.Guard(fresh_model, fresh_opt, config=config)
+    assert trainguard.resume_guard(path, resumed)
+    assert set(range(40, 48)) <= resumed.skipped_data
+    assert not set(SkippingSampler(range(256), resumed)) & set(range(40, 48))
+    resumed.close()
+
+
+def test_the_finiteness_check_sees_one_nan_anywhere() -> None:
+    model, optimizer = _model()
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    assert finite_state(model.parameters(), optimizer) == (True, True)
+    state = optimizer.state[next(iter(optimizer.state))]
+    state["exp_avg_sq"].view(-1)[0] = float("nan")
+    assert finite_state(model.parameters(), optimizer) == (True, False)
+    with torch.no_grad():
+        model[2].bias.fill_(float("-inf"))
+    assert finite_state(model.parameters(), None) == (False, None)
+
+
+def test_an_old_sidecar_never_describes_a_new_checkpoint(tmp_path: Path) -> None:
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    path = tmp_path / "latest.pt"
+    torch.save(model.state_dict(), path)
+    assert trainguard.mark_checkpoint(path, guard) is not None
+    assert read_health(path).status == "healthy"
+    os.utime(path, ns=(0, 0))  # written again (same size: only its time differs)
+    entry = read_health(path)
+    assert entry.status == "stale" and trainguard.last_healthy_checkpoint(tmp_path) is None
+    guard.close()
+
+
+_KILLED_WRITE = """
+import os, signal, sys, torch
+from torch import nn
+import trainguard
+from trainguard import checkpoints
+
+path = sys.argv[1]
+model = nn.Linear(4, 1)
+guard = trainguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         config=trainguard.GuardConfig(console=False))
+torch.save(model.state_dict(), path)                 # the checkpoint is written again
+real = os.fdopen
+def dying_fdopen(fd, *args, **kwargs):               # ... and the process is killed half-way
+    handle = real(fd, *args, **kwargs)               # through writing its new sidecar
+    def write(text):
+        handle.buffer.write(text[: len(text) // 2].encode()); handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    handle.write = write
+    return handle
+checkpoints.os.fdopen = dying_fdopen
+trainguard.mark_checkpoint(path, guard)
+"""
+
+
+def test_a_kill_during_the_sidecar_write_leaves_no_half_sidecar(tmp_path: Path) -> None:
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    path = tmp_path / "model.pt"
+    torch.save(model.state_dict(), path)
+    trainguard.mark_checkpoint(path, guard)
+    guard.close()
+    assert read_health(path).status == "healthy"
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(_KILLED_WRITE), str(path)],
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                           capture_output=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # killed mid-write
+    # the old sidecar is gone (it described the old checkpoint), no half one took its place
+    assert not sidecar_path(path).exists()
+    with pytest.raises(CheckpointError, match="no trainguard sidecar"):
+        read_health(path)
+    assert load_guard_state(path) is not None  # the state file was written whole before
+    # the next mark cleans the dead write's temporary file and describes the new checkpoint
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    assert trainguard.mark_checkpoint(path, guard) is not None
+    guard.close()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert json.loads(sidecar_path(path).read_text())["status"] == "healthy"
+
+
+def test_a_failing_sidecar_write_is_logged_and_training_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    assert trainguard.mark_checkpoint(tmp_path / "never_saved.pt", guard) is None
+    assert "could not write the health of checkpoint" in caplog.text
+    guard.step(nn.functional.mse_loss(model(torch.randn(2, 8)), torch.zeros(2, 1)))
+    guard.close()
