@@ -29,9 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainguard.checkpoint_health import load_guard_state, mark_checkpoint
+from trainguard.checkpoints import RESUMABLE, CheckpointHealth
 from trainguard.config import GuardConfig
 from trainguard.errors import TrainingDiverged, UsageError
-from trainguard.events import ActionRecord
+from trainguard.events import ActionRecord, Event
 from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
@@ -128,6 +130,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._trainer_max_grad_norm: float | None = None
         self._announced = False
         self._ctx: StepContext | None = None
+        self._last_healthy: Path | None = None
+        self._told_kept = False
 
     # -- public API ------------------------------------------------------------------------------
     def close(self, status: Status = "finished") -> None:
@@ -146,6 +150,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                              "passes it the model and optimizer when training begins")
         check_sharding(model, optimizer)
         carried = self._pending_state
+        if carried is None and self.run is None and state.global_step:
+            carried = self._resume_state(args, state)
         resume = self.run is not None  # a second train() on one Trainer goes on with the run
         if self.run is not None:  # ... and keeps the baselines
             carried = carried or self.run.state_dict()
@@ -186,6 +192,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         except TrainingDiverged:
             self._release()
             raise
+        if args.logging_nan_inf_filter:
+            _note_hidden_loss(self._ctx.events)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
@@ -195,6 +203,20 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         report = self.run.after_update(ctx)
         if report is not None:
             self.last_report = report
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        """The Trainer saved `checkpoint-<step>` (and already rotated older ones away): its
+        `trainguard.json` sidecar and the Guard's state go into the folder; the newest healthy
+        checkpoint becomes the Trainer's `best_model_checkpoint`, which `save_total_limit`'s
+        rotation keeps."""
+        if self.run is None or self.run.closed or not args.should_save:
+            return
+        folder = _checkpoint_folder(args, state)
+        if folder is not None and folder.is_dir():
+            record = mark_checkpoint(folder, self.run, step=state.global_step)
+            if record is not None:
+                self._keep_last_healthy(args, state, folder, record)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, metrics: dict[str, float] | None = None,
@@ -214,6 +236,50 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self.close(status="finished")
 
     # -- internals -------------------------------------------------------------------------------
+    def _keep_last_healthy(self, args: TrainingArguments, state: TrainerState, folder: Path,
+                           record: CheckpointHealth) -> None:
+        """Point `state.best_model_checkpoint` at the newest healthy checkpoint: the Trainer's
+        rotation (`rotate_checkpoints`) never deletes it, whatever `save_total_limit`."""
+        assert self.run is not None
+        if record.status in RESUMABLE:
+            self._last_healthy = folder
+        if self._last_healthy is None or self._last_healthy == folder:
+            if self._last_healthy is not None and _owns_best(args):
+                state.best_model_checkpoint = str(self._last_healthy)
+            return
+        if not _owns_best(args):
+            if not self._told_kept:
+                self._told_kept = True
+                log.warning("trainguard: %s is not healthy and the Trainer's best-model "
+                            "tracking (metric_for_best_model) decides which checkpoint "
+                            "save_total_limit keeps: the last healthy one, %s, is not protected",
+                            folder.name, self._last_healthy.name)
+            return
+        state.best_model_checkpoint = str(self._last_healthy)
+        if not self._told_kept and args.save_total_limit:
+            self._told_kept = True
+            self.run.emit_action(ActionRecord(
+                kind="checkpoint_kept", step=state.global_step,
+                message=f"{folder.name} is {record.status}: {self._last_healthy.name}, the newest "
+                        f"healthy checkpoint, is kept through save_total_limit="
+                        f"{args.save_total_limit} (it is the Trainer's best_model_checkpoint, "
+                        f"which the Trainer's checkpoint rotation keeps); resume from "
+                        f"trainguard.last_healthy_checkpoint(output_dir)",
+                details={"kept": str(self._last_healthy), "newest": str(folder)}))
+
+    def _resume_state(self, args: TrainingArguments, state: TrainerState
+                      ) -> dict[str, Any] | None:
+        """The Guard's state saved with the checkpoint the Trainer resumed from (found by the
+        resumed step under `output_dir`), so the resumed run keeps its baselines, skip list and
+        LR backoff."""
+        folder = _checkpoint_folder(args, state)
+        try:
+            return load_guard_state(folder) if folder is not None and folder.is_dir() else None
+        except Exception as exc:  # the run goes on with fresh baselines
+            log.error("trainguard: could not load the state saved in %s (%s: %s)", folder,
+                      type(exc).__name__, exc)
+            return None
+
     def _take_over_clipping(self, args: TrainingArguments) -> float | str | None:
         """The limit trainguard clips at, after measuring (the Trainer no longer clips): the
         Trainer's own when set on purpose, else the callback's config (adaptive by default)."""
@@ -253,6 +319,34 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if self._tap is not None:
             self._tap.remove()
             self._tap = None
+
+
+HIDDEN_LOSS = "hidden_by_trainer_log"
+"""The detail a `nonfinite_loss` event carries when the Trainer's logs hide that loss."""
+
+
+def _note_hidden_loss(events: list[Event]) -> None:
+    """`logging_nan_inf_filter` (on by default) makes the Trainer log the running average in
+    place of a non-finite loss: the event says so (its loss is the model's real one)."""
+    for event in events:
+        if event.kind == "nonfinite_loss" and not event.details.get(HIDDEN_LOSS):
+            event.details[HIDDEN_LOSS] = True
+            event.message += (" (hidden from the Trainer's logged loss: logging_nan_inf_filter "
+                              "replaces a non-finite loss with the average of the logged ones; "
+                              "this is the model's real loss)")
+
+
+def _checkpoint_folder(args: TrainingArguments, state: TrainerState) -> Path | None:
+    """The folder the Trainer saves the checkpoint of the current step to."""
+    if not args.output_dir:
+        return None
+    return Path(args.output_dir) / f"checkpoint-{state.global_step}"
+
+
+def _owns_best(args: TrainingArguments) -> bool:
+    """Whether `best_model_checkpoint` is free for trainguard: the Trainer tracks no best model
+    of its own (no `metric_for_best_model`, no `load_best_model_at_end`)."""
+    return args.metric_for_best_model is None and not args.load_best_model_at_end
 
 
 def _trainer_default_max_grad_norm() -> float:
