@@ -9,6 +9,7 @@
     trainguard grafana --out DIR a Grafana dashboard for PrometheusSink, with its provisioning
     trainguard analyze PATH...   judge a training log after the fact (trainer_state.json,
                                  metrics.csv, TensorBoard, a run directory, JSONL, text logs)
+    trainguard checkpoints DIR   the checkpoints under DIR with their health (trainguard.json)
 
 Problems with the input (a missing or corrupt run directory or snapshot, a factory that fails,
 bad arguments) print one line `trainguard: error: ...` on stderr and exit with code 2; nothing is
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_grafana(commands)
     _add_report(commands)
     _add_analyze(commands)
+    _add_checkpoints(commands)
     return parser
 
 
@@ -544,7 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "demo": _demo, "show": _show, "runs": _runs, "replay": _replay, "doctor": _doctor,
-        "grafana": _grafana, "report": _report, "analyze": _analyze}
+        "grafana": _grafana, "report": _report, "analyze": _analyze,
+        "checkpoints": _checkpoints}
     command = commands.get(args.command)
     if command is None:
         parser.error(f"unknown command {args.command!r}")
@@ -751,6 +754,54 @@ def _runs(args: argparse.Namespace) -> int:
                      f"{run['events']:>7}  {'; '.join(notes)}".rstrip())
     _write_lines(lines)
     return EXIT_OK
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+def _add_checkpoints(commands: Any) -> None:
+    """`trainguard checkpoints`: the checkpoints of a run with their health."""
+    checkpoints = commands.add_parser(
+        "checkpoints", help="list the checkpoints under a folder with their health",
+        description="List the checkpoints under OUTPUT_DIR (an HF Trainer output folder, a "
+                    "Lightning checkpoint folder, a plain loop's folder) that have a "
+                    "trainguard.json sidecar, oldest first, with their health when saved: "
+                    "healthy, incident (inside an incident), recovered (after a rollback), "
+                    "poisoned (non-finite weights or optimizer moments) or stale (the "
+                    "checkpoint was written again after its sidecar), and the newest healthy "
+                    "one to resume from. No sidecar at all, or a corrupt one, exits 2.",
+        epilog=EXIT_CODES)
+    checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR",
+                             help="the folder the checkpoints were saved to")
+    checkpoints.add_argument("--json", action="store_true",
+                             help="print the checkpoints and their sidecars as JSON")
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    from trainguard.checkpoints import last_healthy_checkpoint, list_checkpoints
+
+    entries = list_checkpoints(args.output_dir)
+    best = last_healthy_checkpoint(args.output_dir)
+    if args.json:
+        data = {"checkpoints": [e.to_dict() for e in entries],
+                "last_healthy": str(best) if best is not None else None}
+        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
+        return EXIT_OK
+    lines = [f"{'step':>7}  {'status':<9} {'weights':<8} {'optimizer':<9} {'verdict':<9} "
+             f"{'events':>6}  checkpoint"]
+    for entry in entries:
+        health = entry.health
+        assert health is not None  # list_checkpoints raised on unreadable sidecars
+        note = f"  ({entry.problem})" if entry.problem else ""
+        lines.append(f"{health.step:>7}  {entry.status:<9} {_finite(health.weights_finite):<8} "
+                     f"{_finite(health.optimizer_finite):<9} {_fmt(health.verdict):<9} "
+                     f"{len(health.open_events):>6}  {entry.path}{note}")
+    lines.append(f"last healthy: {best}" if best is not None else
+                 "no healthy checkpoint to resume from")
+    _write_lines(lines)
+    return EXIT_OK
+
+
+def _finite(flag: bool | None) -> str:
+    return "-" if flag is None else "finite" if flag else "NON-FINITE"
 
 
 if __name__ == "__main__":
