@@ -15,7 +15,9 @@ Trainer accepts it. How it fits Lightning's automatic optimization:
   Lightning's own clipping, so the norms are the real pre-clip ones;
 - skip: the gradients are dropped, so the optimizer step changes nothing; the step-interval LR
   schedulers Lightning then steps are rewound at `on_train_batch_end`;
-- state: `state_dict` / `load_state_dict` carry the guard's baselines through Lightning checkpoints.
+- state: `state_dict` / `load_state_dict` carry the guard's baselines through Lightning checkpoints;
+- checkpoints: every checkpoint the strategy writes gets its `trainguard.json` sidecar, and the
+  newest healthy one is kept through `save_top_k` (`integrations/checkpoint_io.py`).
 
 Clipping: with `gradient_clip_val` set (norm algorithm), trainguard clips at exactly that limit
 before Lightning does, so Lightning's own clipping then finds nothing left to clip; without it
@@ -38,6 +40,7 @@ from trainguard.config import GuardConfig
 from trainguard.errors import UsageError
 from trainguard.guard import exit_status
 from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
+from trainguard.integrations.checkpoint_io import MarkingCheckpointIO
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
@@ -135,6 +138,9 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
             self.run.load_state_dict({**self.run.state_dict(), "step": trainer.global_step})
         self._pending_state = None
         self._loss = None
+        io = trainer.strategy.checkpoint_io
+        if not isinstance(io, MarkingCheckpointIO):  # every checkpoint written gets its sidecar
+            trainer.strategy.checkpoint_io = MarkingCheckpointIO(io, self)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
