@@ -183,8 +183,15 @@ def test_the_finiteness_check_sees_one_nan_anywhere() -> None:
     state["exp_avg_sq"].view(-1)[0] = float("nan")
     assert finite_state(model.parameters(), optimizer) == (True, False)
     with torch.no_grad():
+        model[0].weight.fill_(3e38)  # finite, though its 2-norm overflows
+    assert finite_state(model.parameters(), None) == (True, None)
+    with torch.no_grad():
         model[2].bias.fill_(float("-inf"))
     assert finite_state(model.parameters(), None) == (False, None)
+    half = nn.Linear(300, 300).half()
+    with torch.no_grad():
+        half.weight.fill_(60000.0)  # its float16 2-norm would be inf: accumulated in float32
+    assert finite_state(half.parameters(), None) == (True, None)
 
 
 def test_an_old_sidecar_never_describes_a_new_checkpoint(tmp_path: Path) -> None:

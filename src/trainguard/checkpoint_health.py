@@ -7,7 +7,7 @@
     trainguard.resume_guard(path, guard)                      # baselines, skip list, LR backoff
 
 `mark_checkpoint` checks on the device that every weight and optimizer moment is finite (one
-`torch._foreach_norm` per device, the largest magnitude kept, one host transfer for both),
+`torch._foreach_norm` per device and dtype, summed, one host transfer for both),
 saves the Guard's `state_dict` to the companion `trainguard_state.pt`, and writes the sidecar
 last (`checkpoints.py`), each atomically. A checkpoint with anything non-finite is marked
 `poisoned` under every policy, with an event and a warning naming it, and renamed
@@ -55,17 +55,21 @@ _OWN_KINDS = ("poisoned_checkpoint",)
 
 
 # -- the finiteness check ------------------------------------------------------------------------
-def _largest_magnitude(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """max |x| over all `tensors` as one value on `device` (NaN if any holds NaN, inf if any
-    holds inf): `torch._foreach_norm(ord=inf)` per device, no copy of the tensors."""
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
+def _norm_sum(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum of the tensors' 2-norms as one float32 value on `device`: NaN or inf when any
+    value is. `torch._foreach_norm` per device and dtype (half precision accumulated in float32),
+    no copy of the tensors."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        by_device.setdefault(t.device, []).append(t)
-    peaks = [torch.stack(torch._foreach_norm(group, ord=float("inf"))).amax().float().to(device)
-             for group in by_device.values()]
-    if not peaks:
-        return torch.zeros((), device=device)
-    return torch.stack(peaks).amax()
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    sums = [torch.stack(torch._foreach_norm(group, 2, dtype=torch.float32)).sum().to(device)
+            for group in groups.values()]
+    return torch.stack(sums).sum() if sums else torch.zeros((), device=device)
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Value by value: whether every value of every tensor is finite."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _floats(tensors: Iterable[Any]) -> list[torch.Tensor]:
@@ -87,11 +91,14 @@ def finite_state(params: Iterable[torch.Tensor],
     if not weights:
         raise UsageError("the model has no floating-point weights to check")
     device = weights[0].device
-    peaks = [_largest_magnitude(weights, device)]
-    if moments:
-        peaks.append(_largest_magnitude(moments, device))
-    host = to_host(torch.stack(peaks))
+    sums = [_norm_sum(weights, device)] + ([_norm_sum(moments, device)] if moments else [])
+    host = to_host(torch.stack(sums))
     finite = [bool(v == v and abs(v) != float("inf")) for v in host.tolist()]
+    # a 2-norm overflows beyond about 1e19 (float32): a non-finite sum is confirmed value by
+    # value, so huge finite values are not called non-finite (rare: only when the sum is)
+    for index, group in enumerate((weights, moments)[:len(finite)]):
+        if not finite[index]:
+            finite[index] = _all_finite(group)
     return finite[0], (finite[1] if moments else None)
 
 
