@@ -25,3 +25,7 @@ Verdict = Literal["healthy", "recovered", "degraded", "stalled"]
 ACTIONS: tuple[Action, ...] = get_args(Action)
 STATUSES: tuple[Status, ...] = get_args(Status)
 VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
+
+HIDDEN_LOSS = "hidden_by_trainer_log"
+"""The detail a `nonfinite_loss` event carries when the trainer's logged loss hides it (the
+Hugging Face Trainer's `logging_nan_inf_filter`)."""

@@ -25,8 +25,11 @@ from trainguard import GuardConfig
 from trainguard.checkpoints import SIDECAR, STATE_FILE, list_checkpoints
 from trainguard.events import ActionRecord
 from trainguard.hf import TrainguardCallback
-from trainguard.integrations.hf import HIDDEN_LOSS
+from trainguard.report import build_report
 from trainguard.sinks import Sink
+from trainguard.vocabulary import HIDDEN_LOSS
+
+from ..report.helpers import payload
 
 BATCH, STEPS, BAD_STEPS, MARK = 4, 60, range(35, 38), 63
 
@@ -103,7 +106,8 @@ def test_without_trainguard_only_nan_checkpoints_are_left(tmp_path: Path) -> Non
 def test_observe_keeps_the_last_healthy_checkpoint_and_marks_the_nan_ones(
         tmp_path: Path) -> None:
     actions = Actions()
-    callback = TrainguardCallback(GuardConfig(policy="observe", console=False), sinks=[actions])
+    callback = TrainguardCallback(GuardConfig(policy="observe", console=False),
+                                  run_dir=tmp_path / "run", sinks=[actions])
     trainer = train(tmp_path, callback)
     statuses = {e.path.name: e.status for e in list_checkpoints(tmp_path)}
     assert statuses == {"checkpoint-30": "healthy", "checkpoint-60": "poisoned"}
@@ -122,6 +126,13 @@ def test_observe_keeps_the_last_healthy_checkpoint_and_marks_the_nan_ones(
     assert hidden and all(e.details.get(HIDDEN_LOSS) for e in hidden)
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert all(math.isfinite(v) for v in logged)
+    # ... and the report marks those steps on the loss plot
+    loss = next(f for f in payload(build_report(tmp_path / "run")[0])["figures"]
+                if f["id"] == "loss")
+    assert f"{len(hidden)} steps hidden from the trainer's logged loss" in (
+        loss["layout"]["title"]["text"])
+    marked = [t for t in loss["data"] if "loss hidden from the trainer" in t.get("name", "")]
+    assert len(marked) == 1 and marked[0]["x"] == [e.step for e in hidden]
 
 
 def test_protect_poisons_no_checkpoint(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from trainguard.integrations.callback_state import CallbackState, unwrap_optimiz
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
-from trainguard.vocabulary import Status
+from trainguard.vocabulary import HIDDEN_LOSS, Status
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -319,10 +319,6 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if self._tap is not None:
             self._tap.remove()
             self._tap = None
-
-
-HIDDEN_LOSS = "hidden_by_trainer_log"
-"""The detail a `nonfinite_loss` event carries when the Trainer's logs hide that loss."""
 
 
 def _note_hidden_loss(events: list[Event]) -> None:

@@ -26,6 +26,7 @@ from trainguard.formatting import visible
 from trainguard.report import downsample, encode
 from trainguard.report.data import Matrix, RunData, Scalar
 from trainguard.report.escape import text
+from trainguard.vocabulary import HIDDEN_LOSS
 
 LINE_POINTS = 4000
 """Points per line at most (min and max of 2000 buckets)."""
@@ -177,6 +178,27 @@ def event_traces(data: RunData) -> list[dict[str, Any]]:
     return out
 
 
+def hidden_loss_steps(data: RunData) -> list[int]:
+    """Steps whose non-finite loss the trainer's logged loss hid (the HF Trainer's
+    `logging_nan_inf_filter`), as their events say."""
+    return sorted({e.step for e in data.events
+                   if e.kind == "nonfinite_loss" and e.details.get(HIDDEN_LOSS) is True})
+
+
+def hidden_loss_trace(steps: list[int]) -> list[dict[str, Any]]:
+    """A mark under each such step on the loss plot, named for what it is."""
+    if not steps:
+        return []
+    count = plural(len(steps), "step")
+    return [{"type": "scatter", "mode": "markers", "yaxis": "y2", "cliponaxis": False,
+             "name": text(f"non-finite loss hidden from the trainer's log ({count})"),
+             "x": steps, "y": [EVENT_Y * 0.93] * len(steps), "hoverinfo": "text",
+             "hovertext": [f"step {s}: the loss was not finite; the trainer logged the average "
+                           f"of its earlier losses instead (logging_nan_inf_filter)"
+                           for s in steps],
+             "marker": {"symbol": "x", "size": 8, "color": "#d62728"}}]
+
+
 def spans(steps: np.ndarray, mask: np.ndarray, max_spans: int = MAX_SPANS) -> list[list[int]]:
     """[first, last] step of each run of consecutive rows where `mask` holds; beyond
     `max_spans`, the closest runs are merged so that every masked step stays covered."""
@@ -248,12 +270,16 @@ def loss_figure(data: RunData) -> dict[str, Any] | None:
     if not data.loss.recorded:
         return None
     drawn = downsample.line(data.steps, data.loss.values, LINE_POINTS, data.loss.missing)
-    title = f"Loss{nonfinite_note(drawn.counts, 'step')}{_downsampled(drawn, data.steps.size)}"
+    hidden = hidden_loss_steps(data)
+    note = (f"; {plural(len(hidden), 'step')} hidden from the trainer's logged loss"
+            if hidden else "")
+    title = (f"Loss{nonfinite_note(drawn.counts, 'step')}{note}"
+             f"{_downsampled(drawn, data.steps.size)}")
     layout = _base_layout(title, "loss")
     layout["updatemenus"] = _scale_buttons()
     traces = [*shade_traces(data),
               _line_trace("loss", drawn.steps, drawn.values, "#1f77b4"),
-              *mark_traces(drawn.marks, "loss"), *event_traces(data)]
+              *mark_traces(drawn.marks, "loss"), *event_traces(data), *hidden_loss_trace(hidden)]
     return {"id": "loss", "data": traces, "layout": layout}
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from trainguard.verdict import RunVerdict
 
 _COLOURS = {"info": "36", "warning": "33", "error": "31", "critical": "1;31"}
-_SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover")
+_SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover", "checkpoint_kept")
 
 
 class ConsoleSink(Sink):
