@@ -152,8 +152,14 @@ def test_a_resume_from_the_last_healthy_checkpoint_ends_as_the_healthy_run(
     start = trainguard.last_healthy_checkpoint(tmp_path / "broken")
     assert start is not None and start.name == "checkpoint-30"
 
-    callback = TrainguardCallback(GuardConfig(policy="protect", console=False))
+    actions = Actions()
+    callback = TrainguardCallback(GuardConfig(policy="protect", console=False), sinks=[actions])
     resumed = train(tmp_path / "broken", callback, resume=start)  # the bad data is still there
+    # checkpoint-40 came inside the incident of steps 35-37: checkpoint-30 was kept meanwhile
+    kept = [a.details["kept"] for a in actions.actions if a.kind == "checkpoint_kept"]
+    assert kept == [str(start)]
+    assert [(e.path.name, e.status) for e in list_checkpoints(tmp_path / "broken")] == [
+        ("checkpoint-50", "healthy"), ("checkpoint-60", "healthy")]
     assert callback.run is not None and callback.run.state.step == STEPS
     bad = sorted({e.step for e in callback.events if e.kind.startswith("nonfinite")})
     assert bad == list(BAD_STEPS)  # skipped where the bad records are, no relapse after

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from trainguard.checkpoint_health import load_guard_state, mark_checkpoint
-from trainguard.checkpoints import RESUMABLE, CheckpointHealth
+from trainguard.checkpoints import RESUMABLE, CheckpointHealth, last_healthy_checkpoint
 from trainguard.config import GuardConfig
 from trainguard.errors import TrainingDiverged, UsageError
 from trainguard.events import ActionRecord, Event
@@ -152,6 +152,11 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         carried = self._pending_state
         if carried is None and self.run is None and state.global_step:
             carried = self._resume_state(args, state)
+        if self.run is None and state.global_step and args.output_dir and _owns_best(args):
+            # resumed: the newest healthy checkpoint stays protected from the first save on
+            self._last_healthy = last_healthy_checkpoint(args.output_dir)
+            if self._last_healthy is not None:
+                state.best_model_checkpoint = str(self._last_healthy)
         resume = self.run is not None  # a second train() on one Trainer goes on with the run
         if self.run is not None:  # ... and keeps the baselines
             carried = carried or self.run.state_dict()
