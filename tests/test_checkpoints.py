@@ -266,3 +266,22 @@ def test_a_failing_sidecar_write_is_logged_and_training_goes_on(
     assert "could not write the health of checkpoint" in caplog.text
     guard.step(nn.functional.mse_loss(model(torch.randn(2, 8)), torch.zeros(2, 1)))
     guard.close()
+
+
+def test_guard_checkpoint_health_reports_and_marks(tmp_path: Path) -> None:
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    for x, y in _data(bad=False)[:3]:
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    now = guard.checkpoint_health()
+    assert now is not None and (now.step, now.status) == (3, "healthy")
+    assert now.optimizer_finite is True and list(tmp_path.iterdir()) == []
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    marked = guard.checkpoint_health(tmp_path / "m.pt")
+    assert marked is not None and read_health(tmp_path / "m.pt").status == "healthy"
+    state = load_guard_state(tmp_path / "m.pt")
+    assert state is not None and state["step"] == 3
+    guard.close()
