@@ -285,3 +285,16 @@ def test_guard_checkpoint_health_reports_and_marks(tmp_path: Path) -> None:
     state = load_guard_state(tmp_path / "m.pt")
     assert state is not None and state["step"] == 3
     guard.close()
+
+
+def test_blocking_is_the_default_under_recover_only() -> None:
+    assert GuardConfig(policy="recover").blocks_poisoned_checkpoints
+    assert not GuardConfig(policy="protect").blocks_poisoned_checkpoints
+    assert not GuardConfig(policy="recover",
+                           block_poisoned_checkpoints=False).blocks_poisoned_checkpoints
+    assert GuardConfig(policy="observe",
+                       block_poisoned_checkpoints=True).blocks_poisoned_checkpoints
+    with pytest.raises(trainguard.ConfigError, match="block_poisoned_checkpoints"):
+        GuardConfig(block_poisoned_checkpoints="yes")  # type: ignore[arg-type]
+    config = GuardConfig(block_poisoned_checkpoints=True)
+    assert GuardConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
 
 import trainguard
 from trainguard import GuardConfig
@@ -142,6 +143,16 @@ def test_protect_poisons_no_checkpoint(tmp_path: Path) -> None:
     assert [e.path.name for e in entries] == ["checkpoint-50", "checkpoint-60"]
     assert all(e.status == "healthy" for e in entries)
     assert all(finite_weights(e.path) for e in entries)
+
+
+def test_a_blocked_poisoned_checkpoint_is_never_the_trainers_last(tmp_path: Path) -> None:
+    config = GuardConfig(policy="observe", console=False, block_poisoned_checkpoints=True)
+    train(tmp_path, TrainguardCallback(config))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-30", "checkpoint-60.poisoned"]
+    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-30")
+    entries = {e.path.name: e.status for e in list_checkpoints(tmp_path)}
+    assert entries == {"checkpoint-30": "healthy", "checkpoint-60.poisoned": "poisoned"}
 
 
 def test_a_resume_from_the_last_healthy_checkpoint_ends_as_the_healthy_run(
