@@ -93,18 +93,19 @@ class CheckpointHealth:
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise CheckpointError(f"{where} is not a trainguard checkpoint sidecar")
         try:
+            optimizer = data.get("optimizer_finite")
+            events = data.get("open_events") or []
             record = cls(
-                step=_int(data["step"]), health=_choice(data["health"], ("healthy", "incident",
-                                                                         "recovered")),
+                step=_int(data["step"]),
+                health=_choice(data["health"], ("healthy", "incident", "recovered")),
                 weights_finite=_bool(data["weights_finite"]),
-                optimizer_finite=None if data.get("optimizer_finite") is None
-                else _bool(data["optimizer_finite"]),
+                optimizer_finite=None if optimizer is None else _bool(optimizer),
                 policy=str(data["policy"]), verdict=_opt_str(data.get("verdict")),
-                open_events=[dict(e) for e in data.get("open_events") or [] if
-                             isinstance(e, Mapping)],
+                open_events=[dict(e) for e in events if isinstance(e, Mapping)]
+                if isinstance(events, list) else [],
                 fingerprint=_fingerprint(data.get("fingerprint") or {}),
-                state_file=_opt_str(data.get("state_file")), blocked=_bool(data.get("blocked",
-                                                                                   False)),
+                state_file=_opt_str(data.get("state_file")),
+                blocked=_bool(data.get("blocked", False)),
                 saved_at=float(data.get("saved_at", 0.0)),
                 trainguard_version=str(data.get("trainguard_version", "")))
         except (KeyError, TypeError, ValueError) as exc:
