@@ -44,6 +44,7 @@ from trainguard.checkpoints import (
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
 from trainguard.pipeline.run import Run
+from trainguard.registry import Kind
 from trainguard.transfer import to_host
 
 log = logging.getLogger("trainguard")
@@ -51,7 +52,7 @@ log = logging.getLogger("trainguard")
 INCIDENT_QUIET_STEPS = 10
 """A run is inside an incident from an error-level event until this many steps pass without
 one: a checkpoint saved meanwhile is `incident`, not `healthy`."""
-_OWN_KINDS = ("poisoned_checkpoint",)
+_OWN_KINDS = (Kind.POISONED_CHECKPOINT,)
 
 
 # -- the finiteness check ------------------------------------------------------------------------
@@ -110,7 +111,7 @@ def run_health(run: Run, step: int) -> tuple[Health, list[dict[str, Any]], str |
     health: Health = "healthy"
     if serious:
         health = "incident"
-    elif any(e.kind == "rollback" for e in run.events):
+    elif any(e.kind == Kind.ROLLBACK for e in run.events):
         health = "recovered"
     verdict = None
     with contextlib.suppress(Exception):  # the verdict is advisory
@@ -238,6 +239,6 @@ def _warn(run: Run, path: Path, record: CheckpointHealth) -> None:
     if run.closed or not run.config.console:
         log.warning("trainguard: %s", message)
     if not run.closed:
-        run.emit_event(Event(kind="poisoned_checkpoint", step=record.step, severity="error",
+        run.emit_event(Event(kind=Kind.POISONED_CHECKPOINT, step=record.step, severity="error",
                              message=message, details={"checkpoint": str(path),
                                                        "blocked": record.blocked}))

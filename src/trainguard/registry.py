@@ -228,6 +228,7 @@ class Kind:
     ROLLBACK_FAILED = "rollback_failed"
     MONITOR_ERROR = "monitor_error"
     SNAPSHOT_FAILED = "snapshot_failed"
+    POISONED_CHECKPOINT = "poisoned_checkpoint"
     PEER_LOST = "peer_lost"
 
 

@@ -37,6 +37,7 @@ from trainguard.events import ActionRecord, Event
 from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
+from trainguard.registry import Kind
 from trainguard.sinks import Sink
 from trainguard.vocabulary import HIDDEN_LOSS, Status
 
@@ -330,7 +331,7 @@ def _note_hidden_loss(events: list[Event]) -> None:
     """`logging_nan_inf_filter` (on by default) makes the Trainer log the running average in
     place of a non-finite loss: the event says so (its loss is the model's real one)."""
     for event in events:
-        if event.kind == "nonfinite_loss" and not event.details.get(HIDDEN_LOSS):
+        if event.kind == Kind.NONFINITE_LOSS and not event.details.get(HIDDEN_LOSS):
             event.details[HIDDEN_LOSS] = True
             event.message += (" (hidden from the Trainer's logged loss: logging_nan_inf_filter "
                               "replaces a non-finite loss with the average of the logged ones; "

@@ -23,6 +23,7 @@ import numpy as np
 
 from trainguard.events import ActionRecord, Event
 from trainguard.formatting import visible
+from trainguard.registry import Kind
 from trainguard.report import downsample, encode
 from trainguard.report.data import Matrix, RunData, Scalar
 from trainguard.report.escape import text
@@ -182,7 +183,7 @@ def hidden_loss_steps(data: RunData) -> list[int]:
     """Steps whose non-finite loss the trainer's logged loss hid (the HF Trainer's
     `logging_nan_inf_filter`), as their events say."""
     return sorted({e.step for e in data.events
-                   if e.kind == "nonfinite_loss" and e.details.get(HIDDEN_LOSS) is True})
+                   if e.kind == Kind.NONFINITE_LOSS and e.details.get(HIDDEN_LOSS) is True})
 
 
 def hidden_loss_trace(steps: list[int]) -> list[dict[str, Any]]:
