@@ -239,6 +239,6 @@ def _warn(run: Run, path: Path, record: CheckpointHealth) -> None:
     if run.closed or not run.config.console:
         log.warning("trainguard: %s", message)
     if not run.closed:
-        run.emit_event(Event(kind=Kind.POISONED_CHECKPOINT, step=record.step, severity="error",
+        run.emit_event(Event(kind="poisoned_checkpoint", step=record.step, severity="error",
                              message=message, details={"checkpoint": str(path),
                                                        "blocked": record.blocked}))
