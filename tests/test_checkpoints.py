@@ -105,6 +105,8 @@ def test_observe_marks_the_nan_checkpoints_poisoned_and_keeps_the_healthy_one(
     assert "step40.pt" in poisoned[0].message
     health = read_health(tmp_path / "step40.pt").health
     assert health is not None and not health.weights_finite and health.optimizer_finite is False
+    # a few NaN losses do not make the loss verdict degraded yet; NaN weights do
+    assert health.verdict == "degraded"
 
 
 def test_protect_poisons_nothing_and_blocking_renames_the_poisoned(tmp_path: Path) -> None:

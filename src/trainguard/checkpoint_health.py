@@ -192,6 +192,8 @@ def current_health(guard: Any, step: int | None = None) -> CheckpointHealth:
     step = run.state.step if step is None else int(step)
     weights, moments = finite_state(run.watched.params, run.optimizer)
     health, open_events, verdict = run_health(run, step)
+    if weights is False or moments is False:  # whatever the losses said so far
+        verdict = "degraded"
     return CheckpointHealth(step=step, health=health, weights_finite=weights,
                             optimizer_finite=moments, policy=run.config.policy,
                             verdict=verdict, open_events=open_events, saved_at=time.time(),

@@ -785,14 +785,14 @@ def _checkpoints(args: argparse.Namespace) -> int:
                 "last_healthy": str(best) if best is not None else None}
         sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
         return EXIT_OK
-    lines = [f"{'step':>7}  {'status':<9} {'weights':<8} {'optimizer':<9} {'verdict':<9} "
+    lines = [f"{'step':>7}  {'status':<9} {'weights':<10} {'optimizer':<10} {'verdict':<9} "
              f"{'events':>6}  checkpoint"]
     for entry in entries:
         health = entry.health
         assert health is not None  # list_checkpoints raised on unreadable sidecars
         note = f"  ({entry.problem})" if entry.problem else ""
-        lines.append(f"{health.step:>7}  {entry.status:<9} {_finite(health.weights_finite):<8} "
-                     f"{_finite(health.optimizer_finite):<9} {_fmt(health.verdict):<9} "
+        lines.append(f"{health.step:>7}  {entry.status:<9} {_finite(health.weights_finite):<10} "
+                     f"{_finite(health.optimizer_finite):<10} {_fmt(health.verdict):<9} "
                      f"{len(health.open_events):>6}  {entry.path}{note}")
     lines.append(f"last healthy: {best}" if best is not None else
                  "no healthy checkpoint to resume from")
