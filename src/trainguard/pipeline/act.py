@@ -48,6 +48,9 @@ class Act:
     def __call__(self, ctx: StepContext) -> None:
         decision = ctx.decision
         assert decision is not None
+        self.run.prover.see(ctx)
+        if self.run.prover.wanted(ctx):  # before a rollback or a snapshot changes anything
+            self.run.prover.prove(ctx)
         if decision.action == "rolled_back":
             self._roll_back(ctx)
         if ctx.outcome == "halted":

@@ -26,6 +26,7 @@ from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.batch_watch import BatchWatch
+from trainguard.diagnose.incidents import IncidentProver
 from trainguard.diagnose.preflight import RunSetup
 from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.diagnose.replay import LossFn
@@ -130,6 +131,8 @@ class Run:
             metric_watch=MetricCollapse(config.detectors), batches=self.batches)
         self.events: list[Event] = []
         self.findings: list[Finding] = []
+        self.prover = IncidentProver(self)
+        """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
         self.warmup_watch: WarmupWatch | None = None
         """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
         self.closed = False

@@ -1,0 +1,179 @@
+"""When a guarded run proves the causes of an incident (`diagnose.counterfactual`), and with what.
+
+`IncidentProver.see` keeps, from every step, what a proof compares with: the run's recent healthy
+losses and gradient norms (two floats already on the host), the time a step takes, and a
+reference to the last good batch. `wanted` says whether this step's incident is to be proved:
+
+    policy halt     the step that halts (before its crash snapshot is written)
+    policy recover  the first rollback (before the good state is restored)
+    prove="on"      also any step with an error-level event under protect or observe, until one
+                    proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run)
+
+`prove` replays the step from the model and optimizer as they are before its update, within
+`prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
+reads) and puts the step's likely causes right. A failure is logged and the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainguard.diagnose.counterfactual import Baseline, Proof, Setup, prove
+from trainguard.diagnose.ranking import rank_causes
+from trainguard.errors import UsageError
+from trainguard.events import Event, at_least
+from trainguard.registry import Tag, kinds_tagged
+
+if TYPE_CHECKING:
+    from trainguard.pipeline.context import StepContext
+    from trainguard.pipeline.run import Run
+
+log = logging.getLogger("trainguard")
+
+HISTORY = 64
+"""Healthy steps kept for the baseline and the step time."""
+MAX_ATTEMPTS = 3
+DEFAULT_BUDGET_S = 60.0
+"""The budget before the run has timed a step."""
+
+
+class IncidentProver:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.losses: deque[float] = deque(maxlen=HISTORY)
+        self.norms: deque[float] = deque(maxlen=HISTORY)
+        self.step_times: deque[float] = deque(maxlen=HISTORY)
+        self.previous_batch: Any = None
+        self.proofs: list[Proof] = []
+        self.attempts = 0
+        self._last_seen: float | None = None
+
+    # -- every step: two floats and a reference ----------------------------------------------------
+    def see(self, ctx: StepContext) -> None:
+        now = time.perf_counter()
+        if self._last_seen is not None:
+            self.step_times.append(now - self._last_seen)
+        self._last_seen = now
+        signals = ctx.signals
+        if signals is None or any(at_least(e.severity, "warning") for e in ctx.events):
+            return
+        if signals.loss is not None and math.isfinite(signals.loss):
+            self.losses.append(float(signals.loss))
+        if math.isfinite(signals.grad_norm):
+            self.norms.append(float(signals.grad_norm))
+        if ctx.batch is not None:
+            self.previous_batch = ctx.batch
+
+    def baseline(self) -> Baseline:
+        return Baseline.of(list(self.losses), list(self.norms))
+
+    def budget_s(self) -> float:
+        if not self.step_times:
+            return DEFAULT_BUDGET_S
+        times = sorted(self.step_times)
+        return self.run.config.prove_budget_steps * times[len(times) // 2]
+
+    # -- on an incident ----------------------------------------------------------------------------
+    def wanted(self, ctx: StepContext) -> bool:
+        run, mode = self.run, self.run.config.prove
+        if (mode == "off" or run.replay_fn is None or ctx.batch is None or ctx.decision is None
+                or not any(at_least(e.severity, "error") for e in ctx.events)):
+            return False
+        action = ctx.decision.action
+        if action == "halted":
+            return True
+        if action == "rolled_back":
+            return not self.proofs
+        return (mode == "on" and self.attempts < MAX_ATTEMPTS
+                and not any(p.reproduced for p in self.proofs))
+
+    def prove(self, ctx: StepContext, batch: Any = None) -> Proof | None:
+        """Prove the step's incident; the proof, or None when it failed (logged)."""
+        run = self.run
+        self.attempts += 1
+        try:
+            events = run.events + ctx.events
+            likely = [c.code for c in rank_causes(events, run.evidence_findings(ctx.findings),
+                                                  top=100)]
+            signals = ctx.signals
+            finite = (None if signals is None
+                      else bool(signals.loss_finite and signals.grads_finite))
+            setup = self._setup(ctx.step, batch if batch is not None else ctx.batch, finite)
+            batch_kinds = kinds_tagged(Tag.BATCH)
+            setup.batch_causes = tuple(str(e.details["cause"]) for e in ctx.events
+                                       if e.kind in batch_kinds and e.details.get("cause"))
+            proof = prove(setup, likely=likely, budget_s=self.budget_s())
+        except Exception as exc:  # proving is advisory: the run goes on
+            log.error("trainguard: proving step %d failed (%s: %s)", ctx.step,
+                      type(exc).__name__, exc)
+            return None
+        self.proofs.append(proof)
+        event = proof_event(proof)
+        ctx.raise_event(event)
+        self._refresh_likely(ctx)
+        return proof
+
+    def prove_now(self, batch: Any = None) -> Proof:
+        """On demand (`guard.prove()`), between steps: replay the next update from the state as
+        it is, on `batch` (default: the last good batch), under every intervention that applies
+        (the likely causes first, when there are any). Records the `proof` event."""
+        run = self.run
+        batch = batch if batch is not None else self.previous_batch
+        if run.replay_fn is None:
+            raise UsageError("guard.prove() needs the loss: give the Guard replay_fn="
+                             "lambda model, batch: ...")
+        if batch is None:
+            raise UsageError("guard.prove() needs a batch: none was seen yet, pass batch=")
+        likely = [c.code for c in rank_causes(run.events, run.evidence_findings(), top=100)]
+        setup = self._setup(run.state.step, batch, None)
+        setup.incident = False
+        proof = prove(setup, likely=likely, budget_s=self.budget_s())
+        self.proofs.append(proof)
+        run.emit_event(proof_event(proof))
+        return proof
+
+    def _setup(self, step: int, batch: Any, finite: bool | None) -> Setup:
+        run = self.run
+        suspects = tuple(str(f.evidence["param"]) for f in run.findings
+                         if f.check == "layer_init" and "param" in f.evidence)
+        assert run.replay_fn is not None
+        return Setup(model=run.model, optimizer=run.optimizer, loss_fn=run.replay_fn,
+                     batch=batch, step=step, previous_batch=self.previous_batch,
+                     autocast=torch.float16 if run.scaler is not None else None,
+                     baseline=self.baseline(), original_finite=finite, init_suspects=suspects,
+                     no_warmup=self._no_warmup())
+
+    def _no_warmup(self) -> bool | None:
+        """Whether the schedule lacks a warm-up, as the preflight judged (None: not judged)."""
+        run = self.run
+        if run.warmup_watch is not None or any(f.cause == "missing_warmup"
+                                                for f in run.findings):
+            return True  # found, or held back while the first steps' LRs decide it
+        return False if run.config.preflight and run.scheduler is not None else None
+
+    def _refresh_likely(self, ctx: StepContext) -> None:
+        run = self.run
+        ranked = rank_causes(run.events + ctx.events, run.evidence_findings(ctx.findings), top=3)
+        likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+        for event in ctx.events:
+            if likely and at_least(event.severity, "warning"):
+                event.details["likely_causes"] = likely
+
+
+def proof_event(proof: Proof) -> Event:
+    """The `proof` event the cause ranking reads: what was confirmed and ruled out, and why."""
+    return Event(kind="proof", step=proof.step, severity="info",
+                 message=f"step {proof.step} replayed: {proof.summary()}",
+                 details={"confirmed": dict(proof.confirmed), "ruled_out": dict(proof.ruled_out),
+                          "reproduced": proof.reproduced, "incident": proof.incident,
+                          "not_tried": list(proof.not_tried),
+                          "seconds": round(proof.seconds, 3),
+                          "trials": [{"name": i.name, "healed": healed, "loss": o.loss,
+                                      "after": o.after, "grad_norm": o.grad_norm}
+                                     for i, o, healed in proof.trials]})
