@@ -193,6 +193,8 @@ class Setup:
     """The causes the batch inspector named for this step's batch."""
     incident: bool = True
     """The step raised an error (False: a proof on demand, of a step that may be healthy)."""
+    origin: str = ""
+    """Where the replay starts when not from the state before the step's own update."""
 
 
 @dataclass
@@ -203,6 +205,7 @@ class Proof:
     reproduced: bool
     why_bad: str
     incident: bool = True
+    origin: str = ""
     trials: list[tuple[Intervention, Outcome, bool | None]] = field(default_factory=list)
     confirmed: dict[str, str] = field(default_factory=dict)
     """Cause code -> the sentence that proves it."""
@@ -212,6 +215,10 @@ class Proof:
     seconds: float = 0.0
 
     def summary(self) -> str:
+        text = self._summary()
+        return f"{self.origin}: {text}" if self.origin else text
+
+    def _summary(self) -> str:
         if not self.reproduced and not self.incident:
             return (f"nothing to heal: the replay of step {self.step} is healthy (the step's "
                     f"loss is {_num(self.plain.loss)}, after its update {_num(self.plain.after)})")
@@ -229,7 +236,7 @@ class Proof:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "reproduced": self.reproduced, "why_bad": self.why_bad,
-                "incident": self.incident,
+                "incident": self.incident, "origin": self.origin,
                 "confirmed": dict(self.confirmed), "ruled_out": dict(self.ruled_out),
                 "not_tried": list(self.not_tried), "seconds": self.seconds,
                 "plain": self.plain.to_dict(),
@@ -617,7 +624,8 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
     saved = SavedState(setup.model, setup.optimizer)
     try:
         plain = replay_step(setup, saved, Change(autocast=setup.autocast))
-        proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident)
+        proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident,
+                      origin=setup.origin)
         early = setup.baseline.loss is None and setup.incident and plain.finite
         if plain.bad(setup.baseline) or early:
             _try_interventions(setup, saved, proof, _ordered(interventions(setup), likely),

@@ -5,7 +5,9 @@ losses and gradient norms (two floats already on the host), the time a step take
 reference to the last good batch. `wanted` says whether this step's incident is to be proved:
 
     policy halt     the step that halts (before its crash snapshot is written)
-    policy recover  the first rollback (before the good state is restored)
+    policy recover  the first rollback (before the good state is restored); a step already bad
+                    before its update is replayed again from the good state the rollback
+                    returns to, with the same batch and LR
     prove="on"      also any step with an error-level event under protect or observe, until one
                     proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run)
 
@@ -20,14 +22,16 @@ import logging
 import math
 import time
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainguard.diagnose.counterfactual import Baseline, Proof, Setup, prove
+from trainguard.diagnose.counterfactual import Baseline, Proof, SavedState, Setup, prove
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
+from trainguard.recovery.state import restore
 from trainguard.registry import Tag, kinds_tagged
 
 if TYPE_CHECKING:
@@ -52,6 +56,7 @@ class IncidentProver:
         self.previous_batch: Any = None
         self.proofs: list[Proof] = []
         self.attempts = 0
+        self.rollbacks_proved = 0
         self._last_seen: float | None = None
 
     # -- every step: two floats and a reference ----------------------------------------------------
@@ -73,6 +78,11 @@ class IncidentProver:
     def baseline(self) -> Baseline:
         return Baseline.of(list(self.losses), list(self.norms))
 
+    def baseline_dict(self) -> dict[str, float | None]:
+        """The baseline a crash snapshot keeps for `trainguard prove`."""
+        base = self.baseline()
+        return {"loss": base.loss, "grad_norm": base.grad_norm}
+
     def budget_s(self) -> float:
         if not self.step_times:
             return DEFAULT_BUDGET_S
@@ -82,21 +92,23 @@ class IncidentProver:
     # -- on an incident ----------------------------------------------------------------------------
     def wanted(self, ctx: StepContext) -> bool:
         run, mode = self.run, self.run.config.prove
-        if (mode == "off" or run.replay_fn is None or ctx.batch is None or ctx.decision is None
-                or not any(at_least(e.severity, "error") for e in ctx.events)):
+        if mode == "off" or run.replay_fn is None or ctx.batch is None or ctx.decision is None:
             return False
         action = ctx.decision.action
         if action == "halted":
             return True
-        if action == "rolled_back":
-            return not self.proofs
+        if action == "rolled_back":  # the rollback is the incident, whatever its events
+            return self.rollbacks_proved == 0
         return (mode == "on" and self.attempts < MAX_ATTEMPTS
+                and any(at_least(e.severity, "error") for e in ctx.events)
                 and not any(p.reproduced for p in self.proofs))
 
     def prove(self, ctx: StepContext, batch: Any = None) -> Proof | None:
         """Prove the step's incident; the proof, or None when it failed (logged)."""
         run = self.run
         self.attempts += 1
+        if ctx.decision is not None and ctx.decision.action == "rolled_back":
+            self.rollbacks_proved += 1
         try:
             events = run.events + ctx.events
             likely = [c.code for c in rank_causes(events, run.evidence_findings(ctx.findings),
@@ -108,16 +120,47 @@ class IncidentProver:
             batch_kinds = kinds_tagged(Tag.BATCH)
             setup.batch_causes = tuple(str(e.details["cause"]) for e in ctx.events
                                        if e.kind in batch_kinds and e.details.get("cause"))
-            proof = prove(setup, likely=likely, budget_s=self.budget_s())
+            started = time.perf_counter()
+            proofs = [prove(setup, likely=likely, budget_s=self.budget_s())]
+            if not proofs[0].reproduced or proofs[0].plain.forward_bad(proofs[0].baseline):
+                # bad before its update: the damage is older; replay from the good state
+                left = self.budget_s() - (time.perf_counter() - started)
+                proofs += self._from_good_state(ctx, setup, likely, left)
         except Exception as exc:  # proving is advisory: the run goes on
             log.error("trainguard: proving step %d failed (%s: %s)", ctx.step,
                       type(exc).__name__, exc)
             return None
-        self.proofs.append(proof)
-        event = proof_event(proof)
-        ctx.raise_event(event)
+        for proof in proofs:
+            self.proofs.append(proof)
+            ctx.raise_event(proof_event(proof))
         self._refresh_likely(ctx)
-        return proof
+        return proofs[-1]
+
+    def _from_good_state(self, ctx: StepContext, setup: Setup, likely: list[str],
+                         budget_s: float) -> list[Proof]:
+        """Under `recover`, at a rollback: the same batch and LR replayed from the good state the
+        rollback returns to (the state the trouble began from); everything is put back after,
+        and the rollback then restores that state for good."""
+        run = self.run
+        recovery = run.state.recovery
+        verdict = ctx.decision.verdict if ctx.decision is not None else None
+        if recovery is None or verdict is None or budget_s <= 0:
+            return []
+        target = recovery.ring.latest_before(verdict.onset)
+        if target is None:
+            return []
+        keep = SavedState(run.model, run.optimizer)
+        lrs = [g["lr"] for g in run.optimizer.param_groups]
+        try:
+            restore(target, model=run.model, optimizers=[run.optimizer], scheduler=None,
+                    scaler=None, rng=False)
+            for group, lr in zip(run.optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr  # the LR of the step that went bad
+            again = replace(setup, original_finite=None, baseline=setup.baseline,
+                            origin=f"from the good state of step {target.step}")
+            return [prove(again, likely=likely, budget_s=budget_s)]
+        finally:
+            keep.restore()
 
     def prove_now(self, batch: Any = None) -> Proof:
         """On demand (`guard.prove()`), between steps: replay the next update from the state as

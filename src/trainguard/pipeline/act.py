@@ -7,6 +7,9 @@
     halted             write a crash snapshot of the state from before this step (the pipeline
                        then records the step, closes the run and raises TrainingDiverged)
 
+Before a halt or the first rollback, the run's `IncidentProver` replays the step under candidate
+fixes (`diagnose/incidents.py`), while the model still holds the state from before its update.
+
 Every change is also an `ActionRecord` that sinks hear. A remedy that fails leaves the global clip
 standing; a rollback that fails halts the run cleanly.
 """
@@ -127,7 +130,8 @@ class Act:
                 step=ctx.step, model=run.model, optimizers=[run.optimizer],
                 scheduler=run.scheduler, scaler=run.scaler, batch=ctx.batch,
                 events=[e.to_dict() for e in run.events + ctx.events],
-                config=run.config.to_dict(), extra={"guard": run.state_dict()})
+                config=run.config.to_dict(), extra={"guard": run.state_dict(),
+                                                    "baseline": run.prover.baseline_dict()})
             ctx.snapshot_path = str(write_snapshot(path, snapshot))
             ctx.act("snapshot", f"crash snapshot written to {ctx.snapshot_path}",
                     path=ctx.snapshot_path)
