@@ -75,8 +75,10 @@ class RankedCause:
     """"confirmed" when a replay of the bad step proved it; "" for a cause ranked by votes."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "confidence": self.confidence, "score": self.score,
-                "evidence": self.evidence, "fix": self.fix, "proof": self.proof}
+        """`proof` only for a cause a replay confirmed."""
+        out = {"code": self.code, "confidence": self.confidence, "score": self.score,
+               "evidence": self.evidence, "fix": self.fix}
+        return {**out, "proof": self.proof} if self.proof else out
 
     def __str__(self) -> str:
         return (f"{self.code} ({self.confidence:.0%}): {'; '.join(self.evidence[:3])}. "
