@@ -62,3 +62,25 @@ def test_prove_bad_input_exits_2(nan_snapshot: str, tmp_path: Path, capsys) -> N
             (["prove", nan_snapshot, "--factory", "nocolon"], "")):
         code, out, err = call(*args, capsys=capsys)
         assert_one_error(code, out, err, fragment)
+
+
+def test_show_and_its_json_say_what_the_replay_confirmed(tmp_path: Path, capsys) -> None:
+    import json
+
+    model, optimizer, loss_fn = regression_setup()
+    guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, run_dir=tmp_path / "run",
+                             config=GuardConfig(console=False, policy="halt"))
+    with pytest.raises(trainguard.TrainingDiverged):
+        for step in range(30):
+            batch = batch_at(step)
+            loss = loss_fn(model, batch)
+            loss.backward()
+            guard.step(loss, batch=batch)
+            optimizer.zero_grad(set_to_none=True)
+    code, out, err = call("show", str(tmp_path / "run"), capsys=capsys)
+    assert code == 0, err
+    assert "nonfinite_input" in out and "confirmed by replay: without the flagged sample 6" in out
+    code, out, err = call("show", str(tmp_path / "run"), "--json", capsys=capsys)
+    top = json.loads(out)["diagnosis"][0]
+    assert top["code"] == "nonfinite_input" and top["proof"] == "confirmed"
+    assert top["evidence"][0].startswith("confirmed by replay")
