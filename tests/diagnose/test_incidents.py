@@ -1,5 +1,6 @@
-"""A guarded run proves its incidents where the policy says (halt, the first rollback, `prove="on"`),
-on demand with `guard.prove()`, never on healthy steps, and goes on exactly as it would have."""
+"""A guarded run proves its incidents where the policy says (halt, the first rollback,
+`prove="on"`), on demand with `guard.prove()`, never on healthy steps, and goes on exactly as it
+would have."""
 
 from __future__ import annotations
 

@@ -679,8 +679,10 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
 
 def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool | None:
     """Whether the intervention healed the step; None: it cannot tell (an update intervention
-    on a step that was bad before its update)."""
+    on a step that was bad before its update, or the same crash as the plain replay)."""
     base, plain = proof.baseline, proof.plain
+    if plain.error is not None and outcome.error == plain.error:
+        return None  # the same crash: the loss function, not the fault, may be what failed
     if intervention.aspect == UPDATE:  # the step itself unchanged: only its update can heal
         if plain.forward_bad(base):
             return None
