@@ -116,10 +116,13 @@ def test_the_previous_batch_confirms_an_outlier_batch_the_inspector_named() -> N
     # the step is bad before its update: a smaller LR can neither heal nor clear it
     assert next(h for i, _, h in proof.trials if i.name == "lr_x0.1") is None
     assert "lr_too_high" not in proof.ruled_out
-    # without a batch finding the previous batch only shows the batch is at fault
+    # without a batch finding the previous batch proves only the generic "one bad batch"
     proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base),
-                  likely=["outlier_batch"])
+                  likely=["tokenizer_mismatch", "nonfinite_input"])
     assert proof.confirmed == {}
+    proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base),
+                  likely=["tokenizer_mismatch", "outlier_batch"])
+    assert list(proof.confirmed) == ["outlier_batch"]
 
 
 def test_dropping_foreign_token_ids_confirms_a_tokenizer_mismatch() -> None:

@@ -63,6 +63,7 @@ FLAGGED_RATIO = 50.0
 """A sample whose largest |x| is this many times the batch's median sample is flagged (as the
 batch inspector's outlier ratio)."""
 BATCH_CAUSES = ("outlier_batch", "nonfinite_input", "input_scale", "tokenizer_mismatch")
+GENERIC_BATCH = "outlier_batch"
 FLAG_CAUSES = {"nonfinite": ("nonfinite_input",), "outlier": ("outlier_batch", "input_scale"),
                "token_id": ("tokenizer_mismatch",)}
 """Why a sample was flagged -> the causes leaving it out tests."""
@@ -477,8 +478,9 @@ def _precision_interventions(setup: Setup) -> list[Intervention]:
 def _batch_interventions(setup: Setup) -> list[Intervention]:
     """Without the flagged samples: confirms the causes their flags name. On the previous good
     batch: heals whatever this batch brought, so it confirms only the batch causes the batch
-    inspector named for this step (without one, it shows the fault lies with the batch and
-    confirms nothing)."""
+    inspector named for this step, or without one the generic "one bad batch" (`outlier_batch`,
+    when the votes name it: a batch that breaks an unsafe operation is that operation's
+    fault)."""
     out = []
     flagged = flagged_samples(setup.batch, setup.model)
     size = _batch_size(setup.batch)
@@ -492,7 +494,7 @@ def _batch_interventions(setup: Setup) -> list[Intervention]:
             f"{', '.join(map(str, rows[:5]))}{' ...' if len(rows) > 5 else ''}", causes, FORWARD,
             Change(batch=_select(setup.batch, kept, size), autocast=setup.autocast)))
     if setup.previous_batch is not None:
-        causes = tuple(c for c in BATCH_CAUSES if c in setup.batch_causes)
+        causes = tuple(c for c in BATCH_CAUSES if c in setup.batch_causes) or (GENERIC_BATCH,)
         out.append(Intervention("previous_batch", "on the previous good batch", causes,
                                 FORWARD, Change(batch=setup.previous_batch,
                                                 autocast=setup.autocast)))
