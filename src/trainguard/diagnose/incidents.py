@@ -13,7 +13,10 @@ reference to the last good batch. `wanted` says whether this step's incident is 
 
 `prove` replays the step from the model and optimizer as they are before its update, within
 `prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
-reads) and puts the step's likely causes right. A failure is logged and the run goes on.
+reads) and puts the step's likely causes right. A failure is logged and the run goes on. A
+rollback after a proof that confirmed a bad batch (and not the LR) keeps the LR (`data_fault`):
+skipping the data is the fix. Under torch.distributed nothing is proved (a replay's backward
+would all-reduce on one rank alone).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainguard.diagnose.counterfactual import Baseline, Proof, SavedState, Setup, prove
+from trainguard.diagnose.counterfactual import (
+    BATCH_CAUSES,
+    Baseline,
+    Proof,
+    SavedState,
+    Setup,
+    prove,
+)
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
@@ -40,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainguard")
 
+LR_CAUSES = ("lr_too_high", "missing_warmup")
 HISTORY = 64
 """Healthy steps kept for the baseline and the step time."""
 MAX_ATTEMPTS = 3
@@ -92,7 +103,8 @@ class IncidentProver:
     # -- on an incident ----------------------------------------------------------------------------
     def wanted(self, ctx: StepContext) -> bool:
         run, mode = self.run, self.run.config.prove
-        if mode == "off" or run.replay_fn is None or ctx.batch is None or ctx.decision is None:
+        if (mode == "off" or run.replay_fn is None or ctx.batch is None or ctx.decision is None
+                or run.dist is not None):  # a replay's backward would all-reduce on one rank
             return False
         action = ctx.decision.action
         if action == "halted":
@@ -180,6 +192,13 @@ class IncidentProver:
         self.proofs.append(proof)
         run.emit_event(proof_event(proof))
         return proof
+
+    def data_fault(self, step: int) -> bool:
+        """This step's proofs confirmed a bad batch and not the LR: its rollback skips the data
+        and keeps the LR."""
+        confirmed = {c for p in self.proofs if p.step == step and p.reproduced
+                     for c in p.confirmed}
+        return bool(confirmed & set(BATCH_CAUSES)) and not confirmed & set(LR_CAUSES)
 
     def _setup(self, step: int, batch: Any, finite: bool | None) -> Setup:
         run = self.run

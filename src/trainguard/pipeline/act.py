@@ -97,7 +97,8 @@ class Act:
         lr_before = recovery.lr.factor()
         try:
             event = apply_rollback(run.state, recovery.rollback(
-                ctx.decision.verdict, ctx.step, mid_step=run.owns_scaler_step))
+                ctx.decision.verdict, ctx.step, mid_step=run.owns_scaler_step,
+                keep_lr=run.prover.data_fault(ctx.step)))
         except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
             ctx.raise_event(Event(
                 kind="rollback_failed", step=ctx.step, severity="critical",
