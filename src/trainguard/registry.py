@@ -294,6 +294,8 @@ _kind("rollback_limit", "recovery gives up: too many rollbacks, or no good state
 _kind("rollback_failed", "restoring a good state failed", "critical")
 _kind("proof", "the bad step replayed under candidate fixes: causes confirmed or ruled out",
       "info", tags=(Tag.PROOF,))
+_kind("precision_fault", "a replay confirmed a float16 overflow and the faults came back: the "
+      "run halts with the advice to switch to bf16", "critical")
 _kind("monitor_error", "trainguard could not check a step; it was applied unguarded", "warning")
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
 _kind("peer_lost", "under torch.distributed, a rank is gone (trainguard's collective failed): "

@@ -160,3 +160,32 @@ def test_recover_proves_its_first_rollback_from_the_good_state() -> None:
         p.message for p in proofs]
     assert guard.diagnose()[0].code == "lr_too_high"
     guard.close()
+
+
+def test_a_rollback_after_a_proved_float16_overflow_halts_with_the_advice() -> None:
+    from trainguard.diagnose.counterfactual import Baseline, Outcome, Proof
+    from trainguard.pipeline.context import StepContext
+    from trainguard.pipeline.policy import Decision
+
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="recover"), replay_fn=mse)
+    prover = guard.run.prover
+    nan = float("nan")
+    prover.proofs.append(Proof(10, Outcome("as_it_happened", "as it happened", nan, nan, nan),
+                               Baseline(0.2, 1.0), True, "the step's loss is NaN",
+                               confirmed={"fp16_overflow": "confirmed by replay: in bf16 the "
+                                                           "step's loss is 0.21 instead of NaN"}))
+
+    def decided(step: int, action: str) -> StepContext:
+        ctx = StepContext(step=step, loss=None)
+        ctx.decide(Decision(action))  # type: ignore[arg-type]
+        return ctx
+
+    halt = prover.precision_halt(decided(30, "rolled_back"))
+    assert halt is not None and halt.severity == "critical" and halt.kind == "precision_fault"
+    assert "switch to bf16" in halt.message and "step 10" in halt.message
+    assert prover.precision_halt(decided(30, "skipped")) is None
+    assert prover.precision_halt(decided(10, "rolled_back")) is None  # the proof's own rollback
+    prover.proofs[0].confirmed = {"outlier_batch": "confirmed"}
+    assert prover.precision_halt(decided(30, "rolled_back")) is None
+    guard.close()

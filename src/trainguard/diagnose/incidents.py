@@ -15,8 +15,9 @@ reference to the last good batch. `wanted` says whether this step's incident is 
 `prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
 reads) and puts the step's likely causes right. A failure is logged and the run goes on. A
 rollback after a proof that confirmed a bad batch (and not the LR) keeps the LR (`data_fault`):
-skipping the data is the fix. Under torch.distributed nothing is proved (a replay's backward
-would all-reduce on one rank alone).
+skipping the data is the fix. After a confirmed float16 overflow, a later rollback halts instead
+with the advice to switch to bf16 (`precision_halt`): no rollback changes the precision. Under
+torch.distributed nothing is proved (a replay's backward would all-reduce on one rank alone).
 """
 
 from __future__ import annotations
@@ -199,6 +200,23 @@ class IncidentProver:
         confirmed = {c for p in self.proofs if p.step == step and p.reproduced
                      for c in p.confirmed}
         return bool(confirmed & set(BATCH_CAUSES)) and not confirmed & set(LR_CAUSES)
+
+    def precision_halt(self, ctx: StepContext) -> Event | None:
+        """A rollback after an earlier one whose proof confirmed a float16 overflow: faults that
+        came back under float16 will keep coming, and trainguard cannot change the precision.
+        The `precision_fault` event that halts the run instead, with what to do."""
+        if ctx.decision is None or ctx.decision.action != "rolled_back":
+            return None
+        earlier = next((p for p in self.proofs if p.reproduced and p.step < ctx.step
+                        and "fp16_overflow" in p.confirmed), None)
+        if earlier is None:
+            return None
+        return Event(kind="precision_fault", step=ctx.step, severity="critical",
+                     message=f"faults came back after the replay of step {earlier.step} confirmed "
+                             f"a float16 overflow ({earlier.confirmed['fp16_overflow']}): switch "
+                             "to bf16 (torch.autocast(dtype=torch.bfloat16), no GradScaler) or "
+                             "fp32; trainguard cannot change the precision itself",
+                     details={"proved_at": earlier.step})
 
     def _setup(self, step: int, batch: Any, finite: bool | None) -> Setup:
         run = self.run

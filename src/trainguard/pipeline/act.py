@@ -54,7 +54,11 @@ class Act:
         self.run.prover.see(ctx)
         if self.run.prover.wanted(ctx):  # before a rollback or a snapshot changes anything
             self.run.prover.prove(ctx)
-        if decision.action == "rolled_back":
+        precision = self.run.prover.precision_halt(ctx)
+        if precision is not None:  # a proved float16 fault came back: no rollback heals it
+            ctx.raise_event(precision)
+            ctx.outcome = "halted"
+        elif decision.action == "rolled_back":
             self._roll_back(ctx)
         if ctx.outcome == "halted":
             self.run.halted = True
