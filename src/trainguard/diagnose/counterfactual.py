@@ -3,10 +3,10 @@
 From the state before a bad update (the model, the optimizer, the RNG, the batch), `prove` replays
 the step once as it happened and once per intervention, each changing one thing:
 
-    lr_x0.1         the learning rate x0.1                          lr_too_high
+    lr_x0.1, x0.01  the learning rate x0.1 (then x0.01)             lr_too_high
     warmup          the LR a warm-up ramp gives at this step        missing_warmup
     bf16 / fp32     bf16 for a float16 run, fp32 for float16        fp16_overflow, numerical_op
-                    weights
+                    weights                                         (optimizer_eps)
     float64         the forward and the loss in float64             numerical_op
     drop_flagged    the batch without its non-finite or outlying    outlier_batch,
                     samples                                         nonfinite_input,
@@ -53,7 +53,9 @@ the same order)."""
 RISE = 0.25
 """An update that raises its own batch's loss by more than this share is bad: a healthy step
 lowers the loss of the batch it was computed on."""
-LR_FACTOR = 0.1
+LR_FACTORS = (0.1, 0.01)
+"""LR x0.1, then x0.01 (an LR 100x too high is still 10x too high at x0.1): `lr_too_high` is
+confirmed by the first that heals, ruled out only when neither does."""
 WARMUP_STEPS = 20
 """The warm-up ramp replayed in place of the schedule: step s of the run at (s + 1) / 20 of its
 LR (the cause ranking's early steps). Later steps have no warm-up to miss."""
@@ -70,7 +72,7 @@ FLAG_CAUSES = {"nonfinite": ("nonfinite_input",), "outlier": ("outlier_batch", "
 PRECISION_CAUSES = ("fp16_overflow", "numerical_op")
 FORWARD, UPDATE = "forward", "update"
 TESTED_CAUSES = frozenset({"lr_too_high", "missing_warmup", *PRECISION_CAUSES, *BATCH_CAUSES,
-                           "lora_scaling", "bad_init"})
+                           "lora_scaling", "bad_init", "optimizer_eps"})
 """The causes some intervention can confirm."""
 
 
@@ -196,6 +198,9 @@ class Setup:
     """The step raised an error (False: a proof on demand, of a step that may be healthy)."""
     origin: str = ""
     """Where the replay starts when not from the state before the step's own update."""
+    state_step: int | None = None
+    """The step the replayed state is from, when not `step` (a good state): the warm-up ramp's
+    step."""
 
 
 @dataclass
@@ -435,12 +440,14 @@ def _step(opt: torch.optim.Optimizer, model: nn.Module, change: Change) -> None:
 
 def interventions(setup: Setup) -> list[Intervention]:
     """Every intervention that applies to this run and batch (whatever the votes say)."""
-    out = [Intervention("lr_x0.1", f"with LR x{LR_FACTOR:g}", ("lr_too_high",), UPDATE,
-                        Change(lr_factors=(LR_FACTOR,), autocast=setup.autocast))]
-    ramp = (setup.step + 1) / WARMUP_STEPS
+    out = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g}", ("lr_too_high",), UPDATE,
+                        Change(lr_factors=(factor,), autocast=setup.autocast))
+           for factor in LR_FACTORS]
+    state_step = setup.step if setup.state_step is None else setup.state_step
+    ramp = (state_step + 1) / WARMUP_STEPS
     if ramp < 1 and setup.no_warmup is not False:
         out.append(Intervention("warmup", f"with the LR a {WARMUP_STEPS}-step warm-up gives at "
-                                f"step {setup.step} (x{ramp:.2g})", ("missing_warmup",), UPDATE,
+                                f"step {state_step} (x{ramp:.2g})", ("missing_warmup",), UPDATE,
                                 Change(lr_factors=(ramp,), autocast=setup.autocast)))
     out += _precision_interventions(setup)
     out += _batch_interventions(setup)
@@ -468,7 +475,9 @@ def _precision_interventions(setup: Setup) -> list[Intervention]:
         out.append(Intervention("bf16", "in bf16", PRECISION_CAUSES, FORWARD,
                                 Change(autocast=torch.bfloat16), rules_out=("fp16_overflow",)))
     elif half or setup.autocast is not None:
-        out.append(Intervention("fp32", "in fp32", PRECISION_CAUSES, FORWARD,
+        # float16 weights: fp32 also gives Adam's eps and moments room, so it tests that too
+        causes = (*PRECISION_CAUSES, "optimizer_eps") if half else PRECISION_CAUSES
+        out.append(Intervention("fp32", "in fp32", causes, FORWARD,
                                 Change(dtype=torch.float32), rules_out=("fp16_overflow",)))
     out.append(Intervention("float64", "with the loss computed in float64", ("numerical_op",),
                             FORWARD, Change(dtype=torch.float64), rules_out=()))
@@ -669,14 +678,20 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
                        candidates: list[Intervention], started: float,
                        budget_s: float | None) -> None:
     per_update = proof.plain.seconds / 2  # a replay is one update and one more forward
+    healed: set[str] = set()
     for intervention in candidates:
+        if intervention.causes and set(intervention.causes) <= healed:
+            continue  # a gentler change already healed it (LR x0.1 before x0.01)
         cost = per_update * (len(intervention.change.lr_factors) + 1)
         if budget_s is not None and time.perf_counter() - started + cost > budget_s:
             proof.not_tried.append(intervention.name)
             continue
         outcome = replay_step(setup, saved, intervention.change, intervention.name,
                               intervention.label)
-        proof.trials.append((intervention, outcome, _heals(intervention, proof, outcome)))
+        heals = _heals(intervention, proof, outcome)
+        if heals:
+            healed.update(intervention.causes)
+        proof.trials.append((intervention, outcome, heals))
 
 
 def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool | None:
@@ -706,7 +721,7 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
             if heals:
                 healed.setdefault(code, f"confirmed by replay: {intervention.label} "
                                   f"{_healthy(intervention, outcome, proof)} instead of "
-                                  f"{_bad_value(intervention, proof.plain)}")
+                                  f"{_bad_value(intervention, proof.plain, proof.baseline)}")
             else:
                 failed.setdefault(code, f"ruled out: {intervention.label} "
                                   f"{outcome.bad(proof.baseline) or _still(outcome)}")
@@ -716,15 +731,16 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
 
 def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
     typical = proof.baseline.loss
-    what = ("the loss after the update is" if intervention.aspect == UPDATE
-            else "the step's loss is")
-    value = outcome.after if intervention.aspect == UPDATE else outcome.loss
-    return (f"{what} {_num(value)}"
+    after = intervention.aspect == UPDATE or not proof.plain.forward_bad(proof.baseline)
+    what = "the loss after the update is" if after else "the step's loss is"
+    return (f"{what} {_num(outcome.after if after else outcome.loss)}"
             + (f" (run's typical {_num(typical)})" if typical is not None else ""))
 
 
-def _bad_value(intervention: Intervention, plain: Outcome) -> str:
-    if intervention.aspect == UPDATE:
+def _bad_value(intervention: Intervention, plain: Outcome, base: Baseline) -> str:
+    """The plain replay's bad value, in the terms of `_healthy`: the loss after the update
+    when the step itself was fine, else the loss (or the gradient norm) of the step."""
+    if intervention.aspect == UPDATE or not plain.forward_bad(base):
         return _num(plain.after)
     for value in (plain.loss, plain.grad_norm):
         if not math.isfinite(value):

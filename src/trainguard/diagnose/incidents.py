@@ -169,7 +169,7 @@ class IncidentProver:
                     scaler=None, rng=False)
             for group, lr in zip(run.optimizer.param_groups, lrs, strict=True):
                 group["lr"] = lr  # the LR of the step that went bad
-            again = replace(setup, original_finite=None, baseline=setup.baseline,
+            again = replace(setup, original_finite=None, state_step=target.step,
                             origin=f"from the good state of step {target.step}")
             return [prove(again, likely=likely, budget_s=budget_s)]
         finally:
