@@ -21,8 +21,11 @@ the loss on the same batch after them, with the same dropout masks (the RNG is p
 every forward). A replay is bad when something is non-finite, when the loss or the gradient norm
 is far above the run's typical values (`Baseline`), or when the update raised the loss of its own
 batch. An intervention that heals a bad plain replay **confirms** the causes it tests that the
-votes name; one that does not **rules them out**. A plain replay that is not bad (or is finite
-where the step was not) makes the fault **not reproducible**: a transient or hardware fault.
+votes name; one that does not **rules them out**, where it can tell: a change of the update says
+nothing about a step already bad before its update (the damage is older), float64 keeping a NaN
+clears no unsafe operation (log(0) is NaN at any precision), and the same crash as the plain
+replay's says nothing. A plain replay that is not bad (or is finite where the step was not) makes
+the fault **not reproducible**: a transient or hardware fault, or trouble that began earlier.
 
 Interventions run likeliest first (by the current votes) within a time budget. The model, the
 optimizer (its state and hyperparameters), the gradients, the training mode and the RNG are put
