@@ -237,8 +237,11 @@ class Proof:
                     " a transient or hardware fault, or trouble that began before this step")
         parts = [f"{code}: {why}" for code, why in self.confirmed.items()]
         parts += [f"{code}: {why}" for code, why in self.ruled_out.items()]
-        if not parts:
-            parts = [f"no intervention applied to step {self.step} ({self.why_bad})"]
+        if not parts and self.trials:
+            parts = [f"step {self.step} is bad ({self.why_bad}); no fix tried healed it or "
+                     f"ruled a likely cause out ({', '.join(i.name for i, _, _ in self.trials)})"]
+        elif not parts:
+            parts = [f"no fix applies to step {self.step} ({self.why_bad})"]
         if self.not_tried:
             parts.append(f"not tried for lack of time: {', '.join(self.not_tried)}")
         return "; ".join(parts)
