@@ -136,6 +136,7 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
 
         result = run_distributed(scenario, strategy, config=config, seed=seed, steps=steps)
         result.rolled_back_steps = rolled_back_steps_of(result.events)  # rank 0's rollbacks
+        result.voted_diagnosis = result.voted_diagnosis or result.diagnosis  # nothing proved
         score(result, scenario)
         return result
     torch.manual_seed(seed)
