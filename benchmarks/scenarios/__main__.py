@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["observe", "protect", "halt", "recover"],
                         help="policy of the trainguard strategy (protect and recover fix their "
                              "own)")
+    parser.add_argument("--prove", default="auto", choices=["auto", "on", "off"],
+                        help="GuardConfig.prove: `on` proves the first incidents of every "
+                             "faulty run by replaying their step, and checks that a healthy "
+                             "step of every healthy run has nothing to heal")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"onset {s.onset_step!s:<6}{s.steps:>5} steps  {s.description}")
         return 0
     by_name = {s.name: s for s in scenarios}
-    config = GuardConfig(policy=args.policy, console=False)
+    config = GuardConfig(policy=args.policy, console=False, prove=args.prove)
     results: list[RunResult] = []
     started = time.perf_counter()
     for s in scenarios:

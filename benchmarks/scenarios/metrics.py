@@ -6,6 +6,8 @@ import math
 import statistics
 from typing import Any
 
+from trainguard.diagnose.counterfactual import TESTED_CAUSES
+
 from .base import Scenario
 from .runner import RunResult
 
@@ -20,11 +22,15 @@ def totals(results: list[RunResult], scenarios: dict[str, Scenario],
               if scenarios[r.scenario].sudden and r.latency is not None]
     latencies = [r.latency for r in detected if r.latency is not None]
     top1 = [r for r in faulty if r.diagnosis[:1] == [r.cause]]
+    voted1 = [r for r in faulty if r.voted_diagnosis[:1] == [r.cause]]
     top3 = [r for r in faulty if r.cause in r.diagnosis[:3]]
     return {
         "top1": len(top1) / len(faulty) if faulty else math.nan,
         "top3": len(top3) / len(faulty) if faulty else math.nan,
         "top3_missed": [r.scenario for r in faulty if r.cause not in r.diagnosis[:3]],
+        "top1_voted": len(voted1) / len(faulty) if faulty else math.nan,
+        "top1_missed": [r.scenario for r in faulty if r.diagnosis[:1] != [r.cause]],
+        **proof_totals(faulty, healthy),
         "strategy": strategy,
         "faulty": len(faulty),
         "healthy": len(healthy),
@@ -42,6 +48,37 @@ def totals(results: list[RunResult], scenarios: dict[str, Scenario],
         "max_latency": max(latencies) if latencies else None,
         "median_latency_sudden": statistics.median(sudden) if sudden else None,
         "max_latency_sudden": max(sudden) if sudden else None,
+    }
+
+
+def _proofs(result: RunResult) -> list[dict[str, Any]]:
+    return [e["details"] for e in result.events if e["kind"] == "proof"]
+
+
+def proof_totals(faulty: list[RunResult], healthy: list[RunResult]) -> dict[str, Any]:
+    """What the replays of bad steps proved: the faults whose cause an intervention tests
+    (`TESTED_CAUSES`), those whose true cause a reproduced replay confirmed, the causes confirmed
+    wrongly, the faults never reproduced, and healthy runs with anything confirmed."""
+    applicable = [r for r in faulty if r.cause in TESTED_CAUSES]
+    confirmed = [r for r in applicable
+                 if any(r.cause in p.get("confirmed", {}) for p in _proofs(r))]
+    proved = [r for r in faulty if _proofs(r)]
+    seconds = [p["seconds"] for r in faulty for p in _proofs(r)]
+    return {
+        "proof_applicable": len(applicable),
+        "proof_confirmed": len(confirmed),
+        "proof_unconfirmed": [r.scenario for r in applicable if r not in confirmed],
+        "proof_runs": len(proved),
+        "proof_not_reproducible": [r.scenario for r in proved
+                                   if not any(p.get("reproduced") for p in _proofs(r))],
+        "proof_wrong": [f"{r.scenario} ({', '.join(sorted(set(c)))})" for r in faulty
+                        if (c := [code for p in _proofs(r) for code in p.get("confirmed", {})
+                                  if code != r.cause])],
+        "proof_healthy_confirmed": [r.scenario for r in healthy
+                                    if any(p.get("confirmed") for p in _proofs(r))],
+        "proof_healthy_checked": sum(1 for r in healthy if _proofs(r)),
+        "proof_seconds_median": statistics.median(seconds) if seconds else None,
+        "proof_seconds_max": max(seconds) if seconds else None,
     }
 
 
@@ -85,7 +122,25 @@ def summary_lines(summary: dict[str, Any]) -> str:
         f"{', '.join(summary['faulty_with_early_events']) or 'none'}",
         f"  cause accuracy: top-1 {_fmt(summary['top1'])}, top-3 {_fmt(summary['top3'])}"
         f"  (top-3 misses: {', '.join(summary['top3_missed']) or 'none'})",
+        f"  top-1 by votes alone {_fmt(summary['top1_voted'])}; top-1 misses: "
+        f"{', '.join(summary['top1_missed']) or 'none'}",
+        *_proof_lines(summary),
         f"  latency median {_fmt(summary['median_latency'])} max {_fmt(summary['max_latency'])}"
         f"  (sudden faults: median {_fmt(summary['median_latency_sudden'])}, max "
         f"{_fmt(summary['max_latency_sudden'])})",
     ])
+
+
+def _proof_lines(summary: dict[str, Any]) -> list[str]:
+    if not summary["proof_runs"] and not summary["proof_healthy_checked"]:
+        return ["  proofs: none ran (--prove on, or --policy halt/recover)"]
+    return [
+        f"  proofs: true cause confirmed by replay in {summary['proof_confirmed']}/"
+        f"{summary['proof_applicable']} faults an intervention tests (unconfirmed: "
+        f"{', '.join(summary['proof_unconfirmed']) or 'none'}); {summary['proof_runs']} faulty "
+        f"runs proved, not reproducible: {', '.join(summary['proof_not_reproducible']) or 'none'}",
+        f"  proofs: other causes confirmed: {', '.join(summary['proof_wrong']) or 'none'}; "
+        f"healthy runs checked {summary['proof_healthy_checked']}, with a cause confirmed: "
+        f"{', '.join(summary['proof_healthy_confirmed']) or 'none'}; seconds per proof median "
+        f"{_fmt(summary['proof_seconds_median'])} max {_fmt(summary['proof_seconds_max'])}",
+    ]

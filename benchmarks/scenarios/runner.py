@@ -16,7 +16,7 @@ from trainguard.errors import BatchError
 from trainguard.events import SEVERITY_RANK
 
 from .base import Scenario, Workload
-from .strategies import Stepper, make_stepper
+from .strategies import GuardStepper, Stepper, make_stepper
 
 DETECTION_SEVERITY = "warning"
 
@@ -43,6 +43,8 @@ class RunResult:
     false_alarms: int = 0
     diagnosis: list[str] = field(default_factory=list)
     """Ranked cause codes from trainguard's diagnosis, most likely first."""
+    voted_diagnosis: list[str] = field(default_factory=list)
+    """The same ranking by votes alone, without what replays of bad steps proved."""
     notes: dict[str, Any] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
     """The preflight audit's findings (trainguard strategies only)."""
@@ -98,6 +100,7 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
     model = workload.model
     batch = None
     step_loss = torch.zeros(())
+    stepper.begin_step(step)
     if workload.before_step is not None:
         workload.before_step(step)
     backward = workload.skips_backward is None or not workload.skips_backward(step)
@@ -133,12 +136,16 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
 
         result = run_distributed(scenario, strategy, config=config, seed=seed, steps=steps)
         result.rolled_back_steps = rolled_back_steps_of(result.events)  # rank 0's rollbacks
+        result.voted_diagnosis = result.voted_diagnosis or result.diagnosis  # nothing proved
         score(result, scenario)
         return result
     torch.manual_seed(seed)
     workload = scenario.build(seed)
     stepper = make_stepper(strategy, workload, config)
     total = steps if steps is not None else scenario.steps
+    if scenario.healthy and isinstance(stepper, GuardStepper) and (
+            config is not None and config.prove == "on"):
+        stepper.prove_at = total // 2  # a healthy step must have nothing to heal
     losses: list[float] = []
     actions: dict[str, int] = {}
     outcome, error = "finished", ""
@@ -172,7 +179,8 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         train_losses=losses, actions=actions,
         events=[e.to_dict() for e in stepper.events],
         seconds=time.perf_counter() - started, error=error, notes=dict(workload.notes),
-        diagnosis=stepper.diagnosis(), rolled_back_steps=stepper.rolled_back_steps(),
+        diagnosis=stepper.diagnosis(), voted_diagnosis=stepper.voted_diagnosis(),
+        rolled_back_steps=stepper.rolled_back_steps(),
         findings=stepper.findings(), verdict=stepper.verdict())
     score(result, scenario)
     return result

@@ -54,8 +54,15 @@ class Stepper:
     def before_forward(self, batch: Any) -> None:
         """Called with every micro-batch before the forward pass."""
 
+    def begin_step(self, step: int) -> None:
+        """Called at the start of optimizer step `step`."""
+
     def diagnosis(self) -> list[str]:
         """Ranked cause codes, most likely first (only trainguard diagnoses)."""
+        return []
+
+    def voted_diagnosis(self) -> list[str]:
+        """The same ranking without what replays proved (only trainguard proves)."""
         return []
 
     def verdict(self) -> str | None:
@@ -154,12 +161,37 @@ class GuardStepper(Stepper):
         if config.snapshot_dir is None:  # crash snapshots of benchmark runs are not kept
             self._tmp = tempfile.TemporaryDirectory(prefix="trainguard-scenario-")
             config = dataclasses.replace(config, snapshot_dir=self._tmp.name)
+        self.current_step = 0
+        self.prove_at: int | None = None
+        """The step whose update `guard.prove()` replays before it is taken (the check that a
+        healthy step has nothing to heal)."""
         self.guard = Guard(workload.model, workload.optimizer, workload.scheduler,
-                           workload.scaler, config=config, run_dir=run_dir)
+                           workload.scaler, config=config, run_dir=run_dir,
+                           replay_fn=self._loss)
         self.events = self.guard.events
 
+    def _loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """The loss of one micro-batch of the current step, as the loop computes it (a float16
+        run's autocast is the prover's to set; bf16 autocast as the loop does)."""
+        if self.w.autocast is None or self.w.scaler is not None:
+            return self.w.loss(model, batch, self.current_step)
+        with torch.autocast("cpu", dtype=self.w.autocast):
+            return self.w.loss(model, batch, self.current_step)
+
+    def begin_step(self, step: int) -> None:
+        self.current_step = step
+
     def step(self, loss: torch.Tensor, batch: Any) -> str:
+        if self.current_step == self.prove_at and batch is not None:
+            self.guard.prove(batch)
         return self.guard.step(loss, batch=batch).action
+
+    def voted_diagnosis(self) -> list[str]:
+        """The ranking by votes alone (the replays' proofs left out)."""
+        from trainguard.diagnose.ranking import rank_causes
+
+        events = [e for e in self.guard.events if e.kind != "proof"]
+        return [c.code for c in rank_causes(events, self.guard.run.evidence_findings())]
 
     def diagnosis(self) -> list[str]:
         return [cause.code for cause in self.guard.diagnose()]

@@ -4,6 +4,7 @@
     trainguard show RUN_DIR      what the latest run of a directory did (--run ID for another)
     trainguard runs RUN_DIR      every run recorded in a directory
     trainguard replay SNAPSHOT   rerun a crash snapshot's bad step and name where it went wrong
+    trainguard prove SNAPSHOT    replay it under each candidate fix: causes confirmed or ruled out
     trainguard doctor            audit a training setup before it runs
     trainguard report RUN_DIR    one self-contained HTML report of a run (--out FILE.html)
     trainguard grafana --out DIR a Grafana dashboard for PrometheusSink, with its provisioning
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_show(commands)
     _add_runs(commands)
     _add_replay(commands)
+    _add_prove(commands)
     _add_doctor(commands)
     _add_grafana(commands)
     _add_report(commands)
@@ -154,6 +156,27 @@ def _add_replay(commands: Any) -> None:
     replay_cmd.add_argument("--factory", required=True, metavar="FACTORY")
     replay_cmd.add_argument("--runs", type=_positive_int, default=2,
                             help="reruns, to tell deterministic from transient faults (default 2)")
+
+
+def _add_prove(commands: Any) -> None:
+    """`trainguard prove`: replay a crash snapshot's bad step under each candidate fix."""
+    prove_cmd = commands.add_parser(
+        "prove", help="replay the bad step of a crash snapshot under each candidate fix: causes "
+                      "confirmed or ruled out",
+        description="Load a crash snapshot (weights_only), rebuild the model and optimizer with "
+                    "FACTORY, restore the state from just before the bad step and the RNG, and "
+                    "replay the step once as it happened and once per candidate fix (LR x0.1, a "
+                    "warm-up ramp, another precision, the batch without its flagged samples, "
+                    "LoRA alpha/r 2, an over-scaled layer re-drawn, clipping). A cause whose fix "
+                    "heals the step is confirmed, one whose fix does not is ruled out. FACTORY is "
+                    "'module:function' (or 'path/to/file.py:function'); the function takes no "
+                    "arguments and returns (model, optimizer, loss_fn) where loss_fn(model, "
+                    "batch) -> loss.",
+        epilog=EXIT_CODES)
+    prove_cmd.add_argument("snapshot", metavar="SNAPSHOT")
+    prove_cmd.add_argument("--factory", required=True, metavar="FACTORY")
+    prove_cmd.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                           help="stop trying fixes after this long (default: no limit)")
 
 
 def _add_doctor(commands: Any) -> None:
@@ -369,6 +392,91 @@ def _replay(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _prove(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainguard.diagnose.counterfactual import Baseline, Setup, prove
+    from trainguard.diagnose.ranking import rank_causes
+    from trainguard.errors import SnapshotError, UsageError
+    from trainguard.events import Event
+    from trainguard.snapshot import load_snapshot
+
+    snapshot = load_snapshot(args.snapshot)
+    model, optimizer, loss_fn = _prove_factory(args.factory)
+    _load_into(snapshot, model, optimizer)
+    if snapshot.get("batch") is None:
+        raise SnapshotError("the snapshot holds no batch (pass batch= to guard.step)")
+    try:
+        events = [Event.from_dict(e) for e in snapshot.get("events") or []]
+    except Exception:
+        raise SnapshotError(f"{args.snapshot}: its events cannot be read") from None
+    step = int(snapshot["step"])
+    base = snapshot.get("baseline")
+    numbers = {k: float(v) for k, v in (base.items() if isinstance(base, dict) else ())
+               if k in ("loss", "grad_norm") and isinstance(v, (int, float))}
+    setup = Setup(model=model, optimizer=optimizer, loss_fn=loss_fn, batch=snapshot["batch"],
+                  step=step, baseline=Baseline(numbers.get("loss"), numbers.get("grad_norm")),
+                  autocast=torch.float16 if snapshot.get("scaler") else None,
+                  original_finite=not any(e.step == step and e.kind.startswith("nonfinite")
+                                          for e in events))
+    try:
+        proof = prove(setup, likely=[c.code for c in rank_causes(events, top=100)],
+                      budget_s=args.budget)
+    except Exception as exc:
+        raise UsageError(f"prove failed: {_first_line(exc)}") from None
+    print(f"snapshot of step {step}: {visible(proof.summary())}")
+    for intervention, outcome, healed in proof.trials:
+        verdict = {True: "heals", False: "still bad", None: "says nothing"}[healed]
+        print(f"  {intervention.name:<15} {verdict:<12} loss {outcome.loss:.4g}, after the "
+              f"update {outcome.after:.4g}, gradient norm {outcome.grad_norm:.4g}")
+    return EXIT_OK
+
+
+def _prove_factory(spec: str) -> tuple[Any, Any, Any]:
+    import torch
+    from torch import nn
+
+    from trainguard.errors import UsageError
+
+    built = _call_factory(spec, "(model, optimizer, loss_fn)")
+    if len(built) != 3:
+        raise UsageError(f"the factory {spec} must return (model, optimizer, loss_fn), got "
+                         f"{len(built)} values")
+    model, optimizer, loss_fn = built
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"the factory {spec} must return a torch.nn.Module first, got "
+                         f"{_a(model)}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError(f"the factory {spec} must return a torch.optim.Optimizer second, got "
+                         f"{_a(optimizer)}")
+    if not callable(loss_fn):
+        raise UsageError(f"the factory {spec} must return a callable loss_fn(model, batch) "
+                         f"third, got {_a(loss_fn)}")
+    return model, optimizer, loss_fn
+
+
+def _load_into(snapshot: dict[str, Any], model: Any, optimizer: Any) -> None:
+    """The snapshot's model, optimizer and RNG state into the factory's objects."""
+    from trainguard.errors import SnapshotError
+    from trainguard.snapshot import restore_rng_state
+
+    try:
+        model.load_state_dict(snapshot["model"])
+    except Exception as exc:  # missing keys, wrong shapes or values that are not tensors
+        raise SnapshotError(f"the snapshot does not fit the factory's model: "
+                            f"{str(exc).strip().splitlines()[0][:200]}") from None
+    saved = snapshot.get("optimizer")
+    try:
+        optimizer.load_state_dict(saved[0] if isinstance(saved, list) else saved)
+    except Exception as exc:
+        raise SnapshotError(f"the snapshot does not fit the factory's optimizer: "
+                            f"{_first_line(exc)}") from None
+    try:
+        restore_rng_state(snapshot["rng"])
+    except Exception as exc:
+        raise SnapshotError(f"the RNG state cannot be restored ({_first_line(exc)})") from None
+
+
 def _doctor(args: argparse.Namespace) -> int:
     import torch
     from torch import nn
@@ -545,8 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "demo": _demo, "show": _show, "runs": _runs, "replay": _replay, "doctor": _doctor,
-        "grafana": _grafana, "report": _report, "analyze": _analyze,
+        "demo": _demo, "show": _show, "runs": _runs, "replay": _replay, "prove": _prove,
+        "doctor": _doctor, "grafana": _grafana, "report": _report, "analyze": _analyze,
         "checkpoints": _checkpoints}
     command = commands.get(args.command)
     if command is None:

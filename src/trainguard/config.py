@@ -298,6 +298,7 @@ class GuardConfig:
       (`auto_clip_ratio`, `auto_clip_zscore`, `auto_clip_warmup_ratio`, `auto_clip_alarm_steps`);
     - halting and skipping: `halt_severity`, `max_consecutive_skips`, `snapshot_dir`;
     - checkpoints: `block_poisoned_checkpoints`;
+    - proving causes: `prove`, `prove_budget_steps`;
     - probes and checks: `sample_all_steps`, `inspect_batches`, `batch_size`, `preflight`,
       `activation_probe`, `output_probe`, `num_classes`;
     - the run store: `store`;
@@ -366,6 +367,16 @@ class GuardConfig:
     `ckpt_path="last"`) never picks it. None (the default): True under `recover`, False under
     the other policies."""
 
+    # -- Proving causes (needs the Guard's `replay_fn`) --
+    prove: Literal["auto", "on", "off"] = "auto"
+    """Replay a bad step under each candidate fix to confirm or rule out its causes
+    (`trainguard.diagnose.counterfactual`). `auto`: at the step that halts (under `halt`) and
+    at the first rollback (under `recover`); `on`: also at the first steps with an error-level
+    event under `protect` and `observe` (the state is put back exactly); `off`: never. Healthy
+    steps never pay for it."""
+    prove_budget_steps: float = 20.0
+    """A proof stops trying interventions after about this many training steps' time."""
+
     # -- Probes and checks --
     sample_all_steps: bool = False
     """Run the heavy probes on every step (for debugging; costs more)."""
@@ -424,6 +435,9 @@ class GuardConfig:
                      f"must be a number > 0, 'auto' or None, got {self.max_grad_norm!r}")
             _positive(self.max_grad_norm, "GuardConfig.max_grad_norm")
         _at_least(self.sample_every, 1, "GuardConfig.sample_every")
+        _require(self.prove in ("auto", "on", "off"), "GuardConfig.prove",
+                 f"must be 'auto', 'on' or 'off', got {self.prove!r}")
+        _positive(self.prove_budget_steps, "GuardConfig.prove_budget_steps")
         _at_least(self.max_consecutive_skips, 1, "GuardConfig.max_consecutive_skips")
         _at_least(self.desync_every, 1, "GuardConfig.desync_every")
         for name in ("auto_clip_ratio", "auto_clip_zscore", "auto_clip_warmup_ratio"):

@@ -30,6 +30,7 @@ from torch import nn
 from trainguard.checkpoints import CheckpointHealth
 from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding
+from trainguard.diagnose.counterfactual import Proof
 from trainguard.diagnose.ranking import RankedCause
 from trainguard.diagnose.replay import LossFn
 from trainguard.errors import PeerLost, TrainingDiverged, UsageError
@@ -151,6 +152,18 @@ class Guard:
         take (token ids beyond the embedding table), with a clear message instead of an obscure
         index error or device-side assert deep inside the model."""
         return self.run.check_batch(batch)
+
+    def prove(self, batch: Any = None) -> Proof:
+        """Prove causes now, between steps: replay the next update from the state as it is on
+        `batch` (default: the last healthy step's) once as it is and once per candidate fix
+        (LR x0.1, a warm-up ramp, another precision, the batch without its flagged samples or
+        the previous batch, LoRA alpha/r 2, an over-scaled layer re-drawn, clipping), the likely
+        causes first, within `prove_budget_steps` steps' time. A cause whose fix heals a bad
+        step is confirmed, one whose fix does not is ruled out; `diagnose()` ranks by it. The
+        model, optimizer, gradients and RNG are put back exactly. Needs `replay_fn`."""
+        if self.run.closed:
+            raise UsageError("this Guard is closed")
+        return self.run.prover.prove_now(self.run.state, self.run.services, batch)
 
     def diagnose(self) -> list[RankedCause]:
         """Ranked likely causes of what went wrong so far. When nothing did, the configuration

@@ -3,6 +3,6 @@
 A short import path for `trainguard.integrations.hf`; it needs `transformers` installed.
 """
 
-from trainguard.integrations.hf import TrainguardCallback
+from trainguard.integrations.hf import TrainguardCallback, model_loss
 
-__all__ = ["TrainguardCallback"]
+__all__ = ["TrainguardCallback", "model_loss"]

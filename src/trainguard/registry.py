@@ -80,6 +80,10 @@ class Tag:
     LR_CUT = "lr_cut"
     """The recover policy cut the LR (`details["lr_factor"]`): trouble that comes back right
     after, under the cut LR, is not the LR's doing."""
+    PROOF = "proof"
+    """A replay of a bad step under candidate fixes (`details["confirmed"]` and
+    `details["ruled_out"]`: cause code -> the sentence that says why): confirmed causes rank
+    above voted ones, ruled-out ones drop out."""
     CLIP_ALARM = "clip_alarm"
     """Puts the adaptive gradient clip into its alarm (clipping at the typical norm) at the step
     it is raised. Narrower than INSTABILITY: a bad start or an extreme weight is no reason to
@@ -229,6 +233,8 @@ class Kind:
     MONITOR_ERROR = "monitor_error"
     SNAPSHOT_FAILED = "snapshot_failed"
     POISONED_CHECKPOINT = "poisoned_checkpoint"
+    PROOF = "proof"
+    PRECISION_FAULT = "precision_fault"
     PEER_LOST = "peer_lost"
 
 
@@ -322,6 +328,10 @@ _kind("rollback", "the run was rolled back to a good state (and its LR cut)", "w
 _kind("rollback_limit", "recovery gives up: too many rollbacks, or no good state to return to",
       "critical")
 _kind("rollback_failed", "restoring a good state failed", "critical")
+_kind("proof", "the bad step replayed under candidate fixes: causes confirmed or ruled out",
+      "info", tags=(Tag.PROOF,))
+_kind("precision_fault", "a replay confirmed a float16 overflow and the faults came back: the "
+      "run halts with the advice to switch to bf16", "critical")
 _kind("monitor_error", "trainguard could not check a step; it was applied unguarded", "warning")
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
 _kind("poisoned_checkpoint", "a checkpoint was saved with non-finite weights or optimizer "

@@ -71,3 +71,22 @@ def test_every_strategy_runs_a_scenario(strategy: str) -> None:
     result = run_scenario(scenario("lstm_numerical_op"), strategy, steps=5)
     assert result.outcome == "finished" and result.steps_run == 5
     assert len(result.train_losses) == 5
+
+
+def test_proofs_are_counted_against_the_ground_truth() -> None:
+    """A real faulty run with `prove="on"` confirms its cause; a healthy one, replayed at its
+    middle step, has nothing to heal; the totals say so."""
+    from benchmarks.scenarios.metrics import proof_totals, summary_lines, totals
+
+    from trainguard import GuardConfig
+
+    config = GuardConfig(console=False, prove="on")
+    nan = run_scenario(scenario("image_cls_nan_input"), config=config, steps=90)
+    healthy = run_scenario(scenario("mlp_cls_healthy"), config=config, steps=40)
+    figures = proof_totals([nan], [healthy])
+    assert figures["proof_applicable"] == 1 and figures["proof_confirmed"] == 1
+    assert figures["proof_healthy_checked"] == 1 and figures["proof_healthy_confirmed"] == []
+    assert nan.diagnosis[0] == "nonfinite_input" and nan.voted_diagnosis[0] == "nonfinite_input"
+    scenarios = {s.name: s for s in all_scenarios()}
+    lines = summary_lines(totals([nan, healthy], scenarios))
+    assert "true cause confirmed by replay in 1/1" in lines

@@ -31,3 +31,13 @@ def clean_setup():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     return model, optimizer, scheduler
+
+
+def regression_setup():
+    """An MLP regression, its AdamW and its loss: `trainguard prove`'s factory."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(32, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, optimizer, (
+        lambda model, batch: torch.nn.functional.mse_loss(model(batch["x"]), batch["y"]))

@@ -335,3 +335,44 @@ def test_a_nan_eval_metric_of_a_live_run_is_named_not_the_loss() -> None:
     assert "eval metric eval_loss turned non-finite at step 19" in said
     assert "the loss turned non-finite" not in said
     guard.close()
+
+
+def proof(step: int, confirmed: dict[str, str], ruled_out: dict[str, str],
+          reproduced: bool = True) -> Event:
+    return Event(kind="proof", step=step, severity="info", message="replayed",
+                 details={"confirmed": confirmed, "ruled_out": ruled_out,
+                          "reproduced": reproduced})
+
+
+def test_a_cause_confirmed_by_replay_ranks_first_and_a_ruled_out_one_drops_out() -> None:
+    events = [event("loss_spike", 5, "warning"), event("grad_explosion", 5)]
+    voted = rank_causes(events, [Finding("warmup", "warning", "no warmup", "warm up",
+                                         cause="missing_warmup")])
+    assert "lr_too_high" in codes(voted) and "bad_init" in codes(voted)
+    assert all(c.proof == "" for c in voted)
+    sentence = ("confirmed by replay: with LR x0.1 the loss after the update is 2.31 (run's "
+                "typical 2.2) instead of NaN")
+    ruled = {"lr_too_high": "ruled out: with LR x0.1 the step is still NaN"}
+    ranked = rank_causes([*events, proof(5, {"bad_init": sentence}, ruled)],
+                         [Finding("warmup", "warning", "no warmup", "warm up",
+                                  cause="missing_warmup")])
+    assert codes(ranked)[0] == "bad_init" and ranked[0].proof == "confirmed"
+    assert ranked[0].evidence[0] == sentence and ranked[0].confidence >= 0.9 - 1e-9
+    assert "lr_too_high" not in codes(ranked)
+    assert ranked[0].to_dict()["proof"] == "confirmed"
+    confirmed = [*events, proof(5, {"bad_init": sentence}, {})]
+    assert abs(sum(c.confidence for c in rank_causes(confirmed, top=50)) - 1) < 1e-9
+
+
+def test_a_proof_that_did_not_reproduce_its_fault_changes_nothing() -> None:
+    events = [event("loss_spike", 5, "warning"), event("grad_explosion", 5)]
+    unproved = proof(5, {"bad_init": "confirmed"}, {"lr_too_high": "ruled out"},
+                     reproduced=False)
+    assert [(c.code, c.confidence) for c in rank_causes([*events, unproved])] == [
+        (c.code, c.confidence) for c in rank_causes(events)]
+
+
+def test_a_confirmed_cause_without_votes_is_not_invented() -> None:
+    events = [event("nonfinite_loss", 80), event("batch_nonfinite", 80, cause="nonfinite_input")]
+    ranked = rank_causes([*events, proof(80, {"lora_scaling": "confirmed by replay"}, {})])
+    assert "lora_scaling" not in codes(ranked)

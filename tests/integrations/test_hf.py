@@ -371,3 +371,23 @@ def test_evaluation_metrics_reach_trainguard_without_user_code(tmp_path: Path) -
     reader.close()
     assert [e["step"] for e in evals] == [3, 7]
     assert all(math.isfinite(e["metrics"]["eval_loss"]) for e in evals)
+
+
+def test_the_trainer_proves_its_halt_and_a_transient_nan_is_not_reproducible(
+        tmp_path: Path) -> None:
+    """The NaN comes from one forward only (a flaky op): replayed with the Trainer's model,
+    optimizer and batch, the step is healthy."""
+    from trainguard.hf import model_loss
+
+    model = tiny_gpt2()
+    PoisonForward(model.transformer.wte, at={3})
+    callback = TrainguardCallback(GuardConfig(policy="halt", **QUIET), run_dir=tmp_path / "run",
+                                  replay_fn=model_loss)
+    trainer = Trainer(model=model, args=make_args(tmp_path), train_dataset=token_data(),
+                      callbacks=[callback])
+    with pytest.raises(TrainingDiverged) as caught:
+        trainer.train()
+    proof = next(e for e in callback.events if e.kind == "proof")
+    assert proof.step == 3 and not proof.details["reproduced"]
+    assert "not reproducible" in proof.message
+    assert any(e["kind"] == "proof" for e in load_snapshot(caught.value.snapshot_path)["events"])

@@ -259,3 +259,26 @@ def test_validation_metrics_reach_trainguard_without_user_code(pl: ModuleType,
     reader.close()
     assert [e["step"] for e in evals] == [3, 7], "after 4 and 8 steps; not the sanity check"
     assert set(evals[0]["metrics"]) == {"val_loss"}
+
+
+def test_fit_proves_its_halt_on_the_module_optimizer_and_batch(pl: ModuleType,
+                                                              tmp_path: Path) -> None:
+    """One NaN sample in batch 3: the replay without it heals the step, with the batch
+    Lightning handed over (an (x, y) tuple)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8 * 16, 8, generator=generator)
+    x[8 * 3 + 5, 2] = float("nan")
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
+    def loss(module: Any, batch: Any) -> torch.Tensor:
+        inputs, target = batch
+        return nn.functional.mse_loss(module.net(inputs), target)
+
+    callback = TrainguardCallback(GuardConfig(policy="halt", **QUIET), replay_fn=loss)
+    trainer = make_trainer(pl, tmp_path, callback)
+    with pytest.raises(TrainingDiverged):
+        trainer.fit(regression_module(pl), data)
+    proof = next(e for e in callback.events if e.kind == "proof")
+    assert proof.step == 3 and list(proof.details["confirmed"]) == ["nonfinite_input"]
+    assert "without the flagged sample 5" in proof.details["confirmed"]["nonfinite_input"]

@@ -157,3 +157,22 @@ def test_nan_batches_are_skipped_without_a_rollback() -> None:
         w.optimizer.zero_grad(set_to_none=True)
     assert guard.recovery.controller.rollbacks == 0
     assert {20, 21, 22, 23, 24} <= guard.skipped_data
+
+
+@pytest.mark.parametrize("keep_lr", [False, True])
+def test_a_rollback_after_a_proved_bad_batch_keeps_the_lr(keep_lr: bool) -> None:
+    from trainguard.recovery.controller import Verdict
+
+    w = make_workload()
+    guard = recover_guard(w)
+    run(guard, w, range(40))
+    lrs = [g["lr"] for g in w.optimizer.param_groups]
+    assert guard.recovery is not None
+    plan = guard.recovery.rollback(Verdict("rollback", "a bad batch", onset=30), 39,
+                                   mid_step=False, keep_lr=keep_lr)
+    after = [g["lr"] for g in w.optimizer.param_groups]
+    if keep_lr:
+        assert plan.lr_factor == 1.0 and after == lrs and plan.lr_ceiling is None
+    else:
+        assert plan.lr_factor < 1.0 and all(a < b for a, b in zip(after, lrs, strict=True))
+    guard.close()

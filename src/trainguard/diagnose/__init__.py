@@ -15,6 +15,7 @@ from trainguard.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trainguard.diagnose.causes import CAUSES, Cause, cause
+    from trainguard.diagnose.counterfactual import Proof, prove
     from trainguard.diagnose.finding import Finding
     from trainguard.diagnose.preflight import preflight
     from trainguard.diagnose.replay import ReplayReport, replay
@@ -23,10 +24,12 @@ _LAZY: dict[str, str] = {
     "CAUSES": "trainguard.diagnose.causes", "Cause": "trainguard.diagnose.causes",
     "cause": "trainguard.diagnose.causes", "Finding": "trainguard.diagnose.finding",
     "preflight": "trainguard.diagnose.preflight", "ReplayReport": "trainguard.diagnose.replay",
-    "replay": "trainguard.diagnose.replay",
+    "replay": "trainguard.diagnose.replay", "Proof": "trainguard.diagnose.counterfactual",
+    "prove": "trainguard.diagnose.counterfactual",
 }
 
-__all__ = ["CAUSES", "Cause", "Finding", "ReplayReport", "cause", "preflight", "replay"]
+__all__ = ["CAUSES", "Cause", "Finding", "Proof", "ReplayReport", "cause", "preflight", "prove",
+           "replay"]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -59,6 +59,11 @@ DATA_DISCOUNT = 0.25
 the start of the trouble on, or trouble that outlasted a cut LR."""
 
 
+CONFIRMED_SHARE = 0.9
+"""The confidence that causes confirmed by a replay (`diagnose.counterfactual`) share among
+themselves; the voted causes left share the rest."""
+
+
 @dataclass
 class RankedCause:
     code: str
@@ -66,10 +71,14 @@ class RankedCause:
     score: float
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
+    proof: str = ""
+    """"confirmed" when a replay of the bad step proved it; "" for a cause ranked by votes."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "confidence": self.confidence, "score": self.score,
-                "evidence": self.evidence, "fix": self.fix}
+        """`proof` only for a cause a replay confirmed."""
+        out = {"code": self.code, "confidence": self.confidence, "score": self.score,
+               "evidence": self.evidence, "fix": self.fix}
+        return {**out, "proof": self.proof} if self.proof else out
 
     def __str__(self) -> str:
         return (f"{self.code} ({self.confidence:.0%}): {'; '.join(self.evidence[:3])}. "
@@ -131,7 +140,21 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_jumps(votes, serious, findings, specific, no_warmup)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
-    return _ranked(votes, top)
+    return _ranked(votes, top, *proven(events))
+
+
+def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
+    """From the replays of bad steps that reproduced their fault: the confirmed causes (code ->
+    the sentence that proves it) and the causes ruled out (and confirmed by no replay)."""
+    confirmed: dict[str, str] = {}
+    ruled_out: set[str] = set()
+    for e in events:
+        if Tag.PROOF not in event_kind(e.kind).tags or not e.details.get("reproduced"):
+            continue
+        for code, why in (e.details.get("confirmed") or {}).items():
+            confirmed.setdefault(str(code), str(why))
+        ruled_out.update(str(code) for code in e.details.get("ruled_out") or {})
+    return confirmed, ruled_out - set(confirmed)
 
 
 def _vote_lr_changes(votes: _Votes, events: list[Event], serious: list[Event]) -> bool:
@@ -322,12 +345,25 @@ def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
                 votes.evidence[code].insert(0, f"weighed down: {against_lr}")
 
 
-def _ranked(votes: _Votes, top: int) -> list[RankedCause]:
-    total = sum(votes.score.values()) or 1.0
-    ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
-    return [RankedCause(code=code, confidence=score / total, score=score,
-                        evidence=votes.evidence[code],
-                        fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]
+def _ranked(votes: _Votes, top: int, confirmed: dict[str, str] | None = None,
+            ruled_out: set[str] | frozenset[str] = frozenset()) -> list[RankedCause]:
+    """Causes by votes; those a replay confirmed first (with the sentence that proves them),
+    those it ruled out left out."""
+    confirmed = {c: why for c, why in (confirmed or {}).items() if c in votes.score}
+    score = {c: s for c, s in votes.score.items() if c in confirmed or c not in ruled_out}
+    proved = sorted((c for c in score if c in confirmed), key=lambda c: -score[c])
+    voted = sorted((c for c in score if c not in confirmed), key=lambda c: -score[c])
+    out = []
+    for group, share in ((proved, CONFIRMED_SHARE), (voted, 1 - CONFIRMED_SHARE if proved
+                                                      else 1.0)):
+        total = sum(score[c] for c in group) or 1.0
+        for code in group:
+            evidence = ([confirmed[code]] if code in confirmed else []) + votes.evidence[code]
+            out.append(RankedCause(code=code, confidence=share * score[code] / total,
+                                   score=score[code], evidence=evidence,
+                                   fix=votes.fixes.get(code, CAUSES[code].fix),
+                                   proof="confirmed" if code in confirmed else ""))
+    return out[:top]
 
 
 def _bad_runs(votes: _Votes, runs: list[Finding],

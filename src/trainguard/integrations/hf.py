@@ -32,6 +32,7 @@ from torch import nn
 from trainguard.checkpoint_health import load_guard_state, mark_checkpoint
 from trainguard.checkpoints import RESUMABLE, CheckpointHealth, last_healthy_checkpoint
 from trainguard.config import GuardConfig
+from trainguard.diagnose.replay import LossFn
 from trainguard.errors import TrainingDiverged, UsageError
 from trainguard.events import ActionRecord, Event
 from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
@@ -48,7 +49,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 log = logging.getLogger("trainguard")
 
-__all__ = ["TrainguardCallback"]
+__all__ = ["TrainguardCallback", "model_loss"]
+
+
+def model_loss(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    """The loss a Trainer minimises for one batch of a model that computes its own loss (the
+    batch holds the labels): the `replay_fn` for `TrainguardCallback`."""
+    return model(**batch).loss
 
 
 class _LossTap:
@@ -120,12 +127,16 @@ class TrainguardCallback(CallbackState, TrainerCallback):
     - `args.max_grad_norm` set to another value on purpose: exactly that fixed limit;
     - `args.max_grad_norm=0` (or None): no clipping at all.
 
-    The policy, detectors and everything else come from `config`.
+    The policy, detectors and everything else come from `config`. `replay_fn=model_loss` (or
+    your own `loss(model, batch)`) lets a step with an error be replayed, and its causes proved
+    by replay under halt and recover (`trainguard.diagnose.counterfactual`), on the model,
+    optimizer and batch the Trainer hands over.
     """
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
-                 sinks: list[Sink] | None = None) -> None:
+                 sinks: list[Sink] | None = None, replay_fn: LossFn | None = None) -> None:
         self._init_state(config, run_dir, sinks)
+        self.replay_fn = replay_fn
         self._tap: _LossTap | None = None
         self._clipping_args: TrainingArguments | None = None
         self._trainer_max_grad_norm: float | None = None
@@ -169,6 +180,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                            run_dir=self.run_dir, sinks=self.sinks,
                            scaler=getattr(optimizer, "scaler", None), scheduler=lr_scheduler,
                            rewind_schedulers=[lr_scheduler], integration="transformers.Trainer",
+                           replay_fn=self.replay_fn,
                            resume=resume, mid_run=bool(carried or state.global_step))
         except BaseException:
             self._release()  # the Trainer keeps its own clipping

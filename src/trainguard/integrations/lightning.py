@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from trainguard.config import GuardConfig
+from trainguard.diagnose.replay import LossFn
 from trainguard.errors import UsageError
 from trainguard.guard import exit_status
 from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
@@ -92,9 +93,14 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
     one optimizer)."""
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
-                 sinks: list[Sink] | None = None) -> None:
+                 sinks: list[Sink] | None = None, replay_fn: LossFn | None = None) -> None:
+        """`replay_fn(module, batch) -> loss` (a loss without the side effects of
+        `training_step`, such as `self.log`) lets a step with an error be replayed and its
+        causes proved by replay under halt and recover, on the module, optimizer and batch
+        Lightning hands over."""
         super().__init__()
         self._init_state(config, run_dir, sinks)
+        self.replay_fn = replay_fn
         self._loss: torch.Tensor | None = None
         self._batch: Any = None
         self._loss_failed = False
@@ -131,6 +137,7 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
                        sinks=self.sinks, scaler=getattr(trainer.precision_plugin, "scaler", None),
                        scheduler=schedulers[0] if schedulers else None,
                        rewind_schedulers=schedulers, integration=_trainer_name(trainer),
+                       replay_fn=self.replay_fn,
                        resume=resume, mid_run=bool(carried or trainer.global_step))
         if carried:
             self.run.load_state_dict(carried)

@@ -7,6 +7,10 @@
     halted             write a crash snapshot of the state from before this step (the pipeline
                        then records the step, closes the run and raises TrainingDiverged)
 
+Before a halt or the first rollback, the run's `IncidentProver` (among the services) replays the
+step under candidate fixes (`diagnose/incidents.py`), while the model still holds the state from
+before its update.
+
 Every change is also an `ActionRecord` that sinks hear. A remedy that fails leaves the global clip
 standing; a rollback that fails halts the run cleanly.
 """
@@ -40,9 +44,16 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
 
 
 def act(ctx: StepContext, state: RunState, services: Services) -> None:
-    decision = ctx.decision
+    decision, prover = ctx.decision, services.prover
     assert decision is not None
-    if decision.action == "rolled_back":
+    prover.see(ctx)
+    if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
+        prover.prove(ctx, state, services)
+    precision = prover.precision_halt(ctx)
+    if precision is not None:  # a proved float16 fault came back: no rollback heals it
+        ctx.raise_event(precision)
+        ctx.outcome = "halted"
+    elif decision.action == "rolled_back":
         _roll_back(ctx, state, services)
     if ctx.outcome == "halted":
         _halt(ctx, state, services)
@@ -85,7 +96,8 @@ def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
     lr_before = recovery.lr.factor()
     try:
         event = apply_rollback(state, recovery.rollback(
-            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step))
+            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step,
+            keep_lr=services.prover.data_fault(ctx.step)))
     except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
         ctx.raise_event(Event(
             kind="rollback_failed", step=ctx.step, severity="critical",
@@ -114,7 +126,8 @@ def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
                 scheduler=services.scheduler, scaler=services.scaler, batch=ctx.batch,
                 events=[e.to_dict() for e in services.journal.events + ctx.events],
                 config=services.config.to_dict(),
-                extra={"guard": portable(state.state_dict())})
+                extra={"guard": portable(state.state_dict()),
+                       "baseline": services.prover.baseline_dict()})
             ctx.snapshot_path = str(write_snapshot(path, snapshot))
             ctx.act("snapshot", f"crash snapshot written to {ctx.snapshot_path}",
                     path=ctx.snapshot_path)

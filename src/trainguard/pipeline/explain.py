@@ -9,9 +9,7 @@ replay, are attached to the step's serious events. Both are advisory: a failure 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
-from trainguard.diagnose import Finding
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.diagnose.replay import replay
 from trainguard.events import at_least
@@ -53,7 +51,7 @@ def _likely_causes(ctx: StepContext, services: Services) -> None:
     journal = services.journal
     try:
         ranked = rank_causes(journal.events + ctx.events,
-                             evidence_findings(services, ctx.findings), top=3)
+                             services.evidence_findings(ctx.findings), top=3)
     except Exception as exc:  # diagnosis is best effort
         log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
         return
@@ -61,14 +59,3 @@ def _likely_causes(ctx: StepContext, services: Services) -> None:
     for event in ctx.events:
         if likely and at_least(event.severity, "warning"):
             event.details["likely_causes"] = likely
-
-
-def evidence_findings(services: Services, step_findings: Iterable[Finding] = (),
-                      closed: bool = False) -> list[Finding]:
-    """The findings a diagnosis weighs: the run's, those of the step under way (not yet
-    recorded), and the runs of consecutive bad batches seen so far (added to the run's
-    findings when it closes)."""
-    findings = services.journal.findings
-    if closed:
-        return list(findings)
-    return findings + list(step_findings) + services.batches.run_findings()

@@ -49,7 +49,6 @@ from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.detect import run_detectors
-from trainguard.pipeline.explain import evidence_findings
 from trainguard.pipeline.measure import flush_pending
 from trainguard.pipeline.services import build_services
 from trainguard.pipeline.settle import schedule_sampling
@@ -137,6 +136,7 @@ class Run:
     sinks = property(lambda self: self.services.journal.sinks)
     events = property(lambda self: self.services.journal.events)
     findings = property(lambda self: self.services.journal.findings)
+    prover = property(lambda self: self.services.prover)
 
     @property
     def metric_watch(self) -> MetricCollapse:
@@ -323,8 +323,8 @@ class Run:
 
     # -- diagnosis, state, shutdown --------------------------------------------------------------
     def evidence_findings(self, step_findings: Iterable[Finding] = ()) -> list[Finding]:
-        """The findings a diagnosis weighs (see `explain.evidence_findings`)."""
-        return evidence_findings(self.services, step_findings, closed=self.closed)
+        """The findings a diagnosis weighs (see `Services.evidence_findings`)."""
+        return self.services.evidence_findings(step_findings, closed=self.closed)
 
     def diagnose(self) -> list[RankedCause]:
         try:

@@ -22,6 +22,7 @@ from torch import nn
 from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding
 from trainguard.diagnose.batch_watch import BatchWatch
+from trainguard.diagnose.incidents import IncidentProver
 from trainguard.diagnose.replay import LossFn
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.distributed import DistributedContext, LocalShardGradientProbe, RankAgreement
@@ -152,6 +153,8 @@ class Services:
     rewind: ScheduleRewind
     agc: AGC | None
     journal: Journal
+    prover: IncidentProver
+    """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
 
     @property
     def watched(self) -> WatchedParams:
@@ -160,6 +163,16 @@ class Services:
     @property
     def ranks(self) -> RankAgreement | None:
         return self.watch.ranks
+
+    def evidence_findings(self, step_findings: Iterable[Finding] = (),
+                          closed: bool = False) -> list[Finding]:
+        """The findings a diagnosis weighs: the run's, those of the step under way (not yet
+        recorded), and the runs of consecutive bad batches seen so far (added to the run's
+        findings when it closes)."""
+        findings = self.journal.findings
+        if closed:
+            return list(findings)
+        return findings + list(step_findings) + self.batches.run_findings()
 
     def snapshot_dir(self) -> Path:
         """Where crash snapshots go: the configured folder, else the run directory."""
@@ -184,7 +197,7 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         batches=BatchWatch(model, config.batch_size),
         rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
         agc=build_agc(config.agc) if config.agc is not None else None,
-        journal=Journal(sinks))
+        journal=Journal(sinks), prover=IncidentProver())
 
 
 def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:

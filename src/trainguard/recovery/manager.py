@@ -206,10 +206,12 @@ class Recovery:
     def can_roll_back(self) -> bool:
         return len(self.ring) > 0
 
-    def rollback(self, verdict: Verdict, step: int, *, mid_step: bool = True) -> Rollback:
+    def rollback(self, verdict: Verdict, step: int, *, mid_step: bool = True,
+                 keep_lr: bool = False) -> Rollback:
         """Restore the newest good state from before the trouble, back the LR off under a lower
         ceiling and blame the suspect batches. Returns the `Rollback`: the run state to put back,
-        the clipping to tighten, and what the event says (applied by `act`)."""
+        the clipping to tighten, and what the event says (applied by `act`). `keep_lr`: a replay
+        proved the batch at fault, not the LR: the data are skipped and the LR is kept."""
         target = self.ring.latest_before(verdict.onset)
         assert target is not None  # callers check can_roll_back()
         # The update that did the damage is among those this rollback undoes: the LR that failed
@@ -233,7 +235,10 @@ class Recovery:
             groups = [g for opt in self.optimizers for g in opt.param_groups]  # new after restore
             for group, lr in zip(groups, current_lrs, strict=True):
                 set_lr(group, lr)
-        self.lr.begin(self.config.lr_backoff, ceilings, applied)
+        if keep_lr:
+            self.lr.begin(1.0, [None] * len(ceilings), applied)
+        else:
+            self.lr.begin(self.config.lr_backoff, ceilings, applied)
         self.ring.discard_after(target.step)
         self._last_capture = target.step
         blamed = self._ids_of(verdict.bad_steps)

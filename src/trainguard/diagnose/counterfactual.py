@@ -1,0 +1,758 @@
+"""Counterfactual replay: a cause is proved when changing only that one thing heals the bad step.
+
+From the state before a bad update (the model, the optimizer, the RNG, the batch), `prove` replays
+the step once as it happened and once per intervention, each changing one thing:
+
+    lr_x0.1, x0.01  the learning rate x0.1 (then x0.01)             lr_too_high
+    warmup          the LR a warm-up ramp gives at this step        missing_warmup
+    bf16 / fp32     bf16 for a float16 run, fp32 for float16        fp16_overflow, numerical_op
+                    weights                                         (optimizer_eps)
+    float64         the forward and the loss in float64             numerical_op
+    drop_flagged    the batch without its non-finite or outlying    outlier_batch,
+                    samples                                         nonfinite_input,
+    previous_batch  the last good batch in place of this one        input_scale,
+                                                                    tokenizer_mismatch
+    lora_scaling    every LoRA scaling (alpha/r) set to 2           lora_scaling
+    head_init       the over-scaled new layer re-drawn at std 0.02  bad_init
+    clip            gradients clipped at the run's typical norm     (a one-step explosion)
+
+A replay takes the update(s) on the batch and measures the loss before them, the gradient norm and
+the loss on the same batch after them, with the same dropout masks (the RNG is put back before
+every forward). A replay is bad when something is non-finite, when the loss or the gradient norm
+is far above the run's typical values (`Baseline`), or when the update raised the loss of its own
+batch. An intervention that heals a bad plain replay **confirms** the causes it tests that the
+votes name; one that does not **rules them out**, where it can tell: a change of the update says
+nothing about a step already bad before its update (the damage is older), float64 keeping a NaN
+clears no unsafe operation (log(0) is NaN at any precision), and the same crash as the plain
+replay's says nothing. A plain replay that is not bad (or is finite where the step was not) makes
+the fault **not reproducible**: a transient or hardware fault, or trouble that began earlier.
+
+Interventions run likeliest first (by the current votes) within a time budget. The model, the
+optimizer (its state and hyperparameters), the gradients, the training mode and the RNG are put
+back exactly afterwards: the run goes on as it would have. Nothing here runs on healthy steps.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
+from trainguard.diagnose.replay import LossFn
+
+LOSS_SPIKE = 3.0
+"""A replayed loss this many times the run's typical loss is bad."""
+GRAD_SPIKE = 10.0
+"""A gradient norm this many times the run's typical norm is bad (the adaptive clip's alarm is
+the same order)."""
+RISE = 0.25
+"""An update that raises its own batch's loss by more than this share is bad: a healthy step
+lowers the loss of the batch it was computed on."""
+LR_FACTORS = (0.1, 0.01)
+"""LR x0.1, then x0.01 (an LR 100x too high is still 10x too high at x0.1): `lr_too_high` is
+confirmed by the first that heals, ruled out only when neither does."""
+WARMUP_STEPS = 20
+"""The warm-up ramp replayed in place of the schedule: step s of the run at (s + 1) / 20 of its
+LR (the cause ranking's early steps). Later steps have no warm-up to miss."""
+LORA_SCALING = 2.0
+INIT_STD = HF_INIT_STD
+FLAGGED_RATIO = 50.0
+"""A sample whose largest |x| is this many times the batch's median sample is flagged (as the
+batch inspector's outlier ratio)."""
+BATCH_CAUSES = ("outlier_batch", "nonfinite_input", "input_scale", "tokenizer_mismatch")
+GENERIC_BATCH = "outlier_batch"
+FLAG_CAUSES = {"nonfinite": ("nonfinite_input",), "outlier": ("outlier_batch", "input_scale"),
+               "token_id": ("tokenizer_mismatch",)}
+"""Why a sample was flagged -> the causes leaving it out tests."""
+PRECISION_CAUSES = ("fp16_overflow", "numerical_op")
+FORWARD, UPDATE = "forward", "update"
+TESTED_CAUSES = frozenset({"lr_too_high", "missing_warmup", *PRECISION_CAUSES, *BATCH_CAUSES,
+                           "lora_scaling", "bad_init", "optimizer_eps"})
+"""The causes some intervention can confirm."""
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """The run's typical loss and gradient norm (medians of its healthy steps); None: unknown."""
+
+    loss: float | None = None
+    grad_norm: float | None = None
+
+    @classmethod
+    def of(cls, losses: Sequence[float], norms: Sequence[float]) -> Baseline:
+        def median(values: Sequence[float]) -> float | None:
+            finite = sorted(v for v in values if math.isfinite(v))
+            return finite[len(finite) // 2] if finite else None
+        return cls(median(losses), median(norms))
+
+
+@dataclass
+class Outcome:
+    """One replay: the loss before the update(s), the gradient norm, the loss after."""
+
+    name: str
+    label: str
+    loss: float
+    grad_norm: float
+    after: float
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def finite(self) -> bool:
+        return self.error is None and all(math.isfinite(v) for v in
+                                          (self.loss, self.grad_norm, self.after))
+
+    def forward_bad(self, base: Baseline) -> str:
+        """Why the step itself (loss, gradients) is bad; "" when it is not."""
+        if self.error is not None:
+            return f"the step raised {self.error}"
+        if not math.isfinite(self.loss):
+            return f"the step's loss is {_num(self.loss)}"
+        if not math.isfinite(self.grad_norm):
+            return f"the gradient norm is {_num(self.grad_norm)}"
+        if base.loss is not None and self.loss > LOSS_SPIKE * max(base.loss, 1e-8):
+            return f"the step's loss is {_num(self.loss)} (run's typical {_num(base.loss)})"
+        if base.grad_norm is not None and self.grad_norm > GRAD_SPIKE * max(base.grad_norm, 1e-12):
+            return (f"the gradient norm is {_num(self.grad_norm)} (run's typical "
+                    f"{_num(base.grad_norm)})")
+        return ""
+
+    def update_bad(self) -> str:
+        """Why the update is bad (it broke or raised its own batch's loss); "" when it is not."""
+        if not math.isfinite(self.after):
+            return f"the loss after the update is {_num(self.after)}"
+        if math.isfinite(self.loss) and self.after > self.loss + RISE * abs(self.loss):
+            return (f"the update raised the batch's loss from {_num(self.loss)} to "
+                    f"{_num(self.after)}")
+        return ""
+
+    def bad(self, base: Baseline) -> str:
+        return self.forward_bad(base) or self.update_bad()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "label": self.label, "loss": self.loss,
+                "grad_norm": self.grad_norm, "after": self.after, "seconds": self.seconds,
+                "error": self.error}
+
+
+@dataclass
+class Change:
+    """What one replay changes (nothing, for the plain replay)."""
+
+    lr_factors: tuple[float, ...] = (1.0,)
+    batch: Any = None
+    edit: Callable[[nn.Module], None] | None = None
+    """Changes the model after the state is restored (the restore undoes it)."""
+    dtype: torch.dtype | None = None
+    """Run the forward in this dtype (the model's floats and the batch's cast, autocast off)."""
+    autocast: torch.dtype | None = None
+    clip: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Intervention:
+    name: str
+    label: str
+    """Says what was changed: "with LR x0.1", "in bf16"..."""
+    causes: tuple[str, ...]
+    aspect: str
+    """FORWARD: heals only if the whole replay is healthy; UPDATE: changes only the update, so
+    it heals (or fails to heal) only a bad update of a step whose loss and gradients were
+    finite: with the step itself already bad, the state was damaged before it, and the update
+    intervention says nothing."""
+    change: Change
+    rules_out: tuple[str, ...] | None = None
+    """The causes it rules out when it does not heal (None: all of `causes`). A NaN that float64
+    does not heal may still be an unsafe operation (log(0) is NaN at any precision)."""
+
+
+@dataclass
+class Setup:
+    """What a proof needs: the state before the bad update, the loss and what the run knows."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: LossFn
+    batch: Any
+    step: int = 0
+    previous_batch: Any = None
+    autocast: torch.dtype | None = None
+    """The dtype the run's forward runs under (float16 with a GradScaler), None for none."""
+    baseline: Baseline = field(default_factory=Baseline)
+    original_finite: bool | None = None
+    """Whether the step's loss and gradients were finite when it ran (None: unknown)."""
+    init_suspects: tuple[str, ...] = ()
+    """Weights the preflight found far above their usual initial scale."""
+    no_warmup: bool | None = None
+    """The schedule has no warm-up (the preflight's finding); False: it has one, so no warm-up
+    ramp is replayed; None: unknown."""
+    batch_causes: tuple[str, ...] = ()
+    """The causes the batch inspector named for this step's batch."""
+    incident: bool = True
+    """The step raised an error (False: a proof on demand, of a step that may be healthy)."""
+    origin: str = ""
+    """Where the replay starts when not from the state before the step's own update."""
+    state_step: int | None = None
+    """The step the replayed state is from, when not `step` (a good state): the warm-up ramp's
+    step."""
+
+
+@dataclass
+class Proof:
+    step: int
+    plain: Outcome
+    baseline: Baseline
+    reproduced: bool
+    why_bad: str
+    incident: bool = True
+    origin: str = ""
+    trials: list[tuple[Intervention, Outcome, bool | None]] = field(default_factory=list)
+    confirmed: dict[str, str] = field(default_factory=dict)
+    """Cause code -> the sentence that proves it."""
+    ruled_out: dict[str, str] = field(default_factory=dict)
+    not_tried: list[str] = field(default_factory=list)
+    """Interventions left out for lack of time."""
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        text = self._summary()
+        return f"{self.origin}: {text}" if self.origin else text
+
+    def _summary(self) -> str:
+        if not self.reproduced and not self.incident:
+            return (f"nothing to heal: the replay of step {self.step} is healthy (the step's "
+                    f"loss is {_num(self.plain.loss)}, after its update {_num(self.plain.after)})")
+        if not self.reproduced:
+            return (f"not reproducible: the replay of step {self.step} is healthy (the step's "
+                    f"loss is {_num(self.plain.loss)}, after its update {_num(self.plain.after)}):"
+                    " a transient or hardware fault, or trouble that began before this step")
+        parts = [f"{code}: {why}" for code, why in self.confirmed.items()]
+        parts += [f"{code}: {why}" for code, why in self.ruled_out.items()]
+        if not parts and self.trials:
+            parts = [f"step {self.step} is bad ({self.why_bad}); no fix tried healed it or "
+                     f"ruled a likely cause out ({', '.join(i.name for i, _, _ in self.trials)})"]
+        elif not parts:
+            parts = [f"no fix applies to step {self.step} ({self.why_bad})"]
+        if self.not_tried:
+            parts.append(f"not tried for lack of time: {', '.join(self.not_tried)}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "reproduced": self.reproduced, "why_bad": self.why_bad,
+                "incident": self.incident, "origin": self.origin,
+                "confirmed": dict(self.confirmed), "ruled_out": dict(self.ruled_out),
+                "not_tried": list(self.not_tried), "seconds": self.seconds,
+                "plain": self.plain.to_dict(),
+                "baseline": {"loss": self.baseline.loss, "grad_norm": self.baseline.grad_norm},
+                "trials": [{**o.to_dict(), "causes": list(i.causes), "healed": healed}
+                           for i, o, healed in self.trials]}
+
+
+def _num(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.3g}"
+
+
+# -- the state a proof puts back ---------------------------------------------------------------
+
+
+class SavedState:
+    """The model's parameters and buffers, the optimizer's state and hyperparameters, the
+    gradients, the training mode and every RNG, copied once; `restore` puts them back in place
+    (the same tensor objects, so nothing holding a reference sees a difference)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        with torch.no_grad():
+            self.params = [(p, p.detach().clone()) for p in model.parameters()]
+            self.buffers = [(m, name, b.detach().clone()) for m in model.modules()
+                            for name, b in m._buffers.items() if b is not None]
+            self.grads = [(p, p.grad) for p, _ in self.params]
+            self.opt_state = {p: {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
+                                  for k, v in s.items()} for p, s in optimizer.state.items()}
+        self.groups = [{k: v for k, v in g.items() if k != "params"}
+                       for g in optimizer.param_groups]
+        self.training = [(m, m.training) for m in model.modules()]
+        self.scalings: list[tuple[dict[Any, Any], dict[Any, Any]]] = [
+            (scaling, dict(scaling)) for m in model.modules()
+            if isinstance(scaling := getattr(m, "scaling", None), dict)]
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = (torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+                         and torch.cuda.is_initialized() else None)
+        self.py_rng = random.getstate()
+
+    def rng(self) -> None:
+        """Put every RNG back (the same dropout masks for every forward)."""
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.py_rng)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for p, saved in self.params:
+                if p.dtype != saved.dtype or p.shape != saved.shape:
+                    p.data = saved.clone()
+                else:
+                    p.copy_(saved)
+            for module, name, saved in self.buffers:
+                current = module._buffers.get(name)
+                if current is None or current.dtype != saved.dtype:
+                    module._buffers[name] = saved.clone()
+                else:
+                    current.copy_(saved)
+            self._restore_optimizer()
+        for p, grad in self.grads:
+            p.grad = grad
+        for module, training in self.training:
+            module.training = training
+        for live, scaling in self.scalings:
+            live.update(scaling)
+        self.rng()
+
+    def _restore_optimizer(self) -> None:
+        state = self.optimizer.state
+        for p in [p for p in state if p not in self.opt_state]:
+            del state[p]  # state the replays created where there was none
+        for p, saved in self.opt_state.items():
+            current = state[p]
+            for key in [k for k in current if k not in saved]:
+                del current[key]
+            for key, value in saved.items():
+                old = current.get(key)
+                if (isinstance(value, torch.Tensor) and isinstance(old, torch.Tensor)
+                        and old.shape == value.shape and old.dtype == value.dtype):
+                    old.copy_(value)
+                else:
+                    current[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        for group, saved_group in zip(self.optimizer.param_groups, self.groups, strict=True):
+            group.update(saved_group)
+
+
+# -- one replay --------------------------------------------------------------------------------
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, Mapping):
+        cast = {k: _cast(v, dtype) for k, v in value.items()}
+        try:
+            return type(value)(cast)  # type: ignore[call-arg]
+        except Exception:  # a mapping type that cannot be built from a dict
+            return cast
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+@contextmanager
+def _precision(setup: Setup, change: Change) -> Iterator[Any]:
+    """The batch to use, under the change's precision (the model cast in place: the restore
+    puts its dtypes back)."""
+    batch = change.batch if change.batch is not None else setup.batch
+    device = next(setup.model.parameters()).device.type
+    if change.dtype is not None:
+        for p in setup.model.parameters():
+            p.data = p.data.to(change.dtype)
+            if p.grad is not None:
+                p.grad = None
+        for module in setup.model.modules():
+            for name, b in module._buffers.items():
+                if b is not None and b.is_floating_point():
+                    module._buffers[name] = b.to(change.dtype)
+        with torch.autocast(device, enabled=False):
+            yield _cast(batch, change.dtype)
+        return
+    dtype = change.autocast
+    with (torch.autocast(device, dtype=dtype) if dtype is not None else nullcontext()):
+        yield batch
+
+
+def _grad_norm(model: nn.Module) -> torch.Tensor:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(g.detach().float()) for g in grads]))
+
+
+def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as_it_happened",
+                label: str = "as it happened") -> Outcome:
+    """Restore the state, then take the change's updates on the batch; the losses and the
+    gradient norm of the first update, and the loss after the last."""
+    started = time.perf_counter()
+    saved.restore()
+    model, opt = setup.model, setup.optimizer
+    if change.edit is not None:
+        change.edit(model)
+    model.train()
+    first: list[torch.Tensor] = []
+    after = torch.tensor(math.nan)
+    error = None
+    try:
+        with _precision(setup, change) as batch:
+            for factor in change.lr_factors:
+                for group, saved_group in zip(opt.param_groups, saved.groups, strict=True):
+                    group["lr"] = saved_group["lr"] * factor
+                saved.rng()
+                opt.zero_grad(set_to_none=True)
+                loss = setup.loss_fn(model, batch)
+                loss.backward()
+                norm = _grad_norm(model)
+                if change.clip is not None:
+                    torch.nn.utils.clip_grad_norm_(
+                        [p for p in model.parameters() if p.grad is not None], change.clip)
+                if not first:
+                    first = [loss.detach().float().reshape(()), norm.float()]
+                _step(opt, model, change)
+            saved.rng()
+            with torch.no_grad():
+                after = setup.loss_fn(model, batch).detach().float().reshape(())
+    except Exception as exc:  # a crash is an answer too
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+    values = torch.stack([*first, after.to(first[0].device)]).tolist() if first else [
+        math.nan, math.nan, math.nan]
+    return Outcome(name, label, values[0], values[1], values[2],
+                   seconds=time.perf_counter() - started, error=error)
+
+
+def _step(opt: torch.optim.Optimizer, model: nn.Module, change: Change) -> None:
+    """The optimizer step; under a float cast, the optimizer's state follows the parameters."""
+    if change.dtype is not None:
+        for p in model.parameters():
+            state = opt.state.get(p)
+            for key, value in (state or {}).items():
+                if isinstance(value, torch.Tensor) and value.is_floating_point() \
+                        and value.shape == p.shape:
+                    state[key] = value.to(p.dtype)  # type: ignore[index]
+    opt.step()
+
+
+# -- the interventions ---------------------------------------------------------------------------
+
+
+def interventions(setup: Setup) -> list[Intervention]:
+    """Every intervention that applies to this run and batch (whatever the votes say)."""
+    out = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g}", ("lr_too_high",), UPDATE,
+                        Change(lr_factors=(factor,), autocast=setup.autocast))
+           for factor in LR_FACTORS]
+    state_step = setup.step if setup.state_step is None else setup.state_step
+    ramp = (state_step + 1) / WARMUP_STEPS
+    if ramp < 1 and setup.no_warmup is not False:
+        out.append(Intervention("warmup", f"with the LR a {WARMUP_STEPS}-step warm-up gives at "
+                                f"step {state_step} (x{ramp:.2g})", ("missing_warmup",), UPDATE,
+                                Change(lr_factors=(ramp,), autocast=setup.autocast)))
+    out += _precision_interventions(setup)
+    out += _batch_interventions(setup)
+    scalings = _lora_scalings(setup.model)
+    if any(value > LORA_SCALING for value in scalings):
+        out.append(Intervention("lora_scaling", f"with LoRA alpha/r {LORA_SCALING:g} (was "
+                                f"{max(scalings):g})", ("lora_scaling",), FORWARD,
+                                Change(edit=_set_lora_scaling, autocast=setup.autocast)))
+    suspects = setup.init_suspects or _over_scaled(setup.model)
+    if suspects:
+        out.append(Intervention("head_init", f"with {', '.join(suspects)} re-drawn at std "
+                                f"{INIT_STD:g}", ("bad_init",), FORWARD,
+                                Change(edit=_reinit(suspects), autocast=setup.autocast)))
+    if setup.baseline.grad_norm is not None:
+        out.append(Intervention("clip", f"clipped at the run's typical norm "
+                                f"{_num(setup.baseline.grad_norm)}", (), UPDATE,
+                                Change(clip=setup.baseline.grad_norm, autocast=setup.autocast)))
+    return out
+
+
+def _precision_interventions(setup: Setup) -> list[Intervention]:
+    out = []
+    half = any(p.dtype == torch.float16 for p in setup.model.parameters())
+    if setup.autocast == torch.float16:
+        out.append(Intervention("bf16", "in bf16", PRECISION_CAUSES, FORWARD,
+                                Change(autocast=torch.bfloat16), rules_out=("fp16_overflow",)))
+    elif half or setup.autocast is not None:
+        # float16 weights: fp32 also gives Adam's eps and moments room, so it tests that too
+        causes = (*PRECISION_CAUSES, "optimizer_eps") if half else PRECISION_CAUSES
+        out.append(Intervention("fp32", "in fp32", causes, FORWARD,
+                                Change(dtype=torch.float32), rules_out=("fp16_overflow",)))
+    out.append(Intervention("float64", "with the loss computed in float64", ("numerical_op",),
+                            FORWARD, Change(dtype=torch.float64), rules_out=()))
+    return out
+
+
+def _batch_interventions(setup: Setup) -> list[Intervention]:
+    """Without the flagged samples: confirms the causes their flags name. On the previous good
+    batch: heals whatever this batch brought, so it confirms only the batch causes the batch
+    inspector named for this step, or without one the generic "one bad batch" (`outlier_batch`,
+    when the votes name it: a batch that breaks an unsafe operation is that operation's
+    fault)."""
+    out = []
+    flagged = flagged_samples(setup.batch, setup.model)
+    size = _batch_size(setup.batch)
+    if flagged and size is not None and len(flagged) < size:
+        kept = [i for i in range(size) if i not in flagged]
+        causes = tuple(c for c in BATCH_CAUSES
+                       if any(c in FLAG_CAUSES[why] for why in flagged.values()))
+        rows = sorted(flagged)
+        out.append(Intervention(
+            "drop_flagged", f"without the flagged sample{'s' if len(rows) > 1 else ''} "
+            f"{', '.join(map(str, rows[:5]))}{' ...' if len(rows) > 5 else ''}", causes, FORWARD,
+            Change(batch=_select(setup.batch, kept, size), autocast=setup.autocast)))
+    if setup.previous_batch is not None:
+        causes = tuple(c for c in BATCH_CAUSES if c in setup.batch_causes) or (GENERIC_BATCH,)
+        out.append(Intervention("previous_batch", "on the previous good batch", causes,
+                                FORWARD, Change(batch=setup.previous_batch,
+                                                autocast=setup.autocast)))
+    return out
+
+
+def _lora_scalings(model: nn.Module) -> list[float]:
+    values: list[float] = []
+    for module in model.modules():
+        scaling = getattr(module, "scaling", None)
+        if isinstance(scaling, dict) and hasattr(module, "lora_A"):
+            values += [float(v) for v in scaling.values() if isinstance(v, (int, float))]
+    return values
+
+
+def _set_lora_scaling(model: nn.Module) -> None:
+    """peft keeps alpha/r per adapter in `module.scaling` (`SavedState` puts it back)."""
+    for module in model.modules():
+        scaling = getattr(module, "scaling", None)
+        if isinstance(scaling, dict) and hasattr(module, "lora_A"):
+            for key in scaling:
+                scaling[key] = LORA_SCALING
+
+
+def _over_scaled(model: nn.Module) -> tuple[str, ...]:
+    """Trainable linear and convolution weights far above their usual initial scale (the
+    preflight's layer_init rule)."""
+    out = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or (
+                weight is None or not weight.requires_grad or weight.numel() < 2):
+            continue
+        with torch.no_grad():
+            std = float(weight.float().std())
+        if std >= INIT_SCALE_LIMIT * max(HF_INIT_STD, 1 / math.sqrt(weight[0].numel())):
+            out.append(f"{name}.weight")
+    return tuple(out)
+
+
+def _reinit(params: Sequence[str]) -> Callable[[nn.Module], None]:
+    def edit(model: nn.Module) -> None:
+        named = dict(model.named_parameters())
+        generator = torch.Generator().manual_seed(0)  # the run's RNG is left alone
+        with torch.no_grad():
+            for name in params:
+                weight = named.get(name)
+                if weight is None:
+                    continue
+                fresh = torch.randn(weight.shape, generator=generator) * INIT_STD
+                weight.copy_(fresh.to(weight.device, weight.dtype))
+                bias = named.get(name[: -len("weight")] + "bias")
+                if bias is not None:
+                    bias.zero_()
+    return edit
+
+
+def _fields(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):
+        return [t for v in batch.values() for t in _fields(v)]
+    if isinstance(batch, (list, tuple)):
+        return [t for v in batch for t in _fields(v)]
+    return []
+
+
+def _batch_size(batch: Any) -> int | None:
+    sizes = {t.shape[0] for t in _fields(batch) if t.dim() > 0}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _select(batch: Any, keep: list[int], size: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() > 0 and batch.shape[0] == size:
+            return batch[torch.tensor(keep, device=batch.device)]
+        return batch
+    if isinstance(batch, Mapping):
+        picked = {k: _select(v, keep, size) for k, v in batch.items()}
+        try:
+            return type(batch)(picked)  # type: ignore[call-arg]
+        except Exception:
+            return picked
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_select(v, keep, size) for v in batch)
+    return batch
+
+
+def flagged_samples(batch: Any, model: nn.Module | None = None) -> dict[int, str]:
+    """Samples (rows along the batch dimension) holding NaN/inf ("nonfinite"), token ids outside
+    the model's embedding table ("token_id"), or values far beyond the batch's median sample
+    ("outlier"), with the reason."""
+    size = _batch_size(batch)
+    if size is None or size < 2:
+        return {}
+    vocab = next((m.num_embeddings for m in (model.modules() if model is not None else ())
+                  if isinstance(m, nn.Embedding)), None)
+    flagged: dict[int, str] = {}
+    with torch.no_grad():
+        for t in _fields(batch):
+            if t.dim() == 0 or t.shape[0] != size:
+                continue
+            rows = t.reshape(size, -1)
+            found: list[tuple[str, torch.Tensor]] = []
+            if t.is_floating_point():
+                peak = rows.float().abs().nan_to_num(0.0, 0.0, 0.0).amax(dim=1)
+                found.append(("nonfinite", ~torch.isfinite(rows).all(dim=1)))
+                found.append(("outlier", peak > FLAGGED_RATIO * peak.median().clamp_min(1e-12)))
+            elif vocab is not None and t.dtype != torch.bool:
+                found.append(("token_id", ((rows >= vocab) & (rows != -100)).any(dim=1)))
+            for why, bad in found:
+                for i in bad.nonzero().flatten().tolist():
+                    flagged.setdefault(int(i), why)
+    return flagged
+
+
+# -- the proof -----------------------------------------------------------------------------------
+
+
+def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = None) -> Proof:
+    """Replay the step as it happened, then under each intervention that tests a cause in
+    `likely` (cause codes, likeliest first; empty: every intervention), likeliest first, until
+    `budget_s` is spent. Everything is put back afterwards.
+
+    Before the run has a typical loss (its first steps), the lowest loss a replay that changes
+    the step itself reached stands in for it: a step whose loss is `LOSS_SPIKE` times that is
+    bad, as a step beyond the run's typical loss is later."""
+    started = time.perf_counter()
+    saved = SavedState(setup.model, setup.optimizer)
+    try:
+        plain = replay_step(setup, saved, Change(autocast=setup.autocast))
+        proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident,
+                      origin=setup.origin)
+        early = setup.baseline.loss is None and setup.incident and plain.finite
+        if plain.bad(setup.baseline) or early:
+            _try_interventions(setup, saved, proof, _ordered(interventions(setup), likely),
+                               started, budget_s)
+        if early:
+            proof.baseline = _provisional(proof)
+        proof.why_bad = plain.bad(proof.baseline)
+        proof.reproduced = bool(proof.why_bad) and not (
+            setup.original_finite is False and plain.finite)
+        if proof.reproduced:
+            proof.trials = [(i, o, _heals(i, proof, o)) for i, o, _ in proof.trials]
+            _conclude(proof, likely)
+        else:
+            proof.trials = []
+    finally:
+        saved.restore()
+    proof.seconds = time.perf_counter() - started
+    return proof
+
+
+def _provisional(proof: Proof) -> Baseline:
+    """The run's typical loss unknown: the lowest loss of a replay that changed the step."""
+    losses = [o.loss for i, o, _ in proof.trials if i.aspect == FORWARD and o.finite]
+    return Baseline(min(losses) if losses else None, proof.baseline.grad_norm)
+
+
+def _ordered(candidates: list[Intervention], likely: Sequence[str]) -> list[Intervention]:
+    """The interventions testing a likely cause, likeliest first (those testing no cause
+    last)."""
+    if not likely:
+        return candidates
+    rank = {code: i for i, code in enumerate(likely)}
+    tested = [i for i in candidates if any(c in rank for c in i.causes) or not i.causes]
+    return sorted(tested, key=lambda i: min((rank[c] for c in i.causes if c in rank),
+                                             default=len(rank)))
+
+
+def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
+                       candidates: list[Intervention], started: float,
+                       budget_s: float | None) -> None:
+    per_update = proof.plain.seconds / 2  # a replay is one update and one more forward
+    healed: set[str] = set()
+    for intervention in candidates:
+        if intervention.causes and set(intervention.causes) <= healed:
+            continue  # a gentler change already healed it (LR x0.1 before x0.01)
+        cost = per_update * (len(intervention.change.lr_factors) + 1)
+        if budget_s is not None and time.perf_counter() - started + cost > budget_s:
+            proof.not_tried.append(intervention.name)
+            continue
+        outcome = replay_step(setup, saved, intervention.change, intervention.name,
+                              intervention.label)
+        heals = _heals(intervention, proof, outcome)
+        if heals:
+            healed.update(intervention.causes)
+        proof.trials.append((intervention, outcome, heals))
+
+
+def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool | None:
+    """Whether the intervention healed the step; None: it cannot tell (an update intervention
+    on a step that was bad before its update, or the same crash as the plain replay)."""
+    base, plain = proof.baseline, proof.plain
+    if plain.error is not None and outcome.error == plain.error:
+        return None  # the same crash: the loss function, not the fault, may be what failed
+    if intervention.aspect == UPDATE:  # the step itself unchanged: only its update can heal
+        if plain.forward_bad(base):
+            return None
+        return outcome.finite and not outcome.update_bad()
+    return outcome.finite and not outcome.bad(base)
+
+
+def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
+    """Confirmed: a likely cause whose intervention healed the step. Ruled out: one whose every
+    intervention left it bad."""
+    healed: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for intervention, outcome, heals in proof.trials:
+        rules_out = (intervention.causes if intervention.rules_out is None
+                     else intervention.rules_out)
+        for code in (c for c in intervention.causes if not likely or c in likely):
+            if heals is None or (not heals and code not in rules_out):
+                continue
+            if heals:
+                healed.setdefault(code, f"confirmed by replay: {intervention.label} "
+                                  f"{_healthy(intervention, outcome, proof)} instead of "
+                                  f"{_bad_value(intervention, proof.plain, proof.baseline)}")
+            else:
+                failed.setdefault(code, f"ruled out: {intervention.label} "
+                                  f"{outcome.bad(proof.baseline) or _still(outcome)}")
+    proof.confirmed = healed
+    proof.ruled_out = {code: why for code, why in failed.items() if code not in healed}
+
+
+def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
+    typical = proof.baseline.loss
+    after = intervention.aspect == UPDATE or not proof.plain.forward_bad(proof.baseline)
+    what = "the loss after the update is" if after else "the step's loss is"
+    return (f"{what} {_num(outcome.after if after else outcome.loss)}"
+            + (f" (run's typical {_num(typical)})" if typical is not None else ""))
+
+
+def _bad_value(intervention: Intervention, plain: Outcome, base: Baseline) -> str:
+    """The plain replay's bad value, in the terms of `_healthy`: the loss after the update
+    when the step itself was fine, else the loss (or the gradient norm) of the step."""
+    if intervention.aspect == UPDATE or not plain.forward_bad(base):
+        return _num(plain.after)
+    for value in (plain.loss, plain.grad_norm):
+        if not math.isfinite(value):
+            return _num(value)
+    return _num(plain.loss)
+
+
+def _still(outcome: Outcome) -> str:
+    return f"the step is still bad (loss {_num(outcome.loss)}, after it {_num(outcome.after)})"

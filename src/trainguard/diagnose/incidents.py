@@ -1,0 +1,266 @@
+"""When a guarded run proves the causes of an incident (`diagnose.counterfactual`), and with what.
+
+`IncidentProver.see` keeps, from every step, what a proof compares with: the run's recent healthy
+losses and gradient norms (two floats already on the host), the time a step takes, and a
+reference to the last good batch. `wanted` says whether this step's incident is to be proved:
+
+    policy halt     the step that halts (before its crash snapshot is written)
+    policy recover  the first rollback (before the good state is restored); a step already bad
+                    before its update is replayed again from the good state the rollback
+                    returns to, with the same batch and LR
+    prove="on"      also any step with an error-level event under protect or observe, until one
+                    proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run)
+
+`prove` replays the step from the model and optimizer as they are before its update, within
+`prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
+reads) and puts the step's likely causes right. A failure is logged and the run goes on. A
+rollback after a proof that confirmed a bad batch (and not the LR) keeps the LR (`data_fault`):
+skipping the data is the fix. After a confirmed float16 overflow, a later rollback halts instead
+with the advice to switch to bf16 (`precision_halt`): no rollback changes the precision. Under
+torch.distributed nothing is proved (a replay's backward would all-reduce on one rank alone).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainguard.diagnose.counterfactual import (
+    BATCH_CAUSES,
+    Baseline,
+    Proof,
+    SavedState,
+    Setup,
+    prove,
+)
+from trainguard.diagnose.ranking import rank_causes
+from trainguard.errors import UsageError
+from trainguard.events import Event, at_least
+from trainguard.recovery.state import restore
+from trainguard.registry import Tag, kinds_tagged
+
+if TYPE_CHECKING:
+    from trainguard.pipeline.context import StepContext
+    from trainguard.pipeline.services import Services
+    from trainguard.pipeline.state import RunState
+
+log = logging.getLogger("trainguard")
+
+LR_CAUSES = ("lr_too_high", "missing_warmup")
+HISTORY = 64
+"""Healthy steps kept for the baseline and the step time."""
+MAX_ATTEMPTS = 3
+DEFAULT_BUDGET_S = 60.0
+"""The budget before the run has timed a step."""
+
+
+class IncidentProver:
+    """One per run, among its `Services`; its methods are handed the run's state and services
+    (it holds neither)."""
+
+    def __init__(self) -> None:
+        self.losses: deque[float] = deque(maxlen=HISTORY)
+        self.norms: deque[float] = deque(maxlen=HISTORY)
+        self.step_times: deque[float] = deque(maxlen=HISTORY)
+        self.previous_batch: Any = None
+        self.proofs: list[Proof] = []
+        self.attempts = 0
+        self.rollbacks_proved = 0
+        self._last_seen: float | None = None
+
+    # -- every step: two floats and a reference ----------------------------------------------------
+    def see(self, ctx: StepContext) -> None:
+        now = time.perf_counter()
+        if self._last_seen is not None:
+            self.step_times.append(now - self._last_seen)
+        self._last_seen = now
+        signals = ctx.signals
+        if signals is None or any(at_least(e.severity, "warning") for e in ctx.events):
+            return
+        if signals.loss is not None and math.isfinite(signals.loss):
+            self.losses.append(float(signals.loss))
+        if math.isfinite(signals.grad_norm):
+            self.norms.append(float(signals.grad_norm))
+        if ctx.batch is not None:
+            self.previous_batch = ctx.batch
+
+    def baseline(self) -> Baseline:
+        return Baseline.of(list(self.losses), list(self.norms))
+
+    def baseline_dict(self) -> dict[str, float | None]:
+        """The baseline a crash snapshot keeps for `trainguard prove`."""
+        base = self.baseline()
+        return {"loss": base.loss, "grad_norm": base.grad_norm}
+
+    def budget_s(self, services: Services) -> float:
+        if not self.step_times:
+            return DEFAULT_BUDGET_S
+        times = sorted(self.step_times)
+        return services.config.prove_budget_steps * times[len(times) // 2]
+
+    # -- on an incident ----------------------------------------------------------------------------
+    def wanted(self, ctx: StepContext, services: Services) -> bool:
+        mode = services.config.prove
+        if (mode == "off" or services.replay_fn is None or ctx.batch is None
+                or ctx.decision is None
+                or services.dist is not None):  # a replay's backward would all-reduce on one rank
+            return False
+        action = ctx.decision.action
+        if action == "halted":
+            return True
+        if action == "rolled_back":  # the rollback is the incident, whatever its events
+            return self.rollbacks_proved == 0
+        return (mode == "on" and self.attempts < MAX_ATTEMPTS
+                and any(at_least(e.severity, "error") for e in ctx.events)
+                and not any(p.reproduced for p in self.proofs))
+
+    def prove(self, ctx: StepContext, state: RunState, services: Services,
+              batch: Any = None) -> Proof | None:
+        """Prove the step's incident; the proof, or None when it failed (logged)."""
+        self.attempts += 1
+        if ctx.decision is not None and ctx.decision.action == "rolled_back":
+            self.rollbacks_proved += 1
+        try:
+            events = services.journal.events + ctx.events
+            likely = [c.code for c in rank_causes(
+                events, services.evidence_findings(ctx.findings), top=100)]
+            signals = ctx.signals
+            finite = (None if signals is None
+                      else bool(signals.loss_finite and signals.grads_finite))
+            setup = self._setup(services, ctx.step, batch if batch is not None else ctx.batch,
+                                finite)
+            batch_kinds = kinds_tagged(Tag.BATCH)
+            setup.batch_causes = tuple(str(e.details["cause"]) for e in ctx.events
+                                       if e.kind in batch_kinds and e.details.get("cause"))
+            started = time.perf_counter()
+            proofs = [prove(setup, likely=likely, budget_s=self.budget_s(services))]
+            if not proofs[0].reproduced or proofs[0].plain.forward_bad(proofs[0].baseline):
+                # bad before its update: the damage is older; replay from the good state
+                left = self.budget_s(services) - (time.perf_counter() - started)
+                proofs += self._from_good_state(ctx, state, services, setup, likely, left)
+        except Exception as exc:  # proving is advisory: the run goes on
+            log.error("trainguard: proving step %d failed (%s: %s)", ctx.step,
+                      type(exc).__name__, exc)
+            return None
+        for proof in proofs:
+            self.proofs.append(proof)
+            ctx.raise_event(proof_event(proof))
+        self._refresh_likely(ctx, services)
+        return proofs[-1]
+
+    def _from_good_state(self, ctx: StepContext, state: RunState, services: Services,
+                         setup: Setup, likely: list[str], budget_s: float) -> list[Proof]:
+        """Under `recover`, at a rollback: the same batch and LR replayed from the good state the
+        rollback returns to (the state the trouble began from); everything is put back after,
+        and the rollback then restores that state for good."""
+        recovery = state.recovery
+        verdict = ctx.decision.verdict if ctx.decision is not None else None
+        if recovery is None or verdict is None or budget_s <= 0:
+            return []
+        target = recovery.ring.latest_before(verdict.onset)
+        if target is None:
+            return []
+        model, optimizer = services.model, services.optimizer
+        keep = SavedState(model, optimizer)
+        lrs = [g["lr"] for g in optimizer.param_groups]
+        try:
+            restore(target, model=model, optimizers=[optimizer], scheduler=None,
+                    scaler=None, rng=False)
+            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr  # the LR of the step that went bad
+            again = replace(setup, original_finite=None, state_step=target.step,
+                            origin=f"from the good state of step {target.step}")
+            return [prove(again, likely=likely, budget_s=budget_s)]
+        finally:
+            keep.restore()
+
+    def prove_now(self, state: RunState, services: Services, batch: Any = None) -> Proof:
+        """On demand (`guard.prove()`), between steps: replay the next update from the state as
+        it is, on `batch` (default: the last good batch), under every intervention that applies
+        (the likely causes first, when there are any). Records the `proof` event."""
+        batch = batch if batch is not None else self.previous_batch
+        if services.replay_fn is None:
+            raise UsageError("guard.prove() needs the loss: give the Guard replay_fn="
+                             "lambda model, batch: ...")
+        if batch is None:
+            raise UsageError("guard.prove() needs a batch: none was seen yet, pass batch=")
+        journal = services.journal
+        likely = [c.code for c in rank_causes(journal.events, services.evidence_findings(),
+                                              top=100)]
+        setup = self._setup(services, state.step, batch, None)
+        setup.incident = False
+        proof = prove(setup, likely=likely, budget_s=self.budget_s(services))
+        self.proofs.append(proof)
+        journal.emit_event(proof_event(proof))
+        return proof
+
+    def data_fault(self, step: int) -> bool:
+        """This step's proofs confirmed a bad batch and not the LR: its rollback skips the data
+        and keeps the LR."""
+        confirmed = {c for p in self.proofs if p.step == step and p.reproduced
+                     for c in p.confirmed}
+        return bool(confirmed & set(BATCH_CAUSES)) and not confirmed & set(LR_CAUSES)
+
+    def precision_halt(self, ctx: StepContext) -> Event | None:
+        """A rollback after an earlier one whose proof confirmed a float16 overflow: faults that
+        came back under float16 will keep coming, and trainguard cannot change the precision.
+        The `precision_fault` event that halts the run instead, with what to do."""
+        if ctx.decision is None or ctx.decision.action != "rolled_back":
+            return None
+        earlier = next((p for p in self.proofs if p.reproduced and p.step < ctx.step
+                        and "fp16_overflow" in p.confirmed), None)
+        if earlier is None:
+            return None
+        return Event(kind="precision_fault", step=ctx.step, severity="critical",
+                     message=f"faults came back after the replay of step {earlier.step} confirmed "
+                             f"a float16 overflow ({earlier.confirmed['fp16_overflow']}): switch "
+                             "to bf16 (torch.autocast(dtype=torch.bfloat16), no GradScaler) or "
+                             "fp32; trainguard cannot change the precision itself",
+                     details={"proved_at": earlier.step})
+
+    def _setup(self, services: Services, step: int, batch: Any, finite: bool | None) -> Setup:
+        suspects = tuple(str(f.evidence["param"]) for f in services.journal.findings
+                         if f.check == "layer_init" and "param" in f.evidence)
+        assert services.replay_fn is not None
+        return Setup(model=services.model, optimizer=services.optimizer,
+                     loss_fn=services.replay_fn, batch=batch, step=step,
+                     previous_batch=self.previous_batch,
+                     autocast=torch.float16 if services.scaler is not None else None,
+                     baseline=self.baseline(), original_finite=finite, init_suspects=suspects,
+                     no_warmup=_no_warmup(services))
+
+    def _refresh_likely(self, ctx: StepContext, services: Services) -> None:
+        ranked = rank_causes(services.journal.events + ctx.events,
+                             services.evidence_findings(ctx.findings), top=3)
+        likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+        for event in ctx.events:
+            if likely and at_least(event.severity, "warning"):
+                event.details["likely_causes"] = likely
+
+
+def _no_warmup(services: Services) -> bool | None:
+    """Whether the schedule lacks a warm-up, as the preflight judged (None: not judged)."""
+    journal = services.journal
+    if journal.warmup_watch is not None or any(f.cause == "missing_warmup"
+                                               for f in journal.findings):
+        return True  # found, or held back while the first steps' LRs decide it
+    return False if services.config.preflight and services.scheduler is not None else None
+
+
+def proof_event(proof: Proof) -> Event:
+    """The `proof` event the cause ranking reads: what was confirmed and ruled out, and why."""
+    return Event(kind="proof", step=proof.step, severity="info",
+                 message=f"step {proof.step} replayed: {proof.summary()}",
+                 details={"confirmed": dict(proof.confirmed), "ruled_out": dict(proof.ruled_out),
+                          "reproduced": proof.reproduced, "incident": proof.incident,
+                          "not_tried": list(proof.not_tried),
+                          "seconds": round(proof.seconds, 3),
+                          "trials": [{"name": i.name, "healed": healed, "loss": o.loss,
+                                      "after": o.after, "grad_norm": o.grad_norm}
+                                     for i, o, healed in proof.trials]})

@@ -1,0 +1,310 @@
+"""Counterfactual replay proves causes on real small runs: the plain replay stays bad, the one
+intervention that changes the cause heals the step, and everything is put back afterwards."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from trainguard.diagnose.counterfactual import (
+    Baseline,
+    Setup,
+    flagged_samples,
+    interventions,
+    prove,
+)
+
+from ..conftest import make_setup
+
+
+def mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+
+def regression(seed: int = 0, size: int = 16) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, 8, generator=g)
+    return {"x": x, "y": x[:, :2] * 0.5 + 0.1 * torch.randn(size, 2, generator=g)}
+
+
+def mlp(seed: int = 0, dropout: float = 0.0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 2))
+
+
+def typical(model: nn.Module, loss_fn, batches) -> Baseline:
+    """The healthy loss and gradient norm of the model on clean batches."""
+    losses, norms = [], []
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model, batch)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        norms.append(float(torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters() if p.grad is not None]))))
+    model.zero_grad(set_to_none=True)
+    return Baseline.of(losses, norms)
+
+
+def test_lr_x01_confirms_an_lr_too_high() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)  # far beyond this problem's stable LR
+    batch = regression()
+    base = typical(model, mse, [regression(1)])
+    proof = prove(Setup(model, opt, mse, batch, step=50, baseline=base),
+                  likely=["lr_too_high", "missing_warmup"])
+    assert proof.reproduced and "raised the batch's loss" in proof.why_bad
+    # no warm-up at step 50, and no LR x0.01 once x0.1 healed
+    assert [i.name for i, _, _ in proof.trials] == ["lr_x0.1", "clip"]
+    assert list(proof.confirmed) == ["lr_too_high"] and proof.ruled_out == {}
+    assert proof.confirmed["lr_too_high"].startswith("confirmed by replay: with LR x0.1 the loss "
+                                                     "after the update is")
+    assert f"(run's typical {base.loss:.3g})" in proof.confirmed["lr_too_high"]
+
+
+def test_a_warmup_ramp_confirms_missing_warmup_in_the_first_steps() -> None:
+    setup = make_setup(lr=0.3, warmup=0, seed=0)  # Adam's first full-LR step on fresh moments
+
+    def lm(m: nn.Module, b: torch.Tensor) -> torch.Tensor:
+        return m.loss(b)
+
+    batch = setup.batch(16)
+    proof = prove(Setup(setup.model, setup.optimizer, lm, batch, step=0, no_warmup=True),
+                  likely=["missing_warmup", "lr_too_high"])
+    assert proof.reproduced, proof.summary()
+    assert "with the LR a 20-step warm-up gives at step 0 (x0.05)" in proof.confirmed[
+        "missing_warmup"]
+    # a schedule that warms up has no warm-up to replay
+    proof = prove(Setup(setup.model, setup.optimizer, lm, batch, step=0, no_warmup=False),
+                  likely=["missing_warmup", "lr_too_high"])
+    assert "warmup" not in [i.name for i, _, _ in proof.trials]
+    assert "missing_warmup" not in proof.confirmed
+
+
+def test_dropping_the_nan_sample_confirms_nonfinite_input() -> None:
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    base = typical(model, mse, [regression(1)])
+    batch = regression()
+    batch["x"][5, 3] = float("nan")
+    assert flagged_samples(batch, model) == {5: "nonfinite"}
+    proof = prove(Setup(model, opt, mse, batch, baseline=base, original_finite=False),
+                  likely=["nonfinite_input", "numerical_op"])
+    assert math.isnan(proof.plain.loss)
+    assert list(proof.confirmed) == ["nonfinite_input"]
+    assert "without the flagged sample 5" in proof.confirmed["nonfinite_input"]
+    assert proof.confirmed["nonfinite_input"].endswith("instead of NaN")
+    # float64 does not heal a NaN in the data, but a NaN that survives float64 may still be an
+    # unsafe operation (log(0)): nothing is ruled out by it
+    assert "numerical_op" not in proof.confirmed and "numerical_op" not in proof.ruled_out
+
+
+def test_the_previous_batch_confirms_an_outlier_batch_the_inspector_named() -> None:
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    base = typical(model, mse, [regression(1), regression(2)])
+    batch = regression()
+    batch["x"] = batch["x"] * 1000  # every sample: nothing to drop, the batch itself is bad
+    assert flagged_samples(batch, model) == {}
+    setup = Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base,
+                  batch_causes=("outlier_batch",))
+    proof = prove(setup, likely=["outlier_batch", "lr_too_high"])
+    assert list(proof.confirmed) == ["outlier_batch"]
+    assert "on the previous good batch" in proof.confirmed["outlier_batch"]
+    # the step is bad before its update: a smaller LR can neither heal nor clear it
+    assert next(h for i, _, h in proof.trials if i.name == "lr_x0.1") is None
+    assert "lr_too_high" not in proof.ruled_out
+    # without a batch finding the previous batch proves only the generic "one bad batch"
+    proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base),
+                  likely=["tokenizer_mismatch", "nonfinite_input"])
+    assert proof.confirmed == {}
+    proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base),
+                  likely=["tokenizer_mismatch", "outlier_batch"])
+    assert list(proof.confirmed) == ["outlier_batch"]
+
+
+def test_dropping_foreign_token_ids_confirms_a_tokenizer_mismatch() -> None:
+    setup = make_setup(seed=1)
+    batch = setup.batch(8)
+    batch[2, 4] = 40  # beyond the 32-row embedding table: the forward raises
+
+    def lm(m: nn.Module, b: torch.Tensor) -> torch.Tensor:
+        return m.loss(b)
+
+    assert flagged_samples(batch, setup.model) == {2: "token_id"}
+    proof = prove(Setup(setup.model, setup.optimizer, lm, batch),
+                  likely=["tokenizer_mismatch"])
+    assert proof.plain.error is not None and "IndexError" in proof.plain.error
+    assert list(proof.confirmed) == ["tokenizer_mismatch"]
+
+
+class Amplify(nn.Module):
+    """A checkpoint whose hidden activations are large: fine in fp32, beyond float16's 65504."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(8, 64)
+        self.down = nn.Linear(64, 2)
+        with torch.no_grad():
+            self.up.weight.mul_(2e5)
+            self.down.weight.div_(2e5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_bf16_confirms_a_float16_overflow() -> None:
+    model = Amplify()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = regression()
+    proof = prove(Setup(model, opt, mse, batch, autocast=torch.float16),
+                  likely=["fp16_overflow", "lr_too_high"])
+    assert not proof.plain.finite
+    assert "fp16_overflow" in proof.confirmed and "in bf16" in proof.confirmed["fp16_overflow"]
+    assert "lr_too_high" not in proof.confirmed
+
+
+def test_float64_confirms_a_numerical_op() -> None:
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def logsumexp_by_hand(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        z = m(b["x"]) * 50 + 100  # exp(100+) overflows float32, not float64
+        return torch.log(torch.exp(z).sum()) / 100
+
+    proof = prove(Setup(model, opt, logsumexp_by_hand, regression()),
+                  likely=["numerical_op", "nonfinite_input"])
+    assert math.isinf(proof.plain.loss)
+    assert list(proof.confirmed) == ["numerical_op"]
+    assert "float64" in proof.confirmed["numerical_op"]
+
+
+def test_lora_alpha_over_r_of_2_confirms_lora_scaling() -> None:
+    peft = pytest.importorskip("peft")
+    base_model = mlp()
+    pretrain = torch.optim.AdamW(base_model.parameters(), lr=1e-2)
+    for seed in range(30):
+        pretrain.zero_grad()
+        mse(base_model, regression(seed)).backward()
+        pretrain.step()
+    model = peft.get_peft_model(base_model, peft.LoraConfig(
+        r=8, lora_alpha=2048, target_modules=["0", "3"], lora_dropout=0.0))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
+    base = typical(model, mse, [regression(40), regression(41)])
+    proof = prove(Setup(model, opt, mse, regression(42), step=50, baseline=base),
+                  likely=["lora_scaling", "lr_too_high"])
+    assert proof.reproduced, proof.summary()
+    assert next(iter(proof.confirmed)) == "lora_scaling", proof.summary()
+    assert "with LoRA alpha/r 2 (was 256)" in proof.confirmed["lora_scaling"]
+    # x0.1 of a 256x scaling is still 25x too much; only x0.01 makes up for it
+    assert [h for i, _, h in proof.trials if i.name == "lr_x0.1"] == [False]
+    assert "with LR x0.01" in proof.confirmed.get("lr_too_high", "with LR x0.01")
+    scalings = {float(v) for m in model.modules() if isinstance(getattr(m, "scaling", None), dict)
+                for v in m.scaling.values()}
+    assert scalings == {256.0}  # put back
+
+
+def test_a_new_head_redrawn_at_std_002_confirms_bad_init() -> None:
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    base = typical(model, mse, [regression(1), regression(2)])
+    with torch.no_grad():
+        model[3].weight.normal_(0, 100.0)
+    proof = prove(Setup(model, opt, mse, regression(), baseline=base),
+                  likely=["bad_init", "lr_too_high"])
+    assert "3.weight" in next(i.label for i in interventions(Setup(model, opt, mse, regression()))
+                              if i.name == "head_init")
+    assert list(proof.confirmed) == ["bad_init"]
+    assert "re-drawn at std 0.02" in proof.confirmed["bad_init"]
+
+
+def test_a_healthy_step_has_nothing_to_heal() -> None:
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    base = typical(model, mse, [regression(1), regression(2)])
+    setup = Setup(model, opt, mse, regression(), previous_batch=regression(3), baseline=base,
+                  incident=False)
+    proof = prove(setup)
+    assert not proof.reproduced and proof.confirmed == {} and proof.trials == []
+    assert proof.summary().startswith("nothing to heal")
+
+
+def test_a_fault_the_replay_does_not_show_is_not_reproducible() -> None:
+    """The step went NaN when it ran (a flaky device), its replay is finite: a transient."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    proof = prove(Setup(model, opt, mse, regression(), original_finite=False))
+    assert not proof.reproduced and proof.confirmed == {} and proof.ruled_out == {}
+    assert proof.summary().startswith("not reproducible")
+
+
+def test_the_time_budget_is_honoured() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    setup = Setup(model, opt, mse, regression(), step=0, previous_batch=regression(3))
+    none = prove(setup, budget_s=0.0)
+    assert none.reproduced and none.trials == [] and len(none.not_tried) == len(
+        interventions(setup))
+    assert "not tried for lack of time" in none.summary()
+    plain_s = none.plain.seconds
+    some = prove(setup, budget_s=plain_s * 3)
+    assert some.seconds <= plain_s * 3 + 2 * plain_s + 0.05
+    unlimited = prove(setup, budget_s=None)
+    assert not unlimited.not_tried and unlimited.trials
+
+
+def test_a_gentler_fix_that_healed_spares_the_stronger_one() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    tried = [i.name for i, _, _ in prove(Setup(model, opt, mse, regression(), step=50)).trials]
+    assert "lr_x0.1" in tried and "lr_x0.01" not in tried
+    opt = torch.optim.SGD(model.parameters(), lr=30.0)  # x0.1 is still far too high
+    proof = prove(Setup(model, opt, mse, regression(), step=50), likely=["lr_too_high"])
+    assert [(i.name, h) for i, _, h in proof.trials if i.name.startswith("lr_")] == [
+        ("lr_x0.1", False), ("lr_x0.01", True)]
+    assert "with LR x0.01" in proof.confirmed["lr_too_high"]
+
+
+def snapshot_of(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    return {"params": [p.detach().clone() for p in model.parameters()],
+            "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+            "state": {i: {k: v.clone() if isinstance(v, torch.Tensor) else v
+                          for k, v in s.items()}
+                      for i, s in enumerate(opt.state.values())},
+            "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+            "rng": torch.get_rng_state().clone(), "training": model.training}
+
+
+def same(a: dict, b: dict) -> bool:
+    def eq(x, y) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+        if isinstance(x, dict):
+            return x.keys() == y.keys() and all(eq(x[k], y[k]) for k in x)
+        if isinstance(x, list):
+            return len(x) == len(y) and all(eq(u, v) for u, v in zip(x, y, strict=True))
+        return x == y
+    return eq(a, b)
+
+
+def test_model_optimizer_grads_and_rng_are_put_back_exactly() -> None:
+    model = mlp(dropout=0.3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for seed in range(3):  # optimizer state to keep
+        opt.zero_grad()
+        mse(model, regression(seed)).backward()
+        opt.step()
+    opt.zero_grad()
+    batch = regression(7)
+    mse(model, batch).backward()  # the bad step's own gradients, as the Guard holds them
+    params = list(model.parameters())
+    before = snapshot_of(model, opt)
+    proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(8),
+                        autocast=torch.float16, baseline=Baseline(1e-3, 1e-3)))
+    assert proof.trials  # the interventions ran (a tiny baseline makes the step "bad")
+    assert same(before, snapshot_of(model, opt))
+    assert list(model.parameters()) == params and all(p.dtype == torch.float32 for p in params)

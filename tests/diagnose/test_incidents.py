@@ -1,0 +1,191 @@
+"""A guarded run proves its incidents where the policy says (halt, the first rollback,
+`prove="on"`), on demand with `guard.prove()`, never on healthy steps, and goes on exactly as it
+would have."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import trainguard
+from trainguard import Guard, GuardConfig, TrainingDiverged
+from trainguard.errors import UsageError
+from trainguard.snapshot import load_snapshot
+
+
+def mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+
+def batch_at(step: int, *, nan_at: int | None = None) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(16, 8, generator=g)
+    y = x[:, :2] * 0.5 + 0.1 * torch.randn(16, 2, generator=g)
+    if step == nan_at:
+        x[4, 2] = float("nan")  # one corrupt sample
+    return {"x": x, "y": y}
+
+
+def model_and_optimizer(dropout: float = 0.2, lr: float = 1e-2):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 2))
+    return model, torch.optim.AdamW(model.parameters(), lr=lr)
+
+
+def train(guard: Guard, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int,
+          **faults) -> None:
+    for step in range(steps):
+        batch = batch_at(step, **faults)
+        loss = mse(model, batch)
+        loss.backward()
+        guard.step(loss, batch=batch)
+        optimizer.zero_grad(set_to_none=True)
+
+
+def config(**kw) -> GuardConfig:
+    return GuardConfig(console=False, preflight=False, **kw)
+
+
+def test_halt_proves_the_step_before_its_crash_snapshot(tmp_path: Path) -> None:
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+                  replay_fn=mse)
+    with pytest.raises(TrainingDiverged) as raised:
+        train(guard, model, opt, 40, nan_at=30)
+    proof = next(e for e in guard.events if e.kind == "proof")
+    assert proof.step == 30 and proof.details["reproduced"]
+    assert list(proof.details["confirmed"]) == ["nonfinite_input"]
+    top = guard.diagnose()[0]
+    assert top.code == "nonfinite_input" and top.proof == "confirmed"
+    assert top.evidence[0].startswith("confirmed by replay: without the flagged sample 4 the "
+                                      "step's loss is")
+    snapshot = load_snapshot(raised.value.snapshot_path)
+    assert any(e["kind"] == "proof" for e in snapshot["events"])  # proved before it was written
+
+
+class Flaky(nn.Module):
+    """A layer whose output goes NaN once, when armed: a transient device fault."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.armed:
+            self.armed = False
+            return x * float("nan")
+        return x
+
+
+def test_a_transient_fault_is_reported_not_reproducible(tmp_path: Path) -> None:
+    model, opt = model_and_optimizer(dropout=0.0)
+    flaky = Flaky()
+    model.insert(1, flaky)
+    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+                  replay_fn=mse)
+    with pytest.raises(TrainingDiverged):
+        for step in range(40):
+            flaky.armed = step == 25
+            batch = batch_at(step)
+            loss = mse(model, batch)
+            loss.backward()
+            guard.step(loss, batch=batch)
+            opt.zero_grad(set_to_none=True)
+    proof = next(e for e in guard.events if e.kind == "proof")
+    assert proof.step == 25 and not proof.details["reproduced"]
+    assert "not reproducible" in proof.message and proof.details["confirmed"] == {}
+
+
+def final_state(prove: str) -> tuple[list[torch.Tensor], torch.Tensor, list[trainguard.Event]]:
+    model, opt = model_and_optimizer(dropout=0.3)
+    guard = Guard(model, opt, config=config(policy="protect", prove=prove), replay_fn=mse)
+    train(guard, model, opt, 60, nan_at=30)
+    guard.close()
+    return ([p.detach().clone() for p in model.parameters()], torch.get_rng_state(),
+            guard.events)
+
+
+def test_a_proved_run_goes_on_exactly_as_an_unproved_one() -> None:
+    """Dropout, Adam's moments and the RNG after the proof are those of the run without it."""
+    proved, rng_proved, events = final_state("on")
+    plain, rng_plain, plain_events = final_state("off")
+    assert [e.kind for e in events if e.kind == "proof"] == ["proof"]
+    assert not any(e.kind == "proof" for e in plain_events)
+    assert all(torch.equal(a, b) for a, b in zip(proved, plain, strict=True))
+    assert torch.equal(rng_proved, rng_plain)
+
+
+def test_healthy_steps_never_prove_and_guard_prove_finds_nothing_to_heal() -> None:
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="protect", prove="on"), replay_fn=mse)
+    train(guard, model, opt, 40)
+    assert guard.run.prover.attempts == 0 and not any(e.kind == "proof" for e in guard.events)
+    proof = guard.prove(batch_at(40))
+    assert not proof.reproduced and proof.confirmed == {}
+    assert proof.summary().startswith("nothing to heal")
+    assert guard.events[-1].kind == "proof"
+    guard.close()
+
+
+def test_guard_prove_needs_the_loss() -> None:
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config())
+    train(guard, model, opt, 3)
+    with pytest.raises(UsageError, match="replay_fn"):
+        guard.prove()
+    guard.close()
+
+
+def test_recover_proves_its_first_rollback_from_the_good_state() -> None:
+    """The loop raises the LR 300x mid-run: by the rollback the weights are damaged, so the
+    replay from the state the rollback returns to confirms the LR."""
+    model, opt = model_and_optimizer(dropout=0.0, lr=3e-3)
+    guard = Guard(model, opt, config=config(policy="recover"), replay_fn=mse)
+    for step in range(80):
+        if step == 40:
+            for group in opt.param_groups:
+                group["lr"] *= 300
+        batch = batch_at(step)
+        loss = mse(model, batch)
+        loss.backward()
+        guard.step(loss, batch=batch)
+        opt.zero_grad(set_to_none=True)
+    rollbacks = [e for e in guard.events if e.kind == "rollback"]
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    assert rollbacks and proofs and all(p.step == rollbacks[0].step for p in proofs)
+    assert any("lr_too_high" in p.details["confirmed"] for p in proofs), [
+        p.message for p in proofs]
+    assert guard.diagnose()[0].code == "lr_too_high"
+    guard.close()
+
+
+def test_a_rollback_after_a_proved_float16_overflow_halts_with_the_advice() -> None:
+    from trainguard.diagnose.counterfactual import Baseline, Outcome, Proof
+    from trainguard.pipeline.context import StepContext
+    from trainguard.pipeline.policy import Decision
+
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="recover"), replay_fn=mse)
+    prover = guard.run.prover
+    nan = float("nan")
+    prover.proofs.append(Proof(10, Outcome("as_it_happened", "as it happened", nan, nan, nan),
+                               Baseline(0.2, 1.0), True, "the step's loss is NaN",
+                               confirmed={"fp16_overflow": "confirmed by replay: in bf16 the "
+                                                           "step's loss is 0.21 instead of NaN"}))
+
+    def decided(step: int, action: str) -> StepContext:
+        ctx = StepContext(step=step, loss=None)
+        ctx.decide(Decision(action))  # type: ignore[arg-type]
+        return ctx
+
+    halt = prover.precision_halt(decided(30, "rolled_back"))
+    assert halt is not None and halt.severity == "critical" and halt.kind == "precision_fault"
+    assert "switch to bf16" in halt.message and "step 10" in halt.message
+    assert prover.precision_halt(decided(30, "skipped")) is None
+    assert prover.precision_halt(decided(10, "rolled_back")) is None  # the proof's own rollback
+    prover.proofs[0].confirmed = {"outlier_batch": "confirmed"}
+    assert prover.precision_halt(decided(30, "rolled_back")) is None
+    guard.close()
