@@ -170,7 +170,8 @@ def test_families_the_ranking_reads() -> None:
     assert kinds_tagged(Tag.START) == {"bad_start"}
     assert kinds_tagged(Tag.OVERFLOW) == {"fp16_overflow"}
     # the adaptive clip's alarm: the sudden jumps only, not all of the instability family
-    assert kinds_tagged(Tag.CLIP_ALARM) == {"grad_explosion", "loss_spike", "loss_divergence"}
+    assert kinds_tagged(Tag.CLIP_ALARM) == {"grad_explosion", "loss_spike", "loss_divergence",
+                                            "instability_precursor"}
     assert kinds_tagged(Tag.CLIP_ALARM) < kinds_tagged(Tag.INSTABILITY)
     assert event_kind("ddp_desync").votes == (
         CauseVote("ddp_desync", 4.0, "step {step}: {message}", each_event=True),)

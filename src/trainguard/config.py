@@ -165,9 +165,11 @@ class DetectorConfig:
     precursor_probe: bool = True
     """Measure Adam's g / sqrt(v_hat) per parameter every step (`probes/adam_ratio.py`, four fused
     passes over the gradients) for `instability_precursor`; False leaves the probe out."""
-    precursor_ratio: float = 3.0
+    precursor_ratio: float = 2.0
     """`instability_precursor`: a parameter's Adam ratio this many times its own median of the
-    last `baseline_window` steps..."""
+    last `baseline_window` steps (tuned on half the seeds of the scenario suite's precursor
+    family: 1.7 is the highest ratio that a healthy twin, an LR rising 3% a step to 10x, reached
+    two steps in a row)..."""
     precursor_abs_min: float = 2.0
     """...and at least this value (a steady run sits near 1: below this nothing lags)..."""
     precursor_steps: int = 2

@@ -58,6 +58,8 @@ def measure(ctx: StepContext, state: RunState, services: Services) -> None:
         ctx.batch_stats = services.batches.stats_on_device(ctx.batch)
         if ctx.batch_stats is not None:
             extra[BATCH_KEY] = ctx.batch_stats.tensor
+    if state.brake is not None:
+        state.brake.before_measure()
     recovery = state.recovery
     if recovery is not None:
         recovery.before_measure()  # the LR backoff over an LR the loop wrote
