@@ -170,13 +170,18 @@ class DetectorConfig:
     last `baseline_window` steps (tuned on half the seeds of the scenario suite's precursor
     family: 1.7 is the highest ratio that a healthy twin, an LR rising 3% a step to 10x, reached
     two steps in a row)..."""
+    precursor_zscore: float = 2.5
+    """...and this many robust standard deviations (MAD) of its own log ratio above the median
+    (heavy-tailed data makes a parameter's ratio swing with every batch)..."""
     precursor_abs_min: float = 2.0
     """...and at least this value (a steady run sits near 1: below this nothing lags)..."""
     precursor_steps: int = 2
     """...for this many steps in a row."""
-    precursor_warmup: int = 30
-    """`instability_precursor` stays silent until its baseline holds this many steps (Adam's
-    moments are young at the start, when g / sqrt(v_hat) swings widely)."""
+    precursor_warmup: int = 50
+    """`instability_precursor` stays silent until its baseline holds this many steps: Adam's
+    moments are young at the start of a run, and a fine-tune's first steps (a new head, sparse
+    embedding rows seen for the first time) swing g / sqrt(v_hat) widely (a healthy BERT
+    fine-tune of the suite reached 2.7x its median at step 35)."""
 
     rearm_steps: int = 5
     """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the
@@ -200,7 +205,7 @@ class DetectorConfig:
                      "transient_margin", "dead_unit_share", "collapse_spread",
                      "collapse_mode_share", "output_std_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
-                     "loss_resolution", "precursor_abs_min"):
+                     "loss_resolution", "precursor_abs_min", "precursor_zscore"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",

@@ -28,7 +28,7 @@ import numpy as np
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
-from trainguard.signals import StepSignals
+from trainguard.signals import MAD_TO_STD, StepSignals
 
 SIGNAL = "adam_ratio_rms"
 EXPECTED_LEAD = "~10"
@@ -69,8 +69,13 @@ class InstabilityPrecursor(Detector):
         seen = np.isfinite(stacked).sum(axis=0) >= cfg.precursor_warmup // 2
         with warnings.catch_warnings():  # a parameter never measured: an all-NaN column
             warnings.simplefilter("ignore", RuntimeWarning)
-            level = np.nanmedian(np.where(seen, stacked, np.nan), axis=0)
-        bound = level + math.log(cfg.precursor_ratio)
+            known = np.where(seen, stacked, np.nan)
+            level = np.nanmedian(known, axis=0)
+            spread = MAD_TO_STD * np.nanmedian(np.abs(known - level), axis=0)
+        # both far above the level and far outside the parameter's own noise (heavy-tailed
+        # data makes single parameters' ratios swing with every batch)
+        bound = level + np.maximum(math.log(cfg.precursor_ratio),
+                                   cfg.precursor_zscore * np.maximum(spread, cfg.min_log_scale))
         high = seen & np.isfinite(logs) & (logs >= bound) & (values >= cfg.precursor_abs_min)
         self.first = np.where(high & (self.streak == 0), values, self.first)
         self.streak = np.where(high, self.streak + 1, 0)
