@@ -286,7 +286,7 @@ _kind("no_progress", "the loss has not come down after enough steps at a working
                                             "gradient")))
 _kind("instability_precursor", "a signal that tends to move before the loss spikes (Adam's second "
       "moment lagging the gradient) rose far above its own level and stayed there: a warning "
-      "before the spike", "warning", tags=(_A,),
+      "before the spike", "warning", tags=(_I, _A),
       votes=(CauseVote("lr_too_high", 1.5, "Adam's second moment lagged a growing gradient "
                                            "(an LR past what the weights can take)"),
              CauseVote("missing_warmup", 0.5, "a lagging second moment early in a run is what a "

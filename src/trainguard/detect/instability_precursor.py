@@ -3,8 +3,9 @@
 Reads `adam_ratio_rms` (`probes/adam_ratio.py`), measured every step: per watched parameter, the
 RMS of g / sqrt(v_hat). Each parameter is compared with its own median over the last
 `baseline_window` steps (a steady run sits near 1, some parameters a little above): when a
-parameter's ratio is `precursor_ratio` times its median, and at least `precursor_abs_min`, for
-`precursor_steps` steps in a row, the gradient is outgrowing what Adam has seen of it. That is
+parameter's ratio is `precursor_ratio` times its median, `precursor_zscore` robust standard
+deviations of its own log ratio above it (heavy-tailed data makes single parameters' ratios swing
+with every batch), and at least `precursor_abs_min`, for `precursor_steps` steps in a row, the gradient is outgrowing what Adam has seen of it. That is
 what comes before a loss spike when the LR is past what the weights can take (the update
 directions Adam normalises by a stale v), and when a parameter whose v decayed gets a large
 gradient again (Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps after). The event names
@@ -32,8 +33,8 @@ from trainguard.signals import MAD_TO_STD, StepSignals
 
 SIGNAL = "adam_ratio_rms"
 EXPECTED_LEAD = "~10"
-"""The lead the message announces: the scenario suite's precursor families measured a median of
-about 10 steps between the warning and the first loss spike (`benchmarks/precursors.py`)."""
+"""The lead the message announces: on the scenario suite's `tiny_lm` family the warning came 4-19
+steps before the loss first doubled, median 11.5 over 6 seeds (`benchmarks/precursors.py`)."""
 
 
 class InstabilityPrecursor(Detector):
