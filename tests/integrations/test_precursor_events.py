@@ -1,6 +1,6 @@
 """The HF Trainer callback and the Lightning callback get the same `instability_precursor`
 events as a plain loop over the same model, optimizer, data and loss. From `GROW_FROM` the loss
-is multiplied by a factor that grows 30% a step for `GROW_STEPS` steps (a forward hook on the
+is multiplied by a factor that grows 50% a step for `GROW_STEPS` steps (a forward hook on the
 model, so the framework's own loss carries it), and the gradients outgrow Adam's second
 moment: each path warns at the same step, naming the same parameter."""
 
@@ -25,7 +25,7 @@ CONFIG = {"policy": "observe", "console": False}
 
 def scale_at(step: int) -> float:
     if GROW_FROM <= step < GROW_FROM + GROW_STEPS:
-        return 1.3 ** (step - GROW_FROM + 1)
+        return 1.5 ** (step - GROW_FROM + 1)
     return 1.0
 
 

@@ -43,8 +43,8 @@ log = logging.getLogger("trainguard")
 
 class ParamWatch:
     """The watched parameters and the probes laid out on them (their count, devices, dtypes):
-    the gradient and weight probes and, under torch.distributed, the ranks' per-step agreement.
-    All are rebuilt together when the optimizer gains parameters."""
+    the gradient, weight and Adam ratio probes and, under torch.distributed, the ranks' per-step
+    agreement. All are rebuilt together when the optimizer gains parameters."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  watched: WatchedParams, dist: DistributedContext | None) -> None:
