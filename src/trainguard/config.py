@@ -178,6 +178,11 @@ class DetectorConfig:
     reached 2.1 two steps in a row)..."""
     precursor_steps: int = 2
     """...for this many steps in a row."""
+    precursor_sudden_ratio: float = 10.0
+    """A streak that starts at this many times the median in one step is a parameter waking up
+    (a dead unit or a rare embedding row getting a gradient again, its v near 0: a healthy
+    regression's unit jumped to 13x its level for two steps), not a moment lagging a growing
+    gradient: it warns nothing."""
     precursor_warmup: int = 50
     """`instability_precursor` stays silent until its baseline holds this many steps: Adam's
     moments are young at the start of a run, and a fine-tune's first steps (a new head, sparse
@@ -210,7 +215,8 @@ class DetectorConfig:
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",
-                     "lr_jump_ratio", "transient_margin", "precursor_ratio"):
+                     "lr_jump_ratio", "transient_margin", "precursor_ratio",
+                     "precursor_sudden_ratio"):
             _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
                      f"must be > 1, got {getattr(self, name)!r}")
         for name in ("fp16_limit_fraction", "dead_unit_share", "collapse_mode_share"):

@@ -64,6 +64,18 @@ def test_a_one_step_burst_is_no_precursor() -> None:
     assert run(InstabilityPrecursor(DetectorConfig()), rows) == []
 
 
+def test_a_parameter_waking_up_is_no_precursor() -> None:
+    """Two steps at 15x and 20x its level out of nowhere (a dead unit getting a gradient again,
+    its v near 0): not the slow outgrowing of a lagging moment."""
+    rows = ratios(120, 1)
+    rows[80] = rows[80] * np.array([1.0, 15.0, 1.0])
+    rows[81] = rows[81] * np.array([1.0, 20.0, 1.0])
+    assert run(InstabilityPrecursor(DetectorConfig()), rows) == []
+    # the same two steps found by a detector that takes any jump
+    jumpy = InstabilityPrecursor(DetectorConfig(precursor_sudden_ratio=1e9))
+    assert [e.step for e in run(jumpy, rows)] == [81]
+
+
 def test_silent_while_the_baseline_is_young() -> None:
     rows = ratios(40, 2, climb_from=5)
     config = DetectorConfig(precursor_warmup=30)

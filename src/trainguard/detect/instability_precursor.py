@@ -46,6 +46,8 @@ class InstabilityPrecursor(Detector):
         self.streak = np.zeros(0, dtype=np.int64)
         self.first: np.ndarray = np.zeros(0)
         """Each parameter's ratio at the first step of its current streak (for the trend)."""
+        self.sudden = np.zeros(0, dtype=bool)
+        """Whether each parameter's current streak started with a jump (it does not count)."""
         self.episode = Episode(config.rearm_steps)
 
     def check(self, signals: StepSignals) -> list[Event]:
@@ -57,6 +59,7 @@ class InstabilityPrecursor(Detector):
             self.history.clear()
             self.streak = np.zeros(values.shape, dtype=np.int64)
             self.first = np.zeros(values.shape)
+            self.sudden = np.zeros(values.shape, dtype=bool)
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
         if len(self.history) < self.config.precursor_warmup:
@@ -78,10 +81,15 @@ class InstabilityPrecursor(Detector):
         bound = level + np.maximum(math.log(cfg.precursor_ratio),
                                    cfg.precursor_zscore * np.maximum(spread, cfg.min_log_scale))
         high = seen & np.isfinite(logs) & (logs >= bound) & (values >= cfg.precursor_abs_min)
-        self.first = np.where(high & (self.streak == 0), values, self.first)
+        starts = high & (self.streak == 0)
+        # a streak that starts far above the level in one step is a parameter waking up (a dead
+        # unit, a rare row seen again: v near 0), not a moment lagging a growing gradient
+        self.sudden = np.where(starts, logs - level >= math.log(cfg.precursor_sudden_ratio),
+                               self.sudden & high)
+        self.first = np.where(starts, values, self.first)
         self.streak = np.where(high, self.streak + 1, 0)
         self.history.append(np.where(high, bound, logs))
-        firing = self.streak >= cfg.precursor_steps
+        firing = (self.streak >= cfg.precursor_steps) & ~self.sudden
         if not self.episode.update(bool(firing.any())):
             return []
         index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
@@ -106,6 +114,7 @@ class InstabilityPrecursor(Detector):
         return {"history": [[None if not math.isfinite(v) else float(v) for v in row]
                             for row in self.history],
                 "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
+                "sudden": [bool(v) for v in self.sudden],
                 "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -114,6 +123,7 @@ class InstabilityPrecursor(Detector):
             self.history.append(np.array([math.nan if v is None else float(v) for v in row]))
         self.streak = np.array(state.get("streak", []), dtype=np.int64)
         self.first = np.array(state.get("first", []), dtype=np.float64)
+        self.sudden = np.array(state.get("sudden", [False] * len(self.streak)), dtype=bool)
         if "episode" in state:
             self.episode.load_state_dict(state["episode"])
 
