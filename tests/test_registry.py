@@ -161,7 +161,8 @@ def test_recovery_reactions_in_the_order_the_judgement_reads_them() -> None:
 
 def test_families_the_ranking_reads() -> None:
     assert kinds_tagged(Tag.INSTABILITY) == {"grad_explosion", "loss_spike", "loss_divergence",
-                                             "extreme_weight", "bad_start"}
+                                             "extreme_weight", "bad_start",
+                                             "instability_precursor"}
     assert kinds_tagged(Tag.NONFINITE) == {"nonfinite_loss", "nonfinite_grad"}
     assert kinds_tagged(Tag.STATE) == {"nonfinite_weight", "nonfinite_optimizer_state",
                                        "extreme_weight"}
@@ -170,7 +171,8 @@ def test_families_the_ranking_reads() -> None:
     assert kinds_tagged(Tag.START) == {"bad_start"}
     assert kinds_tagged(Tag.OVERFLOW) == {"fp16_overflow"}
     # the adaptive clip's alarm: the sudden jumps only, not all of the instability family
-    assert kinds_tagged(Tag.CLIP_ALARM) == {"grad_explosion", "loss_spike", "loss_divergence"}
+    assert kinds_tagged(Tag.CLIP_ALARM) == {"grad_explosion", "loss_spike", "loss_divergence",
+                                            "instability_precursor"}
     assert kinds_tagged(Tag.CLIP_ALARM) < kinds_tagged(Tag.INSTABILITY)
     assert event_kind("ddp_desync").votes == (
         CauseVote("ddp_desync", 4.0, "step {step}: {message}", each_event=True),)

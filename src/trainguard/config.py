@@ -162,6 +162,33 @@ class DetectorConfig:
     """Optimizer steps at a working LR after which a loss that has not come down is a stall
     (`no_progress`, and the verdict `stalled`)."""
 
+    precursor_probe: bool = True
+    """Measure Adam's g / sqrt(v_hat) per parameter every step (`probes/adam_ratio.py`, four fused
+    passes over the gradients) for `instability_precursor`; False leaves the probe out."""
+    precursor_ratio: float = 2.0
+    """`instability_precursor`: a parameter's Adam ratio this many times its own median of the
+    last `baseline_window` steps (tuned on half the seeds of the scenario suite's precursor
+    family: 1.7 is the highest ratio that a healthy twin, an LR rising 3% a step to 10x, reached
+    two steps in a row)..."""
+    precursor_zscore: float = 2.5
+    """...and this many robust standard deviations (MAD) of its own log ratio above the median
+    (heavy-tailed data makes a parameter's ratio swing with every batch)..."""
+    precursor_abs_min: float = 2.5
+    """...and at least this value (a steady run sits near 1; Student-t targets on a small MLP
+    reached 2.1 two steps in a row)..."""
+    precursor_steps: int = 2
+    """...for this many steps in a row."""
+    precursor_sudden_ratio: float = 10.0
+    """A streak that starts at this many times the median in one step is a parameter waking up
+    (a dead unit or a rare embedding row getting a gradient again, its v near 0: a healthy
+    regression's unit jumped to 13x its level for two steps), not a moment lagging a growing
+    gradient: it warns nothing."""
+    precursor_warmup: int = 50
+    """`instability_precursor` stays silent until its baseline holds this many steps: Adam's
+    moments are young at the start of a run, and a fine-tune's first steps (a new head, sparse
+    embedding rows seen for the first time) swing g / sqrt(v_hat) widely (a healthy BERT
+    fine-tune of the suite reached 2.7x its median at step 35)."""
+
     rearm_steps: int = 5
     """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the
     detector, so a signal hovering around its threshold is one event, not many."""
@@ -184,11 +211,12 @@ class DetectorConfig:
                      "transient_margin", "dead_unit_share", "collapse_spread",
                      "collapse_mode_share", "output_std_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
-                     "loss_resolution"):
+                     "loss_resolution", "precursor_abs_min", "precursor_zscore"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",
-                     "lr_jump_ratio", "transient_margin"):
+                     "lr_jump_ratio", "transient_margin", "precursor_ratio",
+                     "precursor_sudden_ratio"):
             _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
                      f"must be > 1, got {getattr(self, name)!r}")
         for name in ("fp16_limit_fraction", "dead_unit_share", "collapse_mode_share"):
@@ -203,7 +231,8 @@ class DetectorConfig:
                               ("loss_spike_level_window", 1), ("rearm_steps", 1),
                               ("max_named_params", 1), ("no_gradient_steps", 1),
                               ("stall_steps", 1), ("transient_horizon", 1),
-                              ("eval_patience", 1)):
+                              ("eval_patience", 1), ("precursor_steps", 1),
+                              ("precursor_warmup", 1)):
             _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
 
 

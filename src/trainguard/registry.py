@@ -236,6 +236,7 @@ class Kind:
     PROOF = "proof"
     PRECISION_FAULT = "precision_fault"
     PEER_LOST = "peer_lost"
+    INSTABILITY_PRECURSOR = "instability_precursor"
 
 
 _kind = register_event_kind
@@ -290,6 +291,14 @@ _kind("no_progress", "the loss has not come down after enough steps at a working
                                           "nothing"),
              CauseVote("no_gradients", 0.5, "a loss that does not come down may carry no "
                                             "gradient")))
+_kind("instability_precursor", "a signal that tends to move before the loss spikes (Adam's second "
+      "moment lagging the gradient) rose far above its own level and stayed there: a warning "
+      "before the spike", "warning", tags=(_I, _A),
+      votes=(CauseVote("lr_too_high", 1.5, "Adam's second moment lagged a growing gradient "
+                                           "(an LR past what the weights can take)"),
+             CauseVote("missing_warmup", 0.5, "a lagging second moment early in a run is what a "
+                                              "warmup prevents"),
+             CauseVote("optimizer_eps", 0.5, "g^2/v far above 1: a v near 0 against a small eps")))
 # the loss against chance level, read from a training log (trainguard analyze: analyze/chance.py)
 _kind("loss_at_chance", "the logged loss went back to chance level, ln(num_classes), after the "
       "run had learned, and stayed there: a collapse to a constant prediction", "error",
@@ -468,6 +477,9 @@ for _metric in (
               False),
     MetricKey("lr", Scope.GROUP, "the learning rate each parameter group used at the step "
               "(carried by the transfer only when some group's LR is a tensor)", _LOCAL, False),
+    MetricKey("adam_ratio_rms", Scope.PARAM, "RMS of g / sqrt(v_hat) over each watched "
+              "parameter, with Adam's bias-corrected second moment from before the step (0: no "
+              "gradient or no Adam state; probes/adam_ratio.py)", _LOCAL, False),
     MetricKey("loss_scale", Scope.STEP, "the GradScaler's loss scale", _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),

@@ -46,6 +46,9 @@ class StepSignals:
     fp16_grad_maxabs: float | None = None
     sampled: list[SampledStats] = field(default_factory=list)
     """Heavy-probe results that arrived with this step's transfer (usually from the step before)."""
+    precursors: dict[str, np.ndarray] = field(default_factory=dict)
+    """Every-step precursor values by metric key, one per watched parameter
+    (`adam_ratio_rms`, `trainguard.probes.adam_ratio`); empty when not measured."""
     loss_curvature: float | None = None
     """The smoothed second difference of the log loss (`LossCurvature`); None early on."""
     lr_managed: bool = False

@@ -35,6 +35,7 @@ POISON = {
     "loss_curvature": lambda s: 1e3,
     "lr_managed": lambda s: True,
     "loss_requires_grad": lambda s: False,
+    "precursors": lambda s: {k: np.full_like(v, 50.0) for k, v in s.precursors.items()},
 }
 """A value for each `StepSignals` field that no detector could take for what it was."""
 
@@ -54,7 +55,11 @@ def _run() -> list[StepSignals]:
             step=step - 1, per_param=stats if i == 0 else bad, module_names=list(MODULES),
             per_module=alive if i == 0 else {"act_dead_frac": np.ones(len(MODULES)),
                                              "act_batch_spread": np.zeros(len(MODULES))})]))
+    rng = np.random.default_rng(0)
     for s in steps:  # an LR that jumps x100 at step 90, and the fields the busy run leaves out
+        ratio = rng.uniform(0.8, 1.2, len(s.param_names)) * (1.0 if s.step < 100 else 1.5 ** (
+            s.step - 99))  # Adam's g/sqrt(v) climbing on every parameter from step 100
+        s.precursors = {"adam_ratio_rms": ratio}
         s.lr = 1e-4 if s.step < 90 else 1e-2
         s.group_lrs = (s.lr,)
         s.loss_curvature = 0.01

@@ -25,6 +25,7 @@ from torch import nn
 import trainguard.probes
 from trainguard.params import WatchedParams, watched_params
 from trainguard.probes.activations import ActivationProbe
+from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OUTPUT_KEYS, OutputProbe
@@ -88,11 +89,17 @@ def measure_optimizer_state(model: Net, optimizer: torch.optim.Optimizer,
     return OptimizerStateProbe(watched, [optimizer]).measure(CPU)
 
 
+def measure_adam_ratio(model: Net, optimizer: torch.optim.Optimizer,
+                       watched: WatchedParams) -> dict[str, torch.Tensor]:
+    return AdamRatioProbe(watched, [optimizer]).measure(CPU)
+
+
 PROBES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
     "gradients": measure_gradients, "weights": measure_weights,
-    "optimizer_state": measure_optimizer_state}
+    "optimizer_state": measure_optimizer_state, "adam_ratio": measure_adam_ratio}
 MEASURED: dict[type, str] = {GradientProbe: "gradients", WeightProbe: "weights",
-                             OptimizerStateProbe: "optimizer_state"}
+                             OptimizerStateProbe: "optimizer_state",
+                             AdamRatioProbe: "adam_ratio"}
 """Probes that measure the watched parameters, by their entry in PROBES."""
 HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe)
 """Probes hooked on the forward pass of sampled steps: attach, forward, detach."""
@@ -131,7 +138,7 @@ def test_hooked_probes_read_nothing_on_the_host_and_remove_their_hooks(
     assert all(not m._forward_hooks for m in model.modules())
 
 
-@pytest.mark.parametrize("name", ["weights", "optimizer_state"])
+@pytest.mark.parametrize("name", ["weights", "optimizer_state", "adam_ratio"])
 def test_device_probes_read_nothing_on_the_host(name: str, monkeypatch) -> None:
     model, optimizer, watched = setup()
     with no_host_reads(monkeypatch):
@@ -225,6 +232,8 @@ def test_parameters_without_a_gradient_read_zero_not_nan() -> None:
     norms = out["param_grad_norm"].numpy()
     assert norms[watched.names.index("out.weight")] == 0.0
     assert np.isfinite(norms).all() and math.isfinite(float(out["grad_norm"]))
+    ratios = measure_adam_ratio(model, optimizer, watched)["adam_ratio_rms"].numpy()
+    assert ratios[watched.names.index("out.weight")] == 0.0 and np.isfinite(ratios).all()
 
 
 def test_a_step_without_any_gradient_measures_zeros() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-_NAMES = ("gpt2", "bert_cls", "image_cls", "diffusion", "lstm", "regression", "mlp_cls", "ddp")
+_NAMES = ("gpt2", "bert_cls", "image_cls", "diffusion", "lstm", "regression", "mlp_cls", "ddp",
+          "tiny_lm")
 
 
 def _load() -> list[ModuleType]:

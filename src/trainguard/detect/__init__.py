@@ -9,6 +9,7 @@ from trainguard.detect.dead_units import DeadUnits
 from trainguard.detect.extreme_weight import ExtremeWeight
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.grad_explosion import GradExplosion
+from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.detect.loss_divergence import LossDivergence
 from trainguard.detect.loss_spike import LossSpike
 from trainguard.detect.lr_change import LRChange
@@ -23,7 +24,7 @@ from trainguard.detect.output_collapse import OutputCollapse
 DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
-    LRChange, DeadUnits, OutputCollapse, NoProgress,
+    LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

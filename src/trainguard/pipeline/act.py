@@ -25,6 +25,7 @@ from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
+from trainguard.registry import Kind
 from trainguard.remedies import apply_coefficients, drop_grads, scale_grads
 from trainguard.snapshot import build_snapshot, portable, write_snapshot
 
@@ -62,6 +63,7 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
         _clip_rules(ctx, state, services, decision.clip_coef)
         if ctx.sampled:
             services.watch.weight_probe.remember()
+        _brake(ctx, state)
     else:
         if services.config.policy != "observe":  # observe leaves grads and schedule as they are
             drop_grads(services.watched.params)
@@ -69,6 +71,19 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
         if ctx.outcome == "skipped":
             ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
                     reason=decision.reason)
+
+
+def _brake(ctx: StepContext, state: RunState) -> None:
+    """An `instability_precursor` warning pulls the LR brake before the update is applied."""
+    brake, recovery = state.brake, state.recovery
+    warning = next((e for e in ctx.events if e.kind == Kind.INSTABILITY_PRECURSOR), None)
+    if brake is None or warning is None or (recovery is not None and recovery.lr.active):
+        return
+    if brake.pull(ctx.step):
+        ctx.act("lr_change", f"LR x{brake.factor:g} ahead of a likely loss spike "
+                             f"({warning.param or 'a parameter'}'s Adam ratio rose), back to the "
+                             f"schedule over {brake.steps} updates",
+                factor=brake.factor, release_steps=brake.steps, reason=warning.kind)
 
 
 def _clip_rules(ctx: StepContext, state: RunState, services: Services, coef: float) -> None:

@@ -23,6 +23,9 @@ from trainguard.pipeline.state import RunState
 from trainguard.probes.packing import DevicePack
 from trainguard.signals import SampledStats, StepSignals
 
+PRECURSOR = "pre:"
+"""The pack's prefix of the every-step precursor values (`StepSignals.precursors`)."""
+
 
 def loss_tensor(loss: Any) -> torch.Tensor | None:
     """Validate the loss a user passed: a scalar tensor, a number or None."""
@@ -55,6 +58,8 @@ def measure(ctx: StepContext, state: RunState, services: Services) -> None:
         ctx.batch_stats = services.batches.stats_on_device(ctx.batch)
         if ctx.batch_stats is not None:
             extra[BATCH_KEY] = ctx.batch_stats.tensor
+    if state.brake is not None:
+        state.brake.before_measure()
     recovery = state.recovery
     if recovery is not None:
         recovery.before_measure()  # the LR backoff over an LR the loop wrote
@@ -77,6 +82,9 @@ def measure(ctx: StepContext, state: RunState, services: Services) -> None:
     scale = getattr(services.scaler, "_scale", None) if services.scaler is not None else None
     if scale is not None:
         pack.add("loss_scale", scale)
+    if config.detectors.precursor_probe and ranks is None:
+        for key, tensor in services.watch.adam_probe.measure(device).items():
+            pack.add(f"{PRECURSOR}{key}", tensor)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []
     pack_pending(pack, pending)
@@ -133,6 +141,7 @@ def _signals(ctx: StepContext, state: RunState, services: Services,
         fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
                           else None),
         sampled=unpack_pending(host, pending),
+        precursors={k[len(PRECURSOR):]: v for k, v in host.items() if k.startswith(PRECURSOR)},
         loss_requires_grad=(ctx.loss.requires_grad if isinstance(ctx.loss, torch.Tensor)
                             else None),
         ranks=(ranks.rank_view(host["ranks"], ctx.fingerprint,

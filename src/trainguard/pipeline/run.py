@@ -55,6 +55,7 @@ from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
 from trainguard.recovery import Recovery, Verdict
+from trainguard.recovery.brake import PrecursorBrake
 from trainguard.remedies import build_rule
 from trainguard.remedies.robust import RobustClipLimit
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
@@ -113,6 +114,8 @@ class Run:
         self._announce(integration, resume)
         if config.preflight and not mid_run:
             self._run_preflight()
+        if config.policy in ("protect", "recover"):
+            self.state.brake = PrecursorBrake(optimizer, scheduler)
         if config.policy == "recover":
             self.state.recovery = Recovery(
                 dist=dist, model=model, optimizers=[optimizer], scheduler=scheduler,

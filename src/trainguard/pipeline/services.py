@@ -30,6 +30,7 @@ from trainguard.events import ActionRecord, Event
 from trainguard.params import WatchedParams, new_params, optimizer_param_count
 from trainguard.pipeline.rewind import ScheduleRewind
 from trainguard.probes.activations import ActivationProbe
+from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OutputProbe
@@ -43,8 +44,8 @@ log = logging.getLogger("trainguard")
 
 class ParamWatch:
     """The watched parameters and the probes laid out on them (their count, devices, dtypes):
-    the gradient and weight probes and, under torch.distributed, the ranks' per-step agreement.
-    All are rebuilt together when the optimizer gains parameters."""
+    the gradient, weight and Adam ratio probes and, under torch.distributed, the ranks' per-step
+    agreement. All are rebuilt together when the optimizer gains parameters."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  watched: WatchedParams, dist: DistributedContext | None) -> None:
@@ -59,6 +60,9 @@ class ParamWatch:
         self.grad_probe = (GradientProbe(self.params) if self.dist is None
                            else LocalShardGradientProbe(self.params))
         self.weight_probe = WeightProbe(self.params)
+        self.adam_probe = AdamRatioProbe(self.params, [self.optimizer])
+        """Every step, for `instability_precursor` (left out under torch.distributed, where a
+        sharded state would make the ranks' values differ)."""
 
     def gained(self) -> WatchedParams | None:
         """Parameters the optimizer gained since the last call (`add_param_group`, as progressive

@@ -70,6 +70,8 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
 def _schedule_and_probes(ctx: StepContext, state: RunState, services: Services) -> None:
     weight_probe = services.watch.weight_probe
     if ctx.applied:
+        if state.brake is not None:
+            state.brake.after_schedule()
         if state.recovery is not None:
             state.recovery.after_schedule()
     else:

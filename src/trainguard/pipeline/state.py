@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from trainguard.detect.metric_collapse import MetricCollapse
     from trainguard.diagnose.batch_watch import BatchWatch
     from trainguard.recovery import Recovery
+    from trainguard.recovery.brake import PrecursorBrake
     from trainguard.remedies import ClipRule
     from trainguard.remedies.robust import RobustClipLimit
 
@@ -47,6 +48,8 @@ class RunState:
     clip_rule: ClipRule | None = None
     """The clip rule built from the config's spec; its statistics are run state."""
     recovery: Recovery | None = None
+    brake: PrecursorBrake | None = None
+    """The LR brake an `instability_precursor` warning pulls (protect and recover)."""
     step: int = 0
     """Index of the next step (the first step is 0)."""
     consecutive_skips: int = 0
@@ -75,7 +78,8 @@ class RunState:
         return {"detectors": _Baselines(self), "losses": self.losses,
                 "curvature": self.curvature, "clip_rule": self.clip_rule,
                 "recovery": self.recovery, "metric_collapse": self.metric_watch,
-                "batch_watch": self.batches, "sampling": _Sampling(self)}
+                "batch_watch": self.batches, "sampling": _Sampling(self),
+                "brake": self.brake}
 
     # -- detectors -------------------------------------------------------------------------------
     def detector_state(self) -> dict[str, Any]:

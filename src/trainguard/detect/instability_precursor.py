@@ -1,0 +1,130 @@
+"""`instability_precursor`: a warning before the loss spikes, from Adam's second moment lagging.
+
+Reads `adam_ratio_rms` (`probes/adam_ratio.py`), measured every step: per watched parameter, the
+RMS of g / sqrt(v_hat). Each parameter is compared with its own median over the last
+`baseline_window` steps (a steady run sits near 1, some parameters a little above). When a
+parameter's ratio is `precursor_ratio` times its median, `precursor_zscore` robust standard
+deviations of its own log ratio above it (heavy-tailed data makes single parameters' ratios
+swing with every batch), and at least `precursor_abs_min`, for `precursor_steps` steps in a row,
+the gradient is outgrowing what Adam has seen of it. That is what comes before a loss spike when
+the LR is past what the weights can take (the update directions Adam normalises by a stale v),
+and when a parameter whose v decayed gets a large gradient again (Wortsman et al. 2023, arXiv
+2304.13013: spikes 1-8 steps after). The event names the parameter (the layer), the signal's
+level against its median, its trend over the steps above and the lead to expect; it stays silent
+while the baseline is young (`precursor_warmup` steps) and reports an episode once.
+
+Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
+and one burst does not lift the level it is compared with.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Detector, Episode
+from trainguard.events import Event
+from trainguard.signals import MAD_TO_STD, StepSignals
+
+SIGNAL = "adam_ratio_rms"
+EXPECTED_LEAD = "~10"
+"""The lead the message announces: on the scenario suite's `tiny_lm` family the warning came 4-19
+steps before the loss first doubled, median 11.5 over 6 seeds (`benchmarks/precursors.py`)."""
+
+
+class InstabilityPrecursor(Detector):
+    kind = "instability_precursor"
+    reads = frozenset({"param_names", "precursors"})
+
+    def __init__(self, config: DetectorConfig) -> None:
+        super().__init__(config)
+        self.history: deque[np.ndarray] = deque(maxlen=config.baseline_window)
+        self.streak = np.zeros(0, dtype=np.int64)
+        self.first: np.ndarray = np.zeros(0)
+        """Each parameter's ratio at the first step of its current streak (for the trend)."""
+        self.sudden = np.zeros(0, dtype=bool)
+        """Whether each parameter's current streak started with a jump (it does not count)."""
+        self.episode = Episode(config.rearm_steps)
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        values = signals.precursors.get(SIGNAL)
+        if values is None:
+            return []
+        values = np.asarray(values, dtype=np.float64)
+        if self.streak.shape != values.shape:  # parameters added: start the baselines again
+            self.history.clear()
+            self.streak = np.zeros(values.shape, dtype=np.int64)
+            self.first = np.zeros(values.shape)
+            self.sudden = np.zeros(values.shape, dtype=bool)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
+        if len(self.history) < self.config.precursor_warmup:
+            self.history.append(logs)
+            return []
+        return self._judge(signals, values, logs)
+
+    def _judge(self, signals: StepSignals, values: np.ndarray, logs: np.ndarray) -> list[Event]:
+        cfg = self.config
+        stacked = np.stack(self.history)
+        seen = np.isfinite(stacked).sum(axis=0) >= cfg.precursor_warmup // 2
+        with warnings.catch_warnings():  # a parameter never measured: an all-NaN column
+            warnings.simplefilter("ignore", RuntimeWarning)
+            known = np.where(seen, stacked, np.nan)
+            level = np.nanmedian(known, axis=0)
+            spread = MAD_TO_STD * np.nanmedian(np.abs(known - level), axis=0)
+        # both far above the level and far outside the parameter's own noise (heavy-tailed
+        # data makes single parameters' ratios swing with every batch)
+        bound = level + np.maximum(math.log(cfg.precursor_ratio),
+                                   cfg.precursor_zscore * np.maximum(spread, cfg.min_log_scale))
+        high = seen & np.isfinite(logs) & (logs >= bound) & (values >= cfg.precursor_abs_min)
+        starts = high & (self.streak == 0)
+        # a streak that starts far above the level in one step is a parameter waking up (a dead
+        # unit, a rare row seen again: v near 0), not a moment lagging a growing gradient
+        self.sudden = np.where(starts, logs - level >= math.log(cfg.precursor_sudden_ratio),
+                               self.sudden & high)
+        self.first = np.where(starts, values, self.first)
+        self.streak = np.where(high, self.streak + 1, 0)
+        self.history.append(np.where(high, bound, logs))
+        firing = (self.streak >= cfg.precursor_steps) & ~self.sudden
+        if not self.episode.update(bool(firing.any())):
+            return []
+        index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
+        return [self._event(signals, index, values[index], math.exp(level[index]))]
+
+    def _event(self, signals: StepSignals, index: int, value: float, typical: float) -> Event:
+        steps = int(self.streak[index])
+        first = float(self.first[index])
+        trend = "rising" if value > first * 1.05 else ("falling" if value < first / 1.05
+                                                       else "flat")
+        name = signals.param_names[index] if index < len(signals.param_names) else str(index)
+        ratio = value / typical if typical > 0 else math.inf
+        return self.event(
+            signals.step, "warning",
+            f"Adam g/sqrt(v) RMS of {name} at {value:.3g}, {ratio:.3g}x its median "
+            f"{typical:.3g}, above it for {steps} steps and {trend}: the gradient outgrows "
+            f"Adam's second moment, and a loss spike often follows within {EXPECTED_LEAD} steps",
+            param=name, value=value, signal=SIGNAL, baseline=typical, ratio=ratio,
+            steps_above=steps, trend=trend, expected_lead=EXPECTED_LEAD)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [[None if not math.isfinite(v) else float(v) for v in row]
+                            for row in self.history],
+                "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
+                "sudden": [bool(v) for v in self.sudden],
+                "episode": self.episode.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        for row in state.get("history", []):
+            self.history.append(np.array([math.nan if v is None else float(v) for v in row]))
+        self.streak = np.array(state.get("streak", []), dtype=np.int64)
+        self.first = np.array(state.get("first", []), dtype=np.float64)
+        self.sudden = np.array(state.get("sudden", [False] * len(self.streak)), dtype=bool)
+        if "episode" in state:
+            self.episode.load_state_dict(state["episode"])
+

@@ -1,0 +1,37 @@
+"""The precursor family with its seed fixed: `instability_precursor` warns at least 5 steps
+before the loss spikes under an LR that never stops rising, and stays silent on the healthy twin
+whose LR rises too, then holds. Ground truth: the run under `observe` (which trains exactly as
+an unguarded run) and `benchmarks.precursors.spike_step`."""
+
+from __future__ import annotations
+
+from benchmarks.precursors import spike_step
+from benchmarks.scenarios import scenario
+from benchmarks.scenarios.runner import RunResult, run_scenario
+
+from trainguard import GuardConfig
+
+OBSERVE = GuardConfig(policy="observe", console=False)
+
+
+def warnings(result: RunResult) -> list[int]:
+    return [e["step"] for e in result.events if e["kind"] == "instability_precursor"]
+
+
+def test_the_warning_comes_at_least_5_steps_before_the_spike() -> None:
+    fault = scenario("tiny_lm_lr_ramp")
+    result = run_scenario(fault, "trainguard", seed=0, config=OBSERVE, steps=185)
+    spike = spike_step(result.train_losses)
+    assert spike is not None and fault.onset_step is not None and spike > fault.onset_step
+    warned = warnings(result)
+    assert warned and fault.onset_step <= warned[0] <= spike - 5
+    loss_events = [e["step"] for e in result.events
+                   if e["kind"] in ("loss_spike", "loss_divergence", "nonfinite_loss")]
+    assert loss_events and warned[0] <= min(loss_events) - 5
+
+
+def test_silent_on_the_healthy_twin_whose_lr_rises_then_holds() -> None:
+    twin = scenario("tiny_lm_healthy_capped_ramp")
+    result = run_scenario(twin, "trainguard", seed=0, config=OBSERVE)
+    assert spike_step(result.train_losses) is None
+    assert warnings(result) == [] and result.events == []

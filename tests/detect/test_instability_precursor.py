@@ -1,0 +1,104 @@
+"""`instability_precursor` on synthetic Adam ratios: silent on steady and noisy runs and on a
+one-step burst, a warning naming the parameter and its trend when one parameter's ratio climbs,
+and the same decisions after a state round trip."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.instability_precursor import InstabilityPrecursor
+from trainguard.events import Event
+
+from .synth import signals
+
+NAMES = ["emb.weight", "h.0.ln.bias", "head.weight"]
+
+
+def ratios(steps: int, seed: int, climb_from: int | None = None, climb: float = 1.25,
+           index: int = 1) -> list[np.ndarray]:
+    """Log-normal noise around a level of ~1 per parameter; from `climb_from`, parameter
+    `index` grows by `climb` per step."""
+    rng = np.random.default_rng(seed)
+    level = np.array([0.9, 1.3, 1.1])
+    rows = []
+    for step in range(steps):
+        row = level * np.exp(rng.normal(0.0, 0.25, size=3))
+        if climb_from is not None and step >= climb_from:
+            row[index] *= climb ** (step - climb_from + 1)
+        rows.append(row)
+    return rows
+
+
+def run(detector: InstabilityPrecursor, rows: list[np.ndarray], start: int = 0) -> list[Event]:
+    events = []
+    for i, row in enumerate(rows):
+        events += detector.check(signals(start + i, names=NAMES,
+                                         precursors={"adam_ratio_rms": row}))
+    return events
+
+
+def test_silent_on_steady_noisy_ratios() -> None:
+    for seed in range(5):
+        assert run(InstabilityPrecursor(DetectorConfig()), ratios(400, seed)) == []
+
+
+def test_a_climbing_parameter_is_named_with_its_trend_before_it_is_far_gone() -> None:
+    detector = InstabilityPrecursor(DetectorConfig())
+    events = run(detector, ratios(100, 0, climb_from=70))
+    assert len(events) == 1
+    event = events[0]
+    assert event.kind == "instability_precursor" and event.severity == "warning"
+    assert event.param == "h.0.ln.bias" and event.details["trend"] == "rising"
+    assert event.details["ratio"] >= 2.0 and event.details["steps_above"] >= 2
+    # 1.25 per step reaches 2x in about 3 steps, and two steps above it are needed
+    assert 70 + 2 <= event.step <= 70 + 7
+    assert "a loss spike often follows" in event.message
+
+
+def test_a_one_step_burst_is_no_precursor() -> None:
+    rows = ratios(120, 1)
+    rows[80] = rows[80] * np.array([1.0, 20.0, 1.0])
+    assert run(InstabilityPrecursor(DetectorConfig()), rows) == []
+
+
+def test_a_parameter_waking_up_is_no_precursor() -> None:
+    """Two steps at 15x and 20x its level out of nowhere (a dead unit getting a gradient again,
+    its v near 0): not the slow outgrowing of a lagging moment."""
+    rows = ratios(120, 1)
+    rows[80] = rows[80] * np.array([1.0, 15.0, 1.0])
+    rows[81] = rows[81] * np.array([1.0, 20.0, 1.0])
+    assert run(InstabilityPrecursor(DetectorConfig()), rows) == []
+    # the same two steps found by a detector that takes any jump
+    jumpy = InstabilityPrecursor(DetectorConfig(precursor_sudden_ratio=1e9))
+    assert [e.step for e in run(jumpy, rows)] == [81]
+
+
+def test_silent_while_the_baseline_is_young() -> None:
+    rows = ratios(40, 2, climb_from=5)
+    config = DetectorConfig(precursor_warmup=30)
+    events = run(InstabilityPrecursor(config), rows)
+    assert all(e.step >= 30 for e in events)
+
+
+def test_parameters_without_a_value_are_left_out() -> None:
+    rows = ratios(100, 3, climb_from=70, index=2)
+    for row in rows:
+        row[0] = 0.0  # never a gradient
+    events = run(InstabilityPrecursor(DetectorConfig()), rows)
+    assert [e.param for e in events] == ["head.weight"]
+
+
+def test_a_state_round_trip_decides_the_same() -> None:
+    rows = ratios(110, 4, climb_from=75)
+    whole = InstabilityPrecursor(DetectorConfig())
+    expected = run(whole, rows)
+    first = InstabilityPrecursor(DetectorConfig())
+    run(first, rows[:72])
+    resumed = InstabilityPrecursor(DetectorConfig())
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    got = run(resumed, rows[72:], start=72)
+    assert [(e.step, e.param) for e in got] == [(e.step, e.param) for e in expected]
+    assert expected

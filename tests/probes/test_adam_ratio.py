@@ -1,0 +1,83 @@
+"""The Adam ratio probe against values computed by hand from the optimizer state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from trainguard.params import watched_params
+from trainguard.probes.adam_ratio import AdamRatioProbe
+
+CPU = torch.device("cpu")
+
+
+def model_and_adam(betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-6,
+                   steps: int = 3) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=betas, eps=eps)
+    for _ in range(steps):
+        model(torch.randn(5, 3)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model(torch.randn(5, 3)).square().mean().backward()  # the step about to be taken
+    return model, optimizer
+
+
+def by_hand(param: torch.Tensor, state: dict, beta2: float, eps: float) -> float:
+    """RMS of g / sqrt(v_hat), v_hat = (v + eps^2) / (1 - beta2^t), element by element."""
+    steps = int(state["step"])
+    total = 0.0
+    for g, v in zip(param.grad.flatten().tolist(), state["exp_avg_sq"].flatten().tolist(),
+                    strict=True):
+        total += g * g / ((v + eps * eps) / (1 - beta2 ** steps))
+    return math.sqrt(total / param.numel())
+
+
+@pytest.mark.parametrize("beta2,eps", [(0.95, 1e-6), (0.999, 1e-8)])
+def test_each_parameter_against_the_hand_computed_ratio(beta2: float, eps: float) -> None:
+    model, optimizer = model_and_adam((0.9, beta2), eps)
+    watched = watched_params(model, [optimizer])
+    out = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+    assert out.shape == (4,)
+    for name, param, value in zip(watched.names, watched.params, out.tolist(), strict=True):
+        assert value == pytest.approx(by_hand(param, optimizer.state[param], beta2, eps),
+                                      rel=1e-5), name
+
+
+def test_a_gradient_far_above_the_second_moment_reads_far_above_one() -> None:
+    model, optimizer = model_and_adam()
+    watched = watched_params(model, [optimizer])
+    before = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+    with torch.no_grad():
+        model[2].weight.grad.mul_(10.0)
+    after = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+    index = watched.names.index("2.weight")
+    assert after[index] == pytest.approx(10 * before[index], rel=1e-5)
+    assert torch.equal(torch.cat([after[:index], after[index + 1:]]),
+                       torch.cat([before[:index], before[index + 1:]]))
+
+
+def test_no_adam_state_or_no_adam_reads_zero() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    adam = torch.optim.Adam(model.parameters())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    for optimizer in (adam, sgd):  # Adam before its first step; SGD has no second moment
+        sgd.step()
+        watched = watched_params(model, [optimizer])
+        out = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+        assert out.tolist() == [0.0, 0.0]
+
+
+def test_chunks_give_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, optimizer = model_and_adam()
+    watched = watched_params(model, [optimizer])
+    whole = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+    monkeypatch.setattr("trainguard.probes.adam_ratio.CHUNK_ELEMENTS", 5)
+    chunked = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+    assert torch.allclose(whole, chunked)
