@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trainguard import GuardConfig
+from trainguard import DetectorConfig, GuardConfig
 
 from .scenarios import all_scenarios, run_scenario
 
@@ -44,7 +44,8 @@ def one(name: str, seed: int, policy: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     scenario = next(s for s in all_scenarios() if s.name == name)
     result = run_scenario(scenario, "trainguard", seed=seed,
-                          config=GuardConfig(policy=policy, console=False))
+                          config=GuardConfig(policy=policy, console=False,
+                                             detectors=DetectorConfig(precursor_probe=True)))
     warnings = [e["step"] for e in result.events if e["kind"] == KIND]
     return {"scenario": name, "seed": seed, "policy": policy, "healthy": scenario.healthy,
             "spike": spike_step(result.train_losses), "precursors": warnings,

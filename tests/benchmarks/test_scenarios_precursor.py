@@ -9,9 +9,10 @@ from benchmarks.precursors import spike_step
 from benchmarks.scenarios import scenario
 from benchmarks.scenarios.runner import RunResult, run_scenario
 
-from trainguard import GuardConfig
+from trainguard import DetectorConfig, GuardConfig
 
-OBSERVE = GuardConfig(policy="observe", console=False)
+OBSERVE = GuardConfig(policy="observe", console=False,
+                      detectors=DetectorConfig(precursor_probe=True))
 
 
 def warnings(result: RunResult) -> list[int]:

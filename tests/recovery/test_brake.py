@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainguard import Guard, GuardConfig
+from trainguard import DetectorConfig, Guard, GuardConfig
 from trainguard.events import ActionRecord
 from trainguard.recovery.brake import BRAKE_FACTOR, BRAKE_STEPS, PrecursorBrake
 from trainguard.sinks import Sink
@@ -43,7 +43,8 @@ def train(policy: str, grow: bool = True) -> tuple[Guard, Actions, list[float]]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     sink = Actions()
     guard = Guard(model, optimizer, scheduler=scheduler, sinks=[sink],
-                  config=GuardConfig(policy=policy, console=False))
+                  config=GuardConfig(policy=policy, console=False,
+                                     detectors=DetectorConfig(precursor_probe=True)))
     data = torch.Generator().manual_seed(1)
     lrs = []
     for step in range(STEPS):
