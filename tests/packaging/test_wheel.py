@@ -37,17 +37,20 @@ def test_the_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None:
     assert "trainguard/py.typed" in names and "trainguard/cli.py" in names
     assert not [n for n in names if n.startswith("tests/")]
 
+    # nothing of the checkout on the path: with PYTHONPATH=src, pip would find the egg-info the
+    # build left there and call trainguard already installed
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", venv)
+    run(sys.executable, "-m", "venv", venv, env=env)
     python = venv / "bin" / "python"
-    run(python, "-m", "pip", "install", "--no-deps", "--no-index", wheel)
+    run(python, "-m", "pip", "install", "--no-deps", "--no-index", wheel, env=env,
+        cwd=tmp_path)
     # borrow torch, numpy and rich from this environment, after the venv's own packages (a
     # .pth line is a plain path entry: this environment's editable trainguard is not on it)
-    purelib = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-                       ).stdout.strip())
+    purelib = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                       env=env).stdout.strip())
     here = {sysconfig.get_paths()["purelib"], *site.getsitepackages()}
     (purelib / "borrowed.pth").write_text("\n".join(sorted(here)) + "\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     where = run(python, "-c", "import trainguard; print(trainguard.__file__)", env=env,
                 cwd=tmp_path).stdout
     assert str(venv) in where, "the wheel's trainguard, not the checkout's"
