@@ -252,7 +252,8 @@ def test_the_time_budget_is_honoured() -> None:
     assert "not tried for lack of time" in none.summary()
     plain_s = none.plain.seconds
     some = prove(setup, budget_s=plain_s * 3)
-    assert some.seconds <= plain_s * 3 + 2 * plain_s + 0.05
+    # the budget, the replay under way when it ran out, and room for a busy machine's jitter
+    assert some.seconds <= plain_s * 5 + 0.5
     unlimited = prove(setup, budget_s=None)
     assert not unlimited.not_tried and unlimited.trials
 
