@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,13 @@ def test_a_resume_from_the_last_healthy_checkpoint_ends_as_the_healthy_run(
     train(tmp_path / "broken", first)
     start = trainguard.last_healthy_checkpoint(tmp_path / "broken")
     assert start is not None and start.name == "checkpoint-30"
+    # a resume comes later than the run it resumes: the Trainer's rotation orders the checkpoint
+    # folders by their time (by step number only when all fall within one second, as they do in
+    # a test run, and the abandoned run's checkpoint-60 would then outrank the new ones); the
+    # folders are dated a minute back, their files (which the sidecars describe) left as they are
+    past = time.time() - 60
+    for folder in (tmp_path / "broken").glob("checkpoint-*"):
+        os.utime(folder, (past, past))
 
     actions = Actions()
     callback = TrainguardCallback(GuardConfig(policy="protect", console=False), sinks=[actions])
