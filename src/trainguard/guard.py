@@ -12,8 +12,8 @@
 unscale_/step/update). On a skipped step the scheduler does not advance: the schedule follows the
 updates that were really applied. Under `observe` a step the GradScaler skips still advances
 the scheduler, as the loop without trainguard does (`observe` changes nothing in training).
-Everything around the step is the `Run` and its `StepPipeline`, which the framework callbacks use
-too: the Guard only takes the optimizer step.
+Everything around the step is the `Run` (`before_update`, `after_update`), which the framework
+callbacks use too: the Guard only takes the optimizer step.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     trainguard.hf.TrainguardCallback          transformers.Trainer (PEFT models included)
     trainguard.lightning.TrainguardCallback   lightning.pytorch and pytorch_lightning
 
-Both run each optimizer step through the same `trainguard.pipeline.StepPipeline` as
+Both run each optimizer step through the same `Run.before_update` / `Run.after_update` as
 `trainguard.Guard`, around the trainer's own optimizer step. Importing this package imports
 neither framework; each integration module imports only its own.
 """
