@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from trainguard.demo import MarkovLanguage, TinyCausalLM
+from trainguard.events import ActionRecord
+from trainguard.sinks import Sink
 
 
 @dataclass
@@ -80,3 +82,13 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+class Actions(Sink):
+    """A sink that keeps the actions it hears (skips, rollbacks, checkpoints kept, ...)."""
+
+    def __init__(self) -> None:
+        self.actions: list[ActionRecord] = []
+
+    def on_action(self, action: ActionRecord) -> None:
+        self.actions.append(action)

@@ -26,12 +26,11 @@ from transformers.trainer_utils import get_last_checkpoint
 import trainguard
 from trainguard import GuardConfig
 from trainguard.checkpoints import SIDECAR, STATE_FILE, list_checkpoints
-from trainguard.events import ActionRecord
 from trainguard.hf import TrainguardCallback
 from trainguard.report import build_report
-from trainguard.sinks import Sink
 from trainguard.vocabulary import HIDDEN_LOSS
 
+from ..conftest import Actions
 from ..report.helpers import payload
 
 BATCH, STEPS, BAD_STEPS, MARK = 4, 60, range(35, 38), 63
@@ -89,14 +88,6 @@ def eval_loss(model: nn.Module) -> float:
     model.eval()
     with torch.no_grad():
         return float(model(input_ids=ids, labels=ids).loss)
-
-
-class Actions(Sink):
-    def __init__(self) -> None:
-        self.actions: list[ActionRecord] = []
-
-    def on_action(self, action: ActionRecord) -> None:
-        self.actions.append(action)
 
 
 def test_without_trainguard_only_nan_checkpoints_are_left(tmp_path: Path) -> None:

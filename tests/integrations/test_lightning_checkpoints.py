@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainguard
 from trainguard import GuardConfig
 from trainguard.checkpoints import list_checkpoints
-from trainguard.events import ActionRecord
 from trainguard.lightning import TrainguardCallback
-from trainguard.sinks import Sink
+
+from ..conftest import Actions
 
 STEPS, BATCH, BAD_STEPS = 60, 16, range(35, 38)
 
@@ -96,14 +96,6 @@ def eval_loss(module: Regression) -> float:
     x, y = _data(bad=False).tensors
     with torch.no_grad():
         return float(nn.functional.mse_loss(module.net(x), y))
-
-
-class Actions(Sink):
-    def __init__(self) -> None:
-        self.actions: list[ActionRecord] = []
-
-    def on_action(self, action: ActionRecord) -> None:
-        self.actions.append(action)
 
 
 def test_without_trainguard_only_nan_checkpoints_are_left(tmp_path: Path) -> None:

@@ -12,22 +12,14 @@ import torch
 from torch import nn
 
 from trainguard import DetectorConfig, Guard, GuardConfig
-from trainguard.events import ActionRecord
 from trainguard.recovery.brake import BRAKE_FACTOR, BRAKE_STEPS, PrecursorBrake
-from trainguard.sinks import Sink
+
+from ..conftest import Actions
 
 LR = 1e-3
 GROW_FROM = 50
 GROW_STEPS = 8
 STEPS = GROW_FROM + GROW_STEPS + BRAKE_STEPS + 10
-
-
-class Actions(Sink):
-    def __init__(self) -> None:
-        self.actions: list[ActionRecord] = []
-
-    def on_action(self, action: ActionRecord) -> None:
-        self.actions.append(action)
 
 
 def scale_at(step: int) -> float:
