@@ -23,12 +23,8 @@ def batch_at(step: int) -> dict[str, torch.Tensor]:
     return {"x": x, "y": x[:, :2] * 0.5}
 
 
-@pytest.fixture(scope="module")
-def nan_snapshot(tmp_path_factory) -> str:
-    model, optimizer, loss_fn = regression_setup()
-    guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, config=GuardConfig(
-        console=False, policy="halt", prove="off",
-        snapshot_dir=str(tmp_path_factory.mktemp("snap"))))
+def _train_until_halted(guard, model, optimizer, loss_fn) -> trainguard.TrainingDiverged:
+    """The regression run under `halt`, which its bad sample stops within 30 steps."""
     with pytest.raises(trainguard.TrainingDiverged) as info:
         for step in range(30):
             batch = batch_at(step)
@@ -36,8 +32,18 @@ def nan_snapshot(tmp_path_factory) -> str:
             loss.backward()
             guard.step(loss, batch=batch)
             optimizer.zero_grad(set_to_none=True)
-    assert info.value.snapshot_path is not None
-    return info.value.snapshot_path
+    return info.value
+
+
+@pytest.fixture(scope="module")
+def nan_snapshot(tmp_path_factory) -> str:
+    model, optimizer, loss_fn = regression_setup()
+    guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, config=GuardConfig(
+        console=False, policy="halt", prove="off",
+        snapshot_dir=str(tmp_path_factory.mktemp("snap"))))
+    halted = _train_until_halted(guard, model, optimizer, loss_fn)
+    assert halted.snapshot_path is not None
+    return halted.snapshot_path
 
 
 def test_prove_confirms_the_nan_sample_of_a_crash_snapshot(nan_snapshot: str, capsys) -> None:
@@ -70,13 +76,7 @@ def test_show_and_its_json_say_what_the_replay_confirmed(tmp_path: Path, capsys)
     model, optimizer, loss_fn = regression_setup()
     guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, run_dir=tmp_path / "run",
                              config=GuardConfig(console=False, policy="halt"))
-    with pytest.raises(trainguard.TrainingDiverged):
-        for step in range(30):
-            batch = batch_at(step)
-            loss = loss_fn(model, batch)
-            loss.backward()
-            guard.step(loss, batch=batch)
-            optimizer.zero_grad(set_to_none=True)
+    _train_until_halted(guard, model, optimizer, loss_fn)
     code, out, err = call("show", str(tmp_path / "run"), capsys=capsys)
     assert code == 0, err
     assert "nonfinite_input" in out and "confirmed by replay: without the flagged sample 6" in out
