@@ -20,13 +20,14 @@ from torch import nn
 
 import trainguard
 from trainguard import GuardConfig
-from trainguard.checkpoint_health import finite_state, load_guard_state
+from trainguard.checkpoint_health import load_guard_state
 from trainguard.checkpoints import (
     CheckpointError,
     list_checkpoints,
     read_health,
     sidecar_path,
 )
+from trainguard.finiteness import finite_state
 from trainguard.recovery import SkippingSampler
 
 STEPS, SAVE_EVERY, BAD = 60, 10, range(35, 38)

@@ -144,3 +144,41 @@ def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # t
     guard.close()
     assert guard.verdict is not None and guard.verdict.verdict == "degraded"
     assert "halted on a non-finite loss" in guard.verdict.message
+
+
+def _observed_run(tmp_path: Path, *, nan_steps: range, policy: str) -> Guard:
+    """60 steps of a small regression; the batches of `nan_steps` carry a NaN input."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    guard = Guard(model, optimizer, run_dir=tmp_path / policy,
+                  config=GuardConfig(policy=policy, console=False, preflight=False))  # type: ignore[arg-type]
+    for step in range(60):
+        x = torch.randn(16, 4)
+        target = x.sum(1, keepdim=True)
+        if step in nan_steps:
+            x[0, 0] = float("nan")
+        loss = nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return guard
+
+
+def test_a_run_whose_weights_end_non_finite_is_degraded(tmp_path: Path) -> None:
+    """Three NaN losses at the end are too few for the losses alone to decide (the verdict's
+    window is 20), but under observe the NaN reached the weights: the model is broken."""
+    guard = _observed_run(tmp_path, nan_steps=range(57, 60), policy="observe")
+    assert not all(torch.isfinite(p).all() for p in guard.model.parameters())
+    assert guard.verdict is not None and guard.verdict.verdict == "degraded"
+    assert "weights are not all finite" in guard.verdict.message
+    assert "the last 3 losses were not finite" in guard.verdict.message
+
+
+def test_skipped_nan_steps_at_the_end_leave_a_finite_model_recovered(tmp_path: Path) -> None:
+    """The same NaN batches under protect: skipped, the weights stay finite and the run keeps the
+    verdict its losses give."""
+    guard = _observed_run(tmp_path, nan_steps=range(57, 60), policy="protect")
+    assert all(torch.isfinite(p).all() for p in guard.model.parameters())
+    assert guard.verdict is not None and guard.verdict.verdict == "recovered"

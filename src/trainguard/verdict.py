@@ -9,7 +9,8 @@ says whether training worked:
                 back on its own best level
     degraded    the loss ended worse than before its first trouble (or than its start, when
                 there was none), or, after trouble, worse than the best level the run had
-                reached: a run that "finished" but is worse off than it was
+                reached, or whose weights are not all finite at its close: a run that
+                "finished" but is worse off than it was
     stalled     the run trained long enough to tell (`DetectorConfig.stall_steps` losses) and
                 its loss never came down beyond its own noise at the start
                 (`detect.no_progress.came_down`): it did not learn, with or without trouble
@@ -120,9 +121,12 @@ class LossTrack:
     def _start(self) -> float | None:
         return statistics.median(self.first) if self.first else None
 
-    def verdict(self, *, halted: bool = False) -> RunVerdict | None:
+    def verdict(self, *, halted: bool = False,
+                weights_finite: bool | None = None) -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard; stopped
-        on a non-finite loss, it did not recover, whatever the losses before it."""
+        on a non-finite loss, it did not recover, whatever the losses before it.
+        `weights_finite`: whether the model's weights are all finite at the end (None: not
+        checked); a model with a NaN in it is degraded, whatever its last finite losses said."""
         start = self._start()
         if start is None:
             return None
@@ -132,6 +136,11 @@ class LossTrack:
                    if self.before_trouble is not None else "at the start")
         if halted and self.nonfinite_tail:
             return RunVerdict("degraded", "the run was halted on a non-finite loss", start,
+                              self.before_trouble, math.nan, self.trouble_step)
+        if weights_finite is False:
+            return RunVerdict("degraded", "the model's weights are not all finite at the end of "
+                              "the run" + (f" (the last {self.nonfinite_tail} losses were not "
+                                           "finite)" if self.nonfinite_tail else ""), start,
                               self.before_trouble, math.nan, self.trouble_step)
         if self.nonfinite_tail >= self.window // 2 or not self.recent:
             return RunVerdict("degraded", f"the last {self.nonfinite_tail} losses were not "

@@ -45,6 +45,7 @@ from trainguard.errors import (
     UsageError,
 )
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport, at_least
+from trainguard.finiteness import finite_state
 from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
 from trainguard.pipeline.context import StepContext
@@ -373,7 +374,7 @@ class Run:
             self.sinks.on_diagnosis(diagnosis)
         try:
             self.verdict = self.state.losses.verdict(
-                halted=self.halted or status == "halted")
+                halted=self.halted or status == "halted", weights_finite=self._weights_finite())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
@@ -383,6 +384,18 @@ class Run:
         return diagnosis
 
     # -- internals -------------------------------------------------------------------------------
+    def _weights_finite(self) -> bool | None:
+        """Whether this rank's watched weights are all finite at the end (one fused pass, one
+        host read, once per run); None when there are none or no loss was seen."""
+        if not self.watched.params or not self.state.losses.start:
+            return None
+        try:
+            return finite_state(self.watched.params, None)[0]
+        except Exception as exc:  # the check is advisory: the verdict stands without it
+            log.warning("trainguard: could not check the final weights (%s: %s)",
+                        type(exc).__name__, exc)
+            return None
+
     def _open_sinks(self, sinks: Iterable[Sink], resume: bool) -> SinkSet:
         """Only rank 0 speaks and records: the console, the run store, the user's sinks."""
         if not self.is_main:
