@@ -9,7 +9,7 @@ from torch import nn
 
 import trainguard
 from trainguard.diagnose.finding import Finding
-from trainguard.diagnose.ranking import rank_causes
+from trainguard.diagnose.ranking import RankedCause, rank_causes
 from trainguard.events import Event
 
 from ..conftest import make_setup, torch_threads
@@ -376,3 +376,11 @@ def test_a_confirmed_cause_without_votes_is_not_invented() -> None:
     events = [event("nonfinite_loss", 80), event("batch_nonfinite", 80, cause="nonfinite_input")]
     ranked = rank_causes([*events, proof(80, {"lora_scaling": "confirmed by replay"}, {})])
     assert "lora_scaling" not in codes(ranked)
+
+
+def test_a_cause_reads_as_one_sentence_whatever_its_evidence_ends_with() -> None:
+    cause = RankedCause("missing_warmup", 0.02, 1.0,
+                        evidence=["No warmup; a low risk here: on a small model."],
+                        fix="warm the LR up.")
+    assert str(cause) == ("missing_warmup (2%): No warmup; a low risk here: on a small model. "
+                          "Fix: warm the LR up.")

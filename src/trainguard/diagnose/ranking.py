@@ -81,8 +81,8 @@ class RankedCause:
         return {**out, "proof": self.proof} if self.proof else out
 
     def __str__(self) -> str:
-        return (f"{self.code} ({self.confidence:.0%}): {'; '.join(self.evidence[:3])}. "
-                f"Fix: {self.fix}")
+        said = "; ".join(self.evidence[:3]).rstrip(". ")  # evidence may end its own sentence
+        return f"{self.code} ({self.confidence:.0%}): {said}. Fix: {self.fix}"
 
 
 class _Votes:
