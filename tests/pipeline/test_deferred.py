@@ -200,3 +200,20 @@ def test_deferred_falls_back_to_blocking_and_says_why_once(
     assert len(said) == 1 and reason in said[0]
     assert not trained.guard.run.deferred
     assert trained.blocking[1:] == [1] * 3
+
+
+def test_under_the_adaptive_clip_the_alarm_starts_a_step_later() -> None:
+    """The one decision that differs: the step that raises a gradient explosion is clipped at
+    the backstop, not yet at the run's typical norm; the next steps are clipped alike."""
+    blocking = train(GuardConfig(**QUIET), steps=30, spike=(25,))
+    deferred = train(GuardConfig(**QUIET, sync="deferred"), steps=30, spike=(25,))
+    first = {r.step: r for r in blocking.reports}
+    late = {r.step: r for r in deferred.reports}
+    alarm = {"grad_explosion", "loss_spike"}
+    assert alarm & {e.kind for e in first[25].events}
+    assert [outcome(late[s]) for s in range(25)] == [outcome(first[s]) for s in range(25)]
+    assert [e.kind for e in late[25].events] == [e.kind for e in first[25].events]
+    assert first[25].action == "clipped"
+    assert late[25].clip_coef > first[25].clip_coef
+    # the alarm clips the steps after it at the typical norm in both modes
+    assert late[26].action == first[26].action == "clipped"
