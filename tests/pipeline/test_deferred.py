@@ -217,3 +217,39 @@ def test_under_the_adaptive_clip_the_alarm_starts_a_step_later() -> None:
     assert late[25].clip_coef > first[25].clip_coef
     # the alarm clips the steps after it at the typical norm in both modes
     assert late[26].action == first[26].action == "clipped"
+
+
+def test_a_failing_judgement_or_device_half_never_stops_the_run() -> None:
+    setup = make_setup()
+    optimizer = fused_adamw(setup.model.parameters())
+    guard = Guard(setup.model, optimizer, config=GuardConfig(sync="deferred", **QUIET))
+    pipeline = guard.run.steps
+
+    def failing(name: str, at: int) -> Any:
+        stage = next(s for s in pipeline.on_device + pipeline.late if s.__name__ == name)
+
+        def maybe_fail(ctx: Any, state: Any, services: Any) -> None:
+            if ctx.step == at:
+                raise RuntimeError(f"{name} broke")
+            stage(ctx, state, services)
+
+        maybe_fail.__name__ = name
+        return maybe_fail
+
+    pipeline.late = tuple(failing("detect", 2) if s.__name__ == "detect" else s
+                          for s in pipeline.late)
+    pipeline.on_device = (failing("measure_on_device", 4),)
+    reports: dict[int, StepReport | None] = {}
+    for step in range(7):
+        setup.model.loss(setup.batch()).backward()
+        reports[step] = guard.step(setup.model.loss(setup.batch()).detach())
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    failures = [(e.step, e.message) for e in guard.events if e.kind == "monitor_error"]
+    assert [step for step, _ in failures] == [2, 4]
+    assert "detect broke" in failures[0][1] and "measure_on_device broke" in failures[1][1]
+    assert reports[3] is None  # step 2 went as the device decided, unjudged
+    unguarded = reports[4]
+    assert unguarded is not None and (unguarded.step, unguarded.action) == (4, "applied")
+    assert reports[6] is not None and reports[6].step == 5
+    assert guard.global_step == 7 and guard.run.state.step == 7

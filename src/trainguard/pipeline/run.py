@@ -192,6 +192,7 @@ class Run:
             journal.add_findings(ctx.findings)
             ctx.events[:] = [self.unguarded(failure)]
             ctx.unguarded = failure
+            self._concluded = None  # the sinks heard the step before; this step's report wins
             return ctx
         if self.deferred:  # judged at the next step; the step after it is sampled or not now
             self._late = ctx
@@ -270,7 +271,7 @@ class Run:
         if not isinstance(metrics, Mapping):
             raise UsageError(f"metrics must be a mapping of names to numbers, got "
                              f"{type(metrics).__name__}")
-        at = max(self.state.step - 1, 0) if step is None else int(step)
+        at = max(self.steps_taken - 1, 0) if step is None else int(step)
         numbers = {str(k): float(v) for k, v in metrics.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.sinks.on_eval(at, numbers)
@@ -292,7 +293,7 @@ class Run:
     def check_batch(self, batch: Any) -> list[Finding]:
         """Inspect a batch before the forward pass; raise BatchError (and record the event) for
         one the model cannot take."""
-        findings, fatal = self.batches.fatal(batch, self.state.step)
+        findings, fatal = self.batches.fatal(batch, self.steps_taken)
         if fatal is not None:
             self.emit_event(fatal)
             raise BatchError(fatal.message)
