@@ -162,7 +162,7 @@ def test_the_device_clip_equals_clip_grad_norm_bit_for_bit(max_norm: float) -> N
         optimizer.step()
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_a_nonfinite_norm_is_flagged_and_leaves_the_gradients_alone(bad: float) -> None:
     norm = torch.tensor(bad)
     assert nonfinite_flag(norm).item() == 1.0
@@ -173,6 +173,8 @@ def test_a_nonfinite_norm_is_flagged_and_leaves_the_gradients_alone(bad: float) 
 
 
 def test_a_nonfinite_loss_is_flagged_with_finite_gradients() -> None:
-    assert nonfinite_flag(torch.tensor(3.0), torch.tensor(math.inf)).item() == 1.0
+    for bad in (math.nan, math.inf, -math.inf):
+        assert nonfinite_flag(torch.tensor(3.0), torch.tensor(bad)).item() == 1.0
+    assert nonfinite_flag(torch.tensor(3.0e38), torch.tensor(3.0e38)).item() == 0.0
     assert nonfinite_flag(torch.tensor(3.0), torch.tensor(2.0)).item() == 0.0
     assert nonfinite_flag(torch.tensor(3.0)).dtype == torch.float32

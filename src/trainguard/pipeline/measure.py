@@ -21,7 +21,7 @@ from trainguard.pipeline.context import BATCH_KEY, PackedStep, PendingStats, Ste
 from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
 from trainguard.probes.packing import DevicePack
-from trainguard.remedies.device import clip_coefficients, nonfinite_flag, scale_on_device
+from trainguard.remedies.device import device_decision, scale_on_device
 from trainguard.signals import SampledStats, StepSignals
 
 PRECURSOR = "pre:"
@@ -119,10 +119,10 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
     ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
     # the loss as the pack carries it (float32), so the host's finiteness agrees
     loss = step.loss.to(torch.float32) if step.loss is not None else None
-    if config.policy != "observe":
-        ctx.found_inf = nonfinite_flag(step.global_norm, loss)
-    if ctx.clip_limit is not None:
-        scale_on_device(ctx.grads, clip_coefficients(step.global_norm, ctx.clip_limit))
+    ctx.found_inf, coef = device_decision(step.global_norm, loss, ctx.clip_limit,
+                                          skip=config.policy != "observe")
+    if coef is not None:
+        scale_on_device(ctx.grads, coef)
     if ctx.sampled:
         services.watch.weight_probe.remember()
     ctx.packed, ctx.in_flight = step, step.pack.start_fetch()

@@ -45,20 +45,44 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
+def _bad(value: torch.Tensor) -> torch.Tensor:
+    """True where `value` is NaN or inf: 0 * inf is NaN (two kernels; isfinite takes more)."""
+    return torch.isnan(value * 0)
+
+
 def nonfinite_flag(global_norm: torch.Tensor,
                    loss: torch.Tensor | None = None) -> torch.Tensor:
     """A float32 scalar on the norm's device: 1.0 when the norm (or the loss) is not finite."""
-    finite = torch.isfinite(global_norm)
-    if loss is not None:
-        finite = finite & torch.isfinite(loss.to(global_norm.device, non_blocking=True))
-    return torch.logical_not(finite).to(torch.float32)
+    found_inf, _ = device_decision(global_norm, loss, None, skip=True)
+    assert found_inf is not None
+    return found_inf
 
 
 def clip_coefficients(global_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     """The global clip factor as a float32 scalar on the device, bit for bit clip_grad_norm_'s
     (`max_norm / (norm + 1e-6)`, clamped at 1), and 1.0 where the norm is not finite."""
-    coef = torch.clamp(max_norm / (global_norm + EPS), max=1.0)
-    return torch.where(torch.isfinite(global_norm), coef, torch.ones_like(coef))
+    _, coef = device_decision(global_norm, None, max_norm, skip=False)
+    assert coef is not None
+    return coef
+
+
+def device_decision(global_norm: torch.Tensor, loss: torch.Tensor | None,
+                    max_norm: float | None, *, skip: bool,
+                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`(found_inf, clip factor)` of one step from its global norm (and loss), sharing the
+    finiteness test: `found_inf` when `skip` (as `nonfinite_flag`), the factor when `max_norm` is
+    set (as `clip_coefficients`); None for what was not asked."""
+    norm_bad = _bad(global_norm)
+    found_inf = None
+    if skip:
+        bad = norm_bad
+        if loss is not None:
+            bad = bad | _bad(loss.to(global_norm.device, non_blocking=True))
+        found_inf = bad.to(torch.float32)
+    coef = None
+    if max_norm is not None:
+        coef = torch.clamp(max_norm / (global_norm + EPS), max=1.0).masked_fill_(norm_bad, 1.0)
+    return found_inf, coef
 
 
 def scale_on_device(grads: list[torch.Tensor], coef: torch.Tensor) -> None:
