@@ -82,6 +82,41 @@ def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, 
                         str(guard.run.dist.device), guard.run.dist.is_main)}
 
 
+def ddp_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
+    """`ddp_nonfinite_on_one_rank`'s faults with a fused AdamW and a fixed clip, under `sync`:
+    at step 7 only rank 1's loss is inf (its gradients are finite), so only the flag reduced
+    across ranks tells rank 0 to skip."""
+    from trainguard.transfer import blocking_transfer_count
+
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync,  # type: ignore[arg-type]
+                                                       max_grad_norm=0.5))
+    reports, blocking = [], []
+    for step in range(12):
+        x, y = regression_batch(rank, step)
+        if step == 4 and rank == 1:
+            x[3, 2] = math.nan
+        loss = F.mse_loss(model(x), y)
+        if step == 7 and rank == 1:
+            loss = loss + math.inf
+        if step == 9:
+            loss = loss + (math.inf if rank == 1 else -math.inf)
+        loss.backward()
+        before = blocking_transfer_count()
+        report = guard.step(loss)
+        blocking.append(blocking_transfer_count() - before)
+        optimizer.zero_grad(set_to_none=True)
+        if report is not None:
+            reports.append((report.step, report.action, report.clip_coef, event_view(report)))
+    guard.close()
+    state = optimizer.state_dict()["state"]
+    return {"reports": reports, "blocking": blocking, "deferred": guard.run.deferred,
+            "events": [(e.kind, e.step) for e in guard.events],
+            "weights": flat_weights(model),
+            "adam_steps": sorted({float(s["step"]) for s in state.values()})}
+
+
 def ddp_nan_batch_on_one_rank(rank: int, world: int, batch_from: int | None = 6,
                               loss_from: int | None = None) -> dict[str, Any]:
     """Rank 1 alone: a NaN in its batch at step `batch_from`, or a NaN loss from a clean batch

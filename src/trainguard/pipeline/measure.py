@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainguard.distributed import AgreedPack
 from trainguard.errors import UsageError
 from trainguard.events import ActionRecord
 from trainguard.pipeline.context import BATCH_KEY, PackedStep, PendingStats, StepContext
@@ -117,9 +118,12 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
     limit = state.clip_limit()
     # the limit in force before this step's own events, which the host judges a step later
     ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
-    # the loss as the pack carries it (float32), so the host's finiteness agrees
-    loss = step.loss.to(torch.float32) if step.loss is not None else None
-    ctx.found_inf, coef = device_decision(step.global_norm, loss, ctx.clip_limit,
+    if isinstance(step.pack, AgreedPack):  # every rank skips and clips on the agreed values
+        norm, loss = step.pack.agree_now()
+    else:  # the loss as the pack carries it (float32), so the host's finiteness agrees
+        norm, loss = step.global_norm, (step.loss.to(torch.float32) if step.loss is not None
+                                        else None)
+    ctx.found_inf, coef = device_decision(norm, loss, ctx.clip_limit,
                                           skip=config.policy != "observe")
     if coef is not None:
         scale_on_device(ctx.grads, coef)

@@ -545,8 +545,9 @@ def _deferral(config: GuardConfig, services: Services, owns_optimizer_step: bool
     why = None
     if not owns_optimizer_step:
         why = "the trainer takes the optimizer step (only the plain-loop Guard defers)"
-    elif services.dist is not None:
-        why = "not yet under torch.distributed"
+    elif services.dist is not None and services.dist.device.type == "cpu" \
+            and services.device.type != "cpu":
+        why = "gloo serving an accelerator reduces the step's signals on the host"
     elif services.scaler is not None:
         why = "a GradScaler decides its own skips"
     elif config.policy == "recover":

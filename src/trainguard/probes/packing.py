@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -31,13 +33,14 @@ class DevicePack:
         packed, sizes = self._packed()
         return _split(to_host(packed), self._names, sizes)
 
-    def start_fetch(self) -> PendingPack:
+    def start_fetch(self, finish: Finish | None = None) -> PendingPack:
         """The same transfer, started without waiting for the device; read it with
-        `PendingPack.result()` (a step later, when the copy is long done)."""
+        `PendingPack.result()` (a step later, when the copy is long done), which hands the
+        arrays by name to `finish` when given."""
         if not self._tensors:
-            return PendingPack(None, [], [])
+            return PendingPack(None, [], [], finish)
         packed, sizes = self._packed()
-        return PendingPack(start_to_host(packed), list(self._names), sizes)
+        return PendingPack(start_to_host(packed), list(self._names), sizes, finish)
 
     def _packed(self) -> tuple[torch.Tensor, list[int]]:
         device = self.device if self.device is not None else self._tensors[0].device
@@ -46,17 +49,21 @@ class DevicePack:
         return torch.cat(parts), [part.numel() for part in parts]
 
 
+Finish = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
 class PendingPack:
     """A pack's values on their way to the host."""
 
-    def __init__(self, copy: HostCopy | None, names: list[str], sizes: list[int]) -> None:
-        self._copy, self._names, self._sizes = copy, names, sizes
+    def __init__(self, copy: HostCopy | None, names: list[str], sizes: list[int],
+                 finish: Finish | None = None) -> None:
+        self._copy, self._names, self._sizes, self._finish = copy, names, sizes, finish
 
     def result(self) -> dict[str, np.ndarray]:
         """Float64 arrays by name, as `DevicePack.fetch` returns them."""
-        if self._copy is None:
-            return {}
-        return _split(self._copy.result(), self._names, self._sizes)
+        host = {} if self._copy is None else _split(self._copy.result(), self._names,
+                                                    self._sizes)
+        return host if self._finish is None else self._finish(host)
 
 
 def _split(host: np.ndarray, names: list[str], sizes: list[int]) -> dict[str, np.ndarray]:
