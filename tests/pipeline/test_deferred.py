@@ -180,7 +180,10 @@ def test_the_state_dict_judges_the_last_step_first() -> None:
         optimizer.zero_grad(set_to_none=True)
     assert guard.run.state.step == 2 and guard.global_step == 3
     state = guard.state_dict()
-    assert state["step"] == 3 and guard.run.state.step == 3
+    assert state["step"] == 3 and guard.run.state.step == 3 and guard.global_step == 3
+    setup.model.loss(setup.batch()).backward()
+    report = guard.step(setup.model.loss(setup.batch()).detach())
+    assert report is not None and report.step == 2  # judged for the checkpoint, told now
     guard.close()
 
 

@@ -174,7 +174,8 @@ class Run:
             raise UsageError("trainguard is closed for this run; start a new one to keep training")
         state = self.state
         if self.deferred:
-            self._concluded = self.conclude_late()  # the step before, judged now (may halt)
+            # the step before, judged now (may halt), unless a checkpoint judged it already
+            self._concluded = self.conclude_late() or self._concluded
         if self.dist is not None:
             self.dist.link.step = state.step
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
@@ -418,12 +419,11 @@ class Run:
             return self._close(status)
 
     def _close(self, status: Status) -> list[RankedCause]:
-        if self._late is not None:  # the last deferred step, judged before the run ends
+        lost = self.dist is not None and self.dist.link.lost is not None
+        if self._late is not None and not lost:  # the last deferred step, judged before the end
             try:
                 self.conclude_late(closing=True)
-            except PeerLost:
-                raise
-            except Exception as exc:  # its judgement is lost, the run still closes
+            except Exception as exc:  # its judgement is lost (a peer too), the run still closes
                 log.error("trainguard: could not judge the last step (%s: %s)",
                           type(exc).__name__, exc)
             if self.halted:
