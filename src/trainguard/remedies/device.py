@@ -81,7 +81,9 @@ def device_decision(global_norm: torch.Tensor, loss: torch.Tensor | None,
         found_inf = bad.to(torch.float32)
     coef = None
     if max_norm is not None:
-        coef = torch.clamp(max_norm / (global_norm + EPS), max=1.0).masked_fill_(norm_bad, 1.0)
+        # max_norm / tensor is tensor.reciprocal() * max_norm in PyTorch: the same bits, in place
+        coef = (global_norm + EPS).reciprocal_().mul_(max_norm)
+        coef = coef.clamp_(max=1.0).masked_fill_(norm_bad, 1.0)
     return found_inf, coef
 
 
