@@ -148,6 +148,12 @@ def test_ddp_deferred_skips_on_the_flag_reduced_across_ranks_as_blocking_does() 
     assert [blocking[0]["blocking"][i] for i in steady] == [1] * len(steady)
 
 
+def test_ddp_defers_on_every_rank_or_none() -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_deferred_on_one_rank_only)
+    assert not rank0["deferred"] and not rank1["deferred"]
+    assert rank0["actions"] == rank1["actions"]  # (fused and foreach AdamW round apart)
+
+
 def test_ddp_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path) -> None:
     run_dir = tmp_path / "run"
     rank0, rank1 = run_ranks(scenarios.ddp_nonfinite_on_one_rank, str(run_dir))

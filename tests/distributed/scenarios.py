@@ -117,6 +117,22 @@ def ddp_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
             "adam_steps": sorted({float(s["step"]) for s in state.values()})}
 
 
+def ddp_deferred_on_one_rank_only(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1's optimizer cannot skip on the device: every rank then runs blocking."""
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=rank == 0)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync="deferred"))
+    actions = []
+    for step in range(4):
+        x, y = regression_batch(rank, step)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        actions.append(guard.step(loss).action)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return {"deferred": guard.run.deferred, "actions": actions}
+
+
 def ddp_nan_batch_on_one_rank(rank: int, world: int, batch_from: int | None = 6,
                               loss_from: int | None = None) -> dict[str, Any]:
     """Rank 1 alone: a NaN in its batch at step `batch_from`, or a NaN loss from a clean batch

@@ -557,6 +557,10 @@ def _deferral(config: GuardConfig, services: Services, owns_optimizer_step: bool
     elif not skips_on_device(services.optimizer):
         why = (f"{type(services.optimizer).__name__} cannot skip a step on the device: use "
                f"Adam, AdamW or SGD with fused=True (SGD with momentum: after its first step)")
+    # every rank or none: a deferred rank's collectives run in another order than a blocking one's
+    if services.dist is not None and services.dist.agree_max(int(why is not None)) \
+            and why is None:
+        why = "another rank cannot defer"
     if why is not None:
         log.warning("trainguard: sync='deferred' is not available here (%s); every step is "
                     "read on the host before its update", why)
