@@ -125,11 +125,13 @@ class Guard:
             return StepReport(step=ctx.step, loss=None, grad_norm=float("nan"),
                               action="applied", events=list(ctx.events))
         if ctx.deferred:
-            if ctx.found_inf is None:  # observe: every update goes ahead
+            if ctx.found_inf is None:  # observe without a GradScaler: every update goes ahead
                 self.optimizer.step()
             else:
                 with skip_on_device(self.optimizer, ctx.found_inf):
                     self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()  # on the device: lowers the scale after an overflow
             return self.run.after_update(ctx)
         if ctx.applied:
             self.optimizer.step()

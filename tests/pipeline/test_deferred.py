@@ -258,3 +258,43 @@ def test_a_failing_judgement_or_device_half_never_stops_the_run() -> None:
     assert unguarded is not None and (unguarded.step, unguarded.action) == (4, "applied")
     assert reports[6] is not None and reports[6].step == 5
     assert guard.global_step == 7 and guard.run.state.step == 7
+
+
+@pytest.mark.parametrize("policy", ["protect", "observe"])
+def test_deferred_with_a_grad_scaler_trains_as_blocking(policy: str) -> None:
+    """Float16 autocast and a GradScaler: its overflow (inf gradients, finite loss) and a NaN
+    loss are skipped as the blocking Guard skips them, and the scale moves alike."""
+    runs = []
+    for sync in ("blocking", "deferred"):
+        setup = make_setup()
+        optimizer = fused_adamw(setup.model.parameters())
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 / (1 + k))
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        guard = Guard(setup.model, optimizer, scheduler, scaler, config=GuardConfig(
+            policy=policy, sync=sync, max_grad_norm=0.5, **QUIET))  # type: ignore[arg-type]
+        reports, scales = [], []
+        for step in range(10):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = setup.model.loss(setup.batch())
+            if step == 6:
+                loss = loss * math.nan
+            scaler.scale(loss).backward()
+            if step == 3:
+                setup.model.head.weight.grad.fill_(math.inf)  # an fp16 overflow
+            report = guard.step(loss)
+            scales.append(scaler.get_scale())
+            if report is not None:
+                reports.append(outcome(report))
+            optimizer.zero_grad(set_to_none=True)
+        guard.close()
+        assert guard.run.deferred == (sync == "deferred")
+        runs.append((reports, scales, [p.detach().clone() for p in setup.model.parameters()],
+                     scheduler.last_epoch))
+    (blocking, b_scales, b_weights, b_epoch), (deferred, d_scales, d_weights, d_epoch) = runs
+    assert deferred == blocking[:-1]
+    assert blocking[3][1] == "skipped"
+    assert blocking[6][1] == "skipped"  # its gradients are NaN too: the scaler refuses them
+    assert d_scales == b_scales and d_epoch == b_epoch
+    assert b_scales[3] == b_scales[2] / 2  # the overflow lowered the scale
+    for p, q in zip(b_weights, d_weights, strict=True):
+        assert torch.equal(p, q)

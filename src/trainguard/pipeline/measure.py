@@ -123,8 +123,10 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
     else:  # the loss as the pack carries it (float32), so the host's finiteness agrees
         norm, loss = step.global_norm, (step.loss.to(torch.float32) if step.loss is not None
                                         else None)
-    ctx.found_inf, coef = device_decision(norm, loss, ctx.clip_limit,
-                                          skip=config.policy != "observe")
+    # observe skips only what a GradScaler refuses: non-finite gradients, whatever the loss
+    observe = config.policy == "observe"
+    ctx.found_inf, coef = device_decision(norm, None if observe else loss, ctx.clip_limit,
+                                          skip=not observe or services.scaler is not None)
     if coef is not None:
         scale_on_device(ctx.grads, coef)
     if ctx.sampled:

@@ -222,8 +222,11 @@ class Run:
             if not closing:
                 self._halt(ctx)
             self.halted = True
-        elif ctx.applied and self.scheduler is not None:
-            self.scheduler.step()  # the schedule follows the updates really applied
+        elif self.scheduler is not None and (ctx.applied or (
+                self.config.policy == "observe" and self.scaler is not None)):
+            # the schedule follows the updates really applied (under observe, as the plain loop
+            # steps it past the GradScaler's skips)
+            self.scheduler.step()
         self.steps.settle(ctx)
         return ctx.report
 
@@ -548,8 +551,6 @@ def _deferral(config: GuardConfig, services: Services, owns_optimizer_step: bool
     elif services.dist is not None and services.dist.device.type == "cpu" \
             and services.device.type != "cpu":
         why = "gloo serving an accelerator reduces the step's signals on the host"
-    elif services.scaler is not None:
-        why = "a GradScaler decides its own skips"
     elif config.policy == "recover":
         why = "the recover policy decides its rollbacks before the update"
     elif config.clip_rule is not None or config.agc is not None:
