@@ -298,3 +298,17 @@ def test_deferred_with_a_grad_scaler_trains_as_blocking(policy: str) -> None:
     assert b_scales[3] == b_scales[2] / 2  # the overflow lowered the scale
     for p, q in zip(b_weights, d_weights, strict=True):
         assert torch.equal(p, q)
+
+
+def test_a_trainer_that_takes_the_optimizer_step_runs_blocking(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from trainguard.pipeline import Run
+
+    setup = make_setup()
+    optimizer = fused_adamw(setup.model.parameters())
+    with caplog.at_level(logging.WARNING, logger="trainguard"):
+        run = Run(setup.model, optimizer, config=GuardConfig(sync="deferred", **QUIET))
+    run.close()
+    assert not run.deferred
+    said = [r.message for r in caplog.records if "sync='deferred'" in r.message]
+    assert len(said) == 1 and "the trainer takes the optimizer step" in said[0]
