@@ -6,6 +6,7 @@ which step each event happened."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from dataclasses import dataclass, field
@@ -312,3 +313,53 @@ def test_a_trainer_that_takes_the_optimizer_step_runs_blocking(
     assert not run.deferred
     said = [r.message for r in caplog.records if "sync='deferred'" in r.message]
     assert len(said) == 1 and "the trainer takes the optimizer step" in said[0]
+
+
+def test_a_deferred_run_resumed_from_a_checkpoint_decides_as_the_uninterrupted_one() -> None:
+    """The checkpoint's `guard.state_dict()` judges the last step first, so the resumed run
+    starts from the same state as the run that went on (NaN steps on both sides of it)."""
+    config = GuardConfig(sync="deferred", max_grad_norm=0.5, sample_every=4, **QUIET)
+    bad = (3, 13)
+
+    def run(steps: range, setup: Any, optimizer: torch.optim.Optimizer, guard: Guard,
+            ) -> list[tuple[int, str, float, list[tuple[str, int]]]]:
+        out = []
+        for step in steps:
+            torch.manual_seed(step)
+            loss = setup.model.loss(setup.language.batch(8, 17))
+            if step in bad:
+                loss = loss * math.nan
+            loss.backward()
+            report = guard.step(loss)
+            if report is not None:
+                out.append(outcome(report))
+            optimizer.zero_grad(set_to_none=True)
+        return out
+
+    setup = make_setup(warmup=0)
+    optimizer = fused_adamw(setup.model.parameters())
+    guard = Guard(setup.model, optimizer, config=config)
+    whole = run(range(18), setup, optimizer, guard)
+    guard.close()
+    whole_weights = [p.detach().clone() for p in setup.model.parameters()]
+
+    setup = make_setup(warmup=0)
+    optimizer = fused_adamw(setup.model.parameters())
+    guard = Guard(setup.model, optimizer, config=config)
+    first = run(range(9), setup, optimizer, guard)
+    saved = (copy.deepcopy(setup.model.state_dict()), copy.deepcopy(optimizer.state_dict()),
+             guard.state_dict(), copy.deepcopy(setup.language))
+    guard.close()
+    resumed = make_setup(warmup=0)
+    resumed.model.load_state_dict(saved[0])
+    resumed.language = saved[3]
+    optimizer = fused_adamw(resumed.model.parameters())
+    optimizer.load_state_dict(saved[1])
+    guard = Guard(resumed.model, optimizer, config=config, resume=True)
+    guard.load_state_dict(saved[2])
+    second = run(range(9, 18), resumed, optimizer, guard)
+    guard.close()
+    # step 8, judged for the checkpoint, was reported to the sinks, not by a later guard.step
+    assert first + second == [r for r in whole if r[0] != 8]
+    for p, q in zip(whole_weights, resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q)
