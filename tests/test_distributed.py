@@ -148,6 +148,18 @@ def test_ddp_deferred_skips_on_the_flag_reduced_across_ranks_as_blocking_does() 
     assert [blocking[0]["blocking"][i] for i in steady] == [1] * len(steady)
 
 
+def test_fsdp2_deferred_clips_on_the_agreed_norm_as_blocking_does() -> None:
+    blocking = run_ranks(scenarios.fsdp2_deferred, "blocking")
+    deferred = run_ranks(scenarios.fsdp2_deferred, "deferred")
+    assert all(r["deferred"] for r in deferred)
+    for rank in (0, 1):
+        assert deferred[rank]["reports"] == blocking[rank]["reports"][:-1]
+        assert deferred[rank]["weights"] == blocking[rank]["weights"]
+    assert deferred[0]["reports"] == deferred[1]["reports"]
+    assert [r[1] for r in deferred[0]["reports"]].count("clipped") >= 1
+    assert deferred[0]["reports"][3][1] == "skipped"
+
+
 def test_ddp_defers_on_every_rank_or_none() -> None:
     rank0, rank1 = run_ranks(scenarios.ddp_deferred_on_one_rank_only)
     assert not rank0["deferred"] and not rank1["deferred"]

@@ -117,6 +117,38 @@ def ddp_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
             "adam_steps": sorted({float(s["step"]) for s in state.values()})}
 
 
+def fsdp2_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
+    """FSDP2 with a fused AdamW and a fixed clip under `sync`: the clip factor comes from the
+    shards' norms agreed across ranks; at step 3 only rank 1's loss is NaN."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+    fully_shard(model[0])
+    fully_shard(model[2])
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync,  # type: ignore[arg-type]
+                                                       max_grad_norm=0.3))
+    reports = []
+    for step in range(8):
+        gen = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+        loss = F.mse_loss(model(x), y)
+        if step == 3 and rank == 1:
+            loss = loss + math.inf
+        loss.backward()
+        report = guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        if report is not None:
+            reports.append((report.step, report.action, report.clip_coef))
+    guard.close()
+    local = [p.to_local().detach().reshape(-1) if hasattr(p, "to_local") else p.detach()
+             for p in model.parameters()]
+    return {"reports": reports, "deferred": guard.run.deferred,
+            "weights": torch.cat([t.reshape(-1).double() for t in local]).tolist()}
+
+
 def ddp_deferred_on_one_rank_only(rank: int, world: int) -> dict[str, Any]:
     """Rank 1's optimizer cannot skip on the device: every rank then runs blocking."""
     model = DistributedDataParallel(mlp())
