@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: on a machine with CUDA, in under 8 minutes, runs the CUDA-only tests, counts the
+# The GPU check: on a machine with CUDA, in under 10 minutes, runs the CUDA-only tests, counts the
 # host synchronisations of a guarded step, and times benchmarks/overhead.py on the GPU (default
 # Guard, the recover policy's ring capture, every probe). Prints one report; without CUDA it says
 # so and exits 0.
@@ -17,7 +17,8 @@ fi
 
 echo "== CUDA-only tests"
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/remedies/test_agc.py \
-    tests/pipeline/test_conformance.py tests/test_guard.py 2>&1 | tail -5
+    tests/pipeline/test_conformance.py tests/test_guard.py tests/test_transfer.py \
+    tests/remedies/test_device.py 2>&1 | tail -5
 
 echo "== host synchronisations per guarded step"
 timeout 120 "$PY" benchmarks/gpu_syncs.py
@@ -25,4 +26,9 @@ timeout 120 "$PY" benchmarks/gpu_syncs.py
 echo "== overhead on the GPU"
 timeout 240 "$PY" benchmarks/overhead.py --device cuda --workload gpt2 \
     --variants clip_grad_norm_,guard_default,guard_all_probes,guard_recover \
+    --rounds 6 --steps-per-round 10 2>&1 | sed -n '/^workload/,$p'
+
+echo "== overhead on the GPU, AdamW(fused=True): sync=\"deferred\""
+timeout 180 "$PY" benchmarks/overhead.py --device cuda --workload gpt2 \
+    --variants clip_grad_norm_,guard_default,guard_deferred \
     --rounds 6 --steps-per-round 10 2>&1 | sed -n '/^workload/,$p'

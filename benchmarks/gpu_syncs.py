@@ -6,8 +6,11 @@ A guarded step must synchronise once (its one packed transfer, `trainguard.trans
 `torch.cuda.set_sync_debug_mode("warn")` makes PyTorch warn at every synchronising call; the
 script counts those warnings over steady-state steps of a small GPT-2 built from its config, for
 the baseline loop, `clip_grad_norm_`, the default Guard, the Guard with every probe on every step
-and the Guard under the recover policy (whose good-state copies are pinned and asynchronous), and
-prints syncs per step side by side with trainguard's own transfer count.
+and the Guard under the recover policy (whose good-state copies are pinned and asynchronous), and,
+with AdamW(fused=True), the baseline loop and the Guard under `sync="deferred"`, which must not
+synchronise at all in steady state (its summary crosses in a non-blocking copy to pinned memory,
+read a step later); prints syncs per step side by side with trainguard's own transfer counts
+(all, and those that block).
 """
 
 from __future__ import annotations
@@ -23,29 +26,35 @@ STEPS = 20
 WARMUP = 5
 
 
-def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], torch.Tensor]]:
+FUSED = ("baseline_fused", "guard_deferred")
+"""Variants trained with AdamW(fused=True)."""
+
+
+def build(fused: bool = False,
+          ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], torch.Tensor]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
                                        n_positions=128)).cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if fused else None)
     ids = torch.randint(0, 8192, (8, 128), device="cuda")
     return model, optimizer, lambda: model(input_ids=ids, labels=ids).loss
 
 
-def count(variant: str) -> tuple[float, float]:
-    """(syncs per step, trainguard transfers per step) over STEPS steady steps."""
+def count(variant: str) -> tuple[float, float, float]:
+    """(syncs, trainguard transfers, of which blocking) per step over STEPS steady steps."""
     import trainguard
-    from trainguard.transfer import transfer_count
+    from trainguard.transfer import blocking_transfer_count, transfer_count
 
-    model, optimizer, loss_fn = build()
+    model, optimizer, loss_fn = build(fused=variant in FUSED)
     guard = None
-    if variant != "baseline" and variant != "clip_grad_norm_":
+    if variant not in ("baseline", "clip_grad_norm_", "baseline_fused"):
         config = {"guard_default": trainguard.GuardConfig(console=False),
                   "guard_all_probes": trainguard.GuardConfig(console=False,
                                                              sample_all_steps=True),
-                  "guard_recover": trainguard.GuardConfig(console=False, policy="recover")}
+                  "guard_recover": trainguard.GuardConfig(console=False, policy="recover"),
+                  "guard_deferred": trainguard.GuardConfig(console=False, sync="deferred")}
         guard = trainguard.Guard(model, optimizer, config=config[variant])
 
     def step() -> None:
@@ -62,7 +71,7 @@ def count(variant: str) -> tuple[float, float]:
     for _ in range(WARMUP):
         step()
     torch.cuda.synchronize()
-    before = transfer_count()
+    before, blocked = transfer_count(), blocking_transfer_count()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -72,10 +81,10 @@ def count(variant: str) -> tuple[float, float]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
-    transfers = transfer_count() - before
+    transfers, blocking = transfer_count() - before, blocking_transfer_count() - blocked
     if guard is not None:
         guard.close()
-    return syncs / STEPS, transfers / STEPS
+    return syncs / STEPS, transfers / STEPS, blocking / STEPS
 
 
 def main() -> int:
@@ -85,11 +94,12 @@ def main() -> int:
         print("gpu_syncs: no CUDA device here; nothing to count (run it on a GPU machine)")
         return 0
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    print(f"{'variant':<18} {'syncs/step':>10} {'trainguard transfers/step':>26}")
+    print(f"{'variant':<18} {'syncs/step':>10} {'trainguard transfers/step':>26} "
+          f"{'of which blocking':>18}")
     for variant in ("baseline", "clip_grad_norm_", "guard_default", "guard_all_probes",
-                    "guard_recover"):
-        syncs, transfers = count(variant)
-        print(f"{variant:<18} {syncs:>10.2f} {transfers:>26.2f}")
+                    "guard_recover", "baseline_fused", "guard_deferred"):
+        syncs, transfers, blocking = count(variant)
+        print(f"{variant:<18} {syncs:>10.2f} {transfers:>26.2f} {blocking:>18.2f}")
     return 0
 
 

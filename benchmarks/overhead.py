@@ -28,6 +28,11 @@ What it measures
     guard_precursors    guard_default with the every-step precursor probe, which is off by default
                         (`DetectorConfig(precursor_probe=True)`); its `vs guard_default` ratio,
                         paired per round, is the probe's cost (target <= 1.01x)
+    guard_deferred      GuardConfig(sync="deferred", console=False): the skip and clip decided on
+                        the device, the step judged on the host one step later, no blocking
+                        transfer; timed only when named in --variants; it needs a fused
+                        optimizer, so naming it switches every variant to AdamW(fused=True) (as
+                        --fused does), baseline included
     --references adds:
     detect_anomaly      baseline with torch.autograd.set_detect_anomaly(True) around forward and
                         backward
@@ -67,6 +72,8 @@ Usage
         --rounds 8                                    # the TensorBoard and Prometheus sinks' cost
     python benchmarks/overhead.py --workload gpt2 --variants guard_default,guard_precursors \
         --rounds 12                                   # the precursor probe's cost
+    python benchmarks/overhead.py --workload mlp \
+        --variants clip_grad_norm_,guard_default,guard_deferred   # fused AdamW throughout
 """
 
 from __future__ import annotations
@@ -98,7 +105,9 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 WORKLOADS: tuple[str, ...] = ("gpt2", "mlp")
 VARIANTS: tuple[str, ...] = ("baseline", "clip_grad_norm_", "guard_default", "guard_default+store",
                              "guard_all_probes", "guard_recover", "guard_tb_prom",
-                             "guard_precursors")
+                             "guard_precursors", "guard_deferred")
+OPT_IN_VARIANTS: tuple[str, ...] = ("guard_deferred",)
+"""Timed only when named in --variants (guard_deferred changes every variant's optimizer)."""
 REFERENCE_VARIANTS: tuple[str, ...] = ("detect_anomaly", "hf_debug_underflow")
 CLIP_MAX_NORM = 1.0
 PAIRED_WITH_DEFAULT = ("guard_recover", "guard_tb_prom", "guard_precursors")
@@ -119,6 +128,8 @@ class Workload:
     rounds: int
     steps_per_round: int
     warmup: int
+    fused: bool = False
+    """Every variant's AdamW is fused (guard_deferred needs it)."""
 
 
 def _gpt2_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -164,7 +175,8 @@ class Variant:
         self.model = copy.deepcopy(workload.model).to(device)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=workload.lr)
+        self.optimizer = torch.optim.AdamW(self.params, lr=workload.lr,
+                                           fused=True if workload.fused else None)
         self.batches = workload.batches
         self.compute_loss = workload.compute_loss
         self._next = 0
@@ -222,8 +234,8 @@ class GuardVariant(Variant):
         self._events_before = 0
 
     def update(self, loss: torch.Tensor) -> None:
-        report = self.guard.step(loss)
-        self.sampled += report.sampled
+        report = self.guard.step(loss)  # deferred: the step before's (None at the first)
+        self.sampled += report is not None and report.sampled
         self.timed_steps += 1
 
     def start_timing(self) -> None:
@@ -284,6 +296,10 @@ def make_variant(name: str, workload: Workload, device: torch.device) -> Variant
         return GuardVariant(name, workload, device, config=trainguard.GuardConfig(
             console=False, detectors=trainguard.DetectorConfig(precursor_probe=True)),
             with_store=False)
+    if name == "guard_deferred":
+        return GuardVariant(name, workload, device,
+                            config=trainguard.GuardConfig(console=False, sync="deferred"),
+                            with_store=False)
     if name == "detect_anomaly":
         return AnomalyVariant(name, workload, device)
     if name == "hf_debug_underflow":
@@ -436,12 +452,15 @@ def check_targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     targets: list[dict[str, Any]] = []
     for workload in WORKLOADS:
-        guard, clip = ratio(workload, "guard_default"), ratio(workload, "clip_grad_norm_")
-        targets.append({
-            "target": f"{workload}: guard_default <= clip_grad_norm_",
-            "measured": None if guard is None or clip is None
-            else f"{guard:.3f}x vs {clip:.3f}x",
-            "met": None if guard is None or clip is None else guard <= clip})
+        for variant in ("guard_default", "guard_deferred"):
+            guard, clip = ratio(workload, variant), ratio(workload, "clip_grad_norm_")
+            if variant == "guard_deferred" and guard is None:
+                continue
+            targets.append({
+                "target": f"{workload}: {variant} <= clip_grad_norm_",
+                "measured": None if guard is None or clip is None
+                else f"{guard:.3f}x vs {clip:.3f}x",
+                "met": None if guard is None or clip is None else guard <= clip})
     for variant, limit in (("guard_default", 1.01), ("guard_all_probes", 1.10)):
         value = ratio("gpt2", variant)
         targets.append({
@@ -497,6 +516,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated subset of {', '.join(VARIANTS[1:])} (baseline is "
                              "always timed); default: all")
+    parser.add_argument("--fused", action="store_true",
+                        help="every variant trains with AdamW(fused=True) (implied by "
+                             "guard_deferred)")
     parser.add_argument("--references", action="store_true",
                         help="add torch.autograd.set_detect_anomaly and transformers' "
                              "DebugUnderflowOverflow as reference variants (slow)")
@@ -515,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    variant_names = list(VARIANTS) + (list(REFERENCE_VARIANTS) if args.references else [])
+    variant_names = ([v for v in VARIANTS if v not in OPT_IN_VARIANTS]
+                     + (list(REFERENCE_VARIANTS) if args.references else []))
     if args.variants:
         chosen = [v for v in args.variants.split(",") if v]
         unknown = [v for v in chosen if v not in VARIANTS + REFERENCE_VARIANTS]
@@ -523,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: unknown variant(s) {', '.join(unknown)}", file=sys.stderr)
             return 2
         variant_names = ["baseline", *[v for v in chosen if v != "baseline"]]
+    fused = args.fused or "guard_deferred" in variant_names
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -532,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, dict[str, int]] = {}
     for name in workloads:
         workload = build_workload(name, device)
+        workload.fused = fused
         rounds = args.rounds or workload.rounds
         steps = args.steps_per_round or workload.steps_per_round
         if args.warmup is not None:
@@ -550,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = check_targets(results)
     print()
     print(f"trainguard {trainguard.__version__}, torch {torch.__version__}, device {device}, "
-          f"torch threads {torch.get_num_threads()}, python {platform.python_version()}")
+          f"torch threads {torch.get_num_threads()}, python {platform.python_version()}"
+          + (", AdamW(fused=True) in every variant" if fused else ""))
     for name, s in settings.items():
         other = s["other_cpu_share"]
         busy = ("" if other is None else f"; other processes used {other:.0%} of the CPU time"
@@ -581,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             "meta": {"trainguard": trainguard.__version__, "torch": torch.__version__,
                      "python": platform.python_version(), "device": str(device),
                      "threads": torch.get_num_threads(), "settings": settings,
+                     "fused": fused,
                      "ratio": "median over rounds of variant block / same-round baseline block",
                      "elapsed_s": elapsed},
             "results": results,

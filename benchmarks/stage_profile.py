@@ -8,6 +8,11 @@ and the whole step (forward, backward, Guard, optimizer) for scale.
 
     python benchmarks/stage_profile.py                 # both workloads
     python benchmarks/stage_profile.py --workload mlp --blocks 9 --steps 100
+    python benchmarks/stage_profile.py --workload mlp --sync deferred   # fused AdamW
+
+Under `--sync deferred` the stages are the device half (`measure_on_device`) and the host half
+run a step later (`read_late`, detect, explain, decide, act, settle, record); the optimizer is
+AdamW(fused=True), which the deferred mode needs (`--fused` gives the blocking mode the same).
 """
 
 from __future__ import annotations
@@ -46,16 +51,18 @@ def _timed(stage: Any, spent: dict[str, float]) -> Callable[..., None]:
     return timed
 
 
-def profile(workload_name: str, blocks: int, steps: int) -> dict[str, float]:
+def profile(workload_name: str, blocks: int, steps: int, sync: str = "blocking",
+            fused: bool = False) -> dict[str, float]:
     """Median microseconds per step, per stage and for the whole step."""
     workload = build_workload(workload_name, torch.device("cpu"))
     model = workload.model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr,
+                                  fused=True if fused or sync == "deferred" else None)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync))  # type: ignore[arg-type]
     spent: dict[str, float] = defaultdict(float)
     pipeline = guard.run.steps
-    pipeline.before = type(pipeline.before)(_timed(s, spent) for s in pipeline.before)
-    pipeline.after = type(pipeline.after)(_timed(s, spent) for s in pipeline.after)
+    for part in ("before", "after", "on_device", "late"):
+        setattr(pipeline, part, tuple(_timed(s, spent) for s in getattr(pipeline, part)))
     per_block: dict[str, list[float]] = defaultdict(list)
     batches = workload.batches
     for block in range(blocks + 1):  # the first block warms up
@@ -82,13 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--sync", choices=["blocking", "deferred"], default="blocking")
+    parser.add_argument("--fused", action="store_true",
+                        help="AdamW(fused=True) (always so under --sync deferred)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     for name in (["mlp", "gpt2"] if args.workload == "all" else [args.workload]):
         blocks, steps = DEFAULTS[name]
-        result = profile(name, args.blocks or blocks, args.steps or steps)
-        print(f"{name}: median us per step over blocks")
+        result = profile(name, args.blocks or blocks, args.steps or steps, args.sync,
+                         args.fused)
+        print(f"{name} ({args.sync}): median us per step over blocks")
         for stage, micros in result.items():
             print(f"  {stage:<20} {micros:10.1f}")
     return 0

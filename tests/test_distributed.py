@@ -128,6 +128,44 @@ def test_a_weight_non_finite_on_one_rank_only_is_infinitely_far() -> None:
 
 
 # -- two ranks -------------------------------------------------------------------------------------
+def test_ddp_deferred_skips_on_the_flag_reduced_across_ranks_as_blocking_does() -> None:
+    """`sync="deferred"` under DDP: every rank skips where any rank's loss or the agreed
+    gradients are not finite, clips on the agreed norm, and trains as the blocking run."""
+    blocking = run_ranks(scenarios.ddp_deferred, "blocking")
+    deferred = run_ranks(scenarios.ddp_deferred, "deferred")
+    assert all(r["deferred"] for r in deferred) and not any(r["deferred"] for r in blocking)
+    for rank in (0, 1):
+        assert deferred[rank]["reports"] == blocking[rank]["reports"][:-1]
+        assert deferred[rank]["events"] == blocking[rank]["events"]
+        assert deferred[rank]["weights"] == blocking[rank]["weights"]
+        assert deferred[rank]["adam_steps"] == blocking[rank]["adam_steps"] == [9.0]
+    assert deferred[0]["reports"] == deferred[1]["reports"]
+    assert [r[0] for r in deferred[0]["reports"] if r[1] == "skipped"] == [4, 7, 9]
+    assert any(r[1] == "clipped" for r in deferred[0]["reports"])
+    assert deferred[0]["weights"] == deferred[1]["weights"]
+    steady = [i for i in range(2, 12) if i not in (5, 8, 10)]  # not after a fault
+    assert [deferred[0]["blocking"][i] for i in steady] == [0] * len(steady)
+    assert [blocking[0]["blocking"][i] for i in steady] == [1] * len(steady)
+
+
+def test_fsdp2_deferred_clips_on_the_agreed_norm_as_blocking_does() -> None:
+    blocking = run_ranks(scenarios.fsdp2_deferred, "blocking")
+    deferred = run_ranks(scenarios.fsdp2_deferred, "deferred")
+    assert all(r["deferred"] for r in deferred)
+    for rank in (0, 1):
+        assert deferred[rank]["reports"] == blocking[rank]["reports"][:-1]
+        assert deferred[rank]["weights"] == blocking[rank]["weights"]
+    assert deferred[0]["reports"] == deferred[1]["reports"]
+    assert [r[1] for r in deferred[0]["reports"]].count("clipped") >= 1
+    assert deferred[0]["reports"][3][1] == "skipped"
+
+
+def test_ddp_defers_on_every_rank_or_none() -> None:
+    rank0, rank1 = run_ranks(scenarios.ddp_deferred_on_one_rank_only)
+    assert not rank0["deferred"] and not rank1["deferred"]
+    assert rank0["actions"] == rank1["actions"]  # (fused and foreach AdamW round apart)
+
+
 def test_ddp_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path) -> None:
     run_dir = tmp_path / "run"
     rank0, rank1 = run_ranks(scenarios.ddp_nonfinite_on_one_rank, str(run_dir))

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 Policy = Literal["observe", "protect", "halt", "recover"]
 POLICIES: tuple[str, ...] = ("observe", "protect", "halt", "recover")
+Sync = Literal["blocking", "deferred"]
+SYNCS: tuple[str, ...] = ("blocking", "deferred")
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
 
 
@@ -328,6 +330,7 @@ class GuardConfig:
 
     - clipping beyond the global limit: `clip_rule`, `agc`, and the adaptive clip's knobs
       (`auto_clip_ratio`, `auto_clip_zscore`, `auto_clip_warmup_ratio`, `auto_clip_alarm_steps`);
+    - when the host reads the step: `sync`;
     - halting and skipping: `halt_severity`, `max_consecutive_skips`, `snapshot_dir`;
     - checkpoints: `block_poisoned_checkpoints`;
     - proving causes: `prove`, `prove_budget_steps`;
@@ -382,6 +385,18 @@ class GuardConfig:
     auto_clip_alarm_steps: int = 20
     """After a gradient explosion, loss spike or divergence event, this many steps (that one
     included) are clipped at the run's typical norm."""
+
+    # -- When the host reads the step --
+    sync: Sync = "blocking"
+    """`blocking`: every step's summary is read on the host before its update is decided (one
+    host sync per step on an accelerator). `deferred`: the step's skip (non-finite loss or
+    gradients) and global clip are decided on the device, through `found_inf` for PyTorch's fused
+    Adam, AdamW and SGD, and its summary crosses to the host without a wait, to be judged at the
+    next step: detectors, events, sinks and halts run one step late. Taken by the plain-loop
+    `Guard` with a fused optimizer (a GradScaler alongside), no `clip_rule` or `agc`, under
+    observe, protect and halt, and under torch.distributed when the collectives run on the
+    model's device; otherwise the run says why once and runs blocking. The README says what one
+    step late changes."""
 
     # -- Halting and skipping --
     halt_severity: str = "error"
@@ -466,6 +481,8 @@ class GuardConfig:
             _require(isinstance(self.max_grad_norm, (int, float)), "GuardConfig.max_grad_norm",
                      f"must be a number > 0, 'auto' or None, got {self.max_grad_norm!r}")
             _positive(self.max_grad_norm, "GuardConfig.max_grad_norm")
+        _require(self.sync in SYNCS, "GuardConfig.sync",
+                 f"unknown sync {self.sync!r}; choose one of {', '.join(SYNCS)}")
         _at_least(self.sample_every, 1, "GuardConfig.sample_every")
         _require(self.prove in ("auto", "on", "off"), "GuardConfig.prove",
                  f"must be 'auto', 'on' or 'off', got {self.prove!r}")

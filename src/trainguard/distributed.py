@@ -46,7 +46,7 @@ from trainguard.events import Event
 from trainguard.params import WatchedParams
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.local import local_tensor
-from trainguard.probes.packing import DevicePack
+from trainguard.probes.packing import DevicePack, Finish, PendingPack
 from trainguard.registry import Reduction, Scope, metric_key
 from trainguard.transfer import to_host
 
@@ -642,6 +642,53 @@ class AgreedPack(DevicePack):
         self._fingerprint = agreement.weight_fingerprint() if fingerprint else None
         self.fingerprinted = self._fingerprint is not None
         self.ring_wish = ring_wish
+        self._agreed: torch.Tensor | None = None
+        """The step's reduced vector, once `agree_now` ran it."""
+
+    @property
+    def reduces_on_host(self) -> bool:
+        """Whether the all-reduce waits for the transfer (gloo serving an accelerator)."""
+        return self._on_host
+
+    def agree_now(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Under `sync="deferred"`: the step's all-reduce now, before the optimizer step, on the
+        collective device (no host read). Returns the agreed global gradient norm and loss (None
+        without one) as float32 scalars on the model's device, as the host will read them."""
+        if self._on_host:
+            raise UsageError("the agreed signals of this pack are reduced on the host")
+        local, agreement = self._local, self._agreement
+        self._agreed = agreement.reduce(agreement.local_vector(
+            local.get("loss"), local.get("fp16_grad_maxabs"), local["param_grad_norm"],
+            self._fingerprint, self.ring_wish))
+        device = self.device if self.device is not None else self._agreed.device
+        norm = self._agreed[4].to(device=device, dtype=torch.float32)
+        loss = (self._agreed[0].to(device=device, dtype=torch.float32) if "loss" in local
+                else None)
+        return norm, loss
+
+    def start_fetch(self, finish: Finish | None = None) -> PendingPack:
+        """The step's transfer started without a wait (after `agree_now`'s all-reduce, or one
+        now); split as `fetch` splits it."""
+        if self._on_host:
+            raise UsageError("the agreed signals of this pack are reduced on the host")
+        self._reduce_sampled()
+        if self._agreed is None:
+            self.agree_now()
+        assert self._agreed is not None
+        super().add("agreed", self._agreed)
+        agreement = self._agreement
+
+        def split(host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            host.update(agreement.split(host.pop("agreed")))
+            return host if finish is None else finish(host)
+
+        return super().start_fetch(split)
+
+    def _reduce_sampled(self) -> None:
+        if self._sampled:  # heavy-probe results of a sampled step: decisions read them too
+            for name, tensor in self._agreement.reduce_sampled(self._sampled).items():
+                super().add(name, tensor)
+            self._sampled = {}
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         if _agreed_every_step(name):
@@ -653,9 +700,7 @@ class AgreedPack(DevicePack):
 
     def fetch(self) -> dict[str, np.ndarray]:
         agreement, local = self._agreement, self._local
-        if self._sampled:  # heavy-probe results of a sampled step: decisions read them too
-            for name, tensor in agreement.reduce_sampled(self._sampled).items():
-                super().add(name, tensor)
+        self._reduce_sampled()
         if self._on_host:
             for name, tensor in local.items():
                 super().add(f"local:{name}", tensor)

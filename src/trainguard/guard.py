@@ -37,6 +37,7 @@ from trainguard.errors import PeerLost, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
 from trainguard.pipeline.run import Run
 from trainguard.recovery import Recovery
+from trainguard.remedies.device import skip_on_device
 from trainguard.sinks import Sink
 from trainguard.verdict import RunVerdict
 from trainguard.vocabulary import Status
@@ -61,7 +62,8 @@ class Guard:
         self.scheduler = scheduler
         self.run = Run(model, optimizer, config=config or GuardConfig(), run_dir=run_dir,
                        sinks=sinks or (), scaler=scaler, scheduler=scheduler, replay_fn=replay_fn,
-                       owns_scaler_step=True, resume=resume, mid_run=resume)
+                       owns_scaler_step=True, resume=resume, mid_run=resume,
+                       owns_optimizer_step=True)
         self.scaler = self.run.scaler
         self.config = self.run.config
 
@@ -91,7 +93,7 @@ class Guard:
     @property
     def global_step(self) -> int:
         """Number of steps taken so far (the index of the next step)."""
-        return self.run.state.step
+        return self.run.steps_taken
 
     @property
     def skipped_data(self) -> set[Any]:
@@ -99,12 +101,16 @@ class Guard:
         recovery = self.run.state.recovery
         return recovery.skipped_data if recovery is not None else set()
 
-    def step(self, loss: Any, *, batch: Any = None, data_ids: Any = None) -> StepReport:
+    def step(self, loss: Any, *, batch: Any = None, data_ids: Any = None) -> StepReport | None:
         """Check the gradients of this step, then apply, clip, skip, roll back or halt.
 
         Call after `loss.backward()` (or `scaler.scale(loss).backward()`), with the unscaled loss.
         `data_ids` names the data of this step for the `recover` policy's skip list (for example
         the dataset indices of the batch); by default it is the batch's running position.
+
+        Under `GuardConfig(sync="deferred")` the step is skipped or clipped on the device and
+        judged at the next call: the report returned is the step before's (None at the first),
+        and the scheduler steps for an applied update at the next call (or at `close`).
         """
         if self.run.closed:
             self.run.raise_if_peer_lost()
@@ -118,6 +124,15 @@ class Guard:
                 self.scheduler.step()
             return StepReport(step=ctx.step, loss=None, grad_norm=float("nan"),
                               action="applied", events=list(ctx.events))
+        if ctx.deferred:
+            if ctx.found_inf is None:  # observe without a GradScaler: every update goes ahead
+                self.optimizer.step()
+            else:
+                with skip_on_device(self.optimizer, ctx.found_inf):
+                    self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.update()  # on the device: lowers the scale after an overflow
+            return self.run.after_update(ctx)
         if ctx.applied:
             self.optimizer.step()
             if self.scaler is not None:
@@ -199,6 +214,7 @@ class Guard:
         that write failed: logged, training goes on)."""
         from trainguard.checkpoint_health import current_health, mark_checkpoint
 
+        self.run.flush()  # a deferred run's last step is judged before its health is told
         if path is None:
             return current_health(self.run)
         return mark_checkpoint(path, self.run)

@@ -82,6 +82,89 @@ def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, 
                         str(guard.run.dist.device), guard.run.dist.is_main)}
 
 
+def ddp_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
+    """`ddp_nonfinite_on_one_rank`'s faults with a fused AdamW and a fixed clip, under `sync`:
+    at step 7 only rank 1's loss is inf (its gradients are finite), so only the flag reduced
+    across ranks tells rank 0 to skip."""
+    from trainguard.transfer import blocking_transfer_count
+
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync,  # type: ignore[arg-type]
+                                                       max_grad_norm=0.5))
+    reports, blocking = [], []
+    for step in range(12):
+        x, y = regression_batch(rank, step)
+        if step == 4 and rank == 1:
+            x[3, 2] = math.nan
+        loss = F.mse_loss(model(x), y)
+        if step == 7 and rank == 1:
+            loss = loss + math.inf
+        if step == 9:
+            loss = loss + (math.inf if rank == 1 else -math.inf)
+        loss.backward()
+        before = blocking_transfer_count()
+        report = guard.step(loss)
+        blocking.append(blocking_transfer_count() - before)
+        optimizer.zero_grad(set_to_none=True)
+        if report is not None:
+            reports.append((report.step, report.action, report.clip_coef, event_view(report)))
+    guard.close()
+    state = optimizer.state_dict()["state"]
+    return {"reports": reports, "blocking": blocking, "deferred": guard.run.deferred,
+            "events": [(e.kind, e.step) for e in guard.events],
+            "weights": flat_weights(model),
+            "adam_steps": sorted({float(s["step"]) for s in state.values()})}
+
+
+def fsdp2_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
+    """FSDP2 with a fused AdamW and a fixed clip under `sync`: the clip factor comes from the
+    shards' norms agreed across ranks; at step 3 only rank 1's loss is NaN."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+    fully_shard(model[0])
+    fully_shard(model[2])
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync,  # type: ignore[arg-type]
+                                                       max_grad_norm=0.3))
+    reports = []
+    for step in range(8):
+        gen = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+        loss = F.mse_loss(model(x), y)
+        if step == 3 and rank == 1:
+            loss = loss + math.inf
+        loss.backward()
+        report = guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        if report is not None:
+            reports.append((report.step, report.action, report.clip_coef))
+    guard.close()
+    local = [p.to_local().detach().reshape(-1) if hasattr(p, "to_local") else p.detach()
+             for p in model.parameters()]
+    return {"reports": reports, "deferred": guard.run.deferred,
+            "weights": torch.cat([t.reshape(-1).double() for t in local]).tolist()}
+
+
+def ddp_deferred_on_one_rank_only(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1's optimizer cannot skip on the device: every rank then runs blocking."""
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=rank == 0)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync="deferred"))
+    actions = []
+    for step in range(4):
+        x, y = regression_batch(rank, step)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        actions.append(guard.step(loss).action)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return {"deferred": guard.run.deferred, "actions": actions}
+
+
 def ddp_nan_batch_on_one_rank(rank: int, world: int, batch_from: int | None = 6,
                               loss_from: int | None = None) -> dict[str, Any]:
     """Rank 1 alone: a NaN in its batch at step `batch_from`, or a NaN loss from a clean batch

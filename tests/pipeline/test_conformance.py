@@ -17,7 +17,7 @@ from trainguard.pipeline.policy import Decision
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.remedies import AdaptiveClip
-from trainguard.transfer import transfer_count
+from trainguard.transfer import blocking_transfer_count, transfer_count
 
 from ..conftest import make_setup
 
@@ -74,21 +74,23 @@ class _Spy:
 def test_the_stages_make_one_host_transfer_per_step(config: GuardConfig) -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer, setup.scheduler, config=config)
-    counts = []
+    counts, blocking = [], []
     for step in range(8):
         batch = setup.batch()
         loss = setup.model.loss(batch)
         if step == 5:
             loss = loss * math.nan
         loss.backward()
-        before = transfer_count()
+        before, blocked = transfer_count(), blocking_transfer_count()
         guard.step(loss, batch=batch)
         counts.append(transfer_count() - before)
+        blocking.append(blocking_transfer_count() - blocked)
         setup.optimizer.zero_grad(set_to_none=True)
     guard.close()
     # a NaN step inspects its batch in full (one more transfer, on an anomaly only)
     assert counts[:5] == [1] * 5 and counts[6:] == [1] * 2
     assert counts[5] <= 2
+    assert blocking == counts  # the host waits for every one of them
 
 
 def test_nan_everywhere_is_skipped_not_fatal() -> None:

@@ -47,6 +47,9 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
 def act(ctx: StepContext, state: RunState, services: Services) -> None:
     decision, prover = ctx.decision, services.prover
     assert decision is not None
+    if ctx.deferred:
+        _act_late(ctx, state, services)
+        return
     prover.see(ctx)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
@@ -71,6 +74,22 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
         if ctx.outcome == "skipped":
             ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
                     reason=decision.reason)
+
+
+def _act_late(ctx: StepContext, state: RunState, services: Services) -> None:
+    """A deferred step, judged after the device skipped or clipped it and the optimizer stepped:
+    what is left is a halt (of the run as it now is, the next step's gradients dropped), the
+    LR brake (for the steps to come) and the record of a skip. No replay proves its causes: the
+    state from before its update is gone."""
+    decision = ctx.decision
+    assert decision is not None
+    if ctx.outcome == "halted":
+        _halt(ctx, state, services)
+    elif ctx.applied:
+        _brake(ctx, state)
+    elif ctx.outcome == "skipped":
+        ctx.act("skip", f"update of step {ctx.step} skipped on the device: {decision.reason}",
+                reason=decision.reason)
 
 
 def _brake(ctx: StepContext, state: RunState) -> None:

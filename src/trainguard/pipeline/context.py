@@ -18,6 +18,7 @@ import torch
 from trainguard.diagnose import Finding
 from trainguard.events import Action, ActionRecord, Event, StepReport
 from trainguard.pipeline.policy import Decision, applies
+from trainguard.probes.packing import DevicePack, PendingPack
 from trainguard.signals import StepSignals
 
 BATCH_KEY = "batch"
@@ -36,6 +37,20 @@ class PendingStats:
 
 
 @dataclass(slots=True)
+class PackedStep:
+    """One step's values gathered on the device, before they cross to the host."""
+
+    pack: DevicePack
+    loss: torch.Tensor | None
+    global_norm: torch.Tensor
+    lrs: list[Any]
+    pending: list[PendingStats]
+    """The heavy-probe results of earlier steps in the pack."""
+    extra: list[str]
+    """The names of the extra tensors in the pack (`x:<name>`)."""
+
+
+@dataclass(slots=True)
 class StepContext:
     step: int
     """Index of this step (the first is 0)."""
@@ -48,6 +63,10 @@ class StepContext:
     carried: list[PendingStats] = field(default_factory=list)
     """Heavy-probe results of earlier steps, to ride this step's transfer (`measure` takes
     them; what it did not take goes on to the next step)."""
+
+    deferred: bool = False
+    """`sync="deferred"`: the step's skip and clip were decided on the device, and its summary
+    is read on the host at the next step, after its update."""
 
     # measure
     new_params: ActionRecord | None = None
@@ -63,6 +82,11 @@ class StepContext:
     """Host copies of the extra tensors that rode along with the step's transfer."""
     batch_stats: Any = None
     """The batch's on-device statistics (sampled steps), read back by `detect`."""
+    packed: PackedStep | None = None
+    in_flight: PendingPack | None = None
+    """Deferred steps: the pack and its copy on the way to the host."""
+    found_inf: torch.Tensor | None = None
+    """Deferred steps: 1.0 on the device when the update is to be skipped (not under observe)."""
 
     # detect, explain
     events: list[Event] = field(default_factory=list)

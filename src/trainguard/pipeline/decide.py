@@ -29,9 +29,12 @@ def decide(ctx: StepContext, state: RunState, services: Services) -> None:
     alarm = kinds_tagged(Tag.CLIP_ALARM)  # the kinds that put the adaptive clip in alarm
     if state.auto_clip is not None and any(e.kind in alarm for e in shared):
         state.auto_clip.alarm(ctx.step)  # this step is clipped at the typical norm already
-    limit = state.clip_limit()
-    # the one computation of the step's limit (the fixed one, when the state has none)
-    ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
+    if ctx.deferred:  # the device clipped at the limit in force before this step's events
+        limit = ctx.clip_limit
+    else:
+        limit = state.clip_limit()
+        # the one computation of the step's limit (the fixed one, when the state has none)
+        ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
     decision = choose_action(config, signals, shared, state.consecutive_skips,
                              max_grad_norm=ctx.clip_limit,
                              adaptive=state.auto_clip is not None

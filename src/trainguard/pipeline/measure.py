@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainguard.distributed import AgreedPack
 from trainguard.errors import UsageError
 from trainguard.events import ActionRecord
-from trainguard.pipeline.context import BATCH_KEY, PendingStats, StepContext
+from trainguard.pipeline.context import BATCH_KEY, PackedStep, PendingStats, StepContext
 from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
 from trainguard.probes.packing import DevicePack
+from trainguard.remedies.device import device_decision, scale_on_device
 from trainguard.signals import SampledStats, StepSignals
 
 PRECURSOR = "pre:"
@@ -46,6 +48,12 @@ def loss_tensor(loss: Any) -> torch.Tensor | None:
 
 
 def measure(ctx: StepContext, state: RunState, services: Services) -> None:
+    step = pack_step(ctx, state, services)
+    read_step(ctx, state, services, step, step.pack.fetch())
+
+
+def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedStep:
+    """Everything `measure` reads, gathered on the device into one pack (no host read)."""
     config, device = services.config, services.device
     ctx.new_params = watch_new_params(state, services, ctx.step)
     ranks = services.ranks  # after the parameters it lays out are final
@@ -73,7 +81,7 @@ def measure(ctx: StepContext, state: RunState, services: Services) -> None:
             else ranks.step_pack(device, fingerprint=ctx.fingerprint, ring_wish=ctx.ring_wish))
     if loss_t is not None:
         pack.add("loss", loss_t)
-    _, ctx.grads, _ = services.watch.grad_probe.measure(pack, device)
+    _, ctx.grads, global_norm = services.watch.grad_probe.measure(pack, device)
     lrs = [group.get("lr") for group in services.optimizer.param_groups]
     if any(isinstance(lr, torch.Tensor) for lr in lrs):  # capturable optimizers
         pack.add("lr", torch.stack([torch.as_tensor(
@@ -90,9 +98,47 @@ def measure(ctx: StepContext, state: RunState, services: Services) -> None:
     pack_pending(pack, pending)
     for key, tensor in extra.items():
         pack.add(f"x:{key}", tensor)
-    host = pack.fetch()
-    ctx.signals = _signals(ctx, state, services, host, lrs, pending)
-    ctx.extra = {key: host[f"x:{key}"] for key in extra}
+    return PackedStep(pack=pack, loss=loss_t, global_norm=global_norm, lrs=lrs,
+                      pending=pending, extra=list(extra))
+
+
+def read_step(ctx: StepContext, state: RunState, services: Services, step: PackedStep,
+              host: dict[str, np.ndarray]) -> None:
+    """The step's signals from the pack's host copy."""
+    ctx.signals = _signals(ctx, state, services, host, step.lrs, step.pending)
+    ctx.extra = {key: host[f"x:{key}"] for key in step.extra}
+
+
+def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> None:
+    """`sync="deferred"`: the step's skip flag and global clip decided on the device from its
+    measured norm, the clip applied, and the pack's copy to the host started without a wait;
+    `read_late` reads it at the next step."""
+    config = services.config
+    step = pack_step(ctx, state, services)
+    limit = state.clip_limit()
+    # the limit in force before this step's own events, which the host judges a step later
+    ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
+    if isinstance(step.pack, AgreedPack):  # every rank skips and clips on the agreed values
+        norm, loss = step.pack.agree_now()
+    else:  # the loss as the pack carries it (float32), so the host's finiteness agrees
+        norm, loss = step.global_norm, (step.loss.to(torch.float32) if step.loss is not None
+                                        else None)
+    # observe skips only what a GradScaler refuses: non-finite gradients, whatever the loss
+    observe = config.policy == "observe"
+    ctx.found_inf, coef = device_decision(norm, None if observe else loss, ctx.clip_limit,
+                                          skip=not observe or services.scaler is not None)
+    if coef is not None:
+        scale_on_device(ctx.grads, coef)
+    if ctx.sampled:
+        services.watch.weight_probe.remember()
+    ctx.packed, ctx.in_flight = step, step.pack.start_fetch()
+
+
+def read_late(ctx: StepContext, state: RunState, services: Services) -> None:
+    """A deferred step's signals, from its copy (arrived while the next step ran)."""
+    assert ctx.packed is not None and ctx.in_flight is not None
+    read_step(ctx, state, services, ctx.packed, ctx.in_flight.result())
+    ctx.packed = ctx.in_flight = None  # the device tensors are not needed any more
 
 
 def watch_new_params(state: RunState, services: Services, step: int) -> ActionRecord | None:

@@ -51,13 +51,14 @@ from trainguard.pipeline.act import apply_rollback
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.detect import run_detectors
 from trainguard.pipeline.measure import flush_pending
-from trainguard.pipeline.services import build_services
+from trainguard.pipeline.services import Services, build_services
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
 from trainguard.remedies import build_rule
+from trainguard.remedies.device import skips_on_device
 from trainguard.remedies.robust import RobustClipLimit
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
@@ -75,14 +76,16 @@ class Run:
     `scaler.update()` itself after the checks (the Guard); a rollback then closes the scaler's
     step before restoring it. `resume`: continue the latest run recorded in `run_dir` instead of
     starting a new one there. `mid_run`: the job restarts from a checkpoint (the preflight, which
-    would misread a schedule already under way, is skipped)."""
+    would misread a schedule already under way, is skipped). `owns_optimizer_step`: the caller
+    (the Guard) takes the optimizer step itself, so `sync="deferred"` can hand it the device's
+    skip flag (`StepContext.found_inf`) and step the scheduler when a step is known applied."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  config: GuardConfig | None = None, run_dir: str | Path | None = None,
                  sinks: Iterable[Sink] = (), scaler: Any = None, scheduler: Any = None,
                  rewind_schedulers: Iterable[Any] = (), replay_fn: LossFn | None = None,
                  owns_scaler_step: bool = False, integration: str = "", resume: bool = False,
-                 mid_run: bool = False) -> None:
+                 mid_run: bool = False, owns_optimizer_step: bool = False) -> None:
         config = _checked(config, model, optimizer)
         self.config = config
         watched = watched_params(model, [optimizer])
@@ -123,6 +126,11 @@ class Run:
                 scaler=self.services.scaler, config=config)
             self.state.recovery.start(self.state.step, self.state.rewind_state())
         self.steps = StepPipeline(self.state, self.services)
+        self.deferred = _deferral(config, self.services, owns_optimizer_step)
+        """`sync="deferred"` in force: each step is judged on the host at the next one."""
+        self._late: StepContext | None = None
+        """Under `sync="deferred"`: the step whose update was taken, judged at the next step."""
+        self._concluded: StepReport | None = None
         self.schedule_sampling()
 
     # -- what the stages use, by name ------------------------------------------------------------
@@ -148,8 +156,13 @@ class Run:
         assert self.state.metric_watch is not None
         return self.state.metric_watch
 
-    def schedule_sampling(self, after_event: bool = False) -> None:
-        schedule_sampling(self.state, self.services, after_event)
+    def schedule_sampling(self, after_event: bool = False, ahead: int = 0) -> None:
+        schedule_sampling(self.state, self.services, after_event, ahead)
+
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps taken so far, the one a deferred run has yet to judge included."""
+        return self.state.step + (self._late is not None)
 
     # -- one step ----------------------------------------------------------------------------------
     def before_update(self, loss: Any, *, batch: Any = None,
@@ -161,15 +174,19 @@ class Run:
             self.raise_if_peer_lost()
             raise UsageError("trainguard is closed for this run; start a new one to keep training")
         state = self.state
+        if self.deferred:
+            # the step before, judged now (may halt), unless a checkpoint judged it already
+            self._concluded = self.conclude_late() or self._concluded
         if self.dist is not None:
             self.dist.link.step = state.step
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
                           data_ids=state.data_position if data_ids is None else data_ids,
-                          sampled=state.sampled_now, carried=self.steps.queued)
+                          sampled=state.sampled_now, carried=self.steps.queued,
+                          deferred=self.deferred)
         self.steps.queued = []
         state.data_position += 1
         self._pending = None
-        failure = self.steps.check(ctx)
+        failure = self.steps.start(ctx) if self.deferred else self.steps.check(ctx)
         if failure is not None:
             journal = self.services.journal
             if ctx.new_params is not None:  # said outside a step: record will not run
@@ -177,15 +194,49 @@ class Run:
             journal.add_findings(ctx.findings)
             ctx.events[:] = [self.unguarded(failure)]
             ctx.unguarded = failure
+            self._concluded = None  # the sinks heard the step before; this step's report wins
+            return ctx
+        if self.deferred:  # judged at the next step; the step after it is sampled or not now
+            self._late = ctx
+            self.schedule_sampling(ahead=1)
             return ctx
         if ctx.outcome == "halted":
             self._halt(ctx)
         self._pending = ctx
         return ctx
 
+    def conclude_late(self, *, closing: bool = False) -> StepReport | None:
+        """Under `sync="deferred"`: judge the step whose update was taken last (its summary
+        read from the copy started at its step), step the scheduler when its update was
+        applied, settle and record it; its report (None when there was none, or its judgement
+        failed: a `monitor_error`). A halt raises TrainingDiverged, as at a step, unless the run
+        is `closing`."""
+        ctx, self._late = self._late, None
+        if ctx is None:
+            return None
+        failure = self.steps.conclude(ctx)
+        if failure is not None:  # the step went as the device decided; it goes unjudged
+            self.services.journal.add_findings(ctx.findings)
+            self.unguarded(failure, late=True)
+            return None
+        if ctx.outcome == "halted":
+            if not closing:
+                self._halt(ctx)
+            self.halted = True
+        elif self.scheduler is not None and (ctx.applied or (
+                self.config.policy == "observe" and self.scaler is not None)):
+            # the schedule follows the updates really applied (under observe, as the plain loop
+            # steps it past the GradScaler's skips)
+            self.scheduler.step()
+        self.steps.settle(ctx)
+        return ctx.report
+
     def after_update(self, ctx: StepContext | None = None) -> StepReport | None:
         """Settle and record the step checked by `before_update`; call after the optimizer step
         and the scheduler step. None when no step was pending (the check failed)."""
+        if ctx is not None and ctx.deferred and ctx.unguarded is None:
+            report, self._concluded = self._concluded, None  # the step before this one's
+            return report
         pending, self._pending = self._pending, None
         if ctx is not None and ctx is not pending:
             pending = None if ctx.unguarded is not None else ctx
@@ -225,7 +276,7 @@ class Run:
         if not isinstance(metrics, Mapping):
             raise UsageError(f"metrics must be a mapping of names to numbers, got "
                              f"{type(metrics).__name__}")
-        at = max(self.state.step - 1, 0) if step is None else int(step)
+        at = max(self.steps_taken - 1, 0) if step is None else int(step)
         numbers = {str(k): float(v) for k, v in metrics.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.sinks.on_eval(at, numbers)
@@ -247,7 +298,7 @@ class Run:
     def check_batch(self, batch: Any) -> list[Finding]:
         """Inspect a batch before the forward pass; raise BatchError (and record the event) for
         one the model cannot take."""
-        findings, fatal = self.batches.fatal(batch, self.state.step)
+        findings, fatal = self.batches.fatal(batch, self.steps_taken)
         if fatal is not None:
             self.emit_event(fatal)
             raise BatchError(fatal.message)
@@ -269,11 +320,13 @@ class Run:
                                       details=dict(event.details)))
         return event
 
-    def unguarded(self, error: Exception) -> Event:
+    def unguarded(self, error: Exception, *, late: bool = False) -> Event:
         """What the loop would do without trainguard: clip as configured; the step goes ahead.
         Returns the step's `monitor_error`. The same failure on step after step is recorded
         once, and once more saying how often it recurred when another failure comes or the run
-        closes: not one event per step flooding the store."""
+        closes: not one event per step flooding the store. `late`: the judgement of a deferred
+        step failed after its update was taken as the device decided (nothing left to clip; its
+        scheduler step is taken, as the plain loop would)."""
         text = f"{type(error).__name__}: {error}"
         event = Event(kind="monitor_error", step=self.state.step, severity="warning",
                       message=f"trainguard could not check this step ({text}); it was applied "
@@ -287,14 +340,20 @@ class Run:
             log.error("trainguard: %s", event.message)
             self.emit_event(event)
         try:
-            params = [p for p in self.watched.params if p.grad is not None]
-            limit = self.state.clip_limit()
-            if limit is not None and params:
-                torch.nn.utils.clip_grad_norm_(params, limit)
+            if late:
+                if self.scheduler is not None:
+                    self.scheduler.step()
+            else:
+                params = [p for p in self.watched.params if p.grad is not None]
+                limit = self.state.clip_limit()
+                if limit is not None and params:
+                    torch.nn.utils.clip_grad_norm_(params, limit)
         except Exception as exc:  # the optimizer step still runs
-            log.error("trainguard: clipping failed too (%s: %s)", type(exc).__name__, exc)
+            log.error("trainguard: %s failed too (%s: %s)",
+                      "the scheduler step" if late else "clipping", type(exc).__name__, exc)
         self.state.step += 1
-        self.schedule_sampling()
+        if not late:  # a deferred run schedules its next sampling after the device half
+            self.schedule_sampling()
         return event
 
     def _report_repeats(self) -> None:
@@ -337,7 +396,16 @@ class Run:
             log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
             return []
 
+    def flush(self) -> None:
+        """Under `sync="deferred"`: judge the step taken last now (a wait for its summary), as
+        before a checkpoint; it may halt the run. Nothing to do otherwise."""
+        if self._late is not None and not self.closed:
+            self._concluded = self.conclude_late()
+
     def state_dict(self) -> dict[str, Any]:
+        """The run's state between two steps (under `sync="deferred"`, with the last step
+        judged first)."""
+        self.flush()
         return portable(self.state.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -355,6 +423,15 @@ class Run:
             return self._close(status)
 
     def _close(self, status: Status) -> list[RankedCause]:
+        lost = self.dist is not None and self.dist.link.lost is not None
+        if self._late is not None and not lost:  # the last deferred step, judged before the end
+            try:
+                self.conclude_late(closing=True)
+            except Exception as exc:  # its judgement is lost (a peer too), the run still closes
+                log.error("trainguard: could not judge the last step (%s: %s)",
+                          type(exc).__name__, exc)
+            if self.halted:
+                status = "halted"
         self.closed = True
         self._report_repeats()
         if self._lifecycle is not None:
@@ -475,6 +552,34 @@ def _on_lost(run: Run) -> Callable[[PeerLost], None]:
             alive.peer_lost(error)
 
     return lost
+
+
+def _deferral(config: GuardConfig, services: Services, owns_optimizer_step: bool) -> bool:
+    """Whether `sync="deferred"` is in force; when asked for and not possible, says why once."""
+    if config.sync != "deferred":
+        return False
+    why = None
+    if not owns_optimizer_step:
+        why = "the trainer takes the optimizer step (only the plain-loop Guard defers)"
+    elif services.dist is not None and services.dist.device.type == "cpu" \
+            and services.device.type != "cpu":
+        why = "gloo serving an accelerator reduces the step's signals on the host"
+    elif config.policy == "recover":
+        why = "the recover policy decides its rollbacks before the update"
+    elif config.clip_rule is not None or config.agc is not None:
+        why = "clip_rule and agc read the norms on the host"
+    elif not skips_on_device(services.optimizer):
+        why = (f"{type(services.optimizer).__name__} cannot skip a step on the device: use "
+               f"Adam, AdamW or SGD with fused=True (SGD with momentum: after its first step)")
+    # every rank or none: a deferred rank's collectives run in another order than a blocking one's
+    if services.dist is not None and services.dist.agree_max(int(why is not None)) \
+            and why is None:
+        why = "another rank cannot defer"
+    if why is not None:
+        log.warning("trainguard: sync='deferred' is not available here (%s); every step is "
+                    "read on the host before its update", why)
+        return False
+    return True
 
 
 def _checked(config: Any, model: Any, optimizer: Any) -> GuardConfig:

@@ -50,15 +50,20 @@ def settle(ctx: StepContext, state: RunState, services: Services) -> None:
                                 float("inf"))
     if ctx.applied and state.recovery is not None:
         state.recovery.after_applied(state.step, state.rewind_state)
-    schedule_sampling(state, services, after_event=ctx.sample_next)
+    if ctx.deferred:  # the next step ran its forward pass already: the run schedules the one after
+        state.sample_next = state.sample_next or ctx.sample_next
+    else:
+        schedule_sampling(state, services, after_event=ctx.sample_next)
 
 
-def schedule_sampling(state: RunState, services: Services, after_event: bool = False) -> None:
+def schedule_sampling(state: RunState, services: Services, after_event: bool = False,
+                      ahead: int = 0) -> None:
     """Decide before the forward pass of the next step whether it is sampled (by the schedule,
     after an event of the step before, or as a resumed run's state says); attach the activation
-    and output hooks if so."""
+    and output hooks if so. `ahead`: that step is `state.step + ahead` (1 under
+    `sync="deferred"`, whose steps are settled one step late)."""
     config = services.config
-    scheduled = config.sample_all_steps or state.step % config.sample_every == 0
+    scheduled = config.sample_all_steps or (state.step + ahead) % config.sample_every == 0
     state.sampled_now = scheduled or state.sample_next or after_event
     state.sample_next = False
     if state.sampled_now:

@@ -4,6 +4,10 @@
     the optimizer step          taken by the Guard, or by the trainer (HF, Lightning)
     after it                    settle -> record
 
+Under `sync="deferred"` a step is split: `measure_on_device` before its optimizer step (skip
+flag and clip on the device, the copy to the host started), and at the next step, after its
+update, `read_late -> detect -> explain -> decide -> act` then `settle -> record`.
+
 Each stage is a function of (`StepContext`, `RunState`, `Services`). When trainguard itself fails
 in `measure`, `detect` or `decide`, `check` returns the failure and the `Run` applies the step
 unguarded (a monitoring bug must not kill a run); a failure in any other stage, or after the
@@ -19,7 +23,7 @@ from trainguard.pipeline.context import PendingStats, StepContext
 from trainguard.pipeline.decide import decide
 from trainguard.pipeline.detect import detect
 from trainguard.pipeline.explain import explain
-from trainguard.pipeline.measure import measure
+from trainguard.pipeline.measure import measure, measure_on_device, read_late
 from trainguard.pipeline.record import record
 from trainguard.pipeline.services import Services, Stage
 from trainguard.pipeline.settle import settle
@@ -28,7 +32,12 @@ from trainguard.pipeline.state import RunState
 BEFORE_UPDATE: tuple[Stage, ...] = (measure, detect, explain, decide, act)
 AFTER_UPDATE: tuple[Stage, ...] = (settle, record)
 STAGE_NAMES: tuple[str, ...] = tuple(s.__name__ for s in BEFORE_UPDATE + AFTER_UPDATE)
-GUARDED = ("measure", "detect", "decide")
+ON_DEVICE: tuple[Stage, ...] = (measure_on_device,)
+"""`sync="deferred"`: the device half of a step, before its update."""
+LATE: tuple[Stage, ...] = (read_late, detect, explain, decide, act)
+"""`sync="deferred"`: the judgement of a step whose update the device already skipped or
+clipped, run at the next step."""
+GUARDED = ("measure", "measure_on_device", "read_late", "detect", "decide")
 """Stages whose failure leaves the step unchecked (it is then applied unguarded)."""
 
 
@@ -38,6 +47,8 @@ class StepPipeline:
         self.services = services
         self.before: tuple[Stage, ...] = BEFORE_UPDATE
         self.after: tuple[Stage, ...] = AFTER_UPDATE
+        self.on_device: tuple[Stage, ...] = ON_DEVICE
+        self.late: tuple[Stage, ...] = LATE
         self.queued: list[PendingStats] = []
         """Heavy-probe results on the device, waiting for the next step's transfer."""
 
@@ -54,6 +65,33 @@ class StepPipeline:
                 if stage.__name__ not in GUARDED or ctx.decision is not None:
                     raise
                 self.queued = ctx.carried
+                return exc
+        return None
+
+    def start(self, ctx: StepContext) -> Exception | None:
+        """`sync="deferred"`: the device half of a step, before its update. Returns its failure
+        (the step is then applied unguarded), None when the device decided it."""
+        for stage in self.on_device:
+            try:
+                stage(ctx, self.state, self.services)
+            except TrainguardError:
+                raise
+            except Exception as exc:
+                self.queued = ctx.carried
+                return exc
+        return None
+
+    def conclude(self, ctx: StepContext) -> Exception | None:
+        """`sync="deferred"`: judge a step whose update was taken; as `check`, the failure of a
+        guarded stage before the decision comes back."""
+        for stage in self.late:
+            try:
+                stage(ctx, self.state, self.services)
+            except TrainguardError:
+                raise
+            except Exception as exc:
+                if stage.__name__ not in GUARDED or ctx.decision is not None:
+                    raise
                 return exc
         return None
 
