@@ -189,3 +189,49 @@ def test_a_rollback_after_a_proved_float16_overflow_halts_with_the_advice() -> N
     prover.proofs[0].confirmed = {"outlier_batch": "confirmed"}
     assert prover.precision_halt(decided(30, "rolled_back")) is None
     guard.close()
+
+
+class Amplify(nn.Module):
+    """A checkpoint whose hidden activations are large: fine in fp32 and bf16, beyond float16's
+    65504."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(8, 64)
+        self.down = nn.Linear(64, 2)
+        with torch.no_grad():
+            self.up.weight.mul_(2e5)
+            self.down.weight.div_(2e5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_a_float16_run_that_overflows_is_proved_then_halted_with_the_bf16_advice(
+        tmp_path: Path) -> None:
+    """A real float16 run under `recover`: its first rollback's replay confirms the overflow in
+    bf16, and the rollback after it halts with the advice to switch (no rollback changes the
+    precision)."""
+    model = Amplify()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    guard = Guard(model, opt, scaler=scaler,
+                  config=config(policy="recover", snapshot_dir=str(tmp_path)), replay_fn=mse)
+    with pytest.raises(TrainingDiverged):
+        for step in range(40):
+            batch = batch_at(step)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = mse(model, batch)
+            scaler.scale(loss).backward()
+            guard.step(loss, batch=batch)
+            opt.zero_grad(set_to_none=True)
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    halt = next(e for e in guard.events if e.kind == "precision_fault")
+    proved = next(p for p in proofs if "fp16_overflow" in p.details["confirmed"])
+    assert "in bf16" in proved.details["confirmed"]["fp16_overflow"]
+    rollbacks = [e for e in guard.events if e.kind == "rollback"]
+    assert rollbacks and rollbacks[0].step == proved.step < halt.step
+    assert halt.severity == "critical" and "switch to bf16" in halt.message
+    assert f"step {proved.step}" in halt.message
+    assert guard.diagnose()[0].code == "fp16_overflow"

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainguard.diagnose.counterfactual import (
-    BATCH_CAUSES,
+    DATA_CAUSES,
     Baseline,
     Proof,
     SavedState,
@@ -205,7 +205,7 @@ class IncidentProver:
         and keeps the LR."""
         confirmed = {c for p in self.proofs if p.step == step and p.reproduced
                      for c in p.confirmed}
-        return bool(confirmed & set(BATCH_CAUSES)) and not confirmed & set(LR_CAUSES)
+        return bool(confirmed & set(DATA_CAUSES)) and not confirmed & set(LR_CAUSES)
 
     def precision_halt(self, ctx: StepContext) -> Event | None:
         """A rollback after an earlier one whose proof confirmed a float16 overflow: faults that
@@ -257,7 +257,9 @@ def proof_event(proof: Proof) -> Event:
     """The `proof` event the cause ranking reads: what was confirmed and ruled out, and why."""
     return Event(kind="proof", step=proof.step, severity="info",
                  message=f"step {proof.step} replayed: {proof.summary()}",
-                 details={"confirmed": dict(proof.confirmed), "ruled_out": dict(proof.ruled_out),
+                 details={"confirmed": dict(proof.confirmed),
+                          "confirmed_by": dict(proof.confirmed_by),
+                          "ruled_out": dict(proof.ruled_out),
                           "reproduced": proof.reproduced, "incident": proof.incident,
                           "not_tried": list(proof.not_tried),
                           "seconds": round(proof.seconds, 3),
