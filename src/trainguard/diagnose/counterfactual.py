@@ -62,6 +62,11 @@ LOSS_SPIKE = 3.0
 GRAD_SPIKE = 10.0
 """A gradient norm this many times the run's typical norm is bad (the adaptive clip's alarm is
 the same order)."""
+WINDOW_LAST = 5
+WINDOW_SPIKE = 1.5
+"""A window replay is judged on the median loss of its last `WINDOW_LAST` steps, bad above this
+many times the run's typical loss: the recover policy's "back near its level" (its
+`settle_ratio`), the test a divergence that built up over the window failed."""
 RISE = 0.25
 """An update that raises its own batch's loss by more than this share is bad: a healthy step
 lowers the loss of the batch it was computed on."""
@@ -122,6 +127,9 @@ class Outcome:
     after: float
     seconds: float = 0.0
     error: str | None = None
+    window: int = 0
+    """Steps replayed before this one (a window replay): `loss` is then the median loss of the
+    last `WINDOW_LAST` steps."""
 
     @property
     def finite(self) -> bool:
@@ -136,12 +144,19 @@ class Outcome:
             return f"the step's loss is {_num(self.loss)}"
         if not math.isfinite(self.grad_norm):
             return f"the gradient norm is {_num(self.grad_norm)}"
-        if base.loss is not None and self.loss > LOSS_SPIKE * max(base.loss, 1e-8):
-            return f"the step's loss is {_num(self.loss)} (run's typical {_num(base.loss)})"
+        spike = WINDOW_SPIKE if self.window else LOSS_SPIKE
+        if base.loss is not None and self.loss > spike * max(base.loss, 1e-8):
+            return f"{self.what()} is {_num(self.loss)} (run's typical {_num(base.loss)})"
         if base.grad_norm is not None and self.grad_norm > GRAD_SPIKE * max(base.grad_norm, 1e-12):
             return (f"the gradient norm is {_num(self.grad_norm)} (run's typical "
                     f"{_num(base.grad_norm)})")
         return ""
+
+    def what(self) -> str:
+        """What `loss` is."""
+        if self.window:
+            return f"the median loss of the last {min(WINDOW_LAST, self.window + 1)} steps"
+        return "the step's loss"
 
     def update_bad(self) -> str:
         """Why the update is bad (it broke or raised its own batch's loss); "" when it is not."""
@@ -197,6 +212,18 @@ class Intervention:
     (the votes order them), and only if the replay still learns (`VANISHED`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class WindowStep:
+    """One step between a good state and the bad step, as it happened: its batch, the LR of
+    each parameter group, and whether its update was applied (a skipped step only ran its
+    forward and backward)."""
+
+    step: int
+    batch: Any
+    lrs: tuple[float, ...]
+    applied: bool = True
+
+
 @dataclass
 class Setup:
     """What a proof needs: the state before the bad update, the loss and what the run knows."""
@@ -226,6 +253,9 @@ class Setup:
     state_step: int | None = None
     """The step the replayed state is from, when not `step` (a good state): the warm-up ramp's
     step."""
+    window: tuple[WindowStep, ...] = ()
+    """The steps from the replayed state up to the bad one, replayed first, as they happened (a
+    window replay): only the LR interventions apply, to every step of it."""
 
 
 @dataclass
@@ -430,6 +460,9 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
     guard: Callable[[], Any] = _SafeOps if change.safe_ops else nullcontext
     try:
         with _precision(setup, change) as batch:
+            saved.rng()
+            window = [_window_step(setup, past, change.lr_factors[0])
+                      for past in setup.window]  # the steps before the bad one, at its LR
             for factor in change.lr_factors:
                 for group, saved_group in zip(opt.param_groups, saved.groups, strict=True):
                     group["lr"] = saved_group["lr"] * factor
@@ -443,7 +476,8 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
                     torch.nn.utils.clip_grad_norm_(
                         [p for p in model.parameters() if p.grad is not None], change.clip)
                 if not first:
-                    first = [loss.detach().float().reshape(()), norm.float()]
+                    last = torch.stack([*window, loss.detach().float().reshape(())][-WINDOW_LAST:])
+                    first = [last.median(), norm.float()]
                 _step(opt, model, change)
             saved.rng()
             with torch.no_grad(), guard():
@@ -453,7 +487,21 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
     values = torch.stack([*first, after.to(first[0].device)]).tolist() if first else [
         math.nan, math.nan, math.nan]
     return Outcome(name, label, values[0], values[1], values[2],
-                   seconds=time.perf_counter() - started, error=error)
+                   seconds=time.perf_counter() - started, error=error, window=len(setup.window))
+
+
+def _window_step(setup: Setup, past: WindowStep, factor: float) -> torch.Tensor:
+    """One step of a window replay, its loss: the RNG runs on from the state's (the same dropout
+    masks for every replay of the window)."""
+    model, opt = setup.model, setup.optimizer
+    for group, lr in zip(opt.param_groups, past.lrs, strict=True):
+        group["lr"] = lr * factor
+    opt.zero_grad(set_to_none=True)
+    loss = setup.loss_fn(model, past.batch)
+    loss.backward()
+    if past.applied:
+        opt.step()
+    return loss.detach().float().reshape(())
 
 
 def _step(opt: torch.optim.Optimizer, model: nn.Module, change: Change) -> None:
@@ -472,7 +520,15 @@ def _step(opt: torch.optim.Optimizer, model: nn.Module, change: Change) -> None:
 
 
 def interventions(setup: Setup) -> list[Intervention]:
-    """Every intervention that applies to this run and batch (whatever the votes say)."""
+    """Every intervention that applies to this run and batch (whatever the votes say); for a
+    window replay, the LR ones, applied to every step of the window (so they change the bad
+    step's forward too)."""
+    if setup.window:
+        first = setup.window[0].step
+        return [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",
+                             ("lr_too_high",), FORWARD,
+                             Change(lr_factors=(factor,), autocast=setup.autocast))
+                for factor in LR_FACTORS]
     out = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g}", ("lr_too_high",), UPDATE,
                         Change(lr_factors=(factor,), autocast=setup.autocast))
            for factor in LR_FACTORS]
@@ -765,12 +821,13 @@ def _ordered(candidates: list[Intervention], likely: Sequence[str]) -> list[Inte
 def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
                        candidates: list[Intervention], started: float,
                        budget_s: float | None) -> None:
-    per_update = proof.plain.seconds / 2  # a replay is one update and one more forward
+    # a replay is the window's steps, one update and one more forward
+    per_update = proof.plain.seconds / (len(setup.window) + 2)
     healed: set[str] = set()
     for intervention in candidates:
         if intervention.causes and set(intervention.causes) <= healed:
             continue  # a gentler change already healed it (LR x0.1 before x0.01)
-        cost = per_update * (len(intervention.change.lr_factors) + 1)
+        cost = per_update * (len(setup.window) + len(intervention.change.lr_factors) + 1)
         if budget_s is not None and time.perf_counter() - started + cost > budget_s:
             proof.not_tried.append(intervention.name)
             continue
@@ -834,7 +891,7 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
 def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
     typical = proof.baseline.loss
     after = intervention.aspect == UPDATE or not proof.plain.forward_bad(proof.baseline)
-    what = "the loss after the update is" if after else "the step's loss is"
+    what = "the loss after the update is" if after else f"{outcome.what()} is"
     return (f"{what} {_num(outcome.after if after else outcome.loss)}"
             + (f" (run's typical {_num(typical)})" if typical is not None else ""))
 

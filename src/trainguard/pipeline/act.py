@@ -47,7 +47,8 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
 def act(ctx: StepContext, state: RunState, services: Services) -> None:
     decision, prover = ctx.decision, services.prover
     assert decision is not None
-    prover.see(ctx)
+    ring = state.recovery.ring if state.recovery is not None else None
+    prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
     precision = prover.precision_halt(ctx)
