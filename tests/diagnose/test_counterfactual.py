@@ -389,3 +389,22 @@ def test_a_batch_a_guarded_operation_trains_on_is_not_the_data_s_fault() -> None
                         baseline=base), likely=["numerical_op", "outlier_batch"])
     assert next(h for i, _, h in proof.trials if i.name == "previous_batch") is True
     assert list(proof.confirmed) == ["numerical_op"]
+
+
+def test_a_batch_with_every_label_ignored_confirms_the_data_with_empty_loss() -> None:
+    setup = make_setup(seed=1)
+
+    def lm(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = m(b["input_ids"])
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                           b["labels"].reshape(-1))
+
+    tokens = setup.batch(8)
+    previous = {"input_ids": tokens, "labels": tokens}
+    batch = {"input_ids": tokens, "labels": torch.full_like(tokens, -100)}  # mean over no label
+    proof = prove(Setup(setup.model, setup.optimizer, lm, batch, previous_batch=previous),
+                  likely=["empty_loss", "numerical_op"])
+    assert math.isnan(proof.plain.loss)
+    assert set(proof.confirmed) == {"outlier_batch", "tokenizer_mismatch", "label_problem",
+                                    "empty_loss"}
+    assert "numerical_op" not in proof.confirmed  # the NaN is inside cross_entropy's own mean

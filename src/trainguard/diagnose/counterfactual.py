@@ -15,6 +15,8 @@ the step once as it happened and once per intervention, each changing one thing:
                                                                     tokenizer_mismatch
     previous_batch  the last good batch in place of this one        the data: every data cause
                                                                     this batch can hold
+                                                                    (empty_loss, label_problem
+                                                                    too)
     lora_scaling    every LoRA scaling (alpha/r) set to 2           lora_scaling
     head_init       the over-scaled new layer re-drawn at std 0.02  bad_init
     clip            gradients clipped at the run's typical norm     (a one-step explosion)
@@ -54,6 +56,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from trainguard.diagnose.batch import IGNORE_INDEX
 from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
 from trainguard.diagnose.replay import LossFn
 
@@ -82,7 +85,7 @@ FLAGGED_RATIO = 50.0
 """A sample whose largest |x| is this many times the batch's median sample is flagged (as the
 batch inspector's outlier ratio)."""
 BATCH_CAUSES = ("outlier_batch", "nonfinite_input", "input_scale", "tokenizer_mismatch")
-DATA_CAUSES = (*BATCH_CAUSES, "label_problem")
+DATA_CAUSES = (*BATCH_CAUSES, "label_problem", "empty_loss")
 """What a healed batch proves: the data is at fault, which of these the votes say."""
 ONE_BATCH = "outlier_batch"
 """The one data cause a batch that does not heal rules out (the others may be in the previous
@@ -635,18 +638,22 @@ def _batch_interventions(setup: Setup) -> list[Intervention]:
 
 def _data_causes(setup: Setup) -> tuple[str, ...]:
     """The data causes this batch can hold: the batch inspector's, a non-finite value when the
-    batch has one (nothing else then: it explains a broken step alone), else an outlier or a
-    shifted scale for float inputs, a wrong tokenizer for token ids the model embeds, and wrong
-    labels for any batch."""
+    batch has one (nothing else then: it explains a broken step alone), else one bad batch
+    (`outlier_batch`, the ranking's generic one), a shifted scale for float inputs, a wrong
+    tokenizer for token ids the model embeds, wrong labels, and no label to average when a field
+    holds nothing but the ignore index."""
     fields = _fields(setup.batch)
     floats = [t for t in fields if t.is_floating_point()]
     named = {c for c in setup.batch_causes if c in DATA_CAUSES}
     with torch.no_grad():
         if any(not bool(torch.isfinite(t).all()) for t in floats):
             return tuple(c for c in DATA_CAUSES if c in named | {"nonfinite_input"})
-    supported = named | {"label_problem"}
+        if any(not t.is_floating_point() and t.numel() and bool((t == IGNORE_INDEX).all())
+               for t in fields):
+            named.add("empty_loss")
+    supported = named | {"outlier_batch", "label_problem"}
     if floats:
-        supported |= {"outlier_batch", "input_scale"}
+        supported.add("input_scale")
     embeds = any(isinstance(m, nn.Embedding) for m in setup.model.modules())
     if embeds and any(not t.is_floating_point() and t.dtype != torch.bool for t in fields):
         supported.add("tokenizer_mismatch")
