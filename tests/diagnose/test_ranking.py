@@ -376,3 +376,17 @@ def test_a_confirmed_cause_without_votes_is_not_invented() -> None:
     events = [event("nonfinite_loss", 80), event("batch_nonfinite", 80, cause="nonfinite_input")]
     ranked = rank_causes([*events, proof(80, {"lora_scaling": "confirmed by replay"}, {})])
     assert "lora_scaling" not in codes(ranked)
+
+
+def test_a_cause_a_window_replay_confirmed_ranks_without_votes() -> None:
+    """An LR that built a divergence up over steps that looked normal one by one: the symptoms
+    vote for nothing, the window replay from a good state confirms it."""
+    events = [event("loss_spike", 130)]  # a late spike: one bad batch, by the votes
+    assert codes(rank_causes(events)) == ["outlier_batch"]
+    window = proof(130, {"lr_too_high": "confirmed by replay: with LR x0.1 from step 110"}, {})
+    window.details["window"] = 20
+    ranked = rank_causes([*events, window])
+    assert codes(ranked) == ["lr_too_high", "outlier_batch"] and ranked[0].proof == "confirmed"
+    assert ranked[0].evidence[0].startswith("confirmed by replay")
+    single = proof(130, {"lr_too_high": "confirmed by replay: with LR x0.1"}, {})
+    assert codes(rank_causes([*events, single])) == ["outlier_batch"]

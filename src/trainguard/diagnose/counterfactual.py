@@ -270,6 +270,8 @@ class Proof:
     why_bad: str
     incident: bool = True
     origin: str = ""
+    window: int = 0
+    """Steps replayed before the bad one (a window replay)."""
     trials: list[tuple[Intervention, Outcome, bool | None]] = field(default_factory=list)
     confirmed: dict[str, str] = field(default_factory=dict)
     """Cause code -> the sentence that proves it."""
@@ -305,7 +307,7 @@ class Proof:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "reproduced": self.reproduced, "why_bad": self.why_bad,
-                "incident": self.incident, "origin": self.origin,
+                "incident": self.incident, "origin": self.origin, "window": self.window,
                 "confirmed": dict(self.confirmed), "confirmed_by": dict(self.confirmed_by),
                 "ruled_out": dict(self.ruled_out), "not_tried": list(self.not_tried),
                 "seconds": self.seconds,
@@ -786,7 +788,7 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
     try:
         plain = replay_step(setup, saved, Change(autocast=setup.autocast))
         proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident,
-                      origin=setup.origin)
+                      origin=setup.origin, window=len(setup.window))
         early = setup.baseline.loss is None and setup.incident and plain.finite
         if plain.bad(setup.baseline) or early:
             _try_interventions(setup, saved, proof, _ordered(interventions(setup), likely),

@@ -298,6 +298,7 @@ def proof_event(proof: Proof) -> Event:
                           "confirmed_by": dict(proof.confirmed_by),
                           "ruled_out": dict(proof.ruled_out),
                           "reproduced": proof.reproduced, "incident": proof.incident,
+                          "window": proof.window,
                           "not_tried": list(proof.not_tried),
                           "seconds": round(proof.seconds, 3),
                           "trials": [{"name": i.name, "healed": healed, "loss": o.loss,
