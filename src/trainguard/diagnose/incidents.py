@@ -7,7 +7,10 @@ reference to the last good batch. `wanted` says whether this step's incident is 
     policy halt     the step that halts (before its crash snapshot is written)
     policy recover  the first rollback (before the good state is restored); a step already bad
                     before its update is replayed again from the good state the rollback
-                    returns to, with the same batch and LR
+                    returns to, with the same batch and LR; when neither replay confirms
+                    anything, the whole window from that state to the step, with each step's
+                    batch and LR (kept by `see` since the ring's oldest good state), plainly and
+                    with the LR lowered on every step, if the budget allows
     prove="on"      also any step with an error-level event under protect or observe, until one
                     proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run)
 
