@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="GuardConfig.prove: `on` proves the first incidents of every "
                              "faulty run by replaying their step, and checks that a healthy "
                              "step of every healthy run has nothing to heal")
+    parser.add_argument("--prove-budget", type=float, default=None,
+                        help="GuardConfig.prove_budget_steps (default: the Guard's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     by_name = {s.name: s for s in scenarios}
     config = GuardConfig(policy=args.policy, console=False, prove=args.prove)
+    if args.prove_budget is not None:
+        config = replace(config, prove_budget_steps=args.prove_budget)
     results: list[RunResult] = []
     started = time.perf_counter()
     for s in scenarios:

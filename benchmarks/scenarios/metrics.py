@@ -72,14 +72,23 @@ def proof_totals(faulty: list[RunResult], healthy: list[RunResult]) -> dict[str,
         "proof_not_reproducible": [r.scenario for r in proved
                                    if not any(p.get("reproduced") for p in _proofs(r))],
         "proof_wrong": [f"{r.scenario} ({', '.join(sorted(set(c)))})" for r in faulty
-                        if (c := [code for p in _proofs(r) for code in p.get("confirmed", {})
-                                  if code != r.cause])],
+                        if (c := [code for p in _proofs(r) for code in _wrong(p, r.cause)])],
         "proof_healthy_confirmed": [r.scenario for r in healthy
                                     if any(p.get("confirmed") for p in _proofs(r))],
         "proof_healthy_checked": sum(1 for r in healthy if _proofs(r)),
         "proof_seconds_median": statistics.median(seconds) if seconds else None,
         "proof_seconds_max": max(seconds) if seconds else None,
     }
+
+
+def _wrong(proof: dict[str, Any], cause: str | None) -> list[str]:
+    """The causes a proof confirmed that are not the true one, leaving out those confirmed by the
+    intervention that confirmed the true one (a healed batch confirms the data: every data cause
+    it can hold, the true one among them)."""
+    by = proof.get("confirmed_by") or {}
+    with_true = by.get(cause) if cause in proof.get("confirmed", {}) else None
+    return [code for code in proof.get("confirmed", {})
+            if code != cause and (with_true is None or by.get(code) != with_true)]
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

@@ -90,3 +90,21 @@ def test_proofs_are_counted_against_the_ground_truth() -> None:
     scenarios = {s.name: s for s in all_scenarios()}
     lines = summary_lines(totals([nan, healthy], scenarios))
     assert "true cause confirmed by replay in 1/1" in lines
+
+
+def test_a_healed_batch_confirms_the_data_and_is_wrong_only_without_the_true_cause() -> None:
+    from benchmarks.scenarios.metrics import proof_totals
+
+    def proved(confirmed_by: dict[str, str]) -> RunResult:
+        result = _result([], onset=5)
+        result.events = [{"step": 5, "severity": "info", "kind": "proof",
+                          "details": {"reproduced": True, "seconds": 0.1,
+                                      "confirmed_by": confirmed_by,
+                                      "confirmed": {c: "why" for c in confirmed_by}}}]
+        return result
+
+    data = {"outlier_batch": "previous_batch", "input_scale": "previous_batch"}
+    figures = proof_totals([proved(data), proved({"lr_too_high": "lr_x0.1"}),
+                            proved({**data, "lr_too_high": "lr_x0.1"})], [])
+    assert figures["proof_confirmed"] == 2
+    assert figures["proof_wrong"] == ["s (lr_too_high)", "s (lr_too_high)"]

@@ -102,7 +102,7 @@ def test_dropping_the_nan_sample_confirms_nonfinite_input() -> None:
     assert "numerical_op" not in proof.confirmed and "numerical_op" not in proof.ruled_out
 
 
-def test_the_previous_batch_confirms_an_outlier_batch_the_inspector_named() -> None:
+def test_the_previous_batch_confirms_the_data_not_one_data_cause() -> None:
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     base = typical(model, mse, [regression(1), regression(2)])
@@ -112,18 +112,40 @@ def test_the_previous_batch_confirms_an_outlier_batch_the_inspector_named() -> N
     setup = Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base,
                   batch_causes=("outlier_batch",))
     proof = prove(setup, likely=["outlier_batch", "lr_too_high"])
-    assert list(proof.confirmed) == ["outlier_batch"]
-    assert "on the previous good batch" in proof.confirmed["outlier_batch"]
+    # float inputs and targets: an outlier, a shifted scale or wrong labels; no NaN, no tokens
+    assert list(proof.confirmed) == ["outlier_batch", "input_scale", "label_problem"]
+    assert set(proof.confirmed_by.values()) == {"previous_batch"}
+    assert proof.confirmed["input_scale"].startswith(
+        "confirmed by replay: the data — on the previous good batch the step's loss is")
     # the step is bad before its update: a smaller LR can neither heal nor clear it
     assert next(h for i, _, h in proof.trials if i.name == "lr_x0.1") is None
     assert "lr_too_high" not in proof.ruled_out
-    # without a batch finding the previous batch proves only the generic "one bad batch"
+    # the data is confirmed whatever the votes said so far (they order the causes later)
     proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base),
-                  likely=["tokenizer_mismatch", "nonfinite_input"])
+                  likely=["tokenizer_mismatch", "lr_too_high"])
+    assert list(proof.confirmed) == ["outlier_batch", "input_scale", "label_problem"]
+
+
+def test_a_previous_batch_that_no_longer_trains_the_model_confirms_nothing() -> None:
+    """Dead units: the previous good batch gives a zero gradient on the broken state, which a
+    good batch that trained the model a step ago does not: the state is at fault, not the
+    batch."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    base = typical(model, mse, [regression(1), regression(2)])
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # every hidden unit dead for every input
+        model[3].bias.copy_(regression(3)["y"].mean(0))
+    previous = regression(3)
+    previous["y"] = model(previous["x"]).detach()  # its loss is 0: only its gradient tells
+    batch = regression()
+    batch["y"] = batch["y"] * 30
+    proof = prove(Setup(model, opt, mse, batch, previous_batch=previous, baseline=base),
+                  likely=["outlier_batch"])
+    assert proof.reproduced, proof.summary()
+    assert next(h for i, _, h in proof.trials if i.name == "previous_batch") is False
     assert proof.confirmed == {}
-    proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base),
-                  likely=["tokenizer_mismatch", "outlier_batch"])
-    assert list(proof.confirmed) == ["outlier_batch"]
+    assert "outlier_batch" in proof.ruled_out
 
 
 def test_dropping_foreign_token_ids_confirms_a_tokenizer_mismatch() -> None:
@@ -181,6 +203,43 @@ def test_float64_confirms_a_numerical_op() -> None:
     assert math.isinf(proof.plain.loss)
     assert list(proof.confirmed) == ["numerical_op"]
     assert "float64" in proof.confirmed["numerical_op"]
+
+
+def test_guarded_log_confirms_a_numerical_op_float64_cannot_heal() -> None:
+    """p * log(p) of a softmax at temperature 1e-3: the small entries are exactly 0 in float64
+    too, so only guarding the log heals the step."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def regularised(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = m(b["x"])
+        p = torch.softmax(out * 1000, dim=-1)
+        return nn.functional.mse_loss(out, b["y"]) + 0.01 * (p * torch.log(p)).sum(-1).mean()
+
+    base = typical(model, mse, [regression(1)])
+    proof = prove(Setup(model, opt, regularised, regression(), baseline=base),
+                  likely=["numerical_op", "nonfinite_input"])
+    assert math.isnan(proof.plain.loss)
+    assert next(h for i, _, h in proof.trials if i.name == "float64") is False
+    assert proof.confirmed_by == {"numerical_op": "safe_ops"}
+    assert "log(max(x, tiny))" in proof.confirmed["numerical_op"]
+
+
+def test_a_zero_divisor_made_1_confirms_a_numerical_op() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def masked_mean(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        keep = b["y"][:, 0] > 100  # no row kept: 0 / 0
+        per_row = ((m(b["x"]) - b["y"]) ** 2).mean(-1)
+        return (per_row * keep).sum() / keep.sum()
+
+    base = typical(model, mse, [regression(1)])
+    proof = prove(Setup(model, opt, masked_mean, regression(), baseline=base),
+                  likely=["numerical_op"])
+    assert proof.confirmed_by == {"numerical_op": "safe_ops"}
+    # the guard touched only the forward: everything is put back
+    assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
 def test_lora_alpha_over_r_of_2_confirms_lora_scaling() -> None:
@@ -309,3 +368,43 @@ def test_model_optimizer_grads_and_rng_are_put_back_exactly() -> None:
     assert proof.trials  # the interventions ran (a tiny baseline makes the step "bad")
     assert same(before, snapshot_of(model, opt))
     assert list(model.parameters()) == params and all(p.dtype == torch.float32 for p in params)
+
+
+def test_a_batch_a_guarded_operation_trains_on_is_not_the_data_s_fault() -> None:
+    """A batch with no target left breaks an unguarded 0 / 0: the previous batch heals the step,
+    but so does the guarded division on this very batch, so the operation is confirmed and the
+    data is not."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def masked_mean(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        keep = b["y"][:, 0] < 100
+        per_row = ((m(b["x"]) - b["y"]) ** 2).mean(-1)
+        return (per_row * keep).sum() / keep.sum()
+
+    batch = regression()
+    batch["y"][:, 0] = 200.0  # no row kept
+    base = typical(model, mse, [regression(1)])
+    proof = prove(Setup(model, opt, masked_mean, batch, previous_batch=regression(3),
+                        baseline=base), likely=["numerical_op", "outlier_batch"])
+    assert next(h for i, _, h in proof.trials if i.name == "previous_batch") is True
+    assert list(proof.confirmed) == ["numerical_op"]
+
+
+def test_a_batch_with_every_label_ignored_confirms_the_data_with_empty_loss() -> None:
+    setup = make_setup(seed=1)
+
+    def lm(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = m(b["input_ids"])
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                           b["labels"].reshape(-1))
+
+    tokens = setup.batch(8)
+    previous = {"input_ids": tokens, "labels": tokens}
+    batch = {"input_ids": tokens, "labels": torch.full_like(tokens, -100)}  # mean over no label
+    proof = prove(Setup(setup.model, setup.optimizer, lm, batch, previous_batch=previous),
+                  likely=["empty_loss", "numerical_op"])
+    assert math.isnan(proof.plain.loss)
+    assert set(proof.confirmed) == {"outlier_batch", "tokenizer_mismatch", "label_problem",
+                                    "empty_loss"}
+    assert "numerical_op" not in proof.confirmed  # the NaN is inside cross_entropy's own mean

@@ -189,3 +189,98 @@ def test_a_rollback_after_a_proved_float16_overflow_halts_with_the_advice() -> N
     prover.proofs[0].confirmed = {"outlier_batch": "confirmed"}
     assert prover.precision_halt(decided(30, "rolled_back")) is None
     guard.close()
+
+
+class Amplify(nn.Module):
+    """A checkpoint whose hidden activations are large: fine in fp32 and bf16, beyond float16's
+    65504."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(8, 64)
+        self.down = nn.Linear(64, 2)
+        with torch.no_grad():
+            self.up.weight.mul_(2e5)
+            self.down.weight.div_(2e5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_a_float16_run_that_overflows_is_proved_then_halted_with_the_bf16_advice(
+        tmp_path: Path) -> None:
+    """A real float16 run under `recover`: its first rollback's replay confirms the overflow in
+    bf16, and the rollback after it halts with the advice to switch (no rollback changes the
+    precision)."""
+    model = Amplify()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    guard = Guard(model, opt, scaler=scaler,
+                  config=config(policy="recover", snapshot_dir=str(tmp_path)), replay_fn=mse)
+    with pytest.raises(TrainingDiverged):
+        for step in range(40):
+            batch = batch_at(step)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = mse(model, batch)
+            scaler.scale(loss).backward()
+            guard.step(loss, batch=batch)
+            opt.zero_grad(set_to_none=True)
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    halt = next(e for e in guard.events if e.kind == "precision_fault")
+    proved = next(p for p in proofs if "fp16_overflow" in p.details["confirmed"])
+    assert "in bf16" in proved.details["confirmed"]["fp16_overflow"]
+    rollbacks = [e for e in guard.events if e.kind == "rollback"]
+    assert rollbacks and rollbacks[0].step == proved.step < halt.step
+    assert halt.severity == "critical" and "switch to bf16" in halt.message
+    assert f"step {proved.step}" in halt.message
+    assert guard.diagnose()[0].code == "fp16_overflow"
+
+
+def lr_spike_run(prove: str) -> tuple[Guard, nn.Module]:
+    """Adam at 1e-3 whose loop gives steps 40-42 an LR 300x higher, then the usual one: by the
+    rollback (step 52) the steps at the spike are long past and the LR is back to normal."""
+    model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
+    guard = Guard(model, opt, config=config(policy="recover", prove=prove,
+                                            prove_budget_steps=100.0), replay_fn=mse)
+    for step in range(80):
+        for group in opt.param_groups:
+            group["lr"] = 0.3 if 40 <= step < 43 else 1e-3
+        batch = batch_at(step)
+        loss = mse(model, batch)
+        loss.backward()
+        guard.step(loss, batch=batch)
+        opt.zero_grad(set_to_none=True)
+    return guard, model
+
+
+def test_a_window_replay_confirms_an_lr_spike_one_step_cannot() -> None:
+    guard, _ = lr_spike_run("auto")
+    rollback = next(e for e in guard.events if e.kind == "rollback")
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    assert [p.step for p in proofs] == [rollback.step] * 3
+    # the bad step alone, from its own state and from the good state: healthy at its normal LR
+    assert [p.details["reproduced"] for p in proofs[:2]] == [False, False]
+    window = proofs[2]
+    assert window.details["reproduced"] and "lr_too_high" in window.details["confirmed"]
+    assert "replayed from the good state of step" in window.message
+    assert "the median loss of the last 5 steps is" in window.details["confirmed"]["lr_too_high"]
+    assert guard.diagnose()[0].code == "lr_too_high"
+    # only the steps since the oldest good state are kept, as references
+    ring = guard.run.state.recovery.ring
+    assert min(w.step for w in guard.run.prover.window) >= ring.good[0].step
+    guard.close()
+
+
+def test_a_window_replay_puts_the_run_back_exactly() -> None:
+    proved, proved_model = lr_spike_run("auto")
+    plain, plain_model = lr_spike_run("off")
+    assert any("replayed from the good state" in e.message for e in proved.events
+               if e.kind == "proof")
+    assert not any(e.kind == "proof" for e in plain.events)
+    assert all(torch.equal(a, b) for a, b in zip(proved_model.parameters(),
+                                                  plain_model.parameters(), strict=True))
+    assert [(e.step, e.kind) for e in proved.events if e.kind != "proof"] == [
+        (e.step, e.kind) for e in plain.events]
+    proved.close()
+    plain.close()

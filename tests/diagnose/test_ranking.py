@@ -384,3 +384,17 @@ def test_a_cause_reads_as_one_sentence_whatever_its_evidence_ends_with() -> None
                         fix="warm the LR up.")
     assert str(cause) == ("missing_warmup (2%): No warmup; a low risk here: on a small model. "
                           "Fix: warm the LR up.")
+
+
+def test_a_cause_a_window_replay_confirmed_ranks_without_votes() -> None:
+    """An LR that built a divergence up over steps that looked normal one by one: the symptoms
+    vote for nothing, the window replay from a good state confirms it."""
+    events = [event("loss_spike", 130)]  # a late spike: one bad batch, by the votes
+    assert codes(rank_causes(events)) == ["outlier_batch"]
+    window = proof(130, {"lr_too_high": "confirmed by replay: with LR x0.1 from step 110"}, {})
+    window.details["window"] = 20
+    ranked = rank_causes([*events, window])
+    assert codes(ranked) == ["lr_too_high", "outlier_batch"] and ranked[0].proof == "confirmed"
+    assert ranked[0].evidence[0].startswith("confirmed by replay")
+    single = proof(130, {"lr_too_high": "confirmed by replay: with LR x0.1"}, {})
+    assert codes(rank_causes([*events, single])) == ["outlier_batch"]

@@ -8,10 +8,15 @@ the step once as it happened and once per intervention, each changing one thing:
     bf16 / fp32     bf16 for a float16 run, fp32 for float16        fp16_overflow, numerical_op
                     weights                                         (optimizer_eps)
     float64         the forward and the loss in float64             numerical_op
+    safe_ops        log(x) as log(max(x, tiny)), x / 0 as x / 1     numerical_op
     drop_flagged    the batch without its non-finite or outlying    outlier_batch,
                     samples                                         nonfinite_input,
-    previous_batch  the last good batch in place of this one        input_scale,
+                                                                    input_scale,
                                                                     tokenizer_mismatch
+    previous_batch  the last good batch in place of this one        the data: every data cause
+                                                                    this batch can hold
+                                                                    (empty_loss, label_problem
+                                                                    too)
     lora_scaling    every LoRA scaling (alpha/r) set to 2           lora_scaling
     head_init       the over-scaled new layer re-drawn at std 0.02  bad_init
     clip            gradients clipped at the run's typical norm     (a one-step explosion)
@@ -24,8 +29,13 @@ batch. An intervention that heals a bad plain replay **confirms** the causes it 
 votes name; one that does not **rules them out**, where it can tell: a change of the update says
 nothing about a step already bad before its update (the damage is older), float64 keeping a NaN
 clears no unsafe operation (log(0) is NaN at any precision), and the same crash as the plain
-replay's says nothing. A plain replay that is not bad (or is finite where the step was not) makes
-the fault **not reproducible**: a transient or hardware fault, or trouble that began earlier.
+replay's says nothing. A healed batch proves the data, not which of its faults: the previous good
+batch confirms every data cause the batch can hold (outlier, scale, labels, tokenizer, NaN), and
+the votes order them; it confirms nothing when the model no longer learns from that good batch
+(the state is broken) or when a fix that keeps the batch heals the step too (the batch only
+tripped that fix's cause, an unsafe operation say). A plain replay that is not bad (or is finite
+where the step was not) makes the fault **not reproducible**: a transient or hardware fault, or
+trouble that began earlier.
 
 Interventions run likeliest first (by the current votes) within a time budget. The model, the
 optimizer (its state and hyperparameters), the gradients, the training mode and the RNG are put
@@ -44,7 +54,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
+from trainguard.diagnose.batch import IGNORE_INDEX
 from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
 from trainguard.diagnose.replay import LossFn
 
@@ -53,6 +65,11 @@ LOSS_SPIKE = 3.0
 GRAD_SPIKE = 10.0
 """A gradient norm this many times the run's typical norm is bad (the adaptive clip's alarm is
 the same order)."""
+WINDOW_LAST = 5
+WINDOW_SPIKE = 1.5
+"""A window replay is judged on the median loss of its last `WINDOW_LAST` steps, bad above this
+many times the run's typical loss: the recover policy's "back near its level" (its
+`settle_ratio`), the test a divergence that built up over the window failed."""
 RISE = 0.25
 """An update that raises its own batch's loss by more than this share is bad: a healthy step
 lowers the loss of the batch it was computed on."""
@@ -68,13 +85,21 @@ FLAGGED_RATIO = 50.0
 """A sample whose largest |x| is this many times the batch's median sample is flagged (as the
 batch inspector's outlier ratio)."""
 BATCH_CAUSES = ("outlier_batch", "nonfinite_input", "input_scale", "tokenizer_mismatch")
-GENERIC_BATCH = "outlier_batch"
+DATA_CAUSES = (*BATCH_CAUSES, "label_problem", "empty_loss")
+"""What a healed batch proves: the data is at fault, which of these the votes say."""
+ONE_BATCH = "outlier_batch"
+"""The one data cause a batch that does not heal rules out (the others may be in the previous
+batch as well: a shifted scale, wrong labels, a wrong tokenizer for a whole shard)."""
+VANISHED = 1e-3
+"""A gradient norm below this share of the run's typical norm on the previous good batch: the
+model no longer learns from a batch that trained it a step ago, so the state, not the batch, is
+broken (saturated or dead units)."""
 FLAG_CAUSES = {"nonfinite": ("nonfinite_input",), "outlier": ("outlier_batch", "input_scale"),
                "token_id": ("tokenizer_mismatch",)}
 """Why a sample was flagged -> the causes leaving it out tests."""
 PRECISION_CAUSES = ("fp16_overflow", "numerical_op")
 FORWARD, UPDATE = "forward", "update"
-TESTED_CAUSES = frozenset({"lr_too_high", "missing_warmup", *PRECISION_CAUSES, *BATCH_CAUSES,
+TESTED_CAUSES = frozenset({"lr_too_high", "missing_warmup", *PRECISION_CAUSES, *DATA_CAUSES,
                            "lora_scaling", "bad_init", "optimizer_eps"})
 """The causes some intervention can confirm."""
 
@@ -105,6 +130,9 @@ class Outcome:
     after: float
     seconds: float = 0.0
     error: str | None = None
+    window: int = 0
+    """Steps replayed before this one (a window replay): `loss` is then the median loss of the
+    last `WINDOW_LAST` steps."""
 
     @property
     def finite(self) -> bool:
@@ -119,12 +147,19 @@ class Outcome:
             return f"the step's loss is {_num(self.loss)}"
         if not math.isfinite(self.grad_norm):
             return f"the gradient norm is {_num(self.grad_norm)}"
-        if base.loss is not None and self.loss > LOSS_SPIKE * max(base.loss, 1e-8):
-            return f"the step's loss is {_num(self.loss)} (run's typical {_num(base.loss)})"
+        spike = WINDOW_SPIKE if self.window else LOSS_SPIKE
+        if base.loss is not None and self.loss > spike * max(base.loss, 1e-8):
+            return f"{self.what()} is {_num(self.loss)} (run's typical {_num(base.loss)})"
         if base.grad_norm is not None and self.grad_norm > GRAD_SPIKE * max(base.grad_norm, 1e-12):
             return (f"the gradient norm is {_num(self.grad_norm)} (run's typical "
                     f"{_num(base.grad_norm)})")
         return ""
+
+    def what(self) -> str:
+        """What `loss` is."""
+        if self.window:
+            return f"the median loss of the last {min(WINDOW_LAST, self.window + 1)} steps"
+        return "the step's loss"
 
     def update_bad(self) -> str:
         """Why the update is bad (it broke or raised its own batch's loss); "" when it is not."""
@@ -156,6 +191,8 @@ class Change:
     """Run the forward in this dtype (the model's floats and the batch's cast, autocast off)."""
     autocast: torch.dtype | None = None
     clip: float | None = None
+    safe_ops: bool = False
+    """Run the forward with its unsafe operations guarded (`_SafeOps`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +210,21 @@ class Intervention:
     rules_out: tuple[str, ...] | None = None
     """The causes it rules out when it does not heal (None: all of `causes`). A NaN that float64
     does not heal may still be an unsafe operation (log(0) is NaN at any precision)."""
+    data: bool = False
+    """It swaps the whole batch: a heal proves the data, so it confirms every cause in `causes`
+    (the votes order them), and only if the replay still learns (`VANISHED`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStep:
+    """One step between a good state and the bad step, as it happened: its batch, the LR of
+    each parameter group, and whether its update was applied (a skipped step only ran its
+    forward and backward)."""
+
+    step: int
+    batch: Any
+    lrs: tuple[float, ...]
+    applied: bool = True
 
 
 @dataclass
@@ -204,6 +256,9 @@ class Setup:
     state_step: int | None = None
     """The step the replayed state is from, when not `step` (a good state): the warm-up ramp's
     step."""
+    window: tuple[WindowStep, ...] = ()
+    """The steps from the replayed state up to the bad one, replayed first, as they happened (a
+    window replay): only the LR interventions apply, to every step of it."""
 
 
 @dataclass
@@ -215,9 +270,13 @@ class Proof:
     why_bad: str
     incident: bool = True
     origin: str = ""
+    window: int = 0
+    """Steps replayed before the bad one (a window replay)."""
     trials: list[tuple[Intervention, Outcome, bool | None]] = field(default_factory=list)
     confirmed: dict[str, str] = field(default_factory=dict)
     """Cause code -> the sentence that proves it."""
+    confirmed_by: dict[str, str] = field(default_factory=dict)
+    """Cause code -> the intervention that confirmed it (the data causes share one)."""
     ruled_out: dict[str, str] = field(default_factory=dict)
     not_tried: list[str] = field(default_factory=list)
     """Interventions left out for lack of time."""
@@ -248,9 +307,10 @@ class Proof:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "reproduced": self.reproduced, "why_bad": self.why_bad,
-                "incident": self.incident, "origin": self.origin,
-                "confirmed": dict(self.confirmed), "ruled_out": dict(self.ruled_out),
-                "not_tried": list(self.not_tried), "seconds": self.seconds,
+                "incident": self.incident, "origin": self.origin, "window": self.window,
+                "confirmed": dict(self.confirmed), "confirmed_by": dict(self.confirmed_by),
+                "ruled_out": dict(self.ruled_out), "not_tried": list(self.not_tried),
+                "seconds": self.seconds,
                 "plain": self.plain.to_dict(),
                 "baseline": {"loss": self.baseline.loss, "grad_norm": self.baseline.grad_norm},
                 "trials": [{**o.to_dict(), "causes": list(i.causes), "healed": healed}
@@ -402,31 +462,51 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
     first: list[torch.Tensor] = []
     after = torch.tensor(math.nan)
     error = None
+    guard: Callable[[], Any] = _SafeOps if change.safe_ops else nullcontext
     try:
         with _precision(setup, change) as batch:
+            saved.rng()
+            window = [_window_step(setup, past, change.lr_factors[0])
+                      for past in setup.window]  # the steps before the bad one, at its LR
             for factor in change.lr_factors:
                 for group, saved_group in zip(opt.param_groups, saved.groups, strict=True):
                     group["lr"] = saved_group["lr"] * factor
                 saved.rng()
                 opt.zero_grad(set_to_none=True)
-                loss = setup.loss_fn(model, batch)
+                with guard():  # the forward only: the optimizer's own divisions are left alone
+                    loss = setup.loss_fn(model, batch)
                 loss.backward()
                 norm = _grad_norm(model)
                 if change.clip is not None:
                     torch.nn.utils.clip_grad_norm_(
                         [p for p in model.parameters() if p.grad is not None], change.clip)
                 if not first:
-                    first = [loss.detach().float().reshape(()), norm.float()]
+                    last = torch.stack([*window, loss.detach().float().reshape(())][-WINDOW_LAST:])
+                    first = [last.median(), norm.float()]
                 _step(opt, model, change)
             saved.rng()
-            with torch.no_grad():
+            with torch.no_grad(), guard():
                 after = setup.loss_fn(model, batch).detach().float().reshape(())
     except Exception as exc:  # a crash is an answer too
         error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
     values = torch.stack([*first, after.to(first[0].device)]).tolist() if first else [
         math.nan, math.nan, math.nan]
     return Outcome(name, label, values[0], values[1], values[2],
-                   seconds=time.perf_counter() - started, error=error)
+                   seconds=time.perf_counter() - started, error=error, window=len(setup.window))
+
+
+def _window_step(setup: Setup, past: WindowStep, factor: float) -> torch.Tensor:
+    """One step of a window replay, its loss: the RNG runs on from the state's (the same dropout
+    masks for every replay of the window)."""
+    model, opt = setup.model, setup.optimizer
+    for group, lr in zip(opt.param_groups, past.lrs, strict=True):
+        group["lr"] = lr * factor
+    opt.zero_grad(set_to_none=True)
+    loss = setup.loss_fn(model, past.batch)
+    loss.backward()
+    if past.applied:
+        opt.step()
+    return loss.detach().float().reshape(())
 
 
 def _step(opt: torch.optim.Optimizer, model: nn.Module, change: Change) -> None:
@@ -445,7 +525,15 @@ def _step(opt: torch.optim.Optimizer, model: nn.Module, change: Change) -> None:
 
 
 def interventions(setup: Setup) -> list[Intervention]:
-    """Every intervention that applies to this run and batch (whatever the votes say)."""
+    """Every intervention that applies to this run and batch (whatever the votes say); for a
+    window replay, the LR ones, applied to every step of the window (so they change the bad
+    step's forward too)."""
+    if setup.window:
+        first = setup.window[0].step
+        return [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",
+                             ("lr_too_high",), FORWARD,
+                             Change(lr_factors=(factor,), autocast=setup.autocast))
+                for factor in LR_FACTORS]
     out = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g}", ("lr_too_high",), UPDATE,
                         Change(lr_factors=(factor,), autocast=setup.autocast))
            for factor in LR_FACTORS]
@@ -487,15 +575,48 @@ def _precision_interventions(setup: Setup) -> list[Intervention]:
                                 Change(dtype=torch.float32), rules_out=("fp16_overflow",)))
     out.append(Intervention("float64", "with the loss computed in float64", ("numerical_op",),
                             FORWARD, Change(dtype=torch.float64), rules_out=()))
+    # float64 heals an overflow, not log(0) or 0/0: a softmax whose other entries underflow to
+    # exactly 0, or a count of 0, is the same at any precision
+    out.append(Intervention("safe_ops", "with log(x) as log(max(x, tiny)) and x / 0 as x / 1",
+                            ("numerical_op",), FORWARD,
+                            Change(safe_ops=True, autocast=setup.autocast), rules_out=()))
     return out
+
+
+_LOGS = frozenset({torch.log, torch.Tensor.log, torch.log2, torch.Tensor.log2, torch.log10,
+                   torch.Tensor.log10})
+_DIVS = frozenset({torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.true_divide,
+                   torch.Tensor.__truediv__})
+
+
+def _nonzero(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.masked_fill(value == 0, 1)
+    return 1 if value == 0 else value
+
+
+class _SafeOps(TorchFunctionMode):
+    """log(x) as log(max(x, tiny)) and x / d with the zeros of d made 1 (the guide's
+    log(x.clamp_min(eps)) and max(count, 1)): nothing else of the forward changes."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _LOGS and args and isinstance(args[0], torch.Tensor) \
+                and args[0].is_floating_point():
+            x = args[0]
+            args = (x.clamp_min(torch.finfo(x.dtype).tiny), *args[1:])
+        elif func in _DIVS and len(args) >= 2:
+            args = (args[0], _nonzero(args[1]), *args[2:])
+        elif func is torch.Tensor.__rtruediv__ and args:
+            args = (_nonzero(args[0]), *args[1:])
+        return func(*args, **kwargs)
 
 
 def _batch_interventions(setup: Setup) -> list[Intervention]:
     """Without the flagged samples: confirms the causes their flags name. On the previous good
-    batch: heals whatever this batch brought, so it confirms only the batch causes the batch
-    inspector named for this step, or without one the generic "one bad batch" (`outlier_batch`,
-    when the votes name it: a batch that breaks an unsafe operation is that operation's
-    fault)."""
+    batch: heals whatever this batch brought, so it confirms the data (`_data_causes`), not one
+    data cause."""
     out = []
     flagged = flagged_samples(setup.batch, setup.model)
     size = _batch_size(setup.batch)
@@ -509,11 +630,36 @@ def _batch_interventions(setup: Setup) -> list[Intervention]:
             f"{', '.join(map(str, rows[:5]))}{' ...' if len(rows) > 5 else ''}", causes, FORWARD,
             Change(batch=_select(setup.batch, kept, size), autocast=setup.autocast)))
     if setup.previous_batch is not None:
-        causes = tuple(c for c in BATCH_CAUSES if c in setup.batch_causes) or (GENERIC_BATCH,)
-        out.append(Intervention("previous_batch", "on the previous good batch", causes,
-                                FORWARD, Change(batch=setup.previous_batch,
-                                                autocast=setup.autocast)))
+        causes = _data_causes(setup)
+        out.append(Intervention("previous_batch", "the data — on the previous good batch",
+                                causes, FORWARD, Change(batch=setup.previous_batch,
+                                                        autocast=setup.autocast),
+                                rules_out=tuple(c for c in causes if c == ONE_BATCH), data=True))
     return out
+
+
+def _data_causes(setup: Setup) -> tuple[str, ...]:
+    """The data causes this batch can hold: the batch inspector's, a non-finite value when the
+    batch has one (nothing else then: it explains a broken step alone), else one bad batch
+    (`outlier_batch`, the ranking's generic one), a shifted scale for float inputs, a wrong
+    tokenizer for token ids the model embeds, wrong labels, and no label to average when a field
+    holds nothing but the ignore index."""
+    fields = _fields(setup.batch)
+    floats = [t for t in fields if t.is_floating_point()]
+    named = {c for c in setup.batch_causes if c in DATA_CAUSES}
+    with torch.no_grad():
+        if any(not bool(torch.isfinite(t).all()) for t in floats):
+            return tuple(c for c in DATA_CAUSES if c in named | {"nonfinite_input"})
+        if any(not t.is_floating_point() and t.numel() and bool((t == IGNORE_INDEX).all())
+               for t in fields):
+            named.add("empty_loss")
+    supported = named | {"outlier_batch", "label_problem"}
+    if floats:
+        supported.add("input_scale")
+    embeds = any(isinstance(m, nn.Embedding) for m in setup.model.modules())
+    if embeds and any(not t.is_floating_point() and t.dtype != torch.bool for t in fields):
+        supported.add("tokenizer_mismatch")
+    return tuple(c for c in DATA_CAUSES if c in supported)
 
 
 def _lora_scalings(model: nn.Module) -> list[float]:
@@ -642,7 +788,7 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
     try:
         plain = replay_step(setup, saved, Change(autocast=setup.autocast))
         proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident,
-                      origin=setup.origin)
+                      origin=setup.origin, window=len(setup.window))
         early = setup.baseline.loss is None and setup.incident and plain.finite
         if plain.bad(setup.baseline) or early:
             _try_interventions(setup, saved, proof, _ordered(interventions(setup), likely),
@@ -675,7 +821,8 @@ def _ordered(candidates: list[Intervention], likely: Sequence[str]) -> list[Inte
     if not likely:
         return candidates
     rank = {code: i for i, code in enumerate(likely)}
-    tested = [i for i in candidates if any(c in rank for c in i.causes) or not i.causes]
+    tested = [i for i in candidates if any(c in rank for c in i.causes) or not i.causes
+              or i.data]  # the data is a suspect whatever the votes (labels get none early)
     return sorted(tested, key=lambda i: min((rank[c] for c in i.causes if c in rank),
                                              default=len(rank)))
 
@@ -683,12 +830,13 @@ def _ordered(candidates: list[Intervention], likely: Sequence[str]) -> list[Inte
 def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
                        candidates: list[Intervention], started: float,
                        budget_s: float | None) -> None:
-    per_update = proof.plain.seconds / 2  # a replay is one update and one more forward
+    # a replay is the window's steps, one update and one more forward
+    per_update = proof.plain.seconds / (len(setup.window) + 2)
     healed: set[str] = set()
     for intervention in candidates:
         if intervention.causes and set(intervention.causes) <= healed:
             continue  # a gentler change already healed it (LR x0.1 before x0.01)
-        cost = per_update * (len(intervention.change.lr_factors) + 1)
+        cost = per_update * (len(setup.window) + len(intervention.change.lr_factors) + 1)
         if budget_s is not None and time.perf_counter() - started + cost > budget_s:
             proof.not_tried.append(intervention.name)
             continue
@@ -710,35 +858,49 @@ def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool |
         if plain.forward_bad(base):
             return None
         return outcome.finite and not outcome.update_bad()
+    if intervention.data and base.grad_norm is not None and (
+            outcome.grad_norm <= VANISHED * base.grad_norm):
+        return False  # a good batch that no longer trains the model: the state is broken
     return outcome.finite and not outcome.bad(base)
 
 
 def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
-    """Confirmed: a likely cause whose intervention healed the step. Ruled out: one whose every
-    intervention left it bad."""
+    """Confirmed: a likely cause whose intervention healed the step (the data, only when no fix
+    that keeps the batch healed it too). Ruled out: one whose every intervention left it
+    bad."""
     healed: dict[str, str] = {}
     failed: dict[str, str] = {}
+    by: dict[str, str] = {}
     for intervention, outcome, heals in proof.trials:
         rules_out = (intervention.causes if intervention.rules_out is None
                      else intervention.rules_out)
-        for code in (c for c in intervention.causes if not likely or c in likely):
+        for code in (c for c in intervention.causes
+                     if not likely or c in likely or (heals and intervention.data)):
             if heals is None or (not heals and code not in rules_out):
                 continue
             if heals:
+                by.setdefault(code, intervention.name)
                 healed.setdefault(code, f"confirmed by replay: {intervention.label} "
                                   f"{_healthy(intervention, outcome, proof)} instead of "
                                   f"{_bad_value(intervention, proof.plain, proof.baseline)}")
             else:
                 failed.setdefault(code, f"ruled out: {intervention.label} "
                                   f"{outcome.bad(proof.baseline) or _still(outcome)}")
+    kept_batch = any(heals and i.aspect == FORWARD and not i.data and i.change.batch is None
+                     for i, _, heals in proof.trials)
+    if kept_batch:  # the same batch trains under a fix: the batch tripped that fix's cause
+        healed = {code: why for code, why in healed.items()
+                  if not any(i.data and code in i.causes and by.get(code) == i.name
+                             for i, _, _ in proof.trials)}
     proof.confirmed = healed
+    proof.confirmed_by = {code: name for code, name in by.items() if code in healed}
     proof.ruled_out = {code: why for code, why in failed.items() if code not in healed}
 
 
 def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
     typical = proof.baseline.loss
     after = intervention.aspect == UPDATE or not proof.plain.forward_bad(proof.baseline)
-    what = "the loss after the update is" if after else "the step's loss is"
+    what = "the loss after the update is" if after else f"{outcome.what()} is"
     return (f"{what} {_num(outcome.after if after else outcome.loss)}"
             + (f" (run's typical {_num(typical)})" if typical is not None else ""))
 

@@ -7,7 +7,10 @@ reference to the last good batch. `wanted` says whether this step's incident is 
     policy halt     the step that halts (before its crash snapshot is written)
     policy recover  the first rollback (before the good state is restored); a step already bad
                     before its update is replayed again from the good state the rollback
-                    returns to, with the same batch and LR
+                    returns to, with the same batch and LR; when neither replay confirms
+                    anything, the whole window from that state to the step, with each step's
+                    batch and LR (kept by `see` since the ring's oldest good state), plainly and
+                    with the LR lowered on every step, if the budget allows
     prove="on"      also any step with an error-level event under protect or observe, until one
                     proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run)
 
@@ -32,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainguard.diagnose.counterfactual import (
-    BATCH_CAUSES,
+    DATA_CAUSES,
     Baseline,
     Proof,
     SavedState,
     Setup,
+    WindowStep,
     prove,
 )
 from trainguard.diagnose.ranking import rank_causes
@@ -73,9 +77,22 @@ class IncidentProver:
         self.attempts = 0
         self.rollbacks_proved = 0
         self._last_seen: float | None = None
+        self.window: deque[WindowStep] = deque()
+        """Every step since the oldest good state of the recover ring (references to its batch,
+        its LRs): what a window replay from a good state replays."""
 
     # -- every step: two floats and a reference ----------------------------------------------------
-    def see(self, ctx: StepContext) -> None:
+    def see(self, ctx: StepContext, services: Services | None = None,
+            oldest_state: int | None = None) -> None:
+        """Note the step; `oldest_state`: the step of the oldest good state a window replay can
+        start from (None: no ring, nothing to keep)."""
+        if oldest_state is None or services is None or ctx.batch is None:
+            self.window.clear()
+        else:
+            while self.window and self.window[0].step < oldest_state:
+                self.window.popleft()
+            lrs = tuple(float(g["lr"]) for g in services.optimizer.param_groups)
+            self.window.append(WindowStep(ctx.step, ctx.batch, lrs, ctx.applied))
         now = time.perf_counter()
         if self._last_seen is not None:
             self.step_times.append(now - self._last_seen)
@@ -176,9 +193,32 @@ class IncidentProver:
                 group["lr"] = lr  # the LR of the step that went bad
             again = replace(setup, original_finite=None, state_step=target.step,
                             origin=f"from the good state of step {target.step}")
-            return [prove(again, likely=likely, budget_s=budget_s)]
+            started = time.perf_counter()
+            proofs = [prove(again, likely=likely, budget_s=budget_s)]
+            window = self._window(target.step, ctx.step, len(lrs))
+            left = budget_s - (time.perf_counter() - started)
+            steps = len(window) + 2  # the window, the bad step's update, one more forward
+            # room for the plain window and LR x0.1 at least (x0.01 only if the budget is left)
+            # whatever the votes: an LR that built the damage up over the window is what they
+            # miss most (its steps looked normal one by one)
+            if window and not proofs[0].confirmed and \
+                    proofs[0].plain.seconds / 2 * steps * 2 <= left:
+                proofs.append(prove(replace(
+                    again, window=window,
+                    origin=f"steps {target.step}-{ctx.step} replayed from the good state of "
+                           f"step {target.step}"), budget_s=left))
+            return proofs
         finally:
             keep.restore()
+
+    def _window(self, start: int, stop: int, groups: int) -> tuple[WindowStep, ...]:
+        """The steps from `start` to before `stop`, all of them (else none): the window a
+        replay from the good state of `start` goes through to reach `stop`."""
+        window = tuple(w for w in self.window if start <= w.step < stop)
+        if [w.step for w in window] != list(range(start, stop)) or any(
+                len(w.lrs) != groups for w in window):
+            return ()  # a step not seen, or a group added since: not as it happened
+        return window
 
     def prove_now(self, state: RunState, services: Services, batch: Any = None) -> Proof:
         """On demand (`guard.prove()`), between steps: replay the next update from the state as
@@ -205,7 +245,7 @@ class IncidentProver:
         and keeps the LR."""
         confirmed = {c for p in self.proofs if p.step == step and p.reproduced
                      for c in p.confirmed}
-        return bool(confirmed & set(BATCH_CAUSES)) and not confirmed & set(LR_CAUSES)
+        return bool(confirmed & set(DATA_CAUSES)) and not confirmed & set(LR_CAUSES)
 
     def precision_halt(self, ctx: StepContext) -> Event | None:
         """A rollback after an earlier one whose proof confirmed a float16 overflow: faults that
@@ -257,8 +297,11 @@ def proof_event(proof: Proof) -> Event:
     """The `proof` event the cause ranking reads: what was confirmed and ruled out, and why."""
     return Event(kind="proof", step=proof.step, severity="info",
                  message=f"step {proof.step} replayed: {proof.summary()}",
-                 details={"confirmed": dict(proof.confirmed), "ruled_out": dict(proof.ruled_out),
+                 details={"confirmed": dict(proof.confirmed),
+                          "confirmed_by": dict(proof.confirmed_by),
+                          "ruled_out": dict(proof.ruled_out),
                           "reproduced": proof.reproduced, "incident": proof.incident,
+                          "window": proof.window,
                           "not_tried": list(proof.not_tried),
                           "seconds": round(proof.seconds, 3),
                           "trials": [{"name": i.name, "healed": healed, "loss": o.loss,

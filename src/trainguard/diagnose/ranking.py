@@ -85,6 +85,11 @@ class RankedCause:
         return f"{self.code} ({self.confidence:.0%}): {said}. Fix: {self.fix}"
 
 
+WINDOW_VOTE = 1.0
+"""The score of a cause only a window replay named (a plain vote's order), so that it ranks after
+the confirmed causes symptoms voted for."""
+
+
 class _Votes:
     def __init__(self) -> None:
         self.score: dict[str, float] = defaultdict(float)
@@ -140,7 +145,11 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_jumps(votes, serious, findings, specific, no_warmup)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
-    return _ranked(votes, top, *proven(events))
+    confirmed, ruled_out = proven(events)
+    for code in window_proven(events):
+        if not votes.score.get(code):  # proved where no symptom could vote (see there)
+            votes.score[code] = WINDOW_VOTE
+    return _ranked(votes, top, confirmed, ruled_out)
 
 
 def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
@@ -148,13 +157,25 @@ def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
     the sentence that proves it) and the causes ruled out (and confirmed by no replay)."""
     confirmed: dict[str, str] = {}
     ruled_out: set[str] = set()
-    for e in events:
-        if Tag.PROOF not in event_kind(e.kind).tags or not e.details.get("reproduced"):
-            continue
+    for e in _proofs(events):
         for code, why in (e.details.get("confirmed") or {}).items():
             confirmed.setdefault(str(code), str(why))
         ruled_out.update(str(code) for code in e.details.get("ruled_out") or {})
     return confirmed, ruled_out - set(confirmed)
+
+
+def window_proven(events: list[Event]) -> set[str]:
+    """Causes a window replay confirmed (the LR lowered on every step from a good state healed
+    the divergence): ranked even without a vote, since the steps of an LR that built the damage
+    up looked normal one by one. A single-step proof's cause without votes is not: a fix such
+    as a smaller LoRA scaling can heal a step whatever broke it."""
+    return {str(code) for e in _proofs(events) if e.details.get("window")
+            for code in e.details.get("confirmed") or {}}
+
+
+def _proofs(events: list[Event]) -> list[Event]:
+    return [e for e in events
+            if Tag.PROOF in event_kind(e.kind).tags and e.details.get("reproduced")]
 
 
 def _vote_lr_changes(votes: _Votes, events: list[Event], serious: list[Event]) -> bool:
@@ -358,7 +379,8 @@ def _ranked(votes: _Votes, top: int, confirmed: dict[str, str] | None = None,
                                                       else 1.0)):
         total = sum(score[c] for c in group) or 1.0
         for code in group:
-            evidence = ([confirmed[code]] if code in confirmed else []) + votes.evidence[code]
+            evidence = (([confirmed[code]] if code in confirmed else [])
+                        + votes.evidence.get(code, []))
             out.append(RankedCause(code=code, confidence=share * score[code] / total,
                                    score=score[code], evidence=evidence,
                                    fix=votes.fixes.get(code, CAUSES[code].fix),

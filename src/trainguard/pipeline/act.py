@@ -50,7 +50,8 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     if ctx.deferred:
         _act_late(ctx, state, services)
         return
-    prover.see(ctx)
+    ring = state.recovery.ring if state.recovery is not None else None
+    prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
     precision = prover.precision_halt(ctx)
