@@ -12,6 +12,7 @@ from torch import nn
 
 import trainguard
 from trainguard import Guard, GuardConfig, TrainingDiverged
+from trainguard.config import RecoveryConfig
 from trainguard.errors import UsageError
 from trainguard.snapshot import load_snapshot
 
@@ -241,8 +242,10 @@ def lr_spike_run(prove: str) -> tuple[Guard, nn.Module]:
     """Adam at 1e-3 whose loop gives steps 40-42 an LR 300x higher, then the usual one: by the
     rollback (step 52) the steps at the spike are long past and the LR is back to normal."""
     model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
-    guard = Guard(model, opt, config=config(policy="recover", prove=prove,
-                                            prove_budget_steps=100.0), replay_fn=mse)
+    # a fixed ring cadence and an ample budget: what is proved must not depend on timings
+    recovery = RecoveryConfig(ring_every=10, ring_budget=None)
+    guard = Guard(model, opt, config=config(policy="recover", prove=prove, recovery=recovery,
+                                            prove_budget_steps=1000.0), replay_fn=mse)
     for step in range(80):
         for group in opt.param_groups:
             group["lr"] = 0.3 if 40 <= step < 43 else 1e-3
