@@ -162,12 +162,12 @@ class DetectorConfig:
     """Optimizer steps at a working LR after which a loss that has not come down is a stall
     (`no_progress`, and the verdict `stalled`)."""
 
-    precursor_probe: bool = False
-    """Measure Adam's g / sqrt(v_hat) per parameter every step (`probes/adam_ratio.py`, four fused
-    passes over the gradients) for `instability_precursor`. Off by default: it costs about 1.5%
-    of a GPT-2 step on a CPU, above the 1% an every-step probe may take, and the detector needs
-    every step (a streak against a 50-step median), so it cannot move to sampled steps. Turn it
-    on for a run at risk of spikes (a high or rising LR)."""
+    precursor_probe: bool = True
+    """Measure Adam's g / sqrt(v_hat) per parameter every step (`probes/adam_ratio.py`: the
+    step's gradient norms and one fused L1 norm over `exp_avg_sq`, about 0.7% of a GPT-2 step on
+    a CPU) for `instability_precursor`, which needs every step (a streak against a 50-step
+    median). Reads 0 for a non-Adam optimizer; left out under torch.distributed. False turns
+    the probe and the warning off."""
     precursor_ratio: float = 2.0
     """`instability_precursor`: a parameter's Adam ratio this many times its own median of the
     last `baseline_window` steps (tuned on half the seeds of the scenario suite's precursor

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from trainguard.params import watched_params
+from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.packing import DevicePack
-from trainguard.probes.adam_ratio import AdamRatioProbe
 
 CPU = torch.device("cpu")
 

@@ -24,13 +24,19 @@ GROW_STEPS = 8
 STEPS = GROW_FROM + GROW_STEPS + BRAKE_STEPS + 10
 
 
-def scale_at(step: int) -> float:
-    if GROW_FROM <= step < GROW_FROM + GROW_STEPS:
-        return 1.3 ** (step - GROW_FROM + 1)
+AGAIN = GROW_FROM + GROW_STEPS + BRAKE_STEPS + 15
+"""Where `train(..., again=True)` grows the loss a second time, after the brake's release."""
+
+
+def scale_at(step: int, again: bool = False) -> float:
+    for start in (GROW_FROM, AGAIN) if again else (GROW_FROM,):
+        if start <= step < start + GROW_STEPS:
+            return 1.3 ** (step - start + 1)
     return 1.0
 
 
-def train(policy: str, grow: bool = True) -> tuple[Guard, Actions, list[float]]:
+def train(policy: str, grow: bool = True, again: bool = False,
+          steps: int = STEPS) -> tuple[Guard, Actions, list[float]]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
@@ -41,10 +47,10 @@ def train(policy: str, grow: bool = True) -> tuple[Guard, Actions, list[float]]:
                                      detectors=DetectorConfig(precursor_probe=True)))
     data = torch.Generator().manual_seed(1)
     lrs = []
-    for step in range(STEPS):
+    for step in range(steps):
         x = torch.randn(32, 8, generator=data)
         loss = (model(x).squeeze(1) - x.sum(1)).square().mean()
-        (loss * (scale_at(step) if grow else 1.0)).backward()
+        (loss * (scale_at(step, again) if grow else 1.0)).backward()
         guard.step(loss)
         lrs.append(optimizer.param_groups[0]["lr"])  # after the step: the next step's LR
         optimizer.zero_grad()
@@ -96,6 +102,19 @@ def test_observe_only_warns() -> None:
     assert precursor_steps(guard) and lrs == [LR] * STEPS
     assert not [a for a in sink.actions if a.kind == "lr_change"]
     assert guard.run.state.brake is None
+
+
+@pytest.mark.parametrize("policy", ["protect", "recover"])
+def test_a_warning_that_comes_back_holds_the_lr_under_a_ceiling(policy: str) -> None:
+    steps = AGAIN + GROW_STEPS + 30
+    guard, sink, lrs = train(policy, again=True, steps=steps)
+    warned = precursor_steps(guard)
+    assert len(warned) == 2 and AGAIN <= warned[1] < AGAIN + GROW_STEPS
+    changes = [a for a in sink.actions if a.kind == "lr_change"]
+    assert [a.step for a in changes] == warned
+    assert changes[1].details["ceiling"] == pytest.approx(BRAKE_FACTOR * LR)
+    assert lrs[warned[1] - 1] == pytest.approx(LR)  # released before it came back
+    assert lrs[warned[1]:] == [pytest.approx(BRAKE_FACTOR * LR)] * (steps - warned[1])
 
 
 def test_no_brake_without_a_warning() -> None:
@@ -186,7 +205,7 @@ def test_under_recover_the_recovery_backoff_keeps_the_ceiling() -> None:
 
 
 def test_the_brake_state_survives_a_checkpoint() -> None:
-    brake, optimizer, scheduler, _ = brake_on_rising_schedule()
+    brake, _, _, _ = brake_on_rising_schedule()
     brake.pull(0)
     brake.pull(3)
     restored, _, _, _ = brake_on_rising_schedule()
