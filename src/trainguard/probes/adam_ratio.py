@@ -94,7 +94,8 @@ class AdamRatioProbe:
             return {"adam_ratio_rms": full}
         where = torch.tensor(rows.index, device=device)
         if grad_norms is None:
-            grads = [local_tensor(self.watched.params[i].grad) for i in rows.index]
+            grads = [local_tensor(g) for g in (self.watched.params[i].grad for i in rows.index)
+                     if g is not None]  # every row has one (`_rows`)
             squares = torch.stack([n.to(device) for n in float32_norms(grads)]).square()
         else:
             squares = grad_norms.to(device=device, dtype=torch.float32)[where].square()
