@@ -35,7 +35,7 @@ from trainguard.signals import MAD_TO_STD, StepSignals
 SIGNAL = "adam_ratio_rms"
 EXPECTED_LEAD = "~10"
 """The lead the message announces: on the scenario suite's `tiny_lm` family the warning came 4-19
-steps before the loss first doubled, median 11.5 over 6 seeds (`benchmarks/precursors.py`)."""
+steps before the loss first doubled, median 11 over 6 seeds (`benchmarks/precursors.py`)."""
 
 
 class InstabilityPrecursor(Detector):
