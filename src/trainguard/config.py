@@ -164,35 +164,37 @@ class DetectorConfig:
     """Optimizer steps at a working LR after which a loss that has not come down is a stall
     (`no_progress`, and the verdict `stalled`)."""
 
-    precursor_probe: bool = False
-    """Measure Adam's g / sqrt(v_hat) per parameter every step (`probes/adam_ratio.py`, four fused
-    passes over the gradients) for `instability_precursor`. Off by default: it costs about 1.5%
-    of a GPT-2 step on a CPU, above the 1% an every-step probe may take, and the detector needs
-    every step (a streak against a 50-step median), so it cannot move to sampled steps. Turn it
-    on for a run at risk of spikes (a high or rising LR)."""
+    precursor_probe: bool = True
+    """Measure Adam's ratio sqrt(sum g^2 / sum v_hat) per parameter every step (the
+    `adam_ratio_rms` of `probes/adam_ratio.py`: the
+    step's gradient norms and one fused L1 norm over `exp_avg_sq`, about 0.7% of a GPT-2 step on
+    a CPU) for `instability_precursor`, which needs every step (a streak against a 50-step
+    median). Reads 0 for a non-Adam optimizer; left out under torch.distributed. False turns
+    the probe and the warning off."""
     precursor_ratio: float = 2.0
     """`instability_precursor`: a parameter's Adam ratio this many times its own median of the
-    last `baseline_window` steps (tuned on half the seeds of the scenario suite's precursor
-    family: 1.7 is the highest ratio that a healthy twin, an LR rising 3% a step to 10x, reached
-    two steps in a row)..."""
+    last `baseline_window` steps (tuned on seeds 0-2 of the scenario suite's precursor family
+    and its other healthy scenarios: a healthy twin, an LR rising 3% a step to 10x, reached 1.8
+    two steps in a row; 1.7 with a z-score of 2 warns on healthy GPT-2 LoRA and BERT runs)..."""
     precursor_zscore: float = 2.5
     """...and this many robust standard deviations (MAD) of its own log ratio above the median
     (heavy-tailed data makes a parameter's ratio swing with every batch)..."""
     precursor_abs_min: float = 2.5
     """...and at least this value (a steady run sits near 1; Student-t targets on a small MLP
-    reached 2.1 two steps in a row)..."""
+    reached 2.5 two steps in a row, and 2.0 warns there)..."""
     precursor_steps: int = 2
     """...for this many steps in a row."""
     precursor_sudden_ratio: float = 10.0
     """A streak that starts at this many times the median in one step is a parameter waking up
     (a dead unit or a rare embedding row getting a gradient again, its v near 0: a healthy
-    regression's unit jumped to 13x its level for two steps), not a moment lagging a growing
+    regression's layer jumped to 13x its level in one step), not a moment lagging a growing
     gradient: it warns nothing."""
     precursor_warmup: int = 50
     """`instability_precursor` stays silent until its baseline holds this many steps: Adam's
     moments are young at the start of a run, and a fine-tune's first steps (a new head, sparse
-    embedding rows seen for the first time) swing g / sqrt(v_hat) widely (a healthy BERT
-    fine-tune of the suite reached 2.7x its median at step 35)."""
+    embedding rows seen for the first time, LoRA factors that start at zero) swing
+    g / sqrt(v_hat) widely (within their first 50 steps the suite's healthy BERT fine-tunes
+    reached 4-12x their median, its LoRA fine-tunes over 150x)."""
 
     rearm_steps: int = 5
     """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the

@@ -477,7 +477,7 @@ for _metric in (
               False),
     MetricKey("lr", Scope.GROUP, "the learning rate each parameter group used at the step "
               "(carried by the transfer only when some group's LR is a tensor)", _LOCAL, False),
-    MetricKey("adam_ratio_rms", Scope.PARAM, "RMS of g / sqrt(v_hat) over each watched "
+    MetricKey("adam_ratio_rms", Scope.PARAM, "sqrt(sum g^2 / sum v_hat) over each watched "
               "parameter, with Adam's bias-corrected second moment from before the step (0: no "
               "gradient or no Adam state; probes/adam_ratio.py)", _LOCAL, False),
     MetricKey("loss_scale", Scope.STEP, "the GradScaler's loss scale", _LOCAL, False),

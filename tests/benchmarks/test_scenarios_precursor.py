@@ -1,7 +1,8 @@
-"""The precursor family with its seed fixed: `instability_precursor` warns at least 5 steps
-before the loss spikes under an LR that never stops rising, and stays silent on the healthy twin
-whose LR rises too, then holds. Ground truth: the run under `observe` (which trains exactly as
-an unguarded run) and `benchmarks.precursors.spike_step`."""
+"""The precursor family with its seed fixed, the probe on by default: `instability_precursor`
+warns at least 5 steps before the loss spikes under an LR that never stops rising, stays silent
+on the healthy twins, and under `protect` the brake and the ceiling the returning warning sets
+prevent the spike. Ground truth: the run under `observe` (which trains exactly as an unguarded
+run) and `benchmarks.precursors.spike_step`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from benchmarks.precursors import spike_step
 from benchmarks.scenarios import scenario
 from benchmarks.scenarios.runner import RunResult, run_scenario
 
-from trainguard import DetectorConfig, GuardConfig
+from trainguard import GuardConfig
 
-OBSERVE = GuardConfig(policy="observe", console=False,
-                      detectors=DetectorConfig(precursor_probe=True))
+OBSERVE = GuardConfig(policy="observe", console=False)
 
 
 def warnings(result: RunResult) -> list[int]:
@@ -36,3 +36,18 @@ def test_silent_on_the_healthy_twin_whose_lr_rises_then_holds() -> None:
     result = run_scenario(twin, "trainguard", seed=0, config=OBSERVE)
     assert spike_step(result.train_losses) is None
     assert warnings(result) == [] and result.events == []
+
+
+def test_silent_on_the_healthy_twin_at_the_sane_lr() -> None:
+    twin = scenario("tiny_lm_healthy")
+    result = run_scenario(twin, "trainguard", seed=0, config=OBSERVE)
+    assert warnings(result) == [] and result.events == []
+
+
+def test_under_protect_the_ceiling_a_returning_warning_sets_prevents_the_spike() -> None:
+    fault = scenario("tiny_lm_lr_ramp")
+    result = run_scenario(fault, "trainguard", seed=0,
+                          config=GuardConfig(policy="protect", console=False))
+    assert len(warnings(result)) >= 2  # the brake, then the ceiling
+    assert spike_step(result.train_losses) is None
+    assert result.final_eval_loss < 2.0  # unguarded, it ends near 80

@@ -66,6 +66,24 @@ def test_a_single_late_spike_is_an_outlier_batch() -> None:
     assert codes(ranked)[0] == "outlier_batch"
 
 
+def test_a_precursor_after_a_late_spike_leaves_it_an_outlier_batch() -> None:
+    spike = [event("grad_explosion", 120), event("loss_spike", 120, "warning")]
+    after = rank_causes([*spike, event("instability_precursor", 123, "warning")])
+    assert codes(after)[0] == "outlier_batch"  # the damage, not the cause
+    assert codes(after) == codes(rank_causes(spike))
+
+
+def test_a_precursor_before_the_spike_votes_for_the_learning_rate() -> None:
+    def score(events: list[Event]) -> float:
+        return next((c.score for c in rank_causes(events) if c.code == "lr_too_high"), 0.0)
+
+    spike = [event("grad_explosion", 120), event("loss_spike", 120, "warning")]
+    before = score([event("instability_precursor", 114, "warning"), *spike])
+    assert before == pytest.approx(score(spike) + 1.5)
+    alone = rank_causes([event("instability_precursor", 114, "warning")])
+    assert codes(alone)[0] == "lr_too_high"
+
+
 LORA_PARAM = "base_model.model.h.0.attn.c_attn.lora_B.default.weight"
 
 

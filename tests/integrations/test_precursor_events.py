@@ -13,15 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from trainguard import DetectorConfig, Guard, GuardConfig
+from trainguard import Guard, GuardConfig
 from trainguard.events import Event
 
 GROW_FROM = 45
 GROW_STEPS = 8
 STEPS = GROW_FROM + GROW_STEPS + 4
 LR = 1e-3
-CONFIG = {"policy": "observe", "console": False,
-          "detectors": DetectorConfig(precursor_probe=True)}
+CONFIG = {"policy": "observe", "console": False}
+"""The default configuration: the precursor probe is on."""
 
 
 def scale_at(step: int) -> float:

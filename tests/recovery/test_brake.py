@@ -6,6 +6,7 @@ that grows 30% a step for `GROW_STEPS` steps, so the gradients outgrow Adam's se
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 
 from trainguard import DetectorConfig, Guard, GuardConfig
 from trainguard.recovery.brake import BRAKE_FACTOR, BRAKE_STEPS, PrecursorBrake
+from trainguard.recovery.lr import LRBackoff
 
 from ..conftest import Actions
 
@@ -22,13 +24,19 @@ GROW_STEPS = 8
 STEPS = GROW_FROM + GROW_STEPS + BRAKE_STEPS + 10
 
 
-def scale_at(step: int) -> float:
-    if GROW_FROM <= step < GROW_FROM + GROW_STEPS:
-        return 1.3 ** (step - GROW_FROM + 1)
+AGAIN = GROW_FROM + GROW_STEPS + BRAKE_STEPS + 15
+"""Where `train(..., again=True)` grows the loss a second time, after the brake's release."""
+
+
+def scale_at(step: int, again: bool = False) -> float:
+    for start in (GROW_FROM, AGAIN) if again else (GROW_FROM,):
+        if start <= step < start + GROW_STEPS:
+            return 1.3 ** (step - start + 1)
     return 1.0
 
 
-def train(policy: str, grow: bool = True) -> tuple[Guard, Actions, list[float]]:
+def train(policy: str, grow: bool = True, again: bool = False,
+          steps: int = STEPS) -> tuple[Guard, Actions, list[float]]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
@@ -39,10 +47,10 @@ def train(policy: str, grow: bool = True) -> tuple[Guard, Actions, list[float]]:
                                      detectors=DetectorConfig(precursor_probe=True)))
     data = torch.Generator().manual_seed(1)
     lrs = []
-    for step in range(STEPS):
+    for step in range(steps):
         x = torch.randn(32, 8, generator=data)
         loss = (model(x).squeeze(1) - x.sum(1)).square().mean()
-        (loss * (scale_at(step) if grow else 1.0)).backward()
+        (loss * (scale_at(step, again) if grow else 1.0)).backward()
         guard.step(loss)
         lrs.append(optimizer.param_groups[0]["lr"])  # after the step: the next step's LR
         optimizer.zero_grad()
@@ -77,7 +85,7 @@ def test_the_lr_ramps_back_over_the_window() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     brake = PrecursorBrake(optimizer, scheduler)
-    assert brake.pull(7) and not brake.pull(8)
+    assert brake.pull(7) == "brake"
     seen = [optimizer.param_groups[0]["lr"]]
     for _ in range(BRAKE_STEPS):
         optimizer.step()
@@ -87,7 +95,6 @@ def test_the_lr_ramps_back_over_the_window() -> None:
     assert seen[0] == pytest.approx(BRAKE_FACTOR * LR)
     assert all(a < b for a, b in pairwise(seen))
     assert seen[-1] == pytest.approx(LR) and not brake.active
-    assert brake.pull(30)  # released: a new warning pulls it again
 
 
 def test_observe_only_warns() -> None:
@@ -97,7 +104,111 @@ def test_observe_only_warns() -> None:
     assert guard.run.state.brake is None
 
 
+@pytest.mark.parametrize("policy", ["protect", "recover"])
+def test_a_warning_that_comes_back_holds_the_lr_under_a_ceiling(policy: str) -> None:
+    steps = AGAIN + GROW_STEPS + 30
+    guard, sink, lrs = train(policy, again=True, steps=steps)
+    warned = precursor_steps(guard)
+    assert len(warned) == 2 and AGAIN <= warned[1] < AGAIN + GROW_STEPS
+    changes = [a for a in sink.actions if a.kind == "lr_change"]
+    assert [a.step for a in changes] == warned
+    assert changes[1].details["ceiling"] == pytest.approx(BRAKE_FACTOR * LR)
+    assert lrs[warned[1] - 1] == pytest.approx(LR)  # released before it came back
+    assert lrs[warned[1]:] == [pytest.approx(BRAKE_FACTOR * LR)] * (steps - warned[1])
+
+
 def test_no_brake_without_a_warning() -> None:
     guard, sink, lrs = train("protect", grow=False)
     assert precursor_steps(guard) == []
     assert not [a for a in sink.actions if a.kind == "lr_change"] and lrs == [LR] * STEPS
+
+
+def rising(step: int) -> float:
+    """A schedule that keeps raising the LR, 3% a step."""
+    return 1.03 ** step
+
+
+def brake_on_rising_schedule(keeper: bool = False) -> tuple[
+        PrecursorBrake, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR,
+        LRBackoff | None]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rising)
+    recovery = LRBackoff([optimizer], [scheduler], 10) if keeper else None
+    return PrecursorBrake(optimizer, scheduler, keeper=recovery), optimizer, scheduler, recovery
+
+
+def advance(optimizer: torch.optim.Optimizer, scheduler: Any, brake: PrecursorBrake,
+            steps: int, keeper: LRBackoff | None = None) -> list[float]:
+    seen = []
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        brake.after_schedule()
+        if keeper is not None:
+            keeper.step()
+        seen.append(optimizer.param_groups[0]["lr"])
+    return seen
+
+
+def test_a_warning_that_comes_back_after_the_release_holds_a_ceiling_for_the_rest() -> None:
+    brake, optimizer, scheduler, _ = brake_on_rising_schedule()
+    assert brake.pull(0) == "brake"
+    advance(optimizer, scheduler, brake, BRAKE_STEPS + 5)
+    assert not brake.active  # released: back on the rising schedule
+    at_warning = optimizer.param_groups[0]["lr"]
+    assert at_warning == pytest.approx(LR * rising(BRAKE_STEPS + 5))
+    assert brake.pull(BRAKE_STEPS + 5) == "ceiling"
+    ceiling = BRAKE_FACTOR * at_warning
+    assert brake.ceilings == [pytest.approx(ceiling)]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(ceiling)  # this step's update
+    seen = advance(optimizer, scheduler, brake, 200)
+    assert seen == [pytest.approx(ceiling)] * 200 and brake.active  # held, never released
+    # a further warning lowers it again
+    assert brake.pull(300) == "ceiling"
+    assert advance(optimizer, scheduler, brake, 3) == [pytest.approx(BRAKE_FACTOR * ceiling)] * 3
+
+
+def test_a_warning_during_the_ramp_sets_the_ceiling_below_the_braked_lr() -> None:
+    brake, optimizer, scheduler, _ = brake_on_rising_schedule()
+    brake.pull(0)
+    advance(optimizer, scheduler, brake, 5)
+    braked = optimizer.param_groups[0]["lr"]
+    assert braked < LR * rising(5)
+    assert brake.pull(5) == "ceiling"
+    assert advance(optimizer, scheduler, brake, 50) == [pytest.approx(BRAKE_FACTOR * braked)] * 50
+
+
+def test_a_schedule_that_decays_below_the_ceiling_takes_over() -> None:
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(nn.Linear(4, 1).parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.9 ** step)
+    brake = PrecursorBrake(optimizer, scheduler)
+    brake.pull(0)
+    brake.pull(1)  # the ceiling: half the braked LR of step 1
+    seen = advance(optimizer, scheduler, brake, 60)
+    assert seen[-1] == pytest.approx(LR * 0.9 ** 60)  # the schedule, under the ceiling
+
+
+def test_under_recover_the_recovery_backoff_keeps_the_ceiling() -> None:
+    brake, optimizer, scheduler, keeper = brake_on_rising_schedule(keeper=True)
+    assert keeper is not None
+    brake.pull(0)
+    advance(optimizer, scheduler, brake, 5, keeper)
+    braked = optimizer.param_groups[0]["lr"]
+    assert brake.pull(5) == "ceiling"
+    assert not brake.active and keeper.active  # one backoff scales the LR, not two
+    assert keeper.ceilings == [pytest.approx(BRAKE_FACTOR * braked)]
+    seen = advance(optimizer, scheduler, brake, 50, keeper)
+    assert seen == [pytest.approx(BRAKE_FACTOR * braked)] * 50
+
+
+def test_the_brake_state_survives_a_checkpoint() -> None:
+    brake, _, _, _ = brake_on_rising_schedule()
+    brake.pull(0)
+    brake.pull(3)
+    restored, _, _, _ = brake_on_rising_schedule()
+    restored.load_state_dict(brake.state_dict())
+    assert restored.pulled == [0, 3] and restored.ceilings == brake.ceilings
+    assert restored.backoff.ceilings == brake.backoff.ceilings

@@ -1,17 +1,18 @@
 """`instability_precursor`: a warning before the loss spikes, from Adam's second moment lagging.
 
 Reads `adam_ratio_rms` (`probes/adam_ratio.py`), measured every step: per watched parameter, the
-RMS of g / sqrt(v_hat). Each parameter is compared with its own median over the last
-`baseline_window` steps (a steady run sits near 1, some parameters a little above). When a
-parameter's ratio is `precursor_ratio` times its median, `precursor_zscore` robust standard
-deviations of its own log ratio above it (heavy-tailed data makes single parameters' ratios
-swing with every batch), and at least `precursor_abs_min`, for `precursor_steps` steps in a row,
-the gradient is outgrowing what Adam has seen of it. That is what comes before a loss spike when
-the LR is past what the weights can take (the update directions Adam normalises by a stale v),
-and when a parameter whose v decayed gets a large gradient again (Wortsman et al. 2023, arXiv
-2304.13013: spikes 1-8 steps after). The event names the parameter (the layer), the signal's
-level against its median, its trend over the steps above and the lead to expect; it stays silent
-while the baseline is young (`precursor_warmup` steps) and reports an episode once.
+gradient's RMS over the RMS of sqrt(v_hat), sqrt(sum g^2 / sum v_hat). Each parameter is compared
+with its own median over the last `baseline_window` steps (a steady run sits near 1, some
+parameters a little above). When a parameter's ratio is `precursor_ratio` times its median,
+`precursor_zscore` robust standard deviations of its own log ratio above it (heavy-tailed data
+makes single parameters' ratios swing with every batch), and at least `precursor_abs_min`, for
+`precursor_steps` steps in a row, the gradient is outgrowing what Adam has seen of it. That is what
+comes before a loss spike when the LR is past what the weights can take (the update directions Adam
+normalises by a stale v), and when a parameter whose v decayed gets a large gradient again
+(Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps after). The event names the parameter
+(the layer), the signal's level against its median, its trend over the steps above and the lead to
+expect; it stays silent while the baseline is young (`precursor_warmup` steps) and reports an
+episode once.
 
 Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
 and one burst does not lift the level it is compared with.
@@ -34,7 +35,7 @@ from trainguard.signals import MAD_TO_STD, StepSignals
 SIGNAL = "adam_ratio_rms"
 EXPECTED_LEAD = "~10"
 """The lead the message announces: on the scenario suite's `tiny_lm` family the warning came 4-19
-steps before the loss first doubled, median 11.5 over 6 seeds (`benchmarks/precursors.py`)."""
+steps before the loss first doubled, median 11 over 6 seeds (`benchmarks/precursors.py`)."""
 
 
 class InstabilityPrecursor(Detector):

@@ -259,6 +259,8 @@ def _vote_nonfinite(votes: _Votes, serious: list[Event], findings: list[Finding]
 def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> None:
     """The votes each kind casts (registry), a collapsed gradient, a bad start, bad state."""
     kinds = {e.kind for e in serious}
+    if not _precursor_came_first(serious):
+        kinds.discard(Kind.INSTABILITY_PRECURSOR)
     for e in serious:
         if e.kind == Kind.NO_PROGRESS and e.details.get("grad_collapse"):
             votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
@@ -287,6 +289,16 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
     if kinds & kinds_tagged(Tag.STATE):
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
+
+
+def _precursor_came_first(serious: list[Event]) -> bool:
+    """Whether an `instability_precursor` warning came before any other finding: a moment
+    lagging the gradient ahead of the trouble speaks for the LR, one raised after the trouble
+    showed (the weights an outlier batch or a bad shard has just thrown off) is the damage, and
+    says nothing of the cause."""
+    warned = [e.step for e in serious if e.kind == Kind.INSTABILITY_PRECURSOR]
+    others = [e.step for e in serious if e.kind != Kind.INSTABILITY_PRECURSOR]
+    return bool(warned) and (not others or min(warned) < min(others))
 
 
 def _vote_climb(votes: _Votes, events: list[Event], serious: list[Event]) -> None:

@@ -94,16 +94,25 @@ def _act_late(ctx: StepContext, state: RunState, services: Services) -> None:
 
 
 def _brake(ctx: StepContext, state: RunState) -> None:
-    """An `instability_precursor` warning pulls the LR brake before the update is applied."""
+    """An `instability_precursor` warning pulls the LR brake before the update is applied; one
+    that comes back sets a lasting LR ceiling (`recovery.brake`)."""
     brake, recovery = state.brake, state.recovery
     warning = next((e for e in ctx.events if e.kind == Kind.INSTABILITY_PRECURSOR), None)
     if brake is None or warning is None or (recovery is not None and recovery.lr.active):
         return
-    if brake.pull(ctx.step):
-        ctx.act("lr_change", f"LR x{brake.factor:g} ahead of a likely loss spike "
-                             f"({warning.param or 'a parameter'}'s Adam ratio rose), back to the "
-                             f"schedule over {brake.steps} updates",
+    pulled = brake.pull(ctx.step)
+    where = f"{warning.param or 'a parameter'}'s Adam ratio rose"
+    if pulled == "brake":
+        ctx.act("lr_change", f"LR x{brake.factor:g} ahead of a likely loss spike ({where}), "
+                             f"back to the schedule over {brake.steps} updates",
                 factor=brake.factor, release_steps=brake.steps, reason=warning.kind)
+    elif pulled == "ceiling":
+        first = next((c for c in brake.ceilings if c is not None), None)
+        ctx.act("lr_change", f"the precursor came back ({where}): LR never above "
+                             f"{first:.3g} ({brake.factor:g}x the LR it came back at) for the "
+                             f"rest of the run",
+                factor=brake.factor, ceiling=first, ceilings=list(brake.ceilings),
+                reason=warning.kind)
 
 
 def _clip_rules(ctx: StepContext, state: RunState, services: Services, coef: float) -> None:

@@ -81,7 +81,7 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
             else ranks.step_pack(device, fingerprint=ctx.fingerprint, ring_wish=ctx.ring_wish))
     if loss_t is not None:
         pack.add("loss", loss_t)
-    _, ctx.grads, global_norm = services.watch.grad_probe.measure(pack, device)
+    _, ctx.grads, grad_norms, global_norm = services.watch.grad_probe.measure(pack, device)
     lrs = [group.get("lr") for group in services.optimizer.param_groups]
     if any(isinstance(lr, torch.Tensor) for lr in lrs):  # capturable optimizers
         pack.add("lr", torch.stack([torch.as_tensor(
@@ -91,7 +91,7 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     if scale is not None:
         pack.add("loss_scale", scale)
     if config.detectors.precursor_probe and ranks is None:
-        for key, tensor in services.watch.adam_probe.measure(device).items():
+        for key, tensor in services.watch.adam_probe.measure(device, grad_norms).items():
             pack.add(f"{PRECURSOR}{key}", tensor)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []

@@ -118,13 +118,15 @@ class Run:
         self._announce(integration, resume)
         if config.preflight and not mid_run:
             self._run_preflight()
-        if config.policy in ("protect", "recover"):
-            self.state.brake = PrecursorBrake(optimizer, scheduler)
         if config.policy == "recover":
             self.state.recovery = Recovery(
                 dist=dist, model=model, optimizers=[optimizer], scheduler=scheduler,
                 scaler=self.services.scaler, config=config)
             self.state.recovery.start(self.state.step, self.state.rewind_state())
+        if config.policy in ("protect", "recover"):  # the recovery keeps the brake's ceiling
+            self.state.brake = PrecursorBrake(
+                optimizer, scheduler,
+                keeper=self.state.recovery.lr if self.state.recovery is not None else None)
         self.steps = StepPipeline(self.state, self.services)
         self.deferred = _deferral(config, self.services, owns_optimizer_step)
         """`sync="deferred"` in force: each step is judged on the host at the next one."""

@@ -1,18 +1,23 @@
 """Adam's second moment lagging the gradient, measured every step from the optimizer state.
 
-Metric key (per watched parameter, every step): `adam_ratio_rms`, the root mean square over the
-parameter's elements of g / sqrt(v_hat), where g is the step's gradient (final and unscaled,
-before the optimizer step) and v_hat = (v + eps^2) / (1 - beta2^t) is Adam's bias-corrected
-second moment from the steps before (`exp_avg_sq` after t updates). On a steady run it stays
-near 1; it rises when the gradient grows faster than Adam's running average of it (an LR past
-what the weights can take, a parameter whose v decayed while it got no gradient, an eps too
-small for a v near 0), which tends to come some steps before the loss moves (Wortsman et al.
-2023, arXiv 2304.13013). A parameter without a gradient or without Adam state yet reads 0.
+Metric key (per watched parameter, every step): `adam_ratio_rms`, the ratio of the gradient's
+RMS to the RMS of sqrt(v_hat) over the parameter's elements,
 
-Cost: four fused passes over the gradients and `exp_avg_sq` (g*g, v + eps^2, the division, an
-L1 norm per tensor), in chunks of at most `CHUNK_ELEMENTS` elements so that the temporaries stay
-small; the per-tensor bias corrections are computed with one small tensor operation. Nothing is
-read on the host: the values ride the step's one transfer.
+    sqrt(sum g^2 / sum v_hat),   v_hat = (v + eps^2) / (1 - beta2^t),
+
+where g is the step's gradient (final and unscaled, before the optimizer step) and v_hat is
+Adam's bias-corrected second moment from the steps before (`exp_avg_sq` after t updates). On a
+steady run it stays near 1 (v is a running average of g^2); it rises when the gradient grows
+faster than Adam's running average of it (an LR past what the weights can take, a parameter
+whose v decayed while it got no gradient), which tends to come some steps before the loss moves
+(Wortsman et al. 2023, arXiv 2304.13013). A parameter without a gradient or without Adam state
+yet reads 0, and so does every parameter of a non-Adam optimizer.
+
+Cost: sum g^2 is the square of the per-parameter gradient norm the step already computes
+(`probes/gradients.py`, handed in); sum v is one fused L1 norm over `exp_avg_sq` (v >= 0), read
+only; the per-tensor bias corrections are one small tensor operation. Nothing is read on the
+host: the values ride the step's one transfer. (An element-wise RMS of g / sqrt(v_hat) took
+four fused passes and about 1.5% of a GPT-2 step on a CPU, too much for every step.)
 """
 
 from __future__ import annotations
@@ -23,19 +28,17 @@ import torch
 
 from trainguard.params import WatchedParams
 from trainguard.probes.local import local_tensor
-
-CHUNK_ELEMENTS = 1 << 24
-"""At most this many elements per fused pass (a larger single tensor is its own chunk)."""
+from trainguard.probes.norms import float32_norms
 
 
 @dataclass
 class _Rows:
     index: list[int] = field(default_factory=list)
-    grads: list[torch.Tensor] = field(default_factory=list)
     moments: list[torch.Tensor] = field(default_factory=list)
     steps: list[torch.Tensor | float] = field(default_factory=list)
     beta2: list[float] = field(default_factory=list)
     eps2: list[float] = field(default_factory=list)
+    numel: list[int] = field(default_factory=list)
 
 
 def _adam_group(group: dict) -> tuple[float, float] | None:
@@ -53,9 +56,12 @@ class AdamRatioProbe:
     def __init__(self, watched: WatchedParams, optimizers: list[torch.optim.Optimizer]) -> None:
         self.watched = watched
         self.optimizers = optimizers
+        self._index = {id(p): i for i, p in enumerate(watched.params)}
 
     def _rows(self) -> _Rows:
-        index = {id(p): i for i, p in enumerate(self.watched.params)}
+        index = self._index
+        if len(index) != len(self.watched.params):  # the watched list grew
+            index = self._index = {id(p): i for i, p in enumerate(self.watched.params)}
         rows = _Rows()
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
@@ -67,55 +73,51 @@ class AdamRatioProbe:
                     if i is None or p.grad is None or not state:
                         continue
                     v, step = state.get("exp_avg_sq"), state.get("step")
-                    if (not isinstance(v, torch.Tensor) or v.shape != p.shape
-                            or step is None or p.grad.shape != p.shape):
+                    if not isinstance(v, torch.Tensor) or v.shape != p.shape or step is None:
                         continue
                     rows.index.append(i)
-                    rows.grads.append(local_tensor(p.grad))
                     rows.moments.append(local_tensor(v))
                     rows.steps.append(step)
                     rows.beta2.append(adam[0])
                     rows.eps2.append(adam[1] ** 2)
+                    rows.numel.append(v.numel())
         return rows
 
     @torch.no_grad()
-    def measure(self, device: torch.device) -> dict[str, torch.Tensor]:
+    def measure(self, device: torch.device,
+                grad_norms: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """`grad_norms`: the L2 norm of each watched parameter's gradient, float32 on `device`
+        (the gradient probe's `param_grad_norm`); computed here when not given."""
         rows = self._rows()
         full = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
         if not rows.index:
             return {"adam_ratio_rms": full}
-        sums = torch.cat([_chunk_sums(rows.grads[a:b], rows.moments[a:b], rows.eps2[a:b], device)
-                          for a, b in _chunks(rows.grads)])
-        corrected = sums * _corrections(rows, device)
-        full[torch.tensor(rows.index, device=device)] = corrected.sqrt()
+        where = torch.tensor(rows.index, device=device)
+        if grad_norms is None:
+            grads = [local_tensor(g) for g in (self.watched.params[i].grad for i in rows.index)
+                     if g is not None]  # every row has one (`_rows`)
+            squares = torch.stack([n.to(device) for n in float32_norms(grads)]).square()
+        else:
+            squares = grad_norms.to(device=device, dtype=torch.float32)[where].square()
+        sums = torch.stack([n.to(device=device, dtype=torch.float32)
+                            for n in _l1_norms(rows.moments)])
+        numel, eps2, correction = _constants(rows, device)
+        full[where] = (squares * correction / (sums + numel * eps2)).sqrt()
         return {"adam_ratio_rms": full}
 
 
-def _chunks(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    spans, start, size = [], 0, 0
-    for i, t in enumerate(tensors):
-        if size and size + t.numel() > CHUNK_ELEMENTS:
-            spans.append((start, i))
-            start, size = i, 0
-        size += t.numel()
-    spans.append((start, len(tensors)))
-    return spans
+def _l1_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """sum |v| of each tensor in one fused pass, accumulated in float32 (float64 on its own)."""
+    if not any(t.dtype == torch.float64 for t in tensors):
+        return list(torch._foreach_norm(tensors, 1, dtype=torch.float32))
+    return [t.abs().sum().float() if t.dtype == torch.float64
+            else torch._foreach_norm([t], 1, dtype=torch.float32)[0] for t in tensors]
 
 
-def _chunk_sums(grads: list[torch.Tensor], moments: list[torch.Tensor], eps2: list[float],
-                device: torch.device) -> torch.Tensor:
-    """sum(g^2 / (v + eps^2)) of each tensor, in float32 (half-precision ones widened)."""
-    grads = [g.float() if g.dtype in (torch.float16, torch.bfloat16) else g for g in grads]
-    moments = [v.float() if v.dtype in (torch.float16, torch.bfloat16) else v for v in moments]
-    squares = torch._foreach_mul(grads, grads)
-    torch._foreach_div_(squares, torch._foreach_add(moments, eps2))
-    return torch.stack([n.to(device=device, dtype=torch.float32)
-                        for n in torch._foreach_norm(squares, 1)])
-
-
-def _corrections(rows: _Rows, device: torch.device) -> torch.Tensor:
-    """(1 - beta2^t) / numel per row: the bias correction of v and the mean, without reading
-    the step counts on the host (they are CPU tensors for most optimizers: one small copy)."""
+def _constants(rows: _Rows,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's element count, eps^2 and bias correction 1 - beta2^t, without reading the
+    step counts on the host (they are CPU tensors for most optimizers: one small copy)."""
     steps = rows.steps
     on_cpu = all(not isinstance(s, torch.Tensor) or s.device.type == "cpu" for s in steps)
     where = torch.device("cpu") if on_cpu else device
@@ -123,5 +125,6 @@ def _corrections(rows: _Rows, device: torch.device) -> torch.Tensor:
                          if isinstance(s, torch.Tensor)
                          else torch.tensor(float(s), device=where) for s in steps])
     beta2 = torch.tensor(rows.beta2, dtype=torch.float32, device=where)
-    numel = torch.tensor([g.numel() for g in rows.grads], dtype=torch.float32, device=where)
-    return ((1.0 - beta2.pow(count)) / numel.clamp_min(1.0)).to(device)
+    numel = torch.tensor(rows.numel, dtype=torch.float32, device=device)
+    eps2 = torch.tensor(rows.eps2, dtype=torch.float32, device=device)
+    return numel, eps2, (1.0 - beta2.pow(count)).to(device)

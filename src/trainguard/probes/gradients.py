@@ -36,8 +36,11 @@ class GradientProbe:
         return index, grads
 
     def measure(self, pack: DevicePack,
-                device: torch.device) -> tuple[list[int], list[torch.Tensor], torch.Tensor]:
-        """Add gradient metrics to `pack`; returns the present gradients and the global norm."""
+                device: torch.device
+                ) -> tuple[list[int], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Add gradient metrics to `pack`; returns the present gradients (their indices and
+        tensors), the per-parameter norms (on `device`, 0 for a parameter without one) and the
+        global norm."""
         index, grads = self.grads()
         if grads:
             norms = float32_norms(grads)
@@ -57,5 +60,5 @@ class GradientProbe:
         if half:
             maxes = torch._foreach_norm(half, float("inf"), dtype=torch.float32)
             pack.add("fp16_grad_maxabs", torch.stack([m.to(device) for m in maxes]).amax())
-        return index, grads, global_norm
+        return index, grads, per_param, global_norm
 
