@@ -66,7 +66,7 @@ def assert_same_state(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.
 def global_norm(model: TinyCausalLM) -> torch.Tensor:
     """The global norm as the Guard's `measure` stage computes it on the device."""
     watched = watched_params(model, [torch.optim.SGD(model.parameters(), lr=0.0)])
-    _, _, norm = GradientProbe(watched).measure(DevicePack(), torch.device("cpu"))
+    _, _, _, norm = GradientProbe(watched).measure(DevicePack(), torch.device("cpu"))
     return norm
 
 
