@@ -164,7 +164,8 @@ def test_dropping_foreign_token_ids_confirms_a_tokenizer_mismatch() -> None:
 
 
 class Amplify(nn.Module):
-    """A checkpoint whose hidden activations are large: fine in fp32, beyond float16's 65504."""
+    """A checkpoint whose hidden activations are large: fine in fp32 and bf16, beyond float16's
+    65504."""
 
     def __init__(self) -> None:
         super().__init__()

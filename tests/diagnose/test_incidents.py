@@ -16,6 +16,8 @@ from trainguard.config import RecoveryConfig
 from trainguard.errors import UsageError
 from trainguard.snapshot import load_snapshot
 
+from .test_counterfactual import Amplify
+
 
 def mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return nn.functional.mse_loss(model(batch["x"]), batch["y"])
@@ -190,23 +192,6 @@ def test_a_rollback_after_a_proved_float16_overflow_halts_with_the_advice() -> N
     prover.proofs[0].confirmed = {"outlier_batch": "confirmed"}
     assert prover.precision_halt(decided(30, "rolled_back")) is None
     guard.close()
-
-
-class Amplify(nn.Module):
-    """A checkpoint whose hidden activations are large: fine in fp32 and bf16, beyond float16's
-    65504."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up = nn.Linear(8, 64)
-        self.down = nn.Linear(64, 2)
-        with torch.no_grad():
-            self.up.weight.mul_(2e5)
-            self.down.weight.div_(2e5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
 
 
 def test_a_float16_run_that_overflows_is_proved_then_halted_with_the_bf16_advice(

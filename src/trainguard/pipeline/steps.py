@@ -56,35 +56,24 @@ class StepPipeline:
         """Run the stages before the update. Returns the failure of a guarded stage before the
         decision (the step is then unchecked; what `measure` had not yet taken rides the next
         step), None when the step was checked and acted on."""
-        for stage in self.before:
-            try:
-                stage(ctx, self.state, self.services)
-            except TrainguardError:
-                raise
-            except Exception as exc:
-                if stage.__name__ not in GUARDED or ctx.decision is not None:
-                    raise
-                self.queued = ctx.carried
-                return exc
-        return None
+        return self._run(self.before, ctx, keep_carried=True)
 
     def start(self, ctx: StepContext) -> Exception | None:
         """`sync="deferred"`: the device half of a step, before its update. Returns its failure
         (the step is then applied unguarded), None when the device decided it."""
-        for stage in self.on_device:
-            try:
-                stage(ctx, self.state, self.services)
-            except TrainguardError:
-                raise
-            except Exception as exc:
-                self.queued = ctx.carried
-                return exc
-        return None
+        return self._run(self.on_device, ctx, keep_carried=True)
 
     def conclude(self, ctx: StepContext) -> Exception | None:
         """`sync="deferred"`: judge a step whose update was taken; as `check`, the failure of a
         guarded stage before the decision comes back."""
-        for stage in self.late:
+        return self._run(self.late, ctx, keep_carried=False)
+
+    def _run(self, stages: tuple[Stage, ...], ctx: StepContext, *,
+             keep_carried: bool) -> Exception | None:
+        """Run `stages`; a guarded stage's failure before the decision is returned (with
+        `keep_carried`, the heavy-probe results not yet sent wait for the next step), any other
+        failure raised."""
+        for stage in stages:
             try:
                 stage(ctx, self.state, self.services)
             except TrainguardError:
@@ -92,6 +81,8 @@ class StepPipeline:
             except Exception as exc:
                 if stage.__name__ not in GUARDED or ctx.decision is not None:
                     raise
+                if keep_carried:
+                    self.queued = ctx.carried
                 return exc
         return None
 
