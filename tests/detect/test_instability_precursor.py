@@ -5,11 +5,12 @@ and the same decisions after a state round trip."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.instability_precursor import InstabilityPrecursor
+from trainguard.detect.instability_precursor import InstabilityPrecursor, column_medians
 from trainguard.events import Event
 
 from .synth import signals
@@ -102,3 +103,35 @@ def test_a_state_round_trip_decides_the_same() -> None:
     got = run(resumed, rows[72:], start=72)
     assert [(e.step, e.param) for e in got] == [(e.step, e.param) for e in expected]
     assert expected
+
+
+def test_column_medians_are_numpys_nanmedian() -> None:
+    rng = np.random.default_rng(0)
+    for rows in (1, 2, 7, 50):
+        values = rng.normal(size=(rows, 9))
+        values[rng.random(values.shape) < 0.3] = np.nan
+        values[:, 0] = np.nan  # a parameter never measured
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = np.nanmedian(values, axis=0)
+        np.testing.assert_array_equal(column_medians(values), expected)
+
+
+class _AlwaysJudged(InstabilityPrecursor):
+    """The detector without its shortcut for quiet steps: every step goes through `_judge`."""
+
+    def _quiet(self, values: np.ndarray, logs: np.ndarray) -> bool:
+        return False
+
+
+def test_the_quiet_step_shortcut_decides_and_remembers_as_the_full_judgement() -> None:
+    for seed in range(5):
+        # quiet, a climb that fires, quiet again (the episode re-arms), a one-step burst
+        rows = (ratios(80, seed) + ratios(30, seed + 10, climb_from=0)[:30]
+                + ratios(60, seed + 20))
+        rows[150][2] = 40.0
+        fast, full = InstabilityPrecursor(DetectorConfig()), _AlwaysJudged(DetectorConfig())
+        fast_events, full_events = run(fast, rows), run(full, rows)
+        assert fast_events, seed
+        assert [e.to_dict() for e in fast_events] == [e.to_dict() for e in full_events]
+        assert json.dumps(fast.state_dict()) == json.dumps(full.state_dict())
