@@ -435,3 +435,21 @@ def test_the_run_s_record_stands_for_a_window_whose_first_step_replays_alike(
     assert ("as the run recorded it" in proof.confirmed.get("lr_too_high", "")) is agrees
     assert "lr_too_high" in proof.confirmed
     assert recorded_window((*window[:-1], WindowStep(15, None, (3.0,))), 80.0, 5.0) is None
+
+
+def test_a_cause_whose_stronger_fix_was_left_out_is_not_ruled_out() -> None:
+    """LR x0.1 left the step bad and x0.01 was not tried for lack of time: the LR stays open."""
+    from trainguard.diagnose.counterfactual import Outcome, Proof, _conclude
+
+    model = mlp()
+    setup = Setup(model, torch.optim.SGD(model.parameters(), lr=3.0), mse, regression(),
+                  step=50, baseline=Baseline(0.3, 1.0))
+    x01 = next(i for i in interventions(setup) if i.name == "lr_x0.1")
+    plain = Outcome("as_it_happened", "as it happened", 0.3, 1.0, 9.0)
+    still = Outcome(x01.name, x01.label, 0.3, 1.0, 8.0)
+    proof = Proof(50, plain, setup.baseline, True, "raised", trials=[(x01, still, False)])
+    _conclude(proof, ["lr_too_high"])
+    assert "lr_too_high" in proof.ruled_out
+    proof.untested = {"lr_too_high"}
+    _conclude(proof, ["lr_too_high"])
+    assert not proof.ruled_out and not proof.confirmed

@@ -297,6 +297,9 @@ class Proof:
     """Cause code -> the intervention that confirmed it (the data causes share one)."""
     ruled_out: dict[str, str] = field(default_factory=dict)
     not_tried: list[str] = field(default_factory=list)
+    untested: set[str] = field(default_factory=set)
+    """The causes of the interventions left out: none of them is ruled out (LR x0.01 may heal
+    what x0.1 did not)."""
     """Interventions left out for lack of time."""
     seconds: float = 0.0
 
@@ -909,6 +912,7 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
         cost = per_update * (len(setup.window) + len(intervention.change.lr_factors) + 1)
         if budget_s is not None and time.perf_counter() - started + cost > budget_s:
             proof.not_tried.append(intervention.name)
+            proof.untested.update(intervention.causes)
             continue
         outcome = replay_step(setup, saved, intervention.change, intervention.name,
                               intervention.label)
@@ -964,7 +968,8 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
                              for i, _, _ in proof.trials)}
     proof.confirmed = healed
     proof.confirmed_by = {code: name for code, name in by.items() if code in healed}
-    proof.ruled_out = {code: why for code, why in failed.items() if code not in healed}
+    proof.ruled_out = {code: why for code, why in failed.items()
+                       if code not in healed and code not in proof.untested}
 
 
 def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
