@@ -12,9 +12,11 @@ from torch import nn
 from trainguard.diagnose.counterfactual import (
     Baseline,
     Setup,
+    WindowStep,
     flagged_samples,
     interventions,
     prove,
+    recorded_window,
 )
 
 from ..conftest import make_setup
@@ -409,3 +411,45 @@ def test_a_batch_with_every_label_ignored_confirms_the_data_with_empty_loss() ->
     assert set(proof.confirmed) == {"outlier_batch", "tokenizer_mismatch", "label_problem",
                                     "empty_loss"}
     assert "numerical_op" not in proof.confirmed  # the NaN is inside cross_entropy's own mean
+
+
+@pytest.mark.parametrize("agrees", [True, False])
+def test_the_run_s_record_stands_for_a_window_whose_first_step_replays_alike(
+        agrees: bool) -> None:
+    """A window the run recorded as bad is not replayed as it happened when its first step
+    replays to the recorded loss; when it does not (a loss function unlike the run's), it is."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)  # far beyond this problem's stable LR
+    base = typical(model, mse, [regression(1)])
+    with torch.no_grad():
+        first = float(mse(model, regression(10)))
+    window = tuple(WindowStep(10 + i, regression(10 + i), (3.0,), loss=(first if i == 0 else 50.0))
+                   for i in range(6))
+    if not agrees:
+        window = (WindowStep(10, regression(10), (3.0,), loss=2 * first + 1), *window[1:])
+    recorded = recorded_window(window, 80.0, 5.0)
+    assert recorded is not None and recorded.recorded and recorded.loss == 50.0
+    proof = prove(Setup(model, opt, mse, regression(0), step=16, baseline=base, window=window,
+                        recorded=recorded, update_seconds=0.0), likely=["lr_too_high"])
+    assert proof.reproduced and proof.plain.recorded is agrees
+    assert ("as the run recorded it" in proof.confirmed.get("lr_too_high", "")) is agrees
+    assert "lr_too_high" in proof.confirmed
+    assert recorded_window((*window[:-1], WindowStep(15, None, (3.0,))), 80.0, 5.0) is None
+
+
+def test_a_cause_whose_stronger_fix_was_left_out_is_not_ruled_out() -> None:
+    """LR x0.1 left the step bad and x0.01 was not tried for lack of time: the LR stays open."""
+    from trainguard.diagnose.counterfactual import Outcome, Proof, _conclude
+
+    model = mlp()
+    setup = Setup(model, torch.optim.SGD(model.parameters(), lr=3.0), mse, regression(),
+                  step=50, baseline=Baseline(0.3, 1.0))
+    x01 = next(i for i in interventions(setup) if i.name == "lr_x0.1")
+    plain = Outcome("as_it_happened", "as it happened", 0.3, 1.0, 9.0)
+    still = Outcome(x01.name, x01.label, 0.3, 1.0, 8.0)
+    proof = Proof(50, plain, setup.baseline, True, "raised", trials=[(x01, still, False)])
+    _conclude(proof, ["lr_too_high"])
+    assert "lr_too_high" in proof.ruled_out
+    proof.untested = {"lr_too_high"}
+    _conclude(proof, ["lr_too_high"])
+    assert not proof.ruled_out and not proof.confirmed

@@ -4,7 +4,9 @@ would have."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -223,19 +225,38 @@ def test_a_float16_run_that_overflows_is_proved_then_halted_with_the_bf16_advice
     assert guard.diagnose()[0].code == "fp16_overflow"
 
 
-def lr_spike_run(prove: str) -> tuple[Guard, nn.Module]:
+class Clock:
+    """Time that passes only when the loss is computed, one unit a forward: a budget in steps
+    then counts replayed forwards (a training step is one), whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.forwards = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.now += 1.0
+        self.forwards += 1
+        return mse(model, batch)
+
+
+def lr_spike_run(prove: str, budget: float = 1000.0,
+                 clock: Clock | None = None) -> tuple[Guard, nn.Module]:
     """Adam at 1e-3 whose loop gives steps 40-42 an LR 300x higher, then the usual one: by the
-    rollback (step 52) the steps at the spike are long past and the LR is back to normal."""
+    rollback (step 54) the steps at the spike are long past and the LR is back to normal."""
+    loss_fn = clock.loss if clock is not None else mse
     model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
     # a fixed ring cadence and an ample budget: what is proved must not depend on timings
     recovery = RecoveryConfig(ring_every=10, ring_budget=None)
     guard = Guard(model, opt, config=config(policy="recover", prove=prove, recovery=recovery,
-                                            prove_budget_steps=1000.0), replay_fn=mse)
+                                            prove_budget_steps=budget), replay_fn=loss_fn)
     for step in range(80):
         for group in opt.param_groups:
             group["lr"] = 0.3 if 40 <= step < 43 else 1e-3
         batch = batch_at(step)
-        loss = mse(model, batch)
+        loss = loss_fn(model, batch)
         loss.backward()
         guard.step(loss, batch=batch)
         opt.zero_grad(set_to_none=True)
@@ -253,6 +274,8 @@ def test_a_window_replay_confirms_an_lr_spike_one_step_cannot() -> None:
     assert window.details["reproduced"] and "lr_too_high" in window.details["confirmed"]
     assert "replayed from the good state of step" in window.message
     assert "the median loss of the last 5 steps is" in window.details["confirmed"]["lr_too_high"]
+    # the run's own losses stood for the window as it happened
+    assert "as the run recorded it" in window.details["confirmed"]["lr_too_high"]
     assert guard.diagnose()[0].code == "lr_too_high"
     # only the steps since the oldest good state are kept, as references
     ring = guard.run.state.recovery.ring
@@ -272,3 +295,54 @@ def test_a_window_replay_puts_the_run_back_exactly() -> None:
         (e.step, e.kind) for e in plain.events]
     proved.close()
     plain.close()
+
+
+def test_the_recorded_losses_stand_for_the_window_as_it_happened() -> None:
+    """Only the LR x0.1 window is replayed (x0.01 is spared once it healed), after one forward
+    that checks the window's first step gives the loss the run recorded."""
+    clock = Clock()
+    guard, _ = lr_spike_run("auto", clock=clock)
+    window = guard.run.prover.proofs[-1]
+    assert window.plain.recorded and window.window > 0
+    assert [i.name for i, _, _ in window.trials] == ["lr_x0.1"]
+    single = 2 + 2  # the bad step from its own state and from the good state: its update, after
+    assert clock.forwards - 80 == single + 1 + window.window + 2
+    guard.close()
+
+
+def test_the_window_replay_fits_a_budget_of_one_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget that holds the LR window (its steps, the bad step, one more forward) but not the
+    plain window as well: the window replay runs and confirms the LR. Counted in forwards."""
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    guard, _ = lr_spike_run("auto", budget=40.0, clock=clock)
+    proofs = guard.run.prover.proofs
+    window = proofs[-1]
+    assert 2 * (window.window + 2) > 40 - 4 >= window.window + 2 + 1
+    assert window.window and "lr_too_high" in window.confirmed
+    guard.close()
+    guard, _ = lr_spike_run("auto", budget=20.0, clock=clock)
+    proofs = guard.run.prover.proofs
+    assert len(proofs) == 2 and not any(p.window for p in proofs)  # a window it cannot hold
+    guard.close()
+
+
+def test_a_window_starts_first_from_the_newest_good_state_before_the_loss_left_its_level(
+) -> None:
+    """Good states at 30, 40, 50, a bad step at 54, losses above the typical level from step 44:
+    the window from 40 is tried first (ruling nothing out), then the rollback's from 30; the
+    state at 50 is too close to the bad step for the last steps' median."""
+    from trainguard.diagnose.counterfactual import Baseline, WindowStep
+    from trainguard.diagnose.incidents import IncidentProver
+
+    prover = IncidentProver()
+    prover.window.extend(WindowStep(s, None, (1e-3,), loss=0.3 if s < 44 else 2.0)
+                         for s in range(30, 55))
+    states = [SimpleNamespace(step=s) for s in (30, 40, 50)]
+    ring = SimpleNamespace(good=states)
+    starts = prover._starts(ring, states[0], 54, Baseline(0.3, 1.0))  # type: ignore[arg-type]
+    assert [(s.step, rules_out) for s, rules_out in starts] == [(40, False), (30, True)]
+    prover.window[5] = WindowStep(35, None, (1e-3,), loss=2.0)  # the loss left its level at 35
+    starts = prover._starts(ring, states[0], 54, Baseline(0.3, 1.0))  # type: ignore[arg-type]
+    assert [(s.step, rules_out) for s, rules_out in starts] == [(30, True)]
+    assert prover._starts(ring, states[0], 54, Baseline()) == [(states[0], True)]  # type: ignore[arg-type]

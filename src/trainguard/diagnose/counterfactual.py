@@ -70,6 +70,12 @@ WINDOW_SPIKE = 1.5
 """A window replay is judged on the median loss of its last `WINDOW_LAST` steps, bad above this
 many times the run's typical loss: the recover policy's "back near its level" (its
 `settle_ratio`), the test a divergence that built up over the window failed."""
+SAME_LOSS = 0.25
+"""A replayed loss within this share of the one the run recorded for the same step and state is
+the same loss (the dropout masks differ; a loss function unlike the run's, summed or scaled,
+is further off): the replay reproduces the run's losses, so the recorded ones can stand for a
+window replayed as it happened, if bad by a margin this share leaves no doubt about
+(`record_stands`)."""
 RISE = 0.25
 """An update that raises its own batch's loss by more than this share is bad: a healthy step
 lowers the loss of the batch it was computed on."""
@@ -133,6 +139,9 @@ class Outcome:
     window: int = 0
     """Steps replayed before this one (a window replay): `loss` is then the median loss of the
     last `WINDOW_LAST` steps."""
+    recorded: bool = False
+    """Not replayed: the losses and the gradient norm the run recorded as the steps happened
+    (`after` is then unknown: NaN)."""
 
     @property
     def finite(self) -> bool:
@@ -218,13 +227,14 @@ class Intervention:
 @dataclass(frozen=True, slots=True)
 class WindowStep:
     """One step between a good state and the bad step, as it happened: its batch, the LR of
-    each parameter group, and whether its update was applied (a skipped step only ran its
-    forward and backward)."""
+    each parameter group, whether its update was applied (a skipped step only ran its forward
+    and backward), and the loss the run recorded (None: not known)."""
 
     step: int
     batch: Any
     lrs: tuple[float, ...]
     applied: bool = True
+    loss: float | None = None
 
 
 @dataclass
@@ -259,6 +269,14 @@ class Setup:
     window: tuple[WindowStep, ...] = ()
     """The steps from the replayed state up to the bad one, replayed first, as they happened (a
     window replay): only the LR interventions apply, to every step of it."""
+    recorded: Outcome | None = None
+    """A window replay: the window as the run recorded it (`recorded_window`), standing for the
+    plain replay when the window's first step replays to the loss the run recorded for it."""
+    update_seconds: float | None = None
+    """The time of one replayed update, when the plain replay (which times it) is not run."""
+    rules_out: bool = True
+    """False: an intervention that does not heal rules nothing out (a window from a state
+    already inside the trouble: the damage may be older)."""
 
 
 @dataclass
@@ -279,6 +297,9 @@ class Proof:
     """Cause code -> the intervention that confirmed it (the data causes share one)."""
     ruled_out: dict[str, str] = field(default_factory=dict)
     not_tried: list[str] = field(default_factory=list)
+    untested: set[str] = field(default_factory=set)
+    """The causes of the interventions left out: none of them is ruled out (LR x0.01 may heal
+    what x0.1 did not)."""
     """Interventions left out for lack of time."""
     seconds: float = 0.0
 
@@ -532,7 +553,8 @@ def interventions(setup: Setup) -> list[Intervention]:
         first = setup.window[0].step
         return [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",
                              ("lr_too_high",), FORWARD,
-                             Change(lr_factors=(factor,), autocast=setup.autocast))
+                             Change(lr_factors=(factor,), autocast=setup.autocast),
+                             rules_out=None if setup.rules_out else ())
                 for factor in LR_FACTORS]
     out = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g}", ("lr_too_high",), UPDATE,
                         Change(lr_factors=(factor,), autocast=setup.autocast))
@@ -786,9 +808,14 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
     started = time.perf_counter()
     saved = SavedState(setup.model, setup.optimizer)
     try:
-        plain = replay_step(setup, saved, Change(autocast=setup.autocast))
+        plain = setup.recorded  # stands only for a bad window the replay reproduces
+        if plain is None or not record_stands(plain, setup.baseline) or not _first_step_agrees(
+                setup, saved):
+            plain = replay_step(setup, saved, Change(autocast=setup.autocast))
+        origin = setup.origin + (" (as it happened: the losses the run recorded, its first step "
+                                 "replayed to the same loss)" if plain.recorded else "")
         proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident,
-                      origin=setup.origin, window=len(setup.window))
+                      origin=origin, window=len(setup.window))
         early = setup.baseline.loss is None and setup.incident and plain.finite
         if plain.bad(setup.baseline) or early:
             _try_interventions(setup, saved, proof, _ordered(interventions(setup), likely),
@@ -807,6 +834,51 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
         saved.restore()
     proof.seconds = time.perf_counter() - started
     return proof
+
+
+def recorded_window(window: Sequence[WindowStep], loss: float | None,
+                    grad_norm: float) -> Outcome | None:
+    """The plain window replay as the run recorded it: the median of the last `WINDOW_LAST`
+    losses (the bad step's `loss` the last), the bad step's gradient norm; None when a loss was
+    not recorded."""
+    losses = [w.loss for w in window[-(WINDOW_LAST - 1):]] + [loss]
+    if not window or any(v is None for v in losses):
+        return None
+    median = float(torch.tensor(losses, dtype=torch.float64).median())
+    return Outcome("as_it_happened", "as the run recorded it", median, float(grad_norm),
+                   math.nan, window=len(window), recorded=True)
+
+
+def record_stands(recorded: Outcome, base: Baseline) -> bool:
+    """Whether the run's record of a window may stand for its plain replay: bad even against a
+    typical loss and gradient norm raised by `SAME_LOSS`, so that a replay within that share of
+    the run's losses (`_first_step_agrees`) would find the window bad too."""
+    if base.loss is None:
+        return False
+    raised = Baseline(base.loss / (1 - SAME_LOSS),
+                      None if base.grad_norm is None else base.grad_norm / (1 - SAME_LOSS))
+    return bool(recorded.forward_bad(raised))
+
+
+def _first_step_agrees(setup: Setup, saved: SavedState) -> bool:
+    """Whether the window's first step, replayed from the state (its forward alone), gives the
+    loss the run recorded for it: the replay reproduces the run's losses (one forward: a loss
+    function or a state that differs from the run's would show here)."""
+    first = setup.window[0] if setup.window else None
+    if first is None or first.loss is None or not math.isfinite(first.loss):
+        return False
+    saved.restore()
+    setup.model.train()
+    try:
+        with torch.no_grad(), _precision(setup, Change(autocast=setup.autocast)):
+            saved.rng()
+            loss = float(setup.loss_fn(setup.model, first.batch).detach().float())
+    except Exception:  # the plain replay will say what fails
+        return False
+    finally:
+        saved.restore()
+    return math.isfinite(loss) and abs(loss - first.loss) <= SAME_LOSS * max(abs(first.loss),
+                                                                            1e-8)
 
 
 def _provisional(proof: Proof) -> Baseline:
@@ -831,7 +903,8 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
                        candidates: list[Intervention], started: float,
                        budget_s: float | None) -> None:
     # a replay is the window's steps, one update and one more forward
-    per_update = proof.plain.seconds / (len(setup.window) + 2)
+    per_update = (setup.update_seconds if proof.plain.recorded and setup.update_seconds
+                  is not None else proof.plain.seconds / (len(setup.window) + 2))
     healed: set[str] = set()
     for intervention in candidates:
         if intervention.causes and set(intervention.causes) <= healed:
@@ -839,6 +912,7 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
         cost = per_update * (len(setup.window) + len(intervention.change.lr_factors) + 1)
         if budget_s is not None and time.perf_counter() - started + cost > budget_s:
             proof.not_tried.append(intervention.name)
+            proof.untested.update(intervention.causes)
             continue
         outcome = replay_step(setup, saved, intervention.change, intervention.name,
                               intervention.label)
@@ -894,7 +968,8 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
                              for i, _, _ in proof.trials)}
     proof.confirmed = healed
     proof.confirmed_by = {code: name for code, name in by.items() if code in healed}
-    proof.ruled_out = {code: why for code, why in failed.items() if code not in healed}
+    proof.ruled_out = {code: why for code, why in failed.items()
+                       if code not in healed and code not in proof.untested}
 
 
 def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
@@ -910,10 +985,11 @@ def _bad_value(intervention: Intervention, plain: Outcome, base: Baseline) -> st
     when the step itself was fine, else the loss (or the gradient norm) of the step."""
     if intervention.aspect == UPDATE or not plain.forward_bad(base):
         return _num(plain.after)
+    recorded = " as the run recorded it" if plain.recorded else ""
     for value in (plain.loss, plain.grad_norm):
         if not math.isfinite(value):
-            return _num(value)
-    return _num(plain.loss)
+            return _num(value) + recorded
+    return _num(plain.loss) + recorded
 
 
 def _still(outcome: Outcome) -> str:

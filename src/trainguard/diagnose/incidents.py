@@ -36,12 +36,16 @@ import torch
 
 from trainguard.diagnose.counterfactual import (
     DATA_CAUSES,
+    WINDOW_LAST,
+    WINDOW_SPIKE,
     Baseline,
     Proof,
     SavedState,
     Setup,
     WindowStep,
     prove,
+    record_stands,
+    recorded_window,
 )
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.errors import UsageError
@@ -53,6 +57,8 @@ if TYPE_CHECKING:
     from trainguard.pipeline.context import StepContext
     from trainguard.pipeline.services import Services
     from trainguard.pipeline.state import RunState
+    from trainguard.recovery.ring import GoodStateRing
+    from trainguard.recovery.state import SavedState as GoodState
 
 log = logging.getLogger("trainguard")
 
@@ -92,7 +98,8 @@ class IncidentProver:
             while self.window and self.window[0].step < oldest_state:
                 self.window.popleft()
             lrs = tuple(float(g["lr"]) for g in services.optimizer.param_groups)
-            self.window.append(WindowStep(ctx.step, ctx.batch, lrs, ctx.applied))
+            loss = ctx.signals.loss if ctx.signals is not None else None
+            self.window.append(WindowStep(ctx.step, ctx.batch, lrs, ctx.applied, loss))
         now = time.perf_counter()
         if self._last_seen is not None:
             self.step_times.append(now - self._last_seen)
@@ -187,29 +194,77 @@ class IncidentProver:
         keep = SavedState(model, optimizer)
         lrs = [g["lr"] for g in optimizer.param_groups]
         try:
-            restore(target, model=model, optimizers=[optimizer], scheduler=None,
-                    scaler=None, rng=False)
-            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr  # the LR of the step that went bad
+            self._restore(target, services, lrs)
             again = replace(setup, original_finite=None, state_step=target.step,
                             origin=f"from the good state of step {target.step}")
             started = time.perf_counter()
             proofs = [prove(again, likely=likely, budget_s=budget_s)]
-            window = self._window(target.step, ctx.step, len(lrs))
-            left = budget_s - (time.perf_counter() - started)
-            steps = len(window) + 2  # the window, the bad step's update, one more forward
-            # room for the plain window and LR x0.1 at least (x0.01 only if the budget is left)
-            # whatever the votes: an LR that built the damage up over the window is what they
-            # miss most (its steps looked normal one by one)
-            if window and not proofs[0].confirmed and \
-                    proofs[0].plain.seconds / 2 * steps * 2 <= left:
-                proofs.append(prove(replace(
-                    again, window=window,
-                    origin=f"steps {target.step}-{ctx.step} replayed from the good state of "
-                           f"step {target.step}"), budget_s=left))
+            if not proofs[0].confirmed:
+                # whatever the votes: an LR that built the damage up over the window is what
+                # they miss most (its steps looked normal one by one)
+                left = budget_s - (time.perf_counter() - started)
+                proofs += self._windows(ctx, recovery.ring, target, services, again,
+                                        proofs[0].plain.seconds / 2, left, lrs)
             return proofs
         finally:
             keep.restore()
+
+    def _windows(self, ctx: StepContext, ring: GoodStateRing, target: GoodState,
+                 services: Services, setup: Setup, per_update: float, budget_s: float,
+                 lrs: list[float]) -> list[Proof]:
+        """The window replays (`_starts`), each from its good state to the bad step, until one
+        confirms something. The plain replay of a window is the run's record of it when the
+        record shows the window bad (checked on its first step: `prove`): only the LR
+        interventions are replayed then."""
+        signals = ctx.signals
+        started = time.perf_counter()
+        out: list[Proof] = []
+        for start, rules_out in self._starts(ring, target, ctx.step, setup.baseline):
+            window = self._window(start.step, ctx.step, len(lrs))
+            recorded = None if signals is None or not window else recorded_window(
+                window, signals.loss, signals.grad_norm)
+            stands = recorded is not None and record_stands(recorded, setup.baseline)
+            left = budget_s - (time.perf_counter() - started)
+            # room for LR x0.1 at least, and the plain window unless the record stands for it
+            # (x0.01 only if the budget is left); a window is its steps, the bad step's update
+            # and one more forward
+            if not window or per_update * (len(window) + 2) * (1 if stands else 2) > left:
+                continue
+            self._restore(start, services, lrs)
+            out.append(prove(replace(
+                setup, window=window, state_step=start.step,
+                recorded=recorded if stands else None, update_seconds=per_update,
+                rules_out=rules_out,
+                origin=f"steps {start.step}-{ctx.step} replayed from the good state of step "
+                       f"{start.step}"), budget_s=left))
+            if out[-1].confirmed:
+                break
+        return out
+
+    def _starts(self, ring: GoodStateRing, target: GoodState, stop: int,
+                base: Baseline) -> list[tuple[GoodState, bool]]:
+        """Where window replays start, with whether a replay from there that the LR does not heal
+        rules the LR out: first the newest good state from before the first step whose recorded
+        loss left the run's typical level, when newer than the rollback's (a shorter window; it
+        may be inside the trouble already, so it rules nothing out), then the rollback's."""
+        starts = [(target, True)]
+        if base.loss is None:
+            return starts
+        limit = WINDOW_SPIKE * max(base.loss, 1e-8)
+        first_bad = next((w.step for w in self.window if target.step <= w.step < stop and (
+            w.loss is None or not math.isfinite(w.loss) or w.loss > limit)), stop)
+        newer = [s for s in ring.good
+                 if target.step < s.step < first_bad and s.step <= stop - WINDOW_LAST]
+        return [(newer[-1], False), *starts] if newer else starts
+
+    @staticmethod
+    def _restore(state: GoodState, services: Services, lrs: list[float]) -> None:
+        """A good state into the model and optimizer, at the LR of the step that went bad."""
+        optimizer = services.optimizer
+        restore(state, model=services.model, optimizers=[optimizer], scheduler=None,
+                scaler=None, rng=False)
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
 
     def _window(self, start: int, stop: int, groups: int) -> tuple[WindowStep, ...]:
         """The steps from `start` to before `stop`, all of them (else none): the window a
