@@ -97,7 +97,10 @@ class IncidentProver:
         else:
             while self.window and self.window[0].step < oldest_state:
                 self.window.popleft()
-            lrs = tuple(float(g["lr"]) for g in services.optimizer.param_groups)
+            # the group LRs the step's one transfer brought (a tensor LR read here would wait
+            # for the device)
+            lrs = (ctx.signals.group_lrs if ctx.signals is not None and ctx.signals.group_lrs
+                   else tuple(float(g["lr"]) for g in services.optimizer.param_groups))
             loss = ctx.signals.loss if ctx.signals is not None else None
             self.window.append(WindowStep(ctx.step, ctx.batch, lrs, ctx.applied, loss))
         now = time.perf_counter()
