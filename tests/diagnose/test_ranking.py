@@ -167,6 +167,37 @@ def test_a_bad_start_points_at_initialisation_or_at_the_learning_rate() -> None:
     assert codes(rank_causes(stayed_up, [no_warmup]))[0] == "lr_too_high"
 
 
+def no_warmup_at(share: float, severity: str = "info") -> Finding:
+    """The preflight's `warmup` finding of a run whose LR is `share` times what the model takes
+    behind a warmup."""
+    return Finding("warmup", severity, "no warmup", "add one", cause="missing_warmup",
+                   evidence={"lr_share": share, "tolerated_lr": 0.05})
+
+
+def test_a_blow_up_that_lasts_is_the_warmups_when_the_lr_is_one_the_model_takes() -> None:
+    stayed_up = [event("loss_spike", 1, "warning"),
+                 event("bad_start", 10, "warning", cause="lr_too_high"),
+                 event("bad_start", 50, "warning", cause="lr_too_high", sustained=True)]
+    ranked = rank_causes(stayed_up, [no_warmup_at(0.4)])
+    assert codes(ranked)[:2] == ["missing_warmup", "lr_too_high"]
+    assert any("0.4x the most this model takes behind a warmup" in why
+               for why in ranked[0].evidence)
+    # far above what a warmup makes bearable, the LR itself is at fault
+    assert codes(rank_causes(stayed_up, [no_warmup_at(20.0)]))[0] == "lr_too_high"
+    # trouble that began late is not the first steps' doing, warmup or not
+    late = [event("loss_spike", 300, "warning"), event("grad_explosion", 300),
+            event("loss_divergence", 320)]
+    unknown = Finding("warmup", "info", "no warmup", "add one", cause="missing_warmup")
+    assert [(c.code, c.score) for c in rank_causes(late, [no_warmup_at(0.4)])] \
+        == [(c.code, c.score) for c in rank_causes(late, [unknown])]
+
+
+def test_with_no_symptom_the_warmup_is_the_risk_to_fix_at_an_lr_the_model_takes() -> None:
+    lr = Finding("mode_and_lr", "warning", "LR high", "lower it", cause="lr_too_high")
+    assert codes(rank_causes([], [lr, no_warmup_at(1.04, "warning")]))[0] == "missing_warmup"
+    assert codes(rank_causes([], [lr, no_warmup_at(6.0, "warning")]))[0] == "lr_too_high"
+
+
 def batch_event(kind: str, step: int, cause: str, field: str | None = "pixel_values") -> Event:
     return Event(kind=kind, step=step, severity="warning", message=f"{kind} Fix: fix it",
                  param=field, details={"cause": cause})

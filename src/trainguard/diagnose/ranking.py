@@ -57,6 +57,13 @@ RECUR_WINDOW = 10
 DATA_DISCOUNT = 0.25
 """What is left of the LR's votes when the data explain the trouble: a bad run of batches from
 the start of the trouble on, or trouble that outlasted a cut LR."""
+WARMUP_SUFFICES = 2.0
+"""A run without warmup whose LR is at most this many times what the model takes behind a warmup
+(the preflight's estimate, `lr_share` of its `warmup` finding: an order-of-magnitude range scaled
+by the model's size, so a factor of 2 is within its error) was hurt by the missing warmup, not by
+its LR: a warmup is the fix, and the LR it runs at afterwards is one the model takes."""
+WARMUP_SHIFT = 0.5
+"""The share of the LR's votes that then goes to the missing warmup."""
 
 
 CONFIRMED_SHARE = 0.9
@@ -145,11 +152,39 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_jumps(votes, serious, findings, specific, no_warmup)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
+    _shift_to_warmup(votes, findings, serious)
     confirmed, ruled_out = proven(events)
     for code in window_proven(events):
         if not votes.score.get(code):  # proved where no symptom could vote (see there)
             votes.score[code] = WINDOW_VOTE
     return _ranked(votes, top, confirmed, ruled_out)
+
+
+def warmup_would_do(findings: list[Finding]) -> str:
+    """Why a warmup alone would have done, when the run has none and its LR is one the model
+    takes behind a warmup (`WARMUP_SUFFICES`); empty otherwise (a warmup found, an LR far above
+    that, an optimizer the estimate does not cover)."""
+    for f in findings:
+        share = f.evidence.get("lr_share") if f.cause == "missing_warmup" else None
+        if isinstance(share, (int, float)) and share <= WARMUP_SUFFICES:
+            tolerated = f.evidence.get("tolerated_lr")
+            return (f"the LR is {share:.2g}x the most this model takes behind a warmup"
+                    + (f" ({tolerated:.3g})" if isinstance(tolerated, (int, float)) else ""))
+    return ""
+
+
+def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event]) -> None:
+    """Trouble from the first steps of a run without warmup, at an LR the model takes behind a
+    warmup: the LR's votes speak for the missing warmup (lowering the LR would heal it too, but
+    so would a warmup at the same LR, which is the cause named by the symptoms' timing)."""
+    why = warmup_would_do(findings)
+    if not why or min(e.step for e in serious) >= EARLY_STEPS or not votes.score.get(
+            "lr_too_high"):
+        return
+    moved = WARMUP_SHIFT * votes.score["lr_too_high"]
+    votes.score["lr_too_high"] -= moved
+    votes.add("missing_warmup", moved, f"no warmup, trouble from step "
+              f"{min(e.step for e in serious)} on, and {why}: the first updates, not the LR")
 
 
 def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
@@ -515,6 +550,12 @@ def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]
                 votes.add("lr_too_high", 0.3 * FINDING_WEIGHT[f.severity],
                           "no symptom detected; without warmup the full LR acts from the "
                           "first step")
+    why = warmup_would_do(findings)
+    if why and votes.score.get("lr_too_high") and votes.score.get("missing_warmup"):
+        # both risks found: at an LR the model takes behind a warmup, the warmup is the one to fix
+        moved = WARMUP_SHIFT * votes.score["lr_too_high"]
+        votes.score["lr_too_high"] -= moved
+        votes.add("missing_warmup", moved, f"no symptom detected; {why}: a warmup is the fix")
     total = sum(votes.score.values())
     ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
     return [RankedCause(code=code, confidence=NO_SYMPTOM_SHARE * score / total, score=score,
