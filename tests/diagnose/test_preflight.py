@@ -316,6 +316,9 @@ def test_a_missing_warmup_warns_only_where_it_matters(
     [finding] = checks(preflight(net, optimizer(net.parameters(), lr=lr)))["warmup"]
     assert finding.severity == severity, finding.message
     assert finding.cause == "missing_warmup" and finding.evidence["lr_head"] == [lr]
+    # what the ranking weighs a missing warmup by: whether the optimizer inflates first steps
+    sgd = issubclass(getattr(optimizer, "func", optimizer), torch.optim.SGD)
+    assert finding.evidence["adaptive"] is not sgd
 
 
 def test_a_missing_warmup_on_a_large_or_adapted_model() -> None:

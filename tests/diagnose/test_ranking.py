@@ -192,6 +192,16 @@ def test_a_blow_up_that_lasts_is_the_warmups_when_the_lr_is_one_the_model_takes(
         == [(c.code, c.score) for c in rank_causes(late, [unknown])]
 
 
+def test_a_missing_warmup_under_sgd_does_not_outvote_its_lr() -> None:
+    blown_up = [event("bad_start", 10, "warning", cause="lr_too_high")]
+    sgd = Finding("warmup", "info", "no warmup; a low risk here: SGD", "add one",
+                  cause="missing_warmup", evidence={"optimizer": "SGD", "adaptive": False})
+    assert codes(rank_causes(blown_up, [sgd]))[0] == "lr_too_high"
+    adam = Finding("warmup", "info", "no warmup", "add one", cause="missing_warmup",
+                   evidence={"optimizer": "AdamW", "adaptive": True})
+    assert codes(rank_causes(blown_up, [adam]))[0] == "missing_warmup"
+
+
 def test_with_no_symptom_the_warmup_is_the_risk_to_fix_at_an_lr_the_model_takes() -> None:
     lr = Finding("mode_and_lr", "warning", "LR high", "lower it", cause="lr_too_high")
     assert codes(rank_causes([], [lr, no_warmup_at(1.04, "warning")]))[0] == "missing_warmup"

@@ -340,6 +340,7 @@ def judge_warmup(setup: RunSetup, lrs: list[float], others: list[float], source:
                                 "params": params, "pretrained": pretrained,
                                 "total_steps": total, **(extra or {})}
     adaptive = any(_is_adaptive(o) for o in setup.optimizers)
+    evidence["adaptive"] = adaptive
     adam = all(_is_adam(o) for o in setup.optimizers)
     on = (f"a pre-trained or large model ({pretrained})" if pretrained
           else "a small model with no sign of pre-training")

@@ -143,7 +143,10 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
         against_lr = "the trouble began with a run of bad batches"
 
     _vote_findings(votes, findings, kinds)
-    no_warmup = any(f.cause == "missing_warmup" for f in findings)
+    # a missing warmup inflates the first steps of an adaptive optimizer (its moment estimates
+    # are still poor); SGD steps in proportion to the gradient from the first step on
+    no_warmup = any(f.cause == "missing_warmup" and f.evidence.get("adaptive") is not False
+                    for f in findings)
     specific = _specific_batch_findings(serious, batch_kinds)
     batch_causes = _vote_batch_events(votes, serious, data_runs, specific)
     _vote_nonfinite(votes, serious, findings, batch_causes, batches=batches)
