@@ -25,6 +25,8 @@ import torch
 
 import trainguard
 from trainguard import Guard, GuardConfig
+from trainguard.events import ActionRecord, StepReport
+from trainguard.sinks import Sink
 
 from .base import Workload
 
@@ -150,6 +152,22 @@ class ZClipStepper(Stepper):
         return "applied"
 
 
+class StepLog(Sink):
+    """Every step's report and every action, as the sinks hear them: under `sync="deferred"` a
+    step is reported at the next call (the last one at the close), so counting the values
+    `guard.step` returns would be one step off."""
+
+    def __init__(self) -> None:
+        self.reports: list[StepReport] = []
+        self.actions: list[ActionRecord] = []
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+
+    def on_action(self, action: ActionRecord) -> None:
+        self.actions.append(action)
+
+
 class GuardStepper(Stepper):
     name = "trainguard"
 
@@ -165,9 +183,10 @@ class GuardStepper(Stepper):
         self.prove_at: int | None = None
         """The step whose update `guard.prove()` replays before it is taken (the check that a
         healthy step has nothing to heal)."""
+        self.log = StepLog()
         self.guard = Guard(workload.model, workload.optimizer, workload.scheduler,
                            workload.scaler, config=config, run_dir=run_dir,
-                           replay_fn=self._loss)
+                           replay_fn=self._loss, sinks=[self.log])
         self.events = self.guard.events
 
     def _loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -184,7 +203,19 @@ class GuardStepper(Stepper):
     def step(self, loss: torch.Tensor, batch: Any) -> str:
         if self.current_step == self.prove_at and batch is not None:
             self.guard.prove(batch)
-        return self.guard.step(loss, batch=batch).action
+        report = self.guard.step(loss, batch=batch)
+        if self.guard.run.deferred:  # that report is the step before's: counted from the log
+            return "deferred"
+        assert report is not None
+        return report.action
+
+    def action_counts(self, refused: int = 0) -> dict[str, int]:
+        """Each step's action as the Guard reported it (`refused`: batches the loop left out
+        before the Guard saw them)."""
+        counts: dict[str, int] = {"refused": refused} if refused else {}
+        for report in self.log.reports:
+            counts[report.action] = counts.get(report.action, 0) + 1
+        return counts
 
     def voted_diagnosis(self) -> list[str]:
         """The ranking by votes alone (the replays' proofs left out)."""
