@@ -84,7 +84,7 @@ class _Said(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def traced_run(scenario: Scenario, config: GuardConfig, seed: int
+def traced_run(scenario: Scenario, config: GuardConfig, seed: int, steps: int | None = None
                ) -> tuple[RunResult, Trace]:
     trace = Trace()
     said = _Said()
@@ -102,7 +102,7 @@ def traced_run(scenario: Scenario, config: GuardConfig, seed: int
 
     try:
         result = run_scenario(scenario, "trainguard", config=config, seed=seed, fused=True,
-                              inspect=keep)
+                              steps=steps, inspect=keep)
     finally:
         logger.removeHandler(said)
     reasons = [m for m in said.messages if FALLBACK in m]
