@@ -32,7 +32,8 @@ from .recovery import (
 from .runner import RunResult, run_scenario
 from .strategies import RECOVERY_STRATEGIES, STRATEGIES
 
-GUARD_STRATEGIES = ("trainguard", "protect", "recover", "protect_clip1", "recover_clip1")
+GUARD_STRATEGIES = ("trainguard", "protect", "recover", "protect_clip1", "recover_clip1",
+                    "recover_deferred")
 """Strategies that detect and diagnose, whose detection figures are printed."""
 
 

@@ -10,6 +10,7 @@
                     last good state, LR backoff and tighter clipping when skipping is not enough)
     protect_clip1   `protect` with a fixed clip at max_grad_norm=1.0 (the default before the
     recover_clip1   adaptive clip, and the HF Trainer's), to compare the two side by side
+    recover_deferred  `recover` under `sync="deferred"` (with `--fused`, to compare the two)
     trainguard      trainguard.Guard with a given GuardConfig (default: protect); the detection
                     and diagnosis report runs this one, so `--policy` still applies to it
 """
@@ -31,11 +32,12 @@ from trainguard.sinks import Sink
 from .base import Workload
 
 STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "trainguard", "protect", "recover",
-              "protect_clip1", "recover_clip1")
+              "protect_clip1", "recover_clip1", "recover_deferred")
 RECOVERY_STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "protect", "recover")
 """The six ways to take a step that the recovery benchmark compares side by side."""
 _GUARD_POLICIES = {"protect": ("protect", None), "recover": ("recover", None),
-                   "protect_clip1": ("protect", 1.0), "recover_clip1": ("recover", 1.0)}
+                   "protect_clip1": ("protect", 1.0), "recover_clip1": ("recover", 1.0),
+                   "recover_deferred": ("recover", None)}
 """Strategies that run trainguard under a fixed policy (and, for some, a fixed clip), whatever
 the config names."""
 
@@ -260,6 +262,8 @@ def make_stepper(name: str, workload: Workload, config: GuardConfig | None = Non
         config = dataclasses.replace(config or GuardConfig(console=False), policy=policy)
         if clip is not None:
             config = dataclasses.replace(config, max_grad_norm=clip)
+        if name.endswith("_deferred"):
+            config = dataclasses.replace(config, sync="deferred")
         stepper = GuardStepper(workload, config, run_dir)
         stepper.name = name
         return stepper
