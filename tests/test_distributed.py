@@ -328,6 +328,31 @@ def test_ddp_recover_rolls_back_every_rank_to_the_same_state() -> None:
     assert all(math.isfinite(w) for w in rank0["weights"])
 
 
+def test_ddp_deferred_recover_rolls_every_rank_back_to_the_blocking_state() -> None:
+    """Judged a step late, the rollback is decided alike on both ranks (rank 1's batch finding
+    is its own and drives nothing), restores the state the blocking run restores, and drops the
+    next step's update on every rank."""
+    blocking = run_ranks(scenarios.ddp_recover_deferred, "blocking")
+    deferred = run_ranks(scenarios.ddp_recover_deferred, "deferred")
+    assert all(r["deferred"] for r in deferred) and not any(r["deferred"] for r in blocking)
+    for key in ("reports", "events", "ring", "weights", "rolled_back_steps"):
+        assert deferred[0][key] == deferred[1][key], key
+    rollbacks = [(e[1], e[2]) for e in deferred[0]["events"] if e[0] == "rollback"]
+    assert rollbacks == [(e[1], e[2]) for e in blocking[0]["events"] if e[0] == "rollback"]
+    assert len(rollbacks) == 1
+    at = rollbacks[0][0]
+    # the good state the blocking rollback restored, restored one call later
+    assert deferred[0]["weights"][at + 1] == blocking[0]["weights"][at]
+    assert (at + 1, "skipped") in deferred[0]["reports"]  # the dropped step
+    assert deferred[0]["rolled_back_steps"] == blocking[0]["rolled_back_steps"] + 1
+    assert all(math.isfinite(w) for w in deferred[0]["weights"][-1])
+    # before the fault the only blocking reads are the agreements of the ring candidates'
+    # finite flags (one per candidate, kept every 5 steps): the ring's periodic cost
+    calls = deferred[0]["blocking"][:25]
+    assert [i for i, n in enumerate(calls) if n] == [6, 11, 16, 21]
+    assert max(calls) == 1
+
+
 @pytest.mark.parametrize("policy", ["halt", "protect"])
 def test_desync_halts_both_ranks_at_the_check_that_sees_it(policy: str) -> None:
     rank0, rank1 = run_ranks(scenarios.ddp_desync_under_policy, policy)

@@ -32,7 +32,8 @@ from .recovery import (
 from .runner import RunResult, run_scenario
 from .strategies import RECOVERY_STRATEGIES, STRATEGIES
 
-GUARD_STRATEGIES = ("trainguard", "protect", "recover", "protect_clip1", "recover_clip1")
+GUARD_STRATEGIES = ("trainguard", "protect", "recover", "protect_clip1", "recover_clip1",
+                    "recover_deferred")
 """Strategies that detect and diagnose, whose detection figures are printed."""
 
 
@@ -57,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
                              "step of every healthy run has nothing to heal")
     parser.add_argument("--prove-budget", type=float, default=None,
                         help="GuardConfig.prove_budget_steps (default: the Guard's)")
+    parser.add_argument("--sync", default="blocking", choices=["blocking", "deferred"],
+                        help="GuardConfig.sync of every trainguard strategy (deferred needs "
+                             "--fused on most scenarios, or it falls back to blocking)")
+    parser.add_argument("--fused", action="store_true",
+                        help="make each single-process workload's Adam, AdamW or SGD fused "
+                             "(what sync='deferred' needs) for every strategy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -86,14 +93,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"onset {s.onset_step!s:<6}{s.steps:>5} steps  {s.description}")
         return 0
     by_name = {s.name: s for s in scenarios}
-    config = GuardConfig(policy=args.policy, console=False, prove=args.prove)
+    config = GuardConfig(policy=args.policy, console=False, prove=args.prove, sync=args.sync)
     if args.prove_budget is not None:
         config = replace(config, prove_budget_steps=args.prove_budget)
     results: list[RunResult] = []
     started = time.perf_counter()
     for s in scenarios:
         for strategy in strategies:
-            result = run_scenario(s, strategy, config=config, seed=args.seed)
+            result = run_scenario(s, strategy, config=config, seed=args.seed,
+                                  fused=args.fused and not s.distributed)
             results.append(result)
             print(f"[{time.perf_counter() - started:6.1f}s] {s.name:<34}{strategy:<15}"
                   f"{result.outcome:<9} events {len(result.events):<3} "

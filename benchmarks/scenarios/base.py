@@ -80,6 +80,26 @@ class Scenario:
         return self.cause is None
 
 
+FUSABLE: tuple[type[torch.optim.Optimizer], ...] = (
+    torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+def make_fused(optimizer: torch.optim.Optimizer) -> bool:
+    """Turn a workload's Adam, AdamW or SGD into its fused form in place, before its first step
+    (what `fused=True` at construction sets: the groups' flag, which the step reads, and the
+    optimizer's support for a GradScaler's `found_inf`). Groups added later inherit the flag
+    from the defaults. Returns False, changing nothing, for another optimizer or one that has
+    stepped already (its state was made unfused)."""
+    if type(optimizer) not in FUSABLE or optimizer.state:
+        return False
+    for group in [optimizer.defaults, *optimizer.param_groups]:
+        group["fused"], group["foreach"] = True, False
+    optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+    if isinstance(optimizer, torch.optim.SGD):  # as SGD's constructor sets for fused
+        optimizer._need_device_dtype_check_for_fused = True  # type: ignore[attr-defined]
+    return True
+
+
 def lm_eval(model: nn.Module, batches: list[torch.Tensor],
             loss: Callable[[nn.Module, Batch, int], torch.Tensor]) -> float:
     """Mean held-out loss; NaN when the model produces non-finite values."""

@@ -141,7 +141,8 @@ def recovery_totals(rows: list[RecoveryRow]) -> dict[str, Any]:
                               "reference_strategy": REFERENCE_STRATEGY, "strategies": per}
     mine = per.get("recover")
     if mine is not None:
-        others = [v["share"] for k, v in per.items() if k != "recover"]
+        # its deferred twin is the same policy, not another way to take a step
+        others = [v["share"] for k, v in per.items() if k not in ("recover", "recover_deferred")]
         share = mine["share"]
         ahead = all(share > other or math.isnan(other) for other in others)
         totals["target"] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ from trainguard import GuardConfig, TrainingDiverged
 from trainguard.errors import BatchError
 from trainguard.events import SEVERITY_RANK
 
-from .base import Scenario, Workload
+from .base import Scenario, Workload, make_fused
 from .strategies import GuardStepper, Stepper, make_stepper
 
 DETECTION_SEVERITY = "warning"
@@ -130,7 +131,12 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
 
 def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
                  config: GuardConfig | None = None, seed: int = 0,
-                 steps: int | None = None) -> RunResult:
+                 steps: int | None = None, fused: bool = False,
+                 inspect: Callable[[Workload, Stepper], None] | None = None) -> RunResult:
+    """`fused`: the workload's Adam, AdamW or SGD made fused before the run (what
+    `sync="deferred"` needs; not for the distributed scenarios). `inspect(workload, stepper)`
+    is called once the stepper is closed, before the held-out evaluation (to read the final
+    weights, the Guard's log)."""
     if scenario.distributed:
         from .distributed import run_distributed
 
@@ -141,6 +147,8 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         return result
     torch.manual_seed(seed)
     workload = scenario.build(seed)
+    if fused:
+        workload.notes["fused"] = make_fused(workload.optimizer)
     stepper = make_stepper(strategy, workload, config)
     total = steps if steps is not None else scenario.steps
     if scenario.healthy and isinstance(stepper, GuardStepper) and (
@@ -168,6 +176,13 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
         outcome, error = "crashed", f"{type(exc).__name__}: {first_line}"
     finally:
         stepper.close()
+    if isinstance(stepper, GuardStepper):  # as reported, under sync="deferred" too
+        halted = actions.get("halted", 0)
+        actions = stepper.action_counts(refused=actions.get("refused", 0))
+        if halted and "halted" not in actions:  # a halt the log did not hear (a crash)
+            actions["halted"] = halted
+    if inspect is not None:
+        inspect(workload, stepper)
     eval_loss = workload.evaluate(workload.model)
     if outcome == "finished" and not all(torch.isfinite(p).all()
                                          for p in workload.model.parameters()):

@@ -10,6 +10,7 @@
                     last good state, LR backoff and tighter clipping when skipping is not enough)
     protect_clip1   `protect` with a fixed clip at max_grad_norm=1.0 (the default before the
     recover_clip1   adaptive clip, and the HF Trainer's), to compare the two side by side
+    recover_deferred  `recover` under `sync="deferred"` (with `--fused`, to compare the two)
     trainguard      trainguard.Guard with a given GuardConfig (default: protect); the detection
                     and diagnosis report runs this one, so `--policy` still applies to it
 """
@@ -25,15 +26,18 @@ import torch
 
 import trainguard
 from trainguard import Guard, GuardConfig
+from trainguard.events import ActionRecord, StepReport
+from trainguard.sinks import Sink
 
 from .base import Workload
 
 STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "trainguard", "protect", "recover",
-              "protect_clip1", "recover_clip1")
+              "protect_clip1", "recover_clip1", "recover_deferred")
 RECOVERY_STRATEGIES = ("none", "clip", "skip_nonfinite", "zclip", "protect", "recover")
 """The six ways to take a step that the recovery benchmark compares side by side."""
 _GUARD_POLICIES = {"protect": ("protect", None), "recover": ("recover", None),
-                   "protect_clip1": ("protect", 1.0), "recover_clip1": ("recover", 1.0)}
+                   "protect_clip1": ("protect", 1.0), "recover_clip1": ("recover", 1.0),
+                   "recover_deferred": ("recover", None)}
 """Strategies that run trainguard under a fixed policy (and, for some, a fixed clip), whatever
 the config names."""
 
@@ -150,6 +154,22 @@ class ZClipStepper(Stepper):
         return "applied"
 
 
+class StepLog(Sink):
+    """Every step's report and every action, as the sinks hear them: under `sync="deferred"` a
+    step is reported at the next call (the last one at the close), so counting the values
+    `guard.step` returns would be one step off."""
+
+    def __init__(self) -> None:
+        self.reports: list[StepReport] = []
+        self.actions: list[ActionRecord] = []
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+
+    def on_action(self, action: ActionRecord) -> None:
+        self.actions.append(action)
+
+
 class GuardStepper(Stepper):
     name = "trainguard"
 
@@ -165,9 +185,10 @@ class GuardStepper(Stepper):
         self.prove_at: int | None = None
         """The step whose update `guard.prove()` replays before it is taken (the check that a
         healthy step has nothing to heal)."""
+        self.log = StepLog()
         self.guard = Guard(workload.model, workload.optimizer, workload.scheduler,
                            workload.scaler, config=config, run_dir=run_dir,
-                           replay_fn=self._loss)
+                           replay_fn=self._loss, sinks=[self.log])
         self.events = self.guard.events
 
     def _loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -184,7 +205,19 @@ class GuardStepper(Stepper):
     def step(self, loss: torch.Tensor, batch: Any) -> str:
         if self.current_step == self.prove_at and batch is not None:
             self.guard.prove(batch)
-        return self.guard.step(loss, batch=batch).action
+        report = self.guard.step(loss, batch=batch)
+        if self.guard.run.deferred:  # that report is the step before's: counted from the log
+            return "deferred"
+        assert report is not None
+        return report.action
+
+    def action_counts(self, refused: int = 0) -> dict[str, int]:
+        """Each step's action as the Guard reported it (`refused`: batches the loop left out
+        before the Guard saw them)."""
+        counts: dict[str, int] = {"refused": refused} if refused else {}
+        for report in self.log.reports:
+            counts[report.action] = counts.get(report.action, 0) + 1
+        return counts
 
     def voted_diagnosis(self) -> list[str]:
         """The ranking by votes alone (the replays' proofs left out)."""
@@ -229,6 +262,8 @@ def make_stepper(name: str, workload: Workload, config: GuardConfig | None = Non
         config = dataclasses.replace(config or GuardConfig(console=False), policy=policy)
         if clip is not None:
             config = dataclasses.replace(config, max_grad_norm=clip)
+        if name.endswith("_deferred"):
+            config = dataclasses.replace(config, sync="deferred")
         stepper = GuardStepper(workload, config, run_dir)
         stepper.name = name
         return stepper

@@ -395,10 +395,10 @@ class GuardConfig:
     gradients) and global clip are decided on the device, through `found_inf` for PyTorch's fused
     Adam, AdamW and SGD, and its summary crosses to the host without a wait, to be judged at the
     next step: detectors, events, sinks and halts run one step late. Taken by the plain-loop
-    `Guard` with a fused optimizer (a GradScaler alongside), no `clip_rule` or `agc`, under
-    observe, protect and halt, and under torch.distributed when the collectives run on the
-    model's device; otherwise the run says why once and runs blocking. The README says what one
-    step late changes."""
+    `Guard` with a fused optimizer (a GradScaler alongside), no `clip_rule` or `agc`, under any
+    policy (a `recover` rollback judged late also drops the next step's update), and under
+    torch.distributed when the collectives run on the model's device; otherwise the run says why
+    once and runs blocking. The README says what one step late changes."""
 
     # -- Halting and skipping --
     halt_severity: str = "error"

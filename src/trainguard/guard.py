@@ -124,6 +124,8 @@ class Guard:
                 self.scheduler.step()
             return StepReport(step=ctx.step, loss=None, grad_norm=float("nan"),
                               action="applied", events=list(ctx.events))
+        if ctx.dropped:  # a rollback just undid the weights its gradients were made on
+            return self.run.after_update(ctx)
         if ctx.deferred:
             if ctx.found_inf is None:  # observe without a GradScaler: every update goes ahead
                 self.optimizer.step()

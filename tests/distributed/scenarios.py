@@ -372,6 +372,47 @@ def ddp_recover_on_one_rank(rank: int, world: int) -> dict[str, Any]:
             "ring": [s.step for s in guard.recovery.ring.good], "batch_events": batch_events}
 
 
+def ddp_recover_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
+    """`ddp_recover_on_one_rank`'s faults (rank 1 alone: a NaN in an unused batch field at the
+    sampled steps 5 and 10, a non-finite loss from clean batches at steps 25-27) with a fused
+    AdamW, a fixed ring cadence and `sync`. The weights are kept after every call."""
+    from trainguard import RecoveryConfig
+    from trainguard.transfer import blocking_transfer_count
+
+    model = DistributedDataParallel(mlp())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    config = GuardConfig(policy="recover", console=False, sample_every=5, sync=sync,  # type: ignore[arg-type]
+                         max_grad_norm=0.5,
+                         recovery=RecoveryConfig(ring_every=5, confirm_steps=2, ring_budget=None,
+                                                 rollback_after_skips=3))
+    guard = Guard(model, optimizer, config=config)
+    reports, weights, blocking = [], [], []
+    for step in range(40):
+        x, y = regression_batch(rank, step)
+        aux = torch.zeros(4)
+        if rank == 1 and step in (5, 10):
+            aux[0] = math.nan
+        loss = F.mse_loss(model(x), y)
+        if rank == 1 and step in (25, 26, 27):
+            loss = loss * math.nan  # a fault of the computation (the batch is clean)
+        loss.backward()
+        before = blocking_transfer_count()
+        report = guard.step(loss, batch={"x": x, "y": y, "aux": aux})
+        blocking.append(blocking_transfer_count() - before)
+        optimizer.zero_grad(set_to_none=True)
+        weights.append(flat_weights(model))
+        if report is not None:
+            reports.append((report.step, report.action))
+    guard.close()
+    assert guard.recovery is not None
+    return {"reports": reports, "weights": weights, "deferred": guard.run.deferred,
+            "blocking": blocking,
+            "events": [(e.kind, e.step, e.details.get("to_step")) for e in guard.events
+                       if not e.kind.startswith("batch_")],
+            "ring": [s.step for s in guard.recovery.ring.good],
+            "rolled_back_steps": guard.recovery.rolled_back_steps}
+
+
 def ddp_desync_under_policy(rank: int, world: int, policy: str, nudge_after: int = 5,
                             desync_every: int | None = 4, steps: int = 16,
                             snapshot_dir: str | None = None) -> dict[str, Any]:

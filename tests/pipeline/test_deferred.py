@@ -194,7 +194,6 @@ def test_the_state_dict_judges_the_last_step_first() -> None:
     (lambda p: torch.optim.AdamW(p, lr=1e-3), {}, "cannot skip a step on the device"),
     (lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, fused=True), {},
      "cannot skip a step on the device"),
-    (fused_adamw, {"policy": "recover"}, "recover policy"),
     (fused_adamw, {"clip_rule": {"type": "adaptive"}}, "clip_rule and agc"),
 ])
 def test_deferred_falls_back_to_blocking_and_says_why_once(

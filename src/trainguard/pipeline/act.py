@@ -79,11 +79,15 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
 
 def _act_late(ctx: StepContext, state: RunState, services: Services) -> None:
     """A deferred step, judged after the device skipped or clipped it and the optimizer stepped:
-    what is left is a halt (of the run as it now is, the next step's gradients dropped), the
-    LR brake (for the steps to come) and the record of a skip. No replay proves its causes: the
-    state from before its update is gone."""
+    what is left is a rollback (to the good state from before the trouble, which also undoes
+    this step's update; the run drops the next step's update, its gradients made on the weights
+    undone), a halt (of the run as it now is, the next step's gradients dropped), the LR brake
+    (for the steps to come) and the record of a skip. No replay proves its causes: the state
+    from before its update is gone."""
     decision = ctx.decision
     assert decision is not None
+    if decision.action == "rolled_back":
+        _roll_back(ctx, state, services)
     if ctx.outcome == "halted":
         _halt(ctx, state, services)
     elif ctx.applied:
@@ -140,7 +144,7 @@ def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
     lr_before = recovery.lr.factor()
     try:
         event = apply_rollback(state, recovery.rollback(
-            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step,
+            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step and ctx.mid_step,
             keep_lr=services.prover.data_fault(ctx.step)))
     except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
         ctx.raise_event(Event(

@@ -87,6 +87,13 @@ class StepContext:
     """Deferred steps: the pack and its copy on the way to the host."""
     found_inf: torch.Tensor | None = None
     """Deferred steps: 1.0 on the device when the update is to be skipped (not under observe)."""
+    mid_step: bool = True
+    """Deferred steps: judged at the next `guard.step` (its gradients made, a GradScaler's
+    unscale done), not between two steps (a checkpoint's `flush`, the close)."""
+    dropped: bool = False
+    """Deferred steps under `recover`: the step before was rolled back when this one was judged
+    due, and this step's gradients were made on the weights the rollback undid: its update is
+    dropped, nothing measured."""
 
     # detect, explain
     events: list[Event] = field(default_factory=list)

@@ -63,6 +63,13 @@ def _recover(ctx: StepContext, state: RunState, decision: Decision) -> Decision:
     if verdict.action == "skip":
         if not decision.applies_update:
             return decision
+        if ctx.deferred:
+            # the device applied this finite update before the host could judge it (a spike's,
+            # an explosion's): it stands, and the trouble is followed as after a skip; a loss
+            # that does not come back rolls back to before it
+            return dataclasses.replace(
+                decision, reason=f"{verdict.reason} (under sync='deferred' it was applied "
+                                 f"before it was judged)")
         return dataclasses.replace(decision, action="skipped", clip_coef=1.0,
                                    reason=verdict.reason)
     if verdict.action == "rollback" and recovery.can_roll_back():

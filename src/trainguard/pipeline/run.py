@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import statistics
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -57,7 +58,7 @@ from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
-from trainguard.remedies import build_rule
+from trainguard.remedies import build_rule, drop_grads
 from trainguard.remedies.device import skips_on_device
 from trainguard.remedies.robust import RobustClipLimit
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
@@ -178,7 +179,10 @@ class Run:
         state = self.state
         if self.deferred:
             # the step before, judged now (may halt), unless a checkpoint judged it already
-            self._concluded = self.conclude_late() or self._concluded
+            late = self._late
+            self._concluded = self.conclude_late(mid_step=True) or self._concluded
+            if late is not None and late.outcome == "rolled_back":
+                return self._drop(loss, batch, data_ids, late.step)
         if self.dist is not None:
             self.dist.link.step = state.step
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
@@ -207,15 +211,18 @@ class Run:
         self._pending = ctx
         return ctx
 
-    def conclude_late(self, *, closing: bool = False) -> StepReport | None:
+    def conclude_late(self, *, closing: bool = False, mid_step: bool = False
+                      ) -> StepReport | None:
         """Under `sync="deferred"`: judge the step whose update was taken last (its summary
         read from the copy started at its step), step the scheduler when its update was
         applied, settle and record it; its report (None when there was none, or its judgement
         failed: a `monitor_error`). A halt raises TrainingDiverged, as at a step, unless the run
-        is `closing`."""
+        is `closing`. `mid_step`: judged by the next step's `before_update` (its gradients
+        made), not between two steps."""
         ctx, self._late = self._late, None
         if ctx is None:
             return None
+        ctx.mid_step = mid_step
         failure = self.steps.conclude(ctx)
         if failure is not None:  # the step went as the device decided; it goes unjudged
             self.services.journal.add_findings(ctx.findings)
@@ -233,11 +240,40 @@ class Run:
         self.steps.settle(ctx)
         return ctx.report
 
+    def _drop(self, loss: Any, batch: Any, data_ids: Any, rolled_back: int) -> StepContext:
+        """Under `sync="deferred"` and `recover`: the step before (`rolled_back`) was just rolled
+        back, and this step's gradients were made on the weights the rollback undid. Its update
+        is dropped (the one extra step a rollback judged late costs), counted among the updates
+        recovery threw away, and reported as skipped; nothing of it is measured."""
+        state = self.state
+        ctx = StepContext(step=state.step, loss=loss, batch=batch,
+                          data_ids=state.data_position if data_ids is None else data_ids,
+                          deferred=True, dropped=True)
+        state.data_position += 1
+        drop_grads(self.watched.params)
+        for probe in (self.services.activation_probe, self.services.output_probe):
+            if probe is not None and probe.attached:  # what it saw was this batch's forward
+                probe.detach()
+        if state.recovery is not None:
+            state.recovery.rolled_back_steps += 1
+        reason = (f"its gradients were made on the weights the rollback at step {rolled_back} "
+                  f"undid")
+        self.emit_action(ActionRecord(
+            kind="skip", step=ctx.step, message=f"update of step {ctx.step} dropped: {reason}",
+            details={"reason": reason, "rolled_back_at": rolled_back}))
+        ctx.outcome = "skipped"
+        ctx.report = StepReport(step=ctx.step, loss=None, grad_norm=math.nan, action="skipped")
+        self.sinks.on_step(ctx.report)
+        state.step += 1
+        self.schedule_sampling()
+        return ctx
+
     def after_update(self, ctx: StepContext | None = None) -> StepReport | None:
         """Settle and record the step checked by `before_update`; call after the optimizer step
         and the scheduler step. None when no step was pending (the check failed)."""
         if ctx is not None and ctx.deferred and ctx.unguarded is None:
-            report, self._concluded = self._concluded, None  # the step before this one's
+            # the step before this one's; a dropped step's own, judged already, comes next
+            report, self._concluded = self._concluded, ctx.report if ctx.dropped else None
             return report
         pending, self._pending = self._pending, None
         if ctx is not None and ctx is not pending:
@@ -311,6 +347,7 @@ class Run:
         recovery = self.state.recovery
         if recovery is None:
             raise UsageError("rollback needs GuardConfig(policy='recover') (it keeps good states)")
+        self.flush()  # a deferred run's last step, judged before the rollback
         if not recovery.can_roll_back():
             raise UsageError("there is no good state to roll back to yet")
         step = self.state.step - 1
@@ -566,8 +603,6 @@ def _deferral(config: GuardConfig, services: Services, owns_optimizer_step: bool
     elif services.dist is not None and services.dist.device.type == "cpu" \
             and services.device.type != "cpu":
         why = "gloo serving an accelerator reduces the step's signals on the host"
-    elif config.policy == "recover":
-        why = "the recover policy decides its rollbacks before the update"
     elif config.clip_rule is not None or config.agc is not None:
         why = "clip_rule and agc read the norms on the host"
     elif not skips_on_device(services.optimizer):
