@@ -286,9 +286,26 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
         for vote in event_kind(e.kind).votes:  # direct measurements: every event votes
             if vote.each_event:
                 votes.add(vote.cause, vote.weight, vote.evidence(e.step, e.message))
+    _vote_attention(votes, serious)
     if kinds & kinds_tagged(Tag.STATE):
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
+
+
+ATTENTION_SIGNAL = "attn_logit_max"
+ATTENTION_WEIGHT = 3.0
+"""A warning from the attention logits names the mechanism itself: above the LR's votes that
+the kind casts whatever its signal (the LR stays plausible, and is what lets them grow)."""
+
+
+def _vote_attention(votes: _Votes, serious: list[Event]) -> None:
+    """An `instability_precursor` warning read from the attention logits votes for their
+    growth (`detect/attention_logits.py`)."""
+    warned = next((e for e in serious if e.kind == Kind.INSTABILITY_PRECURSOR
+                   and e.details.get("signal") == ATTENTION_SIGNAL), None)
+    if warned is not None:
+        votes.add("attention_logit_growth", ATTENTION_WEIGHT, f"step {warned.step}: "
+                  f"{warned.message}")
 
 
 def _precursor_came_first(serious: list[Event]) -> bool:
