@@ -109,3 +109,13 @@ def test_the_warning_votes_for_attention_logit_growth() -> None:
     ranked = rank_causes(events)
     codes = [r.code for r in ranked]
     assert codes[0] == "attention_logit_growth" and "lr_too_high" in codes
+
+
+def test_after_the_trouble_the_attention_warning_votes_little() -> None:
+    warnings = run(InstabilityPrecursor(DetectorConfig()), logits(200, 7, grow_from=100))
+    spike = Event(kind="loss_spike", step=warnings[0].step - 1, severity="warning",
+                  message="the loss jumped")
+    ranked = rank_causes([spike, *warnings])
+    scores = {r.code: r.score for r in ranked}
+    assert ranked[0].code != "attention_logit_growth"
+    assert scores["attention_logit_growth"] == 1.0
