@@ -187,13 +187,20 @@ def test_gpt2_through_the_guard_every_step_and_at_a_cadence() -> None:
         config = GuardConfig(console=False, sample_every=1000)
         config.detectors.attention_every = every
         guard = Guard(model, optimizer, config=config, sinks=[sink])
-        for _ in range(6):
+        first_hooks: list[int] = []
+        for i in range(6):
             tokens = torch.randint(100, (2, 8))
             loss = model(tokens, labels=tokens).loss
             loss.backward()
             guard.step(loss)
             optimizer.zero_grad()
+            if i == 0:
+                first_hooks = list(model.transformer.h[0].attn.c_attn._forward_hooks)
+        # every step: the same hooks stay between steps (no re-registering), and go at the close
+        if every == 1:
+            assert first_hooks and list(model.transformer.h[0].attn.c_attn._forward_hooks) == first_hooks
         guard.close()
+        assert not any(m._forward_hooks for m in model.modules())
         assert [bool(s) for s in sink.seen] == expected
         measured = [s for s in sink.seen if s]
         assert all(list(s) == ["transformer.h.0.attn", "transformer.h.1.attn"] for s in measured)

@@ -9,6 +9,7 @@ read the same values).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -24,6 +25,8 @@ from trainguard.pipeline.state import RunState
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.device import device_decision, scale_on_device
 from trainguard.signals import SampledStats, StepSignals
+
+log = logging.getLogger("trainguard")
 
 PRECURSOR = "pre:"
 """The pack's prefix of the every-step precursor values (`StepSignals.precursors`)."""
@@ -243,7 +246,12 @@ def pack_attention(pack: DevicePack, services: Services, keep: bool) -> list[str
     probe = services.attention_probe
     if probe is None or not probe.attached:
         return []
-    seen = probe.detach()
+    try:  # at a cadence of every step the hooks stay for the next forward
+        seen = (probe.collect() if services.config.detectors.attention_every == 1
+                else probe.detach())
+    except Exception as exc:  # the probe is advisory: the step goes on without its values
+        log.error("trainguard: attention probe failed (%s: %s)", type(exc).__name__, exc)
+        return []
     if seen is None or not keep:
         return []
     pack.add(ATTENTION, seen[1])

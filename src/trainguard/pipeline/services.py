@@ -206,8 +206,9 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
         agc=build_agc(config.agc) if config.agc is not None else None,
         journal=Journal(sinks), prover=IncidentProver(),
-        attention_probe=(AttentionLogitProbe(model) if config.detectors.attention_probe
-                         else None))
+        # left out under torch.distributed, as the Adam-ratio probe: rank-local values
+        attention_probe=(AttentionLogitProbe(model)
+                         if config.detectors.attention_probe and dist is None else None))
 
 
 def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:

@@ -176,19 +176,26 @@ class AttentionLogitProbe:
         return self._layers
 
     def attach(self) -> None:
-        if self._handles:
-            return
+        """Hook the layers for the next forward pass. Already attached (kept from the step
+        before): only what the hooks saw since (a replay's forward) is forgotten."""
         self._names, self._values = [], []
         for layer in self.layers:
             layer.q = layer.k = None
-            children = dict(layer.module.named_children())
-            if layer.fused is not None:
-                self._handles.append(children[layer.fused].register_forward_hook(
-                    self._guarded(layer, self._fused)))
-            elif layer.pair is not None:
-                for role, child in zip(("q", "k"), layer.pair, strict=True):
-                    self._handles.append(children[child].register_forward_hook(
-                        self._guarded(layer, self._separate(role))))
+        if self._handles:
+            return
+        try:
+            for layer in self.layers:
+                children = dict(layer.module.named_children())
+                if layer.fused is not None:
+                    self._handles.append(children[layer.fused].register_forward_hook(
+                        self._guarded(layer, self._fused)))
+                elif layer.pair is not None:
+                    for role, child in zip(("q", "k"), layer.pair, strict=True):
+                        self._handles.append(children[child].register_forward_hook(
+                            self._guarded(layer, self._separate(role))))
+        except Exception as exc:  # a module changed under us: no attention signal this step
+            self.failures += 1
+            log.debug("trainguard: attention probe not attached (%s)", exc)
 
     def _guarded(self, layer: _Layer,
                  measure: Callable[[_Layer, torch.Tensor], None]) -> Callable[..., None]:
@@ -243,6 +250,11 @@ class AttentionLogitProbe:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        return self.collect()
+
+    def collect(self) -> tuple[list[str], torch.Tensor] | None:
+        """What `detach` returns, the hooks left in place: at a cadence of every step they stay
+        (hooks added and removed every step would make a compiled model recompile)."""
         for layer in self.layers:
             layer.q = layer.k = None
         if not self._values:
