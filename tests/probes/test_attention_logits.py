@@ -198,7 +198,8 @@ def test_gpt2_through_the_guard_every_step_and_at_a_cadence() -> None:
                 first_hooks = list(model.transformer.h[0].attn.c_attn._forward_hooks)
         # every step: the same hooks stay between steps (no re-registering), and go at the close
         if every == 1:
-            assert first_hooks and list(model.transformer.h[0].attn.c_attn._forward_hooks) == first_hooks
+            hooks = list(model.transformer.h[0].attn.c_attn._forward_hooks)
+            assert first_hooks and hooks == first_hooks
         guard.close()
         assert not any(m._forward_hooks for m in model.modules())
         assert [bool(s) for s in sink.seen] == expected
