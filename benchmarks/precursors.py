@@ -1,6 +1,7 @@
 """Lead time and false alarms of `instability_precursor`, and what acting on it prevents.
 
     python -m benchmarks.precursors --seeds 0,1,2,3,4,5 --policies observe,protect
+    python -m benchmarks.precursors --families tiny_attn    # one family
 
 For every scenario of the precursor families (faulty ones and their healthy twins) and every
 seed: the ground-truth spike is the first step whose loss is above 2x the median of the 20
@@ -25,7 +26,7 @@ from trainguard import DetectorConfig, GuardConfig
 
 from .scenarios import all_scenarios, run_scenario
 
-FAMILIES = ("tiny_lm",)
+FAMILIES = ("tiny_lm", "tiny_attn")
 SPIKE_RATIO = 2.0
 SPIKE_WINDOW = 20
 KIND = "instability_precursor"
@@ -84,9 +85,12 @@ def main() -> None:
     parser.add_argument("--policies", default="observe,protect")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", help="write the rows and summaries here")
+    parser.add_argument("--families", default=",".join(FAMILIES),
+                        help="the precursor families to run (comma-separated)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    names = [s.name for s in all_scenarios() if s.family in FAMILIES]
+    families = set(args.families.split(","))
+    names = [s.name for s in all_scenarios() if s.family in families]
     jobs = [(n, s, p) for p in args.policies.split(",") for n in names for s in seeds]
     with ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(one, *zip(*jobs, strict=True)))

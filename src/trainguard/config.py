@@ -208,6 +208,25 @@ class DetectorConfig:
     max_named_params: int = 5
     """Events about several parameters name at most this many of them in their message."""
 
+    attention_probe: bool = True
+    """Measure each attention layer's largest pre-softmax logit (`attn_logit_max` of
+    `probes/attention_logits.py`: forward hooks on the q/k projections, one sequence of the
+    batch) for `instability_precursor`. False turns the probe and its warning off."""
+    attention_every: int = 1
+    """...on every this many steps (and on sampled steps)."""
+    attention_logit_abs_min: float = 100.0
+    """`instability_precursor` on attention: a layer's largest logit of at least this (a
+    softmax over logits this far apart is one-hot to float32; tuned on seeds 0-2 of the suite's
+    `tiny_attn` family, whose healthy twins peaked at 23-61, a QK-norm one at 0.1 slowly growing
+    its norms' gains)..."""
+    attention_logit_ratio: float = 2.0
+    """...and this many times its median over its last `baseline_window` measurements, and again
+    this many times its value at the layer's last warning to warn again..."""
+    attention_logit_steps: int = 3
+    """...for this many measurements in a row."""
+    attention_logit_warmup: int = 20
+    """Measurements a layer's baseline holds before it can warn."""
+
     def __post_init__(self) -> None:
         for name in ("grad_norm_abs_threshold", "grad_norm_ratio", "grad_norm_error_ratio",
                      "grad_norm_zscore", "grad_norm_abs_min_ratio", "loss_spike_ratio",
@@ -218,12 +237,13 @@ class DetectorConfig:
                      "transient_margin", "dead_unit_share", "collapse_spread",
                      "collapse_mode_share", "output_std_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
-                     "loss_resolution", "precursor_abs_min", "precursor_zscore"):
+                     "loss_resolution", "precursor_abs_min", "precursor_zscore",
+                     "attention_logit_abs_min"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",
                      "lr_jump_ratio", "transient_margin", "precursor_ratio",
-                     "precursor_sudden_ratio"):
+                     "precursor_sudden_ratio", "attention_logit_ratio"):
             _require(getattr(self, name) > 1, f"DetectorConfig.{name}",
                      f"must be > 1, got {getattr(self, name)!r}")
         for name in ("fp16_limit_fraction", "dead_unit_share", "collapse_mode_share"):
@@ -239,7 +259,8 @@ class DetectorConfig:
                               ("max_named_params", 1), ("no_gradient_steps", 1),
                               ("stall_steps", 1), ("transient_horizon", 1),
                               ("eval_patience", 1), ("precursor_steps", 1),
-                              ("precursor_warmup", 1)):
+                              ("precursor_warmup", 1), ("attention_every", 1),
+                              ("attention_logit_steps", 1), ("attention_logit_warmup", 1)):
             _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
 
 

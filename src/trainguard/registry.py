@@ -481,6 +481,9 @@ for _metric in (
               "parameter, with Adam's bias-corrected second moment from before the step (0: no "
               "gradient or no Adam state; probes/adam_ratio.py)", _LOCAL, False),
     MetricKey("loss_scale", Scope.STEP, "the GradScaler's loss scale", _LOCAL, False),
+    MetricKey("attn_logit_max", Scope.MODULE, "largest pre-softmax attention logit q.k/sqrt(d) "
+              "of each attention layer, over heads and positions of the batch's first sequence "
+              "(every `attention_every` steps; probes/attention_logits.py)", _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),
     MetricKey("weight_std", Scope.PARAM, "standard deviation of the weights after the step",

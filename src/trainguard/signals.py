@@ -58,6 +58,9 @@ class StepSignals:
     ranks: Any = None
     """Under torch.distributed, what each rank contributed (`distributed.RankView`): which rank
     a non-finite loss or gradient or a spike came from, and the replicas' fingerprint drift."""
+    attention_logits: dict[str, float] = field(default_factory=dict)
+    """The largest pre-softmax attention logit of each attention layer, by module name
+    (`attn_logit_max`, `trainguard.probes.attention_logits`), on the steps it was measured."""
 
     @property
     def loss_finite(self) -> bool:

@@ -29,6 +29,7 @@ from tests.detect.synth import (
 from trainguard import registry
 from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
+from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
 from trainguard.detect.base import Episode
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.events import Event
@@ -55,8 +56,9 @@ def detect_classes() -> set[type]:
 
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
-HELPERS: tuple[type, ...] = (Detector, Episode)
-"""The base class, and a helper detectors share."""
+HELPERS: tuple[type, ...] = (Detector, Episode, AttentionLogitTracker, AttentionTrack)
+"""The base class, a helper detectors share, and the attention-logit side of
+`instability_precursor` (which composes it: its conformance is that detector's)."""
 
 
 def test_every_detector_class_is_in_the_runs() -> None:

@@ -36,6 +36,7 @@ POISON = {
     "lr_managed": lambda s: True,
     "loss_requires_grad": lambda s: False,
     "precursors": lambda s: {k: np.full_like(v, 50.0) for k, v in s.precursors.items()},
+    "attention_logits": lambda s: {k: 1e4 * (1 + s.step) for k in s.attention_logits},
 }
 """A value for each `StepSignals` field that no detector could take for what it was."""
 
@@ -64,6 +65,7 @@ def _run() -> list[StepSignals]:
         s.group_lrs = (s.lr,)
         s.loss_curvature = 0.01
         s.loss_requires_grad = True
+        s.attention_logits = {"h.0.attn": 20.0 * 1.1 ** max(0, s.step - 100)}  # growing too
     return steps
 
 

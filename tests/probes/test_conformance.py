@@ -26,6 +26,7 @@ import trainguard.probes
 from trainguard.params import WatchedParams, watched_params
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
+from trainguard.probes.attention_logits import AttentionLogitProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OUTPUT_KEYS, OutputProbe
@@ -101,8 +102,30 @@ MEASURED: dict[type, str] = {GradientProbe: "gradients", WeightProbe: "weights",
                              OptimizerStateProbe: "optimizer_state",
                              AdamRatioProbe: "adam_ratio"}
 """Probes that measure the watched parameters, by their entry in PROBES."""
-HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe)
+HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe, AttentionLogitProbe)
 """Probes hooked on the forward pass of sampled steps: attach, forward, detach."""
+
+
+class Attending(nn.Module):
+    """One attention layer's q|k|v projection, which the attention probe hooks."""
+
+    num_heads = 2
+    is_causal = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv(x)
+
+
+def hooked_model(probe_type: type) -> tuple[nn.Module, torch.Tensor]:
+    """The model a hooked probe watches, and an input for it."""
+    if probe_type is AttentionLogitProbe:  # it hooks attention layers only
+        torch.manual_seed(0)
+        return Attending(), torch.randn(2, 5, 4)
+    return setup()[0], torch.randn(5, 4)
 
 
 def probe_classes() -> set[type]:
@@ -128,11 +151,11 @@ def test_every_probe_is_under_these_checks() -> None:
 @pytest.mark.parametrize("probe_type", HOOKED, ids=[t.__name__ for t in HOOKED])
 def test_hooked_probes_read_nothing_on_the_host_and_remove_their_hooks(
         probe_type: type, monkeypatch) -> None:
-    model, _, _ = setup()
+    model, inputs = hooked_model(probe_type)
     probe = probe_type(model)
     with no_host_reads(monkeypatch):
         probe.attach()
-        model(torch.randn(5, 4))
+        model(inputs)
         seen = probe.detach()
     assert seen is not None and not probe.attached
     assert all(not m._forward_hooks for m in model.modules())
@@ -225,6 +248,16 @@ def test_a_nonfinite_output_shows_in_the_output_probe() -> None:
     assert float(seen["out_count"]) == 4 and float(seen["out_classes"]) == 3
 
 
+def test_a_nonfinite_value_shows_in_the_attention_probe() -> None:
+    model, inputs = hooked_model(AttentionLogitProbe)
+    inputs[0, 2, 1] = math.inf  # the sampled sequence
+    probe = AttentionLogitProbe(model)
+    probe.attach()
+    model(inputs)
+    seen = probe.detach()
+    assert seen is not None and not math.isfinite(float(seen[1][0]))
+
+
 def test_parameters_without_a_gradient_read_zero_not_nan() -> None:
     model, optimizer, watched = setup()
     model.out.weight.grad = None
@@ -246,7 +279,7 @@ def test_a_step_without_any_gradient_measures_zeros() -> None:
 @pytest.mark.parametrize("probe_type", HOOKED, ids=[t.__name__ for t in HOOKED])
 def test_detaching_without_a_forward_pass_gives_nothing_and_removes_the_hooks(
         probe_type: type) -> None:
-    model, _, _ = setup()
+    model, _ = hooked_model(probe_type)
     probe = probe_type(model)
     probe.attach()
     assert probe.attached

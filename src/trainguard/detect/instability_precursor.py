@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.config import DetectorConfig
+from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
@@ -51,7 +52,7 @@ def column_medians(values: np.ndarray) -> np.ndarray:
 
 class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
-    reads = frozenset({"param_names", "precursors"})
+    reads = frozenset({"param_names", "precursors", "attention_logits"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
@@ -62,8 +63,13 @@ class InstabilityPrecursor(Detector):
         self.sudden = np.zeros(0, dtype=bool)
         """Whether each parameter's current streak started with a jump (it does not count)."""
         self.episode = Episode(config.rearm_steps)
+        self.attention = AttentionLogitTracker(config)
+        """The attention layers' largest logits (`detect/attention_logits.py`)."""
 
     def check(self, signals: StepSignals) -> list[Event]:
+        return self._adam(signals) + self.attention.check(signals, self.event)
+
+    def _adam(self, signals: StepSignals) -> list[Event]:
         values = signals.precursors.get(SIGNAL)
         if values is None:
             return []
@@ -139,7 +145,8 @@ class InstabilityPrecursor(Detector):
                             for row in self.history],
                 "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
                 "sudden": [bool(v) for v in self.sudden],
-                "episode": self.episode.state_dict()}
+                "episode": self.episode.state_dict(),
+                "attention": self.attention.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
@@ -150,4 +157,5 @@ class InstabilityPrecursor(Detector):
         self.sudden = np.array(state.get("sudden", [False] * len(self.streak)), dtype=bool)
         if "episode" in state:
             self.episode.load_state_dict(state["episode"])
+        self.attention.load_state_dict(state.get("attention", {}))
 

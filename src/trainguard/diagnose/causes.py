@@ -63,6 +63,10 @@ _ALL = (
           "fine-tuning, 1e-4..5e-3 LoRA); check the scheduler did not decay it to ~0."),
     Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
           "Check DDP initialisation and that every parameter's gradient is all-reduced."),
+    Cause("attention_logit_growth", "Attention logits growing without bound (attention entropy "
+          "collapse)", "3.1",
+          "Normalise q and k (QK-norm / QK-layernorm), lower the LR, or cap the logits (attention "
+          "logit softcapping, QK-clip); a z-loss keeps the output logits from growing alike."),
 )
 
 CAUSES: dict[str, Cause] = {c.code: c for c in _ALL}

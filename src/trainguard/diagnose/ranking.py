@@ -324,9 +324,34 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
         for vote in event_kind(e.kind).votes:  # direct measurements: every event votes
             if vote.each_event:
                 votes.add(vote.cause, vote.weight, vote.evidence(e.step, e.message))
+    _vote_attention(votes, serious)
     if kinds & kinds_tagged(Tag.STATE):
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
+
+
+ATTENTION_SIGNAL = "attn_logit_max"
+ATTENTION_WEIGHT = 6.0
+"""A warning from the attention logits, before any other finding, measures the mechanism itself
+(and names its own fix, QK-norm, with the LR's): above the LR's votes, which the kind casts
+whatever its signal and the spikes and climb that follow add to, with a preflight warning on the
+LR (on the suite's `tiny_attn_no_qk_norm` at AdamW 0.1, 5.5 for `lr_too_high`); the LR stays
+plausible, second, as what lets the logits grow."""
+ATTENTION_AFTER_WEIGHT = 1.0
+"""The same warning after the trouble showed: logits thrown up by the damage say little."""
+
+
+def _vote_attention(votes: _Votes, serious: list[Event]) -> None:
+    """An `instability_precursor` warning read from the attention logits votes for their
+    growth (`detect/attention_logits.py`)."""
+    warned = next((e for e in serious if e.kind == Kind.INSTABILITY_PRECURSOR
+                   and e.details.get("signal") == ATTENTION_SIGNAL), None)
+    if warned is None:
+        return
+    others = [e.step for e in serious if e.kind != Kind.INSTABILITY_PRECURSOR]
+    first = not others or warned.step < min(others)
+    votes.add("attention_logit_growth", ATTENTION_WEIGHT if first else ATTENTION_AFTER_WEIGHT,
+              f"step {warned.step}: {warned.message}")
 
 
 def _precursor_came_first(serious: list[Event]) -> bool:

@@ -48,6 +48,8 @@ class PackedStep:
     """The heavy-probe results of earlier steps in the pack."""
     extra: list[str]
     """The names of the extra tensors in the pack (`x:<name>`)."""
+    attention: list[str] = field(default_factory=list)
+    """The attention layers whose largest logits are in the pack (`att:attn_logit_max`)."""
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ read the same values).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -24,6 +25,8 @@ from trainguard.pipeline.state import RunState
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.device import device_decision, scale_on_device
 from trainguard.signals import SampledStats, StepSignals
+
+log = logging.getLogger("trainguard")
 
 PRECURSOR = "pre:"
 """The pack's prefix of the every-step precursor values (`StepSignals.precursors`)."""
@@ -93,13 +96,14 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     if config.detectors.precursor_probe and ranks is None:
         for key, tensor in services.watch.adam_probe.measure(device, grad_norms).items():
             pack.add(f"{PRECURSOR}{key}", tensor)
+    attention = pack_attention(pack, services, ranks is None)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []
     pack_pending(pack, pending)
     for key, tensor in extra.items():
         pack.add(f"x:{key}", tensor)
     return PackedStep(pack=pack, loss=loss_t, global_norm=global_norm, lrs=lrs,
-                      pending=pending, extra=list(extra))
+                      pending=pending, extra=list(extra), attention=attention)
 
 
 def read_step(ctx: StepContext, state: RunState, services: Services, step: PackedStep,
@@ -107,6 +111,9 @@ def read_step(ctx: StepContext, state: RunState, services: Services, step: Packe
     """The step's signals from the pack's host copy."""
     ctx.signals = _signals(ctx, state, services, host, step.lrs, step.pending)
     ctx.extra = {key: host[f"x:{key}"] for key in step.extra}
+    if step.attention:
+        ctx.signals.attention_logits = dict(zip(step.attention, (
+            float(v) for v in host[ATTENTION]), strict=True))
 
 
 def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> None:
@@ -226,3 +233,26 @@ def flush_pending(state: RunState, services: Services,
     return StepSignals(step=state.step, loss=None, grad_norm=0.0,
                        param_grad_norm=np.zeros(len(watched)), param_names=watched.names,
                        sampled=unpack_pending(pack.fetch(), pending))
+
+
+ATTENTION = "att:attn_logit_max"
+"""The pack's segment of the attention layers' largest logits."""
+
+
+def pack_attention(pack: DevicePack, services: Services, keep: bool) -> list[str]:
+    """The attention probe's values of this step's forward pass, when it was hooked, into the
+    pack (`keep`: not under torch.distributed, where they are rank-local and the precursor is
+    left out); the layer names, in the pack's order."""
+    probe = services.attention_probe
+    if probe is None or not probe.attached:
+        return []
+    try:  # at a cadence of every step the hooks stay for the next forward
+        seen = (probe.collect() if services.config.detectors.attention_every == 1
+                else probe.detach())
+    except Exception as exc:  # the probe is advisory: the step goes on without its values
+        log.error("trainguard: attention probe failed (%s: %s)", type(exc).__name__, exc)
+        return []
+    if seen is None or not keep:
+        return []
+    pack.add(ATTENTION, seen[1])
+    return seen[0]

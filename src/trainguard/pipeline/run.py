@@ -475,7 +475,8 @@ class Run:
         self._report_repeats()
         if self._lifecycle is not None:
             lifecycle.untrack(self._lifecycle)
-        for probe in (self.services.activation_probe, self.services.output_probe):
+        for probe in (self.services.activation_probe, self.services.output_probe,
+                      self.services.attention_probe):
             if probe is not None and probe.attached:
                 probe.detach()
         try:

@@ -31,6 +31,7 @@ from trainguard.params import WatchedParams, new_params, optimizer_param_count
 from trainguard.pipeline.rewind import ScheduleRewind
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
+from trainguard.probes.attention_logits import AttentionLogitProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OutputProbe
@@ -159,6 +160,9 @@ class Services:
     journal: Journal
     prover: IncidentProver
     """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
+    attention_probe: AttentionLogitProbe | None = None
+    """The attention layers' largest logits (`probes/attention_logits.py`), hooked on the steps
+    `DetectorConfig.attention_every` names."""
 
     @property
     def watched(self) -> WatchedParams:
@@ -201,7 +205,10 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         batches=BatchWatch(model, config.batch_size),
         rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
         agc=build_agc(config.agc) if config.agc is not None else None,
-        journal=Journal(sinks), prover=IncidentProver())
+        journal=Journal(sinks), prover=IncidentProver(),
+        # left out under torch.distributed, as the Adam-ratio probe: rank-local values
+        attention_probe=(AttentionLogitProbe(model)
+                         if config.detectors.attention_probe and dist is None else None))
 
 
 def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:

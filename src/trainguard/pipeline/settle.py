@@ -70,6 +70,10 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
         for probe in (services.activation_probe, services.output_probe):
             if probe is not None:
                 probe.attach()
+    attention = services.attention_probe
+    if attention is not None and (state.sampled_now or (
+            state.step + ahead) % config.detectors.attention_every == 0):
+        attention.attach()
 
 
 def _schedule_and_probes(ctx: StepContext, state: RunState, services: Services) -> None:
