@@ -27,6 +27,7 @@ from trainguard.params import WatchedParams, watched_params
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OUTPUT_KEYS, OutputProbe
 from trainguard.probes.packing import DevicePack
@@ -103,6 +104,8 @@ MEASURED: dict[type, str] = {GradientProbe: "gradients", WeightProbe: "weights",
 """Probes that measure the watched parameters, by their entry in PROBES."""
 HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe)
 """Probes hooked on the forward pass of sampled steps: attach, forward, detach."""
+PERSISTENT: tuple[type, ...] = (LogZProbe,)
+"""Probes hooked on every forward pass for the life of the run: forward, take, close."""
 
 
 def probe_classes() -> set[type]:
@@ -119,9 +122,10 @@ def probe_classes() -> set[type]:
 def test_every_probe_is_under_these_checks() -> None:
     found = probe_classes()
     assert {GradientProbe, ActivationProbe, OutputProbe} <= found
-    unknown = found - set(MEASURED) - set(HOOKED)
+    unknown = found - set(MEASURED) - set(HOOKED) - set(PERSISTENT)
     assert not unknown, (f"probes under no check: {sorted(c.__name__ for c in unknown)}; add "
-                         "each to MEASURED (with a measure function in PROBES) or HOOKED")
+                         "each to MEASURED (with a measure function in PROBES), HOOKED or "
+                         "PERSISTENT")
     assert set(MEASURED.values()) == set(PROBES)
 
 
@@ -135,6 +139,20 @@ def test_hooked_probes_read_nothing_on_the_host_and_remove_their_hooks(
         model(torch.randn(5, 4))
         seen = probe.detach()
     assert seen is not None and not probe.attached
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("probe_type", PERSISTENT, ids=[t.__name__ for t in PERSISTENT])
+def test_persistent_probes_read_nothing_on_the_host_and_remove_their_hooks(
+        probe_type: type, monkeypatch) -> None:
+    model, _, _ = setup()
+    probe = probe_type(model)
+    with no_host_reads(monkeypatch):
+        model(torch.randn(5, 4))
+        seen = probe.take()
+    assert seen and all(v.device == CPU and v.dtype == torch.float32 for v in seen.values())
+    assert probe.take() == {}  # each forward's values are taken once
+    probe.close()
     assert all(not m._forward_hooks for m in model.modules())
 
 

@@ -32,6 +32,7 @@ from trainguard.pipeline.rewind import ScheduleRewind
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OutputProbe
 from trainguard.probes.weights import WeightProbe
@@ -159,6 +160,9 @@ class Services:
     journal: Journal
     prover: IncidentProver
     """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
+    logz_probe: LogZProbe | None = None
+    """log Z of the class scores every step, for `instability_precursor` (with the Adam ratio
+    probe: on when `precursor_probe` is, left out under torch.distributed)."""
 
     @property
     def watched(self) -> WatchedParams:
@@ -201,7 +205,9 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         batches=BatchWatch(model, config.batch_size),
         rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
         agc=build_agc(config.agc) if config.agc is not None else None,
-        journal=Journal(sinks), prover=IncidentProver())
+        journal=Journal(sinks), prover=IncidentProver(),
+        logz_probe=(LogZProbe(model) if config.detectors.precursor_probe and dist is None
+                    else None))
 
 
 def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:
