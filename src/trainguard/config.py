@@ -195,6 +195,15 @@ class DetectorConfig:
     embedding rows seen for the first time, LoRA factors that start at zero) swing
     g / sqrt(v_hat) widely (within their first 50 steps the suite's healthy BERT fine-tunes
     reached 4-12x their median, its LoRA fine-tunes over 150x)."""
+    precursor_logz_rise: float = 2.0
+    """`instability_precursor` on log Z (`probes/logz.py`, `detect/output_growth.py`): the mean
+    log Z of the output logits this many nats above its own median of the last
+    `baseline_window` steps (and `precursor_zscore` robust deviations), still rising, for
+    `precursor_steps` steps in a row."""
+    precursor_update_min: float = 0.5
+    """`instability_precursor` on Adam's update RMS (`adam_update_rms`): a parameter's value
+    `precursor_ratio` times its median, `precursor_zscore` robust deviations above it and at
+    least this (noise keeps it well below; 1 is a gradient of one sign every step)."""
 
     rearm_steps: int = 5
     """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the
@@ -219,6 +228,8 @@ class DetectorConfig:
                      "collapse_mode_share", "output_std_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
                      "loss_resolution", "precursor_abs_min", "precursor_zscore"):
+            _positive(getattr(self, name), f"DetectorConfig.{name}")
+        for name in ("precursor_logz_rise", "precursor_update_min"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",

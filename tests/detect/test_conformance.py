@@ -31,6 +31,7 @@ from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.base import Episode
 from trainguard.detect.metric_collapse import MetricCollapse
+from trainguard.detect.output_growth import OutputGrowth, Streaks
 from trainguard.events import Event
 from trainguard.signals import SampledStats, StepSignals
 
@@ -55,8 +56,8 @@ def detect_classes() -> set[type]:
 
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
-HELPERS: tuple[type, ...] = (Detector, Episode)
-"""The base class, and a helper detectors share."""
+HELPERS: tuple[type, ...] = (Detector, Episode, OutputGrowth, Streaks)
+"""The base class, a helper detectors share, and the trackers `InstabilityPrecursor` composes."""
 
 
 def test_every_detector_class_is_in_the_runs() -> None:

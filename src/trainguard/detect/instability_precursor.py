@@ -28,6 +28,7 @@ import numpy as np
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
+from trainguard.detect.output_growth import OutputGrowth
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
 
@@ -62,8 +63,13 @@ class InstabilityPrecursor(Detector):
         self.sudden = np.zeros(0, dtype=bool)
         """Whether each parameter's current streak started with a jump (it does not count)."""
         self.episode = Episode(config.rearm_steps)
+        self.growth = OutputGrowth(config)
+        """log Z and Adam's update RMS (`detect/output_growth.py`): events of this kind."""
 
     def check(self, signals: StepSignals) -> list[Event]:
+        return self._check_ratio(signals) + self.growth.check(signals, self.event)
+
+    def _check_ratio(self, signals: StepSignals) -> list[Event]:
         values = signals.precursors.get(SIGNAL)
         if values is None:
             return []
@@ -139,7 +145,7 @@ class InstabilityPrecursor(Detector):
                             for row in self.history],
                 "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
                 "sudden": [bool(v) for v in self.sudden],
-                "episode": self.episode.state_dict()}
+                "episode": self.episode.state_dict(), "growth": self.growth.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
@@ -150,4 +156,5 @@ class InstabilityPrecursor(Detector):
         self.sudden = np.array(state.get("sudden", [False] * len(self.streak)), dtype=bool)
         if "episode" in state:
             self.episode.load_state_dict(state["episode"])
+        self.growth.load_state_dict(state.get("growth", {}))
 

@@ -1,0 +1,221 @@
+"""The output-side precursors of `instability_precursor`: log Z and Adam's update RMS growing.
+
+`instability_precursor` composes one `OutputGrowth`; its events are that kind's (a warning, the
+same fields: param, value, signal, baseline, ratio, steps_above, trend, expected_lead), so the
+LR brake, the ranking and the sinks treat them alike.
+
+Signals (measured every step, riding the step's one transfer):
+    logz_mean        `probes/logz.py`: the mean over positions of log Z = logsumexp(logits).
+                     It warns when it stands `precursor_logz_rise` nats (Z that many times e)
+                     above its own median of the last `baseline_window` steps and
+                     `precursor_zscore` robust deviations above it, and is still rising, for
+                     `precursor_steps` steps in a row. Cross-entropy only pins the logits'
+                     differences: a log Z that keeps climbing is output logits that grow
+                     without bound (an unclamped logit scale, no z-loss), and the loss spikes
+                     once the updates, multiplied by those logits, overshoot.
+    adam_update_rms  `probes/adam_ratio.py`: per parameter, RMS(m_hat) / RMS(sqrt(v_hat)), the
+                     previous update over the LR. Noise keeps it low; gradients that keep one
+                     direction step after step lift it towards 1. It warns when a parameter's
+                     value is `precursor_ratio` times its median, `precursor_zscore` robust
+                     deviations of its log above it and at least `precursor_update_min`, for
+                     `precursor_steps` steps in a row.
+
+Each stays silent while its baseline is young (`precursor_warmup` steps: a model from scratch
+raises log Z while it learns), reports an episode once, and lets values above its bound enter
+the baseline capped at the bound (one burst does not lift the level it is compared with).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Episode
+from trainguard.events import Event
+from trainguard.signals import MAD_TO_STD, StepSignals
+
+LOGZ = "logz_mean"
+UPDATE = "adam_update_rms"
+LOGZ_LEAD = "~15"
+"""The lead the log Z message announces (`benchmarks/precursors.py`, family `logit_growth`)."""
+UPDATE_LEAD = "~10"
+RECENT = 5
+"""Steps over which the trend is read (and "still rising": above their median)."""
+
+MakeEvent = Callable[..., Event]
+"""`Detector.event` of the composing detector: the events are of its kind."""
+
+
+def _medians(values: np.ndarray) -> np.ndarray:
+    """Each column's median over its non-NaN values (NaN for a column of only NaN)."""
+    ordered = np.sort(values, axis=0)
+    count = (~np.isnan(values)).sum(axis=0)
+    columns = np.arange(values.shape[1])
+    low = ordered[np.maximum((count - 1) // 2, 0), columns]
+    high = ordered[np.maximum(count // 2, 0), columns]
+    return np.where(count > 0, (low + high) / 2, np.nan)
+
+
+class Streaks:
+    """Columns of one signal, each against its own recent median (in the space the rule is
+    judged in: log Z in nats, the update RMS as its log)."""
+
+    def __init__(self, window: int, warmup: int, rearm: int) -> None:
+        self.warmup = warmup
+        self.history: deque[np.ndarray] = deque(maxlen=window)
+        self.streak = np.zeros(0, dtype=np.int64)
+        self.first = np.zeros(0)
+        """Each column's value `RECENT` steps before its streak began (for the trend)."""
+        self.recent: deque[np.ndarray] = deque(maxlen=RECENT)
+        """The last values as measured (the history holds them capped)."""
+        self.episode = Episode(rearm)
+
+    def update(self, values: np.ndarray, margin: float, zscore: float, floor: float,
+               allowed: np.ndarray | None = None,
+               rising: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """This step's values; (high, median) per column, None while the baseline is young
+        (the streaks move; the caller decides on an episode). A column is
+        high when it is `margin` and `zscore` robust deviations (at least `floor`) above its
+        median (and, with `allowed`, where that is True); `rising`: only while the value is
+        still above the step before's."""
+        values = np.where(np.isfinite(values), values, np.nan)
+        if self.streak.shape != values.shape:  # the columns changed: start again
+            self.history.clear()
+            self.streak = np.zeros(values.shape, dtype=np.int64)
+            self.first = np.zeros(values.shape)
+            self.recent.clear()
+        before = np.stack(self.recent) if self.recent else values[None]
+        self.recent.append(values)
+        if len(self.history) < self.warmup:
+            self.history.append(values)
+            return None
+        stacked = np.stack(self.history)
+        seen = np.isfinite(stacked).sum(axis=0) >= self.warmup // 2
+        known = np.where(seen, stacked, np.nan)
+        level = _medians(known)
+        spread = MAD_TO_STD * _medians(np.abs(known - level))
+        bound = level + np.maximum(margin, zscore * np.maximum(spread, floor))
+        high = seen & np.isfinite(values) & (values >= bound)
+        if allowed is not None:
+            high &= allowed
+        if rising:
+            high &= values > _medians(before)
+        self.first = np.where(high & (self.streak == 0), before[0], self.first)
+        self.streak = np.where(high, self.streak + 1, 0)
+        self.history.append(np.where(high, bound, values))
+        return high, level
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [[None if not math.isfinite(v) else float(v) for v in row]
+                            for row in self.history],
+                "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
+                "episode": self.episode.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        for row in state.get("history", []):
+            self.history.append(np.array([math.nan if v is None else float(v) for v in row]))
+        self.streak = np.array(state.get("streak", []), dtype=np.int64)
+        self.first = np.array(state.get("first", [0.0] * len(self.streak)), dtype=np.float64)
+        if "episode" in state:
+            self.episode.load_state_dict(state["episode"])
+
+
+def _trend(value: float, first: float, tolerance: float) -> str:
+    if value > first + tolerance:
+        return "rising"
+    return "falling" if value < first - tolerance else "flat"
+
+
+class OutputGrowth:
+    """The log Z and update RMS precursors; `check` returns this step's events (at most one
+    per signal)."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        window, warmup, rearm = config.baseline_window, config.precursor_warmup, config.rearm_steps
+        self.logz = Streaks(window, warmup, rearm)
+        self.updates = Streaks(window, warmup, rearm)
+
+    def check(self, signals: StepSignals, make: MakeEvent) -> list[Event]:
+        events: list[Event] = []
+        logz = signals.precursors.get(LOGZ)
+        if logz is not None:
+            event = self._logz(signals, np.asarray(logz, dtype=np.float64).reshape(-1)[:1], make)
+            if event is not None:
+                events.append(event)
+        updates = signals.precursors.get(UPDATE)
+        if updates is not None:
+            event = self._updates(signals, np.asarray(updates, dtype=np.float64), make)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _logz(self, signals: StepSignals, values: np.ndarray, make: MakeEvent) -> Event | None:
+        cfg, tracker = self.config, self.logz
+        judged = tracker.update(values, cfg.precursor_logz_rise, cfg.precursor_zscore,
+                                cfg.min_log_scale, rising=True)
+        if judged is None:
+            tracker.episode.update(False)
+            return None
+        _, level = judged
+        firing = tracker.streak >= cfg.precursor_steps
+        if not tracker.episode.update(bool(firing.any())):
+            return None
+        value, typical = float(values[0]), float(level[0])
+        steps, first = int(tracker.streak[0]), float(tracker.first[0])
+        trend = _trend(value, first, 0.05)
+        ratio = math.exp(min(value - typical, 700.0))
+        return make(
+            signals.step, "warning",
+            f"log Z of the output logits (mean logsumexp) at {value:.3g}, {value - typical:.3g} "
+            f"above its median {typical:.3g} (Z {ratio:.3g}x), above it for {steps} steps and "
+            f"{trend}: the output logits keep growing, and a loss spike often follows within "
+            f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
+            param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
+            steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD)
+
+    def _updates(self, signals: StepSignals, values: np.ndarray,
+                 make: MakeEvent) -> Event | None:
+        cfg, tracker = self.config, self.updates
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
+        judged = tracker.update(logs, math.log(cfg.precursor_ratio), cfg.precursor_zscore,
+                                cfg.min_log_scale, allowed=values >= cfg.precursor_update_min)
+        if judged is None:
+            tracker.episode.update(False)
+            return None
+        _, level = judged
+        firing = tracker.streak >= cfg.precursor_steps
+        if not tracker.episode.update(bool(firing.any())):
+            return None
+        index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
+        value, typical = float(values[index]), math.exp(float(level[index]))
+        steps, first = int(tracker.streak[index]), math.exp(float(tracker.first[index]))
+        trend = ("rising" if value > first * 1.05 else
+                 "falling" if value < first / 1.05 else "flat")
+        name = (signals.param_names[index] if index < len(signals.param_names)
+                else str(index))
+        ratio = value / typical if typical > 0 else math.inf
+        return make(
+            signals.step, "warning",
+            f"Adam update RMS of {name} at {value:.3g} of the LR, {ratio:.3g}x its median "
+            f"{typical:.3g}, above it for {steps} steps and {trend}: the gradient keeps one "
+            f"direction step after step, and a loss spike often follows within {UPDATE_LEAD} "
+            "steps",
+            param=name, value=value, signal=UPDATE, baseline=typical, ratio=ratio,
+            steps_above=steps, trend=trend, expected_lead=UPDATE_LEAD)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"logz": self.logz.state_dict(), "updates": self.updates.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "logz" in state:
+            self.logz.load_state_dict(state["logz"])
+        if "updates" in state:
+            self.updates.load_state_dict(state["updates"])
