@@ -195,11 +195,12 @@ class DetectorConfig:
     embedding rows seen for the first time, LoRA factors that start at zero) swing
     g / sqrt(v_hat) widely (within their first 50 steps the suite's healthy BERT fine-tunes
     reached 4-12x their median, its LoRA fine-tunes over 150x)."""
-    precursor_logz_rise: float = 2.0
-    """`instability_precursor` on log Z (`probes/logz.py`, `detect/output_growth.py`): the mean
-    log Z of the output logits this many nats above its own median of the last
-    `baseline_window` steps (and `precursor_zscore` robust deviations), still rising, for
-    `precursor_steps` steps in a row."""
+    precursor_logz_rise: float = 3.0
+    """`instability_precursor` on log Z (`probes/logz.py`, `detect/output_growth.py`): the
+    largest log Z over the step's positions this many nats above its own median of the last
+    `baseline_window` steps (and `precursor_zscore` robust deviations), on `precursor_steps`
+    of the last 4 steps (tuned on seeds 0-2 of the `logit_growth` family: 2.5 warns on its
+    capped twin, whose head LR rose 10x; 3 warned 1-20 steps ahead of its spikes)."""
     precursor_update_min: float = 0.5
     """`instability_precursor` on Adam's update RMS (`adam_update_rms`): a parameter's value
     `precursor_ratio` times its median, `precursor_zscore` robust deviations above it and at

@@ -74,12 +74,12 @@ def test_a_climbing_log_z_warns_with_its_level_trend_and_lead() -> None:
     assert len(events) == 1
     event = events[0]
     assert event.kind == "instability_precursor" and event.severity == "warning"
-    assert event.param == "logits" and event.details["signal"] == "logz_mean"
+    assert event.param == "logits" and event.details["signal"] == "logz_max"
     assert event.details["trend"] == "rising" and event.details["steps_above"] >= 2
-    assert event.value is not None and event.value - event.details["baseline"] >= 2.0
-    assert event.details["ratio"] >= np.exp(2.0)
+    assert event.value is not None and event.value - event.details["baseline"] >= 3.0
+    assert event.details["ratio"] >= np.exp(3.0)
     assert event.details["expected_lead"]
-    assert 100 + 2 <= event.step <= 100 + 12  # 2 nats at 0.3 a step, then two steps above
+    assert 100 + 9 <= event.step <= 100 + 16  # 3 nats at 0.3 a step, then two steps above
     assert "z-loss" in event.message
 
 
@@ -108,5 +108,5 @@ def test_the_same_decisions_after_a_state_round_trip() -> None:
     second.load_state_dict(json.loads(json.dumps(first.state_dict())))
     after = []
     for i, row in enumerate(rows[90:], start=90):
-        after += second.check(signals(i, names=NAMES, precursors={"logz_mean": row[:1]}))
+        after += second.check(signals(i, names=NAMES, precursors={"logz_max": row[1:]}))
     assert [(e.step, e.param) for e in before + after] == [(e.step, e.param) for e in whole]

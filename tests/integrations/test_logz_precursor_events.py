@@ -24,7 +24,7 @@ CONFIG = {"policy": "observe", "console": False}
 
 def logz_warnings(events: list[Event]) -> list[tuple[int, str | None]]:
     return [(e.step, e.param) for e in events if e.kind == "instability_precursor"
-            and e.details.get("signal") == "logz_mean"]
+            and e.details.get("signal") == "logz_max"]
 
 
 class ShiftLogits:

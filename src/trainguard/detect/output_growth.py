@@ -5,14 +5,18 @@ same fields: param, value, signal, baseline, ratio, steps_above, trend, expected
 LR brake, the ranking and the sinks treat them alike.
 
 Signals (measured every step, riding the step's one transfer):
-    logz_mean        `probes/logz.py`: the mean over positions of log Z = logsumexp(logits).
-                     It warns when it stands `precursor_logz_rise` nats (Z that many times e)
-                     above its own median of the last `baseline_window` steps and
-                     `precursor_zscore` robust deviations above it, and is still rising, for
-                     `precursor_steps` steps in a row. Cross-entropy only pins the logits'
-                     differences: a log Z that keeps climbing is output logits that grow
-                     without bound (an unclamped logit scale, no z-loss), and the loss spikes
-                     once the updates, multiplied by those logits, overshoot.
+    logz_max         `probes/logz.py`: the largest log Z = logsumexp(logits) over the step's
+                     positions. It warns when it stands `precursor_logz_rise` nats (Z that many
+                     times e) above its own median of the last `baseline_window` steps and
+                     `precursor_zscore` robust deviations above it, on `precursor_steps` of the
+                     last `LOGZ_WITHIN` steps. Cross-entropy only pins the logits' differences:
+                     a log Z that keeps climbing is output logits that grow without bound (an
+                     output head's LR past what it can take, no z-loss), and the loss spikes
+                     once the updates, multiplied by those logits, overshoot. The largest
+                     position leads the mean: on the `logit_growth` scenarios the mean rose
+                     about 2 nats in the 50 steps before the spike (as a healthy run's does
+                     while it learns), the largest position's jumped 3-6 nats above its median
+                     10-20 steps before it.
     adam_update_rms  `probes/adam_ratio.py`: per parameter, RMS(m_hat) / RMS(sqrt(v_hat)), the
                      previous update over the LR. Noise keeps it low; gradients that keep one
                      direction step after step lift it towards 1. It warns when a parameter's
@@ -39,13 +43,22 @@ from trainguard.detect.base import Episode
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
 
-LOGZ = "logz_mean"
+LOGZ = "logz_max"
 UPDATE = "adam_update_rms"
 LOGZ_LEAD = "~15"
 """The lead the log Z message announces (`benchmarks/precursors.py`, family `logit_growth`)."""
 UPDATE_LEAD = "~10"
 RECENT = 5
-"""Steps over which the trend is read (and "still rising": above their median)."""
+"""Steps over which the trend is read."""
+LOGZ_WITHIN = 4
+"""log Z warns once it was high on `precursor_steps` of the last this many steps: the largest
+position's log Z jumps from batch to batch, a growing one above its bound more and more often."""
+
+LOGZ_FIXES = ("lower the LR (the output head's group first)",
+              "a z-loss, 1e-4 x log Z^2 added to the loss (PaLM)",
+              "soft-cap the logits, cap * tanh(logits / cap) (Gemma 2)",
+              "weight decay on the output head, or label smoothing (bounded logits)")
+"""What holds the output logits; named in the log Z event (`fixes`)."""
 
 MakeEvent = Callable[..., Event]
 """`Detector.event` of the composing detector: the events are of its kind."""
@@ -65,10 +78,13 @@ class Streaks:
     """Columns of one signal, each against its own recent median (in the space the rule is
     judged in: log Z in nats, the update RMS as its log)."""
 
-    def __init__(self, window: int, warmup: int, rearm: int) -> None:
+    def __init__(self, window: int, warmup: int, rearm: int, within: int) -> None:
         self.warmup = warmup
         self.history: deque[np.ndarray] = deque(maxlen=window)
+        self.hits: deque[np.ndarray] = deque(maxlen=within)
+        """Which columns were high at each of the last `within` steps."""
         self.streak = np.zeros(0, dtype=np.int64)
+        """How many of the last `within` steps each column was high."""
         self.first = np.zeros(0)
         """Each column's value `RECENT` steps before its streak began (for the trend)."""
         self.recent: deque[np.ndarray] = deque(maxlen=RECENT)
@@ -89,6 +105,7 @@ class Streaks:
             self.streak = np.zeros(values.shape, dtype=np.int64)
             self.first = np.zeros(values.shape)
             self.recent.clear()
+            self.hits.clear()
         before = np.stack(self.recent) if self.recent else values[None]
         self.recent.append(values)
         if len(self.history) < self.warmup:
@@ -106,7 +123,8 @@ class Streaks:
         if rising:
             high &= values > _medians(before)
         self.first = np.where(high & (self.streak == 0), before[0], self.first)
-        self.streak = np.where(high, self.streak + 1, 0)
+        self.hits.append(high)
+        self.streak = np.where(high, np.sum(self.hits, axis=0), 0)
         self.history.append(np.where(high, bound, values))
         return high, level
 
@@ -114,6 +132,7 @@ class Streaks:
         return {"history": [[None if not math.isfinite(v) else float(v) for v in row]
                             for row in self.history],
                 "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
+                "hits": [[bool(v) for v in row] for row in self.hits],
                 "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -122,6 +141,9 @@ class Streaks:
             self.history.append(np.array([math.nan if v is None else float(v) for v in row]))
         self.streak = np.array(state.get("streak", []), dtype=np.int64)
         self.first = np.array(state.get("first", [0.0] * len(self.streak)), dtype=np.float64)
+        self.hits.clear()
+        for hit in state.get("hits", []):
+            self.hits.append(np.array(hit, dtype=bool))
         if "episode" in state:
             self.episode.load_state_dict(state["episode"])
 
@@ -139,8 +161,8 @@ class OutputGrowth:
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
         window, warmup, rearm = config.baseline_window, config.precursor_warmup, config.rearm_steps
-        self.logz = Streaks(window, warmup, rearm)
-        self.updates = Streaks(window, warmup, rearm)
+        self.logz = Streaks(window, warmup, rearm, LOGZ_WITHIN)
+        self.updates = Streaks(window, warmup, rearm, config.precursor_steps)
 
     def check(self, signals: StepSignals, make: MakeEvent) -> list[Event]:
         events: list[Event] = []
@@ -159,7 +181,7 @@ class OutputGrowth:
     def _logz(self, signals: StepSignals, values: np.ndarray, make: MakeEvent) -> Event | None:
         cfg, tracker = self.config, self.logz
         judged = tracker.update(values, cfg.precursor_logz_rise, cfg.precursor_zscore,
-                                cfg.min_log_scale, rising=True)
+                                cfg.min_log_scale)
         if judged is None:
             tracker.episode.update(False)
             return None
@@ -173,12 +195,13 @@ class OutputGrowth:
         ratio = math.exp(min(value - typical, 700.0))
         return make(
             signals.step, "warning",
-            f"log Z of the output logits (mean logsumexp) at {value:.3g}, {value - typical:.3g} "
-            f"above its median {typical:.3g} (Z {ratio:.3g}x), above it for {steps} steps and "
+            f"log Z of the output logits (largest logsumexp over positions) at {value:.3g}, "
+            f"{value - typical:.3g} above its median {typical:.3g} (Z {ratio:.3g}x), above it on "
+            f"{steps} of the last {LOGZ_WITHIN} steps and "
             f"{trend}: the output logits keep growing, and a loss spike often follows within "
             f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
-            steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD)
+            steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES))
 
     def _updates(self, signals: StepSignals, values: np.ndarray,
                  make: MakeEvent) -> Event | None:
