@@ -98,7 +98,7 @@ def main() -> None:
         rows = list(pool.map(one, *zip(*jobs, strict=True)))
     for r in rows:
         print(f"{r['scenario']:<30}{r['seed']:>3} {r['policy']:<8} spike {r['spike']!s:>5}  "
-              f"precursors {list(zip(r['precursors'], r['signals']))[:4]}  "
+              f"precursors {list(zip(r['precursors'], r['signals'], strict=True))[:4]}  "
               f"eval {r['eval']:.4g}")
     tuned = {int(s) for s in args.tuned.split(",")}
     report = {"tuned": summarise(rows, tuned & set(seeds)),
