@@ -201,6 +201,12 @@ class DetectorConfig:
     `baseline_window` steps (and `precursor_zscore` robust deviations), on `precursor_steps`
     of the last 4 steps (tuned on seeds 0-2 of the `logit_growth` family: 2.5 warns on its
     capped twin, whose head LR rose 10x; 3 warned 1-20 steps ahead of its spikes)."""
+    precursor_update_rms: bool = False
+    """Also measure Adam's update RMS every step (`adam_update_rms` of `probes/adam_ratio.py`,
+    one more fused norm over `exp_avg`) and warn on it. Off by default: timed alone it costs
+    0.6% of a GPT-2 step on a CPU, which with the Adam ratio and log Z probes would take the
+    every-step precursors past 1% of a step, and on the `logit_growth` scenarios it warned
+    before the spike on 1 of 6 seeds, log Z on 6 of 6."""
     precursor_update_min: float = 0.5
     """`instability_precursor` on Adam's update RMS (`adam_update_rms`): a parameter's value
     `precursor_ratio` times its median, `precursor_zscore` robust deviations above it and at

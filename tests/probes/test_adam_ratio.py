@@ -118,7 +118,7 @@ def test_the_update_rms_against_the_hand_computed_value(beta2: float, eps: float
                                                         options: dict[str, bool]) -> None:
     model, optimizer = model_and_adam((0.8, beta2), eps, kind=kind, **options)
     watched = watched_params(model, [optimizer])
-    out = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_update_rms"]
+    out = AdamRatioProbe(watched, [optimizer], updates=True).measure(CPU)["adam_update_rms"]
     assert out.shape == (4,)
     for name, param, value in zip(watched.names, watched.params, out.tolist(), strict=True):
         assert value == pytest.approx(update_by_hand(optimizer.state[param], 0.8, beta2, eps),
@@ -139,6 +139,7 @@ def test_the_update_rms_is_close_to_the_exact_one_when_v_is_even() -> None:
     m_hat = state["exp_avg"] / (1 - 0.9 ** 4)
     v_hat = state["exp_avg_sq"] / (1 - 0.99 ** 4)
     exact = float((m_hat / v_hat.sqrt()).square().mean().sqrt())
-    out = AdamRatioProbe(watched_params(holder, [optimizer]), [optimizer]).measure(CPU)
+    out = AdamRatioProbe(watched_params(holder, [optimizer]), [optimizer],
+                         updates=True).measure(CPU)
     assert float(out["adam_update_rms"][0]) == pytest.approx(exact, rel=1e-5)
     assert exact == pytest.approx(1.0, rel=1e-5)  # a steady gradient: updates of the full LR

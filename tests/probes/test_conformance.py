@@ -92,7 +92,7 @@ def measure_optimizer_state(model: Net, optimizer: torch.optim.Optimizer,
 
 def measure_adam_ratio(model: Net, optimizer: torch.optim.Optimizer,
                        watched: WatchedParams) -> dict[str, torch.Tensor]:
-    return AdamRatioProbe(watched, [optimizer]).measure(CPU)
+    return AdamRatioProbe(watched, [optimizer], updates=True).measure(CPU)
 
 
 PROBES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {

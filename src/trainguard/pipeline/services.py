@@ -49,9 +49,12 @@ class ParamWatch:
     agreement. All are rebuilt together when the optimizer gains parameters."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 watched: WatchedParams, dist: DistributedContext | None) -> None:
+                 watched: WatchedParams, dist: DistributedContext | None,
+                 updates: bool = False) -> None:
         self.model, self.optimizer, self.dist = model, optimizer, dist
         self.params = watched
+        self.updates = updates
+        """The Adam probe also measures `adam_update_rms` (`precursor_update_rms`)."""
         self._seen = optimizer_param_count([optimizer])
         self._build()
 
@@ -61,7 +64,7 @@ class ParamWatch:
         self.grad_probe = (GradientProbe(self.params) if self.dist is None
                            else LocalShardGradientProbe(self.params))
         self.weight_probe = WeightProbe(self.params)
-        self.adam_probe = AdamRatioProbe(self.params, [self.optimizer])
+        self.adam_probe = AdamRatioProbe(self.params, [self.optimizer], updates=self.updates)
         """Every step, for `instability_precursor` (left out under torch.distributed, where a
         sharded state would make the ranks' values differ)."""
 
@@ -198,7 +201,8 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         config=config, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
         owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
         device=watched.params[0].device, dist=dist, run_dir=run_dir,
-        watch=ParamWatch(model, optimizer, watched, dist),
+        watch=ParamWatch(model, optimizer, watched, dist,
+                         updates=config.detectors.precursor_update_rms),
         optstate_probe=OptimizerStateProbe(watched, [optimizer]),
         activation_probe=ActivationProbe(model) if config.activation_probe else None,
         output_probe=OutputProbe(model) if config.output_probe else None,

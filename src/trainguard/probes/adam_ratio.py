@@ -20,7 +20,8 @@ tensor operation on constants kept from step to step. Nothing is read on the hos
 ride the step's one transfer. (An element-wise RMS of g / sqrt(v_hat) took four fused passes
 and about 1.5% of a GPT-2 step on a CPU, too much for every step.)
 
-Metric key (per watched parameter, every step, `updates=True`): `adam_update_rms`, the RMS of
+Metric key (per watched parameter, every step, with `updates=True`: off by default, see
+`DetectorConfig.precursor_update_rms`): `adam_update_rms`, the RMS of
 the update Adam applied at the step before, as a multiple of the LR,
 
     sqrt(sum m_hat^2 / sum v_hat),   m_hat = m / (1 - beta1^t),
@@ -91,7 +92,7 @@ def _beta1(group: dict) -> float:
 
 class AdamRatioProbe:
     def __init__(self, watched: WatchedParams, optimizers: list[torch.optim.Optimizer],
-                 updates: bool = True) -> None:
+                 updates: bool = False) -> None:
         self.watched = watched
         self.optimizers = optimizers
         self.updates = updates
