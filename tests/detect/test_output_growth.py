@@ -63,6 +63,13 @@ def test_silent_on_a_steady_noisy_log_z_and_on_one_that_rose_while_the_model_lea
                    logz(400, seed, learning=60)) == []
 
 
+def test_silent_when_only_the_largest_position_climbs() -> None:
+    """One position's log Z jumps on a small batch; logits that grow move the mean too."""
+    rows = [np.array([8.0 + 0.1 * np.sin(i), row[1]]) for i, row in
+            enumerate(logz(150, 0, climb_from=100))]
+    assert run(InstabilityPrecursor(DetectorConfig()), "logz", rows) == []
+
+
 def test_silent_on_a_one_step_burst_of_log_z() -> None:
     rows = logz(200, 0)
     rows[120] = rows[120] + 10.0
@@ -108,5 +115,19 @@ def test_the_same_decisions_after_a_state_round_trip() -> None:
     second.load_state_dict(json.loads(json.dumps(first.state_dict())))
     after = []
     for i, row in enumerate(rows[90:], start=90):
-        after += second.check(signals(i, names=NAMES, precursors={"logz_max": row[1:]}))
-    assert [(e.step, e.param) for e in before + after] == [(e.step, e.param) for e in whole]
+        after += second.check(signals(i, names=NAMES, precursors={"logz_mean": row[:1],
+                                                                  "logz_max": row[1:]}))
+    assert whole and [(e.step, e.param) for e in before + after] == [(e.step, e.param)
+                                                                    for e in whole]
+
+
+def test_silent_while_the_loss_still_comes_down() -> None:
+    """A model that learns sharpens its logits: log Z climbs while the loss falls."""
+    detector = InstabilityPrecursor(DetectorConfig())
+    events = []
+    for i, row in enumerate(logz(150, 0, climb_from=100)):
+        loss = 1.0 if i < 100 else 0.97 ** (i - 99)
+        events += detector.check(signals(i, names=NAMES, loss=loss,
+                                         precursors={"logz_mean": row[:1],
+                                                     "logz_max": row[1:]}))
+    assert events == []

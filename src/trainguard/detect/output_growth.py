@@ -16,7 +16,9 @@ Signals (measured every step, riding the step's one transfer):
                      position leads the mean: on the `logit_growth` scenarios the mean rose
                      about 2 nats in the 50 steps before the spike (as a healthy run's does
                      while it learns), the largest position's jumped 3-6 nats above its median
-                     10-20 steps before it.
+                     10-20 steps before it. Only while the mean log Z is up too
+                     (`MEAN_RISE`), and not while the loss is still coming down
+                     (`LEARNING`): a model that learns raises log Z as it should.
     adam_update_rms  `probes/adam_ratio.py`: per parameter, RMS(m_hat) / RMS(sqrt(v_hat)), the
                      previous update over the LR. Noise keeps it low; gradients that keep one
                      direction step after step lift it towards 1. It warns when a parameter's
@@ -44,6 +46,7 @@ from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
 
 LOGZ = "logz_max"
+LOGZ_MEAN = "logz_mean"
 UPDATE = "adam_update_rms"
 LOGZ_LEAD = "~15"
 """The lead the log Z message announces (`benchmarks/precursors.py`, family `logit_growth`)."""
@@ -59,6 +62,19 @@ LOGZ_FIXES = ("lower the LR (the output head's group first)",
               "soft-cap the logits, cap * tanh(logits / cap) (Gemma 2)",
               "weight decay on the output head, or label smoothing (bounded logits)")
 """What holds the output logits; named in the log Z event (`fixes`)."""
+
+MEAN_RISE = 0.75
+"""...and only while the mean log Z over positions is this many nats above its own median: one
+position's log Z jumps from batch to batch on a small batch of a classifier (a healthy BERT
+fine-tune's largest rose 4 nats above its median while the mean stayed at its level); logits
+that grow everywhere move the mean too."""
+LEARNING = 0.9
+"""log Z does not warn while the loss's median over the last `LEARNING_STEPS` steps is below
+this share of its median over the baseline window: a model that is still learning sharpens its
+logits and raises log Z as it should (a healthy BERT classifier fine-tune's largest log Z rose 4
+nats above its median at step 65 while its loss fell); logits that grow while the loss stays
+put are what comes before the spike."""
+LEARNING_STEPS = 10
 
 MakeEvent = Callable[..., Event]
 """`Detector.event` of the composing detector: the events are of its kind."""
@@ -162,13 +178,27 @@ class OutputGrowth:
         self.config = config
         window, warmup, rearm = config.baseline_window, config.precursor_warmup, config.rearm_steps
         self.logz = Streaks(window, warmup, rearm, LOGZ_WITHIN)
+        self.losses: deque[float] = deque(maxlen=window)
+        self.means: deque[float] = deque(maxlen=window)
+        """The mean log Z of the last `baseline_window` steps."""
         self.updates = Streaks(window, warmup, rearm, config.precursor_steps)
 
     def check(self, signals: StepSignals, make: MakeEvent) -> list[Event]:
         events: list[Event] = []
+        if signals.loss is not None and math.isfinite(signals.loss):
+            self.losses.append(signals.loss)
+        mean = signals.precursors.get(LOGZ_MEAN)
+        mean_high = False
+        if mean is not None:
+            value = float(np.asarray(mean, dtype=np.float64).reshape(-1)[0])
+            if math.isfinite(value):
+                mean_high = (len(self.means) >= self.config.precursor_warmup
+                             and value >= float(np.median(self.means)) + MEAN_RISE)
+                self.means.append(value)
         logz = signals.precursors.get(LOGZ)
         if logz is not None:
-            event = self._logz(signals, np.asarray(logz, dtype=np.float64).reshape(-1)[:1], make)
+            event = self._logz(signals, np.asarray(logz, dtype=np.float64).reshape(-1)[:1],
+                               mean_high, make)
             if event is not None:
                 events.append(event)
         updates = signals.precursors.get(UPDATE)
@@ -178,10 +208,12 @@ class OutputGrowth:
                 events.append(event)
         return events
 
-    def _logz(self, signals: StepSignals, values: np.ndarray, make: MakeEvent) -> Event | None:
+    def _logz(self, signals: StepSignals, values: np.ndarray, mean_high: bool,
+              make: MakeEvent) -> Event | None:
         cfg, tracker = self.config, self.logz
         judged = tracker.update(values, cfg.precursor_logz_rise, cfg.precursor_zscore,
-                                cfg.min_log_scale)
+                                cfg.min_log_scale,
+                                allowed=np.array([mean_high and not self._learning()]))
         if judged is None:
             tracker.episode.update(False)
             return None
@@ -202,6 +234,14 @@ class OutputGrowth:
             f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
             steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES))
+
+    def _learning(self) -> bool:
+        """Whether the loss is still coming down (see `LEARNING`)."""
+        if len(self.losses) < 2 * LEARNING_STEPS:
+            return False
+        losses = list(self.losses)
+        recent = float(np.median(losses[-LEARNING_STEPS:]))
+        return recent < LEARNING * float(np.median(losses))
 
     def _updates(self, signals: StepSignals, values: np.ndarray,
                  make: MakeEvent) -> Event | None:
@@ -235,10 +275,15 @@ class OutputGrowth:
             steps_above=steps, trend=trend, expected_lead=UPDATE_LEAD)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"logz": self.logz.state_dict(), "updates": self.updates.state_dict()}
+        return {"logz": self.logz.state_dict(), "updates": self.updates.state_dict(),
+                "losses": list(self.losses), "means": list(self.means)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "logz" in state:
             self.logz.load_state_dict(state["logz"])
         if "updates" in state:
             self.updates.load_state_dict(state["updates"])
+        self.losses.clear()
+        self.losses.extend(float(v) for v in state.get("losses", []))
+        self.means.clear()
+        self.means.extend(float(v) for v in state.get("means", []))
