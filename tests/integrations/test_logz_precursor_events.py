@@ -1,7 +1,8 @@
 """The HF Trainer callback and the Lightning callback get the same log Z `instability_precursor`
 events as a plain loop over the same model, optimizer, data and loss. From `SHIFT_FROM` a forward
 hook on the model adds `SHIFT` nats a step to every output logit: cross-entropy does not move
-(it only sees the logits' differences), log Z climbs, and each path warns at the same step."""
+(it only sees the logits' differences), log Z climbs (its mean and its largest position alike),
+and each path warns at the same step."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from trainguard.events import Event
 SHIFT_FROM = 60
 SHIFT = 0.5
 STEPS = SHIFT_FROM + 12
-LR = 1e-3
+LR = 1e-6
+"""So small that the loss stays put: log Z growing while a model still learns does not warn."""
 CONFIG = {"policy": "observe", "console": False}
 
 
