@@ -64,16 +64,16 @@ LOGZ_FIXES = ("lower the LR (the output head's group first)",
 """What holds the output logits; named in the log Z event (`fixes`)."""
 
 MEAN_RISE = 0.75
-"""...and only while the mean log Z over positions is this many nats above its own median: one
-position's log Z jumps from batch to batch on a small batch of a classifier (a healthy BERT
+"""log Z warns only while the mean log Z over positions is this many nats above its own median
+too: one position's log Z jumps from batch to batch on a small batch of a classifier (a healthy BERT
 fine-tune's largest rose 4 nats above its median while the mean stayed at its level); logits
 that grow everywhere move the mean too."""
 LEARNING = 0.9
 """log Z does not warn while the loss's median over the last `LEARNING_STEPS` steps is below
 this share of its median over the baseline window: a model that is still learning sharpens its
-logits and raises log Z as it should (a healthy BERT classifier fine-tune's largest log Z rose 4
-nats above its median at step 65 while its loss fell); logits that grow while the loss stays
-put are what comes before the spike."""
+logits and raises log Z as it should; logits that grow while the loss stays put (as on the
+`logit_growth` fault, its loss at its level while log Z climbed) are what comes before the
+spike."""
 LEARNING_STEPS = 10
 
 MakeEvent = Callable[..., Event]
@@ -108,13 +108,11 @@ class Streaks:
         self.episode = Episode(rearm)
 
     def update(self, values: np.ndarray, margin: float, zscore: float, floor: float,
-               allowed: np.ndarray | None = None,
-               rising: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+               allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """This step's values; (high, median) per column, None while the baseline is young
-        (the streaks move; the caller decides on an episode). A column is
-        high when it is `margin` and `zscore` robust deviations (at least `floor`) above its
-        median (and, with `allowed`, where that is True); `rising`: only while the value is
-        still above the step before's."""
+        (the streaks move; the caller decides on an episode). A column is high when it is
+        `margin` and `zscore` robust deviations (at least `floor`) above its median (and, with
+        `allowed`, where that is True)."""
         values = np.where(np.isfinite(values), values, np.nan)
         if self.streak.shape != values.shape:  # the columns changed: start again
             self.history.clear()
@@ -136,11 +134,10 @@ class Streaks:
         high = seen & np.isfinite(values) & (values >= bound)
         if allowed is not None:
             high &= allowed
-        if rising:
-            high &= values > _medians(before)
         self.first = np.where(high & (self.streak == 0), before[0], self.first)
         self.hits.append(high)
         self.streak = np.where(high, np.sum(self.hits, axis=0), 0)
+        # a value kept from warning (`allowed`) enters uncapped: healthy growth moves the level
         self.history.append(np.where(high, bound, values))
         return high, level
 
