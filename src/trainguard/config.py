@@ -204,7 +204,7 @@ class DetectorConfig:
     precursor_update_rms: bool = False
     """Also measure Adam's update RMS every step (`adam_update_rms` of `probes/adam_ratio.py`,
     one more fused norm over `exp_avg`) and warn on it. Off by default: timed alone it costs
-    0.6% of a GPT-2 step on a CPU, which with the Adam ratio and log Z probes would take the
+    0.5-0.6% of a GPT-2 step on a CPU, which with the Adam ratio and log Z probes would take the
     every-step precursors past 1% of a step; on the `logit_growth` scenarios it warned before
     the spike on 1 of 6 seeds (log Z on 6 of 6), and at the thresholds below it warned on 3 of
     the suite's healthy runs (two BERT fine-tunes, the Student-t regression)."""

@@ -17,10 +17,11 @@ Why every step, through its own hook (not the sampled output probe): the logits 
 (the model made them); the hook takes one logsumexp over at most `MAX_ROWS` of their rows (the
 positions, evenly strided) and keeps two numbers on the device, which ride the step's one
 transfer. Measured on one CPU thread against a step of the GPT-2 workload of
-`benchmarks/overhead.py` (8 x 128 positions, 8192 classes; a 2.0 s step on the shared machine):
-logsumexp over all 1024 positions took 60 ms (2.9% of the step: too much for every step), over
-256 of them 8.6 ms (0.42%). The cap keeps a large vocabulary and long sequences near the second
-figure, and the largest and the mean log Z of 256 positions follow the trend the detector reads.
+`benchmarks/overhead.py` (8 x 128 positions, 8192 classes; a 1.7-2.0 s step on the shared
+machine): logsumexp over all 1024 positions took 38-60 ms (2.3-2.9% of the step: too much for
+every step), over 256 of them 3.7-8.6 ms (0.22-0.42%). The cap keeps a large vocabulary and
+long sequences near the second figure, and the largest and the mean log Z of 256 positions
+follow the trend the detector reads.
 
 Class scores are a floating B x C or B x T x V output with C >= 2 (what the output probe calls
 class scores); anything else (a regression's B x 1, an image) is left alone. The hook never
