@@ -30,8 +30,9 @@ with m = `exp_avg` and v_hat as above, both as the previous step left them (this
 before the step's own update). It is a proxy of the exact RMS of u = m_hat / (sqrt(v_hat) + eps)
 over the tensor: the two agree when v_hat is about uniform over it, and the proxy weighs the
 elements by their moments, as ||dW|| does. Why the proxy: the exact form needs a square root, a
-division and a norm element by element (the four passes above); the proxy adds one fused L2
-norm over `exp_avg` to the sum over `exp_avg_sq` already taken. Noise alone keeps it low
+division and a norm element by element (the four passes above: 2.6-3.8% of a GPT-2 step on a
+CPU); the proxy adds one fused L2 norm over `exp_avg` to the sum over `exp_avg_sq` already
+taken (0.5-0.6%). Noise alone keeps it low
 (|m| << sqrt(v)); gradients that keep one direction step after step (logits pushed ever up, an
 oscillation the LR cannot damp) lift it towards 1.
 """
