@@ -26,7 +26,7 @@ from trainguard import DetectorConfig, GuardConfig
 
 from .scenarios import all_scenarios, run_scenario
 
-FAMILIES = ("tiny_lm", "tiny_attn")
+FAMILIES = ("tiny_lm", "tiny_attn", "logit_growth")
 SPIKE_RATIO = 2.0
 SPIKE_WINDOW = 20
 KIND = "instability_precursor"
@@ -48,8 +48,11 @@ def one(name: str, seed: int, policy: str) -> dict[str, Any]:
                           config=GuardConfig(policy=policy, console=False,
                                              detectors=DetectorConfig(precursor_probe=True)))
     warnings = [e["step"] for e in result.events if e["kind"] == KIND]
+    signals = [(e.get("details") or {}).get("signal") for e in result.events
+               if e["kind"] == KIND]
     return {"scenario": name, "seed": seed, "policy": policy, "healthy": scenario.healthy,
             "spike": spike_step(result.train_losses), "precursors": warnings,
+            "signals": signals,
             "eval": result.final_eval_loss, "outcome": result.outcome,
             "actions": result.actions}
 
@@ -86,7 +89,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", help="write the rows and summaries here")
     parser.add_argument("--families", default=",".join(FAMILIES),
-                        help="the precursor families to run (comma-separated)")
+                        help="the scenario families to run (default: every precursor family)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     families = set(args.families.split(","))
@@ -96,7 +99,8 @@ def main() -> None:
         rows = list(pool.map(one, *zip(*jobs, strict=True)))
     for r in rows:
         print(f"{r['scenario']:<30}{r['seed']:>3} {r['policy']:<8} spike {r['spike']!s:>5}  "
-              f"precursors {r['precursors'][:4]}  eval {r['eval']:.4g}")
+              f"precursors {list(zip(r['precursors'], r['signals'], strict=True))[:4]}  "
+              f"eval {r['eval']:.4g}")
     tuned = {int(s) for s in args.tuned.split(",")}
     report = {"tuned": summarise(rows, tuned & set(seeds)),
               "reported": summarise(rows, set(seeds) - tuned)}

@@ -195,6 +195,23 @@ class DetectorConfig:
     embedding rows seen for the first time, LoRA factors that start at zero) swing
     g / sqrt(v_hat) widely (within their first 50 steps the suite's healthy BERT fine-tunes
     reached 4-12x their median, its LoRA fine-tunes over 150x)."""
+    precursor_logz_rise: float = 3.0
+    """`instability_precursor` on log Z (`probes/logz.py`, `detect/output_growth.py`): the
+    largest log Z over the step's positions this many nats above its own median of the last
+    `baseline_window` steps (and `precursor_zscore` robust deviations), on `precursor_steps`
+    of the last 4 steps (tuned on seeds 0-2 of the `logit_growth` family: 2.5 warns on its
+    capped twin, whose head LR rose 10x; 3 warned 1-20 steps ahead of its spikes)."""
+    precursor_update_rms: bool = False
+    """Also measure Adam's update RMS every step (`adam_update_rms` of `probes/adam_ratio.py`,
+    one more fused norm over `exp_avg`) and warn on it. Off by default: timed alone it costs
+    0.5-0.6% of a GPT-2 step on a CPU, which with the Adam ratio and log Z probes would take the
+    every-step precursors past 1% of a step; on the `logit_growth` scenarios it warned before
+    the spike on 1 of 6 seeds (log Z on 6 of 6), and at the thresholds below it warned on 3 of
+    the suite's healthy runs (two BERT fine-tunes, the Student-t regression)."""
+    precursor_update_min: float = 0.5
+    """`instability_precursor` on Adam's update RMS (`adam_update_rms`): a parameter's value
+    `precursor_ratio` times its median, `precursor_zscore` robust deviations above it and at
+    least this (noise keeps it well below; 1 is a gradient of one sign every step)."""
 
     rearm_steps: int = 5
     """After an episode (explosion, spike, divergence), this many calm steps in a row re-arm the
@@ -239,6 +256,8 @@ class DetectorConfig:
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
                      "loss_resolution", "precursor_abs_min", "precursor_zscore",
                      "attention_logit_abs_min"):
+            _positive(getattr(self, name), f"DetectorConfig.{name}")
+        for name in ("precursor_logz_rise", "precursor_update_min"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",

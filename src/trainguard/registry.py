@@ -484,6 +484,14 @@ for _metric in (
     MetricKey("attn_logit_max", Scope.MODULE, "largest pre-softmax attention logit q.k/sqrt(d) "
               "of each attention layer, over heads and positions of the batch's first sequence "
               "(every `attention_every` steps; probes/attention_logits.py)", _LOCAL, False),
+    MetricKey("adam_update_rms", Scope.PARAM, "sqrt(sum m_hat^2 / sum v_hat) over each watched "
+              "parameter: the RMS of the previous step's Adam update over the LR, with the "
+              "moments' RMS standing for the element-wise ratio (0: no Adam state; "
+              "probes/adam_ratio.py)", _LOCAL, False),
+    MetricKey("logz_mean", Scope.STEP, "mean over positions of logsumexp of the class scores "
+              "(at most 256 positions, strided; probes/logz.py)", _LOCAL, False),
+    MetricKey("logz_max", Scope.STEP, "max over positions of logsumexp of the class scores",
+              _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),
     MetricKey("weight_std", Scope.PARAM, "standard deviation of the weights after the step",

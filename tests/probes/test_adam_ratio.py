@@ -100,3 +100,46 @@ def test_no_adam_state_or_no_adam_reads_zero() -> None:
         watched = watched_params(model, [optimizer])
         out = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
         assert out.tolist() == [0.0, 0.0]
+
+
+def update_by_hand(state: dict, beta1: float, beta2: float, eps: float) -> float:
+    """sqrt(sum m_hat^2 / sum v_hat), m_hat = m / (1 - beta1^t), element by element."""
+    steps = int(state["step"])
+    firsts = sum((m / (1 - beta1 ** steps)) ** 2 for m in state["exp_avg"].flatten().tolist())
+    moments = sum((v + eps * eps) / (1 - beta2 ** steps)
+                  for v in state["exp_avg_sq"].flatten().tolist())
+    return math.sqrt(firsts / moments)
+
+
+@pytest.mark.parametrize("beta2,eps", [(0.95, 1e-6), (0.999, 1e-8)])
+@pytest.mark.parametrize("kind,options", variants(),
+                         ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+def test_the_update_rms_against_the_hand_computed_value(beta2: float, eps: float, kind: type,
+                                                        options: dict[str, bool]) -> None:
+    model, optimizer = model_and_adam((0.8, beta2), eps, kind=kind, **options)
+    watched = watched_params(model, [optimizer])
+    out = AdamRatioProbe(watched, [optimizer], updates=True).measure(CPU)["adam_update_rms"]
+    assert out.shape == (4,)
+    for name, param, value in zip(watched.names, watched.params, out.tolist(), strict=True):
+        assert value == pytest.approx(update_by_hand(optimizer.state[param], 0.8, beta2, eps),
+                                      rel=1e-5), name
+
+
+def test_the_update_rms_is_close_to_the_exact_one_when_v_is_even() -> None:
+    """The proxy equals the element-wise RMS of m_hat / sqrt(v_hat) when v is uniform."""
+    holder = nn.Linear(2, 3, bias=False)
+    weight = holder.weight
+    optimizer = torch.optim.Adam([weight], lr=1e-2, betas=(0.9, 0.99), eps=1e-12)
+    signs = torch.tensor([[1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]])
+    for _ in range(4):  # the same |g| everywhere: v uniform; m the same size too
+        weight.grad = signs * 0.5
+        optimizer.step()
+    weight.grad = signs.clone()
+    state = optimizer.state[weight]
+    m_hat = state["exp_avg"] / (1 - 0.9 ** 4)
+    v_hat = state["exp_avg_sq"] / (1 - 0.99 ** 4)
+    exact = float((m_hat / v_hat.sqrt()).square().mean().sqrt())
+    out = AdamRatioProbe(watched_params(holder, [optimizer]), [optimizer],
+                         updates=True).measure(CPU)
+    assert float(out["adam_update_rms"][0]) == pytest.approx(exact, rel=1e-5)
+    assert exact == pytest.approx(1.0, rel=1e-5)  # a steady gradient: updates of the full LR

@@ -28,6 +28,7 @@ from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.attention_logits import AttentionLogitProbe
 from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OUTPUT_KEYS, OutputProbe
 from trainguard.probes.packing import DevicePack
@@ -92,7 +93,7 @@ def measure_optimizer_state(model: Net, optimizer: torch.optim.Optimizer,
 
 def measure_adam_ratio(model: Net, optimizer: torch.optim.Optimizer,
                        watched: WatchedParams) -> dict[str, torch.Tensor]:
-    return AdamRatioProbe(watched, [optimizer]).measure(CPU)
+    return AdamRatioProbe(watched, [optimizer], updates=True).measure(CPU)
 
 
 PROBES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {
@@ -104,6 +105,8 @@ MEASURED: dict[type, str] = {GradientProbe: "gradients", WeightProbe: "weights",
 """Probes that measure the watched parameters, by their entry in PROBES."""
 HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe, AttentionLogitProbe)
 """Probes hooked on the forward pass of sampled steps: attach, forward, detach."""
+PERSISTENT: tuple[type, ...] = (LogZProbe,)
+"""Probes hooked on every forward pass for the life of the run: forward, take, close."""
 
 
 class Attending(nn.Module):
@@ -142,9 +145,10 @@ def probe_classes() -> set[type]:
 def test_every_probe_is_under_these_checks() -> None:
     found = probe_classes()
     assert {GradientProbe, ActivationProbe, OutputProbe} <= found
-    unknown = found - set(MEASURED) - set(HOOKED)
+    unknown = found - set(MEASURED) - set(HOOKED) - set(PERSISTENT)
     assert not unknown, (f"probes under no check: {sorted(c.__name__ for c in unknown)}; add "
-                         "each to MEASURED (with a measure function in PROBES) or HOOKED")
+                         "each to MEASURED (with a measure function in PROBES), HOOKED or "
+                         "PERSISTENT")
     assert set(MEASURED.values()) == set(PROBES)
 
 
@@ -158,6 +162,20 @@ def test_hooked_probes_read_nothing_on_the_host_and_remove_their_hooks(
         model(inputs)
         seen = probe.detach()
     assert seen is not None and not probe.attached
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("probe_type", PERSISTENT, ids=[t.__name__ for t in PERSISTENT])
+def test_persistent_probes_read_nothing_on_the_host_and_remove_their_hooks(
+        probe_type: type, monkeypatch) -> None:
+    model, _, _ = setup()
+    probe = probe_type(model)
+    with no_host_reads(monkeypatch):
+        model(torch.randn(5, 4))
+        seen = probe.take()
+    assert seen and all(v.device == CPU and v.dtype == torch.float32 for v in seen.values())
+    assert probe.take() == {}  # each forward's values are taken once
+    probe.close()
     assert all(not m._forward_hooks for m in model.modules())
 
 

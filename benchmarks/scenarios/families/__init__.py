@@ -6,7 +6,7 @@ import importlib
 from types import ModuleType
 
 _NAMES = ("gpt2", "bert_cls", "image_cls", "diffusion", "lstm", "regression", "mlp_cls", "ddp",
-          "tiny_lm", "tiny_attn")
+          "tiny_lm", "tiny_attn", "logit_growth")
 
 
 def _load() -> list[ModuleType]:

@@ -29,6 +29,7 @@ import numpy as np
 from trainguard.config import DetectorConfig
 from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
+from trainguard.detect.output_growth import OutputGrowth
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
 
@@ -65,11 +66,14 @@ class InstabilityPrecursor(Detector):
         self.episode = Episode(config.rearm_steps)
         self.attention = AttentionLogitTracker(config)
         """The attention layers' largest logits (`detect/attention_logits.py`)."""
+        self.growth = OutputGrowth(config)
+        """log Z and Adam's update RMS (`detect/output_growth.py`): events of this kind."""
 
     def check(self, signals: StepSignals) -> list[Event]:
-        return self._adam(signals) + self.attention.check(signals, self.event)
+        return (self._check_ratio(signals) + self.attention.check(signals, self.event)
+                + self.growth.check(signals, self.event))
 
-    def _adam(self, signals: StepSignals) -> list[Event]:
+    def _check_ratio(self, signals: StepSignals) -> list[Event]:
         values = signals.precursors.get(SIGNAL)
         if values is None:
             return []
@@ -146,7 +150,7 @@ class InstabilityPrecursor(Detector):
                 "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
                 "sudden": [bool(v) for v in self.sudden],
                 "episode": self.episode.state_dict(),
-                "attention": self.attention.state_dict()}
+                "attention": self.attention.state_dict(), "growth": self.growth.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
@@ -158,4 +162,5 @@ class InstabilityPrecursor(Detector):
         if "episode" in state:
             self.episode.load_state_dict(state["episode"])
         self.attention.load_state_dict(state.get("attention", {}))
+        self.growth.load_state_dict(state.get("growth", {}))
 

@@ -105,7 +105,9 @@ def _brake(ctx: StepContext, state: RunState) -> None:
     if brake is None or warning is None or (recovery is not None and recovery.lr.active):
         return
     pulled = brake.pull(ctx.step)
-    where = f"{warning.param or 'a parameter'}'s Adam ratio rose"
+    where = (f"{warning.param or 'a parameter'}'s Adam ratio rose"
+             if warning.details.get("signal") in (None, "adam_ratio_rms")
+             else f"{warning.details['signal']} of {warning.param or 'a parameter'} rose")
     if pulled == "brake":
         ctx.act("lr_change", f"LR x{brake.factor:g} ahead of a likely loss spike ({where}), "
                              f"back to the schedule over {brake.steps} updates",

@@ -96,6 +96,9 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     if config.detectors.precursor_probe and ranks is None:
         for key, tensor in services.watch.adam_probe.measure(device, grad_norms).items():
             pack.add(f"{PRECURSOR}{key}", tensor)
+        if services.logz_probe is not None:
+            for key, tensor in services.logz_probe.take().items():
+                pack.add(f"{PRECURSOR}{key}", tensor)
     attention = pack_attention(pack, services, ranks is None)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []

@@ -479,6 +479,8 @@ class Run:
                       self.services.attention_probe):
             if probe is not None and probe.attached:
                 probe.detach()
+        if self.services.logz_probe is not None:
+            self.services.logz_probe.close()
         try:
             self._flush_pending()
         except Exception as exc:  # the last sampled statistics are lost, nothing else

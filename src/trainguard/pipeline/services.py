@@ -33,6 +33,7 @@ from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.attention_logits import AttentionLogitProbe
 from trainguard.probes.gradients import GradientProbe
+from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OutputProbe
 from trainguard.probes.weights import WeightProbe
@@ -49,9 +50,12 @@ class ParamWatch:
     agreement. All are rebuilt together when the optimizer gains parameters."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 watched: WatchedParams, dist: DistributedContext | None) -> None:
+                 watched: WatchedParams, dist: DistributedContext | None,
+                 updates: bool = False) -> None:
         self.model, self.optimizer, self.dist = model, optimizer, dist
         self.params = watched
+        self.updates = updates
+        """The Adam probe also measures `adam_update_rms` (`precursor_update_rms`)."""
         self._seen = optimizer_param_count([optimizer])
         self._build()
 
@@ -61,7 +65,7 @@ class ParamWatch:
         self.grad_probe = (GradientProbe(self.params) if self.dist is None
                            else LocalShardGradientProbe(self.params))
         self.weight_probe = WeightProbe(self.params)
-        self.adam_probe = AdamRatioProbe(self.params, [self.optimizer])
+        self.adam_probe = AdamRatioProbe(self.params, [self.optimizer], updates=self.updates)
         """Every step, for `instability_precursor` (left out under torch.distributed, where a
         sharded state would make the ranks' values differ)."""
 
@@ -163,6 +167,9 @@ class Services:
     attention_probe: AttentionLogitProbe | None = None
     """The attention layers' largest logits (`probes/attention_logits.py`), hooked on the steps
     `DetectorConfig.attention_every` names."""
+    logz_probe: LogZProbe | None = None
+    """log Z of the class scores every step, for `instability_precursor` (with the Adam ratio
+    probe: on when `precursor_probe` is, left out under torch.distributed)."""
 
     @property
     def watched(self) -> WatchedParams:
@@ -198,7 +205,8 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         config=config, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
         owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
         device=watched.params[0].device, dist=dist, run_dir=run_dir,
-        watch=ParamWatch(model, optimizer, watched, dist),
+        watch=ParamWatch(model, optimizer, watched, dist,
+                         updates=config.detectors.precursor_update_rms),
         optstate_probe=OptimizerStateProbe(watched, [optimizer]),
         activation_probe=ActivationProbe(model) if config.activation_probe else None,
         output_probe=OutputProbe(model) if config.output_probe else None,
@@ -208,7 +216,9 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         journal=Journal(sinks), prover=IncidentProver(),
         # left out under torch.distributed, as the Adam-ratio probe: rank-local values
         attention_probe=(AttentionLogitProbe(model)
-                         if config.detectors.attention_probe and dist is None else None))
+                         if config.detectors.attention_probe and dist is None else None),
+        logz_probe=(LogZProbe(model) if config.detectors.precursor_probe and dist is None
+                    else None))
 
 
 def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:

@@ -19,6 +19,22 @@ only (one sum per tensor on a CPU, where that is faster); the bias corrections a
 tensor operation on constants kept from step to step. Nothing is read on the host: the values
 ride the step's one transfer. (An element-wise RMS of g / sqrt(v_hat) took four fused passes
 and about 1.5% of a GPT-2 step on a CPU, too much for every step.)
+
+Metric key (per watched parameter, every step, with `updates=True`: off by default, see
+`DetectorConfig.precursor_update_rms`): `adam_update_rms`, the RMS of
+the update Adam applied at the step before, as a multiple of the LR,
+
+    sqrt(sum m_hat^2 / sum v_hat),   m_hat = m / (1 - beta1^t),
+
+with m = `exp_avg` and v_hat as above, both as the previous step left them (this probe runs
+before the step's own update). It is a proxy of the exact RMS of u = m_hat / (sqrt(v_hat) + eps)
+over the tensor: the two agree when v_hat is about uniform over it, and the proxy weighs the
+elements by their moments, as ||dW|| does. Why the proxy: the exact form needs a square root, a
+division and a norm element by element (the four passes above: 2.6-3.8% of a GPT-2 step on a
+CPU); the proxy adds one fused L2 norm over `exp_avg` to the sum over `exp_avg_sq` already
+taken (0.5-0.6%). Noise alone keeps it low
+(|m| << sqrt(v)); gradients that keep one direction step after step (logits pushed ever up, an
+oscillation the LR cannot damp) lift it towards 1.
 """
 
 from __future__ import annotations
@@ -42,6 +58,8 @@ class _Fixed:
     """numel x eps^2: Adam's eps inside v_hat, summed over the tensor."""
     beta2: torch.Tensor
     """On the CPU, where the step counts usually are."""
+    beta1: torch.Tensor | None = None
+    """Like `beta2`; None when some row has no `exp_avg` (no update RMS then)."""
 
 
 @dataclass
@@ -52,6 +70,9 @@ class _Rows:
     beta2: list[float] = field(default_factory=list)
     eps2: list[float] = field(default_factory=list)
     numel: list[int] = field(default_factory=list)
+    firsts: list[torch.Tensor | None] = field(default_factory=list)
+    """Each row's `exp_avg` (None: the optimizer keeps none)."""
+    beta1: list[float] = field(default_factory=list)
 
 
 def _adam_group(group: dict) -> tuple[float, float] | None:
@@ -65,10 +86,18 @@ def _adam_group(group: dict) -> tuple[float, float] | None:
     return float(beta2), float(eps)
 
 
+def _beta1(group: dict) -> float:
+    beta1 = group["betas"][0]
+    return float(beta1) if isinstance(beta1, (int, float)) else 0.0
+
+
 class AdamRatioProbe:
-    def __init__(self, watched: WatchedParams, optimizers: list[torch.optim.Optimizer]) -> None:
+    def __init__(self, watched: WatchedParams, optimizers: list[torch.optim.Optimizer],
+                 updates: bool = False) -> None:
         self.watched = watched
         self.optimizers = optimizers
+        self.updates = updates
+        """Also measure `adam_update_rms` (one more fused norm, over `exp_avg`)."""
         self._index = {id(p): i for i, p in enumerate(watched.params)}
         self._cache: tuple[tuple[Any, ...], _Fixed] | None = None
 
@@ -95,12 +124,16 @@ class AdamRatioProbe:
                     rows.beta2.append(adam[0])
                     rows.eps2.append(adam[1] ** 2)
                     rows.numel.append(v.numel())
+                    m = state.get("exp_avg")
+                    rows.firsts.append(local_tensor(m) if isinstance(m, torch.Tensor)
+                                       and m.shape == p.shape else None)
+                    rows.beta1.append(_beta1(group))
         return rows
 
     def _fixed(self, rows: _Rows, device: torch.device) -> _Fixed:
         """The rows' constants on `device`, made again only when the rows change."""
         key = (tuple(rows.index), tuple(rows.beta2), tuple(rows.eps2), tuple(rows.numel),
-               device)
+               tuple(rows.beta1), tuple(m is None for m in rows.firsts), device)
         if self._cache is None or self._cache[0] != key:
             numel = torch.tensor(rows.numel, dtype=torch.float32, device=device)
             eps2 = torch.tensor(rows.eps2, dtype=torch.float32, device=device)
@@ -108,7 +141,9 @@ class AdamRatioProbe:
                 where=torch.tensor(rows.index, device=device),
                 every=rows.index == list(range(len(self.watched))),
                 floor=numel * eps2,
-                beta2=torch.tensor(rows.beta2, dtype=torch.float32)))
+                beta2=torch.tensor(rows.beta2, dtype=torch.float32),
+                beta1=(torch.tensor(rows.beta1, dtype=torch.float32)
+                       if all(m is not None for m in rows.firsts) else None)))
         return self._cache[1]
 
     @torch.no_grad()
@@ -118,8 +153,9 @@ class AdamRatioProbe:
         (the gradient probe's `param_grad_norm`); computed here when not given."""
         rows = self._rows()
         if not rows.index:
-            return {"adam_ratio_rms": torch.zeros(len(self.watched), dtype=torch.float32,
-                                                  device=device)}
+            zeros = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
+            return {"adam_ratio_rms": zeros, **({"adam_update_rms": zeros} if self.updates
+                                                else {})}
         fixed = self._fixed(rows, device)
         if grad_norms is None:
             grads = [local_tensor(g) for g in (self.watched.params[i].grad for i in rows.index)
@@ -130,12 +166,31 @@ class AdamRatioProbe:
             squares = (norms if fixed.every else norms[fixed.where]).square()
         sums = torch.stack([n.to(device=device, dtype=torch.float32)
                             for n in _l1_norms(rows.moments)])
-        ratio = (squares * _corrections(rows, fixed, device) / (sums + fixed.floor)).sqrt()
+        count = _step_counts(rows, device)
+        denominator = sums + fixed.floor
+        correction = (1.0 - fixed.beta2.to(count.device).pow(count)).to(device)
+        values = {"adam_ratio_rms": (squares * correction / denominator).sqrt()}
+        if self.updates:
+            values["adam_update_rms"] = _update_rms(rows, fixed, count, correction,
+                                                    denominator, device)
         if fixed.every:  # every watched parameter has a row, in order: no scatter
-            return {"adam_ratio_rms": ratio}
-        full = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
-        full[fixed.where] = ratio
-        return {"adam_ratio_rms": full}
+            return values
+        full = {}
+        for key, value in values.items():
+            full[key] = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
+            full[key][fixed.where] = value
+        return full
+
+
+def _update_rms(rows: _Rows, fixed: _Fixed, count: torch.Tensor, correction: torch.Tensor,
+                denominator: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """sqrt(sum m_hat^2 / sum v_hat) of each row (zeros when some row has no `exp_avg`)."""
+    if fixed.beta1 is None:
+        return torch.zeros(len(rows.index), dtype=torch.float32, device=device)
+    firsts = [m for m in rows.firsts if m is not None]  # every row has one (`_fixed`)
+    norms = torch.stack([n.to(device) for n in float32_norms(firsts)])
+    first = (1.0 - fixed.beta1.to(count.device).pow(count)).to(device)
+    return (norms.square() * correction / (first.square() * denominator)).sqrt()
 
 
 def _l1_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -152,9 +207,9 @@ def _l1_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
             else torch._foreach_norm([t], 1, dtype=torch.float32)[0] for t in tensors]
 
 
-def _corrections(rows: _Rows, fixed: _Fixed, device: torch.device) -> torch.Tensor:
-    """Each row's bias correction 1 - beta2^t, without reading the step counts on the host
-    (they are CPU tensors for most optimizers: one small copy)."""
+def _step_counts(rows: _Rows, device: torch.device) -> torch.Tensor:
+    """Each row's step count t as float32, without reading it on the host (they are CPU tensors
+    for most optimizers: one small copy; on the accelerator for capturable and fused ones)."""
     steps = rows.steps
     if all(isinstance(s, torch.Tensor) and s.device.type == "cpu" and s.dim() == 0
            and s.dtype == torch.float32 for s in steps):
@@ -165,4 +220,4 @@ def _corrections(rows: _Rows, fixed: _Fixed, device: torch.device) -> torch.Tens
         count = torch.stack([s.detach().to(device=where, dtype=torch.float32).reshape(())
                              if isinstance(s, torch.Tensor)
                              else torch.tensor(float(s), device=where) for s in steps])
-    return (1.0 - fixed.beta2.to(count.device).pow(count)).to(device)
+    return count

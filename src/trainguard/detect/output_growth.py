@@ -1,0 +1,286 @@
+"""The output-side precursors of `instability_precursor`: log Z and Adam's update RMS growing.
+
+`instability_precursor` composes one `OutputGrowth`; its events are that kind's (a warning, the
+same fields: param, value, signal, baseline, ratio, steps_above, trend, expected_lead), so the
+LR brake, the ranking and the sinks treat them alike.
+
+Signals (measured every step, riding the step's one transfer):
+    logz_max         `probes/logz.py`: the largest log Z = logsumexp(logits) over the step's
+                     positions. It warns when it stands `precursor_logz_rise` nats (Z that many
+                     times e) above its own median of the last `baseline_window` steps and
+                     `precursor_zscore` robust deviations above it, on `precursor_steps` of the
+                     last `LOGZ_WITHIN` steps. Cross-entropy only pins the logits' differences:
+                     a log Z that keeps climbing is output logits that grow without bound (an
+                     output head's LR past what it can take, no z-loss), and the loss spikes
+                     once the updates, multiplied by those logits, overshoot. The largest
+                     position leads the mean: on the `logit_growth` scenarios the mean rose
+                     about 2 nats in the 50 steps before the spike (as a healthy run's does
+                     while it learns), the largest position's jumped 3-6 nats above its median
+                     10-20 steps before it. Only while the mean log Z is up too
+                     (`MEAN_RISE`), and not while the loss is still coming down
+                     (`LEARNING`): a model that learns raises log Z as it should.
+    adam_update_rms  `probes/adam_ratio.py`: per parameter, RMS(m_hat) / RMS(sqrt(v_hat)), the
+                     previous update over the LR. Noise keeps it low; gradients that keep one
+                     direction step after step lift it towards 1. It warns when a parameter's
+                     value is `precursor_ratio` times its median, `precursor_zscore` robust
+                     deviations of its log above it and at least `precursor_update_min`, for
+                     `precursor_steps` steps in a row.
+
+Each stays silent while its baseline is young (`precursor_warmup` steps: a model from scratch
+raises log Z while it learns), reports an episode once, and lets values above its bound enter
+the baseline capped at the bound (one burst does not lift the level it is compared with).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.base import Episode
+from trainguard.events import Event
+from trainguard.signals import MAD_TO_STD, StepSignals
+
+LOGZ = "logz_max"
+LOGZ_MEAN = "logz_mean"
+UPDATE = "adam_update_rms"
+LOGZ_LEAD = "~15"
+"""The lead the log Z message announces (`benchmarks/precursors.py`, family `logit_growth`)."""
+UPDATE_LEAD = "~10"
+RECENT = 5
+"""Steps over which the trend is read."""
+LOGZ_WITHIN = 4
+"""log Z warns once it was high on `precursor_steps` of the last this many steps: the largest
+position's log Z jumps from batch to batch, a growing one above its bound more and more often."""
+
+LOGZ_FIXES = ("lower the LR (the output head's group first)",
+              "a z-loss, 1e-4 x log Z^2 added to the loss (PaLM)",
+              "soft-cap the logits, cap * tanh(logits / cap) (Gemma 2)",
+              "weight decay on the output head, or label smoothing (bounded logits)")
+"""What holds the output logits; named in the log Z event (`fixes`)."""
+
+MEAN_RISE = 0.75
+"""log Z warns only while the mean log Z over positions is this many nats above its own median
+too: one position's log Z jumps from batch to batch on a small batch of a classifier (a healthy BERT
+fine-tune's largest rose 4 nats above its median while the mean stayed at its level); logits
+that grow everywhere move the mean too."""
+LEARNING = 0.9
+"""log Z does not warn while the loss's median over the last `LEARNING_STEPS` steps is below
+this share of its median over the baseline window: a model that is still learning sharpens its
+logits and raises log Z as it should; logits that grow while the loss stays put (as on the
+`logit_growth` fault, its loss at its level while log Z climbed) are what comes before the
+spike."""
+LEARNING_STEPS = 10
+
+MakeEvent = Callable[..., Event]
+"""`Detector.event` of the composing detector: the events are of its kind."""
+
+
+def _medians(values: np.ndarray) -> np.ndarray:
+    """Each column's median over its non-NaN values (NaN for a column of only NaN)."""
+    ordered = np.sort(values, axis=0)
+    count = (~np.isnan(values)).sum(axis=0)
+    columns = np.arange(values.shape[1])
+    low = ordered[np.maximum((count - 1) // 2, 0), columns]
+    high = ordered[np.maximum(count // 2, 0), columns]
+    return np.where(count > 0, (low + high) / 2, np.nan)
+
+
+class Streaks:
+    """Columns of one signal, each against its own recent median (in the space the rule is
+    judged in: log Z in nats, the update RMS as its log)."""
+
+    def __init__(self, window: int, warmup: int, rearm: int, within: int) -> None:
+        self.warmup = warmup
+        self.history: deque[np.ndarray] = deque(maxlen=window)
+        self.hits: deque[np.ndarray] = deque(maxlen=within)
+        """Which columns were high at each of the last `within` steps."""
+        self.streak = np.zeros(0, dtype=np.int64)
+        """How many of the last `within` steps each column was high."""
+        self.first = np.zeros(0)
+        """Each column's value `RECENT` steps before its streak began (for the trend)."""
+        self.recent: deque[np.ndarray] = deque(maxlen=RECENT)
+        """The last values as measured (the history holds them capped)."""
+        self.episode = Episode(rearm)
+
+    def update(self, values: np.ndarray, margin: float, zscore: float, floor: float,
+               allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """This step's values; (high, median) per column, None while the baseline is young
+        (the streaks move; the caller decides on an episode). A column is high when it is
+        `margin` and `zscore` robust deviations (at least `floor`) above its median (and, with
+        `allowed`, where that is True)."""
+        values = np.where(np.isfinite(values), values, np.nan)
+        if self.streak.shape != values.shape:  # the columns changed: start again
+            self.history.clear()
+            self.streak = np.zeros(values.shape, dtype=np.int64)
+            self.first = np.zeros(values.shape)
+            self.recent.clear()
+            self.hits.clear()
+        before = np.stack(self.recent) if self.recent else values[None]
+        self.recent.append(values)
+        if len(self.history) < self.warmup:
+            self.history.append(values)
+            return None
+        stacked = np.stack(self.history)
+        seen = np.isfinite(stacked).sum(axis=0) >= self.warmup // 2
+        known = np.where(seen, stacked, np.nan)
+        level = _medians(known)
+        spread = MAD_TO_STD * _medians(np.abs(known - level))
+        bound = level + np.maximum(margin, zscore * np.maximum(spread, floor))
+        high = seen & np.isfinite(values) & (values >= bound)
+        if allowed is not None:
+            high &= allowed
+        self.first = np.where(high & (self.streak == 0), before[0], self.first)
+        self.hits.append(high)
+        self.streak = np.where(high, np.sum(self.hits, axis=0), 0)
+        # a value kept from warning (`allowed`) enters uncapped: healthy growth moves the level
+        self.history.append(np.where(high, bound, values))
+        return high, level
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [[None if not math.isfinite(v) else float(v) for v in row]
+                            for row in self.history],
+                "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
+                "hits": [[bool(v) for v in row] for row in self.hits],
+                "episode": self.episode.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history.clear()
+        for row in state.get("history", []):
+            self.history.append(np.array([math.nan if v is None else float(v) for v in row]))
+        self.streak = np.array(state.get("streak", []), dtype=np.int64)
+        self.first = np.array(state.get("first", [0.0] * len(self.streak)), dtype=np.float64)
+        self.hits.clear()
+        for hit in state.get("hits", []):
+            self.hits.append(np.array(hit, dtype=bool))
+        if "episode" in state:
+            self.episode.load_state_dict(state["episode"])
+
+
+def _trend(value: float, first: float, tolerance: float) -> str:
+    if value > first + tolerance:
+        return "rising"
+    return "falling" if value < first - tolerance else "flat"
+
+
+class OutputGrowth:
+    """The log Z and update RMS precursors; `check` returns this step's events (at most one
+    per signal)."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        window, warmup, rearm = config.baseline_window, config.precursor_warmup, config.rearm_steps
+        self.logz = Streaks(window, warmup, rearm, LOGZ_WITHIN)
+        self.losses: deque[float] = deque(maxlen=window)
+        self.means: deque[float] = deque(maxlen=window)
+        """The mean log Z of the last `baseline_window` steps."""
+        self.updates = Streaks(window, warmup, rearm, config.precursor_steps)
+
+    def check(self, signals: StepSignals, make: MakeEvent) -> list[Event]:
+        events: list[Event] = []
+        if signals.loss is not None and math.isfinite(signals.loss):
+            self.losses.append(signals.loss)
+        mean = signals.precursors.get(LOGZ_MEAN)
+        mean_high = False
+        if mean is not None:
+            value = float(np.asarray(mean, dtype=np.float64).reshape(-1)[0])
+            if math.isfinite(value):
+                mean_high = (len(self.means) >= self.config.precursor_warmup
+                             and value >= float(np.median(self.means)) + MEAN_RISE)
+                self.means.append(value)
+        logz = signals.precursors.get(LOGZ)
+        if logz is not None:
+            event = self._logz(signals, np.asarray(logz, dtype=np.float64).reshape(-1)[:1],
+                               mean_high, make)
+            if event is not None:
+                events.append(event)
+        updates = signals.precursors.get(UPDATE)
+        if updates is not None:
+            event = self._updates(signals, np.asarray(updates, dtype=np.float64), make)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _logz(self, signals: StepSignals, values: np.ndarray, mean_high: bool,
+              make: MakeEvent) -> Event | None:
+        cfg, tracker = self.config, self.logz
+        judged = tracker.update(values, cfg.precursor_logz_rise, cfg.precursor_zscore,
+                                cfg.min_log_scale,
+                                allowed=np.array([mean_high and not self._learning()]))
+        if judged is None:
+            tracker.episode.update(False)
+            return None
+        _, level = judged
+        firing = tracker.streak >= cfg.precursor_steps
+        if not tracker.episode.update(bool(firing.any())):
+            return None
+        value, typical = float(values[0]), float(level[0])
+        steps, first = int(tracker.streak[0]), float(tracker.first[0])
+        trend = _trend(value, first, 0.05)
+        ratio = math.exp(min(value - typical, 700.0))
+        return make(
+            signals.step, "warning",
+            f"log Z of the output logits (largest logsumexp over positions) at {value:.3g}, "
+            f"{value - typical:.3g} above its median {typical:.3g} (Z {ratio:.3g}x), above it on "
+            f"{steps} of the last {LOGZ_WITHIN} steps and "
+            f"{trend}: the output logits keep growing, and a loss spike often follows within "
+            f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
+            param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
+            steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES))
+
+    def _learning(self) -> bool:
+        """Whether the loss is still coming down (see `LEARNING`)."""
+        if len(self.losses) < 2 * LEARNING_STEPS:
+            return False
+        losses = list(self.losses)
+        recent = float(np.median(losses[-LEARNING_STEPS:]))
+        return recent < LEARNING * float(np.median(losses))
+
+    def _updates(self, signals: StepSignals, values: np.ndarray,
+                 make: MakeEvent) -> Event | None:
+        cfg, tracker = self.config, self.updates
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
+        judged = tracker.update(logs, math.log(cfg.precursor_ratio), cfg.precursor_zscore,
+                                cfg.min_log_scale, allowed=values >= cfg.precursor_update_min)
+        if judged is None:
+            tracker.episode.update(False)
+            return None
+        _, level = judged
+        firing = tracker.streak >= cfg.precursor_steps
+        if not tracker.episode.update(bool(firing.any())):
+            return None
+        index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
+        value, typical = float(values[index]), math.exp(float(level[index]))
+        steps, first = int(tracker.streak[index]), math.exp(float(tracker.first[index]))
+        trend = ("rising" if value > first * 1.05 else
+                 "falling" if value < first / 1.05 else "flat")
+        name = (signals.param_names[index] if index < len(signals.param_names)
+                else str(index))
+        ratio = value / typical if typical > 0 else math.inf
+        return make(
+            signals.step, "warning",
+            f"Adam update RMS of {name} at {value:.3g} of the LR, {ratio:.3g}x its median "
+            f"{typical:.3g}, above it for {steps} steps and {trend}: the gradient keeps one "
+            f"direction step after step, and a loss spike often follows within {UPDATE_LEAD} "
+            "steps",
+            param=name, value=value, signal=UPDATE, baseline=typical, ratio=ratio,
+            steps_above=steps, trend=trend, expected_lead=UPDATE_LEAD)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"logz": self.logz.state_dict(), "updates": self.updates.state_dict(),
+                "losses": list(self.losses), "means": list(self.means)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "logz" in state:
+            self.logz.load_state_dict(state["logz"])
+        if "updates" in state:
+            self.updates.load_state_dict(state["updates"])
+        self.losses.clear()
+        self.losses.extend(float(v) for v in state.get("losses", []))
+        self.means.clear()
+        self.means.extend(float(v) for v in state.get("means", []))

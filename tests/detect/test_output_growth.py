@@ -1,0 +1,133 @@
+"""`instability_precursor` on synthetic log Z and Adam update RMS series
+(`detect/output_growth.py`): silent on steady and noisy runs, on a model that raises log Z while
+it learns and on a one-step burst; a warning with the signal, its level against its median, its
+trend and the lead to expect when log Z keeps climbing or one parameter's update RMS rises; the
+same after a state round trip."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from trainguard.config import DetectorConfig
+from trainguard.detect.instability_precursor import InstabilityPrecursor
+from trainguard.events import Event
+
+from .synth import signals
+
+NAMES = ["emb.weight", "block.fc.weight", "head.weight"]
+
+
+def logz(steps: int, seed: int, climb_from: int | None = None, climb: float = 0.3,
+         learning: int = 0) -> list[np.ndarray]:
+    """A log Z of ~8 with noise; `learning` steps of a rise from ln(64) first (a model from
+    scratch); from `climb_from`, a climb of `climb` nats per step."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(steps):
+        value = 8.0 + rng.normal(0.0, 0.2)
+        if step < learning:
+            value = np.log(64) + (8.0 - np.log(64)) * step / learning + rng.normal(0.0, 0.2)
+        if climb_from is not None and step >= climb_from:
+            value += climb * (step - climb_from + 1)
+        rows.append(np.array([value, value + 1.0]))
+    return rows
+
+
+def updates(steps: int, seed: int, climb_from: int | None = None,
+            climb: float = 1.2) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    level = np.array([0.15, 0.2, 0.1])
+    rows = []
+    for step in range(steps):
+        row = level * np.exp(rng.normal(0.0, 0.2, size=3))
+        if climb_from is not None and step >= climb_from:
+            row[1] = min(1.0, row[1] * climb ** (step - climb_from + 1))
+        rows.append(row)
+    return rows
+
+
+def run(detector: InstabilityPrecursor, key: str, rows: list[np.ndarray]) -> list[Event]:
+    events = []
+    for i, row in enumerate(rows):
+        values = {"logz_mean": row[:1], "logz_max": row[1:]} if key == "logz" else {key: row}
+        events += detector.check(signals(i, names=NAMES, precursors=values))
+    return events
+
+
+def test_silent_on_a_steady_noisy_log_z_and_on_one_that_rose_while_the_model_learned() -> None:
+    for seed in range(5):
+        assert run(InstabilityPrecursor(DetectorConfig()), "logz", logz(400, seed)) == []
+        assert run(InstabilityPrecursor(DetectorConfig()), "logz",
+                   logz(400, seed, learning=60)) == []
+
+
+def test_silent_when_only_the_largest_position_climbs() -> None:
+    """One position's log Z jumps on a small batch; logits that grow move the mean too."""
+    rows = [np.array([8.0 + 0.1 * np.sin(i), row[1]]) for i, row in
+            enumerate(logz(150, 0, climb_from=100))]
+    assert run(InstabilityPrecursor(DetectorConfig()), "logz", rows) == []
+
+
+def test_silent_on_a_one_step_burst_of_log_z() -> None:
+    rows = logz(200, 0)
+    rows[120] = rows[120] + 10.0
+    assert run(InstabilityPrecursor(DetectorConfig()), "logz", rows) == []
+
+
+def test_a_climbing_log_z_warns_with_its_level_trend_and_lead() -> None:
+    events = run(InstabilityPrecursor(DetectorConfig()), "logz", logz(150, 0, climb_from=100))
+    assert len(events) == 1
+    event = events[0]
+    assert event.kind == "instability_precursor" and event.severity == "warning"
+    assert event.param == "logits" and event.details["signal"] == "logz_max"
+    assert event.details["trend"] == "rising" and event.details["steps_above"] >= 2
+    assert event.value is not None and event.value - event.details["baseline"] >= 3.0
+    assert event.details["ratio"] >= np.exp(3.0)
+    assert event.details["expected_lead"]
+    assert 100 + 9 <= event.step <= 100 + 16  # 3 nats at 0.3 a step, then two steps above
+    assert "z-loss" in event.message
+
+
+def test_silent_on_steady_update_rms() -> None:
+    for seed in range(5):
+        assert run(InstabilityPrecursor(DetectorConfig()), "adam_update_rms",
+                   updates(400, seed)) == []
+
+
+def test_a_rising_update_rms_names_its_parameter() -> None:
+    events = run(InstabilityPrecursor(DetectorConfig()), "adam_update_rms",
+                 updates(150, 0, climb_from=100))
+    assert len(events) == 1
+    event = events[0]
+    assert event.param == "block.fc.weight" and event.details["signal"] == "adam_update_rms"
+    assert event.details["ratio"] >= 2.0 and event.value is not None and event.value >= 0.5
+    assert event.details["trend"] in ("rising", "flat")
+
+
+def test_the_same_decisions_after_a_state_round_trip() -> None:
+    rows = logz(150, 1, climb_from=100)
+    whole = run(InstabilityPrecursor(DetectorConfig()), "logz", rows)
+    first = InstabilityPrecursor(DetectorConfig())
+    before = run(first, "logz", rows[:90])
+    second = InstabilityPrecursor(DetectorConfig())
+    second.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    after = []
+    for i, row in enumerate(rows[90:], start=90):
+        after += second.check(signals(i, names=NAMES, precursors={"logz_mean": row[:1],
+                                                                  "logz_max": row[1:]}))
+    assert whole and [(e.step, e.param) for e in before + after] == [(e.step, e.param)
+                                                                    for e in whole]
+
+
+def test_silent_while_the_loss_still_comes_down() -> None:
+    """A model that learns sharpens its logits: log Z climbs while the loss falls."""
+    detector = InstabilityPrecursor(DetectorConfig())
+    events = []
+    for i, row in enumerate(logz(150, 0, climb_from=100)):
+        loss = 1.0 if i < 100 else 0.97 ** (i - 99)
+        events += detector.check(signals(i, names=NAMES, loss=loss,
+                                         precursors={"logz_mean": row[:1],
+                                                     "logz_max": row[1:]}))
+    assert events == []

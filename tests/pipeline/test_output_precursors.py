@@ -1,0 +1,57 @@
+"""The output-side precursor signals in a guarded run: log Z rides every step's transfer by
+default, the update RMS only when `precursor_update_rms` asks for it, and closing the run takes
+the log Z hook off the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from trainguard import DetectorConfig, Guard, GuardConfig
+from trainguard.detect.instability_precursor import InstabilityPrecursor
+from trainguard.signals import StepSignals
+
+
+def run(monkeypatch: pytest.MonkeyPatch, **detectors: object) -> tuple[list[dict], nn.Module]:
+    seen: list[dict] = []
+    check = InstabilityPrecursor.check
+
+    def recording(self: InstabilityPrecursor, signals: StepSignals) -> list:
+        seen.append({k: np.asarray(v) for k, v in signals.precursors.items()})
+        return check(self, signals)
+
+    monkeypatch.setattr(InstabilityPrecursor, "check", recording)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = Guard(model, optimizer, config=GuardConfig(
+        console=False, detectors=DetectorConfig(**detectors)))  # type: ignore[arg-type]
+    x = torch.randn(6, 4)
+    for _ in range(3):
+        loss = model(x).logsumexp(-1).mean()
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad()
+    guard.close()
+    return seen, model
+
+
+def test_log_z_every_step_and_no_update_rms_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen, model = run(monkeypatch)
+    assert len(seen) == 3 and all({"logz_mean", "logz_max"} <= set(s) for s in seen)
+    assert all("adam_update_rms" not in s for s in seen)
+    assert seen[0]["logz_max"].shape == (1,)
+    assert not model._forward_hooks  # closed: the hook is gone
+
+
+def test_the_update_rms_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen, _ = run(monkeypatch, precursor_update_rms=True)
+    assert all(s["adam_update_rms"].shape == (2,) for s in seen)
+    assert (seen[-1]["adam_update_rms"] > 0).all()  # Adam state from the steps before
+
+
+def test_no_precursor_probe_no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen, _ = run(monkeypatch, precursor_probe=False)
+    assert all(s == {} for s in seen)

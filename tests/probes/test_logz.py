@@ -1,0 +1,84 @@
+"""The log Z probe against logsumexp computed by hand, on class scores of both shapes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from trainguard.probes.logz import LOGZ_KEYS, MAX_ROWS, LogZProbe, logz_stats
+
+
+def by_hand(rows: list[list[float]]) -> tuple[float, float]:
+    z = [math.log(sum(math.exp(v) for v in row)) for row in rows]
+    return sum(z) / len(z), max(z)
+
+
+def test_a_classifier_output_against_the_hand_computed_log_z() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [10.0, -5.0, 2.0]])
+    mean, high = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    expected = by_hand(logits.tolist())
+    assert mean == pytest.approx(expected[0], rel=1e-6)
+    assert high == pytest.approx(expected[1], rel=1e-6)
+
+
+def test_a_language_model_output_counts_every_position() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7) * 4
+    mean, high = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    expected = by_hand(logits.reshape(-1, 7).tolist())
+    assert mean == pytest.approx(expected[0], rel=1e-5)
+    assert high == pytest.approx(expected[1], rel=1e-5)
+
+
+def test_many_positions_are_strided_down_to_the_cap() -> None:
+    logits = torch.arange(3 * MAX_ROWS, dtype=torch.float32)[:, None] * torch.ones(1, 4)
+    mean, high = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    rows = logits[::3]  # every third position: MAX_ROWS of them
+    assert mean == pytest.approx(float(torch.logsumexp(rows, -1).mean()), rel=1e-6)
+    assert high == pytest.approx(float(torch.logsumexp(rows, -1).max()), rel=1e-6)
+
+
+def test_half_precision_scores_are_summed_in_float32() -> None:
+    logits = torch.full((4, 1000), 60.0, dtype=torch.bfloat16)
+    mean, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    assert mean == pytest.approx(60 + math.log(1000), rel=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(8, 1), (2, 3, 8, 8), (5,)])
+def test_outputs_that_are_not_class_scores_are_left_alone(shape: tuple[int, ...]) -> None:
+    assert logz_stats(torch.randn(*shape)) is None
+
+
+def test_the_hook_keeps_the_last_training_forward_and_skips_evaluation() -> None:
+    model = nn.Linear(3, 4, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(4, 3))
+    probe = LogZProbe(model)
+    model(torch.zeros(2, 3))
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    model(x)
+    model.eval()
+    model(torch.full((2, 3), 100.0))  # an evaluation does not count
+    seen = probe.take()
+    assert set(seen) == set(LOGZ_KEYS)
+    expected = math.log(math.exp(1) + math.exp(2) + math.exp(3) + 1)
+    assert float(seen["logz_mean"]) == pytest.approx(expected, rel=1e-6)
+    probe.close()
+    model.train()
+    model(x)
+    assert probe.take() == {}
+
+
+def test_a_failing_measurement_never_reaches_the_forward_pass(monkeypatch) -> None:
+    model = nn.Linear(3, 4)
+    probe = LogZProbe(model)
+
+    def broken(t: torch.Tensor) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("trainguard.probes.logz.logz_stats", broken)
+    assert model(torch.zeros(2, 3)).shape == (2, 4)
+    assert probe.take() == {}
