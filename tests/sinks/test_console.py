@@ -133,3 +133,28 @@ def test_the_causes_line_is_printed_again_when_the_ranking_changes() -> None:
     assert [line.split(":")[1].split(". Fix")[0].strip() for line in lines] == [
         "numerical_op 50%, nonfinite_input 50%", "nonfinite_input 50%, numerical_op 50%",
         "nonfinite_input 50%, numerical_op 50%, lr_too_high 50%"]
+
+
+def test_a_warning_that_repeats_is_counted_not_printed_again() -> None:
+    out = io.StringIO()
+    sink = ConsoleSink(out)
+
+    def warning(step: int, param: str = "h.0.attn", severity: str = "warning") -> Event:
+        return Event(kind="instability_precursor", step=step, severity=severity,
+                     message=f"logit at step {step}", param=param)
+
+    for step in (100, 103, 106, 110):  # a signal that re-warns as it keeps growing
+        sink.on_event(warning(step))
+    sink.on_event(warning(104, param="h.1.attn"))  # another layer: its own line
+    sink.on_event(warning(120, severity="error"))  # errors always print
+    sink.on_event(warning(160))  # 50 steps after the last one printed: printed, with the count
+    sink.on_event(warning(170))  # held, and said at the end
+    sink.on_run_end("finished")
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if "logit at step" in line] == [
+        "trainguard [step 100] WARNING instability_precursor: logit at step 100",
+        "trainguard [step 104] WARNING instability_precursor: logit at step 104",
+        "trainguard [step 120] ERROR instability_precursor: logit at step 120",
+        "trainguard [step 160] WARNING instability_precursor: logit at step 160 "
+        "(3 more like it after step 100 not shown)"]
+    assert lines[-1].startswith("trainguard: 1 repeated warning(s) not shown")

@@ -1,10 +1,12 @@
 """The console: what a person watching the run should read, on stderr.
 
-Preflight and runtime findings of warning severity and worse; every event, followed by the
-replay's summary, and the likely causes when their ranking changed (the top causes or their
-order: an incident of many bad steps names its causes once, not once a step); the actions that
-change the run beyond a step (halt, crash snapshot, clipping taken over from a trainer); the
-diagnosis when the run halts; the verdict at the end when the run degraded or recovered.
+Preflight and runtime findings of warning severity and worse; every event (but a warning that
+repeats one of the same kind and parameter printed within `REPEAT_QUIET` steps, which is
+counted and said with the next one printed), followed by the replay's summary, and the likely
+causes when their ranking changed (the top causes or their order: an incident of many bad steps
+names its causes once, not once a step); the actions that change the run beyond a step (halt,
+crash snapshot, clipping taken over from a trainer); the diagnosis when the run halts; the
+verdict at the end when the run degraded or recovered.
 
 On a terminal (and with `rich` installed) a live progress line sits below them: step, loss,
 gradient norm, LR, skipped steps and rollbacks, redrawn at most `refresh_per_second` times a
@@ -31,6 +33,10 @@ if TYPE_CHECKING:
 
 _COLOURS = {"info": "36", "warning": "33", "error": "31", "critical": "1;31"}
 _SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover", "checkpoint_kept")
+REPEAT_QUIET = 50
+"""A warning of the same kind and parameter as one printed fewer than this many steps before is
+counted, not printed (a signal that keeps growing through a divergence warns again every few
+steps, and every one is in `guard.events` and the store); errors are printed every time."""
 
 
 class ConsoleSink(Sink):
@@ -53,6 +59,10 @@ class ConsoleSink(Sink):
         self._skips = 0
         self._rollbacks = 0
         self._events = 0
+        self._warned: dict[tuple[str, str | None], int] = {}
+        """(kind, parameter) -> the step of the last warning of it printed."""
+        self._quieted: dict[tuple[str, str | None], int] = {}
+        """(kind, parameter) -> warnings of it counted since, not printed."""
 
     # -- output ----------------------------------------------------------------------------------
     def _target(self) -> TextIO:
@@ -126,7 +136,18 @@ class ConsoleSink(Sink):
 
     def on_event(self, event: Event) -> None:
         self._events += 1
-        self._write(f"trainguard {event}", event.severity)
+        said = ""
+        if event.severity == "warning":
+            key = (event.kind, event.param)
+            last = self._warned.get(key)
+            if last is not None and 0 <= event.step - last < REPEAT_QUIET:
+                self._quieted[key] = self._quieted.get(key, 0) + 1
+                return
+            self._warned[key] = event.step
+            held = self._quieted.pop(key, 0)
+            if held:
+                said = f" ({held} more like it after step {last} not shown)"
+        self._write(f"trainguard {event}{said}", event.severity)
         replayed = event.details.get("replay")
         if isinstance(replayed, dict) and replayed.get("summary"):
             self._write(f"trainguard replay: {replayed['summary']}")
@@ -157,6 +178,10 @@ class ConsoleSink(Sink):
 
     def on_run_end(self, status: str) -> None:
         self._stop()
+        held = sum(self._quieted.values())
+        if held:
+            self._write(f"trainguard: {held} repeated warning(s) not shown "
+                        "(guard.events and `trainguard show` list every one)")
         if status == "halted" and self._diagnosis:
             self._write("trainguard diagnosis: " + " | ".join(str(c) for c in self._diagnosis[:3]))
 
