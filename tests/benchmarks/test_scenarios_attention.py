@@ -1,8 +1,9 @@
 """The attention family with its seed fixed, every probe on by default: `instability_precursor`
 warns from the attention logits long before the loss spikes under a high LR without QK-norm,
 stays silent on the healthy twins (the same LR with QK-norm, a safe LR without), and names
-`attention_logit_growth` first among the causes. Ground truth: the run under `observe` (which
-trains exactly as an unguarded run) and `benchmarks.precursors.spike_step`."""
+`attention_logit_growth` among the first causes, after the LR the preflight flagged. Ground
+truth: the run under `observe` (which trains exactly as an unguarded run) and
+`benchmarks.precursors.spike_step`."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def test_the_attention_warning_comes_long_before_the_spike() -> None:
     loss_events = [e["step"] for e in result.events
                    if e["kind"] in ("loss_spike", "loss_divergence", "nonfinite_loss")]
     assert loss_events and first["step"] <= min(loss_events) - 5
-    # the preflight's warning that AdamW at 0.1 is far too high keeps `lr_too_high` plausible
-    assert result.voted_diagnosis[:2] == ["attention_logit_growth", "lr_too_high"]
+    # the preflight's warning that AdamW at 0.1 is far too high puts the LR first, and the
+    # mechanism the warning measured second
+    assert result.voted_diagnosis[:2] == ["lr_too_high", "attention_logit_growth"]
 
 
 def test_silent_on_the_twin_with_qk_norm_at_the_same_lr() -> None:

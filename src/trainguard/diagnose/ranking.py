@@ -181,13 +181,17 @@ def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event
     warmup: the LR's votes speak for the missing warmup (lowering the LR would heal it too, but
     so would a warmup at the same LR, which is the cause named by the symptoms' timing)."""
     why = warmup_would_do(findings)
-    if not why or min(e.step for e in serious) >= EARLY_STEPS or not votes.score.get(
+    # a precursor warning is not trouble yet: with nothing else, both findings are risks
+    trouble = [e.step for e in serious if e.kind != Kind.INSTABILITY_PRECURSOR]
+    if not why or (trouble and min(trouble) >= EARLY_STEPS) or not votes.score.get(
             "lr_too_high"):
         return
     moved = WARMUP_SHIFT * votes.score["lr_too_high"]
     votes.score["lr_too_high"] -= moved
-    votes.add("missing_warmup", moved, f"no warmup, trouble from step "
-              f"{min(e.step for e in serious)} on, and {why}: the first updates, not the LR")
+    votes.add("missing_warmup", moved, (
+        f"no warmup, trouble from step {min(trouble)} on" if trouble
+        else "no warmup, nothing but a precursor warning so far")
+        + f", and {why}: the first updates, not the LR")
 
 
 def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
@@ -331,12 +335,14 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
 
 
 ATTENTION_SIGNAL = "attn_logit_max"
-ATTENTION_WEIGHT = 6.0
-"""A warning from the attention logits, before any other finding, measures the mechanism itself
-(and names its own fix, QK-norm, with the LR's): above the LR's votes, which the kind casts
-whatever its signal and the spikes and climb that follow add to, with a preflight warning on the
-LR (on the suite's `tiny_attn_no_qk_norm` at AdamW 0.1, 5.5 for `lr_too_high`); the LR stays
-plausible, second, as what lets the logits grow."""
+ATTENTION_WEIGHT = 2.0
+"""A warning from the attention logits, before any other finding, measures the mechanism (and
+names its own fix, QK-norm): as strong as a jump early in the run, but not above a preflight
+warning on the LR, which says what let the logits grow. With that warning the LR leads and the
+mechanism comes second (on the suite's GPT-2 faults at LRs far above their range the attention
+warning comes first of all events; weighed above the LR it ranked the mechanism first on three
+runs labelled by their LR, to name it first on one labelled by its mechanism); without it,
+the mechanism leads."""
 ATTENTION_AFTER_WEIGHT = 1.0
 """The same warning after the trouble showed: logits thrown up by the damage say little."""
 
