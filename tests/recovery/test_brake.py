@@ -212,3 +212,32 @@ def test_the_brake_state_survives_a_checkpoint() -> None:
     restored.load_state_dict(brake.state_dict())
     assert restored.pulled == [0, 3] and restored.ceilings == brake.ceilings
     assert restored.backoff.ceilings == brake.backoff.ceilings
+
+
+def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
+    """A precursor that follows a gradient explosion or loss spike (an outlier batch throws the
+    Adam ratio and log Z up after it) comes while the adaptive clip's alarm is in charge: no
+    brake. A precursor alone alarms the clip too, and still pulls it."""
+    from trainguard.events import Event
+    from trainguard.pipeline.act import _brake
+    from trainguard.pipeline.context import StepContext
+    from trainguard.pipeline.state import RunState
+    from trainguard.remedies.robust import RobustClipLimit
+
+    def warned_at(step: int, alarms: list[tuple[int, bool]]) -> list[str]:
+        model = nn.Linear(2, 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        state = RunState(max_grad_norm=None, auto_clip=RobustClipLimit(),
+                         brake=PrecursorBrake(optimizer, None))
+        for at, trouble in alarms:
+            state.auto_clip.alarm(at, trouble=trouble)
+        ctx = StepContext(step=step, loss=None)
+        ctx.events = [Event(kind="instability_precursor", step=step, severity="warning",
+                            message="rising", param="w", details={"signal": "logz_max"})]
+        _brake(ctx, state)
+        return [a.kind for a in ctx.actions]
+
+    assert warned_at(81, [(80, True)]) == []  # the spike's damage
+    assert warned_at(80, [(80, True), (80, False)]) == []  # in the spike's own step
+    assert warned_at(81, [(81, False)]) == ["lr_change"]  # a precursor before any trouble
+    assert warned_at(130, [(80, True)]) == ["lr_change"]  # long after the trouble

@@ -104,6 +104,11 @@ def _brake(ctx: StepContext, state: RunState) -> None:
     warning = next((e for e in ctx.events if e.kind == Kind.INSTABILITY_PRECURSOR), None)
     if brake is None or warning is None or (recovery is not None and recovery.lr.active):
         return
+    if state.auto_clip is not None and state.auto_clip.after_trouble(ctx.step):
+        # after a spike or explosion (this step's included) the warning is the damage, not a
+        # precursor: the adaptive clip's alarm is in charge, and a brake would only slow the
+        # run down for good (an outlier batch's Adam ratio and log Z rise after it)
+        return
     pulled = brake.pull(ctx.step)
     where = (f"{warning.param or 'a parameter'}'s Adam ratio rose"
              if warning.details.get("signal") in (None, "adam_ratio_rms")

@@ -18,7 +18,7 @@ from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.policy import Decision, choose_action
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
-from trainguard.registry import Tag, is_rank_local, kinds_tagged
+from trainguard.registry import Kind, Tag, is_rank_local, kinds_tagged
 
 log = logging.getLogger("trainguard")
 
@@ -28,7 +28,9 @@ def decide(ctx: StepContext, state: RunState, services: Services) -> None:
     shared = [e for e in ctx.events if not is_rank_local(e.kind)]
     alarm = kinds_tagged(Tag.CLIP_ALARM)  # the kinds that put the adaptive clip in alarm
     if state.auto_clip is not None and any(e.kind in alarm for e in shared):
-        state.auto_clip.alarm(ctx.step)  # this step is clipped at the typical norm already
+        # this step is clipped at the typical norm already; trouble, or only a precursor
+        state.auto_clip.alarm(ctx.step, trouble=any(
+            e.kind in alarm and e.kind != Kind.INSTABILITY_PRECURSOR for e in shared))
     if ctx.deferred:  # the device clipped at the limit in force before this step's events
         limit = ctx.clip_limit
     else:

@@ -73,6 +73,8 @@ class RobustClipLimit:
         self.baseline = RobustBaseline(window, self.min_log_scale)
         self.alarm_until = -1
         """Steps before this one are in an alarm: clipped above the typical norm."""
+        self.trouble_until = -1
+        """The alarm's end counted from its last trouble, not a precursor (`after_trouble`)."""
 
     @property
     def warm(self) -> bool:
@@ -90,12 +92,19 @@ class RobustClipLimit:
         return min(self.ceiling, math.exp(median + max(math.log(self.ratio),
                                                        self.zscore * scale)))
 
-    def alarm(self, step: int) -> None:
+    def alarm(self, step: int, trouble: bool = True) -> None:
         """The run shows instability at `step` (a gradient explosion, a loss spike or a
         divergence): from this step on, for `alarm_steps` steps, clip above the typical norm, as
         the guide's fixed clip does for a run whose norm sits near 1. A lasting instability keeps
         re-arming it; a healthy run never raises one."""
         self.alarm_until = max(self.alarm_until, step + self.alarm_steps)
+        if trouble:
+            self.trouble_until = max(self.trouble_until, step + self.alarm_steps)
+
+    def after_trouble(self, step: int) -> bool:
+        """Whether a gradient explosion, loss spike or divergence (not a precursor warning, which
+        alarms the clip too) came within the last `alarm_steps` steps, this one included."""
+        return step < self.trouble_until
 
     def observe(self, norm: float, limit: float) -> None:
         """An applied step's pre-clip global norm, and the limit that was in force for it."""
@@ -108,7 +117,8 @@ class RobustClipLimit:
         return math.exp(self.baseline.median()) if len(self.baseline) else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline.state_dict(), "alarm_until": self.alarm_until}
+        return {"baseline": self.baseline.state_dict(), "alarm_until": self.alarm_until,
+                "trouble_until": self.trouble_until}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or not isinstance(state.get("baseline"), Mapping):
@@ -122,6 +132,8 @@ class RobustClipLimit:
         self.baseline.load_state_dict(dict(state["baseline"]))
         alarm = state.get("alarm_until", -1)
         self.alarm_until = int(alarm) if isinstance(alarm, int) else -1
+        trouble = state.get("trouble_until", -1)
+        self.trouble_until = int(trouble) if isinstance(trouble, int) else -1
 
     def describe(self) -> str:
         typical = self.typical()
