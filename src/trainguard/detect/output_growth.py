@@ -211,13 +211,10 @@ class OutputGrowth:
         judged = tracker.update(values, cfg.precursor_logz_rise, cfg.precursor_zscore,
                                 cfg.min_log_scale,
                                 allowed=np.array([mean_high and not self._learning()]))
-        if judged is None:
-            tracker.episode.update(False)
+        fired = self._fired(tracker, judged)
+        if fired is None:
             return None
-        _, level = judged
-        firing = tracker.streak >= cfg.precursor_steps
-        if not tracker.episode.update(bool(firing.any())):
-            return None
+        _, level = fired
         value, typical = float(values[0]), float(level[0])
         steps, first = int(tracker.streak[0]), float(tracker.first[0])
         trend = _trend(value, first, 0.05)
@@ -231,6 +228,17 @@ class OutputGrowth:
             f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
             steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES))
+
+    def _fired(self, tracker: Streaks, judged: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """(which columns fire, their levels) when this step opens an episode of `tracker`,
+        else None; the episode moves either way."""
+        if judged is None:
+            tracker.episode.update(False)
+            return None
+        firing = tracker.streak >= self.config.precursor_steps
+        if not tracker.episode.update(bool(firing.any())):
+            return None
+        return firing, judged[1]
 
     def _learning(self) -> bool:
         """Whether the loss is still coming down (see `LEARNING`)."""
@@ -247,13 +255,10 @@ class OutputGrowth:
             logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
         judged = tracker.update(logs, math.log(cfg.precursor_ratio), cfg.precursor_zscore,
                                 cfg.min_log_scale, allowed=values >= cfg.precursor_update_min)
-        if judged is None:
-            tracker.episode.update(False)
+        fired = self._fired(tracker, judged)
+        if fired is None:
             return None
-        _, level = judged
-        firing = tracker.streak >= cfg.precursor_steps
-        if not tracker.episode.update(bool(firing.any())):
-            return None
+        firing, level = fired
         index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
         value, typical = float(values[index]), math.exp(float(level[index]))
         steps, first = int(tracker.streak[index]), math.exp(float(tracker.first[index]))
