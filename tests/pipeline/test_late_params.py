@@ -137,3 +137,19 @@ def test_layers_a_progressive_unfreezer_thaws_are_watched_from_their_first_step(
                        for e in report.events)
     assert poisoned is not None and poisoned >= 5
     guard.close()
+
+
+def test_the_rebuilt_probes_leave_one_pair_of_optimizer_hooks_and_close_removes_it(
+        tmp_path: Path) -> None:
+    """The Adam ratio probe hooks the optimizer's step; rebuilding it for an added group must not
+    pile up hooks, and closing the guard leaves the optimizer as it found it."""
+    model, optimizer = head_only()
+    guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    for step in range(12):
+        if step == 6:
+            unfreeze_backbone(model, optimizer)
+        train_step(guard, model, optimizer)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1
+    assert len(optimizer._optimizer_step_post_hooks) == 1
+    guard.close()
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks

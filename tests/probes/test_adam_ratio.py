@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -143,3 +145,90 @@ def test_the_update_rms_is_close_to_the_exact_one_when_v_is_even() -> None:
                          updates=True).measure(CPU)
     assert float(out["adam_update_rms"][0]) == pytest.approx(exact, rel=1e-5)
     assert exact == pytest.approx(1.0, rel=1e-5)  # a steady gradient: updates of the full LR
+
+
+def carried_against_summed(kind: type, options: dict[str, bool], steps: int = 40,
+                           upset: Any = None) -> list[float]:
+    """The probe kept across steps (sum v carried by the recursion) against a fresh probe each
+    step (sum v summed over the moments), as the largest relative difference per step;
+    `upset(step, model, optimizer)` may change the run before each step's update."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+    optimizer = kind(model.parameters(), lr=1e-2, betas=(0.9, 0.95), **options)
+    watched = watched_params(model, [optimizer])
+    kept = AdamRatioProbe(watched, [optimizer])
+    differences = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        (model(torch.randn(5, 3)).square().mean() * (1 + step % 7)).backward()
+        carried = kept.measure(CPU)["adam_ratio_rms"]
+        summed = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+        differences.append(((carried - summed).abs() / summed.clamp(min=1e-12)).max().item())
+        if upset is None or upset(step, model, optimizer):
+            optimizer.step()
+    kept.close()
+    return differences
+
+
+@pytest.mark.parametrize("kind,options", variants(),
+                         ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+def test_the_carried_second_moment_sum_matches_the_summed_one(
+        kind: type, options: dict[str, bool]) -> None:
+    assert max(carried_against_summed(kind, options)) < 1e-5
+
+
+def test_the_carry_survives_clips_skips_rollbacks_and_double_steps() -> None:
+    saved: dict[str, Any] = {}
+
+    def upset(step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        if step == 5:  # a clip after the measurement: the step is not the one measured
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        if step == 8:
+            saved["state"] = copy.deepcopy(optimizer.state_dict())
+        if step == 12:  # a rollback that loads the moments back
+            optimizer.load_state_dict(saved["state"])
+        if step == 15:  # the same moments written in place
+            for state in optimizer.state.values():
+                state["exp_avg_sq"].mul_(3.0)
+        if step == 20:  # a second update on the same gradients
+            optimizer.step()
+        return step not in (25, 26)  # skipped steps
+
+    assert max(carried_against_summed(torch.optim.AdamW, {"foreach": True},
+                                      upset=upset)) < 1e-5
+
+
+def test_an_optimizer_outside_the_recursion_sums_every_step() -> None:
+    """Adam with L2 weight decay puts wd * w into the gradient v sees: summed, still exact."""
+    assert max(carried_against_summed(torch.optim.Adam, {"weight_decay": 0.1})) < 1e-5
+
+
+def test_the_deferred_clip_on_the_device_carries_into_the_sum() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    watched = watched_params(model, [optimizer])
+    kept = AdamRatioProbe(watched, [optimizer])
+    for _ in range(6):
+        optimizer.zero_grad()
+        model(torch.randn(5, 4)).square().mean().backward()
+        kept.measure(CPU)
+        coef = torch.tensor(0.25)
+        torch._foreach_mul_([p.grad for p in model.parameters()], coef)
+        kept.scaled(coef)
+        optimizer.step()
+    optimizer.zero_grad()
+    model(torch.randn(5, 4)).square().mean().backward()
+    carried = kept.measure(CPU)["adam_ratio_rms"]
+    assert kept._carried is not None and kept._carried.age > 0  # carried, not summed
+    summed = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+    assert torch.allclose(carried, summed, rtol=1e-5)
+
+
+def test_closing_removes_the_hooks() -> None:
+    model, optimizer = model_and_adam()
+    probe = AdamRatioProbe(watched_params(model, [optimizer]), [optimizer])
+    probe.measure(CPU)
+    assert optimizer._optimizer_step_pre_hooks and optimizer._optimizer_step_post_hooks
+    probe.close()
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks

@@ -139,6 +139,7 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
                                           skip=not observe or services.scaler is not None)
     if coef is not None:
         scale_on_device(ctx.grads, coef)
+        services.watch.adam_probe.scaled(coef)
     if ctx.sampled:
         services.watch.weight_probe.remember()
     ctx.packed, ctx.in_flight = step, step.pack.start_fetch()

@@ -479,6 +479,7 @@ class Run:
                       self.services.attention_probe):
             if probe is not None and probe.attached:
                 probe.detach()
+        self.services.watch.adam_probe.close()
         if self.services.logz_probe is not None:
             self.services.logz_probe.close()
         try:

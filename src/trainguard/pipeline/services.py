@@ -60,6 +60,9 @@ class ParamWatch:
         self._build()
 
     def _build(self) -> None:
+        previous: AdamRatioProbe | None = self.__dict__.get("adam_probe")
+        if previous is not None:
+            previous.close()  # its hooks on the optimizer go with it
         self.ranks = (RankAgreement(self.dist, self.params) if self.dist is not None else None)
         """One all-reduce per step and the desync check, so that every rank decides alike."""
         self.grad_probe = (GradientProbe(self.params) if self.dist is None

@@ -14,11 +14,18 @@ whose v decayed while it got no gradient), which tends to come some steps before
 yet reads 0, and so does every parameter of a non-Adam optimizer.
 
 Cost: sum g^2 is the square of the per-parameter gradient norm the step already computes
-(`probes/gradients.py`, handed in); sum v is one fused L1 norm over `exp_avg_sq` (v >= 0), read
-only (one sum per tensor on a CPU, where that is faster); the bias corrections are one small
-tensor operation on constants kept from step to step. Nothing is read on the host: the values
-ride the step's one transfer. (An element-wise RMS of g / sqrt(v_hat) took four fused passes
-and about 1.5% of a GPT-2 step on a CPU, too much for every step.)
+(`probes/gradients.py`, handed in). sum v is carried from step to step by Adam's own recursion,
+sum v_t = beta2 sum v_(t-1) + (1 - beta2) sum g_t^2, one operation on a vector of one value per
+parameter, after each optimizer step whose gradients were the ones measured (`_Carried`); it is
+summed over `exp_avg_sq` itself (one fused L1 norm, v >= 0; one sum per tensor on a CPU, where
+that is faster) every `RESYNC_EVERY` measurements and whenever the carry cannot be trusted:
+the first measurement, gradients changed after they were measured (a clip), a step skipped on
+the device or taken twice, moments written by anything else (a rollback, a load), an optimizer
+whose v does not follow the recursion (Adam with L2 weight decay folded into the gradient, any
+other class). The bias corrections are one small tensor operation on constants kept from step
+to step. Nothing is read on the host: the values ride the step's one transfer. (Summing v every
+step cost 0.5-0.7% of a GPT-2 step on a CPU; an element-wise RMS of g / sqrt(v_hat) took four
+fused passes and about 1.5%.)
 
 Metric key (per watched parameter, every step, with `updates=True`: off by default, see
 `DetectorConfig.precursor_update_rms`): `adam_update_rms`, the RMS of
@@ -43,10 +50,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from trainguard.params import WatchedParams
 from trainguard.probes.local import local_tensor
 from trainguard.probes.norms import float32_norms
+
+RESYNC_EVERY = 16
+"""Measurements between two sums over `exp_avg_sq` when the recursion carries sum v: bounds the
+float32 rounding it accumulates and any change to the moments the hooks did not see."""
+
+RECURSIVE_TYPES: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.Adam, torch.optim.AdamW)
+"""The optimizers whose `exp_avg_sq` is exactly beta2 v + (1 - beta2) g^2 of the gradient the
+step was given (a subclass may update it otherwise)."""
+
+
+@dataclass
+class _Carried:
+    """sum v of each row, and what must hold for the recursion to carry it to the next step."""
+    key: tuple[Any, ...]
+    """The rows and the identity of their moment tensors."""
+    sums: torch.Tensor
+    """sum v of each row as the optimizer left it (float32, on the device)."""
+    versions: list[int]
+    """Each row's `exp_avg_sq._version` when `sums` held: a change no hook saw is a write."""
+    age: int
+    """Measurements since the last sum over the moments."""
+    squares: torch.Tensor | None = None
+    """sum g^2 of each row measured for the step about to be taken (None once taken)."""
+    params: list[torch.Tensor] = field(default_factory=list)
+    """Each row's parameter."""
+    grads: list[tuple[int, int]] = field(default_factory=list)
+    """(id, _version) of each row's gradient when measured: the step must be given those."""
+    beta2: torch.Tensor | None = None
+    """Each row's beta2, on the device."""
+    valid: bool = True
 
 
 @dataclass
@@ -60,6 +98,10 @@ class _Fixed:
     """On the CPU, where the step counts usually are."""
     beta1: torch.Tensor | None = None
     """Like `beta2`; None when some row has no `exp_avg` (no update RMS then)."""
+    recursive: bool = False
+    """sum v may be carried by the recursion (`RECURSIVE_TYPES`, no L2 weight decay)."""
+    beta2_here: torch.Tensor | None = None
+    """`beta2` on the device, for the recursion."""
 
 
 @dataclass
@@ -73,6 +115,18 @@ class _Rows:
     firsts: list[torch.Tensor | None] = field(default_factory=list)
     """Each row's `exp_avg` (None: the optimizer keeps none)."""
     beta1: list[float] = field(default_factory=list)
+    recursive: bool = True
+    """Every row's v follows the recursion (`RECURSIVE_TYPES`, no L2 weight decay)."""
+
+
+def _recursive(optimizer: torch.optim.Optimizer, group: dict) -> bool:
+    """Whether this group's `exp_avg_sq` follows beta2 v + (1 - beta2) g^2 of the step's grad
+    (Adam folds an L2 weight decay into g first, unless it is decoupled)."""
+    if type(optimizer) not in RECURSIVE_TYPES:
+        return False
+    if isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay"):
+        return True
+    return not group.get("weight_decay")
 
 
 def _adam_group(group: dict) -> tuple[float, float] | None:
@@ -100,6 +154,15 @@ class AdamRatioProbe:
         """Also measure `adam_update_rms` (one more fused norm, over `exp_avg`)."""
         self._index = {id(p): i for i, p in enumerate(watched.params)}
         self._cache: tuple[tuple[Any, ...], _Fixed] | None = None
+        self._carried: _Carried | None = None
+        self._hooks: list[RemovableHandle] = []
+
+    def close(self) -> None:
+        """Remove the optimizer hooks that carry sum v."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._carried = None
 
     def _rows(self) -> _Rows:
         index = self._index
@@ -111,6 +174,7 @@ class AdamRatioProbe:
                 adam = _adam_group(group)
                 if adam is None:
                     continue
+                recursive = _recursive(optimizer, group)
                 for p in group["params"]:
                     i, state = index.get(id(p)), optimizer.state.get(p)
                     if i is None or p.grad is None or not state:
@@ -128,12 +192,14 @@ class AdamRatioProbe:
                     rows.firsts.append(local_tensor(m) if isinstance(m, torch.Tensor)
                                        and m.shape == p.shape else None)
                     rows.beta1.append(_beta1(group))
+                    rows.recursive &= recursive
+        rows.recursive &= len(self.optimizers) == 1
         return rows
 
     def _fixed(self, rows: _Rows, device: torch.device) -> _Fixed:
         """The rows' constants on `device`, made again only when the rows change."""
         key = (tuple(rows.index), tuple(rows.beta2), tuple(rows.eps2), tuple(rows.numel),
-               tuple(rows.beta1), tuple(m is None for m in rows.firsts), device)
+               tuple(rows.beta1), tuple(m is None for m in rows.firsts), rows.recursive, device)
         if self._cache is None or self._cache[0] != key:
             numel = torch.tensor(rows.numel, dtype=torch.float32, device=device)
             eps2 = torch.tensor(rows.eps2, dtype=torch.float32, device=device)
@@ -143,7 +209,9 @@ class AdamRatioProbe:
                 floor=numel * eps2,
                 beta2=torch.tensor(rows.beta2, dtype=torch.float32),
                 beta1=(torch.tensor(rows.beta1, dtype=torch.float32)
-                       if all(m is not None for m in rows.firsts) else None)))
+                       if all(m is not None for m in rows.firsts) else None),
+                recursive=rows.recursive,
+                beta2_here=torch.tensor(rows.beta2, dtype=torch.float32, device=device)))
         return self._cache[1]
 
     @torch.no_grad()
@@ -164,8 +232,7 @@ class AdamRatioProbe:
         else:
             norms = grad_norms.to(device=device, dtype=torch.float32)
             squares = (norms if fixed.every else norms[fixed.where]).square()
-        sums = torch.stack([n.to(device=device, dtype=torch.float32)
-                            for n in _l1_norms(rows.moments)])
+        sums = self._moment_sums(rows, fixed, squares, device)
         count = _step_counts(rows, device)
         denominator = sums + fixed.floor
         correction = (1.0 - fixed.beta2.to(count.device).pow(count)).to(device)
@@ -180,6 +247,82 @@ class AdamRatioProbe:
             full[key] = torch.zeros(len(self.watched), dtype=torch.float32, device=device)
             full[key][fixed.where] = value
         return full
+
+
+    def _moment_sums(self, rows: _Rows, fixed: _Fixed, squares: torch.Tensor,
+                     device: torch.device) -> torch.Tensor:
+        """sum v of each row: carried by the recursion when it can be trusted, else summed over
+        the moments; either way the step's `squares` are kept for the next recursion."""
+        carried = self._carried
+        key = (self._cache[0] if self._cache else None, tuple(id(v) for v in rows.moments))
+        if (carried is not None and carried.valid and carried.squares is None
+                and carried.key == key and carried.age < RESYNC_EVERY
+                and all(v._version == seen for v, seen in zip(
+                    rows.moments, carried.versions, strict=True))):
+            sums, age = carried.sums, carried.age + 1
+        else:
+            sums, age = torch.stack([n.to(device=device, dtype=torch.float32)
+                                     for n in _l1_norms(rows.moments)]), 0
+        if not fixed.recursive:
+            self._carried = None
+            return sums
+        if not self._hooks:
+            for optimizer in self.optimizers:
+                self._hooks += [optimizer.register_step_pre_hook(self._before_step),
+                                optimizer.register_step_post_hook(self._after_step)]
+        params = [self.watched.params[i] for i in rows.index]
+        self._carried = _Carried(
+            key=key, sums=sums, versions=[v._version for v in rows.moments], age=age,
+            squares=squares, params=params, beta2=fixed.beta2_here,
+            grads=[(id(p.grad), _version_of(p.grad)) for p in params])
+        return sums
+
+    def scaled(self, coef: torch.Tensor) -> None:
+        """The measured gradients were multiplied by the device scalar `coef` (the deferred
+        clip): the step's sum g^2 follows, and the new gradient versions are the expected ones."""
+        carried = self._carried
+        if carried is None or carried.squares is None:
+            return
+        carried.squares = carried.squares * coef.to(carried.squares.device).square()
+        carried.grads = [(id(p.grad), _version_of(p.grad)) for p in carried.params]
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        carried = self._carried
+        if carried is None or not carried.valid:
+            return
+        try:
+            carried.valid = (carried.squares is not None
+                             and getattr(optimizer, "grad_scale", None) is None
+                             and [(id(p.grad), _version_of(p.grad)) for p in carried.params]
+                             == carried.grads
+                             and _versions(optimizer, carried.params) == carried.versions)
+            # else a step the measurement does not describe, or moments written since
+        except Exception:  # never the cause of a failed step: the next measurement sums v
+            carried.valid = False
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        carried = self._carried
+        if carried is None or not carried.valid or carried.squares is None:
+            return
+        try:
+            assert carried.beta2 is not None
+            updated = carried.sums * carried.beta2 + (1.0 - carried.beta2) * carried.squares
+            found_inf = getattr(optimizer, "found_inf", None)
+            if isinstance(found_inf, torch.Tensor):  # skipped on the device when it is 1
+                updated = torch.where(found_inf.to(updated.device) > 0, carried.sums, updated)
+            carried.sums, carried.squares = updated, None
+            carried.versions = _versions(optimizer, carried.params)
+        except Exception:  # never the cause of a failed step: the next measurement sums v
+            carried.valid = False
+
+
+def _versions(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[int]:
+    """Each parameter's `exp_avg_sq._version`: bumped by every write in place."""
+    return [local_tensor(optimizer.state[p]["exp_avg_sq"])._version for p in params]
+
+
+def _version_of(grad: torch.Tensor | None) -> int:
+    return -1 if grad is None else grad._version
 
 
 def _update_rms(rows: _Rows, fixed: _Fixed, count: torch.Tensor, correction: torch.Tensor,
