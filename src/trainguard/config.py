@@ -166,9 +166,9 @@ class DetectorConfig:
 
     precursor_probe: bool = True
     """Measure Adam's ratio sqrt(sum g^2 / sum v_hat) per parameter every step (the
-    `adam_ratio_rms` of `probes/adam_ratio.py`: the
-    step's gradient norms and one fused L1 norm over `exp_avg_sq`, about 0.7% of a GPT-2 step on
-    a CPU) for `instability_precursor`, which needs every step (a streak against a 50-step
+    `adam_ratio_rms` of `probes/adam_ratio.py`: the step's gradient norms and sum v, carried by
+    Adam's recursion and summed over `exp_avg_sq` every 16 steps, about 0.08% of a GPT-2 step
+    on a CPU) for `instability_precursor`, which needs every step (a streak against a 50-step
     median). Reads 0 for a non-Adam optimizer; left out under torch.distributed. False turns
     the probe and the warning off."""
     precursor_ratio: float = 2.0

@@ -457,3 +457,25 @@ def test_a_cause_a_window_replay_confirmed_ranks_without_votes() -> None:
     assert ranked[0].evidence[0].startswith("confirmed by replay")
     single = proof(130, {"lr_too_high": "confirmed by replay: with LR x0.1"}, {})
     assert codes(rank_causes([*events, single])) == ["outlier_batch"]
+
+
+def test_a_lower_lr_that_heals_the_first_steps_proves_the_missing_warmup_too() -> None:
+    """Early in a run without warmup, at an LR the model takes behind one, the replay's LR x0.1
+    heals what a warmup would: both causes are confirmed and the votes order them."""
+    stayed_up = [event("loss_spike", 19, "warning"), event("grad_explosion", 19),
+                 event("bad_start", 19, "warning", cause="lr_too_high")]
+    healed = proof(19, {"lr_too_high": "confirmed by replay: with LR x0.1 the loss is 0.3"}, {})
+    ranked = rank_causes([*stayed_up, healed], [no_warmup_at(0.5)])
+    assert codes(ranked)[:2] == ["missing_warmup", "lr_too_high"]
+    assert ranked[0].proof == ranked[1].proof == "confirmed"
+    assert "a warmup lowers the first steps' LR the same way" in ranked[0].evidence[0]
+    # far above what a warmup makes bearable, or late in the run: the LR alone is proved
+    for events, share in (([*stayed_up, healed], 20.0), (
+            [event("loss_spike", 300, "warning"), event("grad_explosion", 300),
+             proof(300, {"lr_too_high": "confirmed"}, {})], 0.5)):
+        lr = Finding("mode_and_lr", "warning", "LR high", "lower it", cause="lr_too_high")
+        ranked = rank_causes(events, [no_warmup_at(share), lr])
+        assert [c.code for c in ranked if c.proof] == ["lr_too_high"]
+    # a warmup the replay tried and that did not heal is not proved by the lower LR
+    tried = proof(19, {"lr_too_high": "confirmed"}, {"missing_warmup": "ruled out"})
+    assert "missing_warmup" not in codes(rank_causes([*stayed_up, tried], [no_warmup_at(0.5)]))

@@ -155,8 +155,13 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_jumps(votes, serious, findings, specific, no_warmup)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
-    _shift_to_warmup(votes, findings, serious)
+    shifted = _shift_to_warmup(votes, findings, serious)
     confirmed, ruled_out = proven(events)
+    if shifted and "lr_too_high" in confirmed and "missing_warmup" not in ruled_out:
+        # a lower LR healing the first steps is what a warmup does: the replay proves both,
+        # and the votes (the run's timing and its LR against the warmup estimate) order them
+        confirmed.setdefault("missing_warmup", confirmed["lr_too_high"]
+                             + "; a warmup lowers the first steps' LR the same way")
     for code in window_proven(events):
         if not votes.score.get(code):  # proved where no symptom could vote (see there)
             votes.score[code] = WINDOW_VOTE
@@ -176,22 +181,24 @@ def warmup_would_do(findings: list[Finding]) -> str:
     return ""
 
 
-def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event]) -> None:
+def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event]) -> bool:
     """Trouble from the first steps of a run without warmup, at an LR the model takes behind a
     warmup: the LR's votes speak for the missing warmup (lowering the LR would heal it too, but
-    so would a warmup at the same LR, which is the cause named by the symptoms' timing)."""
+    so would a warmup at the same LR, which is the cause named by the symptoms' timing).
+    Returns whether they did."""
     why = warmup_would_do(findings)
     # a precursor warning is not trouble yet: with nothing else, both findings are risks
     trouble = [e.step for e in serious if e.kind != Kind.INSTABILITY_PRECURSOR]
     if not why or (trouble and min(trouble) >= EARLY_STEPS) or not votes.score.get(
             "lr_too_high"):
-        return
+        return False
     moved = WARMUP_SHIFT * votes.score["lr_too_high"]
     votes.score["lr_too_high"] -= moved
     votes.add("missing_warmup", moved, (
         f"no warmup, trouble from step {min(trouble)} on" if trouble
         else "no warmup, nothing but a precursor warning so far")
         + f", and {why}: the first updates, not the LR")
+    return True
 
 
 def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
