@@ -479,3 +479,20 @@ def test_a_lower_lr_that_heals_the_first_steps_proves_the_missing_warmup_too() -
     # a warmup the replay tried and that did not heal is not proved by the lower LR
     tried = proof(19, {"lr_too_high": "confirmed"}, {"missing_warmup": "ruled out"})
     assert "missing_warmup" not in codes(rank_causes([*stayed_up, tried], [no_warmup_at(0.5)]))
+
+
+def test_a_cause_ruled_out_at_a_later_bad_step_is_no_longer_confirmed() -> None:
+    """The previous good batch healed step 120, but at step 130 (after the rollback skipped that
+    batch) the trouble came back and the previous batch no longer heals it: the fault outlived
+    the batch, so the batch is not proved."""
+    from trainguard.diagnose.ranking import proven
+    first = proof(120, {"outlier_batch": "healed", "label_problem": "healed"}, {})
+    later = proof(130, {}, {"outlier_batch": "still bad"})
+    confirmed, ruled_out = proven([first, later])
+    assert confirmed == {"label_problem": "healed"} and ruled_out == {"outlier_batch"}
+    # the other order: ruled out first, then confirmed at a later step, is confirmed
+    confirmed, ruled_out = proven([proof(110, {}, {"outlier_batch": "still bad"}), first])
+    assert "outlier_batch" in confirmed and not ruled_out
+    # at the same step a replay that healed it wins over one that did not
+    confirmed, _ = proven([first, proof(120, {}, {"outlier_batch": "still bad"})])
+    assert "outlier_batch" in confirmed

@@ -203,14 +203,20 @@ def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event
 
 def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
     """From the replays of bad steps that reproduced their fault: the confirmed causes (code ->
-    the sentence that proves it) and the causes ruled out (and confirmed by no replay)."""
-    confirmed: dict[str, str] = {}
-    ruled_out: set[str] = set()
+    the sentence that proves it) and the causes ruled out (and confirmed by no replay of that
+    step or a later one). A cause confirmed at one bad step and ruled out at a later one is
+    ruled out: the fault outlived what healed it (a batch fault that comes back on other
+    batches is not that batch's)."""
+    confirmed: dict[str, tuple[int, str]] = {}
+    ruled_out: dict[str, int] = {}
     for e in _proofs(events):
         for code, why in (e.details.get("confirmed") or {}).items():
-            confirmed.setdefault(str(code), str(why))
-        ruled_out.update(str(code) for code in e.details.get("ruled_out") or {})
-    return confirmed, ruled_out - set(confirmed)
+            confirmed.setdefault(str(code), (e.step, str(why)))
+        for code in e.details.get("ruled_out") or {}:
+            ruled_out[str(code)] = max(e.step, ruled_out.get(str(code), e.step))
+    kept = {code: why for code, (step, why) in confirmed.items()
+            if ruled_out.get(code, step) <= step}
+    return kept, set(ruled_out) - set(kept)
 
 
 def window_proven(events: list[Event]) -> set[str]:
