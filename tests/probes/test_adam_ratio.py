@@ -232,3 +232,34 @@ def test_closing_removes_the_hooks() -> None:
     assert optimizer._optimizer_step_pre_hooks and optimizer._optimizer_step_post_hooks
     probe.close()
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+
+
+def test_a_closure_that_measures_inside_the_step_is_carried_and_a_later_clip_is_seen() -> None:
+    """Lightning measures inside the closure `optimizer.step(closure)` runs, after the step's
+    pre-hook, and may clip after measuring: the carry must hold in the first case and give way
+    to a sum in the second."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    watched = watched_params(model, [optimizer])
+    kept = AdamRatioProbe(watched, [optimizer])
+    worst, ages = 0.0, []
+
+    for step in range(30):
+        def closure(step: int = step) -> torch.Tensor:
+            nonlocal worst
+            optimizer.zero_grad()
+            loss = model(torch.randn(5, 3)).square().mean() * (1 + step % 5)
+            loss.backward()
+            carried = kept.measure(CPU)["adam_ratio_rms"]
+            ages.append(kept._carried.age if kept._carried is not None else -1)
+            summed = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+            worst = max(worst, ((carried - summed).abs() / summed).max().item())
+            if step % 7 == 3:  # a clip after the measurement
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+            return loss
+        optimizer.step(closure)
+    kept.close()
+    assert worst < 1e-5
+    assert max(ages) > 1  # carried over several steps, not summed every time
+    assert [a for s, a in enumerate(ages) if s % 7 == 4 and s > 0] == [0] * 4  # summed after

@@ -287,16 +287,16 @@ class AdamRatioProbe:
         carried.grads = [(id(p.grad), _version_of(p.grad)) for p in carried.params]
 
     def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """A step about to use the measured gradients: nothing may have written the moments
+        since. (Under Lightning the step's closure measures after this hook: then nothing is
+        pending here, and `_after_step` checks the gradients alone.)"""
         carried = self._carried
-        if carried is None or not carried.valid:
+        if carried is None or not carried.valid or carried.squares is None:
             return
         try:
-            carried.valid = (carried.squares is not None
-                             and getattr(optimizer, "grad_scale", None) is None
-                             and [(id(p.grad), _version_of(p.grad)) for p in carried.params]
-                             == carried.grads
+            carried.valid = (getattr(optimizer, "grad_scale", None) is None
+                             and self._measured_grads(carried)
                              and _versions(optimizer, carried.params) == carried.versions)
-            # else a step the measurement does not describe, or moments written since
         except Exception:  # never the cause of a failed step: the next measurement sums v
             carried.valid = False
 
@@ -305,6 +305,10 @@ class AdamRatioProbe:
         if carried is None or not carried.valid or carried.squares is None:
             return
         try:
+            if getattr(optimizer, "grad_scale", None) is not None or not self._measured_grads(
+                    carried):  # the step was given other gradients (a clip after measuring)
+                carried.valid = False
+                return
             assert carried.beta2 is not None
             updated = carried.sums * carried.beta2 + (1.0 - carried.beta2) * carried.squares
             found_inf = getattr(optimizer, "found_inf", None)
@@ -314,6 +318,12 @@ class AdamRatioProbe:
             carried.versions = _versions(optimizer, carried.params)
         except Exception:  # never the cause of a failed step: the next measurement sums v
             carried.valid = False
+
+    @staticmethod
+    def _measured_grads(carried: _Carried) -> bool:
+        """Each row's gradient is still the tensor measured, unwritten since (Adam reads its
+        gradients without writing them)."""
+        return [(id(p.grad), _version_of(p.grad)) for p in carried.params] == carried.grads
 
 
 def _versions(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[int]:
