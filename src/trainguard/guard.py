@@ -35,6 +35,7 @@ from trainguard.diagnose.ranking import RankedCause
 from trainguard.diagnose.replay import LossFn
 from trainguard.errors import PeerLost, TrainingDiverged, UsageError
 from trainguard.events import Event, StepReport
+from trainguard.outside_steps import OutsideSteps
 from trainguard.pipeline.run import Run
 from trainguard.recovery import Recovery
 from trainguard.remedies.device import skip_on_device
@@ -66,6 +67,8 @@ class Guard:
                        owns_optimizer_step=True)
         self.scaler = self.run.scaler
         self.config = self.run.config
+        self._outside = OutsideSteps(optimizer)
+        """The loop's own `optimizer.step()` calls, told once (`outside_steps.py`)."""
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -115,6 +118,15 @@ class Guard:
         if self.run.closed:
             self.run.raise_if_peer_lost()
             raise UsageError("this Guard is closed; create a new one to keep training")
+        outside = self._outside.check(self.run.steps_taken)
+        if outside is not None:
+            self.run.emit_event(outside)
+        try:
+            return self._step(loss, batch, data_ids)
+        finally:
+            self._outside.step_ended()
+
+    def _step(self, loss: Any, batch: Any, data_ids: Any) -> StepReport | None:
         if self.scaler is not None:
             self._unscale()
         ctx = self.run.before_update(loss, batch=batch, data_ids=data_ids)
@@ -180,7 +192,11 @@ class Guard:
         model, optimizer, gradients and RNG are put back exactly. Needs `replay_fn`."""
         if self.run.closed:
             raise UsageError("this Guard is closed")
-        return self.run.prover.prove_now(self.run.state, self.run.services, batch)
+        start = self._outside.since_last_step()
+        try:
+            return self.run.prover.prove_now(self.run.state, self.run.services, batch)
+        finally:  # the replays' optimizer steps are the Guard's own, not the loop's
+            self._outside.discount(self._outside.since_last_step() - start)
 
     def diagnose(self) -> list[RankedCause]:
         """Ranked likely causes of what went wrong so far. When nothing did, the configuration
@@ -190,12 +206,14 @@ class Guard:
 
     def close(self) -> None:
         """Flush the last measurements, store the diagnosis and close the run store."""
+        self._outside.close()
         self.run.close()
 
     def __enter__(self) -> Guard:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._outside.close()
         self.run.close(status=exit_status(exc))
 
     def state_dict(self) -> dict[str, Any]:

@@ -237,6 +237,7 @@ class Kind:
     PRECISION_FAULT = "precision_fault"
     PEER_LOST = "peer_lost"
     INSTABILITY_PRECURSOR = "instability_precursor"
+    OPTIMIZER_STEP_OUTSIDE = "optimizer_step_outside"
 
 
 _kind = register_event_kind
@@ -342,6 +343,8 @@ _kind("proof", "the bad step replayed under candidate fixes: causes confirmed or
 _kind("precision_fault", "a replay confirmed a float16 overflow and the faults came back: the "
       "run halts with the advice to switch to bf16", "critical")
 _kind("monitor_error", "trainguard could not check a step; it was applied unguarded", "warning")
+_kind("optimizer_step_outside", "optimizer.step() ran outside guard.step (a loop that still "
+      "calls it updates twice per batch)", "warning")
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
 _kind("poisoned_checkpoint", "a checkpoint was saved with non-finite weights or optimizer "
       "moments (marked poisoned in its trainguard.json)", "error")
