@@ -150,6 +150,26 @@ def test_a_previous_batch_that_no_longer_trains_the_model_confirms_nothing() -> 
     assert "outlier_batch" in proof.ruled_out
 
 
+def test_a_previous_batch_far_above_the_typical_loss_confirms_nothing() -> None:
+    """A state that diverged: the previous good batch's loss is 1.75x the run's typical one (a
+    finite, quiet step, but not a healthy one), so a swap of the data cannot prove the data."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    base = typical(model, mse, [regression(1), regression(2)])
+    with torch.no_grad():
+        model[3].bias.add_(0.7)  # the run's state has drifted off: every batch's loss is up
+    previous = regression(3)
+    assert 1.5 * base.loss < float(mse(model, previous).detach()) < 3 * base.loss
+    batch = regression()
+    batch["y"] = batch["y"] * 30
+    proof = prove(Setup(model, opt, mse, batch, previous_batch=previous, baseline=base),
+                  likely=["outlier_batch"])
+    assert proof.reproduced, proof.summary()
+    assert next(h for i, _, h in proof.trials if i.name == "previous_batch") is False
+    assert proof.confirmed == {}
+    assert "outlier_batch" in proof.ruled_out
+
+
 def test_dropping_foreign_token_ids_confirms_a_tokenizer_mismatch() -> None:
     setup = make_setup(seed=1)
     batch = setup.batch(8)

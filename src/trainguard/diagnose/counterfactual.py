@@ -221,7 +221,8 @@ class Intervention:
     does not heal may still be an unsafe operation (log(0) is NaN at any precision)."""
     data: bool = False
     """It swaps the whole batch: a heal proves the data, so it confirms every cause in `causes`
-    (the votes order them), and only if the replay still learns (`VANISHED`)."""
+    (the votes order them), and only if the replay still learns (`VANISHED`) and the good data
+    gives about the run's typical loss (at most `WINDOW_SPIKE` x: else the state diverged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -935,6 +936,9 @@ def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool |
     if intervention.data and base.grad_norm is not None and (
             outcome.grad_norm <= VANISHED * base.grad_norm):
         return False  # a good batch that no longer trains the model: the state is broken
+    if (intervention.data and intervention.change.batch is not None and base.loss is not None
+            and outcome.loss > WINDOW_SPIKE * max(base.loss, 1e-8)):
+        return False  # the good batch is far from typical too: the state diverged, not the data
     return outcome.finite and not outcome.bad(base)
 
 
