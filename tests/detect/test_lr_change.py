@@ -78,6 +78,29 @@ def test_groups_raised_together_are_one_event_and_a_new_group_is_none() -> None:
     assert run([body, late]) == []
 
 
+def added_group_events(at: int, lr: float, steps: int = 80) -> list:
+    """The events of a run whose optimizer gains a second group at step `at` (group_lrs grows,
+    as after `add_param_group`)."""
+    detector = LRChange(DetectorConfig())
+    events = []
+    for step in range(steps):
+        lrs = (1e-4,) if step < at else (1e-4, lr)
+        events += detector.check(StepSignals(step=step, loss=1.0, grad_norm=1.0,
+                                             param_grad_norm=np.ones(1), param_names=["w"],
+                                             group_lrs=lrs))
+    return events
+
+
+def test_a_group_added_mid_run_far_above_every_lr_used_is_named() -> None:
+    """A block unfrozen with the head's LR: its first LR is 100x anything the run used."""
+    [event] = added_group_events(60, 1e-2)
+    assert event.step == 60 and event.severity == "info" and event.details["added"]
+    assert event.message.startswith("a parameter group added at step 60 (group 1) starts at "
+                                    "LR 0.01, 100x the highest any group had used")
+    assert added_group_events(60, 2e-4) == []  # 2x: a head's own LR, nothing to say
+    assert added_group_events(5, 1e-2) == []  # the run's first steps set the history
+
+
 def test_a_rollback_restores_the_lr_history() -> None:
     detector = LRChange(DetectorConfig())
     for step in range(20):

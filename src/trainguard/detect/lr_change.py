@@ -5,7 +5,9 @@ level already used), so a rise of `lr_jump_ratio` (3x) above the highest LR a gr
 one step, is someone's code changing it: a multiplier applied by the training loop, a wrongly
 configured restart, a scheduler stepped per batch instead of per epoch. A group's first
 `warmup_steps` LRs only set its history (a warmup from a tiny start factor rises 10x in its
-first step). The event is `info`: a
+first step). A group added mid-run (a block unfrozen with `add_param_group`) whose first LR is
+`lr_jump_ratio` above the highest LR any group had used counts the same way: the head's LR
+handed to a pre-trained block. The event is `info`: a
 deliberate change is not a fault by itself. It is evidence: trouble that follows within the next
 steps ranks `lr_too_high` first, naming the change ("LR x1000 at step 60").
 """
@@ -35,11 +37,18 @@ class LRChange(Detector):
 
     def check(self, signals: StepSignals) -> list[Event]:
         jumps: list[tuple[int, float, float, float]] = []  # group, lr, before, highest
+        added: list[tuple[int, float, float]] = []  # group, lr, the highest of the others
+        settled_before = any(seen >= self.config.warmup_steps for seen in self.seen)
+        top_before = max(self.highest, default=0.0)
         for group, lr in enumerate(signals.group_lrs):
             if group >= len(self.highest):  # a group added mid-run starts its own history
                 self.highest.append(0.0)
                 self.previous.append(0.0)
                 self.seen.append(0)
+                if (settled_before and top_before > 0 and math.isfinite(lr)
+                        and lr >= self.config.lr_jump_ratio * top_before
+                        and not signals.lr_managed):
+                    added.append((group, lr, top_before))
             if not math.isfinite(lr) or lr <= 0:
                 continue
             top = self.highest[group]
@@ -50,6 +59,15 @@ class LRChange(Detector):
             self.highest[group] = max(top, lr)
             self.previous[group] = lr
             self.seen[group] += 1
+        if added and not jumps:
+            group, lr, top = max(added, key=lambda a: a[1])
+            groups = [a[0] for a in added]
+            return [self.event(
+                signals.step, "info",
+                f"a parameter group added at step {signals.step} (group {group}) starts at LR "
+                f"{lr:.3g}, {_times(lr / top)}x the highest any group had used ({top:.3g})",
+                value=lr, ratio=lr / top, previous=0.0, highest=top, groups=groups,
+                added=True)]
         if not jumps:
             return []
         # one event for the step; groups that moved together (a multiplier applied to all)
