@@ -263,3 +263,31 @@ def test_a_closure_that_measures_inside_the_step_is_carried_and_a_later_clip_is_
     assert worst < 1e-5
     assert max(ages) > 1  # carried over several steps, not summed every time
     assert [a for s, a in enumerate(ages) if s % 7 == 4 and s > 0] == [0] * 4  # summed after
+
+
+def test_a_step_skipped_on_the_device_leaves_the_carried_sum_as_it_was() -> None:
+    """`sync="deferred"` hands a fused optimizer `found_inf`: at 1 the kernel leaves v alone,
+    and the carried sum must too."""
+    try:
+        torch.optim.AdamW([nn.Parameter(torch.zeros(1))], fused=True)
+    except (RuntimeError, ValueError):
+        pytest.skip("no fused AdamW on this device")
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    watched = watched_params(model, [optimizer])
+    kept = AdamRatioProbe(watched, [optimizer])
+    for step in range(8):
+        optimizer.zero_grad()
+        model(torch.randn(5, 4)).square().mean().backward()
+        kept.measure(CPU)
+        optimizer.found_inf = torch.tensor(1.0 if step in (4, 5) else 0.0)
+        optimizer.grad_scale = None
+        optimizer.step()
+        del optimizer.found_inf, optimizer.grad_scale
+    optimizer.zero_grad()
+    model(torch.randn(5, 4)).square().mean().backward()
+    carried = kept.measure(CPU)["adam_ratio_rms"]
+    assert kept._carried is not None and kept._carried.age > 0  # carried, not summed
+    summed = AdamRatioProbe(watched, [optimizer]).measure(CPU)["adam_ratio_rms"]
+    assert torch.allclose(carried, summed, rtol=1e-5)
