@@ -342,6 +342,22 @@ def test_trouble_that_outlasts_a_cut_lr_is_not_the_lr() -> None:
     assert codes(rank_causes(mild))[0] == "lr_too_high"
 
 
+def test_trouble_back_after_the_lr_was_cut_and_the_batch_skipped_is_in_every_batch() -> None:
+    """The rollback cut the LR 20x and kept the blamed batch out, and the same trouble came back
+    at the next step on other data: neither the LR nor one batch, the targets of every batch."""
+    events = blow_up(100)
+    for cut, factor in ((110, 0.05), (121, 0.0005)):
+        events += [Event("rollback", cut, "warning", "rolled back",
+                         details={"lr_factor": factor, "skipped_data": [cut - 10]}),
+                   event("grad_explosion", cut + 1), event("loss_spike", cut + 1, "warning")]
+    ranked = rank_causes(events)
+    assert codes(ranked)[0] == "label_problem"
+    assert any("again after the LR was cut x0.05 and the blamed data skipped at step 110" in e
+               for e in ranked[0].evidence)
+    # a batch finding that names the data's fault still names it
+    assert codes(rank_causes(events, [bad_run(100, 299, ongoing=True)]))[0] == "input_scale"
+
+
 def test_a_nan_loss_with_every_label_ignored_is_the_labels() -> None:
     events = [event("nonfinite_loss", 120, batch="finite"),
               data_event("batch_labels", 120, "empty_loss", "error", "labels")]

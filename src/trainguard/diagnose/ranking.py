@@ -31,6 +31,9 @@ LR_CHANGE_WINDOW = 100
 LR_CHANGE_WEIGHT = 6.0
 """Stronger than one batch finding: the LR itself was changed just before the trouble, which
 no data fault explains."""
+PERSISTENT_DATA_CAUSE = "label_problem"
+"""What trouble that comes back on other batches, after the LR was cut and the blamed batch
+skipped, says of the data when no finding names it: something in every batch, the targets."""
 GENERIC_BATCH_CAUSE = "outlier_batch"
 """The generic explanation of a single late jump, or of a batch field far above its usual size.
 A batch finding of the same step naming a cause of its own (images in [0, 255]: `input_scale`;
@@ -446,12 +449,16 @@ def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
                    against_lr: str, *, lr_changed: bool) -> None:
     """Trouble that outlasted an LR cut, or began with bad batches, is the data's, not the LR's
     (unless an LR change came just before the trouble)."""
-    outlasted = _outlasted_lr_cut(events, symptoms)
+    outlasted, skipped = _outlasted_lr_cut(events, symptoms)
     if outlasted:
-        data = (sorted({c for _, c in data_runs}) or sorted(batch_causes)
-                or [GENERIC_BATCH_CAUSE])
-        for code in data:
-            votes.add(code, 2.0 / len(data), outlasted)
+        data = sorted({c for _, c in data_runs}) or sorted(batch_causes)
+        if skipped:  # back after the blamed batch was kept out: in every batch, not in one
+            data = [c for c in data if c != GENERIC_BATCH_CAUSE] or [PERSISTENT_DATA_CAUSE]
+            if GENERIC_BATCH_CAUSE in votes.score:
+                votes.score[GENERIC_BATCH_CAUSE] *= DATA_DISCOUNT
+                votes.evidence[GENERIC_BATCH_CAUSE].insert(0, f"weighed down: {outlasted}")
+        for code in data or [GENERIC_BATCH_CAUSE]:
+            votes.add(code, 2.0 / max(len(data), 1), outlasted)
         against_lr = against_lr or outlasted
     if against_lr and not lr_changed:
         for code in ("lr_too_high", "missing_warmup"):
@@ -509,9 +516,10 @@ def _in_run(event: Event, run: Finding) -> bool:
             and run.evidence["first_step"] <= event.step <= run.evidence["last_step"])
 
 
-def _outlasted_lr_cut(events: list[Event], symptoms: list[Event]) -> str:
+def _outlasted_lr_cut(events: list[Event], symptoms: list[Event]) -> tuple[str, bool]:
     """Evidence that the trouble came back right after the recover policy cut the LR far down
-    ("" when it did not): an LR too high would have stopped."""
+    ("" when it did not): an LR too high would have stopped; and whether that cut also kept
+    the blamed data out (then no single batch brought the trouble back either)."""
     cut_kinds = kinds_tagged(Tag.LR_CUT)
     again_kinds = kinds_tagged(Tag.JUMP) | kinds_tagged(Tag.NONFINITE)
     for cut in (e for e in events if e.kind in cut_kinds):
@@ -521,9 +529,11 @@ def _outlasted_lr_cut(events: list[Event], symptoms: list[Event]) -> str:
         again = next((e for e in symptoms if e.kind in again_kinds
                       and cut.step < e.step <= cut.step + RECUR_WINDOW), None)
         if again is not None:
+            skipped = bool(cut.details.get("skipped_data"))
             return (f"step {again.step}: {again.kind} again after the LR was cut x{factor:g} "
-                    f"at step {cut.step}: the LR was not what broke it")
-    return ""
+                    + ("and the blamed data skipped " if skipped else "")
+                    + f"at step {cut.step}: the LR was not what broke it"), skipped
+    return "", False
 
 
 def _nonfinite_eval(event: Event) -> bool:
