@@ -184,6 +184,14 @@ class DetectorConfig:
     reached 2.5 two steps in a row, and 2.0 warns there)..."""
     precursor_steps: int = 2
     """...for this many steps in a row."""
+    precursor_trend_window: int = 10
+    """...while the median of its last this many steps..."""
+    precursor_trend_ratio: float = 1.1
+    """...is at least this many times its long median (`baseline_window` steps): a level that
+    has been creeping up, not a burst of 2-3 steps out of a flat or low stretch (such bursts
+    warned on a healthy QK-norm transformer's 16-value norm gain and on a healthy diffusion
+    fine-tune's time embedding; before the precursor family's spikes the 10-step median stood
+    at 1.05-1.55x the long one). A window of 0 turns the condition off."""
     precursor_sudden_ratio: float = 10.0
     """A streak that starts at this many times the median in one step is a parameter waking up
     (a dead unit or a rare embedding row getting a gradient again, its v near 0: a healthy
@@ -257,7 +265,7 @@ class DetectorConfig:
                      "loss_resolution", "precursor_abs_min", "precursor_zscore",
                      "attention_logit_abs_min"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
-        for name in ("precursor_logz_rise", "precursor_update_min"):
+        for name in ("precursor_logz_rise", "precursor_update_min", "precursor_trend_ratio"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("grad_norm_ratio", "loss_spike_ratio", "loss_spike_early_ratio",
                      "divergence_ratio", "bad_start_ratio", "bad_start_blowup_ratio",
@@ -278,7 +286,8 @@ class DetectorConfig:
                               ("max_named_params", 1), ("no_gradient_steps", 1),
                               ("stall_steps", 1), ("transient_horizon", 1),
                               ("eval_patience", 1), ("precursor_steps", 1),
-                              ("precursor_warmup", 1), ("attention_every", 1),
+                              ("precursor_warmup", 1), ("precursor_trend_window", 0),
+                              ("attention_every", 1),
                               ("attention_logit_steps", 1), ("attention_logit_warmup", 1)):
             _at_least(getattr(self, name), minimum, f"DetectorConfig.{name}")
 

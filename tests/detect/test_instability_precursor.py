@@ -73,7 +73,8 @@ def test_a_parameter_waking_up_is_no_precursor() -> None:
     rows[81] = rows[81] * np.array([1.0, 20.0, 1.0])
     assert run(InstabilityPrecursor(DetectorConfig()), rows) == []
     # the same two steps found by a detector that takes any jump
-    jumpy = InstabilityPrecursor(DetectorConfig(precursor_sudden_ratio=1e9))
+    jumpy = InstabilityPrecursor(DetectorConfig(precursor_sudden_ratio=1e9,
+                                                precursor_trend_window=0))
     assert [e.step for e in run(jumpy, rows)] == [81]
 
 
@@ -135,3 +136,23 @@ def test_the_quiet_step_shortcut_decides_and_remembers_as_the_full_judgement() -
         assert fast_events, seed
         assert [e.to_dict() for e in fast_events] == [e.to_dict() for e in full_events]
         assert json.dumps(fast.state_dict()) == json.dumps(full.state_dict())
+
+
+def test_a_burst_from_a_low_level_is_no_precursor_but_a_creeping_level_is() -> None:
+    """Three steps at 3-4x out of a stretch that sat below its level (a healthy run's noise on a
+    small tensor) do not warn; the same three steps after ten at 1.5x, a level creeping up, do."""
+    burst = [row.copy() for row in ratios(120, 2)]
+    for step in range(70, 80):
+        burst[step][1] *= 0.6
+    for step, factor in zip(range(80, 83), (3.0, 3.4, 4.0), strict=True):
+        burst[step][1] = 1.3 * factor
+    assert run(InstabilityPrecursor(DetectorConfig()), burst) == []
+    # the same burst, judged without the trend condition
+    untrended = InstabilityPrecursor(DetectorConfig(precursor_trend_window=0))
+    assert [e.param for e in run(untrended, burst)] == ["h.0.ln.bias"]
+
+    creeping = [row.copy() for row in burst]
+    for step in range(70, 80):
+        creeping[step][1] = 1.3 * 1.5
+    events = run(InstabilityPrecursor(DetectorConfig()), creeping)
+    assert [(e.param, e.step) for e in events] == [("h.0.ln.bias", 81)]

@@ -6,13 +6,14 @@ with its own median over the last `baseline_window` steps (a steady run sits nea
 parameters a little above). When a parameter's ratio is `precursor_ratio` times its median,
 `precursor_zscore` robust standard deviations of its own log ratio above it (heavy-tailed data
 makes single parameters' ratios swing with every batch), and at least `precursor_abs_min`, for
-`precursor_steps` steps in a row, the gradient is outgrowing what Adam has seen of it. That is what
-comes before a loss spike when the LR is past what the weights can take (the update directions Adam
-normalises by a stale v), and when a parameter whose v decayed gets a large gradient again
-(Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps after). The event names the parameter
-(the layer), the signal's level against its median, its trend over the steps above and the lead to
-expect; it stays silent while the baseline is young (`precursor_warmup` steps) and reports an
-episode once.
+`precursor_steps` steps in a row, while its median over the last `precursor_trend_window` steps is
+already above the long one (a level creeping up, not a burst), the gradient is outgrowing what
+Adam has seen of it. That is what comes before a loss spike when the LR is past what the weights
+can take (the update directions Adam normalises by a stale v), and when a parameter whose v
+decayed gets a large gradient again (Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps
+after). The event names the parameter (the layer), the signal's level against its median, its
+trend over the steps above and the lead to expect; it stays silent while the baseline is young
+(`precursor_warmup` steps) and reports an episode once.
 
 Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
 and one burst does not lift the level it is compared with.
@@ -113,6 +114,12 @@ class InstabilityPrecursor(Detector):
         self.streak = np.where(high, self.streak + 1, 0)
         self.history.append(np.where(high, bound, logs))
         firing = (self.streak >= cfg.precursor_steps) & ~self.sudden
+        if cfg.precursor_trend_window and firing.any():
+            # a lasting rise lifts the recent level first; a 2-3 step burst from a flat or low
+            # level does not (the history holds the streak's own steps capped at the bound)
+            recent = column_medians(known[-cfg.precursor_trend_window:])
+            with np.errstate(invalid="ignore"):
+                firing &= recent - level >= math.log(cfg.precursor_trend_ratio)
         if not self.episode.update(bool(firing.any())):
             return []
         index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
