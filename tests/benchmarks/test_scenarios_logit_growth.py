@@ -1,8 +1,8 @@
 """The `logit_growth` family with its seed fixed, the probes on by default: the log Z precursor
 warns at least 5 steps before the loss spikes under an output head whose LR never stops rising,
-stays silent on the healthy twins, and under `protect` the brake it pulls prevents the spike.
-Ground truth: the run under `observe` (which trains exactly as an unguarded run) and
-`benchmarks.precursors.spike_step`."""
+stays silent on the healthy twins (one of them trained with a z-loss), and under `protect` the
+brake it pulls prevents the spike. Ground truth: the run under `observe` (which trains exactly
+as an unguarded run) and `benchmarks.precursors.spike_step`."""
 
 from __future__ import annotations
 
@@ -46,6 +46,15 @@ def test_silent_on_the_healthy_twin_at_the_sane_lr() -> None:
     result = run_scenario(twin, "trainguard", seed=0, config=OBSERVE)
     assert spike_step(result.train_losses) is None
     assert warnings(result) == [] and result.events == []
+
+
+def test_silent_on_the_healthy_twin_trained_with_a_z_loss() -> None:
+    """The capped head ramp with log Z^2 in the loss: log Z held near 0, the run healthy."""
+    twin = scenario("logit_growth_healthy_z_loss")
+    result = run_scenario(twin, "trainguard", seed=1, config=OBSERVE)
+    assert spike_step(result.train_losses) is None
+    assert warnings(result) == [] and result.events == []
+    assert result.final_eval_loss < 0.25
 
 
 def test_under_protect_the_brake_the_log_z_warning_pulls_prevents_the_spike() -> None:

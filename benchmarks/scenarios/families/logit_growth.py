@@ -15,9 +15,11 @@ Fault (guide section 3.1, `lr_too_high`):
                     the loss barely moves; the loss then more than doubles in a step, near step
                     190 (the head's LR some 80x the sane one), and diverges after.
 
-Healthy twins: the same model at the sane LR throughout, and the same head ramp stopped at
-`SAFE_CAP` times the sane LR (a head LR that rises for 47 steps, then holds, without a spike).
-A z-loss (1e-3 x log Z^2 on the same ramp) was tried as a third twin and did not prevent the
+Healthy twins: the same model at the sane LR throughout, the same head ramp stopped at
+`SAFE_CAP` times the sane LR (a head LR that rises for 47 steps, then holds, without a spike),
+and that capped ramp trained with a z-loss (`Z_LOSS` x log Z^2 added to the loss, PaLM's
+coefficient: log Z held near 0, the trap for a detector that reads log Z's level or its drift
+towards 0 as growth). A z-loss on the never-ending ramp (1e-3 x log Z^2) did not prevent the
 spike (it holds the mean log Z near 2, not the head's growing updates): the fix here is the LR.
 """
 
@@ -40,6 +42,7 @@ WARMUP_STEPS = 10
 RAMP_FROM = 100
 RAMP_RATE = 1.05
 SAFE_CAP = 10.0
+Z_LOSS = 1e-4
 DETERMINISTIC_SHARE = 0.5
 """Share of the tokens with a single successor."""
 LANGUAGE_SEED = 7
@@ -64,6 +67,8 @@ class Recipe:
     ramp_from: int | None = None
     ramp_cap: float | None = None
     """The head's ramp stops at this multiple of the sane LR (None: it never stops)."""
+    z_loss: float = 0.0
+    """The weight of log Z^2 (mean over positions) added to the loss."""
 
 
 def lr_factor(step: int, recipe: Recipe, head: bool) -> float:
@@ -87,10 +92,14 @@ def _sequences(chain: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return tokens
 
 
-def next_token_loss(model: nn.Module, tokens: Batch, step: int) -> torch.Tensor:
+def next_token_loss(model: nn.Module, tokens: Batch, step: int,
+                    z_loss: float = 0.0) -> torch.Tensor:
     del step
-    logits = model(tokens[:, :-1]).float()
-    return F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tokens[:, 1:].reshape(-1))
+    logits = model(tokens[:, :-1]).float().reshape(-1, VOCAB_SIZE)
+    loss = F.cross_entropy(logits, tokens[:, 1:].reshape(-1))
+    if z_loss:
+        loss = loss + z_loss * torch.logsumexp(logits, dim=-1).square().mean()
+    return loss
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -112,7 +121,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
         del micro
         return _sequences(chain, _generator(seed, _TRAIN_STREAM, step))
 
-    return Workload(model=model, optimizer=optimizer, batch=batch, loss=next_token_loss,
+    loss = partial(next_token_loss, z_loss=recipe.z_loss) if recipe.z_loss else next_token_loss
+    return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
                     evaluate=lambda m: lm_eval(m, held_out, next_token_loss),
                     scheduler=scheduler, batch_size=BATCH_SIZE)
 
@@ -136,6 +146,10 @@ def scenarios() -> list[Scenario]:
                   replace(sane, ramp_from=RAMP_FROM, ramp_cap=SAFE_CAP),
                   f"from step {RAMP_FROM} the output head's LR grows {growth} until it is "
                   f"{SAFE_CAP:g}x the sane LR, then holds: a head LR that the model takes"),
+        _scenario("logit_growth_healthy_z_loss",
+                  replace(sane, ramp_from=RAMP_FROM, ramp_cap=SAFE_CAP, z_loss=Z_LOSS),
+                  f"the capped head ramp (to {SAFE_CAP:g}x from step {RAMP_FROM}) trained with "
+                  f"a z-loss, {Z_LOSS:g} x log Z^2 added to the loss: log Z held near 0"),
         _scenario("logit_growth_head_lr_ramp", replace(sane, ramp_from=RAMP_FROM),
                   f"from step {RAMP_FROM} the output head's LR grows {growth} and never stops: "
                   "the output logits and log Z grow, and the loss spikes about "
