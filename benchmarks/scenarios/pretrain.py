@@ -52,7 +52,7 @@ def pretrained(key: str, model: nn.Module, train: Callable[[nn.Module], None]) -
                 p.requires_grad_(trainable[name])
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes that build at once
         torch.save(state, tmp)
         os.replace(tmp, path)
     _memory[key] = state
