@@ -208,7 +208,8 @@ class DetectorConfig:
     largest log Z over the step's positions this many nats above its own median of the last
     `baseline_window` steps (and `precursor_zscore` robust deviations), on `precursor_steps`
     of the last 4 steps (tuned on seeds 0-2 of the `logit_growth` family: 2.5 warns on its
-    capped twin, whose head LR rose 10x; 3 warned 1-20 steps ahead of its spikes)."""
+    capped twin, whose head LR rose 10x; 3 warned 1-20 steps ahead of its spikes). Within an
+    episode, log Z is reported again each time it stands this many nats above its last report."""
     precursor_update_rms: bool = False
     """Also measure Adam's update RMS every step (`adam_update_rms` of `probes/adam_ratio.py`,
     one more fused norm over `exp_avg`) and warn on it. Off by default: timed alone it costs

@@ -64,3 +64,19 @@ def test_under_protect_the_brake_the_log_z_warning_pulls_prevents_the_spike() ->
     assert warnings(result)[0][1] == "logz_max"
     assert spike_step(result.train_losses) is None
     assert result.final_eval_loss < 0.5  # unguarded, it ends above 1
+
+
+def test_under_protect_log_z_still_growing_after_the_brake_sets_a_ceiling() -> None:
+    """Seed 0: log Z warns one step before the spike; the brake's halved LR rises again 5% a
+    step, log Z climbs a further 3 nats within the same episode, and that second report holds
+    the head's LR under a ceiling: no spike (before the second report there was one, at 199)."""
+    fault = scenario("logit_growth_head_lr_ramp")
+    result = run_scenario(fault, "trainguard", seed=0,
+                          config=GuardConfig(policy="protect", console=False))
+    events = [e for e in result.events if e["kind"] == "instability_precursor"]
+    assert len(events) >= 2 and events[1]["details"]["signal"] == "logz_max"
+    assert events[1]["details"]["since_step"] == events[0]["step"]
+    assert "still growing" in events[1]["message"]
+    # (a warning that comes back sets the ceiling: tests/recovery/test_brake.py)
+    assert spike_step(result.train_losses) is None
+    assert result.final_eval_loss < 0.5

@@ -1,12 +1,13 @@
 """`instability_precursor` on synthetic log Z and Adam update RMS series
 (`detect/output_growth.py`): silent on steady and noisy runs, on a model that raises log Z while
 it learns and on a one-step burst; a warning with the signal, its level against its median, its
-trend and the lead to expect when log Z keeps climbing or one parameter's update RMS rises; the
-same after a state round trip."""
+trend and the lead to expect when log Z keeps climbing (again for each further rise within the
+episode) or one parameter's update RMS rises; the same after a state round trip."""
 
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import numpy as np
 
@@ -78,8 +79,8 @@ def test_silent_on_a_one_step_burst_of_log_z() -> None:
 
 def test_a_climbing_log_z_warns_with_its_level_trend_and_lead() -> None:
     events = run(InstabilityPrecursor(DetectorConfig()), "logz", logz(150, 0, climb_from=100))
-    assert len(events) == 1
     event = events[0]
+    assert "since_step" not in event.details
     assert event.kind == "instability_precursor" and event.severity == "warning"
     assert event.param == "logits" and event.details["signal"] == "logz_max"
     assert event.details["trend"] == "rising" and event.details["steps_above"] >= 2
@@ -88,6 +89,29 @@ def test_a_climbing_log_z_warns_with_its_level_trend_and_lead() -> None:
     assert event.details["expected_lead"]
     assert 100 + 9 <= event.step <= 100 + 16  # 3 nats at 0.3 a step, then two steps above
     assert "z-loss" in event.message
+
+
+def test_log_z_that_keeps_climbing_is_reported_again_each_further_rise() -> None:
+    """Within one episode: again each `precursor_logz_rise` nats above the last report."""
+    rise = DetectorConfig().precursor_logz_rise
+    events = run(InstabilityPrecursor(DetectorConfig()), "logz", logz(150, 0, climb_from=100))
+    assert len(events) >= 3
+    for before, after in pairwise(events):
+        assert after.details["since_step"] == before.step
+        assert after.details["since_value"] == before.value
+        assert after.value is not None and before.value is not None
+        assert after.value >= before.value + rise and after.details["trend"] == "rising"
+        # 0.3 nats a step, with noise: the next report about ten steps later
+        assert 8 <= after.step - before.step <= 14
+        assert "still growing" in after.message
+
+
+def test_log_z_that_stops_climbing_after_the_warning_is_reported_once() -> None:
+    rows = logz(150, 0, climb_from=100)
+    warned = run(InstabilityPrecursor(DetectorConfig()), "logz", rows)[0].step
+    held = rows[:warned + 1] + [rows[warned].copy() for _ in range(150 - warned - 1)]
+    events = run(InstabilityPrecursor(DetectorConfig()), "logz", held)
+    assert [e.step for e in events] == [warned]
 
 
 def test_silent_on_steady_update_rms() -> None:
@@ -110,15 +134,15 @@ def test_the_same_decisions_after_a_state_round_trip() -> None:
     rows = logz(150, 1, climb_from=100)
     whole = run(InstabilityPrecursor(DetectorConfig()), "logz", rows)
     first = InstabilityPrecursor(DetectorConfig())
-    before = run(first, "logz", rows[:90])
+    before = run(first, "logz", rows[:125])  # inside the episode, between two reports
     second = InstabilityPrecursor(DetectorConfig())
     second.load_state_dict(json.loads(json.dumps(first.state_dict())))
     after = []
-    for i, row in enumerate(rows[90:], start=90):
+    for i, row in enumerate(rows[125:], start=125):
         after += second.check(signals(i, names=NAMES, precursors={"logz_mean": row[:1],
                                                                   "logz_max": row[1:]}))
-    assert whole and [(e.step, e.param) for e in before + after] == [(e.step, e.param)
-                                                                    for e in whole]
+    assert before and after  # the split falls between two reports of one episode
+    assert [(e.step, e.param) for e in before + after] == [(e.step, e.param) for e in whole]
 
 
 def test_silent_while_the_loss_still_comes_down() -> None:

@@ -27,8 +27,10 @@ Signals (measured every step, riding the step's one transfer):
                      `precursor_steps` steps in a row.
 
 Each stays silent while its baseline is young (`precursor_warmup` steps: a model from scratch
-raises log Z while it learns), reports an episode once, and lets values above its bound enter
-the baseline capped at the bound (one burst does not lift the level it is compared with).
+raises log Z while it learns), reports an episode once (log Z again each time it climbs a further
+`precursor_logz_rise` nats within the episode: logits still growing after the warning, which the
+LR brake answers with a lasting ceiling), and lets values above its bound enter the baseline
+capped at the bound (one burst does not lift the level it is compared with).
 """
 
 from __future__ import annotations
@@ -179,6 +181,8 @@ class OutputGrowth:
         self.means: deque[float] = deque(maxlen=window)
         """The mean log Z of the last `baseline_window` steps."""
         self.updates = Streaks(window, warmup, rearm, config.precursor_steps)
+        self.logz_reported: tuple[int, float] | None = None
+        """(step, value) of the last log Z report of the open episode (None: no episode)."""
 
     def check(self, signals: StepSignals, make: MakeEvent) -> list[Event]:
         events: list[Event] = []
@@ -212,13 +216,15 @@ class OutputGrowth:
                                 cfg.min_log_scale,
                                 allowed=np.array([mean_high and not self._learning()]))
         fired = self._fired(tracker, judged)
+        value = float(values[0])
         if fired is None:
-            return None
+            return self._logz_further(signals, value, judged, make)
         _, level = fired
-        value, typical = float(values[0]), float(level[0])
+        typical = float(level[0])
         steps, first = int(tracker.streak[0]), float(tracker.first[0])
         trend = _trend(value, first, 0.05)
         ratio = math.exp(min(value - typical, 700.0))
+        self.logz_reported = (signals.step, value)
         return make(
             signals.step, "warning",
             f"log Z of the output logits (largest logsumexp over positions) at {value:.3g}, "
@@ -228,6 +234,33 @@ class OutputGrowth:
             f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
             steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES))
+
+    def _logz_further(self, signals: StepSignals, value: float, judged: Any,
+                      make: MakeEvent) -> Event | None:
+        """Within an open episode, log Z `precursor_logz_rise` nats above the value it was last
+        reported at, while still high: the logits kept growing after the warning (the LR that
+        drives them was not lowered enough), which is reported again. An episode whose log Z
+        holds or falls is reported once."""
+        tracker, rise = self.logz, self.config.precursor_logz_rise
+        if not tracker.episode.active or judged is None:
+            self.logz_reported = None
+            return None
+        reported = self.logz_reported
+        if (reported is None or tracker.streak[0] < self.config.precursor_steps
+                or not value >= reported[1] + rise):
+            return None
+        self.logz_reported = (signals.step, value)
+        typical = float(judged[1][0])
+        return make(
+            signals.step, "warning",
+            f"log Z of the output logits at {value:.3g}, a further {value - reported[1]:.3g} "
+            f"above the {reported[1]:.3g} it was reported at (step {reported[0]}): the output "
+            f"logits are still growing, and a loss spike often follows within {LOGZ_LEAD} steps "
+            "(a lower LR or a z-loss holds them)",
+            param="logits", value=value, signal=LOGZ, baseline=typical,
+            ratio=math.exp(min(value - typical, 700.0)), steps_above=int(tracker.streak[0]),
+            trend="rising", expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES),
+            since_step=reported[0], since_value=reported[1])
 
     def _fired(self, tracker: Streaks, judged: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """(which columns fire, their levels) when this step opens an episode of `tracker`,
@@ -278,7 +311,9 @@ class OutputGrowth:
 
     def state_dict(self) -> dict[str, Any]:
         return {"logz": self.logz.state_dict(), "updates": self.updates.state_dict(),
-                "losses": list(self.losses), "means": list(self.means)}
+                "losses": list(self.losses), "means": list(self.means),
+                "logz_reported": (None if self.logz_reported is None
+                                  else list(self.logz_reported))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "logz" in state:
@@ -289,3 +324,6 @@ class OutputGrowth:
         self.losses.extend(float(v) for v in state.get("losses", []))
         self.means.clear()
         self.means.extend(float(v) for v in state.get("means", []))
+        reported = state.get("logz_reported")
+        self.logz_reported = (None if reported is None
+                              else (int(reported[0]), float(reported[1])))

@@ -6,7 +6,8 @@ is multiplied by `BRAKE_FACTOR`; the factor then goes back to 1 linearly over `B
 applied updates (the brake is released), on top of whatever sets the LR (`recovery.lr.LRBackoff`,
 which survives closed-form and chainable schedulers and a loop that writes the LR itself).
 
-A warning that comes back (while the brake is released or after) says the run's LR is where
+A warning that comes back (while the brake is released or after; for log Z also a further climb
+reported within the same episode, `detect/output_growth.py`) says the run's LR is where
 instability starts, not that one stretch of data was rough: the brake then holds an LR ceiling,
 `BRAKE_FACTOR` x the LR in force at that warning, for the rest of the run (a schedule that decays
 below it takes over again). Each further warning lowers the ceiling the same way. A schedule that
