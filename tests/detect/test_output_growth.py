@@ -13,6 +13,7 @@ import numpy as np
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.instability_precursor import InstabilityPrecursor
+from trainguard.detect.output_growth import Streaks
 from trainguard.events import Event
 
 from .synth import signals
@@ -155,3 +156,36 @@ def test_silent_while_the_loss_still_comes_down() -> None:
                                          precursors={"logz_mean": row[:1],
                                                      "logz_max": row[1:]}))
     assert events == []
+
+
+def test_the_quiet_step_shortcut_moves_the_state_as_the_full_rule_does() -> None:
+    """`Streaks.update` skips its medians when no value can be high (below the lowest value kept
+    plus the margin); a reference whose shortcut never applies (its floor forced to -inf) takes
+    the same decisions and keeps the same state on series with bursts, climbs and NaN."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for step in range(400):
+        row = rng.normal(0.0, 0.3, size=3)
+        if step % 37 == 0:
+            row[step % 3] += 5.0  # a burst
+        if 200 <= step < 260:
+            row[1] += 0.15 * (step - 200)  # a climb
+        if step % 53 == 0:
+            row[2] = np.nan
+        rows.append(row)
+    fast, full = Streaks(50, 20, 5, 4), Streaks(50, 20, 5, 4)
+    quiet_steps = 0
+    for row in rows:
+        full._ring[:] = -np.inf
+        a = fast.update(row, 1.0, 2.5, 0.1, allowed=lambda: np.array([True, True, False]))
+        b = full.update(row, 1.0, 2.5, 0.1, allowed=np.array([True, True, False]))
+        assert (a is None) == (b is None)
+        if a is None or b is None:
+            continue
+        quiet_steps += int(np.isnan(a[1]).all())
+        assert np.array_equal(a[0], b[0])
+        assert np.array_equal(fast.streak, full.streak)
+        assert np.array_equal(fast.first, full.first, equal_nan=True)
+        assert all(np.array_equal(x, y, equal_nan=True)
+                   for x, y in zip(fast.history, full.history, strict=True))
+    assert 100 < quiet_steps < 380  # the shortcut was taken, and the full rule ran too

@@ -108,25 +108,55 @@ class Streaks:
         self.recent: deque[np.ndarray] = deque(maxlen=RECENT)
         """The last values as measured (the history holds them capped)."""
         self.episode = Episode(rearm)
+        self._ring = np.full((window, 0), np.nan)
+        """The history's rows in a ring (order aside), for its per-column floor."""
+        self._next = 0
+
+    def _remember(self, row: np.ndarray) -> None:
+        self.history.append(row)
+        if self._ring.shape[1] != row.shape[0]:
+            self._ring = np.full((self._ring.shape[0], row.shape[0]), np.nan)
+            for i, kept in enumerate(self.history):
+                self._ring[i] = kept
+            self._next = len(self.history) % self._ring.shape[0]
+            return
+        self._ring[self._next] = row
+        self._next = (self._next + 1) % self._ring.shape[0]
 
     def update(self, values: np.ndarray, margin: float, zscore: float, floor: float,
-               allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+               allowed: np.ndarray | Callable[[], np.ndarray] | None = None,
+               ) -> tuple[np.ndarray, np.ndarray] | None:
         """This step's values; (high, median) per column, None while the baseline is young
         (the streaks move; the caller decides on an episode). A column is high when it is
         `margin` and `zscore` robust deviations (at least `floor`) above its median (and, with
-        `allowed`, where that is True)."""
+        `allowed`, or what it returns, where that is True). On a step where nothing can be high
+        the medians are not computed (NaN)."""
         values = np.where(np.isfinite(values), values, np.nan)
         if self.streak.shape != values.shape:  # the columns changed: start again
             self.history.clear()
+            self._ring = np.full((self._ring.shape[0], 0), np.nan)
             self.streak = np.zeros(values.shape, dtype=np.int64)
             self.first = np.zeros(values.shape)
             self.recent.clear()
             self.hits.clear()
-        before = np.stack(self.recent) if self.recent else values[None]
+        oldest = self.recent[0] if self.recent else values  # `RECENT` steps back at most
         self.recent.append(values)
         if len(self.history) < self.warmup:
-            self.history.append(values)
+            self._remember(values)
             return None
+        with np.errstate(invalid="ignore"):
+            # the median is at least the lowest value kept, and a high value is `margin` above
+            # the median: below lowest + margin nothing is high (NaN is never high), so the state
+            # moves as below without the medians (most of the cost on a small model's step)
+            quiet = not (values >= np.fmin.reduce(self._ring, axis=0) + margin).any()
+        if quiet:
+            high = np.zeros(values.shape, dtype=bool)
+            self.hits.append(high)
+            self.streak = np.zeros(values.shape, dtype=np.int64)
+            self._remember(values)
+            return high, np.full(values.shape, np.nan)
+        if callable(allowed):
+            allowed = allowed()
         stacked = np.stack(self.history)
         seen = np.isfinite(stacked).sum(axis=0) >= self.warmup // 2
         known = np.where(seen, stacked, np.nan)
@@ -136,11 +166,11 @@ class Streaks:
         high = seen & np.isfinite(values) & (values >= bound)
         if allowed is not None:
             high &= allowed
-        self.first = np.where(high & (self.streak == 0), before[0], self.first)
+        self.first = np.where(high & (self.streak == 0), oldest, self.first)
         self.hits.append(high)
         self.streak = np.where(high, np.sum(self.hits, axis=0), 0)
         # a value kept from warning (`allowed`) enters uncapped: healthy growth moves the level
-        self.history.append(np.where(high, bound, values))
+        self._remember(np.where(high, bound, values))
         return high, level
 
     def state_dict(self) -> dict[str, Any]:
@@ -152,8 +182,9 @@ class Streaks:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
+        self._ring = np.full((self._ring.shape[0], 0), np.nan)
         for row in state.get("history", []):
-            self.history.append(np.array([math.nan if v is None else float(v) for v in row]))
+            self._remember(np.array([math.nan if v is None else float(v) for v in row]))
         self.streak = np.array(state.get("streak", []), dtype=np.int64)
         self.first = np.array(state.get("first", [0.0] * len(self.streak)), dtype=np.float64)
         self.hits.clear()
@@ -189,19 +220,24 @@ class OutputGrowth:
         if signals.loss is not None and math.isfinite(signals.loss):
             self.losses.append(signals.loss)
         mean = signals.precursors.get(LOGZ_MEAN)
-        mean_high = False
-        if mean is not None:
-            value = float(np.asarray(mean, dtype=np.float64).reshape(-1)[0])
-            if math.isfinite(value):
-                mean_high = (len(self.means) >= self.config.precursor_warmup
-                             and value >= float(np.median(self.means)) + MEAN_RISE)
-                self.means.append(value)
+        value = (math.nan if mean is None
+                 else float(np.asarray(mean, dtype=np.float64).reshape(-1)[0]))
+
+        def allowed() -> np.ndarray:
+            """Whether log Z may warn: the mean up too (against the means before this step's),
+            the loss no longer coming down; asked only on a step where log Z may be high."""
+            mean_high = (math.isfinite(value) and len(self.means) >= self.config.precursor_warmup
+                         and value >= float(np.median(self.means)) + MEAN_RISE)
+            return np.array([mean_high and not self._learning()])
+
         logz = signals.precursors.get(LOGZ)
         if logz is not None:
             event = self._logz(signals, np.asarray(logz, dtype=np.float64).reshape(-1)[:1],
-                               mean_high, make)
+                               allowed, make)
             if event is not None:
                 events.append(event)
+        if math.isfinite(value):
+            self.means.append(value)
         updates = signals.precursors.get(UPDATE)
         if updates is not None:
             event = self._updates(signals, np.asarray(updates, dtype=np.float64), make)
@@ -209,12 +245,11 @@ class OutputGrowth:
                 events.append(event)
         return events
 
-    def _logz(self, signals: StepSignals, values: np.ndarray, mean_high: bool,
-              make: MakeEvent) -> Event | None:
+    def _logz(self, signals: StepSignals, values: np.ndarray,
+              allowed: Callable[[], np.ndarray], make: MakeEvent) -> Event | None:
         cfg, tracker = self.config, self.logz
         judged = tracker.update(values, cfg.precursor_logz_rise, cfg.precursor_zscore,
-                                cfg.min_log_scale,
-                                allowed=np.array([mean_high and not self._learning()]))
+                                cfg.min_log_scale, allowed=allowed)
         fired = self._fired(tracker, judged)
         value = float(values[0])
         if fired is None:
