@@ -189,3 +189,13 @@ def test_the_quiet_step_shortcut_moves_the_state_as_the_full_rule_does() -> None
         assert all(np.array_equal(x, y, equal_nan=True)
                    for x, y in zip(fast.history, full.history, strict=True))
     assert 100 < quiet_steps < 380  # the shortcut was taken, and the full rule ran too
+
+
+def test_the_warning_carries_the_lr_it_came_at() -> None:
+    """For the ranking: a warning at an LR far above the first steps' came from an LR that rose."""
+    detector = InstabilityPrecursor(DetectorConfig())
+    events = []
+    for i, row in enumerate(logz(130, 0, climb_from=100)):
+        events += detector.check(signals(i, names=NAMES, lr=1e-3 * 1.01 ** i,
+                                         precursors={"logz_mean": row[:1], "logz_max": row[1:]}))
+    assert events and events[0].details["lr"] == 1e-3 * 1.01 ** events[0].step

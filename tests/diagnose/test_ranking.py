@@ -192,6 +192,25 @@ def test_a_blow_up_that_lasts_is_the_warmups_when_the_lr_is_one_the_model_takes(
         == [(c.code, c.score) for c in rank_causes(late, [unknown])]
 
 
+def test_a_precursor_at_an_lr_that_rose_since_the_first_steps_is_the_lrs() -> None:
+    """Nothing but a precursor warning, in a run without warmup at an LR the model takes: at
+    the first steps' LR it speaks for the missing warmup; at 15x that LR (a loop that kept
+    raising it) for the LR."""
+    no_warmup = Finding("warmup", "info", "no warmup", "add one", cause="missing_warmup",
+                        evidence={"lr_share": 0.02, "tolerated_lr": 0.05,
+                                  "lr_head": [1e-3] * 5})
+    same = [event("instability_precursor", 22, "warning", lr=1e-3)]
+    assert codes(rank_causes(same, [no_warmup]))[0] == "missing_warmup"
+    rose = [event("instability_precursor", 129, "warning", lr=1.5e-2)]
+    ranked = rank_causes(rose, [no_warmup])
+    assert codes(ranked)[0] == "lr_too_high"
+    assert not any("nothing but a precursor warning" in why
+                   for c in ranked for why in c.evidence)
+    # a warning without its LR (an older log) is read as before
+    assert codes(rank_causes([event("instability_precursor", 129, "warning")],
+                             [no_warmup]))[0] == "missing_warmup"
+
+
 def test_a_missing_warmup_under_sgd_does_not_outvote_its_lr() -> None:
     blown_up = [event("bad_start", 10, "warning", cause="lr_too_high")]
     sgd = Finding("warmup", "info", "no warmup; a low risk here: SGD", "add one",

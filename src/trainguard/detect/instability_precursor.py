@@ -54,7 +54,7 @@ def column_medians(values: np.ndarray) -> np.ndarray:
 
 class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
-    reads = frozenset({"param_names", "precursors", "attention_logits"})
+    reads = frozenset({"param_names", "precursors", "attention_logits", "lr"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
@@ -71,8 +71,12 @@ class InstabilityPrecursor(Detector):
         """log Z and Adam's update RMS (`detect/output_growth.py`): events of this kind."""
 
     def check(self, signals: StepSignals) -> list[Event]:
-        return (self._check_ratio(signals) + self.attention.check(signals, self.event)
-                + self.growth.check(signals, self.event))
+        events = (self._check_ratio(signals) + self.attention.check(signals, self.event)
+                  + self.growth.check(signals, self.event))
+        if signals.lr is not None:
+            for event in events:  # the LR it came at: the ranking compares it with the first
+                event.details.setdefault("lr", signals.lr)  # steps' (a schedule that rose)
+        return events
 
     def _check_ratio(self, signals: StepSignals) -> list[Event]:
         values = signals.precursors.get(SIGNAL)

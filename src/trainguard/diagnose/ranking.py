@@ -67,6 +67,10 @@ by the model's size, so a factor of 2 is within its error) was hurt by the missi
 its LR: a warmup is the fix, and the LR it runs at afterwards is one the model takes."""
 WARMUP_SHIFT = 0.5
 """The share of the LR's votes that then goes to the missing warmup."""
+LR_ROSE = 2.0
+"""A precursor warning that came at more than this many times the LR of the run's first steps
+(the preflight's `lr_head`) came from an LR that rose since (a warmup that never stops, a loop that
+keeps raising it): that LR, not the missing warmup, is what the warning is about."""
 
 
 CONFIRMED_SHARE = 0.9
@@ -193,7 +197,7 @@ def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event
     # a precursor warning is not trouble yet: with nothing else, both findings are risks
     trouble = [e.step for e in serious if e.kind != Kind.INSTABILITY_PRECURSOR]
     if not why or (trouble and min(trouble) >= EARLY_STEPS) or not votes.score.get(
-            "lr_too_high"):
+            "lr_too_high") or (not trouble and _lr_rose(serious, findings)):
         return False
     moved = WARMUP_SHIFT * votes.score["lr_too_high"]
     votes.score["lr_too_high"] -= moved
@@ -202,6 +206,18 @@ def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event
         else "no warmup, nothing but a precursor warning so far")
         + f", and {why}: the first updates, not the LR")
     return True
+
+
+def _lr_rose(serious: list[Event], findings: list[Finding]) -> bool:
+    """Whether the first precursor warning came at more than `LR_ROSE` x the LR of the run's
+    first steps (as the preflight saw them): the LR that rose since is the warning's matter."""
+    warned = min((e for e in serious if e.kind == Kind.INSTABILITY_PRECURSOR),
+                 key=lambda e: e.step, default=None)
+    lr = warned.details.get("lr") if warned is not None else None
+    head = next((f.evidence.get("lr_head") for f in findings if f.cause == "missing_warmup"
+                 and isinstance(f.evidence.get("lr_head"), list)), None)
+    first = [v for v in head or [] if isinstance(v, (int, float)) and v > 0]
+    return isinstance(lr, (int, float)) and bool(first) and lr > LR_ROSE * max(first)
 
 
 def proven(events: list[Event]) -> tuple[dict[str, str], set[str]]:
