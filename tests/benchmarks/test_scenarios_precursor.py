@@ -6,11 +6,15 @@ run) and `benchmarks.precursors.spike_step`."""
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from benchmarks.precursors import spike_step
 from benchmarks.scenarios import scenario
+from benchmarks.scenarios.families.tiny_lm import SANE_LR, VOCAB_SIZE, TinyLM, _sequences
 from benchmarks.scenarios.runner import RunResult, run_scenario
 
-from trainguard import GuardConfig
+from trainguard import Guard, GuardConfig
+from trainguard.demo.data import MarkovLanguage
 
 OBSERVE = GuardConfig(policy="observe", console=False)
 
@@ -51,3 +55,33 @@ def test_under_protect_the_ceiling_a_returning_warning_sets_prevents_the_spike()
     assert len(warnings(result)) >= 2  # the brake, then the ceiling
     assert spike_step(result.train_losses) is None
     assert result.final_eval_loss < 2.0  # unguarded, it ends near 80
+
+
+def test_a_loop_that_raises_the_lr_by_hand_without_warmup_is_told_the_lr() -> None:
+    """A stranger's loop: no warmup (the preflight sees the first steps at one LR) and, from
+    step 50, `param_group["lr"] *= 1.03` written by the loop each step, a warmup that never
+    stops. The warning comes from the LR the loop raised, so the diagnosis names the LR, not
+    the missing warmup; under `protect` the loss never doubles."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=SANE_LR, weight_decay=0.0)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="protect", console=False))
+    transition = MarkovLanguage(VOCAB_SIZE, branching=3, seed=7).transition
+    losses = []
+    for step in range(200):
+        if step >= 50:
+            for group in optimizer.param_groups:
+                group["lr"] *= 1.03
+        tokens = _sequences(transition, torch.Generator().manual_seed(step))
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    guard.close()
+    warned = [e for e in guard.events if e.kind == "instability_precursor"]
+    assert warned and warned[0].details["lr"] > 2 * SANE_LR
+    assert any(f.cause == "missing_warmup" for f in guard.findings)
+    assert guard.diagnose()[0].code == "lr_too_high"
+    assert spike_step(losses) is None
