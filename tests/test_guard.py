@@ -276,6 +276,25 @@ def test_halt_writes_a_snapshot_that_loads_with_weights_only(tmp_path) -> None:
     assert reader.steps()[-1]["action"] == "halted"
 
 
+def test_the_crash_snapshot_holds_the_rng_its_step_started_its_forward_from(tmp_path) -> None:
+    """So that replaying the snapshot's batch draws the step's dropout masks: the RNG as the
+    step's forward found it, not as it stood after the forward and the loop drew from it."""
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, setup.scheduler,
+                  config=GuardConfig(console=False, policy="halt"), run_dir=tmp_path / "run")
+    train(guard, setup, 4)
+    batch = setup.batch()
+    before = torch.get_rng_state()
+    loss = setup.model(batch).float().mean() * float("nan")
+    torch.rand(3)  # the loop draws from the RNG after the forward
+    loss.backward()
+    with pytest.raises(TrainingDiverged) as info:
+        guard.step(loss, batch={"input_ids": batch})
+    snapshot = torch.load(info.value.snapshot_path, weights_only=True)
+    assert torch.equal(snapshot["rng"]["torch"], before)
+    assert not torch.equal(snapshot["rng"]["torch"], torch.get_rng_state())
+
+
 def test_protect_halts_after_too_many_consecutive_skips(tmp_path) -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer,

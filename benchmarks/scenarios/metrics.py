@@ -58,7 +58,8 @@ def _proofs(result: RunResult) -> list[dict[str, Any]]:
 def proof_totals(faulty: list[RunResult], healthy: list[RunResult]) -> dict[str, Any]:
     """What the replays of bad steps proved: the faults whose cause an intervention tests
     (`TESTED_CAUSES`), those whose true cause a reproduced replay confirmed, the causes confirmed
-    wrongly, the faults never reproduced, and healthy runs with anything confirmed."""
+    wrongly, the faults never reproduced (and those whose step replayed as it ran but was not bad
+    on its own: damage built up earlier), and healthy runs with anything confirmed."""
     applicable = [r for r in faulty if r.cause in TESTED_CAUSES]
     confirmed = [r for r in applicable
                  if any(r.cause in p.get("confirmed", {}) for p in _proofs(r))]
@@ -70,7 +71,11 @@ def proof_totals(faulty: list[RunResult], healthy: list[RunResult]) -> dict[str,
         "proof_unconfirmed": [r.scenario for r in applicable if r not in confirmed],
         "proof_runs": len(proved),
         "proof_not_reproducible": [r.scenario for r in proved
-                                   if not any(p.get("reproduced") for p in _proofs(r))],
+                                   if not any(p.get("reproduced") or p.get("faithful")
+                                              for p in _proofs(r))],
+        "proof_older_damage": [r.scenario for r in proved
+                               if not any(p.get("reproduced") for p in _proofs(r))
+                               and any(p.get("faithful") for p in _proofs(r))],
         "proof_wrong": [f"{r.scenario} ({', '.join(sorted(set(c)))})" for r in faulty
                         if (c := [code for p in _proofs(r) for code in _wrong(p, r.cause)])],
         "proof_healthy_confirmed": [r.scenario for r in healthy
@@ -147,7 +152,9 @@ def _proof_lines(summary: dict[str, Any]) -> list[str]:
         f"  proofs: true cause confirmed by replay in {summary['proof_confirmed']}/"
         f"{summary['proof_applicable']} faults an intervention tests (unconfirmed: "
         f"{', '.join(summary['proof_unconfirmed']) or 'none'}); {summary['proof_runs']} faulty "
-        f"runs proved, not reproducible: {', '.join(summary['proof_not_reproducible']) or 'none'}",
+        f"runs proved, not reproducible: {', '.join(summary['proof_not_reproducible']) or 'none'}"
+        f"; replayed as they ran, not bad on their own (older damage): "
+        f"{', '.join(summary.get('proof_older_damage', [])) or 'none'}",
         f"  proofs: other causes confirmed: {', '.join(summary['proof_wrong']) or 'none'}; "
         f"healthy runs checked {summary['proof_healthy_checked']}, with a cause confirmed: "
         f"{', '.join(summary['proof_healthy_confirmed']) or 'none'}; seconds per proof median "

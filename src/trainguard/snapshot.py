@@ -153,7 +153,17 @@ def build_snapshot(*, step: int, model: nn.Module, optimizers: list[torch.optim.
                    scheduler: Any = None, scaler: Any = None, batch: Any = None,
                    events: list[dict[str, Any]] | None = None,
                    config: dict[str, Any] | None = None,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra: dict[str, Any] | None = None,
+                   forward_rng: tuple[torch.Tensor, list[torch.Tensor] | None] | None = None,
+                   ) -> dict[str, Any]:
+    """`forward_rng`: the RNG state the step's forward started from (`diagnose/step_rng.py`),
+    stored as the snapshot's torch (and CUDA) RNG so a replay draws the step's dropout masks;
+    None: the RNG as it is now."""
+    rng = rng_state()
+    if forward_rng is not None:
+        rng["torch"] = forward_rng[0]
+        if forward_rng[1] is not None:
+            rng["cuda"] = forward_rng[1]
     snap: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "step": step,
@@ -162,7 +172,7 @@ def build_snapshot(*, step: int, model: nn.Module, optimizers: list[torch.optim.
         else [o.state_dict() for o in optimizers],
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": rng_state(),
+        "rng": rng,
         "batch": batch,
         "events": events or [],
         "config": config or {},

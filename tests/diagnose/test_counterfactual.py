@@ -315,6 +315,28 @@ def test_a_healthy_step_has_nothing_to_heal() -> None:
     assert proof.summary().startswith("nothing to heal")
 
 
+def test_a_step_that_replays_as_it_ran_but_is_not_bad_points_at_older_damage() -> None:
+    """An incident step (a divergence judged over many steps) whose replay gives the loss it had
+    when it ran, but whose own update is fine: replayed faithfully, not a transient."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = regression()
+    with torch.no_grad():
+        ran = float(mse(model, batch))
+    proof = prove(Setup(model, opt, mse, batch, step=30, original_loss=ran,
+                        original_finite=True))
+    assert not proof.reproduced and proof.faithful is True and proof.confirmed == {}
+    assert proof.summary().startswith("step 30 replays as it ran")
+    assert "transient" not in proof.summary()
+    # a loss 10% away from the recorded one did not replay as it ran; nor did a step that ran
+    # non-finite and replays finite, whatever its loss
+    for recorded, finite in ((ran * 1.1, True), (ran, False)):
+        other = prove(Setup(model, opt, mse, batch, step=30, original_loss=recorded,
+                            original_finite=finite))
+        assert not other.reproduced and other.faithful is False
+        assert other.summary().startswith("not reproducible")
+
+
 def test_a_fault_the_replay_does_not_show_is_not_reproducible() -> None:
     """The step went NaN when it ran (a flaky device), its replay is finite: a transient."""
     model = mlp()

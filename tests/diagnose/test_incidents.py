@@ -270,6 +270,10 @@ def test_a_window_replay_confirms_an_lr_spike_one_step_cannot() -> None:
     assert [p.step for p in proofs] == [rollback.step] * 3
     # the bad step alone, from its own state and from the good state: healthy at its normal LR
     assert [p.details["reproduced"] for p in proofs[:2]] == [False, False]
+    # ...and the first replayed the bad step as it ran (dropout included): older damage, not a
+    # transient; the second starts from another state, where the step's own loss says nothing
+    assert proofs[0].details["faithful"] is True and "replays as it ran" in proofs[0].message
+    assert proofs[1].details["faithful"] is None and "not reproducible" in proofs[1].message
     window = proofs[2]
     assert window.details["reproduced"] and "lr_too_high" in window.details["confirmed"]
     assert "replayed from the good state of step" in window.message

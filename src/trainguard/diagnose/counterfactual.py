@@ -35,7 +35,10 @@ the votes order them; it confirms nothing when the model no longer learns from t
 (the state is broken) or when a fix that keeps the batch heals the step too (the batch only
 tripped that fix's cause, an unsafe operation say). A plain replay that is not bad (or is finite
 where the step was not) makes the fault **not reproducible**: a transient or hardware fault, or
-trouble that began earlier.
+trouble that began earlier. When the replay's loss is the loss the step had when it ran (and it
+ran finite), the step was replayed faithfully and is simply not bad on its own: the trouble built
+up over earlier steps (a divergence), which a window replay from a good state can prove, and no
+transient is suggested.
 
 Interventions run likeliest first (by the current votes) within a time budget. The model, the
 optimizer (its state and hyperparameters), the gradients, the training mode and the RNG are put
@@ -59,6 +62,7 @@ from torch.overrides import TorchFunctionMode
 from trainguard.diagnose.batch import IGNORE_INDEX
 from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
 from trainguard.diagnose.replay import LossFn
+from trainguard.diagnose.step_rng import RNGState, put
 
 LOSS_SPIKE = 3.0
 """A replayed loss this many times the run's typical loss is bad."""
@@ -253,6 +257,12 @@ class Setup:
     baseline: Baseline = field(default_factory=Baseline)
     original_finite: bool | None = None
     """Whether the step's loss and gradients were finite when it ran (None: unknown)."""
+    original_loss: float | None = None
+    """The step's loss when it ran (None: unknown, or a replay from another state)."""
+    forward_rng: RNGState | None = None
+    """The RNG state the step's forward started from (`diagnose/step_rng.py`): every replayed
+    forward of the step starts from it, drawing the step's own dropout masks (None: the RNG as
+    it stands when the proof begins, the same masks for every replay)."""
     init_suspects: tuple[str, ...] = ()
     """Weights the preflight found far above their usual initial scale."""
     no_warmup: bool | None = None
@@ -291,6 +301,10 @@ class Proof:
     origin: str = ""
     window: int = 0
     """Steps replayed before the bad one (a window replay)."""
+    faithful: bool | None = None
+    """Whether the plain replay's loss is the loss the step had when it ran (within
+    `FAITHFUL_TOLERANCE`); None: unknown. A step that replays as it ran but is not bad on its
+    own is reproduced faithfully: its damage is older, not a transient fault."""
     trials: list[tuple[Intervention, Outcome, bool | None]] = field(default_factory=list)
     confirmed: dict[str, str] = field(default_factory=dict)
     """Cause code -> the sentence that proves it."""
@@ -312,6 +326,11 @@ class Proof:
         if not self.reproduced and not self.incident:
             return (f"nothing to heal: the replay of step {self.step} is healthy (the step's "
                     f"loss is {_num(self.plain.loss)}, after its update {_num(self.plain.after)})")
+        if not self.reproduced and self.faithful:
+            return (f"step {self.step} replays as it ran (its loss {_num(self.plain.loss)}, as "
+                    f"recorded) but is not bad on its own (after its update "
+                    f"{_num(self.plain.after)}): the trouble built up over earlier steps, which "
+                    "one step cannot prove (a window replay from a good state can)")
         if not self.reproduced:
             return (f"not reproducible: the replay of step {self.step} is healthy (the step's "
                     f"loss is {_num(self.plain.loss)}, after its update {_num(self.plain.after)}):"
@@ -328,7 +347,8 @@ class Proof:
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "reproduced": self.reproduced, "why_bad": self.why_bad,
+        return {"step": self.step, "reproduced": self.reproduced, "faithful": self.faithful,
+                "why_bad": self.why_bad,
                 "incident": self.incident, "origin": self.origin, "window": self.window,
                 "confirmed": dict(self.confirmed), "confirmed_by": dict(self.confirmed_by),
                 "ruled_out": dict(self.ruled_out), "not_tried": list(self.not_tried),
@@ -374,9 +394,17 @@ class SavedState:
         self.cuda_rng = (torch.cuda.get_rng_state_all() if torch.cuda.is_available()
                          and torch.cuda.is_initialized() else None)
         self.py_rng = random.getstate()
+        self.step_rng: RNGState | None = None
+        """Where every replayed forward starts (`Setup.forward_rng`); None: the RNG as saved."""
 
     def rng(self) -> None:
-        """Put every RNG back (the same dropout masks for every forward)."""
+        """Before a replayed forward: every RNG at the step's start (the same dropout masks for
+        every forward, the step's own when they were kept)."""
+        self._put_back()
+        if self.step_rng is not None:
+            put(self.step_rng)
+
+    def _put_back(self) -> None:
         torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
@@ -402,7 +430,7 @@ class SavedState:
             module.training = training
         for live, scaling in self.scalings:
             live.update(scaling)
-        self.rng()
+        self._put_back()
 
     def _restore_optimizer(self) -> None:
         state = self.optimizer.state
@@ -808,6 +836,7 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
     bad, as a step beyond the run's typical loss is later."""
     started = time.perf_counter()
     saved = SavedState(setup.model, setup.optimizer)
+    saved.step_rng = setup.forward_rng
     try:
         plain = setup.recorded  # stands only for a bad window the replay reproduces
         if plain is None or not record_stands(plain, setup.baseline) or not _first_step_agrees(
@@ -826,6 +855,9 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
         proof.why_bad = plain.bad(proof.baseline)
         proof.reproduced = bool(proof.why_bad) and not (
             setup.original_finite is False and plain.finite)
+        # a step that ran non-finite and replays finite did not replay as it ran (a transient)
+        proof.faithful = (False if setup.original_finite is False and plain.finite
+                          else _faithful(plain.loss, setup.original_loss))
         if proof.reproduced:
             proof.trials = [(i, o, _heals(i, proof, o)) for i, o, _ in proof.trials]
             _conclude(proof, likely)
@@ -835,6 +867,20 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
         saved.restore()
     proof.seconds = time.perf_counter() - started
     return proof
+
+
+FAITHFUL_TOLERANCE = 0.01
+"""A plain replay whose loss is within this relative distance of the step's recorded loss
+replayed the step as it ran (the same state, batch and dropout; kernels that are not
+deterministic move it a little)."""
+
+
+def _faithful(replayed: float, recorded: float | None) -> bool | None:
+    if recorded is None or not math.isfinite(recorded):
+        return None
+    if not math.isfinite(replayed):
+        return False
+    return abs(replayed - recorded) <= FAITHFUL_TOLERANCE * max(abs(recorded), 1e-6)
 
 
 def recorded_window(window: Sequence[WindowStep], loss: float | None,

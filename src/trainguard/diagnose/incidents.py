@@ -29,6 +29,7 @@ import logging
 import math
 import time
 from collections import deque
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -162,15 +163,20 @@ class IncidentProver:
                       else bool(signals.loss_finite and signals.grads_finite))
             setup = self._setup(services, ctx.step, batch if batch is not None else ctx.batch,
                                 finite)
+            if batch is None:  # the step as it ran, on its batch, with its dropout masks
+                setup.forward_rng = ctx.forward_rng
+                if signals is not None and signals.loss is not None:
+                    setup.original_loss = float(signals.loss)
             batch_kinds = kinds_tagged(Tag.BATCH)
             setup.batch_causes = tuple(str(e.details["cause"]) for e in ctx.events
                                        if e.kind in batch_kinds and e.details.get("cause"))
             started = time.perf_counter()
-            proofs = [prove(setup, likely=likely, budget_s=self.budget_s(services))]
-            if not proofs[0].reproduced or proofs[0].plain.forward_bad(proofs[0].baseline):
-                # bad before its update: the damage is older; replay from the good state
-                left = self.budget_s(services) - (time.perf_counter() - started)
-                proofs += self._from_good_state(ctx, state, services, setup, likely, left)
+            with _replays(services):
+                proofs = [prove(setup, likely=likely, budget_s=self.budget_s(services))]
+                if not proofs[0].reproduced or proofs[0].plain.forward_bad(proofs[0].baseline):
+                    # bad before its update: the damage is older; replay from the good state
+                    left = self.budget_s(services) - (time.perf_counter() - started)
+                    proofs += self._from_good_state(ctx, state, services, setup, likely, left)
         except Exception as exc:  # proving is advisory: the run goes on
             log.error("trainguard: proving step %d failed (%s: %s)", ctx.step,
                       type(exc).__name__, exc)
@@ -198,7 +204,8 @@ class IncidentProver:
         lrs = [g["lr"] for g in optimizer.param_groups]
         try:
             self._restore(target, services, lrs)
-            again = replace(setup, original_finite=None, state_step=target.step,
+            again = replace(setup, original_finite=None, original_loss=None,
+                            state_step=target.step,
                             origin=f"from the good state of step {target.step}")
             started = time.perf_counter()
             proofs = [prove(again, likely=likely, budget_s=budget_s)]
@@ -234,8 +241,8 @@ class IncidentProver:
             if not window or per_update * (len(window) + 2) * (1 if stands else 2) > left:
                 continue
             self._restore(start, services, lrs)
-            out.append(prove(replace(
-                setup, window=window, state_step=start.step,
+            out.append(prove(replace(  # the window's steps drew other masks than the last's
+                setup, window=window, state_step=start.step, forward_rng=None,
                 recorded=recorded if stands else None, update_seconds=per_update,
                 rules_out=rules_out,
                 origin=f"steps {start.step}-{ctx.step} replayed from the good state of step "
@@ -293,7 +300,8 @@ class IncidentProver:
                                               top=100)]
         setup = self._setup(services, state.step, batch, None)
         setup.incident = False
-        proof = prove(setup, likely=likely, budget_s=self.budget_s(services))
+        with _replays(services):
+            proof = prove(setup, likely=likely, budget_s=self.budget_s(services))
         self.proofs.append(proof)
         journal.emit_event(proof_event(proof))
         return proof
@@ -351,6 +359,11 @@ def _no_warmup(services: Services) -> bool | None:
     return False if services.config.preflight and services.scheduler is not None else None
 
 
+def _replays(services: Services) -> AbstractContextManager[None]:
+    """Around a proof: its replayed forwards leave the RNG state kept for the step under way."""
+    return services.step_rng.kept() if services.step_rng is not None else nullcontext()
+
+
 def proof_event(proof: Proof) -> Event:
     """The `proof` event the cause ranking reads: what was confirmed and ruled out, and why."""
     return Event(kind="proof", step=proof.step, severity="info",
@@ -358,8 +371,8 @@ def proof_event(proof: Proof) -> Event:
                  details={"confirmed": dict(proof.confirmed),
                           "confirmed_by": dict(proof.confirmed_by),
                           "ruled_out": dict(proof.ruled_out),
-                          "reproduced": proof.reproduced, "incident": proof.incident,
-                          "window": proof.window,
+                          "reproduced": proof.reproduced, "faithful": proof.faithful,
+                          "incident": proof.incident, "window": proof.window,
                           "not_tried": list(proof.not_tried),
                           "seconds": round(proof.seconds, 3),
                           "trials": [{"name": i.name, "healed": healed, "loss": o.loss,

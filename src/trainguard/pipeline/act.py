@@ -182,7 +182,8 @@ def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
                 events=[e.to_dict() for e in services.journal.events + ctx.events],
                 config=services.config.to_dict(),
                 extra={"guard": portable(state.state_dict()),
-                       "baseline": services.prover.baseline_dict()})
+                       "baseline": services.prover.baseline_dict()},
+                forward_rng=ctx.forward_rng)
             ctx.snapshot_path = str(write_snapshot(path, snapshot))
             ctx.act("snapshot", f"crash snapshot written to {ctx.snapshot_path}",
                     path=ctx.snapshot_path)

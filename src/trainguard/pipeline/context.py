@@ -59,6 +59,9 @@ class StepContext:
     loss: Any
     """The loss as the caller passed it (a scalar tensor, a number or None)."""
     batch: Any = None
+    forward_rng: Any = None
+    """The RNG state the step's last training forward started from (`diagnose/step_rng.py`;
+    None when not kept): a proof of this step replays its dropout masks."""
     data_ids: Any = None
     sampled: bool = False
     """Whether the heavy probes run on this step (decided before its forward pass)."""

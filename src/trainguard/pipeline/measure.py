@@ -58,6 +58,8 @@ def measure(ctx: StepContext, state: RunState, services: Services) -> None:
 def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedStep:
     """Everything `measure` reads, gathered on the device into one pack (no host read)."""
     config, device = services.config, services.device
+    if services.step_rng is not None:
+        ctx.forward_rng = services.step_rng.take()
     ctx.new_params = watch_new_params(state, services, ctx.step)
     ranks = services.ranks  # after the parameters it lays out are final
     loss_t = loss_tensor(ctx.loss)

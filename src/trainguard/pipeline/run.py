@@ -482,6 +482,8 @@ class Run:
         self.services.watch.adam_probe.close()
         if self.services.logz_probe is not None:
             self.services.logz_probe.close()
+        if self.services.step_rng is not None:
+            self.services.step_rng.close()
         try:
             self._flush_pending()
         except Exception as exc:  # the last sampled statistics are lost, nothing else

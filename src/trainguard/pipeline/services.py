@@ -24,6 +24,7 @@ from trainguard.diagnose import Finding
 from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.incidents import IncidentProver
 from trainguard.diagnose.replay import LossFn
+from trainguard.diagnose.step_rng import StepRNG
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.distributed import DistributedContext, LocalShardGradientProbe, RankAgreement
 from trainguard.events import ActionRecord, Event
@@ -173,6 +174,10 @@ class Services:
     logz_probe: LogZProbe | None = None
     """log Z of the class scores every step, for `instability_precursor` (with the Adam ratio
     probe: on when `precursor_probe` is, left out under torch.distributed)."""
+    step_rng: StepRNG | None = None
+    """The RNG state each training forward starts from (`diagnose/step_rng.py`), so a proof or
+    a crash snapshot's replay draws the step's dropout masks; kept when the run can prove or
+    halts."""
 
     @property
     def watched(self) -> WatchedParams:
@@ -221,7 +226,9 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         attention_probe=(AttentionLogitProbe(model)
                          if config.detectors.attention_probe and dist is None else None),
         logz_probe=(LogZProbe(model) if config.detectors.precursor_probe and dist is None
-                    else None))
+                    else None),
+        step_rng=(StepRNG(model) if config.policy == "halt" or (
+            replay_fn is not None and config.prove != "off") else None))
 
 
 def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:
