@@ -63,3 +63,25 @@ def test_a_replay_from_the_steps_rng_gives_the_loss_the_step_had() -> None:
                         original_finite=True))
     assert other.plain.loss != ran and other.faithful is False
     assert torch.equal(torch.get_rng_state(), after)  # the proof put the run's RNG back
+
+
+def test_a_window_step_replays_from_its_own_rng() -> None:
+    """A window replay's step gives the loss the run recorded for it when its forward's RNG was
+    kept (with dropout 0.5 the masks decide the loss); from the RNG as it ran on, another."""
+    from trainguard.diagnose.counterfactual import SavedState, WindowStep, _window_step
+
+    torch.manual_seed(0)
+    model = mlp(dropout=0.5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = regression()
+    kept = StepRNG(model)
+    ran = float(mse(model, batch))
+    state = kept.take()
+    torch.rand(10)  # the run went on drawing
+    saved = SavedState(model, opt)
+    setup = Setup(model, opt, mse, batch)
+    own = _window_step(setup, WindowStep(0, batch, (1e-3,), loss=ran, forward_rng=state), 1.0)
+    saved.restore()
+    other = _window_step(setup, WindowStep(0, batch, (1e-3,), loss=ran), 1.0)
+    saved.restore()
+    assert float(own) == ran and float(other) != ran

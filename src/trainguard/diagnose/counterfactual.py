@@ -76,10 +76,10 @@ many times the run's typical loss: the recover policy's "back near its level" (i
 `settle_ratio`), the test a divergence that built up over the window failed."""
 SAME_LOSS = 0.25
 """A replayed loss within this share of the one the run recorded for the same step and state is
-the same loss (the dropout masks differ; a loss function unlike the run's, summed or scaled,
-is further off): the replay reproduces the run's losses, so the recorded ones can stand for a
-window replayed as it happened, if bad by a margin this share leaves no doubt about
-(`record_stands`)."""
+the same loss (the dropout masks differ where the step's RNG was not kept; a loss function
+unlike the run's, summed or scaled, is further off): the replay reproduces the run's losses, so
+the recorded ones can stand for a window replayed as it happened, if bad by a margin this share
+leaves no doubt about (`record_stands`)."""
 RISE = 0.25
 """An update that raises its own batch's loss by more than this share is bad: a healthy step
 lowers the loss of the batch it was computed on."""
@@ -240,6 +240,8 @@ class WindowStep:
     lrs: tuple[float, ...]
     applied: bool = True
     loss: float | None = None
+    forward_rng: RNGState | None = None
+    """The RNG state its forward started from (None: not kept; the RNG runs on)."""
 
 
 @dataclass
@@ -546,12 +548,15 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
 
 
 def _window_step(setup: Setup, past: WindowStep, factor: float) -> torch.Tensor:
-    """One step of a window replay, its loss: the RNG runs on from the state's (the same dropout
+    """One step of a window replay, its loss: from the RNG state the step's forward started from
+    when it was kept (its own dropout masks), else the RNG runs on from the state's (the same
     masks for every replay of the window)."""
     model, opt = setup.model, setup.optimizer
     for group, lr in zip(opt.param_groups, past.lrs, strict=True):
         group["lr"] = lr * factor
     opt.zero_grad(set_to_none=True)
+    if past.forward_rng is not None:
+        put(past.forward_rng)
     loss = setup.loss_fn(model, past.batch)
     loss.backward()
     if past.applied:
@@ -919,6 +924,8 @@ def _first_step_agrees(setup: Setup, saved: SavedState) -> bool:
     try:
         with torch.no_grad(), _precision(setup, Change(autocast=setup.autocast)):
             saved.rng()
+            if first.forward_rng is not None:
+                put(first.forward_rng)  # the step's own dropout masks
             loss = float(setup.loss_fn(setup.model, first.batch).detach().float())
     except Exception:  # the plain replay will say what fails
         return False

@@ -103,7 +103,8 @@ class IncidentProver:
             lrs = (ctx.signals.group_lrs if ctx.signals is not None and ctx.signals.group_lrs
                    else tuple(float(g["lr"]) for g in services.optimizer.param_groups))
             loss = ctx.signals.loss if ctx.signals is not None else None
-            self.window.append(WindowStep(ctx.step, ctx.batch, lrs, ctx.applied, loss))
+            self.window.append(WindowStep(ctx.step, ctx.batch, lrs, ctx.applied, loss,
+                                          ctx.forward_rng))
         now = time.perf_counter()
         if self._last_seen is not None:
             self.step_times.append(now - self._last_seen)
@@ -241,8 +242,8 @@ class IncidentProver:
             if not window or per_update * (len(window) + 2) * (1 if stands else 2) > left:
                 continue
             self._restore(start, services, lrs)
-            out.append(prove(replace(  # the window's steps drew other masks than the last's
-                setup, window=window, state_step=start.step, forward_rng=None,
+            out.append(prove(replace(  # the bad step from its own RNG, as the window's steps
+                setup, window=window, state_step=start.step,
                 recorded=recorded if stands else None, update_seconds=per_update,
                 rules_out=rules_out,
                 origin=f"steps {start.step}-{ctx.step} replayed from the good state of step "
