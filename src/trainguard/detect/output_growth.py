@@ -98,7 +98,6 @@ class Streaks:
 
     def __init__(self, window: int, warmup: int, rearm: int, within: int) -> None:
         self.warmup = warmup
-        self.history: deque[np.ndarray] = deque(maxlen=window)
         self.hits: deque[np.ndarray] = deque(maxlen=within)
         """Which columns were high at each of the last `within` steps."""
         self.streak = np.zeros(0, dtype=np.int64)
@@ -109,19 +108,32 @@ class Streaks:
         """The last values as measured (the history holds them capped)."""
         self.episode = Episode(rearm)
         self._ring = np.full((window, 0), np.nan)
-        """The history's rows in a ring (order aside), for its per-column floor."""
+        """The last `window` rows kept (capped where they were high), in a ring: medians and the
+        lowest value do not need their order (`history` gives it)."""
+        self._count = 0
         self._next = 0
 
+    @property
+    def history(self) -> list[np.ndarray]:
+        """The rows kept, oldest first."""
+        if self._count < len(self._ring):
+            return list(self._ring[:self._count])
+        return list(np.roll(self._ring, -self._next, axis=0))
+
+    def _lowest(self) -> np.ndarray:
+        """Each column's lowest value kept (NaN for a column of nothing but NaN)."""
+        return np.fmin.reduce(self._ring[:self._count], axis=0)
+
+    def _forget(self) -> None:
+        self._ring = np.full((len(self._ring), 0), np.nan)
+        self._count = self._next = 0
+
     def _remember(self, row: np.ndarray) -> None:
-        self.history.append(row)
-        if self._ring.shape[1] != row.shape[0]:
-            self._ring = np.full((self._ring.shape[0], row.shape[0]), np.nan)
-            for i, kept in enumerate(self.history):
-                self._ring[i] = kept
-            self._next = len(self.history) % self._ring.shape[0]
-            return
+        if self._ring.shape[1] != row.shape[0]:  # the first row after `_forget`
+            self._ring = np.full((len(self._ring), row.shape[0]), np.nan)
         self._ring[self._next] = row
-        self._next = (self._next + 1) % self._ring.shape[0]
+        self._next = (self._next + 1) % len(self._ring)
+        self._count = min(self._count + 1, len(self._ring))
 
     def update(self, values: np.ndarray, margin: float, zscore: float, floor: float,
                allowed: np.ndarray | Callable[[], np.ndarray] | None = None,
@@ -133,22 +145,21 @@ class Streaks:
         the medians are not computed (NaN)."""
         values = np.where(np.isfinite(values), values, np.nan)
         if self.streak.shape != values.shape:  # the columns changed: start again
-            self.history.clear()
-            self._ring = np.full((self._ring.shape[0], 0), np.nan)
+            self._forget()
             self.streak = np.zeros(values.shape, dtype=np.int64)
             self.first = np.zeros(values.shape)
             self.recent.clear()
             self.hits.clear()
         oldest = self.recent[0] if self.recent else values  # `RECENT` steps back at most
         self.recent.append(values)
-        if len(self.history) < self.warmup:
+        if self._count < self.warmup:
             self._remember(values)
             return None
         with np.errstate(invalid="ignore"):
             # the median is at least the lowest value kept, and a high value is `margin` above
             # the median: below lowest + margin nothing is high (NaN is never high), so the state
             # moves as below without the medians (most of the cost on a small model's step)
-            quiet = not (values >= np.fmin.reduce(self._ring, axis=0) + margin).any()
+            quiet = not (values >= self._lowest() + margin).any()
         if quiet:
             high = np.zeros(values.shape, dtype=bool)
             self.hits.append(high)
@@ -157,7 +168,7 @@ class Streaks:
             return high, np.full(values.shape, np.nan)
         if callable(allowed):
             allowed = allowed()
-        stacked = np.stack(self.history)
+        stacked = self._ring[:self._count]
         seen = np.isfinite(stacked).sum(axis=0) >= self.warmup // 2
         known = np.where(seen, stacked, np.nan)
         level = _medians(known)
@@ -181,8 +192,7 @@ class Streaks:
                 "episode": self.episode.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.history.clear()
-        self._ring = np.full((self._ring.shape[0], 0), np.nan)
+        self._forget()
         for row in state.get("history", []):
             self._remember(np.array([math.nan if v is None else float(v) for v in row]))
         self.streak = np.array(state.get("streak", []), dtype=np.int64)

@@ -62,7 +62,7 @@ from torch.overrides import TorchFunctionMode
 from trainguard.diagnose.batch import IGNORE_INDEX
 from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
 from trainguard.diagnose.replay import LossFn
-from trainguard.diagnose.step_rng import RNGState, put
+from trainguard.diagnose.step_rng import RNGState, capture, put
 
 LOSS_SPIKE = 3.0
 """A replayed loss this many times the run's typical loss is bad."""
@@ -392,9 +392,7 @@ class SavedState:
         self.scalings: list[tuple[dict[Any, Any], dict[Any, Any]]] = [
             (scaling, dict(scaling)) for m in model.modules()
             if isinstance(scaling := getattr(m, "scaling", None), dict)]
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = (torch.cuda.get_rng_state_all() if torch.cuda.is_available()
-                         and torch.cuda.is_initialized() else None)
+        self.torch_rng = capture()
         self.py_rng = random.getstate()
         self.step_rng: RNGState | None = None
         """Where every replayed forward starts (`Setup.forward_rng`); None: the RNG as saved."""
@@ -407,9 +405,7 @@ class SavedState:
             put(self.step_rng)
 
     def _put_back(self) -> None:
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
+        put(self.torch_rng)
         random.setstate(self.py_rng)
 
     def restore(self) -> None:
