@@ -21,7 +21,17 @@ applies everywhere (`agree`).
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainguard.recovery.ring import GoodStateRing
+    from trainguard.recovery.state import SavedState
+
+log = logging.getLogger("trainguard")
 
 INTERVALS = (5, 10, 25, 50)
 """The candidate intervals, shortest first (capped by `ring_every`)."""
@@ -72,6 +82,36 @@ class RingCadence:
 
     def interval(self, step: int) -> int:
         return self.agreed if self.agreed is not None else self.wished(step)
+
+
+class RingFeeder:
+    """Offers a ring its candidates at the cadence's interval, timing the applied steps and the
+    captures the cadence weighs (the recover ring's and the proof anchor's)."""
+
+    def __init__(self, ring: GoodStateRing, cadence: RingCadence) -> None:
+        self.ring = ring
+        self.cadence = cadence
+        self.last_capture = 0
+        self._last_applied: float | None = None
+
+    def after_applied(self, step: int, take: Callable[[SavedState | None], SavedState],
+                      what: str) -> None:
+        """After an applied update (`step`: the state's, the next update's): `take(reuse)`
+        captures the state when one is due; a failed copy is logged (`what` it was for)."""
+        now = time.perf_counter()
+        if self._last_applied is not None:
+            self.cadence.observe_step(now - self._last_applied)
+        self._last_applied = now
+        if step - self.last_capture < self.cadence.interval(step):
+            return
+        self.last_capture = step
+        try:
+            self.ring.offer(take(self.ring.spare))
+        except Exception as exc:  # a failed copy only costs a rollback point or a proof's start
+            log.error("trainguard: could not keep %s at step %d (%s: %s)", what, step,
+                      type(exc).__name__, exc)
+        self.cadence.observe_capture(time.perf_counter() - now)
+        self._last_applied = time.perf_counter()  # the capture is not the step's time
 
 
 def _ema(old: float | None, new: float) -> float:

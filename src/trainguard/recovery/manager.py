@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from torch import nn
 from trainguard.config import GuardConfig
 from trainguard.distributed import DistributedContext
 from trainguard.events import Event, at_least
-from trainguard.recovery.cadence import RingCadence
+from trainguard.recovery.cadence import RingCadence, RingFeeder
 from trainguard.recovery.controller import RecoveryController, Verdict
 from trainguard.recovery.data import flatten_ids
 from trainguard.recovery.lr import LRBackoff, set_lr
@@ -104,8 +103,7 @@ class Recovery:
         self.config = config.recovery
         self.ring = GoodStateRing(self.config.ring_size, self.config.confirm_steps)
         self.cadence = RingCadence(self.config.ring_every, self.config.ring_budget)
-        self._last_capture = 0
-        self._last_applied: float | None = None
+        self.feeder = RingFeeder(self.ring, self.cadence)
         self.controller = RecoveryController(self.config, config.detectors, config.sample_every)
         self.lr = LRBackoff(optimizers, [scheduler] if scheduler is not None else [],
                             self.config.lr_ramp_steps)
@@ -187,20 +185,8 @@ class Recovery:
         """After an applied update: offer the new state to the ring at its interval (the
         cadence's, from the measured cost of a capture against the step time). `guard_state`
         is called only when a capture is made (it copies the detectors' baselines)."""
-        now = time.perf_counter()
-        if self._last_applied is not None:
-            self.cadence.observe_step(now - self._last_applied)
-        self._last_applied = now
-        if step - self._last_capture < self.cadence.interval(step):
-            return
-        self._last_capture = step
-        try:
-            self.ring.offer(self._capture(step, guard_state(), reuse=self.ring.spare))
-        except Exception as exc:  # a failed copy only costs a rollback point
-            log.error("trainguard: could not keep a good state at step %d (%s: %s)",
-                      step, type(exc).__name__, exc)
-        self.cadence.observe_capture(time.perf_counter() - now)
-        self._last_applied = time.perf_counter()  # the capture is not the step's time
+        self.feeder.after_applied(
+            step, lambda reuse: self._capture(step, guard_state(), reuse=reuse), "a good state")
 
     # -- rollback ----------------------------------------------------------------------------------
     def can_roll_back(self) -> bool:
@@ -240,7 +226,7 @@ class Recovery:
         else:
             self.lr.begin(self.config.lr_backoff, ceilings, applied)
         self.ring.discard_after(target.step)
-        self._last_capture = target.step
+        self.feeder.last_capture = target.step
         blamed = self._ids_of(verdict.bad_steps)
         self.skipped_data.update(blamed)
         self.controller.rolled_back()
@@ -315,7 +301,7 @@ class Recovery:
         return {"controller": self.controller.state_dict(), "lr": self.lr.state_dict(),
                 "skipped_data": sorted(self.skipped_data, key=repr),
                 "rolled_back_steps": self.rolled_back_steps,
-                "last_rollback": self._last_rollback, "last_capture": self._last_capture}
+                "last_rollback": self._last_rollback, "last_capture": self.feeder.last_capture}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Entries an older checkpoint lacks keep their fresh values."""
@@ -332,14 +318,14 @@ class Recovery:
         last_capture = state.get("last_capture")
         self._capture_from_restart = last_capture is None
         if last_capture is not None:
-            self._last_capture = int(last_capture)
+            self.feeder.last_capture = int(last_capture)
 
     def restart(self, step: int, guard_state: dict[str, Any]) -> None:
         """After a resume at `step`: the ring starts again from the state loaded, so that its
         first good state carries the loaded step and baselines (not those of the fresh run it
         was built in)."""
         if self._capture_from_restart:
-            self._last_capture = step
+            self.feeder.last_capture = step
             self._capture_from_restart = False
         self.ring.discard_after(-1)
         self.start(step, guard_state)
