@@ -119,8 +119,9 @@ def test_the_previous_batch_confirms_the_data_not_one_data_cause() -> None:
     assert set(proof.confirmed_by.values()) == {"previous_batch"}
     assert proof.confirmed["input_scale"].startswith(
         "confirmed by replay: the data — on the previous good batch the step's loss is")
-    # the step is bad before its update: a smaller LR can neither heal nor clear it
-    assert next(h for i, _, h in proof.trials if i.name == "lr_x0.1") is None
+    # the step is bad before its update: a smaller LR can neither heal nor clear it, and is
+    # not even tried (the budget goes to what can answer)
+    assert "lr_x0.1" not in [i.name for i, _, _ in proof.trials]
     assert "lr_too_high" not in proof.ruled_out
     # the data is confirmed whatever the votes said so far (they order the causes later)
     proof = prove(Setup(model, opt, mse, batch, previous_batch=regression(3), baseline=base),
@@ -495,3 +496,54 @@ def test_a_cause_whose_stronger_fix_was_left_out_is_not_ruled_out() -> None:
     proof.untested = {"lr_too_high"}
     _conclude(proof, ["lr_too_high"])
     assert not proof.ruled_out and not proof.confirmed
+
+
+def test_a_good_batch_that_heals_an_update_a_lower_lr_heals_too_does_not_confirm_the_data(
+) -> None:
+    """A step whose loss and gradients are typical but whose update is too big (a glitch of the
+    LR): LR x0.01 heals it, and so, by chance, does the previous good batch, whose own loss
+    after the same oversized update says nothing of the data. The LR is confirmed, not the
+    data."""
+    from trainguard.diagnose.counterfactual import Outcome, Proof, _conclude
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    setup = Setup(model, opt, mse, regression(), previous_batch=regression(3),
+                  baseline=Baseline(1.0, 1.0))
+    by_name = {i.name: i for i in interventions(setup)}
+    plain = Outcome("as_it_happened", "", loss=1.0, grad_norm=1.0, after=50.0)
+    fine = Outcome("fix", "", loss=1.0, grad_norm=1.0, after=0.5)
+    proof = Proof(step=81, plain=plain, baseline=setup.baseline, reproduced=True,
+                  why_bad="the update raised the batch's loss from 1 to 50")
+    proof.trials = [(by_name["lr_x0.1"], fine, False), (by_name["lr_x0.01"], fine, True),
+                    (by_name["previous_batch"], fine, True)]
+    _conclude(proof, likely=["outlier_batch", "lr_too_high"])
+    assert list(proof.confirmed) == ["lr_too_high"]
+    # without the LR's heal the same good batch confirms the data
+    proof.trials = [(by_name["previous_batch"], fine, True)]
+    _conclude(proof, likely=["outlier_batch", "lr_too_high"])
+    assert "outlier_batch" in proof.confirmed and "lr_too_high" not in proof.confirmed
+
+
+@pytest.mark.parametrize("damage", [None, "typical", "high"])
+def test_a_window_s_lr_heal_counts_only_when_the_model_is_damaged(damage: str | None) -> None:
+    """The LR x0.1 window heals; the model the window left, on data from before the trouble, at
+    the run's typical loss: it is not damaged, so the heal proves nothing of the LR (the window's
+    data may be what went wrong). Far above it, or unmeasured: the LR is confirmed."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    base = typical(model, mse, [regression(1)])
+    with torch.no_grad():
+        first = float(mse(model, regression(10)))
+    window = tuple(WindowStep(10 + i, regression(10 + i), (3.0,), loss=(first if i == 0 else 50.0))
+                   for i in range(6))
+    damage_loss = {None: None, "typical": base.loss, "high": 10 * base.loss}[damage]
+    proof = prove(Setup(model, opt, mse, regression(0), step=16, baseline=base, window=window,
+                        recorded=recorded_window(window, 80.0, 5.0), update_seconds=0.0,
+                        damage_loss=damage_loss), likely=["lr_too_high"])
+    assert proof.reproduced and proof.damage_loss == damage_loss
+    if damage == "typical":
+        assert proof.undamaged and not proof.confirmed and not proof.ruled_out
+        assert "does well on data from before the trouble" in proof.summary()
+    else:
+        assert not proof.undamaged and "lr_too_high" in proof.confirmed

@@ -290,6 +290,11 @@ class Setup:
     rules_out: bool = True
     """False: an intervention that does not heal rules nothing out (a window from a state
     already inside the trouble: the damage may be older)."""
+    damage_loss: float | None = None
+    """A window replay: the loss of the model as the window left it (the run's state at the bad
+    step) on the window's first batch, data from before the trouble (None: not measured). Near
+    the run's typical loss, the model is not damaged: a lower LR that heals the window only
+    learned less from the window's data, which proves nothing of the LR."""
 
 
 @dataclass
@@ -319,6 +324,11 @@ class Proof:
     what x0.1 did not)."""
     """Interventions left out for lack of time."""
     seconds: float = 0.0
+    damage_loss: float | None = None
+    """`Setup.damage_loss` (a window replay's)."""
+    undamaged: bool = False
+    """The window's model does well on data from before the trouble: a lower LR's heal did not
+    count (`_undamaged`)."""
 
     def summary(self) -> str:
         text = self._summary()
@@ -346,6 +356,11 @@ class Proof:
             parts = [f"no fix applies to step {self.step} ({self.why_bad})"]
         if self.not_tried:
             parts.append(f"not tried for lack of time: {', '.join(self.not_tried)}")
+        if self.undamaged and self.damage_loss is not None and self.baseline.loss is not None:
+            parts.append(f"a lower LR heals the window, but the model it left does well on data "
+                         f"from before the trouble (loss {_num(self.damage_loss)}, run's "
+                         f"typical {_num(self.baseline.loss)}): it is not damaged, so the "
+                         "window's data, not its LR, may be at fault")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -354,7 +369,8 @@ class Proof:
                 "incident": self.incident, "origin": self.origin, "window": self.window,
                 "confirmed": dict(self.confirmed), "confirmed_by": dict(self.confirmed_by),
                 "ruled_out": dict(self.ruled_out), "not_tried": list(self.not_tried),
-                "seconds": self.seconds,
+                "seconds": self.seconds, "damage_loss": self.damage_loss,
+                "undamaged": self.undamaged,
                 "plain": self.plain.to_dict(),
                 "baseline": {"loss": self.baseline.loss, "grad_norm": self.baseline.grad_norm},
                 "trials": [{**o.to_dict(), "causes": list(i.causes), "healed": healed}
@@ -861,6 +877,11 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
                           else _faithful(plain.loss, setup.original_loss))
         if proof.reproduced:
             proof.trials = [(i, o, _heals(i, proof, o)) for i, o, _ in proof.trials]
+            proof.damage_loss = setup.damage_loss
+            proof.undamaged = _undamaged(setup, proof)
+            if proof.undamaged:
+                proof.trials = [(i, o, None if i.change.lr_factors != (1.0,) else h)
+                                for i, o, h in proof.trials]
             _conclude(proof, likely)
         else:
             proof.trials = []
@@ -868,6 +889,16 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
         saved.restore()
     proof.seconds = time.perf_counter() - started
     return proof
+
+
+def _undamaged(setup: Setup, proof: Proof) -> bool:
+    """A window whose LR heals it, from a run whose model still does well on data from before
+    the trouble (`Setup.damage_loss` within `WINDOW_SPIKE` of the typical loss)."""
+    base = proof.baseline.loss
+    return (bool(setup.window) and setup.damage_loss is not None and base is not None
+            and math.isfinite(setup.damage_loss)
+            and setup.damage_loss <= WINDOW_SPIKE * max(base, 1e-8)
+            and any(h for i, _, h in proof.trials if i.change.lr_factors != (1.0,)))
 
 
 FAITHFUL_TOLERANCE = 0.01
@@ -956,9 +987,12 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
     per_update = (setup.update_seconds if proof.plain.recorded and setup.update_seconds
                   is not None else proof.plain.seconds / (len(setup.window) + 2))
     healed: set[str] = set()
+    forward_bad = bool(proof.plain.forward_bad(setup.baseline))
     for intervention in candidates:
         if intervention.causes and set(intervention.causes) <= healed:
             continue  # a gentler change already healed it (LR x0.1 before x0.01)
+        if intervention.aspect == UPDATE and forward_bad:
+            continue  # the step is bad before its update: a changed update can say nothing
         cost = per_update * (len(setup.window) + len(intervention.change.lr_factors) + 1)
         if budget_s is not None and time.perf_counter() - started + cost > budget_s:
             proof.not_tried.append(intervention.name)
@@ -1013,9 +1047,12 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
             else:
                 failed.setdefault(code, f"ruled out: {intervention.label} "
                                   f"{outcome.bad(proof.baseline) or _still(outcome)}")
-    kept_batch = any(heals and i.aspect == FORWARD and not i.data and i.change.batch is None
+    # a fix of the forward, or of an update whose step was fine (its loss and gradients
+    # typical: a lower LR that heals it), that keeps the batch: the same batch trains under it
+    kept_batch = any(heals and not i.data and i.change.batch is None
                      for i, _, heals in proof.trials)
-    if kept_batch:  # the same batch trains under a fix: the batch tripped that fix's cause
+    if kept_batch:  # the batch tripped that fix's cause (a good batch "heals" an update too big
+        # for any batch by chance: its own loss after the update says nothing of the LR)
         healed = {code: why for code, why in healed.items()
                   if not any(i.data and code in i.causes and by.get(code) == i.name
                              for i, _, _ in proof.trials)}
