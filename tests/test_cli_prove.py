@@ -3,6 +3,7 @@ candidate fix, and one clear message (exit code 2) for bad input."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,23 @@ def test_show_and_its_json_say_what_the_replay_confirmed(tmp_path: Path, capsys)
     top = json.loads(out)["diagnosis"][0]
     assert top["code"] == "nonfinite_input" and top["proof"] == "confirmed"
     assert top["evidence"][0].startswith("confirmed by replay")
+
+
+def test_prove_says_a_snapshot_step_replays_as_it_ran(tmp_path: Path, capsys) -> None:
+    """A run halted by a divergence whose LR spike lies 13 steps back: the snapshot keeps the
+    step's loss, and the replay gives it again (dropout masks included)."""
+    from .diagnose.test_anchor import lr_spike_run
+
+    lr_spike_run("halt", "off", snapshot_dir=str(tmp_path))
+    (snapshot,) = tmp_path.glob("crash_step*.pt")
+    code, out, err = call("prove", str(snapshot), "--factory",
+                          f"{FACTORY}:regression_setup", capsys=capsys)
+    assert code == 0, err
+    replayed = re.search(r"as it ran: the plain replay's loss (\S+), the step's recorded (\S+) "
+                         r"\(the same: the replay runs as the step did\)", out)
+    assert replayed is not None and replayed[1] == replayed[2], out
+    # another model under the same snapshot (no dropout): the step does not replay as it ran
+    code, out, err = call("prove", str(snapshot), "--factory",
+                          f"{FACTORY}:regression_setup_without_dropout", capsys=capsys)
+    assert code == 0, err
+    assert "(not the same: the replay does not run as the step did" in out, out

@@ -57,7 +57,8 @@ def _proofs(result: RunResult) -> list[dict[str, Any]]:
 
 def proof_totals(faulty: list[RunResult], healthy: list[RunResult]) -> dict[str, Any]:
     """What the replays of bad steps proved: the faults whose cause an intervention tests
-    (`TESTED_CAUSES`), those whose true cause a reproduced replay confirmed, the causes confirmed
+    (`TESTED_CAUSES`), those whose true cause a reproduced replay confirmed (and of the others,
+    those never replayed: no step raised what a proof runs on), the causes confirmed
     wrongly, the faults never reproduced (and those whose step replayed as it ran but was not bad
     on its own: damage built up earlier), and healthy runs with anything confirmed."""
     applicable = [r for r in faulty if r.cause in TESTED_CAUSES]
@@ -69,6 +70,8 @@ def proof_totals(faulty: list[RunResult], healthy: list[RunResult]) -> dict[str,
         "proof_applicable": len(applicable),
         "proof_confirmed": len(confirmed),
         "proof_unconfirmed": [r.scenario for r in applicable if r not in confirmed],
+        "proof_never_replayed": [r.scenario for r in applicable
+                                 if r not in confirmed and not _proofs(r)],
         "proof_runs": len(proved),
         "proof_not_reproducible": [r.scenario for r in proved
                                    if not any(p.get("reproduced") or p.get("faithful")
@@ -151,7 +154,10 @@ def _proof_lines(summary: dict[str, Any]) -> list[str]:
     return [
         f"  proofs: true cause confirmed by replay in {summary['proof_confirmed']}/"
         f"{summary['proof_applicable']} faults an intervention tests (unconfirmed: "
-        f"{', '.join(summary['proof_unconfirmed']) or 'none'}); {summary['proof_runs']} faulty "
+        f"{', '.join(summary['proof_unconfirmed']) or 'none'}; of them never replayed, with no "
+        f"error, rollback or halt to prove: "
+        f"{', '.join(summary.get('proof_never_replayed', [])) or 'none'}); "
+        f"{summary['proof_runs']} faulty "
         f"runs proved, not reproducible: {', '.join(summary['proof_not_reproducible']) or 'none'}"
         f"; replayed as they ran, not bad on their own (older damage): "
         f"{', '.join(summary.get('proof_older_damage', [])) or 'none'}",

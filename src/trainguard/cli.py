@@ -414,17 +414,25 @@ def _prove(args: argparse.Namespace) -> int:
     base = snapshot.get("baseline")
     numbers = {k: float(v) for k, v in (base.items() if isinstance(base, dict) else ())
                if k in ("loss", "grad_norm") and isinstance(v, (int, float))}
+    recorded = snapshot.get("step_loss")  # older snapshots lack it: no faithfulness check
     setup = Setup(model=model, optimizer=optimizer, loss_fn=loss_fn, batch=snapshot["batch"],
                   step=step, baseline=Baseline(numbers.get("loss"), numbers.get("grad_norm")),
                   autocast=torch.float16 if snapshot.get("scaler") else None,
                   original_finite=not any(e.step == step and e.kind.startswith("nonfinite")
-                                          for e in events))
+                                          for e in events),
+                  original_loss=float(recorded) if isinstance(recorded, (int, float)) else None)
     try:
         proof = prove(setup, likely=[c.code for c in rank_causes(events, top=100)],
                       budget_s=args.budget)
     except Exception as exc:
         raise UsageError(f"prove failed: {_first_line(exc)}") from None
     print(f"snapshot of step {step}: {visible(proof.summary())}")
+    if proof.faithful is not None and setup.original_loss is not None:
+        print(f"  as it ran: the plain replay's loss {proof.plain.loss:.4g}, the step's "
+              f"recorded {setup.original_loss:.4g}" + (
+                  " (the same: the replay runs as the step did)" if proof.faithful else
+                  " (not the same: the replay does not run as the step did; another RNG state, "
+                  "data pipeline or code)"))
     for intervention, outcome, healed in proof.trials:
         verdict = {True: "heals", False: "still bad", None: "says nothing"}[healed]
         print(f"  {intervention.name:<15} {verdict:<12} loss {outcome.loss:.4g}, after the "

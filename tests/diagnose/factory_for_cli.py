@@ -41,3 +41,10 @@ def regression_setup():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     return model, optimizer, (
         lambda model, batch: torch.nn.functional.mse_loss(model(batch["x"]), batch["y"]))
+
+
+def regression_setup_without_dropout():
+    """`regression_setup` with its dropout left out: the same parameters, another forward."""
+    model, optimizer, loss_fn = regression_setup()
+    model[2] = torch.nn.Identity()
+    return model, optimizer, loss_fn

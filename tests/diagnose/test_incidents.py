@@ -252,7 +252,14 @@ def lr_spike_run(prove: str, budget: float = 1000.0,
     recovery = RecoveryConfig(ring_every=10, ring_budget=None)
     guard = Guard(model, opt, config=config(policy="recover", prove=prove, recovery=recovery,
                                             prove_budget_steps=budget), replay_fn=loss_fn)
-    for step in range(80):
+    spike_loop(guard, model, opt, loss_fn, 80)
+    return guard, model
+
+
+def spike_loop(guard: Guard, model: nn.Module, opt: torch.optim.Optimizer, loss_fn,
+               steps: int) -> None:
+    """The loop of `lr_spike_run`: steps 40-42 at LR 0.3, the others at 1e-3."""
+    for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = 0.3 if 40 <= step < 43 else 1e-3
         batch = batch_at(step)
@@ -260,7 +267,6 @@ def lr_spike_run(prove: str, budget: float = 1000.0,
         loss.backward()
         guard.step(loss, batch=batch)
         opt.zero_grad(set_to_none=True)
-    return guard, model
 
 
 def test_a_window_replay_confirms_an_lr_spike_one_step_cannot() -> None:
@@ -292,6 +298,12 @@ def test_a_window_replay_puts_the_run_back_exactly() -> None:
     plain, plain_model = lr_spike_run("off")
     assert any("replayed from the good state" in e.message for e in proved.events
                if e.kind == "proof")
+    assert_same_run(proved, proved_model, plain, plain_model)
+
+
+def assert_same_run(proved: Guard, proved_model: nn.Module, plain: Guard,
+                    plain_model: nn.Module) -> None:
+    """The proved run went on exactly as the one without proofs: the same weights and events."""
     assert not any(e.kind == "proof" for e in plain.events)
     assert all(torch.equal(a, b) for a, b in zip(proved_model.parameters(),
                                                   plain_model.parameters(), strict=True))
@@ -310,7 +322,8 @@ def test_the_recorded_losses_stand_for_the_window_as_it_happened() -> None:
     assert window.plain.recorded and window.window > 0
     assert [i.name for i, _, _ in window.trials] == ["lr_x0.1"]
     single = 2 + 2  # the bad step from its own state and from the good state: its update, after
-    assert clock.forwards - 80 == single + 1 + window.window + 2
+    damage = 1  # the model at the bad step on the window's first batch
+    assert clock.forwards - 80 == single + damage + 1 + window.window + 2
     guard.close()
 
 

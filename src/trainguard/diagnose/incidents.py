@@ -12,7 +12,10 @@ reference to the last good batch. `wanted` says whether this step's incident is 
                     batch and LR (kept by `see` since the ring's oldest good state), plainly and
                     with the LR lowered on every step, if the budget allows
     prove="on"      also any step with an error-level event under protect or observe, until one
-                    proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run)
+                    proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run); a step
+                    bad before its update that its own replays do not explain is replayed again
+                    from the proof anchor's good state (`diagnose/anchor.py`), and as a window
+                    from there, as under `recover`
 
 `prove` replays the step from the model and optimizer as they are before its update, within
 `prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
@@ -49,6 +52,7 @@ from trainguard.diagnose.counterfactual import (
     recorded_window,
 )
 from trainguard.diagnose.ranking import rank_causes
+from trainguard.diagnose.step_rng import put
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
 from trainguard.recovery.state import restore
@@ -174,8 +178,12 @@ class IncidentProver:
             started = time.perf_counter()
             with _replays(services):
                 proofs = [prove(setup, likely=likely, budget_s=self.budget_s(services))]
-                if not proofs[0].reproduced or proofs[0].plain.forward_bad(proofs[0].baseline):
+                first = proofs[0]
+                if (not first.reproduced or first.plain.forward_bad(first.baseline)) and (
+                        state.recovery is not None or not first.confirmed):
                     # bad before its update: the damage is older; replay from the good state
+                    # (the rollback's, whatever the step proved; else the anchor's, when the
+                    # step proved nothing: its batch may be what is bad before the update)
                     left = self.budget_s(services) - (time.perf_counter() - started)
                     proofs += self._from_good_state(ctx, state, services, setup, likely, left)
         except Exception as exc:  # proving is advisory: the run goes on
@@ -192,18 +200,30 @@ class IncidentProver:
                          setup: Setup, likely: list[str], budget_s: float) -> list[Proof]:
         """Under `recover`, at a rollback: the same batch and LR replayed from the good state the
         rollback returns to (the state the trouble began from); everything is put back after,
-        and the rollback then restores that state for good."""
-        recovery = state.recovery
-        verdict = ctx.decision.verdict if ctx.decision is not None else None
-        if recovery is None or verdict is None or budget_s <= 0:
+        and the rollback then restores that state for good. Without a recover ring, from the
+        proof anchor's newest good state before the loss left its level (`diagnose/anchor.py`)."""
+        if budget_s <= 0:
             return []
-        target = recovery.ring.latest_before(verdict.onset)
+        recovery, anchor = state.recovery, state.anchor
+        if recovery is not None:
+            verdict = ctx.decision.verdict if ctx.decision is not None else None
+            if verdict is None:
+                return []
+            ring = recovery.ring
+            target = ring.latest_before(verdict.onset)
+        elif anchor is not None and len(anchor.ring):
+            ring = anchor.ring
+            target = ring.latest_before(self._left_level(anchor.ring.good[0].step, ctx.step,
+                                                         setup.baseline) - 1)
+        else:
+            return []
         if target is None:
             return []
         model, optimizer = services.model, services.optimizer
         keep = SavedState(model, optimizer)
         lrs = [g["lr"] for g in optimizer.param_groups]
         try:
+            damage = self._damage_loss(services, setup, target.step)
             self._restore(target, services, lrs)
             again = replace(setup, original_finite=None, original_loss=None,
                             state_step=target.step,
@@ -214,7 +234,8 @@ class IncidentProver:
                 # whatever the votes: an LR that built the damage up over the window is what
                 # they miss most (its steps looked normal one by one)
                 left = budget_s - (time.perf_counter() - started)
-                proofs += self._windows(ctx, recovery.ring, target, services, again,
+                proofs += self._windows(ctx, ring, target, services,
+                                        replace(again, damage_loss=damage),
                                         proofs[0].plain.seconds / 2, left, lrs)
             return proofs
         finally:
@@ -261,12 +282,38 @@ class IncidentProver:
         starts = [(target, True)]
         if base.loss is None:
             return starts
-        limit = WINDOW_SPIKE * max(base.loss, 1e-8)
-        first_bad = next((w.step for w in self.window if target.step <= w.step < stop and (
-            w.loss is None or not math.isfinite(w.loss) or w.loss > limit)), stop)
+        first_bad = self._left_level(target.step, stop, base)
         newer = [s for s in ring.good
                  if target.step < s.step < first_bad and s.step <= stop - WINDOW_LAST]
         return [(newer[-1], False), *starts] if newer else starts
+
+    def _damage_loss(self, services: Services, setup: Setup, step: int) -> float | None:
+        """The loss of the model as it is (before the bad update) on the batch of `step`, from
+        before the trouble, drawn with that step's RNG: whether the model itself is damaged
+        (`Setup.damage_loss`). One forward; the RNG is put back by the caller's restore."""
+        past = next((w for w in self.window if w.step == step), None)
+        replay_fn = services.replay_fn
+        if past is None or past.batch is None or replay_fn is None:
+            return None
+        if past.forward_rng is not None:
+            put(past.forward_rng)
+        device = next(services.model.parameters()).device.type
+        try:
+            with torch.no_grad(), (torch.autocast(device, dtype=setup.autocast)
+                                   if setup.autocast is not None else nullcontext()):
+                loss = replay_fn(services.model, past.batch)
+            return float(loss.detach().float())  # on an incident only: one sync
+        except Exception:  # unmeasured: the window's LR heal counts as before
+            return None
+
+    def _left_level(self, start: int, stop: int, base: Baseline) -> int:
+        """The first step from `start` to before `stop` whose recorded loss left the run's typical
+        level (`stop` when none did, or there is no level yet)."""
+        if base.loss is None:
+            return stop
+        limit = WINDOW_SPIKE * max(base.loss, 1e-8)
+        return next((w.step for w in self.window if start <= w.step < stop and (
+            w.loss is None or not math.isfinite(w.loss) or w.loss > limit)), stop)
 
     @staticmethod
     def _restore(state: GoodState, services: Services, lrs: list[float]) -> None:
@@ -374,6 +421,7 @@ def proof_event(proof: Proof) -> Event:
                           "ruled_out": dict(proof.ruled_out),
                           "reproduced": proof.reproduced, "faithful": proof.faithful,
                           "incident": proof.incident, "window": proof.window,
+                          "damage_loss": proof.damage_loss, "undamaged": proof.undamaged,
                           "not_tried": list(proof.not_tried),
                           "seconds": round(proof.seconds, 3),
                           "trials": [{"name": i.name, "healed": healed, "loss": o.loss,

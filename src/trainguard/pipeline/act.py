@@ -50,7 +50,8 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     if ctx.deferred:
         _act_late(ctx, state, services)
         return
-    ring = state.recovery.ring if state.recovery is not None else None
+    ring = (state.recovery.ring if state.recovery is not None
+            else state.anchor.ring if state.anchor is not None else None)
     prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
@@ -182,7 +183,10 @@ def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
                 events=[e.to_dict() for e in services.journal.events + ctx.events],
                 config=services.config.to_dict(),
                 extra={"guard": portable(state.state_dict()),
-                       "baseline": services.prover.baseline_dict()},
+                       "baseline": services.prover.baseline_dict(),
+                       # the loss the step had, which a faithful replay gives again
+                       "step_loss": (None if ctx.signals is None or ctx.signals.loss is None
+                                     else float(ctx.signals.loss))},
                 forward_rng=ctx.forward_rng)
             ctx.snapshot_path = str(write_snapshot(path, snapshot))
             ctx.act("snapshot", f"crash snapshot written to {ctx.snapshot_path}",

@@ -77,6 +77,8 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     if recovery is not None:
         recovery.before_measure()  # the LR backoff over an LR the loop wrote
         extra.update(recovery.extra())
+    if state.anchor is not None:
+        extra.update(state.anchor.extra())
     # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
     if ranks is not None:  # the replicas' fingerprint rides this step's all-reduce
         ctx.fingerprint = ctx.step % config.desync_every == 0
@@ -164,6 +166,8 @@ def watch_new_params(state: RunState, services: Services, step: int) -> ActionRe
     if recovery is not None:  # good states hold the old parameter groups: start afresh
         recovery.ring.discard_after(-1)
         recovery.start(state.step, state.rewind_state())
+    if state.anchor is not None:
+        state.anchor.restart(state.step)
     return new_params_notice(added, step, len(services.watched))
 
 

@@ -27,6 +27,7 @@ from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.diagnose import Finding, preflight
+from trainguard.diagnose.anchor import ProofAnchor
 from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.preflight import RunSetup
 from trainguard.diagnose.ranking import RankedCause, rank_causes
@@ -131,6 +132,11 @@ class Run:
         self.steps = StepPipeline(self.state, self.services)
         self.deferred = _deferral(config, self.services, owns_optimizer_step)
         """`sync="deferred"` in force: each step is judged on the host at the next one."""
+        if (config.prove == "on" and self.state.recovery is None and replay_fn is not None
+                and dist is None and not self.deferred):
+            # a step whose damage is older is proved from a state before the trouble
+            self.state.anchor = ProofAnchor(model, optimizer, config)
+            self.state.anchor.start(self.state.step)
         self._late: StepContext | None = None
         """Under `sync="deferred"`: the step whose update was taken, judged at the next step."""
         self._concluded: StepReport | None = None
@@ -451,6 +457,8 @@ class Run:
         self.state.load_state_dict(state)
         if self.state.recovery is not None:
             self.state.recovery.restart(self.state.step, self.state.rewind_state())
+        if self.state.anchor is not None:
+            self.state.anchor.restart(self.state.step)
         self.schedule_sampling()
 
     def close(self, status: Status = "finished") -> list[RankedCause]:

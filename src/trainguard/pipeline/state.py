@@ -20,6 +20,7 @@ from trainguard.verdict import LossTrack
 
 if TYPE_CHECKING:
     from trainguard.detect.metric_collapse import MetricCollapse
+    from trainguard.diagnose.anchor import ProofAnchor
     from trainguard.diagnose.batch_watch import BatchWatch
     from trainguard.recovery import Recovery
     from trainguard.recovery.brake import PrecursorBrake
@@ -50,6 +51,8 @@ class RunState:
     recovery: Recovery | None = None
     brake: PrecursorBrake | None = None
     """The LR brake an `instability_precursor` warning pulls (protect and recover)."""
+    anchor: ProofAnchor | None = None
+    """Good states a proof starts from, without a recover ring (`diagnose/anchor.py`)."""
     step: int = 0
     """Index of the next step (the first step is 0)."""
     consecutive_skips: int = 0

@@ -1,0 +1,109 @@
+"""Without a recover ring, `prove="on"` keeps good states of its own, so an LR fault whose damage
+is older than the step that raised the error is proved by a window replay from before it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainguard import Guard, TrainingDiverged
+from trainguard.config import RecoveryConfig
+from trainguard.diagnose.anchor import ANCHOR_FLAG, ProofAnchor
+from trainguard.snapshot import load_snapshot
+
+from .test_incidents import assert_same_run, config, model_and_optimizer, mse, spike_loop
+
+FIXED_CADENCE = RecoveryConfig(ring_every=10, ring_budget=None)
+
+
+def lr_spike_run(policy: str, prove: str, steps: int = 80, **kw):
+    """Adam at 1e-3 whose loop gives steps 40-42 an LR 300x higher: the loss leaves its level
+    at step 44 and the divergence error comes at step 55, when the LR is long back to normal."""
+    model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
+    guard = Guard(model, opt, config=config(policy=policy, prove=prove, recovery=FIXED_CADENCE,
+                                            prove_budget_steps=1000.0, **kw), replay_fn=mse)
+    try:
+        spike_loop(guard, model, opt, mse, steps)
+    except TrainingDiverged:
+        pass
+    return guard, model
+
+
+@pytest.mark.parametrize("policy", ["protect", "observe"])
+def test_an_lr_spike_is_proved_from_the_anchor_under(policy: str) -> None:
+    guard, _ = lr_spike_run(policy, "on")
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    error = next(e for e in guard.events if e.severity == "error")
+    assert {p.step for p in proofs} == {error.step}
+    # the step alone is bad before its update: no fix of its own update heals it
+    assert proofs[0].details["reproduced"] and not proofs[0].details["confirmed"]
+    window = proofs[-1]
+    assert "lr_too_high" in window.details["confirmed"]
+    # from a good state taken before the spike (step 40), none from inside the trouble
+    assert "steps 30-" in window.message and "good state of step 30" in window.message
+    assert guard.diagnose()[0].code == "lr_too_high"
+    guard.close()
+
+
+def test_halt_proves_from_the_anchor_before_its_snapshot(tmp_path: Path) -> None:
+    guard, _ = lr_spike_run("halt", "on", snapshot_dir=str(tmp_path))
+    assert guard.run.closed
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    assert proofs and "lr_too_high" in proofs[-1].details["confirmed"]
+    assert "replayed from the good state" in proofs[-1].message
+    (snapshot,) = tmp_path.glob("crash_step*.pt")
+    assert any(e["kind"] == "proof" for e in load_snapshot(snapshot)["events"])
+
+
+def test_the_anchor_changes_nothing_in_the_run() -> None:
+    proved, proved_model = lr_spike_run("protect", "on")
+    plain, plain_model = lr_spike_run("protect", "off")
+    assert proved.run.state.anchor is not None and plain.run.state.anchor is None
+    assert any(e.kind == "proof" for e in proved.events)
+    assert_same_run(proved, proved_model, plain, plain_model)
+
+
+def test_good_states_come_only_from_calm_steps_before_the_trouble() -> None:
+    guard, _ = lr_spike_run("protect", "on", steps=56)
+    anchor = guard.run.state.anchor
+    assert anchor is not None
+    # candidates every 10 steps, each good after 5 calm steps; the loss spike at 44 dropped 40's
+    assert [s.step for s in anchor.ring.good] == [20, 30]
+    # the prover keeps the window's batches only since the oldest of them
+    assert min(w.step for w in guard.run.prover.window) >= 20
+    guard.close()
+
+
+def test_no_anchor_where_it_is_not_wanted() -> None:
+    def anchor(**kw) -> ProofAnchor | None:
+        model, opt = model_and_optimizer()
+        guard = Guard(model, opt, config=config(**kw), replay_fn=kw.pop("replay_fn", mse))
+        found = guard.run.state.anchor
+        guard.close()
+        return found
+
+    assert anchor(prove="on") is not None
+    assert anchor(prove="auto") is None  # proving every incident was not asked for
+    assert anchor(prove="on", policy="recover") is None  # its ring serves
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(prove="on"))  # no loss to replay: nothing to prove
+    assert guard.run.state.anchor is None
+    guard.close()
+
+
+def test_a_candidate_that_is_not_finite_never_becomes_good() -> None:
+    model, opt = model_and_optimizer()
+    anchor = ProofAnchor(model, opt, config(recovery=RecoveryConfig(confirm_steps=1)))
+    anchor.start(0)
+    assert [s.step for s in anchor.ring.good] == [0]
+    for step in range(1, 6):
+        anchor.after_applied(step)
+    assert anchor.ring.candidate is not None and anchor.extra()[ANCHOR_FLAG] is not None
+    anchor.observe({ANCHOR_FLAG: np.array([float("nan")])}, [], applied=True)
+    assert anchor.ring.candidate is None and [s.step for s in anchor.ring.good] == [0]
+    for step in range(6, 11):
+        anchor.after_applied(step)
+    anchor.observe({ANCHOR_FLAG: np.array([1.0])}, [], applied=True)
+    assert [s.step for s in anchor.ring.good] == [0, 10]
