@@ -547,3 +547,61 @@ def test_a_window_s_lr_heal_counts_only_when_the_model_is_damaged(damage: str | 
         assert "does well on data from before the trouble" in proof.summary()
     else:
         assert not proof.undamaged and "lr_too_high" in proof.confirmed
+
+
+def _label_shift_window(model: nn.Module, shift_from: int) -> tuple[WindowStep, ...]:
+    """Steps 10-19, whose targets are shifted by +5 from `shift_from` on (a wrong shard of
+    labels), with the losses the run recorded for them."""
+    steps = []
+    with torch.no_grad():
+        typical_loss = float(mse(model, regression(10)))
+    for step in range(10, 20):
+        batch = regression(step)
+        if step >= shift_from:
+            batch["y"] = batch["y"] + 5.0
+        steps.append(WindowStep(step, batch, (1e-2,),
+                                loss=typical_loss if step < shift_from else 25.0))
+    return tuple(steps)
+
+
+def test_good_data_in_a_window_confirms_the_data_and_a_lower_lr_s_heal_does_not_count(
+) -> None:
+    """Wrong targets from step 14 on: the window replayed with the batches of steps 10-13 in
+    their place heals at the run's own LR, which confirms the data; a lower LR that heals the
+    window too (it learns less from the wrong targets) is not confirmed."""
+    from trainguard.diagnose.counterfactual import Outcome, _conclude
+
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    base = typical(model, mse, [regression(1), regression(2)])
+    window = _label_shift_window(model, 14)
+    bad = regression(20)
+    bad["y"] = bad["y"] + 5.0
+    setup = Setup(model, opt, mse, bad, step=20, baseline=base, window=window)
+    swap = next(i for i in interventions(setup) if i.name == "good_data")
+    assert swap.data and "label_problem" in swap.causes
+    assert "batches of steps 10-13 in place of those from step 14 on" in swap.label
+    proof = prove(setup, likely=["label_problem", "lr_too_high"])
+    assert proof.reproduced and "label_problem" in proof.confirmed, proof.summary()
+    assert proof.confirmed_by["label_problem"] == "good_data"
+    assert "lr_too_high" not in proof.confirmed
+    # both heal: the data is kept, the LR is not confirmed
+    x01 = next(i for i in interventions(setup) if i.name == "lr_x0.1")
+    fine = Outcome("fix", "", loss=base.loss, grad_norm=1.0, after=base.loss, window=10)
+    proof.trials = [(x01, fine, True), (swap, fine, True)]
+    _conclude(proof, likely=["label_problem", "lr_too_high"])
+    assert "label_problem" in proof.confirmed and "lr_too_high" not in proof.confirmed
+
+
+def test_good_data_does_not_heal_a_window_whose_lr_is_at_fault() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)  # far beyond this problem's stable LR
+    base = typical(model, mse, [regression(1)])
+    with torch.no_grad():
+        first = float(mse(model, regression(10)))
+    window = tuple(WindowStep(10 + i, regression(10 + i), (3.0,), loss=(first if i < 2 else 50.0))
+                   for i in range(8))
+    proof = prove(Setup(model, opt, mse, regression(0), step=18, baseline=base, window=window),
+                  likely=["lr_too_high", "outlier_batch"])
+    assert next(h for i, _, h in proof.trials if i.name == "good_data") is False
+    assert "lr_too_high" in proof.confirmed and "outlier_batch" not in proof.confirmed

@@ -314,16 +314,18 @@ def assert_same_run(proved: Guard, proved_model: nn.Module, plain: Guard,
 
 
 def test_the_recorded_losses_stand_for_the_window_as_it_happened() -> None:
-    """Only the LR x0.1 window is replayed (x0.01 is spared once it healed), after one forward
-    that checks the window's first step gives the loss the run recorded."""
+    """Only the LR x0.1 and good-data windows are replayed (x0.01 is spared once x0.1 healed),
+    after one forward that checks the window's first step gives the loss the run recorded."""
     clock = Clock()
     guard, _ = lr_spike_run("auto", clock=clock)
     window = guard.run.prover.proofs[-1]
     assert window.plain.recorded and window.window > 0
-    assert [i.name for i, _, _ in window.trials] == ["lr_x0.1"]
+    # LR x0.1 heals; the good data in place of the window's does not (the LR is at fault)
+    assert [(i.name, h) for i, _, h in window.trials] == [("lr_x0.1", True),
+                                                          ("good_data", False)]
     single = 2 + 2  # the bad step from its own state and from the good state: its update, after
     damage = 1  # the model at the bad step on the window's first batch
-    assert clock.forwards - 80 == single + damage + 1 + window.window + 2
+    assert clock.forwards - 80 == single + damage + 1 + 2 * (window.window + 2)
     guard.close()
 
 

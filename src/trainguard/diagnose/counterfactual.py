@@ -206,6 +206,8 @@ class Change:
     clip: float | None = None
     safe_ops: bool = False
     """Run the forward with its unsafe operations guarded (`_SafeOps`)."""
+    window_batches: tuple[Any, ...] | None = None
+    """A window replay: the batch each step of the window trains on instead of its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,8 +532,9 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
     try:
         with _precision(setup, change) as batch:
             saved.rng()
-            window = [_window_step(setup, past, change.lr_factors[0])
-                      for past in setup.window]  # the steps before the bad one, at its LR
+            swaps = change.window_batches or (None,) * len(setup.window)
+            window = [_window_step(setup, past, change.lr_factors[0], swap)  # the steps before
+                      for past, swap in zip(setup.window, swaps, strict=True)]  # the bad one
             for factor in change.lr_factors:
                 for group, saved_group in zip(opt.param_groups, saved.groups, strict=True):
                     group["lr"] = saved_group["lr"] * factor
@@ -559,17 +562,18 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
                    seconds=time.perf_counter() - started, error=error, window=len(setup.window))
 
 
-def _window_step(setup: Setup, past: WindowStep, factor: float) -> torch.Tensor:
-    """One step of a window replay, its loss: from the RNG state the step's forward started from
-    when it was kept (its own dropout masks), else the RNG runs on from the state's (the same
-    masks for every replay of the window)."""
+def _window_step(setup: Setup, past: WindowStep, factor: float,
+                 batch: Any = None) -> torch.Tensor:
+    """One step of a window replay (on `batch` in place of its own, when given), its loss: from
+    the RNG state the step's forward started from when it was kept (its own dropout masks),
+    else the RNG runs on from the state's (the same masks for every replay of the window)."""
     model, opt = setup.model, setup.optimizer
     for group, lr in zip(opt.param_groups, past.lrs, strict=True):
         group["lr"] = lr * factor
     opt.zero_grad(set_to_none=True)
     if past.forward_rng is not None:
         put(past.forward_rng)
-    loss = setup.loss_fn(model, past.batch)
+    loss = setup.loss_fn(model, past.batch if batch is None else batch)
     loss.backward()
     if past.applied:
         opt.step()
@@ -597,11 +601,11 @@ def interventions(setup: Setup) -> list[Intervention]:
     step's forward too)."""
     if setup.window:
         first = setup.window[0].step
-        return [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",
-                             ("lr_too_high",), FORWARD,
-                             Change(lr_factors=(factor,), autocast=setup.autocast),
-                             rules_out=None if setup.rules_out else ())
-                for factor in LR_FACTORS]
+        return [*(Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",
+                               ("lr_too_high",), FORWARD,
+                               Change(lr_factors=(factor,), autocast=setup.autocast),
+                               rules_out=None if setup.rules_out else ())
+                  for factor in LR_FACTORS), *_good_data_window(setup)]
     out = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g}", ("lr_too_high",), UPDATE,
                         Change(lr_factors=(factor,), autocast=setup.autocast))
            for factor in LR_FACTORS]
@@ -628,6 +632,33 @@ def interventions(setup: Setup) -> list[Intervention]:
                                 f"{_num(setup.baseline.grad_norm)}", (), UPDATE,
                                 Change(clip=setup.baseline.grad_norm, autocast=setup.autocast)))
     return out
+
+
+def _good_data_window(setup: Setup) -> list[Intervention]:
+    """A window replayed at the run's own LRs with the batches from the step whose recorded loss
+    left the run's typical level on replaced, in turn, by those before it (data the model did
+    well on): healing, it confirms the data the window brought (`_data_causes`), and a lower LR
+    that heals the window too only learned less from that data (`_conclude`). Nothing when the
+    window's losses were bad from its first step (no good data to swap in) or are unknown."""
+    base = setup.baseline.loss
+    steps = setup.window
+    if base is None:
+        return []
+    limit = WINDOW_SPIKE * max(base, 1e-8)
+    first_bad = next((i for i, w in enumerate(steps) if w.loss is None
+                      or not math.isfinite(w.loss) or w.loss > limit), len(steps))
+    good = [w.batch for w in steps[:first_bad]]
+    if not good or any(b is None for b in good):
+        return []
+    batches = tuple(w.batch if i < first_bad else good[(i - first_bad) % len(good)]
+                    for i, w in enumerate(steps))
+    last = good[(len(steps) - first_bad) % len(good)]
+    swapped_from = steps[first_bad].step if first_bad < len(steps) else setup.step
+    label = (f"the data — with the batches of steps {steps[0].step}-{steps[first_bad - 1].step} "
+             f"in place of those from step {swapped_from} on")
+    return [Intervention("good_data", label, _data_causes(setup), FORWARD,
+                         Change(batch=last, window_batches=batches, autocast=setup.autocast),
+                         rules_out=(), data=True)]
 
 
 def _precision_interventions(setup: Setup) -> list[Intervention]:
@@ -1051,7 +1082,13 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
     # typical: a lower LR that heals it), that keeps the batch: the same batch trains under it
     kept_batch = any(heals and not i.data and i.change.batch is None
                      for i, _, heals in proof.trials)
-    if kept_batch:  # the batch tripped that fix's cause (a good batch "heals" an update too big
+    if proof.window and any(heals and i.data for i, _, heals in proof.trials):
+        # over a window a lower LR heals whatever the model learns from bad data; good data at
+        # the run's own LRs healing it shows the data is enough: the LR's heal does not count
+        healed = {code: why for code, why in healed.items()
+                  if not any(not i.data and code in i.causes and by.get(code) == i.name
+                             for i, _, _ in proof.trials)}
+    elif kept_batch:  # the batch tripped that fix's cause (a good batch "heals" an update too big
         # for any batch by chance: its own loss after the update says nothing of the LR)
         healed = {code: why for code, why in healed.items()
                   if not any(i.data and code in i.causes and by.get(code) == i.name
