@@ -11,8 +11,9 @@ reference to the last good batch. `wanted` says whether this step's incident is 
                     anything, the whole window from that state to the step, with each step's
                     batch and LR (kept by `see` since the ring's oldest good state), plainly and
                     with the LR lowered on every step, if the budget allows
-    prove="on"      also any step with an error-level event under protect or observe, until one
-                    proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run); a step
+    prove="on"      also any step with an error-level event, or a loss or gradient jump of any
+                    severity (the first bad step of a fault, before a divergence judged over
+                    many steps), under protect or observe, until one proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run); a step
                     bad before its update that its own replays do not explain is replayed again
                     from the proof anchor's good state (`diagnose/anchor.py`), and as a window
                     from there, as under `recover`
@@ -149,8 +150,11 @@ class IncidentProver:
             return True
         if action == "rolled_back":  # the rollback is the incident, whatever its events
             return self.rollbacks_proved == 0
+        jumps = kinds_tagged(Tag.JUMP)
         return (mode == "on" and self.attempts < MAX_ATTEMPTS
-                and any(at_least(e.severity, "error") for e in ctx.events)
+                and any(at_least(e.severity, "error")
+                        or (e.kind in jumps and at_least(e.severity, "warning"))
+                        for e in ctx.events)
                 and not any(p.reproduced for p in self.proofs))
 
     def prove(self, ctx: StepContext, state: RunState, services: Services,
