@@ -81,9 +81,17 @@ def proof_totals(faulty: list[RunResult], healthy: list[RunResult]) -> dict[str,
                                and any(p.get("faithful") for p in _proofs(r))],
         "proof_wrong": [f"{r.scenario} ({', '.join(sorted(set(c)))})" for r in faulty
                         if (c := [code for p in _proofs(r) for code in _wrong(p, r.cause)])],
+        # the healthy step each healthy run proves on demand (not an incident): nothing to heal
         "proof_healthy_confirmed": [r.scenario for r in healthy
-                                    if any(p.get("confirmed") for p in _proofs(r))],
-        "proof_healthy_checked": sum(1 for r in healthy if _proofs(r)),
+                                    if any(p.get("confirmed") for p in _proofs(r)
+                                           if not p.get("incident", True))],
+        "proof_healthy_checked": sum(1 for r in healthy
+                                     if any(not p.get("incident", True) for p in _proofs(r))),
+        # a false alarm's step proved as an incident: what its replay confirmed
+        "proof_healthy_incidents": [
+            f"{r.scenario} ({', '.join(sorted({c for p in _proofs(r) for c in p['confirmed']}))})"
+            for r in healthy if any(p.get("confirmed") for p in _proofs(r)
+                                    if p.get("incident", True))],
         "proof_seconds_median": statistics.median(seconds) if seconds else None,
         "proof_seconds_max": max(seconds) if seconds else None,
     }
@@ -162,7 +170,9 @@ def _proof_lines(summary: dict[str, Any]) -> list[str]:
         f"; replayed as they ran, not bad on their own (older damage): "
         f"{', '.join(summary.get('proof_older_damage', [])) or 'none'}",
         f"  proofs: other causes confirmed: {', '.join(summary['proof_wrong']) or 'none'}; "
-        f"healthy runs checked {summary['proof_healthy_checked']}, with a cause confirmed: "
-        f"{', '.join(summary['proof_healthy_confirmed']) or 'none'}; seconds per proof median "
-        f"{_fmt(summary['proof_seconds_median'])} max {_fmt(summary['proof_seconds_max'])}",
+        f"healthy runs checked at a healthy step {summary['proof_healthy_checked']}, with a cause "
+        f"confirmed: {', '.join(summary['proof_healthy_confirmed']) or 'none'}; a false alarm "
+        f"proved, with its confirmed causes: "
+        f"{', '.join(summary.get('proof_healthy_incidents', [])) or 'none'}; seconds per proof "
+        f"median {_fmt(summary['proof_seconds_median'])} max {_fmt(summary['proof_seconds_max'])}",
     ]

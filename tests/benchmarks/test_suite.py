@@ -108,3 +108,21 @@ def test_a_healed_batch_confirms_the_data_and_is_wrong_only_without_the_true_cau
                             proved({**data, "lr_too_high": "lr_x0.1"})], [])
     assert figures["proof_confirmed"] == 2
     assert figures["proof_wrong"] == ["s (lr_too_high)", "s (lr_too_high)"]
+
+
+def test_a_false_alarm_proved_is_told_apart_from_the_healthy_step_check() -> None:
+    """A healthy run's healthy step (proved on demand: not an incident) must have nothing to
+    heal; a false alarm it raised, proved as an incident, is listed with what it confirmed."""
+    from benchmarks.scenarios.metrics import proof_totals
+
+    healthy = _result([], onset=None)
+    healthy.events = [
+        {"step": 150, "severity": "info", "kind": "proof",
+         "details": {"incident": False, "confirmed": {}, "seconds": 0.1}},
+        {"step": 257, "severity": "info", "kind": "proof",
+         "details": {"incident": True, "confirmed": {"outlier_batch": "..."}, "seconds": 0.1}}]
+    figures = proof_totals([], [healthy])
+    assert figures["proof_healthy_checked"] == 1 and figures["proof_healthy_confirmed"] == []
+    assert figures["proof_healthy_incidents"] == ["s (outlier_batch)"]
+    healthy.events[0]["details"]["confirmed"] = {"lr_too_high": "..."}
+    assert proof_totals([], [healthy])["proof_healthy_confirmed"] == ["s"]

@@ -13,7 +13,14 @@ from trainguard.config import RecoveryConfig
 from trainguard.diagnose.anchor import ANCHOR_FLAG, ProofAnchor
 from trainguard.snapshot import load_snapshot
 
-from .test_incidents import assert_same_run, config, model_and_optimizer, mse, spike_loop
+from .test_incidents import (
+    assert_same_run,
+    batch_at,
+    config,
+    model_and_optimizer,
+    mse,
+    spike_loop,
+)
 
 FIXED_CADENCE = RecoveryConfig(ring_every=10, ring_budget=None)
 
@@ -35,13 +42,16 @@ def lr_spike_run(policy: str, prove: str, steps: int = 80, **kw):
 def test_an_lr_spike_is_proved_from_the_anchor_under(policy: str) -> None:
     guard, _ = lr_spike_run(policy, "on")
     proofs = [e for e in guard.events if e.kind == "proof"]
-    # the first bad step (a loss spike, a warning), not the divergence judged 11 steps later
+    # the first bad step (a loss spike, a warning), and the divergence judged 11 steps later
+    # (an error: a jump's proof does not stand for it)
     jump = next(e for e in guard.events if e.kind == "loss_spike")
-    assert jump.severity == "warning" and {p.step for p in proofs} == {jump.step}
+    error = next(e for e in guard.events if e.severity == "error")
+    assert jump.severity == "warning" and {p.step for p in proofs} == {jump.step, error.step}
+    at_jump = [p for p in proofs if p.step == jump.step]
     # the step alone is bad before its update: the previous good batch does not heal it
-    assert proofs[0].details["reproduced"] and not proofs[0].details["confirmed"]
-    assert "outlier_batch" in proofs[0].details["ruled_out"]
-    window = proofs[-1]
+    assert at_jump[0].details["reproduced"] and not at_jump[0].details["confirmed"]
+    assert "outlier_batch" in at_jump[0].details["ruled_out"]
+    window = at_jump[-1]
     assert "lr_too_high" in window.details["confirmed"]
     # from a good state taken before the spike (step 40), none from inside the trouble
     assert f"steps 30-{jump.step}" in window.message and "good state of step 30" in window.message
@@ -115,4 +125,26 @@ def test_a_jump_is_proved_only_when_every_incident_is_to_be_proved() -> None:
     guard, _ = lr_spike_run("protect", "auto")  # auto: a halt or the first rollback, no more
     assert any(e.kind == "loss_spike" for e in guard.events)
     assert not any(e.kind == "proof" for e in guard.events)
+    guard.close()
+
+
+def test_an_error_is_proved_after_a_jump_that_was_only_a_warning() -> None:
+    """A target 5 off in one sample at step 20 (a loss spike, a warning) is proved first; the
+    NaN sample at step 30 (an error) is proved too: a jump's proof does not stand for it."""
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="protect", prove="on"), replay_fn=mse)
+    for step in range(40):
+        batch = batch_at(step, nan_at=30)
+        if step == 20:
+            batch["y"][3] += 5.0
+        loss = mse(model, batch)
+        loss.backward()
+        guard.step(loss, batch=batch)
+        opt.zero_grad(set_to_none=True)
+    spike = next(e for e in guard.events if e.kind == "loss_spike")
+    assert spike.step == 20 and spike.severity == "warning"
+    proofs = {e.step: e for e in guard.events if e.kind == "proof"}
+    assert set(proofs) == {20, 30}
+    assert "outlier_batch" in proofs[20].details["confirmed"]
+    assert list(proofs[30].details["confirmed"]) == ["nonfinite_input"]
     guard.close()

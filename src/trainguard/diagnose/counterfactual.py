@@ -331,6 +331,8 @@ class Proof:
     undamaged: bool = False
     """The window's model does well on data from before the trouble: a lower LR's heal did not
     count (`_undamaged`)."""
+    of_error: bool = True
+    """The proved step raised an error (or halted, or rolled back); False: a warning's jump."""
 
     def summary(self) -> str:
         text = self._summary()

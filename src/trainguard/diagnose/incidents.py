@@ -13,10 +13,11 @@ reference to the last good batch. `wanted` says whether this step's incident is 
                     with the LR lowered on every step, if the budget allows
     prove="on"      also any step with an error-level event, or a loss or gradient jump of any
                     severity (the first bad step of a fault, before a divergence judged over
-                    many steps), under protect or observe, until one proof reproduced its fault (at most `MAX_ATTEMPTS` tries per run); a step
-                    bad before its update that its own replays do not explain is replayed again
-                    from the proof anchor's good state (`diagnose/anchor.py`), and as a window
-                    from there, as under `recover`
+                    many steps), under protect or observe, until one proof of an error
+                    reproduced its fault (a jump only until any proof did; at most
+                    `MAX_ATTEMPTS` tries per run); a step bad before its update that its own
+                    replays do not explain is replayed again from the proof anchor's good
+                    state (`diagnose/anchor.py`), and as a window from there, as under `recover`
 
 `prove` replays the step from the model and optimizer as they are before its update, within
 `prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
@@ -150,11 +151,13 @@ class IncidentProver:
             return True
         if action == "rolled_back":  # the rollback is the incident, whatever its events
             return self.rollbacks_proved == 0
+        if mode != "on" or self.attempts >= MAX_ATTEMPTS:
+            return False
+        if any(at_least(e.severity, "error") for e in ctx.events):
+            # a jump proved before (a warning: a heavy-tailed batch, say) does not stand for it
+            return not any(p.reproduced and p.of_error for p in self.proofs)
         jumps = kinds_tagged(Tag.JUMP)
-        return (mode == "on" and self.attempts < MAX_ATTEMPTS
-                and any(at_least(e.severity, "error")
-                        or (e.kind in jumps and at_least(e.severity, "warning"))
-                        for e in ctx.events)
+        return (any(e.kind in jumps and at_least(e.severity, "warning") for e in ctx.events)
                 and not any(p.reproduced for p in self.proofs))
 
     def prove(self, ctx: StepContext, state: RunState, services: Services,
@@ -194,7 +197,10 @@ class IncidentProver:
             log.error("trainguard: proving step %d failed (%s: %s)", ctx.step,
                       type(exc).__name__, exc)
             return None
+        of_error = any(at_least(e.severity, "error") for e in ctx.events) or (
+            ctx.decision is not None and ctx.decision.action in ("halted", "rolled_back"))
         for proof in proofs:
+            proof.of_error = of_error
             self.proofs.append(proof)
             ctx.raise_event(proof_event(proof))
         self._refresh_likely(ctx, services)
