@@ -636,6 +636,13 @@ def interventions(setup: Setup) -> list[Intervention]:
     return out
 
 
+def left_level(step: WindowStep, typical_loss: float) -> bool:
+    """The step's recorded loss left the run's typical level (above `WINDOW_SPIKE` times it), or
+    is unknown or not finite."""
+    return (step.loss is None or not math.isfinite(step.loss)
+            or step.loss > WINDOW_SPIKE * max(typical_loss, 1e-8))
+
+
 def _good_data_window(setup: Setup) -> list[Intervention]:
     """A window replayed at the run's own LRs with the batches from the step whose recorded loss
     left the run's typical level on replaced, in turn, by those before it (data the model did
@@ -646,9 +653,7 @@ def _good_data_window(setup: Setup) -> list[Intervention]:
     steps = setup.window
     if base is None:
         return []
-    limit = WINDOW_SPIKE * max(base, 1e-8)
-    first_bad = next((i for i, w in enumerate(steps) if w.loss is None
-                      or not math.isfinite(w.loss) or w.loss > limit), len(steps))
+    first_bad = next((i for i, w in enumerate(steps) if left_level(w, base)), len(steps))
     good = [w.batch for w in steps[:first_bad]]
     if not good or any(b is None for b in good):
         return []
@@ -1084,17 +1089,16 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
     # typical: a lower LR that heals it), that keeps the batch: the same batch trains under it
     kept_batch = any(heals and not i.data and i.change.batch is None
                      for i, _, heals in proof.trials)
-    if proof.window and any(heals and i.data for i, _, heals in proof.trials):
-        # over a window a lower LR heals whatever the model learns from bad data; good data at
-        # the run's own LRs healing it shows the data is enough: the LR's heal does not count
+    # over a window a lower LR heals whatever the model learns from bad data; good data at the
+    # run's own LRs healing it shows the data is enough: the LR's heal does not count
+    window_data = bool(proof.window) and any(heals and i.data for i, _, heals in proof.trials)
+    if window_data or kept_batch:
+        # else the batch tripped the kept-batch fix's cause (a good batch "heals" an update too
+        # big for any batch by chance: its own loss after the update says nothing of the LR)
+        dropped_data = not window_data  # whose confirmations go: the data's, or the others'
         healed = {code: why for code, why in healed.items()
-                  if not any(not i.data and code in i.causes and by.get(code) == i.name
-                             for i, _, _ in proof.trials)}
-    elif kept_batch:  # the batch tripped that fix's cause (a good batch "heals" an update too big
-        # for any batch by chance: its own loss after the update says nothing of the LR)
-        healed = {code: why for code, why in healed.items()
-                  if not any(i.data and code in i.causes and by.get(code) == i.name
-                             for i, _, _ in proof.trials)}
+                  if not any(i.data == dropped_data and code in i.causes
+                             and by.get(code) == i.name for i, _, _ in proof.trials)}
     proof.confirmed = healed
     proof.confirmed_by = {code: name for code, name in by.items() if code in healed}
     proof.ruled_out = {code: why for code, why in failed.items()

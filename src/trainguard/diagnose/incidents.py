@@ -43,12 +43,12 @@ import torch
 from trainguard.diagnose.counterfactual import (
     DATA_CAUSES,
     WINDOW_LAST,
-    WINDOW_SPIKE,
     Baseline,
     Proof,
     SavedState,
     Setup,
     WindowStep,
+    left_level,
     prove,
     record_stands,
     recorded_window,
@@ -319,11 +319,11 @@ class IncidentProver:
     def _left_level(self, start: int, stop: int, base: Baseline) -> int:
         """The first step from `start` to before `stop` whose recorded loss left the run's typical
         level (`stop` when none did, or there is no level yet)."""
-        if base.loss is None:
+        typical = base.loss
+        if typical is None:
             return stop
-        limit = WINDOW_SPIKE * max(base.loss, 1e-8)
-        return next((w.step for w in self.window if start <= w.step < stop and (
-            w.loss is None or not math.isfinite(w.loss) or w.loss > limit)), stop)
+        return next((w.step for w in self.window
+                     if start <= w.step < stop and left_level(w, typical)), stop)
 
     @staticmethod
     def _restore(state: GoodState, services: Services, lrs: list[float]) -> None:
