@@ -162,8 +162,8 @@ def _proof_lines(summary: dict[str, Any]) -> list[str]:
     return [
         f"  proofs: true cause confirmed by replay in {summary['proof_confirmed']}/"
         f"{summary['proof_applicable']} faults an intervention tests (unconfirmed: "
-        f"{', '.join(summary['proof_unconfirmed']) or 'none'}; of them never replayed, with no "
-        f"error, rollback or halt to prove: "
+        f"{', '.join(summary['proof_unconfirmed']) or 'none'}; of them never replayed: no "
+        f"incident to prove, or no good state within the budget's reach: "
         f"{', '.join(summary.get('proof_never_replayed', [])) or 'none'}); "
         f"{summary['proof_runs']} faulty "
         f"runs proved, not reproducible: {', '.join(summary['proof_not_reproducible']) or 'none'}"

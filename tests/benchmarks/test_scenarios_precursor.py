@@ -85,3 +85,30 @@ def test_a_loop_that_raises_the_lr_by_hand_without_warmup_is_told_the_lr() -> No
     assert any(f.cause == "missing_warmup" for f in guard.findings)
     assert guard.diagnose()[0].code == "lr_too_high"
     assert spike_step(losses) is None
+
+
+def test_under_prove_on_the_first_warning_is_proved_by_a_window_and_the_run_is_unchanged() -> None:
+    """No bad step to replay: the steps from a good state to the warning, replayed, take the
+    warned signal over the warning's bound again; with the LR x0.1 it stays under it. The run
+    trains as it would have without the proof."""
+    fault = scenario("tiny_lm_lr_ramp")
+    proved = run_scenario(fault, "trainguard", seed=0,
+                          config=GuardConfig(policy="protect", prove="on", console=False))
+    plain = run_scenario(fault, "trainguard", seed=0,
+                         config=GuardConfig(policy="protect", prove="off", console=False))
+    first = warnings(proved)[0]
+    (proof,) = [e for e in proved.events if e["kind"] == "proof"]
+    details = proof["details"]
+    assert proof["step"] == first and details["reproduced"] and details["window"] > 0
+    assert details["warned"].startswith("Adam's g/sqrt(v) RMS of ")
+    assert list(details["confirmed"]) == ["lr_too_high"]
+    (trial,) = details["trials"]  # the likeliest fix healed it: nothing more is replayed
+    warned = next(e for e in proved.events if e["step"] == first
+                  and e["kind"] == "instability_precursor")
+    assert trial["name"] == "lr_x0.1" and trial["signal"] < warned["details"]["bound"]
+    assert proved.diagnosis[0] == "lr_too_high"
+    assert proved.train_losses == plain.train_losses
+    # the same events (their likely causes aside, which the proof puts right)
+    assert [(e["kind"], e["step"], e["message"]) for e in proved.events
+            if e["kind"] != "proof"] == [(e["kind"], e["step"], e["message"])
+                                         for e in plain.events]

@@ -40,6 +40,8 @@ def test_a_run_blown_up_by_its_first_updates_is_a_bad_start_too() -> None:
     [event] = run(BadStart(default_config()), loss_run(losses))
     assert event.step == WARMUP and event.details["cause"] == "lr_too_high"
     assert event.details["ratio"] > 2
+    # what a replay of the first steps judges: the loss, against twice the first one
+    assert event.details["signal"] == "loss" and event.details["bound"] == 8.0
 
 
 def test_a_blow_up_that_does_not_fade_is_reported_again_for_the_learning_rate() -> None:

@@ -71,6 +71,24 @@ def test_halt_proves_the_step_before_its_crash_snapshot(tmp_path: Path) -> None:
     assert any(e["kind"] == "proof" for e in snapshot["events"])  # proved before it was written
 
 
+def test_a_step_given_without_its_batch_is_not_proved_and_the_user_is_told_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+                  replay_fn=mse)
+    with pytest.raises(TrainingDiverged), caplog.at_level("WARNING", logger="trainguard"):
+        for step in range(40):
+            batch = batch_at(step, nan_at=30)
+            loss = mse(model, batch)
+            loss.backward()
+            guard.step(loss)  # batch= forgotten
+            opt.zero_grad(set_to_none=True)
+    assert not any(e.kind == "proof" for e in guard.events)
+    told = [r.getMessage() for r in caplog.records if "without batch=" in r.getMessage()]
+    assert told == ["trainguard: step 30 is not proved by replay: guard.step() was called "
+                    "without batch=, and a replay needs the step's batch"]
+
+
 class Flaky(nn.Module):
     """A layer whose output goes NaN once, when armed: a transient device fault."""
 

@@ -115,6 +115,8 @@ class AttentionLogitTracker:
             f"logits that keep growing make the softmax one-hot, and a loss spike often "
             f"follows within {EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, layer=name, baseline=typical, ratio=ratio,
+            bound=max(self.config.attention_logit_abs_min,
+                      self.config.attention_logit_ratio * typical),
             steps_above=layer.streak, trend=trend, expected_lead=EXPECTED_LEAD)
 
     def state_dict(self) -> dict[str, Any]:

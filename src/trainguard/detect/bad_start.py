@@ -72,7 +72,8 @@ class BadStart(Detector):
                                ": the first updates made the model worse and it stayed worse "
                                "(learning rate too high for the start?)",
                                value=settled, ratio=settled / self.first, first=self.first,
-                               cause="lr_too_high")]
+                               cause="lr_too_high", signal="loss",
+                               bound=cfg.bad_start_blowup_ratio * self.first)]
         return []
 
     def _check_persistence(self, signals: StepSignals) -> list[Event]:

@@ -153,6 +153,7 @@ class InstabilityPrecursor(Detector):
             f"{typical:.3g}, above it for {steps} steps and {trend}: the gradient outgrows "
             f"Adam's second moment, and a loss spike often follows within {EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, baseline=typical, ratio=ratio,
+            bound=max(self.config.precursor_abs_min, self.config.precursor_ratio * typical),
             steps_above=steps, trend=trend, expected_lead=EXPECTED_LEAD)
 
     def state_dict(self) -> dict[str, Any]:

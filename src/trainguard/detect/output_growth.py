@@ -278,6 +278,7 @@ class OutputGrowth:
             f"{trend}: the output logits keep growing, and a loss spike often follows within "
             f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
+            bound=typical + self.config.precursor_logz_rise,
             steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES))
 
     def _logz_further(self, signals: StepSignals, value: float, judged: Any,
@@ -303,6 +304,7 @@ class OutputGrowth:
             f"logits are still growing, and a loss spike often follows within {LOGZ_LEAD} steps "
             "(a lower LR or a z-loss holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical,
+            bound=typical + self.config.precursor_logz_rise,
             ratio=math.exp(min(value - typical, 700.0)), steps_above=int(tracker.streak[0]),
             trend="rising", expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES),
             since_step=reported[0], since_value=reported[1])

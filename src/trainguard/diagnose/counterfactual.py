@@ -40,6 +40,13 @@ ran finite), the step was replayed faithfully and is simply not bad on its own: 
 up over earlier steps (a divergence), which a window replay from a good state can prove, and no
 transient is suggested.
 
+The proof of a warning before any bad step (a precursor, a blown-up start: `Setup.warned`) is a
+window replay judged on the warned signal as well (`diagnose/warned_signal.py`): the bad step is
+bad while the signal is at or above the warning's bound; its fixes are the LR ones, a warm-up
+ramp over the window and the model edits (LoRA scaling, a re-drawn layer), and the first that
+heals, by the votes, is the one confirmed (over a window a lower LR calms any growth, so the
+likeliest fix that does is what it shows).
+
 Interventions run likeliest first (by the current votes) within a time budget. The model, the
 optimizer (its state and hyperparameters), the gradients, the training mode and the RNG are put
 back exactly afterwards: the run goes on as it would have. Nothing here runs on healthy steps.
@@ -52,7 +59,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -63,6 +70,7 @@ from trainguard.diagnose.batch import IGNORE_INDEX
 from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
 from trainguard.diagnose.replay import LossFn
 from trainguard.diagnose.step_rng import RNGState, capture, put
+from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
 
 LOSS_SPIKE = 3.0
 """A replayed loss this many times the run's typical loss is bad."""
@@ -120,6 +128,11 @@ class Baseline:
 
     loss: float | None = None
     grad_norm: float | None = None
+    signal_bound: float | None = None
+    """The proof of a warning before any bad step: at or above this the warned signal is high
+    (`diagnose/warned_signal.py`); None: no signal is judged."""
+    signal_what: str = ""
+    """What the signal is, in words."""
 
     @classmethod
     def of(cls, losses: Sequence[float], norms: Sequence[float]) -> Baseline:
@@ -146,6 +159,9 @@ class Outcome:
     recorded: bool = False
     """Not replayed: the losses and the gradient norm the run recorded as the steps happened
     (`after` is then unknown: NaN)."""
+    signal: float | None = None
+    """The proof of a warning before any bad step: the warned signal on the bad step (NaN: not
+    measured)."""
 
     @property
     def finite(self) -> bool:
@@ -160,6 +176,9 @@ class Outcome:
             return f"the step's loss is {_num(self.loss)}"
         if not math.isfinite(self.grad_norm):
             return f"the gradient norm is {_num(self.grad_norm)}"
+        signal, bound = self.signal, base.signal_bound
+        if signal is not None and bound is not None and signal >= bound:
+            return f"{base.signal_what} is {_num(signal)} (the warning's bound {_num(bound)})"
         spike = WINDOW_SPIKE if self.window else LOSS_SPIKE
         if base.loss is not None and self.loss > spike * max(base.loss, 1e-8):
             return f"{self.what()} is {_num(self.loss)} (run's typical {_num(base.loss)})"
@@ -167,6 +186,11 @@ class Outcome:
             return (f"the gradient norm is {_num(self.grad_norm)} (run's typical "
                     f"{_num(base.grad_norm)})")
         return ""
+
+    def signal_high(self, base: Baseline) -> bool:
+        """The warned signal measured at or above its bound (never when unmeasured)."""
+        return (base.signal_bound is not None and self.signal is not None
+                and self.signal >= base.signal_bound)
 
     def what(self) -> str:
         """What `loss` is."""
@@ -189,7 +213,7 @@ class Outcome:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "label": self.label, "loss": self.loss,
                 "grad_norm": self.grad_norm, "after": self.after, "seconds": self.seconds,
-                "error": self.error}
+                "error": self.error, "signal": self.signal}
 
 
 @dataclass
@@ -208,6 +232,9 @@ class Change:
     """Run the forward with its unsafe operations guarded (`_SafeOps`)."""
     window_batches: tuple[Any, ...] | None = None
     """A window replay: the batch each step of the window trains on instead of its own."""
+    window_factors: tuple[float, ...] | None = None
+    """A window replay: the LR factor of each step of the window (a warm-up ramp); None: the
+    first of `lr_factors` on every step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +319,10 @@ class Setup:
     rules_out: bool = True
     """False: an intervention that does not heal rules nothing out (a window from a state
     already inside the trouble: the damage may be older)."""
+    warned: WarnedSignal | None = None
+    """The proof of a warning before any bad step: the signal measured on the bad step's
+    forward and backward (the step is bad while it is high: `Baseline.signal_bound`); the first
+    intervention, by the votes, that keeps it under the bound is the one confirmed."""
     damage_loss: float | None = None
     """A window replay: the loss of the model as the window left it (the run's state at the bad
     step) on the window's first batch, data from before the trouble (None: not measured). Near
@@ -333,6 +364,8 @@ class Proof:
     count (`_undamaged`)."""
     of_error: bool = True
     """The proved step raised an error (or halted, or rolled back); False: a warning's jump."""
+    warned: str = ""
+    """The proof of a warning before any bad step: the signal it measured (`WarnedSignal.what`)."""
 
     def summary(self) -> str:
         text = self._summary()
@@ -530,21 +563,31 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
     first: list[torch.Tensor] = []
     after = torch.tensor(math.nan)
     error = None
+    signal: float | None = None
     guard: Callable[[], Any] = _SafeOps if change.safe_ops else nullcontext
     try:
         with _precision(setup, change) as batch:
             saved.rng()
             swaps = change.window_batches or (None,) * len(setup.window)
-            window = [_window_step(setup, past, change.lr_factors[0], swap)  # the steps before
-                      for past, swap in zip(setup.window, swaps, strict=True)]  # the bad one
+            factors = change.window_factors or (change.lr_factors[0],) * len(setup.window)
+            window = [_window_step(setup, past, factor, swap)  # the steps before the bad one
+                      for past, swap, factor in zip(setup.window, swaps, factors, strict=True)]
             for factor in change.lr_factors:
                 for group, saved_group in zip(opt.param_groups, saved.groups, strict=True):
                     group["lr"] = saved_group["lr"] * factor
                 saved.rng()
                 opt.zero_grad(set_to_none=True)
-                with guard():  # the forward only: the optimizer's own divisions are left alone
-                    loss = setup.loss_fn(model, batch)
-                loss.backward()
+                reading = (setup.warned.start(model)
+                           if setup.warned is not None and not first else None)
+                try:
+                    with guard():  # the forward only: the optimizer's divisions are left alone
+                        loss = setup.loss_fn(model, batch)
+                    loss.backward()
+                    if reading is not None:
+                        signal = reading.finish(model, opt)
+                finally:
+                    if reading is not None:
+                        reading.close()
                 norm = _grad_norm(model)
                 if change.clip is not None:
                     torch.nn.utils.clip_grad_norm_(
@@ -560,8 +603,13 @@ def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as
         error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
     values = torch.stack([*first, after.to(first[0].device)]).tolist() if first else [
         math.nan, math.nan, math.nan]
+    if setup.warned is not None and setup.warned.signal == LOSS:
+        signal = values[0]  # the loss as a window is judged: the median of its last steps
+    elif setup.warned is not None and signal is None:
+        signal = math.nan
     return Outcome(name, label, values[0], values[1], values[2],
-                   seconds=time.perf_counter() - started, error=error, window=len(setup.window))
+                   seconds=time.perf_counter() - started, error=error, window=len(setup.window),
+                   signal=signal)
 
 
 def _window_step(setup: Setup, past: WindowStep, factor: float,
@@ -603,11 +651,14 @@ def interventions(setup: Setup) -> list[Intervention]:
     step's forward too)."""
     if setup.window:
         first = setup.window[0].step
-        return [*(Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",
-                               ("lr_too_high",), FORWARD,
-                               Change(lr_factors=(factor,), autocast=setup.autocast),
-                               rules_out=None if setup.rules_out else ())
-                  for factor in LR_FACTORS), *_good_data_window(setup)]
+        lrs = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",
+                            ("lr_too_high",), FORWARD,
+                            Change(lr_factors=(factor,), autocast=setup.autocast),
+                            rules_out=None if setup.rules_out else ())
+               for factor in LR_FACTORS]
+        if setup.warned is not None:  # no bad data yet: the model's settings over the window
+            return [*lrs, *_window_ramp(setup), *_model_edits(setup)]
+        return [*lrs, *_good_data_window(setup)]
     out = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g}", ("lr_too_high",), UPDATE,
                         Change(lr_factors=(factor,), autocast=setup.autocast))
            for factor in LR_FACTORS]
@@ -619,21 +670,48 @@ def interventions(setup: Setup) -> list[Intervention]:
                                 Change(lr_factors=(ramp,), autocast=setup.autocast)))
     out += _precision_interventions(setup)
     out += _batch_interventions(setup)
-    scalings = _lora_scalings(setup.model)
-    if any(value > LORA_SCALING for value in scalings):
-        out.append(Intervention("lora_scaling", f"with LoRA alpha/r {LORA_SCALING:g} (was "
-                                f"{max(scalings):g})", ("lora_scaling",), FORWARD,
-                                Change(edit=_set_lora_scaling, autocast=setup.autocast)))
-    suspects = setup.init_suspects or _over_scaled(setup.model)
-    if suspects:
-        out.append(Intervention("head_init", f"with {', '.join(suspects)} re-drawn at std "
-                                f"{INIT_STD:g}", ("bad_init",), FORWARD,
-                                Change(edit=_reinit(suspects), autocast=setup.autocast)))
+    out += _model_edits(setup)
     if setup.baseline.grad_norm is not None:
         out.append(Intervention("clip", f"clipped at the run's typical norm "
                                 f"{_num(setup.baseline.grad_norm)}", (), UPDATE,
                                 Change(clip=setup.baseline.grad_norm, autocast=setup.autocast)))
     return out
+
+
+def _model_edits(setup: Setup) -> list[Intervention]:
+    """LoRA scalings above `LORA_SCALING` set to it; the layers the preflight (or their scale)
+    found over-scaled re-drawn at `INIT_STD`. Both change the model before the replay, so over a
+    window they act from its first step."""
+    out = []
+    rules_out = None if setup.rules_out else ()
+    scalings = _lora_scalings(setup.model)
+    if any(value > LORA_SCALING for value in scalings):
+        out.append(Intervention("lora_scaling", f"with LoRA alpha/r {LORA_SCALING:g} (was "
+                                f"{max(scalings):g})", ("lora_scaling",), FORWARD,
+                                Change(edit=_set_lora_scaling, autocast=setup.autocast),
+                                rules_out=rules_out))
+    suspects = setup.init_suspects or _over_scaled(setup.model)
+    if suspects:
+        out.append(Intervention("head_init", f"with {', '.join(suspects)} re-drawn at std "
+                                f"{INIT_STD:g}", ("bad_init",), FORWARD,
+                                Change(edit=_reinit(suspects), autocast=setup.autocast),
+                                rules_out=rules_out))
+    return out
+
+
+def _window_ramp(setup: Setup) -> list[Intervention]:
+    """The window at the LRs a `WARMUP_STEPS`-step warm-up gives each of its steps (when the
+    schedule has none and the window begins inside it)."""
+    first = setup.window[0].step
+    if setup.no_warmup is False or first + 1 >= WARMUP_STEPS:
+        return []
+    factors = tuple(min(1.0, (w.step + 1) / WARMUP_STEPS) for w in setup.window)
+    last = min(1.0, (setup.step + 1) / WARMUP_STEPS)
+    return [Intervention("warmup", f"with the LRs a {WARMUP_STEPS}-step warm-up gives steps "
+                         f"{first}-{setup.step}", ("missing_warmup",), FORWARD,
+                         Change(lr_factors=(last,), window_factors=factors,
+                                autocast=setup.autocast),
+                         rules_out=None if setup.rules_out else ())]
 
 
 def left_level(step: WindowStep, typical_loss: float) -> bool:
@@ -900,7 +978,8 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
         origin = setup.origin + (" (as it happened: the losses the run recorded, its first step "
                                  "replayed to the same loss)" if plain.recorded else "")
         proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident,
-                      origin=origin, window=len(setup.window))
+                      origin=origin, window=len(setup.window),
+                      warned=setup.warned.what if setup.warned is not None else "")
         early = setup.baseline.loss is None and setup.incident and plain.finite
         if plain.bad(setup.baseline) or early:
             _try_interventions(setup, saved, proof, _ordered(interventions(setup), likely),
@@ -972,8 +1051,9 @@ def record_stands(recorded: Outcome, base: Baseline) -> bool:
     the run's losses (`_first_step_agrees`) would find the window bad too."""
     if base.loss is None:
         return False
-    raised = Baseline(base.loss / (1 - SAME_LOSS),
-                      None if base.grad_norm is None else base.grad_norm / (1 - SAME_LOSS))
+    raised = replace(base, loss=base.loss / (1 - SAME_LOSS),
+                     grad_norm=None if base.grad_norm is None
+                     else base.grad_norm / (1 - SAME_LOSS))
     return bool(recorded.forward_bad(raised))
 
 
@@ -1003,7 +1083,7 @@ def _first_step_agrees(setup: Setup, saved: SavedState) -> bool:
 def _provisional(proof: Proof) -> Baseline:
     """The run's typical loss unknown: the lowest loss of a replay that changed the step."""
     losses = [o.loss for i, o, _ in proof.trials if i.aspect == FORWARD and o.finite]
-    return Baseline(min(losses) if losses else None, proof.baseline.grad_norm)
+    return replace(proof.baseline, loss=min(losses) if losses else None)
 
 
 def _ordered(candidates: list[Intervention], likely: Sequence[str]) -> list[Intervention]:
@@ -1042,6 +1122,8 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
         if heals:
             healed.update(intervention.causes)
         proof.trials.append((intervention, outcome, heals))
+        if heals and setup.warned is not None:
+            break  # over a window a lower LR calms any growth: the likeliest fix that does
 
 
 def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool | None:
@@ -1054,6 +1136,9 @@ def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool |
         if plain.forward_bad(base):
             return None
         return outcome.finite and not outcome.update_bad()
+    if base.signal_bound is not None and not (outcome.signal is not None
+                                              and outcome.signal < base.signal_bound):
+        return False  # the warned signal high, or not measured
     if intervention.data and base.grad_norm is not None and (
             outcome.grad_norm <= VANISHED * base.grad_norm):
         return False  # a good batch that no longer trains the model: the state is broken
@@ -1106,6 +1191,10 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
 
 
 def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
+    base = proof.baseline
+    if base.signal_bound is not None and outcome.signal is not None:
+        return (f"{base.signal_what} is {_num(outcome.signal)} (the warning's bound "
+                f"{_num(base.signal_bound)})")
     typical = proof.baseline.loss
     after = intervention.aspect == UPDATE or not proof.plain.forward_bad(proof.baseline)
     what = "the loss after the update is" if after else f"{outcome.what()} is"
@@ -1116,9 +1205,11 @@ def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
 def _bad_value(intervention: Intervention, plain: Outcome, base: Baseline) -> str:
     """The plain replay's bad value, in the terms of `_healthy`: the loss after the update
     when the step itself was fine, else the loss (or the gradient norm) of the step."""
+    recorded = " as the run recorded it" if plain.recorded else ""
+    if plain.signal is not None and plain.signal_high(base):
+        return _num(plain.signal) + recorded
     if intervention.aspect == UPDATE or not plain.forward_bad(base):
         return _num(plain.after)
-    recorded = " as the run recorded it" if plain.recorded else ""
     for value in (plain.loss, plain.grad_norm):
         if not math.isfinite(value):
             return _num(value) + recorded

@@ -17,7 +17,13 @@ reference to the last good batch. `wanted` says whether this step's incident is 
                     reproduced its fault (a jump only until any proof did; at most
                     `MAX_ATTEMPTS` tries per run); a step bad before its update that its own
                     replays do not explain is replayed again from the proof anchor's good
-                    state (`diagnose/anchor.py`), and as a window from there, as under `recover`
+                    state (`diagnose/anchor.py`), and as a window from there, as under `recover`;
+                    also the first warning before any bad step (`instability_precursor`, a
+                    blown-up start: `bad_start`), before anything else was proved: the steps
+                    from the oldest good state (the anchor's or the recover ring's) whose
+                    window fits the budget up to the warning, judged on the warned signal
+                    (`diagnose/warned_signal.py`), the first fix that keeps it under the
+                    warning's bound confirmed
 
 `prove` replays the step from the model and optimizer as they are before its update, within
 `prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
@@ -55,6 +61,7 @@ from trainguard.diagnose.counterfactual import (
 )
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.diagnose.step_rng import put
+from trainguard.diagnose.warned_signal import WarnedSignal
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
 from trainguard.recovery.state import restore
@@ -89,6 +96,8 @@ class IncidentProver:
         self.proofs: list[Proof] = []
         self.attempts = 0
         self.rollbacks_proved = 0
+        self.warned_tried = False
+        self.told_no_batch = False
         self._last_seen: float | None = None
         self.window: deque[WindowStep] = deque()
         """Every step since the oldest good state of the recover ring (references to its batch,
@@ -141,11 +150,25 @@ class IncidentProver:
 
     # -- on an incident ----------------------------------------------------------------------------
     def wanted(self, ctx: StepContext, services: Services) -> bool:
-        mode = services.config.prove
-        if (mode == "off" or services.replay_fn is None or ctx.batch is None
+        if (services.config.prove == "off" or services.replay_fn is None
                 or ctx.decision is None
                 or services.dist is not None):  # a replay's backward would all-reduce on one rank
             return False
+        if not self._incident(ctx, services):
+            return False
+        if ctx.batch is None:  # a replay needs the step's batch: say so once, not silently
+            if not self.told_no_batch:
+                self.told_no_batch = True
+                log.warning("trainguard: step %d is not proved by replay: guard.step() was "
+                            "called without batch=, and a replay needs the step's batch",
+                            ctx.step)
+            return False
+        return True
+
+    def _incident(self, ctx: StepContext, services: Services) -> bool:
+        """Whether the step's incident is one to prove (`wanted`, the batch aside)."""
+        mode = services.config.prove
+        assert ctx.decision is not None
         action = ctx.decision.action
         if action == "halted":
             return True
@@ -157,8 +180,11 @@ class IncidentProver:
             # a jump proved before (a warning: a heavy-tailed batch, say) does not stand for it
             return not any(p.reproduced and p.of_error for p in self.proofs)
         jumps = kinds_tagged(Tag.JUMP)
-        return (any(e.kind in jumps and at_least(e.severity, "warning") for e in ctx.events)
-                and not any(p.reproduced for p in self.proofs))
+        if any(e.kind in jumps and at_least(e.severity, "warning") for e in ctx.events):
+            return not any(p.reproduced and not p.warned for p in self.proofs)
+        # a warning before any bad step (a precursor, a blown-up start): the first, before
+        # anything else was proved (after a bad step the growth it warns of is the fault's)
+        return not self.warned_tried and not self.proofs and _warned(ctx) is not None
 
     def prove(self, ctx: StepContext, state: RunState, services: Services,
               batch: Any = None) -> Proof | None:
@@ -183,16 +209,26 @@ class IncidentProver:
             setup.batch_causes = tuple(str(e.details["cause"]) for e in ctx.events
                                        if e.kind in batch_kinds and e.details.get("cause"))
             started = time.perf_counter()
+            warned = None if batch is not None or self._alarm(ctx) else _warned(ctx)
             with _replays(services):
-                proofs = [prove(setup, likely=likely, budget_s=self.budget_s(services))]
-                first = proofs[0]
-                if (not first.reproduced or first.plain.forward_bad(first.baseline)) and (
-                        state.recovery is not None or not first.confirmed):
-                    # bad before its update: the damage is older; replay from the good state
-                    # (the rollback's, whatever the step proved; else the anchor's, when the
-                    # step proved nothing: its batch may be what is bad before the update)
-                    left = self.budget_s(services) - (time.perf_counter() - started)
-                    proofs += self._from_good_state(ctx, state, services, setup, likely, left)
+                if warned is not None:  # a warning before any bad step
+                    self.warned_tried = True
+                    proofs = self._warned_proofs(ctx, state, services, setup, warned,
+                                                    likely)
+                    if not proofs:
+                        return None
+                else:
+                    proofs = [prove(setup, likely=likely, budget_s=self.budget_s(services))]
+                    first = proofs[0]
+                    if (not first.reproduced or first.plain.forward_bad(first.baseline)) and (
+                            state.recovery is not None or not first.confirmed):
+                        # bad before its update: the damage is older; replay from the good
+                        # state (the rollback's, whatever the step proved; else the anchor's,
+                        # when the step proved nothing: its batch may be what is bad before
+                        # the update)
+                        left = self.budget_s(services) - (time.perf_counter() - started)
+                        proofs += self._from_good_state(ctx, state, services, setup, likely,
+                                                        left)
         except Exception as exc:  # proving is advisory: the run goes on
             log.error("trainguard: proving step %d failed (%s: %s)", ctx.step,
                       type(exc).__name__, exc)
@@ -248,6 +284,58 @@ class IncidentProver:
                                         replace(again, damage_loss=damage),
                                         proofs[0].plain.seconds / 2, left, lrs)
             return proofs
+        finally:
+            keep.restore()
+
+    @staticmethod
+    def _alarm(ctx: StepContext) -> bool:
+        """The step has a bad step's events (an error, a jump) or a rollback or halt."""
+        jumps = kinds_tagged(Tag.JUMP)
+        return (ctx.decision is not None and ctx.decision.action in ("halted", "rolled_back")
+                ) or any(at_least(e.severity, "error") or e.kind in jumps for e in ctx.events)
+
+    def _warned_proofs(self, ctx: StepContext, state: RunState, services: Services,
+                       setup: Setup, warned: WarnedSignal, likely: list[str]) -> list[Proof]:
+        """A warning before any bad step (a precursor, a blown-up start): the steps from the
+        oldest good state whose window fits the budget (the run's record standing for the plain
+        replay, one intervention at least) up to the warning step, replayed with the warned
+        signal measured on that step (`diagnose/warned_signal.py`). Nothing when no good state
+        is old enough to replay from, or the window was not kept whole."""
+        ring = (state.recovery.ring if state.recovery is not None
+                else state.anchor.ring if state.anchor is not None else None)
+        signals = ctx.signals
+        if ring is None or signals is None or not self.step_times:
+            return []
+        budget = self.budget_s(services)
+        times = sorted(self.step_times)
+        per_step = times[len(times) // 2]
+        groups = len(services.optimizer.param_groups)
+        for start in ring.good:  # the oldest first: the longest window has the most to show
+            window = (self._window(start.step, ctx.step, groups)
+                      if start.step < ctx.step else ())
+            # the window, the bad step's update and one more forward, with a step to spare
+            # for checking that the replay gives the run's losses (the record then stands for
+            # the plain replay)
+            if window and per_step * (len(window) + 3) <= budget:
+                break
+        else:
+            return []
+        optimizer = services.optimizer
+        keep = SavedState(services.model, optimizer)
+        lrs = [g["lr"] for g in optimizer.param_groups]
+        recorded = recorded_window(window, signals.loss, signals.grad_norm)
+        try:
+            self._restore(start, services, lrs)
+            return [prove(replace(
+                setup, window=window, state_step=start.step, update_seconds=per_step,
+                recorded=None if recorded is None else replace(recorded,
+                                                               signal=warned.value),
+                baseline=replace(setup.baseline, signal_bound=warned.bound,
+                                 signal_what=warned.what),
+                warned=warned, rules_out=False, original_finite=None,
+                original_loss=None,
+                origin=f"steps {start.step}-{ctx.step} replayed from the good state of step "
+                       f"{start.step}"), likely=likely, budget_s=budget)]
         finally:
             keep.restore()
 
@@ -408,6 +496,13 @@ class IncidentProver:
                 event.details["likely_causes"] = likely
 
 
+def _warned(ctx: StepContext) -> WarnedSignal | None:
+    """The signal of the step's warning before any bad step that a replay can measure (None:
+    none)."""
+    return next((signal for signal in map(WarnedSignal.of, ctx.events)
+                 if signal is not None), None)
+
+
 def _no_warmup(services: Services) -> bool | None:
     """Whether the schedule lacks a warm-up, as the preflight judged (None: not judged)."""
     journal = services.journal
@@ -432,8 +527,10 @@ def proof_event(proof: Proof) -> Event:
                           "reproduced": proof.reproduced, "faithful": proof.faithful,
                           "incident": proof.incident, "window": proof.window,
                           "damage_loss": proof.damage_loss, "undamaged": proof.undamaged,
+                          "warned": proof.warned,
                           "not_tried": list(proof.not_tried),
                           "seconds": round(proof.seconds, 3),
                           "trials": [{"name": i.name, "healed": healed, "loss": o.loss,
-                                      "after": o.after, "grad_norm": o.grad_norm}
+                                      "after": o.after, "grad_norm": o.grad_norm,
+                                      "signal": o.signal}
                                      for i, o, healed in proof.trials]})
