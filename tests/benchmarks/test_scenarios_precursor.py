@@ -6,6 +6,8 @@ run) and `benchmarks.precursors.spike_step`."""
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 from benchmarks.precursors import spike_step
@@ -48,10 +50,15 @@ def test_silent_on_the_healthy_twin_at_the_sane_lr() -> None:
     assert warnings(result) == [] and result.events == []
 
 
+@cache
+def under_protect(prove: str = "auto") -> RunResult:
+    """`tiny_lm_lr_ramp` under `protect` (run once per `prove`, shared by the tests below)."""
+    return run_scenario(scenario("tiny_lm_lr_ramp"), "trainguard", seed=0,
+                        config=GuardConfig(policy="protect", prove=prove, console=False))
+
+
 def test_under_protect_the_ceiling_a_returning_warning_sets_prevents_the_spike() -> None:
-    fault = scenario("tiny_lm_lr_ramp")
-    result = run_scenario(fault, "trainguard", seed=0,
-                          config=GuardConfig(policy="protect", console=False))
+    result = under_protect()
     assert len(warnings(result)) >= 2  # the brake, then the ceiling
     assert spike_step(result.train_losses) is None
     assert result.final_eval_loss < 2.0  # unguarded, it ends near 80
@@ -91,11 +98,7 @@ def test_under_prove_on_the_first_warning_is_proved_by_a_window_and_the_run_is_u
     """No bad step to replay: the steps from a good state to the warning, replayed, take the
     warned signal over the warning's bound again; with the LR x0.1 it stays under it. The run
     trains as it would have without the proof."""
-    fault = scenario("tiny_lm_lr_ramp")
-    proved = run_scenario(fault, "trainguard", seed=0,
-                          config=GuardConfig(policy="protect", prove="on", console=False))
-    plain = run_scenario(fault, "trainguard", seed=0,
-                         config=GuardConfig(policy="protect", prove="off", console=False))
+    proved, plain = under_protect("on"), under_protect()  # `auto` proves no warning
     first = warnings(proved)[0]
     (proof,) = [e for e in proved.events if e["kind"] == "proof"]
     details = proof["details"]

@@ -159,9 +159,9 @@ class IncidentProver:
         if ctx.batch is None:  # a replay needs the step's batch: say so once, not silently
             if not self.told_no_batch:
                 self.told_no_batch = True
-                log.warning("trainguard: step %d is not proved by replay: guard.step() was "
-                            "called without batch=, and a replay needs the step's batch",
-                            ctx.step)
+                log.warning("trainguard: step %d is not proved by replay: no batch was given "
+                            "for it (guard.step(loss, batch=batch)), and a replay needs the "
+                            "step's batch", ctx.step)
             return False
         return True
 
