@@ -28,6 +28,12 @@ What it measures
     guard_no_precursors guard_default without the every-step precursor probe, which is on by
                         default (`DetectorConfig(precursor_probe=False)`); guard_default over it,
                         paired per round, is the probe's cost (target <= 1.01x)
+    guard_prove_on      GuardConfig(prove="on", console=False) with the loss as replay_fn and the
+                        batch given to guard.step: what a run that proves every incident pays
+                        on healthy steps (the proof anchor's two good states, captured at the
+                        ring's cadence; each step's batch reference, LRs and forward RNG
+                        state); read its `vs guard_default` ratio; timed only when named in
+                        --variants
     guard_deferred      GuardConfig(sync="deferred", console=False): the skip and clip decided on
                         the device, the step judged on the host one step later, no blocking
                         transfer; timed only when named in --variants; it needs a fused
@@ -74,6 +80,8 @@ Usage
         --rounds 12                                   # the precursor probe's cost
     python benchmarks/overhead.py --workload mlp \
         --variants clip_grad_norm_,guard_default,guard_deferred   # fused AdamW throughout
+    python benchmarks/overhead.py --workload gpt2 --variants guard_default,guard_prove_on \
+        --rounds 8 --steps-per-round 10               # what prove="on" costs a healthy step
 """
 
 from __future__ import annotations
@@ -105,12 +113,13 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 WORKLOADS: tuple[str, ...] = ("gpt2", "mlp")
 VARIANTS: tuple[str, ...] = ("baseline", "clip_grad_norm_", "guard_default", "guard_default+store",
                              "guard_all_probes", "guard_recover", "guard_tb_prom",
-                             "guard_no_precursors", "guard_deferred")
-OPT_IN_VARIANTS: tuple[str, ...] = ("guard_deferred",)
+                             "guard_no_precursors", "guard_deferred", "guard_prove_on")
+OPT_IN_VARIANTS: tuple[str, ...] = ("guard_deferred", "guard_prove_on")
 """Timed only when named in --variants (guard_deferred changes every variant's optimizer)."""
 REFERENCE_VARIANTS: tuple[str, ...] = ("detect_anomaly", "hf_debug_underflow")
 CLIP_MAX_NORM = 1.0
-PAIRED_WITH_DEFAULT = ("guard_recover", "guard_tb_prom", "guard_no_precursors")
+PAIRED_WITH_DEFAULT = ("guard_recover", "guard_tb_prom", "guard_no_precursors",
+                       "guard_prove_on")
 """Variants also reported against guard_default, paired per round: their own cost."""
 MIN_ROUNDS = 3
 
@@ -218,8 +227,10 @@ class ClipVariant(Variant):
 class GuardVariant(Variant):
     def __init__(self, name: str, workload: Workload, device: torch.device, *,
                  config: trainguard.GuardConfig, with_store: bool,
-                 with_tb_prom: bool = False) -> None:
+                 with_tb_prom: bool = False, replay: bool = False) -> None:
         super().__init__(name, workload, device)
+        self.replay = replay
+        self._batch_seen: Batch | None = None
         self._tmp = (tempfile.TemporaryDirectory(prefix="trainguard-bench-")
                      if with_store or with_tb_prom else None)
         sinks: list[Sink] = []
@@ -228,13 +239,20 @@ class GuardVariant(Variant):
                      PrometheusSink(port=0, linger_s=0)]
         self.guard = trainguard.Guard(self.model, self.optimizer, config=config,
                                       run_dir=self._tmp.name if with_store and self._tmp else None,
-                                      sinks=sinks)
+                                      sinks=sinks,
+                                      replay_fn=workload.compute_loss if replay else None)
         self.sampled = 0
         self.timed_steps = 0
         self._events_before = 0
 
+    def forward_backward(self, batch: Batch) -> torch.Tensor:
+        self._batch_seen = batch if self.replay else None
+        return super().forward_backward(batch)
+
     def update(self, loss: torch.Tensor) -> None:
-        report = self.guard.step(loss)  # deferred: the step before's (None at the first)
+        # deferred: the report is the step before's (None at the first); with a replay_fn the
+        # Guard is given the batch, as a loop that can prove does
+        report = self.guard.step(loss, batch=self._batch_seen)
         self.sampled += report is not None and report.sampled
         self.timed_steps += 1
 
@@ -300,6 +318,10 @@ def make_variant(name: str, workload: Workload, device: torch.device) -> Variant
         return GuardVariant(name, workload, device,
                             config=trainguard.GuardConfig(console=False, sync="deferred"),
                             with_store=False)
+    if name == "guard_prove_on":
+        return GuardVariant(name, workload, device,
+                            config=trainguard.GuardConfig(console=False, prove="on"),
+                            with_store=False, replay=True)
     if name == "detect_anomaly":
         return AnomalyVariant(name, workload, device)
     if name == "hf_debug_underflow":
@@ -597,7 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     for workload, variants in results.items():
         for name, what in (("guard_recover", "good-state ring"),
-                           ("guard_tb_prom", "TensorBoard + Prometheus sinks")):
+                           ("guard_tb_prom", "TensorBoard + Prometheus sinks"),
+                           ("guard_prove_on", "proofs on every incident: the proof anchor, the "
+                                              "step's RNG and batch references")):
             paired = variants.get(name, {})
             if "vs_guard_default" in paired:
                 print(f"{workload}: {what} ({name} vs guard_default, paired per round): median "

@@ -73,8 +73,21 @@ def test_the_anchor_changes_nothing_in_the_run() -> None:
     proved, proved_model = lr_spike_run("protect", "on")
     plain, plain_model = lr_spike_run("protect", "off")
     assert proved.run.state.anchor is not None and plain.run.state.anchor is None
-    assert any(e.kind == "proof" for e in proved.events)
+    assert any("good state" in e.message for e in proved.events if e.kind == "proof")
     assert_same_run(proved, proved_model, plain, plain_model)
+
+
+def test_replays_from_a_good_state_leave_the_optimizers_own_objects() -> None:
+    """Loading a good state gives an optimizer new state and group objects: afterwards the run's
+    own are back (a compiled step or a reference to a group must see the same ones)."""
+    model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
+    state, groups = opt.state, opt.param_groups
+    guard = Guard(model, opt, config=config(policy="protect", prove="on", recovery=FIXED_CADENCE,
+                                            prove_budget_steps=1000.0), replay_fn=mse)
+    spike_loop(guard, model, opt, mse, 60)
+    assert any("good state" in e.message for e in guard.events if e.kind == "proof")
+    assert opt.state is state and opt.param_groups is groups
+    guard.close()
 
 
 def test_good_states_come_only_from_calm_steps_before_the_trouble() -> None:

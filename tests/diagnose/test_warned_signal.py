@@ -142,3 +142,15 @@ def test_a_precursor_is_proved_once_first_and_never_stands_for_a_later_jump() ->
     prover.proofs[0].warned = ""  # after another proof, a precursor is the fault's own
     assert not prover.wanted(at(50, precursor), guard.run.services)
     guard.close()
+
+
+def test_a_warning_the_replay_does_not_reproduce_is_said_so() -> None:
+    from trainguard.diagnose.counterfactual import Proof
+
+    base = Baseline(1.0, 1.0, signal_bound=100.0, signal_what="the largest attention logit")
+    calm = Outcome("as_it_happened", "", 1.0, 1.0, 1.0, signal=60.0, window=8)
+    proof = Proof(30, calm, base, False, "", warned="the largest attention logit")
+    assert proof.summary() == ("the warning is not reproduced: the replay kept the largest "
+                               "attention logit at 60, under the warning's bound 100")
+    assert proof.to_dict()["warned"] == "the largest attention logit"
+    assert proof.to_dict()["baseline"]["signal_bound"] == 100.0

@@ -310,7 +310,8 @@ class Setup:
     step."""
     window: tuple[WindowStep, ...] = ()
     """The steps from the replayed state up to the bad one, replayed first, as they happened (a
-    window replay): only the LR interventions apply, to every step of it."""
+    window replay): the LR interventions apply to every step of it, with the good data (or, for
+    a warning before any bad step, the warm-up ramp and the model edits)."""
     recorded: Outcome | None = None
     """A window replay: the window as the run recorded it (`recorded_window`), standing for the
     plain replay when the window's first step replays to the loss the run recorded for it."""
@@ -375,6 +376,12 @@ class Proof:
         if not self.reproduced and not self.incident:
             return (f"nothing to heal: the replay of step {self.step} is healthy (the step's "
                     f"loss is {_num(self.plain.loss)}, after its update {_num(self.plain.after)})")
+        bound = self.baseline.signal_bound
+        if not self.reproduced and self.warned and bound is not None:
+            seen = self.plain.signal
+            return (f"the warning is not reproduced: the replay kept {self.warned} at "
+                    f"{'an unmeasured value' if seen is None or math.isnan(seen) else _num(seen)}"
+                    f", under the warning's bound {_num(bound)}")
         if not self.reproduced and self.faithful:
             return (f"step {self.step} replays as it ran (its loss {_num(self.plain.loss)}, as "
                     f"recorded) but is not bad on its own (after its update "
@@ -407,9 +414,10 @@ class Proof:
                 "confirmed": dict(self.confirmed), "confirmed_by": dict(self.confirmed_by),
                 "ruled_out": dict(self.ruled_out), "not_tried": list(self.not_tried),
                 "seconds": self.seconds, "damage_loss": self.damage_loss,
-                "undamaged": self.undamaged,
+                "undamaged": self.undamaged, "warned": self.warned,
                 "plain": self.plain.to_dict(),
-                "baseline": {"loss": self.baseline.loss, "grad_norm": self.baseline.grad_norm},
+                "baseline": {"loss": self.baseline.loss, "grad_norm": self.baseline.grad_norm,
+                             "signal_bound": self.baseline.signal_bound},
                 "trials": [{**o.to_dict(), "causes": list(i.causes), "healed": healed}
                            for i, o, healed in self.trials]}
 
@@ -648,7 +656,8 @@ def _step(opt: torch.optim.Optimizer, model: nn.Module, change: Change) -> None:
 def interventions(setup: Setup) -> list[Intervention]:
     """Every intervention that applies to this run and batch (whatever the votes say); for a
     window replay, the LR ones, applied to every step of the window (so they change the bad
-    step's forward too)."""
+    step's forward too), and the good data, or for a warning before any bad step the warm-up
+    ramp over the window and the model edits."""
     if setup.window:
         first = setup.window[0].step
         lrs = [Intervention(f"lr_x{factor:g}", f"with LR x{factor:g} from step {first}",

@@ -40,7 +40,8 @@ import logging
 import math
 import time
 from collections import deque
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,7 @@ from trainguard.diagnose.counterfactual import (
 )
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.diagnose.step_rng import put
-from trainguard.diagnose.warned_signal import WarnedSignal
+from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
 from trainguard.recovery.state import restore
@@ -211,8 +212,9 @@ class IncidentProver:
             started = time.perf_counter()
             warned = None if batch is not None or self._alarm(ctx) else _warned(ctx)
             with _replays(services):
-                if warned is not None:  # a warning before any bad step
-                    self.warned_tried = True
+                if warned is not None:  # a warning before any bad step (tried once: no
+                    self.warned_tried = True  # attempt of a later jump or error goes to it)
+                    self.attempts -= 1
                     proofs = self._warned_proofs(ctx, state, services, setup, warned,
                                                     likely)
                     if not proofs:
@@ -265,10 +267,8 @@ class IncidentProver:
             return []
         if target is None:
             return []
-        model, optimizer = services.model, services.optimizer
-        keep = SavedState(model, optimizer)
-        lrs = [g["lr"] for g in optimizer.param_groups]
-        try:
+        lrs = [g["lr"] for g in services.optimizer.param_groups]
+        with _put_back(services):
             damage = self._damage_loss(services, setup, target.step)
             self._restore(target, services, lrs)
             again = replace(setup, original_finite=None, original_loss=None,
@@ -284,8 +284,6 @@ class IncidentProver:
                                         replace(again, damage_loss=damage),
                                         proofs[0].plain.seconds / 2, left, lrs)
             return proofs
-        finally:
-            keep.restore()
 
     @staticmethod
     def _alarm(ctx: StepContext) -> bool:
@@ -320,24 +318,22 @@ class IncidentProver:
                 break
         else:
             return []
-        optimizer = services.optimizer
-        keep = SavedState(services.model, optimizer)
-        lrs = [g["lr"] for g in optimizer.param_groups]
+        lrs = [g["lr"] for g in services.optimizer.param_groups]
         recorded = recorded_window(window, signals.loss, signals.grad_norm)
-        try:
+        if recorded is not None:  # the run's value of the signal (of the loss: as replays judge it)
+            recorded = replace(recorded, signal=recorded.loss if warned.signal == LOSS
+                               else warned.value)
+        with _put_back(services):
             self._restore(start, services, lrs)
             return [prove(replace(
                 setup, window=window, state_step=start.step, update_seconds=per_step,
-                recorded=None if recorded is None else replace(recorded,
-                                                               signal=warned.value),
+                recorded=recorded,
                 baseline=replace(setup.baseline, signal_bound=warned.bound,
                                  signal_what=warned.what),
                 warned=warned, rules_out=False, original_finite=None,
                 original_loss=None,
                 origin=f"steps {start.step}-{ctx.step} replayed from the good state of step "
                        f"{start.step}"), likely=likely, budget_s=budget)]
-        finally:
-            keep.restore()
 
     def _windows(self, ctx: StepContext, ring: GoodStateRing, target: GoodState,
                  services: Services, setup: Setup, per_update: float, budget_s: float,
@@ -510,6 +506,24 @@ def _no_warmup(services: Services) -> bool | None:
                                                for f in journal.findings):
         return True  # found, or held back while the first steps' LRs decide it
     return False if services.config.preflight and services.scheduler is not None else None
+
+
+@contextmanager
+def _put_back(services: Services) -> Iterator[None]:
+    """Around replays from a good state: the model, optimizer, gradients and RNG as they are now
+    afterwards, in the optimizer's own state and group objects (loading the good state gives it
+    new ones; the run's, and anything holding them, must see the same objects after)."""
+    optimizer = services.optimizer
+    keep = SavedState(services.model, optimizer)
+    state, groups = optimizer.state, optimizer.param_groups
+    try:
+        yield
+    finally:
+        try:
+            optimizer.state, optimizer.param_groups = state, groups
+        except AttributeError:  # a wrapper without setters: its values are put back below
+            pass
+        keep.restore()
 
 
 def _replays(services: Services) -> AbstractContextManager[None]:

@@ -242,8 +242,10 @@ def window_proven(events: list[Event]) -> set[str]:
     """Causes a window replay confirmed (the LR lowered on every step from a good state healed
     the divergence): ranked even without a vote, since the steps of an LR that built the damage
     up looked normal one by one. A single-step proof's cause without votes is not: a fix such
-    as a smaller LoRA scaling can heal a step whatever broke it."""
-    return {str(code) for e in _proofs(events) if e.details.get("window")
+    as a smaller LoRA scaling can heal a step whatever broke it; nor is the cause a warning's
+    proof confirmed (its window was of healthy steps, where a lower LR calms any growth)."""
+    return {str(code) for e in _proofs(events)
+            if e.details.get("window") and not e.details.get("warned")
             for code in e.details.get("confirmed") or {}}
 
 

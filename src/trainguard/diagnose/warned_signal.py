@@ -7,8 +7,10 @@ start (`bad_start`: the loss of the first steps settled at twice or more its val
 first update) has no single bad step either: its signal is the loss of the last steps. The
 proof (`diagnose/incidents.py`) replays the steps from a good state to the warning and measures
 that one signal on the warning step's forward and backward (the loss: the median of the
-window's last steps): the plain replay must take it over the warning's bound again, and a change
-that keeps it under the bound heals the warning (`diagnose/counterfactual.py`). The bound is the
+window's last steps): the plain window must have it at or above the warning's bound (the run's
+record of it stands for the plain replay when the window's first step replays to its recorded
+loss, as for any window), and a change that keeps it under the bound heals the warning
+(`diagnose/counterfactual.py`). The bound is the
 detector's own least condition for "high", as the event gives it (`bound`), against the level
 the run had then: what the run said, not a threshold fitted here.
 """
