@@ -143,11 +143,16 @@ class IncidentProver:
         base = self.baseline()
         return {"loss": base.loss, "grad_norm": base.grad_norm}
 
-    def budget_s(self, services: Services) -> float:
+    def step_time(self) -> float | None:
+        """The median time of the recent steps (None: none timed yet)."""
         if not self.step_times:
-            return DEFAULT_BUDGET_S
+            return None
         times = sorted(self.step_times)
-        return services.config.prove_budget_steps * times[len(times) // 2]
+        return times[len(times) // 2]
+
+    def budget_s(self, services: Services) -> float:
+        step = self.step_time()
+        return DEFAULT_BUDGET_S if step is None else services.config.prove_budget_steps * step
 
     # -- on an incident ----------------------------------------------------------------------------
     def wanted(self, ctx: StepContext, services: Services) -> bool:
@@ -190,7 +195,13 @@ class IncidentProver:
     def prove(self, ctx: StepContext, state: RunState, services: Services,
               batch: Any = None) -> Proof | None:
         """Prove the step's incident; the proof, or None when it failed (logged)."""
-        self.attempts += 1
+        # a warning before any bad step is tried once, and takes no attempt of a later jump or
+        # error
+        warned = None if batch is not None or self._alarm(ctx) else _warned(ctx)
+        if warned is None:
+            self.attempts += 1
+        else:
+            self.warned_tried = True
         if ctx.decision is not None and ctx.decision.action == "rolled_back":
             self.rollbacks_proved += 1
         try:
@@ -210,11 +221,8 @@ class IncidentProver:
             setup.batch_causes = tuple(str(e.details["cause"]) for e in ctx.events
                                        if e.kind in batch_kinds and e.details.get("cause"))
             started = time.perf_counter()
-            warned = None if batch is not None or self._alarm(ctx) else _warned(ctx)
             with _replays(services):
-                if warned is not None:  # a warning before any bad step (tried once: no
-                    self.warned_tried = True  # attempt of a later jump or error goes to it)
-                    self.attempts -= 1
+                if warned is not None:
                     proofs = self._warned_proofs(ctx, state, services, setup, warned,
                                                     likely)
                     if not proofs:
@@ -299,14 +307,10 @@ class IncidentProver:
         replay, one intervention at least) up to the warning step, replayed with the warned
         signal measured on that step (`diagnose/warned_signal.py`). Nothing when no good state
         is old enough to replay from, or the window was not kept whole."""
-        ring = (state.recovery.ring if state.recovery is not None
-                else state.anchor.ring if state.anchor is not None else None)
-        signals = ctx.signals
-        if ring is None or signals is None or not self.step_times:
+        ring, signals, per_step = state.good_states(), ctx.signals, self.step_time()
+        if ring is None or signals is None or per_step is None:
             return []
         budget = self.budget_s(services)
-        times = sorted(self.step_times)
-        per_step = times[len(times) // 2]
         groups = len(services.optimizer.param_groups)
         for start in ring.good:  # the oldest first: the longest window has the most to show
             window = (self._window(start.step, ctx.step, groups)

@@ -50,8 +50,7 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     if ctx.deferred:
         _act_late(ctx, state, services)
         return
-    ring = (state.recovery.ring if state.recovery is not None
-            else state.anchor.ring if state.anchor is not None else None)
+    ring = state.good_states()
     prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)

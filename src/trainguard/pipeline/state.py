@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from trainguard.diagnose.batch_watch import BatchWatch
     from trainguard.recovery import Recovery
     from trainguard.recovery.brake import PrecursorBrake
+    from trainguard.recovery.ring import GoodStateRing
     from trainguard.remedies import ClipRule
     from trainguard.remedies.robust import RobustClipLimit
 
@@ -74,6 +75,13 @@ class RunState:
     output_classes: int | None = None
     """Width of the model's class scores, as the output probe last saw it (chance level for
     `metric_collapse`)."""
+
+    def good_states(self) -> GoodStateRing | None:
+        """The ring of good states a proof replays from: the recover ring, else the proof
+        anchor's (None: neither is kept)."""
+        if self.recovery is not None:
+            return self.recovery.ring
+        return self.anchor.ring if self.anchor is not None else None
 
     # -- every component with state ----------------------------------------------------------------
     def components(self) -> dict[str, Stateful | None]:
