@@ -18,6 +18,9 @@ wait on that very lock forever. It takes no lock: it only raises, or defers whil
 closing a run (so a run is never left half closed) and raises when the close ends. A watcher
 thread, woken through a pipe, makes sure the process still ends: if the main thread swallowed
 the exception or is stuck, it closes the runs itself after `GRACE_S` and ends the process.
+Ctrl-C is Python's KeyboardInterrupt, which a loop may catch and train on: the watcher ends the
+process (as Ctrl-C would) only when a close of trainguard's after it runs past `CLOSE_TIMEOUT_S`
+(the interrupt came inside a lock that close needs, and it would wait forever).
 
 SIGKILL cannot be caught: such a run stays "running", and the store lacks at most its last few
 steps (`trainguard.store.writer.MAX_UNCOMMITTED_STEPS`).
@@ -210,6 +213,8 @@ def _dispatch(signum: int, frame: FrameType | None) -> None:
     global _raised
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):  # the user's handler, or Python's KeyboardInterrupt for SIGINT
+        if signum == getattr(signal, "SIGINT", None):
+            _wake_watcher()  # a close the interrupt leads to must not hang the process
         previous(signum, frame)
         return
     if previous == signal.SIG_IGN:
@@ -226,7 +231,11 @@ def _dispatch(signum: int, frame: FrameType | None) -> None:
 def _mark_fatal(signum: int) -> None:
     global _fatal, _fatal_at
     _fatal, _fatal_at = signum, time.monotonic()
-    try:  # wake the watcher: a write to a non-blocking pipe takes no lock
+    _wake_watcher()
+
+
+def _wake_watcher() -> None:
+    try:  # a write to a non-blocking pipe takes no lock
         os.write(_wake_w, b"!")
     except OSError:
         pass
@@ -280,12 +289,27 @@ def _start_watcher() -> None:
 
 def _watch(read_fd: int) -> None:
     """After a fatal signal: give the main thread `GRACE_S` to start closing (and a close
-    under way up to `CLOSE_TIMEOUT_S`), then close the runs from here and end the process."""
+    under way up to `CLOSE_TIMEOUT_S`), then close the runs from here and end the process.
+    After Ctrl-C (a KeyboardInterrupt, which a loop may catch and train on): end the process
+    as Ctrl-C would only if a close of trainguard's then runs for `CLOSE_TIMEOUT_S` (the
+    interrupt may have come inside a lock that close needs)."""
     try:
         if not os.read(read_fd, 1):
             return
     except OSError:
         return
+    closing_since: float | None = None
+    while _fatal is None:
+        time.sleep(0.05)
+        if _shield_depth == 0 and not _exiting:
+            closing_since = None
+            continue
+        closing_since = closing_since or time.monotonic()
+        if time.monotonic() - closing_since > CLOSE_TIMEOUT_S and os.getpid() == _owner_pid:
+            log.error("trainguard: closing the run after Ctrl-C did not end within %.0f s "
+                      "(the interrupt came inside a lock it needs); the process ends without "
+                      "it", CLOSE_TIMEOUT_S)
+            _end_process(signal.SIGINT)
     while True:
         time.sleep(0.02)
         waited = time.monotonic() - _fatal_at
