@@ -139,10 +139,11 @@ def test_entries_are_well_formed() -> None:
 
 # -- what the middle reads ---------------------------------------------------------------------
 def test_what_a_rank_sees_of_its_own_batch_is_rank_local() -> None:
-    """Batch findings, and what the probes read from this rank's forward pass (its activations
-    and its outputs) differ between ranks: they never drive a shared decision."""
+    """Batch findings, what the probes read from this rank's forward pass (its activations
+    and its outputs) and from its shard of the weights (the first update's size) differ between
+    ranks: they never drive a shared decision."""
     local = {k.name for k in registry.event_kinds() if k.rank_local}
-    assert local == kinds_tagged(Tag.BATCH) | kinds_tagged(Tag.COLLAPSE)
+    assert local == kinds_tagged(Tag.BATCH) | kinds_tagged(Tag.COLLAPSE) | {"update_too_large"}
     assert "batch_above_chance" in local and {"dead_units", "output_collapse"} <= local
     assert not is_rank_local("ddp_desync") and not is_rank_local("loss_spike")
 
@@ -162,13 +163,13 @@ def test_recovery_reactions_in_the_order_the_judgement_reads_them() -> None:
 def test_families_the_ranking_reads() -> None:
     assert kinds_tagged(Tag.INSTABILITY) == {"grad_explosion", "loss_spike", "loss_divergence",
                                              "extreme_weight", "bad_start",
-                                             "instability_precursor"}
+                                             "instability_precursor", "update_too_large"}
     assert kinds_tagged(Tag.NONFINITE) == {"nonfinite_loss", "nonfinite_grad"}
     assert kinds_tagged(Tag.STATE) == {"nonfinite_weight", "nonfinite_optimizer_state",
                                        "extreme_weight"}
     assert kinds_tagged(Tag.JUMP) == {"grad_explosion", "loss_spike", "loss_divergence"}
     assert kinds_tagged(Tag.CLIMB) == {"loss_divergence"}
-    assert kinds_tagged(Tag.START) == {"bad_start"}
+    assert kinds_tagged(Tag.START) == {"bad_start", "update_too_large"}
     assert kinds_tagged(Tag.OVERFLOW) == {"fp16_overflow"}
     # the adaptive clip's alarm: the sudden jumps only, not all of the instability family
     assert kinds_tagged(Tag.CLIP_ALARM) == {"grad_explosion", "loss_spike", "loss_divergence",

@@ -98,6 +98,12 @@ class DetectorConfig:
     """...and a level this many times the first loss is one too (the first updates blew the
     model up: an LR too high for the start)."""
 
+    first_update_ratio: float = 0.15
+    """The first update measured moving the typical weight (the median over weights of 1024
+    elements or more) by this share of its norm, ||dW|| / ||W||, is too large
+    (`update_too_large`): a healthy fine-tuning step moves a weight by 0.1-1%, a layer trained
+    from scratch a few percent on its first steps."""
+
     loss_resolution: float = 1e-7
     """The smallest rise of the loss that is not float noise, as a fraction of the level the run
     started at (the median of its first `warmup_steps` losses): about float32's relative
@@ -264,7 +270,7 @@ class DetectorConfig:
                      "collapse_mode_share", "output_std_ratio",
                      "fp16_limit_fraction", "min_loss_scale", "min_log_scale",
                      "loss_resolution", "precursor_abs_min", "precursor_zscore",
-                     "attention_logit_abs_min"):
+                     "attention_logit_abs_min", "first_update_ratio"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")
         for name in ("precursor_logz_rise", "precursor_update_min", "precursor_trend_ratio"):
             _positive(getattr(self, name), f"DetectorConfig.{name}")

@@ -113,8 +113,9 @@ class EventKind:
     severity: Severity
     """The severity it is typically raised with (some kinds escalate with the measured value)."""
     rank_local: bool = False
-    """True for findings about this rank's own batch: under torch.distributed they differ
-    between ranks, so they never drive a decision every rank must take alike."""
+    """True for findings about this rank's own batch, outputs or shard of the weights: under
+    torch.distributed they differ between ranks, so they never drive a decision every rank must
+    take alike."""
     reaction: Reaction | None = None
     onset: Onset = Onset.STEP
     tags: frozenset[str] = frozenset()
@@ -237,6 +238,7 @@ class Kind:
     PRECISION_FAULT = "precision_fault"
     PEER_LOST = "peer_lost"
     INSTABILITY_PRECURSOR = "instability_precursor"
+    UPDATE_TOO_LARGE = "update_too_large"
     OPTIMIZER_STEP_OUTSIDE = "optimizer_step_outside"
 
 
@@ -264,6 +266,9 @@ _kind("fp16_overflow", "float16 values at their limit, or a GradScaler that keep
       votes=(CauseVote("fp16_overflow", 2.0, "float16 overflow reported"),))
 _kind("bad_start", "the first steps went wrong: an over-scaled new layer or a blown-up start",
       "warning", tags=(_I, Tag.START))
+_kind("update_too_large", "the first update measured moved the typical weight by a large share "
+      "of its norm: an LR too high for the weights (or no warm-up)", "warning",
+      rank_local=True, tags=(_I, Tag.START))
 _kind("lr_change", "a parameter group's LR rose far above anything it had used, in one step",
       "info", tags=(Tag.LR,))
 _kind("dead_units", "a layer that was alive has gone dead, or gives every sample the same "

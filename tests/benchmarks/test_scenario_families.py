@@ -129,6 +129,10 @@ CAUGHT = [
            kinds=frozenset({"nonfinite_loss", "nonfinite_grad"}), needs="transformers"),
     Caught("image_cls_outlier_1000x", after=5, finite_eval=True),
     Caught("diffusion_lr_too_high", steps=30, latency=5),
+    # an SGD LR that rewrites the weights while the loss never blows up: named from the first
+    # update's size (the loss and gradient detectors see nothing wrong on some seeds)
+    Caught("lstm_lr_too_high_x50", steps=5, kinds=frozenset({"update_too_large"}),
+           first_cause="lr_too_high"),
     Caught("lstm_numerical_op", after=5, finite_eval=True, skipped=1, unguarded="nan"),
     # data faults: the data (or the labels) first in the diagnosis, not the learning rate
     Caught("regression_input_scale_drift", first_cause="input_scale"),

@@ -24,7 +24,7 @@ from trainguard.events import Event
 from trainguard.pipeline.context import BATCH_KEY, StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
-from trainguard.registry import Kind, Tag, kinds_tagged
+from trainguard.registry import Kind, Tag, is_rank_local, kinds_tagged
 from trainguard.signals import StepSignals
 
 if TYPE_CHECKING:
@@ -150,7 +150,8 @@ def _check_desync(ctx: StepContext, services: Services) -> None:
 
 
 def _agreed_trouble(events: list[Event]) -> bool:
-    return any(e.kind in kinds_tagged(tag) for e in events for tag in AGREED_TROUBLE)
+    return any(e.kind in kinds_tagged(tag) and not is_rank_local(e.kind)
+               for e in events for tag in AGREED_TROUBLE)
 
 
 def name_ranks(events: list[Event], view: RankView, facts: BatchFacts | None = None) -> None:
