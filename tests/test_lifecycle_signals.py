@@ -1,5 +1,6 @@
 """Signals never deadlock the close: whatever lock the training thread holds when a signal comes,
-the process ends within 2 s and its run is "interrupted"; a close under way is finished first;
+the process ends within 2 s (5 s for Ctrl-C, whose exit tears the interpreter down) and its run
+is "interrupted"; a close under way is finished first;
 a swallowed exception or a forked child do not keep the process alive."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import kill_trials
-from trainguard import RunReader
+from trainguard import RunReader, lifecycle
 
 from .store.helpers import child_env
 
@@ -35,7 +36,8 @@ PRELUDE = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path: Path, body: str, *, timeout: float = 30) -> tuple[int, float, str]:
+def _run(tmp_path: Path, body: str, *, timeout: float = 30,
+         signum: int = signal.SIGTERM) -> tuple[int, float, str]:
     code = PRELUDE.format(tests=TESTS) + textwrap.dedent(body)
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=child_env())
@@ -45,7 +47,7 @@ def _run(tmp_path: Path, body: str, *, timeout: float = 30) -> tuple[int, float,
     line = child.stdout.readline().strip()
     assert line == "ready", child.communicate()[1]
     start = time.monotonic()
-    child.send_signal(signal.SIGTERM)
+    child.send_signal(signum)
     out, err = child.communicate(timeout=timeout)
     return child.returncode, time.monotonic() - start, out + err
 
@@ -90,6 +92,39 @@ def test_a_swallowed_exit_still_ends_the_process(tmp_path: Path) -> None:
     assert _status(tmp_path) == "interrupted"
 
 
+def test_a_close_that_hangs_after_ctrl_c_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """Ctrl-C raises KeyboardInterrupt wherever the main thread is, inside a lock too; the close
+    at exit may then wait on that lock forever. The process still ends, as Ctrl-C ends it."""
+    code, took, output = _run(tmp_path, """
+        broken = threading.Lock()
+        broken.acquire()   # as a lock the interrupt left held
+        lifecycle.track(lambda status: broken.acquire())
+        print("ready", flush=True)
+        time.sleep(30)
+    """, signum=signal.SIGINT)
+    assert code == -signal.SIGINT, output
+    assert took < lifecycle.CLOSE_TIMEOUT_S + 2.0
+    assert "did not end within" in output
+
+
+def test_ctrl_c_caught_by_the_loop_leaves_training_going(tmp_path: Path) -> None:
+    code, _, output = _run(tmp_path, """
+        print("ready", flush=True)
+        try:
+            time.sleep(30)
+        except KeyboardInterrupt:   # "press Ctrl-C to stop and save"
+            print("caught", flush=True)
+        time.sleep(lifecycle.CLOSE_TIMEOUT_S + 1)   # the watcher leaves a process alone
+        sink.on_run_end("finished")
+        with lifecycle.closing():
+            sink.close()
+        print("saved", flush=True)
+    """, signum=signal.SIGINT)
+    assert code == 0, output
+    assert "caught" in output and "saved" in output
+    assert _status(tmp_path) == "finished"
+
+
 def test_a_signal_during_the_close_waits_until_the_run_is_closed(tmp_path: Path) -> None:
     code = PRELUDE.format(tests=TESTS) + textwrap.dedent("""
         sink.on_run_end("finished")
@@ -132,6 +167,9 @@ def test_signals_at_random_moments_of_a_training_loop() -> None:
     trials = result["trials"]
     assert len(trials) == 20
     for trial in trials:
-        assert trial["exit_s"] is not None and trial["exit_s"] < 2.0, trial
+        # Ctrl-C ends through Python's own exit, which tears the interpreter (torch with it)
+        # down: seconds on a loaded machine, none of them trainguard's
+        limit = 5.0 if trial["signal"] == "SIGINT" else 2.0
+        assert trial["exit_s"] is not None and trial["exit_s"] < limit, trial
         assert trial["status"] == "interrupted", trial
         assert trial["returncode"] == -signal.Signals[trial["signal"]], trial
