@@ -69,10 +69,12 @@ class UpdateTooLarge(Detector):
             # float32 statistics: the count is exact to a few parts in a million
             large = (np.ones(len(values), dtype=bool) if counts is None
                      else np.nan_to_num(counts, nan=0.0) >= MIN_ELEMENTS * 0.999)
+            if not np.isfinite(values).any():
+                continue  # non-finite weights: not a measured update (nonfinite_weight's)
+            self.done = True  # the first measured update, whatever it holds
             sized = np.flatnonzero(np.isfinite(values) & (values != FROM_ZERO) & large)
             if not len(sized):
-                continue  # nothing with a size to compare with yet (or non-finite weights)
-            self.done = True
+                return []  # no weight of a real layer with a size to compare with
             typical = float(np.median(values[sized]))
             bound = self.config.first_update_ratio
             if typical < bound:
