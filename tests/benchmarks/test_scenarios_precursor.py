@@ -52,9 +52,13 @@ def test_silent_on_the_healthy_twin_at_the_sane_lr() -> None:
 
 @cache
 def under_protect(prove: str = "auto") -> RunResult:
-    """`tiny_lm_lr_ramp` under `protect` (run once per `prove`, shared by the tests below)."""
+    """`tiny_lm_lr_ramp` under `protect` (run once per `prove`, shared by the tests below). The
+    proof budget is 3x the default: the good states a proof can start from are kept at a
+    wall-clock cadence, and on a machine busy with other tests the default budget may reach
+    none of them."""
     return run_scenario(scenario("tiny_lm_lr_ramp"), "trainguard", seed=0,
-                        config=GuardConfig(policy="protect", prove=prove, console=False))
+                        config=GuardConfig(policy="protect", prove=prove, console=False,
+                                           prove_budget_steps=60.0))
 
 
 def test_under_protect_the_ceiling_a_returning_warning_sets_prevents_the_spike() -> None:
