@@ -48,7 +48,12 @@ def _run(tmp_path: Path, body: str, *, timeout: float = 30,
     assert line == "ready", child.communicate()[1]
     start = time.monotonic()
     child.send_signal(signum)
-    out, err = child.communicate(timeout=timeout)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hung child must not outlive the test
+        child.kill()
+        child.communicate()
+        raise
     return child.returncode, time.monotonic() - start, out + err
 
 
