@@ -39,6 +39,9 @@ PRELUDE = textwrap.dedent("""
 def _run(tmp_path: Path, body: str, *, timeout: float = 30,
          signum: int = signal.SIGTERM) -> tuple[int, float, str]:
     code = PRELUDE.format(tests=TESTS) + textwrap.dedent(body)
+    if signum == signal.SIGINT:  # as a script started from a terminal: a test runner's worker
+        # may ignore SIGINT, and a child inherits that (trainguard then leaves it ignored)
+        code = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + code
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=child_env())
     assert child.stdout is not None
@@ -114,8 +117,8 @@ def test_a_close_that_hangs_after_ctrl_c_does_not_keep_the_process_alive(tmp_pat
 
 def test_ctrl_c_caught_by_the_loop_leaves_training_going(tmp_path: Path) -> None:
     code, _, output = _run(tmp_path, """
-        print("ready", flush=True)
         try:
+            print("ready", flush=True)   # inside: the signal comes as soon as it is read
             time.sleep(30)
         except KeyboardInterrupt:   # "press Ctrl-C to stop and save"
             print("caught", flush=True)
