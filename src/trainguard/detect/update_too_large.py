@@ -65,13 +65,13 @@ class UpdateTooLarge(Detector):
             if ratios is None:
                 continue
             values = np.asarray(ratios, dtype=np.float64)
+            if not np.isfinite(values).any():
+                continue  # non-finite weights: not a measured update (nonfinite_weight's)
+            self.done = True  # the first measured update, whatever it holds
             counts = elements(sample.per_param)
             # float32 statistics: the count is exact to a few parts in a million
             large = (np.ones(len(values), dtype=bool) if counts is None
                      else np.nan_to_num(counts, nan=0.0) >= MIN_ELEMENTS * 0.999)
-            if not np.isfinite(values).any():
-                continue  # non-finite weights: not a measured update (nonfinite_weight's)
-            self.done = True  # the first measured update, whatever it holds
             sized = np.flatnonzero(np.isfinite(values) & (values != FROM_ZERO) & large)
             if not len(sized):
                 return []  # no weight of a real layer with a size to compare with
