@@ -161,3 +161,39 @@ def test_an_error_is_proved_after_a_jump_that_was_only_a_warning() -> None:
     assert "outlier_batch" in proofs[20].details["confirmed"]
     assert list(proofs[30].details["confirmed"]) == ["nonfinite_input"]
     guard.close()
+
+
+def test_an_error_pins_the_last_good_state_from_before_it() -> None:
+    """States taken after an error can pass as good (the damage done, nothing raised yet); the
+    state from before the error stays, so that a later alarm of the same trouble still replays
+    from before it, until an error out of a window's reach moves the pin."""
+    from trainguard.events import Event
+
+    model, opt = model_and_optimizer()
+    cadence = RecoveryConfig(confirm_steps=0, ring_every=5, ring_budget=None)
+    anchor = ProofAnchor(model, opt, config(recovery=cadence, prove_budget_steps=20.0))
+    anchor.start(0)
+
+    def good_at(step: int) -> None:
+        anchor.after_applied(step)
+        anchor.observe({ANCHOR_FLAG: np.array([1.0])}, [], applied=True)
+
+    def error_at(step: int) -> None:
+        anchor.observe({}, [Event(kind="loss_spike", step=step, severity="error",
+                                  message="")], applied=False)
+
+    good_at(5)
+    error_at(7)  # pins the state of step 5
+    for step in (10, 15, 20):
+        good_at(step)
+    assert [s.step for s in anchor.ring.good] == [5, 15, 20]
+    error_at(25)  # the same trouble: the pin stays
+    good_at(30)
+    assert [s.step for s in anchor.ring.good] == [5, 20, 30]
+    error_at(40)  # 33 steps after the pinned error, out of a window's reach: a new pin
+    good_at(45)
+    good_at(50)
+    assert [s.step for s in anchor.ring.good] == [30, 45, 50]
+    assert anchor.ring.pinned is not None and anchor.ring.pinned.step == 30
+    good_at(55)
+    assert [s.step for s in anchor.ring.good] == [30, 50, 55]

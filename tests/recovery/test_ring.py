@@ -62,3 +62,26 @@ def test_ring_keeps_the_newest_states_and_finds_the_one_before_a_step() -> None:
     assert ring.latest_before(3).step == 10  # nothing that old: the oldest kept
     ring.discard_after(10)
     assert [s.step for s in ring.good] == [10]
+
+
+def test_a_pinned_state_outlives_its_turn_and_its_buffers_are_not_reused() -> None:
+    w = make_workload()
+    ring = GoodStateRing(size=2, confirm_steps=0)
+    for step in (0, 10):
+        ring.promote_now(_state(w, step), finite=True)
+    pinned = ring.good[0]
+    ring.pin(pinned)
+    for step in (20, 30, 40):
+        ring.promote_now(_state(w, step), finite=True)
+        assert ring.spare is not pinned
+    # the pin aside, the two newest
+    assert [s.step for s in ring.good] == [0, 30, 40]
+    assert ring.latest_before(25).step == 0 and ring.latest_before(35).step == 30
+    # a new pin (the newest state, which now does not count): the old one takes its turn
+    ring.pin(ring.good[-1])
+    assert [s.step for s in ring.good] == [0, 30, 40]
+    ring.promote_now(_state(w, 50), finite=True)
+    assert [s.step for s in ring.good] == [30, 40, 50] and ring.spare is pinned
+    # a pinned state abandoned by a rollback is no longer pinned
+    ring.discard_after(35)
+    assert [s.step for s in ring.good] == [30] and ring.pinned is None

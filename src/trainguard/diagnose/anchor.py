@@ -6,7 +6,9 @@ since the state it starts from is already broken. Under `recover` the good-state
 state from before the trouble, and a window replay from it proves the LR (`diagnose/incidents.py`).
 Under `protect`, `observe` or `halt` with `GuardConfig(prove="on")` the run keeps a small ring of
 its own for that purpose: the same candidates, checks and cadence as the recover ring
-(`recovery/ring.py`, `recovery/cadence.py`), only `ANCHOR_SIZE` deep, never rolled back to. It
+(`recovery/ring.py`, `recovery/cadence.py`), only `ANCHOR_SIZE` deep, never rolled back to;
+at an alarm the newest good state is pinned (kept past its turn: one copy more at most), so
+that a later alarm of the same trouble still replays from before it. It
 costs a copy of the weights and optimizer state in host memory, at the ring's measured cadence
 (`benchmarks/anchor_cost.py`); it is built only when proofs were asked for on every incident.
 """
@@ -23,7 +25,7 @@ from trainguard.events import Event, at_least
 from trainguard.recovery.cadence import RingCadence, RingFeeder
 from trainguard.recovery.ring import GoodStateRing
 from trainguard.recovery.state import SavedState, capture
-from trainguard.registry import is_rank_local
+from trainguard.registry import Tag, is_rank_local, kinds_tagged
 from trainguard.transfer import to_host
 
 if TYPE_CHECKING:
@@ -47,6 +49,9 @@ class ProofAnchor:
         self.optimizer = optimizer
         recovery = config.recovery
         self.ring = GoodStateRing(ANCHOR_SIZE, recovery.confirm_steps)
+        self.horizon = config.prove_budget_steps
+        self.pinned_at: int | None = None
+        """The step of the alarm the pinned state is from before."""
         self.feeder = RingFeeder(self.ring, RingCadence(recovery.ring_every,
                                                         recovery.ring_budget))
 
@@ -69,9 +74,24 @@ class ProofAnchor:
     def observe(self, extra: dict[str, np.ndarray], events: list[Event], applied: bool) -> None:
         """After the step's decision: a candidate becomes good after `confirm_steps` applied
         steps without a warning, once its finite flag (read with the step's transfer) is 1."""
-        calm = applied and not any(at_least(e.severity, "warning") for e in events
-                                   if not is_rank_local(e.kind))
+        shared = [e for e in events if not is_rank_local(e.kind)]
+        calm = applied and not any(at_least(e.severity, "warning") for e in shared)
+        jumps = kinds_tagged(Tag.JUMP)
+        alarms = [e.step for e in shared if at_least(e.severity, "error") or e.kind in jumps]
+        if alarms:
+            self._pin_before(max(alarms))
         self.ring.observe(flag=extra.get(ANCHOR_FLAG), calm=calm)
+
+    def _pin_before(self, step: int) -> None:
+        """At an alarm (an error, a jump: what a proof is made for): the newest good state stays until the trouble is out of a window's
+        reach. States taken after the error can pass as good (its damage done, the steps after
+        it raised nothing yet), and newer ones would push the last state from before it out of
+        so small a ring; a later incident's window replay then starts inside the damage, where a
+        lower LR heals nothing. A later alarm within `prove_budget_steps` keeps that pin."""
+        if self.pinned_at is not None and step - self.pinned_at <= self.horizon:
+            return
+        self.pinned_at = step
+        self.ring.pin(self.ring.good[-1] if self.ring.good else None)
 
     def after_applied(self, step: int) -> None:
         """After an applied update (`step`: the state's step, the next update's): a candidate at
@@ -82,6 +102,7 @@ class ProofAnchor:
     def restart(self, step: int) -> None:
         """After a resume or a change of parameter groups: start again from the state as it is."""
         self.ring.discard_after(-1)
+        self.pinned_at = None
         self.start(step)
 
     def _capture(self, step: int, reuse: SavedState | None = None) -> SavedState:

@@ -25,6 +25,8 @@ class GoodStateRing:
         self.candidate: SavedState | None = None
         self._spare: SavedState | None = None
         """A state that left the ring: its host buffers are reused by the next capture."""
+        self.pinned: SavedState | None = None
+        """A good state kept past its turn (`pin`): it does not count against `size`."""
 
     def __len__(self) -> int:
         return len(self.good)
@@ -74,6 +76,12 @@ class GoodStateRing:
         self._promote(state)
         return True
 
+    def pin(self, state: SavedState | None) -> None:
+        """Keep `state` (one of the good states) when newer states would push it out; the state
+        pinned before goes back to its turn. None: nothing is pinned."""
+        self.pinned = state
+        self._evict()
+
     def latest_before(self, step: int) -> SavedState | None:
         """The newest good state taken at or before `step`, else the oldest good state."""
         for state in reversed(self.good):
@@ -84,6 +92,8 @@ class GoodStateRing:
     def discard_after(self, step: int) -> None:
         """Forget states newer than `step` (they belong to the trajectory being abandoned)."""
         while self.good and self.good[-1].step > step:
+            if self.good[-1] is self.pinned:
+                self.pinned = None
             self._spare = self.good.pop()
         if self.candidate is not None:
             self._drop_candidate()
@@ -92,8 +102,15 @@ class GoodStateRing:
         self.candidate = None
         state.finite = None  # the device flag is no longer needed
         self.good.append(state)
-        while len(self.good) > self.size:
-            self._spare = self.good.popleft()
+        self._evict()
+
+    def _evict(self) -> None:
+        """The oldest states past `size`, the pinned one aside, leave (their buffers are spare)."""
+        pinned = any(s is self.pinned for s in self.good)
+        while len(self.good) > self.size + pinned:
+            at = 1 if self.good[0] is self.pinned else 0
+            self._spare = self.good[at]
+            del self.good[at]  # by place: states compare by their tensors
 
     def _drop_candidate(self) -> None:
         self._spare = self.candidate
