@@ -83,11 +83,12 @@ class ProofAnchor:
         self.ring.observe(flag=extra.get(ANCHOR_FLAG), calm=calm)
 
     def _pin_before(self, step: int) -> None:
-        """At an alarm (an error, a jump: what a proof is made for): the newest good state stays until the trouble is out of a window's
-        reach. States taken after the error can pass as good (its damage done, the steps after
-        it raised nothing yet), and newer ones would push the last state from before it out of
-        so small a ring; a later incident's window replay then starts inside the damage, where a
-        lower LR heals nothing. A later alarm within `prove_budget_steps` keeps that pin."""
+        """At an alarm (an error, a jump: what a proof is made for): the newest good state stays
+        until the trouble is out of a window's reach. States taken after the alarm can pass as
+        good (its damage done, the steps after it raised nothing yet), and newer ones would push
+        the last state from before it out of so small a ring; a later alarm's window replay
+        would then start inside the damage, where a lower LR heals nothing. A later alarm
+        within `prove_budget_steps` keeps the pin."""
         if self.pinned_at is not None and step - self.pinned_at <= self.horizon:
             return
         self.pinned_at = step
