@@ -202,3 +202,10 @@ def test_the_warning_carries_the_lr_it_came_at() -> None:
         events += detector.check(signals(i, names=NAMES, lr=1e-3 * 1.01 ** i,
                                          precursors={"logz_mean": row[:1], "logz_max": row[1:]}))
     assert events and events[0].details["lr"] == 1e-3 * 1.01 ** events[0].step
+
+
+def test_a_rise_of_log_z_past_what_a_float_shows_is_told_as_a_power_of_e() -> None:
+    from trainguard.detect.output_growth import _z_times
+
+    assert _z_times(3.0) == "20.1x"
+    assert _z_times(1776.4) == "e^1776x"  # exp() would overflow (a capped ratio says 1e304)

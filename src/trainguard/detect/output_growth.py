@@ -273,8 +273,9 @@ class OutputGrowth:
         return make(
             signals.step, "warning",
             f"log Z of the output logits (largest logsumexp over positions) at {value:.3g}, "
-            f"{value - typical:.3g} above its median {typical:.3g} (Z {ratio:.3g}x), above it on "
-            f"{steps} of the last {LOGZ_WITHIN} steps and "
+            f"{value - typical:.3g} above its median {typical:.3g} "
+            f"(Z {_z_times(value - typical)}), above it on {steps} of the last {LOGZ_WITHIN} "
+            f"steps and "
             f"{trend}: the output logits keep growing, and a loss spike often follows within "
             f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
@@ -374,3 +375,8 @@ class OutputGrowth:
         reported = state.get("logz_reported")
         self.logz_reported = (None if reported is None
                               else (int(reported[0]), float(reported[1])))
+
+
+def _z_times(rise: float) -> str:
+    """How many times Z grew for a rise of log Z (past what a float shows: as a power of e)."""
+    return f"{math.exp(rise):.3g}x" if rise < 100 else f"e^{rise:.0f}x"
