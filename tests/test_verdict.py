@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -182,3 +183,26 @@ def test_skipped_nan_steps_at_the_end_leave_a_finite_model_recovered(tmp_path: P
     guard = _observed_run(tmp_path, nan_steps=range(57, 60), policy="protect")
     assert all(torch.isfinite(p).all() for p in guard.model.parameters())
     assert guard.verdict is not None and guard.verdict.verdict == "recovered"
+
+
+def test_a_run_halted_on_a_finite_spike_is_not_called_recovered(tmp_path: Path) -> None:
+    """The halting step's loss is huge but finite, and the losses before it were fine: the run
+    still stopped at the trouble, which is no recovery."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
+                             config=trainguard.GuardConfig(policy="halt", console=False))
+    with pytest.raises(trainguard.TrainingDiverged) as halted:
+        for step in range(60):
+            x = torch.randn(8, 4)
+            if step == 40:
+                x = x * 1e4
+            loss = torch.nn.functional.mse_loss(model(x), x[:, :1])
+            loss.backward()
+            guard.step(loss)
+            optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    step = halted.value.report.step
+    assert guard.verdict is not None and guard.verdict.verdict == "degraded"
+    assert f"halted at step {step}" in guard.verdict.message

@@ -123,8 +123,8 @@ class LossTrack:
 
     def verdict(self, *, halted: bool = False,
                 weights_finite: bool | None = None) -> RunVerdict | None:
-        """None when no loss was ever seen. `halted`: the run was stopped by the Guard; stopped
-        on a non-finite loss, it did not recover, whatever the losses before it.
+        """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
+        not recover, whatever the losses before the halt said.
         `weights_finite`: whether the model's weights are all finite at the end (None: not
         checked); a model with a NaN in it is degraded, whatever its last finite losses said."""
         start = self._start()
@@ -137,6 +137,14 @@ class LossTrack:
         if halted and self.nonfinite_tail:
             return RunVerdict("degraded", "the run was halted on a non-finite loss", start,
                               self.before_trouble, math.nan, self.trouble_step)
+        if halted:  # it stopped at the trouble: the losses before it say nothing of coming back
+            where = f" at step {self.trouble_step}" if self.trouble_step is not None else ""
+            was = (f" (the loss was {self.before_trouble:.4g} before it)"
+                   if self.before_trouble is not None else "")
+            return RunVerdict("degraded", f"the run was halted{where} and did not go past the "
+                              f"trouble{was}", start, self.before_trouble,
+                              statistics.median(self.recent) if self.recent else math.nan,
+                              self.trouble_step)
         if weights_finite is False:
             return RunVerdict("degraded", "the model's weights are not all finite at the end of "
                               "the run" + (f" (the last {self.nonfinite_tail} losses were not "
