@@ -105,3 +105,31 @@ def test_prove_says_a_snapshot_step_replays_as_it_ran(tmp_path: Path, capsys) ->
                           f"{FACTORY}:regression_setup_without_dropout", capsys=capsys)
     assert code == 0, err
     assert "(not the same: the replay does not run as the step did" in out, out
+
+
+def test_a_snapshot_keeps_the_last_good_batch_for_the_previous_batch_fix(
+        tmp_path: Path, capsys) -> None:
+    """Every sample of step 20's batch is 1e4 times too large (no sample stands out to drop):
+    the previous good batch is the fix that tells the data from the state, so the snapshot
+    keeps that batch and `prove` tries it offline as the run did."""
+    model, optimizer, loss_fn = regression_setup()
+    guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, config=GuardConfig(
+        console=False, policy="halt", prove="off", snapshot_dir=str(tmp_path)))
+    with pytest.raises(trainguard.TrainingDiverged) as info:
+        for step in range(30):
+            batch = batch_at(step + 100)  # no NaN sample
+            if step == 20:
+                batch = {"x": batch["x"] * 1e4, "y": batch["y"]}
+            loss = loss_fn(model, batch)
+            loss.backward()
+            guard.step(loss, batch=batch)
+            optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    snapshot = trainguard.load_snapshot(info.value.snapshot_path)
+    assert info.value.report.step == 20
+    assert torch.equal(snapshot["previous_batch"]["x"], batch_at(119)["x"])
+    code, out, err = call("prove", info.value.snapshot_path, "--factory",
+                          f"{FACTORY}:regression_setup", capsys=capsys)
+    assert code == 0, err
+    assert re.search(r"previous_batch +heals", out), out
+    assert "confirmed by replay: the data — on the previous good batch" in out, out

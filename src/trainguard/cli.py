@@ -416,6 +416,7 @@ def _prove(args: argparse.Namespace) -> int:
                if k in ("loss", "grad_norm") and isinstance(v, (int, float))}
     recorded = snapshot.get("step_loss")  # older snapshots lack it: no faithfulness check
     setup = Setup(model=model, optimizer=optimizer, loss_fn=loss_fn, batch=snapshot["batch"],
+                  previous_batch=snapshot.get("previous_batch"),  # older snapshots lack it
                   step=step, baseline=Baseline(numbers.get("loss"), numbers.get("grad_norm")),
                   autocast=torch.float16 if snapshot.get("scaler") else None,
                   original_finite=not any(e.step == step and e.kind.startswith("nonfinite")

@@ -183,6 +183,8 @@ def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
                 config=services.config.to_dict(),
                 extra={"guard": portable(state.state_dict()),
                        "baseline": services.prover.baseline_dict(),
+                       # the last good batch, for `trainguard prove`'s "the previous batch" fix
+                       "previous_batch": services.prover.previous_batch,
                        # the loss the step had, which a faithful replay gives again
                        "step_loss": (None if ctx.signals is None or ctx.signals.loss is None
                                      else float(ctx.signals.loss))},
