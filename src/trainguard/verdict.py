@@ -13,7 +13,8 @@ says whether training worked:
                 "finished" but is worse off than it was
     stalled     the run trained long enough to tell (`DetectorConfig.stall_steps` losses) and
                 its loss never came down beyond its own noise at the start
-                (`detect.no_progress.came_down`): it did not learn, with or without trouble
+                (`detect.no_progress.came_down`): it did not learn, with or without trouble;
+                or its last steps had no gradient at all (`no_gradients` to the end)
 
 Levels are medians of `WINDOW` finite losses (the first ones, the last ones before the first
 trouble, the last ones of the run), so one noisy batch decides nothing. "Worse" means above the
@@ -121,12 +122,15 @@ class LossTrack:
     def _start(self) -> float | None:
         return statistics.median(self.first) if self.first else None
 
-    def verdict(self, *, halted: bool = False,
-                weights_finite: bool | None = None) -> RunVerdict | None:
+    def verdict(self, *, halted: bool = False, weights_finite: bool | None = None,
+                untrained_since: int | None = None) -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
         not recover, whatever the losses before the halt said.
         `weights_finite`: whether the model's weights are all finite at the end (None: not
-        checked); a model with a NaN in it is degraded, whatever its last finite losses said."""
+        checked); a model with a NaN in it is degraded, whatever its last finite losses said.
+        `untrained_since`: the first step of a run of steps without any gradient that lasted to
+        the end (`detect/no_gradients.py`): nothing trained after it, so the run stalled,
+        however its loss compares (it stays where the last update left it)."""
         start = self._start()
         if start is None:
             return None
@@ -170,6 +174,11 @@ class LossTrack:
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, {final / best:.3g}x "
                               f"the best level it had reached ({best:.4g}): it did not come back "
                               "to its own best", start, self.before_trouble, final,
+                              self.trouble_step)
+        if untrained_since is not None:
+            return RunVerdict("stalled", f"no gradients from step {untrained_since} to the end "
+                              f"of the run: nothing trained after it (the loss ended at "
+                              f"{final:.4g})", start, self.before_trouble, final,
                               self.trouble_step)
         if stalled:
             return RunVerdict("stalled", f"the loss never came down in {self.seen} steps "

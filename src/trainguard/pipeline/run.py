@@ -26,6 +26,7 @@ from trainguard import __version__, lifecycle
 from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
+from trainguard.detect.no_gradients import NoGradients
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.anchor import ProofAnchor
 from trainguard.diagnose.batch_watch import BatchWatch
@@ -504,7 +505,8 @@ class Run:
             self.sinks.on_diagnosis(diagnosis)
         try:
             self.verdict = self.state.losses.verdict(
-                halted=self.halted or status == "halted", weights_finite=self._weights_finite())
+                halted=self.halted or status == "halted", weights_finite=self._weights_finite(),
+                untrained_since=self._untrained_since())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
@@ -514,6 +516,15 @@ class Run:
         return diagnosis
 
     # -- internals -------------------------------------------------------------------------------
+    def _untrained_since(self) -> int | None:
+        """The first step of a run of steps without gradients that lasted to the end and was
+        long enough to be reported (None: the last steps trained)."""
+        for detector in self.state.detectors:
+            if isinstance(detector, NoGradients) and (
+                    detector.streak >= self.config.detectors.no_gradient_steps):
+                return self.state.step - detector.streak
+        return None
+
     def _weights_finite(self) -> bool | None:
         """Whether this rank's watched weights are all finite at the end (one fused pass, one
         host read, once per run); None when there are none or no loss was seen."""
