@@ -126,11 +126,11 @@ def test_a_candidate_that_is_not_finite_never_becomes_good() -> None:
     for step in range(1, 6):
         anchor.after_applied(step)
     assert anchor.ring.candidate is not None and anchor.extra()[ANCHOR_FLAG] is not None
-    anchor.observe({ANCHOR_FLAG: np.array([float("nan")])}, [], applied=True)
+    anchor.observe({ANCHOR_FLAG: np.array([float("nan")])}, [], applied=True, step=5)
     assert anchor.ring.candidate is None and [s.step for s in anchor.ring.good] == [0]
     for step in range(6, 11):
         anchor.after_applied(step)
-    anchor.observe({ANCHOR_FLAG: np.array([1.0])}, [], applied=True)
+    anchor.observe({ANCHOR_FLAG: np.array([1.0])}, [], applied=True, step=10)
     assert [s.step for s in anchor.ring.good] == [0, 10]
 
 
@@ -166,7 +166,7 @@ def test_an_error_is_proved_after_a_jump_that_was_only_a_warning() -> None:
 def test_an_error_pins_the_last_good_state_from_before_it() -> None:
     """States taken after an error can pass as good (the damage done, nothing raised yet); the
     state from before the error stays, so that a later alarm of the same trouble still replays
-    from before it, until an error out of a window's reach moves the pin."""
+    from before it, for as long as a window from it fits the budget."""
     from trainguard.events import Event
 
     model, opt = model_and_optimizer()
@@ -176,11 +176,11 @@ def test_an_error_pins_the_last_good_state_from_before_it() -> None:
 
     def good_at(step: int) -> None:
         anchor.after_applied(step)
-        anchor.observe({ANCHOR_FLAG: np.array([1.0])}, [], applied=True)
+        anchor.observe({ANCHOR_FLAG: np.array([1.0])}, [], applied=True, step=step)
 
     def error_at(step: int) -> None:
         anchor.observe({}, [Event(kind="loss_spike", step=step, severity="error",
-                                  message="")], applied=False)
+                                  message="")], applied=False, step=step)
 
     good_at(5)
     error_at(7)  # pins the state of step 5
@@ -188,12 +188,16 @@ def test_an_error_pins_the_last_good_state_from_before_it() -> None:
         good_at(step)
     assert [s.step for s in anchor.ring.good] == [5, 15, 20]
     error_at(25)  # the same trouble: the pin stays
-    good_at(30)
-    assert [s.step for s in anchor.ring.good] == [5, 20, 30]
-    error_at(40)  # 33 steps after the pinned error, out of a window's reach: a new pin
+    good_at(27)
+    assert [s.step for s in anchor.ring.good] == [5, 20, 27]
+    good_at(30)  # 23 steps after the pinned alarm, out of a window's reach: it takes its turn
+    assert [s.step for s in anchor.ring.good] == [20, 27] and anchor.ring.pinned is None
+    error_at(40)  # a new incident: a new pin
     good_at(45)
     good_at(50)
-    assert [s.step for s in anchor.ring.good] == [30, 45, 50]
-    assert anchor.ring.pinned is not None and anchor.ring.pinned.step == 30
+    assert [s.step for s in anchor.ring.good] == [27, 45, 50]
+    assert anchor.ring.pinned is not None and anchor.ring.pinned.step == 27
     good_at(55)
-    assert [s.step for s in anchor.ring.good] == [30, 50, 55]
+    assert [s.step for s in anchor.ring.good] == [27, 50, 55]
+    good_at(65)
+    assert [s.step for s in anchor.ring.good] == [55, 65] and anchor.ring.pinned is None

@@ -71,13 +71,17 @@ class ProofAnchor:
         flag = self.ring.pending_flag()
         return {ANCHOR_FLAG: flag} if flag is not None else {}
 
-    def observe(self, extra: dict[str, np.ndarray], events: list[Event], applied: bool) -> None:
+    def observe(self, extra: dict[str, np.ndarray], events: list[Event], applied: bool, *,
+                step: int) -> None:
         """After the step's decision: a candidate becomes good after `confirm_steps` applied
         steps without a warning, once its finite flag (read with the step's transfer) is 1."""
         shared = [e for e in events if not is_rank_local(e.kind)]
         calm = applied and not any(at_least(e.severity, "warning") for e in shared)
         jumps = kinds_tagged(Tag.JUMP)
         alarms = [e.step for e in shared if at_least(e.severity, "error") or e.kind in jumps]
+        if self.pinned_at is not None and step - self.pinned_at > self.horizon:
+            self.pinned_at = None  # out of a window's reach: the state takes its turn
+            self.ring.pin(None)
         if alarms:
             self._pin_before(max(alarms))
         self.ring.observe(flag=extra.get(ANCHOR_FLAG), calm=calm)
@@ -87,9 +91,11 @@ class ProofAnchor:
         until the trouble is out of a window's reach. States taken after the alarm can pass as
         good (its damage done, the steps after it raised nothing yet), and newer ones would push
         the last state from before it out of so small a ring; a later alarm's window replay
-        would then start inside the damage, where a lower LR heals nothing. A later alarm
-        within `prove_budget_steps` keeps the pin."""
-        if self.pinned_at is not None and step - self.pinned_at <= self.horizon:
+        would then start inside the damage, where a lower LR heals nothing. The pin holds for
+        `prove_budget_steps` steps (a window from further back does not fit the budget: a later
+        incident's proof starts from the ring's newest states again), later alarms inside that
+        span included."""
+        if self.pinned_at is not None:
             return
         self.pinned_at = step
         self.ring.pin(self.ring.good[-1] if self.ring.good else None)

@@ -51,7 +51,7 @@ def settle(ctx: StepContext, state: RunState, services: Services) -> None:
     if ctx.applied and state.recovery is not None:
         state.recovery.after_applied(state.step, state.rewind_state)
     if state.anchor is not None:
-        state.anchor.observe(ctx.extra, ctx.events, ctx.applied)
+        state.anchor.observe(ctx.extra, ctx.events, ctx.applied, step=ctx.step)
         if ctx.applied:
             state.anchor.after_applied(state.step)
     if ctx.deferred:  # the next step ran its forward pass already: the run schedules the one after
