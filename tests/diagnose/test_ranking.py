@@ -377,6 +377,25 @@ def test_trouble_back_after_the_lr_was_cut_and_the_batch_skipped_is_in_every_bat
     assert codes(rank_causes(events, [bad_run(100, 299, ongoing=True)]))[0] == "input_scale"
 
 
+def test_jumps_after_a_deep_lr_cut_are_no_votes_for_the_lr() -> None:
+    """Four rollbacks, each cutting the LR further and keeping the blamed batch out, and the
+    trouble back after each: the jumps under the cut LR count against the LR, not for it, however
+    many there are (each used to vote "repeated" for the LR, and enough of them tied it with the
+    data)."""
+    events = blow_up(80)
+    for cut, factor in ((90, 0.05), (101, 5e-4), (112, 5e-6), (123, 5e-8)):
+        events += [Event("rollback", cut, "warning", "rolled back",
+                         details={"lr_factor": factor, "skipped_data": [cut - 10]}),
+                   event("grad_explosion", cut + 1), event("loss_spike", cut + 1, "warning")]
+    ranked = rank_causes(events)
+    assert codes(ranked)[0] == "label_problem"
+    lr = next(c for c in ranked if c.code == "lr_too_high")
+    assert not any("repeated" in e and "step 80" not in e for e in lr.evidence)
+    # before any cut, the repeats still vote for the LR
+    repeats = [*blow_up(80), event("grad_explosion", 91), event("grad_explosion", 102)]
+    assert codes(rank_causes(repeats))[0] == "lr_too_high"
+
+
 def test_a_nan_loss_with_every_label_ignored_is_the_labels() -> None:
     events = [event("nonfinite_loss", 120, batch="finite"),
               data_event("batch_labels", 120, "empty_loss", "error", "labels")]

@@ -159,7 +159,7 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_nonfinite(votes, serious, findings, batch_causes, batches=batches)
     _vote_event_kinds(votes, serious, no_warmup)
     _vote_climb(votes, events, serious)
-    _vote_jumps(votes, serious, findings, specific, no_warmup)
+    _vote_jumps(votes, serious, findings, specific, no_warmup, _first_lr_cut(events))
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
     shifted = _shift_to_warmup(votes, findings, serious)
@@ -425,8 +425,11 @@ def _vote_climb(votes: _Votes, events: list[Event], serious: list[Event]) -> Non
 
 
 def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
-                specific: dict[int, list[Event]], no_warmup: bool) -> None:
-    """Spikes and explosions: where and when they happened says whose doing they were."""
+                specific: dict[int, list[Event]], no_warmup: bool,
+                lr_cut_at: int | None) -> None:
+    """Spikes and explosions: where and when they happened says whose doing they were. A jump
+    after the recover policy cut the LR far down (`lr_cut_at`) is no vote for too high an LR:
+    that LR would have stopped it (`_weigh_down_lr` counts it against the LR)."""
     early = min(e.step for e in serious) < EARLY_STEPS
     climb = kinds_tagged(Tag.CLIMB)
     jump_kinds = kinds_tagged(Tag.JUMP)
@@ -458,7 +461,7 @@ def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
                       f"step {e.step}: {e.kind} in the first steps"
                       + (" of a schedule without warmup" if no_warmup else ""))
             votes.add("bad_init", 0.3, f"step {e.step}: {e.kind} early in the run")
-        else:
+        elif lr_cut_at is None or e.step <= lr_cut_at:
             votes.add("lr_too_high", 1.0, f"step {e.step}: repeated {e.kind}")
 
 
@@ -534,16 +537,26 @@ def _in_run(event: Event, run: Finding) -> bool:
             and run.evidence["first_step"] <= event.step <= run.evidence["last_step"])
 
 
+def _deep_lr_cuts(events: list[Event]) -> list[Event]:
+    """The recover policy's LR cuts to `LR_CUT` or less."""
+    cut_kinds = kinds_tagged(Tag.LR_CUT)
+    return [e for e in events if e.kind in cut_kinds
+            and isinstance(factor := e.details.get("lr_factor"), (int, float))
+            and 0 <= factor <= LR_CUT]
+
+
+def _first_lr_cut(events: list[Event]) -> int | None:
+    """The step of the first deep LR cut (None: none)."""
+    return min((e.step for e in _deep_lr_cuts(events)), default=None)
+
+
 def _outlasted_lr_cut(events: list[Event], symptoms: list[Event]) -> tuple[str, bool]:
     """Evidence that the trouble came back right after the recover policy cut the LR far down
     ("" when it did not): an LR too high would have stopped; and whether that cut also kept
     the blamed data out (then no single batch brought the trouble back either)."""
-    cut_kinds = kinds_tagged(Tag.LR_CUT)
     again_kinds = kinds_tagged(Tag.JUMP) | kinds_tagged(Tag.NONFINITE)
-    for cut in (e for e in events if e.kind in cut_kinds):
-        factor = cut.details.get("lr_factor")
-        if not isinstance(factor, (int, float)) or not 0 <= factor <= LR_CUT:
-            continue
+    for cut in _deep_lr_cuts(events):
+        factor = cut.details["lr_factor"]
         again = next((e for e in symptoms if e.kind in again_kinds
                       and cut.step < e.step <= cut.step + RECUR_WINDOW), None)
         if again is not None:
