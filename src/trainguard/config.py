@@ -166,6 +166,10 @@ class DetectorConfig:
     """Optimizer steps in a row without any gradient (None or zero) before `no_gradients` fires:
     one such step happens legitimately (a batch that touches no trainable weight), three in a
     row mean nothing is training."""
+    frozen_steps: int = 10
+    """A parameter whose gradient was zero (or absent) this many steps in a row and then is not
+    is reported by `params_unfrozen` (a layer unfrozen, a branch now used); a parameter used on
+    every other batch is not."""
     stall_steps: int = 100
     """Optimizer steps at a working LR after which a loss that has not come down is a stall
     (`no_progress`, and the verdict `stalled`)."""
@@ -291,6 +295,7 @@ class DetectorConfig:
                               ("baseline_window", 3), ("warmup_steps", 0),
                               ("loss_spike_level_window", 1), ("rearm_steps", 1),
                               ("max_named_params", 1), ("no_gradient_steps", 1),
+                              ("frozen_steps", 1),
                               ("stall_steps", 1), ("transient_horizon", 1),
                               ("eval_patience", 1), ("precursor_steps", 1),
                               ("precursor_warmup", 1), ("precursor_trend_window", 0),

@@ -239,6 +239,7 @@ class Kind:
     PEER_LOST = "peer_lost"
     INSTABILITY_PRECURSOR = "instability_precursor"
     UPDATE_TOO_LARGE = "update_too_large"
+    PARAMS_UNFROZEN = "params_unfrozen"
     OPTIMIZER_STEP_OUTSIDE = "optimizer_step_outside"
 
 
@@ -271,6 +272,8 @@ _kind("update_too_large", "the first update measured moved the typical weight by
       rank_local=True, tags=(_I, Tag.START))
 _kind("lr_change", "a parameter group's LR rose far above anything it had used, in one step",
       "info", tags=(Tag.LR,))
+_kind("params_unfrozen", "parameters without a gradient for a while get one again: a layer "
+      "unfrozen, or a branch now used, trains from here at its group's LR", "info")
 _kind("dead_units", "a layer that was alive has gone dead, or gives every sample the same "
       "output (sampled steps)", "warning", rank_local=True, tags=(Tag.COLLAPSE,),
       votes=(CauseVote("dead_units", 3.0, "a layer's units died"),

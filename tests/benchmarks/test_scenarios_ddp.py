@@ -38,10 +38,10 @@ def test_desync_drifts_apart_unseen_by_each_rank(by_name: dict) -> None:
     assert drift[STEPS] > 0.05 and drift[STEPS] > drift[scenario.onset_step + 10] > 0.0
     # Each rank's own loss keeps falling, so a single-rank view has nothing to flag; the Guard's
     # cross-rank fingerprint, riding every 5th step's all-reduce, names the drifting backbone at
-    # its first check after the onset.
+    # its first check after the onset (the unfreezing itself is named, as information).
     assert result.detected is True
     assert [(e["kind"], e["step"]) for e in result.events] == [
-        ("ddp_desync", scenario.onset_step + 5)]
+        ("params_unfrozen", scenario.onset_step), ("ddp_desync", scenario.onset_step + 5)]
     assert result.diagnosis[:1] == ["ddp_desync"]
     assert result.train_losses[-1] < 0.3 * result.train_losses[0]
     # Rank 0 has lost the other rank's domain.
@@ -52,5 +52,6 @@ def test_under_protect_the_desync_halts_both_ranks_within_5_steps(by_name: dict)
     scenario = by_name["ddp_desync"]
     result = run_scenario(scenario, "trainguard", steps=STEPS)
     assert result.outcome == "halted"
+    # its first check after the onset (the unfreezing itself is named, as information).
     assert [(e["kind"], e["step"]) for e in result.events] == [
-        ("ddp_desync", scenario.onset_step + 5)]
+        ("params_unfrozen", scenario.onset_step), ("ddp_desync", scenario.onset_step + 5)]

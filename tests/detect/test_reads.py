@@ -56,6 +56,10 @@ def _run() -> list[StepSignals]:
             step=step - 1, per_param=stats if i == 0 else bad, module_names=list(MODULES),
             per_module=alive if i == 0 else {"act_dead_frac": np.ones(len(MODULES)),
                                              "act_batch_spread": np.zeros(len(MODULES))})]))
+    m = len(steps)
+    for i in range(12):  # a layer frozen for 12 steps, then unfrozen
+        steps.append(signals(m + i, loss=2.0, param_grad_norm=[0.0, 1.0]))
+    steps.append(signals(m + 12, loss=2.0))
     rng = np.random.default_rng(0)
     for s in steps:  # an LR that jumps x100 at step 90, and the fields the busy run leaves out
         ratio = rng.uniform(0.8, 1.2, len(s.param_names)) * (1.0 if s.step < 100 else 1.5 ** (

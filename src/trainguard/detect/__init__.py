@@ -20,12 +20,14 @@ from trainguard.detect.nonfinite_loss import NonFiniteLoss
 from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
 from trainguard.detect.nonfinite_weight import NonFiniteWeight
 from trainguard.detect.output_collapse import OutputCollapse
+from trainguard.detect.params_unfrozen import ParamsUnfrozen
 from trainguard.detect.update_too_large import UpdateTooLarge
 
 DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
+    ParamsUnfrozen,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 
