@@ -234,3 +234,31 @@ def test_a_run_whose_last_steps_had_no_gradient_stalled(tmp_path: Path) -> None:
     # a gap that ended is no stall of the run's end
     guard = _regression_without_backward(tmp_path / "gap", range(30, 40))
     assert guard.verdict is not None and guard.verdict.verdict != "stalled"
+
+
+def _track(losses: list[float], trouble: set[int]) -> LossTrack:
+    track = LossTrack()
+    for step, loss in enumerate(losses):
+        track.observe(step, loss, trouble=step in trouble)
+    return track
+
+
+def test_a_run_that_ends_inside_trouble_is_judged_by_the_losses_since_it_began() -> None:
+    """Stopped (Ctrl-C, or the last step) 9 steps into a blow-up: the median of the last 20
+    losses still sits on the 11 from before it, but the run did not come back."""
+    rng = np.random.default_rng(0)
+    calm = list(np.linspace(3.0, 1.7, 150) + 0.05 * rng.standard_normal(150))
+    track = _track(calm + [1000.0] * 9, trouble={150, 152, 155})
+    verdict = track.verdict()
+    assert verdict is not None and verdict.verdict == "degraded"
+    assert verdict.final == 1000.0
+    # the state, kept and restored, judges the same
+    again = LossTrack()
+    again.load_state_dict(json.loads(json.dumps(track.state_dict())))
+    assert again.verdict() == verdict
+    # one spike 10 steps before the end, and the losses after it back on their level
+    back = _track([*calm, 1000.0, *calm[-9:]], trouble={150})
+    assert back.verdict() is not None and back.verdict().verdict == "recovered"
+    # trouble on the very last steps leaves too few losses after it to judge by
+    last = _track([*calm, 1000.0, 900.0], trouble={150})
+    assert last.verdict() is not None and last.verdict().verdict == "recovered"

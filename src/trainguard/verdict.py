@@ -37,6 +37,9 @@ from trainguard.signals import MAD_TO_STD
 from trainguard.vocabulary import Verdict
 
 WINDOW = 20
+MIN_TAIL = 3
+"""Losses after trouble began in the last window that the verdict needs to judge the run's end
+by them alone."""
 STALL_STEPS = 100
 """`DetectorConfig.stall_steps`' default: the losses a run needs before it can be `stalled`."""
 DEGRADED_RATIO = 1.1
@@ -92,12 +95,18 @@ class LossTrack:
         """Finite losses seen."""
         self.history: deque[float] = deque(maxlen=stall_steps)
         """The last `stall_steps` finite losses (their trend)."""
+        self.recent_steps: deque[int] = deque(maxlen=window)
+        """The steps of `recent`'s losses."""
+        self.trouble_steps: deque[int] = deque(maxlen=window)
+        """The last steps with trouble (a warning or worse)."""
 
     def observe(self, step: int, loss: float | None, *, trouble: bool) -> None:
         if trouble and self.trouble_step is None:
             self.trouble_step = step
             self.before_trouble = (statistics.median(self.recent) if len(self.recent) >= 3
                                    else self._start())
+        if trouble:
+            self.trouble_steps.append(step)
         if loss is None:
             return
         loss = float(loss)
@@ -109,6 +118,7 @@ class LossTrack:
         if len(self.start) < self.window:
             self.start.append(loss)
         self.recent.append(loss)
+        self.recent_steps.append(step)
         self.history.append(loss)
         if len(self.recent) == self.window:
             level = statistics.median(self.recent)
@@ -157,20 +167,21 @@ class LossTrack:
         if self.nonfinite_tail >= self.window // 2 or not self.recent:
             return RunVerdict("degraded", f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
-        final = statistics.median(self.recent)
+        tail = self._final_tail()
+        final = statistics.median(tail)
         stalled = (self.seen >= self.stall_steps and len(self.start) == self.window
                    and not progressed(self.start, list(self.recent), list(self.history))
                    and flat(self.start, list(self.recent), list(self.history))
                    and judgeable(self.start)
                    and not (self.best is not None and came_down(self.start, [self.best])))
-        if ended_worse(final, reference, self.recent):
+        if ended_worse(final, reference, tail):
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, "
                               f"{final / reference:.3g}x the {reference:.4g} it was {against}",
                               start,
                               self.before_trouble, final, self.trouble_step)
         best = self.best
         if (self.trouble_step is not None and best is not None and best < reference
-                and ended_worse(final, best, self.recent)):
+                and ended_worse(final, best, tail)):
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, {final / best:.3g}x "
                               f"the best level it had reached ({best:.4g}): it did not come back "
                               "to its own best", start, self.before_trouble, final,
@@ -194,8 +205,26 @@ class LossTrack:
         return RunVerdict("healthy", f"the loss went from {start:.4g} to {final:.4g}", start,
                           None, final, None)
 
+    def _final_tail(self) -> list[float]:
+        """The losses the run ended on: the last `window`, or, when trouble began among them,
+        those from its first step on (at least `MIN_TAIL`). The median of the last 20 losses
+        hides trouble in fewer than 10 of them: a run stopped 9 steps into a divergence is not
+        back on its level because 11 losses from before it are."""
+        recent = list(self.recent)
+        if not self.recent_steps:
+            return recent
+        first = self.recent_steps[0]
+        inside = [t for t in self.trouble_steps if t >= first]
+        if not inside:
+            return recent
+        since = [loss for step, loss in zip(self.recent_steps, recent, strict=True)
+                 if step >= min(inside)]
+        return since if len(since) >= MIN_TAIL else recent
+
     def state_dict(self) -> dict[str, Any]:
         return {"first": self.first, "recent": list(self.recent),
+                "recent_steps": list(self.recent_steps),
+                "trouble_steps": list(self.trouble_steps),
                 "before_trouble": self.before_trouble, "trouble_step": self.trouble_step,
                 "nonfinite_tail": self.nonfinite_tail, "start": list(self.start),
                 "best": self.best, "seen": self.seen, "history": list(self.history)}
@@ -213,3 +242,9 @@ class LossTrack:
         self.seen = int(state.get("seen", len(self.recent)))
         self.history = deque((float(v) for v in state.get("history", self.recent)),
                              maxlen=self.stall_steps)
+        steps = [int(v) for v in state.get("recent_steps", [])]
+        # a state from before the steps were kept: none, and the verdict reads every recent loss
+        self.recent_steps = deque(steps if len(steps) == len(self.recent) else [],
+                                  maxlen=self.window)
+        self.trouble_steps = deque((int(v) for v in state.get("trouble_steps", [])),
+                                   maxlen=self.window)
