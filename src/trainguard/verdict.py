@@ -20,9 +20,9 @@ Levels are medians of `WINDOW` finite losses (the first ones, the last ones befo
 trouble, the last ones of the run), so one noisy batch decides nothing; when trouble began
 among the last ones, the run's end is the median of the losses from there on (a run stopped a
 few steps into a blow-up is not back on its level because most of its last window predates it).
-"Worse" means above the reference by `DEGRADED_RATIO` and by more than the final window's own spread, or above it by
-`BEYOND_NOISE` whatever the spread (a run thrashing at 30x its old loss is not excused by its own
-thrashing).
+"Worse" means above the reference by `DEGRADED_RATIO` and by more than the final window's own
+spread, or above it by `BEYOND_NOISE` whatever the spread (a run thrashing at 30x its old loss is
+not excused by its own thrashing).
 """
 
 from __future__ import annotations
