@@ -804,7 +804,8 @@ def _show_curves(summary: dict[str, Any], curves: dict[str, Any]) -> list[str]:
     lines.append(f"actions    {actions}")
     if summary["interventions"]:
         taken = ", ".join(f"{k} {v}" for k, v in sorted(summary["interventions"].items()))
-        lines.append(f"trainguard {taken}")
+        lines.append(f"guard did  {taken} (the Guard's own actions: `show --json` lists them "
+                     "under \"interventions\")")
     by_kind = ", ".join(f"{k} {v}" for k, v in sorted(summary["events_by_kind"].items()))
     lines.append(f"events     {len(summary['events'])}" + (f" ({by_kind})" if by_kind else ""))
     return lines
