@@ -147,20 +147,23 @@ def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # t
     assert "halted on a non-finite loss" in guard.verdict.message
 
 
-def _observed_run(tmp_path: Path, *, nan_steps: range, policy: str) -> Guard:
-    """60 steps of a small regression; the batches of `nan_steps` carry a NaN input."""
+def _observed_run(tmp_path: Path, *, nan_steps: range = range(0), policy: str = "protect",
+                  steps: int = 60, no_backward: range = range(0)) -> Guard:
+    """`steps` steps of a small regression; the batches of `nan_steps` carry a NaN input, and
+    the loop forgets `backward()` on the steps of `no_backward`."""
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     guard = Guard(model, optimizer, run_dir=tmp_path / policy,
                   config=GuardConfig(policy=policy, console=False, preflight=False))  # type: ignore[arg-type]
-    for step in range(60):
+    for step in range(steps):
         x = torch.randn(16, 4)
         target = x.sum(1, keepdim=True)
         if step in nan_steps:
             x[0, 0] = float("nan")
         loss = nn.functional.mse_loss(model(x), target)
-        loss.backward()
+        if step not in no_backward:
+            loss.backward()
         guard.step(loss)
         optimizer.zero_grad(set_to_none=True)
     guard.close()
@@ -208,31 +211,14 @@ def test_a_run_halted_on_a_finite_spike_is_not_called_recovered(tmp_path: Path) 
     assert f"halted at step {step}" in guard.verdict.message
 
 
-def _regression_without_backward(tmp_path: Path, skipped: range) -> Guard:
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    target = torch.randn(4, 1)
-    guard = Guard(model, optimizer, run_dir=tmp_path / "run", config=GuardConfig(console=False))
-    for step in range(80):
-        x = torch.randn(16, 4)
-        loss = nn.functional.mse_loss(model(x), x @ target)
-        if step not in skipped:
-            loss.backward()
-        guard.step(loss)
-        optimizer.zero_grad(set_to_none=True)
-    guard.close()
-    return guard
-
-
 def test_a_run_whose_last_steps_had_no_gradient_stalled(tmp_path: Path) -> None:
     """backward() went missing from step 50: the loss stays where the last update left it, no
     worse than before, yet nothing trained after it."""
-    guard = _regression_without_backward(tmp_path, range(50, 80))
+    guard = _observed_run(tmp_path, steps=80, no_backward=range(50, 80))
     assert guard.verdict is not None and guard.verdict.verdict == "stalled"
     assert "no gradients from step 50 to the end" in guard.verdict.message
     # a gap that ended is no stall of the run's end
-    guard = _regression_without_backward(tmp_path / "gap", range(30, 40))
+    guard = _observed_run(tmp_path / "gap", steps=80, no_backward=range(30, 40))
     assert guard.verdict is not None and guard.verdict.verdict != "stalled"
 
 

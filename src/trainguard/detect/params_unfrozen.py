@@ -47,14 +47,13 @@ class ParamsUnfrozen(Detector):
             return []
         zero = norms == 0.0  # NaN compares unequal: a NaN gradient is a gradient
         woke = np.flatnonzero(~zero & (self.silent >= self.config.frozen_steps))
-        before = self.silent[woke] if woke.size else self.silent[:0]
+        quiet = int(self.silent[woke].min()) if woke.size else 0
         after_gap = self.all_silent
         self.silent = np.where(zero, self.silent + 1, 0)
-        self.all_silent = bool(zero.all()) if zero.size else False
+        self.all_silent = bool(zero.size) and bool(zero.all())
         if not woke.size or after_gap:
             return []
         names = [signals.param_names[i] for i in woke]
-        quiet = int(before.min())
         return [self.event(
             signals.step, "info",
             f"gradients reach {len(names)} parameter(s) that had none for {quiet} steps or more "
