@@ -177,21 +177,44 @@ def test_clipping_is_taken_over_at_the_trainer_limit(tmp_path: Path) -> None:
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_the_trainers_default_limit_gives_the_adaptive_clip(tmp_path: Path) -> None:
-    """`max_grad_norm` left at the Trainer's default 1.0 is not a choice: trainguard's adaptive
-    clip applies, and a healthy run is not clipped although its norm sits above 1."""
+@pytest.mark.parametrize("policy", ["observe", "protect"])
+@pytest.mark.parametrize("max_grad_norm", [None, 0.0, 0.5])
+def test_a_healthy_run_trains_exactly_as_the_trainer_alone(
+        tmp_path: Path, policy: str, max_grad_norm: float | None) -> None:
+    """The Trainer's clipping as configured (its default 1.0 included, `None` here) is kept:
+    the final weights are bit for bit those of the Trainer without the callback."""
+    clip = {} if max_grad_norm is None else {"max_grad_norm": max_grad_norm}
+    reference = tiny_gpt2()
+    Trainer(model=reference, args=make_args(tmp_path, max_steps=12, learning_rate=1e-2, **clip),
+            train_dataset=token_data()).train()
+    model = tiny_gpt2()
     recorder = Recorder()
-    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
-    args = make_args(tmp_path, max_steps=6)
-    assert args.max_grad_norm == 1.0
-    Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
-            callbacks=[callback]).train()
-    assert callback.run is not None and callback.run.config.max_grad_norm == "auto"
-    assert min(r.grad_norm for r in recorder.reports) > 1.0
-    assert [r.clip_coef for r in recorder.reports] == [1.0] * 6
-    assert args.max_grad_norm == 1.0, "given back to the Trainer after training"
-    takeover = [a for a in recorder.actions if a.kind == "clip_takeover"]
-    assert len(takeover) == 1 and "abnormal for this run" in takeover[0].message
+    callback = TrainguardCallback(GuardConfig(policy=policy, **QUIET),  # type: ignore[arg-type]
+                                  sinks=[recorder])
+    args = make_args(tmp_path, max_steps=12, learning_rate=1e-2, **clip)
+    Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[callback]).train()
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters(),
+                                    strict=True):
+        assert torch.equal(ours, theirs), name
+    assert args.max_grad_norm == (1.0 if max_grad_norm is None else max_grad_norm)
+    if max_grad_norm is None:  # clipped at the Trainer's 1.0 wherever the norm is above it
+        assert [r.action for r in recorder.reports] == [
+            "clipped" if r.grad_norm > 1.0 else "applied" for r in recorder.reports]
+        assert any(r.action == "clipped" for r in recorder.reports)
+        takeover = [a for a in recorder.actions if a.kind == "clip_takeover"]
+        assert len(takeover) == 1 and "as the Trainer would" in takeover[0].message
+
+
+def test_the_config_limit_replaces_the_trainers_default_only_when_set(tmp_path: Path) -> None:
+    """A number in the config replaces the Trainer's default 1.0 (not chosen there)."""
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(max_grad_norm=4.0, **QUIET), sinks=[recorder])
+    Trainer(model=tiny_gpt2(), args=make_args(tmp_path, max_steps=4),
+            train_dataset=token_data(), callbacks=[callback]).train()
+    assert callback.run is not None and callback.run.config.max_grad_norm == 4.0
+    for report in recorder.reports:
+        expected = 1.0 if report.grad_norm <= 4.0 else 4.0 / (report.grad_norm + 1e-6)
+        assert report.clip_coef == pytest.approx(expected)
 
 
 def test_a_fixed_clip_at_the_trainers_default_when_the_config_asks(tmp_path: Path) -> None:
@@ -204,15 +227,19 @@ def test_a_fixed_clip_at_the_trainers_default_when_the_config_asks(tmp_path: Pat
                for r in recorder.reports)
 
 
-def test_no_clipping_when_the_trainer_has_none(tmp_path: Path) -> None:
-    recorder = Recorder()
-    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
-    args = make_args(tmp_path, max_grad_norm=0.0, max_steps=3, learning_rate=1e-2)
-    Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
-            callbacks=[callback]).train()
-    assert callback.run is not None and callback.run.config.max_grad_norm is None
-    assert [r.action for r in recorder.reports] == ["applied"] * 3
-    assert args.max_grad_norm == 0.0
+def test_where_the_trainer_does_not_clip_the_config_applies(tmp_path: Path) -> None:
+    """`max_grad_norm=0`: nothing is taken over; the config's limit applies (by default the
+    adaptive clip, which leaves healthy steps alone; None: no clipping at all)."""
+    for clip in ("auto", None):
+        recorder = Recorder()
+        callback = TrainguardCallback(GuardConfig(max_grad_norm=clip, **QUIET), sinks=[recorder])
+        args = make_args(tmp_path, max_grad_norm=0.0, max_steps=3, learning_rate=1e-2)
+        Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+                callbacks=[callback]).train()
+        assert callback.run is not None and callback.run.config.max_grad_norm == clip
+        assert [r.action for r in recorder.reports] == ["applied"] * 3
+        assert not [a for a in recorder.actions if a.kind == "clip_takeover"]
+        assert args.max_grad_norm == 0.0
 
 
 class PlainLoss(nn.Module):

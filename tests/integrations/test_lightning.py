@@ -165,6 +165,54 @@ def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path
         assert [r.action for r in recorder.reports] == ["applied"] * 4
 
 
+def plain_trainer(pl: ModuleType, tmp_path: Path, **overrides: Any) -> Any:
+    """`make_trainer` without any callback."""
+    options: dict[str, Any] = {
+        "max_steps": 8, "accelerator": "cpu", "logger": False, "enable_checkpointing": False,
+        "enable_progress_bar": False, "enable_model_summary": False,
+        "default_root_dir": str(tmp_path)}
+    options.update(overrides)
+    return pl.Trainer(**options)
+
+
+@pytest.mark.parametrize("policy", ["observe", "protect"])
+@pytest.mark.parametrize("clip", [None, 0.1])
+def test_a_healthy_run_trains_exactly_as_the_trainer_alone(
+        pl: ModuleType, tmp_path: Path, policy: str, clip: float | None) -> None:
+    """Lightning's clipping as configured (none by default) is kept: the final weights are bit
+    for bit those of the Trainer without the callback, and `gradient_clip_val` is given back."""
+    options = {"max_steps": 12, "gradient_clip_val": clip}
+    reference = regression_module(pl)
+    plain_trainer(pl, tmp_path, **options).fit(reference, loader())
+    module = regression_module(pl)
+    callback = TrainguardCallback(GuardConfig(policy=policy, **QUIET))  # type: ignore[arg-type]
+    trainer = make_trainer(pl, tmp_path, callback, **options)
+    trainer.fit(module, loader())
+    for (name, ours), theirs in zip(module.named_parameters(), reference.parameters(),
+                                    strict=True):
+        assert torch.equal(ours, theirs), name
+    assert trainer.gradient_clip_val == clip
+
+
+def test_a_module_that_clips_in_its_own_hook_keeps_its_clipping(pl: ModuleType,
+                                                                tmp_path: Path) -> None:
+    calls: list[Any] = []
+    module = regression_module(pl)
+
+    def configure_gradient_clipping(optimizer: Any, gradient_clip_val: Any = None,
+                                    gradient_clip_algorithm: Any = None) -> None:
+        calls.append(gradient_clip_val)
+        module.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                              gradient_clip_algorithm=gradient_clip_algorithm)
+
+    type(module).configure_gradient_clipping = (  # type: ignore[method-assign]
+        lambda self, *a, **k: configure_gradient_clipping(*a, **k))
+    callback = TrainguardCallback(GuardConfig(**QUIET))
+    make_trainer(pl, tmp_path, callback, max_steps=3, gradient_clip_val=0.1).fit(module, loader())
+    assert calls == [0.1] * 3
+    assert callback.run is not None and callback.run.config.max_grad_norm == "auto"
+
+
 def test_state_round_trips_through_a_lightning_checkpoint(pl: ModuleType,
                                                           tmp_path: Path) -> None:
     first = TrainguardCallback(GuardConfig(**QUIET))

@@ -185,7 +185,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         except BaseException:
             self._release()  # the Trainer keeps its own clipping
             raise
-        if limit is not None:
+        if limit is not None and self._clipping_args is not None:
             self._announce(limit)
         if carried:
             self.run.load_state_dict(carried)
@@ -300,15 +300,18 @@ class TrainguardCallback(CallbackState, TrainerCallback):
 
     def _take_over_clipping(self, args: TrainingArguments) -> float | str | None:
         """The limit trainguard clips at, after measuring (the Trainer no longer clips): the
-        Trainer's own when set on purpose, else the callback's config (adaptive by default)."""
+        Trainer's own, as configured (its default 1.0 included), so that a healthy run trains
+        exactly as the Trainer alone would. Where the Trainer does not clip
+        (`max_grad_norm=0`), the config's limit applies (by default the adaptive clip, which
+        touches only abnormal steps, and nothing under observe); a number set in the config
+        replaces the Trainer's default (not a limit the user chose there)."""
         value = args.max_grad_norm
+        own = self.config.max_grad_norm
         if not isinstance(value, (int, float)) or value <= 0:
-            return None  # clipping turned off in the Trainer: honoured
+            return own  # the Trainer does not clip: nothing to take over
         limit: float | str | None = float(value)
-        if float(value) == _trainer_default_max_grad_norm():
-            limit = self.config.max_grad_norm
-            if limit == "auto" and self.config.policy == "observe":
-                limit = None
+        if float(value) == _trainer_default_max_grad_norm() and own != "auto":
+            limit = own
         self._clipping_args, self._trainer_max_grad_norm = args, float(value)
         args.max_grad_norm = 0.0
         return limit
@@ -319,10 +322,9 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._announced = True
         if limit == "auto":
             how = ("trainguard clips a step only when its gradient norm is abnormal for this run "
-                   "(the adaptive default: TrainingArguments.max_grad_norm is at the Trainer's "
-                   "default; pass GuardConfig(max_grad_norm=1.0) to keep a fixed clip at 1.0)")
+                   "(GuardConfig(max_grad_norm='auto'))")
         else:
-            how = f"trainguard clips gradients at max_grad_norm={limit:g} from now on"
+            how = f"trainguard clips gradients at max_grad_norm={limit:g}, as the Trainer would"
         self.run.emit_action(ActionRecord(
             kind="clip_takeover", step=self.run.state.step,
             message=f"{how} (TrainingArguments.max_grad_norm is set to 0 during training so "

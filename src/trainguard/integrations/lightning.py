@@ -20,10 +20,12 @@ Trainer accepts it. How it fits Lightning's automatic optimization:
   newest healthy one is kept through `save_top_k` (`integrations/checkpoint_io.py`).
 
 Clipping: with `gradient_clip_val` set (norm algorithm), trainguard clips at exactly that limit
-before Lightning does, so Lightning's own clipping then finds nothing left to clip; without it
-(Lightning's default: no clipping) `config.max_grad_norm` applies, by default `"auto"`, the
-adaptive clip that touches only steps whose norm is abnormal for this run (`max_grad_norm=None`
-turns it off).
+in Lightning's place (`gradient_clip_val` is None during `fit` and given back at its end), so the
+gradients are clipped once, bit for bit as Lightning alone clips them; a module that overrides
+`configure_gradient_clipping` keeps its own clipping. Without it (Lightning's default: no
+clipping) `config.max_grad_norm` applies, by default `"auto"`, the adaptive clip that touches only
+steps whose norm is abnormal for this run (nothing under observe; `max_grad_norm=None` turns it
+off).
 """
 
 from __future__ import annotations
@@ -72,13 +74,21 @@ def _callback_bases() -> tuple[tuple[str, ...], tuple[type, ...]]:
 
 NAMESPACES, _BASES = _callback_bases()
 """The Lightning namespaces whose Trainer accepts `TrainguardCallback` in this environment."""
+_MODULE_BASES = tuple(importlib.import_module(name).LightningModule for name in NAMESPACES)
 
 
-def _clip_limit(trainer: Any) -> float | None:
+def _clip_limit(trainer: Any, module: Any) -> float | None:
+    """The trainer's norm clipping limit that trainguard can apply in its place: None when the
+    trainer does not clip by norm, or when the module clips in its own
+    `configure_gradient_clipping` (left to it)."""
     value = getattr(trainer, "gradient_clip_val", None)
     algorithm = getattr(trainer, "gradient_clip_algorithm", None)
     algorithm = str(getattr(algorithm, "value", algorithm) or "norm")
-    if isinstance(value, (int, float)) and value > 0 and algorithm == "norm":
+    if not (isinstance(value, (int, float)) and value > 0 and algorithm == "norm"):
+        return None
+    if any(type(module).configure_gradient_clipping is getattr(base, "configure_gradient_clipping",
+                                                               None)
+           for base in _MODULE_BASES):
         return float(value)
     return None
 
@@ -105,12 +115,17 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         self._batch: Any = None
         self._loss_failed = False
         self._ctx: StepContext | None = None
+        self._clipping: tuple[Any, float] | None = None
+        """(trainer, its gradient_clip_val) while trainguard clips in the trainer's place."""
 
     # -- public API ------------------------------------------------------------------------------
     def close(self, status: Status = "finished") -> None:
         """Flush and close the run store (the end of training, or an exception, does this)."""
         self._batch = None
         self._ctx = None
+        if self._clipping is not None:  # the trainer clips again from now on
+            trainer, value = self._clipping
+            trainer.gradient_clip_val, self._clipping = value, None
         if self.run is not None:
             self.run.close(status=status)
 
@@ -130,15 +145,25 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         optimizer = unwrap_optimizer(trainer.optimizers[0])
         schedulers = [c.scheduler for c in trainer.lr_scheduler_configs
                       if c.interval == "step" and not c.reduce_on_plateau]
-        limit = _clip_limit(trainer)
-        config = (self.config if limit is None
-                  else dataclasses.replace(self.config, max_grad_norm=limit))
-        self.run = Run(pl_module, optimizer, config=config, run_dir=self.run_dir,
-                       sinks=self.sinks, scaler=getattr(trainer.precision_plugin, "scaler", None),
-                       scheduler=schedulers[0] if schedulers else None,
-                       rewind_schedulers=schedulers, integration=_trainer_name(trainer),
-                       replay_fn=self.replay_fn,
-                       resume=resume, mid_run=bool(carried or trainer.global_step))
+        limit = _clip_limit(trainer, pl_module)
+        config = self.config
+        if limit is not None:
+            # trainguard clips in Lightning's place, at its limit, after measuring: the norms
+            # are the pre-clip ones and the gradients are clipped once, as Lightning alone would
+            config = dataclasses.replace(self.config, max_grad_norm=limit)
+            self._clipping = (trainer, trainer.gradient_clip_val)
+            trainer.gradient_clip_val = None
+        try:
+            self.run = Run(pl_module, optimizer, config=config, run_dir=self.run_dir,
+                           sinks=self.sinks,
+                           scaler=getattr(trainer.precision_plugin, "scaler", None),
+                           scheduler=schedulers[0] if schedulers else None,
+                           rewind_schedulers=schedulers, integration=_trainer_name(trainer),
+                           replay_fn=self.replay_fn,
+                           resume=resume, mid_run=bool(carried or trainer.global_step))
+        except BaseException:
+            self.close()  # the trainer keeps its own clipping
+            raise
         if carried:
             self.run.load_state_dict(carried)
         elif trainer.global_step:
