@@ -9,8 +9,9 @@
 How it fits the Trainer's loop (see docs/integrations.md for the reasons):
 
 - clipping: the Trainer clips before `on_pre_optimizer_step`, which would hide the pre-clip
-  norm. At `on_train_begin` the callback takes `args.max_grad_norm` as its own limit and sets it
-  to 0 so that trainguard clips instead, from norms it measures anyway; restored at the end;
+  norm. At `on_train_begin` the callback takes `args.max_grad_norm` (its default included) as its
+  own limit and sets it to 0 so that trainguard clips instead, at the same limit, from norms it
+  measures anyway; restored at the end;
 - loss: read from the model's own output by a forward hook (the Trainer's logs replace a NaN loss
   with a finite one), kept on the device and summed over gradient-accumulation micro-batches;
 - one check per optimizer step, at the accumulation boundary (`on_pre_optimizer_step`);
@@ -119,13 +120,13 @@ class _LossTap:
 class TrainguardCallback(CallbackState, TrainerCallback):
     """Watches and protects every optimizer step of a `transformers.Trainer`.
 
-    Clipping, one limit, applied by trainguard (the Trainer's own clipping is off meanwhile):
+    Clipping, one limit, applied by trainguard in the Trainer's place (the Trainer's own
+    clipping is off meanwhile), so that the norms it measures are the pre-clip ones:
 
-    - `args.max_grad_norm` left at the Trainer's default (1.0): `config.max_grad_norm`, by
-      default `"auto"`, the adaptive clip that touches only steps whose norm is abnormal for
-      this run; `GuardConfig(max_grad_norm=1.0)` keeps the Trainer's fixed clip at 1.0;
-    - `args.max_grad_norm` set to another value on purpose: exactly that fixed limit;
-    - `args.max_grad_norm=0` (or None): no clipping at all.
+    - `args.max_grad_norm` > 0 (its default 1.0 included): exactly that limit, as the Trainer
+      would clip; a number (or None) set in `config` replaces the Trainer's default 1.0;
+    - `args.max_grad_norm=0` (the Trainer does not clip): `config.max_grad_norm`, by default
+      `"auto"`, the adaptive clip that touches only steps whose norm is abnormal for this run.
 
     The policy, detectors and everything else come from `config`. `replay_fn=model_loss` (or
     your own `loss(model, batch)`) lets a step with an error be replayed, and its causes proved
