@@ -294,3 +294,27 @@ def test_a_step_skipped_on_the_device_leaves_the_carried_sum_as_it_was() -> None
         optimizer.step()
         del optimizer.found_inf, optimizer.grad_scale
     assert_the_next_step_is_carried_exactly(model, optimizer, kept)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_measuring_on_cuda_never_waits_for_the_device() -> None:
+    """Adam's step counts live on the host for most optimizers: their bias corrections reach
+    the device without a synchronisation (a plain copy from pageable memory would wait)."""
+    torch.manual_seed(0)
+    cuda = torch.device("cuda")
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).to(cuda)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    watched = watched_params(model, [optimizer])
+    probe = AdamRatioProbe(watched, [optimizer], updates=True)
+    for step in range(4):
+        model(torch.randn(5, 3, device=cuda)).square().mean().backward()
+        if step:  # Adam's state exists from the first step on
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                probe.measure(cuda)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        optimizer.step()
+        optimizer.zero_grad()
+    probe.close()

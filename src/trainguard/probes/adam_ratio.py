@@ -235,7 +235,7 @@ class AdamRatioProbe:
         sums = self._moment_sums(rows, fixed, squares, device)
         count = _step_counts(rows, device)
         denominator = sums + fixed.floor
-        correction = (1.0 - fixed.beta2.to(count.device).pow(count)).to(device)
+        correction = to_device(1.0 - fixed.beta2.to(count.device).pow(count), device)
         values = {"adam_ratio_rms": (squares * correction / denominator).sqrt()}
         if self.updates:
             values["adam_update_rms"] = _update_rms(rows, fixed, count, correction,
@@ -342,8 +342,20 @@ def _update_rms(rows: _Rows, fixed: _Fixed, count: torch.Tensor, correction: tor
         return torch.zeros(len(rows.index), dtype=torch.float32, device=device)
     firsts = [m for m in rows.firsts if m is not None]  # every row has one (`_fixed`)
     norms = torch.stack([n.to(device) for n in float32_norms(firsts)])
-    first = (1.0 - fixed.beta1.to(count.device).pow(count)).to(device)
+    first = to_device(1.0 - fixed.beta1.to(count.device).pow(count), device)
     return (norms.square() * correction / (first.square() * denominator)).sqrt()
+
+
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values` (a few host floats, such as the bias corrections from CPU step counts) on
+    `device` without a host synchronisation: a plain copy from pageable host memory to an
+    accelerator waits for it, so the values go through pinned memory, copied asynchronously
+    (PyTorch's pinned-memory cache keeps the block until the copy is done)."""
+    if values.device == device:
+        return values
+    if values.device.type == "cpu" and device.type == "cuda":
+        return values.pin_memory().to(device, non_blocking=True)
+    return values.to(device)
 
 
 def _l1_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
