@@ -118,6 +118,39 @@ def test_labels_that_are_all_ignored_leave_the_loss_nothing_to_average() -> None
     assert inspect_batch({"input_ids": ids, "labels": some}) == []
 
 
+@pytest.mark.parametrize("shape", ["y", "target", "tuple"])
+def test_labels_all_ignored_are_found_under_any_name(shape: str) -> None:
+    x = torch.randn(4, 3)
+    y = torch.full((4,), -100)
+    batch = (x, y) if shape == "tuple" else {"x": x, shape: y}
+    [finding] = inspect_batch(batch)
+    assert finding.check == "batch_labels" and finding.cause == "empty_loss"
+    assert finding.evidence["field"] == ("[1]" if shape == "tuple" else shape)
+    y[2] = 1  # one target left
+    assert inspect_batch(batch) == []
+
+
+@pytest.mark.parametrize("shape", ["dict", "tuple"])
+def test_a_plain_loop_whose_labels_are_all_ignored_ranks_empty_loss_first(shape: str) -> None:
+    """An MLP classifier in the usual plain-loop shapes, `{"x": x, "y": y}` and `(x, y)`: at
+    step 30 a masking bug leaves every label at -100, the mean cross-entropy is 0/0 = NaN."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    generator = torch.Generator().manual_seed(0)
+    for step in range(40):
+        x = torch.randn(16, 8, generator=generator)
+        y = (x[:, :4].argmax(1) if step != 30 else torch.full((16,), -100))
+        loss = nn.functional.cross_entropy(model(x), y)  # ignore_index=-100
+        loss.backward()
+        guard.step(loss, batch={"x": x, "y": y} if shape == "dict" else (x, y))
+        optimizer.zero_grad(set_to_none=True)
+    causes = guard.diagnose()
+    guard.close()
+    assert causes and causes[0].code == "empty_loss", [(c.code, c.score) for c in causes]
+
+
 def test_silently_truncated_batches() -> None:
     [finding] = inspect_batch(torch.zeros(4, 3), expected_batch_size=16)
     assert finding.check == "batch_size" and finding.cause == "batch_truncated"

@@ -23,7 +23,6 @@ from trainguard.diagnose.finding import Finding
 from trainguard.transfer import to_host
 
 TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_type_ids")
-LABEL_FIELDS = ("labels",)
 IGNORE_INDEX = -100
 """The label cross-entropy (PyTorch's and the Hugging Face models') leaves out of its mean."""
 MASK_FIELDS = ("attention_mask",)
@@ -231,7 +230,10 @@ def _id_findings(s: FieldStats, base: str, vocab: int | None) -> list[Finding]:
 def _label_mask_findings(s: FieldStats, base: str) -> list[Finding]:
     """Labels that are all ignored, attention masks outside 0/1 or masking everything."""
     findings: list[Finding] = []
-    if base in LABEL_FIELDS and not s.is_float and s.min == s.max == IGNORE_INDEX:
+    # judged by the values, not the name: labels travel as `labels`, `y`, `target` or the
+    # second element of an (x, y) tuple, and no input or target field holds nothing but the
+    # loss's ignore index
+    if not s.is_float and s.dtype != "bool" and s.numel and s.min == s.max == IGNORE_INDEX:
         findings.append(Finding(
             "batch_labels", "error",
             f"every one of the {s.numel} labels in '{s.name}' is {IGNORE_INDEX} (ignored): "
