@@ -179,3 +179,16 @@ def test_a_log_analysis_claims_nothing_about_batches(tmp_path: Path) -> None:
     assert result.verdict == "diverged" and result.causes
     said = [line for cause in result.causes for line in cause.evidence] + result.evidence
     assert not [line for line in said if "batch" in line], said
+
+
+# -- a loss whose level is zero -------------------------------------------------------------------
+def test_a_loss_rising_from_a_level_of_zero_is_judged_without_a_ratio(tmp_path: Path) -> None:
+    """A penalty that starts at exactly 0 (a KL term) and grows: its level before the trouble is
+    0, no ratio can be taken against it, and the analysis still says how the log ends."""
+    losses = [0.0] * 4 + [1e-4, 1e-4, 3e-4, 2e-4, 4e-4, 3e-4, 5e-4, 6e-4, 2.7e-3, 4e-4, 1e-3,
+                          9e-4, 8e-4, 6e-4, 7e-4, 6e-4]
+    rows = [{"loss": v, "grad_norm": 0.15, "learning_rate": 4e-6, "step": 10 * (i + 1)}
+            for i, v in enumerate(losses)]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.judgement is not None and result.judgement.reference == 0.0
+    assert any("the loss ends at" in line for line in result.evidence), result.evidence

@@ -48,7 +48,7 @@ from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind
-from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse
+from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse, times
 
 HEALTHY, RECOVERED, DIVERGED = "healthy", "spike-recovered", "diverged"
 NAN, EXPLOSION, SLOW, COLLAPSE = "nan", "explosion", "slow-divergence", "collapse"
@@ -159,7 +159,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                   f"trouble but falling on each of its last rows since its peak: recovering")
         return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
-    ending = (f"the loss ends at {_fmt(final)}, {final / reference:.3g}x the {_fmt(reference)} "
+    ending = (f"the loss ends at {_fmt(final)}, {times(final, reference)} the {_fmt(reference)} "
               "it was before the trouble")
     return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
