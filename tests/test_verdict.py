@@ -61,6 +61,14 @@ def test_a_run_that_ends_in_nan_is_degraded() -> None:
     assert "not finite" in verdict.message
 
 
+def test_a_loss_whose_level_is_zero_still_gets_a_verdict() -> None:
+    """A loss that starts at exactly 0 (a penalty such as a KL term) and grows: no ratio can be
+    taken against a level of 0, and the verdict says so in words instead of failing."""
+    verdict = track([0.0] * 20 + [1e-3] * 20).verdict()
+    assert verdict is not None and verdict.verdict == "degraded"
+    assert "above the 0 it was" in verdict.message
+
+
 def test_the_state_round_trips() -> None:
     t = track([3.0, 2.5, 2.0, 9.0, 8.0], trouble_at=3)
     again = LossTrack()

@@ -78,6 +78,12 @@ def ended_worse(final: float, reference: float, tail: Iterable[float]) -> bool:
     return final - reference > spread
 
 
+def times(value: float, reference: float) -> str:
+    """`value` against `reference` in words: "3.2x", or "above" where `reference` is zero or
+    below (a penalty that starts at 0, a loss that goes negative) and takes no ratio."""
+    return f"{value / reference:.3g}x" if reference > 0 else "above"
+
+
 class LossTrack:
     """The few loss levels the verdict needs, kept as the run goes (a bounded memory)."""
 
@@ -178,13 +184,13 @@ class LossTrack:
                    and not (self.best is not None and came_down(self.start, [self.best])))
         if ended_worse(final, reference, tail):
             return RunVerdict("degraded", f"the loss ended at {final:.4g}, "
-                              f"{final / reference:.3g}x the {reference:.4g} it was {against}",
+                              f"{times(final, reference)} the {reference:.4g} it was {against}",
                               start,
                               self.before_trouble, final, self.trouble_step)
         best = self.best
         if (self.trouble_step is not None and best is not None and best < reference
                 and ended_worse(final, best, tail)):
-            return RunVerdict("degraded", f"the loss ended at {final:.4g}, {final / best:.3g}x "
+            return RunVerdict("degraded", f"the loss ended at {final:.4g}, {times(final, best)} "
                               f"the best level it had reached ({best:.4g}): it did not come back "
                               "to its own best", start, self.before_trouble, final,
                               self.trouble_step)

@@ -179,3 +179,65 @@ def test_a_log_analysis_claims_nothing_about_batches(tmp_path: Path) -> None:
     assert result.verdict == "diverged" and result.causes
     said = [line for cause in result.causes for line in cause.evidence] + result.evidence
     assert not [line for line in said if "batch" in line], said
+
+
+# -- a loss whose level is zero -------------------------------------------------------------------
+def test_a_loss_rising_from_a_level_of_zero_is_judged_without_a_ratio(tmp_path: Path) -> None:
+    """A penalty that starts at exactly 0 (a KL term) and grows: its level before the trouble is
+    0, no ratio can be taken against it, and the analysis still says how the log ends."""
+    losses = [0.0] * 4 + [1e-4, 1e-4, 3e-4, 2e-4, 4e-4, 3e-4, 5e-4, 6e-4, 2.7e-3, 4e-4, 1e-3,
+                          9e-4, 8e-4, 6e-4, 7e-4, 6e-4]
+    rows = [{"loss": v, "grad_norm": 0.15, "learning_rate": 4e-6, "step": 10 * (i + 1)}
+            for i, v in enumerate(losses)]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.judgement is not None and result.judgement.reference == 0.0
+    assert any("the loss ends at" in line for line in result.evidence), result.evidence
+
+
+# -- a loss that leaves its level by orders of magnitude ------------------------------------------
+def blown_rows(blown: set[int], n: int = 12) -> list[dict]:
+    """A Trainer's log of `n` rows every 10 steps, its loss falling from 6.95, with the rows of
+    `blown` at 1.25e10 and the gradient norm untouched."""
+    losses = [2.7 + 4.25 * math.exp(-i / 2.5) for i in range(n)]
+    return [{"loss": 1.25e10 if i in blown else v, "grad_norm": 1.5 - 0.05 * i,
+             "learning_rate": 2e-5, "epoch": round(3 * (i + 1) / n, 2), "step": 10 * (i + 1)}
+            for i, v in enumerate(losses)]
+
+
+@pytest.mark.parametrize("blown", [{3, 7, 11}, {7, 10, 11}, {11}],
+                         ids=["spaced, the last row too", "a pair at the end", "the last row"])
+def test_a_log_that_ends_orders_of_magnitude_above_its_level_diverged(
+        tmp_path: Path, blown: set[int]) -> None:
+    """Jumps of nine orders of magnitude are no heavy-tailed batch, even when the row after one
+    is back at the level, or when the log ends on one: the log ends blown up."""
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", blown_rows(blown)))
+    assert (result.verdict, result.kind) == ("diverged", "explosion"), result.evidence
+    assert result.onset_step == 10 * (min(blown) + 1)
+
+
+def test_jumps_of_orders_of_magnitude_the_loss_came_back_from_are_a_recovered_spike(
+        tmp_path: Path) -> None:
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", blown_rows({4, 7, 9})))
+    assert (result.verdict, result.kind, result.onset_step) == (
+        "spike-recovered", "explosion", 50), result.evidence
+
+
+def test_a_one_batch_jump_of_a_loss_near_its_floor_stays_healthy(tmp_path: Path) -> None:
+    """0.001 to 0.18 (176x) after starting at 12: one odd batch near the floor, less than a
+    tenth of the loss's fall, back at the next row: healthy, however large the ratio."""
+    rng = random.Random(0)
+    losses = [12.0 * math.exp(-i / 8) + 0.001 * (1 + 0.05 * rng.gauss(0, 1)) for i in range(160)]
+    losses[140] = 0.18
+    rows = [{"loss": v, "learning_rate": 1e-3} for v in losses]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert [(e.kind, e.severity) for e in result.events] == [("loss_spike", "error")]
+    assert result.verdict == "healthy", result.evidence
+
+
+def test_a_jump_the_loss_came_back_from_is_never_told_as_one_it_never_came_back_from(
+        tmp_path: Path) -> None:
+    """The loss was back at its level after the first jump; the log ends blown up again: the
+    evidence does not say it never came back after the first."""
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", blown_rows({3, 7, 11})))
+    assert result.verdict == "diverged"
+    assert not [line for line in result.evidence if "never came back" in line], result.evidence

@@ -80,6 +80,20 @@ def test_growing_logits_warn_naming_the_layer_then_again_as_they_grow() -> None:
     assert all(b >= 2.0 * a for a, b in itertools.pairwise(values))
 
 
+def test_growing_logits_are_never_told_as_falling() -> None:
+    """A growing layer whose measurements are noisy can start a streak on a high one: the
+    trend is read against the logit before the streak, and the message names it."""
+    rows = logits(300, 4, grow_from=100, growth=1.04)
+    rng = np.random.default_rng(14)
+    for row in rows[100:]:
+        row["blocks.1"] *= float(np.exp(rng.normal(0.0, 0.08)))
+    events = run(InstabilityPrecursor(DetectorConfig()), rows)
+    assert events
+    assert "falling" not in {e.details["trend"] for e in events}, [e.message for e in events]
+    for event in events:
+        assert f"{event.details['before']:.3g} before them" in event.message
+
+
 def test_non_finite_and_missing_values_are_left_out() -> None:
     rows = logits(120, 5)
     for row in rows[60:70]:

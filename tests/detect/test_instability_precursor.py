@@ -59,6 +59,20 @@ def test_a_climbing_parameter_is_named_with_its_trend_before_it_is_far_gone() ->
     assert "a loss spike often follows" in event.message
 
 
+def test_a_climbing_parameter_is_never_told_as_falling() -> None:
+    """Noise on a steady climb can make a streak's first step its highest: the trend is read
+    against the ratio before the streak, and the message names that ratio."""
+    events = [event for seed in range(3) for event in run(
+        InstabilityPrecursor(DetectorConfig()), ratios(100, seed, climb_from=70, climb=1.12))]
+    assert len(events) >= 3
+    assert [e.details["trend"] for e in events] == ["rising"] * len(events), [
+        e.message for e in events]
+    for event in events:
+        before = event.details["before"]
+        assert before < event.value and f"up from {before:.3g} before them" in event.message
+        assert "falling" not in event.message
+
+
 def test_a_one_step_burst_is_no_precursor() -> None:
     rows = ratios(120, 1)
     rows[80] = rows[80] * np.array([1.0, 20.0, 1.0])

@@ -1,7 +1,8 @@
 """Acting before the spike: an `instability_precursor` warning halves the LR of its step under
-`protect` and `recover`, the factor goes back to 1 over the brake's window, and `observe` only
-warns. The warning is provoked for real: from `GROW_FROM` the loss is multiplied by a factor
-that grows 30% a step for `GROW_STEPS` steps, so the gradients outgrow Adam's second moment."""
+`protect`, `recover` and `halt` (below its `halt_severity`), the factor goes back to 1 over the
+brake's window, and `observe` only warns. The warning is provoked for real: from `GROW_FROM`
+the loss is multiplied by a factor that grows 30% a step for `GROW_STEPS` steps, so the
+gradients outgrow Adam's second moment."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def precursor_steps(guard: Guard) -> list[int]:
     return [e.step for e in guard.events if e.kind == "instability_precursor"]
 
 
-@pytest.mark.parametrize("policy", ["protect", "recover"])
+@pytest.mark.parametrize("policy", ["protect", "recover", "halt"])
 def test_the_warning_halves_the_lr_of_its_step_and_the_brake_is_released(policy: str) -> None:
     guard, sink, lrs = train(policy)
     warned = precursor_steps(guard)
@@ -77,6 +78,7 @@ def test_the_warning_halves_the_lr_of_its_step_and_the_brake_is_released(policy:
     brake = guard.run.state.brake
     assert brake is not None and brake.pulled == [warned[0]] and not brake.active
     assert guard.optimizer.param_groups[0]["lr"] == pytest.approx(LR)  # released
+    assert not guard.run.halted  # under halt, a warning below `halt_severity` does not halt
 
 
 def test_the_lr_ramps_back_over_the_window() -> None:
@@ -104,7 +106,7 @@ def test_observe_only_warns() -> None:
     assert guard.run.state.brake is None
 
 
-@pytest.mark.parametrize("policy", ["protect", "recover"])
+@pytest.mark.parametrize("policy", ["protect", "recover", "halt"])
 def test_a_warning_that_comes_back_holds_the_lr_under_a_ceiling(policy: str) -> None:
     steps = AGAIN + GROW_STEPS + 30
     guard, sink, lrs = train(policy, again=True, steps=steps)

@@ -5,6 +5,7 @@
     config = scaled_config(...)       # the detectors' windows in rows (sparse.py)
     events = replay(log, config)      # the live detector classes, row by row (offline.py)
     judgement = judge(...)            # verdict, kind, onset (judge.py)
+    judgement = defer(judgement, log) # a store's own verdict, where it holds one (own_verdict.py)
     causes = rank_causes(...)         # the cause ranking of live runs, on what the log holds
 """
 
@@ -22,6 +23,7 @@ from trainguard.analyze.formats import read_log
 from trainguard.analyze.judge import HEALTHY, Judgement, judge
 from trainguard.analyze.log import LOSS, Log
 from trainguard.analyze.offline import replay
+from trainguard.analyze.own_verdict import defer
 from trainguard.analyze.quirks import prepare
 from trainguard.analyze.sparse import scaled_config
 from trainguard.config import DetectorConfig
@@ -81,7 +83,7 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     at_chance = chance_level.back_to_chance(losses, num_classes,
                                             guess=chance_level.is_classifier(log))
     extra = _above_chance(log)
-    judgement = judge(log, replayed.rows, events + extra, config, at_chance)
+    judgement = defer(judge(log, replayed.rows, events + extra, config, at_chance), log)
     findings = log_findings(log, judgement)
     causes = (rank_causes(_ranked_events(judgement, events), findings, batches=False)
               if judgement.verdict != HEALTHY else [])

@@ -13,9 +13,9 @@ on a live run:
     log_grad_level    the gradient norm above the guide's explosion limit (1000) around the
                       onset (no detection uses that limit offline, a model's own scale can be
                       that large; as a clue beside trouble it counts): lr_too_high
-    log_no_recovery   one jump, and the loss never came back: one odd batch does not keep a run
-                      broken (the ranking's generic reading of a single late jump), so the
-                      jump is the run's own instability: lr_too_high
+    log_no_recovery   one jump, and the loss never came back to its level: one odd batch does
+                      not keep a run broken (the ranking's generic reading of a single late
+                      jump), so the jump is the run's own instability: lr_too_high
     log_grad_history  the gradient norm jumped (isolated jumps) before the trouble: lr_too_high
     log_skipped       steps skipped by fp16 overflows (frozen LR, overflow messages, a falling
                       loss scale): fp16_overflow
@@ -91,7 +91,7 @@ def log_findings(log: Log, judgement: Judgement) -> list[Finding]:
                              CAUSES["lr_too_high"].fix, "lr_too_high"))
     single = [e for e in judgement.incident if e.kind in (Kind.LOSS_SPIKE, Kind.GRAD_EXPLOSION)]
     if (judgement.verdict == "diverged" and judgement.kind in ("explosion", "slow-divergence")
-            and len(single) == 1):
+            and len(single) == 1 and judgement.back is None):
         found.append(Finding("log_no_recovery", "warning",
                              f"the loss never came back after the jump at "
                              f"{log.label(single[0].details['row'])}: not a one-off, the "

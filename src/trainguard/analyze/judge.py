@@ -7,7 +7,8 @@ reads their events with hindsight, the whole log in view:
    logging interval later) is back below the detector's own threshold is what heavy-tailed data
    does; the live detectors call such jumps transient too (`signals.TransientJumps`). So is one
    on the last row, which nothing after it confirms. They stay in the evidence, marked
-   isolated.
+   isolated. A loss that left its level by orders of magnitude (`FAR`x, beyond the noise of a
+   loss near its floor) is never transient: no heavy-tailed batch does that.
 2. **The incident** is the first remaining event of warning severity or worse, or the loss going
    back to chance level (`trainguard.analyze.chance`), whichever comes first.
 3. **Its onset** is traced back from where it was detected, in the signal that raised it: for a
@@ -48,7 +49,7 @@ from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind
-from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse
+from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse, times
 
 HEALTHY, RECOVERED, DIVERGED = "healthy", "spike-recovered", "diverged"
 NAN, EXPLOSION, SLOW, COLLAPSE = "nan", "explosion", "slow-divergence", "collapse"
@@ -69,6 +70,9 @@ NEGLIGIBLE_SHARE = 0.1
 down from its start is noise near its floor, not trouble (chosen on the tuning half of the real
 logs: a healthy run's one-batch jumps took back 2% of its fall there; every diverged run with a
 level before its trouble took back more than its whole fall)."""
+FAR = DetectorConfig().loss_spike_error_ratio
+"""A loss this many times its level (two orders of magnitude: the ratio at which the spike
+detector calls a jump an error) has left it: never a transient jump, never healthy."""
 SUDDEN_JUMP = DetectorConfig().loss_spike_ratio
 """A loss that jumps this many times its previous row's value is sudden, whatever the logging
 interval (a slow climb moves by a fraction per row; a mean over many steps dilutes a one-step
@@ -92,6 +96,9 @@ class Judgement:
     """How the log ends, in words."""
     earlier: list[Event] = field(default_factory=list)
     """Events of incidents before the one that decides, which the run came back from."""
+    back: int | None = None
+    """The row by which the loss was back at its level after the incident that decides (None:
+    it never was, or there is no incident)."""
 
 
 def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
@@ -99,6 +106,11 @@ def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig
     """`rows`: the rows the detectors were run on (those holding a training value)."""
     judgement, earlier = _judge(log, rows, events, config, chance)
     judgement.earlier = earlier
+    if judgement.incident and judgement.onset_row is not None:
+        skipped = log.skipped or [False] * len(log.steps)
+        judgement.back = _came_back(judgement.incident[0], judgement.onset_row,
+                                    judgement.reference, rows, log.values(LOSS),
+                                    log.values(GRAD_NORM), skipped)
     return judgement
 
 
@@ -146,7 +158,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     if chance is not None and chance.row >= onset:
         worse = True
     if not worse:
-        negligible = _negligible(incident, losses, rows, reference)
+        negligible = _negligible(incident, log, rows, reference)
         if negligible is not None:
             return Judgement(HEALTHY, None, None, isolated=isolated + incident,
                              ending=_ending_healthy(losses, rows) + "; " + negligible), earlier
@@ -159,7 +171,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                   f"trouble but falling on each of its last rows since its peak: recovering")
         return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
-    ending = (f"the loss ends at {_fmt(final)}, {final / reference:.3g}x the {_fmt(reference)} "
+    ending = (f"the loss ends at {_fmt(final)}, {times(final, reference)} the {_fmt(reference)} "
               "it was before the trouble")
     return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
@@ -249,15 +261,16 @@ def _came_back(first: Event, onset: int, reference: float | None, rows: list[int
     return None
 
 
-def _negligible(incident: list[Event], losses: list[float | None], rows: list[int],
+def _negligible(incident: list[Event], log: Log, rows: list[int],
                 reference: float) -> str | None:
     """Why a recovered jump of the loss is no trouble, if it is not: it took back less than
     `NEGLIGIBLE_SHARE` of what the loss had come down from its start (a loss near its floor,
     0.001 going to 0.1 after starting at 12, jumps by large ratios on one odd batch)."""
-    if not incident or any(e.kind not in (*JUMPS, "loss_divergence") for e in incident):
+    if not incident or any(e.kind not in (*JUMPS, "loss_divergence") or _far(e, log, rows)
+                           for e in incident):
         return None
-    finite = [v for i in rows if _finite(v := losses[i])]
-    start = statistics.median(finite[:START_ROWS]) if finite else None
+    losses = log.values(LOSS)
+    start = _start_level(losses, rows)
     if start is None or start <= reference:
         return None
     first = incident[0].details["row"]
@@ -288,8 +301,25 @@ def _next_row(log: Log, rows: list[int], row: int) -> int | None:
     return following if log.steps[following] - log.steps[row] <= log.interval() else None
 
 
+def _far(event: Event, log: Log, rows: list[int]) -> bool:
+    """A jump of the loss by orders of magnitude (`FAR`x its level or more) that is more than
+    the noise of a loss near its floor (`NEGLIGIBLE_SHARE` of its fall from the start): no
+    heavy-tailed batch does that, back at the next row or not."""
+    ratio, baseline, value = event.details.get("ratio"), event.details.get("baseline"), event.value
+    if (event.kind != Kind.LOSS_SPIKE or not isinstance(ratio, (int, float)) or ratio < FAR
+            or not isinstance(baseline, (int, float)) or not _finite(value)):
+        return False
+    start = _start_level(log.values(LOSS), rows)
+    return start is None or value - baseline >= NEGLIGIBLE_SHARE * (start - baseline)
+
+
+def _start_level(losses: list[float | None], rows: list[int]) -> float | None:
+    finite = [v for i in rows if _finite(v := losses[i])]
+    return statistics.median(finite[:START_ROWS]) if finite else None
+
+
 def _transient(event: Event, log: Log, rows: list[int], config: DetectorConfig) -> bool:
-    if event.kind not in JUMPS:
+    if event.kind not in JUMPS or _far(event, log, rows):
         return False
     row = event.details["row"]
     baseline = event.details.get("baseline")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import TrainguardError
+from trainguard.events import Event
 
 LOSS, GRAD_NORM, LR, LOSS_SCALE = "loss", "grad_norm", "lr", "loss_scale"
 CANONICAL = (LOSS, GRAD_NORM, LR, LOSS_SCALE)
@@ -231,6 +232,12 @@ class Log:
     from_start: bool | None = None
     """Whether the log begins at the start of training, where the reader can tell (a pasted
     excerpt whose first row is at epoch 0.24 does not); None: judged from its first step."""
+    own_verdict: dict[str, Any] | None = None
+    """The run's own verdict at its close, where the log records it (a trainguard store: the
+    live `RunVerdict`'s `verdict` and `message`, its levels and first trouble step where they
+    are numbers)."""
+    own_events: list[Event] = field(default_factory=list)
+    """The events the live run raised, where the log records them (a trainguard store)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.series, Series):

@@ -41,6 +41,7 @@ def read(path: str | Path, run: int | None = None) -> Log:
             meta = reader.meta()
             _, grads = reader.param_grad_norms() if rows else (None, np.zeros((0, 0)))
             names = reader.param_names()
+            events = reader.events()
     except StoreError as exc:
         raise LogError(str(exc)) from None
     if not rows:
@@ -68,8 +69,26 @@ def read(path: str | Path, run: int | None = None) -> Log:
                skipped=skipped if any(skipped) else None, evals=evals,
                param_names=list(names) if matrix is not None else [],
                param_grad_norms=matrix, detector_config=config if isinstance(config, dict)
-               else None, loss_curvature=[r.get("loss_curvature") for r in rows])
+               else None, loss_curvature=[r.get("loss_curvature") for r in rows],
+               own_verdict=_own_verdict(meta.get("verdict")), own_events=events)
 
 
 def _num(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _own_verdict(value: Any) -> dict[str, Any] | None:
+    """The run's verdict as the reader checked it (its word and message), with the levels and
+    the first trouble step kept only where they are what the live verdict writes: a store is
+    read as untrusted input."""
+    if not isinstance(value, dict):
+        return None
+    own: dict[str, Any] = {"verdict": value["verdict"], "message": value["message"]}
+    for key in ("start", "before_trouble", "final"):
+        number = value.get(key)
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            own[key] = float(number)
+    step = value.get("trouble_step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        own["trouble_step"] = step
+    return own

@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from trainguard.config import DetectorConfig
+from trainguard.detect.trend import since, trend
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -42,7 +43,7 @@ class AttentionTrack:
         """The layer's log logits, one per measurement."""
         self.streak = 0
         self.first = math.nan
-        """The logit at the first measurement of the current streak (for the trend)."""
+        """The logit at the measurement before the current streak began (for the trend)."""
         self.warned = math.nan
         """The logit at the layer's last warning (NaN: none yet)."""
 
@@ -89,8 +90,9 @@ class AttentionLogitTracker:
             if not high:
                 layer.streak = 0
                 continue
-            if layer.streak == 0:
-                layer.first = value
+            if layer.streak == 0:  # the measurement before this one, where the rise began
+                layer.first = (math.exp(layer.history[-2]) if len(layer.history) >= 2
+                               else math.nan)
             layer.streak += 1
             again = math.isnan(layer.warned) or value >= cfg.attention_logit_ratio * layer.warned
             if layer.streak >= cfg.attention_logit_steps and again:
@@ -105,19 +107,19 @@ class AttentionLogitTracker:
     def _event(self, signals: StepSignals, make: Any, name: str, value: float,
                typical: float) -> Event:
         layer = self.layers[name]
-        trend = ("rising" if value > layer.first * 1.05
-                 else "falling" if value < layer.first / 1.05 else "flat")
+        rise = trend(value, layer.first)
         ratio = value / typical
         return make(
             signals.step, "warning",
             f"largest attention logit of {name} at {value:.3g}, {ratio:.3g}x its median "
-            f"{typical:.3g}, above it for {layer.streak} measurements and {trend}: attention "
-            f"logits that keep growing make the softmax one-hot, and a loss spike often "
-            f"follows within {EXPECTED_LEAD} steps",
+            f"{typical:.3g}, above it for {layer.streak} measurements, "
+            f"{since(rise, layer.first)}: attention logits that keep growing make the softmax "
+            f"one-hot, and a loss spike often follows within {EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, layer=name, baseline=typical, ratio=ratio,
             bound=max(self.config.attention_logit_abs_min,
                       self.config.attention_logit_ratio * typical),
-            steps_above=layer.streak, trend=trend, expected_lead=EXPECTED_LEAD)
+            steps_above=layer.streak, trend=rise, before=layer.first,
+            expected_lead=EXPECTED_LEAD)
 
     def state_dict(self) -> dict[str, Any]:
         return {name: layer.state_dict() for name, layer in self.layers.items()}

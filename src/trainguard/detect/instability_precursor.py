@@ -12,8 +12,9 @@ Adam has seen of it. That is what comes before a loss spike when the LR is past 
 can take (the update directions Adam normalises by a stale v), and when a parameter whose v
 decayed gets a large gradient again (Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps
 after). The event names the parameter (the layer), the signal's level against its median, its
-trend over the steps above and the lead to expect; it stays silent while the baseline is young
-(`precursor_warmup` steps) and reports an episode once.
+trend against its value before the steps above (`detect/trend.py`, that value named) and the
+lead to expect; it stays silent while the baseline is young (`precursor_warmup` steps) and
+reports an episode once.
 
 Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
 and one burst does not lift the level it is compared with.
@@ -31,6 +32,7 @@ from trainguard.config import DetectorConfig
 from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
 from trainguard.detect.output_growth import OutputGrowth
+from trainguard.detect.trend import since, trend
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
 
@@ -52,6 +54,13 @@ def column_medians(values: np.ndarray) -> np.ndarray:
     return np.where(count > 0, (low + high) / 2, np.nan)
 
 
+def _last_finite(values: np.ndarray) -> np.ndarray:
+    """Each column's last finite value (NaN for a column of none)."""
+    rows = np.where(np.isfinite(values), np.arange(len(values))[:, None], -1).max(axis=0)
+    picked = values[np.maximum(rows, 0), np.arange(values.shape[1])]
+    return np.where(rows >= 0, picked, np.nan)
+
+
 class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
     reads = frozenset({"param_names", "precursors", "attention_logits", "lr"})
@@ -61,7 +70,8 @@ class InstabilityPrecursor(Detector):
         self.history: deque[np.ndarray] = deque(maxlen=config.baseline_window)
         self.streak = np.zeros(0, dtype=np.int64)
         self.first: np.ndarray = np.zeros(0)
-        """Each parameter's ratio at the first step of its current streak (for the trend)."""
+        """Each parameter's ratio before its current streak began: its last finite value kept
+        (for the trend)."""
         self.sudden = np.zeros(0, dtype=bool)
         """Whether each parameter's current streak started with a jump (it does not count)."""
         self.episode = Episode(config.rearm_steps)
@@ -114,7 +124,8 @@ class InstabilityPrecursor(Detector):
         # unit, a rare row seen again: v near 0), not a moment lagging a growing gradient
         self.sudden = np.where(starts, logs - level >= math.log(cfg.precursor_sudden_ratio),
                                self.sudden & high)
-        self.first = np.where(starts, values, self.first)
+        if starts.any():
+            self.first = np.where(starts, np.exp(_last_finite(stacked)), self.first)
         self.streak = np.where(high, self.streak + 1, 0)
         self.history.append(np.where(high, bound, logs))
         firing = (self.streak >= cfg.precursor_steps) & ~self.sudden
@@ -143,18 +154,18 @@ class InstabilityPrecursor(Detector):
     def _event(self, signals: StepSignals, index: int, value: float, typical: float) -> Event:
         steps = int(self.streak[index])
         first = float(self.first[index])
-        trend = "rising" if value > first * 1.05 else ("falling" if value < first / 1.05
-                                                       else "flat")
+        rise = trend(value, first)
         name = signals.param_names[index] if index < len(signals.param_names) else str(index)
         ratio = value / typical if typical > 0 else math.inf
         return self.event(
             signals.step, "warning",
             f"Adam g/sqrt(v) RMS of {name} at {value:.3g}, {ratio:.3g}x its median "
-            f"{typical:.3g}, above it for {steps} steps and {trend}: the gradient outgrows "
-            f"Adam's second moment, and a loss spike often follows within {EXPECTED_LEAD} steps",
+            f"{typical:.3g}, above it for {steps} steps, {since(rise, first)}: the gradient "
+            f"outgrows Adam's second moment, and a loss spike often follows within "
+            f"{EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, baseline=typical, ratio=ratio,
             bound=max(self.config.precursor_abs_min, self.config.precursor_ratio * typical),
-            steps_above=steps, trend=trend, expected_lead=EXPECTED_LEAD)
+            steps_above=steps, trend=rise, before=first, expected_lead=EXPECTED_LEAD)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [[None if not math.isfinite(v) else float(v) for v in row]

@@ -1,8 +1,8 @@
 """The output-side precursors of `instability_precursor`: log Z and Adam's update RMS growing.
 
 `instability_precursor` composes one `OutputGrowth`; its events are that kind's (a warning, the
-same fields: param, value, signal, baseline, ratio, steps_above, trend, expected_lead), so the
-LR brake, the ranking and the sinks treat them alike.
+same fields: param, value, signal, baseline, ratio, steps_above, trend and the value `before`
+it, expected_lead), so the LR brake, the ranking and the sinks treat them alike.
 
 Signals (measured every step, riding the step's one transfer):
     logz_max         `probes/logz.py`: the largest log Z = logsumexp(logits) over the step's
@@ -44,6 +44,7 @@ import numpy as np
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Episode
+from trainguard.detect.trend import since, trend
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
 
@@ -204,12 +205,6 @@ class Streaks:
             self.episode.load_state_dict(state["episode"])
 
 
-def _trend(value: float, first: float, tolerance: float) -> str:
-    if value > first + tolerance:
-        return "rising"
-    return "falling" if value < first - tolerance else "flat"
-
-
 class OutputGrowth:
     """The log Z and update RMS precursors; `check` returns this step's events (at most one
     per signal)."""
@@ -267,7 +262,7 @@ class OutputGrowth:
         _, level = fired
         typical = float(level[0])
         steps, first = int(tracker.streak[0]), float(tracker.first[0])
-        trend = _trend(value, first, 0.05)
+        rise = trend(value, first, tolerance=0.05, additive=True)
         ratio = math.exp(min(value - typical, 700.0))
         self.logz_reported = (signals.step, value)
         return make(
@@ -275,12 +270,12 @@ class OutputGrowth:
             f"log Z of the output logits (largest logsumexp over positions) at {value:.3g}, "
             f"{value - typical:.3g} above its median {typical:.3g} "
             f"(Z {_z_times(value - typical)}), above it on {steps} of the last {LOGZ_WITHIN} "
-            f"steps and "
-            f"{trend}: the output logits keep growing, and a loss spike often follows within "
-            f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
+            f"steps, {since(rise, first)}: the output logits keep growing, and a loss spike "
+            f"often follows within {LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
             bound=typical + self.config.precursor_logz_rise,
-            steps_above=steps, trend=trend, expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES))
+            steps_above=steps, trend=rise, before=first, expected_lead=LOGZ_LEAD,
+            fixes=list(LOGZ_FIXES))
 
     def _logz_further(self, signals: StepSignals, value: float, judged: Any,
                       make: MakeEvent) -> Event | None:
@@ -343,19 +338,18 @@ class OutputGrowth:
         index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
         value, typical = float(values[index]), math.exp(float(level[index]))
         steps, first = int(tracker.streak[index]), math.exp(float(tracker.first[index]))
-        trend = ("rising" if value > first * 1.05 else
-                 "falling" if value < first / 1.05 else "flat")
+        rise = trend(value, first)
         name = (signals.param_names[index] if index < len(signals.param_names)
                 else str(index))
         ratio = value / typical if typical > 0 else math.inf
         return make(
             signals.step, "warning",
             f"Adam update RMS of {name} at {value:.3g} of the LR, {ratio:.3g}x its median "
-            f"{typical:.3g}, above it for {steps} steps and {trend}: the gradient keeps one "
-            f"direction step after step, and a loss spike often follows within {UPDATE_LEAD} "
-            "steps",
+            f"{typical:.3g}, above it for {steps} steps, {since(rise, first)}: the gradient "
+            f"keeps one direction step after step, and a loss spike often follows within "
+            f"{UPDATE_LEAD} steps",
             param=name, value=value, signal=UPDATE, baseline=typical, ratio=ratio,
-            steps_above=steps, trend=trend, expected_lead=UPDATE_LEAD)
+            steps_above=steps, trend=rise, before=first, expected_lead=UPDATE_LEAD)
 
     def state_dict(self) -> dict[str, Any]:
         return {"logz": self.logz.state_dict(), "updates": self.updates.state_dict(),

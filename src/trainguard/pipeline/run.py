@@ -126,7 +126,7 @@ class Run:
                 dist=dist, model=model, optimizers=[optimizer], scheduler=scheduler,
                 scaler=self.services.scaler, config=config)
             self.state.recovery.start(self.state.step, self.state.rewind_state())
-        if config.policy in ("protect", "recover"):  # the recovery keeps the brake's ceiling
+        if config.policy != "observe":  # under recover the recovery keeps its ceiling
             self.state.brake = PrecursorBrake(
                 optimizer, scheduler,
                 keeper=self.state.recovery.lr if self.state.recovery is not None else None)

@@ -51,7 +51,7 @@ class RunState:
     """The clip rule built from the config's spec; its statistics are run state."""
     recovery: Recovery | None = None
     brake: PrecursorBrake | None = None
-    """The LR brake an `instability_precursor` warning pulls (protect and recover)."""
+    """The LR brake an `instability_precursor` warning pulls (every policy but observe)."""
     anchor: ProofAnchor | None = None
     """Good states a proof starts from, without a recover ring (`diagnose/anchor.py`)."""
     step: int = 0
