@@ -554,8 +554,10 @@ class RunReader:
         return steps, matrix
 
     def events(self) -> list[Event]:
+        """The run's events in step order (those of one step in the order they were detected:
+        an event of a sampled step's heavy probes is detected a step later)."""
         rows = self._select(f"SELECT step, kind, severity, param, {_capped('value')}, message, "
-                            f"{_capped('details')} FROM events WHERE {{run}} ORDER BY id")
+                            f"{_capped('details')} FROM events WHERE {{run}} ORDER BY step, id")
         out = []
         for step, kind, severity, param, value, value_size, message, details, size in rows:
             self._int(step, "an event's step")
