@@ -3,6 +3,7 @@ and printed; a healthy or recovered run is said to be so; noise decides nothing.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -133,7 +134,7 @@ def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # t
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
                              config=trainguard.GuardConfig(policy="halt", console=False))
-    with pytest.raises(trainguard.TrainingDiverged):
+    with pytest.raises(trainguard.TrainingDiverged) as halted:
         for step in range(60):
             x = torch.randn(8, 4)
             if step == 40:
@@ -144,7 +145,8 @@ def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # t
             optimizer.zero_grad(set_to_none=True)
     guard.close()
     assert guard.verdict is not None and guard.verdict.verdict == "degraded"
-    assert "halted on a non-finite loss" in guard.verdict.message
+    step = halted.value.report.step
+    assert f"halted at step {step} on a non-finite loss" in guard.verdict.message
 
 
 def _observed_run(tmp_path: Path, *, nan_steps: range = range(0), policy: str = "protect",
@@ -210,6 +212,26 @@ def test_a_run_halted_on_a_finite_spike_is_not_called_recovered(tmp_path: Path) 
     assert guard.verdict is not None and guard.verdict.verdict == "degraded"
     assert f"halted at step {step}" in guard.verdict.message
 
+
+
+def test_a_halted_run_is_said_halted_at_the_step_that_halted(tmp_path: Path) -> None:
+    """The demo's exploding run: the loss spikes at step 1 and the run halts many steps later,
+    when the divergence is confirmed. The verdict names the halting step as the halt, and the
+    step its trouble began at as such."""
+    from trainguard.demo.run import DemoRun, train
+
+    result = train(DemoRun("exploding", lr=1.0, warmup=0, policy="halt"), steps=60,
+                   out_dir=tmp_path, seed=0, stream=io.StringIO())
+    assert result.halted
+    halt_step = result.steps - 1
+    with trainguard.RunReader(result.run_dir) as reader:
+        verdict = reader.summary()["verdict"]
+    trouble = verdict["trouble_step"]
+    assert trouble is not None and trouble < halt_step, verdict
+    assert verdict["message"].startswith(
+        f"the run was halted at step {halt_step} and did not go past the trouble that began at "
+        f"step {trouble}"), verdict["message"]
+    assert verdict["halt_step"] == halt_step
 
 def test_a_run_whose_last_steps_had_no_gradient_stalled(tmp_path: Path) -> None:
     """backward() went missing from step 50: the loss stays where the last update left it, no

@@ -59,11 +59,14 @@ class RunVerdict:
     before_trouble: float | None
     final: float | None
     trouble_step: int | None
+    """The first step with trouble (a warning or worse)."""
+    halt_step: int | None = None
+    """The step the Guard halted the run at (None: it was not halted, or not at a known step)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "message": self.message, "start": self.start,
                 "before_trouble": self.before_trouble, "final": self.final,
-                "trouble_step": self.trouble_step}
+                "trouble_step": self.trouble_step, "halt_step": self.halt_step}
 
 
 def ended_worse(final: float, reference: float, tail: Iterable[float]) -> bool:
@@ -134,10 +137,12 @@ class LossTrack:
     def _start(self) -> float | None:
         return statistics.median(self.first) if self.first else None
 
-    def verdict(self, *, halted: bool = False, weights_finite: bool | None = None,
+    def verdict(self, *, halted: bool = False, halt_step: int | None = None,
+                weights_finite: bool | None = None,
                 untrained_since: int | None = None) -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
-        not recover, whatever the losses before the halt said.
+        not recover, whatever the losses before the halt said; `halt_step`, the step it stopped
+        at, when known (the trouble may have begun many steps before it).
         `weights_finite`: whether the model's weights are all finite at the end (None: not
         checked); a model with a NaN in it is degraded, whatever its last finite losses said.
         `untrained_since`: the first step of a run of steps without any gradient that lasted to
@@ -150,17 +155,20 @@ class LossTrack:
         against = ("before the first trouble" + (f" (step {self.trouble_step})"
                                                   if self.trouble_step is not None else "")
                    if self.before_trouble is not None else "at the start")
+        halted = halted or halt_step is not None
+        at = f" at step {halt_step}" if halt_step is not None else ""
         if halted and self.nonfinite_tail:
-            return RunVerdict("degraded", "the run was halted on a non-finite loss", start,
-                              self.before_trouble, math.nan, self.trouble_step)
+            return RunVerdict("degraded", f"the run was halted{at} on a non-finite loss", start,
+                              self.before_trouble, math.nan, self.trouble_step, halt_step)
         if halted:  # it stopped at the trouble: the losses before it say nothing of coming back
-            where = f" at step {self.trouble_step}" if self.trouble_step is not None else ""
+            began = (f" that began at step {self.trouble_step}"
+                     if self.trouble_step is not None and self.trouble_step != halt_step else "")
             was = (f" (the loss was {self.before_trouble:.4g} before it)"
                    if self.before_trouble is not None else "")
-            return RunVerdict("degraded", f"the run was halted{where} and did not go past the "
-                              f"trouble{was}", start, self.before_trouble,
+            return RunVerdict("degraded", f"the run was halted{at} and did not go past the "
+                              f"trouble{began}{was}", start, self.before_trouble,
                               statistics.median(self.recent) if self.recent else math.nan,
-                              self.trouble_step)
+                              self.trouble_step, halt_step)
         if weights_finite is False:
             return RunVerdict("degraded", "the model's weights are not all finite at the end of "
                               "the run" + (f" (the last {self.nonfinite_tail} losses were not "

@@ -98,6 +98,8 @@ class Run:
         self.run_dir = _run_dir(run_dir)
         self.halted = False
         """The Guard halted this run (a crash snapshot, `TrainingDiverged`)."""
+        self.halt_step: int | None = None
+        """The step it halted at."""
         if dist is not None:  # every rank or none, before any collective
             start = agree_on_start(dist, _agreed_setup(config, watched), config.rank_timeout_s)
             dist.link.open(dist, config.collective_timeout_s, start)
@@ -238,7 +240,7 @@ class Run:
         if ctx.outcome == "halted":
             if not closing:
                 self._halt(ctx)
-            self.halted = True
+            self.halted, self.halt_step = True, ctx.step
         elif self.scheduler is not None and (ctx.applied or (
                 self.config.policy == "observe" and self.scaler is not None)):
             # the schedule follows the updates really applied (under observe, as the plain loop
@@ -291,7 +293,7 @@ class Run:
         return pending.report
 
     def _halt(self, ctx: StepContext) -> None:
-        self.halted = True
+        self.halted, self.halt_step = True, ctx.step
         self.steps.settle(ctx)
         diagnosis = self.close(status="halted")
         threshold = self.config.halt_severity
@@ -505,8 +507,8 @@ class Run:
             self.sinks.on_diagnosis(diagnosis)
         try:
             self.verdict = self.state.losses.verdict(
-                halted=self.halted or status == "halted", weights_finite=self._weights_finite(),
-                untrained_since=self._untrained_since())
+                halted=self.halted or status == "halted", halt_step=self.halt_step,
+                weights_finite=self._weights_finite(), untrained_since=self._untrained_since())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:

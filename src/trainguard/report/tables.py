@@ -103,7 +103,7 @@ def verdict_html(data: RunData) -> str:
     klass = {"healthy": "ok", "recovered": "warn", "degraded": "bad",
              "stalled": "bad"}.get(label, "")
     numbers = [(name.replace("_", " "), verdict[name])
-               for name in ("start", "before_trouble", "final", "trouble_step")
+               for name in ("start", "before_trouble", "final", "trouble_step", "halt_step")
                if verdict.get(name) is not None]
     extra = table(["", "loss / step"], [[text(k), text(_fmt(v))] for k, v in numbers],
                   css="compact") if numbers else ""
