@@ -751,7 +751,9 @@ def _show_header(summary: dict[str, Any]) -> list[str]:
     lines.append(f"run        {summary['run_dir']} ({where})")
     lines.append(f"status     {_status(summary)}")
     verdict = summary.get("verdict")
-    if verdict:
+    if verdict and verdict["verdict"] is None:  # too short to judge: the message says so
+        lines.append(f"verdict    {verdict['message']}")
+    elif verdict:
         label = (verdict["verdict"].upper() if verdict["verdict"] in ("degraded", "stalled")
                  else verdict["verdict"])
         lines.append(f"verdict    {label}: {verdict['message']}")

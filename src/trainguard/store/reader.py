@@ -364,7 +364,9 @@ class RunReader:
         return listing
 
     def _verdict(self, value: Any) -> dict[str, Any]:
-        if not (isinstance(value, dict) and value.get("verdict") in VERDICTS
+        # a verdict of None: the run was too short to judge, as its message says
+        if not (isinstance(value, dict) and (value.get("verdict") in VERDICTS
+                                             or value.get("verdict") is None)
                 and isinstance(value.get("message"), str)):
             raise self._bad("meta verdict", value, "a verdict (healthy, recovered, degraded)")
         return value
