@@ -47,7 +47,7 @@ from trainguard.errors import (
     TrainingDiverged,
     UsageError,
 )
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport, at_least
+from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport, at_least
 from trainguard.finiteness import finite_state
 from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
@@ -63,6 +63,7 @@ from trainguard.recovery.brake import PrecursorBrake
 from trainguard.remedies import build_rule, drop_grads
 from trainguard.remedies.device import skips_on_device
 from trainguard.remedies.robust import RobustClipLimit
+from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
 from trainguard.store import RunStore, RunStoreSink
@@ -464,15 +465,22 @@ class Run:
             self.state.anchor.restart(self.state.step)
         self.schedule_sampling()
 
-    def close(self, status: Status = "finished") -> list[RankedCause]:
+    def close(self, status: Status | None = None, *, error: BaseException | None = None
+              ) -> list[RankedCause]:
         """Flush the last measurements, tell the sinks the diagnosis and the final status, and
-        close them. Returns the diagnosis."""
+        close them. Returns the diagnosis. `error`: the exception that ends the run (a `with`
+        block's, a trainer's); `status` None: the status it gives (`run_end.exit_status`), and
+        without `error`, the one the exception under way gives (a close in a `finally:` clause
+        after Ctrl-C is `interrupted`, after an error `crashed`; with none, `finished`)."""
         if self.closed:
             return []
+        if status is None:
+            error = error if error is not None else under_way()
+            status = exit_status(error)
         with lifecycle.closing():  # a signal meanwhile waits: no run is left half closed
-            return self._close(status)
+            return self._close(status, run_error(error))
 
-    def _close(self, status: Status) -> list[RankedCause]:
+    def _close(self, status: Status, error: RunError | None = None) -> list[RankedCause]:
         lost = self.dist is not None and self.dist.link.lost is not None
         if self._late is not None and not lost:  # the last deferred step, judged before the end
             try:
@@ -513,6 +521,8 @@ class Run:
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
             self.sinks.on_verdict(self.verdict)
+        if error is not None:
+            self.sinks.on_run_error(error)
         self.sinks.on_run_end(status)
         self.sinks.close()
         return diagnosis
