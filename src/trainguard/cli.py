@@ -713,7 +713,10 @@ _when = local_time
 
 
 def _status(summary: dict[str, Any]) -> str:
-    line = (f"{summary['status']} (policy {_fmt(summary['policy'])}, "
+    error = summary.get("error")
+    ended_by = (f" by {error['type']}" + (f": {error['message']}" if error["message"] else "")
+                if error else "")
+    line = (f"{summary['status']}{ended_by} (policy {_fmt(summary['policy'])}, "
             f"trainguard {_fmt(summary['trainguard_version'])})")
     if summary["status"] == "running" and summary.get("process") == "gone":
         line += (f"; its process {summary.get('pid')} is gone: it was killed before it could "
@@ -751,7 +754,9 @@ def _show_header(summary: dict[str, Any]) -> list[str]:
     lines.append(f"run        {summary['run_dir']} ({where})")
     lines.append(f"status     {_status(summary)}")
     verdict = summary.get("verdict")
-    if verdict:
+    if verdict and verdict["verdict"] is None:  # too short to judge: the message says so
+        lines.append(f"verdict    {verdict['message']}")
+    elif verdict:
         label = (verdict["verdict"].upper() if verdict["verdict"] in ("degraded", "stalled")
                  else verdict["verdict"])
         lines.append(f"verdict    {label}: {verdict['message']}")
@@ -861,6 +866,8 @@ def _runs(args: argparse.Namespace) -> int:
             notes.append(f"process {run['pid']} gone without closing")
         if run["resumed"]:
             notes.append(f"resumed {run['resumed']}x")
+        if run.get("error"):
+            notes.append(f"ended by {run['error']}")
         if run["store_failed"]:
             notes.append(f"store stopped writing, {run['dropped_steps']} steps lost")
         if run.get("verdict") == "degraded":

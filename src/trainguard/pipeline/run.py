@@ -47,7 +47,7 @@ from trainguard.errors import (
     TrainingDiverged,
     UsageError,
 )
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport, at_least
+from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport, at_least
 from trainguard.finiteness import finite_state
 from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
@@ -63,6 +63,7 @@ from trainguard.recovery.brake import PrecursorBrake
 from trainguard.remedies import build_rule, drop_grads
 from trainguard.remedies.device import skips_on_device
 from trainguard.remedies.robust import RobustClipLimit
+from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
 from trainguard.store import RunStore, RunStoreSink
@@ -98,6 +99,8 @@ class Run:
         self.run_dir = _run_dir(run_dir)
         self.halted = False
         """The Guard halted this run (a crash snapshot, `TrainingDiverged`)."""
+        self.halt_step: int | None = None
+        """The step it halted at."""
         if dist is not None:  # every rank or none, before any collective
             start = agree_on_start(dist, _agreed_setup(config, watched), config.rank_timeout_s)
             dist.link.open(dist, config.collective_timeout_s, start)
@@ -238,7 +241,7 @@ class Run:
         if ctx.outcome == "halted":
             if not closing:
                 self._halt(ctx)
-            self.halted = True
+            self.halted, self.halt_step = True, ctx.step
         elif self.scheduler is not None and (ctx.applied or (
                 self.config.policy == "observe" and self.scaler is not None)):
             # the schedule follows the updates really applied (under observe, as the plain loop
@@ -291,7 +294,7 @@ class Run:
         return pending.report
 
     def _halt(self, ctx: StepContext) -> None:
-        self.halted = True
+        self.halted, self.halt_step = True, ctx.step
         self.steps.settle(ctx)
         diagnosis = self.close(status="halted")
         threshold = self.config.halt_severity
@@ -462,15 +465,22 @@ class Run:
             self.state.anchor.restart(self.state.step)
         self.schedule_sampling()
 
-    def close(self, status: Status = "finished") -> list[RankedCause]:
+    def close(self, status: Status | None = None, *, error: BaseException | None = None
+              ) -> list[RankedCause]:
         """Flush the last measurements, tell the sinks the diagnosis and the final status, and
-        close them. Returns the diagnosis."""
+        close them. Returns the diagnosis. `error`: the exception that ends the run (a `with`
+        block's, a trainer's); `status` None: the status it gives (`run_end.exit_status`), and
+        without `error`, the one the exception under way gives (a close in a `finally:` clause
+        after Ctrl-C is `interrupted`, after an error `crashed`; with none, `finished`)."""
         if self.closed:
             return []
+        if status is None:
+            error = error if error is not None else under_way()
+            status = exit_status(error)
         with lifecycle.closing():  # a signal meanwhile waits: no run is left half closed
-            return self._close(status)
+            return self._close(status, run_error(error))
 
-    def _close(self, status: Status) -> list[RankedCause]:
+    def _close(self, status: Status, error: RunError | None = None) -> list[RankedCause]:
         lost = self.dist is not None and self.dist.link.lost is not None
         if self._late is not None and not lost:  # the last deferred step, judged before the end
             try:
@@ -505,12 +515,14 @@ class Run:
             self.sinks.on_diagnosis(diagnosis)
         try:
             self.verdict = self.state.losses.verdict(
-                halted=self.halted or status == "halted", weights_finite=self._weights_finite(),
-                untrained_since=self._untrained_since())
+                halted=self.halted or status == "halted", halt_step=self.halt_step,
+                weights_finite=self._weights_finite(), untrained_since=self._untrained_since())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
             self.sinks.on_verdict(self.verdict)
+        if error is not None:
+            self.sinks.on_run_error(error)
         self.sinks.on_run_end(status)
         self.sinks.close()
         return diagnosis
