@@ -421,7 +421,10 @@ def _prove(args: argparse.Namespace) -> int:
                   autocast=torch.float16 if snapshot.get("scaler") else None,
                   original_finite=not any(e.step == step and e.kind.startswith("nonfinite")
                                           for e in events),
-                  original_loss=float(recorded) if isinstance(recorded, (int, float)) else None)
+                  original_loss=float(recorded) if isinstance(recorded, (int, float)) else None,
+                  earlier='a run with prove="on" (it keeps good states from before the damage '
+                          "and replays from one; a crash snapshot holds only the state before "
+                          "this step's own update)")
     try:
         proof = prove(setup, likely=[c.code for c in rank_causes(events, top=100)],
                       budget_s=args.budget)
@@ -438,6 +441,11 @@ def _prove(args: argparse.Namespace) -> int:
         verdict = {True: "heals", False: "still bad", None: "says nothing"}[healed]
         print(f"  {intervention.name:<15} {verdict:<12} loss {outcome.loss:.4g}, after the "
               f"update {outcome.after:.4g}, gradient norm {outcome.grad_norm:.4g}")
+    for name in proof.cannot_try:
+        print(f"  {name:<15} {'not tried':<12} the step is bad before its update: a changed "
+              "update cannot heal it from this state")
+    for name in proof.not_tried:
+        print(f"  {name:<15} {'not tried':<12} no time left in the budget")
     return EXIT_OK
 
 
