@@ -4,6 +4,7 @@ candidate fix, and one clear message (exit code 2) for bad input."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,30 @@ def test_prove_names_the_fixes_it_could_not_try_from_the_snapshot_s_state(
     assert 'a run with prove="on" (it keeps good states from before the damage' in out
     assert re.search(r"lr_x0\.1 +not tried +the step is bad before its update", out), out
 
+
+def test_prove_imports_a_factory_module_from_the_current_folder(
+        nan_snapshot: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """`--factory factory:build` with factory.py in the current folder, as `python -m` would
+    import it: the `trainguard` command's own import path does not hold the current folder."""
+    import sys
+
+    (tmp_path / "factory.py").write_text(textwrap.dedent("""
+        import torch
+
+        def build():
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                                        torch.nn.Dropout(0.2), torch.nn.Linear(32, 2))
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-2), (
+                lambda m, batch: torch.nn.functional.mse_loss(m(batch["x"]), batch["y"]))
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "factory", raising=False)
+    try:
+        code, out, err = call("prove", nan_snapshot, "--factory", "factory:build",
+                              capsys=capsys)
+    finally:
+        sys.modules.pop("factory", None)
+    assert code == 0, err
+    assert out.startswith("snapshot of step 20: nonfinite_input: confirmed by replay"), out
