@@ -208,9 +208,11 @@ class DetectorConfig:
     regression's layer jumped to 13x its level in one step), not a moment lagging a growing
     gradient: it warns nothing."""
     precursor_warmup: int = 50
-    """`instability_precursor` stays silent until its baseline holds this many steps: Adam's
-    moments are young at the start of a run, and a fine-tune's first steps (a new head, sparse
-    embedding rows seen for the first time, LoRA factors that start at zero) swing
+    """`instability_precursor` stays silent until its baseline holds this many measured steps
+    (a step where no parameter has a ratio, Adam without state yet as under a GradScaler's
+    first skips, does not count): Adam's moments are young at the start of a run, and a
+    fine-tune's first steps (a new head, sparse embedding rows seen for the first time, LoRA
+    factors that start at zero) swing
     g / sqrt(v_hat) widely (within their first 50 steps the suite's healthy BERT fine-tunes
     reached 4-12x their median, its LoRA fine-tunes over 150x)."""
     precursor_logz_rise: float = 3.0
