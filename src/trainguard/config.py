@@ -132,7 +132,9 @@ class DetectorConfig:
     min_loss_scale: float = 1.0
     """An AMP loss scale below this has collapsed: the model overflows float16 even unscaled."""
     overflow_skips: int = 5
-    """This many GradScaler overflow skips within `overflow_window` steps (after warm-up) is bad."""
+    """This many GradScaler overflow skips within `overflow_window` steps is bad, counted after the
+    scaler's calibration (the skips of its first steps while the scale fell) and after the first
+    `overflow_window` steps."""
     overflow_window: int = 50
     """Window, in steps, for counting GradScaler overflow skips."""
 

@@ -262,7 +262,8 @@ _kind("nonfinite_optimizer_state", "optimizer moments hold NaN or inf (sampled s
       reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_S,))
 _kind("extreme_weight", "some weight's magnitude exceeds extreme_weight_abs (sampled steps)",
       "error", reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_I, _S))
-_kind("fp16_overflow", "float16 values at their limit, or a GradScaler that keeps overflowing",
+_kind("fp16_overflow", "float16 values at their limit, or a GradScaler that keeps overflowing "
+      "(an info note: the skips of the scaler's calibration at the start, while its scale fell)",
       "warning", tags=(Tag.OVERFLOW,),
       votes=(CauseVote("fp16_overflow", 2.0, "float16 overflow reported"),))
 _kind("bad_start", "the first steps went wrong: an over-scaled new layer or a blown-up start",

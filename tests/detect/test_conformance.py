@@ -31,6 +31,7 @@ from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
 from trainguard.detect.base import Episode
+from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.output_growth import OutputGrowth, Streaks
 from trainguard.events import Event
@@ -58,9 +59,10 @@ def detect_classes() -> set[type]:
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
 HELPERS: tuple[type, ...] = (Detector, Episode, AttentionLogitTracker, AttentionTrack, OutputGrowth,
-                             Streaks)
-"""The base class, a helper detectors share, and the trackers `InstabilityPrecursor` composes
-(the attention-logit side, log Z and the update RMS: their conformance is that detector's)."""
+                             Streaks, ScaleCalibration)
+"""The base class, a helper detectors share, the trackers `InstabilityPrecursor` composes
+(the attention-logit side, log Z and the update RMS: their conformance is that detector's), and
+the GradScaler's calibration `Fp16Overflow` follows (its conformance is that detector's)."""
 
 
 def test_every_detector_class_is_in_the_runs() -> None:
