@@ -196,5 +196,5 @@ def test_the_evidence_survives_a_checkpoint() -> None:
     copy = StallEvidence()
     copy.load_state_dict(json.loads(json.dumps(evidence.state_dict())))
     assert copy.state_dict() == evidence.state_dict()
-    args = ([2.0] * 20, [2.0] * 30, NAMES, (1e-3,), 0.0)
+    args = ([2.0] * 20, NAMES, (1e-3,), 0.0)
     assert copy.explain(*args) == evidence.explain(*args)

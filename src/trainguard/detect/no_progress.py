@@ -196,8 +196,8 @@ class NoProgress(Detector):
                                    f"from {early:.3g} while it stayed flat: updates too large "
                                    "killed the network (LR far too high)",
                                    {"grad_collapse": early / late})
-        return self.evidence.explain(list(self.recent), history, signals.param_names,
-                                     signals.group_lrs, trend_z(history))
+        return self.evidence.explain(list(self.recent), signals.param_names, signals.group_lrs,
+                                     trend_z(history))
 
     def state_dict(self) -> dict[str, Any]:
         return {"start": list(self.start), "recent": list(self.recent),

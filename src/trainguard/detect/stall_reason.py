@@ -139,11 +139,12 @@ class StallEvidence:
                      if np.isfinite(c).any()]
         return float(np.median(per_param))
 
-    def explain(self, recent: list[float], history: list[float], names: list[str],
-                group_lrs: tuple[float, ...], trend: float) -> StallReason:
+    def explain(self, recent: list[float], names: list[str], group_lrs: tuple[float, ...],
+                trend: float) -> StallReason:
         """The reason the run shows, from the steps judged. `recent`: the last losses (their
-        median is the level); `history`: the losses judged; `trend`: their Kendall z."""
+        median is the level); `trend`: the Kendall z of the losses judged."""
         steps = self.steps
+        flowing = 2 * self.with_grad >= steps  # a gradient on most steps, not one now and then
         if self.with_grad == 0:
             return StallReason("no_gradients", "no watched parameter got a gradient in those "
                                "steps (every gradient None or zero): nothing reaches the "
@@ -179,7 +180,7 @@ class StallEvidence:
         level = statistics.median(recent)
         chance = math.log(self.classes) if self.classes else None
         at_chance = chance is not None and abs(level - chance) <= CHANCE_TOLERANCE * chance
-        if at_chance and typical is not None and trend > -TREND_Z:
+        if at_chance and typical is not None and trend > -TREND_Z and flowing:
             return StallReason("label_problem", f"the loss sits at chance level, ln {self.classes}"
                                f" = {chance:.4g} for the model's {self.classes} class scores, "
                                f"while the weights move ({typical:.2g} of their norm per step) "
@@ -193,7 +194,8 @@ class StallEvidence:
             seen.append("the loss falls steadily, but slowly")
         if typical is not None:
             seen.append(f"the weights move ({typical:.2g} of their norm per step)")
-        seen.append("the gradients flow")
+        seen.append("the gradients flow" if flowing else
+                    f"a gradient came on {self.with_grad} of those {steps} steps")
         if chance is not None and not at_chance:
             seen.append(f"the loss is {'below' if level < chance else 'above'} chance level "
                         f"(ln {self.classes} = {chance:.4g})")
