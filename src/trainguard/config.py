@@ -132,7 +132,9 @@ class DetectorConfig:
     min_loss_scale: float = 1.0
     """An AMP loss scale below this has collapsed: the model overflows float16 even unscaled."""
     overflow_skips: int = 5
-    """This many GradScaler overflow skips within `overflow_window` steps (after warm-up) is bad."""
+    """This many GradScaler overflow skips within `overflow_window` steps is bad, counted after the
+    scaler's calibration (the skips of its first steps while the scale fell) and after the first
+    `overflow_window` steps."""
     overflow_window: int = 50
     """Window, in steps, for counting GradScaler overflow skips."""
 
@@ -208,9 +210,11 @@ class DetectorConfig:
     regression's layer jumped to 13x its level in one step), not a moment lagging a growing
     gradient: it warns nothing."""
     precursor_warmup: int = 50
-    """`instability_precursor` stays silent until its baseline holds this many steps: Adam's
-    moments are young at the start of a run, and a fine-tune's first steps (a new head, sparse
-    embedding rows seen for the first time, LoRA factors that start at zero) swing
+    """`instability_precursor` stays silent until its baseline holds this many measured steps
+    (a step where no parameter has a ratio, Adam without state yet as under a GradScaler's
+    first skips, does not count): Adam's moments are young at the start of a run, and a
+    fine-tune's first steps (a new head, sparse embedding rows seen for the first time, LoRA
+    factors that start at zero) swing
     g / sqrt(v_hat) widely (within their first 50 steps the suite's healthy BERT fine-tunes
     reached 4-12x their median, its LoRA fine-tunes over 150x)."""
     precursor_logz_rise: float = 3.0

@@ -141,8 +141,9 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     batch_kinds = kinds_tagged(Tag.BATCH)
     runs = [f for f in findings if f.check == RUN_CHECK]
     findings = [f for f in findings if f.check != RUN_CHECK]
+    # a stall is judged over a hundred steps, not at a step a batch could explain
     symptoms = [e for e in serious if e.kind not in batch_kinds and event_kind(e.kind).tags
-                and e.kind not in kinds_tagged(Tag.LR_CUT)]
+                and e.kind not in kinds_tagged(Tag.LR_CUT) | kinds_tagged(Tag.STALL)]
     data_runs = _bad_runs(votes, runs, symptoms)
     against_lr = ""
     if data_runs and symptoms and min(e.step for e in symptoms) >= min(
@@ -337,10 +338,7 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
     kinds = {e.kind for e in serious}
     if not _precursor_came_first(serious):
         kinds.discard(Kind.INSTABILITY_PRECURSOR)
-    for e in serious:
-        if e.kind == Kind.NO_PROGRESS and e.details.get("grad_collapse"):
-            votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
-                      f"{e.details['grad_collapse']:.3g}x while the loss stayed flat")
+    _vote_stalls(votes, serious)
     for entry in event_kinds():  # votes a kind casts once whenever it appears
         if entry.name in kinds:
             for vote in entry.votes:
@@ -366,6 +364,35 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
     if kinds & kinds_tagged(Tag.STATE):
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
+
+
+STALL_WEIGHT = 3.0
+"""A stall whose run showed why (the LR at 0, no gradient, a loss at chance while the weights
+move) measured its cause over a hundred steps: as strong as a direct measurement."""
+STALL_UNEXPLAINED = (("lr_too_high", 1.0, "the loss did not come down"),
+                     ("lr_too_low", 1.0, "the loss did not come down: an LR too low moves "
+                                         "nothing"))
+"""What a stall whose run showed no reason says: the LR, one way or the other."""
+
+
+def _vote_stalls(votes: _Votes, serious: list[Event]) -> None:
+    """A stall votes for the cause its run showed (`details["cause"]`, `detect/stall_reason.py`),
+    else for the LR either way. A stall recorded before stalls gave their reason (no
+    `details["reason"]`) says what it said then: a collapsed gradient norm is the LR's, and a
+    loss that did not come down may carry no gradient."""
+    for e in serious:
+        if e.kind not in kinds_tagged(Tag.STALL):
+            continue
+        cause = e.details.get("cause")
+        if cause is None and e.details.get("grad_collapse"):
+            cause = "lr_too_high"
+        if isinstance(cause, str) and cause in CAUSES:
+            votes.add(cause, STALL_WEIGHT, f"step {e.step}: {e.message}")
+            continue
+        for code, weight, why in STALL_UNEXPLAINED:
+            votes.add(code, weight, why)
+        if "reason" not in e.details:
+            votes.add("no_gradients", 0.5, "a loss that does not come down may carry no gradient")
 
 
 ATTENTION_SIGNAL = "attn_logit_max"
