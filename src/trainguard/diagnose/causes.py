@@ -63,6 +63,11 @@ _ALL = (
           "fine-tuning, 1e-4..5e-3 LoRA); check the scheduler did not decay it to ~0."),
     Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
           "Check DDP initialisation and that every parameter's gradient is all-reduced."),
+    Cause("loss_reduction", "The loss's reduction or normalisation: a scale factor, a sum "
+          "where a mean was meant, a division by the wrong count", "3.4",
+          "Compute the loss as the mean over the targets that count: check its reduction (mean, "
+          "not sum), any factor it is multiplied by and the count it is divided by; log the "
+          "loss the model returns beside the one you step on."),
     Cause("attention_logit_growth", "Attention logits growing without bound (attention entropy "
           "collapse)", "3.1",
           "Normalise q and k (QK-norm / QK-layernorm), lower the LR, or cap the logits (attention "

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainguard.diagnose.causes import CAUSES
 from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, describe
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind, Tag, event_kind, event_kinds, kinds_tagged
 
@@ -159,7 +160,8 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_nonfinite(votes, serious, findings, batch_causes, batches=batches)
     _vote_event_kinds(votes, serious, no_warmup)
     _vote_climb(votes, events, serious)
-    _vote_jumps(votes, serious, findings, specific, no_warmup, _first_lr_cut(events))
+    scaled = _vote_loss_scale(votes, serious, events, batch_kinds)
+    _vote_jumps(votes, serious, findings, specific, no_warmup, _first_lr_cut(events), scaled)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
     shifted = _shift_to_warmup(votes, findings, serious)
@@ -426,10 +428,12 @@ def _vote_climb(votes: _Votes, events: list[Event], serious: list[Event]) -> Non
 
 def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
                 specific: dict[int, list[Event]], no_warmup: bool,
-                lr_cut_at: int | None) -> None:
+                lr_cut_at: int | None, scaled: set[int]) -> None:
     """Spikes and explosions: where and when they happened says whose doing they were. A jump
     after the recover policy cut the LR far down (`lr_cut_at`) is no vote for too high an LR:
-    that LR would have stopped it (`_weigh_down_lr` counts it against the LR)."""
+    that LR would have stopped it (`_weigh_down_lr` counts it against the LR). A jump at a step
+    whose loss stood beyond what the model's scores allow (`scaled`) is the loss's reduction:
+    nothing the model read or did gives that loss."""
     early = min(e.step for e in serious) < EARLY_STEPS
     climb = kinds_tagged(Tag.CLIMB)
     jump_kinds = kinds_tagged(Tag.JUMP)
@@ -438,6 +442,10 @@ def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
     # above 2): at 1-2 the adapters step like any weight, and the jump is someone else's doing
     high_scaling = any(f.cause == "lora_scaling" for f in findings)
     for e in jumps:
+        if e.step in scaled:
+            votes.add(SCALED_CAUSE, 1.5, f"step {e.step}: {e.kind} with the loss beyond what the "
+                      "model's class scores allow")
+            continue
         param = e.param or ""
         if "lora_" in param and high_scaling:
             votes.add("lora_scaling", 1.5, f"step {e.step}: {e.kind} in LoRA adapter {param}")
@@ -463,6 +471,61 @@ def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
             votes.add("bad_init", 0.3, f"step {e.step}: {e.kind} early in the run")
         elif lr_cut_at is None or e.step <= lr_cut_at:
             votes.add("lr_too_high", 1.0, f"step {e.step}: repeated {e.kind}")
+
+
+SCALED_CAUSE = "loss_reduction"
+"""A loss scaled, summed or divided outside the model: what raised it is the loss's own
+arithmetic, not anything the model read or computed."""
+BEYOND_WEIGHT = BATCH_FINDING_WEIGHT
+"""A loss beyond the most a cross-entropy of the model's own class scores could cost at the
+step (`diagnose/loss_bound.py`) is measured at that step as directly as a batch finding: no
+cause that acts through the model (its inputs, its weights) can give it."""
+SCALED_JUMP_RATIO = 100.0
+"""Without that ceiling: a loss that jumped by two orders of magnitude or more in one step..."""
+SCALED_JUMP_BAND = 10.0
+"""...with the gradient norm jumping within this factor of the loss's jump (a factor on the
+loss multiplies every gradient by itself)..."""
+SCALED_JUMP_WEIGHT = 1.0
+"""...is weaker evidence, below the generic reading of one odd batch: a batch far out of scale
+moves both alike too (its batch finding, when the batch was inspected, takes the step)."""
+REPLAY_DIFFERS_WEIGHT = 1.0
+"""A replay of the step on the state from before it, which did not give the loss the run
+recorded (`details["replay_differs"]` on a proof): the loss handed over is not what the model
+and its loss function compute. A loop's own loss arithmetic does that, faulty or not."""
+
+
+def _vote_loss_scale(votes: _Votes, serious: list[Event], events: list[Event],
+                     batch_kinds: frozenset[str]) -> set[int]:
+    """Evidence that the loss was scaled, summed or divided outside the model; returns the
+    steps whose loss stood beyond what the model's class scores allow."""
+    beyond_steps: set[int] = set()
+    for e in serious:
+        ceiling = e.details.get(CEILING_KEY)
+        if e.value is not None and isinstance(ceiling, (int, float)) and beyond(e.value, ceiling):
+            beyond_steps.add(e.step)
+            votes.add(SCALED_CAUSE, BEYOND_WEIGHT, f"step {e.step}: {describe(e.value, ceiling)}"
+                      ": it was not computed from them alone")
+    spikes = {e.step: e for e in serious if e.kind == Kind.LOSS_SPIKE
+              and CEILING_KEY not in e.details}
+    explained = {e.step for e in serious if e.kind in batch_kinds and e.details.get("cause")}
+    for e in serious:
+        spike = spikes.get(e.step)
+        if (e.kind != Kind.GRAD_EXPLOSION or spike is None or e.step in explained
+                or e.step in beyond_steps):
+            continue
+        loss_ratio, grad_ratio = spike.details.get("ratio"), e.details.get("ratio")
+        if (isinstance(loss_ratio, (int, float)) and isinstance(grad_ratio, (int, float))
+                and loss_ratio >= SCALED_JUMP_RATIO
+                and loss_ratio / SCALED_JUMP_BAND <= grad_ratio <= loss_ratio * SCALED_JUMP_BAND):
+            votes.add(SCALED_CAUSE, SCALED_JUMP_WEIGHT, f"step {e.step}: the loss jumped "
+                      f"{loss_ratio:.3g}x in one step and the gradient norm {grad_ratio:.3g}x "
+                      "with it, as a factor on the loss does")
+    for e in events:
+        if Tag.PROOF in event_kind(e.kind).tags and e.details.get("replay_differs"):
+            votes.add(SCALED_CAUSE, REPLAY_DIFFERS_WEIGHT, f"step {e.step}: the step replayed "
+                      "did not give the loss the run recorded: the loss handed over is not what "
+                      "the model computes")
+    return beyond_steps
 
 
 def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
