@@ -11,6 +11,7 @@ kind's unconditional votes come from its registry entry.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,15 +127,19 @@ NO_SYMPTOM_SHARE = 0.5
 
 
 def rank_causes(events: list[Event], findings: list[Finding] | None = None,
-                *, top: int = 5, batches: bool = True) -> list[RankedCause]:
+                *, top: int = 5, batches: bool = True,
+                fixes: Mapping[str, str] | None = None) -> list[RankedCause]:
     """Ranked causes for a run's events. Without an event of warning severity, the risks the
     preflight (and runtime) findings of warning severity or worse point at, flagged as such; empty
     when there are none either. `batches`: whether the run could see its batches at all (a
-    training log cannot: its evidence then says nothing of batches)."""
+    training log cannot: its evidence then says nothing of batches). `fixes`: the fixes made
+    concrete for the run (the LR's, sized to its model), over the catalogue's; a finding's own
+    fix comes first."""
     serious = [e for e in events if at_least(e.severity, "warning")]
     findings = findings or []
+    fixes = fixes or {}
     if not serious:
-        return _configuration_risks(findings, top)
+        return _configuration_risks(findings, top, fixes)
     votes = _Votes()
     kinds = {e.kind for e in serious}
     lr_changed = _vote_lr_changes(votes, events, serious)
@@ -174,7 +179,17 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     for code in window_proven(events):
         if not votes.score.get(code):  # proved where no symptom could vote (see there)
             votes.score[code] = WINDOW_VOTE
-    return _ranked(votes, top, confirmed, ruled_out)
+    return _ranked(votes, top, fixes, confirmed, ruled_out)
+
+
+def likely_causes(ranked: list[RankedCause]) -> list[dict[str, Any]]:
+    """The causes an event carries (`details["likely_causes"]`): code and confidence, and the
+    fix of the first, which the console prints."""
+    likely: list[dict[str, Any]] = [{"code": c.code, "confidence": round(c.confidence, 3)}
+                                    for c in ranked]
+    if likely:
+        likely[0]["fix"] = ranked[0].fix
+    return likely
 
 
 def warmup_would_do(findings: list[Finding]) -> str:
@@ -551,7 +566,8 @@ def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
                 votes.evidence[code].insert(0, f"weighed down: {against_lr}")
 
 
-def _ranked(votes: _Votes, top: int, confirmed: dict[str, str] | None = None,
+def _ranked(votes: _Votes, top: int, fixes: Mapping[str, str],
+            confirmed: dict[str, str] | None = None,
             ruled_out: set[str] | frozenset[str] = frozenset()) -> list[RankedCause]:
     """Causes by votes; those a replay confirmed first (with the sentence that proves them),
     those it ruled out left out."""
@@ -568,7 +584,7 @@ def _ranked(votes: _Votes, top: int, confirmed: dict[str, str] | None = None,
                         + votes.evidence.get(code, []))
             out.append(RankedCause(code=code, confidence=share * score[code] / total,
                                    score=score[code], evidence=evidence,
-                                   fix=votes.fixes.get(code, CAUSES[code].fix),
+                                   fix=_fix(votes, code, fixes),
                                    proof="confirmed" if code in confirmed else ""))
     return out[:top]
 
@@ -691,7 +707,13 @@ def _explain(votes: _Votes, findings: list[Event], weight: float, why: str) -> N
                   f"{why}, explained by its {finding.kind}")
 
 
-def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]:
+def _fix(votes: _Votes, code: str, fixes: Mapping[str, str]) -> str:
+    """A finding's own fix, else the run's, else the catalogue's."""
+    return votes.fixes.get(code) or fixes.get(code) or CAUSES[code].fix
+
+
+def _configuration_risks(findings: list[Finding], top: int,
+                         fixes: Mapping[str, str]) -> list[RankedCause]:
     votes = _Votes()
     for f in findings:
         if at_least(f.severity, "warning"):
@@ -711,4 +733,4 @@ def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]
     ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
     return [RankedCause(code=code, confidence=NO_SYMPTOM_SHARE * score / total, score=score,
                         evidence=votes.evidence[code],
-                        fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]
+                        fix=_fix(votes, code, fixes)) for code, score in ranked]
