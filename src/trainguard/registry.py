@@ -504,6 +504,9 @@ for _metric in (
               "(at most 256 positions, strided; probes/logz.py)", _LOCAL, False),
     MetricKey("logz_max", Scope.STEP, "max over positions of logsumexp of the class scores",
               _LOCAL, False),
+    MetricKey("ce_ceiling", Scope.STEP, "max over positions of logsumexp minus the smallest "
+              "class score: the most a cross-entropy of these scores can cost, whatever the "
+              "target (probes/logz.py)", _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),
     MetricKey("weight_std", Scope.PARAM, "standard deviation of the weights after the step",

@@ -62,7 +62,7 @@ from trainguard.diagnose.counterfactual import (
     recorded_window,
     replays_record,
 )
-from trainguard.diagnose.ranking import rank_causes
+from trainguard.diagnose.ranking import likely_causes, rank_causes
 from trainguard.diagnose.step_rng import put
 from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
 from trainguard.errors import UsageError
@@ -504,8 +504,9 @@ class IncidentProver:
 
     def _refresh_likely(self, ctx: StepContext, services: Services) -> None:
         ranked = rank_causes(services.journal.events + ctx.events,
-                             services.evidence_findings(ctx.findings), top=3)
-        likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+                             services.evidence_findings(ctx.findings), top=3,
+                             fixes=services.fixes)
+        likely = likely_causes(ranked)
         for event in ctx.events:
             if likely and at_least(event.severity, "warning"):
                 event.details["likely_causes"] = likely

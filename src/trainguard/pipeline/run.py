@@ -441,7 +441,7 @@ class Run:
 
     def diagnose(self) -> list[RankedCause]:
         try:
-            return rank_causes(self.events, self.evidence_findings())
+            return rank_causes(self.events, self.evidence_findings(), fixes=self.services.fixes)
         except Exception as exc:  # diagnosis is best effort
             log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
             return []
