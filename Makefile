@@ -10,7 +10,7 @@ STAMP := $(VENV)/.trainguard-installed
 # `make test` installs the missing ones when run as root, with one `apt-get update` for all.
 SYSTEM_DEPS ?= prometheus:prometheus chromium:chromium
 
-.PHONY: demo test lint bench venv clean system-deps
+.PHONY: demo test lint bench promises venv clean system-deps
 
 venv: $(STAMP)
 
@@ -39,6 +39,9 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/overhead.py
+
+promises: venv
+	$(BIN)/python -m benchmarks.promises
 
 clean:
 	rm -rf $(VENV) trainguard-demo .pytest_cache
