@@ -26,8 +26,9 @@ Which scenarios run (catalogue order, the order of `python -m benchmarks.scenari
 
     quick   the first `--per-family` (1) healthy and the first faulty scenario of every family,
             and the first recoverable fault of every family that has one, with the healthy
-            baseline it is measured against
-    full    every scenario, and every recoverable fault with its baseline
+            baseline it is measured against; overhead.py's default rounds, as many as fit in
+            `--overhead-budget` (120 s) per workload
+    full    every scenario, and every recoverable fault with its baseline; every overhead round
     smoke   the first healthy and the first faulty scenario of the first family, the first
             recoverable fault and its baseline, each cut to a few steps; a few overhead rounds
 
@@ -67,8 +68,14 @@ DETECTION_STRATEGY = "trainguard"
 RECOVERY_STRATEGY = "recover"
 OVERHEAD_VARIANTS = ["baseline", "clip_grad_norm_", "guard_default"]
 REALDATA_ENV = "TRAINGUARD_REALDATA"
+DISTURBED = 0.05
+"""Other processes' share of the CPU above which overhead.py calls its timings disturbed."""
 SMOKE_STEPS = 12
 """Steps of each scenario in the smoke form: enough to run every stage, too few for figures."""
+QUICK_OVERHEAD_BUDGET = 120.0
+"""Seconds of timing per overhead workload in the quick form, so that the command keeps to its
+few minutes: a machine too slow or too busy for overhead.py's default rounds in that time times
+fewer of them, and the table says how many."""
 
 
 @dataclass
@@ -84,6 +91,9 @@ class Plan:
     """Every scenario cut to this many steps (the smoke form); None: each its own length."""
     overhead: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per overhead workload: rounds, steps_per_round, warmup (empty: overhead.py's defaults)."""
+    overhead_budget: float | None = None
+    """Seconds of overhead timing per workload after which no new round starts (each still
+    gets `overhead.MIN_ROUNDS`); None: every round."""
 
     def describe(self) -> str:
         if self.form == "full":
@@ -91,9 +101,9 @@ class Plan:
         if self.form == "smoke":
             return (f"smoke: one healthy, one faulty and one recoverable scenario, {self.steps} "
                     "steps each; its figures mean nothing")
-        n = self.per_family
-        return (f"quick: the first {n} healthy and first {n} faulty scenario(s) of each family, "
-                f"the first {n} recoverable fault(s) of each family that has one")
+        first = "the first" if self.per_family == 1 else f"the first {self.per_family}"
+        return (f"quick: {first} healthy and {first} faulty scenarios of each family, {first} "
+                "recoverable faults of each family that has any")
 
 
 # -- choosing the scenarios -----------------------------------------------------------------------
@@ -151,8 +161,12 @@ def measure_overhead(plan: Plan, log: Log) -> dict[str, Any]:
         workload.warmup = settings.get("warmup", workload.warmup)
         log(f"overhead {name}: {rounds} rounds x {steps} steps, warm-up {workload.warmup}")
         load = overhead.ForeignLoad()
-        results = overhead.run_workload(workload, OVERHEAD_VARIANTS, device, rounds, steps, log)
-        out[name] = {"rounds": rounds, "steps_per_round": steps, "device": str(device),
+        deadline = (None if plan.overhead_budget is None
+                    else time.perf_counter() + plan.overhead_budget)
+        results = overhead.run_workload(workload, OVERHEAD_VARIANTS, device, rounds, steps, log,
+                                        deadline)
+        done = len(results["baseline"]["ms_per_step_rounds"])
+        out[name] = {"rounds": done, "steps_per_round": steps, "device": str(device),
                      "threads": torch.get_num_threads(), "other_cpu_share": load.share(),
                      **added_times(results)}
     return out
@@ -259,7 +273,8 @@ def table_rows(figures: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     for name, o in figures["overhead"].items():
         other = o["other_cpu_share"]
-        busy = "" if other is None else f"; other processes {other:.0%} of the CPU"
+        busy = ("" if other is None else f"; other processes {other:.0%} of the CPU"
+                + (" (timings disturbed)" if other > DISTURBED else ""))
         rows.append((f"overhead {name}: guard/clip added time", _ratio(o["guard_over_clip"]),
                      f"guard {o['guard_added_ms']:+.3f} ms, clip {o['clip_added_ms']:+.3f} ms "
                      f"on a {o['baseline_ms']:.2f} ms step, {o['rounds']} rounds x "
@@ -324,6 +339,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="quick form: the first N healthy, faulty and recoverable scenarios "
                              "of each family (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="scenario seed (default 0)")
+    parser.add_argument("--overhead-budget", type=float, default=QUICK_OVERHEAD_BUDGET,
+                        metavar="SECONDS",
+                        help="quick form: start no new overhead round once a workload has been "
+                             f"timed this long (default {QUICK_OVERHEAD_BUDGET:.0f}; each gets "
+                             f"{overhead.MIN_ROUNDS} rounds at least; the full form times every "
+                             "round)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for the overhead timings (default 1: on a shared "
                              "machine with few cores one thread is disturbed least; 0 keeps "
@@ -338,6 +359,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--per-family must be >= 1")
     if args.threads < 0:
         parser.error("--threads must be >= 0")
+    if args.overhead_budget <= 0:
+        parser.error("--overhead-budget must be > 0")
     return args
 
 
@@ -349,7 +372,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         return Plan("smoke", args.seed, 1, steps=SMOKE_STEPS,
                     overhead={"gpt2": {**tiny, "steps_per_round": 1},
                               "mlp": {**tiny, "steps_per_round": 10}})
-    return Plan("quick", args.seed, args.per_family)
+    return Plan("quick", args.seed, args.per_family, overhead_budget=args.overhead_budget)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,7 +114,8 @@ def test_the_smoke_form_prints_one_table_of_every_figure(
 
 
 def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--per-family", "0"], ["--smoke", "--full"], ["--threads", "-1"]):
+    for argv in (["--per-family", "0"], ["--smoke", "--full"], ["--threads", "-1"],
+                 ["--overhead-budget", "0"]):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert exit_.value.code == 2
