@@ -238,7 +238,8 @@ class AdamRatioProbe:
         denominator = sums + fixed.floor
         # the constants where the step counts are (on the device for fused and capturable
         # optimizers): a plain copy of host constants there would wait for the device
-        beta2 = fixed.beta2_here if count.device == device else fixed.beta2
+        beta2 = (fixed.beta2_here if count.device == device and fixed.beta2_here is not None
+                 else fixed.beta2)
         correction = to_device(1.0 - to_device(beta2, count.device).pow(count), device)
         values = {"adam_ratio_rms": (squares * correction / denominator).sqrt()}
         if self.updates:
