@@ -70,7 +70,7 @@ def measure(name: str, fault: str, healthy: int, device: str = "cpu") -> dict[st
             pass
         proofs = [e for e in guard.events if e.kind == "proof"]
         anchor = guard.run.state.anchor
-        kept = anchor.jump_state(guard.run.state.step) if anchor is not None else None
+        kept = anchor.before_jump if anchor is not None else None
         guard.close()
     step_s = statistics.median(times[: healthy])
     copy = ({"copy_mb": kept.nbytes / 1e6, "kept_steps": guard.run.state.step - 1 - kept.step}

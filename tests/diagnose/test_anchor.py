@@ -122,7 +122,7 @@ def test_no_anchor_where_it_is_not_wanted() -> None:
     # LR jump, copied when one comes
     only_jumps = anchor(prove="auto", policy="halt")
     assert only_jumps is not None and only_jumps.good_states is None
-    assert not only_jumps.ring.good and only_jumps.jump_state(0) is None
+    assert not only_jumps.ring.good and only_jumps.before_jump is None
     assert anchor(prove="auto", policy="observe") is None  # observe never halts: no proof
     assert anchor(prove="off", policy="halt") is None
     assert anchor(prove="on", policy="recover") is None  # its ring serves
@@ -270,7 +270,7 @@ def test_the_default_halt_still_proves_a_bad_batch_on_its_own_step(tmp_path: Pat
     assert proof.step == 60 and "outlier_batch" in proof.details["confirmed"]
     assert guard.diagnose()[0].code == "outlier_batch"
     anchor = guard.run.state.anchor
-    assert anchor is not None and anchor.unread is None and anchor.jump_state(60) is None
+    assert anchor is not None and anchor.unread is None and anchor.before_jump is None
 
 
 def test_with_good_states_the_ring_serves_an_lr_jump(tmp_path: Path) -> None:
@@ -278,7 +278,7 @@ def test_with_good_states_the_ring_serves_an_lr_jump(tmp_path: Path) -> None:
     copy is taken at the jump."""
     guard = halted_run(tmp_path, prove="on", jumps={60: 1000.0})
     anchor = guard.run.state.anchor
-    assert anchor is not None and anchor.unread is None and anchor.jump_state(61) is None
+    assert anchor is not None and anchor.unread is None and anchor.before_jump is None
     proofs = [e for e in guard.events if e.kind == "proof"]
     assert "lr_too_high" in proofs[-1].details["confirmed"]
     assert "from the good state of step" in proofs[-1].message
@@ -303,7 +303,8 @@ def test_the_state_before_a_jump_is_kept_for_the_budgets_span_in_one_copy() -> N
             transfers.append(transfer_count())
             if anchor is None:
                 return
-            state = anchor.jump_state(step + 1)  # what the next step's proof could replay from
+            # what the next step's proof could replay from
+            state = anchor.jump_state(step + 1, [g["lr"] for g in opt.param_groups])
             kept[step] = None if state is None else state.step
             if state is not None:
                 buffers[state.step] = {t.data_ptr() for t in state.model.values()}
@@ -334,7 +335,7 @@ def test_a_rise_below_a_jump_keeps_nothing_and_a_jump_changes_nothing_in_the_run
 
         def nothing_kept(step: int) -> None:
             assert anchor is not None and anchor.unread is None
-            assert anchor.jump_state(step) is None
+            assert anchor.before_jump is None
 
         jump_loop(guard, model, opt, 50, jumps={30: factor},
                   watch=nothing_kept if factor < LR_JUMP and prove == "auto" else None)
@@ -345,7 +346,7 @@ def test_a_rise_below_a_jump_keeps_nothing_and_a_jump_changes_nothing_in_the_run
     below.close()
     proved, proved_model = run(LR_JUMP, "auto")
     anchor = proved.run.state.anchor
-    assert anchor is not None and anchor.jump_state(50) is not None
+    assert anchor is not None and anchor.before_jump is not None
     plain, plain_model = run(LR_JUMP, "off")
     assert plain.run.state.anchor is None
     assert_same_run(proved, proved_model, plain, plain_model)
@@ -354,14 +355,29 @@ def test_a_rise_below_a_jump_keeps_nothing_and_a_jump_changes_nothing_in_the_run
 def test_a_state_before_a_jump_that_is_not_finite_is_never_replayed_from() -> None:
     model, opt = model_and_optimizer()
     anchor = ProofAnchor(model, opt, config(policy="halt"))
-    jump = Event(kind="lr_change", step=5, severity="info", message="", details={"ratio": 20.0})
-    anchor.before_update([jump], 5)
+    jump = Event(kind="lr_change", step=5, severity="info", message="", value=0.2,
+                 details={"ratio": 20.0, "groups": [0]})
+    anchor.before_update([jump], 5, (0.2,))
     assert anchor.unread is not None and JUMP_FLAG in anchor.extra()
     anchor.read({}, 5)  # its flag has not come yet
-    assert anchor.jump_state(6) is None and anchor.unread is not None
+    assert anchor.jump_state(6, (0.2,)) is None and anchor.unread is not None
     anchor.read({JUMP_FLAG: np.array([float("nan")])}, 6)
-    assert anchor.jump_state(6) is None and anchor.unread is None
-    anchor.before_update([jump], 7)
+    assert anchor.jump_state(6, (0.2,)) is None and anchor.unread is None
+    anchor.before_update([jump], 7, (0.2,))
     anchor.read({JUMP_FLAG: np.array([1.0])}, 8)
-    state = anchor.jump_state(8)
+    state = anchor.jump_state(8, (0.2,))
     assert state is not None and state.step == 7 and JUMP_FLAG not in anchor.extra()
+    # the LR the jump raised taken back 10x: the step runs at the usual LR
+    assert anchor.jump_state(8, (0.1,)) is not None and anchor.jump_state(8, (0.02,)) is None
+
+
+def test_a_spike_the_loop_took_back_is_not_replayed_from_before_it(tmp_path: Path) -> None:
+    """Steps 40-42 at LR 0.3, then 1e-3 again: the divergence that halts at step 55 runs at the
+    usual LR, and the step replayed from before the spike at that LR shows nothing of it; the
+    copy is kept (15 steps, within the budget's span) but not replayed from."""
+    guard, _ = lr_spike_run("halt", "auto", snapshot_dir=str(tmp_path))
+    anchor = guard.run.state.anchor
+    assert guard.run.halted and anchor is not None
+    assert anchor.before_jump is not None and anchor.before_jump.step == 40
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    assert proofs and not any("LR jump" in p.message for p in proofs)

@@ -18,7 +18,9 @@ Without one the run keeps states of its own for that purpose, never rolled back 
                   step (`lr_change`), the state from before that update, from which the proof
                   replays the bad step (the fault most often met, and one whose damage is done
                   by the updates after it). One copy, taken before the update, replayed from
-                  once its finite flag (riding the next step's transfer) reads 1, given back
+                  once its finite flag (riding the next step's transfer) reads 1 and while the
+                  raised LR is in force (a spike the loop took back leaves the step at the
+                  usual LR, which shows nothing replayed from before the spike), given back
                   `prove_budget_steps` steps after the jump (the span a pinned good state is
                   kept for) or at the next jump (whose copy reuses its buffers). A run whose LR
                   never jumps keeps nothing. No window is replayed from it: starting at the
@@ -30,6 +32,7 @@ Without one the run keeps states of its own for that purpose, never rolled back 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,6 +63,8 @@ rise the proof's lower LRs (x0.1, x0.01) take back whole. Smaller rises are the 
 weigh."""
 JUMP_FLAG = "anchor_jump_finite"
 """Name of the finite flag of the state copied before an LR jump, in the next step's transfer."""
+JUMPED = "jumped_lrs"
+"""The copy's note of the groups the jump raised, with the LR each was raised to."""
 
 
 class ProofAnchor:
@@ -118,22 +123,26 @@ class ProofAnchor:
             flags[JUMP_FLAG] = self.unread.finite
         return flags
 
-    def before_update(self, events: list[Event], step: int) -> None:
-        """Before the update of a step whose LR jumped `LR_JUMP` times or more (`lr_change`):
-        copy the state as it is, into the buffers of the jump before (one copy at a time). A
-        failed copy is logged: the proof then starts where it can, as before. With good states
-        the ring serves instead."""
-        if self.every_state or not any(
-                e.kind == Kind.LR_CHANGE and float(e.details.get("ratio", 0.0)) >= LR_JUMP
-                for e in events):
+    def before_update(self, events: list[Event], step: int, lrs: Sequence[float]) -> None:
+        """Before the update of a step whose LR jumped `LR_JUMP` times or more (`lr_change`;
+        `lrs`: the step's group LRs): copy the state as it is, into the buffers of the jump
+        before (one copy at a time). A failed copy is logged: the proof then starts where it
+        can, as before. With good states the ring serves instead."""
+        jump = next((e for e in events if e.kind == Kind.LR_CHANGE
+                     and float(e.details.get("ratio", 0.0)) >= LR_JUMP), None)
+        if self.every_state or jump is None:
             return
         reuse = self.unread if self.unread is not None else self.before_jump
         self.unread = self.before_jump = None
         try:
-            self.unread = self._capture(step, reuse=reuse)
+            state = self._capture(step, reuse=reuse)
         except Exception as exc:
             log.error("trainguard: could not keep the state from before the LR jump of step %d "
                       "(%s: %s)", step, type(exc).__name__, exc)
+            return
+        groups = [int(g) for g in jump.details.get("groups", ()) if 0 <= int(g) < len(lrs)]
+        state.extra[JUMPED] = {g: float(lrs[g]) for g in groups}
+        self.unread = state
 
     def read(self, extra: dict[str, np.ndarray], step: int) -> None:
         """At `step`, with its transfer and before its proof: the state copied before an LR jump
@@ -150,10 +159,17 @@ class ProofAnchor:
         if self.before_jump is not None and step - self.before_jump.step > self.horizon:
             self.before_jump = None
 
-    def jump_state(self, step: int) -> SavedState | None:
-        """The state from before the last LR jump a replay of `step` can start from."""
+    def jump_state(self, step: int, lrs: Sequence[float]) -> SavedState | None:
+        """The state from before the last LR jump a replay of `step` (at its group LRs `lrs`)
+        can start from: while a group the jump raised is still within `LR_JUMP` of the LR it
+        was raised to. A spike the loop took back runs the step at the usual LR, which replayed
+        from before the spike shows nothing of it."""
         state = self.before_jump
-        return state if state is not None and state.step <= step else None
+        if state is None or state.step > step:
+            return None
+        jumped: dict[int, float] = state.extra.get(JUMPED, {})
+        in_force = any(g < len(lrs) and lrs[g] * LR_JUMP > lr for g, lr in jumped.items())
+        return state if in_force else None
 
     def observe(self, extra: dict[str, np.ndarray], events: list[Event], applied: bool, *,
                 step: int) -> None:

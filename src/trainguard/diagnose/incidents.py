@@ -302,7 +302,9 @@ class IncidentProver:
         the proof anchor copied before the loop's last LR jump (`diagnose/anchor.py`), from
         before the damage the jumped LR did. No window: from the jump the only data from before
         the loss left its level is the jump step's batch."""
-        start = state.anchor.jump_state(ctx.step) if state.anchor is not None else None
+        lrs_now = ctx.signals.group_lrs if ctx.signals is not None else ()
+        start = (state.anchor.jump_state(ctx.step, lrs_now) if state.anchor is not None
+                 else None)
         if start is None:
             return []
         lrs = [g["lr"] for g in services.optimizer.param_groups]

@@ -65,8 +65,9 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     if ctx.outcome == "halted":
         _halt(ctx, state, services)
         return
-    if state.anchor is not None:  # an LR jump's proof starts from the state before its update
-        state.anchor.before_update(ctx.events, ctx.step)
+    if state.anchor is not None and ctx.signals is not None:
+        # an LR jump's proof starts from the state before its update
+        state.anchor.before_update(ctx.events, ctx.step, ctx.signals.group_lrs)
     if ctx.applied:
         scale_grads(ctx.grads, decision.clip_coef)
         _clip_rules(ctx, state, services, decision.clip_coef)
