@@ -484,13 +484,15 @@ class GuardConfig:
     # -- Proving causes (needs the Guard's `replay_fn`) --
     prove: Literal["auto", "on", "off"] = "auto"
     """Replay a bad step under each candidate fix to confirm or rule out its causes
-    (`trainguard.diagnose.counterfactual`). `auto`: at the step that halts (under `halt`) and
-    at the first rollback (under `recover`); `on`: also at the first steps with an error-level
-    event or a loss or gradient jump (a warning too), and at the first warning before any bad
-    step (`instability_precursor`, `bad_start`: a window from a good state, judged on the
-    warned signal, `diagnose/warned_signal.py`), under every policy (the state is put back
-    exactly), and without a recover ring the run keeps two good states in host memory to
-    replay from (`diagnose/anchor.py`); `off`: never. Healthy steps never pay for a replay."""
+    (`trainguard.diagnose.counterfactual`). `auto`: at the step that halts (under `halt`; from
+    the state before the loop's last LR jump of 10x or more too, a copy the run keeps then:
+    `diagnose/anchor.py`) and at the first rollback (under `recover`); `on`: also at the first
+    steps with an error-level event or a loss or gradient jump (a warning too), and at the
+    first warning before any bad step (`instability_precursor`, `bad_start`: a window from a
+    good state, judged on the warned signal, `diagnose/warned_signal.py`), under every policy
+    (the state is put back exactly), and without a recover ring the run keeps two good states
+    in host memory to replay from (`diagnose/anchor.py`); `off`: never. Healthy steps never pay
+    for a replay."""
     prove_budget_steps: float = 20.0
     """A proof stops trying interventions after about this many training steps' time."""
 

@@ -137,7 +137,7 @@ class Run:
         self.steps = StepPipeline(self.state, self.services)
         self.deferred = _deferral(config, self.services, owns_optimizer_step)
         """`sync="deferred"` in force: each step is judged on the host at the next one."""
-        if (config.prove == "on" and self.state.recovery is None and replay_fn is not None
+        if (ProofAnchor.wanted(config) and self.state.recovery is None and replay_fn is not None
                 and dist is None and not self.deferred):
             # a step whose damage is older is proved from a state before the trouble
             self.state.anchor = ProofAnchor(model, optimizer, config)
