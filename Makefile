@@ -1,18 +1,21 @@
 # `make demo` and `make test` each create .venv on first use, install torch there only when no
 # torch is importable (a system-wide one is reused), then install trainguard: alone for the demo,
-# with its development extras for the tests.
+# with its development extras for the tests. `make docs` adds the docs extras and builds the site
+# with `mkdocs build --strict` (a broken link or a docstring mkdocstrings cannot render fails it);
+# `make test` builds it first (a few seconds), then runs the suite.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trainguard-installed
 DEMO_STAMP := $(VENV)/.trainguard-core-installed
+DOCS_STAMP := $(VENV)/.trainguard-docs-installed
 
 # Debian packages that tests drive (each such test skips without its command), as COMMAND:PACKAGE.
 # `make test` installs the missing ones when run as root, with one `apt-get update` for all.
 SYSTEM_DEPS ?= prometheus:prometheus chromium:chromium
 
-.PHONY: demo test lint bench promises venv clean system-deps
+.PHONY: demo test docs lint bench promises venv clean system-deps
 
 venv: $(STAMP)
 
@@ -27,6 +30,10 @@ $(STAMP): $(DEMO_STAMP)
 	$(BIN)/python -m pip install -e ".[dev]"
 	touch $(STAMP)
 
+$(DOCS_STAMP): $(DEMO_STAMP)
+	$(BIN)/python -m pip install -e ".[docs]"
+	touch $(DOCS_STAMP)
+
 demo: $(DEMO_STAMP)
 	$(BIN)/trainguard demo
 
@@ -37,8 +44,12 @@ system-deps:
 	  echo "installing$$missing"; apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; fi
 
-test: venv system-deps
+test: venv system-deps docs
 	$(BIN)/python -m pytest
+
+# the site goes to site/ (mkdocs.yml); NO_MKDOCS_2_WARNING quiets the theme's banner, not a check
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks examples
@@ -51,4 +62,4 @@ promises: venv
 	$(BIN)/python -m benchmarks.promises
 
 clean:
-	rm -rf $(VENV) trainguard-demo .pytest_cache
+	rm -rf $(VENV) trainguard-demo .pytest_cache site

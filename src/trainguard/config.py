@@ -463,7 +463,7 @@ class GuardConfig:
     `Guard` with a fused optimizer (a GradScaler alongside), no `clip_rule` or `agc`, under any
     policy (a `recover` rollback judged late also drops the next step's update), and under
     torch.distributed when the collectives run on the model's device; otherwise the run says why
-    once and runs blocking. The README says what one step late changes."""
+    once and runs blocking. docs/deferred.md says what one step late changes."""
 
     # -- Halting and skipping --
     halt_severity: str = "error"
