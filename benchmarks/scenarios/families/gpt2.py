@@ -39,6 +39,8 @@ Faults (guide sections from `trainguard.diagnose.causes`):
     numerical_op (3.3.2)       a confidence regulariser sum(p * log p) whose softmax temperature
                                collapses at the onset step: the softmax underflows to exact zeros,
                                0 * log(0) is NaN, and so are the loss and every gradient.
+                               Transient: the schedule the loop hands its scheduler is 100x for
+                               6 steps from the onset, then back (gpt2_transient_lr).
     lr_too_low (3.1)           1e-5x the sane full fine-tuning LR: the loss never comes down,
                                with nothing else wrong (a stall: `no_progress`, `stalled`).
     batch_truncated (3.4.2)    from the onset step the loader silently yields 2 sequences
@@ -82,6 +84,8 @@ SANE_LORA_LR = 5e-3
 WARMUP_STEPS = 20
 MISSING_WARMUP_LR = 5e-2
 ONSET_STEP = 60
+TRANSIENT_LR_STEPS = 6
+"""Steps of the transient LR fault at 100x before the schedule is back."""
 
 PRETRAIN_KEY = "gpt2_l2_e64_h4_v64_markov7_b3_adamw5e-3_s150_b32_t1_v2"
 PRETRAIN_STEPS = 150
@@ -210,8 +214,9 @@ class Recipe:
     """batch_truncated: from `truncated_from` on, batches hold `truncated_size` sequences."""
     lr_jump_at: int | None = None
     lr_jump: float = 1.0
+    lr_jump_steps: int | None = None
     """lr_too_high (a user's change): from this step the loop multiplies the LR by `lr_jump`
-    and leaves it there."""
+    and leaves it there, or for `lr_jump_steps` steps only (then the schedule is back)."""
     lr_ramp_from: int | None = None
     lr_ramp_rate: float = 1.05
     """lr_too_high (gradual): from this step the LR grows by `lr_ramp_rate` per step (a
@@ -316,7 +321,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
 def user_schedule(step: int, recipe: Recipe) -> float:
     """The LR multiplier the loop applies: warmup + cosine, times the user's own changes."""
     factor = warmup_cosine(step, recipe.warmup_steps, recipe.steps)
-    if recipe.lr_jump_at is not None and step >= recipe.lr_jump_at:
+    if recipe.lr_jump_at is not None and step >= recipe.lr_jump_at and (
+            recipe.lr_jump_steps is None or step < recipe.lr_jump_at + recipe.lr_jump_steps):
         factor *= recipe.lr_jump
     if recipe.lr_ramp_from is not None and step >= recipe.lr_ramp_from:
         # the schedule stops where the ramp starts, and the LR climbs from there
@@ -341,6 +347,7 @@ BASELINES: dict[str, str] = {
     "gpt2_numerical_op": "gpt2_healthy",
     "gpt2_batch_truncated": "gpt2_healthy",
     "gpt2_user_lr_jump": "gpt2_healthy",
+    "gpt2_transient_lr": "gpt2_healthy",
     "gpt2_lr_ramp": "gpt2_healthy",
     "gpt2_late_group_lr": "gpt2_healthy",
     "gpt2_forgotten_backward": "gpt2_healthy",
@@ -417,6 +424,13 @@ def scenarios() -> list[Scenario]:
                   f"the training loop multiplies the LR by 100 at step {ONSET_STEP} and leaves "
                   "it there (a user's own LR change)",
                   cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_transient_lr",
+                  replace(full, lr_jump_at=ONSET_STEP, lr_jump=100.0,
+                          lr_jump_steps=TRANSIENT_LR_STEPS),
+                  f"the training loop's schedule multiplies the LR by 100 at step {ONSET_STEP} "
+                  f"for {TRANSIENT_LR_STEPS} steps, then the schedule is back (a user's LR "
+                  "change undone)",
+                  cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=True),
         _scenario("gpt2_lr_ramp", replace(full, lr_ramp_from=ONSET_STEP, lr_ramp_rate=1.05),
                   f"from step {ONSET_STEP} the LR grows 5% a step (x130 over 100 steps: a "
                   "scheduler stepped per batch instead of per epoch)",
