@@ -152,6 +152,8 @@ def test_demo_runs_healthy_then_exploding_and_keeps_every_run(tmp_path: Path) ->
     shown = run_cli("show", str(tmp_path / "healthy"))
     assert "run 2 of 2 in this directory" in shown.stdout
     assert "steps      20 recorded (0..19)" in shown.stdout
+    listed = run_cli("runs", str(tmp_path / "exploding"))  # the list claims no reason of its own
+    assert "DEGRADED (show --run 1 says why)" in listed.stdout, listed.stdout
 
 
 # -- a small store written directly, for show's output ------------------------------------------
@@ -351,6 +353,35 @@ def test_factories_that_fail_are_one_message(tmp_path: Path, snapshot_file: Path
             else ["doctor", "--factory", spec])
     code, out, err = call(*args, capsys=capsys)
     assert_one_error(code, out, err, fragment)
+
+
+def test_a_factory_file_imports_its_neighbours_as_python_file_py_would(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """`path/to/file.py:function` runs with the file's folder on the import path, as `python
+    file.py` would: a factory beside the training code imports it, from any current folder.
+    The `trainguard` command's own import path holds neither folder."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "tg_cli_neighbour.py").write_text(textwrap.dedent(f"""
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("tg_cli_tests_factory", {FACTORY!r})
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        clean_setup = module.clean_setup
+    """))
+    (project / "tg_cli_build.py").write_text(
+        "from tg_cli_neighbour import clean_setup\n\ndef setup():\n    return clean_setup()\n")
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if p not in ("", ".", str(project), str(elsewhere))])
+    try:
+        code, out, err = call("doctor", "--factory", f"{project / 'tg_cli_build.py'}:setup",
+                              capsys=capsys)
+    finally:
+        sys.modules.pop("tg_cli_neighbour", None)
+    assert code == 0, err
+    assert out.startswith("preflight: no findings"), out
 
 
 def test_replay_and_doctor_bad_input_exit_2(tmp_path: Path) -> None:

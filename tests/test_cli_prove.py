@@ -4,6 +4,7 @@ candidate fix, and one clear message (exit code 2) for bad input."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,59 @@ def test_a_snapshot_keeps_the_last_good_batch_for_the_previous_batch_fix(
     assert code == 0, err
     assert re.search(r"previous_batch +heals", out), out
     assert "confirmed by replay: the data — on the previous good batch" in out, out
+
+
+def test_prove_names_the_fixes_it_could_not_try_from_the_snapshot_s_state(
+        tmp_path: Path, capsys) -> None:
+    """The loop sets the LR x1000 at step 30; step 31 halts, bad before its own update: the
+    snapshot's state is from after the damaging update. `prove` says it could not try the LR
+    fixes from there, why, and what would let it (a run with prove="on")."""
+    model, optimizer, loss_fn = regression_setup()
+    guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, config=GuardConfig(
+        console=False, policy="halt", prove="off", snapshot_dir=str(tmp_path)))
+    with pytest.raises(trainguard.TrainingDiverged) as info:
+        for step in range(60):
+            if step == 30:
+                for group in optimizer.param_groups:
+                    group["lr"] *= 1000
+            batch = batch_at(step + 100)
+            loss = loss_fn(model, batch)
+            loss.backward()
+            guard.step(loss, batch=batch)
+            optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    code, out, err = call("prove", info.value.snapshot_path, "--factory",
+                          f"{FACTORY}:regression_setup", capsys=capsys)
+    assert code == 0, err
+    assert "could not try lr_x0.1, lr_x0.01, clip (testing lr_too_high) from this state" in out
+    assert "is bad before its update" in out
+    assert 'a run with prove="on" (it keeps good states from before the damage' in out
+    assert re.search(r"lr_x0\.1 +not tried +the step is bad before its update", out), out
+
+
+def test_prove_imports_a_factory_module_from_the_current_folder(
+        nan_snapshot: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """`--factory factory:build` with factory.py in the current folder, as `python -m` would
+    import it: the `trainguard` command's own import path does not hold the current folder."""
+    import sys
+
+    (tmp_path / "factory.py").write_text(textwrap.dedent("""
+        import torch
+
+        def build():
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                                        torch.nn.Dropout(0.2), torch.nn.Linear(32, 2))
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-2), (
+                lambda m, batch: torch.nn.functional.mse_loss(m(batch["x"]), batch["y"]))
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "factory", raising=False)
+    try:
+        code, out, err = call("prove", nan_snapshot, "--factory", "factory:build",
+                              capsys=capsys)
+    finally:
+        sys.modules.pop("factory", None)
+    assert code == 0, err
+    assert out.startswith("snapshot of step 20: nonfinite_input: confirmed by replay"), out

@@ -131,7 +131,9 @@ def test_learning_rate_1000x_too_high_is_detected_within_a_few_steps() -> None:
     detected = [e for e in guard.events if e.severity in ("warning", "error", "critical")]
     assert detected, "the explosion must be detected"
     assert detected[0].step - takeoff <= 3
-    assert detected[0].kind in ("loss_spike", "grad_explosion", "nonfinite_loss")
+    # the first update measured (step 0, told in step order) may already say the LR is too high
+    assert detected[0].kind in ("update_too_large", "loss_spike", "grad_explosion",
+                                "nonfinite_loss")
 
 
 def test_one_device_to_host_transfer_per_step_and_no_item_calls(monkeypatch) -> None:

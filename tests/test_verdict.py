@@ -3,6 +3,7 @@ and printed; a healthy or recovered run is said to be so; noise decides nothing.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -16,6 +17,7 @@ from torch import nn
 
 import trainguard
 from trainguard import Guard, GuardConfig
+from trainguard.report import build_report
 from trainguard.verdict import LossTrack
 
 
@@ -29,6 +31,18 @@ def track(losses: list[float], trouble_at: int | None = None) -> LossTrack:
 def test_a_falling_loss_is_healthy() -> None:
     verdict = track(list(np.linspace(3.0, 1.0, 100))).verdict()
     assert verdict is not None and verdict.verdict == "healthy"
+
+
+def test_a_stalled_verdict_repeats_what_the_run_showed_of_why() -> None:
+    track = LossTrack()
+    for step in range(150):
+        track.observe(step, 4.7 + 0.01 * (-1) ** step, trouble=False)
+    result = track.verdict(stall_reason="the LR was 0 at every one of those 100 steps")
+    assert result is not None and result.verdict == "stalled"
+    assert result.message.endswith("the run did not learn; the LR was 0 at every one of those "
+                                   "100 steps")
+    plain = track.verdict()
+    assert plain is not None and plain.message.endswith("the run did not learn")
 
 
 def test_noise_around_a_flat_loss_is_not_degraded() -> None:
@@ -141,7 +155,7 @@ def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # t
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
                              config=trainguard.GuardConfig(policy="halt", console=False))
-    with pytest.raises(trainguard.TrainingDiverged):
+    with pytest.raises(trainguard.TrainingDiverged) as halted:
         for step in range(60):
             x = torch.randn(8, 4)
             if step == 40:
@@ -152,7 +166,8 @@ def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # t
             optimizer.zero_grad(set_to_none=True)
     guard.close()
     assert guard.verdict is not None and guard.verdict.verdict == "degraded"
-    assert "halted on a non-finite loss" in guard.verdict.message
+    step = halted.value.report.step
+    assert f"halted at step {step} on a non-finite loss" in guard.verdict.message
 
 
 def _observed_run(tmp_path: Path, *, nan_steps: range = range(0), policy: str = "protect",
@@ -218,6 +233,67 @@ def test_a_run_halted_on_a_finite_spike_is_not_called_recovered(tmp_path: Path) 
     assert guard.verdict is not None and guard.verdict.verdict == "degraded"
     assert f"halted at step {step}" in guard.verdict.message
 
+
+
+
+def test_a_run_too_short_to_judge_gets_no_verdict(tmp_path: Path) -> None:
+    """Six steps: the start level and the end level are the same losses, so "healthy: 5.1 to
+    5.1" would say nothing. No verdict, and every place that shows one says why; a run long
+    enough gets its verdict."""
+    guard = _observed_run(tmp_path / "short", steps=6)
+    assert guard.verdict is not None and guard.verdict.verdict is None
+    assert guard.verdict.message.startswith("too short to judge: 6 finite loss(es), where the "
+                                            "verdict needs 20"), guard.verdict.message
+    reader = trainguard.RunReader(tmp_path / "short" / "protect")
+    assert reader.summary()["verdict"]["verdict"] is None
+    cli = [sys.executable, "-m", "trainguard", "show", str(tmp_path / "short" / "protect")]
+    shown = subprocess.run(cli, capture_output=True, text=True, check=True).stdout
+    assert "verdict    too short to judge: 6 finite loss(es)" in shown, shown
+    html, _ = build_report(tmp_path / "short" / "protect")
+    assert '<p class="verdict">too short to judge: 6 finite loss(es)' in html
+    judged = _observed_run(tmp_path / "judged", steps=20)
+    assert judged.verdict is not None and judged.verdict.verdict == "healthy"
+
+
+def test_a_short_run_that_shows_its_trouble_is_still_judged(tmp_path: Path) -> None:
+    """What needs no comparison of levels is known however short the run: a halt, weights that
+    are not finite."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="halt", console=False))
+    with pytest.raises(trainguard.TrainingDiverged):
+        for step in range(6):
+            x = torch.randn(16, 4)
+            if step == 3:
+                x[0, 0] = float("nan")
+            loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            loss.backward()
+            guard.step(loss)
+            optimizer.zero_grad(set_to_none=True)
+    assert guard.verdict is not None and guard.verdict.verdict == "degraded"
+    observed = _observed_run(tmp_path, nan_steps=range(3, 6), policy="observe", steps=6)
+    assert observed.verdict is not None and observed.verdict.verdict == "degraded"
+    assert "weights are not all finite" in observed.verdict.message
+
+def test_a_halted_run_is_said_halted_at_the_step_that_halted(tmp_path: Path) -> None:
+    """The demo's exploding run: the loss spikes at step 1 and the run halts many steps later,
+    when the divergence is confirmed. The verdict names the halting step as the halt, and the
+    step its trouble began at as such."""
+    from trainguard.demo.run import DemoRun, train
+
+    result = train(DemoRun("exploding", lr=1.0, warmup=0, policy="halt"), steps=60,
+                   out_dir=tmp_path, seed=0, stream=io.StringIO())
+    assert result.halted
+    halt_step = result.steps - 1
+    with trainguard.RunReader(result.run_dir) as reader:
+        verdict = reader.summary()["verdict"]
+    trouble = verdict["trouble_step"]
+    assert trouble is not None and trouble < halt_step, verdict
+    assert verdict["message"].startswith(
+        f"the run was halted at step {halt_step} and did not go past the trouble that began at "
+        f"step {trouble}"), verdict["message"]
+    assert verdict["halt_step"] == halt_step
 
 def test_a_run_whose_last_steps_had_no_gradient_stalled(tmp_path: Path) -> None:
     """backward() went missing from step 50: the loss stays where the last update left it, no

@@ -141,6 +141,11 @@ def _add_runs(commands: Any) -> None:
     runs.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+FACTORY_HELP = ("'module:function' (imported with the current folder on the path, as python -m "
+                "does) or 'path/to/file.py:function' (with the file's folder on the path, as "
+                "python file.py does)")
+
+
 def _add_replay(commands: Any) -> None:
     """`trainguard replay`: rerun a crash snapshot's bad step."""
     replay_cmd = commands.add_parser(
@@ -153,7 +158,7 @@ def _add_replay(commands: Any) -> None:
                     "loss_fn(model, batch) -> loss.",
         epilog=EXIT_CODES)
     replay_cmd.add_argument("snapshot", metavar="SNAPSHOT")
-    replay_cmd.add_argument("--factory", required=True, metavar="FACTORY")
+    replay_cmd.add_argument("--factory", required=True, metavar="FACTORY", help=FACTORY_HELP)
     replay_cmd.add_argument("--runs", type=_positive_int, default=2,
                             help="reruns, to tell deterministic from transient faults (default 2)")
 
@@ -174,7 +179,7 @@ def _add_prove(commands: Any) -> None:
                     "batch) -> loss.",
         epilog=EXIT_CODES)
     prove_cmd.add_argument("snapshot", metavar="SNAPSHOT")
-    prove_cmd.add_argument("--factory", required=True, metavar="FACTORY")
+    prove_cmd.add_argument("--factory", required=True, metavar="FACTORY", help=FACTORY_HELP)
     prove_cmd.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                            help="stop trying fixes after this long (default: no limit)")
 
@@ -189,7 +194,7 @@ def _add_doctor(commands: Any) -> None:
                     "As a CI gate: exits 1 when a finding reaches the --fail-on level.",
         epilog="exit codes: 0 ok (no finding at the --fail-on level), 1 findings at or above "
                "--fail-on, 2 bad input (one error line on stderr), 130 interrupted.")
-    doctor.add_argument("--factory", required=True, metavar="FACTORY")
+    doctor.add_argument("--factory", required=True, metavar="FACTORY", help=FACTORY_HELP)
     doctor.add_argument("--fail-on", choices=("warning", "error", "never"), default="error",
                         help="the severity that makes the audit fail (default: error)")
     doctor.add_argument("--json", action="store_true",
@@ -286,6 +291,8 @@ def _a(value: object) -> str:
 
 
 def _load_factory(spec: str) -> Callable[[], Any]:
+    """The factory of `module:function` or `path/to/file.py:function`, imported as Python would
+    run it (`_import_path`)."""
     import importlib
     import importlib.util
 
@@ -299,12 +306,14 @@ def _load_factory(spec: str) -> Callable[[], Any]:
             path = Path(module_name)
             if not path.is_file():
                 raise UsageError(f"no file {path}")
+            _import_path(path.resolve().parent)
             loaded = importlib.util.spec_from_file_location(path.stem, path)
             if loaded is None or loaded.loader is None:
                 raise UsageError(f"cannot import {path}")
             module = importlib.util.module_from_spec(loaded)
             loaded.loader.exec_module(module)
         else:
+            _import_path(Path.cwd())
             module = importlib.import_module(module_name)
     except UsageError:
         raise
@@ -316,6 +325,17 @@ def _load_factory(spec: str) -> Callable[[], Any]:
     if not callable(factory):
         raise UsageError(f"the factory {spec} is {_a(factory)}, not a function")
     return factory
+
+
+def _import_path(folder: Path) -> None:
+    """Put `folder` first on the import path, as Python does for what it runs: the current
+    folder for `python -m module`, the script's folder for `python file.py`. The `trainguard`
+    command's own path holds neither, so a factory could not import itself or its neighbours."""
+    import sys
+
+    entry = str(folder)
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
 
 
 def _call_factory(spec: str, returns: str) -> tuple:
@@ -421,7 +441,10 @@ def _prove(args: argparse.Namespace) -> int:
                   autocast=torch.float16 if snapshot.get("scaler") else None,
                   original_finite=not any(e.step == step and e.kind.startswith("nonfinite")
                                           for e in events),
-                  original_loss=float(recorded) if isinstance(recorded, (int, float)) else None)
+                  original_loss=float(recorded) if isinstance(recorded, (int, float)) else None,
+                  earlier='a run with prove="on" (it keeps good states from before the damage '
+                          "and replays from one; a crash snapshot holds only the state before "
+                          "this step's own update)")
     try:
         proof = prove(setup, likely=[c.code for c in rank_causes(events, top=100)],
                       budget_s=args.budget)
@@ -438,6 +461,11 @@ def _prove(args: argparse.Namespace) -> int:
         verdict = {True: "heals", False: "still bad", None: "says nothing"}[healed]
         print(f"  {intervention.name:<15} {verdict:<12} loss {outcome.loss:.4g}, after the "
               f"update {outcome.after:.4g}, gradient norm {outcome.grad_norm:.4g}")
+    for name in proof.cannot_try:
+        print(f"  {name:<15} {'not tried':<12} the step is bad before its update: a changed "
+              "update cannot heal it from this state")
+    for name in proof.not_tried:
+        print(f"  {name:<15} {'not tried':<12} no time left in the budget")
     return EXIT_OK
 
 
@@ -713,7 +741,10 @@ _when = local_time
 
 
 def _status(summary: dict[str, Any]) -> str:
-    line = (f"{summary['status']} (policy {_fmt(summary['policy'])}, "
+    error = summary.get("error")
+    ended_by = (f" by {error['type']}" + (f": {error['message']}" if error["message"] else "")
+                if error else "")
+    line = (f"{summary['status']}{ended_by} (policy {_fmt(summary['policy'])}, "
             f"trainguard {_fmt(summary['trainguard_version'])})")
     if summary["status"] == "running" and summary.get("process") == "gone":
         line += (f"; its process {summary.get('pid')} is gone: it was killed before it could "
@@ -751,7 +782,9 @@ def _show_header(summary: dict[str, Any]) -> list[str]:
     lines.append(f"run        {summary['run_dir']} ({where})")
     lines.append(f"status     {_status(summary)}")
     verdict = summary.get("verdict")
-    if verdict:
+    if verdict and verdict["verdict"] is None:  # too short to judge: the message says so
+        lines.append(f"verdict    {verdict['message']}")
+    elif verdict:
         label = (verdict["verdict"].upper() if verdict["verdict"] in ("degraded", "stalled")
                  else verdict["verdict"])
         lines.append(f"verdict    {label}: {verdict['message']}")
@@ -861,12 +894,12 @@ def _runs(args: argparse.Namespace) -> int:
             notes.append(f"process {run['pid']} gone without closing")
         if run["resumed"]:
             notes.append(f"resumed {run['resumed']}x")
+        if run.get("error"):
+            notes.append(f"ended by {run['error']}")
         if run["store_failed"]:
             notes.append(f"store stopped writing, {run['dropped_steps']} steps lost")
-        if run.get("verdict") == "degraded":
-            notes.append("DEGRADED: ended worse than before its trouble")
-        elif run.get("verdict") == "stalled":
-            notes.append("STALLED: the loss never came down")
+        if run.get("verdict") in ("degraded", "stalled"):  # why: `show` says (the reasons vary)
+            notes.append(f"{run['verdict'].upper()} (show --run {run['id']} says why)")
         lines.append(f"{run['id']:>4}  {_when(run['started']):<19}  {_when(run['ended']):<19}  "
                      f"{run['status']:<12} {run['steps']:>7} {_fmt(run['last_step']):>9} "
                      f"{run['events']:>7}  {'; '.join(notes)}".rstrip())

@@ -110,3 +110,15 @@ class RunInfo:
     """Rank, world size and backend under torch.distributed (empty for one process)."""
     resume: bool = False
     """True when the run continues an earlier one (`Guard(resume=True)`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunError:
+    """The exception that ended a run (a sink hears it before the run's status): its type's
+    name and the first line of its message."""
+
+    type: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message}

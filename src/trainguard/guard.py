@@ -33,12 +33,13 @@ from trainguard.diagnose import Finding
 from trainguard.diagnose.counterfactual import Proof
 from trainguard.diagnose.ranking import RankedCause
 from trainguard.diagnose.replay import LossFn
-from trainguard.errors import PeerLost, TrainingDiverged, UsageError
+from trainguard.errors import UsageError
 from trainguard.events import Event, StepReport
 from trainguard.outside_steps import OutsideSteps
 from trainguard.pipeline.run import Run
 from trainguard.recovery import Recovery
 from trainguard.remedies.device import skip_on_device
+from trainguard.run_end import exit_status
 from trainguard.sinks import Sink
 from trainguard.verdict import RunVerdict
 from trainguard.vocabulary import Status
@@ -204,17 +205,21 @@ class Guard:
         a healthy run with a sane configuration."""
         return self.run.diagnose()
 
-    def close(self) -> None:
-        """Flush the last measurements, store the diagnosis and close the run store."""
+    def close(self, status: Status | None = None) -> None:
+        """Flush the last measurements, store the diagnosis and close the run store. The run's
+        status is `status` if given; else, closed in a `finally:` (or `except:`) clause while
+        an exception is under way, `interrupted` (Ctrl-C, a signal) or `crashed` (any other
+        error), its type stored; `finished` otherwise."""
         self._outside.close()
-        self.run.close()
+        self.run.close(status)
 
     def __enter__(self) -> Guard:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._outside.close()
-        self.run.close(status=exit_status(exc))
+        # the block's own exception, not one an enclosing `except:` clause is handling
+        self.run.close(status=exit_status(exc), error=exc)
 
     def state_dict(self) -> dict[str, Any]:
         """The Guard's own state (baselines, counters, recovery's skip list and LR backoff), for
@@ -255,15 +260,3 @@ class Guard:
         if state["stage"] is OptState.READY:
             self.scaler.unscale_(self.optimizer)
 
-
-def exit_status(exc: BaseException | None) -> Status:
-    """The status a run ends with when its `with` block (or a trainer) exits with `exc`."""
-    if exc is None:
-        return "finished"
-    if isinstance(exc, TrainingDiverged):
-        return "halted"
-    if isinstance(exc, PeerLost):
-        return "failed"
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return "interrupted"
-    return "crashed"

@@ -13,8 +13,14 @@ says whether training worked:
                 "finished" but is worse off than it was
     stalled     the run trained long enough to tell (`DetectorConfig.stall_steps` losses) and
                 its loss never came down beyond its own noise at the start
-                (`detect.no_progress.came_down`): it did not learn, with or without trouble;
-                or its last steps had no gradient at all (`no_gradients` to the end)
+                (`detect.no_progress.came_down`): it did not learn, with or without trouble
+                (said with what the run showed of why: `detect/stall_reason.py`); or its last
+                steps had no gradient at all (`no_gradients` to the end)
+
+A run with fewer finite losses than the window (`WINDOW`) is too short to judge: it gets no
+verdict (`RunVerdict.verdict` is None, its message says "too short to judge"), unless what it
+shows needs no comparison of levels: it was halted, its weights are not all finite, its last
+losses were not, or it stopped training.
 
 Levels are medians of `WINDOW` finite losses (the first ones, the last ones before the first
 trouble, the last ones of the run), so one noisy batch decides nothing; when trouble began
@@ -52,18 +58,22 @@ BEYOND_NOISE = 2.0
 
 @dataclass(frozen=True, slots=True)
 class RunVerdict:
-    verdict: Verdict
-    """`healthy`, `recovered`, `degraded` or `stalled`."""
+    verdict: Verdict | None
+    """`healthy`, `recovered`, `degraded` or `stalled`; None: too short to judge, as the
+    message says."""
     message: str
     start: float | None
     before_trouble: float | None
     final: float | None
     trouble_step: int | None
+    """The first step with trouble (a warning or worse)."""
+    halt_step: int | None = None
+    """The step the Guard halted the run at (None: it was not halted, or not at a known step)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "message": self.message, "start": self.start,
                 "before_trouble": self.before_trouble, "final": self.final,
-                "trouble_step": self.trouble_step}
+                "trouble_step": self.trouble_step, "halt_step": self.halt_step}
 
 
 def ended_worse(final: float, reference: float, tail: Iterable[float]) -> bool:
@@ -140,15 +150,19 @@ class LossTrack:
     def _start(self) -> float | None:
         return statistics.median(self.first) if self.first else None
 
-    def verdict(self, *, halted: bool = False, weights_finite: bool | None = None,
-                untrained_since: int | None = None) -> RunVerdict | None:
+    def verdict(self, *, halted: bool = False, halt_step: int | None = None,
+                weights_finite: bool | None = None, untrained_since: int | None = None,
+                stall_reason: str = "") -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
-        not recover, whatever the losses before the halt said.
+        not recover, whatever the losses before the halt said; `halt_step`, the step it stopped
+        at, when known (the trouble may have begun many steps before it).
         `weights_finite`: whether the model's weights are all finite at the end (None: not
         checked); a model with a NaN in it is degraded, whatever its last finite losses said.
         `untrained_since`: the first step of a run of steps without any gradient that lasted to
         the end (`detect/no_gradients.py`): nothing trained after it, so the run stalled,
-        however its loss compares (it stays where the last update left it)."""
+        however its loss compares (it stays where the last update left it).
+        `stall_reason`: what the run showed of why it did not learn (`no_progress`'s reason),
+        said after a `stalled` verdict."""
         start = self._start()
         if start is None:
             return None
@@ -156,17 +170,8 @@ class LossTrack:
         against = ("before the first trouble" + (f" (step {self.trouble_step})"
                                                   if self.trouble_step is not None else "")
                    if self.before_trouble is not None else "at the start")
-        if halted and self.nonfinite_tail:
-            return RunVerdict("degraded", "the run was halted on a non-finite loss", start,
-                              self.before_trouble, math.nan, self.trouble_step)
-        if halted:  # it stopped at the trouble: the losses before it say nothing of coming back
-            where = f" at step {self.trouble_step}" if self.trouble_step is not None else ""
-            was = (f" (the loss was {self.before_trouble:.4g} before it)"
-                   if self.before_trouble is not None else "")
-            return RunVerdict("degraded", f"the run was halted{where} and did not go past the "
-                              f"trouble{was}", start, self.before_trouble,
-                              statistics.median(self.recent) if self.recent else math.nan,
-                              self.trouble_step)
+        if halted or halt_step is not None:
+            return self._halted(start, halt_step)
         if weights_finite is False:
             return RunVerdict("degraded", "the model's weights are not all finite at the end of "
                               "the run" + (f" (the last {self.nonfinite_tail} losses were not "
@@ -175,6 +180,14 @@ class LossTrack:
         if self.nonfinite_tail >= self.window // 2 or not self.recent:
             return RunVerdict("degraded", f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
+        # The start level is the median of the first window // 2 losses, the end level that of
+        # the last `window`: with fewer losses than a window, most of the end's are the start's
+        # own and its median is the start's level whatever came after ("5.103 to 5.103").
+        if self.seen < self.window and untrained_since is None:
+            return RunVerdict(None, f"too short to judge: {self.seen} finite loss(es), where the "
+                              f"verdict needs {self.window} (it compares the median of the first "
+                              f"{self.window // 2} with that of the last {self.window})", start,
+                              self.before_trouble, None, self.trouble_step)
         tail = self._final_tail()
         final = statistics.median(tail)
         stalled = (self.seen >= self.stall_steps and len(self.start) == self.window
@@ -202,8 +215,9 @@ class LossTrack:
         if stalled:
             return RunVerdict("stalled", f"the loss never came down in {self.seen} steps "
                               f"(from {statistics.median(self.start):.4g} at the start to "
-                              f"{final:.4g}): the run did not learn", start, self.before_trouble,
-                              final, self.trouble_step)
+                              f"{final:.4g}): the run did not learn"
+                              + (f"; {stall_reason}" if stall_reason else ""), start,
+                              self.before_trouble, final, self.trouble_step)
         if self.trouble_step is not None:
             how = ("no worse than" if final <= reference
                    else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
@@ -212,6 +226,22 @@ class LossTrack:
                               final, self.trouble_step)
         return RunVerdict("healthy", f"the loss went from {start:.4g} to {final:.4g}", start,
                           None, final, None)
+
+    def _halted(self, start: float, halt_step: int | None) -> RunVerdict:
+        """A halted run is degraded: it stopped at the trouble, and the losses before it say
+        nothing of coming back."""
+        at = f" at step {halt_step}" if halt_step is not None else ""
+        if self.nonfinite_tail:
+            return RunVerdict("degraded", f"the run was halted{at} on a non-finite loss", start,
+                              self.before_trouble, math.nan, self.trouble_step, halt_step)
+        began = (f" that began at step {self.trouble_step}"
+                 if self.trouble_step is not None and self.trouble_step != halt_step else "")
+        was = (f" (the loss was {self.before_trouble:.4g} before it)"
+               if self.before_trouble is not None else "")
+        return RunVerdict("degraded", f"the run was halted{at} and did not go past the "
+                          f"trouble{began}{was}", start, self.before_trouble,
+                          statistics.median(self.recent) if self.recent else math.nan,
+                          self.trouble_step, halt_step)
 
     def _final_tail(self) -> list[float]:
         """The losses the run ended on: the last `window`, or, when trouble began among them,

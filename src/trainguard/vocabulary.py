@@ -17,7 +17,8 @@ Action = Literal["applied", "clipped", "skipped", "halted", "rolled_back"]
 
 Status = Literal["running", "finished", "halted", "failed", "crashed", "interrupted"]
 """How a run stands or ended: `running` until it is closed; `failed` when a rank was lost under
-torch.distributed."""
+torch.distributed; `crashed` or `interrupted` when an exception ended it (`trainguard.run_end`),
+or `interrupted` when its process ended without closing it."""
 
 Verdict = Literal["healthy", "recovered", "degraded", "stalled"]
 """The run's verdict (`RunVerdict.verdict`): did it end better than it was?"""

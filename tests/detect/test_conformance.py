@@ -31,8 +31,10 @@ from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
 from trainguard.detect.base import Episode
+from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.output_growth import OutputGrowth, Streaks
+from trainguard.detect.stall_reason import StallEvidence, StallReason
 from trainguard.events import Event
 from trainguard.signals import SampledStats, StepSignals
 
@@ -58,9 +60,11 @@ def detect_classes() -> set[type]:
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
 HELPERS: tuple[type, ...] = (Detector, Episode, AttentionLogitTracker, AttentionTrack, OutputGrowth,
-                             Streaks)
-"""The base class, a helper detectors share, and the trackers `InstabilityPrecursor` composes
-(the attention-logit side, log Z and the update RMS: their conformance is that detector's)."""
+                             Streaks, ScaleCalibration, StallEvidence, StallReason)
+"""The base class, a helper detectors share, the trackers `InstabilityPrecursor` composes
+(the attention-logit side, log Z and the update RMS), the GradScaler's calibration
+`Fp16Overflow` follows and the evidence `NoProgress` gathers of why a run stalled: their
+conformance is their detector's."""
 
 
 def test_every_detector_class_is_in_the_runs() -> None:

@@ -347,6 +347,87 @@ def test_a_fault_the_replay_does_not_show_is_not_reproducible() -> None:
     assert proof.summary().startswith("not reproducible")
 
 
+def test_a_replay_that_does_not_give_the_recorded_loss_says_the_trouble_is_outside_it(
+) -> None:
+    """The run recorded the step's loss a million times what the replay's loss function gives
+    from the same state and batch (the loop scaled it outside that function): the replay does
+    not reproduce the step, says so with both losses, and tries no fix, even in the run's first
+    steps, where a healthy replay is otherwise judged against its fixes."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = regression()
+    with torch.no_grad():
+        ran = float(mse(model, batch))
+    for base in (typical(model, mse, [regression(1)]), Baseline()):
+        proof = prove(Setup(model, opt, mse, batch, step=30, baseline=base,
+                            original_loss=ran * 1e6, original_finite=True,
+                            previous_batch=regression(3)))
+        assert not proof.reproduced and proof.replay_differs
+        assert proof.trials == [] and proof.confirmed == {} and proof.ruled_out == {}
+        assert proof.recorded_loss == ran * 1e6 and proof.plain.loss == pytest.approx(ran)
+        assert proof.summary().startswith(
+            f"the replay does not reproduce step 30 as it ran: the run recorded its loss as "
+            f"{ran * 1e6:.3g}, the replay of the same state and batch gives {ran:.3g}")
+        assert "the trouble lies outside what the replay computes" in proof.summary()
+    # the loss it recorded, or one a few percent off (other dropout masks): no such claim
+    for recorded in (ran, ran * 1.1):
+        proof = prove(Setup(model, opt, mse, batch, step=30, original_loss=recorded,
+                            original_finite=True))
+        assert not proof.replay_differs and "outside what the replay" not in proof.summary()
+
+
+def test_a_fix_that_leaves_the_bad_value_as_it_was_confirms_nothing() -> None:
+    """A fix is judged in what the plain replay is bad in, against the plain replay: a loss
+    moved from just above the spike threshold to just under it is the same loss (a replay of
+    the same step moves that much), and a step bad in its gradient norm is healed by a fix that
+    brings the norm down, said in norms, not in the loss both replays share."""
+    from trainguard.diagnose.counterfactual import Outcome, Proof, _conclude, _heals
+
+    model = mlp()
+    setup = Setup(model, torch.optim.SGD(model.parameters(), lr=1e-3), mse, regression(),
+                  step=50, baseline=Baseline(1.0, 1.0))
+    float64 = next(i for i in interventions(setup) if i.name == "float64")
+    spiked = Outcome("as_it_happened", "as it happened", loss=3.1, grad_norm=1.0, after=3.0)
+    proof = Proof(50, spiked, setup.baseline, True, spiked.bad(setup.baseline))
+    assert spiked.bad(setup.baseline) and not Outcome("f", "", 2.9, 1.0, 2.8).bad(
+        setup.baseline)
+    assert _heals(float64, proof, Outcome("f", "", 2.9, 1.0, 2.8)) is False
+    assert _heals(float64, proof, Outcome("f", "", 1.2, 1.0, 1.1)) is True
+    steep = Outcome("as_it_happened", "as it happened", loss=1.0, grad_norm=12.0, after=0.9)
+    proof = Proof(50, steep, setup.baseline, True, steep.bad(setup.baseline))
+    calm = Outcome("f", "", loss=1.0, grad_norm=1.0, after=0.9)
+    proof.trials = [(float64, calm, _heals(float64, proof, calm))]
+    _conclude(proof, ["numerical_op"])
+    assert proof.confirmed == {"numerical_op": "confirmed by replay: with the loss computed in "
+                               "float64 the gradient norm is 1 (run's typical 1) instead of 12"}
+    # a warned signal is judged by its warning's bound, on its own scale: log Z from 14.2 to
+    # 11.2, under the bound 13.5, is a fix (a fifth of a logarithm is a large change)
+    warned = Baseline(1.0, 1.0, signal_bound=13.5, signal_what="log Z")
+    high = Outcome("as_it_happened", "as it happened", 1.0, 1.0, 0.9, window=5, signal=14.2)
+    proof = Proof(50, high, warned, True, high.bad(warned))
+    assert _heals(float64, proof, Outcome("f", "", 1.0, 1.0, 0.9, window=5, signal=11.2))
+
+
+def test_the_fixes_of_the_update_a_damaged_state_cannot_try_are_named() -> None:
+    """The batch is fine but the state already broken (its loss far above the run's): a
+    changed update cannot heal the step, so the LR fixes are not tried, and the proof says
+    which and what would let them be tried."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    base = typical(model, mse, [regression(1)])
+    with torch.no_grad():
+        model[0].weight.mul_(300.0)  # damage from updates before this state
+    proof = prove(Setup(model, opt, mse, regression(), step=60, baseline=base,
+                        earlier="a state from step 50"), likely=["lr_too_high"])
+    assert proof.reproduced and proof.plain.forward_bad(base)
+    assert proof.cannot_try == ["lr_x0.1", "lr_x0.01", "clip"] and proof.trials == []
+    assert proof.summary().startswith(
+        f"step 60 is bad ({proof.why_bad}); could not try lr_x0.1, lr_x0.01, clip (testing "
+        "lr_too_high) from this state: step 60 is bad before its update")
+    assert proof.summary().endswith("a state from step 50 would let them be tried")
+    assert "lr_too_high" not in proof.ruled_out
+
+
 def test_the_time_budget_is_honoured() -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=3.0)

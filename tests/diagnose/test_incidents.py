@@ -41,8 +41,12 @@ def model_and_optimizer(dropout: float = 0.2, lr: float = 1e-2):
 
 
 def train(guard: Guard, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int,
-          **faults) -> None:
+          lr_jump: tuple[int, float] | None = None, **faults) -> None:
+    """`lr_jump=(step, factor)`: the loop multiplies its LR by `factor` at that step."""
     for step in range(steps):
+        if lr_jump is not None and step == lr_jump[0]:
+            for group in optimizer.param_groups:
+                group["lr"] *= lr_jump[1]
         batch = batch_at(step, **faults)
         loss = mse(model, batch)
         loss.backward()
@@ -167,15 +171,7 @@ def test_recover_proves_its_first_rollback_from_the_good_state() -> None:
     replay from the state the rollback returns to confirms the LR."""
     model, opt = model_and_optimizer(dropout=0.0, lr=3e-3)
     guard = Guard(model, opt, config=config(policy="recover"), replay_fn=mse)
-    for step in range(80):
-        if step == 40:
-            for group in opt.param_groups:
-                group["lr"] *= 300
-        batch = batch_at(step)
-        loss = mse(model, batch)
-        loss.backward()
-        guard.step(loss, batch=batch)
-        opt.zero_grad(set_to_none=True)
+    train(guard, model, opt, 80, lr_jump=(40, 300))
     rollbacks = [e for e in guard.events if e.kind == "rollback"]
     proofs = [e for e in guard.events if e.kind == "proof"]
     assert rollbacks and proofs and all(p.step == rollbacks[0].step for p in proofs)
@@ -385,3 +381,92 @@ def test_a_window_starts_first_from_the_newest_good_state_before_the_loss_left_i
     starts = prover._starts(ring, states[0], 54, Baseline(0.3, 1.0))  # type: ignore[arg-type]
     assert [(s.step, rules_out) for s, rules_out in starts] == [(30, True)]
     assert prover._starts(ring, states[0], 54, Baseline()) == [(states[0], True)]  # type: ignore[arg-type]
+
+
+def scaled_outside_loop(guard: Guard, model: nn.Module, opt: torch.optim.Optimizer, loss_fn,
+                        batches, at: int, *, loss_scale: float = 1.0,
+                        grad_scale: float = 1.0) -> None:
+    """A loop that, at step `at`, scales the loss it gives the Guard (and backpropagates) or the
+    gradients, outside the loss function the replays call: until it halts."""
+    with pytest.raises(TrainingDiverged):
+        for step, batch in enumerate(batches):
+            loss = loss_fn(model, batch)
+            if step == at:
+                loss = loss * loss_scale
+            loss.backward()
+            if step == at:
+                for p in model.parameters():
+                    p.grad.mul_(grad_scale)
+            guard.step(loss, batch=batch)
+            opt.zero_grad(set_to_none=True)
+
+
+def test_a_loss_scaled_outside_the_replay_is_said_so_and_confirms_nothing(tmp_path: Path) -> None:
+    """A GPT-2 LM whose loop multiplies the model's loss by 1e6 at step 30: the replay of the step
+    gives the model's own loss, not the one the run recorded, so the trouble lies outside what the
+    replay computes. It is said (with both losses, for the cause ranking), and no fix, from this
+    state or from a good state before it, is confirmed from a replay that never had the fault."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainguard.demo import MarkovLanguage
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                       n_positions=32, bos_token_id=0, eos_token_id=0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    language = MarkovLanguage(vocab_size=64, seed=0)
+    batches = [{"input_ids": ids, "labels": ids} for ids in (language.batch(8, 17)
+                                                              for _ in range(40))]
+
+    def lm_loss(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return m(**batch).loss
+
+    # an ample budget: what is proved must not depend on the machine's speed
+    guard = Guard(model, opt, config=config(policy="halt", prove="on", prove_budget_steps=1000,
+                                            snapshot_dir=str(tmp_path)), replay_fn=lm_loss)
+    scaled_outside_loop(guard, model, opt, lm_loss, batches, 30, loss_scale=1e6)
+    proofs = [e for e in guard.events if e.kind == "proof"]
+    assert [p.step for p in proofs] == [30]  # no replay from a good state: none can show it
+    details = proofs[0].details
+    assert details["replay_differs"] and not details["reproduced"]
+    assert details["recorded_loss"] == pytest.approx(1e6 * details["replayed_loss"], rel=1e-3)
+    assert "the trouble lies outside what the replay computes" in proofs[0].message
+    assert all(p.details["confirmed"] == {} for p in proofs)
+    assert not any(c.proof for c in guard.diagnose())
+    guard.close()
+
+
+def test_a_window_whose_bad_step_the_replay_does_not_compute_is_replayed_as_it_happened(
+        tmp_path: Path) -> None:
+    """The loop multiplies the gradients by 1e6 at step 40, after the loss: the run's record of
+    that step (its gradient norm) is not what a replay computes, so the record does not stand
+    for the window replayed from a good state. Replayed, the window is healthy: no fix is
+    confirmed by healing what was never broken in the replay."""
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="halt", prove="on", prove_budget_steps=1000,
+                                            snapshot_dir=str(tmp_path)), replay_fn=mse)
+    scaled_outside_loop(guard, model, opt, mse, [batch_at(s) for s in range(60)], 40,
+                        grad_scale=1e6)
+    proofs = guard.run.prover.proofs
+    windows = [p for p in proofs if p.window]
+    assert windows and not any(p.plain.recorded for p in windows)
+    assert not any(p.reproduced for p in windows)
+    assert all(p.confirmed == {} for p in proofs)
+    guard.close()
+
+
+def test_the_in_run_proof_names_the_fixes_of_the_update_it_could_not_try(tmp_path: Path) -> None:
+    """The loop sets the LR x1000 at step 30; the next step halts, bad before its own update (the
+    damage is step 30's update). Its proof could not try the LR fixes from that state and says
+    so, with what would let it: prove="on", which keeps good states from before the damage."""
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+                  replay_fn=mse)
+    with pytest.raises(TrainingDiverged):
+        train(guard, model, opt, 60, lr_jump=(30, 1000))
+    proof = next(e for e in guard.events if e.kind == "proof")
+    assert proof.details["cannot_try"][:2] == ["lr_x0.1", "lr_x0.01"]
+    assert "could not try lr_x0.1, lr_x0.01" in proof.message
+    assert "is bad before its update" in proof.message
+    assert ('prove="on", which keeps good states from before the damage to replay from, would '
+            "let them be tried") in proof.message

@@ -308,6 +308,39 @@ def test_run_store_records_every_step(tmp_path: Path) -> None:
     reader.close()
 
 
+class FailingForward:
+    """Forward hook on a module: raises on the chosen training forward (a data or device error
+    the Trainer does not catch)."""
+
+    def __init__(self, module: nn.Module, at: int) -> None:
+        self.at = at
+        self.calls = 0
+        module.register_forward_hook(self)
+
+    def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls - 1 == self.at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_close_in_finally_after_the_trainer_raised_records_the_crash(tmp_path: Path) -> None:
+    model = tiny_gpt2()
+    FailingForward(model.transformer.wte, at=3)
+    callback = TrainguardCallback(GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    trainer = Trainer(model=model, args=make_args(tmp_path), train_dataset=token_data(),
+                      callbacks=[callback])
+    with pytest.raises(RuntimeError):
+        try:
+            trainer.train()
+        finally:
+            callback.close()
+    with RunReader(tmp_path / "run") as reader:
+        summary = reader.summary()
+    assert summary["status"] == "crashed"
+    assert summary["error"] == {"type": "RuntimeError", "message": "CUDA error: an illegal "
+                                                                   "memory access was encountered"}
+
+
 def test_peft_lora_names_adapter_parameters_and_watches_only_them(tmp_path: Path) -> None:
     base = tiny_gpt2()
     frozen_before = {n: p.detach().clone() for n, p in base.named_parameters()}

@@ -251,6 +251,26 @@ def test_halt_policy_raises_through_fit(pl: ModuleType, tmp_path: Path) -> None:
     assert callback.run is not None and callback.run.closed
 
 
+def test_an_exception_in_fit_records_the_crash_and_its_type(pl: ModuleType,
+                                                            tmp_path: Path) -> None:
+    module = regression_module(pl)
+    steps = module.training_step
+
+    def failing_step(batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 3:
+            raise ValueError("a sample with no label")
+        return steps(batch, batch_idx)
+
+    module.training_step = failing_step
+    callback = TrainguardCallback(GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    with pytest.raises(ValueError):
+        make_trainer(pl, tmp_path, callback).fit(module, loader())
+    with RunReader(tmp_path / "run") as reader:
+        summary = reader.summary()
+    assert summary["status"] == "crashed"
+    assert summary["error"] == {"type": "ValueError", "message": "a sample with no label"}
+
+
 def test_manual_optimization_is_a_clear_error(pl: ModuleType, tmp_path: Path) -> None:
     callback = TrainguardCallback(GuardConfig(**QUIET))
     trainer = make_trainer(pl, tmp_path, callback)

@@ -19,7 +19,7 @@ import pytest
 import trainguard
 from trainguard import Guard, GuardConfig, TrainingDiverged
 from trainguard.demo.run import ProgressSink
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport
 from trainguard.sinks import ConsoleSink, PrometheusSink, Sink, TensorBoardSink
 from trainguard.sinks.base import SINK_METHODS
 from trainguard.store import RunReader, RunStoreSink
@@ -220,7 +220,8 @@ def test_every_sink_takes_nan_and_makes_no_transfer(make_sink, tmp_path: Path) -
     sink.on_step(StepReport(step=0, loss=math.nan, grad_norm=math.inf, action="skipped"))
     sink.on_sampled([])
     sink.on_diagnosis([])
-    sink.on_run_end("finished")
+    sink.on_run_error(RunError("RuntimeError", "out of memory"))
+    sink.on_run_end("crashed")
     sink.close()
     assert transfer_count() == before
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import math
+import re
+from collections import Counter
 
 import torch
 from torch import nn
@@ -12,6 +14,9 @@ from torch import nn
 from trainguard import Guard, GuardConfig
 from trainguard.events import Event, RunInfo, StepReport
 from trainguard.sinks import ConsoleSink
+from trainguard.sinks.console import REPEAT_QUIET
+
+from ..conftest import make_setup
 
 
 class Terminal(io.StringIO):
@@ -111,7 +116,8 @@ def test_an_incident_prints_its_likely_causes_once_not_every_step() -> None:
         optimizer.zero_grad(set_to_none=True)
     guard.close()
     text = out.getvalue()
-    assert text.count("nonfinite_loss") >= 12, "every NaN step is still reported"
+    assert "[step 10] ERROR nonfinite_loss: loss is nan" in text
+    assert "[steps 11-21] ERROR nonfinite_loss x11 more" in text, "every NaN step is counted"
     assert len(causes_lines(text)) == 1, text
 
 
@@ -146,15 +152,67 @@ def test_a_warning_that_repeats_is_counted_not_printed_again() -> None:
     for step in (100, 103, 106, 110):  # a signal that re-warns as it keeps growing
         sink.on_event(warning(step))
     sink.on_event(warning(104, param="h.1.attn"))  # another layer: its own line
-    sink.on_event(warning(120, severity="error"))  # errors always print
-    sink.on_event(warning(160))  # 50 steps after the last one printed: printed, with the count
-    sink.on_event(warning(170))  # held, and said at the end
+    sink.on_event(warning(120, severity="error"))  # more severe: its own line
+    sink.on_event(warning(160))  # 50 steps after the last one: the count, then printed
+    sink.on_event(warning(170))  # counted, and said at the end
     sink.on_run_end("finished")
-    lines = out.getvalue().splitlines()
-    assert [line for line in lines if "logit at step" in line] == [
+    assert out.getvalue().splitlines() == [
         "trainguard [step 100] WARNING instability_precursor: logit at step 100",
         "trainguard [step 104] WARNING instability_precursor: logit at step 104",
         "trainguard [step 120] ERROR instability_precursor: logit at step 120",
-        "trainguard [step 160] WARNING instability_precursor: logit at step 160 "
-        "(3 more like it after step 100 not shown)"]
-    assert lines[-1].startswith("trainguard: 1 repeated warning(s) not shown")
+        "trainguard [steps 103-110] WARNING instability_precursor on h.0.attn x3 more (repeats "
+        "of the one printed; guard.events and `trainguard show` list each)",
+        "trainguard [step 160] WARNING instability_precursor: logit at step 160",
+        "trainguard [step 170] WARNING instability_precursor on h.0.attn x1 more (repeats of "
+        "the one printed; guard.events and `trainguard show` list each)"]
+
+
+def nan_weights_run(out: io.StringIO, steps: int = 56, nan_from: int | None = 10) -> Guard:
+    """A small transformer whose weights are made NaN mid-run, under observe: from then on the
+    same four errors come at every step (loss, gradients, weights, optimizer state)."""
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer,
+                  config=GuardConfig(policy="observe", console=False, preflight=False),
+                  sinks=[ConsoleSink(out)])
+    for step in range(steps):
+        if step == nan_from:
+            with torch.no_grad():
+                setup.model.tok.weight.fill_(math.nan)
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        guard.step(loss)
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return guard
+
+
+def test_repeated_errors_are_summed_up_not_printed_at_every_step() -> None:
+    """This run printed 187 lines (39 KB) for its 184 events, out of step order; now 11."""
+    out = io.StringIO()
+    guard = nan_weights_run(out)
+    lines = out.getvalue().splitlines()
+    kinds = Counter(e.kind for e in guard.events)
+    assert set(kinds) == {"nonfinite_loss", "nonfinite_grad", "nonfinite_weight",
+                          "nonfinite_optimizer_state"}, kinds
+    for kind, count in kinds.items():
+        full = [line for line in lines if f"] ERROR {kind}:" in line]
+        counted = [int(m.group(1)) for line in lines
+                   if (m := re.search(rf"\] ERROR {kind}(?: on \S+)? x(\d+) more", line))]
+        assert len(full) == 1 and 1 + sum(counted) == count, (kind, full, counted)
+    assert len(lines) <= len(kinds) * 2 + 4, "\n".join(lines)  # the causes lines, the verdict
+    told = [int(m.group(1)) for line in lines if (m := re.match(r"trainguard \[steps? (\d+)",
+                                                                line))]
+    assert told == sorted(told), "\n".join(lines)
+
+
+def test_a_long_stretch_of_repeats_is_said_once_per_window() -> None:
+    out = io.StringIO()
+    nan_weights_run(out, steps=10 + 2 * REPEAT_QUIET + 5)
+    said = re.findall(r"\[steps (\d+)-(\d+)\] ERROR nonfinite_loss x(\d+) more", out.getvalue())
+    assert said == [("11", "60", "50"), ("61", "110", "50"), ("111", "114", "4")], said
+
+
+def test_a_healthy_run_prints_nothing() -> None:
+    out = io.StringIO()
+    nan_weights_run(out, steps=30, nan_from=None)
+    assert out.getvalue() == ""

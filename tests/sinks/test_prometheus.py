@@ -19,7 +19,7 @@ import pytest
 
 from trainguard.errors import ConfigError
 from trainguard.sinks import PrometheusSink
-from trainguard.sinks.prometheus import SCRAPE_THREADS
+from trainguard.sinks.prometheus import SCRAPE_THREADS, VERDICTS
 
 from .conftest import run_steps, tiny_run
 from .test_conformance import Recorder
@@ -122,11 +122,11 @@ def test_all_params_exports_every_parameter() -> None:
 def test_the_verdict_and_status_are_served_after_close() -> None:
     sink = PrometheusSink(port=0, linger_s=30)
     run = tiny_run([sink])
-    run_steps(run, 12)
+    run_steps(run, 24)  # long enough to judge
     run.guard.close()
     final = scrape(sink.port)
     verdict = run.guard.run.verdict
-    assert verdict is not None
+    assert verdict is not None and verdict.verdict is not None
     assert value(final, "trainguard_verdict", verdict=verdict.verdict) == 1
     assert value(final, "trainguard_run_status", status="finished") == 1
     assert value(final, "trainguard_run_status", status="running") == 0
@@ -233,6 +233,20 @@ def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+def test_a_run_too_short_to_judge_serves_no_verdict() -> None:
+    sink = PrometheusSink(port=0, linger_s=30)
+    run = tiny_run([sink])
+    run_steps(run, 6)
+    run.guard.close()
+    verdict = run.guard.run.verdict
+    assert verdict is not None and verdict.verdict is None, verdict
+    final = scrape(sink.port)
+    assert {labels: v for (name, labels), v in final.items() if name == "trainguard_verdict"
+            } == {(("verdict", name),): 0.0 for name in VERDICTS}
+    successor = PrometheusSink(port=sink.port, linger_s=0)  # ends the lingering endpoint
+    tiny_run([successor]).guard.close()
 
 
 def test_idle_connections_hold_no_thread_and_are_closed_after_the_timeout() -> None:

@@ -81,6 +81,9 @@ CASES: dict[str, tuple[str, tuple, str]] = {
                             "details nests arrays or objects deeper than 64 levels"),
     "deep verdict": ("UPDATE meta SET value = ? WHERE key = 'verdict'", (DEEP,),
                      "deeper than 64 levels"),
+    "deep error": ("INSERT INTO meta VALUES (1, 'error', ?)", (DEEP,), "deeper than 64 levels"),
+    "odd error": ("INSERT INTO meta VALUES (1, 'error', ?)", ('{"type": 3, "message": ""}',),
+                  "expected the exception that ended the run (its type and message)"),
     "deep module names": ("UPDATE module_metrics SET names = ?", (DEEP,),
                           "module names nests arrays or objects deeper than 64 levels"),
     "large step": ("""UPDATE steps SET data = '{"loss": 1.0, "x": "' ||
@@ -132,8 +135,9 @@ def _assert_one_error(code: int, out: str, err: str, message: str) -> None:
 ONLY_REPORT = {"deep module names", "large param metric", "large module metric",
                "large module names"}
 """Sampled metrics: only the report reads them."""
-RUNS_TOO = {"deep verdict", "large verdict", "generated column", "virtual table"}
-"""What `trainguard runs` reads too (the listing reads each run's verdict)."""
+RUNS_TOO = {"deep verdict", "large verdict", "deep error", "odd error", "generated column",
+            "virtual table"}
+"""What `trainguard runs` reads too (the listing reads each run's verdict and error)."""
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -62,6 +62,22 @@ def test_round_trip_keeps_nan_and_inf(tmp_path: Path) -> None:
     assert summary["ended"] is not None and summary["ended"] >= summary["started"]
 
 
+
+def test_events_are_read_in_step_order(tmp_path: Path) -> None:
+    """An event can be recorded after a later step's (a sampled step's heavy probes are read a
+    step later, the last ones at the close): the reader lists them by step, each step's in the
+    order they were recorded."""
+    store = RunStore(tmp_path)
+    for step, kind in ((3, "loss_spike"), (3, "grad_explosion"), (2, "update_too_large"),
+                       (5, "nonfinite_loss"), (4, "nonfinite_weight")):
+        store.put_event(Event(kind, step, "warning", kind))
+    store.set_status("finished")
+    store.close()
+    with RunReader(tmp_path) as reader:
+        assert [(e.step, e.kind) for e in reader.events()] == [
+            (2, "update_too_large"), (3, "loss_spike"), (3, "grad_explosion"),
+            (4, "nonfinite_weight"), (5, "nonfinite_loss")]
+
 def test_reader_rejects_missing_and_corrupt_directories(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no run directory"):
         RunReader(tmp_path / "missing")

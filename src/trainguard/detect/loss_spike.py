@@ -9,7 +9,9 @@ learning rate that blows the run up at its very first steps is caught. A run who
 tails shows one-step jumps that are back to normal at the next step; once it has, a new jump must
 go `transient_margin` beyond the largest such jump of the last `transient_horizon` steps. A jump
 within float noise at the scale the loss started at (`loss_resolution` of it) is none, however
-large its ratio near zero.
+large its ratio near zero. A spike records the most a cross-entropy of the model's own class
+scores could cost at its step (`details["ce_ceiling"]`, when `probes/logz.py` measured it), and
+says when the loss stands beyond it (`diagnose/loss_bound.py`): the cause ranking reads it.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from typing import Any
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
+from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, ceiling_of, describe
 from trainguard.events import Event, Severity
 from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
 class LossSpike(Detector):
     kind = "loss_spike"
-    reads = frozenset({"loss"})
+    reads = frozenset({"loss", "precursors"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
@@ -62,9 +65,16 @@ class LossSpike(Detector):
         ratio = math.exp(excess)
         typical = math.exp(level)
         severity: Severity = "error" if ratio >= cfg.loss_spike_error_ratio else "warning"
-        return [self.event(signals.step, severity,
+        ceiling = ceiling_of(signals.precursors)
+        said = (f"; {describe(signals.loss, ceiling)}" if ceiling is not None
+                and beyond(signals.loss, ceiling) else "")
+        event = self.event(signals.step, severity,
                            f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median "
-                           f"{typical:.4g}", value=signals.loss, baseline=typical, ratio=ratio)]
+                           f"{typical:.4g}{said}", value=signals.loss, baseline=typical,
+                           ratio=ratio)
+        if ceiling is not None:
+            event.details[CEILING_KEY] = ceiling
+        return [event]
 
     def state_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict(),

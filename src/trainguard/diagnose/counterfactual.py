@@ -23,22 +23,28 @@ the step once as it happened and once per intervention, each changing one thing:
 
 A replay takes the update(s) on the batch and measures the loss before them, the gradient norm and
 the loss on the same batch after them, with the same dropout masks (the RNG is put back before
-every forward). A replay is bad when something is non-finite, when the loss or the gradient norm
-is far above the run's typical values (`Baseline`), or when the update raised the loss of its own
+every forward). A replay is bad when something is non-finite, when the loss or the gradient norm is
+far above the run's typical values (`Baseline`), or when the update raised the loss of its own
 batch. An intervention that heals a bad plain replay **confirms** the causes it tests that the
-votes name; one that does not **rules them out**, where it can tell: a change of the update says
-nothing about a step already bad before its update (the damage is older), float64 keeping a NaN
-clears no unsafe operation (log(0) is NaN at any precision), and the same crash as the plain
-replay's says nothing. A healed batch proves the data, not which of its faults: the previous good
-batch confirms every data cause the batch can hold (outlier, scale, labels, tokenizer, NaN), and
-the votes order them; it confirms nothing when the model no longer learns from that good batch
-(the state is broken) or when a fix that keeps the batch heals the step too (the batch only
-tripped that fix's cause, an unsafe operation say). A plain replay that is not bad (or is finite
-where the step was not) makes the fault **not reproducible**: a transient or hardware fault, or
-trouble that began earlier. When the replay's loss is the loss the step had when it ran (and it
-ran finite), the step was replayed faithfully and is simply not bad on its own: the trouble built
-up over earlier steps (a divergence), which a window replay from a good state can prove, and no
-transient is suggested.
+votes name: it is judged against the plain replay in what that replay is bad in, and heals only by
+moving that value (a loss, a gradient norm) by more than `SAME_LOSS` of it (a value left about
+where it was is the same outcome, whichever side of a threshold it falls). One that does not heal
+**rules them out**, where it can tell: a change of the update says nothing about a step already bad
+before its update (the damage is older: those fixes are not tried, and the proof names them with
+what would give a state from before the damage, `Setup.earlier`), float64 keeping a NaN clears no
+unsafe operation (log(0) is NaN at any precision), and the same crash as the plain replay's says
+nothing. A healed batch proves the data, not which of its faults: the previous good batch confirms
+every data cause the batch can hold (outlier, scale, labels, tokenizer, NaN), and the votes order
+them; it confirms nothing when the model no longer learns from that good batch (the state is
+broken) or when a fix that keeps the batch heals the step too (the batch only tripped that fix's
+cause, an unsafe operation say). A plain replay that is not bad (or is finite where the step was
+not) makes the fault **not reproducible**: a transient or hardware fault, or trouble that began
+earlier. When the replay's loss is the loss the step had when it ran (and it ran finite), the step
+was replayed faithfully and is simply not bad on its own: the trouble built up over earlier steps
+(a divergence), which a window replay from a good state can prove, and no transient is suggested.
+When its loss is far from that recorded loss (beyond `SAME_LOSS`), the replay does not compute what
+the run did (the run scaled or reduced its loss outside the loss function the replay calls): the
+trouble lies outside the replay (`Proof.replay_differs`), and no fix is tried or confirmed from it.
 
 The proof of a warning before any bad step (a precursor, a blown-up start: `Setup.warned`) is a
 window replay judged on the warned signal as well (`diagnose/warned_signal.py`): the bad step is
@@ -87,7 +93,9 @@ SAME_LOSS = 0.25
 the same loss (the dropout masks differ where the step's RNG was not kept; a loss function
 unlike the run's, summed or scaled, is further off): the replay reproduces the run's losses, so
 the recorded ones can stand for a window replayed as it happened, if bad by a margin this share
-leaves no doubt about (`record_stands`)."""
+leaves no doubt about (`record_stands`). A replayed loss further off than this does not compute
+what the run did (`_differs`), and a fix that moves the plain replay's bad value by no more than
+this share left it as it was (`_moved`)."""
 RISE = 0.25
 """An update that raises its own batch's loss by more than this share is bad: a healthy step
 lowers the loss of the batch it was computed on."""
@@ -117,6 +125,9 @@ FLAG_CAUSES = {"nonfinite": ("nonfinite_input",), "outlier": ("outlier_batch", "
 """Why a sample was flagged -> the causes leaving it out tests."""
 PRECISION_CAUSES = ("fp16_overflow", "numerical_op")
 FORWARD, UPDATE = "forward", "update"
+BY_LOSS, BY_GRAD_NORM, BY_SIGNAL, BY_RISE = "loss", "grad_norm", "signal", "rise"
+"""What a replay is bad in: its loss (or a crash), its gradient norm, the warned signal, the rise
+of its batch's loss over its update. A fix is judged in the measure the plain replay is bad in."""
 TESTED_CAUSES = frozenset({"lr_too_high", "missing_warmup", *PRECISION_CAUSES, *DATA_CAUSES,
                            "lora_scaling", "bad_init", "optimizer_eps"})
 """The causes some intervention can confirm."""
@@ -170,22 +181,43 @@ class Outcome:
 
     def forward_bad(self, base: Baseline) -> str:
         """Why the step itself (loss, gradients) is bad; "" when it is not."""
+        return self._forward_fault(base)[1]
+
+    def forward_measure(self, base: Baseline) -> str:
+        """The measure the step itself is bad in (`BY_LOSS`, `BY_GRAD_NORM`, `BY_SIGNAL`); ""
+        when it is not bad."""
+        return self._forward_fault(base)[0]
+
+    def _forward_fault(self, base: Baseline) -> tuple[str, str]:
         if self.error is not None:
-            return f"the step raised {self.error}"
+            return BY_LOSS, f"the step raised {self.error}"
         if not math.isfinite(self.loss):
-            return f"the step's loss is {_num(self.loss)}"
+            return BY_LOSS, f"the step's loss is {_num(self.loss)}"
         if not math.isfinite(self.grad_norm):
-            return f"the gradient norm is {_num(self.grad_norm)}"
+            return BY_GRAD_NORM, f"the gradient norm is {_num(self.grad_norm)}"
         signal, bound = self.signal, base.signal_bound
         if signal is not None and bound is not None and signal >= bound:
-            return f"{base.signal_what} is {_num(signal)} (the warning's bound {_num(bound)})"
+            return BY_SIGNAL, (f"{base.signal_what} is {_num(signal)} (the warning's bound "
+                               f"{_num(bound)})")
         spike = WINDOW_SPIKE if self.window else LOSS_SPIKE
         if base.loss is not None and self.loss > spike * max(base.loss, 1e-8):
-            return f"{self.what()} is {_num(self.loss)} (run's typical {_num(base.loss)})"
+            return BY_LOSS, (f"{self.what()} is {_num(self.loss)} (run's typical "
+                             f"{_num(base.loss)})")
         if base.grad_norm is not None and self.grad_norm > GRAD_SPIKE * max(base.grad_norm, 1e-12):
-            return (f"the gradient norm is {_num(self.grad_norm)} (run's typical "
-                    f"{_num(base.grad_norm)})")
-        return ""
+            return BY_GRAD_NORM, (f"the gradient norm is {_num(self.grad_norm)} (run's "
+                                  f"typical {_num(base.grad_norm)})")
+        return "", ""
+
+    def value(self, measure: str) -> float:
+        """The outcome's value in `measure` (NaN: not measured); the rise of the batch's loss
+        over the update for `BY_RISE`."""
+        if measure == BY_SIGNAL:
+            return math.nan if self.signal is None else self.signal
+        if measure == BY_GRAD_NORM:
+            return self.grad_norm
+        if measure == BY_RISE:
+            return self.after - self.loss
+        return self.loss
 
     def signal_high(self, base: Baseline) -> bool:
         """The warned signal measured at or above its bound (never when unmeasured)."""
@@ -329,6 +361,14 @@ class Setup:
     step) on the window's first batch, data from before the trouble (None: not measured). Near
     the run's typical loss, the model is not damaged: a lower LR that heals the window only
     learned less from the window's data, which proves nothing of the LR."""
+    earlier: str = ""
+    """What would give the proof a state from before the damage, said when the fixes of the
+    update cannot be tried from this one (the step is bad before its update); "": the general
+    advice (`EARLIER`)."""
+
+
+EARLIER = "a replay from a good state from before the damage"
+"""What lets the fixes of the update be tried when the replayed state is already damaged."""
 
 
 @dataclass
@@ -367,6 +407,21 @@ class Proof:
     """The proved step raised an error (or halted, or rolled back); False: a warning's jump."""
     warned: str = ""
     """The proof of a warning before any bad step: the signal it measured (`WarnedSignal.what`)."""
+    recorded_loss: float | None = None
+    """The loss the step had when it ran (`Setup.original_loss`)."""
+    replay_differs: bool = False
+    """The plain replay does not reproduce the step as the run recorded it: from the same state
+    and batch it gives another loss (beyond `SAME_LOSS`) and is not bad. What the run recorded
+    is not what the replay computes (the loop scales or reduces its loss outside the loss
+    function the replay calls), so the trouble lies outside the replay, and nothing is
+    confirmed from it."""
+    cannot_try: list[str] = field(default_factory=list)
+    """Fixes of the update not tried because the step is bad before its update: from this state
+    a changed update cannot heal it (`Setup.earlier` says what would let them be tried)."""
+    cannot_try_causes: list[str] = field(default_factory=list)
+    """The causes those fixes test."""
+    earlier: str = ""
+    """`Setup.earlier`."""
 
     def summary(self) -> str:
         text = self._summary()
@@ -382,6 +437,14 @@ class Proof:
             return (f"the warning is not reproduced: the replay kept {self.warned} at "
                     f"{'an unmeasured value' if seen is None or math.isnan(seen) else _num(seen)}"
                     f", under the warning's bound {_num(bound)}")
+        if not self.reproduced and self.replay_differs and self.recorded_loss is not None:
+            return (f"the replay does not reproduce step {self.step} as it ran: the run recorded "
+                    f"its loss as {_num(self.recorded_loss)}, the replay of the same state and "
+                    f"batch gives {_num(self.plain.loss)} (after its update "
+                    f"{_num(self.plain.after)}): the trouble lies outside what the replay "
+                    "computes (the loss the run recorded is not the replay's loss function: a "
+                    "scale or a reduction applied outside it, say), so no fix is confirmed from "
+                    "it")
         if not self.reproduced and self.faithful:
             return (f"step {self.step} replays as it ran (its loss {_num(self.plain.loss)}, as "
                     f"recorded) but is not bad on its own (after its update "
@@ -396,10 +459,19 @@ class Proof:
         if not parts and self.trials:
             parts = [f"step {self.step} is bad ({self.why_bad}); no fix tried healed it or "
                      f"ruled a likely cause out ({', '.join(i.name for i, _, _ in self.trials)})"]
+        elif not parts and self.cannot_try:  # said below, with why
+            parts = [f"step {self.step} is bad ({self.why_bad})"]
         elif not parts:
             parts = [f"no fix applies to step {self.step} ({self.why_bad})"]
         if self.not_tried:
             parts.append(f"not tried for lack of time: {', '.join(self.not_tried)}")
+        if self.cannot_try:
+            tests = (f" (testing {', '.join(self.cannot_try_causes)})"
+                     if self.cannot_try_causes else "")
+            parts.append(f"could not try {', '.join(self.cannot_try)}{tests} from this state: "
+                         f"step {self.step} is bad before its update, so its damage is older "
+                         "than the state and a changed update cannot undo it; "
+                         f"{self.earlier or EARLIER} would let them be tried")
         if self.undamaged and self.damage_loss is not None and self.baseline.loss is not None:
             parts.append(f"a lower LR heals the window, but the model it left does well on data "
                          f"from before the trouble (loss {_num(self.damage_loss)}, run's "
@@ -413,6 +485,8 @@ class Proof:
                 "incident": self.incident, "origin": self.origin, "window": self.window,
                 "confirmed": dict(self.confirmed), "confirmed_by": dict(self.confirmed_by),
                 "ruled_out": dict(self.ruled_out), "not_tried": list(self.not_tried),
+                "cannot_try": list(self.cannot_try), "replay_differs": self.replay_differs,
+                "recorded_loss": self.recorded_loss,
                 "seconds": self.seconds, "damage_loss": self.damage_loss,
                 "undamaged": self.undamaged, "warned": self.warned,
                 "plain": self.plain.to_dict(),
@@ -988,8 +1062,12 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
                                  "replayed to the same loss)" if plain.recorded else "")
         proof = Proof(setup.step, plain, setup.baseline, False, "", incident=setup.incident,
                       origin=origin, window=len(setup.window),
-                      warned=setup.warned.what if setup.warned is not None else "")
-        early = setup.baseline.loss is None and setup.incident and plain.finite
+                      warned=setup.warned.what if setup.warned is not None else "",
+                      recorded_loss=setup.original_loss, earlier=setup.earlier)
+        # the replay gives another loss than the run recorded for the same state and batch: it
+        # does not compute what the run did, and a fix of what it computes proves nothing
+        differs = _differs(plain, setup.original_loss)
+        early = setup.baseline.loss is None and setup.incident and plain.finite and not differs
         if plain.bad(setup.baseline) or early:
             _try_interventions(setup, saved, proof, _ordered(interventions(setup), likely),
                                started, budget_s)
@@ -998,6 +1076,7 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
         proof.why_bad = plain.bad(proof.baseline)
         proof.reproduced = bool(proof.why_bad) and not (
             setup.original_finite is False and plain.finite)
+        proof.replay_differs = differs and not proof.reproduced
         # a step that ran non-finite and replays finite did not replay as it ran (a transient)
         proof.faithful = (False if setup.original_finite is False and plain.finite
                           else _faithful(plain.loss, setup.original_loss))
@@ -1011,6 +1090,7 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
             _conclude(proof, likely)
         else:
             proof.trials = []
+            proof.cannot_try, proof.cannot_try_causes = [], []
     finally:
         saved.restore()
     proof.seconds = time.perf_counter() - started
@@ -1031,6 +1111,31 @@ FAITHFUL_TOLERANCE = 0.01
 """A plain replay whose loss is within this relative distance of the step's recorded loss
 replayed the step as it ran (the same state, batch and dropout; kernels that are not
 deterministic move it a little)."""
+
+
+def _differs(plain: Outcome, recorded: float | None) -> bool:
+    """The plain replay, from the state the step ran from, gives a loss other than the finite
+    one the run recorded for it (beyond `SAME_LOSS`: more than other dropout masks or
+    kernels move it)."""
+    if plain.recorded or plain.error is not None or recorded is None or not math.isfinite(
+            recorded):
+        return False
+    return not (math.isfinite(plain.loss)
+                and abs(plain.loss - recorded) <= SAME_LOSS * max(abs(recorded), 1e-8))
+
+
+def replays_record(replayed: Outcome, loss: float | None, grad_norm: float) -> bool:
+    """Whether a step replayed from the state it ran from gives the loss and the gradient norm
+    the run recorded for it, each within `SAME_LOSS` (non-finite where the record is): the run's
+    record of that step is what the replay computes."""
+    def same(now: float, was: float | None) -> bool:
+        if was is None:
+            return False
+        if not math.isfinite(was):
+            return not math.isfinite(now)
+        return math.isfinite(now) and abs(now - was) <= SAME_LOSS * max(abs(was), 1e-12)
+    return (replayed.error is None and same(replayed.loss, loss)
+            and same(replayed.grad_norm, grad_norm))
 
 
 def _faithful(replayed: float, recorded: float | None) -> bool | None:
@@ -1119,7 +1224,12 @@ def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
         if intervention.causes and set(intervention.causes) <= healed:
             continue  # a gentler change already healed it (LR x0.1 before x0.01)
         if intervention.aspect == UPDATE and forward_bad:
-            continue  # the step is bad before its update: a changed update can say nothing
+            # the step is bad before its update: a changed update can say nothing (said, with
+            # what would let it be tried)
+            proof.cannot_try.append(intervention.name)
+            proof.cannot_try_causes += [c for c in intervention.causes
+                                        if c not in proof.cannot_try_causes]
+            continue
         cost = per_update * (len(setup.window) + len(intervention.change.lr_factors) + 1)
         if budget_s is not None and time.perf_counter() - started + cost > budget_s:
             proof.not_tried.append(intervention.name)
@@ -1144,7 +1254,8 @@ def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool |
     if intervention.aspect == UPDATE:  # the step itself unchanged: only its update can heal
         if plain.forward_bad(base):
             return None
-        return outcome.finite and not outcome.update_bad()
+        return (outcome.finite and not outcome.update_bad()
+                and _moved(intervention, plain, outcome, base))
     if base.signal_bound is not None and not (outcome.signal is not None
                                               and outcome.signal < base.signal_bound):
         return False  # the warned signal high, or not measured
@@ -1154,7 +1265,34 @@ def _heals(intervention: Intervention, proof: Proof, outcome: Outcome) -> bool |
     if (intervention.data and intervention.change.batch is not None and base.loss is not None
             and outcome.loss > WINDOW_SPIKE * max(base.loss, 1e-8)):
         return False  # the good batch is far from typical too: the state diverged, not the data
-    return outcome.finite and not outcome.bad(base)
+    return outcome.finite and not outcome.bad(base) and _moved(intervention, plain, outcome, base)
+
+
+def _measure(intervention: Intervention, plain: Outcome, base: Baseline) -> str:
+    """What a fix is judged in: the rise of the batch's loss over the update for a fix of the
+    update, or of a step that was fine before its update; else what the plain replay's step is
+    bad in."""
+    if intervention.aspect == UPDATE or not plain.forward_bad(base):
+        return BY_RISE
+    return plain.forward_measure(base)
+
+
+def _moved(intervention: Intervention, plain: Outcome, outcome: Outcome, base: Baseline) -> bool:
+    """Whether the fix moved the value the plain replay is bad in by more than `SAME_LOSS` of
+    it: a loss (or a gradient norm, or a rise over the update) within that share of the plain
+    replay's is the same outcome (what replays of one step differ by), and a fix that leaves
+    the outcome as it was changed nothing, whichever side of a threshold the two values fall.
+    A warned signal is judged by its warning's bound alone: each has its own scale (log Z is a
+    logarithm), and the bound is its detector's own margin."""
+    if not plain.bad(base):
+        return True  # nothing to move yet (the run's first steps: judged again later)
+    measure = _measure(intervention, plain, base)
+    if measure == BY_SIGNAL:
+        return True
+    was, now = plain.value(measure), outcome.value(measure)
+    if not math.isfinite(was):
+        return math.isfinite(now)
+    return math.isfinite(now) and abs(now - was) > SAME_LOSS * max(abs(was), 1e-12)
 
 
 def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
@@ -1200,12 +1338,17 @@ def _conclude(proof: Proof, likely: Sequence[str] = ()) -> None:
 
 
 def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
+    """The fix's value, in the measure the plain replay is bad in (`_measure`)."""
     base = proof.baseline
-    if base.signal_bound is not None and outcome.signal is not None:
-        return (f"{base.signal_what} is {_num(outcome.signal)} (the warning's bound "
-                f"{_num(base.signal_bound)})")
-    typical = proof.baseline.loss
-    after = intervention.aspect == UPDATE or not proof.plain.forward_bad(proof.baseline)
+    measure = _measure(intervention, proof.plain, base)
+    if measure == BY_SIGNAL:
+        return (f"{base.signal_what} is {_num(outcome.value(BY_SIGNAL))} (the warning's bound "
+                f"{_num(base.signal_bound if base.signal_bound is not None else math.nan)})")
+    if measure == BY_GRAD_NORM:
+        return (f"the gradient norm is {_num(outcome.grad_norm)}" + (
+            f" (run's typical {_num(base.grad_norm)})" if base.grad_norm is not None else ""))
+    typical = base.loss
+    after = measure == BY_RISE
     what = "the loss after the update is" if after else f"{outcome.what()} is"
     return (f"{what} {_num(outcome.after if after else outcome.loss)}"
             + (f" (run's typical {_num(typical)})" if typical is not None else ""))
@@ -1213,16 +1356,12 @@ def _healthy(intervention: Intervention, outcome: Outcome, proof: Proof) -> str:
 
 def _bad_value(intervention: Intervention, plain: Outcome, base: Baseline) -> str:
     """The plain replay's bad value, in the terms of `_healthy`: the loss after the update
-    when the step itself was fine, else the loss (or the gradient norm) of the step."""
+    when the step itself was fine, else what its step is bad in."""
     recorded = " as the run recorded it" if plain.recorded else ""
-    if plain.signal is not None and plain.signal_high(base):
-        return _num(plain.signal) + recorded
-    if intervention.aspect == UPDATE or not plain.forward_bad(base):
+    measure = _measure(intervention, plain, base)
+    if measure == BY_RISE:
         return _num(plain.after)
-    for value in (plain.loss, plain.grad_norm):
-        if not math.isfinite(value):
-            return _num(value) + recorded
-    return _num(plain.loss) + recorded
+    return _num(plain.value(measure)) + recorded
 
 
 def _still(outcome: Outcome) -> str:

@@ -4,7 +4,10 @@
 losses and gradient norms (two floats already on the host), the time a step takes, and a
 reference to the last good batch. `wanted` says whether this step's incident is to be proved:
 
-    policy halt     the step that halts (before its crash snapshot is written)
+    policy halt     the step that halts (before its crash snapshot is written); a step bad
+                    before its update that its own replays do not explain is replayed again
+                    from the state the proof anchor copied before the loop's last LR jump
+                    (`diagnose/anchor.py`)
     policy recover  the first rollback (before the good state is restored); a step already bad
                     before its update is replayed again from the good state the rollback
                     returns to, with the same batch and LR; when neither replay confirms
@@ -51,6 +54,7 @@ from trainguard.diagnose.counterfactual import (
     DATA_CAUSES,
     WINDOW_LAST,
     Baseline,
+    Outcome,
     Proof,
     SavedState,
     Setup,
@@ -59,8 +63,9 @@ from trainguard.diagnose.counterfactual import (
     prove,
     record_stands,
     recorded_window,
+    replays_record,
 )
-from trainguard.diagnose.ranking import rank_causes
+from trainguard.diagnose.ranking import likely_causes, rank_causes
 from trainguard.diagnose.step_rng import put
 from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
 from trainguard.errors import UsageError
@@ -217,6 +222,7 @@ class IncidentProver:
                 setup.forward_rng = ctx.forward_rng
                 if signals is not None and signals.loss is not None:
                     setup.original_loss = float(signals.loss)
+            setup.earlier = _earlier(state, services)
             batch_kinds = kinds_tagged(Tag.BATCH)
             setup.batch_causes = tuple(str(e.details["cause"]) for e in ctx.events
                                        if e.kind in batch_kinds and e.details.get("cause"))
@@ -230,15 +236,19 @@ class IncidentProver:
                 else:
                     proofs = [prove(setup, likely=likely, budget_s=self.budget_s(services))]
                     first = proofs[0]
+                    # a replay that does not compute what the run recorded cannot show the
+                    # trouble from any state: no replay from a good state either
                     if (not first.reproduced or first.plain.forward_bad(first.baseline)) and (
-                            state.recovery is not None or not first.confirmed):
+                            state.recovery is not None or not first.confirmed) and (
+                            not first.replay_differs):
                         # bad before its update: the damage is older; replay from the good
                         # state (the rollback's, whatever the step proved; else the anchor's,
                         # when the step proved nothing: its batch may be what is bad before
                         # the update)
                         left = self.budget_s(services) - (time.perf_counter() - started)
+                        step_plain = first.plain if batch is None else None
                         proofs += self._from_good_state(ctx, state, services, setup, likely,
-                                                        left)
+                                                        left, step_plain)
         except Exception as exc:  # proving is advisory: the run goes on
             log.error("trainguard: proving step %d failed (%s: %s)", ctx.step,
                       type(exc).__name__, exc)
@@ -253,11 +263,14 @@ class IncidentProver:
         return proofs[-1]
 
     def _from_good_state(self, ctx: StepContext, state: RunState, services: Services,
-                         setup: Setup, likely: list[str], budget_s: float) -> list[Proof]:
+                         setup: Setup, likely: list[str], budget_s: float,
+                         step_plain: Outcome | None = None) -> list[Proof]:
         """Under `recover`, at a rollback: the same batch and LR replayed from the good state the
         rollback returns to (the state the trouble began from); everything is put back after,
         and the rollback then restores that state for good. Without a recover ring, from the
-        proof anchor's newest good state before the loss left its level (`diagnose/anchor.py`)."""
+        proof anchor's newest good state before the loss left its level (`diagnose/anchor.py`).
+        `step_plain`: the bad step replayed from its own state (the windows' record stands only
+        when it gives the run's record of that step)."""
         if budget_s <= 0:
             return []
         recovery, anchor = state.recovery, state.anchor
@@ -272,7 +285,7 @@ class IncidentProver:
             target = ring.latest_before(self._left_level(anchor.ring.good[0].step, ctx.step,
                                                          setup.baseline) - 1)
         else:
-            return []
+            return self._from_jump_state(ctx, state, services, setup, likely, budget_s)
         if target is None:
             return []
         lrs = [g["lr"] for g in services.optimizer.param_groups]
@@ -290,8 +303,27 @@ class IncidentProver:
                 left = budget_s - (time.perf_counter() - started)
                 proofs += self._windows(ctx, ring, target, services,
                                         replace(again, damage_loss=damage),
-                                        proofs[0].plain.seconds / 2, left, lrs)
+                                        proofs[0].plain.seconds / 2, left, lrs, step_plain)
             return proofs
+
+    def _from_jump_state(self, ctx: StepContext, state: RunState, services: Services,
+                         setup: Setup, likely: list[str], budget_s: float) -> list[Proof]:
+        """Without good states: the step, on its batch and at its LRs, replayed from the state
+        the proof anchor copied before the loop's last LR jump (`diagnose/anchor.py`), from
+        before the damage the jumped LR did. No window: from the jump the only data from before
+        the loss left its level is the jump step's batch."""
+        lrs_now = ctx.signals.group_lrs if ctx.signals is not None else ()
+        start = (state.anchor.jump_state(ctx.step, lrs_now) if state.anchor is not None
+                 else None)
+        if start is None:
+            return []
+        lrs = [g["lr"] for g in services.optimizer.param_groups]
+        with _put_back(services):
+            self._restore(start, services, lrs)
+            return [prove(replace(setup, original_finite=None, original_loss=None,
+                                  state_step=start.step,
+                                  origin=f"from the state before the LR jump of step "
+                                         f"{start.step}"), likely=likely, budget_s=budget_s)]
 
     @staticmethod
     def _alarm(ctx: StepContext) -> bool:
@@ -341,11 +373,13 @@ class IncidentProver:
 
     def _windows(self, ctx: StepContext, ring: GoodStateRing, target: GoodState,
                  services: Services, setup: Setup, per_update: float, budget_s: float,
-                 lrs: list[float]) -> list[Proof]:
+                 lrs: list[float], step_plain: Outcome | None = None) -> list[Proof]:
         """The window replays (`_starts`), each from its good state to the bad step, until one
         confirms something. The plain replay of a window is the run's record of it when the
-        record shows the window bad (checked on its first step: `prove`): only the LR
-        interventions are replayed then."""
+        record shows the window bad and the replay computes what the run recorded at both of
+        its ends (the window's first step: `prove`; the bad step, from its own state:
+        `step_plain`): only the LR interventions are replayed then. Else each fix is compared
+        with the window replayed as it happened."""
         signals = ctx.signals
         started = time.perf_counter()
         out: list[Proof] = []
@@ -353,7 +387,9 @@ class IncidentProver:
             window = self._window(start.step, ctx.step, len(lrs))
             recorded = None if signals is None or not window else recorded_window(
                 window, signals.loss, signals.grad_norm)
-            stands = recorded is not None and record_stands(recorded, setup.baseline)
+            stands = (recorded is not None and record_stands(recorded, setup.baseline)
+                      and step_plain is not None and signals is not None
+                      and replays_record(step_plain, signals.loss, signals.grad_norm))
             left = budget_s - (time.perf_counter() - started)
             # room for LR x0.1 at least, and the plain window unless the record stands for it
             # (x0.01 only if the budget is left); a window is its steps, the bad step's update
@@ -446,6 +482,7 @@ class IncidentProver:
                                               top=100)]
         setup = self._setup(services, state.step, batch, None)
         setup.incident = False
+        setup.earlier = _earlier(state, services)
         with _replays(services):
             proof = prove(setup, likely=likely, budget_s=self.budget_s(services))
         self.proofs.append(proof)
@@ -489,8 +526,9 @@ class IncidentProver:
 
     def _refresh_likely(self, ctx: StepContext, services: Services) -> None:
         ranked = rank_causes(services.journal.events + ctx.events,
-                             services.evidence_findings(ctx.findings), top=3)
-        likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+                             services.evidence_findings(ctx.findings), top=3,
+                             fixes=services.fixes)
+        likely = likely_causes(ranked)
         for event in ctx.events:
             if likely and at_least(event.severity, "warning"):
                 event.details["likely_causes"] = likely
@@ -501,6 +539,15 @@ def _warned(ctx: StepContext) -> WarnedSignal | None:
     none)."""
     return next((signal for signal in map(WarnedSignal.of, ctx.events)
                  if signal is not None), None)
+
+
+def _earlier(state: RunState, services: Services) -> str:
+    """What would give this run's proof a state from before the damage (`Setup.earlier`)."""
+    if state.good_states() is not None:
+        return "a replay from one of the good states the run keeps (from before the damage)"
+    deferred = services.config.sync == "deferred"
+    return ('prove="on"' + (' with sync="blocking"' if deferred else "")
+            + ", which keeps good states from before the damage to replay from,")
 
 
 def _no_warmup(services: Services) -> bool | None:
@@ -547,6 +594,12 @@ def proof_event(proof: Proof) -> Event:
                           "damage_loss": proof.damage_loss, "undamaged": proof.undamaged,
                           "warned": proof.warned,
                           "not_tried": list(proof.not_tried),
+                          "cannot_try": list(proof.cannot_try),
+                          # the replay does not compute what the run recorded (a loss scaled
+                          # or reduced outside the loss function): for the cause ranking
+                          "replay_differs": proof.replay_differs,
+                          "recorded_loss": proof.recorded_loss,
+                          "replayed_loss": proof.plain.loss,
                           "seconds": round(proof.seconds, 3),
                           "trials": [{"name": i.name, "healed": healed, "loss": o.loss,
                                       "after": o.after, "grad_norm": o.grad_norm,

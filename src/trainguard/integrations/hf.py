@@ -147,8 +147,10 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._told_kept = False
 
     # -- public API ------------------------------------------------------------------------------
-    def close(self, status: Status = "finished") -> None:
-        """Flush and close the run store (training end does this; call it after a crash)."""
+    def close(self, status: Status | None = None) -> None:
+        """Flush and close the run store (training end does this; call it after a crash, in a
+        `finally:` clause: the run is then `crashed`, or `interrupted` by Ctrl-C, with the
+        exception's type stored). `status`: as `Guard.close`'s."""
         self._release()
         self._ctx = None
         if self.run is not None:
@@ -173,7 +175,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         resume = self.run is not None  # a second train() on one Trainer goes on with the run
         if self.run is not None:  # ... and keeps the baselines
             carried = carried or self.run.state_dict()
-            self.close()
+            self.close(status="finished")
         limit = self._take_over_clipping(args)
         config = dataclasses.replace(self.config, max_grad_norm=limit)  # type: ignore[arg-type]
         try:

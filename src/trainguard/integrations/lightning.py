@@ -41,7 +41,6 @@ import torch
 from trainguard.config import GuardConfig
 from trainguard.diagnose.replay import LossFn
 from trainguard.errors import UsageError
-from trainguard.guard import exit_status
 from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
 from trainguard.integrations.checkpoint_io import MarkingCheckpointIO
 from trainguard.pipeline.context import StepContext
@@ -119,15 +118,10 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         """(trainer, its gradient_clip_val) while trainguard clips in the trainer's place."""
 
     # -- public API ------------------------------------------------------------------------------
-    def close(self, status: Status = "finished") -> None:
-        """Flush and close the run store (the end of training, or an exception, does this)."""
-        self._batch = None
-        self._ctx = None
-        if self._clipping is not None:  # the trainer clips again from now on
-            trainer, value = self._clipping
-            trainer.gradient_clip_val, self._clipping = value, None
-        if self.run is not None:
-            self.run.close(status=status)
+    def close(self, status: Status | None = None) -> None:
+        """Flush and close the run store (the end of training, or an exception, does this).
+        `status`: as `Guard.close`'s (None: from the exception under way, if any)."""
+        self._end(status)
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -141,7 +135,7 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         resume = self.run is not None  # a second fit() with one callback goes on with the run
         if self.run is not None:  # ... and keeps the baselines
             carried = carried or self.run.state_dict()
-            self.close()
+            self.close(status="finished")
         optimizer = unwrap_optimizer(trainer.optimizers[0])
         schedulers = [c.scheduler for c in trainer.lr_scheduler_configs
                       if c.interval == "step" and not c.reduce_on_plateau]
@@ -226,4 +220,14 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         self.close(status="finished")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.close(status=exit_status(exception))
+        self._end(None, exception)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _end(self, status: Status | None, error: BaseException | None = None) -> None:
+        self._batch = None
+        self._ctx = None
+        if self._clipping is not None:  # the trainer clips again from now on
+            trainer, value = self._clipping
+            trainer.gradient_clip_val, self._clipping = value, None
+        if self.run is not None:
+            self.run.close(status, error=error)

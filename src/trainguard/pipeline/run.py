@@ -27,6 +27,7 @@ from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.no_gradients import NoGradients
+from trainguard.detect.no_progress import NoProgress
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.anchor import ProofAnchor
 from trainguard.diagnose.batch_watch import BatchWatch
@@ -47,7 +48,7 @@ from trainguard.errors import (
     TrainingDiverged,
     UsageError,
 )
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport, at_least
+from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport, at_least
 from trainguard.finiteness import finite_state
 from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
@@ -63,6 +64,7 @@ from trainguard.recovery.brake import PrecursorBrake
 from trainguard.remedies import build_rule, drop_grads
 from trainguard.remedies.device import skips_on_device
 from trainguard.remedies.robust import RobustClipLimit
+from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
 from trainguard.store import RunStore, RunStoreSink
@@ -98,6 +100,8 @@ class Run:
         self.run_dir = _run_dir(run_dir)
         self.halted = False
         """The Guard halted this run (a crash snapshot, `TrainingDiverged`)."""
+        self.halt_step: int | None = None
+        """The step it halted at."""
         if dist is not None:  # every rank or none, before any collective
             start = agree_on_start(dist, _agreed_setup(config, watched), config.rank_timeout_s)
             dist.link.open(dist, config.collective_timeout_s, start)
@@ -133,7 +137,7 @@ class Run:
         self.steps = StepPipeline(self.state, self.services)
         self.deferred = _deferral(config, self.services, owns_optimizer_step)
         """`sync="deferred"` in force: each step is judged on the host at the next one."""
-        if (config.prove == "on" and self.state.recovery is None and replay_fn is not None
+        if (ProofAnchor.wanted(config) and self.state.recovery is None and replay_fn is not None
                 and dist is None and not self.deferred):
             # a step whose damage is older is proved from a state before the trouble
             self.state.anchor = ProofAnchor(model, optimizer, config)
@@ -238,7 +242,7 @@ class Run:
         if ctx.outcome == "halted":
             if not closing:
                 self._halt(ctx)
-            self.halted = True
+            self.halted, self.halt_step = True, ctx.step
         elif self.scheduler is not None and (ctx.applied or (
                 self.config.policy == "observe" and self.scaler is not None)):
             # the schedule follows the updates really applied (under observe, as the plain loop
@@ -291,7 +295,7 @@ class Run:
         return pending.report
 
     def _halt(self, ctx: StepContext) -> None:
-        self.halted = True
+        self.halted, self.halt_step = True, ctx.step
         self.steps.settle(ctx)
         diagnosis = self.close(status="halted")
         threshold = self.config.halt_severity
@@ -437,7 +441,7 @@ class Run:
 
     def diagnose(self) -> list[RankedCause]:
         try:
-            return rank_causes(self.events, self.evidence_findings())
+            return rank_causes(self.events, self.evidence_findings(), fixes=self.services.fixes)
         except Exception as exc:  # diagnosis is best effort
             log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
             return []
@@ -462,15 +466,22 @@ class Run:
             self.state.anchor.restart(self.state.step)
         self.schedule_sampling()
 
-    def close(self, status: Status = "finished") -> list[RankedCause]:
+    def close(self, status: Status | None = None, *, error: BaseException | None = None
+              ) -> list[RankedCause]:
         """Flush the last measurements, tell the sinks the diagnosis and the final status, and
-        close them. Returns the diagnosis."""
+        close them. Returns the diagnosis. `error`: the exception that ends the run (a `with`
+        block's, a trainer's); `status` None: the status it gives (`run_end.exit_status`), and
+        without `error`, the one the exception under way gives (a close in a `finally:` clause
+        after Ctrl-C is `interrupted`, after an error `crashed`; with none, `finished`)."""
         if self.closed:
             return []
+        if status is None:
+            error = error if error is not None else under_way()
+            status = exit_status(error)
         with lifecycle.closing():  # a signal meanwhile waits: no run is left half closed
-            return self._close(status)
+            return self._close(status, run_error(error))
 
-    def _close(self, status: Status) -> list[RankedCause]:
+    def _close(self, status: Status, error: RunError | None = None) -> list[RankedCause]:
         lost = self.dist is not None and self.dist.link.lost is not None
         if self._late is not None and not lost:  # the last deferred step, judged before the end
             try:
@@ -505,12 +516,15 @@ class Run:
             self.sinks.on_diagnosis(diagnosis)
         try:
             self.verdict = self.state.losses.verdict(
-                halted=self.halted or status == "halted", weights_finite=self._weights_finite(),
-                untrained_since=self._untrained_since())
+                halted=self.halted or status == "halted", halt_step=self.halt_step,
+                weights_finite=self._weights_finite(), untrained_since=self._untrained_since(),
+                stall_reason=self._stall_reason())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
             self.sinks.on_verdict(self.verdict)
+        if error is not None:
+            self.sinks.on_run_error(error)
         self.sinks.on_run_end(status)
         self.sinks.close()
         return diagnosis
@@ -524,6 +538,11 @@ class Run:
                     detector.streak >= self.config.detectors.no_gradient_steps):
                 return self.state.step - detector.streak
         return None
+
+    def _stall_reason(self) -> str:
+        """What the stall detector found the run showed of why it did not learn ("" when it
+        judged no stall)."""
+        return next((d.reason for d in self.state.detectors if isinstance(d, NoProgress)), "")
 
     def _weights_finite(self) -> bool | None:
         """Whether this rank's watched weights are all finite at the end (one fused pass, one

@@ -103,12 +103,14 @@ def verdict_html(data: RunData) -> str:
     klass = {"healthy": "ok", "recovered": "warn", "degraded": "bad",
              "stalled": "bad"}.get(label, "")
     numbers = [(name.replace("_", " "), verdict[name])
-               for name in ("start", "before_trouble", "final", "trouble_step")
+               for name in ("start", "before_trouble", "final", "trouble_step", "halt_step")
                if verdict.get(name) is not None]
     extra = table(["", "loss / step"], [[text(k), text(_fmt(v))] for k, v in numbers],
                   css="compact") if numbers else ""
-    body = (f'<p class="verdict {klass}"><b>{text(label.upper())}</b>: '
-            f"{text(verdict.get('message', ''))}</p>{extra}")
+    said = text(verdict.get("message", ""))
+    body = (f'<p class="verdict {klass}"><b>{text(label.upper())}</b>: {said}</p>{extra}'
+            if verdict.get("verdict") is not None  # none: too short to judge, as said
+            else f'<p class="verdict">{said}</p>{extra}')
     return _section("verdict", "Verdict", body)
 
 

@@ -4,8 +4,9 @@ A sink hears everything a run says, in this order: `on_run_start` once; then, as
 `on_findings` (the preflight audit, runtime checks), `on_event`, `on_action` (skip, clip, rollback,
 LR change, halt, snapshot) and `on_step` once per step; at the end `on_sampled` (the last sampled
 statistics), `on_diagnosis` (the ranked causes), `on_verdict` (did training work: healthy,
-recovered, degraded), `on_run_end` with the run's status (`finished`, `halted`, `failed` (a rank
-lost under torch.distributed), `crashed`, `interrupted`) and `close`. Sinks observe only: they must
+recovered, degraded), `on_run_error` when an exception ended the run (its type and message),
+`on_run_end` with the run's status (`finished`, `halted`, `failed` (a rank lost under
+torch.distributed), `crashed`, `interrupted`) and `close`. Sinks observe only: they must
 not change training. Under torch.distributed only rank 0 has sinks.
 """
 
@@ -15,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport
 from trainguard.vocabulary import Status
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainguard")
 
 SINK_METHODS = ("on_run_start", "on_findings", "on_event", "on_action", "on_diagnosis",
-                "on_step", "on_eval", "on_sampled", "on_verdict", "on_run_end", "close")
+                "on_step", "on_eval", "on_sampled", "on_verdict", "on_run_error", "on_run_end",
+                "close")
 
 
 class Sink:
@@ -63,6 +65,10 @@ class Sink:
     def on_verdict(self, verdict: RunVerdict) -> None:
         """Called once at the end, before `on_run_end`, with the run's verdict (healthy,
         recovered, degraded; see `trainguard.verdict`), when any loss was seen."""
+
+    def on_run_error(self, error: RunError) -> None:
+        """Called once before `on_run_end` when an exception ended the run (Ctrl-C, a signal,
+        an error of the loop or the trainer), with its type and message."""
 
     def on_run_end(self, status: Status) -> None:
         """Called once with the run's final status."""
@@ -118,6 +124,9 @@ class SinkSet:
 
     def on_verdict(self, verdict: RunVerdict) -> None:
         self._call("on_verdict", verdict)
+
+    def on_run_error(self, error: RunError) -> None:
+        self._call("on_run_error", error)
 
     def on_run_end(self, status: Status) -> None:
         self._call("on_run_end", status)

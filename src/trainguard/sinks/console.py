@@ -1,12 +1,14 @@
 """The console: what a person watching the run should read, on stderr.
 
-Preflight and runtime findings of warning severity and worse; every event (but a warning that
-repeats one of the same kind and parameter printed within `REPEAT_QUIET` steps, which is
-counted and said with the next one printed), followed by the replay's summary, and the likely
-causes when their ranking changed (the top causes or their order: an incident of many bad steps
-names its causes once, not once a step); the actions that change the run beyond a step (halt,
-crash snapshot, clipping taken over from a trainer); the diagnosis when the run halts; the
-verdict at the end when the run degraded or recovered.
+Preflight and runtime findings of warning severity and worse; every event, followed by the
+replay's summary, and the likely causes when their ranking changed (the top causes or their
+order: an incident of many bad steps names its causes once, not once a step), but for events
+that repeat: one of the same kind, severity and parameter as one within `REPEAT_QUIET` steps
+before it is counted, not printed, and a line per `REPEAT_QUIET` steps of them (and one when
+they stop or the run ends) says how many came in which steps ("[steps 11-55] ERROR
+nonfinite_loss x45 more"); the actions that change the run beyond a step (halt, crash
+snapshot, clipping taken over from a trainer); the diagnosis when the run halts; the verdict at
+the end when the run degraded or recovered.
 
 On a terminal (and with `rich` installed) a live progress line sits below them: step, loss,
 gradient norm, LR, skipped steps and rollbacks, redrawn at most `refresh_per_second` times a
@@ -34,9 +36,27 @@ if TYPE_CHECKING:
 _COLOURS = {"info": "36", "warning": "33", "error": "31", "critical": "1;31"}
 _SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover", "checkpoint_kept")
 REPEAT_QUIET = 50
-"""A warning of the same kind and parameter as one printed fewer than this many steps before is
-counted, not printed (a signal that keeps growing through a divergence warns again every few
-steps, and every one is in `guard.events` and the store); errors are printed every time."""
+"""An event of the same kind, severity and parameter as one fewer than this many steps before
+it is counted, not printed, and each stretch of this many steps of them is said in one line: a
+NaN left in the weights under observe raises the same errors at every step, a signal that keeps
+growing through a divergence warns again every few steps, and every one is in `guard.events` and
+the store. An event of another kind, or after a quiet stretch this long, is printed."""
+
+RepeatKey = tuple[str, str, str | None]
+"""An event's kind, severity and parameter: what makes events repeats of one another."""
+
+
+class Repeats:
+    """Events counted since the last line that said them, for one `RepeatKey`."""
+
+    __slots__ = ("count", "first", "last")
+
+    def __init__(self, step: int) -> None:
+        self.count, self.first, self.last = 1, step, step
+
+    def add(self, step: int) -> None:
+        self.count += 1
+        self.first, self.last = min(self.first, step), max(self.last, step)
 
 
 class ConsoleSink(Sink):
@@ -59,10 +79,10 @@ class ConsoleSink(Sink):
         self._skips = 0
         self._rollbacks = 0
         self._events = 0
-        self._warned: dict[tuple[str, str | None], int] = {}
-        """(kind, parameter) -> the step of the last warning of it printed."""
-        self._quieted: dict[tuple[str, str | None], int] = {}
-        """(kind, parameter) -> warnings of it counted since, not printed."""
+        self._seen: dict[RepeatKey, int] = {}
+        """The step of the last event of each kind, severity and parameter (printed or not)."""
+        self._held: dict[RepeatKey, Repeats] = {}
+        """Repeated events counted and not said yet."""
 
     # -- output ----------------------------------------------------------------------------------
     def _target(self) -> TextIO:
@@ -102,6 +122,10 @@ class ConsoleSink(Sink):
     def on_step(self, report: StepReport) -> None:
         if report.action == "skipped":
             self._skips += 1
+        if self._held:  # repeats that stopped a quiet window ago are said now
+            for key in [k for k, held in self._held.items()
+                        if report.step - held.last >= REPEAT_QUIET]:
+                self._say_repeats(key)
         if self._line is None:
             return
         now = time.monotonic()
@@ -136,27 +160,18 @@ class ConsoleSink(Sink):
 
     def on_event(self, event: Event) -> None:
         self._events += 1
-        said = ""
-        if event.severity == "warning":
-            key = (event.kind, event.param)
-            last = self._warned.get(key)
-            if last is not None and 0 <= event.step - last < REPEAT_QUIET:
-                self._quieted[key] = self._quieted.get(key, 0) + 1
-                return
-            self._warned[key] = event.step
-            held = self._quieted.pop(key, 0)
-            if held:
-                said = f" ({held} more like it after step {last} not shown)"
-        self._write(f"trainguard {event}{said}", event.severity)
-        replayed = event.details.get("replay")
-        if isinstance(replayed, dict) and replayed.get("summary"):
-            self._write(f"trainguard replay: {replayed['summary']}")
+        if not self._counted(event):
+            self._write(f"trainguard {event}", event.severity)
+            replayed = event.details.get("replay")
+            if isinstance(replayed, dict) and replayed.get("summary"):
+                self._write(f"trainguard replay: {replayed['summary']}")
+        # a repeat may still move the ranking: new evidence is said
         likely = event.details.get("likely_causes") or []
         ranking = tuple(str(c["code"]) for c in likely)
         if ranking and ranking != self._causes_shown:
             self._causes_shown = ranking
             self._write("trainguard likely causes: " + ", ".join(
-                f"{c['code']} {c['confidence']:.0%}" for c in likely) + _fix(likely[0]["code"]))
+                f"{c['code']} {c['confidence']:.0%}" for c in likely) + _fix(likely[0]))
 
     def on_action(self, action: ActionRecord) -> None:
         if action.kind == "rollback":
@@ -170,6 +185,7 @@ class ConsoleSink(Sink):
 
     def on_verdict(self, verdict: RunVerdict) -> None:
         self._stop()
+        self._say_all_repeats()  # what the run said comes before the verdict on it
         if verdict.verdict in ("degraded", "stalled"):
             self._write(f"trainguard verdict: {verdict.verdict.upper()}: {verdict.message}",
                         "warning")
@@ -178,15 +194,46 @@ class ConsoleSink(Sink):
 
     def on_run_end(self, status: str) -> None:
         self._stop()
-        held = sum(self._quieted.values())
-        if held:
-            self._write(f"trainguard: {held} repeated warning(s) not shown "
-                        "(guard.events and `trainguard show` list every one)")
+        self._say_all_repeats()
         if status == "halted" and self._diagnosis:
             self._write("trainguard diagnosis: " + " | ".join(str(c) for c in self._diagnosis[:3]))
 
     def close(self) -> None:
         self._stop()
+
+    def _counted(self, event: Event) -> bool:
+        """Whether `event` repeats one less than `REPEAT_QUIET` steps before it, and is counted
+        instead of printed."""
+        key: RepeatKey = (event.kind, event.severity, event.param)
+        last = self._seen.get(key)
+        self._seen[key] = event.step if last is None else max(last, event.step)
+        held = self._held.get(key)
+        if last is None or abs(event.step - last) >= REPEAT_QUIET:
+            if held is not None:  # the stretch of repeats before the quiet one
+                self._say_repeats(key)
+            return False
+        if held is not None and abs(event.step - held.first) >= REPEAT_QUIET:
+            self._say_repeats(key)  # one line per stretch of REPEAT_QUIET steps
+            held = None
+        if held is None:
+            self._held[key] = Repeats(event.step)
+        else:
+            held.add(event.step)
+        return True
+
+    def _say_all_repeats(self) -> None:
+        for key in sorted(self._held, key=lambda k: self._held[k].first):
+            self._say_repeats(key)
+
+    def _say_repeats(self, key: RepeatKey) -> None:
+        held = self._held.pop(key)
+        kind, severity, param = key
+        steps = (f"step {held.first}" if held.first == held.last
+                 else f"steps {held.first}-{held.last}")
+        on = f" on {param}" if param else ""
+        self._write(f"trainguard [{steps}] {severity.upper()} {kind}{on} x{held.count} more "
+                    "(repeats of the one printed; guard.events and `trainguard show` list each)",
+                    severity)
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -203,8 +250,13 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
-def _fix(code: str) -> str:
+def _fix(likely: dict[str, Any]) -> str:
+    """The first likely cause's fix: the run's own words when the event carries them (sized to
+    the model), else the catalogue's."""
     from trainguard.diagnose.causes import CAUSES
 
-    cause = CAUSES.get(code)
-    return f". Fix: {cause.fix}" if cause is not None else ""
+    fix = likely.get("fix")
+    cause = CAUSES.get(str(likely.get("code")))
+    if not isinstance(fix, str) or not fix:
+        fix = cause.fix if cause is not None else ""
+    return f". Fix: {fix}" if fix else ""

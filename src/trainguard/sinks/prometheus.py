@@ -528,7 +528,8 @@ class PrometheusSink(Sink):
     def on_verdict(self, verdict: RunVerdict) -> None:
         if not self.active:
             return
-        for name in {*VERDICTS, verdict.verdict}:
+        # no verdict (too short to judge): every verdict's gauge reads 0
+        for name in {*VERDICTS, *([verdict.verdict] if verdict.verdict is not None else [])}:
             self.verdict.labels(verdict=name).set(1.0 if name == verdict.verdict else 0.0)
 
     def on_run_end(self, status: str) -> None:

@@ -248,8 +248,9 @@ class TensorBoardSink(Sink):
                       + [("nonfinite/eval", float(sum(not math.isfinite(v) for _, v in numbers)))])
 
     def on_verdict(self, verdict: RunVerdict) -> None:
+        text = _escape(verdict.message)  # no verdict (too short to judge): the message says so
         self._text("verdict", self._last_step,
-                   f"**{verdict.verdict}**: {_escape(verdict.message)}")
+                   f"**{verdict.verdict}**: {text}" if verdict.verdict is not None else text)
 
     def on_run_end(self, status: str) -> None:
         self._text("status", self._last_step, f"run {status} at step {self._last_step}")

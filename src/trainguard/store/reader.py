@@ -315,7 +315,8 @@ class RunReader:
 
     def runs(self) -> list[dict[str, Any]]:
         """Every run in the directory, oldest first: id, started, ended, status, pid, hostname,
-        resumed, store_failed, dropped, steps, events, last_step."""
+        resumed, store_failed, dropped, steps, events, last_step, verdict, error (the type of
+        the exception that ended it)."""
         if self.version == 1:
             first, last, count = self._query("SELECT min(time), max(time), count(*) "
                                              "FROM steps")[0]
@@ -326,8 +327,10 @@ class RunReader:
                      "status": status, "pid": None, "hostname": None, "resumed": 0,
                      "store_failed": None, "failed_step": None, "dropped": 0,
                      "dropped_steps": 0, "steps": count,
-                     "events": events, "last_step": last_step, "verdict": None}]
+                     "events": events, "last_step": last_step, "verdict": None,
+                     "error": None}]
         verdict_of = "FROM meta m WHERE m.run_id = r.id AND m.key = 'verdict'"
+        error_of = "FROM meta m WHERE m.run_id = r.id AND m.key = 'error'"
         value, length = _capped_parts("value")
         columns = {row[1] for row in self._query("PRAGMA table_info(runs)")}
         dropped_steps = "r.dropped_steps" if "dropped_steps" in columns else "0"
@@ -337,15 +340,19 @@ class RunReader:
             "(SELECT count(*) FROM steps s WHERE s.run_id = r.id), "
             "(SELECT count(*) FROM events e WHERE e.run_id = r.id), "
             "(SELECT max(step) FROM steps s WHERE s.run_id = r.id), "
-            f"(SELECT {value} {verdict_of}), (SELECT {length} {verdict_of}) "
+            f"(SELECT {value} {verdict_of}), (SELECT {length} {verdict_of}), "
+            f"(SELECT {value} {error_of}), (SELECT {length} {error_of}) "
             "FROM runs r ORDER BY r.id")
         listing = []
         note = read_note(self.run_dir / LOCK_NAME)
         for (run_id, started, ended, status, pid, host, resumed, failed, failed_step, dropped,
-             lost_steps, steps, events, last_step, verdict_text, verdict_size) in rows:
+             lost_steps, steps, events, last_step, verdict_text, verdict_size, error_text,
+             error_size) in rows:
             what = f"run {run_id}"
             verdict = (self._verdict(self._json(verdict_text, f"{what} verdict", verdict_size))
                        if verdict_size is not None else None)
+            error = (self._error(self._json(error_text, f"{what} error", error_size))
+                     if error_size is not None else None)
             listing.append({
                 "id": run_id, "started": self._num(started, f"{what} start time"),
                 "ended": self._num(ended, f"{what} end time"),
@@ -358,15 +365,25 @@ class RunReader:
                 "dropped": dropped if isinstance(dropped, int) else 0,
                 "dropped_steps": lost_steps if isinstance(lost_steps, int) else 0,
                 "steps": steps, "events": events, "last_step": last_step,
-                "verdict": verdict["verdict"] if verdict else None})
+                "verdict": verdict["verdict"] if verdict else None,
+                "error": error["type"] if error else None})
             if note is not None and note.get("run_id") == run_id and note.get("pid") == pid:
                 _merge_note(listing[-1], note)
         return listing
 
     def _verdict(self, value: Any) -> dict[str, Any]:
-        if not (isinstance(value, dict) and value.get("verdict") in VERDICTS
+        # a verdict of None: the run was too short to judge, as its message says
+        if not (isinstance(value, dict) and (value.get("verdict") in VERDICTS
+                                             or value.get("verdict") is None)
                 and isinstance(value.get("message"), str)):
             raise self._bad("meta verdict", value, "a verdict (healthy, recovered, degraded)")
+        return value
+
+    def _error(self, value: Any) -> dict[str, Any]:
+        if not (isinstance(value, dict) and isinstance(value.get("type"), str)
+                and isinstance(value.get("message"), str)):
+            raise self._bad("meta error", value, "the exception that ended the run "
+                                                 "(its type and message)")
         return value
 
     def run_info(self) -> dict[str, Any]:
@@ -406,6 +423,8 @@ class RunReader:
             raise self._bad("meta param_names", names, "a list of names")
         if "verdict" in meta:
             self._verdict(meta["verdict"])
+        if "error" in meta:
+            self._error(meta["error"])
         evals = meta.get("eval", [])
         if not (isinstance(evals, list) and all(
                 isinstance(e, dict) and isinstance(e.get("step"), int)
@@ -554,8 +573,10 @@ class RunReader:
         return steps, matrix
 
     def events(self) -> list[Event]:
+        """The run's events in step order (those of one step in the order they were detected:
+        an event of a sampled step's heavy probes is detected a step later)."""
         rows = self._select(f"SELECT step, kind, severity, param, {_capped('value')}, message, "
-                            f"{_capped('details')} FROM events WHERE {{run}} ORDER BY id")
+                            f"{_capped('details')} FROM events WHERE {{run}} ORDER BY step, id")
         out = []
         for step, kind, severity, param, value, value_size, message, details, size in rows:
             self._int(step, "an event's step")
@@ -672,6 +693,7 @@ class RunReader:
                 "inf": sum(1 for x in losses if x is not None and math.isinf(x)),
             },
             "verdict": meta.get("verdict"),
+            "error": meta.get("error"),
             "eval": meta.get("eval", [])[-1:],
             "lr": lr_summary(rows),
             "grad_norm_nonfinite_steps": sum(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainguard import lifecycle
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport
+from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport
 from trainguard.sinks.base import Sink
 from trainguard.store.writer import RunStore
 from trainguard.vocabulary import Status
@@ -114,6 +114,9 @@ class RunStoreSink(Sink):
 
     def on_verdict(self, verdict: RunVerdict) -> None:
         self.store.put_meta("verdict", verdict.to_dict())
+
+    def on_run_error(self, error: RunError) -> None:
+        self.store.put_meta("error", error.to_dict())
 
     def on_run_end(self, status: Status) -> None:
         self._ended = True
