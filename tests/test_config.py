@@ -202,6 +202,8 @@ def test_replace_keeps_the_rules_and_revalidates() -> None:
     ({"snapshot_dir": 3}, "GuardConfig.snapshot_dir"),
     ({"detectors": 3}, "GuardConfig.detectors"),
     ({"recovery": {"rewind_schedule": "yes"}}, "RecoveryConfig.rewind_schedule"),
+    ({"recovery": {"jump_ratio": 1.0}}, "RecoveryConfig.jump_ratio"),
+    ({"recovery": {"jump_steps": -1}}, "RecoveryConfig.jump_steps"),
 ])
 def test_bad_values_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

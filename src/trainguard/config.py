@@ -349,6 +349,13 @@ class RecoveryConfig:
     that comes back down from a spike is not held back by it."""
     max_grad_norm: float = 0.5
     """After a rollback, global clipping is tightened to this limit (the guide's 0.5)."""
+    jump_ratio: float = 10.0
+    """A loop that raises the LR this many times in one step (an `lr_change` event)..."""
+    jump_steps: int = 5
+    """...and trouble within this many steps after it (a loss spike, a gradient explosion, a
+    non-finite step, an instability warning): the update at the raised LR did the damage, and
+    skipping while the loss settles only lets it compound, so the run is rolled back at once to
+    a state from before the raise. 0: trouble after a raise is judged as any other."""
     rewind_schedule: bool = False
     """Whether a rollback also puts the LR scheduler back. By default the schedule goes on from
     where it is, as the data does (the batches since the restored state are not replayed), so a
@@ -367,7 +374,7 @@ class RecoveryConfig:
     def __post_init__(self) -> None:
         for name, minimum in (("ring_size", 1), ("ring_every", 1), ("confirm_steps", 0),
                               ("settle_steps", 1), ("rollback_after_skips", 1),
-                              ("lr_ramp_steps", 0), ("max_rollbacks", 0)):
+                              ("lr_ramp_steps", 0), ("max_rollbacks", 0), ("jump_steps", 0)):
             _at_least(getattr(self, name), minimum, f"RecoveryConfig.{name}")
         _flag(self.rewind_schedule, "RecoveryConfig.rewind_schedule")
         _flag(self.restore_rng, "RecoveryConfig.restore_rng")
@@ -380,6 +387,9 @@ class RecoveryConfig:
         _positive(self.lr_backoff, "RecoveryConfig.lr_backoff")
         _require(self.lr_backoff <= 1, "RecoveryConfig.lr_backoff",
                  f"must be <= 1, got {self.lr_backoff!r}")
+        _positive(self.jump_ratio, "RecoveryConfig.jump_ratio")
+        _require(self.jump_ratio > 1, "RecoveryConfig.jump_ratio",
+                 f"must be > 1, got {self.jump_ratio!r}")
         _positive(self.lr_ceiling, "RecoveryConfig.lr_ceiling")
         _require(self.lr_ceiling <= 1, "RecoveryConfig.lr_ceiling",
                  f"must be <= 1, got {self.lr_ceiling!r}")

@@ -259,11 +259,13 @@ class Clock:
 def lr_spike_run(prove: str, budget: float = 1000.0,
                  clock: Clock | None = None) -> tuple[Guard, nn.Module]:
     """Adam at 1e-3 whose loop gives steps 40-42 an LR 300x higher, then the usual one: by the
-    rollback (step 54) the steps at the spike are long past and the LR is back to normal."""
+    rollback (step 54) the steps at the spike are long past and the LR is back to normal. The
+    rollback comes as late as after trouble that does not follow a raise of the LR at once
+    (`jump_steps=0`), where only a window replay can prove the LR."""
     loss_fn = clock.loss if clock is not None else mse
     model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
     # a fixed ring cadence and an ample budget: what is proved must not depend on timings
-    recovery = RecoveryConfig(ring_every=10, ring_budget=None)
+    recovery = RecoveryConfig(ring_every=10, ring_budget=None, jump_steps=0)
     guard = Guard(model, opt, config=config(policy="recover", prove=prove, recovery=recovery,
                                             prove_budget_steps=budget), replay_fn=loss_fn)
     spike_loop(guard, model, opt, loss_fn, 80)

@@ -66,6 +66,23 @@ def test_a_single_late_spike_is_an_outlier_batch() -> None:
     assert codes(ranked)[0] == "outlier_batch"
 
 
+def test_jumps_just_after_the_lr_rose_are_the_rise_not_an_odd_batch() -> None:
+    """The recover policy rolled back at once after the loop raised the LR 1e5-fold, and the LR
+    it cut was still far too high: the jumps came back two steps later. Jumps that close
+    together are a single one, which late in a run points at an odd batch, but not right after
+    the LR rose: the rise is first, the batch stays a candidate (a replay can rule it out)."""
+    raised = Event(kind="lr_change", step=60, severity="info", message="LR x100000 at step 60",
+                   details={"ratio": 1e5})
+    jumps = [event("grad_explosion", 61), event("loss_spike", 61),
+             event("grad_explosion", 63), event("loss_spike", 63)]
+    cut = Event(kind="rollback", step=61, severity="warning", message="rolled back",
+                details={"lr_factor": 0.05, "skipped_data": []})
+    ranked = codes(rank_causes([raised, jumps[0], jumps[1], cut, *jumps[2:]], top=100))
+    assert ranked[0] == "lr_too_high" and "outlier_batch" in ranked
+    # ...and without the rise the same jumps are still an odd batch's
+    assert codes(rank_causes([jumps[0], jumps[1], cut, *jumps[2:]]))[0] == "outlier_batch"
+
+
 def test_a_precursor_after_a_late_spike_leaves_it_an_outlier_batch() -> None:
     spike = [event("grad_explosion", 120), event("loss_spike", 120, "warning")]
     after = rank_causes([*spike, event("instability_precursor", 123, "warning")])

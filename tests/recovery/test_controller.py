@@ -110,3 +110,88 @@ def test_a_desync_under_the_rollback_cap_halts() -> None:
     c.rolled_back()
     verdict = c.review(_signals(8, 2.0), [_desync(8, last_agreed_step=4)])
     assert verdict is not None and verdict.action == "halt" and verdict.onset == 4
+
+
+def _raise(step: int, ratio: float) -> Event:
+    """The `lr_change` event of a loop that multiplied the LR by `ratio` at `step`."""
+    return Event(kind="lr_change", step=step, severity="info", message=f"LR x{ratio:g}",
+                 details={"ratio": ratio})
+
+
+def _nonfinite(step: int) -> StepSignals:
+    return StepSignals(step=step, loss=math.nan, grad_norm=math.nan,
+                       param_grad_norm=np.array([math.nan]), param_names=["w"])
+
+
+def test_trouble_right_after_the_lr_was_raised_tenfold_rolls_back_at_once_to_before_it() -> None:
+    c = _controller(settle_steps=10)
+    _calm(c, range(20))
+    assert c.review(_signals(20, 2.0), [_raise(20, 100.0)]) is None  # the raise alone is no fault
+    verdict = c.review(_signals(21, 50.0), [_spike(21)])
+    assert verdict is not None and verdict.action == "rollback"
+    assert verdict.onset == 20  # a state from before the update at the raised LR
+    assert verdict.bad_steps == []  # the LR did it: no batch is blamed
+    assert "1 step(s) after the LR was raised x100 at step 20" in verdict.reason
+    c.rolled_back()
+    assert c.jump is None  # the raise's updates are undone: later trouble is judged afresh
+
+
+def test_a_warning_or_a_non_finite_step_right_after_a_raise_rolls_back_too() -> None:
+    warning = Event(kind="instability_precursor", step=23, severity="warning", message="w")
+    c = _controller()
+    _calm(c, range(20))
+    c.review(_signals(20, 2.0), [_raise(20, 10.0)])
+    _calm(c, range(21, 23))
+    verdict = c.review(_signals(23, 2.0), [warning])
+    assert verdict is not None and verdict.action == "rollback" and verdict.onset == 20
+    c = _controller()
+    _calm(c, range(20))
+    c.review(_signals(20, 2.0), [_raise(20, 10.0)])
+    verdict = c.review(_nonfinite(21), [])
+    assert verdict is not None and verdict.action == "rollback" and verdict.onset == 20
+    # ...but NaN in the batch itself is the batch's: skipped, as without a raise
+    c = _controller()
+    _calm(c, range(20))
+    c.review(_signals(20, 2.0), [_raise(20, 10.0)])
+    verdict = c.review(_nonfinite(21), [], bad_input=True)
+    assert verdict is not None and verdict.action == "skip"
+
+
+def test_a_smaller_raise_later_trouble_or_jump_steps_0_judge_the_trouble_as_before() -> None:
+    def first_verdict(raise_ratio: float, spike_at: int, **settings: object) -> str | None:
+        c = _controller(**settings)
+        _calm(c, range(20))
+        c.review(_signals(20, 2.0), [_raise(20, raise_ratio)])
+        _calm(c, range(21, spike_at))
+        verdict = c.review(_signals(spike_at, 50.0), [_spike(spike_at)])
+        return verdict.action if verdict is not None else None
+
+    assert first_verdict(100.0, 25) == "rollback"  # within jump_steps (5)
+    assert first_verdict(9.0, 21) == "skip"  # below jump_ratio (10)
+    assert first_verdict(100.0, 26) == "skip"  # past jump_steps
+    assert first_verdict(100.0, 21, jump_steps=0) == "skip"
+    assert first_verdict(3.0, 21, jump_ratio=2.5) == "rollback"
+
+
+def test_an_open_trouble_from_before_the_raise_sets_the_onset() -> None:
+    c = _controller(settle_steps=10)
+    _calm(c, range(20))
+    c.review(_signals(20, 50.0), [_spike(20)])  # skipped, followed
+    c.review(_signals(21, 2.1), [_raise(21, 100.0)])
+    verdict = c.review(_signals(22, 50.0), [_spike(22)])
+    assert verdict is not None and verdict.action == "rollback" and verdict.onset == 19
+
+
+def test_a_raise_is_remembered_across_a_state_round_trip() -> None:
+    c = _controller()
+    _calm(c, range(20))
+    c.review(_signals(20, 2.0), [_raise(20, 100.0)])
+    other = _controller()
+    other.load_state_dict(c.state_dict())
+    assert other.jump == (20, 100.0)
+    verdict = other.review(_signals(21, 50.0), [_spike(21)])
+    assert verdict is not None and verdict.action == "rollback"
+    state = c.state_dict()
+    del state["jump"]  # saved before raises were followed
+    other.load_state_dict(state)
+    assert other.jump is None

@@ -197,3 +197,51 @@ def test_scale_learning_rate_rejects_bad_factors(factor: object) -> None:
     optimizer, scheduler = lambda_setup()
     with pytest.raises(UsageError, match="factor"):
         scale_learning_rate(optimizer, [scheduler], factor)  # type: ignore[arg-type]
+
+
+def test_a_floor_lifts_the_cut_while_the_schedule_is_far_below_the_lr_that_failed() -> None:
+    """The loop raised its LR from 1 to 100; a rollback took place while it was still up, under
+    a ceiling of 50 and a floor of 5 (0.1 x the ceiling: where the ramp starts). At 100 the
+    ramp's cut stands; back at 1 (under the floor) there is none; up at 100 again, the cut is
+    back as far as the ramp has come; in between, the LR is never cut below the floor."""
+    opt = _optimizer(100.0)
+    backoff = LRBackoff([opt], [], ramp_steps=10)
+    backoff.begin(0.1, [50.0], applied=[1.0], floors=[5.0])
+    assert lrs(opt) == pytest.approx([0.1 * 50.0])  # the ramp under the ceiling
+    opt.param_groups[0]["lr"] = 1.0  # the loop puts its own LR back
+    backoff.enforce()
+    assert lrs(opt) == pytest.approx([1.0]) and backoff.factor() == pytest.approx(1.0)
+    for _ in range(4):
+        backoff.step()
+        backoff.enforce()
+    assert lrs(opt) == pytest.approx([1.0])
+    opt.param_groups[0]["lr"] = 100.0  # the loop raises it again, 4 updates into the ramp
+    backoff.enforce()
+    ramp = 0.1 + 0.9 * 4 / 10
+    assert lrs(opt) == pytest.approx([ramp * 50.0])
+    opt.param_groups[0]["lr"] = 8.0  # the ramp would give 3.7: cut to the floor, no further
+    backoff.enforce()
+    assert lrs(opt) == pytest.approx([5.0])
+    opt.param_groups[0]["lr"] = 20.0  # the ramp's 9.2 is above the floor: the ramp's
+    backoff.enforce()
+    assert lrs(opt) == pytest.approx([ramp * 20.0])
+    other = LRBackoff([opt], [], ramp_steps=10)
+    other.load_state_dict(backoff.state_dict())
+    assert other.state_dict() == backoff.state_dict()
+
+
+def test_without_a_floor_the_backoff_is_as_before_and_old_states_load() -> None:
+    plain, floored = _optimizer(2.0), _optimizer(2.0)
+    a, b = LRBackoff([plain], [], ramp_steps=4), LRBackoff([floored], [], ramp_steps=4)
+    a.begin(0.1, [1.0], applied=[1.0])
+    b.begin(0.1, [1.0], applied=[1.0], floors=[0.1])  # 0.1 x the ceiling, which the schedule
+    # (2.0) is above: the floor changes nothing
+    for _ in range(5):
+        assert lrs(plain) == pytest.approx(lrs(floored))
+        a.step()
+        b.step()
+    state = a.state_dict()
+    del state["floors"], state["lifts"]  # saved before floors existed
+    other = LRBackoff([plain], [], ramp_steps=4)
+    other.load_state_dict(state)
+    assert other.floors == [None] and other.lifts == [0.0]

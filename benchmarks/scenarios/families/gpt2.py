@@ -6,7 +6,8 @@ chain language (`trainguard.demo.MarkovLanguage`, 3 likely successors per token)
 on a related language: the same chain with a quarter of its rows given new successors. The
 fine-tune loss therefore starts well above its floor (the pre-trained model is confidently wrong on
 those rows) and really falls. LoRA scenarios wrap the same pre-trained model with `peft`
-(adapters on c_attn, c_proj and c_fc; the base weights are frozen).
+(adapters on c_attn, c_proj and c_fc; the base weights are frozen). The `gpt2_scratch_*`
+scenarios train the same model from the fixed random initialisation pre-training starts from.
 
 Tiny models want larger learning rates than the guide's 7B ranges, so each mode has a calibrated
 sane LR with a 20-step linear warmup then cosine decay over 200 steps: `SANE_FULL_LR` = 3e-3 (full
@@ -39,6 +40,11 @@ Faults (guide sections from `trainguard.diagnose.causes`):
     numerical_op (3.3.2)       a confidence regulariser sum(p * log p) whose softmax temperature
                                collapses at the onset step: the softmax underflows to exact zeros,
                                0 * log(0) is NaN, and so are the loss and every gradient.
+                               Transient: the schedule the loop hands its scheduler is 100x for
+                               6 steps from the onset, then back (gpt2_transient_lr; and from
+                               the random initialisation, gpt2_scratch_transient_lr, where the
+                               updates after the fault still teach the model most of what it
+                               learns).
     lr_too_low (3.1)           1e-5x the sane full fine-tuning LR: the loss never comes down,
                                with nothing else wrong (a stall: `no_progress`, `stalled`).
     loss_reduction (3.4)       from the onset step the loop sums the token losses where it
@@ -87,6 +93,8 @@ SANE_LORA_LR = 5e-3
 WARMUP_STEPS = 20
 MISSING_WARMUP_LR = 5e-2
 ONSET_STEP = 60
+TRANSIENT_LR_STEPS = 6
+"""Steps of the transient LR fault at 100x before the schedule is back."""
 
 PRETRAIN_KEY = "gpt2_l2_e64_h4_v64_markov7_b3_adamw5e-3_s150_b32_t1_v2"
 PRETRAIN_STEPS = 150
@@ -170,6 +178,15 @@ def pretrained_gpt2() -> nn.Module:
     return pretrained(PRETRAIN_KEY, GPT2LMHeadModel(gpt2_config()), _pretrain)
 
 
+def scratch_gpt2() -> nn.Module:
+    """The model at the fixed initialisation pre-training starts from."""
+    from transformers import GPT2LMHeadModel
+
+    with torch.random.fork_rng():
+        torch.manual_seed(LANGUAGE_SEED)
+        return GPT2LMHeadModel(gpt2_config())
+
+
 def next_token_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return model(input_ids=tokens[:, :-1]).logits.float()
 
@@ -200,6 +217,9 @@ class Recipe:
     lora_r: int = 8
     lora_alpha: int = 8
     lora_dropout: float = 0.1
+    from_scratch: bool = False
+    """Train the model from its fixed random initialisation instead of the pre-trained weights:
+    the loss falls from chance for most of the run, so the updates of every stretch count."""
     # Faults (all off by default).
     permuted_vocabulary: bool = False
     """tokenizer_mismatch (a): every training batch is encoded with a permuted vocabulary."""
@@ -215,8 +235,9 @@ class Recipe:
     """batch_truncated: from `truncated_from` on, batches hold `truncated_size` sequences."""
     lr_jump_at: int | None = None
     lr_jump: float = 1.0
+    lr_jump_steps: int | None = None
     """lr_too_high (a user's change): from this step the loop multiplies the LR by `lr_jump`
-    and leaves it there."""
+    and leaves it there, or for `lr_jump_steps` steps only (then the schedule is back)."""
     lr_ramp_from: int | None = None
     lr_ramp_rate: float = 1.05
     """lr_too_high (gradual): from this step the LR grows by `lr_ramp_rate` per step (a
@@ -250,7 +271,7 @@ def confidence_regulariser(logits: torch.Tensor, temperature: float) -> torch.Te
 
 def build(seed: int, recipe: Recipe) -> Workload:
     transition = finetuning_transition()
-    model = pretrained_gpt2()
+    model = scratch_gpt2() if recipe.from_scratch else pretrained_gpt2()
     if recipe.lora:
         from peft import LoraConfig, get_peft_model
 
@@ -330,7 +351,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
 def user_schedule(step: int, recipe: Recipe) -> float:
     """The LR multiplier the loop applies: warmup + cosine, times the user's own changes."""
     factor = warmup_cosine(step, recipe.warmup_steps, recipe.steps)
-    if recipe.lr_jump_at is not None and step >= recipe.lr_jump_at:
+    if recipe.lr_jump_at is not None and step >= recipe.lr_jump_at and (
+            recipe.lr_jump_steps is None or step < recipe.lr_jump_at + recipe.lr_jump_steps):
         factor *= recipe.lr_jump
     if recipe.lr_ramp_from is not None and step >= recipe.lr_ramp_from:
         # the schedule stops where the ramp starts, and the LR climbs from there
@@ -355,6 +377,9 @@ BASELINES: dict[str, str] = {
     "gpt2_numerical_op": "gpt2_healthy",
     "gpt2_batch_truncated": "gpt2_healthy",
     "gpt2_user_lr_jump": "gpt2_healthy",
+    "gpt2_transient_lr": "gpt2_healthy",
+    # trained from the random initialisation
+    "gpt2_scratch_transient_lr": "gpt2_scratch_healthy",
     "gpt2_lr_ramp": "gpt2_healthy",
     "gpt2_late_group_lr": "gpt2_healthy",
     "gpt2_forgotten_backward": "gpt2_healthy",
@@ -371,6 +396,7 @@ against (its final eval loss under no protection is the reference)."""
 def scenarios() -> list[Scenario]:
     full = Recipe()
     lora = Recipe(lora=True, lr=SANE_LORA_LR)
+    scratch = Recipe(from_scratch=True)
     sane = f"AdamW {SANE_FULL_LR:g} with {WARMUP_STEPS}-step warmup + cosine"
     sane_lora = f"AdamW {SANE_LORA_LR:g} with {WARMUP_STEPS}-step warmup + cosine"
     warmup_multiple = MISSING_WARMUP_LR / SANE_FULL_LR
@@ -386,6 +412,9 @@ def scenarios() -> list[Scenario]:
                   f"full fine-tune, 4 accumulated micro-batches of 4, sane {sane}"),
         _scenario("gpt2_healthy_small_batch", replace(full, batch_size=2),
                   f"full fine-tune with noisy batches of 2 sequences, sane {sane}"),
+        _scenario("gpt2_scratch_healthy", scratch,
+                  f"the same GPT-2 trained from its random initialisation (no pre-training), "
+                  f"fp32, batch {BATCH_SIZE}, {sane}: the loss falls from chance all run long"),
         _scenario("gpt2_lora_healthy", lora,
                   f"LoRA r=8 alpha=8 (alpha/r=1), lora_dropout 0.1, sane {sane_lora}"),
         _scenario("gpt2_lora_healthy_alpaca", replace(lora, lora_alpha=16),
@@ -432,6 +461,20 @@ def scenarios() -> list[Scenario]:
                   f"the training loop multiplies the LR by 100 at step {ONSET_STEP} and leaves "
                   "it there (a user's own LR change)",
                   cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_transient_lr",
+                  replace(full, lr_jump_at=ONSET_STEP, lr_jump=100.0,
+                          lr_jump_steps=TRANSIENT_LR_STEPS),
+                  f"the training loop's schedule multiplies the LR by 100 at step {ONSET_STEP} "
+                  f"for {TRANSIENT_LR_STEPS} steps, then the schedule is back (a user's LR "
+                  "change undone)",
+                  cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=True),
+        _scenario("gpt2_scratch_transient_lr",
+                  replace(scratch, lr_jump_at=ONSET_STEP, lr_jump=100.0,
+                          lr_jump_steps=TRANSIENT_LR_STEPS),
+                  f"gpt2_transient_lr from the random initialisation: the LR x100 at step "
+                  f"{ONSET_STEP} for {TRANSIENT_LR_STEPS} steps, while the model is still far "
+                  "from trained",
+                  cause="lr_too_high", onset_step=ONSET_STEP, sudden=True, recoverable=True),
         _scenario("gpt2_lr_ramp", replace(full, lr_ramp_from=ONSET_STEP, lr_ramp_rate=1.05),
                   f"from step {ONSET_STEP} the LR grows 5% a step (x130 over 100 steps: a "
                   "scheduler stepped per batch instead of per epoch)",

@@ -37,6 +37,9 @@ Scenarios:
                             spiked updates throw the weights as in lstm_lr_too_high_x50, with
                             half the run left to climb back. The spike lives in the schedule, so
                             it comes back whenever the scheduler is rewound to before it.
+    lstm_transient_lr       (§3.1) the SGD run whose loop writes the LR itself every step (no
+                            scheduler): 100x for 6 steps from step 100, then the sane LR again.
+                            The fault is the loop's and is gone once it has written the LR back.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ IGNORE_INDEX = -100
 LR_SPIKE_ONSET = 100
 LR_SPIKE_FACTOR = 50.0
 LR_SPIKE_STEPS = 3
+TRANSIENT_LR_FACTOR = 100.0
+TRANSIENT_LR_STEPS = 6
 
 _STREAM_TRAIN, _STREAM_EVAL, _STREAM_PRETRAIN = 1, 2, 3
 PRETRAIN_SEED = 4321
@@ -219,7 +224,7 @@ def lr_spike(optimizer: torch.optim.Optimizer, at: int) -> torch.optim.lr_schedu
 def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, layers: int = 1,
              hidden: int = 64, batch_size: int = BATCH, warmup: int = 0, cosine: bool = False,
              empty_batch_at: int | None = None, lr_spike_at: int | None = None,
-             labels_ignored_at: int | None = None,
+             transient_lr_at: int | None = None, labels_ignored_at: int | None = None,
              hf_labels: bool = False) -> Callable[[int], Workload]:
     def build(seed: int) -> Workload:
         model = _base_model(layers, hidden)
@@ -250,11 +255,21 @@ def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, lay
             scheduler = warmup_cosine(opt, steps, warmup)
         elif lr_spike_at is not None:
             scheduler = lr_spike(opt, lr_spike_at)
+
+        def loop_lr(step: int) -> None:
+            """The loop sets its own LR every step: TRANSIENT_LR_FACTOR times too high for
+            TRANSIENT_LR_STEPS steps from `transient_lr_at`, then its LR again."""
+            assert transient_lr_at is not None
+            high = transient_lr_at <= step < transient_lr_at + TRANSIENT_LR_STEPS
+            for group in opt.param_groups:
+                group["lr"] = lr * TRANSIENT_LR_FACTOR if high else lr
+
         return Workload(
             model=model, optimizer=opt, batch=with_labels if hf_labels else plain,
             loss=label_mean_loss if hf_labels else token_average_loss,
             evaluate=lambda m: lm_eval(m, held_out, token_average_loss),
             scheduler=scheduler, batch_size=batch_size,
+            before_step=loop_lr if transient_lr_at is not None else None,
             notes={"optimizer": optimizer, "lr": lr, "layers": layers, "hidden": hidden})
 
     return build
@@ -266,6 +281,7 @@ BASELINES: dict[str, str] = {
     "lstm_lr_too_high_x100": "lstm_healthy_sgd",
     "lstm_numerical_op": "lstm_healthy_sgd",
     "lstm_lr_spike": "lstm_healthy_sgd",
+    "lstm_transient_lr": "lstm_healthy_sgd",
     "lstm_labels_ignored": "lstm_healthy_sgd",
 }
 """The healthy scenario of the same model and precision that each faulty one is measured
@@ -311,4 +327,9 @@ def scenarios() -> list[Scenario]:
         Scenario("lstm_lr_spike", FAMILY, sgd_at(1, lr_spike_at=LR_SPIKE_ONSET), STEPS,
                  cause="lr_too_high", onset_step=LR_SPIKE_ONSET, sudden=True, recoverable=True,
                  description=f"a misconfigured schedule restart: {spike}; {sgd}"),
+        Scenario("lstm_transient_lr", FAMILY, sgd_at(1, transient_lr_at=LR_SPIKE_ONSET), STEPS,
+                 cause="lr_too_high", onset_step=LR_SPIKE_ONSET, sudden=True, recoverable=True,
+                 description=f"the loop sets the LR itself each step: {TRANSIENT_LR_FACTOR:g}x "
+                             f"for {TRANSIENT_LR_STEPS} steps from step {LR_SPIKE_ONSET}, then "
+                             f"its LR again; {sgd}"),
     ]

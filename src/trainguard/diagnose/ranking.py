@@ -30,6 +30,12 @@ EARLY_STEPS = 20
 LR_CHANGE_WINDOW = 100
 """Trouble within this many steps after the LR rose far above its history is that rise's doing
 (a divergence takes tens of steps to be confirmed)."""
+RAISE_SHOWS = 5
+"""A single jump within this many steps after the LR rose far above its history is likelier
+the rise's doing (the update at the raised LR shows in the next steps' loss and gradients, and
+the rise's own vote counts it) than one odd batch..."""
+RAISED_BATCH_WEIGHT = 0.5
+"""...which stays a candidate at this weight (a replay of the previous batch can rule it out)."""
 LR_CHANGE_WEIGHT = 6.0
 """Stronger than one batch finding: the LR itself was changed just before the trouble, which
 no data fault explains."""
@@ -167,7 +173,9 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_event_kinds(votes, serious, no_warmup)
     _vote_climb(votes, events, serious)
     scaled = _vote_loss_scale(votes, serious, events, batch_kinds)
-    _vote_jumps(votes, serious, findings, specific, no_warmup, _first_lr_cut(events), scaled)
+    raises = [e.step for e in events if e.kind in kinds_tagged(Tag.LR)]
+    _vote_jumps(votes, serious, findings, specific, no_warmup, _first_lr_cut(events), scaled,
+                raises)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
     shifted = _shift_to_warmup(votes, findings, serious)
@@ -470,12 +478,13 @@ def _vote_climb(votes: _Votes, events: list[Event], serious: list[Event]) -> Non
 
 def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
                 specific: dict[int, list[Event]], no_warmup: bool,
-                lr_cut_at: int | None, scaled: set[int]) -> None:
+                lr_cut_at: int | None, scaled: set[int], raises: list[int]) -> None:
     """Spikes and explosions: where and when they happened says whose doing they were. A jump
     after the recover policy cut the LR far down (`lr_cut_at`) is no vote for too high an LR:
     that LR would have stopped it (`_weigh_down_lr` counts it against the LR). A jump at a step
     whose loss stood beyond what the model's scores allow (`scaled`) is the loss's reduction:
-    nothing the model read or did gives that loss."""
+    nothing the model read or did gives that loss. A single jump right after the LR rose far
+    (`raises`, the steps of those rises) is hardly an odd batch."""
     early = min(e.step for e in serious) < EARLY_STEPS
     climb = kinds_tagged(Tag.CLIMB)
     jump_kinds = kinds_tagged(Tag.JUMP)
@@ -504,7 +513,10 @@ def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
             _explain(votes, specific[e.step], 1.5,
                      f"step {e.step}: a single {e.kind} late in the run, on that batch")
         elif not early and single:
-            votes.add(GENERIC_BATCH_CAUSE, 1.5, f"step {e.step}: a single {e.kind} late in the run")
+            raised = any(r < e.step <= r + RAISE_SHOWS for r in raises)
+            votes.add(GENERIC_BATCH_CAUSE, RAISED_BATCH_WEIGHT if raised else 1.5,
+                      f"step {e.step}: a single {e.kind} late in the run"
+                      + (", just after the LR rose" if raised else ""))
         elif early:
             votes.add("lr_too_high", 1.0, f"step {e.step}: {e.kind} early in the run")
             votes.add("missing_warmup", 2.0 if no_warmup else 0.3,

@@ -9,6 +9,11 @@
                                 taken off: roll back to before the spike
     divergence, non-finite or   the state is already bad: roll back at once
     extreme weights/moments
+    trouble just after the LR   a spike, an explosion, a non-finite step or an instability
+    was raised >= `jump_ratio`  warning within `jump_steps` of the loop raising the LR that far
+                                in one step (`lr_change`): the update at the raised LR did the
+                                damage, which waiting only compounds: roll back at once, to a
+                                state from before the raise
     replicas out of sync        roll back to a state from when the ranks last agreed
     more than `max_rollbacks`   halt with a crash snapshot and a diagnosis
 
@@ -27,7 +32,7 @@ from typing import Any, Literal
 
 from trainguard.config import DetectorConfig, RecoveryConfig
 from trainguard.events import Event, at_least
-from trainguard.registry import Onset, Reaction, event_kind, kinds_reacting
+from trainguard.registry import Onset, Reaction, Tag, event_kind, kinds_reacting, kinds_tagged
 from trainguard.signals import StepSignals
 
 REFERENCE_LOSSES = 10
@@ -66,6 +71,9 @@ class RecoveryController:
         self.calm_losses: deque[float] = deque(maxlen=REFERENCE_LOSSES)
         self.trouble: _Trouble | None = None
         self.skip_streak: list[int] = []
+        self.jump: tuple[int, float] | None = None
+        """The last step at which the loop raised the LR `jump_ratio`-fold or more, and by how
+        much."""
 
     def review(self, signals: StepSignals, events: list[Event], applies_update: bool = True,
                *, bad_input: bool = False) -> Verdict | None:
@@ -73,6 +81,7 @@ class RecoveryController:
         `bad_input`: the step's batch itself holds NaN/inf (its skip says nothing about the
         state, so it does not count towards a rollback)."""
         step = signals.step
+        self._note_jump(events, step)
         serious = [e for e in events if at_least(e.severity, "warning")]
         verdict = self._judge(signals, step, serious, bad_input)
         if verdict is None and applies_update and self.trouble is not None:
@@ -92,16 +101,23 @@ class RecoveryController:
         kinds = {e.kind for e in serious}
         # the weights or optimizer state are already bad: skipping cannot help
         at_once = [k for k in kinds_reacting(Reaction.ROLL_BACK) if k in kinds]
+        jump = self._jump_behind(step)
         if at_once:
             first = next(e for e in serious if e.kind == at_once[0])
+            onset = self._onset(first, step)
             return Verdict("rollback", f"{at_once[0]} at step {step}",
-                           onset=self._onset(first, step))
-        if not (signals.loss_finite and signals.grads_finite):
-            if signals.amp_overflow:
-                return None  # routine GradScaler overflow: the scaler handles it
-            if bad_input:
-                return Verdict("skip", f"non-finite values in the batch of step {step}",
-                               onset=step, bad_steps=[step])
+                           onset=onset if jump is None else min(onset, jump[0]))
+        finite = signals.loss_finite and signals.grads_finite
+        if not finite and signals.amp_overflow:
+            return None  # routine GradScaler overflow: the scaler handles it
+        if not finite and bad_input:
+            return Verdict("skip", f"non-finite values in the batch of step {step}",
+                           onset=step, bad_steps=[step])
+        trouble_kinds = kinds_tagged(Tag.INSTABILITY) | kinds_tagged(Tag.NONFINITE)
+        unstable = [e.kind for e in serious if e.kind in trouble_kinds]
+        if jump is not None and (unstable or not finite):
+            return self._after_jump(step, jump, unstable[0] if unstable else "non-finite loss")
+        if not finite:
             self.skip_streak.append(step)
             if len(self.skip_streak) >= cfg.rollback_after_skips:
                 streak = self.skip_streak
@@ -122,6 +138,37 @@ class RecoveryController:
         if self.trouble is not None:
             return self._follow_trouble(signals, step)
         return None
+
+    def _note_jump(self, events: list[Event], step: int) -> None:
+        """Remember a raise of the LR by `jump_ratio` or more (an event of the LR family, with
+        the rise in `details["ratio"]`; agreed by every rank, read from the group LRs)."""
+        lr_kinds = kinds_tagged(Tag.LR)
+        for event in events:
+            ratio = event.details.get("ratio") if event.kind in lr_kinds else None
+            if (isinstance(ratio, (int, float)) and math.isfinite(ratio)
+                    and ratio >= self.config.jump_ratio):
+                self.jump = (step, float(ratio))
+
+    def _jump_behind(self, step: int) -> tuple[int, float] | None:
+        """The LR raise this step's trouble would follow from: one at most `jump_steps` before
+        it (the update at the raised LR shows in the next step's loss and gradients, and in
+        the instability signals within a few steps)."""
+        jump = self.jump
+        if jump is None or not jump[0] < step <= jump[0] + self.config.jump_steps:
+            return None
+        return jump
+
+    def _after_jump(self, step: int, jump: tuple[int, float], what: str) -> Verdict:
+        """Roll back to a state from before the raise (and before any trouble already open)."""
+        at, ratio = jump
+        onset = at
+        if self.trouble is not None:
+            onset = min(onset, self.trouble.start - 1)
+        if self.skip_streak:
+            onset = min(onset, self.skip_streak[0])
+        times = f"{ratio:.0f}" if ratio < 1e6 else f"{ratio:.3g}"
+        return Verdict("rollback", f"{what} at step {step}, {step - at} step(s) after the LR was "
+                                   f"raised x{times} at step {at}", onset=onset)
 
     def _follow_trouble(self, signals: StepSignals, step: int) -> Verdict | None:
         trouble = self.trouble
@@ -169,11 +216,13 @@ class RecoveryController:
         self.rollbacks += 1
         self.trouble = None
         self.skip_streak = []
+        self.jump = None  # its updates are undone
 
     def state_dict(self) -> dict[str, Any]:
         trouble = self.trouble
         return {"rollbacks": self.rollbacks, "calm_losses": list(self.calm_losses),
                 "skip_streak": list(self.skip_streak),
+                "jump": None if self.jump is None else list(self.jump),
                 "trouble": None if trouble is None else {
                     "start": trouble.start, "reference": trouble.reference,
                     "losses": list(trouble.losses), "applied": trouble.applied}}
@@ -183,6 +232,8 @@ class RecoveryController:
         self.calm_losses = deque((float(v) for v in state["calm_losses"]),
                                  maxlen=REFERENCE_LOSSES)
         self.skip_streak = [int(s) for s in state["skip_streak"]]
+        jump = state.get("jump")  # saved before jumps were followed: none
+        self.jump = None if jump is None else (int(jump[0]), float(jump[1]))
         trouble = state.get("trouble")
         self.trouble = None if trouble is None else _Trouble(
             start=int(trouble["start"]), reference=float(trouble["reference"]),

@@ -2,16 +2,19 @@
 
 After a rollback each parameter group's LR is
 
-    ramp x min(schedule, ceiling)
+    max(ramp x min(schedule, ceiling), min(schedule, floor))
 
 where `schedule` is the LR the run would have without recovery (its scheduler's, or the one the
 loop writes), `ramp` goes linearly from `start` back to 1 over `ramp_steps` applied updates, and
 `ceiling` is an LR value below the one in force when the trouble began: the ramp never climbs
-back to the LR that failed. The factor this puts on a group's LR is applied by scaling both the
-group's LR and the schedulers' `base_lrs` (`scale_learning_rate`), so it survives closed-form
-schedulers (LambdaLR and friends recompute the LR from `base_lrs`) and chainable ones (which start
-from the current LR) alike, whoever calls `scheduler.step()`: the plain-loop Guard or a framework
-trainer.
+back to the LR that failed. `floor` (an LR value, or none) is the LR the ramp starts from while
+the schedule is still at or above the ceiling (`start` x the ceiling): the cut never goes below
+it, so a schedule already under it (the loop put back the LR it had raised) is not cut, and the
+cut comes back only while the schedule is up there again. The factor
+this puts on a group's LR is applied by scaling both the group's LR and the schedulers'
+`base_lrs` (`scale_learning_rate`), so it survives closed-form schedulers (LambdaLR and friends
+recompute the LR from `base_lrs`) and chainable ones (which start from the current LR) alike,
+whoever calls `scheduler.step()`: the plain-loop Guard or a framework trainer.
 
 A loop that writes `param_group["lr"]` itself every step overwrites the factor. `enforce`, called
 when the step is measured (before its LR is read and before the update), finds a group whose LR is
@@ -79,8 +82,10 @@ def scale_learning_rate(optimizer: torch.optim.Optimizer, schedulers: Iterable[A
 
 class LRBackoff:
     """The factor recovery puts on every parameter group's LR. Group i's LR is `applied[i]` x the
-    schedule's, with `applied[i] = ramp() x shares[i]`: `shares[i] = min(1, ceilings[i] /
-    schedule)` keeps it under its ceiling (an LR value; None: none)."""
+    schedule's, with `applied[i] = max(ramp() x shares[i], lifts[i])`: `shares[i] = min(1,
+    ceilings[i] / schedule)` keeps it under its ceiling (an LR value; None: none), and
+    `lifts[i] = min(1, floors[i] / schedule)` keeps the ramp from cutting it below its floor (an
+    LR value; None: none)."""
 
     def __init__(self, optimizers: list[torch.optim.Optimizer], schedulers: list[Any],
                  ramp_steps: int) -> None:
@@ -94,6 +99,8 @@ class LRBackoff:
         self.ceilings: list[float | None] = []
         self.applied: list[float] = []
         self.shares: list[float] = []
+        self.floors: list[float | None] = []
+        self.lifts: list[float] = []
         self._left: list[float | None] = []
         """The LR each group was left at (None for a tensor LR, which `enforce` does not read)."""
         self._groups()
@@ -107,6 +114,8 @@ class LRBackoff:
             self.ceilings.extend([None] * missing)
             self.applied.extend([1.0] * missing)
             self.shares.extend([1.0] * missing)
+            self.floors.extend([None] * missing)
+            self.lifts.extend([0.0] * missing)
             self._left.extend([None] * missing)
         return groups
 
@@ -125,17 +134,22 @@ class LRBackoff:
         return self.ceilings[0] if self.ceilings else None
 
     def begin(self, start: float, ceilings: Sequence[float | None],
-              applied: Sequence[float]) -> None:
+              applied: Sequence[float], floors: Sequence[float | None] | None = None) -> None:
         """Start a backoff: the ramp from `start`, under `ceilings` (one LR value per group, None
-        for none). `applied` is the factor the current learning rates already carry (that of a
-        restored state taken during an earlier backoff)."""
+        for none), never cutting a group's schedule below its entry of `floors` (an LR value,
+        None for none; no floors: none). `applied` is the factor the current learning rates
+        already carry (that of a restored state taken during an earlier backoff)."""
         groups = self._groups()
-        if len(ceilings) != len(groups) or len(applied) != len(groups):
-            raise UsageError(f"one ceiling and one factor per parameter group ({len(groups)})")
+        floors = [None] * len(groups) if floors is None else list(floors)
+        if len(ceilings) != len(groups) or len(applied) != len(groups) \
+                or len(floors) != len(groups):
+            raise UsageError(f"one ceiling, floor and factor per parameter group ({len(groups)})")
         self.start, self.progress, self.active = start, 0, True
         self.ceilings = list(ceilings)
         self.applied = [float(a) for a in applied]
         self.shares = [1.0] * len(groups)
+        self.floors = floors
+        self.lifts = [0.0] * len(groups)
         self._follow(groups)
 
     def ceilings_now(self) -> list[float | None]:
@@ -180,20 +194,26 @@ class LRBackoff:
             self._follow(groups, host=lrs)
 
     def _follow(self, groups: list[dict[str, Any]], host: Sequence[float] | None = None) -> None:
-        """Bring every group to ramp x min(schedule, ceiling)."""
+        """Bring every group to max(ramp x min(schedule, ceiling), min(schedule, floor))."""
         ramp = self.ramp()
         ratios = []
         for i, group in enumerate(groups):
             lr = group["lr"]
             value = host[i] if isinstance(lr, torch.Tensor) and host is not None else (
                 None if isinstance(lr, torch.Tensor) else float(lr))
-            ceiling = self.ceilings[i]
+            ceiling, floor = self.ceilings[i], self.floors[i]
+            schedule = (value / self.applied[i] if value is not None and math.isfinite(value)
+                        else None)  # unknown: the group keeps its share and lift
             if ceiling is None:
                 self.shares[i] = 1.0
-            elif value is not None and math.isfinite(value):  # else it keeps its share
-                schedule = value / self.applied[i]
+            elif schedule is not None:
                 self.shares[i] = ceiling / schedule if schedule > ceiling else 1.0
-            target = ramp * self.shares[i]  # a tensor LR keeps its share until observed again
+            if floor is None:
+                self.lifts[i] = 0.0
+            elif schedule is not None:
+                self.lifts[i] = min(1.0, floor / schedule) if schedule > 0 else 1.0
+            # a tensor LR keeps its share and lift until observed again
+            target = max(ramp * self.shares[i], self.lifts[i])
             ratios.append(target / self.applied[i])
             self.applied[i] = target
         self._rescale(ratios)
@@ -226,7 +246,8 @@ class LRBackoff:
     def state_dict(self) -> dict[str, Any]:
         return {"start": self.start, "progress": self.progress, "active": self.active,
                 "ceilings": list(self.ceilings), "applied": list(self.applied),
-                "shares": list(self.shares), "left": list(self._left)}
+                "shares": list(self.shares), "floors": list(self.floors),
+                "lifts": list(self.lifts), "left": list(self._left)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.start = float(state["start"])
@@ -235,6 +256,7 @@ class LRBackoff:
         count = len([g for opt in self.optimizers for g in opt.param_groups])
         if "applied" not in state:  # saved when the ceiling was a factor on the schedule
             self.ceilings, self.shares, self._left = [None] * count, [1.0] * count, [None] * count
+            self.floors, self.lifts = [None] * count, [0.0] * count
             ceiling = float(state.get("ceiling", 1.0))
             done = min(1.0, self.progress / self.ramp_steps) if self.ramp_steps else 1.0
             factor = self.start + (ceiling - self.start) * done
@@ -244,3 +266,7 @@ class LRBackoff:
         self.applied = [float(a) for a in state["applied"]]
         self.shares = [float(v) for v in state["shares"]]
         self._left = [None if v is None else float(v) for v in state["left"]]
+        # saved before floors existed: none
+        self.floors = [None if v is None else float(v)
+                       for v in state.get("floors", [None] * len(self.shares))]
+        self.lifts = [float(v) for v in state.get("lifts", [0.0] * len(self.shares))]

@@ -56,6 +56,8 @@ class Rollback:
     lr_ceiling: float | None
     lr_ceilings: tuple[float | None, ...]
     lr_in_trouble: float | None
+    lr_floor: float | None
+    """The first group's floor: the ramp never cuts its schedule below this LR (None: none)."""
     lr_ramp_steps: int
     skipped_data: tuple[Any, ...]
     """Data ids this rollback blamed (skipped from now on)."""
@@ -70,6 +72,14 @@ class Rollback:
         """The `rollback` event, once the run state is applied: `clip` the limit then in force,
         `adaptive` when no fixed limit was set (the adaptive clip's)."""
         limit = f", never above LR {self.lr_ceiling:.3g}" if self.lr_ceiling is not None else ""
+        if self.lr_factor < 1.0:
+            lr = f"LR x{self.lr_factor:g} ramping back over {self.lr_ramp_steps} steps"
+            if self.lr_floor is not None:
+                lr += f" (the schedule's LR never cut below {self.lr_floor:.3g})"
+        elif self.lr_floor is not None:  # the schedule is already far below the LR that failed
+            lr = f"LR not cut (the schedule's is at most {self.lr_floor:.3g})"
+        else:
+            lr = "LR kept"
         clipping = ("no clipping" if clip is None else
                     f"clipping above the run's typical norm ({clip:.3g})"
                     if adaptive else f"clipping at {clip:g}")
@@ -77,14 +87,13 @@ class Rollback:
         return Event(
             kind="rollback", step=self.step, severity="warning",
             message=f"{self.reason}: rolled back to the good state from step {self.to_step} "
-                    f"({self.steps_undone} steps undone), LR x{self.lr_factor:g} ramping back "
-                    f"over {self.lr_ramp_steps} steps{limit}, {clipping}"
+                    f"({self.steps_undone} steps undone), {lr}{limit}, {clipping}"
                     + (f", {len(blamed)} data id(s) skipped from now on" if blamed else ""),
             value=float(self.to_step),
             details={"to_step": self.to_step, "steps_undone": self.steps_undone,
                      "lr_factor": self.lr_factor, "lr_ceiling": self.lr_ceiling,
                      "lr_ceilings": list(self.lr_ceilings),
-                     "lr_in_trouble": self.lr_in_trouble,
+                     "lr_in_trouble": self.lr_in_trouble, "lr_floor": self.lr_floor,
                      "max_grad_norm": clip, "skipped_data": list(blamed[:50]),
                      "rollbacks": self.rollbacks, "reason": self.reason})
 
@@ -208,7 +217,9 @@ class Recovery:
         if self._last_rollback is not None:
             first = max(first, self._last_rollback + 1)
         trouble_lrs = self._lrs_since(first)
-        ceilings = self._next_ceilings(trouble_lrs, step)
+        relapse = (self._last_rollback is not None
+                   and step - self._last_rollback <= self.config.lr_ramp_steps)
+        ceilings = self._next_ceilings(trouble_lrs, relapse=relapse)
         if self.scaler is not None and mid_step:
             self.scaler.update()  # closes the scaler's step (the driver called unscale_)
         rewind = self.config.rewind_schedule
@@ -224,7 +235,8 @@ class Recovery:
         if keep_lr:
             self.lr.begin(1.0, [None] * len(ceilings), applied)
         else:
-            self.lr.begin(self.config.lr_backoff, ceilings, applied)
+            self.lr.begin(self.config.lr_backoff, ceilings, applied,
+                          floors=self._floors(ceilings, relapse=relapse))
         self.ring.discard_after(target.step)
         self.feeder.last_capture = target.step
         blamed = self._ids_of(verdict.bad_steps)
@@ -237,17 +249,17 @@ class Recovery:
             max_grad_norm=self.config.max_grad_norm, lr_factor=self.lr.factor(),
             lr_ceiling=self.lr.ceiling(), lr_ceilings=tuple(self.lr.ceilings),
             lr_in_trouble=trouble_lrs[0] if trouble_lrs else None,
+            lr_floor=self.lr.floors[0] if self.lr.active and self.lr.floors else None,
             lr_ramp_steps=self.config.lr_ramp_steps, skipped_data=tuple(blamed),
             rollbacks=self.controller.rollbacks, reason=verdict.reason)
 
-    def _next_ceilings(self, trouble_lrs: Sequence[float], step: int) -> list[float | None]:
+    def _next_ceilings(self, trouble_lrs: Sequence[float], *,
+                       relapse: bool) -> list[float | None]:
         """Each group's LR ceiling after this rollback: a share of the lower of its ceiling so far
         and the LR that failed, so that every rollback lowers it. A rollback while the ramp of
         the last one is still on (a relapse) takes `lr_backoff` of it: a fault that comes back is
         a learning rate that is too high, not a bad batch."""
         cfg = self.config
-        relapse = (self._last_rollback is not None
-                   and step - self._last_rollback <= cfg.lr_ramp_steps)
         share = cfg.lr_backoff if relapse else cfg.lr_ceiling
         ceilings: list[float | None] = []
         for i, before in enumerate(self.lr.ceilings_now()):
@@ -257,6 +269,15 @@ class Recovery:
                 base = before if base is None else min(base, before)
             ceilings.append(None if base is None else base * share)
         return ceilings
+
+    def _floors(self, ceilings: Sequence[float | None], *,
+                relapse: bool) -> list[float | None]:
+        """Each group's LR floor after this rollback: the LR the ramp starts from while the
+        schedule is still at the LR that failed (`lr_backoff` x the ceiling). A schedule already
+        under it needs no cut, and gets none while it stays there: the LR that failed has gone
+        (the loop put back the LR it had raised). A relapse has none: the trouble came back
+        below the LR that failed, and the whole backoff applies."""
+        return [None if relapse or c is None else self.config.lr_backoff * c for c in ceilings]
 
     def _group_lrs(self, signals: StepSignals) -> tuple[float, ...]:
         """The LR of every group for this step's update, as measured (a tensor LR came with the
