@@ -916,9 +916,10 @@ def _add_checkpoints(commands: Any) -> None:
                     "Lightning checkpoint folder, a plain loop's folder) that have a "
                     "trainguard.json sidecar, oldest first, with their health when saved: "
                     "healthy, incident (inside an incident), recovered (after a rollback), "
-                    "poisoned (non-finite weights or optimizer moments) or stale (the "
-                    "checkpoint was written again after its sidecar), and the newest healthy "
-                    "one to resume from. No sidecar at all, or a corrupt one, exits 2.",
+                    "poisoned (non-finite weights or optimizer moments), changed (its files "
+                    "are not those its sidecar describes: written again or changed in place) "
+                    "or stale (the sidecar cannot be checked against them), and the newest "
+                    "healthy one to resume from. No sidecar at all, or a corrupt one, exits 2.",
         epilog=EXIT_CODES)
     checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR",
                              help="the folder the checkpoints were saved to")
@@ -927,10 +928,14 @@ def _add_checkpoints(commands: Any) -> None:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    from trainguard.checkpoints import last_healthy_checkpoint, list_checkpoints
+    from trainguard.checkpoints import CheckpointError, list_checkpoints, newest_healthy
 
-    entries = list_checkpoints(args.output_dir)
-    best = last_healthy_checkpoint(args.output_dir)
+    try:
+        entries = list_checkpoints(args.output_dir)
+    except OSError as exc:  # every read is guarded; whatever the file system does is input
+        raise CheckpointError(f"cannot read {args.output_dir} "
+                              f"({exc.strerror or type(exc).__name__})") from None
+    best = newest_healthy(entries)
     if args.json:
         data = {"checkpoints": [e.to_dict() for e in entries],
                 "last_healthy": str(best) if best is not None else None}
