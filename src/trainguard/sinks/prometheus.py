@@ -45,8 +45,9 @@ client that does not read its answer); at most `max_connections` (64) are open a
 longest-waiting one closed for a new one. A scrape is answered while hundreds of idle
 connections, or slow ones sending a byte every few seconds, are open. After the run closed the
 endpoint serves the final values for `linger_s` (15) seconds more, so a scrape sees the final
-status and the verdict; a new sink on the same port takes it over at once. With `pushgateway="host:9091"` the metrics are
-pushed once when the run closes, under `job`; a failed push is one warning.
+status and the verdict; a new sink on the same port takes it over at once. With
+`pushgateway="host:9091"` the metrics are pushed once when the run closes, under `job`; a failed
+push is one warning.
 """
 
 from __future__ import annotations
