@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -26,6 +28,7 @@ from trainguard.checkpoints import (
     list_checkpoints,
     read_health,
     sidecar_path,
+    state_path,
 )
 from trainguard.finiteness import finite_state
 from trainguard.recovery import SkippingSampler
@@ -204,10 +207,99 @@ def test_an_old_sidecar_never_describes_a_new_checkpoint(tmp_path: Path) -> None
     torch.save(model.state_dict(), path)
     assert trainguard.mark_checkpoint(path, guard) is not None
     assert read_health(path).status == "healthy"
-    os.utime(path, ns=(0, 0))  # written again (same size: only its time differs)
+    os.utime(path, ns=(0, 0))  # touched: its time differs, its bytes do not
+    assert read_health(path).status == "healthy"
+    size = path.stat().st_size
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(1.0)
+    torch.save(model.state_dict(), path)  # written again: the same size, other weights
+    assert path.stat().st_size == size
     entry = read_health(path)
-    assert entry.status == "stale" and trainguard.last_healthy_checkpoint(tmp_path) is None
+    assert entry.status == "changed" and trainguard.last_healthy_checkpoint(tmp_path) is None
     guard.close()
+
+
+def test_a_copied_folder_still_finds_its_last_healthy_checkpoint(tmp_path: Path) -> None:
+    """A copy that keeps no times (`cp -r`, sync tools, object stores) keeps every status."""
+    (tmp_path / "run").mkdir()
+    _train(tmp_path / "run", "observe")
+    shutil.copytree(tmp_path / "run", tmp_path / "copy", copy_function=shutil.copyfile)
+    assert (tmp_path / "copy" / "step30.pt").stat().st_mtime_ns != (
+        tmp_path / "run" / "step30.pt").stat().st_mtime_ns
+    assert _statuses(tmp_path / "copy") == _statuses(tmp_path / "run")
+    assert trainguard.last_healthy_checkpoint(tmp_path / "copy") == tmp_path / "copy" / "step30.pt"
+
+
+def _overwrite_keeping_times(path: Path, offset: int, data: bytes) -> None:
+    """Write `data` into `path` at `offset` in place, then set its times back."""
+    before = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+
+
+def test_weights_overwritten_with_nan_in_place_are_not_healthy(tmp_path: Path) -> None:
+    """The same file, the same size and modification time, NaN weights: `changed`."""
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    path = tmp_path / "step10.pt"
+    torch.save(model.state_dict(), path)
+    folder = tmp_path / "checkpoint-20"  # an HF folder: a raw float32 weight file
+    folder.mkdir()
+    (folder / "model.bin").write_bytes(torch.randn(3 << 20).numpy().tobytes())  # 12 MiB
+    for checkpoint in (path, folder):
+        assert trainguard.mark_checkpoint(checkpoint, guard) is not None
+    guard.close()
+    assert _statuses(tmp_path) == {"step10.pt": "healthy", "checkpoint-20": "healthy"}
+
+    nan = torch.full((1 << 20,), float("nan")).numpy().tobytes()  # 4 MiB of NaN
+    _overwrite_keeping_times(folder / "model.bin", 6 << 20, nan)
+    weights = dict(torch.load(path, weights_only=True))
+    raw = path.read_bytes()
+    first = weights["0.weight"].numpy().tobytes()
+    assert raw.count(first) == 1
+    _overwrite_keeping_times(path, raw.index(first), bytes(nan[:len(first)]))
+    assert torch.load(path, weights_only=True)["0.weight"].isnan().all()  # the NaN is read back
+    assert _statuses(tmp_path) == {"step10.pt": "changed", "checkpoint-20": "changed"}
+    assert "content changed" in (read_health(path).problem or "")
+    assert trainguard.last_healthy_checkpoint(tmp_path) is None
+
+
+def test_sidecars_and_state_files_take_the_umask_permissions(tmp_path: Path) -> None:
+    """Another user of a shared output folder reads what trainguard wrote there."""
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    path = tmp_path / "step10.pt"
+    torch.save(model.state_dict(), path)
+    old = os.umask(0o022)
+    try:
+        assert trainguard.mark_checkpoint(path, guard) is not None
+    finally:
+        os.umask(old)
+    guard.close()
+    for own in (sidecar_path(path), state_path(path)):
+        assert stat.S_IMODE(own.stat().st_mode) == 0o644, own.name
+
+
+@pytest.mark.slow
+def test_a_folder_of_12000_files_gets_a_sidecar_its_reader_accepts(tmp_path: Path) -> None:
+    """The sidecar's size does not grow with the checkpoint's files."""
+    model, optimizer = _model()
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    sizes = []
+    for count in (1, 12_000):
+        folder = tmp_path / f"checkpoint-{count}"
+        (folder / "shards").mkdir(parents=True)
+        for index in range(count):
+            (folder / "shards" / f"part-{index:05d}.bin").write_bytes(index.to_bytes(4, "little"))
+        assert trainguard.mark_checkpoint(folder, guard, step=count) is not None
+        sizes.append(sidecar_path(folder).stat().st_size)
+    guard.close()
+    assert sizes[1] - sizes[0] < 16 and sizes[1] < 4096, sizes
+    assert trainguard.last_healthy_checkpoint(tmp_path) == tmp_path / "checkpoint-12000"
 
 
 _KILLED_WRITE = """

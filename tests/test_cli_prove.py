@@ -3,8 +3,12 @@ candidate fix, and one clear message (exit code 2) for bad input."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +194,68 @@ def test_prove_imports_a_factory_module_from_the_current_folder(
         sys.modules.pop("factory", None)
     assert code == 0, err
     assert out.startswith("snapshot of step 20: nonfinite_input: confirmed by replay"), out
+
+
+# -- --budget bounds the wall time, the user's code included -------------------------------------
+@pytest.fixture
+def hang_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    started, release = tmp_path / "started", tmp_path / "release"
+    monkeypatch.setenv("TRAINGUARD_TEST_STARTED", str(started))
+    monkeypatch.setenv("TRAINGUARD_TEST_RELEASE", str(release))
+    return started, release
+
+
+@pytest.mark.parametrize("command, factory, running", [
+    ("prove", "hanging_loss_setup", "the factory's loss_fn"),
+    ("prove", "hanging_factory", "the factory"),
+    ("replay", "hanging_replay_setup", "the factory's loss_fn"),
+    ("replay", "hanging_factory", "the factory")])
+def test_the_budget_ends_a_hanging_loss_fn_or_factory_with_one_line(
+        nan_snapshot: str, hang_files: tuple[Path, Path], capsys, command: str, factory: str,
+        running: str) -> None:
+    """Before, `prove --budget 3` with a loss_fn that hangs was still running at 60 s."""
+    started = time.monotonic()
+    try:
+        code, out, err = call(command, nan_snapshot, "--factory", f"{FACTORY}:{factory}",
+                              "--budget", "1", capsys=capsys)
+        took = time.monotonic() - started
+    finally:
+        hang_files[1].touch()  # the worker left behind ends
+    assert_one_error(code, out, err, "the budget of 1 s ended while", f"{running} was")
+    assert took < 4, took
+
+
+_SIGNALS = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+child = subprocess.Popen([sys.executable, "-m", "trainguard.cli", *sys.argv[2:]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+started = Path(os.environ["TRAINGUARD_TEST_STARTED"])
+while not started.exists() and child.poll() is None:
+    time.sleep(0.05)
+if sys.argv[1] != "none":
+    child.send_signal(getattr(signal, sys.argv[1]))
+began = time.monotonic()
+out, err = child.communicate(timeout=60)
+print(child.returncode, round(time.monotonic() - began, 2), repr(err))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", -15),
+                                                ("none", 2)])
+def test_under_a_budget_the_command_ends_at_a_signal_or_the_budget(
+        nan_snapshot: str, hang_files: tuple[Path, Path], signal_name: str,
+        code: int) -> None:
+    """As its own process: Ctrl-C and SIGTERM end it at once, the budget's end too (the worker
+    left behind does not keep the process)."""
+    budget = "3" if signal_name == "none" else "60"
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALS, signal_name, "prove", nan_snapshot, "--factory",
+         f"{FACTORY}:hanging_loss_setup", "--budget", budget],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, capture_output=True,
+        text=True, timeout=120)
+    returncode, seconds, err = done.stdout.split(" ", 2)
+    assert int(returncode) == code, (done.stdout, done.stderr[-2000:])
+    assert float(seconds) < 5, done.stdout
+    assert "Traceback" not in err, err

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,9 @@ from trainguard.checkpoints import (
     CheckpointHealth,
     Health,
     clean_temps,
-    fingerprint,
+    content_fingerprint,
     forget,
+    open_temp,
     sidecar_path,
     state_path,
     write_json_atomic,
@@ -74,11 +74,14 @@ def run_health(run: Run, step: int) -> tuple[Health, list[dict[str, Any]], str |
 
 # -- the companion state file --------------------------------------------------------------------
 def save_state(path: Path, state: dict[str, Any]) -> None:
-    """`torch.save` to a hidden temporary file beside `path`, then rename it over `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    """`torch.save` to a hidden temporary file beside `path` (with the umask's permissions),
+    then rename it over `path`."""
+    fd, tmp = open_temp(path)
     try:
-        torch.save(state, tmp)
+        with open(fd, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -162,7 +165,7 @@ def _mark(run: Run, path: Path, step: int) -> CheckpointHealth:
         record.blocked = True
     save_state(state_path(path), run.state_dict())
     record.state_file = state_path(path).name
-    record.fingerprint = fingerprint(path)
+    record.content = content_fingerprint(path)
     write_json_atomic(sidecar_path(path), record.to_dict())
     if record.poisoned:
         _warn(run, path, record)

@@ -9,10 +9,17 @@ a plain loop's `trainguard.mark_checkpoint(path, guard)`) gets a small JSON side
 
 It holds the step, the run's health at that step (`healthy`, `incident`: inside an incident,
 `recovered`: after a rollback), whether every weight and optimizer moment was finite, the open
-events, the verdict so far, and the checkpoint's fingerprint (each file's size and modification
-time): a checkpoint written again at the same path no longer matches, so an old sidecar never
-describes a new checkpoint (`stale`). The Guard's own state goes to a companion file
-(`trainguard_state.pt`, written by `checkpoint_health`).
+events, the verdict so far, and the checkpoint's content fingerprint
+(`checkpoint_fingerprint.py`): a copy keeps its health, a checkpoint written again or changed in
+place is `changed`, never described by the old sidecar. The Guard's own state goes to a companion
+file (`trainguard_state.pt`, written by `checkpoint_health`). A sidecar is a few kilobytes
+whatever the number of files, and is created with the permissions the umask gives, as the
+checkpoint's own files are.
+
+Reading never raises on what the file system holds: a sidecar is read only when it is a regular
+file, within `MAX_SIDECAR_BYTES`; a folder that cannot be read, a dangling or looping symlink is
+passed over; directory symlinks are followed once per folder (no loop, no checkpoint listed
+twice); a checkpoint removed while it is read (a save's rotation) is left out.
 
 This module reads and writes the JSON only and imports no torch, so `trainguard checkpoints`
 starts fast; the finiteness check and the state file are in `checkpoint_health.py`.
@@ -22,13 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
-import tempfile
-from collections.abc import Iterator, Mapping
+import secrets
+import stat
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainguard.checkpoint_fingerprint import SCHEME, ContentFingerprint, differs, members, take
 from trainguard.errors import TrainguardError
 
 SIDECAR = "trainguard.json"
@@ -40,9 +50,14 @@ POISONED_SUFFIX = ".poisoned"
 FORMAT = 1
 MAX_SIDECAR_BYTES = 1_000_000
 """A sidecar is a few kilobytes; a larger file is not one of trainguard's."""
+RESCANS = 3
+"""Scans of a folder whose checkpoints were all removed while they were read (a rotation)."""
 
 Health = Literal["healthy", "incident", "recovered"]
-CheckpointStatus = Literal["healthy", "incident", "recovered", "poisoned", "stale"]
+CheckpointStatus = Literal["healthy", "incident", "recovered", "poisoned", "changed", "stale"]
+"""`changed`: the checkpoint's files are not those the sidecar describes (written again, or
+changed in place); `stale`: the sidecar cannot be checked against them (the checkpoint is gone,
+or a sidecar of an earlier version whose files' sizes and times no longer match)."""
 RESUMABLE: tuple[str, ...] = ("healthy", "recovered")
 """The statuses `last_healthy_checkpoint` resumes from: finite, outside an incident."""
 
@@ -66,7 +81,10 @@ class CheckpointHealth:
     open_events: list[dict[str, Any]] = field(default_factory=list)
     """The events of the incident the run is in at this step (kind, step, severity)."""
     fingerprint: dict[str, list[int]] = field(default_factory=dict)
-    """Each file of the checkpoint (relative path) -> [size, mtime_ns] when it was marked."""
+    """Sidecars of earlier versions: each file (relative path) -> [size, mtime_ns] when marked
+    (empty in new sidecars: a list that grows with the files)."""
+    content: ContentFingerprint | None = None
+    """The checkpoint's files when marked (`checkpoint_fingerprint.py`)."""
     state_file: str | None = None
     """The companion file with the Guard's state, next to the sidecar."""
     blocked: bool = False
@@ -94,19 +112,19 @@ class CheckpointHealth:
             raise CheckpointError(f"{where} is not a trainguard checkpoint sidecar")
         try:
             optimizer = data.get("optimizer_finite")
-            events = data.get("open_events") or []
+            content = data.get("content")
             record = cls(
                 step=_int(data["step"]),
                 health=_choice(data["health"], ("healthy", "incident", "recovered")),
                 weights_finite=_bool(data["weights_finite"]),
                 optimizer_finite=None if optimizer is None else _bool(optimizer),
                 policy=str(data["policy"]), verdict=_opt_str(data.get("verdict")),
-                open_events=[dict(e) for e in events if isinstance(e, Mapping)]
-                if isinstance(events, list) else [],
+                open_events=_events(data.get("open_events")),
                 fingerprint=_fingerprint(data.get("fingerprint") or {}),
+                content=None if content is None else ContentFingerprint.from_dict(content),
                 state_file=_opt_str(data.get("state_file")),
                 blocked=_bool(data.get("blocked", False)),
-                saved_at=float(data.get("saved_at", 0.0)),
+                saved_at=_finite(data.get("saved_at", 0.0)),
                 trainguard_version=str(data.get("trainguard_version", "")))
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{where} is a corrupt trainguard sidecar ({exc})") from None
@@ -121,13 +139,15 @@ class CheckpointEntry:
     path: Path
     health: CheckpointHealth | None
     problem: str | None = None
+    drift: Literal["changed", "stale"] = "stale"
+    """The status when `problem` says the sidecar does not describe the checkpoint."""
 
     @property
     def status(self) -> CheckpointStatus | Literal["unreadable"]:
         if self.health is None:
             return "unreadable"
         if self.problem is not None:
-            return "stale"
+            return self.drift
         return self.health.status
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,42 +159,71 @@ class CheckpointEntry:
 def sidecar_path(checkpoint: str | os.PathLike[str]) -> Path:
     """`trainguard.json` inside a checkpoint folder, `<file>.trainguard.json` next to a file."""
     path = Path(checkpoint)
-    return path / SIDECAR if path.is_dir() else path.with_name(f"{path.name}.{SIDECAR}")
+    return path / SIDECAR if _is_dir(path) else path.with_name(f"{path.name}.{SIDECAR}")
 
 
 def state_path(checkpoint: str | os.PathLike[str]) -> Path:
     """The companion file with the Guard's state, beside the sidecar."""
     path = Path(checkpoint)
-    return path / STATE_FILE if path.is_dir() else path.with_name(f"{path.name}.{STATE_FILE}")
+    return path / STATE_FILE if _is_dir(path) else path.with_name(f"{path.name}.{STATE_FILE}")
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):  # gone, a looping link, no permission on the way
+        return False
+
+
+def _lexists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _own_file(name: str) -> bool:
     return name in (SIDECAR, STATE_FILE) or _own_temp(name)
 
 
-def fingerprint(checkpoint: str | os.PathLike[str]) -> dict[str, list[int]]:
-    """Each file of a checkpoint (a folder's files, trainguard's own left out) -> its size and
-    modification time in nanoseconds."""
-    path = Path(checkpoint)
-    if path.is_file():
-        info = path.stat()
-        return {path.name: [info.st_size, info.st_mtime_ns]}
+def content_fingerprint(checkpoint: str | os.PathLike[str]) -> ContentFingerprint:
+    """The fingerprint of a checkpoint's files (a folder's, trainguard's own left out) now."""
+    return take(Path(checkpoint), _own_file)
+
+
+def fingerprint(checkpoint: str | os.PathLike[str]) -> dict[str, list[int]] | None:
+    """The fingerprint of earlier versions' sidecars: each file of a checkpoint -> its size and
+    modification time in nanoseconds; None when a file cannot be read."""
     prints: dict[str, list[int]] = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            if not _own_file(name):
-                file = Path(root) / name
-                info = file.stat()
-                prints[file.relative_to(path).as_posix()] = [info.st_size, info.st_mtime_ns]
+    for name, file in members(Path(checkpoint), _own_file):
+        try:
+            info = os.stat(file)
+        except OSError:
+            return None
+        prints[name] = [info.st_size, info.st_mtime_ns]
     return prints
 
 
 # -- writing -------------------------------------------------------------------------------------
+def open_temp(path: Path) -> tuple[int, Path]:
+    """A new hidden temporary file beside `path` (`.<name>.<random>.tmp`), open for writing and
+    created with the permissions the umask gives: `mkstemp`'s 0600 would keep the other users of
+    a shared output folder from reading what trainguard wrote there."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON to a hidden temporary file beside `path`, flushed to disk, then rename it over
     `path`: a reader sees the old file or the whole new one, never half of it."""
     text = json.dumps(data, indent=1, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = open_temp(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -214,11 +263,28 @@ def read_health(checkpoint: str | os.PathLike[str]) -> CheckpointEntry:
     return _entry(path, sidecar_path(path))
 
 
+def read_sidecar_bytes(sidecar: Path, limit: int = MAX_SIDECAR_BYTES) -> bytes:
+    """A sidecar's bytes: opened without blocking and read only when it is a regular file, at
+    most `limit` bytes (a FIFO would hang the reader, a link to /dev/zero never ends)."""
+    fd = os.open(sidecar, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{sidecar} is not a regular file: not a trainguard sidecar")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit and (chunk := os.read(fd, min(1 << 16, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise CheckpointError(f"{sidecar} is too large to be a trainguard sidecar")
+    return b"".join(chunks)
+
+
 def _entry(path: Path, sidecar: Path) -> CheckpointEntry:
     try:
-        if sidecar.stat().st_size > MAX_SIDECAR_BYTES:
-            raise CheckpointError(f"{sidecar} is too large to be a trainguard sidecar")
-        data = json.loads(sidecar.read_text(encoding="utf-8"),
+        data = json.loads(read_sidecar_bytes(sidecar).decode("utf-8"),
                           parse_constant=_no_constant)
     except FileNotFoundError:
         raise CheckpointError(f"{path} has no trainguard sidecar ({sidecar.name})") from None
@@ -226,48 +292,98 @@ def _entry(path: Path, sidecar: Path) -> CheckpointEntry:
         raise CheckpointError(f"{sidecar} is a corrupt trainguard sidecar "
                               f"({type(exc).__name__})") from None
     health = CheckpointHealth.from_dict(data, sidecar)
-    problem = None
-    if not path.exists():
+    problem: str | None = None
+    drift: Literal["changed", "stale"] = "stale"
+    if not _lexists(path):
         problem = "the checkpoint is gone"
-    elif fingerprint(path) != health.fingerprint:
+    elif health.content is not None:
+        problem = differs(path, health.content, _own_file)
+        drift = "changed" if health.content.scheme == SCHEME else "stale"
+    elif fingerprint(path) != health.fingerprint:  # an earlier version's sidecar: as then
         problem = "the checkpoint was written again after this sidecar (it does not describe it)"
-    return CheckpointEntry(path, health, problem)
+    return CheckpointEntry(path, health, problem, drift)
 
 
-def _sidecars(directory: Path, depth: int) -> Iterator[tuple[Path, Path]]:
-    """(checkpoint, sidecar) pairs under `directory`, `depth` folders deep at most."""
-    try:
-        items = sorted(directory.iterdir())
-    except OSError:
-        return
-    for item in items:
-        if item.is_dir():
-            if (item / SIDECAR).is_file():
-                yield item, item / SIDECAR
-            elif depth > 0:
-                yield from _sidecars(item, depth - 1)
-        elif item.name.endswith(f".{SIDECAR}") and not item.name.startswith("."):
-            yield item.with_name(item.name[:-len(SIDECAR) - 1]), item
+def _sidecars(root: Path, depth: int) -> list[tuple[Path, Path]]:
+    """(checkpoint, sidecar) pairs under `root`, `depth` folders deep at most. Each folder is
+    read once, by its device and inode: the folders themselves first, then those reached only
+    through a directory symlink (a symlink back up is a loop, and one to a checkpoint already
+    found would list it twice)."""
+    pairs: list[tuple[Path, Path]] = []
+    seen: set[tuple[int, int]] = set()
+    linked: list[tuple[Path, int]] = []
+
+    def first_visit(folder: Path) -> bool:
+        try:
+            info = os.stat(folder)
+        except (OSError, ValueError):
+            return False
+        key = (info.st_dev, info.st_ino)
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    def enter(folder: Path, depth: int) -> None:
+        if _lexists(folder / SIDECAR):
+            if first_visit(folder):
+                pairs.append((folder, folder / SIDECAR))
+        elif depth > 0 and first_visit(folder):
+            visit(folder, depth - 1)
+
+    def visit(folder: Path, depth: int) -> None:
+        try:
+            with os.scandir(folder) as found:
+                items = sorted(found, key=lambda e: e.name)
+        except (OSError, ValueError):  # no permission, gone meanwhile
+            return
+        for item in items:
+            path = Path(item.path)
+            try:
+                is_dir, is_link = item.is_dir(), item.is_symlink()
+            except OSError:
+                continue
+            if is_dir and is_link:
+                linked.append((path, depth))
+            elif is_dir:
+                enter(path, depth)
+            elif item.name.endswith(f".{SIDECAR}") and not item.name.startswith("."):
+                pairs.append((path.with_name(item.name[:-len(SIDECAR) - 1]), path))
+
+    first_visit(root)
+    visit(root, depth)
+    while linked:
+        path, left = linked.pop(0)
+        enter(path, left)
+    return pairs
 
 
 def list_checkpoints(output_dir: str | os.PathLike[str], *,
                      strict: bool = True) -> list[CheckpointEntry]:
     """Every checkpoint with a sidecar under `output_dir` (an HF output folder, a Lightning
     checkpoint folder, a checkpoint itself), oldest step first. `strict`: a corrupt sidecar is a
-    `CheckpointError` naming it (otherwise listed as unreadable); no sidecar at all is one too."""
+    `CheckpointError` naming it (otherwise listed as unreadable); no sidecar at all is one too.
+    A checkpoint whose sidecar vanished while it was read (a save's rotation) is left out."""
     root = Path(output_dir)
-    if not root.exists():
-        raise CheckpointError(f"{root} does not exist")
-    pairs = ([(root, root / SIDECAR)] if (root / SIDECAR).is_file() else
-             [(root, sidecar_path(root))] if root.is_file() else list(_sidecars(root, 3)))
+    try:
+        os.stat(root)
+    except FileNotFoundError:
+        raise CheckpointError(f"{root} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {root} ({_reason(exc)})") from None
     entries: list[CheckpointEntry] = []
     corrupt: list[str] = []
-    for path, sidecar in pairs:
-        try:
-            entries.append(_entry(path, sidecar))
-        except CheckpointError as exc:
-            corrupt.append(str(exc))
-            entries.append(CheckpointEntry(path, None, str(exc)))
+    for _ in range(RESCANS):
+        pairs = ([(root, root / SIDECAR)] if _lexists(root / SIDECAR) else
+                 [(root, sidecar_path(root))] if not _is_dir(root) else _sidecars(root, 3))
+        if not pairs and _is_dir(root):
+            try:
+                os.scandir(root).close()
+            except OSError as exc:
+                raise CheckpointError(f"cannot read {root} ({_reason(exc)})") from None
+        entries, corrupt = _entries(pairs)
+        if entries or not pairs:
+            break  # else every checkpoint found was rotated away meanwhile: the newer ones
     if strict and corrupt:
         more = f" (and {len(corrupt) - 1} more)" if len(corrupt) > 1 else ""
         raise CheckpointError(f"{corrupt[0]}{more}")
@@ -279,6 +395,26 @@ def list_checkpoints(output_dir: str | os.PathLike[str], *,
                                           e.health.saved_at if e.health else 0.0))
 
 
+def _entries(pairs: list[tuple[Path, Path]]) -> tuple[list[CheckpointEntry], list[str]]:
+    """The entries of (checkpoint, sidecar) pairs, and the errors of the corrupt ones; those
+    whose sidecar is gone by the time it is read or checked are left out."""
+    entries: list[CheckpointEntry] = []
+    corrupt: list[str] = []
+    for path, sidecar in pairs:
+        try:
+            entry = _entry(path, sidecar)
+        except CheckpointError as exc:
+            if not _lexists(sidecar):
+                continue  # removed while it was listed
+            corrupt.append(str(exc))
+            entries.append(CheckpointEntry(path, None, str(exc)))
+            continue
+        if entry.problem is not None and not _lexists(sidecar):
+            continue  # removed while it was checked
+        entries.append(entry)
+    return entries, corrupt
+
+
 def last_healthy_checkpoint(output_dir: str | os.PathLike[str]) -> Path | None:
     """The newest checkpoint under `output_dir` whose sidecar says healthy (or recovered after a
     rollback), finite, and still describes it; None when there is none. For
@@ -287,6 +423,11 @@ def last_healthy_checkpoint(output_dir: str | os.PathLike[str]) -> Path | None:
         entries = list_checkpoints(output_dir, strict=False)
     except CheckpointError:
         return None
+    return newest_healthy(entries)
+
+
+def newest_healthy(entries: list[CheckpointEntry]) -> Path | None:
+    """The newest of `entries` (oldest first) to resume from."""
     good = [e for e in entries if e.status in RESUMABLE and not e.path.name.endswith(
         POISONED_SUFFIX)]
     return good[-1].path if good else None
@@ -307,6 +448,29 @@ def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {value!r}")
     return value
+
+
+def _finite(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
+    if not math.isfinite(value):  # 1e400 reads as inf: never shown, never sorted by
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _events(value: Any) -> list[dict[str, Any]]:
+    """The open events' kind, step and severity (anything else left out: a sidecar's numbers are
+    shown as JSON again, and a 1e400 there would be inf)."""
+    if not isinstance(value, list):
+        return []
+    return [{"kind": e["kind"], "step": e["step"], "severity": e["severity"]}
+            for e in value[:100] if isinstance(e, Mapping)
+            and isinstance(e.get("kind"), str) and isinstance(e.get("severity"), str)
+            and isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool)]
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or type(exc).__name__
 
 
 def _opt_str(value: Any) -> str | None:

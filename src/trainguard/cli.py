@@ -161,6 +161,10 @@ def _add_replay(commands: Any) -> None:
     replay_cmd.add_argument("--factory", required=True, metavar="FACTORY", help=FACTORY_HELP)
     replay_cmd.add_argument("--runs", type=_positive_int, default=2,
                             help="reruns, to tell deterministic from transient faults (default 2)")
+    replay_cmd.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                            help="end after this long, the factory and its loss_fn included, "
+                                 "with one error line if they are still running (default: no "
+                                 "limit)")
 
 
 def _add_prove(commands: Any) -> None:
@@ -181,7 +185,9 @@ def _add_prove(commands: Any) -> None:
     prove_cmd.add_argument("snapshot", metavar="SNAPSHOT")
     prove_cmd.add_argument("--factory", required=True, metavar="FACTORY", help=FACTORY_HELP)
     prove_cmd.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                           help="stop trying fixes after this long (default: no limit)")
+                           help="stop trying fixes after this long, and end then, the factory "
+                                "and its loss_fn included, with one error line if they are "
+                                "still running (default: no limit)")
 
 
 def _add_doctor(commands: Any) -> None:
@@ -341,7 +347,7 @@ def _import_path(folder: Path) -> None:
 def _call_factory(spec: str, returns: str) -> tuple:
     from trainguard.errors import UsageError
 
-    factory = _load_factory(spec)
+    factory = _load_factory(spec)  # under a --budget, in its worker thread: import included
     try:
         built = factory()
     except (Exception, SystemExit) as exc:
@@ -353,6 +359,15 @@ def _call_factory(spec: str, returns: str) -> tuple:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from trainguard.deadline import Deadline
+
+    deadline = Deadline(args.budget, "nothing was replayed")
+    for line in deadline.run(lambda: _replay_lines(args, deadline)):
+        print(line)
+    return EXIT_OK
+
+
+def _replay_lines(args: argparse.Namespace, deadline: Any) -> list[str]:
     import torch
     from torch import nn
 
@@ -360,8 +375,11 @@ def _replay(args: argparse.Namespace) -> int:
     from trainguard.errors import SnapshotError, UsageError
     from trainguard.snapshot import load_snapshot, restore_rng_state
 
+    deadline.doing = "the snapshot's load"
     snapshot = load_snapshot(args.snapshot)
+    deadline.doing = "the factory"
     built = _call_factory(args.factory, "(model, loss_fn)")
+    deadline.doing = "the replay"
     if len(built) != 2:
         raise UsageError(f"the factory {args.factory} must return (model, loss_fn), got "
                          f"{len(built)} values")
@@ -401,18 +419,28 @@ def _replay(args: argparse.Namespace) -> int:
         return loss
 
     try:
-        report = replay(model, snapshot["batch"], user_loss, runs=args.runs)
+        report = replay(model, snapshot["batch"],
+                        deadline.calling("the factory's loss_fn", user_loss), runs=args.runs)
     except TrainguardError:
         raise
     except Exception as exc:
         raise UsageError(f"replay failed: {_first_line(exc)}") from None
     if failures:
         raise UsageError(f"replay failed on the snapshot's batch: {failures[0]}")
-    print(f"snapshot of step {snapshot['step']}: {visible(report.summary())}")
-    return EXIT_OK
+    return [f"snapshot of step {snapshot['step']}: {visible(report.summary())}"]
 
 
 def _prove(args: argparse.Namespace) -> int:
+    from trainguard.deadline import Deadline
+
+    deadline = Deadline(args.budget)
+    for line in deadline.run(lambda: _prove_lines(args, deadline)):
+        print(line)
+    return EXIT_OK
+
+
+def _prove_lines(args: argparse.Namespace, deadline: Any) -> list[str]:
+    """What `prove` prints, made in the budget's worker: printed whole or not at all."""
     import torch
 
     from trainguard.diagnose.counterfactual import Baseline, Setup, prove
@@ -421,8 +449,12 @@ def _prove(args: argparse.Namespace) -> int:
     from trainguard.events import Event
     from trainguard.snapshot import load_snapshot
 
+    deadline.doing = "the snapshot's load"
     snapshot = load_snapshot(args.snapshot)
+    deadline.doing = "the factory"
     model, optimizer, loss_fn = _prove_factory(args.factory)
+    deadline.doing = "the replays"
+    loss_fn = deadline.calling("the factory's loss_fn", loss_fn)
     _load_into(snapshot, model, optimizer)
     if snapshot.get("batch") is None:
         raise SnapshotError("the snapshot holds no batch (pass batch= to guard.step)")
@@ -445,28 +477,29 @@ def _prove(args: argparse.Namespace) -> int:
                   earlier='a run with prove="on" (it keeps good states from before the damage '
                           "and replays from one; a crash snapshot holds only the state before "
                           "this step's own update)")
-    try:
+    try:  # the fixes are tried within what is left of the budget
         proof = prove(setup, likely=[c.code for c in rank_causes(events, top=100)],
-                      budget_s=args.budget)
+                      budget_s=deadline.left())
     except Exception as exc:
         raise UsageError(f"prove failed: {_first_line(exc)}") from None
-    print(f"snapshot of step {step}: {visible(proof.summary())}")
+    lines = [f"snapshot of step {step}: {visible(proof.summary())}"]
     if proof.faithful is not None and setup.original_loss is not None:
-        print(f"  as it ran: the plain replay's loss {proof.plain.loss:.4g}, the step's "
-              f"recorded {setup.original_loss:.4g}" + (
-                  " (the same: the replay runs as the step did)" if proof.faithful else
-                  " (not the same: the replay does not run as the step did; another RNG state, "
-                  "data pipeline or code)"))
+        lines.append(
+            f"  as it ran: the plain replay's loss {proof.plain.loss:.4g}, the step's "
+            f"recorded {setup.original_loss:.4g}" + (
+                " (the same: the replay runs as the step did)" if proof.faithful else
+                " (not the same: the replay does not run as the step did; another RNG state, "
+                "data pipeline or code)"))
     for intervention, outcome, healed in proof.trials:
         verdict = {True: "heals", False: "still bad", None: "says nothing"}[healed]
-        print(f"  {intervention.name:<15} {verdict:<12} loss {outcome.loss:.4g}, after the "
-              f"update {outcome.after:.4g}, gradient norm {outcome.grad_norm:.4g}")
+        lines.append(f"  {intervention.name:<15} {verdict:<12} loss {outcome.loss:.4g}, after "
+                     f"the update {outcome.after:.4g}, gradient norm {outcome.grad_norm:.4g}")
     for name in proof.cannot_try:
-        print(f"  {name:<15} {'not tried':<12} the step is bad before its update: a changed "
-              "update cannot heal it from this state")
+        lines.append(f"  {name:<15} {'not tried':<12} the step is bad before its update: a "
+                     "changed update cannot heal it from this state")
     for name in proof.not_tried:
-        print(f"  {name:<15} {'not tried':<12} no time left in the budget")
-    return EXIT_OK
+        lines.append(f"  {name:<15} {'not tried':<12} no time left in the budget")
+    return lines
 
 
 def _prove_factory(spec: str) -> tuple[Any, Any, Any]:
@@ -916,9 +949,10 @@ def _add_checkpoints(commands: Any) -> None:
                     "Lightning checkpoint folder, a plain loop's folder) that have a "
                     "trainguard.json sidecar, oldest first, with their health when saved: "
                     "healthy, incident (inside an incident), recovered (after a rollback), "
-                    "poisoned (non-finite weights or optimizer moments) or stale (the "
-                    "checkpoint was written again after its sidecar), and the newest healthy "
-                    "one to resume from. No sidecar at all, or a corrupt one, exits 2.",
+                    "poisoned (non-finite weights or optimizer moments), changed (its files "
+                    "are not those its sidecar describes: written again or changed in place) "
+                    "or stale (the sidecar cannot be checked against them), and the newest "
+                    "healthy one to resume from. No sidecar at all, or a corrupt one, exits 2.",
         epilog=EXIT_CODES)
     checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR",
                              help="the folder the checkpoints were saved to")
@@ -927,10 +961,14 @@ def _add_checkpoints(commands: Any) -> None:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    from trainguard.checkpoints import last_healthy_checkpoint, list_checkpoints
+    from trainguard.checkpoints import CheckpointError, list_checkpoints, newest_healthy
 
-    entries = list_checkpoints(args.output_dir)
-    best = last_healthy_checkpoint(args.output_dir)
+    try:
+        entries = list_checkpoints(args.output_dir)
+    except OSError as exc:  # every read is guarded; whatever the file system does is input
+        raise CheckpointError(f"cannot read {args.output_dir} "
+                              f"({exc.strerror or type(exc).__name__})") from None
+    best = newest_healthy(entries)
     if args.json:
         data = {"checkpoints": [e.to_dict() for e in entries],
                 "last_healthy": str(best) if best is not None else None}

@@ -48,3 +48,41 @@ def regression_setup_without_dropout():
     model, optimizer, loss_fn = regression_setup()
     model[2] = torch.nn.Identity()
     return model, optimizer, loss_fn
+
+
+def _hang() -> None:
+    """Wait as a hung data loader would: until the file $TRAINGUARD_TEST_RELEASE exists (30 s at
+    most), having made $TRAINGUARD_TEST_STARTED; then fail, so that a worker left behind ends."""
+    import os
+    import time
+    from pathlib import Path
+
+    started, release = (os.environ.get(f"TRAINGUARD_TEST_{name}") for name in ("STARTED",
+                                                                               "RELEASE"))
+    if started:
+        Path(started).touch()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (release and Path(release).exists()):
+        time.sleep(0.05)
+    raise RuntimeError("released")
+
+
+def hanging_loss_setup():
+    """`regression_setup` whose loss_fn never returns."""
+    model, optimizer, _ = regression_setup()
+
+    def loss_fn(model, batch):
+        _hang()
+
+    return model, optimizer, loss_fn
+
+
+def hanging_replay_setup():
+    """(model, loss_fn) for `replay`, whose loss_fn never returns."""
+    model, _, loss_fn = hanging_loss_setup()
+    return model, loss_fn
+
+
+def hanging_factory():
+    """A factory that never returns."""
+    _hang()

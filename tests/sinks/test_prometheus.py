@@ -258,7 +258,7 @@ def test_idle_connections_hold_no_thread_and_are_closed_after_the_timeout() -> N
     before = threading.active_count()
     idle = [socket.create_connection(("127.0.0.1", sink.port), timeout=5) for _ in range(50)]
     partial = socket.create_connection(("127.0.0.1", sink.port), timeout=5)
-    partial.sendall(b"GET /metr")  # a request that never ends holds a worker until the timeout
+    partial.sendall(b"GET /metr")  # a request that never ends is closed at its deadline
     try:
         time.sleep(0.3)
         assert threading.active_count() == before, "no thread per connection"
@@ -273,6 +273,48 @@ def test_idle_connections_hold_no_thread_and_are_closed_after_the_timeout() -> N
             conn.close()
         run.guard.close()
     assert _wait_for(lambda: _endpoint_threads() == 0, 5.0), "the endpoint's threads end"
+
+
+@pytest.mark.slow
+def test_slow_clients_cannot_hold_the_scrape_threads() -> None:
+    """Clients that send their request a byte at a time, each byte well within the timeout:
+    before, each held a scrape thread for as long as it kept sending (4 of them: a scrape took
+    54 s). The whole request is due `idle_timeout_s` after the connection was accepted."""
+    sink = PrometheusSink(port=0, linger_s=0, idle_timeout_s=1.5)
+    run = tiny_run([sink])
+    run_steps(run, 2)
+    assert sink.port
+    stop = threading.Event()
+    cut: list[float] = []
+
+    def drip() -> None:
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", sink.port), timeout=5) as conn:
+            for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 100:
+                if stop.wait(0.25):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    cut.append(time.monotonic() - started)  # closed by the endpoint
+                    return
+
+    slow = [threading.Thread(target=drip, daemon=True) for _ in range(2 * SCRAPE_THREADS)]
+    try:
+        for thread in slow:
+            thread.start()
+        time.sleep(0.6)  # every slow client has sent a few bytes
+        for _ in range(3):
+            started = time.monotonic()
+            assert value(scrape(sink.port), "trainguard_step") == 1
+            assert time.monotonic() - started < 1.0
+        assert _wait_for(lambda: len(cut) == len(slow), 6.0), cut
+        assert max(cut) < 4.0, cut  # cut at their deadline, though they kept sending
+    finally:
+        stop.set()
+        for thread in slow:
+            thread.join(timeout=5)
+        run.guard.close()
 
 
 def test_at_most_max_connections_are_open_the_oldest_closed_first() -> None:

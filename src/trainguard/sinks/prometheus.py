@@ -36,19 +36,23 @@ not a whole number from 0 to 65535 is a `ConfigError` when the sink is made; a p
 use, or an address that is not this machine's, is one warning at the start: the sink disables
 itself and training goes on (with a `pushgateway` it still keeps the metrics for the push).
 
-The endpoint holds a bounded number of threads whatever its clients do: a connection waits for
-its request in one selector thread, without a thread of its own, and is closed when it sent
-nothing for `idle_timeout_s` (10) seconds; `SCRAPE_THREADS` (4) threads answer the requests, each
-read and write timed out after `idle_timeout_s` too; at most `max_connections` (64) are open at
-once, the longest-waiting one closed for a new one. A scrape is answered while hundreds of idle
-connections are open. After the run closed the endpoint serves the final
-values for `linger_s` (15) seconds more, so a scrape sees the final status and the verdict; a
-new sink on the same port takes it over at once. With `pushgateway="host:9091"` the metrics are
-pushed once when the run closes, under `job`; a failed push is one warning.
+The endpoint holds a bounded number of threads whatever its clients do: a connection's request
+is gathered in one selector thread, without a thread of its own, until its head is whole, and the
+connection is closed when the whole head has not come `idle_timeout_s` (10) seconds after it was
+accepted, however the bytes trickle in; `SCRAPE_THREADS` (4) threads answer the whole requests,
+and a connection still held by one `idle_timeout_s` after its request was whole is shut down (a
+client that does not read its answer); at most `max_connections` (64) are open at once, the
+longest-waiting one closed for a new one. A scrape is answered while hundreds of idle
+connections, or slow ones sending a byte every few seconds, are open. After the run closed the
+endpoint serves the final values for `linger_s` (15) seconds more, so a scrape sees the final
+status and the verdict; a new sink on the same port takes it over at once. With
+`pushgateway="host:9091"` the metrics are pushed once when the run closes, under `job`; a failed
+push is one warning.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import queue
@@ -79,6 +83,8 @@ NONFINITE = ("loss", "grad_norm", "grads")
 NAN = math.nan
 SCRAPE_THREADS = 4
 """Threads that answer requests (a scrape takes milliseconds)."""
+MAX_HEAD_BYTES = 65536
+"""A request head longer than this is not a scrape: the connection is closed."""
 
 
 def _client() -> Any:
@@ -92,8 +98,10 @@ def _client() -> Any:
 
 class _Server(WSGIServer):
     """A WSGI server with a bounded number of threads: accepted connections wait in a selector
-    (no thread each) until they send something, then `SCRAPE_THREADS` workers answer them.
-    A connection idle for `idle_timeout_s` is closed; at most `max_connections` are open."""
+    (no thread each) until their request head is whole, then `SCRAPE_THREADS` workers answer
+    them. A connection is closed when its head is not whole `idle_timeout_s` after it was
+    accepted, and shut down when a worker still holds it `idle_timeout_s` after the head was
+    whole: a whole-request deadline, not one per read; at most `max_connections` are open."""
 
     request_queue_size = 64
     idle_timeout_s = 10.0
@@ -106,6 +114,9 @@ class _Server(WSGIServer):
         self._lock = threading.Lock()
         self._new: list[tuple[socket.socket, Any]] = []
         self._waiting: dict[socket.socket, tuple[Any, float]] = {}
+        self._heads: dict[socket.socket, bytearray] = {}
+        self._working: dict[socket.socket, float] = {}
+        """Connections a worker holds -> when they are shut down (under `_lock`)."""
         self._open = 0
         self._stopping = False
         self._jobs: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
@@ -156,8 +167,9 @@ class _Server(WSGIServer):
             while self._waiting and self._open > self.max_connections:
                 oldest = min(self._waiting, key=lambda r: self._waiting[r][1])
                 self._close_waiting(oldest)
-            timeout = (min(d for _, d in self._waiting.values()) - now if self._waiting
-                       else None)
+            with self._lock:
+                deadlines = [d for _, d in self._waiting.values()] + list(self._working.values())
+            timeout = min(deadlines) - now if deadlines else None
             for key, _ in self._selector.select(None if timeout is None else max(timeout, 0)):
                 if key.fileobj is self._wake_r:
                     try:
@@ -166,20 +178,58 @@ class _Server(WSGIServer):
                     except OSError:
                         pass  # drained
                     continue
-                ready = cast(socket.socket, key.fileobj)
-                address, _ = self._waiting.pop(ready)
-                self._selector.unregister(ready)
-                self._jobs.put((ready, address))
+                self._gather(cast(socket.socket, key.fileobj))
             now = time.monotonic()
             for request in [r for r, (_, d) in self._waiting.items() if d <= now]:
                 self._close_waiting(request)
+            self._cut_overdue(now)
+
+    def _gather(self, request: socket.socket) -> None:
+        """Take what a waiting connection sent; hand it to a worker once its head is whole."""
+        try:
+            chunk = request.recv(4096, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        head = self._heads.setdefault(request, bytearray())
+        head += chunk
+        if not chunk or len(head) > MAX_HEAD_BYTES:  # gone, or not a scrape
+            self._close_waiting(request)
+            return
+        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+            return  # more to come, before the deadline set when it was accepted
+        address, _ = self._waiting.pop(request)
+        self._selector.unregister(request)
+        with self._lock:
+            self._working[request] = time.monotonic() + self.idle_timeout_s
+        self._jobs.put((request, address))
+
+    def take_head(self, request: socket.socket) -> bytes:
+        """The request head gathered for a worker's connection."""
+        return bytes(self._heads.pop(request, b""))
+
+    def _cut_overdue(self, now: float) -> None:
+        """Shut down the connections workers hold past their deadline (a client that does not
+        read its answer): the worker's blocked write fails and the worker is free."""
+        with self._lock:
+            for request, deadline in list(self._working.items()):
+                if deadline <= now:
+                    del self._working[request]
+                    try:
+                        request.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass  # closed by its client already
 
     def _close_waiting(self, request: socket.socket) -> None:
         del self._waiting[request]
+        self._heads.pop(request, None)
         self._selector.unregister(request)
         self._done(request)
 
     def _done(self, request: socket.socket) -> None:
+        with self._lock:  # before the close: `_cut_overdue` never shuts down a closed socket
+            self._working.pop(request, None)
         self.shutdown_request(request)
         with self._lock:
             self._open -= 1
@@ -222,11 +272,33 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
+class _HeadFirst(io.RawIOBase):
+    """A connection's bytes: the head the selector gathered, then the socket's."""
+
+    def __init__(self, head: bytes, connection: socket.socket) -> None:
+        self._head = memoryview(head)
+        self._connection = connection
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            size = min(len(buffer), len(self._head))
+            buffer[:size] = self._head[:size]
+            self._head = self._head[size:]
+            return size
+        return self._connection.recv_into(buffer)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def setup(self) -> None:
         super().setup()
-        # A client that stops sending or reading mid-request frees its thread after this long.
-        self.connection.settimeout(self.server.idle_timeout_s)  # type: ignore[attr-defined]
+        server = cast(_Server, self.server)
+        # A client that stops reading mid-answer frees its thread after this long at most.
+        self.connection.settimeout(server.idle_timeout_s)
+        self.rfile = io.BufferedReader(_HeadFirst(server.take_head(self.connection),
+                                                  self.connection))
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged."""
@@ -270,7 +342,8 @@ class PrometheusSink(Sink):
         """How long the endpoint stays up after the run closed, so that a scrape sees the final
         status and the verdict (a daemon thread: it never delays the end of the process)."""
         self.idle_timeout_s = float(idle_timeout_s)
-        """A connection that sends nothing for this long is closed."""
+        """A connection whose request head is not whole this long after it was accepted is
+        closed; one whose answer is not taken this long after its request is shut down."""
         self.max_connections = max_connections
         """Connections open at once; the longest-waiting one is closed for a new one."""
         self.port: int | None = None
