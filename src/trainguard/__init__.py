@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainguard.lazy import lazy_exports
-
-__version__ = "0.1.0"
+from trainguard.version import __version__
 
 if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports them on demand
     from trainguard import recipes

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from trainguard import __version__
 from trainguard.checkpoints import (
     POISONED_SUFFIX,
     CheckpointHealth,
@@ -45,6 +44,7 @@ from trainguard.events import Event, at_least
 from trainguard.finiteness import finite_state
 from trainguard.pipeline.run import Run
 from trainguard.registry import Kind
+from trainguard.version import __version__
 
 log = logging.getLogger("trainguard")
 

@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainguard import __version__
 from trainguard.errors import TrainguardError
 from trainguard.formatting import (
     local_time,
@@ -39,6 +38,7 @@ from trainguard.formatting import (
     strict_json,
     visible,
 )
+from trainguard.version import __version__
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1

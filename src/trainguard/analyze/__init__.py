@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainguard.analyze.format_names import FORMATS
 from trainguard.lazy import lazy_exports
 
 if TYPE_CHECKING:
@@ -38,22 +39,6 @@ if TYPE_CHECKING:
     from trainguard.analyze.formats import read_log
     from trainguard.analyze.log import Log, LogError
 
-FORMATS: dict[str, str] = {
-    "hf": "Hugging Face trainer_state.json",
-    "lightning": "PyTorch Lightning CSVLogger metrics.csv",
-    "tensorboard": "TensorBoard event file or run directory",
-    "store": "trainguard run directory (its run store)",
-    "jsonl": "JSON Lines, one object per logged step",
-    "text": "text log (Megatron, word_language_model, nanoGPT, mlx-lm, generic lines or bare "
-            "'step loss' columns)",
-    "text:megatron": "text log, Megatron-LM / Megatron-DeepSpeed iteration lines only",
-    "text:wlm": "text log, PyTorch examples/word_language_model lines only",
-    "text:nanogpt": "text log, nanoGPT 'iter N: loss X' lines only",
-    "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
-    "text:generic": "text log, generic 'step N ... loss X' lines only",
-    "text:columns": "text log, bare 'step loss' lines only",
-}
-"""The formats `analyze` reads, by the name `--format` takes."""
 
 _LAZY = {"Analysis": "trainguard.analyze.analysis", "analyze": "trainguard.analyze.analysis",
          "analyze_log": "trainguard.analyze.analysis", "read_log": "trainguard.analyze.formats",

@@ -19,7 +19,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.analyze import FORMATS, hf, jsonl, lightning, store, tensorboard, text
+from trainguard.analyze import hf, jsonl, lightning, store, tensorboard, text
+from trainguard.analyze.format_names import FORMATS
 from trainguard.analyze.log import Log, LogError
 
 _READERS: dict[str, Callable[[Path], Log]] = {

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainguard import __version__, lifecycle
+from trainguard import lifecycle
 from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
@@ -69,6 +69,7 @@ from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
 from trainguard.store import RunStore, RunStoreSink
 from trainguard.verdict import LossTrack, RunVerdict
+from trainguard.version import __version__
 from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")

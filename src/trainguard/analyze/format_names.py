@@ -1,0 +1,19 @@
+"""The names of the formats `trainguard analyze` reads, in a module of their own: the package
+exports them and the readers' dispatch uses them, without importing each other."""
+
+FORMATS: dict[str, str] = {
+    "hf": "Hugging Face trainer_state.json",
+    "lightning": "PyTorch Lightning CSVLogger metrics.csv",
+    "tensorboard": "TensorBoard event file or run directory",
+    "store": "trainguard run directory (its run store)",
+    "jsonl": "JSON Lines, one object per logged step",
+    "text": "text log (Megatron, word_language_model, nanoGPT, mlx-lm, generic lines or bare "
+            "'step loss' columns)",
+    "text:megatron": "text log, Megatron-LM / Megatron-DeepSpeed iteration lines only",
+    "text:wlm": "text log, PyTorch examples/word_language_model lines only",
+    "text:nanogpt": "text log, nanoGPT 'iter N: loss X' lines only",
+    "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
+    "text:generic": "text log, generic 'step N ... loss X' lines only",
+    "text:columns": "text log, bare 'step loss' lines only",
+}
+"""The formats `analyze` reads, by the name `--format` takes."""
