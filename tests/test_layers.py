@@ -1,6 +1,7 @@
 """The layering rules of trainguard's source, checked on the code itself.
 
-- No import loop among trainguard's modules (except the allow-listed ones, each with its reason).
+- No import loop among trainguard's modules (except the allow-listed ones, each with its reason),
+  type-checking imports included: a loop the type checker needs is a loop in the design.
 - Nothing imports the command line (`trainguard.cli`) but `trainguard.__main__`.
 - `trainguard.analyze` imports no sink and no store writer; `trainguard.config` imports no torch.
 - No function is longer than `MAX_FUNCTION_LINES`.
@@ -141,6 +142,13 @@ def test_the_cycle_finder_finds_a_loop() -> None:
 def test_no_import_loop_among_trainguard_modules() -> None:
     loops = [cycle for cycle in import_cycles(GRAPH) if not _allowed(cycle)]
     assert loops == [], f"import loops: {loops}"
+
+
+def test_no_import_loop_even_through_type_checking_imports() -> None:
+    graph = {module: _imported(module, path, type_checking=True)
+             for module, path in MODULES.items()}
+    loops = [cycle for cycle in import_cycles(graph) if not _allowed(cycle)]
+    assert loops == [], f"import loops (type-checking imports included): {loops}"
 
 
 def test_only_main_imports_the_command_line() -> None:

@@ -43,10 +43,10 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -74,8 +74,14 @@ from trainguard.recovery.state import restore
 from trainguard.registry import Tag, kinds_tagged
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from trainguard.config import GuardConfig
+    from trainguard.diagnose import Finding
+    from trainguard.diagnose.replay import LossFn
+    from trainguard.diagnose.step_rng import StepRNG
+    from trainguard.distributed import DistributedContext
     from trainguard.pipeline.context import StepContext
-    from trainguard.pipeline.services import Services
     from trainguard.pipeline.state import RunState
     from trainguard.recovery.ring import GoodStateRing
     from trainguard.recovery.state import SavedState as GoodState
@@ -90,8 +96,52 @@ DEFAULT_BUDGET_S = 60.0
 """The budget before the run has timed a step."""
 
 
+class RunRecord(Protocol):
+    """What a proof reads of the run's record (the run's `Journal`)."""
+
+    @property
+    def events(self) -> list[Event]: ...
+    @property
+    def findings(self) -> list[Finding]: ...
+    @property
+    def warmup_watch(self) -> object | None:
+        """The preflight's warm-up finding while it waits for the first steps' LRs."""
+
+    def emit_event(self, event: Event) -> None: ...
+
+
+class Services(Protocol):
+    """What a proof uses of the run's services (`pipeline.services.Services` has it): the user's
+    objects to replay with, and the run's record to rank with. A protocol, so that the services,
+    which build the prover, and the prover import nothing of each other."""
+
+    @property
+    def config(self) -> GuardConfig: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def scheduler(self) -> Any: ...
+    @property
+    def scaler(self) -> Any: ...
+    @property
+    def replay_fn(self) -> LossFn | None: ...
+    @property
+    def dist(self) -> DistributedContext | None: ...
+    @property
+    def step_rng(self) -> StepRNG | None: ...
+    @property
+    def fixes(self) -> Mapping[str, str]: ...
+    @property
+    def journal(self) -> RunRecord: ...
+
+    def evidence_findings(self, step_findings: Iterable[Finding] = (),
+                          closed: bool = False) -> list[Finding]: ...
+
+
 class IncidentProver:
-    """One per run, among its `Services`; its methods are handed the run's state and services
+    """One per run, among its services; its methods are handed the run's state and services
     (it holds neither)."""
 
     def __init__(self) -> None:
