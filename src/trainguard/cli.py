@@ -373,7 +373,8 @@ def _replay_lines(args: argparse.Namespace, deadline: Any) -> list[str]:
 
     from trainguard.diagnose.replay import replay
     from trainguard.errors import SnapshotError, UsageError
-    from trainguard.snapshot import load_snapshot, restore_rng_state
+    from trainguard.rng import put_process_state
+    from trainguard.snapshot import load_snapshot
 
     deadline.doing = "the snapshot's load"
     snapshot = load_snapshot(args.snapshot)
@@ -398,7 +399,7 @@ def _replay_lines(args: argparse.Namespace, deadline: Any) -> list[str]:
     if snapshot.get("batch") is None:
         raise SnapshotError("the snapshot holds no batch (pass batch= to guard.step)")
     try:
-        restore_rng_state(snapshot["rng"])
+        put_process_state(snapshot["rng"])
     except Exception as exc:
         raise SnapshotError(f"{args.snapshot}: the RNG state cannot be restored "
                             f"({_first_line(exc)})") from None
@@ -528,7 +529,7 @@ def _prove_factory(spec: str) -> tuple[Any, Any, Any]:
 def _load_into(snapshot: dict[str, Any], model: Any, optimizer: Any) -> None:
     """The snapshot's model, optimizer and RNG state into the factory's objects."""
     from trainguard.errors import SnapshotError
-    from trainguard.snapshot import restore_rng_state
+    from trainguard.rng import put_process_state
 
     try:
         model.load_state_dict(snapshot["model"])
@@ -542,7 +543,7 @@ def _load_into(snapshot: dict[str, Any], model: Any, optimizer: Any) -> None:
         raise SnapshotError(f"the snapshot does not fit the factory's optimizer: "
                             f"{_first_line(exc)}") from None
     try:
-        restore_rng_state(snapshot["rng"])
+        put_process_state(snapshot["rng"])
     except Exception as exc:
         raise SnapshotError(f"the RNG state cannot be restored ({_first_line(exc)})") from None
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import re
 import socket
 import struct
@@ -38,6 +37,7 @@ import torch
 from torch import nn
 
 from trainguard.errors import SnapshotError
+from trainguard.rng import process_state
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "rng", "events")
@@ -124,31 +124,6 @@ def portable(value: Any) -> Any:
     return repr(value)
 
 
-def rng_state() -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
-    np_state: Any = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": (version, tuple(internal), gauss),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def build_snapshot(*, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer],
                    scheduler: Any = None, scaler: Any = None, batch: Any = None,
                    events: list[dict[str, Any]] | None = None,
@@ -159,7 +134,7 @@ def build_snapshot(*, step: int, model: nn.Module, optimizers: list[torch.optim.
     """`forward_rng`: the RNG state the step's forward started from (`diagnose/step_rng.py`),
     stored as the snapshot's torch (and CUDA) RNG so a replay draws the step's dropout masks;
     None: the RNG as it is now."""
-    rng = rng_state()
+    rng = process_state()
     if forward_rng is not None:
         rng["torch"] = forward_rng[0]
         if forward_rng[1] is not None:

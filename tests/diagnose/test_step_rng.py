@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from trainguard.diagnose.counterfactual import Setup, prove
-from trainguard.diagnose.step_rng import StepRNG, capture, put
+from trainguard.diagnose.step_rng import StepRNG
 
 from .test_counterfactual import mlp, mse, regression
 
@@ -32,15 +32,6 @@ def test_kept_before_each_training_forward_and_handed_over_once() -> None:
     kept.close()
     model(x)
     assert kept.take() is None
-
-
-def test_capture_and_put_give_the_same_dropout_masks() -> None:
-    model = mlp(dropout=0.5)
-    x = regression()["x"]
-    state = capture()
-    first = model(x)
-    put(state)
-    assert torch.equal(model(x), first)
 
 
 def test_a_replay_from_the_steps_rng_gives_the_loss_the_step_had() -> None:

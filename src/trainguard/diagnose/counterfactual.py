@@ -61,7 +61,6 @@ back exactly afterwards: the run goes on as it would have. Nothing here runs on 
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -75,8 +74,8 @@ from torch.overrides import TorchFunctionMode
 from trainguard.diagnose.batch import IGNORE_INDEX
 from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
 from trainguard.diagnose.replay import LossFn
-from trainguard.diagnose.step_rng import RNGState, capture, put
 from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
+from trainguard.rng import TorchRNG, process_state, put_process_state, put_torch_state
 
 LOSS_SPIKE = 3.0
 """A replayed loss this many times the run's typical loss is bad."""
@@ -301,7 +300,7 @@ class WindowStep:
     lrs: tuple[float, ...]
     applied: bool = True
     loss: float | None = None
-    forward_rng: RNGState | None = None
+    forward_rng: TorchRNG | None = None
     """The RNG state its forward started from (None: not kept; the RNG runs on)."""
 
 
@@ -322,7 +321,7 @@ class Setup:
     """Whether the step's loss and gradients were finite when it ran (None: unknown)."""
     original_loss: float | None = None
     """The step's loss when it ran (None: unknown, or a replay from another state)."""
-    forward_rng: RNGState | None = None
+    forward_rng: TorchRNG | None = None
     """The RNG state the step's forward started from (`diagnose/step_rng.py`): every replayed
     forward of the step starts from it, drawing the step's own dropout masks (None: the RNG as
     it stands when the proof begins, the same masks for every replay)."""
@@ -527,9 +526,8 @@ class SavedState:
         self.scalings: list[tuple[dict[Any, Any], dict[Any, Any]]] = [
             (scaling, dict(scaling)) for m in model.modules()
             if isinstance(scaling := getattr(m, "scaling", None), dict)]
-        self.torch_rng = capture()
-        self.py_rng = random.getstate()
-        self.step_rng: RNGState | None = None
+        self.process_rng = process_state()
+        self.step_rng: TorchRNG | None = None
         """Where every replayed forward starts (`Setup.forward_rng`); None: the RNG as saved."""
 
     def rng(self) -> None:
@@ -537,11 +535,10 @@ class SavedState:
         every forward, the step's own when they were kept)."""
         self._put_back()
         if self.step_rng is not None:
-            put(self.step_rng)
+            put_torch_state(self.step_rng)
 
     def _put_back(self) -> None:
-        put(self.torch_rng)
-        random.setstate(self.py_rng)
+        put_process_state(self.process_rng)
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -704,7 +701,7 @@ def _window_step(setup: Setup, past: WindowStep, factor: float,
         group["lr"] = lr * factor
     opt.zero_grad(set_to_none=True)
     if past.forward_rng is not None:
-        put(past.forward_rng)
+        put_torch_state(past.forward_rng)
     loss = setup.loss_fn(model, past.batch if batch is None else batch)
     loss.backward()
     if past.applied:
@@ -1184,7 +1181,7 @@ def _first_step_agrees(setup: Setup, saved: SavedState) -> bool:
         with torch.no_grad(), _precision(setup, Change(autocast=setup.autocast)):
             saved.rng()
             if first.forward_rng is not None:
-                put(first.forward_rng)  # the step's own dropout masks
+                put_torch_state(first.forward_rng)  # the step's own dropout masks
             loss = float(setup.loss_fn(setup.model, first.batch).detach().float())
     except Exception:  # the plain replay will say what fails
         return False

@@ -66,12 +66,12 @@ from trainguard.diagnose.counterfactual import (
     replays_record,
 )
 from trainguard.diagnose.ranking import likely_causes, rank_causes
-from trainguard.diagnose.step_rng import put
 from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
 from trainguard.recovery.state import restore
 from trainguard.registry import Tag, kinds_tagged
+from trainguard.rng import put_torch_state
 
 if TYPE_CHECKING:
     from torch import nn
@@ -480,7 +480,7 @@ class IncidentProver:
         if past is None or past.batch is None or replay_fn is None:
             return None
         if past.forward_rng is not None:
-            put(past.forward_rng)
+            put_torch_state(past.forward_rng)
         device = next(services.model.parameters()).device.type
         try:
             with torch.no_grad(), (torch.autocast(device, dtype=setup.autocast)

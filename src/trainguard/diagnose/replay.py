@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from trainguard.probes.activations import first_float_tensor
+from trainguard.rng import put_torch_state, torch_state
 
 FP16_MAX = 65504.0
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -156,13 +157,13 @@ def replay(model: nn.Module, batch: Any, loss_fn: LossFn, *, runs: int = 2) -> R
     """Rerun one batch `runs` times with hooks; see the module docstring."""
     was_training = model.training
     model.train()
-    rng = torch.get_rng_state()  # every run sees the same dropout masks: only faults differ
+    rng = torch_state()  # every run sees the same dropout masks (CUDA's too): only faults differ
     results = []
     try:
         for _ in range(max(1, runs)):
-            torch.set_rng_state(rng)
+            put_torch_state(rng)
             results.append(_run_once(model, batch, loss_fn))
         return ReplayReport(results)
     finally:
-        torch.set_rng_state(rng)
+        put_torch_state(rng)
         model.train(was_training)

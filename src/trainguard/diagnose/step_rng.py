@@ -22,30 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainguard.rng import TorchRNG, torch_state
+
 log = logging.getLogger("trainguard")
-
-RNGState = tuple[torch.Tensor, list[torch.Tensor] | None]
-"""The CPU generator's state and each CUDA device's (None when CUDA is not initialised)."""
-
-
-def capture() -> RNGState:
-    cuda = (torch.cuda.get_rng_state_all()
-            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
-    return torch.get_rng_state(), cuda
-
-
-def put(state: RNGState) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
-
 
 class StepRNG:
     """A forward pre-hook on the model for the life of the run (`close` removes it)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._state: RNGState | None = None
+        self._state: TorchRNG | None = None
         self._handle: torch.utils.hooks.RemovableHandle | None = (
             model.register_forward_pre_hook(self._hook))
 
@@ -53,12 +38,12 @@ class StepRNG:
         if not module.training:
             return
         try:
-            self._state = capture()
+            self._state = torch_state()
         except Exception as exc:  # never break the user's forward pass
             self._state = None
             log.debug("trainguard: the step's RNG state was not kept (%s)", exc)
 
-    def take(self) -> RNGState | None:
+    def take(self) -> TorchRNG | None:
         """The state the last training forward since the last call started from (None: none)."""
         state, self._state = self._state, None
         return state

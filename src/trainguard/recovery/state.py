@@ -18,7 +18,7 @@ from torch import nn
 
 from trainguard.probes.local import local_tensor
 from trainguard.probes.norms import float32_norms
-from trainguard.snapshot import restore_rng_state, rng_state
+from trainguard.rng import process_state, put_process_state
 from trainguard.transfer import to_device
 
 
@@ -65,7 +65,7 @@ def capture(*, step: int, model: nn.Module, optimizers: list[torch.optim.Optimiz
         step=step, model=model_state, optimizers=opt_states,
         scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
         scaler=copy.deepcopy(scaler.state_dict()) if scaler is not None else None,
-        rng=rng_state() if rng else None, guard=copy.deepcopy(guard_state),
+        rng=process_state() if rng else None, guard=copy.deepcopy(guard_state),
         extra=dict(extra or {}),
         finite=finite_flag(model, optimizers))
 
@@ -86,7 +86,7 @@ def restore(state: SavedState, *, model: nn.Module, optimizers: list[torch.optim
     if scaler is not None and state.scaler is not None:
         scaler.load_state_dict(copy.deepcopy(state.scaler))
     if rng and state.rng is not None:
-        restore_rng_state(state.rng)
+        put_process_state(state.rng)
 
 
 def finite_flag(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> torch.Tensor | None:
