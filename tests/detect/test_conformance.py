@@ -30,7 +30,8 @@ from trainguard import registry
 from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
-from trainguard.detect.base import Episode
+from trainguard.detect.base import Episode, Outlier
+from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.output_growth import OutputGrowth, Streaks
 from trainguard.events import Event
@@ -57,10 +58,11 @@ def detect_classes() -> set[type]:
 
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
-HELPERS: tuple[type, ...] = (Detector, Episode, AttentionLogitTracker, AttentionTrack, OutputGrowth,
-                             Streaks)
-"""The base class, a helper detectors share, and the trackers `InstabilityPrecursor` composes
-(the attention-logit side, log Z and the update RMS: their conformance is that detector's)."""
+HELPERS: tuple[type, ...] = (Detector, Episode, Outlier, AttentionLogitTracker, AttentionTrack,
+                             OutputGrowth, Streaks, BatchNoise)
+"""The base class, helpers detectors share, and the trackers `InstabilityPrecursor` composes
+(the attention-logit side, log Z and the update RMS, the batch's size: their conformance is that
+detector's)."""
 
 
 def test_every_detector_class_is_in_the_runs() -> None:
