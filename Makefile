@@ -12,7 +12,7 @@ DEMO_STAMP := $(VENV)/.trainguard-core-installed
 # `make test` installs the missing ones when run as root, with one `apt-get update` for all.
 SYSTEM_DEPS ?= prometheus:prometheus chromium:chromium
 
-.PHONY: demo test lint bench venv clean system-deps
+.PHONY: demo test lint bench promises venv clean system-deps
 
 venv: $(STAMP)
 
@@ -46,6 +46,9 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/overhead.py
+
+promises: venv
+	$(BIN)/python -m benchmarks.promises
 
 clean:
 	rm -rf $(VENV) trainguard-demo .pytest_cache

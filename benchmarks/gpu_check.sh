@@ -16,9 +16,9 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 echo "== CUDA-only tests"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs tests/remedies/test_agc.py \
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rfs tests/remedies/test_agc.py \
     tests/pipeline/test_conformance.py tests/test_guard.py tests/test_transfer.py \
-    tests/remedies/test_device.py tests/probes/test_adam_ratio.py 2>&1 | tail -5
+    tests/remedies/test_device.py tests/probes/test_adam_ratio.py tests/recovery/test_state.py 2>&1 | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed"
 
 echo "== host synchronisations per guarded step"
 timeout 120 "$PY" benchmarks/gpu_syncs.py

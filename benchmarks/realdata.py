@@ -7,7 +7,8 @@ Each case folder of the evaluation set holds the original log file(s) of one run
 `index.csv` holds the labels (README.md there explains them). Every log file of a case is
 analysed (SOURCE.md aside; where the folder holds `incident_excerpt.txt`, the set's pure log of
 the incident, it stands for the logbook it was cut from). A case is right when every one of its
-files is. Scored per case:
+files is; a file the analysis cannot read (`unreadable`) or fails on (`crashed`, with the
+exception) is wrong. Scored per case:
 
     verdict   healthy / spike-recovered / diverged, against the label (`diverged`, `kind`)
     kind      nan / explosion / slow-divergence, for the diverged cases
@@ -170,8 +171,10 @@ def score(label: Label, path: Path) -> Scored:
     start = time.perf_counter()
     try:
         result: Analysis = analyze(path)
-    except LogError as exc:
-        return Scored(file=path.name, verdict="unreadable", kind=None, onset=str(exc)[:60],
+    except Exception as exc:  # a file the analysis fails on is a wrong case, not the end of the run
+        verdict = "unreadable" if isinstance(exc, LogError) else "crashed"
+        what = str(exc) if isinstance(exc, LogError) else f"{type(exc).__name__}: {exc}"
+        return Scored(file=path.name, verdict=verdict, kind=None, onset=what[:60],
                       onset_step=None, verdict_ok=False, kind_ok=False, onset_ok=False,
                       onset_near=False, seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start
@@ -187,6 +190,23 @@ def score(label: Label, path: Path) -> Scored:
                   onset_step=result.onset_step, verdict_ok=result.verdict == label.verdict,
                   kind_ok=label.kind is None or result.kind == label.kind,
                   onset_ok=onset_ok, onset_near=near, seconds=seconds)
+
+
+def score_corpus(folder: Path, which: str | None = None) -> tuple[list[Case], list[Label]]:
+    """Every kept case of the corpus in `folder` (of one half, when `which` names it) analysed
+    and scored, and the labels of the cases whose log is not kept (counted, not scored)."""
+    cases, not_kept = [], []
+    for label in labels(folder):
+        if which and label.half != which:
+            continue
+        if not label.kept:
+            not_kept.append(label)
+            continue
+        case = Case(label)
+        for path in log_files(folder / label.case):
+            case.files.append(score(label, path))
+        cases.append(case)
+    return cases, not_kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,33 +228,25 @@ def main(argv: list[str] | None = None) -> int:
     skipped_new: dict[str, dict[str, int]] = {}
     for folder in folders:
         name = "own" if folder.resolve() == OWN_DATA.resolve() else folder.name
-        cases = []
-        for label in labels(folder):
-            if args.half and label.half != args.half:
-                continue
-            if not label.kept:
-                skipped[name] = skipped.get(name, 0) + 1
-                if label.batch in NEW_BATCHES:
-                    counts = skipped_new.setdefault(name, {})
-                    counts[label.batch] = counts.get(label.batch, 0) + 1
-                continue
-            case = Case(label)
-            for path in log_files(folder / label.case):
-                case.files.append(score(label, path))
-            cases.append(case)
-        corpora[name] = cases
+        corpora[name], not_kept = score_corpus(folder, args.half)
+        if not_kept:
+            skipped[name] = len(not_kept)
+        for label in not_kept:
+            if label.batch in NEW_BATCHES:
+                counts = skipped_new.setdefault(name, {})
+                counts[label.batch] = counts.get(label.batch, 0) + 1
     if args.json:
         print(json.dumps({name: {"cases": [{"case": c.label.case, "half": c.label.half,
                                             "label": vars(c.label),
                                             "files": [vars(f) for f in c.files]}
                                            for c in cases],
-                                 "totals": _totals(cases),
-                                 "halves": {h: _totals([c for c in cases if c.label.half == h])
+                                 "totals": totals(cases),
+                                 "halves": {h: totals([c for c in cases if c.label.half == h])
                                             for h in HALVES},
                                  "not_kept": skipped.get(name, 0),
                                  "new_batches": {
                                      "+".join(batches): {
-                                         h: _totals([c for c in cases
+                                         h: totals([c for c in cases
                                                      if c.label.batch in batches
                                                      and (h == "all" or c.label.half == h)])
                                          for h in ("all", *HALVES)}
@@ -251,14 +263,16 @@ def right(case: Case) -> bool:
     return case.all("verdict_ok") and case.all("kind_ok") and case.all("onset_ok")
 
 
-def _totals(cases: list[Case]) -> dict[str, object]:
+def totals(cases: list[Case]) -> dict[str, object]:
     diverged = [c for c in cases if c.label.verdict == "diverged"]
     healthy = [c for c in cases if c.label.verdict == "healthy"]
     with_onset = [c for c in cases if c.label.onset.lower() not in ("none", "")]
     return {
         "cases": len(cases),
         "files": sum(len(c.files) for c in cases),
-        "read": sum(all(f.verdict != "unreadable" for f in c.files) for c in cases),
+        "read": sum(all(f.verdict not in ("unreadable", "crashed") for f in c.files)
+                    for c in cases),
+        "crashed": sum(any(f.verdict == "crashed" for f in c.files) for c in cases),
         "verdict": sum(c.all("verdict_ok") for c in cases),
         "kind": sum(c.all("kind_ok") for c in diverged), "kind_of": len(diverged),
         "onset_exact": sum(c.all("onset_ok") for c in with_onset), "onset_of": len(with_onset),
@@ -271,7 +285,7 @@ def _totals(cases: list[Case]) -> dict[str, object]:
 
 
 def _row(title: str, group: list[Case]) -> tuple[str, ...]:
-    t = _totals(group)
+    t = totals(group)
     return (title, str(t["cases"]), _pct(t["read"], t["cases"]), _pct(t["verdict"], t["cases"]),
             _pct(t["kind"], t["kind_of"]), _pct(t["onset_exact"], t["onset_of"]),
             _pct(t["false_alarms"], t["healthy"]), _pct(t["right"], t["cases"]))
@@ -341,7 +355,7 @@ def _print(name: str, cases: list[Case], not_kept: int, *, every: bool) -> None:
     groups += [(f"label {k}", [c for c in cases if c.label.expected == k])
                for k in sorted({c.label.expected for c in cases})]
     for title, group in groups:
-        t = _totals(group)
+        t = totals(group)
         table.append((title, str(t["cases"]), _pct(t["read"], t["cases"]),
                       _pct(t["verdict"], t["cases"]), _pct(t["kind"], t["kind_of"]),
                       _pct(t["onset_exact"], t["onset_of"]),
@@ -349,7 +363,7 @@ def _print(name: str, cases: list[Case], not_kept: int, *, every: bool) -> None:
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-    t = _totals(cases)
+    t = totals(cases)
     print(f"analysis time {t['seconds']} s in all ({t['files']} files)")
     print()
 

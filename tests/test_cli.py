@@ -152,6 +152,8 @@ def test_demo_runs_healthy_then_exploding_and_keeps_every_run(tmp_path: Path) ->
     shown = run_cli("show", str(tmp_path / "healthy"))
     assert "run 2 of 2 in this directory" in shown.stdout
     assert "steps      20 recorded (0..19)" in shown.stdout
+    listed = run_cli("runs", str(tmp_path / "exploding"))  # the list claims no reason of its own
+    assert "DEGRADED (show --run 1 says why)" in listed.stdout, listed.stdout
 
 
 # -- a small store written directly, for show's output ------------------------------------------

@@ -33,6 +33,18 @@ def test_a_falling_loss_is_healthy() -> None:
     assert verdict is not None and verdict.verdict == "healthy"
 
 
+def test_a_stalled_verdict_repeats_what_the_run_showed_of_why() -> None:
+    track = LossTrack()
+    for step in range(150):
+        track.observe(step, 4.7 + 0.01 * (-1) ** step, trouble=False)
+    result = track.verdict(stall_reason="the LR was 0 at every one of those 100 steps")
+    assert result is not None and result.verdict == "stalled"
+    assert result.message.endswith("the run did not learn; the LR was 0 at every one of those "
+                                   "100 steps")
+    plain = track.verdict()
+    assert plain is not None and plain.message.endswith("the run did not learn")
+
+
 def test_noise_around_a_flat_loss_is_not_degraded() -> None:
     """Heavy-tailed noise around a loss that never moves: never degraded (a loss that did not
     come down in 200 steps is `stalled`, unless its noise happens to trend)."""

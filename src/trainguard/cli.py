@@ -898,10 +898,8 @@ def _runs(args: argparse.Namespace) -> int:
             notes.append(f"ended by {run['error']}")
         if run["store_failed"]:
             notes.append(f"store stopped writing, {run['dropped_steps']} steps lost")
-        if run.get("verdict") == "degraded":
-            notes.append("DEGRADED: ended worse than before its trouble")
-        elif run.get("verdict") == "stalled":
-            notes.append("STALLED: the loss never came down")
+        if run.get("verdict") in ("degraded", "stalled"):  # why: `show` says (the reasons vary)
+            notes.append(f"{run['verdict'].upper()} (show --run {run['id']} says why)")
         lines.append(f"{run['id']:>4}  {_when(run['started']):<19}  {_when(run['ended']):<19}  "
                      f"{run['status']:<12} {run['steps']:>7} {_fmt(run['last_step']):>9} "
                      f"{run['events']:>7}  {'; '.join(notes)}".rstrip())

@@ -132,7 +132,9 @@ class DetectorConfig:
     min_loss_scale: float = 1.0
     """An AMP loss scale below this has collapsed: the model overflows float16 even unscaled."""
     overflow_skips: int = 5
-    """This many GradScaler overflow skips within `overflow_window` steps (after warm-up) is bad."""
+    """This many GradScaler overflow skips within `overflow_window` steps is bad, counted after the
+    scaler's calibration (the skips of its first steps while the scale fell) and after the first
+    `overflow_window` steps."""
     overflow_window: int = 50
     """Window, in steps, for counting GradScaler overflow skips."""
 
@@ -208,9 +210,11 @@ class DetectorConfig:
     regression's layer jumped to 13x its level in one step), not a moment lagging a growing
     gradient: it warns nothing."""
     precursor_warmup: int = 50
-    """`instability_precursor` stays silent until its baseline holds this many steps: Adam's
-    moments are young at the start of a run, and a fine-tune's first steps (a new head, sparse
-    embedding rows seen for the first time, LoRA factors that start at zero) swing
+    """`instability_precursor` stays silent until its baseline holds this many measured steps
+    (a step where no parameter has a ratio, Adam without state yet as under a GradScaler's
+    first skips, does not count): Adam's moments are young at the start of a run, and a
+    fine-tune's first steps (a new head, sparse embedding rows seen for the first time, LoRA
+    factors that start at zero) swing
     g / sqrt(v_hat) widely (within their first 50 steps the suite's healthy BERT fine-tunes
     reached 4-12x their median, its LoRA fine-tunes over 150x)."""
     precursor_logz_rise: float = 3.0
@@ -480,13 +484,15 @@ class GuardConfig:
     # -- Proving causes (needs the Guard's `replay_fn`) --
     prove: Literal["auto", "on", "off"] = "auto"
     """Replay a bad step under each candidate fix to confirm or rule out its causes
-    (`trainguard.diagnose.counterfactual`). `auto`: at the step that halts (under `halt`) and
-    at the first rollback (under `recover`); `on`: also at the first steps with an error-level
-    event or a loss or gradient jump (a warning too), and at the first warning before any bad
-    step (`instability_precursor`, `bad_start`: a window from a good state, judged on the
-    warned signal, `diagnose/warned_signal.py`), under every policy (the state is put back
-    exactly), and without a recover ring the run keeps two good states in host memory to
-    replay from (`diagnose/anchor.py`); `off`: never. Healthy steps never pay for a replay."""
+    (`trainguard.diagnose.counterfactual`). `auto`: at the step that halts (under `halt`; from
+    the state before the loop's last LR jump of 10x or more too, a copy the run keeps then:
+    `diagnose/anchor.py`) and at the first rollback (under `recover`); `on`: also at the first
+    steps with an error-level event or a loss or gradient jump (a warning too), and at the
+    first warning before any bad step (`instability_precursor`, `bad_start`: a window from a
+    good state, judged on the warned signal, `diagnose/warned_signal.py`), under every policy
+    (the state is put back exactly), and without a recover ring the run keeps two good states
+    in host memory to replay from (`diagnose/anchor.py`); `off`: never. Healthy steps never pay
+    for a replay."""
     prove_budget_steps: float = 20.0
     """A proof stops trying interventions after about this many training steps' time."""
 

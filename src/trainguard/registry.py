@@ -86,6 +86,9 @@ class Tag:
     """A replay of a bad step under candidate fixes (`details["confirmed"]` and
     `details["ruled_out"]`: cause code -> the sentence that says why): confirmed causes rank
     above voted ones, ruled-out ones drop out."""
+    STALL = "stall"
+    """The run did not learn; `details["cause"]` names the cause code of what the run showed
+    (the LR at 0, no gradient, labels without signal...), absent when it showed none."""
     CLIP_ALARM = "clip_alarm"
     """Puts the adaptive gradient clip into its alarm (clipping at the typical norm) at the step
     it is raised. Narrower than INSTABILITY: a bad start or an extreme weight is no reason to
@@ -272,7 +275,8 @@ _kind("nonfinite_optimizer_state", "optimizer moments hold NaN or inf (sampled s
       reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_S,))
 _kind("extreme_weight", "some weight's magnitude exceeds extreme_weight_abs (sampled steps)",
       "error", reaction=Reaction.ROLL_BACK, onset=Onset.SAMPLED, tags=(_I, _S))
-_kind("fp16_overflow", "float16 values at their limit, or a GradScaler that keeps overflowing",
+_kind("fp16_overflow", "float16 values at their limit, or a GradScaler that keeps overflowing "
+      "(an info note: the skips of the scaler's calibration at the start, while its scale fell)",
       "warning", tags=(Tag.OVERFLOW,),
       votes=(CauseVote("fp16_overflow", 2.0, "float16 overflow reported"),))
 _kind("bad_start", "the first steps went wrong: an over-scaled new layer or a blown-up start",
@@ -303,13 +307,10 @@ _kind("metric_collapse", "evaluation metrics say training went wrong: accuracy a
 _kind("no_gradients", "no watched parameter has a gradient while the loss is finite",
       "warning", votes=(CauseVote("no_gradients", 3.0, "no gradients at all at step {step}: "
                                   "{message}", each_event=True),))
-_kind("no_progress", "the loss has not come down after enough steps at a working learning rate "
-      "to tell (a stall)", "warning",
-      votes=(CauseVote("lr_too_high", 1.0, "the loss did not come down"),
-             CauseVote("lr_too_low", 1.0, "the loss did not come down: an LR too low moves "
-                                          "nothing"),
-             CauseVote("no_gradients", 0.5, "a loss that does not come down may carry no "
-                                            "gradient")))
+_kind("no_progress", "the loss has not come down after enough steps to tell (a stall), with what "
+      "the run showed of why: a collapsed gradient, no gradient, the LR at 0 or too low to move "
+      "the weights, frozen weights, a loss at chance while the weights move", "warning",
+      tags=(Tag.STALL,))
 _kind("instability_precursor", "a signal that tends to move before the loss spikes (Adam's second "
       "moment lagging the gradient) rose far above its own level and stayed there: a warning "
       "before the spike", "warning", tags=(_I, _A),
@@ -513,6 +514,9 @@ for _metric in (
               "(at most 256 positions, strided; probes/logz.py)", _LOCAL, False),
     MetricKey("logz_max", Scope.STEP, "max over positions of logsumexp of the class scores",
               _LOCAL, False),
+    MetricKey("ce_ceiling", Scope.STEP, "max over positions of logsumexp minus the smallest "
+              "class score: the most a cross-entropy of these scores can cost, whatever the "
+              "target (probes/logz.py)", _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),
     MetricKey("weight_std", Scope.PARAM, "standard deviation of the weights after the step",

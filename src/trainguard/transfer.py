@@ -9,6 +9,10 @@ packed tensor. Keeping it in one place makes the cost visible and lets tests cou
 
 `blocking_transfer_count()` counts the first kind only: the host synchronisations that stall a
 training loop on an accelerator.
+
+The other way, `to_device` carries a few host values (bias corrections from CPU step counts, a
+CPU tensor's finite flag) to the device without a wait: a plain copy from pageable host memory to
+an accelerator synchronises with it.
 """
 
 from __future__ import annotations
@@ -86,3 +90,14 @@ def transfer_count() -> int:
 def blocking_transfer_count() -> int:
     """How many of them made the host wait for the device (`to_host`)."""
     return _blocking
+
+
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values` on `device` without a host synchronisation: from a CPU tensor to an accelerator
+    through pinned memory, copied asynchronously (PyTorch's pinned-memory cache keeps the block
+    until the copy is done); any other move as `.to(device)`."""
+    if values.device == device:
+        return values
+    if values.device.type == "cpu" and device.type == "cuda":
+        return values.pin_memory().to(device, non_blocking=True)
+    return values.to(device)

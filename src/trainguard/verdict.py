@@ -13,8 +13,9 @@ says whether training worked:
                 "finished" but is worse off than it was
     stalled     the run trained long enough to tell (`DetectorConfig.stall_steps` losses) and
                 its loss never came down beyond its own noise at the start
-                (`detect.no_progress.came_down`): it did not learn, with or without trouble;
-                or its last steps had no gradient at all (`no_gradients` to the end)
+                (`detect.no_progress.came_down`): it did not learn, with or without trouble
+                (said with what the run showed of why: `detect/stall_reason.py`); or its last
+                steps had no gradient at all (`no_gradients` to the end)
 
 A run with fewer finite losses than the window (`WINDOW`) is too short to judge: it gets no
 verdict (`RunVerdict.verdict` is None, its message says "too short to judge"), unless what it
@@ -150,8 +151,8 @@ class LossTrack:
         return statistics.median(self.first) if self.first else None
 
     def verdict(self, *, halted: bool = False, halt_step: int | None = None,
-                weights_finite: bool | None = None,
-                untrained_since: int | None = None) -> RunVerdict | None:
+                weights_finite: bool | None = None, untrained_since: int | None = None,
+                stall_reason: str = "") -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
         not recover, whatever the losses before the halt said; `halt_step`, the step it stopped
         at, when known (the trouble may have begun many steps before it).
@@ -159,7 +160,9 @@ class LossTrack:
         checked); a model with a NaN in it is degraded, whatever its last finite losses said.
         `untrained_since`: the first step of a run of steps without any gradient that lasted to
         the end (`detect/no_gradients.py`): nothing trained after it, so the run stalled,
-        however its loss compares (it stays where the last update left it)."""
+        however its loss compares (it stays where the last update left it).
+        `stall_reason`: what the run showed of why it did not learn (`no_progress`'s reason),
+        said after a `stalled` verdict."""
         start = self._start()
         if start is None:
             return None
@@ -212,8 +215,9 @@ class LossTrack:
         if stalled:
             return RunVerdict("stalled", f"the loss never came down in {self.seen} steps "
                               f"(from {statistics.median(self.start):.4g} at the start to "
-                              f"{final:.4g}): the run did not learn", start, self.before_trouble,
-                              final, self.trouble_step)
+                              f"{final:.4g}): the run did not learn"
+                              + (f"; {stall_reason}" if stall_reason else ""), start,
+                              self.before_trouble, final, self.trouble_step)
         if self.trouble_step is not None:
             how = ("no worse than" if final <= reference
                    else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")

@@ -50,3 +50,13 @@ def test_student_t_targets_train_and_a_1000x_batch_is_still_caught() -> None:
     fault = run_scenario(scenario("regression_outlier_batch"), "trainguard", steps=210)
     assert fault.detected and fault.latency == 0
     assert fault.diagnosis[0] == "outlier_batch"
+
+
+def test_a_loss_summed_over_the_tokens_is_its_reduction_not_the_data() -> None:
+    s = scenario("gpt2_loss_summed")
+    unguarded = run_scenario(s, "none", steps=s.onset_step + 2)
+    before, at = unguarded.train_losses[s.onset_step - 1], unguarded.train_losses[s.onset_step]
+    assert at > 100 * before  # 16 x 31 token losses summed where they were averaged
+    result = run_scenario(s, "trainguard", steps=s.onset_step + 10)
+    assert result.detected and result.latency == 0
+    assert result.diagnosis[0] == "loss_reduction" and "tokenizer_mismatch" not in result.diagnosis

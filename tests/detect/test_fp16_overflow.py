@@ -4,6 +4,7 @@ from collections.abc import Collection
 
 import numpy as np
 import pytest
+import torch
 
 from tests.detect.synth import (
     HEALTHY_STEPS,
@@ -20,8 +21,12 @@ from tests.detect.synth import (
     signals,
     steps_of,
 )
+from trainguard import Guard, GuardConfig
 from trainguard.detect import Fp16Overflow
+from trainguard.events import at_least
 from trainguard.signals import StepSignals
+
+from ..conftest import make_setup
 
 MODULES = ["embed", "block.0.attn", "block.0.mlp", "head"]
 WINDOW = default_config().overflow_window
@@ -114,27 +119,77 @@ def test_overflow_skips_rearm_after_the_window_clears() -> None:
     assert steps_of(events) == [104, 340]
 
 
-@pytest.mark.parametrize("halvings", [6, 8, 12])
-def test_initial_gradscaler_calibration_does_not_fire(halvings: int) -> None:
-    steps = []
-    scale = 65536.0
-    for s in range(HEALTHY_STEPS):
-        overflow = s < halvings
-        steps.append(amp_step(s, overflow=overflow, scale=scale))
+def calibrating(halvings: int, steps: int, *, init: float = 65536.0, first: int = 0,
+                skipped: Collection[int] = ()) -> list[StepSignals]:
+    """A GradScaler from `init`: every step from `first` overflows and halves the scale until
+    `halvings` skips were made (or the steps in `skipped`), then the scale holds."""
+    out, scale = [], init
+    chosen = set(skipped) or set(range(first, first + halvings))
+    for s in range(steps):
+        overflow = s in chosen
+        out.append(amp_step(s, overflow=overflow, scale=scale))
         if overflow:
             scale /= 2
-    assert run(Fp16Overflow(default_config()), steps) == []
+    return out
 
 
-def test_no_skips_event_during_the_initial_window() -> None:
-    steps = [amp_step(s, overflow=s < 12, scale=65536.0 / 2 ** min(s, 12)) for s in range(WINDOW)]
-    assert run(Fp16Overflow(default_config()), steps) == []
+@pytest.mark.parametrize(("halvings", "power"), [(1, 16), (4, 16), (8, 16), (12, 16), (24, 40)])
+def test_the_initial_calibration_is_counted_and_named_never_a_warning(halvings: int,
+                                                                      power: int) -> None:
+    init = 2.0 ** power
+    event, = run(Fp16Overflow(default_config()), calibrating(halvings, HEALTHY_STEPS, init=init))
+    assert (event.severity, event.details["symptom"]) == ("info", "calibration")
+    assert event.step == halvings - 1 + 10, "named when the scale held for 10 steps"
+    assert event.details["skips"] == halvings == event.value
+    assert (event.details["first_step"], event.details["last_step"]) == (0, halvings - 1)
+    assert event.details["init_scale"] == init
+    assert event.details["loss_scale"] == init / 2 ** halvings
+    assert event.message.startswith(f"GradScaler calibration: {halvings} of the steps 0-"
+                                    f"{halvings - 1} skipped for inf/NaN gradients while the "
+                                    f"loss scale fell from {init:.4g} (2^{power}) to ")
 
 
-def test_short_initial_calibration_does_not_fire() -> None:
-    steps = [amp_step(s, overflow=s < 4, scale=65536.0 / 2 ** min(s, 4))
-             for s in range(HEALTHY_STEPS)]
-    assert run(Fp16Overflow(default_config()), steps) == []
+def test_a_calibration_from_a_huge_init_scale_that_outlasts_the_window_is_no_warning() -> None:
+    """init_scale 2**100: 84 halvings, past `overflow_window`, before the scale fits."""
+    events = run(Fp16Overflow(default_config()),
+                 calibrating(84, HEALTHY_STEPS, init=2.0 ** 100))
+    assert [(e.severity, e.details["symptom"], e.step) for e in events] == [
+        ("info", "calibration", 93)]
+    assert "from 1.268e+30 (2^100) to 6.554e+04 (2^16)" in events[0].message
+
+
+def test_a_step_that_just_fits_between_two_skips_belongs_to_the_calibration() -> None:
+    skipped = [*range(0, 22), 23]  # the 2**40 run of a real GradScaler: step 22 passed
+    event, = run(Fp16Overflow(default_config()),
+                 calibrating(0, HEALTHY_STEPS, init=2.0 ** 40, skipped=skipped))
+    assert event.details["skips"] == 23 and event.step == 33
+
+
+def test_skips_that_keep_coming_after_the_calibration_are_a_warning() -> None:
+    skipped = [*range(6), *range(60, 100, 8)]  # calibrated, then overflow every 8 steps
+    events = run(Fp16Overflow(default_config()),
+                 calibrating(0, HEALTHY_STEPS, skipped=skipped))
+    assert [(e.step, e.severity, e.details["symptom"]) for e in events] == [
+        (15, "info", "calibration"), (92, "warning", "skips")]
+    assert "after its calibration (steps 0-5): the overflow persists" in events[1].message
+
+
+def test_the_calibration_ends_when_the_scale_stops_falling() -> None:
+    """A scaler growing its scale every few steps: a skip at a scale no lower than the last one
+    is no calibration, and counts from there on."""
+    steps = [amp_step(s, overflow=s in (0, 1, 4, 7), scale=[8.0, 4.0, 2.0, 4.0, 4.0][min(s, 4)])
+             for s in range(60)]
+    events = run(Fp16Overflow(default_config()), steps)
+    assert [(e.step, e.details["symptom"]) for e in events] == [(4, "calibration")]
+    assert events[0].details["skips"] == 2
+
+
+def test_skips_in_a_log_that_begins_later_are_no_calibration() -> None:
+    detector = Fp16Overflow(default_config())
+    steps = [amp_step(s, overflow=s % 8 == 0, scale=65536.0 / 2 ** ((s - 1000) // 8))
+             for s in range(1000, 1060)]
+    events = run(detector, steps)
+    assert [(e.step, e.details["symptom"]) for e in events] == [(1032, "skips")]
 
 
 def test_collapsed_loss_scale_is_an_error_once_per_episode() -> None:
@@ -204,3 +259,39 @@ def test_state_round_trip_preserves_behaviour() -> None:
     # the state matters: a fresh detector reports the low scale again and misses the skips
     fresh = run(Fp16Overflow(config), continuation)
     assert [(e.step, e.details["symptom"]) for e in fresh] == [(101, "scale")]
+
+
+# -- as a user meets it: a real float16 run -------------------------------------------------------
+@pytest.mark.parametrize("init_scale", [None, 2.0 ** 40], ids=["default", "2**40"])
+def test_a_real_fp16_run_names_its_scalers_calibration_and_warns_nothing(
+        init_scale: float | None) -> None:
+    """A healthy fine-tune under float16 autocast: from init_scale 2**40 its GradScaler skips
+    its first 20-odd steps while the scale falls to what the gradients fit. Named as that
+    calibration (info), counted, and no warning; from the default scale as well."""
+    setup = make_setup(lr=3e-3, warmup=20, total=80)
+    scaler = (torch.amp.GradScaler("cpu") if init_scale is None
+              else torch.amp.GradScaler("cpu", init_scale=init_scale))
+    guard = Guard(setup.model, setup.optimizer, setup.scheduler, scaler,
+                  config=GuardConfig(console=False))
+    skipped = []
+    for step in range(80):
+        batch = setup.batch()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = setup.model.loss(batch)
+        scaler.scale(loss).backward()
+        if guard.step(loss, batch=batch).action == "skipped":
+            skipped.append(step)
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert [e.message for e in guard.events if at_least(e.severity, "warning")] == []
+    calibration = [e for e in guard.events if e.kind == "fp16_overflow"]
+    assert guard.verdict is not None and guard.verdict.verdict == "healthy"
+    if init_scale is None:
+        assert len(calibration) == (1 if skipped else 0)
+        return
+    event, = calibration
+    assert len(skipped) >= 20 and max(skipped) < 30
+    assert (event.severity, event.details["symptom"]) == ("info", "calibration")
+    assert event.details["skips"] == len(skipped)
+    assert event.details["init_scale"] == 2.0 ** 40
+    assert event.details["loss_scale"] == scaler.get_scale()

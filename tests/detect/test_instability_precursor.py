@@ -99,6 +99,17 @@ def test_silent_while_the_baseline_is_young() -> None:
     assert all(e.step >= 30 for e in events)
 
 
+def test_steps_with_nothing_measured_do_not_age_the_baseline() -> None:
+    """A GradScaler calibrating from a large init_scale skips its first steps: Adam has no state
+    yet and every ratio reads 0. The baseline is young until `precursor_warmup` steps were
+    measured, however many came before: a climb 20 measured steps in is not judged."""
+    empty = [np.zeros(3)] * 30
+    rows = ratios(45, 5, climb_from=20)
+    assert run(InstabilityPrecursor(DetectorConfig()), empty + rows) == []
+    # the same climb after a full baseline is found
+    assert run(InstabilityPrecursor(DetectorConfig()), ratios(75, 5, climb_from=50))
+
+
 def test_parameters_without_a_value_are_left_out() -> None:
     rows = ratios(100, 3, climb_from=70, index=2)
     for row in rows:

@@ -30,6 +30,31 @@ def smooth(n: int, level: float = 2.3, seed: int = 0, noise: float = 0.01) -> np
     return level * np.exp(rng.normal(0.0, noise, n))
 
 
+def test_a_spike_records_what_the_model_scores_allow_and_says_when_the_loss_is_beyond() -> None:
+    detector = LossSpike(default_config())
+    bound = {"ce_ceiling": np.array(12.0, dtype=np.float32)}
+    assert run(detector, loss_run(smooth(100, 2.3, noise=0.05), precursors=bound)) == []
+    event, = run(detector, loss_run([2.3e6], start=100, precursors=bound))
+    assert event.details["ce_ceiling"] == 12.0
+    assert "1.92e+05x the most a cross-entropy of the model's own class scores" in event.message
+    # told again where the loss has not come back: the jump's own ceiling and words
+    again, = run(detector, loss_run([2.3e6], start=101,
+                                    precursors={"ce_ceiling": np.array(1e9, dtype=np.float32)}))
+    assert (again.severity, again.details["jump_step"], again.details["ce_ceiling"]) == (
+        "error", 100, 12.0)
+    assert "1.92e+05x the most a cross-entropy of the model's own class scores" in again.message
+    # within the ceiling (a batch the model misreads): recorded, nothing said of it
+    detector = LossSpike(default_config())
+    run(detector, loss_run(smooth(100, 2.3, noise=0.05), precursors=bound))
+    event, = run(detector, loss_run([11.0], start=100, precursors=bound))
+    assert event.details["ce_ceiling"] == 12.0 and "class scores" not in event.message
+    # not measured: nothing recorded
+    detector = LossSpike(default_config())
+    run(detector, loss_run(smooth(100, 2.3, noise=0.05)))
+    event, = run(detector, loss_run([2.3e6], start=100))
+    assert "ce_ceiling" not in event.details
+
+
 def test_rocket_launch_is_an_outlier_then_an_error_when_it_stays() -> None:
     """At once the jump is known, its harm is not: an outlier batch (info, naming its step),
     told again at the next step as an error when the loss has not come back."""

@@ -61,6 +61,26 @@ def test_steps_of_a_long_warmup_do_not_count() -> None:
     assert feed(losses, lrs=lrs) == []
 
 
+def test_steps_at_lr_0_count_and_the_stall_says_the_lr_was_0() -> None:
+    """A run whose LR stays at 0 never trains: it is judged like any other."""
+    [message] = feed(noisy([4.7] * 150, 0.05), lrs=[0.0] * 150)
+    assert message.startswith("the loss has not come down in 100 steps")
+    assert "the LR was 0 at every one of those 100 steps" in message
+
+
+def test_a_first_group_at_lr_0_beside_one_that_trains_is_judged() -> None:
+    """A backbone held at LR 0 in the first group, the head training in the second: the run's
+    LR is the head's."""
+    detector = NoProgress(DetectorConfig())
+    messages = []
+    for step, loss in enumerate(noisy([4.7] * 150, 0.05)):
+        signals = StepSignals(step=step, loss=loss, grad_norm=1.0,
+                              param_grad_norm=torch.zeros(0), param_names=[], lr=0.0,
+                              group_lrs=(0.0, 1e-3))
+        messages += [e.message for e in detector.check(signals)]
+    assert len(messages) == 1 and "the LR was 0" not in messages[0]
+
+
 def test_came_down_is_measured_against_the_starts_own_noise() -> None:
     start = [2.0 + 0.3 * (-1) ** i for i in range(20)]  # median 2.0, one sd about 0.44
     assert not came_down(start, [v - 0.1 for v in start]), "within the start's noise"

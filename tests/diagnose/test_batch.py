@@ -17,7 +17,7 @@ from trainguard.diagnose.batch import (
 from trainguard.errors import BatchError
 from trainguard.transfer import transfer_count
 
-from ..conftest import make_setup
+from ..conftest import make_setup, torch_threads
 
 
 def checks(findings) -> set[str]:
@@ -209,12 +209,19 @@ def test_a_language_model_loss_above_chance_points_at_the_tokenizer() -> None:
 def test_the_first_loss_above_chance_is_a_finding_not_an_event() -> None:
     """A model that starts worse than guessing is noted for the diagnosis; it is not an alarm
     (a fine-tune on a new domain can start there too)."""
-    setup = make_setup()  # vocabulary of 32
-    guard = Guard(setup.model, setup.optimizer, setup.scheduler, config=GuardConfig(console=False))
-    batch = setup.batch()
-    loss = setup.model.loss(batch) * 10  # as if the tokens meant something else entirely
-    loss.backward()
-    report = guard.step(loss, batch=batch)
+    setup = make_setup(warmup=0)  # vocabulary of 32
+    with torch_threads(1):
+        for _ in range(150):  # trained on its language before the guarded fine-tune
+            setup.model.loss(setup.batch()).backward()
+            setup.optimizer.step()
+            setup.optimizer.zero_grad(set_to_none=True)
+        guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
+        # the fine-tune's data were encoded with another vocabulary: the ids mean something else
+        wrong = torch.randperm(32, generator=torch.Generator().manual_seed(1))
+        batch = wrong[setup.batch()]
+        loss = setup.model.loss(batch)
+        loss.backward()
+        report = guard.step(loss, batch=batch)
     assert report.events == []
     [finding] = [f for f in guard.findings if f.check == "batch_above_chance"]
     assert finding.cause == "tokenizer_mismatch" and finding.evidence["vocab"] == 32
@@ -231,3 +238,12 @@ def test_a_batch_size_in_elements_is_its_largest_tensors_from_its_shape_alone() 
     assert batch_elements_of({"meta": "a string", "step": torch.tensor(3)}) is None
     assert batch_elements_of(None) is None
     assert transfer_count() == before
+
+
+def test_a_loss_beyond_what_the_model_scores_allow_says_nothing_of_the_ids() -> None:
+    model = nn.Embedding(64, 8)
+    ids = torch.randint(0, 64, (4, 16))
+    lm = {"input_ids": ids, "labels": ids.clone()}
+    within = check_loss_above_chance(8.0, lm, model, ceiling=12.0)  # misread ids can cost that
+    assert within is not None and within.cause == "tokenizer_mismatch"
+    assert check_loss_above_chance(8.0e6, lm, model, ceiling=12.0) is None

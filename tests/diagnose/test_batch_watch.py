@@ -129,3 +129,11 @@ def test_the_guard_follows_a_bad_shard_in_the_step_transfer_and_names_it() -> No
     assert "(steps 40-49, data ids 40-49)" in ranked[0].evidence[0]
     guard.close()
     assert any(f.check == "batch_run" for f in guard.findings), "recorded with the findings"
+
+
+def test_a_spike_beyond_what_the_model_scores_allow_is_not_the_batch() -> None:
+    watch = BatchWatch(nn.Embedding(64, 8), expected_batch_size=None)
+    scaled = watch.events(_lm_batch(), 60, True, None, loss=9.0e5, level=0.9, ceiling=14.0)
+    assert scaled == []
+    misread = watch.events(_lm_batch(), 61, True, None, loss=9.0, level=0.9, ceiling=14.0)
+    assert [e.kind for e in misread] == ["batch_above_chance"]

@@ -41,8 +41,12 @@ def model_and_optimizer(dropout: float = 0.2, lr: float = 1e-2):
 
 
 def train(guard: Guard, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int,
-          **faults) -> None:
+          lr_jump: tuple[int, float] | None = None, **faults) -> None:
+    """`lr_jump=(step, factor)`: the loop multiplies its LR by `factor` at that step."""
     for step in range(steps):
+        if lr_jump is not None and step == lr_jump[0]:
+            for group in optimizer.param_groups:
+                group["lr"] *= lr_jump[1]
         batch = batch_at(step, **faults)
         loss = mse(model, batch)
         loss.backward()
@@ -167,15 +171,7 @@ def test_recover_proves_its_first_rollback_from_the_good_state() -> None:
     replay from the state the rollback returns to confirms the LR."""
     model, opt = model_and_optimizer(dropout=0.0, lr=3e-3)
     guard = Guard(model, opt, config=config(policy="recover"), replay_fn=mse)
-    for step in range(80):
-        if step == 40:
-            for group in opt.param_groups:
-                group["lr"] *= 300
-        batch = batch_at(step)
-        loss = mse(model, batch)
-        loss.backward()
-        guard.step(loss, batch=batch)
-        opt.zero_grad(set_to_none=True)
+    train(guard, model, opt, 80, lr_jump=(40, 300))
     rollbacks = [e for e in guard.events if e.kind == "rollback"]
     proofs = [e for e in guard.events if e.kind == "proof"]
     assert rollbacks and proofs and all(p.step == rollbacks[0].step for p in proofs)
@@ -465,15 +461,7 @@ def test_the_in_run_proof_names_the_fixes_of_the_update_it_could_not_try(tmp_pat
     guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
                   replay_fn=mse)
     with pytest.raises(TrainingDiverged):
-        for step in range(60):
-            if step == 30:
-                for group in opt.param_groups:
-                    group["lr"] *= 1000
-            batch = batch_at(step)
-            loss = mse(model, batch)
-            loss.backward()
-            guard.step(loss, batch=batch)
-            opt.zero_grad(set_to_none=True)
+        train(guard, model, opt, 60, lr_jump=(30, 1000))
     proof = next(e for e in guard.events if e.kind == "proof")
     assert proof.details["cannot_try"][:2] == ["lr_x0.1", "lr_x0.01"]
     assert "could not try lr_x0.1, lr_x0.01" in proof.message

@@ -15,14 +15,12 @@ from torch import nn
 
 import trainguard
 from trainguard import GuardConfig, preflight
-from trainguard.diagnose.preflight import (
+from trainguard.diagnose.lr_range import (
     fine_tuning_mode,
     pretrained_evidence,
-    probe_schedule,
-    run_length,
     small_model_lr_allowance,
-    warmup_advice,
 )
+from trainguard.diagnose.preflight import probe_schedule, run_length, warmup_advice
 from trainguard.recipes import warmup_cosine
 
 from ..conftest import make_setup

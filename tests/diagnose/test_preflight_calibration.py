@@ -23,7 +23,8 @@ from torch import nn
 
 from trainguard import preflight
 from trainguard.diagnose.finding import Finding
-from trainguard.diagnose.preflight import pretrained_evidence, run_length
+from trainguard.diagnose.lr_range import pretrained_evidence
+from trainguard.diagnose.preflight import run_length
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")

@@ -550,3 +550,71 @@ def test_a_cause_ruled_out_at_a_later_bad_step_is_no_longer_confirmed() -> None:
     # at the same step a replay that healed it wins over one that did not
     confirmed, _ = proven([first, proof(120, {}, {"outlier_batch": "still bad"})])
     assert "outlier_batch" in confirmed
+
+
+def _language_model_whose_loop_scales_its_loss(tmp_path, factor: float, at: int) -> list[dict]:
+    """A tiny GPT-2 trained on a Markov language it learns well below chance level; at step
+    `at` the loop multiplies the loss by `factor` outside the model, under `halt`. Returns the
+    stored diagnosis."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainguard.demo import MarkovLanguage
+
+    with torch_threads(1):
+        torch.manual_seed(0)
+        language = MarkovLanguage(vocab_size=32, seed=0)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=32,
+                                           n_positions=32, bos_token_id=0, eos_token_id=0))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        guard = trainguard.Guard(model, optimizer, run_dir=tmp_path,
+                                 config=trainguard.GuardConfig(console=False, policy="halt"))
+        with pytest.raises(trainguard.TrainingDiverged):
+            for step in range(at + 1):
+                ids = language.batch(8, 17)
+                loss = model(input_ids=ids, labels=ids).loss
+                if step == at:
+                    loss = loss * factor
+                loss.backward()
+                guard.step(loss, batch={"input_ids": ids, "labels": ids})
+                optimizer.zero_grad(set_to_none=True)
+    return trainguard.RunReader(tmp_path).summary()["diagnosis"]
+
+
+def test_a_loss_scaled_outside_the_model_is_its_reduction_not_the_tokenizer(tmp_path) -> None:
+    # a million times the loss: no tokenizer mismatch gets there, since misread ids still give
+    # a cross-entropy of the scores the model made
+    diagnosis = _language_model_whose_loop_scales_its_loss(tmp_path, 1e6, at=80)
+    ranked = [c["code"] for c in diagnosis]
+    assert ranked[0] == "loss_reduction" and diagnosis[0]["confidence"] > 0.5
+    assert "tokenizer_mismatch" not in ranked
+    assert "class scores could cost" in diagnosis[0]["evidence"][0]
+
+
+def test_a_loss_within_what_the_scores_allow_leaves_the_ids_their_vote() -> None:
+    # a shard of misread ids: the loss far above chance, under the ceiling of the scores
+    events = [event("loss_spike", 60, "warning", ratio=7.9, baseline=1.0, ce_ceiling=14.0),
+              event("batch_above_chance", 60, "warning", cause="tokenizer_mismatch")]
+    events[0].value = 7.9
+    ranked = codes(rank_causes(events, top=10))
+    assert ranked[0] == "tokenizer_mismatch" and "loss_reduction" not in ranked
+
+
+def test_without_a_ceiling_a_jump_of_loss_and_gradient_alike_points_at_the_loss() -> None:
+    def run(grad_ratio: float, loss_ratio: float = 5e5, *more: Event) -> list[str]:
+        spike = event("loss_spike", 80, ratio=loss_ratio, baseline=1.2)
+        spike.value = 1.2 * loss_ratio
+        return codes(rank_causes([spike, event("grad_explosion", 80, ratio=grad_ratio), *more],
+                                 top=10))
+
+    assert "loss_reduction" in run(1e6)
+    assert "loss_reduction" not in run(1e8)  # the gradient grew far more: not a factor alone
+    assert "loss_reduction" not in run(40.0, 50.0)  # no orders of magnitude
+    outlier = event("batch_outlier", 80, "warning", cause="outlier_batch")
+    assert "loss_reduction" not in run(1e6, 5e5, outlier)  # the batch's size says why
+
+
+def test_a_replay_that_does_not_give_the_recorded_loss_votes_for_the_loss() -> None:
+    spike = event("loss_spike", 80, ratio=30.0, baseline=1.0)
+    proof = event("proof", 80, "info", replay_differs=True)
+    assert "loss_reduction" in codes(rank_causes([spike, proof], top=10))
+    assert "loss_reduction" not in codes(rank_causes([spike], top=10))

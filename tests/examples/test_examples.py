@@ -29,7 +29,7 @@ def test_hf_trainer_example_skips_the_poisoned_step(tmp_path: Path) -> None:
                       "--workdir", str(tmp_path))
     assert "trainguard skipped steps: [12]" in out
     assert "weights finite: True" in out
-    assert "trainguard clips a step only when its gradient norm is abnormal for this run" in out
+    assert "trainguard clips gradients at max_grad_norm=1, as the Trainer would" in out
     with RunReader(tmp_path / "run") as reader:
         assert len(reader.steps()) == 30
         assert {e.kind for e in reader.events()} == {"nonfinite_loss", "nonfinite_grad"}

@@ -297,18 +297,22 @@ def test_a_step_skipped_on_the_device_leaves_the_carried_sum_as_it_was() -> None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_measuring_on_cuda_never_waits_for_the_device() -> None:
-    """Adam's step counts live on the host for most optimizers: their bias corrections reach
-    the device without a synchronisation (a plain copy from pageable memory would wait)."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_measuring_on_cuda_never_waits_for_the_device(fused: bool) -> None:
+    """Adam's step counts live on the host for most optimizers (on the device for fused ones):
+    the bias corrections reach the device without a synchronisation (a plain copy from
+    pageable memory would wait)."""
     torch.manual_seed(0)
     cuda = torch.device("cuda")
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).to(cuda)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
     watched = watched_params(model, [optimizer])
     probe = AdamRatioProbe(watched, [optimizer], updates=True)
     for step in range(4):
         model(torch.randn(5, 3, device=cuda)).square().mean().backward()
-        if step:  # Adam's state exists from the first step on
+        if step == 1:  # Adam's state exists: the rows' constants go to the device once
+            probe.measure(cuda)
+        elif step > 1:  # from then on nothing waits
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
             try:

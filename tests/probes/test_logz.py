@@ -18,7 +18,7 @@ def by_hand(rows: list[list[float]]) -> tuple[float, float]:
 
 def test_a_classifier_output_against_the_hand_computed_log_z() -> None:
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [10.0, -5.0, 2.0]])
-    mean, high = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    mean, high, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
     expected = by_hand(logits.tolist())
     assert mean == pytest.approx(expected[0], rel=1e-6)
     assert high == pytest.approx(expected[1], rel=1e-6)
@@ -27,7 +27,7 @@ def test_a_classifier_output_against_the_hand_computed_log_z() -> None:
 def test_a_language_model_output_counts_every_position() -> None:
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 7) * 4
-    mean, high = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    mean, high, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
     expected = by_hand(logits.reshape(-1, 7).tolist())
     assert mean == pytest.approx(expected[0], rel=1e-5)
     assert high == pytest.approx(expected[1], rel=1e-5)
@@ -35,7 +35,7 @@ def test_a_language_model_output_counts_every_position() -> None:
 
 def test_many_positions_are_strided_down_to_the_cap() -> None:
     logits = torch.arange(3 * MAX_ROWS, dtype=torch.float32)[:, None] * torch.ones(1, 4)
-    mean, high = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    mean, high, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
     rows = logits[::3]  # every third position: MAX_ROWS of them
     assert mean == pytest.approx(float(torch.logsumexp(rows, -1).mean()), rel=1e-6)
     assert high == pytest.approx(float(torch.logsumexp(rows, -1).max()), rel=1e-6)
@@ -43,7 +43,7 @@ def test_many_positions_are_strided_down_to_the_cap() -> None:
 
 def test_half_precision_scores_are_summed_in_float32() -> None:
     logits = torch.full((4, 1000), 60.0, dtype=torch.bfloat16)
-    mean, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    mean, _, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
     assert mean == pytest.approx(60 + math.log(1000), rel=1e-5)
 
 
@@ -82,3 +82,12 @@ def test_a_failing_measurement_never_reaches_the_forward_pass(monkeypatch) -> No
     monkeypatch.setattr("trainguard.probes.logz.logz_stats", broken)
     assert model(torch.zeros(2, 3)).shape == (2, 4)
     assert probe.take() == {}
+
+
+def test_the_ceiling_is_what_the_costliest_target_could_cost() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7) * 4
+    _, _, ceiling = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    rows = logits.reshape(-1, 7)
+    costs = -torch.log_softmax(rows, -1)  # every target at every position
+    assert ceiling == pytest.approx(float(costs.max()), rel=1e-5)

@@ -73,7 +73,7 @@ def test_a_pinned_state_outlives_its_turn_and_its_buffers_are_not_reused() -> No
     ring.pin(pinned)
     for step in (20, 30, 40):
         ring.promote_now(_state(w, step), finite=True)
-        assert ring.spare is not pinned
+        assert ring.take_spare() is not pinned
     # the pin aside, the two newest
     assert [s.step for s in ring.good] == [0, 30, 40]
     assert ring.latest_before(25).step == 0 and ring.latest_before(35).step == 30
@@ -81,7 +81,31 @@ def test_a_pinned_state_outlives_its_turn_and_its_buffers_are_not_reused() -> No
     ring.pin(ring.good[-1])
     assert [s.step for s in ring.good] == [0, 30, 40]
     ring.promote_now(_state(w, 50), finite=True)
-    assert [s.step for s in ring.good] == [30, 40, 50] and ring.spare is pinned
+    assert [s.step for s in ring.good] == [30, 40, 50] and ring.take_spare() is pinned
     # a pinned state abandoned by a rollback is no longer pinned
     ring.discard_after(35)
     assert [s.step for s in ring.good] == [30] and ring.pinned is None
+
+
+def test_buffers_handed_out_for_reuse_are_never_written_over_again() -> None:
+    """After a rollback forgot the newest state, its buffers are reused once: a later capture
+    does not overwrite the good state that the first reuse became."""
+    w = make_workload()
+    ring = GoodStateRing(size=3, confirm_steps=0)
+
+    def take(step: int) -> None:
+        with torch.no_grad():
+            w.model[0].weight.fill_(float(step))  # each state's weights say its step
+        ring.offer(capture(step=step, model=w.model, optimizers=[w.optimizer],
+                           scheduler=w.scheduler, scaler=None, guard_state={},
+                           reuse=ring.take_spare()))
+        ring.observe(flag=np.array([1.0]), calm=True)
+
+    for step in (5, 15, 25):
+        take(step)
+    ring.discard_after(15)  # a rollback to step 15 forgets the state of step 25
+    take(20)
+    take(30)
+    assert [s.step for s in ring.good] == [15, 20, 30]
+    for state in ring.good:
+        assert float(state.model["0.weight"][0, 0]) == state.step, state.step

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
+from torch import nn
 
 from trainguard.recovery.state import capture, finite_flag, restore
 
@@ -61,3 +63,21 @@ def test_finite_flag_sees_nan_in_weights_and_in_optimizer_moments() -> None:
     with torch.no_grad():
         w.model[0].bias[1] = math.nan
     assert finite_flag(w.model, [w.optimizer]).item() == 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_finite_flag_of_a_cuda_model_never_waits_for_the_device() -> None:
+    """Adam's step counts stay on the host (a float tensor each): their flag reaches the device
+    without a synchronisation."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(3, 4, device="cuda")).sum().backward()
+    optimizer.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        flag = finite_flag(model, [optimizer])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert flag is not None and float(flag) == 1.0

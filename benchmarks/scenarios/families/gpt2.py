@@ -41,6 +41,11 @@ Faults (guide sections from `trainguard.diagnose.causes`):
                                0 * log(0) is NaN, and so are the loss and every gradient.
     lr_too_low (3.1)           1e-5x the sane full fine-tuning LR: the loss never comes down,
                                with nothing else wrong (a stall: `no_progress`, `stalled`).
+    loss_reduction (3.4)       from the onset step the loop sums the token losses where it
+                               averaged them (the division by their count forgotten): the loss
+                               and every gradient are 16 x 31 = 496 times larger. Adam's steps
+                               hardly depend on the loss's scale, so training goes on; the loss
+                               the run reports no longer says how the model does.
     batch_truncated (3.4.2)    from the onset step the loader silently yields 2 sequences
                                instead of 16, so the gradient noise grows past what the LR was
                                tuned for. On this tiny model that degrades the fine-tune (about
@@ -233,6 +238,9 @@ class Recipe:
     optimizer; at this step the loop unfreezes it and adds it with `late_group_lr`."""
     no_backward_from: int | None = None
     """no_gradients: from this step the loop forgets `loss.backward()`."""
+    summed_loss_from: int | None = None
+    """loss_reduction: from this step the loop sums the token losses instead of averaging
+    them."""
     # Healthy variations of what the loop feeds and how its LR moves.
     length_cycle: int | None = None
     """A length curriculum: sequences grow from MIN_LENGTH to SEQ_LEN tokens over this many
@@ -315,6 +323,12 @@ def build(seed: int, recipe: Recipe) -> Workload:
         return tokens
 
     def loss(model: nn.Module, tokens: Batch, step: int) -> torch.Tensor:
+        summed = recipe.summed_loss_from
+        if summed is not None and 0 <= summed <= step:
+            # the masked-loss path's sum, with its division by the token count forgotten
+            logits = next_token_logits(model, tokens)
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                   tokens[:, 1:].reshape(-1), reduction="sum")
         if recipe.temperature_collapse_at is None or step < 0:
             return next_token_loss(model, tokens)
         logits = next_token_logits(model, tokens)
@@ -380,6 +394,7 @@ BASELINES: dict[str, str] = {
     "gpt2_lr_ramp": "gpt2_healthy",
     "gpt2_late_group_lr": "gpt2_healthy",
     "gpt2_forgotten_backward": "gpt2_healthy",
+    "gpt2_loss_summed": "gpt2_healthy",
     "gpt2_lr_too_low": "gpt2_healthy",
     # LoRA r=8 at the sane LoRA LR
     "gpt2_lora_lr_too_high": "gpt2_lora_healthy",
@@ -481,6 +496,12 @@ def scenarios() -> list[Scenario]:
         _scenario("gpt2_forgotten_backward", replace(full, no_backward_from=ONSET_STEP),
                   f"from step {ONSET_STEP} the loop forgets loss.backward(): nothing trains",
                   cause="no_gradients", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_loss_summed", replace(full, summed_loss_from=ONSET_STEP),
+                  f"from step {ONSET_STEP} the loop sums the token losses where it averaged "
+                  f"them ({BATCH_SIZE} x {SEQ_LEN - 1} = {BATCH_SIZE * (SEQ_LEN - 1)}x the "
+                  "mean): the division by their count forgotten",
+                  cause="loss_reduction", onset_step=ONSET_STEP, sudden=True,
+                  recoverable=False),
         _scenario("gpt2_batch_truncated",
                   replace(full, truncated_from=ONSET_STEP, truncated_size=2),
                   f"from step {ONSET_STEP} the loader silently yields 2 sequences instead of "

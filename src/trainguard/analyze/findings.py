@@ -31,9 +31,10 @@ from trainguard.analyze.log import GRAD_NORM, LR, Log
 from trainguard.config import DetectorConfig
 from trainguard.diagnose.causes import CAUSES
 from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.lr_range import ADAPTER_LR_RANGE, GUIDE_RANGES
 from trainguard.registry import Kind
 
-ADAM_LR_MAX = 5e-3
+ADAM_LR_MAX = ADAPTER_LR_RANGE[1]
 """The top of the guide's Adam(W) ranges (LoRA: 1e-4..5e-3; full fine-tuning 1e-6..5e-5)."""
 GRAD_LIMIT = DetectorConfig().grad_norm_abs_threshold
 """The guide's rule of thumb for an exploding pre-clip gradient norm (1000)."""
@@ -52,8 +53,7 @@ def log_findings(log: Log, judgement: Judgement) -> list[Finding]:
         if peak > ADAM_LR_MAX:
             found.append(Finding("log_lr", "error" if peak > 10 * ADAM_LR_MAX else "warning",
                                  f"the peak learning rate {peak:.3g} is above the guide's "
-                                 "Adam(W) ranges (1e-6..5e-5 full fine-tuning, 1e-4..5e-3 LoRA; "
-                                 "plain SGD takes larger ones)",
+                                 f"ranges ({GUIDE_RANGES}; plain SGD takes larger ones)",
                                  CAUSES["lr_too_high"].fix, "lr_too_high",
                                  {"peak_lr": peak}))
         starts = log.starts_at_start()

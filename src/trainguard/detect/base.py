@@ -75,6 +75,8 @@ class Outlier:
     typical: float
     ratio: float
     after: list[bool] = field(default_factory=list)
+    details: dict[str, float] = field(default_factory=dict)
+    """What the detector measured at the jump, for the event that tells it again."""
 
     def harmful(self, up: bool) -> bool | None:
         """Record whether the next step's value is still up. True: the jump did harm; False: it
@@ -89,12 +91,13 @@ class Outlier:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "value": self.value, "typical": self.typical,
-                "ratio": self.ratio, "after": list(self.after)}
+                "ratio": self.ratio, "after": list(self.after), "details": dict(self.details)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Outlier:
         return cls(int(state["step"]), float(state["value"]), float(state["typical"]),
-                   float(state["ratio"]), [bool(v) for v in state.get("after", [])])
+                   float(state["ratio"]), [bool(v) for v in state.get("after", [])],
+                   {str(k): float(v) for k, v in state.get("details", {}).items()})
 
 
 class Detector:

@@ -13,8 +13,9 @@ can take (the update directions Adam normalises by a stale v), and when a parame
 decayed gets a large gradient again (Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps
 after). The event names the parameter (the layer), the signal's level against its median, its
 trend against its value before the steps above (`detect/trend.py`, that value named) and the
-lead to expect; it stays silent while the baseline is young (`precursor_warmup` steps) and
-reports an episode once.
+lead to expect; it stays silent while the baseline is young (`precursor_warmup` steps with a
+ratio measured: steps where every parameter reads 0, Adam without state yet while a GradScaler
+skips its first steps, do not count) and reports an episode once.
 
 Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
 and one burst does not lift the level it is compared with.
@@ -135,7 +136,8 @@ class InstabilityPrecursor(Detector):
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
         if len(self.history) < self.config.precursor_warmup:
-            self.history.append(logs)
+            if np.isfinite(logs).any():  # a step with nothing measured does not age the baseline
+                self.history.append(logs)
             return []
         return self._judge(signals, values, logs)
 

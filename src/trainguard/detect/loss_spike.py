@@ -9,7 +9,9 @@ learning rate that blows the run up at its very first steps is caught. A run who
 tails shows one-step jumps that are back to normal at the next step; once it has, a new jump must
 go `transient_margin` beyond the largest such jump of the last `transient_horizon` steps. A jump
 within float noise at the scale the loss started at (`loss_resolution` of it) is none, however
-large its ratio near zero.
+large its ratio near zero. A spike records the most a cross-entropy of the model's own class
+scores could cost at its step (`details["ce_ceiling"]`, when `probes/logz.py` measured it), and
+says when the loss stands beyond it (`diagnose/loss_bound.py`): the cause ranking reads it.
 
 A jump is known at once; the harm it did is not. One batch can lift the loss by orders of
 magnitude (a heavy-tailed target, a mislabelled sample) and leave the run as it was. So a jump is
@@ -29,13 +31,14 @@ from typing import Any
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode, Outlier, as_outlier
+from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, ceiling_of, describe
 from trainguard.events import Event, Severity
 from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
 class LossSpike(Detector):
     kind = "loss_spike"
-    reads = frozenset({"loss"})
+    reads = frozenset({"loss", "precursors"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
@@ -76,13 +79,18 @@ class LossSpike(Detector):
         self.baseline.admit(min(log_loss, level + threshold) if jump else log_loss)
         if not self.episode.update(spike):
             return events
-        self.outlier = Outlier(signals.step, signals.loss, math.exp(level), math.exp(excess))
-        return [*events, self.event(
+        ceiling = ceiling_of(signals.precursors)
+        outlier = Outlier(signals.step, signals.loss, math.exp(level), math.exp(excess),
+                          details={} if ceiling is None else {CEILING_KEY: ceiling})
+        self.outlier = outlier
+        event = self.event(
             signals.step, "info", as_outlier(
-                f"loss jumped to {signals.loss:.4g}, {self.outlier.ratio:.3g}x its recent median "
-                f"{self.outlier.typical:.4g}", signals.step, "a loss that has not come back"),
-            value=signals.loss, baseline=self.outlier.typical, ratio=self.outlier.ratio,
-            outlier=True)]
+                f"loss jumped to {signals.loss:.4g}, {outlier.ratio:.3g}x its recent median "
+                f"{outlier.typical:.4g}{_beyond(signals.loss, outlier.details)}", signals.step,
+                "a loss that has not come back"),
+            value=signals.loss, baseline=outlier.typical, ratio=outlier.ratio, outlier=True)
+        event.details.update(outlier.details)
+        return [*events, event]
 
     def _judge_outlier(self, signals: StepSignals, *, up: bool) -> list[Event]:
         """The outlier told again where the losses after it show it did harm."""
@@ -98,12 +106,15 @@ class LossSpike(Detector):
         assert signals.loss is not None
         cfg = self.config
         severity: Severity = "error" if outlier.ratio >= cfg.loss_spike_error_ratio else "warning"
-        return self.event(
+        event = self.event(
             signals.step, severity,
             f"loss jumped to {outlier.value:.4g} at step {outlier.step}, {outlier.ratio:.3g}x its "
-            f"recent median {outlier.typical:.4g}, and has not come back: {signals.loss:.4g} at "
-            f"step {signals.step}", value=outlier.value, baseline=outlier.typical,
-            ratio=outlier.ratio, jump_step=outlier.step, loss_now=signals.loss)
+            f"recent median {outlier.typical:.4g}{_beyond(outlier.value, outlier.details)}, and "
+            f"has not come back: {signals.loss:.4g} at step {signals.step}",
+            value=outlier.value, baseline=outlier.typical, ratio=outlier.ratio,
+            jump_step=outlier.step, loss_now=signals.loss)
+        event.details.update(outlier.details)
+        return event
 
     def state_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict(),
@@ -117,3 +128,10 @@ class LossSpike(Detector):
         self.origin.load_state_dict(state.get("origin", {}))
         outlier = state.get("outlier")
         self.outlier = None if outlier is None else Outlier.from_state(outlier)
+
+
+def _beyond(loss: float, details: dict[str, float]) -> str:
+    """The loss's stand against the most the model's class scores allow, in words, when it is
+    beyond it."""
+    ceiling = details.get(CEILING_KEY)
+    return f"; {describe(loss, ceiling)}" if ceiling is not None and beyond(loss, ceiling) else ""

@@ -1,22 +1,26 @@
 """`no_progress`: the run has trained long enough to tell, and its loss has not come down.
 
-Judged once, after `stall_steps` optimizer steps taken at a working learning rate (counted from
-the last time the LR rose 10% above its highest, so a warm-up does not count): the median of the
-last `STALL_WINDOW` finite losses against the median of the first ones. The loss has come down
-when it fell by more than its own noise at the start (one standard deviation of the first
-losses, robustly) and by more than `STALL_SHARE` of its start level, or when it is coming down
-over the steps judged (a significant downward Kendall trend: a slow learner on heavy-tailed
-data); a run that did neither, and shows no hint of a downward trend (else it is judged again
-`stall_steps` later), is not learning, provided its noise at the start was small enough to tell
-(`judgeable`: at most a tenth of its level; a loss dominated by its data's noise, at its floor
-from the first steps, is never called stalled):
+Judged once, after `stall_steps` optimizer steps (counted from the last time the LR rose 10%
+above its highest, so a warm-up does not count; steps at LR 0 count, a run at LR 0 does not
+train): the median of the last `STALL_WINDOW` finite losses against the median of the first
+ones. The loss has come down when it fell by more than its own noise at the start (one standard
+deviation of the first losses, robustly) and by more than `STALL_SHARE` of its start level, or
+when it is coming down over the steps judged (a significant downward Kendall trend: a slow
+learner on heavy-tailed data); a run that did neither, and shows no hint of a downward trend
+(else it is judged again `stall_steps` later), is not learning, provided its noise at the start
+was small enough to tell (`judgeable`: at most a tenth of its level; a loss dominated by its
+data's noise, at its floor from the first steps, is never called stalled). A run that learned
+and then plateaued came down: no stall.
+
+The event names what the run shows of why (`details["cause"]`, the cause code it points at;
+absent when it shows none):
 
 - its gradient norm collapsed by `GRAD_COLLAPSE` or more from its early level while the loss
   stayed flat: updates too large killed the network (dead units, saturated outputs), the LR is
   far too high;
-- the loss carries no gradient (computed under `torch.no_grad()`, every parameter frozen; the
-  `no_gradients` event says so too);
-- or the LR is far too low to move anything.
+- else the evidence of the steps judged (`detect/stall_reason.py`): no gradient at all, the LR
+  at 0, updates too small to move the weights, most weights frozen, or a loss at chance level
+  while the weights move and the gradients flow (labels that carry no signal).
 
 A loss of exactly 0 from the start (a model that already fits its data) is not stalled.
 """
@@ -30,6 +34,7 @@ from typing import Any
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector
+from trainguard.detect.stall_reason import StallEvidence, StallReason, run_lr
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
 
@@ -110,7 +115,8 @@ def came_down(start: list[float], recent: list[float]) -> bool:
 
 class NoProgress(Detector):
     kind = "no_progress"
-    reads = frozenset({"amp_overflow", "grad_norm", "loss", "lr"})
+    reads = frozenset({"amp_overflow", "grad_norm", "group_lrs", "loss", "lr", "param_grad_norm",
+                       "param_names", "sampled"})
     live_only = True
 
     def __init__(self, config: DetectorConfig) -> None:
@@ -123,7 +129,11 @@ class NoProgress(Detector):
         self.grad_recent: deque[float] = deque(maxlen=STALL_WINDOW)
         self.top_lr = 0.0
         self.working_steps = 0
+        self.evidence = StallEvidence()
+        """What the steps judged show of why (`detect/stall_reason.py`)."""
         self.done = False
+        self.reason = ""
+        """What the stall showed of why, once judged stalled (the verdict repeats it)."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         if self.done:
@@ -138,17 +148,19 @@ class NoProgress(Detector):
             if len(self.grad_start) < STALL_WINDOW:
                 self.grad_start.append(grad)
             self.grad_recent.append(grad)
-        lr = signals.lr
+        lr = run_lr(signals)
         working = lr is None
-        if lr is not None and math.isfinite(lr) and lr > 0:
+        if lr is not None and math.isfinite(lr) and lr >= 0:
             if lr > RISING * self.top_lr:  # still warming up: the count starts again
                 self.top_lr = lr
                 self.working_steps = 0
                 self.history.clear()
-            else:
+                self.evidence.clear()
+            else:  # LR 0 included: a run that never trains is judged like any other
                 working = True
         if working:
             self.working_steps += 1
+            self.evidence.see(signals, lr)
             if loss is not None and math.isfinite(loss):
                 self.history.append(loss)
         if (self.working_steps < self.config.stall_steps or len(self.start) < STALL_WINDOW
@@ -161,30 +173,38 @@ class NoProgress(Detector):
             return []
         if not flat(self.start, list(self.recent), history):  # a hint: judge again later
             self.working_steps = 0
+            self.evidence.clear()
             return []
         self.done = True
         start, now = statistics.median(self.start), statistics.median(self.recent)
-        collapse = None
+        reason = self._reason(signals, history)
+        self.reason = reason.text
+        cause = {"cause": reason.cause} if reason.cause else {}
+        return [self.event(signals.step, "warning",
+                           f"the loss has not come down in {self.working_steps} steps (median "
+                           f"{now:.4g}, from {start:.4g} at the start): {reason.text}",
+                           value=now, start=start, steps=self.working_steps, reason=reason.text,
+                           **cause, **reason.details)]
+
+    def _reason(self, signals: StepSignals, history: list[float]) -> StallReason:
+        """Why, as far as the run shows: a collapsed gradient norm first (measured directly),
+        else the evidence of the steps judged."""
         if len(self.grad_start) >= STALL_WINDOW // 2 and self.grad_recent:
             early, late = statistics.median(self.grad_start), statistics.median(self.grad_recent)
             if late > 0 and early / late >= GRAD_COLLAPSE:
-                collapse = early / late
-        early_grad = statistics.median(self.grad_start) if self.grad_start else math.nan
-        why = (f"; its gradient norm fell {collapse:.3g}x from {early_grad:.3g} while it stayed "
-               "flat: updates too large killed the network (LR far too high)"
-               if collapse is not None else
-               ": the LR may be far too high or far too low, parameters frozen, or the loss "
-               "detached from the weights")
-        return [self.event(signals.step, "warning",
-                           f"the loss has not come down in {self.working_steps} steps (median "
-                           f"{now:.4g}, from {start:.4g} at the start){why}", value=now,
-                           start=start, grad_collapse=collapse, steps=self.working_steps)]
+                return StallReason("lr_too_high", f"its gradient norm fell {early / late:.3g}x "
+                                   f"from {early:.3g} while it stayed flat: updates too large "
+                                   "killed the network (LR far too high)",
+                                   {"grad_collapse": early / late})
+        return self.evidence.explain(list(self.recent), signals.param_names, signals.group_lrs,
+                                     trend_z(history))
 
     def state_dict(self) -> dict[str, Any]:
         return {"start": list(self.start), "recent": list(self.recent),
                 "history": list(self.history),
                 "grad_start": list(self.grad_start), "grad_recent": list(self.grad_recent),
-                "top_lr": self.top_lr, "working_steps": self.working_steps, "done": self.done}
+                "top_lr": self.top_lr, "working_steps": self.working_steps, "done": self.done,
+                "evidence": self.evidence.state_dict(), "reason": self.reason}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.start = [float(v) for v in state.get("start", [])]
@@ -197,3 +217,6 @@ class NoProgress(Detector):
         self.top_lr = float(state.get("top_lr", 0.0))
         self.working_steps = int(state.get("working_steps", 0))
         self.done = bool(state.get("done", False))
+        self.evidence = StallEvidence()
+        self.evidence.load_state_dict(state.get("evidence", {}))
+        self.reason = str(state.get("reason", ""))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.loss_bound import beyond
 from trainguard.transfer import to_host
 
 TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_type_ids")
@@ -304,15 +305,20 @@ uniform guessing: it is confidently wrong about what the tokens mean."""
 
 
 def check_loss_above_chance(loss: float | None, batch: Any, model: nn.Module | None,
-                            *, when: str = "first") -> Finding | None:
+                            *, when: str = "first",
+                            ceiling: float | None = None) -> Finding | None:
     """The loss of a language-model batch against chance level (ln of the vocabulary).
 
     A pre-trained model scores far below chance on text it understands, and a freshly initialised
     one near it; far above means the ids do not mean what the model learned: a tokenizer or
     vocabulary mismatch (or a domain the model has never seen). Only for batches of token ids
-    whose labels, if any, are tokens too (not class labels, whose chance level is another)."""
+    whose labels, if any, are tokens too (not class labels, whose chance level is another).
+    `ceiling`: the most a cross-entropy of the model's scores could cost at this step, when
+    measured. Ids the model misreads give a cross-entropy of the scores it made, under it; a loss
+    beyond it (`loss_bound.beyond`) was raised outside the model, and says nothing of the ids."""
     vocab = embedding_size(model)
-    if loss is None or not math.isfinite(loss) or vocab is None or vocab < 2:
+    if (loss is None or not math.isfinite(loss) or vocab is None or vocab < 2
+            or beyond(loss, ceiling)):
         return None
     fields = [(name.rsplit(".", 1)[-1], name, t) for name, t in _fields(batch)]
     tokens = [t for base, name, t in fields

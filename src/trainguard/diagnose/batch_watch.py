@@ -73,19 +73,20 @@ class BatchWatch:
 
     def events(self, batch: Any, step: int, fired: bool, stats: list[FieldStats] | None,
                loss: float | None = None, level: float | None = None,
-               data_ids: Any = None) -> list[Event]:
+               data_ids: Any = None, ceiling: float | None = None) -> list[Event]:
         """The batch events of one step (`look`'s events)."""
         return self.look(batch, step, fired, stats, loss=loss, level=level,
-                         data_ids=data_ids).events
+                         data_ids=data_ids, ceiling=ceiling).events
 
     def look(self, batch: Any, step: int, fired: bool, stats: list[FieldStats] | None,
              loss: float | None = None, level: float | None = None,
-             data_ids: Any = None) -> BatchLook:
+             data_ids: Any = None, ceiling: float | None = None) -> BatchLook:
         """The batch events of one step and what was seen (never raises). `level`: on a loss
         spike, the typical loss before it. A language model that was well below chance level (it
         understood the data) and jumps far above it on this batch is one too: the batch means
         nothing to the model. A fresh model sits at chance and a damaged one above it: neither
-        is reported."""
+        is reported, nor is a loss beyond what the model's class scores allow (`ceiling`, when
+        measured: `check_loss_above_chance`)."""
         events: list[Event] = []
         seen = BatchLook(events)
         try:
@@ -98,7 +99,8 @@ class BatchWatch:
                 stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
             findings = inspect_batch(batch, model=self.model, history=self._history,
                                      stats=stats)
-            above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}")
+            above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}",
+                                             ceiling=ceiling)
                      if level is not None else None)
             # the model understood this data (well below chance) until this batch
             if (above is not None and level is not None

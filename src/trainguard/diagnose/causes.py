@@ -1,12 +1,15 @@
 """The catalogue of root causes, in one place.
 
 Scenario ground truth, diagnosis rankings and reports all speak these codes. `docs/causes.md`
-describes each one for people (symptom, detection, fix, the guide's section).
+describes each one for people (symptom, detection, fix, the guide's section). A fix here is the
+general one; a guarded run makes the LR's concrete for its model (`lr_range.SaneLR.fixes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from trainguard.diagnose.lr_range import GUIDE_RANGES, SMALL_MODEL_LR_FACTOR, TINY_MODEL_LR_FACTOR
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +24,10 @@ class Cause:
 
 _ALL = (
     Cause("lr_too_high", "Learning rate too high for the fine-tuning mode", "3.1",
-          "Use Adam(W) 1e-6..5e-5 for full fine-tuning, 1e-4..5e-3 for LoRA."),
+          f"Lower the LR into the range for the mode and the model: {GUIDE_RANGES} for 7B-class "
+          f"pre-trained models; smaller models, and training from scratch, take up to "
+          f"{SMALL_MODEL_LR_FACTOR:g}-{TINY_MODEL_LR_FACTOR:g}x more (LoRA adapters never). To "
+          "rescue a run, divide the LR by 10."),
     Cause("missing_warmup", "No learning-rate warmup", "3.1, 6",
           "Warm the LR up linearly over ~5-10% of the run (the guide's 500 steps suit a run of "
           "5k-10k steps), then cosine decay."),
@@ -59,10 +65,16 @@ _ALL = (
           "Call loss.backward() on the loss itself before the optimizer step; check that the "
           "parameters to train have requires_grad=True and the loss is not detached."),
     Cause("lr_too_low", "Learning rate too low to move the weights", "3.1",
-          "Raise the LR into the guide's range for the mode (Adam(W) 1e-6..5e-5 full "
-          "fine-tuning, 1e-4..5e-3 LoRA); check the scheduler did not decay it to ~0."),
+          f"Raise the LR into the range for the mode and the model ({GUIDE_RANGES} for "
+          "7B-class pre-trained models; smaller ones take more); check the scheduler did not "
+          "decay it to ~0."),
     Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
           "Check DDP initialisation and that every parameter's gradient is all-reduced."),
+    Cause("loss_reduction", "The loss's reduction or normalisation: a scale factor, a sum "
+          "where a mean was meant, a division by the wrong count", "3.4",
+          "Compute the loss as the mean over the targets that count: check its reduction (mean, "
+          "not sum), any factor it is multiplied by and the count it is divided by; log the "
+          "loss the model returns beside the one you step on."),
     Cause("attention_logit_growth", "Attention logits growing without bound (attention entropy "
           "collapse)", "3.1",
           "Normalise q and k (QK-norm / QK-layernorm), lower the LR, or cap the logits (attention "

@@ -4,7 +4,10 @@
 losses and gradient norms (two floats already on the host), the time a step takes, and a
 reference to the last good batch. `wanted` says whether this step's incident is to be proved:
 
-    policy halt     the step that halts (before its crash snapshot is written)
+    policy halt     the step that halts (before its crash snapshot is written); a step bad
+                    before its update that its own replays do not explain is replayed again
+                    from the state the proof anchor copied before the loop's last LR jump
+                    (`diagnose/anchor.py`)
     policy recover  the first rollback (before the good state is restored); a step already bad
                     before its update is replayed again from the good state the rollback
                     returns to, with the same batch and LR; when neither replay confirms
@@ -62,7 +65,7 @@ from trainguard.diagnose.counterfactual import (
     recorded_window,
     replays_record,
 )
-from trainguard.diagnose.ranking import rank_causes
+from trainguard.diagnose.ranking import likely_causes, rank_causes
 from trainguard.diagnose.step_rng import put
 from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
 from trainguard.errors import UsageError
@@ -282,7 +285,7 @@ class IncidentProver:
             target = ring.latest_before(self._left_level(anchor.ring.good[0].step, ctx.step,
                                                          setup.baseline) - 1)
         else:
-            return []
+            return self._from_jump_state(ctx, state, services, setup, likely, budget_s)
         if target is None:
             return []
         lrs = [g["lr"] for g in services.optimizer.param_groups]
@@ -302,6 +305,25 @@ class IncidentProver:
                                         replace(again, damage_loss=damage),
                                         proofs[0].plain.seconds / 2, left, lrs, step_plain)
             return proofs
+
+    def _from_jump_state(self, ctx: StepContext, state: RunState, services: Services,
+                         setup: Setup, likely: list[str], budget_s: float) -> list[Proof]:
+        """Without good states: the step, on its batch and at its LRs, replayed from the state
+        the proof anchor copied before the loop's last LR jump (`diagnose/anchor.py`), from
+        before the damage the jumped LR did. No window: from the jump the only data from before
+        the loss left its level is the jump step's batch."""
+        lrs_now = ctx.signals.group_lrs if ctx.signals is not None else ()
+        start = (state.anchor.jump_state(ctx.step, lrs_now) if state.anchor is not None
+                 else None)
+        if start is None:
+            return []
+        lrs = [g["lr"] for g in services.optimizer.param_groups]
+        with _put_back(services):
+            self._restore(start, services, lrs)
+            return [prove(replace(setup, original_finite=None, original_loss=None,
+                                  state_step=start.step,
+                                  origin=f"from the state before the LR jump of step "
+                                         f"{start.step}"), likely=likely, budget_s=budget_s)]
 
     @staticmethod
     def _alarm(ctx: StepContext) -> bool:
@@ -504,8 +526,9 @@ class IncidentProver:
 
     def _refresh_likely(self, ctx: StepContext, services: Services) -> None:
         ranked = rank_causes(services.journal.events + ctx.events,
-                             services.evidence_findings(ctx.findings), top=3)
-        likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+                             services.evidence_findings(ctx.findings), top=3,
+                             fixes=services.fixes)
+        likely = likely_causes(ranked)
         for event in ctx.events:
             if likely and at_least(event.severity, "warning"):
                 event.details["likely_causes"] = likely

@@ -7,7 +7,9 @@ probed on its saved state and restored, bit for bit.
 Checks (name: what it looks at, guide section):
     mode_and_lr       fine-tuning mode from the trainable parameters, and the LR against the
                       Adam(W) ranges: full 1e-6..5e-5, LoRA / new head 1e-4..5e-3 (§3.1); small
-                      models are allowed more, LoRA adapters never (their range is their own)
+                      models are allowed more, LoRA adapters never (their range is their own):
+                      the range sized to the model, `lr_range.py`, which the cause ranking's
+                      LR advice names too
     warmup            whether the schedule warms up, read by probing it; a warning only where a
                       missing warmup matters (an adaptive optimizer at an LR near the top of its
                       range: its upper half on a pre-trained or large model), else a note (§3.1,
@@ -35,22 +37,16 @@ import torch
 from torch import nn
 
 from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.lr_range import (
+    MODE_WORDS,
+    fine_tuning_mode,
+    is_adam,
+    peft_configs,
+    pretrained_evidence,
+    sane_lr,
+)
 from trainguard.events import Severity
 
-FULL_LR_RANGE = (1e-6, 5e-5)
-ADAPTER_LR_RANGE = (1e-4, 5e-3)
-LARGE_MODEL_PARAMS = 1e8
-"""The guide's Adam(W) ranges are for pre-trained models of this size and up..."""
-SMALL_MODEL_PARAMS = 1e7
-"""...models of this size and below commonly train at up to `SMALL_MODEL_LR_FACTOR` times higher
-learning rates (1e-3 to 1e-2 for full training of small transformers); in between, the allowance
-is interpolated in log space."""
-SMALL_MODEL_LR_FACTOR = 100.0
-TINY_MODEL_PARAMS = 1e5
-"""...and models of this size and below (tiny from-scratch models: a small UNet, an MLP) up to
-`TINY_MODEL_LR_FACTOR` times (Adam at 1e-2 to 5e-2), interpolated in log space from 100x at
-`SMALL_MODEL_PARAMS`."""
-TINY_MODEL_LR_FACTOR = 1000.0
 HF_INIT_STD = 0.02
 INIT_SCALE_LIMIT = 10.0
 """A layer whose weight std is this many times both Kaiming's 1/sqrt(fan_in) and 0.02 is badly
@@ -61,8 +57,6 @@ WARMUP_SHARE = (0.05, 0.1)
 WARMUP_NEAR_TOP = 0.5
 """A peak LR at or above this share of the most the model tolerates (the top of the Adam(W) range
 for its mode, times the small-model allowance) is near the top of its range."""
-PRETRAINED_PARAMS = SMALL_MODEL_PARAMS
-"""Models of this many parameters and more are treated as large (pre-trained, as a rule)."""
 LORA_SCALING_COMMON = 2.0
 """alpha = 2r (alpaca-lora's r=8, lora_alpha=16) is the most common LoRA setting, and rsLoRA's
 alpha/sqrt(r) scaling is judged alike (r=64, alpha=16 under rsLoRA: 2): no finding up to here."""
@@ -96,26 +90,12 @@ def _named_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def fine_tuning_mode(model: nn.Module) -> str:
-    """`lora` (peft adapters), `full` (most weights train) or `head` (a frozen backbone)."""
-    trainable = _named_trainable(model)
-    if any("lora_" in name for name, _ in trainable):
-        return "lora"
-    total = sum(p.numel() for p in model.parameters())
-    share = sum(p.numel() for _, p in trainable) / max(total, 1)
-    return "full" if share >= 0.5 else "head"
-
-
 def _initial_lr(setup: RunSetup) -> float | None:
     base = getattr(setup.scheduler, "base_lrs", None)
     values = list(base) if base else [g.get("lr") for o in setup.optimizers
                                         for g in o.param_groups]
     numbers = [float(v) for v in values if v is not None]
     return max(numbers) if numbers else None
-
-
-def _is_adam(optimizer: torch.optim.Optimizer) -> bool:
-    return "adam" in type(optimizer).__name__.lower()
 
 
 ADAPTIVE_NAMES = ("adam", "adagrad", "adadelta", "rmsprop", "adafactor", "lamb", "lion", "sophia")
@@ -136,65 +116,6 @@ def _is_rectified(optimizer: torch.optim.Optimizer) -> bool:
 
 def _total_steps(setup: RunSetup) -> int | None:
     return setup.total_steps or run_length(setup.scheduler)
-
-
-def small_model_lr_allowance(params: int, *, pretrained: bool = True) -> float:
-    """How many times above the guide's LR range a model of `params` parameters still trains
-    sanely: 1 for large pre-trained models, `SMALL_MODEL_LR_FACTOR` for small ones, and up to
-    `TINY_MODEL_LR_FACTOR` for tiny models with no sign of pre-training (trained from scratch,
-    or fine-tuned from a checkpoint the audit cannot see)."""
-    if params >= LARGE_MODEL_PARAMS:
-        return 1.0
-    if params > SMALL_MODEL_PARAMS:
-        share = math.log(LARGE_MODEL_PARAMS / params) / math.log(LARGE_MODEL_PARAMS
-                                                                 / SMALL_MODEL_PARAMS)
-        return SMALL_MODEL_LR_FACTOR ** share
-    if pretrained or params >= SMALL_MODEL_PARAMS:
-        return SMALL_MODEL_LR_FACTOR
-    if params <= TINY_MODEL_PARAMS:
-        return TINY_MODEL_LR_FACTOR
-    share = math.log(SMALL_MODEL_PARAMS / params) / math.log(SMALL_MODEL_PARAMS
-                                                             / TINY_MODEL_PARAMS)
-    return SMALL_MODEL_LR_FACTOR * (TINY_MODEL_LR_FACTOR / SMALL_MODEL_LR_FACTOR) ** share
-
-
-def has_adapters(model: nn.Module) -> bool:
-    """peft LoRA adapters: trainable `lora_` parameters, or a peft config on the model."""
-    return fine_tuning_mode(model) == "lora" or bool(_peft_configs(model))
-
-
-def lr_allowance(model: nn.Module, params: int) -> float:
-    """How many times the top of the guide's range the model's LR may be. LoRA adapters: 1,
-    whatever the model's size. The LoRA range is about the adapters (new, low-rank weights
-    scaled by alpha/r), not about the size of the frozen base: a tiny base does not make larger
-    adapter steps safe. Other models: `small_model_lr_allowance`."""
-    if has_adapters(model):
-        return 1.0
-    return small_model_lr_allowance(params, pretrained=pretrained_evidence(model) is not None)
-
-
-def pretrained_evidence(model: nn.Module) -> str | None:
-    """What says that `model` is pre-trained (or large enough to be treated so), or None.
-
-    Nothing says it for sure; the objects tell: peft adapters or a frozen backbone (fine-tuning
-    modes `lora` and `head` train a small part of a model somebody trained before), a size of
-    `PRETRAINED_PARAMS` or more, or a transformers / diffusers model whose config names the
-    checkpoint it was loaded from (`from_pretrained` sets `name_or_path`; a model built from a
-    config leaves it empty)."""
-    mode = fine_tuning_mode(model)
-    if mode == "lora" or _peft_configs(model):
-        return "peft adapters on a base model"
-    if mode == "head":
-        return "a frozen backbone"
-    config = getattr(model, "config", None)
-    name = (config.get("_name_or_path") if isinstance(config, dict)
-            else getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None))
-    if isinstance(name, str) and name:
-        return f"loaded from {name!r}"
-    params = sum(p.numel() for p in model.parameters())
-    if params >= PRETRAINED_PARAMS:
-        return f"{params / 1e6:.3g}M parameters"
-    return None
 
 
 def run_length(scheduler: Any) -> int | None:
@@ -228,34 +149,35 @@ def warmup_advice(total_steps: int | None) -> str:
 
 
 def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
-    mode = fine_tuning_mode(setup.model)
-    setup.details["mode"] = mode
+    """The LR against the sane range of the model and its optimizer (`lr_range.sane_lr`, the
+    range the cause ranking's advice names too). Adam-family optimizers only: the guide gives
+    no range for others."""
+    sane = sane_lr(setup.model, setup.optimizers)
+    setup.details["mode"] = sane.mode
     lr = _initial_lr(setup)
-    if lr is None or not all(_is_adam(o) for o in setup.optimizers):
+    if lr is None or sane.low is None or sane.high is None:
         return []
-    low, high = FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE
-    params = sum(p.numel() for p in setup.model.parameters())
-    allowance = lr_allowance(setup.model, params)
-    name = {"full": "full fine-tuning", "lora": "LoRA", "head": "a new head on a frozen backbone"}
-    evidence = {"mode": mode, "lr": lr, "range": [low, high], "params": params,
-                "small_model_allowance": allowance}
-    if lr > high * allowance:
+    low, high = sane.guide
+    allowance = sane.allowance
+    evidence = {"mode": sane.mode, "lr": lr, "range": [low, high], "params": sane.params,
+                "small_model_allowance": allowance, "sane_range": [sane.low, sane.high]}
+    if lr > sane.high:
         ratio = lr / high
         severity: Severity = "error" if ratio >= 10 * allowance else "warning"
-        size_note = (f" (allowing {allowance:.0f}x more for a model of {params / 1e6:.3g}M "
+        size_note = (f" (allowing {allowance:.0f}x more for a model of {sane.params / 1e6:.3g}M "
                      "parameters)" if allowance > 1 else "")
         times = f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.3g}"
         return [Finding("mode_and_lr", severity,
                         f"LR {lr:.3g} is {times}x the top of the Adam(W) range for "
-                        f"{name[mode]} ({low:g} to {high:g}){size_note}.",
-                        f"use at most {high * allowance:.3g} for this model (the guide's "
+                        f"{MODE_WORDS[sane.mode]} ({low:g} to {high:g}){size_note}.",
+                        f"use at most {sane.high:.3g} for this model (the guide's "
                         f"{high:g} for large pre-trained ones), with a warmup of "
                         f"{warmup_advice(_total_steps(setup))} and cosine decay.",
                         cause="lr_too_high", evidence={**evidence, "ratio": ratio})]
-    if lr < low / 10:
+    if lr < sane.low / 10:
         return [Finding("mode_and_lr", "info",
-                        f"LR {lr:.3g} is far below the range for {name[mode]} ({low:g} to "
-                        f"{high:g}); training may barely move.", f"try {low:g} or more.",
+                        f"LR {lr:.3g} is far below the range for this model: {sane.sized()}; "
+                        "training may barely move.", f"try {sane.low:.3g} or more.",
                         cause="lr_too_low", evidence=evidence)]
     return []
 
@@ -341,7 +263,7 @@ def judge_warmup(setup: RunSetup, lrs: list[float], others: list[float], source:
                                 "total_steps": total, **(extra or {})}
     adaptive = any(_is_adaptive(o) for o in setup.optimizers)
     evidence["adaptive"] = adaptive
-    adam = all(_is_adam(o) for o in setup.optimizers)
+    adam = all(is_adam(o) for o in setup.optimizers)
     on = (f"a pre-trained or large model ({pretrained})" if pretrained
           else "a small model with no sign of pre-training")
     if any(_is_rectified(o) for o in setup.optimizers):
@@ -350,8 +272,8 @@ def judge_warmup(setup: RunSetup, lrs: list[float], others: list[float], source:
         risky, why = False, (f"{name} steps in proportion to the gradient, so its first steps are "
                              "not inflated as an adaptive optimizer's are")
     elif adam:
-        top = (FULL_LR_RANGE if mode == "full" else ADAPTER_LR_RANGE)[1]
-        tolerated = top * lr_allowance(setup.model, params)
+        tolerated = sane_lr(setup.model, setup.optimizers).high
+        assert tolerated is not None  # an Adam-family optimizer has its range
         share = lr / tolerated
         threshold = WARMUP_NEAR_TOP if pretrained else 1.0
         evidence.update(tolerated_lr=tolerated, lr_share=share, threshold=threshold)
@@ -377,11 +299,6 @@ def judge_warmup(setup: RunSetup, lrs: list[float], others: list[float], source:
                     evidence=evidence)]
 
 
-def _peft_configs(model: nn.Module) -> list[Any]:
-    configs = getattr(model, "peft_config", None)
-    return list(configs.values()) if isinstance(configs, dict) else []
-
-
 def _lora_scalings(config: Any) -> list[tuple[str, int, float]]:
     """(where, r, alpha) of a LoRA config: its defaults, and per-module `rank_pattern` /
     `alpha_pattern` entries."""
@@ -405,7 +322,7 @@ def check_lora_scaling(setup: RunSetup) -> list[Finding]:
     alpha = 2r as in alpaca-lora): no finding. Up to `LORA_SCALING_RISKY` (4): a note. Above: a
     warning; from `LORA_SCALING_ERROR` (16): an error. lora_dropout 0: a note."""
     findings = []
-    for config in _peft_configs(setup.model):
+    for config in peft_configs(setup.model):
         rslora = bool(getattr(config, "use_rslora", False))
         worst: tuple[float, str, int, float] | None = None
         for where, r, alpha in _lora_scalings(config):
@@ -456,7 +373,7 @@ def check_adam_settings(setup: RunSetup) -> list[Finding]:
     for optimizer in setup.optimizers:
         for index, group in enumerate(optimizer.param_groups):
             eps, betas = group.get("eps"), group.get("betas")
-            if eps is None or betas is None or not _is_adam(optimizer):
+            if eps is None or betas is None or not is_adam(optimizer):
                 continue
             beta2 = float(betas[1])
             problems = []

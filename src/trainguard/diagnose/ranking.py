@@ -11,11 +11,13 @@ kind's unconditional votes come from its registry entry.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.diagnose.causes import CAUSES
 from trainguard.diagnose.finding import Finding
+from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, describe
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind, Tag, event_kind, event_kinds, kinds_tagged
 
@@ -125,15 +127,19 @@ NO_SYMPTOM_SHARE = 0.5
 
 
 def rank_causes(events: list[Event], findings: list[Finding] | None = None,
-                *, top: int = 5, batches: bool = True) -> list[RankedCause]:
+                *, top: int = 5, batches: bool = True,
+                fixes: Mapping[str, str] | None = None) -> list[RankedCause]:
     """Ranked causes for a run's events. Without an event of warning severity, the risks the
     preflight (and runtime) findings of warning severity or worse point at, flagged as such; empty
     when there are none either. `batches`: whether the run could see its batches at all (a
-    training log cannot: its evidence then says nothing of batches)."""
+    training log cannot: its evidence then says nothing of batches). `fixes`: the fixes made
+    concrete for the run (the LR's, sized to its model), over the catalogue's; a finding's own
+    fix comes first."""
     serious = [e for e in events if at_least(e.severity, "warning")]
     findings = findings or []
+    fixes = fixes or {}
     if not serious:
-        return _configuration_risks(findings, top)
+        return _configuration_risks(findings, top, fixes)
     votes = _Votes()
     kinds = {e.kind for e in serious}
     lr_changed = _vote_lr_changes(votes, events, serious)
@@ -141,8 +147,9 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     batch_kinds = kinds_tagged(Tag.BATCH)
     runs = [f for f in findings if f.check == RUN_CHECK]
     findings = [f for f in findings if f.check != RUN_CHECK]
+    # a stall is judged over a hundred steps, not at a step a batch could explain
     symptoms = [e for e in serious if e.kind not in batch_kinds and event_kind(e.kind).tags
-                and e.kind not in kinds_tagged(Tag.LR_CUT)]
+                and e.kind not in kinds_tagged(Tag.LR_CUT) | kinds_tagged(Tag.STALL)]
     data_runs = _bad_runs(votes, runs, symptoms)
     against_lr = ""
     if data_runs and symptoms and min(e.step for e in symptoms) >= min(
@@ -159,7 +166,8 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     _vote_nonfinite(votes, serious, findings, batch_causes, batches=batches)
     _vote_event_kinds(votes, serious, no_warmup)
     _vote_climb(votes, events, serious)
-    _vote_jumps(votes, serious, findings, specific, no_warmup, _first_lr_cut(events))
+    scaled = _vote_loss_scale(votes, serious, events, batch_kinds)
+    _vote_jumps(votes, serious, findings, specific, no_warmup, _first_lr_cut(events), scaled)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
     shifted = _shift_to_warmup(votes, findings, serious)
@@ -172,7 +180,17 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     for code in window_proven(events):
         if not votes.score.get(code):  # proved where no symptom could vote (see there)
             votes.score[code] = WINDOW_VOTE
-    return _ranked(votes, top, confirmed, ruled_out)
+    return _ranked(votes, top, fixes, confirmed, ruled_out)
+
+
+def likely_causes(ranked: list[RankedCause]) -> list[dict[str, Any]]:
+    """The causes an event carries (`details["likely_causes"]`): code and confidence, and the
+    fix of the first, which the console prints."""
+    likely: list[dict[str, Any]] = [{"code": c.code, "confidence": round(c.confidence, 3)}
+                                    for c in ranked]
+    if likely:
+        likely[0]["fix"] = ranked[0].fix
+    return likely
 
 
 def warmup_would_do(findings: list[Finding]) -> str:
@@ -337,10 +355,7 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
     kinds = {e.kind for e in serious}
     if not _precursor_came_first(serious):
         kinds.discard(Kind.INSTABILITY_PRECURSOR)
-    for e in serious:
-        if e.kind == Kind.NO_PROGRESS and e.details.get("grad_collapse"):
-            votes.add("lr_too_high", 2.0, f"step {e.step}: the gradient norm collapsed "
-                      f"{e.details['grad_collapse']:.3g}x while the loss stayed flat")
+    _vote_stalls(votes, serious)
     for entry in event_kinds():  # votes a kind casts once whenever it appears
         if entry.name in kinds:
             for vote in entry.votes:
@@ -366,6 +381,35 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
     if kinds & kinds_tagged(Tag.STATE):
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
+
+
+STALL_WEIGHT = 3.0
+"""A stall whose run showed why (the LR at 0, no gradient, a loss at chance while the weights
+move) measured its cause over a hundred steps: as strong as a direct measurement."""
+STALL_UNEXPLAINED = (("lr_too_high", 1.0, "the loss did not come down"),
+                     ("lr_too_low", 1.0, "the loss did not come down: an LR too low moves "
+                                         "nothing"))
+"""What a stall whose run showed no reason says: the LR, one way or the other."""
+
+
+def _vote_stalls(votes: _Votes, serious: list[Event]) -> None:
+    """A stall votes for the cause its run showed (`details["cause"]`, `detect/stall_reason.py`),
+    else for the LR either way. A stall recorded before stalls gave their reason (no
+    `details["reason"]`) says what it said then: a collapsed gradient norm is the LR's, and a
+    loss that did not come down may carry no gradient."""
+    for e in serious:
+        if e.kind not in kinds_tagged(Tag.STALL):
+            continue
+        cause = e.details.get("cause")
+        if cause is None and e.details.get("grad_collapse"):
+            cause = "lr_too_high"
+        if isinstance(cause, str) and cause in CAUSES:
+            votes.add(cause, STALL_WEIGHT, f"step {e.step}: {e.message}")
+            continue
+        for code, weight, why in STALL_UNEXPLAINED:
+            votes.add(code, weight, why)
+        if "reason" not in e.details:
+            votes.add("no_gradients", 0.5, "a loss that does not come down may carry no gradient")
 
 
 ATTENTION_SIGNAL = "attn_logit_max"
@@ -426,10 +470,12 @@ def _vote_climb(votes: _Votes, events: list[Event], serious: list[Event]) -> Non
 
 def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
                 specific: dict[int, list[Event]], no_warmup: bool,
-                lr_cut_at: int | None) -> None:
+                lr_cut_at: int | None, scaled: set[int]) -> None:
     """Spikes and explosions: where and when they happened says whose doing they were. A jump
     after the recover policy cut the LR far down (`lr_cut_at`) is no vote for too high an LR:
-    that LR would have stopped it (`_weigh_down_lr` counts it against the LR)."""
+    that LR would have stopped it (`_weigh_down_lr` counts it against the LR). A jump at a step
+    whose loss stood beyond what the model's scores allow (`scaled`) is the loss's reduction:
+    nothing the model read or did gives that loss."""
     early = min(e.step for e in serious) < EARLY_STEPS
     climb = kinds_tagged(Tag.CLIMB)
     jump_kinds = kinds_tagged(Tag.JUMP)
@@ -438,6 +484,10 @@ def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
     # above 2): at 1-2 the adapters step like any weight, and the jump is someone else's doing
     high_scaling = any(f.cause == "lora_scaling" for f in findings)
     for e in jumps:
+        if e.step in scaled:
+            votes.add(SCALED_CAUSE, 1.5, f"step {e.step}: {e.kind} with the loss beyond what the "
+                      "model's class scores allow")
+            continue
         param = e.param or ""
         if "lora_" in param and high_scaling:
             votes.add("lora_scaling", 1.5, f"step {e.step}: {e.kind} in LoRA adapter {param}")
@@ -465,6 +515,61 @@ def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
             votes.add("lr_too_high", 1.0, f"step {e.step}: repeated {e.kind}")
 
 
+SCALED_CAUSE = "loss_reduction"
+"""A loss scaled, summed or divided outside the model: what raised it is the loss's own
+arithmetic, not anything the model read or computed."""
+BEYOND_WEIGHT = BATCH_FINDING_WEIGHT
+"""A loss beyond the most a cross-entropy of the model's own class scores could cost at the
+step (`diagnose/loss_bound.py`) is measured at that step as directly as a batch finding: no
+cause that acts through the model (its inputs, its weights) can give it."""
+SCALED_JUMP_RATIO = 100.0
+"""Without that ceiling: a loss that jumped by two orders of magnitude or more in one step..."""
+SCALED_JUMP_BAND = 10.0
+"""...with the gradient norm jumping within this factor of the loss's jump (a factor on the
+loss multiplies every gradient by itself)..."""
+SCALED_JUMP_WEIGHT = 1.0
+"""...is weaker evidence, below the generic reading of one odd batch: a batch far out of scale
+moves both alike too (its batch finding, when the batch was inspected, takes the step)."""
+REPLAY_DIFFERS_WEIGHT = 1.0
+"""A replay of the step on the state from before it, which did not give the loss the run
+recorded (`details["replay_differs"]` on a proof): the loss handed over is not what the model
+and its loss function compute. A loop's own loss arithmetic does that, faulty or not."""
+
+
+def _vote_loss_scale(votes: _Votes, serious: list[Event], events: list[Event],
+                     batch_kinds: frozenset[str]) -> set[int]:
+    """Evidence that the loss was scaled, summed or divided outside the model; returns the
+    steps whose loss stood beyond what the model's class scores allow."""
+    beyond_steps: set[int] = set()
+    for e in serious:
+        ceiling = e.details.get(CEILING_KEY)
+        if e.value is not None and isinstance(ceiling, (int, float)) and beyond(e.value, ceiling):
+            beyond_steps.add(e.step)
+            votes.add(SCALED_CAUSE, BEYOND_WEIGHT, f"step {e.step}: {describe(e.value, ceiling)}"
+                      ": it was not computed from them alone")
+    spikes = {e.step: e for e in serious if e.kind == Kind.LOSS_SPIKE
+              and CEILING_KEY not in e.details}
+    explained = {e.step for e in serious if e.kind in batch_kinds and e.details.get("cause")}
+    for e in serious:
+        spike = spikes.get(e.step)
+        if (e.kind != Kind.GRAD_EXPLOSION or spike is None or e.step in explained
+                or e.step in beyond_steps):
+            continue
+        loss_ratio, grad_ratio = spike.details.get("ratio"), e.details.get("ratio")
+        if (isinstance(loss_ratio, (int, float)) and isinstance(grad_ratio, (int, float))
+                and loss_ratio >= SCALED_JUMP_RATIO
+                and loss_ratio / SCALED_JUMP_BAND <= grad_ratio <= loss_ratio * SCALED_JUMP_BAND):
+            votes.add(SCALED_CAUSE, SCALED_JUMP_WEIGHT, f"step {e.step}: the loss jumped "
+                      f"{loss_ratio:.3g}x in one step and the gradient norm {grad_ratio:.3g}x "
+                      "with it, as a factor on the loss does")
+    for e in events:
+        if Tag.PROOF in event_kind(e.kind).tags and e.details.get("replay_differs"):
+            votes.add(SCALED_CAUSE, REPLAY_DIFFERS_WEIGHT, f"step {e.step}: the step replayed "
+                      "did not give the loss the run recorded: the loss handed over is not what "
+                      "the model computes")
+    return beyond_steps
+
+
 def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
                    data_runs: list[tuple[Finding, str]], batch_causes: set[str],
                    against_lr: str, *, lr_changed: bool) -> None:
@@ -488,7 +593,8 @@ def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
                 votes.evidence[code].insert(0, f"weighed down: {against_lr}")
 
 
-def _ranked(votes: _Votes, top: int, confirmed: dict[str, str] | None = None,
+def _ranked(votes: _Votes, top: int, fixes: Mapping[str, str],
+            confirmed: dict[str, str] | None = None,
             ruled_out: set[str] | frozenset[str] = frozenset()) -> list[RankedCause]:
     """Causes by votes; those a replay confirmed first (with the sentence that proves them),
     those it ruled out left out."""
@@ -505,7 +611,7 @@ def _ranked(votes: _Votes, top: int, confirmed: dict[str, str] | None = None,
                         + votes.evidence.get(code, []))
             out.append(RankedCause(code=code, confidence=share * score[code] / total,
                                    score=score[code], evidence=evidence,
-                                   fix=votes.fixes.get(code, CAUSES[code].fix),
+                                   fix=_fix(votes, code, fixes),
                                    proof="confirmed" if code in confirmed else ""))
     return out[:top]
 
@@ -628,7 +734,13 @@ def _explain(votes: _Votes, findings: list[Event], weight: float, why: str) -> N
                   f"{why}, explained by its {finding.kind}")
 
 
-def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]:
+def _fix(votes: _Votes, code: str, fixes: Mapping[str, str]) -> str:
+    """A finding's own fix, else the run's, else the catalogue's."""
+    return votes.fixes.get(code) or fixes.get(code) or CAUSES[code].fix
+
+
+def _configuration_risks(findings: list[Finding], top: int,
+                         fixes: Mapping[str, str]) -> list[RankedCause]:
     votes = _Votes()
     for f in findings:
         if at_least(f.severity, "warning"):
@@ -648,4 +760,4 @@ def _configuration_risks(findings: list[Finding], top: int) -> list[RankedCause]
     ranked = sorted(votes.score.items(), key=lambda item: -item[1])[:top]
     return [RankedCause(code=code, confidence=NO_SYMPTOM_SHARE * score / total, score=score,
                         evidence=votes.evidence[code],
-                        fix=votes.fixes.get(code, CAUSES[code].fix)) for code, score in ranked]
+                        fix=_fix(votes, code, fixes)) for code, score in ranked]

@@ -50,6 +50,8 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     if ctx.deferred:
         _act_late(ctx, state, services)
         return
+    if state.anchor is not None:  # a state kept before an LR jump, checked by this transfer
+        state.anchor.read(ctx.extra, ctx.step)
     ring = state.good_states()
     prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
@@ -62,7 +64,11 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
         _roll_back(ctx, state, services)
     if ctx.outcome == "halted":
         _halt(ctx, state, services)
-    elif ctx.applied:
+        return
+    if state.anchor is not None and ctx.signals is not None:
+        # an LR jump's proof starts from the state before its update
+        state.anchor.before_update(ctx.events, ctx.step, ctx.signals.group_lrs)
+    if ctx.applied:
         scale_grads(ctx.grads, decision.clip_coef)
         _clip_rules(ctx, state, services, decision.clip_coef)
         if ctx.sampled:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainguard.diagnose.batch import check_loss_above_chance
+from trainguard.diagnose.loss_bound import ceiling_of, check_first_loss
 from trainguard.distributed import RankView, describe_ranks
 from trainguard.errors import PeerLost
 from trainguard.events import Event
@@ -81,15 +82,16 @@ def detect(ctx: StepContext, state: RunState, services: Services) -> None:
 
 
 def _inspect_batch(ctx: StepContext, services: Services, signals: StepSignals) -> list[Event]:
+    ceiling = ceiling_of(signals.precursors)
     if ctx.step == 0:
-        _check_first_loss(ctx, services, signals.loss)
+        _check_first_loss(ctx, services, signals.loss, ceiling)
     known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
              else None)
     spike = next((e for e in ctx.events if e.kind == Kind.LOSS_SPIKE), None)
     seen = services.batches.look(
         ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
         level=spike.details.get("baseline") if spike is not None else None,
-        data_ids=ctx.data_ids)
+        data_ids=ctx.data_ids, ceiling=ceiling)
     ctx.batch_inspected, ctx.nonfinite_input = seen.inspected, seen.nonfinite
     for event in seen.events:
         ctx.raise_event(event)
@@ -122,15 +124,17 @@ def _gather_batches(ctx: StepContext, services: Services, mine: list[Event]) -> 
     return facts
 
 
-def _check_first_loss(ctx: StepContext, services: Services, loss: float | None) -> None:
-    """A runtime finding, like the preflight's: evidence for a diagnosis, not an event."""
+def _check_first_loss(ctx: StepContext, services: Services, loss: float | None,
+                      ceiling: float | None) -> None:
+    """Runtime findings, like the preflight's: evidence for a diagnosis, not events. The first
+    loss against chance level, or beyond what the model's class scores allow."""
     try:
-        finding = check_loss_above_chance(loss, ctx.batch, services.model)
+        found = [check_loss_above_chance(loss, ctx.batch, services.model, ceiling=ceiling),
+                 check_first_loss(loss, ceiling)]
     except Exception as exc:  # advisory
         log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
         return
-    if finding is not None:
-        ctx.findings.append(finding)
+    ctx.findings.extend(f for f in found if f is not None)
 
 
 def _check_desync(ctx: StepContext, services: Services) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from trainguard.diagnose.ranking import rank_causes
+from trainguard.diagnose.ranking import likely_causes, rank_causes
 from trainguard.diagnose.replay import replay
 from trainguard.events import at_least
 from trainguard.pipeline.context import StepContext
@@ -53,11 +53,12 @@ def _likely_causes(ctx: StepContext, services: Services) -> None:
     journal = services.journal
     try:
         ranked = rank_causes(journal.events + ctx.events,
-                             services.evidence_findings(ctx.findings), top=3)
+                             services.evidence_findings(ctx.findings), top=3,
+                             fixes=services.fixes)
     except Exception as exc:  # diagnosis is best effort
         log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
         return
-    likely = [{"code": c.code, "confidence": round(c.confidence, 3)} for c in ranked]
+    likely = likely_causes(ranked)
     for event in ctx.events:
         if likely and at_least(event.severity, "warning"):
             event.details["likely_causes"] = likely

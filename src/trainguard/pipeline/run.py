@@ -27,6 +27,7 @@ from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.no_gradients import NoGradients
+from trainguard.detect.no_progress import NoProgress
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.anchor import ProofAnchor
 from trainguard.diagnose.batch_watch import BatchWatch
@@ -136,7 +137,7 @@ class Run:
         self.steps = StepPipeline(self.state, self.services)
         self.deferred = _deferral(config, self.services, owns_optimizer_step)
         """`sync="deferred"` in force: each step is judged on the host at the next one."""
-        if (config.prove == "on" and self.state.recovery is None and replay_fn is not None
+        if (ProofAnchor.wanted(config) and self.state.recovery is None and replay_fn is not None
                 and dist is None and not self.deferred):
             # a step whose damage is older is proved from a state before the trouble
             self.state.anchor = ProofAnchor(model, optimizer, config)
@@ -440,7 +441,7 @@ class Run:
 
     def diagnose(self) -> list[RankedCause]:
         try:
-            return rank_causes(self.events, self.evidence_findings())
+            return rank_causes(self.events, self.evidence_findings(), fixes=self.services.fixes)
         except Exception as exc:  # diagnosis is best effort
             log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
             return []
@@ -516,7 +517,8 @@ class Run:
         try:
             self.verdict = self.state.losses.verdict(
                 halted=self.halted or status == "halted", halt_step=self.halt_step,
-                weights_finite=self._weights_finite(), untrained_since=self._untrained_since())
+                weights_finite=self._weights_finite(), untrained_since=self._untrained_since(),
+                stall_reason=self._stall_reason())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
@@ -536,6 +538,11 @@ class Run:
                     detector.streak >= self.config.detectors.no_gradient_steps):
                 return self.state.step - detector.streak
         return None
+
+    def _stall_reason(self) -> str:
+        """What the stall detector found the run showed of why it did not learn ("" when it
+        judged no stall)."""
+        return next((d.reason for d in self.state.detectors if isinstance(d, NoProgress)), "")
 
     def _weights_finite(self) -> bool | None:
         """Whether this rank's watched weights are all finite at the end (one fused pass, one

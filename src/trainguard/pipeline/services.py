@@ -11,7 +11,7 @@ its parameter-wise probes when the optimizer gains parameters, the journal grows
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding
 from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.incidents import IncidentProver
+from trainguard.diagnose.lr_range import sane_lr
 from trainguard.diagnose.replay import LossFn
 from trainguard.diagnose.step_rng import StepRNG
 from trainguard.diagnose.warmup_watch import WarmupWatch
@@ -178,6 +179,9 @@ class Services:
     """The RNG state each training forward starts from (`diagnose/step_rng.py`), so a proof or
     a crash snapshot's replay draws the step's dropout masks; kept when the run can prove or
     halts."""
+    fixes: Mapping[str, str] = field(default_factory=dict)
+    """The fixes of causes made concrete for this run, over the catalogue's general ones: the
+    LR's, sized to the model and its optimizer (`diagnose/lr_range.py`)."""
 
     @property
     def watched(self) -> WatchedParams:
@@ -228,7 +232,18 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         logz_probe=(LogZProbe(model) if config.detectors.precursor_probe and dist is None
                     else None),
         step_rng=(StepRNG(model) if config.policy == "halt" or (
-            replay_fn is not None and config.prove != "off") else None))
+            replay_fn is not None and config.prove != "off") else None),
+        fixes=run_fixes(model, optimizer))
+
+
+def run_fixes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, str]:
+    """The LR's fixes sized to this model and optimizer; none when they cannot be read (the
+    catalogue's general words stand)."""
+    try:
+        return sane_lr(model, [optimizer]).fixes()
+    except Exception as exc:  # advice is advisory
+        log.error("trainguard: sizing the LR advice failed (%s: %s)", type(exc).__name__, exc)
+        return {}
 
 
 def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionRecord:

@@ -81,7 +81,7 @@ class RunState:
         anchor's (None: neither is kept)."""
         if self.recovery is not None:
             return self.recovery.ring
-        return self.anchor.ring if self.anchor is not None else None
+        return self.anchor.good_states if self.anchor is not None else None
 
     # -- every component with state ----------------------------------------------------------------
     def components(self) -> dict[str, Stateful | None]:

@@ -55,6 +55,7 @@ from torch.utils.hooks import RemovableHandle
 from trainguard.params import WatchedParams
 from trainguard.probes.local import local_tensor
 from trainguard.probes.norms import float32_norms
+from trainguard.transfer import to_device
 
 RESYNC_EVERY = 16
 """Measurements between two sums over `exp_avg_sq` when the recursion carries sum v: bounds the
@@ -235,7 +236,11 @@ class AdamRatioProbe:
         sums = self._moment_sums(rows, fixed, squares, device)
         count = _step_counts(rows, device)
         denominator = sums + fixed.floor
-        correction = to_device(1.0 - fixed.beta2.to(count.device).pow(count), device)
+        # the constants where the step counts are (on the device for fused and capturable
+        # optimizers): a plain copy of host constants there would wait for the device
+        beta2 = (fixed.beta2_here if count.device == device and fixed.beta2_here is not None
+                 else fixed.beta2)
+        correction = to_device(1.0 - to_device(beta2, count.device).pow(count), device)
         values = {"adam_ratio_rms": (squares * correction / denominator).sqrt()}
         if self.updates:
             values["adam_update_rms"] = _update_rms(rows, fixed, count, correction,
@@ -342,20 +347,8 @@ def _update_rms(rows: _Rows, fixed: _Fixed, count: torch.Tensor, correction: tor
         return torch.zeros(len(rows.index), dtype=torch.float32, device=device)
     firsts = [m for m in rows.firsts if m is not None]  # every row has one (`_fixed`)
     norms = torch.stack([n.to(device) for n in float32_norms(firsts)])
-    first = to_device(1.0 - fixed.beta1.to(count.device).pow(count), device)
+    first = to_device(1.0 - to_device(fixed.beta1, count.device).pow(count), device)
     return (norms.square() * correction / (first.square() * denominator)).sqrt()
-
-
-def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`values` (a few host floats, such as the bias corrections from CPU step counts) on
-    `device` without a host synchronisation: a plain copy from pageable host memory to an
-    accelerator waits for it, so the values go through pinned memory, copied asynchronously
-    (PyTorch's pinned-memory cache keeps the block until the copy is done)."""
-    if values.device == device:
-        return values
-    if values.device.type == "cpu" and device.type == "cuda":
-        return values.pin_memory().to(device, non_blocking=True)
-    return values.to(device)
 
 
 def _l1_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -3,6 +3,8 @@
 Metric keys (one value each per step; registered in `trainguard.registry`):
     logz_mean   mean over positions (samples x positions) of logsumexp over the class scores
     logz_max    their maximum
+    ce_ceiling  the maximum over positions of logsumexp minus the smallest class score: the
+                most a cross-entropy of these scores can cost, whatever the target
 
 log Z = logsumexp(logits) is the softmax's normaliser. Cross-entropy only pins the logits'
 differences, so nothing in the loss holds log Z: when the output logits grow without bound (an
@@ -12,6 +14,11 @@ logits overshoot (on the `logit_growth` scenarios the largest position's log Z s
 above its level 10-20 steps before the loss spiked). A z-loss, 1e-4 * log Z^2, holds the mean
 near 0 (PaLM, Chowdhery et al. 2022). The growth is a trend over tens of steps, so the detector
 needs a point every step, not one every `sample_every` steps.
+
+The cross-entropy of a target t at one position is log Z - z_t, at most log Z - min(z): no
+target, right or wrong, costs more under the scores the model made. A loss above the ceiling of
+every position was not computed from those scores alone (`diagnose/loss_bound.py`). It costs one
+min over the rows the logsumexp reads.
 
 Why every step, through its own hook (not the sampled output probe): the logits exist already
 (the model made them); the hook takes one logsumexp over at most `MAX_ROWS` of their rows (the
@@ -40,15 +47,16 @@ from trainguard.probes.outputs import model_output_tensor
 
 log = logging.getLogger("trainguard")
 
-LOGZ_KEYS = ("logz_mean", "logz_max")
+LOGZ_KEYS = ("logz_mean", "logz_max", "ce_ceiling")
 MAX_ROWS = 256
 """At most this many positions enter the logsumexp (evenly strided): its cost stays a small,
 fixed share of a step whatever the batch and sequence length."""
 
 
 def logz_stats(t: torch.Tensor) -> torch.Tensor | None:
-    """[mean, max] over positions of logsumexp over the last dimension of class scores (float32,
-    on the tensor's device); None for an output that is not class scores."""
+    """[mean, max] over positions of logsumexp over the last dimension of class scores, and the
+    largest logsumexp minus smallest score of a position (`ce_ceiling`) (float32, on the tensor's
+    device); None for an output that is not class scores."""
     if t.dim() not in (2, 3) or t.shape[-1] < 2 or not t.is_floating_point() or not t.numel():
         return None
     rows = t.detach().reshape(-1, t.shape[-1])
@@ -57,7 +65,7 @@ def logz_stats(t: torch.Tensor) -> torch.Tensor | None:
     if rows.dtype not in (torch.float32, torch.float64):
         rows = rows.float()  # half precision: exp and its sum in float32
     z = torch.logsumexp(rows, dim=-1)
-    return torch.stack([z.mean(), z.max()]).float()
+    return torch.stack([z.mean(), z.max(), (z - rows.amin(dim=-1)).max()]).float()
 
 
 class LogZProbe:

@@ -106,7 +106,7 @@ class RingFeeder:
             return
         self.last_capture = step
         try:
-            self.ring.offer(take(self.ring.spare))
+            self.ring.offer(take(self.ring.take_spare()))
         except Exception as exc:  # a failed copy only costs a rollback point or a proof's start
             log.error("trainguard: could not keep %s at step %d (%s: %s)", what, step,
                       type(exc).__name__, exc)

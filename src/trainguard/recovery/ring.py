@@ -31,9 +31,11 @@ class GoodStateRing:
     def __len__(self) -> int:
         return len(self.good)
 
-    @property
-    def spare(self) -> SavedState | None:
-        return self._spare
+    def take_spare(self) -> SavedState | None:
+        """A state whose host buffers the next capture may overwrite, handed out once: the
+        capture that reuses them becomes a candidate, and must not be written over again."""
+        spare, self._spare = self._spare, None
+        return spare
 
     def offer(self, state: SavedState) -> None:
         """A new candidate replaces an unconfirmed one."""

@@ -19,6 +19,7 @@ from torch import nn
 from trainguard.probes.local import local_tensor
 from trainguard.probes.norms import float32_norms
 from trainguard.snapshot import restore_rng_state, rng_state
+from trainguard.transfer import to_device
 
 
 @dataclass(slots=True)
@@ -108,7 +109,8 @@ def finite_flag(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> to
     flags = []
     for group in by_device.values():
         norms = float32_norms(group)
-        flags.append(torch.stack(norms).isfinite().all().to(device))
+        # a CPU group (Adam's step counts) reaches the device without a wait
+        flags.append(to_device(torch.stack(norms).isfinite().all(), device))
     return torch.stack(flags).all().float()
 
 

@@ -171,7 +171,7 @@ class ConsoleSink(Sink):
         if ranking and ranking != self._causes_shown:
             self._causes_shown = ranking
             self._write("trainguard likely causes: " + ", ".join(
-                f"{c['code']} {c['confidence']:.0%}" for c in likely) + _fix(likely[0]["code"]))
+                f"{c['code']} {c['confidence']:.0%}" for c in likely) + _fix(likely[0]))
 
     def on_action(self, action: ActionRecord) -> None:
         if action.kind == "rollback":
@@ -250,8 +250,13 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
-def _fix(code: str) -> str:
+def _fix(likely: dict[str, Any]) -> str:
+    """The first likely cause's fix: the run's own words when the event carries them (sized to
+    the model), else the catalogue's."""
     from trainguard.diagnose.causes import CAUSES
 
-    cause = CAUSES.get(code)
-    return f". Fix: {cause.fix}" if cause is not None else ""
+    fix = likely.get("fix")
+    cause = CAUSES.get(str(likely.get("code")))
+    if not isinstance(fix, str) or not fix:
+        fix = cause.fix if cause is not None else ""
+    return f". Fix: {fix}" if fix else ""

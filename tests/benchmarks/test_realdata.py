@@ -1,0 +1,31 @@
+"""`benchmarks/realdata.py`: a log the analysis fails on is scored as a wrong case."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.realdata import Case, Label, score, totals
+
+# A GRPO fine-tune's Trainer log: its loss starts at exactly 0 (the KL term at the reference
+# policy) and grows a little, as such runs do. The analysis has failed on this shape.
+GRPO_LOSSES = [0.0, 0.0, 0.0, 0.0, 0.0001, 0.0001, 0.0003, 0.0002, 0.0004, 0.0003, 0.0005, 0.0006,
+               0.0027, 0.0004, 0.001, 0.0009, 0.0008, 0.0006, 0.0007, 0.0006, 0.0004, 0.0006,
+               0.0009, 0.0005, 0.0008]
+
+
+def test_a_log_the_analysis_fails_on_is_a_wrong_case_not_the_end_of_the_scoring(
+        tmp_path: Path) -> None:
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": 10 * len(GRPO_LOSSES), "log_history": [
+        {"loss": loss, "step": 10 * (i + 1), "learning_rate": 1e-5}
+        for i, loss in enumerate(GRPO_LOSSES)]}))
+    label = Label("ts_grpo_healthy", "healthy", None, "none")
+    scored = score(label, path)  # must not raise, whatever the analysis does
+    if scored.verdict == "crashed":
+        assert not scored.verdict_ok and scored.onset and ":" in scored.onset  # names the error
+    else:
+        assert scored.verdict_ok == (scored.verdict == "healthy")
+    counted = totals([Case(label, [scored])])
+    assert counted["crashed"] == (scored.verdict == "crashed")
+    assert counted["read"] == (scored.verdict not in ("unreadable", "crashed"))
