@@ -34,20 +34,22 @@ def test_a_spike_records_what_the_model_scores_allow_and_says_when_the_loss_is_b
     detector = LossSpike(default_config())
     bound = {"ce_ceiling": np.array(12.0, dtype=np.float32)}
     assert run(detector, loss_run(smooth(100, 2.3, noise=0.05), precursors=bound)) == []
+    # beyond the ceiling no batch of data gets: told at once at its size, no outlier batch
     event, = run(detector, loss_run([2.3e6], start=100, precursors=bound))
-    assert event.details["ce_ceiling"] == 12.0
+    assert (event.severity, event.details["ce_ceiling"]) == ("error", 12.0)
     assert "1.92e+05x the most a cross-entropy of the model's own class scores" in event.message
-    # told again where the loss has not come back: the jump's own ceiling and words
-    again, = run(detector, loss_run([2.3e6], start=101,
-                                    precursors={"ce_ceiling": np.array(1e9, dtype=np.float32)}))
-    assert (again.severity, again.details["jump_step"], again.details["ce_ceiling"]) == (
-        "error", 100, 12.0)
-    assert "1.92e+05x the most a cross-entropy of the model's own class scores" in again.message
-    # within the ceiling (a batch the model misreads): recorded, nothing said of it
+    assert "outlier" not in event.message and detector.outlier is None
+    # within the ceiling (a batch the model misreads): an outlier batch, its ceiling recorded,
+    # and told again with it where the loss has not come back
     detector = LossSpike(default_config())
     run(detector, loss_run(smooth(100, 2.3, noise=0.05), precursors=bound))
     event, = run(detector, loss_run([11.0], start=100, precursors=bound))
     assert event.details["ce_ceiling"] == 12.0 and "class scores" not in event.message
+    assert event.severity == "info"
+    again, = run(detector, loss_run([11.0], start=101,
+                                    precursors={"ce_ceiling": np.array(1e9, dtype=np.float32)}))
+    assert (again.severity, again.details["jump_step"], again.details["ce_ceiling"]) == (
+        "warning", 100, 12.0)
     # not measured: nothing recorded
     detector = LossSpike(default_config())
     run(detector, loss_run(smooth(100, 2.3, noise=0.05)))

@@ -21,7 +21,8 @@ tags and reaction, whatever the severity). The losses after it say whether it di
 still `loss_spike_ratio` times the level (or non-finite) at the next step, or on two of the three
 steps after the jump, has not come back (`detect.base.Outlier`), and the jump is told again at
 that step as a warning, or an error from `loss_spike_error_ratio`; a loss back at its level
-leaves the outlier at `info`.
+leaves the outlier at `info`. A loss beyond what the model's class scores allow is no batch's
+cross-entropy, however far out the batch: that jump is told at once at its size.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class LossSpike(Detector):
         if not self.episode.update(spike):
             return events
         ceiling = ceiling_of(signals.precursors)
+        if ceiling is not None and beyond(signals.loss, ceiling):
+            return [*events, self._beyond_scores(signals, level, excess, ceiling)]
         outlier = Outlier(signals.step, signals.loss, math.exp(level), math.exp(excess),
                           details={} if ceiling is None else {CEILING_KEY: ceiling})
         self.outlier = outlier
@@ -91,6 +94,21 @@ class LossSpike(Detector):
             value=signals.loss, baseline=outlier.typical, ratio=outlier.ratio, outlier=True)
         event.details.update(outlier.details)
         return [*events, event]
+
+    def _beyond_scores(self, signals: StepSignals, level: float, excess: float,
+                       ceiling: float) -> Event:
+        """A jump beyond what the model's class scores allow, told at once at its size: no
+        batch of data costs a cross-entropy there, so it is no outlier batch."""
+        assert signals.loss is not None
+        ratio, typical = math.exp(excess), math.exp(level)
+        severity: Severity = "error" if ratio >= self.config.loss_spike_error_ratio else "warning"
+        event = self.event(
+            signals.step, severity,
+            f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median {typical:.4g}"
+            f"{_beyond(signals.loss, {CEILING_KEY: ceiling})}", value=signals.loss,
+            baseline=typical, ratio=ratio)
+        event.details[CEILING_KEY] = ceiling
+        return event
 
     def _judge_outlier(self, signals: StepSignals, *, up: bool) -> list[Event]:
         """The outlier told again where the losses after it show it did harm."""
