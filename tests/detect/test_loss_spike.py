@@ -254,12 +254,15 @@ def test_an_outlier_waiting_for_its_next_step_survives_a_state_round_trip(after:
     assert [(e.step, e.severity) for e in events] == ([(101, "warning")] if after > 2 else [])
 
 
-def test_a_heavy_tailed_regression_that_absorbs_a_far_out_target_is_told_it_as_an_outlier() -> None:
+@pytest.mark.parametrize("policy, action", [("observe", "applied"), ("protect", "clipped")])
+def test_a_heavy_tailed_regression_that_absorbs_a_far_out_target_is_told_it_as_an_outlier(
+        policy: str, action: str) -> None:
     """A real MLP regression on Student-t targets (3 degrees of freedom) whose batch of step 120
     holds one target 150 away from its fit: the loss jumps about 200x and the gradient about
     15x for that step, and the next steps are back where they were. Before the outlier's harm
     was judged from the steps after it, this run got a `loss_spike` error and a
-    `grad_explosion` warning there."""
+    `grad_explosion` warning there. `protect` clips the outlier's step all the same (the jump
+    puts the adaptive clip in its alarm whatever its severity); `observe` changes nothing."""
     import torch
     from torch import nn
 
@@ -272,8 +275,8 @@ def test_a_heavy_tailed_regression_that_absorbs_a_far_out_target_is_told_it_as_a
                           nn.Linear(64, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     guard = trainguard.Guard(model, optimizer,
-                             config=trainguard.GuardConfig(policy="observe", console=False))
-    losses = []
+                             config=trainguard.GuardConfig(policy=policy, console=False))
+    losses, actions = [], []
     for step in range(140):
         x = torch.randn(32, 16, generator=generator)
         chi2 = (torch.randn(32, 3, generator=generator) ** 2).sum(1, keepdim=True)
@@ -283,10 +286,12 @@ def test_a_heavy_tailed_regression_that_absorbs_a_far_out_target_is_told_it_as_a
             y[0, 0] += 150.0
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
-        guard.step(loss, batch={"x": x, "y": y})
+        report = guard.step(loss, batch={"x": x, "y": y})
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        actions.append(None if report is None else report.action)
     guard.close()
+    assert actions[120] == action
     assert losses[120] > 100 * np.median(losses[100:120])  # far out, and back the step after
     assert losses[121] < 2 * np.median(losses[100:120])
     assert [(e.step, e.message) for e in guard.events if e.severity != "info"] == []
