@@ -30,7 +30,9 @@ from trainguard.events import SEVERITY_RANK, Severity
 
 
 class Reaction(str, Enum):
-    """What the `recover` policy does about an event of warning severity or worse."""
+    """What the `recover` policy does about an event of warning severity or worse (and about a
+    watched kind's event at any severity: a one-step jump is told as an outlier batch, `info`,
+    until the next step shows harm, and its update is kept out meanwhile)."""
 
     ROLL_BACK = "roll_back"
     """The weights or optimizer state are already bad: skipping cannot help, roll back at once."""
@@ -193,6 +195,14 @@ def kinds_tagged(tag: str) -> frozenset[str]:
     if found is None:
         found = _cache[key] = frozenset(k.name for k in _KINDS.values() if tag in k.tags)
     return found  # type: ignore[return-value]
+
+
+def is_trouble(kind: str, severity: Severity) -> bool:
+    """Whether an event is trouble for the run's judgement (the recover policy, the good states
+    kept, the healthy baselines of proofs): one of warning severity or worse, or a jump of any
+    severity (`Tag.JUMP`: a one-step jump is told as an outlier batch, `info`, until the steps
+    after it show harm, and is acted on at once all the same)."""
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK["warning"] or kind in kinds_tagged(Tag.JUMP)
 
 
 def kinds_reacting(reaction: Reaction) -> tuple[str, ...]:

@@ -61,6 +61,13 @@ class StepSignals:
     attention_logits: dict[str, float] = field(default_factory=dict)
     """The largest pre-softmax attention logit of each attention layer, by module name
     (`attn_logit_max`, `trainguard.probes.attention_logits`), on the steps it was measured."""
+    batch_elements: int | None = None
+    """The elements of the step's batch (its largest tensor: samples times positions), from its
+    shape alone; None when the step was handed no batch. A smaller batch has a noisier gradient."""
+    clip_limit: float | None = None
+    """The global clipping limit in force when the step was measured (the fixed one, or the
+    adaptive clip's before this step's own events; None: no clipping): a gradient norm above it
+    reaches the optimizer scaled down to it."""
 
     @property
     def loss_finite(self) -> bool:

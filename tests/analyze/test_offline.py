@@ -12,6 +12,7 @@ from torch import nn
 import trainguard
 from trainguard import Guard, GuardConfig
 from trainguard.analyze import analyze
+from trainguard.events import Event
 
 SAMPLED_ONLY = {"nonfinite_weight", "dead_units", "extreme_weight", "nonfinite_optimizer_state",
                 "output_collapse", "no_progress"}
@@ -21,9 +22,9 @@ FROM_LOGS_ONLY = {"loss_at_chance", "loss_above_chance"}
 """Judged from a log's loss level (`analyze/chance.py`), not by a live detector."""
 
 
-def _faulty_run(run_dir: Path) -> list[tuple[str, int]]:
+def _faulty_run(run_dir: Path) -> list[Event]:
     """A protected regression whose user raises the LR at step 60 (explosion, then NaN) and feeds
-    one NaN batch at step 30: the events the live run raised, as (kind, step)."""
+    one NaN batch at step 30: the events the live run raised."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -42,19 +43,24 @@ def _faulty_run(run_dir: Path) -> list[tuple[str, int]]:
         guard.step(loss)
         optimizer.zero_grad(set_to_none=True)
     guard.close()
-    return [(e.kind, e.step) for e in guard.events]
+    return list(guard.events)
 
 
 @pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[str, int]]]:
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Event]]:
     run_dir = tmp_path_factory.mktemp("analyze") / "run"
     return run_dir, _faulty_run(run_dir)
 
 
-def test_the_replayed_events_are_the_live_runs(faulty: tuple[Path, list[tuple[str, int]]]) -> None:
-    run_dir, live = faulty
+def test_the_replayed_events_are_the_live_runs(faulty: tuple[Path, list[Event]]) -> None:
+    """Live, a jump is an outlier batch until the next step, where it is told again if it did
+    not come back; the replay, which judges with the whole log in view, folds the two into the
+    jump itself, at the severity of its size."""
+    run_dir, events = faulty
     offline = analyze(run_dir)
     assert offline.format == "store"
+    assert any("jump_step" in e.details for e in events)  # the live run told a jump again
+    live = [(e.kind, e.step) for e in events if "jump_step" not in e.details]
     expected = sorted((kind, step) for kind, step in live if kind not in SAMPLED_ONLY)
     replayed = sorted((e.kind, e.step) for e in offline.events
                       if e.kind not in FROM_LOGS_ONLY)
@@ -63,14 +69,14 @@ def test_the_replayed_events_are_the_live_runs(faulty: tuple[Path, list[tuple[st
     assert replayed == expected
 
 
-def test_the_stored_events_are_the_live_ones(faulty: tuple[Path, list[tuple[str, int]]]) -> None:
-    run_dir, live = faulty
+def test_the_stored_events_are_the_live_ones(faulty: tuple[Path, list[Event]]) -> None:
+    run_dir, events = faulty
     stored = [(e.kind, e.step) for e in trainguard.RunReader(run_dir).events()]
-    assert sorted(stored) == sorted(live)
+    assert sorted(stored) == sorted((e.kind, e.step) for e in events)
 
 
 def test_the_run_is_judged_from_the_incident_it_never_came_back_from(
-        faulty: tuple[Path, list[tuple[str, int]]]) -> None:
+        faulty: tuple[Path, list[Event]]) -> None:
     """protect skipped the NaN batch of step 30 and the run came back; the LR raised to 3 at step
     60 broke it for good (its loss ends thousands of times higher): that incident decides the
     verdict, its kind and its onset, and the NaN step is told as an earlier, recovered one."""

@@ -30,7 +30,8 @@ from trainguard import registry
 from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
-from trainguard.detect.base import Episode
+from trainguard.detect.base import Episode, Outlier
+from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.output_growth import OutputGrowth, Streaks
@@ -59,12 +60,13 @@ def detect_classes() -> set[type]:
 
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
-HELPERS: tuple[type, ...] = (Detector, Episode, AttentionLogitTracker, AttentionTrack, OutputGrowth,
-                             Streaks, ScaleCalibration, StallEvidence, StallReason)
-"""The base class, a helper detectors share, the trackers `InstabilityPrecursor` composes
-(the attention-logit side, log Z and the update RMS), the GradScaler's calibration
-`Fp16Overflow` follows and the evidence `NoProgress` gathers of why a run stalled: their
-conformance is their detector's."""
+HELPERS: tuple[type, ...] = (Detector, Episode, Outlier, AttentionLogitTracker, AttentionTrack,
+                             OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
+                             StallEvidence, StallReason)
+"""The base class, helpers detectors share, the trackers `InstabilityPrecursor` composes
+(the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
+calibration `Fp16Overflow` follows and the evidence `NoProgress` gathers of why a run
+stalled: their conformance is their detector's."""
 
 
 def test_every_detector_class_is_in_the_runs() -> None:

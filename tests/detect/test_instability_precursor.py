@@ -181,3 +181,128 @@ def test_a_burst_from_a_low_level_is_no_precursor_but_a_creeping_level_is() -> N
         creeping[step][1] = 1.3 * 1.5
     events = run(InstabilityPrecursor(DetectorConfig()), creeping)
     assert [(e.param, e.step) for e in events] == [("h.0.ln.bias", 81)]
+
+
+# -- rises that are not the weights going wrong --------------------------------------------------
+def test_a_rise_its_smaller_batch_explains_is_no_precursor() -> None:
+    """A batch of a quarter of the typical elements has a gradient noise four times the
+    variance: up to 2x on the ratio, taken off before it is judged; the same rise on a batch of
+    the typical size warns."""
+    rows = ratios(120, 5)
+    for step in range(80, 86):
+        rows[step] = rows[step] * np.array([1.0, 3.0, 1.0])
+
+    def sized(sizes: list[int]) -> list[Event]:
+        detector = InstabilityPrecursor(DetectorConfig())
+        return [e for i, row in enumerate(rows) for e in detector.check(signals(
+            i, names=NAMES, precursors={"adam_ratio_rms": row}, batch_elements=sizes[i]))]
+
+    typical = [512] * len(rows)
+    assert [80 <= e.step < 86 for e in sized(typical)] == [True]
+    short = [128 if 80 <= i < 86 else 512 for i in range(len(rows))]
+    assert sized(short) == []
+
+
+def test_a_rise_the_clip_takes_off_is_no_precursor() -> None:
+    """The probe's g is the gradient before clipping, v was fed the clipped ones: on steps whose
+    norm is 3x the clip limit the ratio is 3x what Adam sees, and is judged at the clipped
+    gradient."""
+    rows = ratios(120, 6)
+    for step in range(80, 86):
+        rows[step] = rows[step] * 3.0
+
+    def clipped(limit: float | None) -> list[Event]:
+        detector = InstabilityPrecursor(DetectorConfig())
+        return [e for i, row in enumerate(rows) for e in detector.check(signals(
+            i, names=NAMES, precursors={"adam_ratio_rms": row}, clip_limit=limit,
+            grad_norm=3.0 if 80 <= i < 86 else 0.9))]
+
+    assert [80 <= e.step < 86 for e in clipped(None)] == [True]
+    assert clipped(1.0) == []
+
+
+def test_a_rise_while_the_loss_still_comes_down_is_learning() -> None:
+    """A model that starts to use a layer grows its gradients faster than Adam's average of
+    them while its loss falls; the same rise on a loss that stays put warns."""
+    rows = ratios(100, 0, climb_from=70)
+
+    def with_losses(losses: np.ndarray) -> list[Event]:
+        detector = InstabilityPrecursor(DetectorConfig())
+        return [e for i, row in enumerate(rows) for e in detector.check(signals(
+            i, names=NAMES, loss=float(losses[i]), precursors={"adam_ratio_rms": row}))]
+
+    assert [e.step for e in with_losses(np.full(len(rows), 1.0))] != []
+    falling = 2.0 * np.exp(-np.arange(len(rows)) / 30)
+    assert with_losses(falling) == []
+
+
+def test_a_length_curriculum_that_restarts_is_no_precursor() -> None:
+    """A real GPT-2 language model whose sequences grow from 8 to 32 tokens and start short
+    again at step 60 (a curriculum sampler's restart): the short batches' noisier gradients
+    lift g^2 against Adam's v, which remembers the long ones. Before the batch's size was taken
+    into account, this run warned at step 63."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import trainguard
+    from trainguard.demo.data import MarkovLanguage
+
+    torch.manual_seed(2)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=64,
+                                       n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                                       attn_pdrop=0.0, bos_token_id=None, eos_token_id=None))
+    language = MarkovLanguage(64, 3, seed=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 20))
+    guard = trainguard.Guard(model, optimizer, scheduler,
+                             config=trainguard.GuardConfig(policy="observe", console=False))
+    reports = []
+    for step in range(75):
+        length = 8 + (step % 60) * 24 // 59
+        ids = language.batch(8, length)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        reports.append(guard.step(loss, batch={"input_ids": ids}))
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert [e.message for e in guard.events if e.severity != "info"] == []
+    # the restart, as the detector saw it: from the batch's shape
+    assert [r.signals.batch_elements for r in reports[59:61]] == [8 * 32, 8 * 8]
+
+
+def test_a_regression_head_clipped_at_one_is_no_precursor() -> None:
+    """A real GPT-2 regression head on noisy targets, clipped at 1.0 as the Hugging Face
+    Trainer does by default, AdamW 1e-3 decaying linearly: most steps' norms are above 1, so
+    Adam's v holds the clipped gradients while the probe's g is the gradient before the clip.
+    Before the ratio was judged at the clipped gradient, this run warned at step 96 on a
+    LayerNorm bias of 64 elements (its ratio at 22.9, 4x its median, on a norm above 1)."""
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    import trainguard
+    from trainguard.demo.data import MarkovLanguage
+
+    torch.manual_seed(1)
+    model = GPT2ForSequenceClassification(GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=64, n_positions=32, num_labels=1,
+        problem_type="regression", pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0))
+    language = MarkovLanguage(64, 3, seed=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: max(0.0, 1 - t / 150))
+    guard = trainguard.Guard(model, optimizer, scheduler, config=trainguard.GuardConfig(
+        policy="observe", console=False, max_grad_norm=1.0))
+    noise = torch.Generator().manual_seed(2)
+    clipped = 0
+    for _ in range(100):
+        ids = language.batch(16, 32)
+        share = (ids < 16).float().mean(1) - (ids >= 48).float().mean(1)
+        labels = share / 0.2 + torch.randn(16, generator=noise)
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        report = guard.step(loss, batch={"input_ids": ids, "labels": labels})
+        clipped += report is not None and report.action == "clipped"
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert [e.message for e in guard.events if e.severity != "info"] == []
+    assert clipped > 50  # the clip is what the optimizer saw on most steps

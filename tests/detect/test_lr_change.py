@@ -151,7 +151,9 @@ def test_an_lr_raised_by_the_loop_ranks_lr_too_high_in_a_plain_loop(structured: 
         optimizer.zero_grad(set_to_none=True)
     guard.close()
     serious = [e for e in guard.events if e.severity != "info"]
-    assert serious and 60 <= serious[0].step <= 62
+    # the gradient's jump is an outlier batch at once (info), a warning at the next step, where
+    # it has not come back
+    assert serious and 60 <= serious[0].step <= 63
     top = guard.diagnose()[0]
     assert top.code == "lr_too_high"
     assert "LR x1000 at step 60" in top.evidence[0]
@@ -192,7 +194,9 @@ def test_an_lr_raised_by_a_callback_ranks_lr_too_high_under_the_trainer(tmp_path
     changes = [e for e in guard.events if e.kind == "lr_change"]
     assert [e.step for e in changes] == [60] and "groups 0, 1" in changes[0].message
     serious = [e for e in guard.events if e.severity != "info"]
-    assert serious and 60 <= serious[0].step <= 62
+    # the gradient's jump is an outlier batch at once (info), a warning at the next step, where
+    # it has not come back
+    assert serious and 60 <= serious[0].step <= 63
     assert guard.run.diagnose()[0].code == "lr_too_high"
 
 

@@ -37,6 +37,8 @@ POISON = {
     "loss_requires_grad": lambda s: False,
     "precursors": lambda s: {k: np.full_like(v, 50.0) for k, v in s.precursors.items()},
     "attention_logits": lambda s: {k: 1e4 * (1 + s.step) for k in s.attention_logits},
+    "batch_elements": lambda s: 1 + s.step % 7,
+    "clip_limit": lambda s: 1e-3,
 }
 """A value for each `StepSignals` field that no detector could take for what it was."""
 
@@ -70,6 +72,7 @@ def _run() -> list[StepSignals]:
         s.loss_curvature = 0.01
         s.loss_requires_grad = True
         s.attention_logits = {"h.0.attn": 20.0 * 1.1 ** max(0, s.step - 100)}  # growing too
+        s.batch_elements = 512
     return steps
 
 

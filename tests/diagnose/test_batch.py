@@ -9,6 +9,7 @@ from torch import nn
 from trainguard import Guard, GuardConfig
 from trainguard.diagnose.batch import (
     BatchHistory,
+    batch_elements_of,
     check_loss_above_chance,
     describe_batch,
     inspect_batch,
@@ -225,6 +226,18 @@ def test_the_first_loss_above_chance_is_a_finding_not_an_event() -> None:
     [finding] = [f for f in guard.findings if f.check == "batch_above_chance"]
     assert finding.cause == "tokenizer_mismatch" and finding.evidence["vocab"] == 32
     assert guard.diagnose()[0].code == "tokenizer_mismatch"
+
+
+def test_a_batch_size_in_elements_is_its_largest_tensors_from_its_shape_alone() -> None:
+    ids = torch.zeros(8, 24, dtype=torch.long)
+    batch = {"labels": torch.zeros(8), "input_ids": ids, "attention_mask": torch.ones(8, 24)}
+    before = transfer_count()
+    assert batch_elements_of(batch) == 8 * 24
+    assert batch_elements_of((images(n=4), torch.zeros(4))) == 4 * 3 * 8 * 8
+    assert batch_elements_of(ids) == 8 * 24
+    assert batch_elements_of({"meta": "a string", "step": torch.tensor(3)}) is None
+    assert batch_elements_of(None) is None
+    assert transfer_count() == before
 
 
 def test_a_loss_beyond_what_the_model_scores_allow_says_nothing_of_the_ids() -> None:

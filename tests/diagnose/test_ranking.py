@@ -630,6 +630,17 @@ def test_without_a_ceiling_a_jump_of_loss_and_gradient_alike_points_at_the_loss(
     assert "loss_reduction" not in run(1e6, 5e5, outlier)  # the batch's size says why
 
 
+def test_a_jump_of_loss_and_gradient_alike_is_read_at_the_jump_when_told_again_later() -> None:
+    """The loss's jump is an outlier batch (info) at its step and told again a step later,
+    where it has not come back; the gradient's blew up (an error) at once."""
+    grad = event("grad_explosion", 80, ratio=1e6)
+    outlier = event("loss_spike", 80, "info", ratio=5e5, baseline=1.2, outlier=True)
+    again = event("loss_spike", 81, ratio=5e5, baseline=1.2, jump_step=80)
+    outlier.value = again.value = 1.2 * 5e5
+    assert "loss_reduction" in codes(rank_causes([grad, outlier, again], top=10))
+    assert "loss_reduction" not in codes(rank_causes([grad, outlier], top=10))
+
+
 def test_a_replay_that_does_not_give_the_recorded_loss_votes_for_the_loss() -> None:
     spike = event("loss_spike", 80, ratio=30.0, baseline=1.0)
     proof = event("proof", 80, "info", replay_differs=True)

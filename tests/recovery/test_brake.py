@@ -25,6 +25,9 @@ GROW_STEPS = 8
 STEPS = GROW_FROM + GROW_STEPS + BRAKE_STEPS + 10
 
 
+NOISE = 5.0
+"""The targets' noise: the loss levels off at it early, so the provoked rises come on a loss that
+no longer falls (a rise while it still falls is a model learning, no precursor)."""
 AGAIN = GROW_FROM + GROW_STEPS + BRAKE_STEPS + 15
 """Where `train(..., again=True)` grows the loss a second time, after the brake's release."""
 
@@ -50,7 +53,8 @@ def train(policy: str, grow: bool = True, again: bool = False,
     lrs = []
     for step in range(steps):
         x = torch.randn(32, 8, generator=data)
-        loss = (model(x).squeeze(1) - x.sum(1)).square().mean()
+        target = x.sum(1) + NOISE * torch.randn(32, generator=data)
+        loss = (model(x).squeeze(1) - target).square().mean()
         (loss * (scale_at(step, again) if grow else 1.0)).backward()
         guard.step(loss)
         lrs.append(optimizer.param_groups[0]["lr"])  # after the step: the next step's LR

@@ -39,6 +39,20 @@ def test_a_spike_that_settles_costs_one_skipped_update() -> None:
     assert c.trouble is None and c.rollbacks == 0
 
 
+def test_a_jump_told_as_an_outlier_is_skipped_and_watched_all_the_same() -> None:
+    """At once a jump is `info` (an outlier batch until the next steps show harm); the recover
+    policy keeps its update out and watches, as for any jump. Another `info` event is no
+    trouble."""
+    c = _controller(settle_steps=10)
+    _calm(c, range(20))
+    note = Event(kind="lr_change", step=20, severity="info", message="LR noted")
+    assert c.review(_signals(20, 2.0), [note]) is None
+    outlier = Event(kind="grad_explosion", step=21, severity="info", message="outlier batch")
+    verdict = c.review(_signals(21, 2.0, grad_norm=30.0), [outlier])
+    assert verdict is not None and verdict.action == "skip" and verdict.bad_steps == [21]
+    assert c.trouble is not None and c.trouble.start == 21
+
+
 def test_a_spike_that_does_not_settle_rolls_back_to_before_it() -> None:
     c = _controller(settle_steps=5)
     _calm(c, range(20))

@@ -57,6 +57,11 @@ Faults (guide sections from `trainguard.diagnose.causes`):
                                tuned for. On this tiny model that degrades the fine-tune (about
                                as much as training with batches of 2 throughout) but does not
                                break it.
+
+Healthy variations that move the gradient's size or the LR by design (the false-alarm traps):
+a length curriculum that restarts (sequences of 8 growing to 32 tokens over 60 steps, again and
+again: the batch's noise jumps up at each restart), batches of each their own length (grouped by
+length), and a cosine schedule with warm restarts (the LR back at its top every 50 steps).
 """
 
 from __future__ import annotations
@@ -95,6 +100,12 @@ MISSING_WARMUP_LR = 5e-2
 ONSET_STEP = 60
 TRANSIENT_LR_STEPS = 6
 """Steps of the transient LR fault at 100x before the schedule is back."""
+MIN_LENGTH = 8
+"""The shortest sequences of the healthy length variations (7 positions predicted)."""
+LENGTH_CYCLE = 60
+"""Steps over which the length curriculum grows the sequences before it starts short again."""
+RESTART_EVERY = 50
+"""The period of the cosine with warm restarts."""
 
 PRETRAIN_KEY = "gpt2_l2_e64_h4_v64_markov7_b3_adamw5e-3_s150_b32_t1_v2"
 PRETRAIN_STEPS = 150
@@ -131,10 +142,10 @@ def finetuning_transition() -> torch.Tensor:
 
 
 def sample_sequences(transition: torch.Tensor, batch_size: int,
-                     generator: torch.Generator) -> torch.Tensor:
-    tokens = torch.empty(batch_size, SEQ_LEN, dtype=torch.long)
+                     generator: torch.Generator, length: int = SEQ_LEN) -> torch.Tensor:
+    tokens = torch.empty(batch_size, length, dtype=torch.long)
     tokens[:, 0] = torch.randint(VOCAB_SIZE, (batch_size,), generator=generator)
-    for i in range(1, SEQ_LEN):
+    for i in range(1, length):
         tokens[:, i] = torch.multinomial(transition[tokens[:, i - 1]], 1,
                                          generator=generator).squeeze(1)
     return tokens
@@ -251,6 +262,16 @@ class Recipe:
     summed_loss_from: int | None = None
     """loss_reduction: from this step the loop sums the token losses instead of averaging
     them."""
+    # Healthy variations of what the loop feeds and how its LR moves.
+    length_cycle: int | None = None
+    """A length curriculum: sequences grow from MIN_LENGTH to SEQ_LEN tokens over this many
+    steps, then start short again (a curriculum sampler that restarts each epoch)."""
+    random_lengths: bool = False
+    """Each batch has its own length between MIN_LENGTH and SEQ_LEN (batches grouped by length,
+    as `group_by_length` makes them)."""
+    restart_every: int | None = None
+    """After the warmup, cosine decay to 0 over this many steps, then back at the top LR
+    (`CosineAnnealingWarmRestarts`)."""
 
 
 FOREIGN_VOCAB_SIZE = 100
@@ -310,7 +331,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
         if recipe.truncated_from is not None and step >= recipe.truncated_from:
             size = recipe.truncated_size
         generator = _generator(seed, _TRAIN_STREAM, step, micro)
-        tokens = sample_sequences(transition, size, generator)
+        tokens = sample_sequences(transition, size, generator, sequence_length(step, recipe,
+                                                                               generator))
         shard = recipe.permuted_shard_at
         if recipe.permuted_vocabulary or (
                 shard is not None and shard <= step < shard + PERMUTED_SHARD_STEPS):
@@ -348,8 +370,22 @@ def build(seed: int, recipe: Recipe) -> Workload:
                                     else lambda step: step >= no_backward))
 
 
+def sequence_length(step: int, recipe: Recipe, generator: torch.Generator) -> int:
+    """The length of the sequences of step `step`'s batch."""
+    if recipe.length_cycle is not None:
+        into = step % recipe.length_cycle
+        return MIN_LENGTH + into * (SEQ_LEN - MIN_LENGTH) // max(1, recipe.length_cycle - 1)
+    if recipe.random_lengths:
+        return int(torch.randint(MIN_LENGTH, SEQ_LEN + 1, (1,), generator=generator))
+    return SEQ_LEN
+
+
 def user_schedule(step: int, recipe: Recipe) -> float:
-    """The LR multiplier the loop applies: warmup + cosine, times the user's own changes."""
+    """The LR multiplier the loop applies: warmup + cosine (or cosine with warm restarts),
+    times the user's own changes."""
+    if recipe.restart_every is not None and step >= recipe.warmup_steps:
+        into = (step - recipe.warmup_steps) % recipe.restart_every
+        return 0.5 * (1.0 + math.cos(math.pi * into / recipe.restart_every))
     factor = warmup_cosine(step, recipe.warmup_steps, recipe.steps)
     if recipe.lr_jump_at is not None and step >= recipe.lr_jump_at and (
             recipe.lr_jump_steps is None or step < recipe.lr_jump_at + recipe.lr_jump_steps):
@@ -415,6 +451,17 @@ def scenarios() -> list[Scenario]:
         _scenario("gpt2_scratch_healthy", scratch,
                   f"the same GPT-2 trained from its random initialisation (no pre-training), "
                   f"fp32, batch {BATCH_SIZE}, {sane}: the loss falls from chance all run long"),
+        _scenario("gpt2_healthy_length_curriculum", replace(full, length_cycle=LENGTH_CYCLE),
+                  f"full fine-tune whose sequences grow from {MIN_LENGTH} to {SEQ_LEN} tokens "
+                  f"over {LENGTH_CYCLE} steps, then start short again (a curriculum that "
+                  f"restarts), sane {sane}"),
+        _scenario("gpt2_healthy_group_by_length", replace(full, random_lengths=True),
+                  f"full fine-tune whose batches each have their own length, {MIN_LENGTH} to "
+                  f"{SEQ_LEN} tokens (grouped by length), sane {sane}"),
+        _scenario("gpt2_healthy_warm_restarts", replace(full, restart_every=RESTART_EVERY),
+                  f"full fine-tune, AdamW {SANE_FULL_LR:g} with a {WARMUP_STEPS}-step warmup, "
+                  f"then cosine decay to 0 over {RESTART_EVERY} steps and back to the top LR, "
+                  "again and again (cosine with warm restarts)"),
         _scenario("gpt2_lora_healthy", lora,
                   f"LoRA r=8 alpha=8 (alpha/r=1), lora_dropout 0.1, sane {sane_lora}"),
         _scenario("gpt2_lora_healthy_alpaca", replace(lora, lora_alpha=16),

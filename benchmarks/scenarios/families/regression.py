@@ -9,6 +9,11 @@ runs; trainguard must stay quiet on them and still find a real outlier batch.
 
 Scenarios:
     regression_healthy_student_t   the heavy-tailed healthy run.
+    regression_absorbed_outlier    the same run where one target of the batch of step 200 lies
+                                   150 away from its fit (a label far out in the tail, a typo):
+                                   the loss jumps some 200-300x and the gradient some 15-20x for
+                                   that one step, and Adam's bounded update leaves the run as it
+                                   was (a healthy run: the outlier is told, nothing more).
     regression_outlier_batch       the same run where one batch at step 200 comes from a source
                                    with inputs 1000x larger (a unit bug in one shard, §3.2).
     regression_input_scale_drift   (§3.2) from step 100 on, every batch comes from a source whose
@@ -36,6 +41,8 @@ LR = 1e-3
 DEGREES_OF_FREEDOM = 3.0
 ONSET_STEP = 200
 OUTLIER_SCALE = 1000.0
+TARGET_OUTLIER = 150.0
+"""How far the one far-out target of the absorbed outlier lies from its fit."""
 DRIFT_STEP = 100
 """Onset of the lasting scale change and of the bad shard."""
 DRIFT_SCALE = 1e4
@@ -52,6 +59,8 @@ def _generator(seed: int, stream: int, step: int) -> torch.Generator:
 @dataclass(frozen=True)
 class Recipe:
     outlier_at: int | None = None
+    target_outlier_at: int | None = None
+    """One target of this step's batch is TARGET_OUTLIER further out."""
     scaled_from: int | None = None
     """Batches from this step on have inputs DRIFT_SCALE times larger..."""
     scaled_batches: int | None = None
@@ -81,6 +90,10 @@ def build(seed: int, recipe: Recipe) -> Workload:
         data = sample(_generator(seed, _TRAIN_STREAM, step))
         if step == recipe.outlier_at:
             data = {"x": data["x"] * OUTLIER_SCALE, "y": data["y"]}
+        if step == recipe.target_outlier_at:
+            y = data["y"].clone()
+            y[0, 0] += TARGET_OUTLIER
+            data = {"x": data["x"], "y": y}
         if _scaled(recipe, step):
             data = {"x": data["x"] * DRIFT_SCALE, "y": data["y"]}
         return data
@@ -116,6 +129,11 @@ def scenarios() -> list[Scenario]:
         Scenario("regression_healthy_student_t", FAMILY, partial(build, recipe=Recipe()), STEPS,
                  description=f"MLP regression, Student-t ({DEGREES_OF_FREEDOM:g} d.o.f.) target "
                              f"noise, Adam {LR:g}, batch {BATCH_SIZE}: spiky but healthy"),
+        Scenario("regression_absorbed_outlier", FAMILY,
+                 partial(build, recipe=Recipe(target_outlier_at=ONSET_STEP)), STEPS,
+                 description=f"the heavy-tailed run with one target of the batch of step "
+                             f"{ONSET_STEP} {TARGET_OUTLIER:g} away from its fit: a one-batch "
+                             f"outlier the run absorbs"),
         Scenario("regression_outlier_batch", FAMILY,
                  partial(build, recipe=Recipe(outlier_at=ONSET_STEP)), STEPS,
                  cause="outlier_batch", onset_step=ONSET_STEP, sudden=True, recoverable=True,

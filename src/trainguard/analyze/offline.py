@@ -31,10 +31,12 @@ from trainguard.analyze.log import GRAD_NORM, LOSS, LOSS_SCALE, LR, Log, is_trai
 from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, Detector
+from trainguard.detect.base import what_jumped
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
-from trainguard.events import Event
+from trainguard.events import Event, Severity
+from trainguard.registry import Kind
 from trainguard.signals import LossCurvature, StepSignals
 
 LOG_HOLDS: dict[str, Callable[[Log], bool]] = {
@@ -137,8 +139,41 @@ def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) 
             for event in evals.observe(metrics, len(rows) - 1, classes=num_classes,
                                        train_loss=train_loss):
                 raw.append((rows[-1], event))
-    events = [_in_log_units(event, log, rows, row) for row, event in raw]
+    events = [_in_log_units(event, log, rows, row) for row, event in _at_full_size(raw, config)]
     return Replay(events=events, rows=rows)
+
+
+def _at_full_size(raw: list[tuple[int, Event]],
+                  config: DetectorConfig) -> list[tuple[int, Event]]:
+    """The jumps the live detectors tell as outlier batches, at the severity of their size.
+
+    Live, a one-step jump is `info` until the next step shows harm, and told again there if it
+    did not come back. With the whole log in view, the judgement (`judge.py`) decides for
+    itself which jumps were transient, by its own rules (a jump of orders of magnitude never
+    is): each jump is one event at its row, a warning or, from the detector's error ratio, an
+    error, and its telling again is folded into it."""
+    stayed = {(e.kind, e.details["jump_step"]): e for _, e in raw if "jump_step" in e.details}
+    out: list[tuple[int, Event]] = []
+    for row, event in raw:
+        if "jump_step" in event.details:
+            continue
+        if event.details.get("outlier"):
+            later = stayed.get((event.kind, event.step))
+            details = {k: v for k, v in event.details.items() if k != "outlier"}
+            event = Event(kind=event.kind, step=event.step,
+                          severity=later.severity if later is not None else _size(event, config),
+                          message=what_jumped(event.message), param=event.param,
+                          value=event.value, details=details)
+        out.append((row, event))
+    return out
+
+
+def _size(event: Event, config: DetectorConfig) -> Severity:
+    """The severity of a jump by its size alone."""
+    ratio = event.details.get("ratio")
+    limit = (config.loss_spike_error_ratio if event.kind == Kind.LOSS_SPIKE
+             else config.grad_norm_error_ratio)
+    return "error" if isinstance(ratio, (int, float)) and ratio >= limit else "warning"
 
 
 def _aux_losses(log: Log) -> dict[int, list[tuple[str, float]]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.config import DetectorConfig
@@ -38,6 +39,65 @@ class Episode:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.active = bool(state["active"])
         self.calm = int(state["calm"])
+
+
+OUTLIER_MARK = ": the batch of step "
+"""What a jump told as an outlier batch adds to the message that says what jumped."""
+
+
+def as_outlier(message: str, step: int, harm: str) -> str:
+    """`message` (what jumped) told as an outlier batch, with the `harm` the next step would
+    show."""
+    return f"{message}{OUTLIER_MARK}{step} is an outlier until the next step shows harm ({harm})"
+
+
+def what_jumped(message: str) -> str:
+    """The message of a jump told as an outlier batch, without the telling."""
+    return message.partition(OUTLIER_MARK)[0]
+
+
+@dataclass(slots=True)
+class Outlier:
+    """A one-step jump told as an outlier batch, until the steps after it say whether it did
+    harm: where it was (`step`), the value it jumped to, the run's typical value then, and their
+    ratio; `after` records, for each step since, whether its value was still up.
+
+    It did harm when the value is still up at the very next step, or on `HARM` of the `WATCH`
+    steps after it (a level that stays up, hovering around the threshold); back at its level on
+    the others, it is what one heavy-tailed batch does, even when another batch of the same tail
+    comes along among them."""
+
+    WATCH = 3
+    HARM = 2
+
+    step: int
+    value: float
+    typical: float
+    ratio: float
+    after: list[bool] = field(default_factory=list)
+    details: dict[str, float] = field(default_factory=dict)
+    """What the detector measured at the jump, for the event that tells it again."""
+
+    def harmful(self, up: bool) -> bool | None:
+        """Record whether the next step's value is still up. True: the jump did harm; False: it
+        came back; None: not known yet."""
+        self.after.append(up)
+        ups = sum(self.after)
+        if self.after == [True] or ups >= self.HARM:
+            return True
+        if ups + self.WATCH - len(self.after) < self.HARM:
+            return False
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "value": self.value, "typical": self.typical,
+                "ratio": self.ratio, "after": list(self.after), "details": dict(self.details)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Outlier:
+        return cls(int(state["step"]), float(state["value"]), float(state["typical"]),
+                   float(state["ratio"]), [bool(v) for v in state.get("after", [])],
+                   {str(k): float(v) for k, v in state.get("details", {}).items()})
 
 
 class Detector:

@@ -7,6 +7,14 @@ norm with a robust baseline of this run (median and MAD of recent log-norms), so
 normal norm is 50 and one whose normal norm is 0.5 are judged on their own scale. Below the
 absolute limit, a run that has shown one-step jumps that were back to normal at the next step
 (heavy-tailed data) must jump `transient_margin` beyond the largest of them to count.
+
+A gradient that blew up (above the absolute limit, or `grad_norm_error_ratio` times the typical
+norm) is an error at once. A smaller jump is first an outlier batch (`info`, naming the step),
+which the Guard acts on at once all the same (the adaptive clip's alarm, the recover policy's skip
+and watch); it is told again as a warning only if the norm is still `grad_norm_ratio` times the
+typical one (or non-finite) at the next step, or on two of the three steps after the jump
+(`detect.base.Outlier`): a one-batch jump that came back did no lasting harm (`loss_spike` tells
+the same of the loss).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import math
 from typing import Any
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.base import Detector, Episode
+from trainguard.detect.base import Detector, Episode, Outlier, as_outlier
 from trainguard.events import Event, Severity
 from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
 
@@ -30,17 +38,23 @@ class GradExplosion(Detector):
         self.transients = TransientJumps(config.transient_horizon,
                                          math.log(config.transient_margin))
         self.episode = Episode(config.rearm_steps)
+        self.outlier: Outlier | None = None
+        """The last jump, told as an outlier batch, while the norms after it have not yet said
+        whether it did harm."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
         norm = signals.grad_norm
-        log_norm = safe_log(norm)
-        if signals.amp_overflow or not math.isfinite(log_norm):
+        if signals.amp_overflow:  # the scaler's calibration says nothing of the jump
             return []
+        log_norm = safe_log(norm)
+        if not math.isfinite(log_norm):  # up, when it went on to NaN or inf; 0 is back
+            return self._judge_outlier(signals, up=not math.isfinite(norm))
         warm = len(self.baseline) >= max(cfg.warmup_steps, 1)
         median, scale = self.baseline.stats() if warm else (math.nan, math.nan)
         typical = math.exp(median) if warm else math.nan
         excess = log_norm - median if warm else math.nan
+        events = self._judge_outlier(signals, up=excess >= math.log(cfg.grad_norm_ratio))
         noise_ok = warm and excess >= cfg.grad_norm_zscore * scale
         adaptive = noise_ok and excess >= math.log(cfg.grad_norm_ratio)
         absolute = norm > cfg.grad_norm_abs_threshold and (
@@ -55,7 +69,7 @@ class GradExplosion(Detector):
         self.baseline.admit(min(log_norm, median + math.log(cfg.grad_norm_ratio))
                             if jump and warm else log_norm)
         if not self.episode.update(anomalous):
-            return []
+            return events
         ratio = norm / typical if warm else math.nan
         severity: Severity
         if absolute:
@@ -63,22 +77,60 @@ class GradExplosion(Detector):
             message = (f"gradient norm {norm:.4g} is above the absolute limit "
                        f"{cfg.grad_norm_abs_threshold:g}")
         else:
-            severity = "error" if ratio >= cfg.grad_norm_error_ratio else "warning"
+            severity = "error" if ratio >= cfg.grad_norm_error_ratio else "info"
             message = f"gradient norm {norm:.4g}"
         if warm:
             message += f" ({ratio:.1f}x this run's typical {typical:.3g})"
-        worst = int(signals.param_grad_norm.argmax()) if len(signals.param_grad_norm) else None
-        param = signals.param_names[worst] if worst is not None else None
-        if param is not None:
+        worst = self._largest(signals)
+        param = None if worst is None else signals.param_names[worst]
+        if worst is not None:
             message += f"; largest in {param} ({signals.param_grad_norm[worst]:.3g})"
-        return [self.event(signals.step, severity, message, param=param, value=norm,
-                           baseline=typical if warm else None, ratio=ratio if warm else None)]
+        details: dict[str, Any] = {}
+        if severity == "info":  # blown up it is not: what the next step shows decides
+            self.outlier = Outlier(signals.step, norm, typical, ratio)
+            message = as_outlier(message, signals.step,
+                                 f"a norm still {cfg.grad_norm_ratio:g}x the typical one")
+            details["outlier"] = True
+        return [*events, self.event(signals.step, severity, message, param=param, value=norm,
+                                    baseline=typical if warm else None,
+                                    ratio=ratio if warm else None, **details)]
+
+    def _judge_outlier(self, signals: StepSignals, *, up: bool) -> list[Event]:
+        """The outlier told again where the norms after it show it did harm."""
+        outlier = self.outlier
+        if outlier is None:
+            return []
+        harmful = outlier.harmful(up)
+        if harmful is not None:
+            self.outlier = None
+        return [self._stayed(outlier, signals)] if harmful else []
+
+    def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
+        now = signals.grad_norm
+        worst = self._largest(signals)
+        param = None if worst is None else signals.param_names[worst]
+        return self.event(
+            signals.step, "warning",
+            f"gradient norm {outlier.value:.4g} at step {outlier.step} ({outlier.ratio:.1f}x this "
+            f"run's typical {outlier.typical:.3g}) has not come back: {now:.4g} at step "
+            f"{signals.step}" + (f"; largest in {param}" if param is not None else ""),
+            param=param, value=outlier.value, baseline=outlier.typical, ratio=outlier.ratio,
+            jump_step=outlier.step, norm_now=now)
+
+    @staticmethod
+    def _largest(signals: StepSignals) -> int | None:
+        """The index of the parameter with the largest gradient norm (the first non-finite one,
+        if any)."""
+        return int(signals.param_grad_norm.argmax()) if len(signals.param_grad_norm) else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict(),
-                "transients": self.transients.state_dict()}
+                "transients": self.transients.state_dict(),
+                "outlier": None if self.outlier is None else self.outlier.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.baseline.load_state_dict(state["baseline"])
         self.episode.load_state_dict(state["episode"])
         self.transients.load_state_dict(state.get("transients", {}))
+        outlier = state.get("outlier")
+        self.outlier = None if outlier is None else Outlier.from_state(outlier)

@@ -19,6 +19,18 @@ skips its first steps, do not count) and reports an episode once.
 
 Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
 and one burst does not lift the level it is compared with.
+
+Three rises are not the weights going wrong, and are taken off or left out first:
+- the clip's: the probe's g is the gradient before clipping, while v was fed the clipped
+  gradients the optimizer was given; a norm above the clip limit in force (`clip_limit`, such as
+  a Trainer's `max_grad_norm=1.0` on a regression head whose norm sits above 1) lifts the ratio by
+  norm / limit, which Adam never sees: the ratio is judged at the clipped gradient;
+- the batch's: a batch with fewer elements than the typical one has a noisier gradient
+  (length curricula, `group_by_length`), and a batch whose loss is above the typical one (a
+  heavy-tailed draw) steeper slopes (`detect/batch_noise.py`);
+- learning's: while the loss is still coming down (`OutputGrowth.learning`, as for log Z), a
+  model that starts to use a layer grows its gradients faster than Adam's average of them; a
+  gradient that outgrows v while the loss stays put is what comes before the spike.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import numpy as np
 from trainguard.config import DetectorConfig
 from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
+from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.output_growth import OutputGrowth
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
@@ -62,9 +75,19 @@ def _last_finite(values: np.ndarray) -> np.ndarray:
     return np.where(rows >= 0, picked, np.nan)
 
 
+def clip_factor(signals: StepSignals) -> float:
+    """The factor the global clip in force scales the step's gradients by before the optimizer
+    is given them (1.0 without clipping, or when the norm is not finite)."""
+    limit, norm = signals.clip_limit, signals.grad_norm
+    if limit is None or not (math.isfinite(norm) and norm > limit > 0):
+        return 1.0
+    return limit / norm
+
+
 class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
-    reads = frozenset({"param_names", "precursors", "attention_logits", "lr"})
+    reads = frozenset({"param_names", "precursors", "attention_logits", "lr", "loss",
+                       "batch_elements", "grad_norm", "clip_limit"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
@@ -80,6 +103,13 @@ class InstabilityPrecursor(Detector):
         """The attention layers' largest logits (`detect/attention_logits.py`)."""
         self.growth = OutputGrowth(config)
         """log Z and Adam's update RMS (`detect/output_growth.py`): events of this kind."""
+        self.batch_noise = BatchNoise(config.baseline_window)
+        """The rise of the ratio that a batch smaller than the typical one explains
+        (`detect/batch_noise.py`), taken off before the ratio is judged."""
+        self.discount = 0.0
+        """This step's log discount for its batch's size."""
+        self.clipped = 1.0
+        """This step's clip factor: the ratio is judged at the gradient the optimizer is given."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         events = (self._check_ratio(signals) + self.attention.check(signals, self.event)
@@ -93,7 +123,11 @@ class InstabilityPrecursor(Detector):
         values = signals.precursors.get(SIGNAL)
         if values is None:
             return []
-        values = np.asarray(values, dtype=np.float64)
+        self.clipped = clip_factor(signals)
+        values = np.asarray(values, dtype=np.float64) * self.clipped
+        self.discount = self.batch_noise.log_discount(signals.batch_elements, signals.loss)
+        if self.discount:
+            values = values * math.exp(-self.discount)
         if self.streak.shape != values.shape:  # parameters added: start the baselines again
             self.history.clear()
             self.streak = np.zeros(values.shape, dtype=np.int64)
@@ -137,6 +171,8 @@ class InstabilityPrecursor(Detector):
             recent = column_medians(known[-cfg.precursor_trend_window:])
             with np.errstate(invalid="ignore"):
                 firing &= recent - level >= math.log(cfg.precursor_trend_ratio)
+        if firing.any() and self.growth.learning():
+            firing[:] = False  # a model still learning, not a lagging moment
         if not self.episode.update(bool(firing.any())):
             return []
         index = int(np.argmax(np.where(firing, logs - level, -np.inf)))
@@ -159,15 +195,31 @@ class InstabilityPrecursor(Detector):
         rise = trend(value, first)
         name = signals.param_names[index] if index < len(signals.param_names) else str(index)
         ratio = value / typical if typical > 0 else math.inf
+        clipped = (f" (of the gradient clipped to {signals.clip_limit:.3g})"
+                   if self.clipped < 1.0 else "")
+        smaller = (f" once the {math.exp(self.discount):.3g}x that its batch explains "
+                   f"({self._batch_explains(signals)}) is taken off" if self.discount else "")
         return self.event(
             signals.step, "warning",
-            f"Adam g/sqrt(v) RMS of {name} at {value:.3g}, {ratio:.3g}x its median "
-            f"{typical:.3g}, above it for {steps} steps, {since(rise, first)}: the gradient "
+            f"Adam g/sqrt(v) RMS of {name}{clipped} at {value:.3g}{smaller}, {ratio:.3g}x its "
+            f"median {typical:.3g}, above it for {steps} steps, {since(rise, first)}: the gradient "
             f"outgrows Adam's second moment, and a loss spike often follows within "
             f"{EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, baseline=typical, ratio=ratio,
             bound=max(self.config.precursor_abs_min, self.config.precursor_ratio * typical),
-            steps_above=steps, trend=rise, before=first, expected_lead=EXPECTED_LEAD)
+            steps_above=steps, trend=rise, before=first, expected_lead=EXPECTED_LEAD,
+            batch_discount=math.exp(self.discount), clip_factor=self.clipped)
+
+    def _batch_explains(self, signals: StepSignals) -> str:
+        """What about the step's batch explains part of the rise, in words."""
+        noise = self.batch_noise
+        said = []
+        if noise.size_part:
+            said.append(f"{signals.batch_elements} elements against a typical "
+                        f"{noise.typical:.0f}")
+        if noise.loss_part:
+            said.append(f"a loss {math.exp(2 * noise.loss_part):.3g}x the typical one")
+        return ", ".join(said)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [[None if not math.isfinite(v) else float(v) for v in row]
@@ -175,7 +227,8 @@ class InstabilityPrecursor(Detector):
                 "streak": [int(v) for v in self.streak], "first": [float(v) for v in self.first],
                 "sudden": [bool(v) for v in self.sudden],
                 "episode": self.episode.state_dict(),
-                "attention": self.attention.state_dict(), "growth": self.growth.state_dict()}
+                "attention": self.attention.state_dict(), "growth": self.growth.state_dict(),
+                "batch_noise": self.batch_noise.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
@@ -188,4 +241,5 @@ class InstabilityPrecursor(Detector):
             self.episode.load_state_dict(state["episode"])
         self.attention.load_state_dict(state.get("attention", {}))
         self.growth.load_state_dict(state.get("growth", {}))
+        self.batch_noise.load_state_dict(state.get("batch_noise", {}))
 

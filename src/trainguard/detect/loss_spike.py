@@ -12,6 +12,17 @@ within float noise at the scale the loss started at (`loss_resolution` of it) is
 large its ratio near zero. A spike records the most a cross-entropy of the model's own class
 scores could cost at its step (`details["ce_ceiling"]`, when `probes/logz.py` measured it), and
 says when the loss stands beyond it (`diagnose/loss_bound.py`): the cause ranking reads it.
+
+A jump is known at once; the harm it did is not. One batch can lift the loss by orders of
+magnitude (a heavy-tailed target, a mislabelled sample) and leave the run as it was. So a jump is
+first told as what it is known to be, an outlier batch (`info`, naming the step), which the Guard
+still acts on at once (the adaptive clip's alarm, the recover policy's skip and watch: the kind's
+tags and reaction, whatever the severity). The losses after it say whether it did harm: a loss
+still `loss_spike_ratio` times the level (or non-finite) at the next step, or on two of the three
+steps after the jump, has not come back (`detect.base.Outlier`), and the jump is told again at
+that step as a warning, or an error from `loss_spike_error_ratio`; a loss back at its level
+leaves the outlier at `info`. A loss beyond what the model's class scores allow is no batch's
+cross-entropy, however far out the batch: that jump is told at once at its size.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ import math
 from typing import Any
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.base import Detector, Episode
+from trainguard.detect.base import Detector, Episode, Outlier, as_outlier
 from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, ceiling_of, describe
 from trainguard.events import Event, Severity
 from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, TransientJumps, safe_log
@@ -37,13 +48,19 @@ class LossSpike(Detector):
                                          math.log(config.transient_margin))
         self.episode = Episode(config.rearm_steps)
         self.origin = LossOrigin(config.warmup_steps, config.loss_resolution)
+        self.outlier: Outlier | None = None
+        """The last jump, told as an outlier batch, while the losses after it have not yet said
+        whether it did harm."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
         if signals.loss is None:
             return []
+        if not math.isfinite(signals.loss):  # a jump that went on to NaN or inf did harm
+            return self._judge_outlier(signals, up=True)
         log_loss = safe_log(signals.loss)
-        if not math.isfinite(log_loss):
+        if not math.isfinite(log_loss):  # 0 or below: back, whatever it jumped from
+            self._judge_outlier(signals, up=False)
             return []
         self.origin.observe(signals.loss)
         n = len(self.baseline)
@@ -55,33 +72,84 @@ class LossSpike(Detector):
         excess = log_loss - level
         warm = n >= cfg.warmup_steps
         threshold = math.log(cfg.loss_spike_ratio if warm else cfg.loss_spike_early_ratio)
+        events = self._judge_outlier(signals, up=excess >= threshold)
         jump = (excess >= threshold and excess >= cfg.loss_spike_zscore * scale
                 and not self.origin.negligible(signals.loss - math.exp(level)))
         spike = jump and excess >= self.transients.threshold(signals.step)
         self.transients.observe(signals.step, excess, jumped=jump, normal=excess < threshold)
         self.baseline.admit(min(log_loss, level + threshold) if jump else log_loss)
         if not self.episode.update(spike):
-            return []
-        ratio = math.exp(excess)
-        typical = math.exp(level)
-        severity: Severity = "error" if ratio >= cfg.loss_spike_error_ratio else "warning"
+            return events
         ceiling = ceiling_of(signals.precursors)
-        said = (f"; {describe(signals.loss, ceiling)}" if ceiling is not None
-                and beyond(signals.loss, ceiling) else "")
-        event = self.event(signals.step, severity,
-                           f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median "
-                           f"{typical:.4g}{said}", value=signals.loss, baseline=typical,
-                           ratio=ratio)
-        if ceiling is not None:
-            event.details[CEILING_KEY] = ceiling
-        return [event]
+        if ceiling is not None and beyond(signals.loss, ceiling):
+            return [*events, self._beyond_scores(signals, level, excess, ceiling)]
+        outlier = Outlier(signals.step, signals.loss, math.exp(level), math.exp(excess),
+                          details={} if ceiling is None else {CEILING_KEY: ceiling})
+        self.outlier = outlier
+        event = self.event(
+            signals.step, "info", as_outlier(
+                f"loss jumped to {signals.loss:.4g}, {outlier.ratio:.3g}x its recent median "
+                f"{outlier.typical:.4g}{_beyond(signals.loss, outlier.details)}", signals.step,
+                "a loss that has not come back"),
+            value=signals.loss, baseline=outlier.typical, ratio=outlier.ratio, outlier=True)
+        event.details.update(outlier.details)
+        return [*events, event]
+
+    def _beyond_scores(self, signals: StepSignals, level: float, excess: float,
+                       ceiling: float) -> Event:
+        """A jump beyond what the model's class scores allow, told at once at its size: no
+        batch of data costs a cross-entropy there, so it is no outlier batch."""
+        assert signals.loss is not None
+        ratio, typical = math.exp(excess), math.exp(level)
+        severity: Severity = "error" if ratio >= self.config.loss_spike_error_ratio else "warning"
+        event = self.event(
+            signals.step, severity,
+            f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median {typical:.4g}"
+            f"{_beyond(signals.loss, {CEILING_KEY: ceiling})}", value=signals.loss,
+            baseline=typical, ratio=ratio)
+        event.details[CEILING_KEY] = ceiling
+        return event
+
+    def _judge_outlier(self, signals: StepSignals, *, up: bool) -> list[Event]:
+        """The outlier told again where the losses after it show it did harm."""
+        outlier = self.outlier
+        if outlier is None:
+            return []
+        harmful = outlier.harmful(up)
+        if harmful is not None:
+            self.outlier = None
+        return [self._stayed(outlier, signals)] if harmful else []
+
+    def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
+        assert signals.loss is not None
+        cfg = self.config
+        severity: Severity = "error" if outlier.ratio >= cfg.loss_spike_error_ratio else "warning"
+        event = self.event(
+            signals.step, severity,
+            f"loss jumped to {outlier.value:.4g} at step {outlier.step}, {outlier.ratio:.3g}x its "
+            f"recent median {outlier.typical:.4g}{_beyond(outlier.value, outlier.details)}, and "
+            f"has not come back: {signals.loss:.4g} at step {signals.step}",
+            value=outlier.value, baseline=outlier.typical, ratio=outlier.ratio,
+            jump_step=outlier.step, loss_now=signals.loss)
+        event.details.update(outlier.details)
+        return event
 
     def state_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline.state_dict(), "episode": self.episode.state_dict(),
-                "transients": self.transients.state_dict(), "origin": self.origin.state_dict()}
+                "transients": self.transients.state_dict(), "origin": self.origin.state_dict(),
+                "outlier": None if self.outlier is None else self.outlier.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.baseline.load_state_dict(state["baseline"])
         self.episode.load_state_dict(state["episode"])
         self.transients.load_state_dict(state.get("transients", {}))
         self.origin.load_state_dict(state.get("origin", {}))
+        outlier = state.get("outlier")
+        self.outlier = None if outlier is None else Outlier.from_state(outlier)
+
+
+def _beyond(loss: float, details: dict[str, float]) -> str:
+    """The loss's stand against the most the model's class scores allow, in words, when it is
+    beyond it."""
+    ceiling = details.get(CEILING_KEY)
+    return f"; {describe(loss, ceiling)}" if ceiling is not None and beyond(loss, ceiling) else ""

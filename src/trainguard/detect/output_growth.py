@@ -233,7 +233,7 @@ class OutputGrowth:
             the loss no longer coming down; asked only on a step where log Z may be high."""
             mean_high = (math.isfinite(value) and len(self.means) >= self.config.precursor_warmup
                          and value >= float(np.median(self.means)) + MEAN_RISE)
-            return np.array([mean_high and not self._learning()])
+            return np.array([mean_high and not self.learning()])
 
         logz = signals.precursors.get(LOGZ)
         if logz is not None:
@@ -316,8 +316,9 @@ class OutputGrowth:
             return None
         return firing, judged[1]
 
-    def _learning(self) -> bool:
-        """Whether the loss is still coming down (see `LEARNING`)."""
+    def learning(self) -> bool:
+        """Whether the loss is still coming down (see `LEARNING`), by the losses up to the last
+        step `check` was handed."""
         if len(self.losses) < 2 * LEARNING_STEPS:
             return False
         losses = list(self.losses)

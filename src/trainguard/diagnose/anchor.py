@@ -42,7 +42,7 @@ from trainguard.events import Event, at_least
 from trainguard.recovery.cadence import RingCadence, RingFeeder
 from trainguard.recovery.ring import GoodStateRing
 from trainguard.recovery.state import SavedState, capture
-from trainguard.registry import Kind, Tag, is_rank_local, kinds_tagged
+from trainguard.registry import Kind, Tag, is_rank_local, is_trouble, kinds_tagged
 from trainguard.transfer import to_host
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class ProofAnchor:
         if not self.every_state:
             return
         shared = [e for e in events if not is_rank_local(e.kind)]
-        calm = applied and not any(at_least(e.severity, "warning") for e in shared)
+        calm = applied and not any(is_trouble(e.kind, e.severity) for e in shared)
         jumps = kinds_tagged(Tag.JUMP)
         alarms = [e.step for e in shared if at_least(e.severity, "error") or e.kind in jumps]
         if self.pinned_at is not None and step - self.pinned_at > self.horizon:

@@ -78,6 +78,14 @@ def batch_size_of(batch: Any) -> int | None:
     return None
 
 
+def batch_elements_of(batch: Any) -> int | None:
+    """Elements of the batch's largest tensor: samples times positions (a language model's
+    tokens, padding included), what a batch's gradient noise falls with. Host metadata only: no
+    transfer. None for a batch without a tensor of at least one dimension."""
+    sizes = [tensor.numel() for _, tensor in _fields(batch) if tensor.dim() > 0]
+    return max(sizes) if sizes else None
+
+
 class BatchStatsOnDevice:
     """The statistics of a batch's fields, computed on the device and not yet transferred, so
     that they can travel with a step's single transfer."""

@@ -70,7 +70,7 @@ from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
 from trainguard.errors import UsageError
 from trainguard.events import Event, at_least
 from trainguard.recovery.state import restore
-from trainguard.registry import Tag, kinds_tagged
+from trainguard.registry import Tag, is_trouble, kinds_tagged
 from trainguard.rng import put_torch_state
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class IncidentProver:
             self.step_times.append(now - self._last_seen)
         self._last_seen = now
         signals = ctx.signals
-        if signals is None or any(at_least(e.severity, "warning") for e in ctx.events):
+        if signals is None or any(is_trouble(e.kind, e.severity) for e in ctx.events):
             return
         if signals.loss is not None and math.isfinite(signals.loss):
             self.losses.append(float(signals.loss))
@@ -241,7 +241,7 @@ class IncidentProver:
             # a jump proved before (a warning: a heavy-tailed batch, say) does not stand for it
             return not any(p.reproduced and p.of_error for p in self.proofs)
         jumps = kinds_tagged(Tag.JUMP)
-        if any(e.kind in jumps and at_least(e.severity, "warning") for e in ctx.events):
+        if any(e.kind in jumps for e in ctx.events):  # an outlier batch (info) at once too
             return not any(p.reproduced and not p.warned for p in self.proofs)
         # a warning before any bad step (a precursor, a blown-up start): the first, before
         # anything else was proved (after a bad step the growth it warns of is the fault's)

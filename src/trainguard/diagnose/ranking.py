@@ -559,13 +559,15 @@ def _vote_loss_scale(votes: _Votes, serious: list[Event], events: list[Event],
             beyond_steps.add(e.step)
             votes.add(SCALED_CAUSE, BEYOND_WEIGHT, f"step {e.step}: {describe(e.value, ceiling)}"
                       ": it was not computed from them alone")
-    spikes = {e.step: e for e in serious if e.kind == Kind.LOSS_SPIKE
-              and CEILING_KEY not in e.details}
+    # a jump told again where it did not come back is the jump of its own step
+    spikes = {int(e.details.get("jump_step", e.step)): e for e in serious
+              if e.kind == Kind.LOSS_SPIKE and CEILING_KEY not in e.details}
     explained = {e.step for e in serious if e.kind in batch_kinds and e.details.get("cause")}
     for e in serious:
-        spike = spikes.get(e.step)
-        if (e.kind != Kind.GRAD_EXPLOSION or spike is None or e.step in explained
-                or e.step in beyond_steps):
+        step = int(e.details.get("jump_step", e.step))
+        spike = spikes.get(step)
+        if (e.kind != Kind.GRAD_EXPLOSION or spike is None or step in explained
+                or step in beyond_steps):
             continue
         loss_ratio, grad_ratio = spike.details.get("ratio"), e.details.get("ratio")
         if (isinstance(loss_ratio, (int, float)) and isinstance(grad_ratio, (int, float))

@@ -50,6 +50,8 @@ class PackedStep:
     """The names of the extra tensors in the pack (`x:<name>`)."""
     attention: list[str] = field(default_factory=list)
     """The attention layers whose largest logits are in the pack (`att:attn_logit_max`)."""
+    batch_elements: int | None = None
+    """The batch's size in elements, read from its shape at packing (`StepSignals`)."""
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainguard.diagnose.batch import batch_elements_of
 from trainguard.distributed import AgreedPack
 from trainguard.errors import UsageError
 from trainguard.events import ActionRecord
@@ -110,13 +111,17 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     for key, tensor in extra.items():
         pack.add(f"x:{key}", tensor)
     return PackedStep(pack=pack, loss=loss_t, global_norm=global_norm, lrs=lrs,
-                      pending=pending, extra=list(extra), attention=attention)
+                      pending=pending, extra=list(extra), attention=attention,
+                      batch_elements=None if ctx.batch is None else batch_elements_of(ctx.batch))
 
 
 def read_step(ctx: StepContext, state: RunState, services: Services, step: PackedStep,
               host: dict[str, np.ndarray]) -> None:
     """The step's signals from the pack's host copy."""
     ctx.signals = _signals(ctx, state, services, host, step.lrs, step.pending)
+    ctx.signals.batch_elements = step.batch_elements
+    # under sync="deferred" the device has clipped at ctx.clip_limit already
+    ctx.signals.clip_limit = ctx.clip_limit if ctx.deferred else state.clip_limit()
     ctx.extra = {key: host[f"x:{key}"] for key in step.extra}
     if step.attention:
         ctx.signals.attention_logits = dict(zip(step.attention, (

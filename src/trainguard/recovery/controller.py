@@ -31,8 +31,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainguard.config import DetectorConfig, RecoveryConfig
-from trainguard.events import Event, at_least
-from trainguard.registry import Onset, Reaction, Tag, event_kind, kinds_reacting, kinds_tagged
+from trainguard.events import Event
+from trainguard.registry import (
+    Onset,
+    Reaction,
+    Tag,
+    event_kind,
+    is_trouble,
+    kinds_reacting,
+    kinds_tagged,
+)
 from trainguard.signals import StepSignals
 
 REFERENCE_LOSSES = 10
@@ -61,6 +69,12 @@ class _Trouble:
     before it, and rolling back would change nothing."""
 
 
+def troubling(events: list[Event]) -> list[Event]:
+    """The events the recover policy acts on (`registry.is_trouble`: a jump told as an outlier
+    batch, `info` until the steps after it show harm, is watched all the same)."""
+    return [e for e in events if is_trouble(e.kind, e.severity)]
+
+
 class RecoveryController:
     def __init__(self, config: RecoveryConfig, detectors: DetectorConfig,
                  sample_every: int) -> None:
@@ -82,7 +96,7 @@ class RecoveryController:
         state, so it does not count towards a rollback)."""
         step = signals.step
         self._note_jump(events, step)
-        serious = [e for e in events if at_least(e.severity, "warning")]
+        serious = troubling(events)
         verdict = self._judge(signals, step, serious, bad_input)
         if verdict is None and applies_update and self.trouble is not None:
             self.trouble.applied += 1

@@ -25,9 +25,9 @@ from torch import nn
 
 from trainguard.config import GuardConfig
 from trainguard.distributed import DistributedContext
-from trainguard.events import Event, at_least
+from trainguard.events import Event
 from trainguard.recovery.cadence import RingCadence, RingFeeder
-from trainguard.recovery.controller import RecoveryController, Verdict
+from trainguard.recovery.controller import RecoveryController, Verdict, troubling
 from trainguard.recovery.data import flatten_ids
 from trainguard.recovery.lr import LRBackoff, set_lr
 from trainguard.recovery.ring import GoodStateRing
@@ -165,7 +165,7 @@ class Recovery:
         # Batch findings are rank-local under torch.distributed; everything else here comes from
         # signals all ranks agreed on, so every rank keeps the same ring and makes the same call.
         shared = [e for e in events if not is_rank_local(e.kind)]
-        calm = applies_update and not any(at_least(e.severity, "warning") for e in shared)
+        calm = applies_update and not troubling(shared)
         bad_input = False
         if not (signals.loss_finite and signals.grads_finite):
             # NaN in the batch itself: the data, not the state, is broken (agreed across ranks,
