@@ -54,6 +54,16 @@ class FieldStats:
         return "float" in self.dtype or "bfloat" in self.dtype
 
 
+PEEK = 8
+"""A list longer than this whose first items are neither tensors nor containers is taken for
+data without tensors (strings, token id lists) and not walked."""
+
+
+def _may_hold_tensors(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, Mapping, list, tuple)) or (
+        hasattr(value, "items") and callable(value.items))
+
+
 def _fields(batch: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     if isinstance(batch, torch.Tensor):
         return [(prefix or "input", batch)]
@@ -63,6 +73,8 @@ def _fields(batch: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
             out.extend(_fields(value, f"{prefix}.{key}" if prefix else str(key)))
         return out
     if isinstance(batch, (list, tuple)):
+        if len(batch) > PEEK and not any(_may_hold_tensors(v) for v in batch[:PEEK]):
+            return []  # raw text or ids beside the tensors: walked every step, it would cost
         out = []
         for i, value in enumerate(batch):
             out.extend(_fields(value, f"{prefix}[{i}]" if prefix else f"[{i}]"))
