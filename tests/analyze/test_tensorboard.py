@@ -4,6 +4,7 @@ all differ in length: read when intact, refused (exit 2) when one byte is change
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,44 @@ def test_a_changed_byte_in_a_record_of_distinct_lengths_is_refused(varied: Path,
     done = subprocess.run([sys.executable, "-m", "trainguard", "analyze", str(damaged)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "damaged" in done.stderr and "Traceback" not in done.stderr
+
+
+def _record_offsets(data: bytes) -> list[int]:
+    offsets, pos = [], 0
+    while pos < len(data):
+        offsets.append(pos)
+        pos += 16 + struct.unpack_from("<Q", data, pos)[0]
+    return offsets
+
+
+def test_a_damaged_length_field_mid_file_is_corruption_not_a_cut_off(tmp_path: Path) -> None:
+    """A record length set to 2^63-1 a tenth into the file points past its end, as a record cut
+    off by a killed writer would: only its length CRC tells the two apart, and the NaN at step
+    900 must not go unread behind a `healthy`."""
+    rows = [(step, "loss", 2.0 if step != 900 else float("nan")) for step in range(1000)]
+    intact = event_file(tmp_path / "events.out.tfevents.1.host", rows)
+    data = bytearray(intact.read_bytes())
+    at = _record_offsets(bytes(data))[100]
+    data[at:at + 8] = struct.pack("<Q", 2 ** 63 - 1)
+    damaged = tmp_path / "damaged" / intact.name
+    damaged.parent.mkdir()
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(LogError, match=f"at byte {at} fails its CRC check"):
+        read_log(damaged)
+    done = subprocess.run([sys.executable, "-m", "trainguard", "analyze", str(damaged)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"damaged (the record length at byte {at}" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_record_cut_off_at_the_end_is_still_read_up_to_it(tmp_path: Path) -> None:
+    rows = [(step, "loss", 2.0) for step in range(50)]
+    intact = event_file(tmp_path / "events.out.tfevents.1.host", rows)
+    data = intact.read_bytes()
+    last = _record_offsets(data)[-1]
+    cut = tmp_path / "cut" / intact.name
+    cut.parent.mkdir()
+    cut.write_bytes(data[:last + 14])  # its length (and CRC) written, its payload not all
+    log = read_log(cut)
+    assert log.steps == list(range(49)) and "ends inside a record" in log.notes[-1]

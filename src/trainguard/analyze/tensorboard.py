@@ -17,7 +17,9 @@ one vector operation per byte position of 32-byte chunks cut from every record, 
 mix of record lengths, which is what makes checking them affordable. A file
 that ends inside a record (a writer still writing, or killed) is read up to its last complete
 record, with a note; a CRC mismatch or a record that does not parse is an error naming the file
-and the byte offset.
+and the byte offset. A record that runs past the end of the file is a cut-off only when its
+length passes its CRC check: a damaged length field (one that points beyond the file from its
+middle) would otherwise pass for a writer killed there, and every record after it go unread.
 
 A run directory holds one run: its event files (several when the run was restarted) are read in
 name order (their names start with the creation time). Event files in subdirectories named like
@@ -181,7 +183,8 @@ def read_scalars(file: Path, notes: list[str] | None = None,
             length = _U64(buf, pos)[0]
             start = pos + 12
             end = start + length
-            if end + 4 > size:
+            if end + 4 > size:  # a cut-off only if its length is what the writer wrote
+                _check_heads(file, buf, [*heads, pos])
                 truncated = True
                 break
             heads.append(pos)
