@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from trainguard.analyze.log import Log, LogBuilder, LogError
+from trainguard.analyze.source import open_regular
 
 FORMAT = "hf"
 
@@ -23,7 +24,8 @@ FORMAT = "hf"
 def read_json(path: Path) -> object:
     """The parsed JSON of a file; a `LogError` that says where it broke off otherwise."""
     try:
-        text = path.read_bytes()
+        with open_regular(path) as handle:
+            text = handle.read()
     except OSError as exc:
         raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if not text.strip():

@@ -365,7 +365,7 @@ def _more_digits(x: float, y: float) -> bool:
     return len(repr(x)) > len(repr(y))
 
 
-def read_rows(lines: list[str], log: LogBuilder) -> int:
+def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the training rows of `lines` to `log`; the number of rows found."""
     rows, evals, of_evaluations = rows_of(lines)
     if not rows:

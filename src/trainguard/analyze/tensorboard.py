@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from trainguard.analyze.log import Log, LogError, Series, _classify, choose_loss, is_eval_name
+from trainguard.analyze.source import open_regular
 
 FORMAT = "tensorboard"
 EVAL_DIRS = frozenset({"validation", "val", "valid", "eval", "evaluation", "test"})
@@ -157,7 +158,8 @@ def read_scalars(file: Path, notes: list[str] | None = None,
                  ) -> dict[str, tuple[list[int], list[float]]]:
     """Every scalar of one event file: tag -> (steps, values), in file order."""
     try:
-        buf = file.read_bytes()
+        with open_regular(file) as handle:
+            buf = handle.read()
     except OSError as exc:
         raise LogError(f"{file}: cannot be read ({exc.strerror or exc})") from None
     if not buf:

@@ -1,0 +1,107 @@
+"""Opening the files of a log: regular files only, read a bounded piece at a time.
+
+Every file `analyze` reads goes through `open_regular`, the files it finds inside a folder
+(`checkpoint-N/trainer_state.json`, `version_N/metrics.csv`, event files) as much as the path it
+was given: a FIFO under a log's name would block the reader for ever, and a link to
+`/dev/zero` would be read until memory ran out. The file is opened without blocking and checked
+on the open handle, so a file swapped for a pipe after a check cannot slip through.
+
+Text is read line by line (`Lines`), never whole, so the memory a reader needs does not grow
+with the file. A line longer than `MAX_LINE` characters is no training log line; the text
+grammars leave it out with a note, a format of one record per line (JSON Lines, CSV) refuses it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from trainguard.analyze.log import LogError
+
+MAX_LINE = 1 << 20
+"""Characters of the longest line read (a Megatron line is ~600, a logged dict ~200)."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading in binary, if it is a regular file; a `LogError` naming it
+    otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise LogError(f"{path}: not a regular file (a pipe, socket, device or directory)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class Lines:
+    """The text lines of a file, one at a time, as `str.splitlines` would cut the whole text.
+
+    `ended`: whether the file's last line ended with a line break (known once read to the end);
+    `long`: how many lines longer than `MAX_LINE` were left out (`skip_long`), else the first
+    such line is a `LogError`."""
+
+    def __init__(self, path: Path, *, errors: str = "replace", skip_long: bool = True) -> None:
+        self.path = path
+        self.errors = errors
+        self.skip_long = skip_long
+        self.ended = True
+        self.long = 0
+
+    def __iter__(self) -> Iterator[str]:
+        with open_regular(self.path) as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", errors=self.errors, newline=None)
+            number = 0
+            while True:
+                line = text.readline(MAX_LINE)
+                if not line:
+                    return
+                number += 1
+                if line.endswith("\n"):
+                    line = line[:-1]
+                    self.ended = True
+                elif len(line) >= MAX_LINE:
+                    self._too_long(text, number)
+                    continue
+                else:
+                    self.ended = False
+                if line:
+                    yield from line.splitlines()
+                else:
+                    yield line
+
+    def _too_long(self, text: io.TextIOWrapper, number: int) -> None:
+        if not self.skip_long:
+            raise LogError(f"{self.path}: line {number} is longer than {MAX_LINE} characters "
+                           "(no logged record is that long)")
+        self.long += 1
+        while True:  # the rest of the line, a bounded piece at a time
+            rest = text.readline(MAX_LINE)
+            if not rest or rest.endswith("\n"):
+                self.ended = bool(rest)
+                return
+
+    def note(self) -> str | None:
+        """What was left out, for the log's notes."""
+        if not self.long:
+            return None
+        return (f"{self.long} line(s) longer than {MAX_LINE} characters are left out (no "
+                "training log line is that long)")
+
+
+def head(path: Path, size: int = 4096) -> bytes:
+    """The first `size` bytes of a regular file."""
+    with open_regular(path) as handle:
+        try:
+            return handle.read(size)
+        except OSError as exc:
+            raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None

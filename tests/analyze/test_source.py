@@ -1,0 +1,90 @@
+"""Opening a log's files: only regular files are read, the files found inside a folder as much
+as the path given (a FIFO would block the reader for ever, a link to /dev/zero be read until
+memory ran out), and text is read a bounded line at a time."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainguard.analyze import read_log
+from trainguard.analyze.log import LogError
+from trainguard.analyze.source import MAX_LINE, Lines
+
+from .logs import trainer_state
+
+CLI = [sys.executable, "-m", "trainguard", "analyze"]
+MEMORY = 1 << 30
+"""The address space a child analysis is allowed: a reader that reads a device without end
+fails against it instead of taking the machine's memory."""
+
+
+def _bounded() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def analyze(*args: str | Path, stdin: int | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
+                              timeout=30, preexec_fn=_bounded, stdin=stdin,
+                              env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"analyze {' '.join(map(str, args))} did not end in 30 s")
+
+
+def _refused(done: subprocess.CompletedProcess[str], names: Path) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr[-400:])
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert str(names) in done.stderr and "not a regular file" in done.stderr
+
+
+@pytest.mark.parametrize("where", ["trainer_state.json", "checkpoint-30/trainer_state.json"])
+def test_a_fifo_found_inside_an_hf_folder_is_refused_not_waited_on(tmp_path: Path,
+                                                                     where: str) -> None:
+    fifo = tmp_path / "run" / where
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    _refused(analyze(tmp_path / "run"), fifo)
+
+
+@pytest.mark.parametrize(("where", "fmt"), [("checkpoint-30/trainer_state.json", "hf"),
+                                            ("version_0/metrics.csv", "lightning")])
+def test_a_link_to_dev_zero_inside_a_folder_is_refused_not_read(tmp_path: Path, where: str,
+                                                                fmt: str) -> None:
+    link = tmp_path / "run" / where
+    link.parent.mkdir(parents=True)
+    link.symlink_to("/dev/zero")
+    _refused(analyze(tmp_path / "run", "--format", fmt), link)
+
+
+def test_a_regular_log_in_a_checkpoint_folder_is_still_read(tmp_path: Path) -> None:
+    (tmp_path / "run" / "checkpoint-30").mkdir(parents=True)
+    trainer_state(tmp_path / "run" / "checkpoint-30" / "trainer_state.json")
+    log = read_log(tmp_path / "run")
+    assert log.format == "hf" and len(log) > 0
+
+
+def test_lines_are_cut_as_splitlines_cuts_the_whole_text(tmp_path: Path) -> None:
+    text = "a\r\nb\rc\n\nd\x0ce\x85f\u2028g\nlast"
+    path = tmp_path / "log.txt"
+    path.write_bytes(text.encode())
+    lines = Lines(path)
+    assert list(lines) == text.splitlines() and not lines.ended
+    path.write_bytes(b"one\ntwo\n")
+    assert list(lines) == ["one", "two"] and lines.ended
+
+
+def test_a_line_longer_than_the_bound_is_left_out_or_refused(tmp_path: Path) -> None:
+    path = tmp_path / "log.txt"
+    path.write_text("iter 1: loss 2.0\n" + "x" * (MAX_LINE * 2 + 5) + "\niter 2: loss 1.9\n")
+    lines = Lines(path)
+    assert list(lines) == ["iter 1: loss 2.0", "iter 2: loss 1.9"] and lines.long == 1
+    log = read_log(path)
+    assert log.steps == [1, 2] and any("longer than" in note for note in log.notes)
+    with pytest.raises(LogError, match="line 2 is longer than"):
+        list(Lines(path, skip_long=False))
