@@ -8,13 +8,14 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from trainguard.analyze import read_log
 from trainguard.analyze.log import LogError
-from trainguard.analyze.source import MAX_LINE, Lines
+from trainguard.analyze.source import MAX_LINE, MAX_STDIN, WAIT_NOTICE_S, Lines, copy_stdin
 
 from .logs import trainer_state
 
@@ -88,3 +89,36 @@ def test_a_line_longer_than_the_bound_is_left_out_or_refused(tmp_path: Path) -> 
     assert log.steps == [1, 2] and any("longer than" in note for note in log.notes)
     with pytest.raises(LogError, match="line 2 is longer than"):
         list(Lines(path, skip_long=False))
+
+
+def test_standard_input_is_copied_within_its_bound(tmp_path: Path) -> None:
+    log = b"{'loss': 1.0, 'epoch': 0.1}\n" * 100
+    source, copy, said = tmp_path / "in", tmp_path / "copy", tmp_path / "said"
+    source.write_bytes(log)
+    with source.open("rb") as stream, copy.open("wb") as out, said.open("w") as notice:
+        assert copy_stdin(stream, out, notice, limit=len(log)) == len(log)
+    assert copy.read_bytes() == log and said.read_text() == ""
+    with (source.open("rb") as stream, copy.open("wb") as out, said.open("w") as notice,
+          pytest.raises(LogError, match="more than 0 MiB on standard input")):
+        copy_stdin(stream, out, notice, limit=len(log) - 1)
+
+
+@pytest.mark.slow
+def test_an_endless_standard_input_is_refused_in_one_line() -> None:
+    with open("/dev/zero", "rb") as zero:
+        done = analyze("-", stdin=zero.fileno())
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"trainguard: error: <stdin>: more than {MAX_STDIN >> 20} MiB on standard input (a pipe "
+        "that never ends?); save the log to a file and give its path"]
+
+
+@pytest.mark.slow
+def test_a_silent_pipe_is_told_what_analyze_waits_for() -> None:
+    child = subprocess.Popen([*CLI, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    time.sleep(WAIT_NOTICE_S + 1.5)  # the pipe open, nothing written yet
+    out, err = child.communicate("{'loss': 1.0, 'epoch': 0.1}\n" * 30, timeout=60)
+    assert child.returncode == 0, err
+    assert err.startswith("trainguard: waiting for a log on standard input")
+    assert "verdict    healthy" in out

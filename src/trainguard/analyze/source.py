@@ -18,7 +18,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from trainguard.analyze.log import LogError
 
@@ -105,3 +105,46 @@ def head(path: Path, size: int = 4096) -> bytes:
             return handle.read(size)
         except OSError as exc:
             raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+MAX_STDIN = 1 << 29
+"""Bytes read from standard input at most: what is piped in may never end (`< /dev/zero`,
+`yes`), and is kept on disk until it does."""
+WAIT_NOTICE_S = 2.0
+"""How long standard input may stay silent before `analyze -` says what it waits for."""
+_PIECE = 1 << 20
+
+
+def copy_stdin(stream: BinaryIO, into: BinaryIO, notice: TextIO, *,
+               limit: int = MAX_STDIN, silence_s: float = WAIT_NOTICE_S) -> int:
+    """Copy `stream` (standard input) to `into` a piece at a time, at most `limit` bytes; the
+    bytes copied. A terminal is told at once that a log is awaited, a pipe that stays silent
+    for `silence_s` seconds once; more than `limit` bytes is a `LogError`."""
+    if stream.isatty():
+        print("trainguard: reading a log from standard input: paste it, then Ctrl-D",
+              file=notice, flush=True)
+    elif not _ready(stream, silence_s):
+        print("trainguard: waiting for a log on standard input (the pipe is open and nothing "
+              "has come; Ctrl-C stops)", file=notice, flush=True)
+    copied = 0
+    while True:
+        piece = stream.read1(_PIECE) if hasattr(stream, "read1") else stream.read(_PIECE)
+        if not piece:
+            return copied
+        copied += len(piece)
+        if copied > limit:
+            raise LogError(f"more than {limit >> 20} MiB on standard input (a pipe that never "
+                           "ends?); save the log to a file and give its path")
+        into.write(piece)
+
+
+def _ready(stream: BinaryIO, timeout: float) -> bool:
+    """Whether `stream` has something to read (or its end) within `timeout` seconds; True where
+    that cannot be asked (no file descriptor, a platform whose select takes sockets only)."""
+    import select
+
+    try:
+        readable, _, _ = select.select([stream.fileno()], [], [], timeout)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return True
+    return bool(readable)
