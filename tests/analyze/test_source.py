@@ -89,6 +89,9 @@ def test_a_line_longer_than_the_bound_is_left_out_or_refused(tmp_path: Path) -> 
     assert log.steps == [1, 2] and any("longer than" in note for note in log.notes)
     with pytest.raises(LogError, match="line 2 is longer than"):
         list(Lines(path, skip_long=False))
+    path.write_text("a\n" + "y" * (MAX_LINE * 5) + "\nb\n" + "z" * (MAX_LINE * 3))
+    lines = Lines(path)
+    assert list(lines) == ["a", "b"] and lines.long == 2 and not lines.ended
 
 
 def test_standard_input_is_copied_within_its_bound(tmp_path: Path) -> None:

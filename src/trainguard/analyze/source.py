@@ -24,6 +24,8 @@ from trainguard.analyze.log import LogError
 
 MAX_LINE = 1 << 20
 """Characters of the longest line read (a Megatron line is ~600, a logged dict ~200)."""
+_PIECE = 1 << 20
+"""Bytes (or characters) read at a time."""
 
 
 def open_regular(path: Path) -> BinaryIO:
@@ -59,36 +61,37 @@ class Lines:
 
     def __iter__(self) -> Iterator[str]:
         with open_regular(self.path) as raw:
+            # newline=None makes every \r\n and \r a \n, also across pieces: cutting each
+            # piece with splitlines then cuts as the whole text would be cut
             text = io.TextIOWrapper(raw, encoding="utf-8", errors=self.errors, newline=None)
+            carry = ""
             number = 0
-            while True:
-                line = text.readline(MAX_LINE)
-                if not line:
-                    return
-                number += 1
-                if line.endswith("\n"):
-                    line = line[:-1]
-                    self.ended = True
-                elif len(line) >= MAX_LINE:
-                    self._too_long(text, number)
-                    continue
-                else:
-                    self.ended = False
-                if line:
-                    yield from line.splitlines()
-                else:
-                    yield line
+            skipping = False  # the rest of a line too long to keep
+            while piece := text.read(_PIECE):
+                parts = (carry + piece).splitlines(keepends=True)
+                carry = parts.pop() if parts[-1][-1] not in _BREAKS else ""
+                if skipping:
+                    if not parts:  # still inside the long line
+                        carry = ""
+                        continue
+                    del parts[0]  # its end
+                    number += 1
+                    skipping = False
+                number += len(parts)
+                for part in parts:
+                    yield part[:-1]
+                if len(carry) > MAX_LINE:
+                    self._too_long(number + 1)
+                    carry, skipping = "", True
+            self.ended = not carry and not skipping
+            if carry:
+                yield carry
 
-    def _too_long(self, text: io.TextIOWrapper, number: int) -> None:
+    def _too_long(self, number: int) -> None:
         if not self.skip_long:
             raise LogError(f"{self.path}: line {number} is longer than {MAX_LINE} characters "
                            "(no logged record is that long)")
         self.long += 1
-        while True:  # the rest of the line, a bounded piece at a time
-            rest = text.readline(MAX_LINE)
-            if not rest or rest.endswith("\n"):
-                self.ended = bool(rest)
-                return
 
     def note(self) -> str | None:
         """What was left out, for the log's notes."""
@@ -96,6 +99,10 @@ class Lines:
             return None
         return (f"{self.long} line(s) longer than {MAX_LINE} characters are left out (no "
                 "training log line is that long)")
+
+
+_BREAKS = frozenset("\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+"""What `str.splitlines` cuts at, once `\r` is read as `\n`."""
 
 
 def head(path: Path, size: int = 4096) -> bytes:
@@ -112,7 +119,6 @@ MAX_STDIN = 1 << 29
 `yes`), and is kept on disk until it does."""
 WAIT_NOTICE_S = 2.0
 """How long standard input may stay silent before `analyze -` says what it waits for."""
-_PIECE = 1 << 20
 
 
 def copy_stdin(stream: BinaryIO, into: BinaryIO, notice: TextIO, *,
