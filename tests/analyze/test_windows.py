@@ -117,3 +117,19 @@ def test_memory_does_not_grow_with_the_log(tmp_path: Path, writer) -> None:
     verdict, rows, grown_mb = done.stdout.split()
     assert verdict == "healthy" and int(rows) <= 2048
     assert int(grown_mb) < 40, f"the analysis took {grown_mb} MB more"
+
+
+@pytest.mark.slow
+def test_memory_does_not_grow_with_a_tensorboard_log(tmp_path: Path) -> None:
+    """As above, for an event file of 200k steps of a loss and a gradient norm (16 MB)."""
+    from .logs import event_file
+
+    path = event_file(tmp_path / "events.out.tfevents.1.host",
+                      [(step, tag, value) for step in range(200_000)
+                       for tag, value in (("loss", 2.0 + 0.01 * (step % 7)), ("grad_norm", 1.0))])
+    done = subprocess.run([sys.executable, "-c", GROWTH, str(path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    verdict, rows, grown_mb = done.stdout.split()
+    assert verdict == "healthy" and int(rows) <= 2048
+    assert int(grown_mb) < 40, f"the analysis took {grown_mb} MB more"

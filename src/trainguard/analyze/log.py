@@ -332,7 +332,7 @@ class LogBuilder:
                 in zip(self._rows, self._steps, self._labels, self._skipped, strict=True)]
         self._rows, self._steps, self._labels, self._skipped = [], [], [], []
         self._index = {}
-        self._windows = windows.halve(rows, _WINDOW_RULES, LOSS)
+        self._windows = windows.halve(rows, WINDOW_RULES, LOSS)
         self.stride = 2
 
     def _add_to_windows(self, step: int, values: Mapping[str, float], label: str,
@@ -343,14 +343,14 @@ class LogBuilder:
         row = windows.row(values, step, label, skipped)
         if last.last[0] == step:  # more values of the row just added: no row of its own
             row.rows = row.skips = 0
-            last.absorb(row, _WINDOW_RULES, LOSS)
+            last.absorb(row, WINDOW_RULES, LOSS)
             return
         if last.rows < self.stride:
-            last.absorb(row, _WINDOW_RULES, LOSS)
+            last.absorb(row, WINDOW_RULES, LOSS)
             return
         held.append(row)
         if len(held) >= 2 * windows.MAX_ROWS:
-            self._windows = windows.halve(held, _WINDOW_RULES, LOSS)
+            self._windows = windows.halve(held, WINDOW_RULES, LOSS)
             self.stride *= 2
 
     def add_values(self, step: int, values: Iterable[tuple[str, Any]], *, label: str = "",
@@ -432,18 +432,14 @@ class LogBuilder:
         self._steps = [w.step for w in held]
         self._labels = [windows.label(w, self.step_unit) for w in held]
         self._skipped = [w.skipped() for w in held]
-        self.notes.append(f"the log's {sum(w.rows for w in held)} rows are read in windows of "
-                          f"{self.stride} consecutive rows (more than {2 * windows.MAX_ROWS} "
-                          "are not kept one by one): the mean loss of each, its largest "
-                          "gradient norm, its last learning rate")
+        self.notes.append(windows.note(sum(w.rows for w in held), self.stride))
         self._windows = None
 
     def build(self, *, what: str = "training values") -> Log:
         if self._windows is not None:
             self._from_windows()
         if self._evals_halved:
-            self.notes.append(f"more than {2 * windows.MAX_EVALS} evaluations: "
-                              "neighbouring ones are read as their mean")
+            self.notes.append(windows.EVALS_NOTE)
         if not self._steps:
             raise LogError(f"{self.path}: no {what} found")
         out_of_range = next((s for s in (min(self._steps), max(self._steps))
@@ -485,7 +481,7 @@ def choose_loss(series: Series, notes: list[str]) -> None:
         notes.append(f"{name} is read as the training loss")
 
 
-_WINDOW_RULES = {GRAD_NORM: windows.LARGEST, LOSS_SCALE: windows.SMALLEST, LR: windows.LAST}
+WINDOW_RULES = {GRAD_NORM: windows.LARGEST, LOSS_SCALE: windows.SMALLEST, LR: windows.LAST}
 """How a window of a long log sums up its rows' values (the others: their mean)."""
 
 _IGNORE, _TRAIN, _EVAL = 0, 1, 2

@@ -109,6 +109,17 @@ def label(window: Window, unit: str) -> str:
     return f"{name(*window.first)} to {name(*window.last)}"
 
 
+def note(rows: int, stride: int) -> str:
+    """What the log's notes say of its windows."""
+    return (f"the log's {rows} rows are read in windows of {stride} consecutive rows (more "
+            f"than {2 * MAX_ROWS} are not kept one by one): the mean loss of each, its largest "
+            "gradient norm, its last learning rate")
+
+
+EVALS_NOTE = (f"more than {2 * MAX_EVALS} evaluations: neighbouring ones are read as one, the "
+              "mean of each metric")
+
+
 def halve_evals(evals: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
     """Each two neighbouring evaluations (by step) as one, at the later step: each metric the
     mean of those that hold it."""
