@@ -234,8 +234,9 @@ def _windowed(all_steps: np.ndarray, rows: np.ndarray, values: np.ndarray, bound
             stride)
 
 
-_PIECE = 1 << 24
-"""Bytes of an event file read at a time (a record longer than that is read whole)."""
+_PIECE = 1 << 20
+"""Bytes of an event file read at a time (a record longer than that is read whole): the CRC
+arrays and offset lists of a piece take some 6 times its size."""
 
 
 def read_scalars(file: Path, notes: list[str] | None = None,
