@@ -153,7 +153,11 @@ def _series(train: dict[str, Points], notes: list[str],
                         count=len(train))
     steps = np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in train.values()])
     values = np.concatenate([np.asarray(v, dtype=np.float64) for _, v in train.values()])
-    owner = np.repeat(np.arange(len(train), dtype=np.int64), sizes)
+    for held in train.values():  # the reader's own arrays, copied: not held twice
+        for column in held:
+            if isinstance(column, array):
+                del column[:]
+    owner = np.repeat(np.arange(len(train), dtype=np.int32), sizes)
     # np.unique hashes (NumPy 2): a stable sort merges the tags' ascending runs far faster
     ordered = np.sort(steps, kind="stable")
     all_steps = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
@@ -168,7 +172,8 @@ def _series(train: dict[str, Points], notes: list[str],
         last = np.ones(rows.size, dtype=bool)  # a step written twice: the last
         last[:-1] = (rows[1:] != rows[:-1]) | (owner[1:] != owner[:-1])
         rows, owner, values = rows[last], owner[last], values[last]
-    bounds = np.searchsorted(owner, np.arange(len(train) + 1)).tolist()
+    bounds = np.searchsorted(owner, np.arange(len(train) + 1, dtype=np.int32)).tolist()
+    del owner
     labels: list[str] | None = None
     if all_steps.size >= 2 * windows.MAX_ROWS:
         total = all_steps.size
