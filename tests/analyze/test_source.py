@@ -92,6 +92,10 @@ def test_a_line_longer_than_the_bound_is_left_out_or_refused(tmp_path: Path) -> 
     path.write_text("a\n" + "y" * (MAX_LINE * 5) + "\nb\n" + "z" * (MAX_LINE * 3))
     lines = Lines(path)
     assert list(lines) == ["a", "b"] and lines.long == 2 and not lines.ended
+    half = MAX_LINE // 2  # a line begun in one piece and ended in the next
+    path.write_text("a" * half + "\n" + "w" * (MAX_LINE + 10) + "\nc\n")
+    lines = Lines(path)
+    assert list(lines) == ["a" * half, "c"] and lines.long == 1 and lines.ended
 
 
 def test_standard_input_is_copied_within_its_bound(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ was given: a FIFO under a log's name would block the reader for ever, and a link
 `/dev/zero` would be read until memory ran out. The file is opened without blocking and checked
 on the open handle, so a file swapped for a pipe after a check cannot slip through.
 
-Text is read line by line (`Lines`), never whole, so the memory a reader needs does not grow
-with the file. A line longer than `MAX_LINE` characters is no training log line; the text
-grammars leave it out with a note, a format of one record per line (JSON Lines, CSV) refuses it.
+Text is read a piece at a time and cut into lines (`Lines`), never whole, so the memory a
+reader needs does not grow with the file. A line longer than `MAX_LINE` characters is no
+training log line: the text grammars leave it out with a note, a format of one record per line
+(JSON Lines, CSV) refuses it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class Lines:
                     del parts[0]  # its end
                     number += 1
                     skipping = False
+                elif parts and len(parts[0]) > MAX_LINE + 1:  # a line held over, ended here
+                    self._too_long(number + 1)
+                    del parts[0]
+                    number += 1
                 number += len(parts)
                 for part in parts:
                     yield part[:-1]
