@@ -89,6 +89,10 @@ def test_a_line_longer_than_the_bound_is_left_out_or_refused(tmp_path: Path) -> 
     assert log.steps == [1, 2] and any("longer than" in note for note in log.notes)
     with pytest.raises(LogError, match="line 2 is longer than"):
         list(Lines(path, skip_long=False))
+    only = tmp_path / "one_line.log"  # dicts printed without a line break between them
+    only.write_text("{'loss': 2.0, 'epoch': 0.1}" * (MAX_LINE // 20))
+    with pytest.raises(LogError, match=r"no training log lines recognised .*; 1 line\(s\) longer"):
+        read_log(only, "text")
     path.write_text("a\n" + "y" * (MAX_LINE * 5) + "\nb\n" + "z" * (MAX_LINE * 3))
     lines = Lines(path)
     assert list(lines) == ["a", "b"] and lines.long == 2 and not lines.ended

@@ -61,6 +61,7 @@ class Lines:
         self.long = 0
 
     def __iter__(self) -> Iterator[str]:
+        self.long = 0  # each reading counts its own (the grammars read a file in turn)
         with open_regular(self.path) as raw:
             # newline=None makes every \r\n and \r a \n, also across pieces: cutting each
             # piece with splitlines then cuts as the whole text would be cut

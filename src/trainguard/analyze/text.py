@@ -238,8 +238,9 @@ def read(path: str | Path, grammar: str | None = None) -> Log:
                   "`train loss 0.53`, `tensor(0.53)`, a perplexity; a file of bare "
                   "`step loss` lines; and the lines of " if
                   grammar in (None, "generic") else "")
+        left = f"; {note}" if (note := lines.note()) is not None else ""
         raise LogError(f"{path}: no training log lines recognised (looked for {looked}{names}: "
-                       "see `trainguard analyze --help` for the line formats)")
+                       f"see `trainguard analyze --help` for the line formats){left}")
     if (note := lines.note()) is not None:
         best[1].notes.append(note)
     return best[1].build()
