@@ -607,19 +607,24 @@ STDIN = "<stdin>"
 
 
 def _analyze_stdin(args: argparse.Namespace) -> Any:
-    """A log pasted or piped in: read whole, analysed from a private copy, named `<stdin>`."""
+    """A log pasted or piped in: copied to a private file (at most `MAX_STDIN` bytes), analysed
+    from there, named `<stdin>`."""
     import tempfile
 
     from trainguard.analyze.analysis import analyze
     from trainguard.analyze.log import LogError
+    from trainguard.analyze.source import copy_stdin
 
-    data = sys.stdin.buffer.read()
-    if not data.strip():
-        raise LogError(f"{STDIN}: nothing was read from standard input (paste a log, then "
-                       "Ctrl-D)")
     with tempfile.TemporaryDirectory(prefix="trainguard-stdin-") as folder:
         copy = Path(folder) / "stdin"
-        copy.write_bytes(data)
+        with copy.open("wb") as out:
+            try:
+                copied = copy_stdin(sys.stdin.buffer, out, sys.stderr)
+            except LogError as exc:
+                raise LogError(f"{STDIN}: {exc}") from None
+        if not copied or not _has_text(copy):
+            raise LogError(f"{STDIN}: nothing was read from standard input (paste a log, then "
+                           "Ctrl-D)")
         try:
             result = analyze(copy, fmt=args.format, num_classes=args.num_classes)
         except TrainguardError as exc:
@@ -628,6 +633,15 @@ def _analyze_stdin(args: argparse.Namespace) -> Any:
     if result.log is not None:
         result.log.path = STDIN
     return result
+
+
+def _has_text(path: Path) -> bool:
+    """Whether a file holds anything but white space, read a piece at a time."""
+    with path.open("rb") as handle:
+        while piece := handle.read(1 << 20):
+            if piece.strip():
+                return True
+    return False
 
 
 def _analyze(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.analyze import analyze, read_log
+from trainguard.analyze import analyze, pasted, read_log
 from trainguard.analyze.log import LogError
 from trainguard.analyze.pasted import parse_line
 
@@ -255,3 +255,18 @@ def test_a_log_of_evaluation_losses_only_judges_them_and_says_so(tmp_path: Path)
     assert list(log.steps) == [6312, 6838, 7364, 7890]
     assert same(log.series["loss"], [0.149928, 0.147172, 0.148571, 0.148049])
     assert any("no training loss" in note for note in log.notes)
+
+
+def test_more_rows_than_a_paste_holds_are_refused_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row is kept to choose the counter: past the bound the grammar refuses, it does not
+    grow without end."""
+    monkeypatch.setattr(pasted, "MAX_ROWS", 50)
+    path = tmp_path / "console.log"
+    path.write_text("".join(f"{{'loss': {2.0 - k / 100}, 'epoch': {k / 10}}}\n"
+                            for k in range(51)))
+    with pytest.raises(LogError, match=f"{path}: more than 50 rows of free-form log lines"):
+        read_log(path)
+    path.write_text("".join(f"{{'loss': {2.0 - k / 100}, 'epoch': {k / 10}}}\n"
+                            for k in range(50)))
+    assert len(read_log(path)) == 50

@@ -4,6 +4,8 @@ all differ in length: read when intact, refused (exit 2) when one byte is change
 
 from __future__ import annotations
 
+import math
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainguard.analyze import read_log
-from trainguard.analyze.log import LogError
+from trainguard.analyze import read_log, tensorboard, windows
+from trainguard.analyze.log import LogBuilder, LogError
 from trainguard.analyze.tensorboard import masked_crc32c
 
 from .logs import event_file
@@ -87,3 +89,99 @@ def test_a_changed_byte_in_a_record_of_distinct_lengths_is_refused(varied: Path,
     done = subprocess.run([sys.executable, "-m", "trainguard", "analyze", str(damaged)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "damaged" in done.stderr and "Traceback" not in done.stderr
+
+
+def _record_offsets(data: bytes) -> list[int]:
+    offsets, pos = [], 0
+    while pos < len(data):
+        offsets.append(pos)
+        pos += 16 + struct.unpack_from("<Q", data, pos)[0]
+    return offsets
+
+
+def test_a_damaged_length_field_mid_file_is_corruption_not_a_cut_off(tmp_path: Path) -> None:
+    """A record length set to 2^63-1 a tenth into the file points past its end, as a record cut
+    off by a killed writer would: only its length CRC tells the two apart, and the NaN at step
+    900 must not go unread behind a `healthy`."""
+    rows = [(step, "loss", 2.0 if step != 900 else float("nan")) for step in range(1000)]
+    intact = event_file(tmp_path / "events.out.tfevents.1.host", rows)
+    data = bytearray(intact.read_bytes())
+    at = _record_offsets(bytes(data))[100]
+    data[at:at + 8] = struct.pack("<Q", 2 ** 63 - 1)
+    damaged = tmp_path / "damaged" / intact.name
+    damaged.parent.mkdir()
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(LogError, match=f"at byte {at} fails its CRC check"):
+        read_log(damaged)
+    done = subprocess.run([sys.executable, "-m", "trainguard", "analyze", str(damaged)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"damaged (the record length at byte {at}" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_record_cut_off_at_the_end_is_still_read_up_to_it(tmp_path: Path) -> None:
+    rows = [(step, "loss", 2.0) for step in range(50)]
+    intact = event_file(tmp_path / "events.out.tfevents.1.host", rows)
+    data = intact.read_bytes()
+    last = _record_offsets(data)[-1]
+    cut = tmp_path / "cut" / intact.name
+    cut.parent.mkdir()
+    cut.write_bytes(data[:last + 14])  # its length (and CRC) written, its payload not all
+    log = read_log(cut)
+    assert log.steps == list(range(49)) and "ends inside a record" in log.notes[-1]
+
+
+def test_any_piece_size_reads_what_one_piece_reads(varied: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = read_log(varied)
+    for piece in (29, 100, 4096):
+        monkeypatch.setattr(tensorboard, "_PIECE", piece)
+        log = read_log(varied)
+        assert log.steps == whole.steps and list(log.series) == list(whole.series)
+        assert all(log.series.points(n) == whole.series.points(n) for n in whole.series)
+
+
+def test_damage_is_placed_at_its_offset_whatever_the_pieces(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             ) -> None:
+    rows = [(step, "loss", 2.0) for step in range(300)]
+    intact = event_file(tmp_path / "events.out.tfevents.1.host", rows)
+    offsets = _record_offsets(intact.read_bytes())
+    length = bytearray(intact.read_bytes())
+    length[offsets[200]:offsets[200] + 8] = struct.pack("<Q", 2 ** 63 - 1)
+    payload = bytearray(intact.read_bytes())
+    payload[offsets[250] + 14] ^= 0xFF  # inside the wall time: the record still parses
+    for data, what in ((length, f"record length at byte {offsets[200]} fails"),
+                       (payload, f"record at byte {offsets[250]} fails")):
+        damaged = tmp_path / f"damaged{len(what)}" / intact.name
+        damaged.parent.mkdir()
+        damaged.write_bytes(bytes(data))
+        for piece in (9, 1000, 1 << 24):
+            monkeypatch.setattr(tensorboard, "_PIECE", piece)
+            with pytest.raises(LogError, match=what):
+                read_log(damaged)
+
+
+def test_a_long_run_is_read_in_windows_as_the_other_readers_read_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(windows, "MAX_ROWS", 8)
+    rows = [(step, {"loss": math.nan if step == 70 else 2.0 + step % 3,
+                    "grad_norm": 50.0 if step == 41 else 1.0 + step / 100,
+                    "learning_rate": step / 1000}) for step in range(100)]
+    events = event_file(tmp_path / "events.out.tfevents.1.host",
+                        [(step, tag, value) for step, values in rows
+                         for tag, value in values.items()])
+    log = read_log(events)
+    builder = LogBuilder("log", "jsonl")
+    for step, values in rows:
+        builder.add_values(step, values.items())
+    expected = builder.build()
+    assert log.steps == expected.steps and log.labels == expected.labels
+    assert 70 in log.steps and log.labels is not None and len(log) <= 16
+    for name in ("loss", "grad_norm", "lr"):
+        got, want = log.values(name), expected.values(name)
+        assert repr([round(v, 4) for v in got]) == repr([round(v, 4) for v in want]), name
+    assert math.isnan(log.values("loss")[log.steps.index(70)])
+    assert log.values("grad_norm")[log.steps.index(47)] == 50.0
+    assert any("windows of 8 consecutive rows" in note for note in log.notes)

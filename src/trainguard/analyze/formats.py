@@ -19,7 +19,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.analyze import hf, jsonl, lightning, store, tensorboard, text
+from trainguard.analyze import hf, jsonl, lightning, source, store, tensorboard, text
 from trainguard.analyze.format_names import FORMATS
 from trainguard.analyze.log import Log, LogError
 
@@ -72,7 +72,9 @@ def _file(path: Path, fmt: str) -> Path:
 
 
 def _latest(path: Path, name: str, prefix: str) -> Path | None:
-    if (path / name).is_file():
+    """The log file of a folder, whatever it is: a pipe or a device under its name is found,
+    and then refused by the reader with its name (`source.open_regular`)."""
+    if (path / name).exists():
         return path / name
     numbered = [(int(m.group(1)), p) for p in path.glob(f"{prefix}*/{name}")
                 if (m := re.fullmatch(rf"{re.escape(prefix)}(\d+)", p.parent.name))]
@@ -95,11 +97,7 @@ def detect_format(path: Path) -> str:
         return "store"
     if tensorboard.is_event_file(path):
         return "tensorboard"
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(4096)
-    except OSError as exc:
-        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    head = source.head(path)
     if head.startswith(_SQLITE):
         return "store"
     if not head.strip():

@@ -11,32 +11,17 @@ under an active schedule is a run of skipped optimizer steps (fp16 GradScaler ov
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from trainguard.analyze.log import Log, LogBuilder, LogError
+from trainguard.analyze.source import open_regular
 
 FORMAT = "hf"
-
-
-def read_json(path: Path) -> object:
-    """The parsed JSON of a file; a `LogError` that says where it broke off otherwise."""
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if not text.strip():
-        raise LogError(f"{path}: the file is empty")
-    try:
-        return json.loads(text)
-    except UnicodeDecodeError:
-        raise LogError(f"{path}: not a JSON file (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        cut = _cut_short(exc)
-        why = "the file is truncated" if cut else "the file is damaged"
-        raise LogError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                       f"{exc.colno}): {why}") from None
 
 
 def _cut_short(exc: json.JSONDecodeError) -> bool:
@@ -51,23 +36,199 @@ def _cut_short(exc: json.JSONDecodeError) -> bool:
 
 def read(path: str | Path) -> Log:
     path = Path(path)
-    state = read_json(path)
-    if not isinstance(state, dict) or "log_history" not in state:
-        raise LogError(f"{path}: not a Hugging Face trainer_state.json (it has no log_history)")
-    history = state["log_history"]
-    if not isinstance(history, list):
-        raise LogError(f"{path}: log_history is {type(history).__name__}, expected a list of "
-                       "log entries")
-    log = LogBuilder(path, FORMAT)
-    for number, entry in enumerate(history):
-        if not isinstance(entry, dict):
-            raise LogError(f"{path}: log_history entry {number} is {type(entry).__name__}, "
-                           "expected an object")
-        if "train_runtime" in entry:  # the closing totals: `train_loss` is the run's mean loss
+    document = _Document(path)
+    log: LogBuilder | None = None
+    for key in document.keys():
+        if key != "log_history":
+            document.skip_value()
             continue
-        step = entry.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise LogError(f"{path}: log_history entry {number} has no whole-number step "
-                           f"(step is {step!r})")
-        log.add_entry(step, entry)
+        log = LogBuilder(path, FORMAT)  # a key given twice: the last one, as json.loads reads
+        if not document.starts_array():
+            kind = type(document.value()).__name__
+            raise LogError(f"{path}: log_history is {kind}, expected a list of log entries")
+        for number, entry in enumerate(document.items()):
+            _add_entry(path, log, number, entry)
+    if log is None:
+        raise LogError(f"{path}: not a Hugging Face trainer_state.json (it has no log_history)")
     return log.build(what="training entries in log_history")
+
+
+def _add_entry(path: Path, log: LogBuilder, number: int, entry: object) -> None:
+    if not isinstance(entry, dict):
+        raise LogError(f"{path}: log_history entry {number} is {type(entry).__name__}, "
+                       "expected an object")
+    if "train_runtime" in entry:  # the closing totals: `train_loss` is the run's mean loss
+        return
+    step = entry.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise LogError(f"{path}: log_history entry {number} has no whole-number step "
+                       f"(step is {step!r})")
+    log.add_entry(step, entry)
+
+
+_SPACE = " \t\n\r"
+MAX_VALUE = 1 << 26
+"""Characters of one entry (or one other value of the state) at most."""
+
+
+class _Document:
+    """A `trainer_state.json` read a piece at a time: its top-level keys, and the entries of
+    `log_history` one by one, each parsed by `json` (a whole state of 200 MB would take some
+    4 GB as Python objects). Errors are `json.loads`' own, at the file's own line and column,
+    said to be a truncated file when the JSON breaks off at its end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._raw = open_regular(path)
+        self._text = io.TextIOWrapper(self._raw, encoding="utf-8-sig", errors="strict")
+        self._decoder = json.JSONDecoder()
+        self._buf = ""
+        self._at = 0
+        self._eof = False
+        self._lines = 0  # line breaks in the text dropped before `_buf`
+        self._column = 0  # characters after the last of them
+
+    # -- the document's structure ------------------------------------------------------------
+    def keys(self) -> Iterator[str]:
+        try:
+            if not self._skip_space():
+                raise LogError(f"{self.path}: the file is empty")
+            if self._buf[self._at] != "{":
+                self._value()  # a parse error, else a value that is no object
+                raise LogError(f"{self.path}: not a Hugging Face trainer_state.json (it has no "
+                               "log_history)")
+            self._at += 1
+            first = True
+            while True:
+                if not self._skip_space():
+                    self._fail("Expecting property name enclosed in double quotes")
+                if self._buf[self._at] == "}" and first:
+                    break
+                if not first:
+                    self._expect(",", "Expecting ',' delimiter", close="}")
+                    if self._closed:
+                        break
+                    self._skip_space()
+                if not self._buf[self._at:self._at + 1] == '"':
+                    self._fail("Expecting property name enclosed in double quotes")
+                key = self._value()
+                self._expect(":", "Expecting ':' delimiter")
+                first = False
+                yield str(key)
+            self._at += 1
+            if self._skip_space():
+                self._fail("Extra data")
+        finally:
+            self._raw.close()
+
+    def skip_value(self) -> None:
+        self._value()
+
+    def value(self) -> object:
+        return self._value()
+
+    def starts_array(self) -> bool:
+        if not self._skip_space():
+            self._fail("Expecting value")
+        if self._buf[self._at] != "[":
+            return False
+        self._at += 1
+        return True
+
+    def items(self) -> Iterator[object]:
+        """The items of the array just started."""
+        if not self._skip_space():
+            self._fail("Expecting value")
+        if self._buf[self._at] == "]":
+            self._at += 1
+            return
+        while True:
+            yield self._value()
+            self._expect(",", "Expecting ',' delimiter", close="]")
+            if self._closed:
+                return
+
+    # -- reading -------------------------------------------------------------------------------
+    _closed = False
+
+    def _expect(self, char: str, message: str, close: str = "") -> None:
+        """`char` next (or `close`, which ends the container: `_closed`)."""
+        if not self._skip_space():
+            self._fail(message)
+        found = self._buf[self._at]
+        self._closed = bool(close) and found == close
+        if found != char and not self._closed:
+            self._fail(message)
+        self._at += 1
+
+    def _skip_space(self) -> bool:
+        """Past white space; False at the end of the file."""
+        while True:
+            while self._at < len(self._buf) and self._buf[self._at] in _SPACE:
+                self._at += 1
+            if self._at < len(self._buf):
+                return True
+            if not self._more():
+                return False
+
+    def _value(self) -> object:
+        """The JSON value that starts here, read a piece more at a time until it is whole."""
+        if not self._skip_space():
+            self._fail("Expecting value")
+        while True:
+            try:
+                value, end = self._decoder.raw_decode(self._buf, self._at)
+            except json.JSONDecodeError as exc:
+                if _cut_short(exc) and self._more(grow=True):  # it may go on past the piece
+                    continue
+                raise self._error(exc.msg, exc.pos) from None
+            # a number at the end of a piece may go on in the next
+            if (len(self._buf) - end > _NUMBER
+                    or _NUMBER_ON.fullmatch(self._buf, end) is None
+                    or not self._more(grow=True)):
+                self._at = end
+                return value
+
+    def _more(self, grow: bool = False) -> bool:
+        """Read on: drop what was read, add a piece (twice as much as held, when a value
+        being read needs more); False at the end of the file."""
+        if self._eof:
+            return False
+        dropped = self._buf[:self._at]
+        breaks = dropped.count("\n")
+        self._lines += breaks
+        self._column = (len(dropped) - dropped.rfind("\n") - 1 if breaks
+                        else self._column + len(dropped))
+        self._buf = self._buf[self._at:]
+        self._at = 0
+        if len(self._buf) > MAX_VALUE:
+            raise LogError(f"{self.path}: a value of more than {MAX_VALUE} characters at line "
+                           f"{self._lines + 1}; no log entry is that long")
+        try:
+            piece = self._text.read(max(_PIECE, len(self._buf)) if grow else _PIECE)
+        except UnicodeDecodeError:
+            raise LogError(f"{self.path}: not a JSON file (not UTF-8 text)") from None
+        except OSError as exc:
+            raise LogError(f"{self.path}: cannot be read ({exc.strerror or exc})") from None
+        if not piece:
+            self._eof = True
+            return False
+        self._buf += piece
+        return True
+
+    def _fail(self, message: str) -> NoReturn:
+        raise self._error(message, self._at)
+
+    def _error(self, message: str, pos: int) -> LogError:
+        exc = json.JSONDecodeError(message, self._buf, pos)
+        line = self._lines + exc.lineno
+        column = exc.colno + (self._column if exc.lineno == 1 else 0)
+        why = "the file is truncated" if self._eof and _cut_short(exc) else "the file is damaged"
+        return LogError(f"{self.path}: not valid JSON ({message} at line {line}, column "
+                        f"{column}): {why}")
+
+
+_PIECE = 1 << 20
+_NUMBER = 32
+_NUMBER_ON = re.compile(r"[\d.eE+-]*")
+"""What may follow a number's first characters in the same number."""

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from trainguard.analyze.log import Log, LogBuilder, LogError
+from trainguard.analyze.source import Lines
 
 FORMAT = "jsonl"
 STEP_KEYS = ("step", "global_step", "current_steps", "iteration", "iter", "_step",
@@ -21,36 +22,43 @@ STEP_KEYS = ("step", "global_step", "current_steps", "iteration", "iter", "_step
 
 def read(path: str | Path) -> Log:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LogError(f"{path}: not a JSON Lines file (not UTF-8 text)") from None
-    except OSError as exc:
-        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    lines = text.splitlines()
+    lines = Lines(path, errors="strict", skip_long=False)
     log = LogBuilder(path, FORMAT)
     numbered = False
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if index == last and not text.endswith("\n"):
-                log.notes.append(f"the last line ({index + 1}) is cut short (the file was being "
-                                 "written); it is left out")
+    # one line held back: a line that does not parse is a cut-off only when it is the last
+    pending: tuple[int, str, json.JSONDecodeError] | None = None
+    try:
+        for index, line in enumerate(lines):
+            if not line.strip():
                 continue
-            raise LogError(f"{path}: line {index + 1} is not valid JSON ({exc.msg} at column "
-                           f"{exc.colno})") from None
-        if not isinstance(record, dict):
-            raise LogError(f"{path}: line {index + 1} is {type(record).__name__}, expected a "
-                           "JSON object")
-        step = next((record[k] for k in STEP_KEYS if isinstance(record.get(k), int)
-                     and not isinstance(record.get(k), bool)), None)
-        if step is None:
-            step, numbered = index, True
-        log.add_entry(step, record)
+            if pending is not None:
+                _refuse(path, *pending)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                pending = (index, line, exc)
+                continue
+            if not isinstance(record, dict):
+                raise LogError(f"{path}: line {index + 1} is {type(record).__name__}, expected "
+                               "a JSON object")
+            step = next((record[k] for k in STEP_KEYS if isinstance(record.get(k), int)
+                         and not isinstance(record.get(k), bool)), None)
+            if step is None:
+                step, numbered = index, True
+            log.add_entry(step, record)
+    except UnicodeDecodeError:
+        raise LogError(f"{path}: not a JSON Lines file (not UTF-8 text)") from None
+    if pending is not None:
+        if lines.ended:
+            _refuse(path, *pending)
+        log.notes.append(f"the last line ({pending[0] + 1}) is cut short (the file was being "
+                         "written); it is left out")
     if numbered:
         log.notes.append("some lines have no step; they are numbered by their line")
     return log.build(what="training values (no line with a numeric metric)")
+
+
+def _refuse(path: Path, index: int, line: str, exc: json.JSONDecodeError) -> None:
+    del line
+    raise LogError(f"{path}: line {index + 1} is not valid JSON ({exc.msg} at column "
+                   f"{exc.colno})") from None

@@ -11,30 +11,29 @@ level keeps it. Rows are named as Lightning counts them: `epoch 0 (step 198)`.
 from __future__ import annotations
 
 import csv
-import io
 from pathlib import Path
 
 from trainguard.analyze.log import Log, LogBuilder, LogError, is_eval_name, number
+from trainguard.analyze.source import Lines
 
 FORMAT = "lightning"
 
 
 def read(path: str | Path) -> Log:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8", errors="strict")
-    except UnicodeDecodeError:
-        raise LogError(f"{path}: not a CSV file (not UTF-8 text)") from None
-    except OSError as exc:
-        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if not text.strip():
-        raise LogError(f"{path}: the file is empty")
+    lines = Lines(path, errors="strict", skip_long=False)
     # records read as they go: a list of every field would cost several times the file
-    records = csv.reader(io.StringIO(text))
+    records = csv.reader(lines)
     try:
         header = [name.strip() for name in next(records)]
+    except StopIteration:
+        raise LogError(f"{path}: the file is empty") from None
+    except UnicodeDecodeError:
+        raise LogError(f"{path}: not a CSV file (not UTF-8 text)") from None
     except csv.Error as exc:
         raise LogError(f"{path}: not a valid CSV file ({exc})") from None
+    if not any(name for name in header):
+        raise LogError(f"{path}: the file is empty")
     if "step" not in header:
         raise LogError(f"{path}: not a Lightning metrics.csv (no 'step' column in its header "
                        f"{', '.join(header[:6])})")
@@ -45,7 +44,6 @@ def read(path: str | Path) -> Log:
             if i not in (step_at, epoch_at) and name
             and not (step_level and name.endswith("_epoch") and not is_eval_name(name))]
     log = LogBuilder(path, FORMAT)
-    ended = text.endswith(("\n", "\r"))
     try:
         following = next(records, None)
         number_ = 1
@@ -55,7 +53,7 @@ def read(path: str | Path) -> Log:
             if not fields:
                 continue
             if len(fields) != len(header):
-                if following is None and not ended:
+                if following is None and not lines.ended:
                     log.notes.append(f"the last line ({number_}) is incomplete (the file was "
                                      "cut while being written); it is left out")
                     continue
@@ -70,6 +68,8 @@ def read(path: str | Path) -> Log:
                      if epoch is not None and epoch == int(epoch) else "")
             log.add_values(int(step), ((header[i], fields[i]) for i in keep if fields[i].strip()),
                            label=label)
+    except UnicodeDecodeError:
+        raise LogError(f"{path}: not a CSV file (not UTF-8 text)") from None
     except csv.Error as exc:
         raise LogError(f"{path}: not a valid CSV file ({exc})") from None
     return log.build(what="training values (no row with a training metric)")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.analyze import windows
 from trainguard.errors import TrainguardError
 from trainguard.events import Event
 
@@ -291,10 +292,18 @@ class LogBuilder:
         self._kinds: dict[str, tuple[int, str]] = {}
         self.from_start: bool | None = None
         self._plans: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
+        self._evals_halved = False
+        self._windows: list[windows.Window] | None = None
+        """Past `windows.MAX_ROWS` * 2 rows: the rows summed up in windows (`windows.py`),
+        each of `stride` rows, the last one still filling."""
+        self.stride = 1
 
     def add(self, step: int, values: Mapping[str, float], *, label: str = "",
             skipped: bool = False) -> None:
         """A training row (or more values of a row already seen at this step)."""
+        if self._windows is not None:
+            self._add_to_windows(step, values, label, skipped)
+            return
         at = self._index.get(step)
         if at is None:
             self._index[step] = len(self._steps)
@@ -302,6 +311,8 @@ class LogBuilder:
             self._rows.append(dict(values))
             self._labels.append(label)
             self._skipped.append(skipped)
+            if len(self._steps) >= 2 * windows.MAX_ROWS:
+                self._to_windows()
             return
         self._rows[at].update(values)
         self._skipped[at] = self._skipped[at] or skipped
@@ -311,6 +322,36 @@ class LogBuilder:
     def add_eval(self, step: int, metrics: Mapping[str, float]) -> None:
         if metrics:
             self.evals.setdefault(step, {}).update(metrics)
+            if len(self.evals) >= 2 * windows.MAX_EVALS:
+                self.evals = windows.halve_evals(self.evals)
+                self._evals_halved = True
+
+    def _to_windows(self) -> None:
+        """The rows so far summed up in windows of two: the log is longer than rows are kept."""
+        rows = [windows.row(values, step, label, skipped) for values, step, label, skipped
+                in zip(self._rows, self._steps, self._labels, self._skipped, strict=True)]
+        self._rows, self._steps, self._labels, self._skipped = [], [], [], []
+        self._index = {}
+        self._windows = windows.halve(rows, WINDOW_RULES, LOSS)
+        self.stride = 2
+
+    def _add_to_windows(self, step: int, values: Mapping[str, float], label: str,
+                        skipped: bool) -> None:
+        held = self._windows
+        assert held is not None
+        last = held[-1]
+        row = windows.row(values, step, label, skipped)
+        if last.last[0] == step:  # more values of the row just added: no row of its own
+            row.rows = row.skips = 0
+            last.absorb(row, WINDOW_RULES, LOSS)
+            return
+        if last.rows < self.stride:
+            last.absorb(row, WINDOW_RULES, LOSS)
+            return
+        held.append(row)
+        if len(held) >= 2 * windows.MAX_ROWS:
+            self._windows = windows.halve(held, WINDOW_RULES, LOSS)
+            self.stride *= 2
 
     def add_values(self, step: int, values: Iterable[tuple[str, Any]], *, label: str = "",
                    skipped: bool = False) -> None:
@@ -381,9 +422,24 @@ class LogBuilder:
             self.add_eval(step, evals)
 
     def __len__(self) -> int:
-        return len(self._steps)
+        return len(self._steps) if self._windows is None else len(self._windows)
+
+    def _from_windows(self) -> None:
+        """The windows as the rows of the log, named by the rows they hold."""
+        held = self._windows
+        assert held is not None
+        self._rows = [w.values for w in held]
+        self._steps = [w.step for w in held]
+        self._labels = [windows.label(w, self.step_unit) for w in held]
+        self._skipped = [w.skipped() for w in held]
+        self.notes.append(windows.note(sum(w.rows for w in held), self.stride))
+        self._windows = None
 
     def build(self, *, what: str = "training values") -> Log:
+        if self._windows is not None:
+            self._from_windows()
+        if self._evals_halved:
+            self.notes.append(windows.EVALS_NOTE)
         if not self._steps:
             raise LogError(f"{self.path}: no {what} found")
         out_of_range = next((s for s in (min(self._steps), max(self._steps))
@@ -424,6 +480,9 @@ def choose_loss(series: Series, notes: list[str]) -> None:
         series.rename(name, LOSS)
         notes.append(f"{name} is read as the training loss")
 
+
+WINDOW_RULES = {GRAD_NORM: windows.LARGEST, LOSS_SCALE: windows.SMALLEST, LR: windows.LAST}
+"""How a window of a long log sums up its rows' values (the others: their mean)."""
 
 _IGNORE, _TRAIN, _EVAL = 0, 1, 2
 _PLANS = 1024

@@ -291,6 +291,8 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
             spelling = counters.pop(SPELLING, "step")
             total = counters.pop(TOTAL, None)
             rows.append(LineRow(values, counters, epoch, str(spelling), total))
+            if len(rows) > MAX_ROWS:
+                raise TooLong
     if not rows and eval_rows:
         return _merge_reprints(eval_rows), [], True
     return _merge_reprints(rows), evals, False
@@ -365,9 +367,24 @@ def _more_digits(x: float, y: float) -> bool:
     return len(repr(x)) > len(repr(y))
 
 
-def read_rows(lines: list[str], log: LogBuilder) -> int:
+MAX_ROWS = 1 << 16
+"""Rows of free-form lines read at most. Which counter numbers them, and which line repeats
+another, is told only from all of them, so all are kept (some 2 KB each): a longer log comes
+from a trainer whose own grammar reads it in bounded memory, not from a paste."""
+
+
+class TooLong(Exception):
+    """More than `MAX_ROWS` rows."""
+
+
+def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the training rows of `lines` to `log`; the number of rows found."""
-    rows, evals, of_evaluations = rows_of(lines)
+    try:
+        rows, evals, of_evaluations = rows_of(lines)
+    except TooLong:
+        raise LogError(f"{log.path}: more than {MAX_ROWS} rows of free-form log lines, too "
+                       "many to read as a paste; give --format with the trainer's own line "
+                       "format (see `trainguard analyze --help`), or a part of the log") from None
     if not rows:
         return 0
     _check_counters(rows, log.path)

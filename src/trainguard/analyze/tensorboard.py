@@ -17,7 +17,9 @@ one vector operation per byte position of 32-byte chunks cut from every record, 
 mix of record lengths, which is what makes checking them affordable. A file
 that ends inside a record (a writer still writing, or killed) is read up to its last complete
 record, with a note; a CRC mismatch or a record that does not parse is an error naming the file
-and the byte offset.
+and the byte offset. A record that runs past the end of the file is a cut-off only when its
+length passes its CRC check: a damaged length field (one that points beyond the file from its
+middle) would otherwise pass for a writer killed there, and every record after it go unread.
 
 A run directory holds one run: its event files (several when the run was restarted) are read in
 name order (their names start with the creation time). Event files in subdirectories named like
@@ -28,12 +30,25 @@ evaluations; a directory holding several runs in other subdirectories is an erro
 from __future__ import annotations
 
 import struct
-from itertools import chain
+from array import array
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from trainguard.analyze.log import Log, LogError, Series, _classify, choose_loss, is_eval_name
+from trainguard.analyze import windows
+from trainguard.analyze.log import (
+    LOSS,
+    WINDOW_RULES,
+    Log,
+    LogError,
+    Series,
+    _classify,
+    choose_loss,
+    is_eval_name,
+    is_train_loss,
+)
+from trainguard.analyze.source import open_regular
 
 FORMAT = "tensorboard"
 EVAL_DIRS = frozenset({"validation", "val", "valid", "eval", "evaluation", "test"})
@@ -84,21 +99,24 @@ def event_files(path: Path) -> tuple[list[Path], list[Path]]:
 def read(path: str | Path) -> Log:
     path = Path(path)
     train_files, eval_files = event_files(path)
-    tags: dict[str, tuple[list[int], list[float]]] = {}
+    tags: dict[str, tuple[array[int], array[float]]] = {}
     notes: list[str] = []
     for file in train_files + eval_files:
         training = file in train_files
         for tag, (steps, values) in read_scalars(file, notes).items():
             name = tag if training or is_eval_name(tag) else f"eval/{tag}"
-            into = tags.setdefault(name, ([], []))
+            into = tags.setdefault(name, (array("q"), array("d")))
             into[0].extend(steps)
             into[1].extend(values)
     return _build(path, tags, notes)
 
 
-def _build(path: Path, tags: dict[str, tuple[list[int], list[float]]], notes: list[str]) -> Log:
-    train: dict[str, tuple[list[int], list[float]]] = {}
-    evals: dict[str, tuple[list[int], list[float]]] = {}
+Points = tuple[Sequence[int], Sequence[float]]
+
+
+def _build(path: Path, tags: Mapping[str, Points], notes: list[str]) -> Log:
+    train: dict[str, Points] = {}
+    evals: dict[str, Points] = {}
     for tag, (steps, values) in tags.items():
         kind, name = _classify(tag)
         if kind == 0 or not steps:
@@ -111,29 +129,41 @@ def _build(path: Path, tags: dict[str, tuple[list[int], list[float]]], notes: li
         listed = ", ".join(list(tags)[:8])
         what = "scalars" if not tags else f"training scalars (its tags: {listed})"
         raise LogError(f"{path}: no {what} in the TensorBoard events")
-    all_steps, series = _series(train)
+    all_steps, series, labels = _series(train, notes)
     choose_loss(series, notes)
     by_step: dict[int, dict[str, float]] = {}
     for name, (eval_steps, eval_values) in evals.items():
         for step, value in zip(eval_steps, eval_values, strict=True):
             by_step.setdefault(step, {})[name] = value
-    return Log(path=str(path), format=FORMAT, steps=all_steps, series=series,
+    if len(by_step) >= 2 * windows.MAX_EVALS:
+        while len(by_step) >= 2 * windows.MAX_EVALS:
+            by_step = windows.halve_evals(by_step)
+        notes.append(windows.EVALS_NOTE)
+    return Log(path=str(path), format=FORMAT, steps=all_steps, series=series, labels=labels,
                evals=sorted(by_step.items()), notes=notes)
 
 
-def _series(train: dict[str, tuple[list[int], list[float]]]) -> tuple[list[int], Series]:
+def _series(train: dict[str, Points], notes: list[str],
+            ) -> tuple[list[int], Series, list[str] | None]:
     """The rows (every step any series holds, ascending) and each series' points, for all
-    series at once: a run of 100k tags is a few array operations, not 100k of them."""
+    series at once: a run of 100k tags is a few array operations, not 100k of them. Past
+    `windows.MAX_ROWS` * 2 rows, the rows are summed up in windows (`_windowed`), named by the
+    rows they hold."""
     sizes = np.fromiter((len(steps) for steps, _ in train.values()), dtype=np.int64,
                         count=len(train))
-    steps = np.asarray(list(chain.from_iterable(s for s, _ in train.values())), dtype=np.int64)
-    values = np.asarray(list(chain.from_iterable(v for _, v in train.values())),
-                        dtype=np.float64)
-    owner = np.repeat(np.arange(len(train), dtype=np.int64), sizes)
+    steps = np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in train.values()])
+    values = np.concatenate([np.asarray(v, dtype=np.float64) for _, v in train.values()])
+    for held in train.values():  # the reader's own arrays, copied: not held twice
+        for column in held:
+            if isinstance(column, array):
+                del column[:]
+    owner = np.repeat(np.arange(len(train), dtype=np.int32), sizes)
     # np.unique hashes (NumPy 2): a stable sort merges the tags' ascending runs far faster
     ordered = np.sort(steps, kind="stable")
     all_steps = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+    del ordered
     rows = np.searchsorted(all_steps, steps)
+    del steps
     later = np.diff(rows) > 0
     same_owner = owner[1:] == owner[:-1]
     if np.any(same_owner & ~later):  # a tag whose steps go back or repeat: order its rows
@@ -142,47 +172,148 @@ def _series(train: dict[str, tuple[list[int], list[float]]]) -> tuple[list[int],
         last = np.ones(rows.size, dtype=bool)  # a step written twice: the last
         last[:-1] = (rows[1:] != rows[:-1]) | (owner[1:] != owner[:-1])
         rows, owner, values = rows[last], owner[last], values[last]
-    bounds = np.searchsorted(owner, np.arange(len(train) + 1)).tolist()
+    bounds = np.searchsorted(owner, np.arange(len(train) + 1, dtype=np.int32)).tolist()
+    del owner
+    labels: list[str] | None = None
+    if all_steps.size >= 2 * windows.MAX_ROWS:
+        total = all_steps.size
+        all_steps, rows, values, bounds, labels, stride = _windowed(
+            all_steps, rows, values, bounds, list(train))
+        notes.append(windows.note(total, stride))
     row_list, value_list = rows.tolist(), values.tolist()
     series = Series(all_steps.size)
     for k, name in enumerate(train):
         start, stop = bounds[k], bounds[k + 1]
         series.set_points(name, row_list[start:stop], value_list[start:stop])
-    return all_steps.tolist(), series
+    return all_steps.tolist(), series, labels
+
+
+def _windowed(all_steps: np.ndarray, rows: np.ndarray, values: np.ndarray, bounds: list[int],
+              names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int],
+                                         list[str], int]:
+    """The rows in windows of `stride` consecutive rows (the fewest, a power of two, that
+    leave fewer than `windows.MAX_ROWS` * 2), each series summed up by its rule in
+    `WINDOW_RULES` as a reader's `LogBuilder` sums them: (the windows' steps, each point's
+    window, the points' values, the series' bounds, the windows' names, stride)."""
+    total = all_steps.size
+    stride = 2
+    while -(-total // stride) >= 2 * windows.MAX_ROWS:
+        stride *= 2
+    count = -(-total // stride)
+    window = rows // stride
+    first = all_steps[::stride]
+    last = all_steps[np.minimum(np.arange(1, count + 1) * stride, total) - 1]
+    step = last.copy()
+    loss = LOSS if LOSS in names else next((n for n in names if is_train_loss(n)), None)
+    kept_rows: list[np.ndarray] = []
+    kept_values: list[np.ndarray] = []
+    kept_bounds = [0]
+    for k, name in enumerate(names):
+        held, value = window[bounds[k]:bounds[k + 1]], values[bounds[k]:bounds[k + 1]]
+        starts = np.flatnonzero(np.concatenate(([True], held[1:] != held[:-1])))
+        if held.size == 0:
+            starts = starts[:0]
+        rule = WINDOW_RULES.get(name, windows.MEAN)
+        if not starts.size:
+            summed = value[:0]
+        elif rule == windows.LAST:
+            summed = value[np.append(starts[1:], held.size) - 1]
+        elif rule == windows.LARGEST:  # NaN wins: np.maximum propagates it
+            summed = np.maximum.reduceat(value, starts)
+        elif rule == windows.SMALLEST:
+            summed = np.minimum.reduceat(value, starts)
+        else:  # the mean: a NaN or inf among the values is the window's
+            summed = np.add.reduceat(value, starts) / np.diff(np.append(starts, held.size))
+        if name == loss:  # a window holding a non-finite loss: the step of its first
+            bad = np.flatnonzero(~np.isfinite(value))
+            if bad.size:
+                hit = held[bad]
+                firsts = np.concatenate(([True], hit[1:] != hit[:-1]))
+                step[hit[firsts]] = all_steps[rows[bounds[k]:bounds[k + 1]][bad[firsts]]]
+        kept_rows.append(held[starts])
+        kept_values.append(summed)
+        kept_bounds.append(kept_bounds[-1] + starts.size)
+    labels = [f"step {a}" if a == b else f"step {a} to step {b}"
+              for a, b in zip(first.tolist(), last.tolist(), strict=True)]
+    return (step, np.concatenate(kept_rows), np.concatenate(kept_values), kept_bounds, labels,
+            stride)
+
+
+_PIECE = 1 << 20
+"""Bytes of an event file read at a time (a record longer than that is read whole): the CRC
+arrays and offset lists of a piece take some 6 times its size."""
 
 
 def read_scalars(file: Path, notes: list[str] | None = None,
-                 ) -> dict[str, tuple[list[int], list[float]]]:
-    """Every scalar of one event file: tag -> (steps, values), in file order."""
+                 ) -> dict[str, tuple[Sequence[int], Sequence[float]]]:
+    """Every scalar of one event file: tag -> (steps, values), in file order. The file is read
+    a piece at a time, each piece's records checked before the next is read; the scalars are
+    kept as arrays of 64-bit numbers."""
+    out: dict[bytes, tuple[array[int], array[float]]] = {}
+    templates: dict[bytes, tuple[array[int], array[float]]] = {}
+    """A summary holding one `simple_value` is the same bytes as the last one of its tag, but
+    for the 4 bytes of the float at its end: those bytes, parsed once, name the tag."""
+    records = 0
+    base = 0  # the file offset of buf[0]
+    buf = b""
+    truncated = False
     try:
-        buf = file.read_bytes()
+        with open_regular(file) as handle:
+            while True:
+                piece = handle.read(_PIECE)
+                if not piece and not buf:
+                    break
+                buf = buf + piece if buf else piece
+                done, need = _read_records(file, buf, base, out, templates)
+                records += done
+                if need is None:  # all of buf read
+                    base += len(buf)
+                    buf = b""
+                    continue
+                if not piece:  # the file ends inside a record
+                    truncated = True
+                    break
+                base += need
+                buf = buf[need:]
     except OSError as exc:
         raise LogError(f"{file}: cannot be read ({exc.strerror or exc})") from None
-    if not buf:
+    if not records and not truncated:
         if notes is not None:
             notes.append(f"{file.name} is empty")
         return {}
-    out: dict[bytes, tuple[list[int], list[float]]] = {}
-    templates: dict[bytes, tuple[list[int], list[float]]] = {}
-    """A summary holding one `simple_value` is the same bytes as the last one of its tag, but
-    for the 4 bytes of the float at its end: those bytes, parsed once, name the tag."""
+    if truncated:
+        if not records:
+            raise LogError(f"{file}: not a TensorBoard event file (no complete record)")
+        if notes is not None:
+            notes.append(f"{file.name} ends inside a record (the writer was still writing or was "
+                         f"killed); its {records} complete records are read")
+    return {tag.decode("utf-8", "replace"): pair for tag, pair in out.items()}
+
+
+def _read_records(file: Path, buf: bytes, base: int,
+                  out: dict[bytes, tuple[array[int], array[float]]],
+                  templates: dict[bytes, tuple[array[int], array[float]]],
+                  ) -> tuple[int, int | None]:
+    """Read the whole records of `buf` (at file offset `base`) into `out` and check their CRCs:
+    how many, and where the first record not whole in `buf` starts (None: none)."""
     heads: list[int] = []
     used: list[int] = []  # payload offsets and lengths of records that gave values
     used_len: list[int] = []
     size = len(buf)
     pos = 0
-    truncated = False
+    need: int | None = None
     f32 = _F32
     try:
         while pos < size:
             if pos + 12 > size:
-                truncated = True
+                need = pos
                 break
             length = _U64(buf, pos)[0]
             start = pos + 12
             end = start + length
-            if end + 4 > size:
-                truncated = True
+            if end + 4 > size:  # a cut-off only if its length is what the writer wrote
+                _check_heads(file, buf, [*heads, pos], base)
+                need = pos
                 break
             heads.append(pos)
             pos = end + 4
@@ -193,6 +324,8 @@ def read_scalars(file: Path, notes: list[str] | None = None,
                 i += 1
                 if step >= 0x80:
                     step, i = _varint_rest(buf, i, step)
+                    if step >= 1 << 63:
+                        step -= 1 << 64
                 if buf[i] == 0x2A and buf[i + 1] + i + 2 == end:
                     pair = templates.get(buf[i + 2:end - 4])
                     if pair is not None:
@@ -204,24 +337,19 @@ def read_scalars(file: Path, notes: list[str] | None = None,
             if _event(buf, start, end, out, templates):
                 used.append(start)
                 used_len.append(length)
-    except (IndexError, ValueError, struct.error) as exc:
-        _check_heads(file, buf, heads)  # a damaged length reads as a parse failure
-        raise LogError(f"{file}: the record at byte {heads[-1] if heads else pos} does not "
-                       f"parse as a TensorBoard event ({exc}); the file is damaged") from None
-    if truncated:
-        if not heads:
-            raise LogError(f"{file}: not a TensorBoard event file (no complete record)")
-        if notes is not None:
-            notes.append(f"{file.name} ends inside a record (the writer was still writing or was "
-                         f"killed); its {len(heads)} complete records are read")
-    _check_heads(file, buf, heads)
+    except (IndexError, ValueError, struct.error, OverflowError) as exc:
+        _check_heads(file, buf, heads, base)  # a damaged length reads as a parse failure
+        at = base + (heads[-1] if heads else pos)
+        raise LogError(f"{file}: the record at byte {at} does not parse as a TensorBoard event "
+                       f"({exc}); the file is damaged") from None
+    _check_heads(file, buf, heads, base)
     _check_payloads(file, buf, np.asarray(used, dtype=np.int64),
-                    np.asarray(used_len, dtype=np.int64))
-    return {tag.decode("utf-8", "replace"): pair for tag, pair in out.items()}
+                    np.asarray(used_len, dtype=np.int64), base)
+    return len(heads), need
 
 
-def _event(buf: bytes, i: int, end: int, out: dict[bytes, tuple[list[int], list[float]]],
-           templates: dict[bytes, tuple[list[int], list[float]]]) -> bool:
+def _event(buf: bytes, i: int, end: int, out: dict[bytes, tuple[array[int], array[float]]],
+           templates: dict[bytes, tuple[array[int], array[float]]]) -> bool:
     """Decode one Event's scalars into `out`; True when it held any. A summary of exactly one
     value made of a tag and a `simple_value` becomes a template for the fast path."""
     step = 0
@@ -269,7 +397,7 @@ def _event(buf: bytes, i: int, end: int, out: dict[bytes, tuple[list[int], list[
         if tag is not None and value is not None:
             pair = out.get(tag)
             if pair is None:
-                pair = out[tag] = ([], [])
+                pair = out[tag] = (array("q"), array("d"))
             pair[0].append(step)
             pair[1].append(value)
             found = True
@@ -548,7 +676,7 @@ def _stored(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16) | (raw[:, 3] << 24)
 
 
-def _check_heads(file: Path, buf: bytes, heads: list[int]) -> None:
+def _check_heads(file: Path, buf: bytes, heads: list[int], base: int = 0) -> None:
     if not heads:
         return
     data = np.frombuffer(buf, dtype=np.uint8)
@@ -556,17 +684,18 @@ def _check_heads(file: Path, buf: bytes, heads: list[int]) -> None:
     bad = np.flatnonzero(masked_crc32c(data, at, np.full(at.size, 8, dtype=np.int64))
                          != _stored(data, at + 8))
     if bad.size:
-        first = int(at[bad[0]])
+        first = base + int(at[bad[0]])
         what = "not a TensorBoard event file" if first == 0 else "damaged"
         raise LogError(f"{file}: {what} (the record length at byte {first} fails its CRC "
                        "check)")
 
 
-def _check_payloads(file: Path, buf: bytes, starts: np.ndarray, lengths: np.ndarray) -> None:
+def _check_payloads(file: Path, buf: bytes, starts: np.ndarray, lengths: np.ndarray,
+                    base: int = 0) -> None:
     if not starts.size:
         return
     data = np.frombuffer(buf, dtype=np.uint8)
     bad = np.flatnonzero(masked_crc32c(data, starts, lengths) != _stored(data, starts + lengths))
     if bad.size:
-        raise LogError(f"{file}: damaged (the record at byte {int(starts[bad[0]]) - 12} fails its "
-                       f"CRC check; {bad.size} record(s) in all)")
+        raise LogError(f"{file}: damaged (the record at byte {base + int(starts[bad[0]]) - 12} "
+                       f"fails its CRC check; {bad.size} record(s) in all)")

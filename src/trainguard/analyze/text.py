@@ -39,13 +39,13 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
 
 from __future__ import annotations
 
-import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from trainguard.analyze import pasted
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
+from trainguard.analyze.source import Lines, head
 
 FORMAT = "text"
 NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
@@ -70,7 +70,7 @@ _MLX_PAIR = re.compile(rf"^\s*([A-Za-z][A-Za-z/ ]*?)\s+({NUM})")
 
 
 
-def _megatron(lines: list[str], log: LogBuilder) -> int:
+def _megatron(lines: Iterable[str], log: LogBuilder) -> int:
     found = 0
     pending_skip = False
     for line in lines:
@@ -108,7 +108,7 @@ def _bar_pairs(text: str) -> list[tuple[str, float]]:
     return out
 
 
-def _wlm(lines: list[str], log: LogBuilder) -> int:
+def _wlm(lines: Iterable[str], log: LogBuilder) -> int:
     found = 0
     batches = 0
     for line in lines:
@@ -130,7 +130,7 @@ def _wlm(lines: list[str], log: LogBuilder) -> int:
     return found
 
 
-def _nanogpt(lines: list[str], log: LogBuilder) -> int:
+def _nanogpt(lines: Iterable[str], log: LogBuilder) -> int:
     found = 0
     for line in lines:
         match = _NANOGPT.search(line)
@@ -146,7 +146,7 @@ def _nanogpt(lines: list[str], log: LogBuilder) -> int:
     return found
 
 
-def _mlx(lines: list[str], log: LogBuilder) -> int:
+def _mlx(lines: Iterable[str], log: LogBuilder) -> int:
     found = 0
     for line in lines:
         match = _MLX.search(line)
@@ -167,7 +167,7 @@ def _mlx(lines: list[str], log: LogBuilder) -> int:
     return found
 
 
-def _generic(lines: list[str], log: LogBuilder) -> int:
+def _generic(lines: Iterable[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
@@ -178,22 +178,31 @@ nothing else about its numbers is read so only when the numbers are all it holds
 COLUMNS_FEWEST = 5
 
 
-def _columns(lines: list[str], log: LogBuilder) -> int:
-    filled = [line for line in lines if line.strip()]
-    matches = [m for m in map(_COLUMNS.match, filled) if m is not None]
-    if len(matches) < max(COLUMNS_FEWEST, COLUMNS_SHARE * len(filled)):
-        return 0
-    steps = [int(m.group(1)) for m in matches]
-    if any(b <= a for a, b in itertools.pairwise(steps)):
-        return 0  # a first column that goes back is no counter
-    for step, m in zip(steps, matches, strict=True):
-        value = number(m.group(2))
-        if value is not None:
+def _columns(lines: Iterable[str], log: LogBuilder) -> int:
+    filled = 0
+    found = 0
+    last: int | None = None
+    ascending = True
+    for line in lines:
+        if not line.strip():
+            continue
+        filled += 1
+        match = _COLUMNS.match(line)
+        if match is None:
+            continue
+        found += 1
+        step = int(match.group(1))
+        ascending = ascending and (last is None or step > last)
+        last = step
+        value = number(match.group(2))
+        if ascending and value is not None:
             log.add(step, {"loss": value})
-    return len(matches)
+    if found < max(COLUMNS_FEWEST, COLUMNS_SHARE * filled) or not ascending:
+        return 0  # too few such lines, or a first column that goes back: no counter
+    return found
 
 
-GRAMMARS: dict[str, tuple[Callable[[list[str], LogBuilder], int], str]] = {
+GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "megatron": (_megatron, "iteration"),
     "wlm": (_wlm, "batch"),
     "nanogpt": (_nanogpt, "iter"),
@@ -204,14 +213,11 @@ GRAMMARS: dict[str, tuple[Callable[[list[str], LogBuilder], int], str]] = {
 """name -> (reader of the lines, the unit its steps count), in order of preference on a tie."""
 
 
-def read_lines(path: Path) -> list[str]:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise LogError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if b"\0" in raw[:4096]:
+def read_lines(path: Path) -> Lines:
+    """The file's lines, read one at a time each time they are iterated over."""
+    if b"\0" in head(path):
         raise LogError(f"{path}: a binary file, not a text log (and no other format reads it)")
-    return raw.decode("utf-8", errors="replace").splitlines()
+    return Lines(path)
 
 
 def read(path: str | Path, grammar: str | None = None) -> Log:
@@ -232,8 +238,11 @@ def read(path: str | Path, grammar: str | None = None) -> Log:
                   "`train loss 0.53`, `tensor(0.53)`, a perplexity; a file of bare "
                   "`step loss` lines; and the lines of " if
                   grammar in (None, "generic") else "")
+        left = f"; {note}" if (note := lines.note()) is not None else ""
         raise LogError(f"{path}: no training log lines recognised (looked for {looked}{names}: "
-                       "see `trainguard analyze --help` for the line formats)")
+                       f"see `trainguard analyze --help` for the line formats){left}")
+    if (note := lines.note()) is not None:
+        best[1].notes.append(note)
     return best[1].build()
 
 
