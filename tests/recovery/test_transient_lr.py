@@ -63,6 +63,8 @@ class Result:
     events: list[trainguard.Event]
     lrs: list[float | None]
     """The LR each step's update used, as reported (None without a Guard)."""
+    fixed_clip: float | None = None
+    """The fixed clipping limit in force at the end (None: none, the adaptive default's)."""
 
     @property
     def rollbacks(self) -> list[trainguard.Event]:
@@ -98,13 +100,15 @@ def train(policy: str | None, raised_steps: int | None, steps: int = STEPS) -> R
             lrs.append(None)
         optimizer.zero_grad(set_to_none=True)
     events = []
+    fixed_clip = None
     if guard is not None:
+        fixed_clip = guard.run.state.max_grad_norm
         guard.close()
         events = list(guard.events)
     model.eval()
     with torch.no_grad():
         eval_loss = sum(float(next_token_loss(model, b)) for b in held_out) / len(held_out)
-    return Result(eval_loss, events, lrs)
+    return Result(eval_loss, events, lrs, fixed_clip)
 
 
 def test_an_lr_raise_the_loop_took_back_costs_a_rollback_and_no_lasting_cut() -> None:
@@ -120,6 +124,9 @@ def test_an_lr_raise_the_loop_took_back_costs_a_rollback_and_no_lasting_cut() ->
     assert result.lrs[back:] == pytest.approx([loop_lr(s, RAISED_STEPS)
                                                for s in range(back, STEPS)])
     assert result.eval_loss <= 1.05 * healthy.eval_loss
+    # nor a tighter clip: the LR was the cause, and it has gone
+    assert result.fixed_clip is None
+    assert "clipping at" not in rollback.message
 
 
 def test_an_lr_raise_the_loop_left_in_place_is_still_backed_off() -> None:

@@ -40,7 +40,8 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
     tightened clipping) and return its event, which names the limit then in force. The step's
     rollbacks and `Guard.rollback` both come through here."""
     state.rewind(plan.guard_state)
-    state.tighten_clipping(plan.max_grad_norm)
+    if plan.max_grad_norm is not None:
+        state.tighten_clipping(plan.max_grad_norm)
     return plan.event(state.clip_limit(), adaptive=state.max_grad_norm is None)
 
 

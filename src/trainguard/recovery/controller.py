@@ -57,6 +57,9 @@ class Verdict:
     """The step where the trouble began: a rollback goes to a good state from no later than it."""
     bad_steps: list[int] = field(default_factory=list)
     """Steps whose batches are suspects, to be skipped by the data pipeline from now on."""
+    after_lr_raise: bool = False
+    """The trouble followed the loop raising the LR far: the LR is the cause, which the backoff's
+    ceiling bounds, so the rollback leaves the clipping as it was."""
 
 
 @dataclass(slots=True)
@@ -182,7 +185,8 @@ class RecoveryController:
             onset = min(onset, self.skip_streak[0])
         times = f"{ratio:.0f}" if ratio < 1e6 else f"{ratio:.3g}"
         return Verdict("rollback", f"{what} at step {step}, {step - at} step(s) after the LR was "
-                                   f"raised x{times} at step {at}", onset=onset)
+                                   f"raised x{times} at step {at}", onset=onset,
+                       after_lr_raise=True)
 
     def _follow_trouble(self, signals: StepSignals, step: int) -> Verdict | None:
         trouble = self.trouble
