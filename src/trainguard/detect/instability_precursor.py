@@ -45,6 +45,7 @@ from trainguard.config import DetectorConfig
 from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
 from trainguard.detect.batch_noise import BatchNoise
+from trainguard.detect.columns import column_medians
 from trainguard.detect.output_growth import OutputGrowth
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
@@ -54,18 +55,6 @@ SIGNAL = "adam_ratio_rms"
 EXPECTED_LEAD = "~10"
 """The lead the message announces: on the scenario suite's `tiny_lm` family the warning came 4-19
 steps before the loss first doubled, median 11 over 6 seeds (`benchmarks/precursors.py`)."""
-
-
-def column_medians(values: np.ndarray) -> np.ndarray:
-    """Each column's median over its non-NaN values (NaN for a column of nothing but NaN): what
-    `np.nanmedian(values, axis=0)` gives, without its masked-array path, which took most of a
-    small model's step (one sort; NaN sorts last)."""
-    ordered = np.sort(values, axis=0)
-    count = (~np.isnan(values)).sum(axis=0)
-    columns = np.arange(values.shape[1])
-    low = ordered[np.maximum((count - 1) // 2, 0), columns]
-    high = ordered[np.maximum(count // 2, 0), columns]
-    return np.where(count > 0, (low + high) / 2, np.nan)
 
 
 def _last_finite(values: np.ndarray) -> np.ndarray:

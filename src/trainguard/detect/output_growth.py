@@ -44,6 +44,7 @@ import numpy as np
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.base import Episode
+from trainguard.detect.columns import column_medians
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
@@ -81,16 +82,6 @@ LEARNING_STEPS = 10
 
 MakeEvent = Callable[..., Event]
 """`Detector.event` of the composing detector: the events are of its kind."""
-
-
-def _medians(values: np.ndarray) -> np.ndarray:
-    """Each column's median over its non-NaN values (NaN for a column of only NaN)."""
-    ordered = np.sort(values, axis=0)
-    count = (~np.isnan(values)).sum(axis=0)
-    columns = np.arange(values.shape[1])
-    low = ordered[np.maximum((count - 1) // 2, 0), columns]
-    high = ordered[np.maximum(count // 2, 0), columns]
-    return np.where(count > 0, (low + high) / 2, np.nan)
 
 
 class Streaks:
@@ -172,8 +163,8 @@ class Streaks:
         stacked = self._ring[:self._count]
         seen = np.isfinite(stacked).sum(axis=0) >= self.warmup // 2
         known = np.where(seen, stacked, np.nan)
-        level = _medians(known)
-        spread = MAD_TO_STD * _medians(np.abs(known - level))
+        level = column_medians(known)
+        spread = MAD_TO_STD * column_medians(np.abs(known - level))
         bound = level + np.maximum(margin, zscore * np.maximum(spread, floor))
         high = seen & np.isfinite(values) & (values >= bound)
         if allowed is not None:
