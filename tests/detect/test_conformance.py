@@ -30,7 +30,7 @@ from trainguard import registry
 from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
-from trainguard.detect.base import Episode, Outlier
+from trainguard.detect.base import Episode, Outlier, OutlierDetector
 from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
@@ -60,10 +60,10 @@ def detect_classes() -> set[type]:
 
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
-HELPERS: tuple[type, ...] = (Detector, Episode, Outlier, AttentionLogitTracker, AttentionTrack,
-                             OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
+HELPERS: tuple[type, ...] = (Detector, OutlierDetector, Episode, Outlier, AttentionLogitTracker,
+                             AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
                              StallEvidence, StallReason)
-"""The base class, helpers detectors share, the trackers `InstabilityPrecursor` composes
+"""The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows and the evidence `NoProgress` gathers of why a run
 stalled: their conformance is their detector's."""
@@ -71,7 +71,8 @@ stalled: their conformance is their detector's."""
 
 def test_every_detector_class_is_in_the_runs() -> None:
     found = detect_classes()
-    detectors = {c for c in found if issubclass(c, Detector) and c is not Detector}
+    detectors = {c for c in found
+                 if issubclass(c, Detector) and c not in (Detector, OutlierDetector)}
     assert detectors == set(DETECTOR_TYPES), "a detector missing from DETECTOR_TYPES"
     unknown = found - detectors - set(EVAL_WATCHES) - set(HELPERS)
     assert not unknown, (f"new classes in trainguard.detect: {sorted(c.__name__ for c in unknown)}"

@@ -140,3 +140,26 @@ class Detector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
+
+
+class OutlierDetector(Detector):
+    """A detector that tells a one-step jump as an outlier batch (`Outlier`) and tells it again,
+    through `_stayed`, once the steps after it show it did harm."""
+
+    outlier: Outlier | None = None
+
+    def _judge_outlier(self, signals: StepSignals, *, up: bool) -> list[Event]:
+        """The outlier told again where the values after it show it did harm (`up`: this step's
+        value is still up)."""
+        outlier = self.outlier
+        if outlier is None:
+            return []
+        harmful = outlier.harmful(up)
+        if harmful is not None:
+            self.outlier = None
+        return [self._stayed(outlier, signals)] if harmful else []
+
+    def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
+        """The event that tells the outlier again, as harm."""
+        raise NotImplementedError
+

@@ -23,12 +23,12 @@ import math
 from typing import Any
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.base import Detector, Episode, Outlier, as_outlier
+from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
 from trainguard.events import Event, Severity
 from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
-class GradExplosion(Detector):
+class GradExplosion(OutlierDetector):
     kind = "grad_explosion"
     reads = frozenset({"amp_overflow", "grad_norm", "param_grad_norm", "param_names"})
 
@@ -94,16 +94,6 @@ class GradExplosion(Detector):
         return [*events, self.event(signals.step, severity, message, param=param, value=norm,
                                     baseline=typical if warm else None,
                                     ratio=ratio if warm else None, **details)]
-
-    def _judge_outlier(self, signals: StepSignals, *, up: bool) -> list[Event]:
-        """The outlier told again where the norms after it show it did harm."""
-        outlier = self.outlier
-        if outlier is None:
-            return []
-        harmful = outlier.harmful(up)
-        if harmful is not None:
-            self.outlier = None
-        return [self._stayed(outlier, signals)] if harmful else []
 
     def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
         now = signals.grad_norm

@@ -31,13 +31,13 @@ import math
 from typing import Any
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.base import Detector, Episode, Outlier, as_outlier
+from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
 from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, ceiling_of, describe
 from trainguard.events import Event, Severity
 from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, TransientJumps, safe_log
 
 
-class LossSpike(Detector):
+class LossSpike(OutlierDetector):
     kind = "loss_spike"
     reads = frozenset({"loss", "precursors"})
 
@@ -109,16 +109,6 @@ class LossSpike(Detector):
             baseline=typical, ratio=ratio)
         event.details[CEILING_KEY] = ceiling
         return event
-
-    def _judge_outlier(self, signals: StepSignals, *, up: bool) -> list[Event]:
-        """The outlier told again where the losses after it show it did harm."""
-        outlier = self.outlier
-        if outlier is None:
-            return []
-        harmful = outlier.harmful(up)
-        if harmful is not None:
-            self.outlier = None
-        return [self._stayed(outlier, signals)] if harmful else []
 
     def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
         assert signals.loss is not None
