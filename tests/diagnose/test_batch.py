@@ -9,11 +9,11 @@ from torch import nn
 from trainguard import Guard, GuardConfig
 from trainguard.diagnose.batch import (
     BatchHistory,
-    _fields,
     batch_elements_of,
     check_loss_above_chance,
     describe_batch,
     inspect_batch,
+    named_tensors,
 )
 from trainguard.errors import BatchError
 from trainguard.transfer import transfer_count
@@ -265,7 +265,7 @@ def test_the_batch_walk_passes_over_raw_text_and_id_lists() -> None:
     x = torch.zeros(8, 16)
     batch = {"x": x, "text": Watched(["a sentence"] * 20_000), "ids": [list(range(64))] * 64,
              "pair": ("name", torch.ones(3)), "views": [torch.zeros(2)] * 20}
-    names = [name for name, _ in _fields(batch)]
+    names = [name for name, _ in named_tensors(batch)]
     assert names[:2] == ["x", "pair[1]"]
     assert len(names) == 2 + 20
     assert batch_elements_of(batch) == 128

@@ -64,27 +64,29 @@ def _may_hold_tensors(value: Any) -> bool:
         hasattr(value, "items") and callable(value.items))
 
 
-def _fields(batch: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+def named_tensors(batch: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Every tensor in a batch (a tensor, a mapping, a list or tuple, nested) with its place in
+    it (`input_ids`, `[0]`, `inputs.pixel_values`): the one walk over a batch's tensors."""
     if isinstance(batch, torch.Tensor):
         return [(prefix or "input", batch)]
     if isinstance(batch, Mapping) or (hasattr(batch, "items") and callable(batch.items)):
         out = []
         for key, value in batch.items():
-            out.extend(_fields(value, f"{prefix}.{key}" if prefix else str(key)))
+            out.extend(named_tensors(value, f"{prefix}.{key}" if prefix else str(key)))
         return out
     if isinstance(batch, (list, tuple)):
         if len(batch) > PEEK and not any(_may_hold_tensors(v) for v in batch[:PEEK]):
             return []  # raw text or ids beside the tensors: walked every step, it would cost
         out = []
         for i, value in enumerate(batch):
-            out.extend(_fields(value, f"{prefix}[{i}]" if prefix else f"[{i}]"))
+            out.extend(named_tensors(value, f"{prefix}[{i}]" if prefix else f"[{i}]"))
         return out
     return []
 
 
 def batch_size_of(batch: Any) -> int | None:
     """Leading dimension of the batch's first tensor (host metadata only: no transfer)."""
-    for _, tensor in _fields(batch):
+    for _, tensor in named_tensors(batch):
         if tensor.dim() > 0:
             return int(tensor.shape[0])
     return None
@@ -94,7 +96,7 @@ def batch_elements_of(batch: Any) -> int | None:
     """Elements of the batch's largest tensor: samples times positions (a language model's
     tokens, padding included), what a batch's gradient noise falls with. Host metadata only: no
     transfer. None for a batch without a tensor of at least one dimension."""
-    sizes = [tensor.numel() for _, tensor in _fields(batch) if tensor.dim() > 0]
+    sizes = [tensor.numel() for _, tensor in named_tensors(batch) if tensor.dim() > 0]
     return max(sizes) if sizes else None
 
 
@@ -105,7 +107,7 @@ class BatchStatsOnDevice:
     WIDTH = 7
 
     def __init__(self, batch: Any) -> None:
-        self.fields = [(n, t) for n, t in _fields(batch) if t.numel() > 0]
+        self.fields = [(n, t) for n, t in named_tensors(batch) if t.numel() > 0]
         self.tensor = _field_stats(self.fields) if self.fields else None
 
     def read(self, host: Any) -> list[FieldStats]:
@@ -332,7 +334,7 @@ def check_loss_above_chance(loss: float | None, batch: Any, model: nn.Module | N
     if (loss is None or not math.isfinite(loss) or vocab is None or vocab < 2
             or beyond(loss, ceiling)):
         return None
-    fields = [(name.rsplit(".", 1)[-1], name, t) for name, t in _fields(batch)]
+    fields = [(name.rsplit(".", 1)[-1], name, t) for name, t in named_tensors(batch)]
     tokens = [t for base, name, t in fields
               if ((base in TOKEN_FIELDS and base != "labels") or name == "input")
               and not t.is_floating_point()]

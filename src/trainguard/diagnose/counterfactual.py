@@ -71,7 +71,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from trainguard.diagnose.batch import IGNORE_INDEX
+from trainguard.diagnose.batch import IGNORE_INDEX, named_tensors
 from trainguard.diagnose.preflight import HF_INIT_STD, INIT_SCALE_LIMIT
 from trainguard.diagnose.replay import LossFn
 from trainguard.diagnose.warned_signal import LOSS, WarnedSignal
@@ -978,13 +978,7 @@ def _reinit(params: Sequence[str]) -> Callable[[nn.Module], None]:
 
 
 def _fields(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for v in batch.values() for t in _fields(v)]
-    if isinstance(batch, (list, tuple)):
-        return [t for v in batch for t in _fields(v)]
-    return []
+    return [tensor for _, tensor in named_tensors(batch)]
 
 
 def _batch_size(batch: Any) -> int | None:
