@@ -190,6 +190,18 @@ def test_a_rise_its_smaller_batch_explains_is_no_precursor() -> None:
     assert sized(short) == []
 
 
+def test_a_batch_that_explains_next_to_nothing_is_not_named() -> None:
+    """A warning on a batch a few elements short of the typical one says nothing of the batch
+    (it read "once the 1x that its batch explains ... is taken off")."""
+    rows = ratios(100, 0, climb_from=70)
+    detector = InstabilityPrecursor(DetectorConfig())
+    events = [e for i, row in enumerate(rows) for e in detector.check(signals(
+        i, names=NAMES, precursors={"adam_ratio_rms": row},
+        batch_elements=510 if i >= 70 else 512))]
+    assert events and all(1.0 < e.details["batch_discount"] < 1.05 for e in events)
+    assert all("its batch explains" not in e.message for e in events)
+
+
 def test_a_rise_the_clip_takes_off_is_no_precursor() -> None:
     """The probe's g is the gradient before clipping, v was fed the clipped ones: on steps whose
     norm is 3x the clip limit the ratio is 3x what Adam sees, and is judged at the clipped

@@ -73,6 +73,10 @@ def clip_factor(signals: StepSignals) -> float:
     return limit / norm
 
 
+SAID_DISCOUNT = 1.05
+"""What the batch explains is told from this share of the rise on (a loss 1.003x the typical one
+took off 1.0017x and read "once the 1x that its batch explains ... is taken off")."""
+
 class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
     reads = frozenset({"param_names", "precursors", "attention_logits", "lr", "loss",
@@ -186,8 +190,10 @@ class InstabilityPrecursor(Detector):
         ratio = value / typical if typical > 0 else math.inf
         clipped = (f" (of the gradient clipped to {signals.clip_limit:.3g})"
                    if self.clipped < 1.0 else "")
-        smaller = (f" once the {math.exp(self.discount):.3g}x that its batch explains "
-                   f"({self._batch_explains(signals)}) is taken off" if self.discount else "")
+        explained = math.exp(self.discount)
+        smaller = (f" once the {explained:.3g}x that its batch explains "
+                   f"({self._batch_explains(signals)}) is taken off"
+                   if explained >= SAID_DISCOUNT else "")
         return self.event(
             signals.step, "warning",
             f"Adam g/sqrt(v) RMS of {name}{clipped} at {value:.3g}{smaller}, {ratio:.3g}x its "
