@@ -1,8 +1,9 @@
 """The HF Trainer callback and the Lightning callback get the same `instability_precursor`
-events as a plain loop over the same model, optimizer, data and loss. From `GROW_FROM` the loss
-is multiplied by a factor that grows 50% a step for `GROW_STEPS` steps (a forward hook on the
-model, so the framework's own loss carries it), and the gradients outgrow Adam's second
-moment: each path warns at the same step, naming the same parameter."""
+events as a plain loop over the same model, optimizer, data and loss. From `GROW_FROM` the
+gradients are multiplied by a factor that grows 50% a step for `GROW_STEPS` steps (hooks on the
+parameters' gradients, so whoever runs the backward gets them), and they outgrow Adam's second
+moment while the loss itself is left as it is (a rise the loss explains is no precursor): each
+path warns at the same step, naming the same parameter."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from trainguard.events import Event
 GROW_FROM = 45
 GROW_STEPS = 8
 STEPS = GROW_FROM + GROW_STEPS + 4
-LR = 1e-3
+LR = 1e-6
+"""Small enough that the loss hardly moves (every batch is alike too): a rise while the loss
+still comes down is learning, not a precursor."""
 CONFIG = {"policy": "observe", "console": False}
 """The default configuration: the precursor probe is on."""
 
@@ -44,18 +47,22 @@ def tiny_gpt2() -> nn.Module:
                                       attn_pdrop=0.0))
 
 
-class GrowLoss:
-    """Forward hook on the model: the output's loss times `scale_at(training forward count)`."""
+class GrowGradients:
+    """A forward hook on the model counts its training forwards; a hook on each parameter's
+    gradient multiplies it by `scale_at` of the forward it comes from."""
 
     def __init__(self, model: nn.Module) -> None:
         self.calls = 0
-        model.register_forward_hook(self)
+        model.register_forward_hook(self._count)
+        for parameter in model.parameters():
+            parameter.register_hook(self._scale)
 
-    def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
-        if module.training and getattr(output, "loss", None) is not None:
-            output.loss = output.loss * scale_at(self.calls)
+    def _count(self, module: nn.Module, args: Any, output: Any) -> None:
+        if module.training:
             self.calls += 1
-        return output
+
+    def _scale(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad * scale_at(self.calls - 1)
 
 
 def one_sequence() -> dict[str, torch.Tensor]:
@@ -72,7 +79,7 @@ def test_the_hf_callback_warns_as_the_plain_loop_does(tmp_path: Path) -> None:
     # every item is the same sequence: the sampler's order cannot make the batches differ
     data = [one_sequence() for _ in range(16)]
     model = tiny_gpt2()
-    GrowLoss(model)
+    GrowGradients(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     guard = Guard(model, optimizer, config=GuardConfig(**CONFIG))
     batch = {k: torch.stack([d[k] for d in data[:4]]) for k in data[0]}
@@ -85,7 +92,7 @@ def test_the_hf_callback_warns_as_the_plain_loop_does(tmp_path: Path) -> None:
     plain = precursors(guard.events)
 
     model = tiny_gpt2()
-    GrowLoss(model)
+    GrowGradients(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     callback = TrainguardCallback(GuardConfig(**CONFIG))
@@ -106,7 +113,7 @@ def regression() -> nn.Module:
 
 def loader() -> torch.utils.data.DataLoader:
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(8 * 16, 8, generator=generator)
+    x = torch.randn(8, 8, generator=generator).repeat(16, 1)  # every batch alike: a flat loss
     return torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
 
@@ -116,13 +123,11 @@ def lightning_module(pl: Any) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.net = regression()
-            self.calls = 0
+            GrowGradients(self.net)
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
-            loss = nn.functional.mse_loss(self.net(x), y) * scale_at(self.calls)
-            self.calls += 1
-            return loss
+            return nn.functional.mse_loss(self.net(x), y)
 
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=LR, weight_decay=0.0)
@@ -143,6 +148,7 @@ def test_the_lightning_callback_warns_as_the_plain_loop_does(namespace: str,
                default_root_dir=str(tmp_path), callbacks=[callback]).fit(module, loader())
 
     net = regression()
+    GrowGradients(net)
     optimizer = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.0)
     guard = Guard(net, optimizer, config=GuardConfig(**CONFIG))
     step = 0
@@ -150,7 +156,7 @@ def test_the_lightning_callback_warns_as_the_plain_loop_does(namespace: str,
         for x, y in loader():
             if step == STEPS:
                 break
-            loss = nn.functional.mse_loss(net(x), y) * scale_at(step)
+            loss = nn.functional.mse_loss(net(x), y)
             loss.backward()
             guard.step(loss)
             optimizer.zero_grad()
