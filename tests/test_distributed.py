@@ -238,20 +238,37 @@ def test_a_nan_loss_from_clean_batches_says_whose_batch_was_checked() -> None:
                            "and finite")
 
 
-def test_ddp_loss_spike_on_one_rank_halts_every_rank_at_the_same_step(tmp_path) -> None:
+def test_ddp_outlier_batch_on_one_rank_is_told_alike_on_every_rank(tmp_path) -> None:
+    """One batch with targets 40x on rank 1: an outlier batch, told on both ranks (naming the
+    rank it came from) at the step it happened, and the same decision on both: the loss came
+    back, so nothing halts."""
     spike = 20
     rank0, rank1 = run_ranks(scenarios.ddp_spike_on_one_rank, spike, str(tmp_path))
     own0, own1 = rank0["own_losses"][spike], rank1["own_losses"][spike]
     assert own1 > 100 * own0 and own0 < 3 * np.median(rank0["own_losses"][:spike])
     for rank in (rank0, rank1):
+        assert rank["halt"] is None
+        told = [e for e in rank["events"] if e[0] == "loss_spike"]
+        assert [e[1:3] for e in told] == [("info", spike)]
+        assert f"(on rank 1 only: own loss rank 1 {own1:.4g})" in told[0][3]
+    assert rank0["events"] == rank1["events"]
+    assert rank0["actions"] == rank1["actions"]
+    assert rank0["weights"] == rank1["weights"]
+
+
+def test_ddp_loss_spike_on_one_rank_halts_every_rank_at_the_same_step(tmp_path) -> None:
+    """The same targets on every batch of rank 1 from then on: the loss stays up, the spike is
+    an error at the next step, and both ranks halt there."""
+    spike = 20
+    rank0, rank1 = run_ranks(scenarios.ddp_spike_on_one_rank, spike, str(tmp_path), True)
+    own0, own1 = rank0["own_losses"][spike + 1], rank1["own_losses"][spike + 1]
+    for rank in (rank0, rank1):
         assert rank["halt"] is not None, "both ranks must halt"
-        assert rank["halt"]["step"] == spike
+        assert rank["halt"]["step"] == spike + 1
         assert rank["halt"]["loss"] == pytest.approx((own0 + own1) / 2, rel=1e-6)
-        assert ("loss_spike", "error", spike) in [e[:3] for e in rank["halt"]["events"]]
-        spiked = next(e for e in rank["halt"]["events"] if e[0] == "loss_spike")
-        assert f"(on rank 1 only: own loss rank 1 {own1:.4g})" in spiked[3]
+        assert ("loss_spike", "error", spike + 1) in [e[:3] for e in rank["halt"]["events"]]
     assert rank0["halt"] == rank1["halt"]
-    assert rank0["actions"] == rank1["actions"] == ["applied"] * spike
+    assert rank0["actions"] == rank1["actions"]
     assert rank0["weights"] == rank1["weights"]
 
 

@@ -190,11 +190,12 @@ def ddp_nan_batch_on_one_rank(rank: int, world: int, batch_from: int | None = 6,
     return {"messages": messages, "diagnosis": diagnosis, "weights": flat_weights(model)}
 
 
-def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int,
-                          snapshot_dir: str) -> dict[str, Any]:
-    """Rank 1 alone gets an outlier batch (targets 40x) at `spike_step`, under the halt policy.
+def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int, snapshot_dir: str,
+                          lasting: bool = False) -> dict[str, Any]:
+    """Rank 1 alone gets batches with targets 40x at `spike_step`, under the halt policy: one
+    outlier batch, or (`lasting`) every batch from then on, as a bad shard would.
 
-    Rank 0's own loss stays calm: it can only halt with rank 1 if it sees the spike too.
+    Rank 0's own loss stays calm: it can only act with rank 1 if it sees the spike too.
     """
     model = DistributedDataParallel(mlp(seed=1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
@@ -205,7 +206,7 @@ def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int,
     halt: dict[str, Any] | None = None
     for step in range(spike_step + 3):
         x, y = regression_batch(rank, step)
-        if step == spike_step and rank == 1:
+        if rank == 1 and (step == spike_step or (lasting and step > spike_step)):
             y = y * 40.0
         own = F.mse_loss(model(x), y)
         own.backward()
@@ -222,7 +223,8 @@ def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int,
         losses.append(report.loss)
     guard.close()
     return {"own_losses": own_losses, "losses": losses, "actions": actions, "halt": halt,
-            "weights": flat_weights(model)}
+            "weights": flat_weights(model),
+            "events": [(e.kind, e.severity, e.step, e.message) for e in guard.events]}
 
 
 def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float) -> dict[str, Any]:
