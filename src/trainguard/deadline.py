@@ -74,7 +74,7 @@ class Deadline:
                 done.set()
 
         threading.Thread(target=worker, name="trainguard-budget", daemon=True).start()
-        if not done.wait(left):  # interruptible: Ctrl-C raises KeyboardInterrupt here
+        if not _wait(done, left):
             self.abandoned = True
             raise BudgetExceeded(
                 f"the budget of {self.budget_s:g} s ended while {self.doing} was still running; "
@@ -82,3 +82,19 @@ class Deadline:
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]
+
+
+WAKE_S = 0.1
+"""The waiting thread wakes this often: a signal the system handed to the worker thread is only
+acted on when the main thread runs, so Ctrl-C and SIGTERM end the command within this."""
+
+
+def _wait(done: threading.Event, seconds: float) -> bool:
+    """`done.wait(seconds)` in slices of `WAKE_S`, so that signal handlers run while it waits."""
+    end = time.monotonic() + seconds
+    while not done.is_set():
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        done.wait(min(WAKE_S, left))
+    return True
