@@ -228,6 +228,8 @@ def test_the_budget_ends_a_hanging_loss_fn_or_factory_with_one_line(
 _SIGNALS = """
 import os, signal, subprocess, sys, time
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: a test runner's
+# worker may ignore SIGINT, and the command would inherit that
 child = subprocess.Popen([sys.executable, "-m", "trainguard.cli", *sys.argv[2:]],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 started = Path(os.environ["TRAINGUARD_TEST_STARTED"])
