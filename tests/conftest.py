@@ -15,6 +15,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # cores (six scenario tests of the observe identity check took 46 s this way, 53 s with two).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,6 +58,16 @@ def make_setup(lr: float = 3e-3, warmup: int = 20, total: int = 300, seed: int =
 @pytest.fixture
 def setup_factory() -> Callable[..., Setup]:
     return make_setup
+
+
+@pytest.fixture
+def quiet_log() -> Iterator[None]:
+    """trainguard's log at CRITICAL for the test: runs that roll back print their events."""
+    logger = logging.getLogger("trainguard")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
 
 
 # -- schedules, for tests of code that rewinds or rescales them --------------------------------

@@ -110,6 +110,17 @@ def _csv(path: Path, rows: int) -> Path:
     return path
 
 
+def assert_analysed_in_bounded_memory(path: Path) -> None:
+    """`path` analysed in a process of its own: healthy, at most 2k rows kept, under 40 MB
+    added to the process."""
+    done = subprocess.run([sys.executable, "-c", GROWTH, str(path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    verdict, rows, grown_mb = done.stdout.split()
+    assert verdict == "healthy" and int(rows) <= 2048
+    assert int(grown_mb) < 40, f"the analysis took {grown_mb} MB more"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("writer", [_nanogpt, _hf, _jsonl, _csv],
                          ids=["text", "hf", "jsonl", "lightning"])
@@ -117,12 +128,7 @@ def test_memory_does_not_grow_with_the_log(tmp_path: Path, writer) -> None:
     """200k rows (4-15 MB) analysed with windows past 2k rows: the memory the analysis adds
     to the process is that of 2k rows, not of 200k (which took 100-300 MB)."""
     path = writer(tmp_path / "log", 200_000)
-    done = subprocess.run([sys.executable, "-c", GROWTH, str(path)], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    verdict, rows, grown_mb = done.stdout.split()
-    assert verdict == "healthy" and int(rows) <= 2048
-    assert int(grown_mb) < 40, f"the analysis took {grown_mb} MB more"
+    assert_analysed_in_bounded_memory(path)
 
 
 @pytest.mark.slow
@@ -133,9 +139,4 @@ def test_memory_does_not_grow_with_a_tensorboard_log(tmp_path: Path) -> None:
     path = event_file(tmp_path / "events.out.tfevents.1.host",
                       [(step, tag, value) for step in range(200_000)
                        for tag, value in (("loss", 2.0 + 0.01 * (step % 7)), ("grad_norm", 1.0))])
-    done = subprocess.run([sys.executable, "-c", GROWTH, str(path)], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    verdict, rows, grown_mb = done.stdout.split()
-    assert verdict == "healthy" and int(rows) <= 2048
-    assert int(grown_mb) < 40, f"the analysis took {grown_mb} MB more"
+    assert_analysed_in_bounded_memory(path)

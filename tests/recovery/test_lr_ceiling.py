@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import math
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -30,13 +28,7 @@ JUMP_AT = 60
 STEPS = 300
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("trainguard")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_log")
 
 
 @dataclass

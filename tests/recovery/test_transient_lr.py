@@ -12,10 +12,8 @@ persistent one is held far below the LR that failed.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -35,13 +33,7 @@ RAISE = 100.0
 VOCAB = 64
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("trainguard")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_log")
 
 
 def loop_lr(step: int, raised_steps: int | None) -> float:
