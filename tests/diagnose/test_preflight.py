@@ -74,6 +74,20 @@ def test_lr_far_above_the_full_fine_tuning_range() -> None:
     assert finding.evidence["mode"] == "full"
 
 
+def test_a_few_times_above_a_small_models_stretched_top_is_a_note() -> None:
+    # 0.1 is 2x the top this 0.03M-parameter model with no sign of pre-training is allowed (0.05):
+    # that top is a guess from its size, so the run's own signals decide
+    model, optimizer, scheduler = sane(lr=0.1)
+    [finding] = checks(preflight(model, optimizer, scheduler))["mode_and_lr"]
+    assert finding.severity == "info" and finding.cause == "lr_too_high"
+    assert "mode_and_lr" not in checks(preflight(model, optimizer, scheduler), "warning")
+    # the same excess over a pre-trained model's top is a warning: its range is the guide's own
+    model, optimizer, scheduler = sane(lr=1e-2)
+    model.config = types.SimpleNamespace(name_or_path="org/pretrained-classifier")
+    [finding] = checks(preflight(model, optimizer, scheduler))["mode_and_lr"]
+    assert finding.severity == "warning" and "200x" in finding.message  # 2x its allowed top
+
+
 def test_small_models_get_an_allowance_above_the_guide_ranges() -> None:
     assert small_model_lr_allowance(100_000) == 100.0  # a tiny model that may be pre-trained
     assert small_model_lr_allowance(10**7) == 100.0

@@ -151,7 +151,9 @@ def warmup_advice(total_steps: int | None) -> str:
 def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
     """The LR against the sane range of the model and its optimizer (`lr_range.sane_lr`, the
     range the cause ranking's advice names too). Adam-family optimizers only: the guide gives
-    no range for others."""
+    no range for others. Above the top: a warning; 10x above it, an error. On a small model
+    with no sign of pre-training the top is the guide's range stretched to its size (the
+    small-model allowance), a guess: below 10x of it, a note, and the run's signals decide."""
     sane = sane_lr(setup.model, setup.optimizers)
     setup.details["mode"] = sane.mode
     lr = _initial_lr(setup)
@@ -164,6 +166,10 @@ def check_mode_and_lr(setup: RunSetup) -> list[Finding]:
     if lr > sane.high:
         ratio = lr / high
         severity: Severity = "error" if ratio >= 10 * allowance else "warning"
+        if severity == "warning" and sane.pretrained is None and allowance > 1:
+            # the top is the guide's range stretched to a small model's size, a guess that is
+            # off by a few times either way: below 10x of it the run's own signals decide
+            severity = "info"
         size_note = (f" (allowing {allowance:.0f}x more for a model of {sane.params / 1e6:.3g}M "
                      "parameters)" if allowance > 1 else "")
         times = f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.3g}"
