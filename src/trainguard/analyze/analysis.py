@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
 from trainguard.analyze.quirks import prepare
 from trainguard.analyze.sparse import scaled_config
+from trainguard.chance_level import chance_loss
 from trainguard.config import DetectorConfig
 from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.ranking import RankedCause, rank_causes
@@ -145,9 +145,10 @@ def _above_chance(log: Log) -> list[Event]:
     if row is None:
         return []
     value = log.values(LOSS)[row]
+    most = chance_level.MAX_CLASSES
     return [Event(kind="loss_above_chance", step=log.steps[row], severity="error",
                   message=f"the first logged loss, {value:.4g}, is above ln "
-                          f"{chance_level.MAX_CLASSES} = {math.log(chance_level.MAX_CLASSES):.3g}"
+                          f"{most} = {chance_loss(most):.3g}"
                           ", worse than a uniform guess over any vocabulary: the weights blew "
                           "up before the first logged step",
                   value=value, details={"row": row})]
