@@ -37,12 +37,11 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from trainguard.detect.no_progress import came_down, flat, judgeable, progressed
+from trainguard.run_verdict import RunVerdict as RunVerdict  # its old import path
 from trainguard.signals import MAD_TO_STD
-from trainguard.vocabulary import Verdict
 
 WINDOW = 20
 MIN_TAIL = 3
@@ -54,26 +53,6 @@ DEGRADED_RATIO = 1.1
 """A final loss 10% above the reference is worse than noise at the medians' resolution."""
 BEYOND_NOISE = 2.0
 """A final median this many times the reference is degraded, however noisy the final window."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunVerdict:
-    verdict: Verdict | None
-    """`healthy`, `recovered`, `degraded` or `stalled`; None: too short to judge, as the
-    message says."""
-    message: str
-    start: float | None
-    before_trouble: float | None
-    final: float | None
-    trouble_step: int | None
-    """The first step with trouble (a warning or worse)."""
-    halt_step: int | None = None
-    """The step the Guard halted the run at (None: it was not halted, or not at a known step)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "message": self.message, "start": self.start,
-                "before_trouble": self.before_trouble, "final": self.final,
-                "trouble_step": self.trouble_step, "halt_step": self.halt_step}
 
 
 def ended_worse(final: float, reference: float, tail: Iterable[float]) -> bool:

@@ -27,9 +27,10 @@ from trainguard.analyze.quirks import prepare
 from trainguard.analyze.sparse import scaled_config
 from trainguard.chance_level import chance_loss
 from trainguard.config import DetectorConfig
-from trainguard.diagnose.finding import Finding
-from trainguard.diagnose.ranking import RankedCause, rank_causes
+from trainguard.diagnose.ranking import rank_causes
 from trainguard.events import Event
+from trainguard.finding import Finding
+from trainguard.ranked_cause import RankedCause
 from trainguard.registry import Kind
 
 

@@ -30,8 +30,8 @@ from trainguard.analyze.judge import HEALTHY, Judgement
 from trainguard.analyze.log import GRAD_NORM, LR, Log
 from trainguard.config import DetectorConfig
 from trainguard.diagnose.causes import CAUSES
-from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.lr_range import ADAPTER_LR_RANGE, GUIDE_RANGES
+from trainguard.finding import Finding
 from trainguard.registry import Kind
 
 ADAM_LR_MAX = ADAPTER_LR_RANGE[1]

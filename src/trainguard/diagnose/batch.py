@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from trainguard.chance_level import chance_loss
-from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.loss_bound import beyond
+from trainguard.finding import Finding
 from trainguard.transfer import to_host
 
 TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_type_ids")

@@ -29,9 +29,9 @@ from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
 
 if TYPE_CHECKING:
-    from trainguard.diagnose.finding import Finding
-    from trainguard.diagnose.ranking import RankedCause
-    from trainguard.verdict import RunVerdict
+    from trainguard.finding import Finding
+    from trainguard.ranked_cause import RankedCause
+    from trainguard.run_verdict import RunVerdict
 
 _COLOURS = {"info": "36", "warning": "33", "error": "31", "critical": "1;31"}
 _SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover", "checkpoint_kept")
