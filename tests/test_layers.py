@@ -276,6 +276,8 @@ def test_one_definition_of_each_shared_helper() -> None:
     # the recover policy's per-step `recovery.controller.Verdict` (skip, roll back, halt) is a
     # decision, not a run's verdict: the words of a run's verdict are one alias
     assert _definitions("Verdict", constants_only=True) == ["trainguard.vocabulary"]
+    assert _definitions("VERDICTS") == ["trainguard.vocabulary"]
+    assert _definitions("OLD_VERDICTS") == ["trainguard.vocabulary"]
     assert _definitions("Finding") == ["trainguard.finding"]
     assert _definitions("RankedCause") == ["trainguard.ranked_cause"]
     assert _definitions("RunVerdict") == ["trainguard.run_verdict"]

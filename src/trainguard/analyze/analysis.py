@@ -19,7 +19,7 @@ from typing import Any
 from trainguard.analyze import chance as chance_level
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
-from trainguard.analyze.judge import HEALTHY, Judgement, judge
+from trainguard.analyze.judge import Judgement, judge
 from trainguard.analyze.log import LOSS, Log
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
@@ -32,14 +32,16 @@ from trainguard.events import Event
 from trainguard.finding import Finding
 from trainguard.ranked_cause import RankedCause
 from trainguard.registry import Kind
+from trainguard.vocabulary import HEALTHY, Verdict
 
 
 @dataclass(slots=True)
 class Analysis:
     path: str
     format: str
-    verdict: str
-    """`healthy`, `spike-recovered` or `diverged`."""
+    verdict: Verdict
+    """`healthy`, `recovered` or `degraded` (`trainguard.vocabulary.Verdict`: the live verdict's
+    words; a log's loss alone never says `stalled`)."""
     kind: str | None
     """`nan`, `explosion`, `slow-divergence` or `collapse` (None when healthy)."""
     onset_step: int | None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
+from trainguard.vocabulary import NOT_WORKING, RECOVERED
 
 if TYPE_CHECKING:
     from trainguard.finding import Finding
@@ -186,10 +187,10 @@ class ConsoleSink(Sink):
     def on_verdict(self, verdict: RunVerdict) -> None:
         self._stop()
         self._say_all_repeats()  # what the run said comes before the verdict on it
-        if verdict.verdict in ("degraded", "stalled"):
+        if verdict.verdict in NOT_WORKING:
             self._write(f"trainguard verdict: {verdict.verdict.upper()}: {verdict.message}",
                         "warning")
-        elif verdict.verdict == "recovered":
+        elif verdict.verdict == RECOVERED:
             self._write(f"trainguard verdict: recovered: {verdict.message}")
 
     def on_run_end(self, status: str) -> None:
