@@ -10,8 +10,9 @@ the incident, it stands for the logbook it was cut from). A case is right when e
 files is; a file the analysis cannot read (`unreadable`) or fails on (`crashed`, with the
 exception) is wrong. Scored per case:
 
-    verdict   healthy / spike-recovered / diverged, against the label (`diverged`, `kind`)
-    kind      nan / explosion / slow-divergence, for the diverged cases
+    verdict   healthy / recovered / degraded, against the label (`diverged` yes: degraded; kind
+              `spike-recovered`: recovered; the labels keep the words they were written in)
+    kind      nan / explosion / slow-divergence, for the degraded cases
     onset     the first logged step the analysis names, against the label's (in the log's own
               units: a step, an iteration, `epoch E, batch B`); "exact" is the same logged row,
               "one row" the row before or after it
@@ -44,6 +45,7 @@ from pathlib import Path
 
 from trainguard.analyze.analysis import Analysis, analyze
 from trainguard.analyze.log import Log, LogError
+from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, verdict_named
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 OWN_DATA = Path(__file__).resolve().parent / "realdata"
@@ -79,7 +81,7 @@ class Label:
 
     @property
     def expected(self) -> str:
-        return self.kind if self.verdict == "diverged" and self.kind else self.verdict
+        return self.kind if self.verdict == DEGRADED and self.kind else self.verdict
 
 
 @dataclass
@@ -111,11 +113,11 @@ def labels(data: Path) -> list[Label]:
         for row in csv.DictReader(handle):
             kind = row["kind"].strip()
             if row["diverged"].strip() == "yes":
-                verdict = "diverged"
-            else:
-                verdict = "spike-recovered" if kind == "spike-recovered" else "healthy"
+                verdict = DEGRADED
+            else:  # the label's kind says a spike the run recovered from
+                verdict = RECOVERED if verdict_named(kind) == RECOVERED else HEALTHY
             kept = row.get("kept", "yes").strip() != "no"
-            out.append(Label(row["case"], verdict, kind if verdict == "diverged" else None,
+            out.append(Label(row["case"], verdict, kind if verdict == DEGRADED else None,
                              row["onset"].strip(), kept, data.name if data != OWN_DATA
                              else "own", (row.get("batch") or "1").strip()))
     return out
@@ -264,7 +266,7 @@ def right(case: Case) -> bool:
 
 
 def totals(cases: list[Case]) -> dict[str, object]:
-    diverged = [c for c in cases if c.label.verdict == "diverged"]
+    diverged = [c for c in cases if c.label.verdict == DEGRADED]
     healthy = [c for c in cases if c.label.verdict == "healthy"]
     with_onset = [c for c in cases if c.label.onset.lower() not in ("none", "")]
     return {
@@ -297,7 +299,7 @@ def _table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
 
 
-HEADER = ("", "cases", "read", "verdict", "kind (diverged)", "onset exact", "false alarms",
+HEADER = ("", "cases", "read", "verdict", "kind (degraded)", "onset exact", "false alarms",
           "all right")
 
 
@@ -347,7 +349,7 @@ def _print(name: str, cases: list[Case], not_kept: int, *, every: bool) -> None:
         for row in rows:
             print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         print()
-    table = [("", "cases", "read", "verdict", "kind (diverged)", "onset exact", "false alarms",
+    table = [("", "cases", "read", "verdict", "kind (degraded)", "onset exact", "false alarms",
               "all right")]
     groups = [("all", cases)] + [(h, [c for c in cases if c.label.half == h]) for h in HALVES]
     groups += [(f"format {p}", [c for c in cases if c.label.fmt == p])

@@ -219,3 +219,78 @@ def test_the_stages_import_neither_the_run_nor_each_other() -> None:
     pipeline = {m: {d for d in _imported(m, p, type_checking=True) if d.startswith(m[:19])}
                 for m, p in MODULES.items() if m.startswith("trainguard.pipeline.")}
     assert import_cycles(pipeline) == []
+
+
+VALUE_MODULES = {"trainguard.vocabulary", "trainguard.events", "trainguard.finding",
+                 "trainguard.ranked_cause", "trainguard.run_verdict", "trainguard.chance_level"}
+"""The value types and words every layer shares, at the bottom of the imports."""
+
+VALUE_USERS = ("trainguard.sinks", "trainguard.store", "trainguard.report", "trainguard.analyze")
+"""Packages that show or keep what a run found: they take its values from the bottom."""
+
+JUDGES = {"trainguard.diagnose.finding", "trainguard.diagnose.ranking", "trainguard.verdict"}
+"""The modules that make the values (or hold their old import paths)."""
+
+
+def test_the_value_types_import_only_each_other() -> None:
+    wrong = {module: sorted(deps - VALUE_MODULES) for module in sorted(VALUE_MODULES)
+             if (deps := _imported(module, MODULES[module], type_checking=True)
+                 - {"trainguard.signals"}) - VALUE_MODULES}
+    assert wrong == {}
+    # events names StepSignals for the type checker only; signals imports no trainguard module
+    assert _imported("trainguard.signals", MODULES["trainguard.signals"], True) == set()
+
+
+def test_sinks_and_stores_take_the_value_types_from_the_bottom() -> None:
+    def judges_imported(module: str) -> set[str]:
+        found = _imported(module, MODULES[module], type_checking=True) & JUDGES
+        if module.startswith("trainguard.analyze"):  # it judges a log: the rules, not the values
+            found -= {"trainguard.diagnose.ranking", "trainguard.verdict"}
+        return found
+
+    wrong = {module: sorted(found) for module in MODULES
+             if module.startswith(VALUE_USERS) and (found := judges_imported(module))}
+    assert wrong == {}
+
+
+def _names(node: ast.stmt, constants_only: bool) -> list[str]:
+    """The names a module-level statement defines."""
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+        return [] if constants_only else [node.name]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
+def _definitions(name: str, constants_only: bool = False) -> list[str]:
+    """The modules that define a class, a function or a module-level constant called `name`
+    (with `constants_only`, a constant or type alias only)."""
+    return [module for module, path in MODULES.items()
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+            if name in _names(node, constants_only)]
+
+
+def test_one_definition_of_each_shared_helper() -> None:
+    assert _definitions("SavedState") == ["trainguard.recovery.state"]
+    assert _definitions("chance_loss") == ["trainguard.chance_level"]
+    # the recover policy's per-step `recovery.controller.Verdict` (skip, roll back, halt) is a
+    # decision, not a run's verdict: the words of a run's verdict are one alias
+    assert _definitions("Verdict", constants_only=True) == ["trainguard.vocabulary"]
+    assert _definitions("VERDICTS") == ["trainguard.vocabulary"]
+    assert _definitions("OLD_VERDICTS") == ["trainguard.vocabulary"]
+    assert _definitions("Finding") == ["trainguard.finding"]
+    assert _definitions("RankedCause") == ["trainguard.ranked_cause"]
+    assert _definitions("RunVerdict") == ["trainguard.run_verdict"]
+
+
+def test_no_chance_level_is_computed_outside_its_function() -> None:
+    """ln of a number of classes is the chance level: `chance_loss` says so once."""
+    sites = [f"{module}:{node.lineno}" for module, path in MODULES.items()
+             if module != "trainguard.chance_level"
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("math.log", "np.log")
+             and any(word in ast.unparse(node.args[0]).lower()
+                     for word in ("class", "vocab")) if node.args]
+    assert sites == []

@@ -45,6 +45,7 @@ from trainguard.finiteness import finite_state
 from trainguard.pipeline.run import Run
 from trainguard.registry import Kind
 from trainguard.version import __version__
+from trainguard.vocabulary import DEGRADED
 
 log = logging.getLogger("trainguard")
 
@@ -147,7 +148,7 @@ def current_health(guard: Any, step: int | None = None) -> CheckpointHealth:
     weights, moments = finite_state(run.watched.params, run.optimizer)
     health, open_events, verdict = run_health(run, step)
     if weights is False or moments is False:  # whatever the losses said so far
-        verdict = "degraded"
+        verdict = DEGRADED
     return CheckpointHealth(step=step, health=health, weights_finite=weights,
                             optimizer_finite=moments, policy=run.config.policy,
                             verdict=verdict, open_events=open_events, saved_at=time.time(),

@@ -39,6 +39,7 @@ from trainguard.formatting import (
     visible,
 )
 from trainguard.version import __version__
+from trainguard.vocabulary import NOT_WORKING
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -833,7 +834,7 @@ def _show_header(summary: dict[str, Any]) -> list[str]:
     if verdict and verdict["verdict"] is None:  # too short to judge: the message says so
         lines.append(f"verdict    {verdict['message']}")
     elif verdict:
-        label = (verdict["verdict"].upper() if verdict["verdict"] in ("degraded", "stalled")
+        label = (verdict["verdict"].upper() if verdict["verdict"] in NOT_WORKING
                  else verdict["verdict"])
         lines.append(f"verdict    {label}: {verdict['message']}")
     span = f"started {_when(summary['started'])}"
@@ -946,7 +947,7 @@ def _runs(args: argparse.Namespace) -> int:
             notes.append(f"ended by {run['error']}")
         if run["store_failed"]:
             notes.append(f"store stopped writing, {run['dropped_steps']} steps lost")
-        if run.get("verdict") in ("degraded", "stalled"):  # why: `show` says (the reasons vary)
+        if run.get("verdict") in NOT_WORKING:  # why: `show` says (the reasons vary)
             notes.append(f"{run['verdict'].upper()} (show --run {run['id']} says why)")
         lines.append(f"{run['id']:>4}  {_when(run['started']):<19}  {_when(run['ended']):<19}  "
                      f"{run['status']:<12} {run['steps']:>7} {_fmt(run['last_step']):>9} "

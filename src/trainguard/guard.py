@@ -31,12 +31,12 @@ from trainguard.checkpoints import CheckpointHealth
 from trainguard.config import GuardConfig
 from trainguard.diagnose import Finding
 from trainguard.diagnose.counterfactual import Proof
-from trainguard.diagnose.ranking import RankedCause
 from trainguard.diagnose.replay import LossFn
 from trainguard.errors import UsageError
 from trainguard.events import Event, StepReport
 from trainguard.outside_steps import OutsideSteps
 from trainguard.pipeline.run import Run
+from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery
 from trainguard.remedies.device import skip_on_device
 from trainguard.run_end import exit_status

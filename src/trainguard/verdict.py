@@ -37,12 +37,12 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from trainguard.detect.no_progress import came_down, flat, judgeable, progressed
+from trainguard.run_verdict import RunVerdict as RunVerdict  # its old import path
 from trainguard.signals import MAD_TO_STD
-from trainguard.vocabulary import Verdict
+from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, STALLED
 
 WINDOW = 20
 MIN_TAIL = 3
@@ -54,26 +54,6 @@ DEGRADED_RATIO = 1.1
 """A final loss 10% above the reference is worse than noise at the medians' resolution."""
 BEYOND_NOISE = 2.0
 """A final median this many times the reference is degraded, however noisy the final window."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunVerdict:
-    verdict: Verdict | None
-    """`healthy`, `recovered`, `degraded` or `stalled`; None: too short to judge, as the
-    message says."""
-    message: str
-    start: float | None
-    before_trouble: float | None
-    final: float | None
-    trouble_step: int | None
-    """The first step with trouble (a warning or worse)."""
-    halt_step: int | None = None
-    """The step the Guard halted the run at (None: it was not halted, or not at a known step)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "message": self.message, "start": self.start,
-                "before_trouble": self.before_trouble, "final": self.final,
-                "trouble_step": self.trouble_step, "halt_step": self.halt_step}
 
 
 def ended_worse(final: float, reference: float, tail: Iterable[float]) -> bool:
@@ -173,12 +153,12 @@ class LossTrack:
         if halted or halt_step is not None:
             return self._halted(start, halt_step)
         if weights_finite is False:
-            return RunVerdict("degraded", "the model's weights are not all finite at the end of "
+            return RunVerdict(DEGRADED, "the model's weights are not all finite at the end of "
                               "the run" + (f" (the last {self.nonfinite_tail} losses were not "
                                            "finite)" if self.nonfinite_tail else ""), start,
                               self.before_trouble, math.nan, self.trouble_step)
         if self.nonfinite_tail >= self.window // 2 or not self.recent:
-            return RunVerdict("degraded", f"the last {self.nonfinite_tail} losses were not "
+            return RunVerdict(DEGRADED, f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
         # The start level is the median of the first window // 2 losses, the end level that of
         # the last `window`: with fewer losses than a window, most of the end's are the start's
@@ -196,24 +176,24 @@ class LossTrack:
                    and judgeable(self.start)
                    and not (self.best is not None and came_down(self.start, [self.best])))
         if ended_worse(final, reference, tail):
-            return RunVerdict("degraded", f"the loss ended at {final:.4g}, "
+            return RunVerdict(DEGRADED, f"the loss ended at {final:.4g}, "
                               f"{times(final, reference)} the {reference:.4g} it was {against}",
                               start,
                               self.before_trouble, final, self.trouble_step)
         best = self.best
         if (self.trouble_step is not None and best is not None and best < reference
                 and ended_worse(final, best, tail)):
-            return RunVerdict("degraded", f"the loss ended at {final:.4g}, {times(final, best)} "
+            return RunVerdict(DEGRADED, f"the loss ended at {final:.4g}, {times(final, best)} "
                               f"the best level it had reached ({best:.4g}): it did not come back "
                               "to its own best", start, self.before_trouble, final,
                               self.trouble_step)
         if untrained_since is not None:
-            return RunVerdict("stalled", f"no gradients from step {untrained_since} to the end "
+            return RunVerdict(STALLED, f"no gradients from step {untrained_since} to the end "
                               f"of the run: nothing trained after it (the loss ended at "
                               f"{final:.4g})", start, self.before_trouble, final,
                               self.trouble_step)
         if stalled:
-            return RunVerdict("stalled", f"the loss never came down in {self.seen} steps "
+            return RunVerdict(STALLED, f"the loss never came down in {self.seen} steps "
                               f"(from {statistics.median(self.start):.4g} at the start to "
                               f"{final:.4g}): the run did not learn"
                               + (f"; {stall_reason}" if stall_reason else ""), start,
@@ -221,10 +201,10 @@ class LossTrack:
         if self.trouble_step is not None:
             how = ("no worse than" if final <= reference
                    else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
-            return RunVerdict("recovered", f"the loss ended at {final:.4g}, {how} the "
+            return RunVerdict(RECOVERED, f"the loss ended at {final:.4g}, {how} the "
                               f"{reference:.4g} it was {against}", start, self.before_trouble,
                               final, self.trouble_step)
-        return RunVerdict("healthy", f"the loss went from {start:.4g} to {final:.4g}", start,
+        return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g}", start,
                           None, final, None)
 
     def _halted(self, start: float, halt_step: int | None) -> RunVerdict:
@@ -232,13 +212,13 @@ class LossTrack:
         nothing of coming back."""
         at = f" at step {halt_step}" if halt_step is not None else ""
         if self.nonfinite_tail:
-            return RunVerdict("degraded", f"the run was halted{at} on a non-finite loss", start,
+            return RunVerdict(DEGRADED, f"the run was halted{at} on a non-finite loss", start,
                               self.before_trouble, math.nan, self.trouble_step, halt_step)
         began = (f" that began at step {self.trouble_step}"
                  if self.trouble_step is not None and self.trouble_step != halt_step else "")
         was = (f" (the loss was {self.before_trouble:.4g} before it)"
                if self.before_trouble is not None else "")
-        return RunVerdict("degraded", f"the run was halted{at} and did not go past the "
+        return RunVerdict(DEGRADED, f"the run was halted{at} and did not go past the "
                           f"trouble{began}{was}", start, self.before_trouble,
                           statistics.median(self.recent) if self.recent else math.nan,
                           self.trouble_step, halt_step)

@@ -41,7 +41,7 @@ def test_a_diverged_log_names_its_onset_and_causes(diverged: Path) -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert {"verdict", "kind", "onset_step", "evidence", "causes"} <= set(result)
-    assert result["verdict"] == "diverged"
+    assert result["verdict"] == "degraded"
     assert result["onset_step"] == 300
     assert result["evidence"] and result["causes"]
     assert all({"code", "confidence", "fix"} <= set(c) for c in result["causes"])
@@ -50,7 +50,7 @@ def test_a_diverged_log_names_its_onset_and_causes(diverged: Path) -> None:
 def test_the_summary_draws_the_curve(diverged: Path) -> None:
     done = analyze(diverged)
     assert done.returncode == 0, done.stderr
-    assert "DIVERGED" in done.stdout and "from step 300" in done.stdout
+    assert "DEGRADED" in done.stdout and "from step 300" in done.stdout
     assert any(ch in done.stdout for ch in "▁▂▃▄▅▆▇█"), "a sparkline of the loss"
 
 
@@ -60,12 +60,12 @@ def test_several_paths_give_a_table(healthy: Path, diverged: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[0].split()[:3] == ["path", "format", "rows"]
     assert any("healthy.json" in line and "healthy" in line.split()[3:] for line in lines)
-    assert any("diverged.json" in line and "diverged" in line for line in lines)
+    assert any("diverged.json" in line and "degraded" in line for line in lines)
 
 
 def test_several_paths_as_json_give_a_list(healthy: Path, diverged: Path) -> None:
     done = analyze(healthy, diverged, "--json")
-    assert [r["verdict"] for r in json.loads(done.stdout)] == ["healthy", "diverged"]
+    assert [r["verdict"] for r in json.loads(done.stdout)] == ["healthy", "degraded"]
 
 
 def test_a_truncated_file_is_one_clear_error(tmp_path: Path, healthy: Path) -> None:
@@ -109,7 +109,7 @@ def test_the_report_of_a_log(tmp_path: Path, diverged: Path) -> None:
     html = out.read_text()
     assert "<script src=" not in html, "self-contained"
     assert "diverged.json" in html and "Likely causes" in html
-    assert "DIVERGED" in html.upper() and "grad_explosion" in html
+    assert "DEGRADED" in html.upper() and "grad_explosion" in html
 
 
 def test_the_report_takes_one_path_and_never_overwrites_the_log(healthy: Path,
@@ -127,7 +127,7 @@ def test_analyze_never_imports_torch(diverged: Path) -> None:
             f"sys.exit(main(['analyze', {str(diverged)!r}, '--json']))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["verdict"] == "diverged"
+    assert json.loads(done.stdout)["verdict"] == "degraded"
 
 
 def test_help_documents_the_exit_codes() -> None:

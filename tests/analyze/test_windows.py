@@ -69,7 +69,7 @@ def test_the_verdict_of_a_long_log_read_in_windows(tmp_path: Path,
     healthy = analyze(_nanogpt(tmp_path / "healthy.log", 5000))
     assert healthy.verdict == "healthy" and healthy.rows <= 512
     nan = analyze(_nanogpt(tmp_path / "nan.log", 5000, nan_from=4003))
-    assert (nan.verdict, nan.kind, nan.onset_step) == ("diverged", "nan", 4003)
+    assert (nan.verdict, nan.kind, nan.onset_step) == ("degraded", "nan", 4003)
     assert nan.onset is not None and nan.onset.endswith("to iter 4015")
 
 

@@ -59,7 +59,7 @@ def test_a_replay_from_the_steps_rng_gives_the_loss_the_step_had() -> None:
 def test_a_window_step_replays_from_its_own_rng() -> None:
     """A window replay's step gives the loss the run recorded for it when its forward's RNG was
     kept (with dropout 0.5 the masks decide the loss); from the RNG as it ran on, another."""
-    from trainguard.diagnose.counterfactual import SavedState, WindowStep, _window_step
+    from trainguard.diagnose.counterfactual import ReplayState, WindowStep, _window_step
 
     torch.manual_seed(0)
     model = mlp(dropout=0.5)
@@ -69,7 +69,7 @@ def test_a_window_step_replays_from_its_own_rng() -> None:
     ran = float(mse(model, batch))
     state = kept.take()
     torch.rand(10)  # the run went on drawing
-    saved = SavedState(model, opt)
+    saved = ReplayState(model, opt)
     setup = Setup(model, opt, mse, batch)
     own = _window_step(setup, WindowStep(0, batch, (1e-3,), loss=ran, forward_rng=state), 1.0)
     saved.restore()

@@ -19,7 +19,8 @@ import pytest
 
 from trainguard.errors import ConfigError
 from trainguard.sinks import PrometheusSink
-from trainguard.sinks.prometheus import SCRAPE_THREADS, VERDICTS
+from trainguard.sinks.prometheus import SCRAPE_THREADS
+from trainguard.vocabulary import VERDICTS
 
 from .conftest import run_steps, tiny_run
 from .test_conformance import Recorder

@@ -2,7 +2,7 @@
 
     from trainguard.analyze import analyze
     result = analyze("output/trainer_state.json")
-    result.verdict, result.kind, result.onset_step   # 'diverged', 'nan', 3010
+    result.verdict, result.kind, result.onset_step   # 'degraded', 'nan', 3010
     result.evidence, result.causes
 
 Any of the formats in `FORMATS` (detected, or named with `fmt=`): a Hugging Face

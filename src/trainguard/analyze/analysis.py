@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,25 +19,29 @@ from typing import Any
 from trainguard.analyze import chance as chance_level
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
-from trainguard.analyze.judge import HEALTHY, Judgement, judge
+from trainguard.analyze.judge import Judgement, judge
 from trainguard.analyze.log import LOSS, Log
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
 from trainguard.analyze.quirks import prepare
 from trainguard.analyze.sparse import scaled_config
+from trainguard.chance_level import chance_loss
 from trainguard.config import DetectorConfig
-from trainguard.diagnose.finding import Finding
-from trainguard.diagnose.ranking import RankedCause, rank_causes
+from trainguard.diagnose.ranking import rank_causes
 from trainguard.events import Event
+from trainguard.finding import Finding
+from trainguard.ranked_cause import RankedCause
 from trainguard.registry import Kind
+from trainguard.vocabulary import HEALTHY, Verdict
 
 
 @dataclass(slots=True)
 class Analysis:
     path: str
     format: str
-    verdict: str
-    """`healthy`, `spike-recovered` or `diverged`."""
+    verdict: Verdict
+    """`healthy`, `recovered` or `degraded` (`trainguard.vocabulary.Verdict`: the live verdict's
+    words; a log's loss alone never says `stalled`)."""
     kind: str | None
     """`nan`, `explosion`, `slow-divergence` or `collapse` (None when healthy)."""
     onset_step: int | None
@@ -145,9 +148,10 @@ def _above_chance(log: Log) -> list[Event]:
     if row is None:
         return []
     value = log.values(LOSS)[row]
+    most = chance_level.MAX_CLASSES
     return [Event(kind="loss_above_chance", step=log.steps[row], severity="error",
                   message=f"the first logged loss, {value:.4g}, is above ln "
-                          f"{chance_level.MAX_CLASSES} = {math.log(chance_level.MAX_CLASSES):.3g}"
+                          f"{most} = {chance_loss(most):.3g}"
                           ", worse than a uniform guess over any vocabulary: the weights blew "
                           "up before the first logged step",
                   value=value, details={"row": row})]

@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass
 
 from trainguard.analyze.log import Log
+from trainguard.chance_level import chance_loss
 
 TOLERANCE = 0.05
 """How near ln(k) the plateau's median must be, and how far below it a row is "clearly below"."""
@@ -81,9 +82,9 @@ def back_to_chance(losses: list[float | None], num_classes: int | None = None, *
     if num_classes is not None:
         classes, guessed = num_classes, False
     else:
-        classes = min(range(2, MAX_GUESSED_CLASSES + 1), key=lambda k: abs(math.log(k) - level))
+        classes = min(range(2, MAX_GUESSED_CLASSES + 1), key=lambda k: abs(chance_loss(k) - level))
         guessed = True
-    chance = math.log(classes)
+    chance = chance_loss(classes)
     if abs(level - chance) > TOLERANCE * chance:
         return None
     half = len(tail) // 2
@@ -101,7 +102,7 @@ def back_to_chance(losses: list[float | None], num_classes: int | None = None, *
 
 def above_any_chance(losses: list[float | None]) -> int | None:
     """The first row of a cross-entropy above ln(MAX_CLASSES), if the loss starts there."""
-    ceiling = math.log(MAX_CLASSES)
+    ceiling = chance_loss(MAX_CLASSES)
     for i, value in enumerate(losses):
         if value is None or not math.isfinite(value):
             continue

@@ -26,13 +26,14 @@ from __future__ import annotations
 import math
 import statistics
 
-from trainguard.analyze.judge import HEALTHY, Judgement
+from trainguard.analyze.judge import Judgement
 from trainguard.analyze.log import GRAD_NORM, LR, Log
 from trainguard.config import DetectorConfig
 from trainguard.diagnose.causes import CAUSES
-from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.lr_range import ADAPTER_LR_RANGE, GUIDE_RANGES
+from trainguard.finding import Finding
 from trainguard.registry import Kind
+from trainguard.vocabulary import DEGRADED, HEALTHY
 
 ADAM_LR_MAX = ADAPTER_LR_RANGE[1]
 """The top of the guide's Adam(W) ranges (LoRA: 1e-4..5e-3; full fine-tuning 1e-6..5e-5)."""
@@ -90,7 +91,7 @@ def log_findings(log: Log, judgement: Judgement) -> list[Finding]:
                              f"{GRAD_LIMIT:g}",
                              CAUSES["lr_too_high"].fix, "lr_too_high"))
     single = [e for e in judgement.incident if e.kind in (Kind.LOSS_SPIKE, Kind.GRAD_EXPLOSION)]
-    if (judgement.verdict == "diverged" and judgement.kind in ("explosion", "slow-divergence")
+    if (judgement.verdict == DEGRADED and judgement.kind in ("explosion", "slow-divergence")
             and len(single) == 1 and judgement.back is None):
         found.append(Finding("log_no_recovery", "warning",
                              f"the loss never came back after the jump at "

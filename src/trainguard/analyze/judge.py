@@ -1,4 +1,5 @@
-"""The verdict on a logged run: healthy, spike-recovered or diverged; its kind and its onset.
+"""The verdict on a logged run: healthy, recovered or degraded (the live verdict's words,
+`trainguard.vocabulary.Verdict`); its kind and its onset.
 
 The detectors say *that* something went wrong, at the row where they could tell. The judgement
 reads their events with hindsight, the whole log in view:
@@ -17,14 +18,14 @@ reads their events with hindsight, the whole log in view:
    `grad_norm_abs_min_ratio` times the lowest norm before or more; for a divergence, from where
    the detector says its level crossed; for non-finite values and skipped steps, over the
    unbroken run of non-finite or skipped rows that leads into them.
-4. **Diverged or recovered.** The run diverged when it ends non-finite, when it ends skipping
+4. **Degraded or recovered.** The run degraded when it ends non-finite, when it ends skipping
    most steps since the onset, or when its final loss level (the median of its last 20 steps, or
    its last row when rows are further apart) is worse than its level before the onset (the
    median of up to `baseline_window` rows) by the live verdict's rule
    (`trainguard.verdict.ended_worse`: 10% and beyond the final window's noise, or twice the
    level whatever the noise), or when it went back to chance level, unless it is visibly on its
    way back (its loss fell on every row from its peak to the end of the log, over three rows or
-   more). Trouble from the first logged row has no level to come back to: the run diverged.
+   more). Trouble from the first logged row has no level to come back to: the run degraded.
    Otherwise the spike was recovered, unless its jumps took back less than a tenth of what the
    loss had come down from its start (`NEGLIGIBLE_SHARE`: a loss near its floor, where one odd
    batch is a large ratio and a small loss): then the run is healthy.
@@ -50,8 +51,8 @@ from trainguard.config import DetectorConfig
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind
 from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse, times
+from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, Verdict
 
-HEALTHY, RECOVERED, DIVERGED = "healthy", "spike-recovered", "diverged"
 NAN, EXPLOSION, SLOW, COLLAPSE = "nan", "explosion", "slow-divergence", "collapse"
 JUMPS = ("loss_spike", "grad_explosion")
 LOSS_KINDS = ("loss_spike", "bad_start", "loss_divergence", "loss_at_chance",
@@ -68,7 +69,7 @@ START_ROWS = 5
 NEGLIGIBLE_SHARE = 0.1
 """A recovered jump of the loss that takes back less than this share of what the loss had come
 down from its start is noise near its floor, not trouble (chosen on the tuning half of the real
-logs: a healthy run's one-batch jumps took back 2% of its fall there; every diverged run with a
+logs: a healthy run's one-batch jumps took back 2% of its fall there; every degraded run with a
 level before its trouble took back more than its whole fall)."""
 FAR = DetectorConfig().loss_spike_error_ratio
 """A loss this many times its level (two orders of magnitude: the ratio at which the spike
@@ -81,7 +82,7 @@ spike, not a jump that stays)."""
 
 @dataclass(slots=True)
 class Judgement:
-    verdict: str
+    verdict: Verdict
     kind: str | None
     onset_row: int | None
     incident: list[Event] = field(default_factory=list)
@@ -144,15 +145,15 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     if nonfinite_end or skipping_end:
         ending = ("the log ends with non-finite values" if nonfinite_end else
                   "the optimizer skipped most steps from the onset to the end of the log")
-        return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
+        return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
     if reference is None:
         ending = (f"the trouble starts at the first logged row, with no healthy level before "
                   f"it; the loss ends at {_fmt(final)}")
-        return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
+        return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
     if final is None:
-        return Judgement(DIVERGED, kind, onset, incident, isolated, reference, final,
+        return Judgement(DEGRADED, kind, onset, incident, isolated, reference, final,
                          "no finite loss after the onset"), earlier
     worse = ended_worse(final, reference, tail)
     if chance is not None and chance.row >= onset:
@@ -173,7 +174,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                 earlier)
     ending = (f"the loss ends at {_fmt(final)}, {times(final, reference)} the {_fmt(reference)} "
               "it was before the trouble")
-    return (Judgement(DIVERGED, kind, onset, incident, isolated, reference, final, ending),
+    return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
 
 

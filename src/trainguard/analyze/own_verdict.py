@@ -3,11 +3,10 @@
 A guarded run judges itself at its close (`trainguard.verdict`) from more than its store can
 replay: the warnings of the probes' statistics (an `instability_precursor`, a collapsed output),
 its own windows of steps, its weights at the close, a halt. `trainguard show` prints that
-verdict, and `trainguard analyze` of the same directory says the same:
+verdict, and `trainguard analyze` of the same directory says the same (both speak
+`trainguard.vocabulary.Verdict`; a store written before they did may hold older words, mapped by
+`vocabulary.verdict_named`), but for
 
-    healthy     healthy
-    recovered   spike-recovered
-    degraded    diverged
     stalled     the replay's verdict: a run that never learned names no blow-up (the run's
                 own verdict is told beside it)
 
@@ -24,12 +23,13 @@ import bisect
 import dataclasses
 import math
 
-from trainguard.analyze.judge import DIVERGED, HEALTHY, RECOVERED, Judgement
+from trainguard.analyze.judge import Judgement
 from trainguard.analyze.log import Log
 from trainguard.events import Event, at_least
+from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, Verdict, verdict_named
 
-AS_ANALYZED = {"healthy": HEALTHY, "recovered": RECOVERED, "degraded": DIVERGED}
-"""The live verdicts that have a word of the analysis."""
+ANALYZED: frozenset[Verdict] = frozenset({HEALTHY, RECOVERED, DEGRADED})
+"""The verdicts the analysis of a log can reach too."""
 
 
 def defer(judgement: Judgement, log: Log) -> Judgement:
@@ -38,8 +38,8 @@ def defer(judgement: Judgement, log: Log) -> Judgement:
     if own is None:
         return judgement
     told = f"the run's own verdict at its close: {own['verdict']}: {own['message']}"
-    verdict = AS_ANALYZED.get(own["verdict"])
-    if verdict is None:
+    verdict = verdict_named(own["verdict"])
+    if verdict not in ANALYZED:
         return dataclasses.replace(judgement, ending="; ".join(
             part for part in (judgement.ending, told) if part))
     if verdict == judgement.verdict:

@@ -18,9 +18,6 @@ from trainguard.analyze.analysis import Analysis
 from trainguard.analyze.log import GRAD_NORM, LOSS, LR
 from trainguard.report.data import Matrix, RunData, Scalar
 
-_VERDICT_LABELS = {"healthy": "healthy", "spike-recovered": "recovered", "diverged": "degraded"}
-"""The analysis verdicts on the report's colour scale (the live run verdict's labels)."""
-
 
 def _scalar(values: list[float | None]) -> Scalar:
     missing = np.array([value is None for value in values], dtype=bool)
@@ -45,14 +42,13 @@ def log_run_data(analysis: Analysis) -> RunData:
     assert log is not None, "an Analysis made by analyze() keeps its log"
     steps = np.array(log.steps, dtype=np.int64)
     skipped = log.skipped or [False] * len(log.steps)
-    label = _VERDICT_LABELS.get(analysis.verdict, analysis.verdict)
     message = analysis.verdict + (f" ({analysis.kind})" if analysis.kind else "")
     if analysis.onset is not None:
         message += f" from {analysis.onset}"
     if analysis.evidence:
         message += ": " + analysis.evidence[0]
     meta: dict[str, Any] = {
-        "verdict": {"verdict": label, "message": message,
+        "verdict": {"verdict": analysis.verdict, "message": message,
                     "trouble_step": analysis.onset_step},
         "diagnosis": [cause.to_dict() for cause in analysis.causes],
         "preflight": None,

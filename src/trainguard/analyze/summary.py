@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from trainguard.analyze.analysis import Analysis
-from trainguard.analyze.judge import HEALTHY
 from trainguard.analyze.log import GRAD_NORM, LOSS, LR
 from trainguard.formatting import sparkline
+from trainguard.vocabulary import HEALTHY
 
 MAX_EVIDENCE = 8
 MAX_CAUSES = 3
@@ -22,8 +22,7 @@ def _fmt(value: float | None) -> str:
 def headline(result: Analysis) -> str:
     if result.verdict == HEALTHY:
         return "healthy: no trouble in the logged values"
-    what = {"spike-recovered": "SPIKE, RECOVERED", "diverged": "DIVERGED"}.get(
-        result.verdict, result.verdict.upper())
+    what = result.verdict.upper()
     kind = f" ({result.kind})" if result.kind else ""
     return f"{what}{kind} from {result.onset}"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from trainguard.chance_level import chance_loss
 
 
 class MarkovLanguage:
@@ -33,7 +33,7 @@ class MarkovLanguage:
 
     @property
     def chance_loss(self) -> float:
-        return math.log(self.vocab_size)
+        return chance_loss(self.vocab_size)
 
     def batch(self, batch_size: int, seq_len: int) -> torch.Tensor:
         tokens = torch.empty(batch_size, seq_len, dtype=torch.long)

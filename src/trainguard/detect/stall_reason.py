@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.chance_level import chance_loss
 from trainguard.detect.update_too_large import FROM_ZERO, SIGNAL, elements
 from trainguard.signals import StepSignals
 
@@ -178,7 +179,7 @@ class StallEvidence:
                                f"(frozen, or not reached by the loss): {shown}",
                                {"trained_share": trained, "update": typical})
         level = statistics.median(recent)
-        chance = math.log(self.classes) if self.classes else None
+        chance = chance_loss(self.classes) if self.classes else None
         at_chance = chance is not None and abs(level - chance) <= CHANCE_TOLERANCE * chance
         if at_chance and typical is not None and trend > -TREND_Z and flowing:
             return StallReason("label_problem", f"the loss sits at chance level, ln {self.classes}"

@@ -16,9 +16,9 @@ from trainguard.lazy import lazy_exports
 if TYPE_CHECKING:
     from trainguard.diagnose.causes import CAUSES, Cause, cause
     from trainguard.diagnose.counterfactual import Proof, prove
-    from trainguard.diagnose.finding import Finding
     from trainguard.diagnose.preflight import preflight
     from trainguard.diagnose.replay import ReplayReport, replay
+    from trainguard.finding import Finding
 
 _LAZY: dict[str, str] = {
     "CAUSES": "trainguard.diagnose.causes", "Cause": "trainguard.diagnose.causes",

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainguard.diagnose.finding import Finding
+from trainguard.chance_level import chance_loss
 from trainguard.diagnose.loss_bound import beyond
+from trainguard.finding import Finding
 from trainguard.transfer import to_host
 
 TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_type_ids")
@@ -341,7 +342,7 @@ def check_loss_above_chance(loss: float | None, batch: Any, model: nn.Module | N
     labels = [t for base, _, t in fields if base == "labels"]
     if not tokens or any(label.shape != tokens[0].shape for label in labels):
         return None
-    chance = math.log(vocab)
+    chance = chance_loss(vocab)
     if loss < CHANCE_FACTOR * chance:
         return None
     return Finding(

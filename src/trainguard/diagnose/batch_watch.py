@@ -27,8 +27,8 @@ from trainguard.diagnose.batch import (
     inspect_batch,
 )
 from trainguard.diagnose.data_runs import RunTracker
-from trainguard.diagnose.finding import Finding
 from trainguard.events import Event
+from trainguard.finding import Finding
 
 log = logging.getLogger("trainguard")
 

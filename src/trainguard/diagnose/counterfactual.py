@@ -506,8 +506,13 @@ def _num(value: float) -> str:
 # -- the state a proof puts back ---------------------------------------------------------------
 
 
-class SavedState:
-    """The model's parameters and buffers, the optimizer's state and hyperparameters, the
+class ReplayState:
+    """What a replay changes and must leave as it found it, taken in place: not the good-state
+    ring's `recovery.state.SavedState` (state dicts a rollback loads, with the run's own state
+    and a finite flag), but live copies put back into the same tensors, with the gradients,
+    training modes and adapter scalings a replay overwrites.
+
+    The model's parameters and buffers, the optimizer's state and hyperparameters, the
     gradients, the training mode and every RNG, copied once; `restore` puts them back in place
     (the same tensor objects, so nothing holding a reference sees a difference)."""
 
@@ -629,7 +634,7 @@ def _grad_norm(model: nn.Module) -> torch.Tensor:
         [torch.linalg.vector_norm(g.detach().float()) for g in grads]))
 
 
-def replay_step(setup: Setup, saved: SavedState, change: Change, name: str = "as_it_happened",
+def replay_step(setup: Setup, saved: ReplayState, change: Change, name: str = "as_it_happened",
                 label: str = "as it happened") -> Outcome:
     """Restore the state, then take the change's updates on the batch; the losses and the
     gradient norm of the first update, and the loss after the last."""
@@ -936,7 +941,7 @@ def _lora_scalings(model: nn.Module) -> list[float]:
 
 
 def _set_lora_scaling(model: nn.Module) -> None:
-    """peft keeps alpha/r per adapter in `module.scaling` (`SavedState` puts it back)."""
+    """peft keeps alpha/r per adapter in `module.scaling` (`ReplayState` puts it back)."""
     for module in model.modules():
         scaling = getattr(module, "scaling", None)
         if isinstance(scaling, dict) and hasattr(module, "lora_A"):
@@ -1042,7 +1047,7 @@ def prove(setup: Setup, *, likely: Sequence[str] = (), budget_s: float | None = 
     the step itself reached stands in for it: a step whose loss is `LOSS_SPIKE` times that is
     bad, as a step beyond the run's typical loss is later."""
     started = time.perf_counter()
-    saved = SavedState(setup.model, setup.optimizer)
+    saved = ReplayState(setup.model, setup.optimizer)
     saved.step_rng = setup.forward_rng
     try:
         plain = setup.recorded  # stands only for a bad window the replay reproduces
@@ -1162,7 +1167,7 @@ def record_stands(recorded: Outcome, base: Baseline) -> bool:
     return bool(recorded.forward_bad(raised))
 
 
-def _first_step_agrees(setup: Setup, saved: SavedState) -> bool:
+def _first_step_agrees(setup: Setup, saved: ReplayState) -> bool:
     """Whether the window's first step, replayed from the state (its forward alone), gives the
     loss the run recorded for it: the replay reproduces the run's losses (one forward: a loss
     function or a state that differs from the run's would show here)."""
@@ -1203,7 +1208,7 @@ def _ordered(candidates: list[Intervention], likely: Sequence[str]) -> list[Inte
                                              default=len(rank)))
 
 
-def _try_interventions(setup: Setup, saved: SavedState, proof: Proof,
+def _try_interventions(setup: Setup, saved: ReplayState, proof: Proof,
                        candidates: list[Intervention], started: float,
                        budget_s: float | None) -> None:
     # a replay is the window's steps, one update and one more forward

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.diagnose.finding import Finding
+from trainguard.finding import Finding
 from trainguard.recovery.data import flatten_ids
 
 MIN_RUN = 3

@@ -1,27 +1,6 @@
-"""A finding: something a check noticed about the configuration or the data, with its fix."""
+"""`Finding` lives in `trainguard.finding`, below every package that uses it; this name stays
+valid for code that imports it from here."""
 
-from __future__ import annotations
+from trainguard.finding import Finding as Finding
 
-from dataclasses import dataclass, field
-from typing import Any
-
-from trainguard.events import Severity
-
-
-@dataclass(slots=True)
-class Finding:
-    check: str
-    """Stable name of the check that produced it (e.g. `lr_range`)."""
-    severity: Severity
-    message: str
-    fix: str
-    cause: str | None = None
-    """The cause code (trainguard.diagnose.causes) this finding points to, if any."""
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "severity": self.severity, "message": self.message,
-                "fix": self.fix, "cause": self.cause, "evidence": self.evidence}
-
-    def __str__(self) -> str:
-        return f"{self.severity.upper()} {self.check}: {self.message} Fix: {self.fix}"
+__all__ = ["Finding"]

@@ -56,7 +56,7 @@ from trainguard.diagnose.counterfactual import (
     Baseline,
     Outcome,
     Proof,
-    SavedState,
+    ReplayState,
     Setup,
     WindowStep,
     left_level,
@@ -615,7 +615,7 @@ def _put_back(services: Services) -> Iterator[None]:
     afterwards, in the optimizer's own state and group objects (loading the good state gives it
     new ones; the run's, and anything holding them, must see the same objects after)."""
     optimizer = services.optimizer
-    keep = SavedState(services.model, optimizer)
+    keep = ReplayState(services.model, optimizer)
     state, groups = optimizer.state, optimizer.param_groups
     try:
         yield

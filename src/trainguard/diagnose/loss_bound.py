@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.diagnose.causes import CAUSES
-from trainguard.diagnose.finding import Finding
+from trainguard.finding import Finding
 
 CEILING_KEY = "ce_ceiling"
 """The step signal (`signals.precursors`) and the event detail that carry the ceiling."""

@@ -36,7 +36,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.lr_range import (
     MODE_WORDS,
     fine_tuning_mode,
@@ -46,6 +45,7 @@ from trainguard.diagnose.lr_range import (
     sane_lr,
 )
 from trainguard.events import Severity
+from trainguard.finding import Finding
 
 HF_INIT_STD = 0.02
 INIT_SCALE_LIMIT = 10.0

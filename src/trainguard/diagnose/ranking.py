@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.diagnose.causes import CAUSES
-from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, describe
 from trainguard.events import Event, at_least
+from trainguard.finding import Finding
+from trainguard.ranked_cause import RankedCause as RankedCause  # its old import path
 from trainguard.registry import Kind, Tag, event_kind, event_kinds, kinds_tagged
 
 FINDING_WEIGHT = {"critical": 3.0, "error": 2.0, "warning": 1.0, "info": 0.2}
@@ -84,27 +84,6 @@ keeps raising it): that LR, not the missing warmup, is what the warning is about
 CONFIRMED_SHARE = 0.9
 """The confidence that causes confirmed by a replay (`diagnose.counterfactual`) share among
 themselves; the voted causes left share the rest."""
-
-
-@dataclass
-class RankedCause:
-    code: str
-    confidence: float
-    score: float
-    evidence: list[str] = field(default_factory=list)
-    fix: str = ""
-    proof: str = ""
-    """"confirmed" when a replay of the bad step proved it; "" for a cause ranked by votes."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """`proof` only for a cause a replay confirmed."""
-        out = {"code": self.code, "confidence": self.confidence, "score": self.score,
-               "evidence": self.evidence, "fix": self.fix}
-        return {**out, "proof": self.proof} if self.proof else out
-
-    def __str__(self) -> str:
-        said = "; ".join(self.evidence[:3]).rstrip(". ")  # evidence may end its own sentence
-        return f"{self.code} ({self.confidence:.0%}): {said}. Fix: {self.fix}"
 
 
 WINDOW_VOTE = 1.0

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 
-from trainguard.diagnose.finding import Finding
 from trainguard.diagnose.preflight import RunSetup, judge_warmup, run_length
+from trainguard.finding import Finding
 
 WARMUP_WATCH_STEPS = 10
 """A warmup shows from the first step to the next (any schedule that climbs, climbs there); a few

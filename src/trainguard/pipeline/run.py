@@ -32,7 +32,7 @@ from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.anchor import ProofAnchor
 from trainguard.diagnose.batch_watch import BatchWatch
 from trainguard.diagnose.preflight import RunSetup
-from trainguard.diagnose.ranking import RankedCause, rank_causes
+from trainguard.diagnose.ranking import rank_causes
 from trainguard.diagnose.replay import LossFn
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.distributed import (
@@ -59,6 +59,7 @@ from trainguard.pipeline.services import Services, build_services
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
+from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
 from trainguard.remedies import build_rule, drop_grads

@@ -13,6 +13,7 @@ from typing import Any
 from trainguard.formatting import local_time, short
 from trainguard.report.data import RunData
 from trainguard.report.escape import text
+from trainguard.vocabulary import HEALTHY, NOT_WORKING, RECOVERED
 
 MAX_ROWS = 1000
 """Rows per table at most (the plots keep every event; `trainguard show` lists them too)."""
@@ -100,8 +101,8 @@ def verdict_html(data: RunData) -> str:
                                               "not close, or was written by an older "
                                               "trainguard)</p>")
     label = str(verdict.get("verdict", "?"))
-    klass = {"healthy": "ok", "recovered": "warn", "degraded": "bad",
-             "stalled": "bad"}.get(label, "")
+    klass = ("bad" if label in NOT_WORKING else
+             {HEALTHY: "ok", RECOVERED: "warn"}.get(label, ""))
     numbers = [(name.replace("_", " "), verdict[name])
                for name in ("start", "before_trouble", "final", "trouble_step", "halt_step")
                if verdict.get(name) is not None]

@@ -20,10 +20,10 @@ from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport
 from trainguard.vocabulary import Status
 
 if TYPE_CHECKING:
-    from trainguard.diagnose.finding import Finding
-    from trainguard.diagnose.ranking import RankedCause
+    from trainguard.finding import Finding
+    from trainguard.ranked_cause import RankedCause
+    from trainguard.run_verdict import RunVerdict
     from trainguard.signals import SampledStats
-    from trainguard.verdict import RunVerdict
 
 log = logging.getLogger("trainguard")
 

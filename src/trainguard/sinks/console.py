@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
+from trainguard.vocabulary import NOT_WORKING, RECOVERED
 
 if TYPE_CHECKING:
-    from trainguard.diagnose.finding import Finding
-    from trainguard.diagnose.ranking import RankedCause
-    from trainguard.verdict import RunVerdict
+    from trainguard.finding import Finding
+    from trainguard.ranked_cause import RankedCause
+    from trainguard.run_verdict import RunVerdict
 
 _COLOURS = {"info": "36", "warning": "33", "error": "31", "critical": "1;31"}
 _SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover", "checkpoint_kept")
@@ -186,10 +187,10 @@ class ConsoleSink(Sink):
     def on_verdict(self, verdict: RunVerdict) -> None:
         self._stop()
         self._say_all_repeats()  # what the run said comes before the verdict on it
-        if verdict.verdict in ("degraded", "stalled"):
+        if verdict.verdict in NOT_WORKING:
             self._write(f"trainguard verdict: {verdict.verdict.upper()}: {verdict.message}",
                         "warning")
-        elif verdict.verdict == "recovered":
+        elif verdict.verdict == RECOVERED:
             self._write(f"trainguard verdict: recovered: {verdict.message}")
 
     def on_run_end(self, status: str) -> None:

@@ -71,14 +71,13 @@ from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
 
 if TYPE_CHECKING:
+    from trainguard.run_verdict import RunVerdict
     from trainguard.signals import SampledStats
-    from trainguard.verdict import RunVerdict
 
 log = logging.getLogger("trainguard")
 
 INSTALL_HINT = "pip install 'trainguard[prometheus]'"
 STATUSES: tuple[str, ...] = vocabulary.STATUSES
-VERDICTS: tuple[str, ...] = vocabulary.VERDICTS
 NONFINITE = ("loss", "grad_norm", "grads")
 NAN = math.nan
 SCRAPE_THREADS = 4
@@ -602,7 +601,7 @@ class PrometheusSink(Sink):
         if not self.active:
             return
         # no verdict (too short to judge): every verdict's gauge reads 0
-        for name in {*VERDICTS, *([verdict.verdict] if verdict.verdict is not None else [])}:
+        for name in vocabulary.VERDICTS:
             self.verdict.labels(verdict=name).set(1.0 if name == verdict.verdict else 0.0)
 
     def on_run_end(self, status: str) -> None:

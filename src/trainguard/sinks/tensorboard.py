@@ -46,9 +46,9 @@ from trainguard.events import ActionRecord, Event, RunInfo, StepReport
 from trainguard.sinks.base import Sink
 
 if TYPE_CHECKING:
-    from trainguard.diagnose.finding import Finding
+    from trainguard.finding import Finding
+    from trainguard.run_verdict import RunVerdict
     from trainguard.signals import SampledStats
-    from trainguard.verdict import RunVerdict
 
 log = logging.getLogger("trainguard")
 

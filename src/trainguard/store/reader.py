@@ -42,12 +42,11 @@ from trainguard.errors import StoreError
 from trainguard.events import SEVERITY_RANK, ActionKind, ActionRecord, Event, Severity
 from trainguard.store import schema
 from trainguard.store.files import DB_NAME, LOCK_NAME, read_note
+from trainguard.vocabulary import VERDICTS, verdict_named
 
 STEP_NUMBERS = ("loss", "grad_norm", "lr", "loss_scale", "clip_coef", "fp16_grad_maxabs",
                 "nonfinite_grads", "loss_curvature")
 """Per-step scalars that must be numbers (or null) when present."""
-VERDICTS = ("healthy", "recovered", "degraded", "stalled")
-
 MiB = 1 << 20
 MAX_VALUE_BYTES = 64 * MiB
 """SQLite refuses to produce any one value larger than this (SQLITE_LIMIT_LENGTH, Python 3.11+):
@@ -373,11 +372,12 @@ class RunReader:
 
     def _verdict(self, value: Any) -> dict[str, Any]:
         # a verdict of None: the run was too short to judge, as its message says
-        if not (isinstance(value, dict) and (value.get("verdict") in VERDICTS
+        # an older store may say its verdict in older words: read in today's
+        if not (isinstance(value, dict) and (verdict_named(value.get("verdict")) is not None
                                              or value.get("verdict") is None)
                 and isinstance(value.get("message"), str)):
-            raise self._bad("meta verdict", value, "a verdict (healthy, recovered, degraded)")
-        return value
+            raise self._bad("meta verdict", value, f"a verdict ({', '.join(VERDICTS)})")
+        return {**value, "verdict": verdict_named(value.get("verdict"))}
 
     def _error(self, value: Any) -> dict[str, Any]:
         if not (isinstance(value, dict) and isinstance(value.get("type"), str)
@@ -413,6 +413,7 @@ class RunReader:
         return meta
 
     def _check_meta(self, meta: dict[str, Any]) -> None:
+        """Raise on what no trainguard writes; put an older store's verdict in today's words."""
         for key in ("status", "trainguard_version", "snapshot", "integration"):
             self._opt_str(meta.get(key), f"meta {key}")
         for key in ("config", "distributed"):
@@ -422,7 +423,7 @@ class RunReader:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise self._bad("meta param_names", names, "a list of names")
         if "verdict" in meta:
-            self._verdict(meta["verdict"])
+            meta["verdict"] = self._verdict(meta["verdict"])
         if "error" in meta:
             self._error(meta["error"])
         evals = meta.get("eval", [])

@@ -26,10 +26,10 @@ from trainguard.store.writer import RunStore
 from trainguard.vocabulary import Status
 
 if TYPE_CHECKING:
-    from trainguard.diagnose.finding import Finding
-    from trainguard.diagnose.ranking import RankedCause
+    from trainguard.finding import Finding
+    from trainguard.ranked_cause import RankedCause
+    from trainguard.run_verdict import RunVerdict
     from trainguard.signals import SampledStats
-    from trainguard.verdict import RunVerdict
 
 
 class RunStoreSink(Sink):
