@@ -57,11 +57,7 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
-    precision = prover.precision_halt(ctx)
-    if precision is not None:  # a proved float16 fault came back: no rollback heals it
-        ctx.raise_event(precision)
-        ctx.outcome = "halted"
-    elif decision.action == "rolled_back":
+    if decision.action == "rolled_back":
         _roll_back(ctx, state, services)
     if ctx.outcome == "halted":
         _halt(ctx, state, services)

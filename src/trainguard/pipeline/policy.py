@@ -15,13 +15,16 @@ Comparisons are written so that NaN takes the safe branch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from trainguard.config import GuardConfig
 from trainguard.events import Action, Event, at_least
 from trainguard.registry import Kind
 from trainguard.remedies.clip import clip_coefficient
 from trainguard.signals import StepSignals
+
+ClipAlarm = Literal["trouble", "precursor"]
+"""What put the adaptive clip in alarm: trouble (an explosion, a spike), or only a precursor."""
 
 APPLYING: frozenset[str] = frozenset({"applied", "clipped"})
 """The actions whose update the optimizer step applies."""
@@ -45,6 +48,13 @@ class Decision:
     """Events raised by the policy itself (a skip limit reached, recovery giving up)."""
     verdict: Any = None
     """The recover policy's `Verdict` behind a rollback (None otherwise)."""
+    instead_of: Action | None = None
+    """The action the recover policy chose that this one replaced (a rollback that an earlier
+    proof says cannot heal the run, halted instead); a proof of the step proves that one."""
+    clip_limit: float | None = None
+    """The global clipping limit in force for the step (None: no clipping)."""
+    clip_alarm: ClipAlarm | None = None
+    """The step's events put the adaptive clip in alarm (None: they did not)."""
 
     @property
     def applies_update(self) -> bool:
