@@ -28,28 +28,13 @@ from trainguard.pipeline.policy import ClipAlarm, Decision, choose_action
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import Kind, Tag, is_rank_local, kinds_tagged
+from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import StepSignals
 
 if TYPE_CHECKING:
     from trainguard.recovery.controller import Verdict
 
 log = logging.getLogger("trainguard")
-
-
-@dataclass(frozen=True, slots=True)
-class ClipLimits:
-    """The global clipping limits the run holds when a step is decided."""
-
-    fixed: float | None
-    """The fixed limit in `RunState` (the configured one, or a rollback's tighter one)."""
-    fallback: float | None = None
-    """The configured fixed limit, in force when the state holds none."""
-    adaptive: float | None = None
-    """The adaptive clip's limit for the step (None: no adaptive clip)."""
-    alarmed: float | None = None
-    """The adaptive clip's limit once in an alarm (the typical norm)."""
-    device: float | None = None
-    """The limit the device already clipped the step at (`PolicyState.on_device`)."""
 
 
 class Judgement(Protocol):
@@ -85,15 +70,13 @@ def judge(signals: StepSignals, events: Sequence[Event], limits: ClipLimits,
     shared = [e for e in events if not is_rank_local(e.kind)]
     alarm = _clip_alarm(shared) if limits.adaptive is not None else None
     if policy.on_device:  # the device clipped at the limit in force before this step's events
-        raw = in_force = limits.device
+        in_force = limits.device
+        adaptive = limits.adaptive is not None and in_force != limits.fixed
     else:
-        adaptive = limits.alarmed if alarm is not None else limits.adaptive
-        candidates = [v for v in (limits.fixed, adaptive) if v is not None]
-        raw = min(candidates) if candidates else None
-        in_force = limits.fallback if raw is None else raw
+        in_force = limits.in_force(alarm is not None)
+        adaptive = limits.adaptive_in_force(alarm is not None)
     decision = choose_action(policy.config, signals, shared, policy.consecutive_skips,
-                             max_grad_norm=in_force,
-                             adaptive=limits.adaptive is not None and raw != limits.fixed)
+                             max_grad_norm=in_force, adaptive=adaptive)
     if policy.recovery is not None:
         decision = _recover(signals.step, [*events, *decision.events], decision,
                             policy.recovery, policy.on_device)
@@ -182,10 +165,7 @@ class _StepJudgement:
 def decide(ctx: StepContext, state: RunState, services: Services) -> None:
     signals, config, auto = ctx.signals, services.config, state.auto_clip
     assert signals is not None
-    limits = ClipLimits(
-        fixed=state.max_grad_norm, fallback=config.fixed_max_grad_norm,
-        adaptive=None if auto is None else auto.limit(state.step),
-        alarmed=None if auto is None else auto.alarm_limit(), device=ctx.clip_limit)
+    limits = dataclasses.replace(state.clip_limits(), device=ctx.clip_limit)
     policy = PolicyState(
         config=config, consecutive_skips=state.consecutive_skips,
         recovery=None if state.recovery is None else _StepJudgement(ctx, state),

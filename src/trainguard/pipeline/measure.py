@@ -134,9 +134,8 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
     `read_late` reads it at the next step."""
     config = services.config
     step = pack_step(ctx, state, services)
-    limit = state.clip_limit()
     # the limit in force before this step's own events, which the host judges a step later
-    ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
+    ctx.clip_limit = state.clip_limit()
     if isinstance(step.pack, AgreedPack):  # every rank skips and clips on the agreed values
         norm, loss = step.pack.agree_now()
     else:  # the loss as the pack carries it (float32), so the host's finiteness agrees

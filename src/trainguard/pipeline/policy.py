@@ -64,9 +64,8 @@ class Decision:
 def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
                   consecutive_skips: int, *, max_grad_norm: float | None = None,
                   adaptive: bool = False) -> Decision:
-    """`max_grad_norm` is the step's limit in force, `StepContext.clip_limit` (defaults to the
-    configured fixed one); `adaptive`
-    says it came from the adaptive default clip (for the reason given)."""
+    """`max_grad_norm` is the step's limit in force (`remedies/limit.py`; None: no clipping);
+    `adaptive` says it came from the adaptive default clip (for the reason given)."""
     finite = signals.loss_finite and signals.grads_finite
     if config.policy == "halt":
         serious = [e for e in events if at_least(e.severity, config.halt_severity)]
@@ -93,8 +92,7 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
         # even under observe, the scaler itself refuses to apply a step whose gradients are not
         # finite, whatever the loss (what `scaler.step` does without trainguard)
         return Decision("skipped", reason="GradScaler overflow")
-    limit = config.fixed_max_grad_norm if max_grad_norm is None else max_grad_norm
-    coef = clip_coefficient(signals.grad_norm, limit)
+    coef = clip_coefficient(signals.grad_norm, max_grad_norm)
     if coef < 1.0:
         reason = ("gradient norm abnormal for this run (above the adaptive limit)" if adaptive
                   else "gradient norm above max_grad_norm")

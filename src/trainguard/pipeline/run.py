@@ -691,6 +691,7 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
 def _initial_state(config: GuardConfig, batches: BatchWatch) -> RunState:
     return RunState(
         max_grad_norm=config.fixed_max_grad_norm, auto_clip=_auto_clip(config),
+        configured_max_grad_norm=config.fixed_max_grad_norm,
         detectors=default_detectors(config.detectors),
         clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
         losses=LossTrack(stall_steps=config.detectors.stall_steps),
