@@ -5,6 +5,7 @@
 - Nothing imports the command line (`trainguard.cli`) but `trainguard.__main__`.
 - `trainguard.analyze` imports no sink and no store writer; `trainguard.config` imports no torch.
 - No function is longer than `MAX_FUNCTION_LINES`.
+- No stage reads the sync mode (`StepContext.deferred`): each is handed what it needs.
 - One module computes the clip limit in force (`remedies/limit.py`): no other reads the
   adaptive clip's limit or falls back to the configured one.
 
@@ -242,3 +243,13 @@ def test_one_module_computes_the_clip_limit() -> None:
                         if "fixed_max_grad_norm" in p.read_text(encoding="utf-8")}
     assert reads_adaptive - set(LIMIT_COMPUTED_IN) == set()
     assert reads_configured - set(CONFIGURED_LIMIT_READ_IN) == set()
+
+
+def test_no_stage_reads_the_sync_mode() -> None:
+    """A stage is handed what the mode changes (the limit the device clipped at, whether the
+    step's update was taken before it is judged): the mode's branches stay in the run."""
+    readers = sorted(module for module in STAGE_MODULES
+                     if any(isinstance(node, ast.Attribute) and node.attr == "deferred"
+                            for node in ast.walk(ast.parse(MODULES[module].read_text(
+                                encoding="utf-8")))))
+    assert readers == []
