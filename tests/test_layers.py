@@ -5,6 +5,9 @@
 - Nothing imports the command line (`trainguard.cli`) but `trainguard.__main__`.
 - `trainguard.analyze` imports no sink and no store writer; `trainguard.config` imports no torch.
 - No function is longer than `MAX_FUNCTION_LINES`.
+- No stage reads the sync mode (`StepContext.deferred`): each is handed what it needs.
+- One module computes the clip limit in force (`remedies/limit.py`): no other reads the
+  adaptive clip's limit or falls back to the configured one.
 
 The import graph is read statically with `ast`: every runtime import counts, at module level and
 inside functions alike (a lazy import inside a function is still a dependency, and a loop hidden
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -294,3 +298,32 @@ def test_no_chance_level_is_computed_outside_its_function() -> None:
              and any(word in ast.unparse(node.args[0]).lower()
                      for word in ("class", "vocab")) if node.args]
     assert sites == []
+
+LIMIT_COMPUTED_IN = {"trainguard.remedies.limit": "the one computation of the limit in force",
+                     "trainguard.remedies.robust": "the adaptive clip's own limit"}
+"""The modules that may read the adaptive clip's limit: every other reader of a clip limit takes
+the one `remedies/limit.py` computes (`RunState.clip_limits`, `RunState.clip_limit`)."""
+
+CONFIGURED_LIMIT_READ_IN = {"trainguard.config": "where it is defined",
+                            "trainguard.pipeline.run": "the run state is built from it once"}
+"""The modules that may read the configured fixed limit: everywhere else a fallback to it would
+be a second computation of the limit in force."""
+
+
+def test_one_module_computes_the_clip_limit() -> None:
+    reads_adaptive = {m for m, p in MODULES.items()
+                      if re.search(r"\.(alarm_)?limit\(", p.read_text(encoding="utf-8"))}
+    reads_configured = {m for m, p in MODULES.items()
+                        if "fixed_max_grad_norm" in p.read_text(encoding="utf-8")}
+    assert reads_adaptive - set(LIMIT_COMPUTED_IN) == set()
+    assert reads_configured - set(CONFIGURED_LIMIT_READ_IN) == set()
+
+
+def test_no_stage_reads_the_sync_mode() -> None:
+    """A stage is handed what the mode changes (the limit the device clipped at, whether the
+    step's update was taken before it is judged): the mode's branches stay in the run."""
+    readers = sorted(module for module in STAGE_MODULES
+                     if any(isinstance(node, ast.Attribute) and node.attr == "deferred"
+                            for node in ast.walk(ast.parse(MODULES[module].read_text(
+                                encoding="utf-8")))))
+    assert readers == []

@@ -181,10 +181,8 @@ def test_recover_proves_its_first_rollback_from_the_good_state() -> None:
     guard.close()
 
 
-def test_a_rollback_after_a_proved_float16_overflow_halts_with_the_advice() -> None:
+def test_a_proved_float16_overflow_gives_the_event_that_halts_a_later_rollback() -> None:
     from trainguard.diagnose.counterfactual import Baseline, Outcome, Proof
-    from trainguard.pipeline.context import StepContext
-    from trainguard.pipeline.policy import Decision
 
     model, opt = model_and_optimizer()
     guard = Guard(model, opt, config=config(policy="recover"), replay_fn=mse)
@@ -195,18 +193,12 @@ def test_a_rollback_after_a_proved_float16_overflow_halts_with_the_advice() -> N
                                confirmed={"fp16_overflow": "confirmed by replay: in bf16 the "
                                                            "step's loss is 0.21 instead of NaN"}))
 
-    def decided(step: int, action: str) -> StepContext:
-        ctx = StepContext(step=step, loss=None)
-        ctx.decide(Decision(action))  # type: ignore[arg-type]
-        return ctx
-
-    halt = prover.precision_halt(decided(30, "rolled_back"))
+    halt = prover.precision_fault(30)
     assert halt is not None and halt.severity == "critical" and halt.kind == "precision_fault"
     assert "switch to bf16" in halt.message and "step 10" in halt.message
-    assert prover.precision_halt(decided(30, "skipped")) is None
-    assert prover.precision_halt(decided(10, "rolled_back")) is None  # the proof's own rollback
+    assert prover.precision_fault(10) is None  # the proof's own step
     prover.proofs[0].confirmed = {"outlier_batch": "confirmed"}
-    assert prover.precision_halt(decided(30, "rolled_back")) is None
+    assert prover.precision_fault(30) is None
     guard.close()
 
 

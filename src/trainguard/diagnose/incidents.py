@@ -32,9 +32,9 @@ reference to the last good batch. `wanted` says whether this step's incident is 
 `prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
 reads) and puts the step's likely causes right. A failure is logged and the run goes on. A
 rollback after a proof that confirmed a bad batch (and not the LR) keeps the LR (`data_fault`):
-skipping the data is the fix. After a confirmed float16 overflow, a later rollback halts instead
-with the advice to switch to bf16 (`precision_halt`): no rollback changes the precision. Under
-torch.distributed nothing is proved (a replay's backward would all-reduce on one rank alone).
+skipping the data is the fix. After a confirmed float16 overflow, `decide` halts a later rollback
+instead with the advice to switch to bf16 (`precision_fault`): no rollback changes the precision.
+Under torch.distributed nothing is proved (a replay's backward would all-reduce on one rank alone).
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ class IncidentProver:
         """Whether the step's incident is one to prove (`wanted`, the batch aside)."""
         mode = services.config.prove
         assert ctx.decision is not None
-        action = ctx.decision.action
+        # a rollback halted instead is proved as the rollback it replaced
+        action = ctx.decision.instead_of or ctx.decision.action
         if action == "halted":
             return True
         if action == "rolled_back":  # the rollback is the incident, whatever its events
@@ -257,7 +258,8 @@ class IncidentProver:
             self.attempts += 1
         else:
             self.warned_tried = True
-        if ctx.decision is not None and ctx.decision.action == "rolled_back":
+        if ctx.decision is not None and "rolled_back" in (ctx.decision.action,
+                                                          ctx.decision.instead_of):
             self.rollbacks_proved += 1
         try:
             events = services.journal.events + ctx.events
@@ -546,17 +548,16 @@ class IncidentProver:
                      for c in p.confirmed}
         return bool(confirmed & set(DATA_CAUSES)) and not confirmed & set(LR_CAUSES)
 
-    def precision_halt(self, ctx: StepContext) -> Event | None:
-        """A rollback after an earlier one whose proof confirmed a float16 overflow: faults that
-        came back under float16 will keep coming, and trainguard cannot change the precision.
-        The `precision_fault` event that halts the run instead, with what to do."""
-        if ctx.decision is None or ctx.decision.action != "rolled_back":
-            return None
-        earlier = next((p for p in self.proofs if p.reproduced and p.step < ctx.step
+    def precision_fault(self, step: int) -> Event | None:
+        """Faults that came back after an earlier proof confirmed a float16 overflow will keep
+        coming under float16, and trainguard cannot change the precision: the `precision_fault`
+        event that halts the run at `step` instead of a rollback, with what to do (None: no
+        such proof; `decide` halts with it only when the step would roll back)."""
+        earlier = next((p for p in self.proofs if p.reproduced and p.step < step
                         and "fp16_overflow" in p.confirmed), None)
         if earlier is None:
             return None
-        return Event(kind="precision_fault", step=ctx.step, severity="critical",
+        return Event(kind="precision_fault", step=step, severity="critical",
                      message=f"faults came back after the replay of step {earlier.step} confirmed "
                              f"a float16 overflow ({earlier.confirmed['fp16_overflow']}): switch "
                              "to bf16 (torch.autocast(dtype=torch.bfloat16), no GradScaler) or "

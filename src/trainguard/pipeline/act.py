@@ -48,20 +48,13 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
 def act(ctx: StepContext, state: RunState, services: Services) -> None:
     decision, prover = ctx.decision, services.prover
     assert decision is not None
-    if ctx.deferred:
-        _act_late(ctx, state, services)
-        return
     if state.anchor is not None:  # a state kept before an LR jump, checked by this transfer
         state.anchor.read(ctx.extra, ctx.step)
     ring = state.good_states()
     prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
-    precision = prover.precision_halt(ctx)
-    if precision is not None:  # a proved float16 fault came back: no rollback heals it
-        ctx.raise_event(precision)
-        ctx.outcome = "halted"
-    elif decision.action == "rolled_back":
+    if decision.action == "rolled_back":
         _roll_back(ctx, state, services)
     if ctx.outcome == "halted":
         _halt(ctx, state, services)
@@ -84,13 +77,13 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
                     reason=decision.reason)
 
 
-def _act_late(ctx: StepContext, state: RunState, services: Services) -> None:
-    """A deferred step, judged after the device skipped or clipped it and the optimizer stepped:
-    what is left is a rollback (to the good state from before the trouble, which also undoes
-    this step's update; the run drops the next step's update, its gradients made on the weights
-    undone), a halt (of the run as it now is, the next step's gradients dropped), the LR brake
-    (for the steps to come) and the record of a skip. No replay proves its causes: the state
-    from before its update is gone."""
+def act_late(ctx: StepContext, state: RunState, services: Services) -> None:
+    """`act` for a step judged after the device skipped or clipped it and the optimizer stepped
+    (`sync="deferred"`, the `LATE` stages): what is left is a rollback (to the good state from
+    before the trouble, which also undoes this step's update; the run drops the next step's
+    update, its gradients made on the weights undone), a halt (of the run as it now is, the next
+    step's gradients dropped), the LR brake (for the steps to come) and the record of a skip. No
+    replay proves its causes: the state from before its update is gone."""
     decision = ctx.decision
     assert decision is not None
     if decision.action == "rolled_back":

@@ -73,7 +73,8 @@ class StepContext:
 
     deferred: bool = False
     """`sync="deferred"`: the step's skip and clip were decided on the device, and its summary
-    is read on the host at the next step, after its update."""
+    is read on the host at the next step, after its update. Read by the run and the Guard
+    only; the stages read what the mode changes (`taken_on_device`, `clip_limit`)."""
 
     # measure
     new_params: ActionRecord | None = None
@@ -92,6 +93,10 @@ class StepContext:
     packed: PackedStep | None = None
     in_flight: PendingPack | None = None
     """Deferred steps: the pack and its copy on the way to the host."""
+    taken_on_device: bool = False
+    """The device skipped or clipped the step at `clip_limit` and its optimizer step was taken
+    before the host judges it (`measure_on_device`): no state from before its update is left
+    to replay on, and the next step's forward pass has run."""
     found_inf: torch.Tensor | None = None
     """Deferred steps: 1.0 on the device when the update is to be skipped (not under observe)."""
     mid_step: bool = True

@@ -1,60 +1,107 @@
 """Stage 4, `decide`: the one place where a step's fate is chosen.
 
-First the base policy (`policy.choose_action`: observe, protect, halt) on the step's signals and
-its shared events; then, under `recover`, the recovery's judgement, which may turn the base
-decision into a skip, a rollback or a halt. Rank-local events (batch findings) never drive a
-decision: under torch.distributed they differ between ranks, and every rank must decide alike.
-The decision is immutable once made.
+`judge` is the decision itself, a function of what the step showed and of what the run holds
+(`ClipLimits`, `PolicyState`) that touches no model, optimizer or run: first the limit in force
+and the adaptive clip's alarm, then the base policy (`policy.choose_action`: observe, protect,
+halt) on the step's signals and its shared events; then, under `recover`, the recovery's
+judgement, which may turn the base decision into a skip, a rollback or a halt; last, a rollback
+that an earlier proof says cannot heal the run becomes a halt. Rank-local events (batch
+findings) never drive a decision: under torch.distributed they differ between ranks, and every
+rank must decide alike. The `decide` stage gathers the inputs, carries out the alarm on the
+adaptive clip and sets the decision, immutable once made. `undone_update` is the decision on a
+step whose gradients a rollback judged late made stale.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
+from trainguard.config import GuardConfig
 from trainguard.errors import PeerLost
 from trainguard.events import Event
 from trainguard.pipeline.context import StepContext
-from trainguard.pipeline.policy import Decision, choose_action
+from trainguard.pipeline.policy import ClipAlarm, Decision, choose_action
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import Kind, Tag, is_rank_local, kinds_tagged
+from trainguard.remedies.limit import ClipLimits
+from trainguard.signals import StepSignals
+
+if TYPE_CHECKING:
+    from trainguard.recovery.controller import Verdict
 
 log = logging.getLogger("trainguard")
 
-def decide(ctx: StepContext, state: RunState, services: Services) -> None:
-    signals, config = ctx.signals, services.config
-    assert signals is not None
-    shared = [e for e in ctx.events if not is_rank_local(e.kind)]
-    alarm = kinds_tagged(Tag.CLIP_ALARM)  # the kinds that put the adaptive clip in alarm
-    if state.auto_clip is not None and any(e.kind in alarm for e in shared):
-        # this step is clipped at the typical norm already; trouble, or only a precursor
-        state.auto_clip.alarm(ctx.step, trouble=any(
-            e.kind in alarm and e.kind != Kind.INSTABILITY_PRECURSOR for e in shared))
-    if ctx.deferred:  # the device clipped at the limit in force before this step's events
-        limit = ctx.clip_limit
+
+class Judgement(Protocol):
+    """The recover policy's side of a decision (`recovery.manager.Recovery`, bound to the
+    step's facts)."""
+
+    def review(self, events: list[Event], applies_update: bool) -> Verdict | None: ...
+
+    def can_roll_back(self) -> bool: ...
+
+    def rollbacks(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    """What the run brings to a decision besides the step's signals and events."""
+
+    config: GuardConfig
+    consecutive_skips: int = 0
+    recovery: Judgement | None = None
+    """The recover policy's judgement (None: not under `recover`)."""
+    on_device: bool = False
+    """The device skipped or clipped the step at `ClipLimits.device` and its update was applied
+    before it was judged (`sync="deferred"`)."""
+    unhealable: Event | None = None
+    """The event that halts the run instead of a rollback: an earlier proof confirmed a fault
+    that a rollback cannot change (None: none)."""
+
+
+def judge(signals: StepSignals, events: Sequence[Event], limits: ClipLimits,
+          policy: PolicyState) -> Decision:
+    """The step's decision; `events` are all of the step's events (rank-local ones included)."""
+    shared = [e for e in events if not is_rank_local(e.kind)]
+    alarm = _clip_alarm(shared) if limits.adaptive is not None else None
+    if policy.on_device:  # the device clipped at the limit in force before this step's events
+        in_force = limits.device
+        adaptive = limits.adaptive is not None and in_force != limits.fixed
     else:
-        limit = state.clip_limit()
-        # the one computation of the step's limit (the fixed one, when the state has none)
-        ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
-    decision = choose_action(config, signals, shared, state.consecutive_skips,
-                             max_grad_norm=ctx.clip_limit,
-                             adaptive=state.auto_clip is not None
-                             and limit != state.max_grad_norm)
-    if state.recovery is not None:
-        decision = _recover(ctx, state, decision)
-    ctx.decide(decision)
+        in_force = limits.in_force(alarm is not None)
+        adaptive = limits.adaptive_in_force(alarm is not None)
+    decision = choose_action(policy.config, signals, shared, policy.consecutive_skips,
+                             max_grad_norm=in_force, adaptive=adaptive)
+    if policy.recovery is not None:
+        decision = _recover(signals.step, [*events, *decision.events], decision,
+                            policy.recovery, policy.on_device)
+    if decision.action == "rolled_back" and policy.unhealable is not None:
+        # a rollback cannot heal what comes back; the verdict stays for the proof of the step
+        decision = dataclasses.replace(decision, action="halted", instead_of="rolled_back",
+                                       events=(*decision.events, policy.unhealable))
+    return dataclasses.replace(decision, clip_limit=in_force, clip_alarm=alarm)
 
 
-def _recover(ctx: StepContext, state: RunState, decision: Decision) -> Decision:
+def _clip_alarm(shared: list[Event]) -> ClipAlarm | None:
+    """Whether the step's shared events put the adaptive clip in alarm: trouble, or only a
+    precursor (this step is clipped at the typical norm already)."""
+    alarm = kinds_tagged(Tag.CLIP_ALARM)
+    kinds = {e.kind for e in shared if e.kind in alarm}
+    if not kinds:
+        return None
+    return "precursor" if kinds == {Kind.INSTABILITY_PRECURSOR} else "trouble"
+
+
+def _recover(step: int, events: list[Event], decision: Decision, recovery: Judgement,
+             on_device: bool) -> Decision:
     """Let the recover policy turn the decision into a skip, a rollback or a halt."""
-    recovery = state.recovery
-    assert recovery is not None and ctx.signals is not None
-    events = ctx.events + list(decision.events)
     try:
-        verdict = recovery.review(ctx.signals, ctx.extra, events, decision.applies_update,
-                                  ctx.data_ids,
-                                  nonfinite_input=ctx.nonfinite_input)
+        verdict = recovery.review(events, decision.applies_update)
     except PeerLost:  # a rank is gone: the run stops
         raise
     except Exception as exc:  # judgement is advisory; the policy's decision stands
@@ -65,7 +112,7 @@ def _recover(ctx: StepContext, state: RunState, decision: Decision) -> Decision:
     if verdict.action == "skip":
         if not decision.applies_update:
             return decision
-        if ctx.deferred:
+        if on_device:
             # the device applied this finite update before the host could judge it (a spike's,
             # an explosion's): it stands, and the trouble is followed as after a skip; a loss
             # that does not come back rolls back to before it
@@ -79,8 +126,52 @@ def _recover(ctx: StepContext, state: RunState, decision: Decision) -> Decision:
                                    reason=verdict.reason, verdict=verdict)
     why = verdict.reason if verdict.action == "halt" else \
         f"{verdict.reason}, and there is no good state to roll back to"
-    limit = Event(kind="rollback_limit", step=ctx.step, severity="critical",
-                  message=f"{why}: recovery gives up",
-                  value=float(recovery.controller.rollbacks))
+    limit = Event(kind="rollback_limit", step=step, severity="critical",
+                  message=f"{why}: recovery gives up", value=float(recovery.rollbacks()))
     return dataclasses.replace(decision, action="halted", reason=why,
                                events=(*decision.events, limit))
+
+
+def undone_update(step: int, rolled_back: int) -> Decision:
+    """Step `step`'s gradients were made on the weights that the rollback of step
+    `rolled_back`, judged after that update (`sync="deferred"`), undid: its update is
+    dropped."""
+    return Decision("skipped", reason=f"its gradients were made on the weights the rollback at "
+                                      f"step {rolled_back} undid")
+
+
+@dataclass(frozen=True, slots=True)
+class _StepJudgement:
+    """`Recovery` bound to one step's facts, as `judge` asks for it."""
+
+    ctx: StepContext
+    state: RunState
+
+    def review(self, events: list[Event], applies_update: bool) -> Verdict | None:
+        recovery, ctx = self.state.recovery, self.ctx
+        assert recovery is not None and ctx.signals is not None
+        return recovery.review(ctx.signals, ctx.extra, events, applies_update, ctx.data_ids,
+                               nonfinite_input=ctx.nonfinite_input)
+
+    def can_roll_back(self) -> bool:
+        assert self.state.recovery is not None
+        return self.state.recovery.can_roll_back()
+
+    def rollbacks(self) -> int:
+        assert self.state.recovery is not None
+        return self.state.recovery.controller.rollbacks
+
+
+def decide(ctx: StepContext, state: RunState, services: Services) -> None:
+    signals, config, auto = ctx.signals, services.config, state.auto_clip
+    assert signals is not None
+    limits = dataclasses.replace(state.clip_limits(), device=ctx.clip_limit)
+    policy = PolicyState(
+        config=config, consecutive_skips=state.consecutive_skips,
+        recovery=None if state.recovery is None else _StepJudgement(ctx, state),
+        on_device=ctx.taken_on_device, unhealable=services.prover.precision_fault(ctx.step))
+    decision = judge(signals, ctx.events, limits, policy)
+    if auto is not None and decision.clip_alarm is not None:
+        auto.alarm(ctx.step, trouble=decision.clip_alarm == "trouble")
+    ctx.clip_limit = decision.clip_limit
+    ctx.decide(decision)

@@ -23,10 +23,11 @@ log = logging.getLogger("trainguard")
 def explain(ctx: StepContext, state: RunState, services: Services) -> None:
     if not any(at_least(e.severity, "warning") for e in ctx.events):
         return
-    # a deferred step is judged after its update, with the next step's gradients in place:
-    # there is no state from before it to replay on
-    if services.replay_fn is not None and ctx.batch is not None and not ctx.deferred and any(
-            at_least(e.severity, "error") for e in ctx.events):
+    # a step judged after its update, with the next step's gradients in place, has no state
+    # from before it to replay on
+    replayable = services.replay_fn is not None and ctx.batch is not None \
+        and not ctx.taken_on_device
+    if replayable and any(at_least(e.severity, "error") for e in ctx.events):
         _replay(ctx, services)
     _likely_causes(ctx, services)
 

@@ -53,7 +53,7 @@ def loss_tensor(loss: Any) -> torch.Tensor | None:
 
 def measure(ctx: StepContext, state: RunState, services: Services) -> None:
     step = pack_step(ctx, state, services)
-    read_step(ctx, state, services, step, step.pack.fetch())
+    read_step(ctx, state, services, step, step.pack.fetch(), state.clip_limit())
 
 
 def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedStep:
@@ -116,12 +116,12 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
 
 
 def read_step(ctx: StepContext, state: RunState, services: Services, step: PackedStep,
-              host: dict[str, np.ndarray]) -> None:
-    """The step's signals from the pack's host copy."""
+              host: dict[str, np.ndarray], limit: float | None) -> None:
+    """The step's signals from the pack's host copy; `limit`: the clip limit in force when it
+    was measured."""
     ctx.signals = _signals(ctx, state, services, host, step.lrs, step.pending)
     ctx.signals.batch_elements = step.batch_elements
-    # under sync="deferred" the device has clipped at ctx.clip_limit already
-    ctx.signals.clip_limit = ctx.clip_limit if ctx.deferred else state.clip_limit()
+    ctx.signals.clip_limit = limit
     ctx.extra = {key: host[f"x:{key}"] for key in step.extra}
     if step.attention:
         ctx.signals.attention_logits = dict(zip(step.attention, (
@@ -134,9 +134,9 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
     `read_late` reads it at the next step."""
     config = services.config
     step = pack_step(ctx, state, services)
-    limit = state.clip_limit()
     # the limit in force before this step's own events, which the host judges a step later
-    ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
+    ctx.clip_limit = state.clip_limit()
+    ctx.taken_on_device = True
     if isinstance(step.pack, AgreedPack):  # every rank skips and clips on the agreed values
         norm, loss = step.pack.agree_now()
     else:  # the loss as the pack carries it (float32), so the host's finiteness agrees
@@ -157,7 +157,8 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
 def read_late(ctx: StepContext, state: RunState, services: Services) -> None:
     """A deferred step's signals, from its copy (arrived while the next step ran)."""
     assert ctx.packed is not None and ctx.in_flight is not None
-    read_step(ctx, state, services, ctx.packed, ctx.in_flight.result())
+    # the device clipped the step at the limit then in force
+    read_step(ctx, state, services, ctx.packed, ctx.in_flight.result(), ctx.clip_limit)
     ctx.packed = ctx.in_flight = None  # the device tensors are not needed any more
 
 

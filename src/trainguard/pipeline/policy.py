@@ -15,13 +15,16 @@ Comparisons are written so that NaN takes the safe branch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from trainguard.config import GuardConfig
 from trainguard.events import Action, Event, at_least
 from trainguard.registry import Kind
 from trainguard.remedies.clip import clip_coefficient
 from trainguard.signals import StepSignals
+
+ClipAlarm = Literal["trouble", "precursor"]
+"""What put the adaptive clip in alarm: trouble (an explosion, a spike), or only a precursor."""
 
 APPLYING: frozenset[str] = frozenset({"applied", "clipped"})
 """The actions whose update the optimizer step applies."""
@@ -45,6 +48,13 @@ class Decision:
     """Events raised by the policy itself (a skip limit reached, recovery giving up)."""
     verdict: Any = None
     """The recover policy's `Verdict` behind a rollback (None otherwise)."""
+    instead_of: Action | None = None
+    """The action the recover policy chose that this one replaced (a rollback that an earlier
+    proof says cannot heal the run, halted instead); a proof of the step proves that one."""
+    clip_limit: float | None = None
+    """The global clipping limit in force for the step (None: no clipping)."""
+    clip_alarm: ClipAlarm | None = None
+    """The step's events put the adaptive clip in alarm (None: they did not)."""
 
     @property
     def applies_update(self) -> bool:
@@ -54,9 +64,8 @@ class Decision:
 def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
                   consecutive_skips: int, *, max_grad_norm: float | None = None,
                   adaptive: bool = False) -> Decision:
-    """`max_grad_norm` is the step's limit in force, `StepContext.clip_limit` (defaults to the
-    configured fixed one); `adaptive`
-    says it came from the adaptive default clip (for the reason given)."""
+    """`max_grad_norm` is the step's limit in force (`remedies/limit.py`; None: no clipping);
+    `adaptive` says it came from the adaptive default clip (for the reason given)."""
     finite = signals.loss_finite and signals.grads_finite
     if config.policy == "halt":
         serious = [e for e in events if at_least(e.severity, config.halt_severity)]
@@ -83,8 +92,7 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
         # even under observe, the scaler itself refuses to apply a step whose gradients are not
         # finite, whatever the loss (what `scaler.step` does without trainguard)
         return Decision("skipped", reason="GradScaler overflow")
-    limit = config.fixed_max_grad_norm if max_grad_norm is None else max_grad_norm
-    coef = clip_coefficient(signals.grad_norm, limit)
+    coef = clip_coefficient(signals.grad_norm, max_grad_norm)
     if coef < 1.0:
         reason = ("gradient norm abnormal for this run (above the adaptive limit)" if adaptive
                   else "gradient norm above max_grad_norm")

@@ -53,6 +53,7 @@ from trainguard.finiteness import finite_state
 from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
 from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.decide import undone_update
 from trainguard.pipeline.detect import run_detectors
 from trainguard.pipeline.measure import flush_pending
 from trainguard.pipeline.services import Services, build_services
@@ -269,12 +270,12 @@ class Run:
                 probe.detach()
         if state.recovery is not None:
             state.recovery.rolled_back_steps += 1
-        reason = (f"its gradients were made on the weights the rollback at step {rolled_back} "
-                  f"undid")
+        decision = undone_update(ctx.step, rolled_back)
+        ctx.decide(decision)
+        reason = decision.reason
         self.emit_action(ActionRecord(
             kind="skip", step=ctx.step, message=f"update of step {ctx.step} dropped: {reason}",
             details={"reason": reason, "rolled_back_at": rolled_back}))
-        ctx.outcome = "skipped"
         ctx.report = StepReport(step=ctx.step, loss=None, grad_norm=math.nan, action="skipped")
         self.sinks.on_step(ctx.report)
         state.step += 1
@@ -691,6 +692,7 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
 def _initial_state(config: GuardConfig, batches: BatchWatch) -> RunState:
     return RunState(
         max_grad_norm=config.fixed_max_grad_norm, auto_clip=_auto_clip(config),
+        configured_max_grad_norm=config.fixed_max_grad_norm,
         detectors=default_detectors(config.detectors),
         clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
         losses=LossTrack(stall_steps=config.detectors.stall_steps),

@@ -54,7 +54,7 @@ def settle(ctx: StepContext, state: RunState, services: Services) -> None:
         state.anchor.observe(ctx.extra, ctx.events, ctx.applied, step=ctx.step)
         if ctx.applied:
             state.anchor.after_applied(state.step)
-    if ctx.deferred:  # the next step ran its forward pass already: the run schedules the one after
+    if ctx.taken_on_device:  # the next step's forward ran already: the run schedules the one after
         state.sample_next = state.sample_next or ctx.sample_next
     else:
         schedule_sampling(state, services, after_event=ctx.sample_next)

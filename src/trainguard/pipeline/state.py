@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
+from trainguard.remedies.limit import ClipLimits, clip_limits
 from trainguard.signals import LossCurvature
 from trainguard.stateful import Stateful, gather, restore
 from trainguard.verdict import LossTrack
@@ -72,6 +73,8 @@ class RunState:
     """`metric_collapse` on the evaluation metrics handed over: their best values, episodes."""
     batches: BatchWatch | None = None
     """The batch inspector's memory: reference size, typical magnitudes, runs of bad batches."""
+    configured_max_grad_norm: float | None = None
+    """The configured fixed limit, in force when the run holds no other (`remedies/limit.py`)."""
     output_classes: int | None = None
     """Width of the model's class scores, as the output probe last saw it (chance level for
     `metric_collapse`)."""
@@ -108,13 +111,15 @@ class RunState:
         if self.auto_clip is not None and AUTO_CLIP in state:
             self.auto_clip.load_state_dict(state[AUTO_CLIP])
 
+    def clip_limits(self) -> ClipLimits:
+        """The clipping limits the run holds for the next step (`remedies/limit.py`)."""
+        return clip_limits(self.max_grad_norm, self.auto_clip, self.configured_max_grad_norm,
+                           self.step)
+
     def clip_limit(self) -> float | None:
-        """The global clipping limit in force for the next step: the lower of the fixed limit
-        and the adaptive one."""
-        limits = [v for v in (self.max_grad_norm, self.auto_clip.limit(self.step)
-                              if self.auto_clip is not None else None)
-                  if v is not None]
-        return min(limits) if limits else None
+        """The global clipping limit in force for the next step, before its own events: the
+        lower of the fixed limit and the adaptive one (None: no clipping)."""
+        return self.clip_limits().in_force()
 
     def tighten_clipping(self, limit: float) -> None:
         """After a rollback: a fixed limit at `limit` (`RecoveryConfig.max_grad_norm`, the guide's

@@ -6,7 +6,7 @@
 
 Under `sync="deferred"` a step is split: `measure_on_device` before its optimizer step (skip
 flag and clip on the device, the copy to the host started), and at the next step, after its
-update, `read_late -> detect -> explain -> decide -> act` then `settle -> record`.
+update, `read_late -> detect -> explain -> decide -> act_late` then `settle -> record`.
 
 Each stage is a function of (`StepContext`, `RunState`, `Services`). When trainguard itself fails
 in `measure`, `detect` or `decide`, `check` returns the failure and the `Run` applies the step
@@ -18,7 +18,7 @@ the run's lifecycle, in `Run.before_update`.
 from __future__ import annotations
 
 from trainguard.errors import TrainguardError
-from trainguard.pipeline.act import act
+from trainguard.pipeline.act import act, act_late
 from trainguard.pipeline.context import PendingStats, StepContext
 from trainguard.pipeline.decide import decide
 from trainguard.pipeline.detect import detect
@@ -34,7 +34,7 @@ AFTER_UPDATE: tuple[Stage, ...] = (settle, record)
 STAGE_NAMES: tuple[str, ...] = tuple(s.__name__ for s in BEFORE_UPDATE + AFTER_UPDATE)
 ON_DEVICE: tuple[Stage, ...] = (measure_on_device,)
 """`sync="deferred"`: the device half of a step, before its update."""
-LATE: tuple[Stage, ...] = (read_late, detect, explain, decide, act)
+LATE: tuple[Stage, ...] = (read_late, detect, explain, decide, act_late)
 """`sync="deferred"`: the judgement of a step whose update the device already skipped or
 clipped, run at the next step."""
 GUARDED = ("measure", "measure_on_device", "read_late", "detect", "decide")

@@ -85,12 +85,18 @@ class RobustClipLimit:
         if not len(self.baseline):
             return self.ceiling
         if step is not None and step < self.alarm_until:
-            return min(self.ceiling, math.exp(self.baseline.median()))
+            return self.alarm_limit()
         if not self.warm:
             return min(self.ceiling, self.warmup_ratio * math.exp(self.baseline.median()))
         median, scale = self.baseline.stats()
         return min(self.ceiling, math.exp(median + max(math.log(self.ratio),
                                                        self.zscore * scale)))
+
+    def alarm_limit(self) -> float:
+        """The limit while in an alarm: the typical norm (the ceiling before the first norm)."""
+        if not len(self.baseline):
+            return self.ceiling
+        return min(self.ceiling, math.exp(self.baseline.median()))
 
     def alarm(self, step: int, trouble: bool = True) -> None:
         """The run shows instability at `step` (a gradient explosion, a loss spike or a
