@@ -36,7 +36,7 @@ def decide(ctx: StepContext, state: RunState, services: Services) -> None:
     else:
         limit = state.clip_limit()
         # the one computation of the step's limit (the fixed one, when the state has none)
-        ctx.clip_limit = config.fixed_max_grad_norm if limit is None else limit
+        ctx.clip_limit = config.clip.fixed if limit is None else limit
     decision = choose_action(config, signals, shared, state.consecutive_skips,
                              max_grad_norm=ctx.clip_limit,
                              adaptive=state.auto_clip is not None

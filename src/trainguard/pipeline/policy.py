@@ -3,11 +3,12 @@
     observe  record and warn; apply every step as configured (a fixed max_grad_norm included;
              the adaptive default clips nothing under observe)
     protect  clip to the limit in force (the adaptive default, or a fixed max_grad_norm); skip
-             steps whose loss or gradients are non-finite; halt when `max_consecutive_skips`
-             steps in a row had to be skipped, or when the replicas differ across ranks
-             (`ddp_desync`: going on with different weights per rank is never wanted)
+             steps whose loss or gradients are non-finite; halt when
+             `recovery.max_consecutive_skips` steps in a row had to be skipped, or when the replicas
+             differ across ranks (`ddp_desync`: going on with different weights per rank is never
+             wanted)
     recover  as protect here; the `decide` stage then asks `Recovery` for its judgement
-    halt     as protect, but stop at the first event of `halt_severity` or worse
+    halt     as protect, but stop at the first event of `recovery.halt_severity` or worse
 
 Comparisons are written so that NaN takes the safe branch.
 """
@@ -54,12 +55,12 @@ class Decision:
 def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
                   consecutive_skips: int, *, max_grad_norm: float | None = None,
                   adaptive: bool = False) -> Decision:
-    """`max_grad_norm` is the step's limit in force, `StepContext.clip_limit` (defaults to the
+    """`clip.max_grad_norm` is the step's limit in force, `StepContext.clip_limit` (defaults to the
     configured fixed one); `adaptive`
     says it came from the adaptive default clip (for the reason given)."""
     finite = signals.loss_finite and signals.grads_finite
     if config.policy == "halt":
-        serious = [e for e in events if at_least(e.severity, config.halt_severity)]
+        serious = [e for e in events if at_least(e.severity, config.recovery.halt_severity)]
         if serious:
             return Decision("halted", reason=f"{serious[0].kind} at step {signals.step}")
     if config.policy == "protect":
@@ -72,7 +73,8 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
             reason = "GradScaler overflow: the scaler skips this step and lowers its scale"
         else:
             reason = "non-finite loss or gradients"
-        if consecutive_skips + 1 >= config.max_consecutive_skips and not signals.amp_overflow:
+        if (consecutive_skips + 1 >= config.recovery.max_consecutive_skips
+                and not signals.amp_overflow):
             halt = Event(kind="skip_limit", step=signals.step, severity="critical",
                          message=f"{consecutive_skips + 1} consecutive steps had non-finite "
                                  "loss or gradients: skipping cannot heal this run",
@@ -83,7 +85,7 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
         # even under observe, the scaler itself refuses to apply a step whose gradients are not
         # finite, whatever the loss (what `scaler.step` does without trainguard)
         return Decision("skipped", reason="GradScaler overflow")
-    limit = config.fixed_max_grad_norm if max_grad_norm is None else max_grad_norm
+    limit = config.clip.fixed if max_grad_norm is None else max_grad_norm
     coef = clip_coefficient(signals.grad_norm, limit)
     if coef < 1.0:
         reason = ("gradient norm abnormal for this run (above the adaptive limit)" if adaptive
