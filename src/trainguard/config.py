@@ -2,8 +2,8 @@
 
 A `GuardConfig` holds the policy, the sync mode and sections, each a small dataclass: `clip`,
 `probes`, `prove`, `detectors`, `recovery`, `distributed`, `checkpoints`, `sinks`. The detectors'
-section is a container of one section per detector, each defined next to its detector
-(`LossSpikeConfig` in `detect/loss_spike.py`), and `common`, the settings they share. Every
+section is a container of one section per detector, named by the kind of event it raises
+(`detect/settings.py`), and `common`, the settings they share. Every
 threshold lives in one of them with its default and the reason for it, so that one default
 configuration serves every run and nothing is a magic number inside a detector.
 

@@ -1,9 +1,9 @@
 """The machinery of typed configuration sections.
 
-A section is a small dataclass next to what it configures (`LossSpikeConfig` beside the
-`loss_spike` detector). Its class variable `PATH` is where it sits in a `GuardConfig`
-("detectors.loss_spike"), so that a bad value is named by its full dotted field
-("detectors.loss_spike.ratio: must be > 1, got 0.5") wherever the section was built. A section may
+A section is a small dataclass (`ClipConfig`, `LossSpikeConfig`). Its class variable `PATH` is
+where it sits in a `GuardConfig` ("detectors.loss_spike"), so that a bad value is named by its full
+dotted field ("detectors.loss_spike.ratio: must be a finite number > 1, got 0.5") wherever the
+section was built. A section may
 be given as its type or as a plain dict (`section`), and a container of sections accepts the flat
 names of the version before them with a DeprecationWarning (`accept_flat_names`).
 
