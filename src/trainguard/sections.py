@@ -13,6 +13,7 @@ Imports nothing of trainguard but its errors, so that every section's module can
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -144,7 +145,7 @@ def accept_flat_names(moves: Mapping[str, tuple[str, str]]) -> Callable[[type[T]
                 kwargs = move_flat_names(kwargs, moves, fields)
             init(self, **kwargs)
 
-        __init__.__doc__ = init.__doc__
+        functools.update_wrapper(__init__, init)  # its signature stays the dataclass's
         cls.FLAT_NAMES = dict(moves)  # type: ignore[attr-defined]
         cls.__init__ = __init__  # type: ignore[method-assign]
         return cls
