@@ -39,7 +39,7 @@ def lr_spike_run(policy: str, prove: str, steps: int = 80, **kw):
     model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
     guard = Guard(model, opt, config=config(policy=policy, recovery=FIXED_CADENCE,
                                             prove={"mode": prove, "budget_steps": 1000.0}, **kw),
-                                            replay_fn=mse)
+                  replay_fn=mse)
     try:
         spike_loop(guard, model, opt, mse, steps)
     except TrainingDiverged:
