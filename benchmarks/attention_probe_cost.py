@@ -11,7 +11,7 @@ order of the two blocks alternates every round; then the probe's own arithmetic 
 layers is timed alone (the best of 5). Reported: the median per-step time of each block, the
 median over rounds of the paired ratio (probe block over plain block; on a shared machine its
 spread is wider than the cost), and the median share of the plain step the arithmetic alone
-took: the probe's cost on a step where it runs, every step at `attention_every=1`.
+took: the probe's cost on a step where it runs, every step at `detectors.attention_logits.every=1`.
 """
 
 from __future__ import annotations

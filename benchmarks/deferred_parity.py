@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         keys = [k for k in args.only.split(",") if k]
         scenarios = [s for s in scenarios if any(k in s.name or k == s.family for k in keys)]
-    config = GuardConfig(policy=args.policy, console=False)
+    config = GuardConfig(policy=args.policy, sinks={"console": False})
     rows: list[Parity] = []
     started = time.perf_counter()
     for s in scenarios:

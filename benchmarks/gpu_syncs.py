@@ -50,11 +50,13 @@ def count(variant: str) -> tuple[float, float, float]:
     model, optimizer, loss_fn = build(fused=variant in FUSED)
     guard = None
     if variant not in ("baseline", "clip_grad_norm_", "baseline_fused"):
-        config = {"guard_default": trainguard.GuardConfig(console=False),
-                  "guard_all_probes": trainguard.GuardConfig(console=False,
-                                                             sample_all_steps=True),
-                  "guard_recover": trainguard.GuardConfig(console=False, policy="recover"),
-                  "guard_deferred": trainguard.GuardConfig(console=False, sync="deferred")}
+        config = {"guard_default": trainguard.GuardConfig(sinks={"console": False}),
+                  "guard_all_probes": trainguard.GuardConfig(sinks={"console": False},
+                                                             probes={"sample_all_steps": True}),
+                  "guard_recover": trainguard.GuardConfig(policy="recover",
+                                                          sinks={"console": False}),
+                  "guard_deferred": trainguard.GuardConfig(sync="deferred",
+                                                           sinks={"console": False})}
         guard = trainguard.Guard(model, optimizer, config=config[variant])
 
     def step() -> None:

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         clock = StepClock()
         callbacks: list[Any] = [clock]
         if with_guard:
-            callbacks.append(TrainguardCallback(trainguard.GuardConfig(console=False)))
+            callbacks.append(TrainguardCallback(trainguard.GuardConfig(sinks={"console": False})))
         targs = TrainingArguments(output_dir=out, per_device_train_batch_size=8,
                                   max_steps=args.steps, learning_rate=workload.lr,
                                   max_grad_norm=1.0, report_to="none", save_strategy="no",

@@ -61,7 +61,8 @@ def _train(run_dir: str, step_ms: float, counter: mmap.mmap, slot: int, ready_fd
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(8, 16), torch.randn(8, 1)
-    guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(console=False),
+    guard = trainguard.Guard(model, optimizer,
+                             config=trainguard.GuardConfig(sinks={"console": False}),
                              run_dir=run_dir)
 
     def loop() -> None:
@@ -263,7 +264,7 @@ def step_overhead(steps: int = 3000, rounds: int = 5) -> dict[str, float]:
             x, y = torch.randn(8, 16), torch.randn(8, 1)
             root = tempfile.mkdtemp(prefix="tg-overhead-")
             guard = None if variant == "plain" else trainguard.Guard(
-                model, optimizer, config=trainguard.GuardConfig(console=False),
+                model, optimizer, config=trainguard.GuardConfig(sinks={"console": False}),
                 run_dir=root if variant == "guard+store" else None)
             start = time.perf_counter()
             for _ in range(steps):

@@ -13,12 +13,12 @@ What it measures
 
     baseline            forward, backward, optimizer.step(), zero_grad(set_to_none=True)
     clip_grad_norm_     baseline plus torch.nn.utils.clip_grad_norm_(params, 1.0) before the step
-    guard_default       guard.step(loss) with GuardConfig(console=False) and no run_dir
+    guard_default       guard.step(loss) with GuardConfig(sinks={"console": False}) and no run_dir
     guard_default+store the same with a run_dir in a temporary folder (SQLite store, written from
                         a background thread)
-    guard_all_probes    GuardConfig(sample_all_steps=True, console=False): weights, update ratio,
-                        activation hooks and optimizer state on every step
-    guard_recover       GuardConfig(policy="recover", console=False): guard_default plus the
+    guard_all_probes    guard_default with probes={"sample_all_steps": True}: weights, update
+                        ratio, activation hooks and optimizer state on every step
+    guard_recover       guard_default with policy="recover": guard_default plus the
                         good-state ring (a host copy of model and optimizer every 50 steps);
                         time it with --steps-per-round 50 so every block holds one copy, and read
                         its `vs guard_default` ratio (paired per round) for the ring's own cost
@@ -26,15 +26,16 @@ What it measures
                         and trainguard.sinks.PrometheusSink (a free loopback port, not scraped);
                         read its `vs guard_default` ratio for the two sinks' cost (target <= 1.01x)
     guard_no_precursors guard_default without the every-step precursor probe, which is on by
-                        default (`DetectorConfig(precursor_probe=False)`); guard_default over it,
-                        paired per round, is the probe's cost (target <= 1.01x)
-    guard_prove_on      GuardConfig(prove="on", console=False) with the loss as replay_fn and the
+                        default (`detectors={"instability_precursor": {"probe": False}}`);
+                        guard_default over it, paired per round, is the probe's cost
+                        (target <= 1.01x)
+    guard_prove_on      guard_default with prove={"mode": "on"}, the loss as replay_fn and the
                         batch given to guard.step: what a run that proves every incident pays
                         on healthy steps (the proof anchor's two good states, captured at the
                         ring's cadence; each step's batch reference, LRs and forward RNG
                         state); read its `vs guard_default` ratio; timed only when named in
                         --variants
-    guard_deferred      GuardConfig(sync="deferred", console=False): the skip and clip decided on
+    guard_deferred      guard_default with sync="deferred": the skip and clip decided on
                         the device, the step judged on the host one step later, no blocking
                         transfer; timed only when named in --variants; it needs a fused
                         optimizer, so naming it switches every variant to AdamW(fused=True) (as
@@ -58,8 +59,8 @@ How
     sampled   timed steps on which the Guard ran its heavy probes (default: every 50th step and
               the step after any event), and events the Guard raised during the timed steps
 
-    The default Guard runs its heavy probes every `sample_every` (50) steps, so a short run (the
-    gpt2 defaults time 36 steps per variant) mostly measures its light per-step path; the mlp
+    The default Guard runs its heavy probes every `probes.sample_every` (50) steps, so a short run
+    (the gpt2 defaults time 36 steps per variant) mostly measures its light per-step path; the mlp
     defaults time enough steps to include sampled steps at their normal rate.
 
     With the defaults on a 2-core CPU the gpt2 ratios spread by about +-1.5% between rounds, so a
@@ -294,33 +295,41 @@ def make_variant(name: str, workload: Workload, device: torch.device) -> Variant
         return ClipVariant(name, workload, device)
     if name == "guard_default":
         return GuardVariant(name, workload, device,
-                            config=trainguard.GuardConfig(console=False), with_store=False)
+                            config=trainguard.GuardConfig(sinks={"console": False}),
+                            with_store=False)
     if name == "guard_default+store":
         return GuardVariant(name, workload, device,
-                            config=trainguard.GuardConfig(console=False), with_store=True)
+                            config=trainguard.GuardConfig(sinks={"console": False}),
+                            with_store=True)
     if name == "guard_all_probes":
         return GuardVariant(name, workload, device,
-                            config=trainguard.GuardConfig(sample_all_steps=True, console=False),
+                            config=trainguard.GuardConfig(probes={"sample_all_steps": True},
+                                                          sinks={"console": False}),
                             with_store=False)
     if name == "guard_recover":
         return GuardVariant(name, workload, device,
-                            config=trainguard.GuardConfig(policy="recover", console=False),
+                            config=trainguard.GuardConfig(policy="recover",
+                                                          sinks={"console": False}),
                             with_store=False)
     if name == "guard_tb_prom":
         return GuardVariant(name, workload, device,
-                            config=trainguard.GuardConfig(console=False), with_store=False,
+                            config=trainguard.GuardConfig(sinks={"console": False}),
+                            with_store=False,
                             with_tb_prom=True)
     if name == "guard_no_precursors":
         return GuardVariant(name, workload, device, config=trainguard.GuardConfig(
-            console=False, detectors=trainguard.DetectorConfig(precursor_probe=False)),
+            detectors=trainguard.DetectorConfig(instability_precursor={"probe": False}),
+            sinks={"console": False}),
             with_store=False)
     if name == "guard_deferred":
         return GuardVariant(name, workload, device,
-                            config=trainguard.GuardConfig(console=False, sync="deferred"),
+                            config=trainguard.GuardConfig(sync="deferred",
+                                                          sinks={"console": False}),
                             with_store=False)
     if name == "guard_prove_on":
         return GuardVariant(name, workload, device,
-                            config=trainguard.GuardConfig(console=False, prove="on"),
+                            config=trainguard.GuardConfig(sinks={"console": False},
+                                                          prove={"mode": "on"}),
                             with_store=False, replay=True)
     if name == "detect_anomaly":
         return AnomalyVariant(name, workload, device)

@@ -45,8 +45,9 @@ def one(name: str, seed: int, policy: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     scenario = next(s for s in all_scenarios() if s.name == name)
     result = run_scenario(scenario, "trainguard", seed=seed,
-                          config=GuardConfig(policy=policy, console=False,
-                                             detectors=DetectorConfig(precursor_probe=True)))
+                          config=GuardConfig(policy=policy, sinks={"console": False},
+                                             detectors=DetectorConfig(
+                                                 instability_precursor={"probe": True})))
     warnings = [e["step"] for e in result.events if e["kind"] == KIND]
     signals = [(e.get("details") or {}).get("signal") for e in result.events
                if e["kind"] == KIND]

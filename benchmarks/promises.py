@@ -191,7 +191,7 @@ def added_times(results: dict[str, Any]) -> dict[str, float | None]:
 
 def run_all(scenarios: list[Scenario], strategy: str, plan: Plan, log: Log,
             started: float) -> list[RunResult]:
-    config = GuardConfig(policy="protect", console=False)
+    config = GuardConfig(policy="protect", sinks={"console": False})
     results = []
     for s in scenarios:
         result = run_scenario(s, strategy, config=config, seed=plan.seed, steps=plan.steps)

@@ -50,7 +50,8 @@ def measure(name: str, fault: str, healthy: int, device: str = "cpu") -> dict[st
     optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr)
     with tempfile.TemporaryDirectory() as snapshots:
         guard = Guard(model, optimizer, replay_fn=workload.compute_loss, config=GuardConfig(
-            policy="halt", console=False, preflight=False, snapshot_dir=snapshots))
+            policy="halt", sinks={"console": False}, probes={"preflight": False},
+            checkpoints={"snapshot_dir": snapshots}))
         times: list[float] = []
         try:
             for step in range(healthy + 20):

@@ -1,10 +1,10 @@
 """Time spent in each stage of the Guard's step pipeline, per optimizer step.
 
 Builds the `mlp` and `gpt2` workloads of `benchmarks/overhead.py`, runs a guarded loop
-(`GuardConfig(console=False)`, no run directory) and wraps every stage of the Guard's pipeline
-with a timer. Prints, per workload, the median microseconds per step of each stage (the median
-over blocks of steps, so a slow step from elsewhere on the machine moves it little), their sum,
-and the whole step (forward, backward, Guard, optimizer) for scale.
+(`GuardConfig(sinks={"console": False})`, no run directory) and wraps every stage of the Guard's
+pipeline with a timer. Prints, per workload, the median microseconds per step of each stage (the
+median over blocks of steps, so a slow step from elsewhere on the machine moves it little), their
+sum, and the whole step (forward, backward, Guard, optimizer) for scale.
 
     python benchmarks/stage_profile.py                 # both workloads
     python benchmarks/stage_profile.py --workload mlp --blocks 9 --steps 100
@@ -58,7 +58,7 @@ def profile(workload_name: str, blocks: int, steps: int, sync: str = "blocking",
     model = workload.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr,
                                   fused=True if fused or sync == "deferred" else None)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync))  # type: ignore[arg-type]
+    guard = Guard(model, optimizer, config=GuardConfig(sync=sync, sinks={"console": False}))  # type: ignore[arg-type]
     spent: dict[str, float] = defaultdict(float)
     pipeline = guard.run.steps
     for part in ("before", "after", "on_device", "late"):

@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     guard = trainguard.Guard(accelerator.unwrap_model(model), prepared_optimizer.optimizer,
                              scheduler, accelerator.scaler,
-                             config=trainguard.GuardConfig(policy="protect", console=False),
+                             config=trainguard.GuardConfig(policy="protect",
+                                                           sinks={"console": False}),
                              run_dir=run_dir)
     reports: list[trainguard.StepReport] = []
     step_loss: torch.Tensor | None = None

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.poison_step >= 0:
         poison_forward(base.transformer.wte, args.poison_step)
 
-    callback = TrainguardCallback(trainguard.GuardConfig(policy="protect", console=True),
+    callback = TrainguardCallback(trainguard.GuardConfig(policy="protect", sinks={"console": True}),
                                   run_dir=f"{workdir}/run")
     training = TrainingArguments(
         output_dir=f"{workdir}/trainer", per_device_train_batch_size=8, max_steps=args.steps,

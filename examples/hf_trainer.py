@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     callbacks = []
     if not args.no_guard:
         callbacks.append(TrainguardCallback(
-            trainguard.GuardConfig(policy="protect", console=True), run_dir=f"{workdir}/run"))
+            trainguard.GuardConfig(policy="protect",
+                                   sinks={"console": True}), run_dir=f"{workdir}/run"))
     trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=callbacks)
     trainer.train()
 

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     language = MarkovLanguage(vocab_size=64, seed=0)
     batches = [language.batch(8, 17) for _ in range(half)]  # an epoch ends at the checkpoint
     loader = torch.utils.data.DataLoader(batches, batch_size=None)  # items are whole batches
-    config = trainguard.GuardConfig(policy="protect", console=True)
+    config = trainguard.GuardConfig(policy="protect", sinks={"console": True})
 
     first = TrainguardCallback(config, run_dir=workdir / "run-part1")
     run = trainer(half, workdir, first)

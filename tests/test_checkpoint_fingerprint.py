@@ -61,7 +61,7 @@ def test_a_sidecar_of_the_earlier_kind_is_judged_by_size_and_time(tmp_path: Path
     """Earlier sidecars held each file's [size, mtime_ns]: they read as they were judged."""
     model = nn.Linear(4, 1)
     guard = trainguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                             config=GuardConfig(console=False))
+                             config=GuardConfig(sinks={"console": False}))
     path = tmp_path / "step10.pt"
     torch.save(model.state_dict(), path)
     assert trainguard.mark_checkpoint(path, guard) is not None

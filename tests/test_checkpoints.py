@@ -70,7 +70,7 @@ def _train(out: Path | None, policy: str, *, bad: bool = True, start: Path | Non
     """The loop a user writes: forward, backward, guard.step, torch.save + mark_checkpoint."""
     model, optimizer = _model()
     guard = trainguard.Guard(model, optimizer, config=GuardConfig(
-        policy=policy, console=False, **config))  # type: ignore[arg-type]
+        policy=policy, sinks={"console": False}, **config))  # type: ignore[arg-type]
     first = 0
     if start is not None:
         saved = torch.load(start, weights_only=True)
@@ -122,7 +122,7 @@ def test_protect_poisons_nothing_and_blocking_renames_the_poisoned(tmp_path: Pat
     assert statuses["step60.pt"] == "healthy"
 
     (tmp_path / "blocked").mkdir()
-    _train(tmp_path / "blocked", "observe", block_poisoned_checkpoints=True)
+    _train(tmp_path / "blocked", "observe", checkpoints={"block_poisoned": True})
     names = sorted(p.name for p in (tmp_path / "blocked").iterdir() if p.suffix != ".json")
     assert "step40.pt.poisoned" in names and "step40.pt" not in names
     assert _statuses(tmp_path / "blocked")["step40.pt.poisoned"] == "poisoned"
@@ -152,7 +152,7 @@ def test_the_skip_list_comes_back_with_the_checkpoint(tmp_path: Path) -> None:
     y = x @ w
     x[40:48, 0] = float("inf")  # the bad samples
     model, optimizer = _model()
-    config = GuardConfig(policy="recover", console=False)
+    config = GuardConfig(policy="recover", sinks={"console": False})
     guard = trainguard.Guard(model, optimizer, config=config)
     sampler = SkippingSampler(range(256), guard)
     for _ in range(3):
@@ -202,7 +202,7 @@ def test_the_finiteness_check_sees_one_nan_anywhere() -> None:
 
 def test_an_old_sidecar_never_describes_a_new_checkpoint(tmp_path: Path) -> None:
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     path = tmp_path / "latest.pt"
     torch.save(model.state_dict(), path)
     assert trainguard.mark_checkpoint(path, guard) is not None
@@ -244,7 +244,7 @@ def _overwrite_keeping_times(path: Path, offset: int, data: bytes) -> None:
 def test_weights_overwritten_with_nan_in_place_are_not_healthy(tmp_path: Path) -> None:
     """The same file, the same size and modification time, NaN weights: `changed`."""
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     path = tmp_path / "step10.pt"
     torch.save(model.state_dict(), path)
     folder = tmp_path / "checkpoint-20"  # an HF folder: a raw float32 weight file
@@ -271,7 +271,7 @@ def test_weights_overwritten_with_nan_in_place_are_not_healthy(tmp_path: Path) -
 def test_sidecars_and_state_files_take_the_umask_permissions(tmp_path: Path) -> None:
     """Another user of a shared output folder reads what trainguard wrote there."""
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     path = tmp_path / "step10.pt"
     torch.save(model.state_dict(), path)
     old = os.umask(0o022)
@@ -288,7 +288,7 @@ def test_sidecars_and_state_files_take_the_umask_permissions(tmp_path: Path) -> 
 def test_a_folder_of_12000_files_gets_a_sidecar_its_reader_accepts(tmp_path: Path) -> None:
     """The sidecar's size does not grow with the checkpoint's files."""
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     sizes = []
     for count in (1, 12_000):
         folder = tmp_path / f"checkpoint-{count}"
@@ -328,7 +328,7 @@ trainguard.mark_checkpoint(path, guard)
 
 def test_a_kill_during_the_sidecar_write_leaves_no_half_sidecar(tmp_path: Path) -> None:
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     path = tmp_path / "model.pt"
     torch.save(model.state_dict(), path)
     trainguard.mark_checkpoint(path, guard)
@@ -346,7 +346,7 @@ def test_a_kill_during_the_sidecar_write_leaves_no_half_sidecar(tmp_path: Path) 
     assert load_guard_state(path) is not None  # the state file was written whole before
     # the next mark cleans the dead write's temporary file and describes the new checkpoint
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     assert trainguard.mark_checkpoint(path, guard) is not None
     guard.close()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -356,7 +356,7 @@ def test_a_kill_during_the_sidecar_write_leaves_no_half_sidecar(tmp_path: Path) 
 def test_a_failing_sidecar_write_is_logged_and_training_goes_on(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     assert trainguard.mark_checkpoint(tmp_path / "never_saved.pt", guard) is None
     assert "could not write the health of checkpoint" in caplog.text
     guard.step(nn.functional.mse_loss(model(torch.randn(2, 8)), torch.zeros(2, 1)))
@@ -365,7 +365,7 @@ def test_a_failing_sidecar_write_is_logged_and_training_goes_on(
 
 def test_guard_checkpoint_health_reports_and_marks(tmp_path: Path) -> None:
     model, optimizer = _model()
-    guard = trainguard.Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     for x, y in _data(bad=False)[:3]:
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -386,10 +386,10 @@ def test_blocking_is_the_default_under_recover_only() -> None:
     assert GuardConfig(policy="recover").blocks_poisoned_checkpoints
     assert not GuardConfig(policy="protect").blocks_poisoned_checkpoints
     assert not GuardConfig(policy="recover",
-                           block_poisoned_checkpoints=False).blocks_poisoned_checkpoints
+                           checkpoints={"block_poisoned": False}).blocks_poisoned_checkpoints
     assert GuardConfig(policy="observe",
-                       block_poisoned_checkpoints=True).blocks_poisoned_checkpoints
-    with pytest.raises(trainguard.ConfigError, match="block_poisoned_checkpoints"):
-        GuardConfig(block_poisoned_checkpoints="yes")  # type: ignore[arg-type]
-    config = GuardConfig(block_poisoned_checkpoints=True)
+                       checkpoints={"block_poisoned": True}).blocks_poisoned_checkpoints
+    with pytest.raises(trainguard.ConfigError, match=r"checkpoints\.block_poisoned"):
+        GuardConfig(checkpoints={"block_poisoned": "yes"})  # type: ignore[arg-type]
+    config = GuardConfig(checkpoints={"block_poisoned": True})
     assert GuardConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

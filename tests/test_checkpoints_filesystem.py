@@ -36,7 +36,7 @@ def guard() -> Iterator[trainguard.Guard]:
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     made = trainguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                            config=GuardConfig(console=False))
+                            config=GuardConfig(sinks={"console": False}))
     yield made
     made.close()
 

@@ -58,7 +58,7 @@ def recorded_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "nan-run"
     setup = make_setup()
     with trainguard.Guard(setup.model, setup.optimizer, run_dir=run_dir,
-                          config=GuardConfig(console=False)) as guard:
+                          config=GuardConfig(sinks={"console": False})) as guard:
         train(guard, setup, 20, poison={7: float("nan")})
     return run_dir
 
@@ -213,7 +213,7 @@ def test_replay_a_crash_snapshot_names_the_bad_module(tmp_path: Path) -> None:
     model, loss_fn = model_and_loss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     guard = trainguard.Guard(model, optimizer, run_dir=tmp_path,
-                             config=GuardConfig(console=False, policy="halt"))
+                             config=GuardConfig(policy="halt", sinks={"console": False}))
     with torch.no_grad():
         model.blocks.layers[1].linear2.weight[0, 0] = float("nan")
     batch = {"input_ids": torch.randint(0, 32, (4, 9))}

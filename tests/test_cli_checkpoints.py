@@ -24,7 +24,7 @@ def _saved_run(out: Path) -> None:
     model = nn.Linear(4, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     guard = trainguard.Guard(model, optimizer, config=GuardConfig(policy="observe",
-                                                                  console=False))
+                                                                  sinks={"console": False}))
     for step in range(30):
         loss = model(torch.randn(8, 4)).pow(2).mean()
         loss.backward()

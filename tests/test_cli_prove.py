@@ -45,8 +45,8 @@ def _train_until_halted(guard, model, optimizer, loss_fn) -> trainguard.Training
 def nan_snapshot(tmp_path_factory) -> str:
     model, optimizer, loss_fn = regression_setup()
     guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, config=GuardConfig(
-        console=False, policy="halt", prove="off",
-        snapshot_dir=str(tmp_path_factory.mktemp("snap"))))
+        policy="halt", sinks={"console": False}, prove={"mode": "off"},
+        checkpoints={"snapshot_dir": str(tmp_path_factory.mktemp("snap"))}))
     halted = _train_until_halted(guard, model, optimizer, loss_fn)
     assert halted.snapshot_path is not None
     return halted.snapshot_path
@@ -81,7 +81,7 @@ def test_show_and_its_json_say_what_the_replay_confirmed(tmp_path: Path, capsys)
 
     model, optimizer, loss_fn = regression_setup()
     guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, run_dir=tmp_path / "run",
-                             config=GuardConfig(console=False, policy="halt"))
+                             config=GuardConfig(policy="halt", sinks={"console": False}))
     _train_until_halted(guard, model, optimizer, loss_fn)
     code, out, err = call("show", str(tmp_path / "run"), capsys=capsys)
     assert code == 0, err
@@ -97,7 +97,7 @@ def test_prove_says_a_snapshot_step_replays_as_it_ran(tmp_path: Path, capsys) ->
     step's loss, and the replay gives it again (dropout masks included)."""
     from .diagnose.test_anchor import lr_spike_run
 
-    lr_spike_run("halt", "off", snapshot_dir=str(tmp_path))
+    lr_spike_run("halt", "off", checkpoints={"snapshot_dir": str(tmp_path)})
     (snapshot,) = tmp_path.glob("crash_step*.pt")
     code, out, err = call("prove", str(snapshot), "--factory",
                           f"{FACTORY}:regression_setup", capsys=capsys)
@@ -119,7 +119,8 @@ def test_a_snapshot_keeps_the_last_good_batch_for_the_previous_batch_fix(
     keeps that batch and `prove` tries it offline as the run did."""
     model, optimizer, loss_fn = regression_setup()
     guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, config=GuardConfig(
-        console=False, policy="halt", prove="off", snapshot_dir=str(tmp_path)))
+        policy="halt", sinks={"console": False}, prove={"mode": "off"},
+        checkpoints={"snapshot_dir": str(tmp_path)}))
     with pytest.raises(trainguard.TrainingDiverged) as info:
         for step in range(30):
             batch = batch_at(step + 100)  # no NaN sample
@@ -147,7 +148,8 @@ def test_prove_names_the_fixes_it_could_not_try_from_the_snapshot_s_state(
     fixes from there, why, and what would let it (a run with prove="on")."""
     model, optimizer, loss_fn = regression_setup()
     guard = trainguard.Guard(model, optimizer, replay_fn=loss_fn, config=GuardConfig(
-        console=False, policy="halt", prove="off", snapshot_dir=str(tmp_path)))
+        policy="halt", sinks={"console": False}, prove={"mode": "off"},
+        checkpoints={"snapshot_dir": str(tmp_path)}))
     with pytest.raises(trainguard.TrainingDiverged) as info:
         for step in range(60):
             if step == 30:

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,13 @@ import numpy as np
 import pytest
 
 from trainguard import ConfigError, DetectorConfig, GuardConfig
-from trainguard.config import RecoveryConfig
+from trainguard.config import (
+    DETECTOR_FLAT_NAMES,
+    GUARD_FLAT_NAMES,
+    ClipConfig,
+    RecoveryConfig,
+)
+from trainguard.detect.settings import GradExplosionConfig, LossSpikeConfig
 from trainguard.remedies import (
     AGC,
     AdaptiveClip,
@@ -72,8 +79,8 @@ def _roundtrip(config: GuardConfig) -> GuardConfig:
 def test_defaults_are_valid_and_round_trip() -> None:
     config = GuardConfig()
     assert config.policy == "protect"
-    assert config.max_grad_norm == "auto"
-    assert config.detectors.grad_norm_abs_threshold == 1000.0
+    assert config.clip.max_grad_norm == "auto"
+    assert config.detectors.grad_explosion.abs_threshold == 1000.0
     assert GuardConfig.from_dict(config.to_dict()) == config
 
 
@@ -98,24 +105,29 @@ CONFIGS: dict[str, GuardConfig] = {
     "defaults": GuardConfig(),
     **{f"policy_{p}": GuardConfig(policy=p) for p in ("observe", "protect", "halt", "recover")},
     "everything_changed": GuardConfig(
-        policy="halt", max_grad_norm=None, sample_every=7, sample_all_steps=True,
-        halt_severity="critical", snapshot_dir="/tmp/snaps", max_consecutive_skips=3,
-        batch_size=32, inspect_batches=False, preflight=False, activation_probe=False,
-        store=False, console=False, desync_every=11),
-    "path_snapshot_dir": GuardConfig(snapshot_dir=pathlib.Path("runs") / "crash"),
-    "int_limit": GuardConfig(max_grad_norm=2),
+        policy="halt", sync="deferred", clip={"max_grad_norm": None},
+        probes={"sample_every": 7, "sample_all_steps": True, "batch_size": 32,
+                "inspect_batches": False, "preflight": False, "activations": False},
+        prove={"mode": "on", "budget_steps": 5.0},
+        recovery={"halt_severity": "critical", "max_consecutive_skips": 3},
+        checkpoints={"snapshot_dir": "/tmp/snaps", "block_poisoned": True},
+        sinks={"store": False, "console": False}, distributed={"desync_every": 11}),
+    "path_snapshot_dir": GuardConfig(checkpoints={"snapshot_dir": pathlib.Path("runs") / "crash"}),
+    "int_limit": GuardConfig(clip={"max_grad_norm": 2}),
     "custom_detectors": GuardConfig(detectors=DetectorConfig(
-        grad_norm_ratio=5.0, loss_spike_ratio=3.0, divergence_patience=40, warmup_steps=0,
-        baseline_window=3, min_log_scale=0.1)),
+        grad_explosion=GradExplosionConfig(ratio=5.0), loss_spike={"ratio": 3.0},
+        loss_divergence={"patience": 40},
+        common={"warmup_steps": 0, "baseline_window": 3, "min_log_scale": 0.1})),
     "custom_recovery": GuardConfig(policy="recover", recovery=RecoveryConfig(
         ring_size=5, ring_every=10, confirm_steps=0, lr_backoff=0.5, lr_ramp_steps=0,
         max_grad_norm=0.25, rewind_schedule=True, max_rollbacks=0)),
-    "nested_as_dicts": GuardConfig(detectors={"grad_norm_ratio": 4.0},
+    "nested_as_dicts": GuardConfig(detectors={"grad_explosion": {"ratio": 4.0}},
                                    recovery={"settle_ratio": 2.0}),
-    **{f"rule_{name}": GuardConfig(clip_rule=rule) for name, rule in RULES.items()},
-    "agc": GuardConfig(agc=AGC(0.02, 1e-4, unitwise=False, exclude=("lm_head.*",))),
-    "agc_spec_dict": GuardConfig(agc={"clipping": 0.05}),
-    "rule_and_agc": GuardConfig(policy="recover", clip_rule=RULES["nested_chain"], agc=AGC()),
+    **{f"rule_{name}": GuardConfig(clip={"rule": rule}) for name, rule in RULES.items()},
+    "agc": GuardConfig(clip={"agc": AGC(0.02, 1e-4, unitwise=False, exclude=("lm_head.*",))}),
+    "agc_spec_dict": GuardConfig(clip={"agc": {"clipping": 0.05}}),
+    "rule_and_agc": GuardConfig(policy="recover",
+                                clip={"rule": RULES["nested_chain"], "agc": AGC()}),
 }
 
 
@@ -142,71 +154,78 @@ def test_a_config_holds_only_plain_data(name: str) -> None:
     config = CONFIGS[name]
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name in ("detectors", "recovery"):
-            value = dataclasses.asdict(value)
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)  # type: ignore[arg-type]
         assert plain(value), (f.name, value)
 
 
 def test_to_dict_is_a_copy() -> None:
-    config = GuardConfig(clip_rule=LayerwiseClip({"*attn*": 1.0}), agc=AGC())
+    config = GuardConfig(clip={"rule": LayerwiseClip({"*attn*": 1.0}), "agc": AGC()})
     plain = config.to_dict()
-    plain["clip_rule"]["limits"]["*attn*"] = 9.0
-    plain["agc"]["exclude"].append("x")
-    plain["detectors"]["grad_norm_ratio"] = 99.0
-    assert config.clip_rule["limits"] == {"*attn*": 1.0}  # type: ignore[index]
-    assert "x" not in config.agc["exclude"]  # type: ignore[index]
-    assert config.detectors.grad_norm_ratio == 10.0
+    plain["clip"]["rule"]["limits"]["*attn*"] = 9.0
+    plain["clip"]["agc"]["exclude"].append("x")
+    plain["detectors"]["grad_explosion"]["ratio"] = 99.0
+    assert config.clip.rule["limits"] == {"*attn*": 1.0}  # type: ignore[index]
+    assert "x" not in config.clip.agc["exclude"]  # type: ignore[index]
+    assert config.detectors.grad_explosion.ratio == 10.0
 
 
 def test_a_rule_object_and_its_spec_give_equal_configs() -> None:
-    by_object = GuardConfig(clip_rule=LayerwiseClip({"*attn*": 1.0}, default=0.5))
-    by_spec = GuardConfig(clip_rule={"type": "layerwise", "limits": {"*attn*": 1},
-                                     "default": 0.5})
+    by_object = GuardConfig(clip={"rule": LayerwiseClip({"*attn*": 1.0}, default=0.5)})
+    by_spec = GuardConfig(clip={"rule": {"type": "layerwise", "limits": {"*attn*": 1},
+                                     "default": 0.5}})
     assert by_object == by_spec
-    assert by_object.clip_rule == {"type": "layerwise", "limits": {"*attn*": 1.0},
+    assert by_object.clip.rule == {"type": "layerwise", "limits": {"*attn*": 1.0},
                                    "default": 0.5, "per_parameter": False}
-    assert GuardConfig(agc=AGC(0.01)) == GuardConfig(agc={"type": "agc", "clipping": 0.01})
+    assert GuardConfig(clip={"agc": AGC(0.01)}) == GuardConfig(
+        clip={"agc": {"type": "agc", "clipping": 0.01}})
 
 
 def test_the_config_does_not_keep_the_rule_object() -> None:
     rule = AdaptiveClip(warmup_steps=2)
-    config = GuardConfig(clip_rule=rule)
+    config = GuardConfig(clip={"rule": rule})
     for norm in (1.0, 2.0, 3.0):
         rule.observe(norm)
     assert rule.warmed_up
-    assert config == GuardConfig(clip_rule=AdaptiveClip(warmup_steps=2))  # no state inside
-    assert not build_rule(config.clip_rule).warmed_up  # type: ignore[arg-type, attr-defined]
+    assert config == GuardConfig(clip={"rule": AdaptiveClip(warmup_steps=2)})  # no state inside
+    assert not build_rule(config.clip.rule).warmed_up  # type: ignore[arg-type, attr-defined]
 
 
 def test_replace_keeps_the_rules_and_revalidates() -> None:
-    config = GuardConfig(clip_rule=RULES["chain"], agc=AGC())
-    tighter = dataclasses.replace(config, max_grad_norm=0.25)
-    assert tighter.max_grad_norm == 0.25
-    assert tighter.clip_rule == config.clip_rule and tighter.agc == config.agc
-    with pytest.raises(ConfigError, match=r"GuardConfig\.max_grad_norm"):
-        dataclasses.replace(config, max_grad_norm=-1.0)
+    config = GuardConfig(clip={"rule": RULES["chain"], "agc": AGC()})
+    tighter = dataclasses.replace(config, clip=dataclasses.replace(config.clip, max_grad_norm=0.25))
+    assert tighter.clip.max_grad_norm == 0.25
+    assert tighter.clip.rule == config.clip.rule and tighter.clip.agc == config.clip.agc
+    with pytest.raises(ConfigError, match=r"clip\.max_grad_norm"):
+        dataclasses.replace(config.clip, max_grad_norm=-1.0)
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    ({"policy": "yolo"}, "GuardConfig.policy"),
-    ({"max_grad_norm": -1.0}, "GuardConfig.max_grad_norm"),
-    ({"max_grad_norm": float("nan")}, "GuardConfig.max_grad_norm"),
-    ({"max_grad_norm": True}, "GuardConfig.max_grad_norm"),
-    ({"sample_every": 0}, "GuardConfig.sample_every"),
-    ({"halt_severity": "bad"}, "GuardConfig.halt_severity"),
-    ({"max_consecutive_skips": 0}, "GuardConfig.max_consecutive_skips"),
-    ({"batch_size": 0}, "GuardConfig.batch_size"),
-    ({"collective_timeout_s": 0}, "GuardConfig.collective_timeout_s"),
-    ({"console": "false"}, "GuardConfig.console"),
-    ({"store": 1}, "GuardConfig.store"),
-    ({"snapshot_dir": 3}, "GuardConfig.snapshot_dir"),
-    ({"detectors": 3}, "GuardConfig.detectors"),
-    ({"recovery": {"rewind_schedule": "yes"}}, "RecoveryConfig.rewind_schedule"),
-    ({"recovery": {"jump_ratio": 1.0}}, "RecoveryConfig.jump_ratio"),
-    ({"recovery": {"jump_steps": -1}}, "RecoveryConfig.jump_steps"),
+    ({"policy": "yolo"}, "policy"),
+    ({"sync": "later"}, "sync"),
+    ({"clip": {"max_grad_norm": -1.0}}, "clip.max_grad_norm"),
+    ({"clip": {"max_grad_norm": float("nan")}}, "clip.max_grad_norm"),
+    ({"clip": {"max_grad_norm": True}}, "clip.max_grad_norm"),
+    ({"clip": {"auto_ratio": 0.5}}, "clip.auto_ratio"),
+    ({"clip": 1.0}, "clip"),
+    ({"probes": {"sample_every": 0}}, "probes.sample_every"),
+    ({"probes": {"batch_size": 0}}, "probes.batch_size"),
+    ({"prove": {"mode": "always"}}, "prove.mode"),
+    ({"recovery": {"halt_severity": "bad"}}, "recovery.halt_severity"),
+    ({"recovery": {"max_consecutive_skips": 0}}, "recovery.max_consecutive_skips"),
+    ({"distributed": {"collective_timeout_s": 0}}, "distributed.collective_timeout_s"),
+    ({"sinks": {"console": "false"}}, "sinks.console"),
+    ({"sinks": {"store": 1}}, "sinks.store"),
+    ({"checkpoints": {"snapshot_dir": 3}}, "checkpoints.snapshot_dir"),
+    ({"detectors": 3}, "detectors"),
+    ({"detectors": {"loss_spike": {"ratio": 0.5}}}, "detectors.loss_spike.ratio"),
+    ({"detectors": {"common": {"baseline_window": 2}}}, "detectors.common.baseline_window"),
+    ({"recovery": {"rewind_schedule": "yes"}}, "recovery.rewind_schedule"),
+    ({"recovery": {"jump_ratio": 1.0}}, "recovery.jump_ratio"),
+    ({"recovery": {"jump_steps": -1}}, "recovery.jump_steps"),
 ])
-def test_bad_values_name_the_field(kwargs: dict, field: str) -> None:
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+def test_bad_values_name_the_full_dotted_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match="^" + field.replace(".", r"\.") + ":"):
         GuardConfig(**kwargs)
 
 
@@ -216,11 +235,14 @@ def test_unknown_policy_lists_the_choices() -> None:
 
 
 def test_detector_thresholds_are_validated() -> None:
-    with pytest.raises(ConfigError, match=r"DetectorConfig\.loss_spike_ratio"):
-        DetectorConfig(loss_spike_ratio=1.0)
-    with pytest.raises(ConfigError, match=r"DetectorConfig\.warmup_steps"):
-        DetectorConfig(warmup_steps=-1)
-    assert GuardConfig(detectors={"grad_norm_ratio": 5.0}).detectors.grad_norm_ratio == 5.0
+    with pytest.raises(ConfigError, match=r"detectors\.loss_spike\.ratio"):
+        DetectorConfig(loss_spike={"ratio": 1.0})
+    with pytest.raises(ConfigError, match=r"detectors\.loss_spike\.ratio"):
+        LossSpikeConfig(ratio=1.0)  # a section built alone names its place too
+    with pytest.raises(ConfigError, match=r"detectors\.common\.warmup_steps"):
+        DetectorConfig(common={"warmup_steps": -1})
+    config = GuardConfig(detectors={"grad_explosion": {"ratio": 5.0}})
+    assert config.detectors.grad_explosion.ratio == 5.0
 
 
 def test_from_dict_rejects_unknown_fields() -> None:
@@ -230,16 +252,16 @@ def test_from_dict_rejects_unknown_fields() -> None:
 
 @pytest.mark.parametrize("data, message", [
     ({"polcy": "halt", "policy": "halt"}, r"GuardConfig: unknown field\(s\) polcy"),
-    ({"detectors": {"grad_norm_ratoi": 3.0}},
-     r"GuardConfig\.detectors: unknown field\(s\) grad_norm_ratoi"),
-    ({"recovery": {"ring_size": 2, "ringsize": 3}},
-     r"GuardConfig\.recovery: unknown field\(s\) ringsize"),
-    ({"clip_rule": {"type": "layerwise", "limits": {}, "default": 1.0, "per_param": True}},
-     r"GuardConfig\.clip_rule: unknown argument\(s\) per_param"),
-    ({"clip_rule": {"type": "chain", "rules": [{"type": "global_norm", "max_norm": 1,
-                                                 "norm_type": 2}]}},
-     r"GuardConfig\.clip_rule\.rules\[0\]: unknown argument\(s\) norm_type"),
-    ({"agc": {"clipping": 0.01, "clip": 0.1}}, r"GuardConfig\.agc: unknown argument\(s\) clip"),
+    ({"detectors": {"grad_explosion": {"ratoi": 3.0}}},
+     r"detectors\.grad_explosion: unknown field\(s\) ratoi"),
+    ({"detectors": {"grad_norm_ratoi": 3.0}}, r"detectors: unknown field\(s\) grad_norm_ratoi"),
+    ({"recovery": {"ring_size": 2, "ringsize": 3}}, r"recovery: unknown field\(s\) ringsize"),
+    ({"clip": {"rule": {"type": "layerwise", "limits": {}, "default": 1.0, "per_param": True}}},
+     r"clip\.rule: unknown argument\(s\) per_param"),
+    ({"clip": {"rule": {"type": "chain", "rules": [{"type": "global_norm", "max_norm": 1,
+                                                     "norm_type": 2}]}}},
+     r"clip\.rule\.rules\[0\]: unknown argument\(s\) norm_type"),
+    ({"clip": {"agc": {"clipping": 0.01, "clip": 0.1}}}, r"clip\.agc: unknown argument\(s\) clip"),
 ])
 def test_unknown_fields_are_named_at_every_level(data: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -252,8 +274,9 @@ def test_from_dict_needs_a_mapping() -> None:
 
 
 def test_missing_fields_take_their_defaults() -> None:
-    assert GuardConfig.from_dict({"policy": "halt", "detectors": {"warmup_steps": 3}}) == (
-        GuardConfig(policy="halt", detectors=DetectorConfig(warmup_steps=3)))
+    assert GuardConfig.from_dict({"policy": "halt",
+                                  "detectors": {"common": {"warmup_steps": 3}}}) == (
+        GuardConfig(policy="halt", detectors=DetectorConfig(common={"warmup_steps": 3})))
 
 
 def test_an_older_config_with_rules_in_words_loads_without_them() -> None:
@@ -261,10 +284,10 @@ def test_an_older_config_with_rules_in_words_loads_without_them() -> None:
     stored["clip_rule"] = "layer-wise (per group): '*attn*' <= 1, others <= 0.5"
     stored["agc"] = "AGC (unit-wise, clipping 0.01, eps 0.001)"
     config = GuardConfig.from_dict(stored)
-    assert config.clip_rule is None and config.agc is None
+    assert config.clip.rule is None and config.clip.agc is None
     assert config == GuardConfig(policy="recover")
-    with pytest.raises(ConfigError, match=r"GuardConfig\.clip_rule"):
-        GuardConfig(clip_rule="layer-wise")  # only stored configs get this leniency
+    with pytest.raises(ConfigError, match=r"clip\.rule"):
+        GuardConfig(clip={"rule": "layer-wise"})  # only stored configs get this leniency
 
 
 # -- rule specs ------------------------------------------------------------------------------
@@ -390,8 +413,8 @@ def test_build_agc_returns_a_new_agc() -> None:
 def test_bad_rule_specs_name_the_field_and_value(spec: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         rule_spec(spec)
-    with pytest.raises(ConfigError, match="GuardConfig." + message):
-        GuardConfig(clip_rule=spec)
+    with pytest.raises(ConfigError, match=r"clip\.rule" + message.removeprefix("clip_rule")):
+        GuardConfig(clip={"rule": spec})
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -407,8 +430,8 @@ def test_bad_rule_specs_name_the_field_and_value(spec: Any, message: str) -> Non
 def test_bad_agc_specs_name_the_field_and_value(spec: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         agc_spec(spec)
-    with pytest.raises(ConfigError, match="GuardConfig." + message):
-        GuardConfig(agc=spec)
+    with pytest.raises(ConfigError, match=r"clip\." + message):
+        GuardConfig(clip={"agc": spec})
 
 
 def test_a_rule_object_in_a_chain_spec_is_specced() -> None:
@@ -422,10 +445,10 @@ def test_a_rule_object_in_a_chain_spec_is_specced() -> None:
 
 # -- user rules ------------------------------------------------------------------------------
 def test_a_user_rule_with_a_spec_is_stored_by_import_path_and_rebuilt() -> None:
-    config = GuardConfig(clip_rule=chain(HalvingClip(above=2.0), GlobalNormClip(1.0)))
+    config = GuardConfig(clip={"rule": chain(HalvingClip(above=2.0), GlobalNormClip(1.0))})
     restored = _roundtrip(config)
     assert restored == config
-    rule = build_rule(restored.clip_rule)  # type: ignore[arg-type]
+    rule = build_rule(restored.clip.rule)  # type: ignore[arg-type]
     assert isinstance(rule, Chain) and isinstance(rule.rules[0], HalvingClip)
     assert rule.rules[0].above == 2.0
     norms = np.array([3.0, 1.0])
@@ -439,11 +462,11 @@ def test_a_subclass_of_a_trainguard_rule_is_rebuilt_as_the_subclass() -> None:
 
 
 def test_a_user_rule_without_spec_is_refused_with_a_way_out() -> None:
-    with pytest.raises(ConfigError, match=r"GuardConfig\.clip_rule: SpeclessClip .* has no "
+    with pytest.raises(ConfigError, match=r"clip\.rule: SpeclessClip .* has no "
                                           r"spec\(\); give it a spec\(\) method"):
-        GuardConfig(clip_rule=SpeclessClip())
-    with pytest.raises(ConfigError, match=r"GuardConfig\.clip_rule\.rules\[1\]: SpeclessClip"):
-        GuardConfig(clip_rule=chain(GlobalNormClip(1.0), SpeclessClip()))
+        GuardConfig(clip={"rule": SpeclessClip()})
+    with pytest.raises(ConfigError, match=r"clip\.rule\.rules\[1\]: SpeclessClip"):
+        GuardConfig(clip={"rule": chain(GlobalNormClip(1.0), SpeclessClip())})
 
 
 def test_a_user_rule_defined_in_a_function_is_refused() -> None:
@@ -478,23 +501,97 @@ def test_a_user_rule_spec_must_be_plain_data() -> None:
 def test_a_custom_rule_that_cannot_be_built_is_a_config_error(spec: dict,
                                                               message: str) -> None:
     spec = {"type": "custom", **spec}
-    assert GuardConfig(clip_rule=spec).clip_rule is not None  # stored without importing it
+    assert GuardConfig(clip={"rule": spec}).clip.rule is not None  # stored without importing it
     with pytest.raises(ConfigError, match=message):
         build_rule(spec)
 
 
 def test_a_stored_custom_rule_loads_without_its_code() -> None:
-    stored = {"clip_rule": {"type": "custom", "class": "someone_elses.package:Rule",
-                            "args": {"limit": 1.0}}}
+    stored = {"clip": {"rule": {"type": "custom", "class": "someone_elses.package:Rule",
+                                "args": {"limit": 1.0}}}}
     config = GuardConfig.from_dict(stored)
-    assert config.to_dict()["clip_rule"] == stored["clip_rule"]
+    assert config.to_dict()["clip"]["rule"] == stored["clip"]["rule"]
 
 
 def test_specs_are_not_shared_with_what_was_given() -> None:
     limits = {"*attn*": 1.0}
     given: Mapping[str, Any] = {"type": "layerwise", "limits": limits}
-    config = GuardConfig(clip_rule=given)
+    config = GuardConfig(clip={"rule": given})
     limits["*attn*"] = 5.0
-    assert config.clip_rule["limits"] == {"*attn*": 1.0}  # type: ignore[index]
-    rule = build_rule(config.clip_rule)  # type: ignore[arg-type]
+    assert config.clip.rule["limits"] == {"*attn*": 1.0}  # type: ignore[index]
+    rule = build_rule(config.clip.rule)  # type: ignore[arg-type]
     assert math.isclose(rule.limits["*attn*"], 1.0)  # type: ignore[attr-defined]
+
+
+# -- sections and the flat names of the version before them ------------------------------------
+def test_a_section_may_be_given_as_its_type_or_as_a_dict() -> None:
+    by_dict = GuardConfig(clip={"max_grad_norm": 1.0}, detectors={"loss_spike": {"ratio": 3.0}})
+    by_type = GuardConfig(clip=ClipConfig(max_grad_norm=1.0),
+                          detectors=DetectorConfig(loss_spike=LossSpikeConfig(ratio=3.0)))
+    assert by_dict == by_type
+    assert isinstance(by_dict.clip, ClipConfig)
+    assert isinstance(by_dict.detectors.loss_spike, LossSpikeConfig)
+
+
+def test_flat_names_are_accepted_with_a_warning_naming_their_place() -> None:
+    with pytest.warns(DeprecationWarning, match=r"max_grad_norm -> clip\.max_grad_norm") as seen:
+        config = GuardConfig(max_grad_norm=1.0, console=False, prove="on",
+                             recovery=RecoveryConfig(ring_size=5), halt_severity="critical")
+    assert len(seen) == 1 and "prove -> prove.mode" in str(seen[0].message)
+    assert config == GuardConfig(clip={"max_grad_norm": 1.0}, sinks={"console": False},
+                                 prove={"mode": "on"},
+                                 recovery={"ring_size": 5, "halt_severity": "critical"})
+    with pytest.warns(DeprecationWarning, match=r"loss_spike_ratio -> loss_spike\.ratio"):
+        detectors = DetectorConfig(loss_spike_ratio=3.0, warmup_steps=3,
+                                   loss_spike={"zscore": 4.0})
+    assert detectors == DetectorConfig(loss_spike={"ratio": 3.0, "zscore": 4.0},
+                                       common={"warmup_steps": 3})
+    with pytest.warns(DeprecationWarning, match=r"grad_norm_ratio -> grad_explosion\.ratio"):
+        nested = GuardConfig(detectors={"grad_norm_ratio": 4.0})
+    assert nested.detectors.grad_explosion.ratio == 4.0
+
+
+def test_a_flat_name_keeps_its_validation_under_its_new_name() -> None:
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError,
+                                                         match=r"^clip\.max_grad_norm"):
+        GuardConfig(max_grad_norm=-1.0)
+
+
+def test_every_flat_name_has_a_place_that_exists() -> None:
+    for moves, container in ((GUARD_FLAT_NAMES, GuardConfig()),
+                             (DETECTOR_FLAT_NAMES, DetectorConfig())):
+        for flat, (section, name) in moves.items():
+            assert hasattr(getattr(container, section), name), flat
+
+
+def test_new_configs_give_no_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for config in CONFIGS.values():
+            GuardConfig.from_dict(config.to_dict())
+
+
+def test_a_config_stored_flat_by_an_older_version_still_loads() -> None:
+    stored = json.loads((pathlib.Path(__file__).parent / "fixtures"
+                         / "guard_config_flat.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading a store is not the user's code: no warning
+        config = GuardConfig.from_dict(stored)
+    assert config == GuardConfig(
+        policy="halt", clip={"max_grad_norm": 1.0, "rule": {"type": "layerwise",
+                                                            "limits": {"*attn*": 1.0}}},
+        probes={"sample_every": 7, "activations": False},
+        prove={"mode": "on", "budget_steps": 5.0},
+        recovery={"halt_severity": "critical", "ring_size": 5},
+        sinks={"console": False, "store": False}, distributed={"desync_every": 11},
+        checkpoints={"block_poisoned": True},
+        detectors={"grad_explosion": {"ratio": 5.0}, "loss_spike": {"ratio": 3.0},
+                   "common": {"warmup_steps": 3}, "instability_precursor": {"warmup": 40},
+                   "attention_logits": {"every": 2}, "dead_units": {"spread": 0.01}})
+    assert GuardConfig.from_dict(config.to_dict()) == config
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # `trainguard analyze` reads a store's detectors alone
+        assert DetectorConfig.from_dict(stored["detectors"]) == config.detectors
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # `trainguard analyze` reads a store's detectors alone
+        assert DetectorConfig.from_dict(stored["detectors"]) == config.detectors

@@ -30,7 +30,7 @@ from .conftest import make_setup
 from .distributed import scenarios
 from .distributed.harness import run_ranks
 
-QUIET = GuardConfig(console=False)
+QUIET = GuardConfig(sinks={"console": False})
 
 
 # -- a single process: no context, no collective ---------------------------------------------------

@@ -162,7 +162,7 @@ def test_every_expression_returns_data_from_a_real_prometheus(tmp_path: Path) ->
     from trainguard.sinks import PrometheusSink
 
     sink = PrometheusSink(port=0, linger_s=60)
-    run = tiny_run([sink], sample_every=2)
+    run = tiny_run([sink], probes={"sample_every": 2})
     listen = f"127.0.0.1:{_free_port()}"
     base = f"http://{listen}"
     config = tmp_path / "prometheus.yml"

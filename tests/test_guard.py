@@ -18,7 +18,7 @@ from trainguard.transfer import transfer_count
 
 from .conftest import make_setup
 
-QUIET = {"console": False}
+QUIET = {"sinks": {"console": False}}
 PACKAGE = Path(trainguard.__file__).resolve().parent
 
 
@@ -139,7 +139,7 @@ def test_learning_rate_1000x_too_high_is_detected_within_a_few_steps() -> None:
 def test_one_device_to_host_transfer_per_step_and_no_item_calls(monkeypatch) -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer, setup.scheduler,
-                  config=GuardConfig(console=False, sample_every=5))
+                  config=GuardConfig(sinks={"console": False}, probes={"sample_every": 5}))
     train(guard, setup, 3)
     items = []
     original_item = torch.Tensor.item
@@ -175,7 +175,8 @@ def test_the_frame_filter_knows_trainguard_by_its_location(tmp_path) -> None:
 
 def test_sampled_steps_record_weights_update_ratio_activations_and_adam_state(tmp_path) -> None:
     setup = make_setup()
-    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False, sample_every=4),
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False},
+                                                                   probes={"sample_every": 4}),
                   run_dir=tmp_path / "run")
     train(guard, setup, 9)
     guard.close()
@@ -202,7 +203,7 @@ def test_clipping_matches_clip_grad_norm() -> None:
     guarded = make_setup(lr=1e-2, warmup=0)
     guarded.model.load_state_dict(reference.model.state_dict())
     guard = Guard(guarded.model, guarded.optimizer,
-                  config=GuardConfig(console=False, max_grad_norm=0.1))
+                  config=GuardConfig(sinks={"console": False}, clip={"max_grad_norm": 0.1}))
     batch = reference.batch()
     for setup in (reference, guarded):
         setup.model.loss(batch).backward()
@@ -237,8 +238,8 @@ def test_grad_scaler_overflow_is_skipped_silently_and_lowers_the_scale() -> None
 
 def test_observe_applies_every_step() -> None:
     setup = make_setup()
-    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False,
-                                                                    policy="observe"))
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(policy="observe",
+                                                                   sinks={"console": False}))
     train(guard, setup, 3)
     loss = setup.model.loss(setup.batch()) * float("nan")
     loss.backward()
@@ -251,7 +252,8 @@ def test_observe_applies_every_step() -> None:
 def test_halt_writes_a_snapshot_that_loads_with_weights_only(tmp_path) -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer, setup.scheduler,
-                  config=GuardConfig(console=False, policy="halt"), run_dir=tmp_path / "run")
+                  config=GuardConfig(policy="halt",
+                                     sinks={"console": False}), run_dir=tmp_path / "run")
     train(guard, setup, 4)
     weights = copy.deepcopy(setup.model.state_dict())
     batch = setup.batch()
@@ -283,7 +285,8 @@ def test_the_crash_snapshot_holds_the_rng_its_step_started_its_forward_from(tmp_
     step's forward found it, not as it stood after the forward and the loop drew from it."""
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer, setup.scheduler,
-                  config=GuardConfig(console=False, policy="halt"), run_dir=tmp_path / "run")
+                  config=GuardConfig(policy="halt",
+                                     sinks={"console": False}), run_dir=tmp_path / "run")
     train(guard, setup, 4)
     batch = setup.batch()
     before = torch.get_rng_state()
@@ -300,7 +303,8 @@ def test_the_crash_snapshot_holds_the_rng_its_step_started_its_forward_from(tmp_
 def test_protect_halts_after_too_many_consecutive_skips(tmp_path) -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer,
-                  config=GuardConfig(console=False, max_consecutive_skips=3),
+                  config=GuardConfig(sinks={"console": False},
+                                     recovery={"max_consecutive_skips": 3}),
                   run_dir=tmp_path / "run")
     train(guard, setup, 2)
     with pytest.raises(TrainingDiverged) as info:

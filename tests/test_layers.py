@@ -3,7 +3,10 @@
 - No import loop among trainguard's modules (except the allow-listed ones, each with its reason),
   type-checking imports included: a loop the type checker needs is a loop in the design.
 - Nothing imports the command line (`trainguard.cli`) but `trainguard.__main__`.
-- `trainguard.analyze` imports no sink and no store writer; `trainguard.config` imports no torch.
+- `trainguard.analyze` imports no sink and no store writer; `trainguard.config` imports no torch
+  and no clipping code (`trainguard.remedies`).
+- `GuardConfig` has at most `MAX_TOP_LEVEL_FIELDS` fields; `DetectorConfig` holds sections only,
+  each knowing its dotted place.
 - No function is longer than `MAX_FUNCTION_LINES`.
 - No stage reads the sync mode (`StepContext.deferred`): each is handed what it needs.
 - One module computes the clip limit in force (`remedies/limit.py`): no other reads the
@@ -17,6 +20,7 @@ that way is still a loop); imports under `if TYPE_CHECKING:` do not run and are 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import subprocess
@@ -190,6 +194,54 @@ def test_analyze_imports_no_sink_and_no_store_writer() -> None:
 def test_config_imports_no_torch() -> None:
     loaded = _loaded_after_importing(["trainguard.config"])
     assert sorted(m for m in loaded if m == "torch" or m.startswith("torch.")) == []
+
+
+def test_config_imports_no_remedies() -> None:
+    """The configuration is plain data: reading or building one needs no clipping code (a rule
+    given as an object is turned into its spec by `trainguard.remedies`, imported then)."""
+    loaded = _loaded_after_importing(["trainguard.config"])
+    assert sorted(m for m in loaded if m.startswith("trainguard.remedies")) == []
+    assert not any(m.startswith("trainguard.remedies") for m in GRAPH["trainguard.detect.settings"])
+
+
+MAX_TOP_LEVEL_FIELDS = 10
+"""The most fields `GuardConfig` holds itself: the rest live in its sections."""
+
+
+def test_the_guard_config_is_a_handful_of_fields_and_sections() -> None:
+    from trainguard.config import GuardConfig
+
+    fields = dataclasses.fields(GuardConfig)
+    assert len(fields) <= MAX_TOP_LEVEL_FIELDS, [f.name for f in fields]
+
+
+def _sections(config: object, path: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted place, section) of every section under `config`."""
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            place = f"{path}.{f.name}" if path else f.name
+            yield place, value
+            yield from _sections(value, place)
+
+
+def test_no_detector_setting_is_a_flat_field_of_the_detector_config() -> None:
+    from trainguard.config import DetectorConfig
+
+    config = DetectorConfig()
+    flat = [f.name for f in dataclasses.fields(config)
+            if not dataclasses.is_dataclass(getattr(config, f.name))]
+    assert flat == []
+
+
+def test_every_section_knows_its_place() -> None:
+    """A section names its bad values by its full dotted place, so its `PATH` must be it."""
+    from trainguard.config import GuardConfig
+
+    places = dict(_sections(GuardConfig()))
+    assert places
+    for place, section in places.items():
+        assert getattr(section, "PATH", None) == place, place
 
 
 def _functions(path: Path) -> Iterator[tuple[str, int]]:

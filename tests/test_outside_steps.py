@@ -9,7 +9,7 @@ from torch import nn
 
 from trainguard import Guard, GuardConfig
 
-QUIET = {"console": False, "preflight": False}
+QUIET = {"sinks": {"console": False}, "probes": {"preflight": False}}
 
 
 def loop(guard: Guard, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int,

@@ -290,7 +290,8 @@ def test_every_segment_of_a_guarded_step_is_registered(monkeypatch) -> None:
     model = Tiny()
     optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3))
     guard = trainguard.Guard(model, optimizer,
-                             config=GuardConfig(console=False, sample_every=1))
+                             config=GuardConfig(sinks={"console": False},
+                                                probes={"sample_every": 1}))
     for _ in range(3):
         loss = model(torch.randn(5, 4)).square().mean()
         loss.backward()

@@ -21,7 +21,7 @@ from trainguard.sinks import Sink
 from .conftest import Setup, make_setup
 from .store.helpers import child_env, cli
 
-QUIET = GuardConfig(console=False, preflight=False)
+QUIET = GuardConfig(sinks={"console": False}, probes={"preflight": False})
 
 
 class Ending(Sink):

@@ -87,7 +87,7 @@ def test_a_kill_during_a_snapshot_write_is_cleaned_up_by_the_next_guard(tmp_path
 
     model = torch.nn.Linear(2, 1)
     guard = Guard(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                  config=GuardConfig(console=False), run_dir=tmp_path)
+                  config=GuardConfig(sinks={"console": False}), run_dir=tmp_path)
     guard.close()
     assert not any(path.exists() for path in leftovers)
     assert not list(tmp_path.glob(".*.tmp"))

@@ -94,7 +94,8 @@ def _bad_lr_run(run_dir: Path, console: bool) -> Guard:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    guard = Guard(model, optimizer, config=GuardConfig(console=console, preflight=False),
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": console},
+                                                       probes={"preflight": False}),
                   run_dir=run_dir)
     generator = torch.Generator().manual_seed(1)
     for step in range(120):
@@ -132,7 +133,8 @@ def test_a_healthy_run_prints_no_verdict(tmp_path: Path, capsys) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    guard = Guard(model, optimizer, config=GuardConfig(preflight=False), run_dir=tmp_path / "r")
+    guard = Guard(model, optimizer, config=GuardConfig(probes={"preflight": False}),
+                  run_dir=tmp_path / "r")
     for _ in range(60):
         x = torch.randn(16, 4)
         loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
@@ -154,7 +156,7 @@ def test_a_run_halted_on_a_nan_is_degraded_not_recovered(tmp_path) -> None:  # t
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
-                             config=trainguard.GuardConfig(policy="halt", console=False))
+                             config=trainguard.GuardConfig(policy="halt", sinks={"console": False}))
     with pytest.raises(trainguard.TrainingDiverged) as halted:
         for step in range(60):
             x = torch.randn(8, 4)
@@ -178,7 +180,8 @@ def _observed_run(tmp_path: Path, *, nan_steps: range = range(0), policy: str = 
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     guard = Guard(model, optimizer, run_dir=tmp_path / policy,
-                  config=GuardConfig(policy=policy, console=False, preflight=False))  # type: ignore[arg-type]
+                  config=GuardConfig(policy=policy, sinks={"console": False},
+                                     probes={"preflight": False}))  # type: ignore[arg-type]
     for step in range(steps):
         x = torch.randn(16, 4)
         target = x.sum(1, keepdim=True)
@@ -218,7 +221,7 @@ def test_a_run_halted_on_a_finite_spike_is_not_called_recovered(tmp_path: Path) 
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
-                             config=trainguard.GuardConfig(policy="halt", console=False))
+                             config=trainguard.GuardConfig(policy="halt", sinks={"console": False}))
     with pytest.raises(trainguard.TrainingDiverged) as halted:
         for step in range(60):
             x = torch.randn(8, 4)
@@ -261,7 +264,7 @@ def test_a_short_run_that_shows_its_trouble_is_still_judged(tmp_path: Path) -> N
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    guard = Guard(model, optimizer, config=GuardConfig(policy="halt", console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(policy="halt", sinks={"console": False}))
     with pytest.raises(trainguard.TrainingDiverged):
         for step in range(6):
             x = torch.randn(16, 4)

@@ -53,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="policy of the trainguard strategy (protect and recover fix their "
                              "own)")
     parser.add_argument("--prove", default="auto", choices=["auto", "on", "off"],
-                        help="GuardConfig.prove: `on` proves the first incidents of every "
+                        help="GuardConfig.prove.mode: `on` proves the first incidents of every "
                              "faulty run by replaying their step, and checks that a healthy "
                              "step of every healthy run has nothing to heal")
     parser.add_argument("--prove-budget", type=float, default=None,
-                        help="GuardConfig.prove_budget_steps (default: the Guard's)")
+                        help="GuardConfig.prove.budget_steps (default: the Guard's)")
     parser.add_argument("--sync", default="blocking", choices=["blocking", "deferred"],
                         help="GuardConfig.sync of every trainguard strategy (deferred needs "
                              "--fused on most scenarios, or it falls back to blocking)")
@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"onset {s.onset_step!s:<6}{s.steps:>5} steps  {s.description}")
         return 0
     by_name = {s.name: s for s in scenarios}
-    config = GuardConfig(policy=args.policy, console=False, prove=args.prove, sync=args.sync)
+    config = GuardConfig(policy=args.policy, sync=args.sync, sinks={"console": False},
+                         prove={"mode": args.prove})
     if args.prove_budget is not None:
-        config = replace(config, prove_budget_steps=args.prove_budget)
+        config = replace(config, prove=replace(config.prove, budget_steps=args.prove_budget))
     results: list[RunResult] = []
     started = time.perf_counter()
     for s in scenarios:

@@ -6,7 +6,8 @@ scenario's workload (the workload wraps its model in DistributedDataParallel and
 data shard from `rank_and_world()`), and runs the same step loop as `runner.run_scenario` with
 its own stepper from `strategies.make_stepper`. Every rank has its own Guard; under the process
 group they agree on the step's signals with one all-reduce per step (`trainguard.distributed`), so
-they take the same decisions, and they compare weight fingerprints every `desync_every` steps.
+they take the same decisions, and they compare weight fingerprints every `distributed.desync_every`
+steps.
 
 Besides training, every rank takes part in a few collectives of its own that never touch the
 model:
@@ -203,9 +204,10 @@ def _worker(rank: int, world: int, port: int, scenario: Scenario, strategy: str,
 def _rank_config(config: GuardConfig | None, rank: int) -> GuardConfig:
     """The Guard configuration of one rank: its own crash-snapshot folder, so that ranks halting
     at the same step never write the same file."""
-    config = config if config is not None else GuardConfig(console=False)
-    folder = Path(config.snapshot_dir or "trainguard_snapshots") / f"rank{rank}"
-    return dataclasses.replace(config, snapshot_dir=str(folder))
+    config = config if config is not None else GuardConfig(sinks={"console": False})
+    folder = Path(config.checkpoints.snapshot_dir or "trainguard_snapshots") / f"rank{rank}"
+    return dataclasses.replace(config, checkpoints=dataclasses.replace(
+        config.checkpoints, snapshot_dir=str(folder)))
 
 
 _OUTCOME_CODES = {"finished": 0, "halted": 1, "crashed": 2}

@@ -152,7 +152,7 @@ def run_scenario(scenario: Scenario, strategy: str = "trainguard", *,
     stepper = make_stepper(strategy, workload, config)
     total = steps if steps is not None else scenario.steps
     if scenario.healthy and isinstance(stepper, GuardStepper) and (
-            config is not None and config.prove == "on"):
+            config is not None and config.prove.mode == "on"):
         stepper.prove_at = total // 2  # a healthy step must have nothing to heal
     losses: list[float] = []
     actions: dict[str, int] = {}

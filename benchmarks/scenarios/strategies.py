@@ -176,11 +176,13 @@ class GuardStepper(Stepper):
     def __init__(self, workload: Workload, config: GuardConfig | None = None,
                  run_dir: str | None = None) -> None:
         super().__init__(workload)
-        config = config or GuardConfig(console=False)
+        config = config or GuardConfig(sinks={"console": False})
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if config.snapshot_dir is None:  # crash snapshots of benchmark runs are not kept
+        # crash snapshots of benchmark runs are not kept
+        if config.checkpoints.snapshot_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="trainguard-scenario-")
-            config = dataclasses.replace(config, snapshot_dir=self._tmp.name)
+            config = dataclasses.replace(config, checkpoints=dataclasses.replace(
+                config.checkpoints, snapshot_dir=self._tmp.name))
         self.current_step = 0
         self.prove_at: int | None = None
         """The step whose update `guard.prove()` replays before it is taken (the check that a
@@ -259,9 +261,10 @@ def make_stepper(name: str, workload: Workload, config: GuardConfig | None = Non
         return GuardStepper(workload, config, run_dir)
     if name in _GUARD_POLICIES:
         policy, clip = _GUARD_POLICIES[name]
-        config = dataclasses.replace(config or GuardConfig(console=False), policy=policy)
+        config = dataclasses.replace(config or GuardConfig(sinks={"console": False}), policy=policy)
         if clip is not None:
-            config = dataclasses.replace(config, max_grad_norm=clip)
+            config = dataclasses.replace(
+                config, clip=dataclasses.replace(config.clip, max_grad_norm=clip))
         if name.endswith("_deferred"):
             config = dataclasses.replace(config, sync="deferred")
         stepper = GuardStepper(workload, config, run_dir)

@@ -193,7 +193,7 @@ def _warn(run: Run, path: Path, record: CheckpointHealth) -> None:
              "resume from trainguard.last_healthy_checkpoint(), not from this one")
     message = (f"checkpoint {path} (step {record.step}) was saved with non-finite {what}: "
                f"marked poisoned; {where}")
-    if run.closed or not run.config.console:
+    if run.closed or not run.config.sinks.console:
         log.warning("trainguard: %s", message)
     if not run.closed:
         run.emit_event(Event(kind="poisoned_checkpoint", step=record.step, severity="error",

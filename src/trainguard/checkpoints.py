@@ -88,7 +88,7 @@ class CheckpointHealth:
     state_file: str | None = None
     """The companion file with the Guard's state, next to the sidecar."""
     blocked: bool = False
-    """Renamed `<name>.poisoned` (`GuardConfig.block_poisoned_checkpoints`)."""
+    """Renamed `<name>.poisoned` (`GuardConfig.checkpoints.block_poisoned`)."""
     saved_at: float = 0.0
     trainguard_version: str = ""
     format: int = FORMAT

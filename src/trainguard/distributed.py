@@ -19,9 +19,9 @@ elsewhere, and the replicas would part. Here:
   batch findings, so that the diagnosis hears them with their rank.
 - `DistributedContext.agree_max`: for a decision a driver takes from rank-local data.
 - `PeerLink`: every collective above goes through it, on a gloo group of trainguard's own with
-  `GuardConfig.collective_timeout_s`. The first one that fails (a rank died, or hung past the
-  timeout) ends the agreement for good: a roll call through the process group's store names the
-  rank(s) gone, and `PeerLost` stops the run on every rank left.
+  `GuardConfig.distributed.collective_timeout_s`. The first one that fails (a rank died, or hung
+  past the timeout) ends the agreement for good: a roll call through the process group's store names
+  the rank(s) gone, and `PeerLost` stops the run on every rank left.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ class RankView:
     loss_nonfinite: np.ndarray
     grad_nonfinite: np.ndarray
     drift: np.ndarray | None
-    """On a fingerprint step (`GuardConfig.desync_every`): each rank's weight fingerprint
-    against rank 0's, relative (0 when the replicas agree); None on other steps."""
+    """On a fingerprint step (`GuardConfig.distributed.desync_every`): each rank's weight
+    fingerprint against rank 0's, relative (0 when the replicas agree); None on other steps."""
     ring_wish: np.ndarray | None = None
     """Under `recover`: the good-state interval each rank's measured costs ask for."""
 
@@ -169,17 +169,17 @@ def collective_device(backend: str, model_device: torch.device) -> torch.device:
 # -- trainguard's own collectives ------------------------------------------------------------------
 ROLL_CALL_S = 10.0
 """After a collective failed, how long a rank waits for the others to answer the roll call (at
-most `collective_timeout_s`): a dead rank never answers, a living one answers as soon as its own
-collective fails too."""
+most `distributed.collective_timeout_s`): a dead rank never answers, a living one answers as soon as
+its own collective fails too."""
 
 
 class PeerLink:
     """trainguard's own collectives, and the end of the ranks' agreement when one fails.
 
     Under gloo they run on a process group of trainguard's own, created with
-    `GuardConfig.collective_timeout_s`, so that a rank that hangs stops the others after that
-    long rather than after the default group's timeout. A failed collective leaves the ranks out
-    of step (some may have finished it, others not), so nothing trainguard does afterwards could
+    `GuardConfig.distributed.collective_timeout_s`, so that a rank that hangs stops the others after
+    that long rather than after the default group's timeout. A failed collective leaves the ranks
+    out of step (some may have finished it, others not), so nothing trainguard does afterwards could
     be agreed: the first failure is final. This rank then answers a roll call through the process
     group's store, names the ranks that did not answer, tells the run (`on_lost`: record why,
     close it) and raises `PeerLost`; every later collective raises the same error at once, so a
@@ -242,7 +242,7 @@ class PeerLink:
             who += f" (no answer within {grace:g} s)"
         else:
             who = ("the ranks fell out of step, though every rank still answers (one spent "
-                   "longer than GuardConfig.collective_timeout_s outside its steps?)")
+                   "longer than GuardConfig.distributed.collective_timeout_s outside its steps?)")
         lost = PeerLost(
             f"trainguard: {who}: its all-reduce{at} failed on rank {self._rank} "
             f"({type(error).__name__}: {_first_sentence(error)}). The ranks can no longer agree "
@@ -288,8 +288,10 @@ _STARTS = itertools.count()
 """How many guarded runs this process started: the n-th run of every rank agrees with the others'
 n-th (ranks run the same code)."""
 
-AGREED_CONFIG_FIELDS_EXCLUDED = frozenset({"console", "store", "snapshot_dir"})
-"""Config fields a rank may set for itself (they decide nothing every rank must do alike)."""
+AGREED_CONFIG_FIELDS_EXCLUDED = frozenset({"sinks.console", "sinks.store",
+                                           "checkpoints.snapshot_dir"})
+"""Config fields (dotted) a rank may set for itself (they decide nothing every rank must do
+alike)."""
 
 
 def agree_on_start(context: DistributedContext, payload: dict[str, Any],

@@ -47,9 +47,9 @@ class RunDirInUse(UsageError):
 
 class PeerLost(TrainguardError):
     """Under torch.distributed, one of trainguard's own collectives failed: a rank died, or
-    stopped answering for longer than `GuardConfig.collective_timeout_s`. The ranks can no longer
-    agree on their steps, so the run was closed (status "failed", with a `peer_lost` event saying
-    why) and training stops on every rank that is left."""
+    stopped answering for longer than `GuardConfig.distributed.collective_timeout_s`. The ranks can
+    no longer agree on their steps, so the run was closed (status "failed", with a `peer_lost` event
+    saying why) and training stops on every rank that is left."""
 
     def __init__(self, message: str, *, ranks: list[int] | None = None, step: int | None = None
                  ) -> None:

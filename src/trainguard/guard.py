@@ -173,8 +173,8 @@ class Guard:
         """Hand evaluation metrics to trainguard (`{"accuracy": 0.81, "eval_loss": 0.52}`), at
         `step` (default: the last step taken). They are stored and shown, and judged by
         `metric_collapse`: accuracy at chance after it was above it (give
-        `GuardConfig(num_classes=...)`, or it is read from the model's output width), an eval
-        loss rising while the train loss falls, a metric off a cliff. Returns the events."""
+        `GuardConfig(probes={"num_classes": ...})`, or it is read from the model's output width), an
+        eval loss rising while the train loss falls, a metric off a cliff. Returns the events."""
         return self.run.observe_eval(metrics, step)
 
     def check_batch(self, batch: Any) -> list[Finding]:
@@ -188,7 +188,7 @@ class Guard:
         `batch` (default: the last healthy step's) once as it is and once per candidate fix
         (LR x0.1, a warm-up ramp, another precision, the batch without its flagged samples or
         the previous batch, LoRA alpha/r 2, an over-scaled layer re-drawn, clipping), the likely
-        causes first, within `prove_budget_steps` steps' time. A cause whose fix heals a bad
+        causes first, within `prove.budget_steps` steps' time. A cause whose fix heals a bad
         step is confirmed, one whose fix does not is ruled out; `diagnose()` ranks by it. The
         model, optimizer, gradients and RNG are put back exactly. Needs `replay_fn`."""
         if self.run.closed:

@@ -46,9 +46,9 @@ class Onset(str, Enum):
     STEP = "step"
     """At the step the event was raised."""
     SMOOTHED_LOSS = "smoothed_loss"
-    """Before the divergence detector's window: `divergence_patience` steps above after the
-    level (a median of `divergence_window`) crossed, and a climb that began about half of
-    `divergence_span` before that."""
+    """Before the divergence detector's window: `detectors.loss_divergence.patience` steps above
+    after the level (a median of `detectors.loss_divergence.window`) crossed, and a climb that began
+    about half of `detectors.loss_divergence.span` before that."""
     SAMPLED = "sampled"
     """Seen on a sampled step: it went bad at some step since the sampled step before."""
     LAST_AGREED = "last_agreed"
@@ -505,7 +505,8 @@ for _metric in (
     MetricKey("loss_scale", Scope.STEP, "the GradScaler's loss scale", _LOCAL, False),
     MetricKey("attn_logit_max", Scope.MODULE, "largest pre-softmax attention logit q.k/sqrt(d) "
               "of each attention layer, over heads and positions of the batch's first sequence "
-              "(every `attention_every` steps; probes/attention_logits.py)", _LOCAL, False),
+              "(every `detectors.attention_logits.every` steps; probes/attention_logits.py)",
+              _LOCAL, False),
     MetricKey("adam_update_rms", Scope.PARAM, "sqrt(sum m_hat^2 / sum v_hat) over each watched "
               "parameter: the RMS of the previous step's Adam update over the LR, with the "
               "moments' RMS standing for the element-wise ratio (0: no Adam state; "

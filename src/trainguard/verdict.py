@@ -11,7 +11,7 @@ says whether training worked:
                 there was none), or, after trouble, worse than the best level the run had
                 reached, or whose weights are not all finite at its close: a run that
                 "finished" but is worse off than it was
-    stalled     the run trained long enough to tell (`DetectorConfig.stall_steps` losses) and
+    stalled     the run trained long enough to tell (`DetectorConfig.no_progress.steps` losses) and
                 its loss never came down beyond its own noise at the start
                 (`detect.no_progress.came_down`): it did not learn, with or without trouble
                 (said with what the run showed of why: `detect/stall_reason.py`); or its last
@@ -49,7 +49,8 @@ MIN_TAIL = 3
 """Losses after trouble began in the last window that the verdict needs to judge the run's end
 by them alone."""
 STALL_STEPS = 100
-"""`DetectorConfig.stall_steps`' default: the losses a run needs before it can be `stalled`."""
+"""`DetectorConfig.no_progress.steps`' default: the losses a run needs before it can be
+`stalled`."""
 DEGRADED_RATIO = 1.1
 """A final loss 10% above the reference is worse than noise at the medians' resolution."""
 BEYOND_NOISE = 2.0

@@ -28,8 +28,9 @@ def _faulty_run(run_dir: Path) -> list[Event]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    guard = Guard(model, optimizer, config=GuardConfig(policy="protect", console=False,
-                                                       preflight=False), run_dir=run_dir)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="protect", sinks={"console": False},
+                                                       probes={"preflight": False}),
+                                                       run_dir=run_dir)
     generator = torch.Generator().manual_seed(1)
     for step in range(110):
         if step == 60:

@@ -24,7 +24,7 @@ def lr_burst_run(run_dir: Path, *, lr: float, seed: int, start: int, length: int
     """A plain loop under the default policy whose user multiplies the LR by 100 at `start`
     and restores it `length` steps later."""
     setup = make_setup(lr=lr, warmup=0, seed=seed)
-    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False),
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False}),
                   run_dir=run_dir)
     for step in range(200):
         if step in (start, start + length):
@@ -92,7 +92,7 @@ def test_a_store_verdict_with_levels_that_are_not_numbers_is_read_without_them(
     verdict writes is read for its word and message only."""
     run_dir = tmp_path / "run"
     setup = make_setup(warmup=0)
-    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False),
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False}),
                   run_dir=run_dir)
     for _ in range(5):
         batch = setup.batch()

@@ -353,7 +353,7 @@ def store_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tupl
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     reports = []
     with Guard(model, optimizer, scheduler, run_dir=run_dir,
-               config=GuardConfig(console=False, preflight=False)) as guard:
+               config=GuardConfig(sinks={"console": False}, probes={"preflight": False})) as guard:
         for step in range(6):
             x = torch.randn(8, 4)
             loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
@@ -382,7 +382,7 @@ def test_store_rows_from_a_real_guarded_run(store_run: tuple[Path, list[tuple[st
     assert log.evals == [(5, {"eval_loss": 0.5, "eval_accuracy": 0.875})]
     assert log.param_names == ["weight", "bias"]
     assert log.param_grad_norms.shape == (6, 2)
-    assert isinstance(log.detector_config, dict) and "loss_spike_ratio" in log.detector_config
+    assert isinstance(log.detector_config, dict) and "loss_spike" in log.detector_config
     assert log.interval() == 1.0
 
 

@@ -27,8 +27,8 @@ def test_make_fused_turns_a_fresh_optimizer_fused_and_leaves_a_stepped_one() -> 
 
 def test_a_deferred_scenario_run_decides_as_the_blocking_one() -> None:
     s = scenario("lstm_numerical_op")  # plain SGD; its NaN batch is at step 120
-    blocking = traced_run(s, GuardConfig(console=False), 0, steps=124)
-    deferred = traced_run(s, GuardConfig(console=False, sync="deferred"), 0, steps=124)
+    blocking = traced_run(s, GuardConfig(sinks={"console": False}), 0, steps=124)
+    deferred = traced_run(s, GuardConfig(sync="deferred", sinks={"console": False}), 0, steps=124)
     row = compare(s, blocking, deferred)
     assert row.deferred and not row.fallback
     assert row.same_steps and row.same_actions and row.same_events and row.identical_weights

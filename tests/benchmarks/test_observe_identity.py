@@ -46,7 +46,7 @@ def _steps(scenario: Scenario) -> int:
 def _run(scenario: Scenario, guarded: bool, steps: int) -> tuple[list[float], list[torch.Tensor]]:
     torch.manual_seed(0)
     workload = scenario.build(0)
-    config = GuardConfig(policy="observe", console=False) if guarded else None
+    config = GuardConfig(policy="observe", sinks={"console": False}) if guarded else None
     stepper = make_stepper("trainguard" if guarded else "none", workload, config)
     losses: list[float] = []
     try:

@@ -117,7 +117,7 @@ def test_a_baseline_that_did_not_run_unprotected_leaves_no_reference() -> None:
 
 def test_protect_and_recover_fix_the_guard_policy() -> None:
     workload = scenario("lstm_healthy_sgd").build(0)
-    halting = GuardConfig(policy="halt", console=False)
+    halting = GuardConfig(policy="halt", sinks={"console": False})
     for name, policy in (("protect", "protect"), ("recover", "recover"), ("trainguard", "halt")):
         stepper = make_stepper(name, workload, halting)
         try:

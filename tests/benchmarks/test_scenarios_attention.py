@@ -13,7 +13,7 @@ from benchmarks.scenarios.runner import RunResult, run_scenario
 
 from trainguard import GuardConfig
 
-OBSERVE = GuardConfig(policy="observe", console=False)
+OBSERVE = GuardConfig(policy="observe", sinks={"console": False})
 
 
 def attention_warnings(result: RunResult) -> list[dict]:

@@ -34,7 +34,7 @@ def test_trainguard_names_the_dead_layer_and_the_one_class() -> None:
     # detection with nothing done about it (observe): the glitch kills the layer for good; under
     # protect the adaptive clip's alarm limits the glitch's damage and the run comes back
     result = run_scenario(scenario("mlp_cls_dead_relu"), "trainguard", steps=120,
-                          config=GuardConfig(policy="observe", console=False))
+                          config=GuardConfig(policy="observe", sinks={"console": False}))
     assert result.detected and result.latency <= 1 and result.false_alarms == 0
     kinds = {e["kind"] for e in result.events}
     assert {"output_collapse", "lr_change"} <= kinds

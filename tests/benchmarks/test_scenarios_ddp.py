@@ -31,7 +31,7 @@ def test_healthy_ranks_stay_identical_and_converge(by_name: dict) -> None:
 def test_desync_drifts_apart_unseen_by_each_rank(by_name: dict) -> None:
     scenario = by_name["ddp_desync"]
     result = run_scenario(scenario, "trainguard", steps=STEPS,
-                          config=GuardConfig(policy="observe", console=False))
+                          config=GuardConfig(policy="observe", sinks={"console": False}))
     assert result.outcome == "finished", result.error
     drift = result.notes["replica_drift"]
     assert drift[scenario.onset_step] == 0.0  # in sync until the backbone is unfrozen

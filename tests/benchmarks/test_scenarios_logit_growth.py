@@ -12,7 +12,7 @@ from benchmarks.scenarios.runner import RunResult, run_scenario
 
 from trainguard import GuardConfig
 
-OBSERVE = GuardConfig(policy="observe", console=False)
+OBSERVE = GuardConfig(policy="observe", sinks={"console": False})
 SEED = 2
 
 
@@ -60,7 +60,7 @@ def test_silent_on_the_healthy_twin_trained_with_a_z_loss() -> None:
 def test_under_protect_the_brake_the_log_z_warning_pulls_prevents_the_spike() -> None:
     fault = scenario("logit_growth_head_lr_ramp")
     result = run_scenario(fault, "trainguard", seed=SEED,
-                          config=GuardConfig(policy="protect", console=False))
+                          config=GuardConfig(policy="protect", sinks={"console": False}))
     assert warnings(result)[0][1] == "logz_max"
     assert spike_step(result.train_losses) is None
     assert result.final_eval_loss < 0.5  # unguarded, it ends above 1
@@ -72,7 +72,7 @@ def test_under_protect_log_z_still_growing_after_the_brake_sets_a_ceiling() -> N
     the head's LR under a ceiling: no spike (before the second report there was one, at 199)."""
     fault = scenario("logit_growth_head_lr_ramp")
     result = run_scenario(fault, "trainguard", seed=0,
-                          config=GuardConfig(policy="protect", console=False))
+                          config=GuardConfig(policy="protect", sinks={"console": False}))
     events = [e for e in result.events if e["kind"] == "instability_precursor"]
     assert len(events) >= 2 and events[1]["details"]["signal"] == "logz_max"
     assert events[1]["details"]["since_step"] == events[0]["step"]

@@ -18,7 +18,7 @@ from benchmarks.scenarios.runner import RunResult, run_scenario
 from trainguard import Guard, GuardConfig
 from trainguard.demo.data import MarkovLanguage
 
-OBSERVE = GuardConfig(policy="observe", console=False)
+OBSERVE = GuardConfig(policy="observe", sinks={"console": False})
 
 
 def warnings(result: RunResult) -> list[int]:
@@ -57,8 +57,9 @@ def under_protect(prove: str = "auto") -> RunResult:
     wall-clock cadence, and on a machine busy with other tests the default budget may reach
     none of them."""
     return run_scenario(scenario("tiny_lm_lr_ramp"), "trainguard", seed=0,
-                        config=GuardConfig(policy="protect", prove=prove, console=False,
-                                           prove_budget_steps=60.0))
+                        config=GuardConfig(policy="protect", prove={"mode": prove,
+                                                                    "budget_steps": 60.0},
+                                                                    sinks={"console": False}))
 
 
 def test_under_protect_the_ceiling_a_returning_warning_sets_prevents_the_spike() -> None:
@@ -76,7 +77,7 @@ def test_a_loop_that_raises_the_lr_by_hand_without_warmup_is_told_the_lr() -> No
     torch.manual_seed(0)
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=SANE_LR, weight_decay=0.0)
-    guard = Guard(model, optimizer, config=GuardConfig(policy="protect", console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(policy="protect", sinks={"console": False}))
     transition = MarkovLanguage(VOCAB_SIZE, branching=3, seed=7).transition
     losses = []
     for step in range(200):

@@ -12,7 +12,8 @@ from trainguard import GuardConfig
 
 def test_a_blown_up_start_is_proved_from_the_initial_state() -> None:
     result = run_scenario(scenario("lstm_lr_too_high_x100"), "trainguard", seed=0,
-                          config=GuardConfig(policy="protect", prove="on", console=False))
+                          config=GuardConfig(policy="protect", prove={"mode": "on"},
+                                             sinks={"console": False}))
     start = next(e for e in result.events if e["kind"] == "bad_start")
     (proof,) = [e for e in result.events if e["kind"] == "proof"]
     details = proof["details"]

@@ -80,7 +80,7 @@ def test_proofs_are_counted_against_the_ground_truth() -> None:
 
     from trainguard import GuardConfig
 
-    config = GuardConfig(console=False, prove="on")
+    config = GuardConfig(sinks={"console": False}, prove={"mode": "on"})
     nan = run_scenario(scenario("image_cls_nan_input"), config=config, steps=90)
     healthy = run_scenario(scenario("mlp_cls_healthy"), config=config, steps=40)
     figures = proof_totals([nan], [healthy])

@@ -8,7 +8,7 @@ import pytest
 from tests.detect.synth import SEEDS, default_config, healthy_losses, loss_run, run, steps_of
 from trainguard.detect import BadStart
 
-WARMUP = default_config().warmup_steps
+WARMUP = default_config().common.warmup_steps
 
 
 def test_an_enormous_first_loss_that_falls_away_is_a_bad_start() -> None:
@@ -48,7 +48,7 @@ def test_a_blow_up_that_does_not_fade_is_reported_again_for_the_learning_rate() 
     cfg = default_config()
     stays_up = [4.0, 8.5, 12.4, 9.3, 8.9, 8.8, 7.8, 9.2, 10.8, 9.4] + [8.0] * 60
     events = run(BadStart(cfg), loss_run(stays_up))
-    assert steps_of(events) == [WARMUP, cfg.baseline_window]
+    assert steps_of(events) == [WARMUP, cfg.common.baseline_window]
     assert events[1].details["sustained"] and events[1].details["cause"] == "lr_too_high"
     fades = [4.0, 8.5, 12.4, 9.3, 8.9, 8.8, 7.8, 9.2, 10.8, 9.4] + list(
         np.linspace(9.0, 3.5, 30)) + [3.5] * 30

@@ -37,8 +37,9 @@ def classifier_run(glitch_lr: float | None, steps: int = 200) -> tuple[Guard, nn
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                           nn.Linear(64, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False,
-                                                       policy="observe", max_grad_norm=None))
+    guard = Guard(model, optimizer, config=GuardConfig(policy="observe", sinks={"console": False},
+                                                       probes={"preflight": False},
+                                                       clip={"max_grad_norm": None}))
     for step in range(steps):
         y = torch.randint(0, 4, (64,), generator=generator)
         x = centers[y] + torch.randn(64, 16, generator=generator)
@@ -149,7 +150,8 @@ def test_observe_eval_in_a_plain_loop_is_stored_shown_and_ranked(tmp_path: Path)
     torch.manual_seed(0)
     model = nn.Linear(8, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False),
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       probes={"preflight": False}),
                   run_dir=tmp_path / "run")
     for step in range(30):
         x = torch.randn(16, 8)

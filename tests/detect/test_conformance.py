@@ -67,6 +67,9 @@ HELPERS: tuple[type, ...] = (Detector, OutlierDetector, Episode, Outlier, Attent
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows and the evidence `NoProgress` gathers of why a run
 stalled: their conformance is their detector's."""
+SETTINGS = "trainguard.detect.settings"
+"""The module of the detectors' configuration sections: plain data, checked by tests/test_config.py
+and tests/test_layers.py."""
 
 
 def test_every_detector_class_is_in_the_runs() -> None:
@@ -74,7 +77,8 @@ def test_every_detector_class_is_in_the_runs() -> None:
     detectors = {c for c in found
                  if issubclass(c, Detector) and c not in (Detector, OutlierDetector)}
     assert detectors == set(DETECTOR_TYPES), "a detector missing from DETECTOR_TYPES"
-    unknown = found - detectors - set(EVAL_WATCHES) - set(HELPERS)
+    settings = {c for c in found if c.__module__ == SETTINGS}
+    unknown = found - detectors - set(EVAL_WATCHES) - set(HELPERS) - settings
     assert not unknown, (f"new classes in trainguard.detect: {sorted(c.__name__ for c in unknown)}"
                          "; add each to DETECTOR_TYPES, or to EVAL_WATCHES or HELPERS here")
 

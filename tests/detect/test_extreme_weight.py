@@ -55,7 +55,7 @@ def test_silent_at_or_below_the_limit(maxabs: float) -> None:
 def test_limit_is_configurable() -> None:
     step = sampled_step(1, per_param=weights_with([0.5, 150.0, 0.3, 0.2]), names=NAMES)
     assert ExtremeWeight(default_config()).check(step) == []
-    event, = ExtremeWeight(default_config(extreme_weight_abs=100.0)).check(step)
+    event, = ExtremeWeight(default_config(extreme_weight={"abs_limit": 100.0})).check(step)
     assert event.param == "block.0.weight"
 
 

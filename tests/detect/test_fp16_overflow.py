@@ -29,8 +29,8 @@ from trainguard.signals import StepSignals
 from ..conftest import make_setup
 
 MODULES = ["embed", "block.0.attn", "block.0.mlp", "head"]
-WINDOW = default_config().overflow_window
-SKIPS = default_config().overflow_skips
+WINDOW = default_config().fp16_overflow.window
+SKIPS = default_config().fp16_overflow.skips
 
 
 def activations(step: int, maxabs: list[float], *, fp16: list[float] | None = None,
@@ -272,7 +272,7 @@ def test_a_real_fp16_run_names_its_scalers_calibration_and_warns_nothing(
     scaler = (torch.amp.GradScaler("cpu") if init_scale is None
               else torch.amp.GradScaler("cpu", init_scale=init_scale))
     guard = Guard(setup.model, setup.optimizer, setup.scheduler, scaler,
-                  config=GuardConfig(console=False))
+                  config=GuardConfig(sinks={"console": False}))
     skipped = []
     for step in range(80):
         batch = setup.batch()

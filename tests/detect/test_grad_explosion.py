@@ -22,7 +22,7 @@ from tests.detect.synth import (
 from trainguard.detect import GradExplosion
 from trainguard.signals import StepSignals
 
-WARMUP = default_config().warmup_steps
+WARMUP = default_config().common.warmup_steps
 SPIKE_NAMES = ["embed.weight", "block.0.mlp.weight", "head.weight"]
 
 
@@ -94,7 +94,7 @@ def test_explosion_is_admitted_to_the_baseline_winsorised() -> None:
     median = detector.baseline.stats()[0]
     run(detector, spike(100, 500.0))
     assert detector.baseline.values[-1] == pytest.approx(
-        median + math.log(default_config().grad_norm_ratio))
+        median + math.log(default_config().grad_explosion.ratio))
 
 
 def test_hundredfold_adaptive_jump_is_an_error() -> None:
@@ -235,7 +235,7 @@ def test_state_round_trip_preserves_behaviour() -> None:
     assert steps_of(run(original, prefix)) == [100, 101]
     clone = restored(original)
     assert clone.state_dict() == original.state_dict()
-    calm = config.rearm_steps
+    calm = config.common.rearm_steps
     continuation = (spike(102, 10.0) + spike(103, 12.0)                 # same episode
                     + norm_run(flat_norms(calm, 0.5, seed=4), start=104)  # recovery re-arms
                     + spike(104 + calm, 10.0)                             # new episode

@@ -86,14 +86,14 @@ def test_a_parameter_waking_up_is_no_precursor() -> None:
     rows[81] = rows[81] * np.array([1.0, 20.0, 1.0])
     assert run(InstabilityPrecursor(DetectorConfig()), rows) == []
     # the same two steps found by a detector that takes any jump
-    jumpy = InstabilityPrecursor(DetectorConfig(precursor_sudden_ratio=1e9,
-                                                precursor_trend_window=0))
+    jumpy = InstabilityPrecursor(DetectorConfig(instability_precursor={"sudden_ratio": 1e9,
+                                                                       "trend_window": 0}))
     assert [e.step for e in run(jumpy, rows)] == [81]
 
 
 def test_silent_while_the_baseline_is_young() -> None:
     rows = ratios(40, 2, climb_from=5)
-    config = DetectorConfig(precursor_warmup=30)
+    config = DetectorConfig(instability_precursor={"warmup": 30})
     events = run(InstabilityPrecursor(config), rows)
     assert all(e.step >= 30 for e in events)
 
@@ -160,7 +160,7 @@ def test_a_burst_from_a_low_level_is_no_precursor_but_a_creeping_level_is() -> N
         burst[step][1] = 1.3 * factor
     assert run(InstabilityPrecursor(DetectorConfig()), burst) == []
     # the same burst, judged without the trend condition
-    untrended = InstabilityPrecursor(DetectorConfig(precursor_trend_window=0))
+    untrended = InstabilityPrecursor(DetectorConfig(instability_precursor={"trend_window": 0}))
     assert [e.param for e in run(untrended, burst)] == ["h.0.ln.bias"]
 
     creeping = [row.copy() for row in burst]
@@ -254,7 +254,8 @@ def test_a_length_curriculum_that_restarts_is_no_precursor() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / 20))
     guard = trainguard.Guard(model, optimizer, scheduler,
-                             config=trainguard.GuardConfig(policy="observe", console=False))
+                             config=trainguard.GuardConfig(policy="observe",
+                                                           sinks={"console": False}))
     reports = []
     for step in range(75):
         length = 8 + (step % 60) * 24 // 59
@@ -290,7 +291,7 @@ def test_a_regression_head_clipped_at_one_is_no_precursor() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: max(0.0, 1 - t / 150))
     guard = trainguard.Guard(model, optimizer, scheduler, config=trainguard.GuardConfig(
-        policy="observe", console=False, max_grad_norm=1.0))
+        policy="observe", sinks={"console": False}, clip={"max_grad_norm": 1.0}))
     noise = torch.Generator().manual_seed(2)
     clipped = 0
     for _ in range(100):

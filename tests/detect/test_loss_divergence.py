@@ -22,7 +22,7 @@ from tests.detect.synth import (
 )
 from trainguard.detect import LossDivergence
 
-WARMUP = default_config().warmup_steps
+WARMUP = default_config().common.warmup_steps
 
 
 def plateau(n: int, level: float = 1.0, seed: int = 0, noise: float = 0.1) -> np.ndarray:
@@ -108,7 +108,7 @@ def test_bad_losses_neither_crash_nor_change_the_state(bad: float | None) -> Non
 
 
 def test_no_event_before_warmup() -> None:
-    config = default_config(divergence_patience=1)
+    config = default_config(loss_divergence={"patience": 1})
     # the loss is 10x higher from step 1 on: without warm-up this fires around step 5
     losses = [1.0] + [10.0] * 100
     fired = steps_of(run(LossDivergence(config), loss_run(losses)))
@@ -117,7 +117,7 @@ def test_no_event_before_warmup() -> None:
 
 
 def test_nonfinite_losses_do_not_count_towards_warmup() -> None:
-    config = default_config(divergence_patience=1)
+    config = default_config(loss_divergence={"patience": 1})
     losses = [1.0] + [10.0] * 4 + [NAN] * 20 + [10.0] * 100
     fired = steps_of(run(LossDivergence(config), loss_run(losses)))
     assert len(fired) == 1

@@ -22,7 +22,7 @@ from tests.detect.synth import (
 )
 from trainguard.detect import LossSpike
 
-WARMUP = default_config().warmup_steps
+WARMUP = default_config().common.warmup_steps
 
 
 def smooth(n: int, level: float = 2.3, seed: int = 0, noise: float = 0.01) -> np.ndarray:
@@ -135,10 +135,10 @@ def test_threefold_jump_on_a_slowly_declining_curve_is_a_warning_when_it_stays()
 def test_spike_is_admitted_to_the_baseline_winsorised() -> None:
     detector = LossSpike(default_config())
     run(detector, loss_run(smooth(100, 1.0, noise=0.05)))
-    median = detector.baseline.recent_median(default_config().loss_spike_level_window)
+    median = detector.baseline.recent_median(default_config().loss_spike.level_window)
     run(detector, loss_run([1e8], start=100))
     assert detector.baseline.values[-1] == pytest.approx(
-        median + math.log(default_config().loss_spike_ratio))
+        median + math.log(default_config().loss_spike.ratio))
 
 
 def test_threefold_fluctuation_on_a_very_noisy_curve_is_not_a_spike() -> None:
@@ -275,7 +275,7 @@ def test_a_heavy_tailed_regression_that_absorbs_a_far_out_target_is_told_it_as_a
                           nn.Linear(64, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     guard = trainguard.Guard(model, optimizer,
-                             config=trainguard.GuardConfig(policy=policy, console=False))
+                             config=trainguard.GuardConfig(policy=policy, sinks={"console": False}))
     losses, actions = [], []
     for step in range(140):
         x = torch.randn(32, 16, generator=generator)

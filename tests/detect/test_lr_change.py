@@ -140,7 +140,7 @@ def lm_batches(count: int, structured: bool) -> list[dict[str, torch.Tensor]]:
 def test_an_lr_raised_by_the_loop_ranks_lr_too_high_in_a_plain_loop(structured: bool) -> None:
     model = tiny_gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     for step, batch in enumerate(lm_batches(100, structured)):
         if step == 60:
             for group in optimizer.param_groups:
@@ -184,7 +184,7 @@ def test_an_lr_raised_by_a_callback_ranks_lr_too_high_under_the_trainer(tmp_path
                 for group in optimizer.param_groups:
                     group["lr"] *= 1000
 
-    guard = TrainguardCallback(config=GuardConfig(console=False))
+    guard = TrainguardCallback(config=GuardConfig(sinks={"console": False}))
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
                              max_steps=100, learning_rate=1e-3, lr_scheduler_type="constant",
                              weight_decay=0.0, save_strategy="no", report_to=[], use_cpu=True,

@@ -14,7 +14,7 @@ from trainguard.config import DetectorConfig
 from trainguard.detect.no_gradients import NoGradients
 from trainguard.signals import StepSignals
 
-QUIET = {"console": False, "preflight": False}
+QUIET = {"sinks": {"console": False}, "probes": {"preflight": False}}
 
 
 def signals(step: int, grad_norm: float, loss: float | None = 1.0,

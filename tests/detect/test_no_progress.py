@@ -18,7 +18,7 @@ from trainguard.verdict import LossTrack
 
 def feed(losses: list[float], *, grads: list[float] | None = None,
          lrs: list[float] | None = None, stall_steps: int = 100) -> list[str]:
-    detector = NoProgress(DetectorConfig(stall_steps=stall_steps))
+    detector = NoProgress(DetectorConfig(no_progress={"steps": stall_steps}))
     messages = []
     for step, loss in enumerate(losses):
         signals = StepSignals(step=step, loss=loss,
@@ -164,7 +164,7 @@ def test_lora_at_lr_0_5_is_stalled_with_the_lr_first(tmp_path) -> None:
     model = get_peft_model(_gpt2(), LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"]))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.5)
     guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
-                             config=trainguard.GuardConfig(console=False))
+                             config=trainguard.GuardConfig(sinks={"console": False}))
     for batch in _markov_batches(150):
         loss = model(**batch).loss
         loss.backward()
@@ -180,7 +180,7 @@ def test_a_loss_computed_under_no_grad_is_stalled_with_no_gradients_first(tmp_pa
     model = _gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
-                             config=trainguard.GuardConfig(console=False))
+                             config=trainguard.GuardConfig(sinks={"console": False}))
     for batch in _markov_batches(120):
         with torch.no_grad():
             loss = model(**batch).loss

@@ -41,7 +41,7 @@ def test_reports_inf_when_the_first_offender_is_inf() -> None:
 
 
 def test_long_lists_are_truncated_in_the_message() -> None:
-    config = default_config(max_named_params=2)
+    config = default_config(common={"max_named_params": 2})
     event, = NonFiniteGrad(config).check(
         signals(0, grad_norm=NAN, param_grad_norm=[NAN] * 8, names=NAMES))
     assert event.details["params"] == NAMES

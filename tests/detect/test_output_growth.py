@@ -94,7 +94,7 @@ def test_a_climbing_log_z_warns_with_its_level_trend_and_lead() -> None:
 
 def test_log_z_that_keeps_climbing_is_reported_again_each_further_rise() -> None:
     """Within one episode: again each `precursor_logz_rise` nats above the last report."""
-    rise = DetectorConfig().precursor_logz_rise
+    rise = DetectorConfig().instability_precursor.logz_rise
     events = run(InstabilityPrecursor(DetectorConfig()), "logz", logz(150, 0, climb_from=100))
     assert len(events) >= 3
     for before, after in pairwise(events):

@@ -45,7 +45,7 @@ def test_what_is_not_an_unfreezing() -> None:
     # NaN is a gradient: a frozen parameter's NaN is not silence, and raises nothing here
     assert run(lambda s: [float("nan"), 0.1, 1.0]) == []
     # the bound is the config's
-    events = run(lambda s: [0.0 if 10 <= s < 15 else 0.5, 0.1, 1.0], frozen_steps=5)
+    events = run(lambda s: [0.0 if 10 <= s < 15 else 0.5, 0.1, 1.0], params_unfrozen={"steps": 5})
     assert [e.step for e in events] == [15]
 
 
@@ -69,7 +69,7 @@ def test_a_real_run_names_the_unfrozen_body() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x_all = torch.randn(512, 16)
     y_all = (x_all[:, :4] * 3).argmax(1)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     for step in range(80):
         if step == 60:
             model[0].requires_grad_(True)

@@ -23,7 +23,8 @@ def one_thread():
 
 
 def guard_for(model: nn.Module, optimizer: torch.optim.Optimizer, **config) -> Guard:
-    return Guard(model, optimizer, config=GuardConfig(console=False, preflight=False, **config))
+    return Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                      probes={"preflight": False}, **config))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -33,7 +34,7 @@ def test_an_lr_ramp_is_flagged_within_20_steps_of_the_loss_passing_1_5x_its_best
     generator = torch.Generator().manual_seed(1)
     target = torch.randn(16, 1, generator=generator)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    guard = guard_for(model, optimizer, policy="observe", max_grad_norm=None)
+    guard = guard_for(model, optimizer, policy="observe", clip={"max_grad_norm": None})
     losses = []
     for step in range(320):
         if step >= 150:  # the LR climbs 5% a step: x130 over 100 steps

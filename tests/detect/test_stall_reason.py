@@ -21,7 +21,7 @@ from trainguard.signals import SampledStats, StepSignals
 
 from ..conftest import make_setup
 
-QUIET = GuardConfig(console=False)
+QUIET = GuardConfig(sinks={"console": False})
 
 
 def stalls(guard: Guard) -> list:

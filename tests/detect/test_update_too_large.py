@@ -73,7 +73,8 @@ def test_only_the_first_measured_update_is_judged() -> None:
 def test_the_bound_is_configurable_and_state_survives_a_restore() -> None:
     step = first_update([0.1] * 5)
     assert UpdateTooLarge(default_config()).check(step) == []
-    assert len(UpdateTooLarge(default_config(first_update_ratio=0.05)).check(step)) == 1
+    tight = default_config(update_too_large={"first_ratio": 0.05})
+    assert len(UpdateTooLarge(tight).check(step)) == 1
     judged = UpdateTooLarge(default_config())
     judged.check(first_update([1e-3] * 5))
     again = restored(judged)
@@ -81,8 +82,8 @@ def test_the_bound_is_configurable_and_state_survives_a_restore() -> None:
 
 
 def test_a_non_positive_bound_is_refused() -> None:
-    with pytest.raises(trainguard.ConfigError, match="first_update_ratio"):
-        trainguard.DetectorConfig(first_update_ratio=0.0)
+    with pytest.raises(trainguard.ConfigError, match=r"detectors\.update_too_large\.first_ratio"):
+        trainguard.DetectorConfig(update_too_large={"first_ratio": 0.0})
 
 
 # -- real runs ------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ def _fine_tune(lr: float, optimizer: str = "sgd", steps: int = 3) -> trainguard.
         warm.zero_grad()
     opt = (torch.optim.SGD(model.parameters(), lr=lr) if optimizer == "sgd"
            else torch.optim.AdamW(model.parameters(), lr=lr))
-    guard = trainguard.Guard(model, opt, config=trainguard.GuardConfig(console=False))
+    guard = trainguard.Guard(model, opt, config=trainguard.GuardConfig(sinks={"console": False}))
     for i in range(steps):
         batch = slice(64 * (i % 4), 64 * (i % 4 + 1))
         loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
@@ -132,7 +133,8 @@ def test_silent_on_a_toy_regression_trained_from_scratch() -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(console=False))
+    guard = trainguard.Guard(model, optimizer,
+                             config=trainguard.GuardConfig(sinks={"console": False}))
     for _ in range(3):
         x = torch.randn(16, 4)
         loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
@@ -155,7 +157,8 @@ def test_silent_on_a_lora_fine_tune_whose_b_matrices_start_at_zero() -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=2e-4)
     seen = Sampled()
-    guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(console=False),
+    guard = trainguard.Guard(model, optimizer,
+                             config=trainguard.GuardConfig(sinks={"console": False}),
                              sinks=[seen])
     ids = torch.randint(0, 100, (4, 32))
     for _ in range(2):

@@ -37,8 +37,9 @@ def lr_spike_run(policy: str, prove: str, steps: int = 80, **kw):
     """Adam at 1e-3 whose loop gives steps 40-42 an LR 300x higher: the loss leaves its level
     at step 44 and the divergence error comes at step 55, when the LR is long back to normal."""
     model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
-    guard = Guard(model, opt, config=config(policy=policy, prove=prove, recovery=FIXED_CADENCE,
-                                            prove_budget_steps=1000.0, **kw), replay_fn=mse)
+    guard = Guard(model, opt, config=config(policy=policy, recovery=FIXED_CADENCE,
+                                            prove={"mode": prove, "budget_steps": 1000.0}, **kw),
+                  replay_fn=mse)
     try:
         spike_loop(guard, model, opt, mse, steps)
     except TrainingDiverged:
@@ -70,7 +71,7 @@ def test_an_lr_spike_is_proved_from_the_anchor_under(policy: str) -> None:
 
 
 def test_halt_proves_from_the_anchor_before_its_snapshot(tmp_path: Path) -> None:
-    guard, _ = lr_spike_run("halt", "on", snapshot_dir=str(tmp_path))
+    guard, _ = lr_spike_run("halt", "on", checkpoints={"snapshot_dir": str(tmp_path)})
     assert guard.run.closed
     proofs = [e for e in guard.events if e.kind == "proof"]
     assert proofs and "lr_too_high" in proofs[-1].details["confirmed"]
@@ -92,8 +93,9 @@ def test_replays_from_a_good_state_leave_the_optimizers_own_objects() -> None:
     own are back (a compiled step or a reference to a group must see the same ones)."""
     model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
     state, groups = opt.state, opt.param_groups
-    guard = Guard(model, opt, config=config(policy="protect", prove="on", recovery=FIXED_CADENCE,
-                                            prove_budget_steps=1000.0), replay_fn=mse)
+    guard = Guard(model, opt, config=config(policy="protect", recovery=FIXED_CADENCE,
+                                            prove={"mode": "on", "budget_steps": 1000.0}),
+                                            replay_fn=mse)
     spike_loop(guard, model, opt, mse, 60)
     assert any("good state" in e.message for e in guard.events if e.kind == "proof")
     assert opt.state is state and opt.param_groups is groups
@@ -124,25 +126,26 @@ def test_no_anchor_where_it_is_not_wanted() -> None:
         guard.close()
         return found
 
-    assert anchor(prove="on").good_states is not None
+    assert anchor(prove={"mode": "on"}).good_states is not None
     # proving every incident was not asked for: a halt's proof needs only the state before an
     # LR jump, copied when one comes
-    only_jumps = anchor(prove="auto", policy="halt")
+    only_jumps = anchor(policy="halt", prove={"mode": "auto"})
     assert only_jumps is not None and only_jumps.good_states is None
     assert not only_jumps.ring.good and only_jumps.before_jump is None
-    assert anchor(prove="auto", policy="observe") is None  # observe never halts: no proof
-    assert anchor(prove="off", policy="halt") is None
-    assert anchor(prove="on", policy="recover") is None  # its ring serves
+    assert anchor(policy="observe", prove={"mode": "auto"}) is None  # observe never halts: no proof
+    assert anchor(policy="halt", prove={"mode": "off"}) is None
+    assert anchor(policy="recover", prove={"mode": "on"}) is None  # its ring serves
     model, opt = model_and_optimizer()
-    guard = Guard(model, opt, config=config(prove="on"))  # no loss to replay: nothing to prove
+    guard = Guard(model, opt,
+                  config=config(prove={"mode": "on"}))  # no loss to replay: nothing to prove
     assert guard.run.state.anchor is None
     guard.close()
 
 
 def test_a_candidate_that_is_not_finite_never_becomes_good() -> None:
     model, opt = model_and_optimizer()
-    anchor = ProofAnchor(model, opt, config(prove="on",
-                                            recovery=RecoveryConfig(confirm_steps=1)))
+    anchor = ProofAnchor(model, opt, config(recovery=RecoveryConfig(confirm_steps=1),
+                                            prove={"mode": "on"}))
     anchor.start(0)
     assert [s.step for s in anchor.ring.good] == [0]
     for step in range(1, 6):
@@ -168,7 +171,7 @@ def test_an_error_is_proved_after_an_outlier_batch_the_run_came_back_from() -> N
     back from) is proved first; the NaN sample at step 30 (an error) is proved too: a jump's
     proof does not stand for it."""
     model, opt = model_and_optimizer()
-    guard = Guard(model, opt, config=config(policy="protect", prove="on"), replay_fn=mse)
+    guard = Guard(model, opt, config=config(policy="protect", prove={"mode": "on"}), replay_fn=mse)
     for step in range(40):
         batch = batch_at(step, nan_at=30)
         if step == 20:
@@ -193,8 +196,8 @@ def test_an_error_pins_the_last_good_state_from_before_it() -> None:
 
     model, opt = model_and_optimizer()
     cadence = RecoveryConfig(confirm_steps=0, ring_every=5, ring_budget=None)
-    anchor = ProofAnchor(model, opt, config(prove="on", recovery=cadence,
-                                            prove_budget_steps=20.0))
+    anchor = ProofAnchor(model, opt, config(recovery=cadence,
+                                            prove={"mode": "on", "budget_steps": 20.0}))
     anchor.start(0)
 
     def good_at(step: int) -> None:
@@ -251,7 +254,8 @@ def halted_run(tmp_path: Path, prove: str = "auto", **faults) -> Guard:
     depend on timings)."""
     model, opt = model_and_optimizer()
     guard = Guard(model, opt, replay_fn=mse, config=config(
-        policy="halt", prove=prove, snapshot_dir=str(tmp_path), prove_budget_steps=1000.0))
+        policy="halt", prove={"mode": prove, "budget_steps": 1000.0},
+        checkpoints={"snapshot_dir": str(tmp_path)}))
     with pytest.raises(TrainingDiverged):
         jump_loop(guard, model, opt, 80, **faults)
     return guard
@@ -302,9 +306,10 @@ def test_the_state_before_a_jump_is_kept_for_the_budgets_span_in_one_copy() -> N
 
     def run(prove: str) -> list[int]:
         model, opt = model_and_optimizer(lr=1e-3)
-        guard = Guard(model, opt, replay_fn=mse, config=config(policy="halt", prove=prove))
+        guard = Guard(model, opt, replay_fn=mse, config=config(policy="halt",
+                                                               prove={"mode": prove}))
         anchor = guard.run.state.anchor
-        assert guard.config.prove_budget_steps == 20
+        assert guard.config.prove.budget_steps == 20
         transfers = [transfer_count()]
 
         def watch(step: int) -> None:
@@ -338,7 +343,8 @@ def test_a_rise_below_a_jump_keeps_nothing_and_a_jump_changes_nothing_in_the_run
     and leaves the run as it was without a copy: the same weights and events."""
     def run(factor: float, prove: str) -> tuple[Guard, nn.Module]:
         model, opt = model_and_optimizer(lr=1e-3)
-        guard = Guard(model, opt, replay_fn=mse, config=config(policy="protect", prove=prove))
+        guard = Guard(model, opt, replay_fn=mse, config=config(policy="protect",
+                                                               prove={"mode": prove}))
         anchor = guard.run.state.anchor
 
         def nothing_kept(step: int) -> None:
@@ -383,7 +389,7 @@ def test_a_spike_the_loop_took_back_is_not_replayed_from_before_it(tmp_path: Pat
     """Steps 40-42 at LR 0.3, then 1e-3 again: the divergence that halts at step 55 runs at the
     usual LR, and the step replayed from before the spike at that LR shows nothing of it; the
     copy is kept (15 steps, within the budget's span) but not replayed from."""
-    guard, _ = lr_spike_run("halt", "auto", snapshot_dir=str(tmp_path))
+    guard, _ = lr_spike_run("halt", "auto", checkpoints={"snapshot_dir": str(tmp_path)})
     anchor = guard.run.state.anchor
     assert guard.run.halted and anchor is not None
     assert anchor.before_jump is not None and anchor.before_jump.step == 40

@@ -70,7 +70,7 @@ def test_token_ids_beyond_the_embedding_table() -> None:
     labels = ids.clone()
     labels[:, :3] = -100  # ignored positions are no foreign ids
     assert inspect_batch({"input_ids": ids, "labels": labels}, model=setup.model) == []
-    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False}))
     with pytest.raises(BatchError, match=r"ids from \d+ to 40, outside the embedding table"):
         guard.check_batch({"input_ids": foreign})
     assert guard.check_batch({"input_ids": ids}) == []
@@ -139,7 +139,7 @@ def test_a_plain_loop_whose_labels_are_all_ignored_ranks_empty_loss_first(shape:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     generator = torch.Generator().manual_seed(0)
     for step in range(40):
         x = torch.randn(16, 8, generator=generator)
@@ -180,7 +180,8 @@ def step(guard: Guard, model: nn.Module, x: torch.Tensor):
 def test_the_guard_reports_batch_faults_as_events() -> None:
     model = Tiny()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       probes={"preflight": False}))
     report = step(guard, model, images(255.0))
     assert [e.kind for e in report.events] == ["batch_image_range"], "first batch inspected"
     assert report.events[0].details["cause"] == "input_scale"
@@ -216,7 +217,7 @@ def test_the_first_loss_above_chance_is_a_finding_not_an_event() -> None:
             setup.model.loss(setup.batch()).backward()
             setup.optimizer.step()
             setup.optimizer.zero_grad(set_to_none=True)
-        guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
+        guard = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False}))
         # the fine-tune's data were encoded with another vocabulary: the ids mean something else
         wrong = torch.randperm(32, generator=torch.Generator().manual_seed(1))
         batch = wrong[setup.batch()]

@@ -102,8 +102,9 @@ def test_the_guard_follows_a_bad_shard_in_the_step_transfer_and_names_it() -> No
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False,
-                                                       sample_every=10))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       probes={"preflight": False,
+                                                               "sample_every": 10}))
     transfers = {}
     for step in range(60):
         x = torch.randn(16, 4, generator=torch.Generator().manual_seed(step))

@@ -55,12 +55,13 @@ def train(guard: Guard, model: nn.Module, optimizer: torch.optim.Optimizer, step
 
 
 def config(**kw) -> GuardConfig:
-    return GuardConfig(console=False, preflight=False, **kw)
+    return GuardConfig(sinks={"console": False}, probes={"preflight": False}, **kw)
 
 
 def test_halt_proves_the_step_before_its_crash_snapshot(tmp_path: Path) -> None:
     model, opt = model_and_optimizer()
-    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+    guard = Guard(model, opt, config=config(policy="halt",
+                                            checkpoints={"snapshot_dir": str(tmp_path)}),
                   replay_fn=mse)
     with pytest.raises(TrainingDiverged) as raised:
         train(guard, model, opt, 40, nan_at=30)
@@ -78,7 +79,8 @@ def test_halt_proves_the_step_before_its_crash_snapshot(tmp_path: Path) -> None:
 def test_a_step_given_without_its_batch_is_not_proved_and_the_user_is_told_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model, opt = model_and_optimizer()
-    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+    guard = Guard(model, opt, config=config(policy="halt",
+                                            checkpoints={"snapshot_dir": str(tmp_path)}),
                   replay_fn=mse)
     with pytest.raises(TrainingDiverged), caplog.at_level("WARNING", logger="trainguard"):
         for step in range(40):
@@ -111,7 +113,8 @@ def test_a_transient_fault_is_reported_not_reproducible(tmp_path: Path) -> None:
     model, opt = model_and_optimizer(dropout=0.0)
     flaky = Flaky()
     model.insert(1, flaky)
-    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+    guard = Guard(model, opt, config=config(policy="halt",
+                                            checkpoints={"snapshot_dir": str(tmp_path)}),
                   replay_fn=mse)
     with pytest.raises(TrainingDiverged):
         for step in range(40):
@@ -128,7 +131,7 @@ def test_a_transient_fault_is_reported_not_reproducible(tmp_path: Path) -> None:
 
 def final_state(prove: str) -> tuple[list[torch.Tensor], torch.Tensor, list[trainguard.Event]]:
     model, opt = model_and_optimizer(dropout=0.3)
-    guard = Guard(model, opt, config=config(policy="protect", prove=prove), replay_fn=mse)
+    guard = Guard(model, opt, config=config(policy="protect", prove={"mode": prove}), replay_fn=mse)
     train(guard, model, opt, 60, nan_at=30)
     guard.close()
     return ([p.detach().clone() for p in model.parameters()], torch.get_rng_state(),
@@ -147,7 +150,7 @@ def test_a_proved_run_goes_on_exactly_as_an_unproved_one() -> None:
 
 def test_healthy_steps_never_prove_and_guard_prove_finds_nothing_to_heal() -> None:
     model, opt = model_and_optimizer()
-    guard = Guard(model, opt, config=config(policy="protect", prove="on"), replay_fn=mse)
+    guard = Guard(model, opt, config=config(policy="protect", prove={"mode": "on"}), replay_fn=mse)
     train(guard, model, opt, 40)
     assert guard.run.prover.attempts == 0 and not any(e.kind == "proof" for e in guard.events)
     proof = guard.prove(batch_at(40))
@@ -211,7 +214,8 @@ def test_a_float16_run_that_overflows_is_proved_then_halted_with_the_bf16_advice
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scaler = torch.amp.GradScaler("cpu")
     guard = Guard(model, opt, scaler=scaler,
-                  config=config(policy="recover", snapshot_dir=str(tmp_path)), replay_fn=mse)
+                  config=config(policy="recover", checkpoints={"snapshot_dir": str(tmp_path)}),
+                  replay_fn=mse)
     with pytest.raises(TrainingDiverged):
         for step in range(40):
             batch = batch_at(step)
@@ -258,8 +262,9 @@ def lr_spike_run(prove: str, budget: float = 1000.0,
     model, opt = model_and_optimizer(dropout=0.2, lr=1e-3)
     # a fixed ring cadence and an ample budget: what is proved must not depend on timings
     recovery = RecoveryConfig(ring_every=10, ring_budget=None, jump_steps=0)
-    guard = Guard(model, opt, config=config(policy="recover", prove=prove, recovery=recovery,
-                                            prove_budget_steps=budget), replay_fn=loss_fn)
+    guard = Guard(model, opt, config=config(policy="recover", recovery=recovery,
+                                            prove={"mode": prove, "budget_steps": budget}),
+                                            replay_fn=loss_fn)
     spike_loop(guard, model, opt, loss_fn, 80)
     return guard, model
 
@@ -372,7 +377,8 @@ def test_a_window_starts_first_from_the_newest_good_state_before_the_loss_left_i
     prover.window[5] = WindowStep(35, None, (1e-3,), loss=2.0)  # the loss left its level at 35
     starts = prover._starts(ring, states[0], 54, Baseline(0.3, 1.0))  # type: ignore[arg-type]
     assert [(s.step, rules_out) for s, rules_out in starts] == [(30, True)]
-    assert prover._starts(ring, states[0], 54, Baseline()) == [(states[0], True)]  # type: ignore[arg-type]
+    assert prover._starts(ring, states[0], 54, Baseline()) == [(states[0],
+                                                                True)]  # type: ignore[arg-type]
 
 
 def scaled_outside_loop(guard: Guard, model: nn.Module, opt: torch.optim.Optimizer, loss_fn,
@@ -414,8 +420,10 @@ def test_a_loss_scaled_outside_the_replay_is_said_so_and_confirms_nothing(tmp_pa
         return m(**batch).loss
 
     # an ample budget: what is proved must not depend on the machine's speed
-    guard = Guard(model, opt, config=config(policy="halt", prove="on", prove_budget_steps=1000,
-                                            snapshot_dir=str(tmp_path)), replay_fn=lm_loss)
+    guard = Guard(model, opt, config=config(policy="halt",
+                                            prove={"mode": "on", "budget_steps": 1000},
+                                            checkpoints={"snapshot_dir": str(tmp_path)}),
+                  replay_fn=lm_loss)
     scaled_outside_loop(guard, model, opt, lm_loss, batches, 30, loss_scale=1e6)
     proofs = [e for e in guard.events if e.kind == "proof"]
     assert [p.step for p in proofs] == [30]  # no replay from a good state: none can show it
@@ -435,8 +443,10 @@ def test_a_window_whose_bad_step_the_replay_does_not_compute_is_replayed_as_it_h
     for the window replayed from a good state. Replayed, the window is healthy: no fix is
     confirmed by healing what was never broken in the replay."""
     model, opt = model_and_optimizer()
-    guard = Guard(model, opt, config=config(policy="halt", prove="on", prove_budget_steps=1000,
-                                            snapshot_dir=str(tmp_path)), replay_fn=mse)
+    guard = Guard(model, opt, config=config(policy="halt",
+                                            prove={"mode": "on", "budget_steps": 1000},
+                                            checkpoints={"snapshot_dir": str(tmp_path)}),
+                  replay_fn=mse)
     scaled_outside_loop(guard, model, opt, mse, [batch_at(s) for s in range(60)], 40,
                         grad_scale=1e6)
     proofs = guard.run.prover.proofs
@@ -452,7 +462,8 @@ def test_the_in_run_proof_names_the_fixes_of_the_update_it_could_not_try(tmp_pat
     damage is step 30's update). Its proof could not try the LR fixes from that state and says
     so, with what would let it: prove="on", which keeps good states from before the damage."""
     model, opt = model_and_optimizer()
-    guard = Guard(model, opt, config=config(policy="halt", snapshot_dir=str(tmp_path)),
+    guard = Guard(model, opt, config=config(policy="halt",
+                                            checkpoints={"snapshot_dir": str(tmp_path)}),
                   replay_fn=mse)
     with pytest.raises(TrainingDiverged):
         train(guard, model, opt, 60, lr_jump=(30, 1000))

@@ -79,7 +79,8 @@ def test_a_first_loss_summed_over_the_tokens_is_a_note_on_its_reduction() -> Non
     with torch_threads(1):
         model, tokens = _model_and_batch()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(console=False))
+        guard = trainguard.Guard(model, optimizer,
+                                 config=trainguard.GuardConfig(sinks={"console": False}))
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, 32), tokens[:, 1:].reshape(-1),
                                reduction="sum")

@@ -30,7 +30,8 @@ def test_a_small_model_from_scratch_is_advised_the_range_the_preflight_allows() 
         model = _tiny_lm()
         language = MarkovLanguage(vocab_size=64, seed=0)
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-        guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(console=False),
+        guard = trainguard.Guard(model, optimizer,
+                                 config=trainguard.GuardConfig(sinks={"console": False}),
                                  sinks=[ConsoleSink(out)])
         for step in range(45):
             if step == 30:

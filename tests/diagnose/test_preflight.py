@@ -265,7 +265,7 @@ def test_no_clipping_is_noted_when_known() -> None:
 def test_the_guard_runs_the_audit_and_stores_it(tmp_path, capsys) -> None:
     setup = make_setup(lr=1.0, warmup=0)
     guard = trainguard.Guard(setup.model, setup.optimizer, run_dir=tmp_path,
-                             config=GuardConfig(console=True))
+                             config=GuardConfig(sinks={"console": True}))
     for _ in range(3):  # "no warmup" waits for the LRs the first steps use
         loss = setup.model.loss(setup.batch())
         loss.backward()
@@ -277,7 +277,8 @@ def test_the_guard_runs_the_audit_and_stores_it(tmp_path, capsys) -> None:
     stored = trainguard.RunReader(tmp_path).meta()["preflight"]
     assert [f["check"] for f in stored] == [f.check for f in guard.findings]
     quiet = trainguard.Guard(setup.model, setup.optimizer,
-                             config=GuardConfig(console=False, preflight=False))
+                             config=GuardConfig(sinks={"console": False},
+                                                probes={"preflight": False}))
     assert quiet.findings == []
 
 

@@ -132,7 +132,7 @@ def test_the_guard_diagnoses_stores_and_raises_with_the_diagnosis(tmp_path, sour
     setup = make_setup()
     policy = "halt" if source == "error" else "protect"
     guard = trainguard.Guard(setup.model, setup.optimizer, run_dir=tmp_path,
-                             config=trainguard.GuardConfig(console=False, policy=policy))
+                             config=trainguard.GuardConfig(policy=policy, sinks={"console": False}))
     train(guard, setup, 3)
     batch = {"tokens": setup.batch().float()}
     batch["tokens"][0, 0] = float("nan")
@@ -153,7 +153,7 @@ def test_the_guard_diagnoses_stores_and_raises_with_the_diagnosis(tmp_path, sour
 def test_events_carry_their_likely_causes() -> None:
     setup = make_setup()
     guard = trainguard.Guard(setup.model, setup.optimizer,
-                             config=trainguard.GuardConfig(console=False))
+                             config=trainguard.GuardConfig(sinks={"console": False}))
     train(guard, setup, 3)
     loss = setup.model.loss(setup.batch()) * float("nan")
     loss.backward()
@@ -291,7 +291,7 @@ def test_one_unnormalised_image_batch_is_diagnosed_as_input_scale(sample_every: 
     model = SmallCNN()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(
-        console=False, sample_every=sample_every))
+        sinks={"console": False}, probes={"sample_every": sample_every}))
     with torch_threads(1):
         for step in range(60):
             generator = torch.Generator().manual_seed(step)
@@ -457,7 +457,7 @@ def test_the_evidence_names_what_went_non_finite() -> None:
 def test_a_nan_eval_metric_of_a_live_run_is_named_not_the_loss() -> None:
     setup = make_setup()
     guard = trainguard.Guard(setup.model, setup.optimizer, config=trainguard.GuardConfig(
-        console=False))
+        sinks={"console": False}))
     train(guard, setup, 20)
     [nan_eval] = guard.observe_eval({"eval_loss": float("nan"), "eval_accuracy": 0.5})
     assert nan_eval.message == "eval metric eval_loss is nan"
@@ -584,7 +584,8 @@ def _language_model_whose_loop_scales_its_loss(tmp_path, factor: float, at: int)
                                            n_positions=32, bos_token_id=0, eos_token_id=0))
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         guard = trainguard.Guard(model, optimizer, run_dir=tmp_path,
-                                 config=trainguard.GuardConfig(console=False, policy="halt"))
+                                 config=trainguard.GuardConfig(policy="halt",
+                                                               sinks={"console": False}))
         with pytest.raises(trainguard.TrainingDiverged):
             for step in range(at + 1):
                 ids = language.batch(8, 17)

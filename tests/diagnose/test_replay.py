@@ -129,7 +129,8 @@ def test_corrupt_or_foreign_snapshots_get_a_clear_error(tmp_path) -> None:
 def test_the_guard_replays_a_bad_step_and_attaches_the_answer() -> None:
     setup = make_setup()
     guard = trainguard.Guard(setup.model, setup.optimizer,
-                             config=trainguard.GuardConfig(console=False), replay_fn=lm_loss)
+                             config=trainguard.GuardConfig(sinks={"console": False}),
+                             replay_fn=lm_loss)
     for _ in range(3):
         batch = setup.batch()
         lm_loss(setup.model, batch).backward()

@@ -40,7 +40,7 @@ def run_loop(guard: Guard, setup, steps: int, lr_at=None) -> None:
 def test_a_loop_that_warms_the_lr_up_itself_gets_no_warmup_finding(tmp_path, lr_at) -> None:
     setup = make_setup(lr=5e-2, warmup=0)  # built at its peak, no scheduler
     guard = Guard(setup.model, setup.optimizer, run_dir=tmp_path,
-                  config=GuardConfig(console=False))
+                  config=GuardConfig(sinks={"console": False}))
     run_loop(guard, setup, 15, lr_at)
     guard.close()
     assert warmup_findings(guard) == []
@@ -51,7 +51,7 @@ def test_a_loop_that_warms_the_lr_up_itself_gets_no_warmup_finding(tmp_path, lr_
 def test_a_constant_lr_gets_the_finding_once_its_first_steps_show_it(tmp_path, capsys) -> None:
     setup = make_setup(lr=5e-2, warmup=0)
     guard = Guard(setup.model, setup.optimizer, run_dir=tmp_path,
-                  config=GuardConfig(console=True))
+                  config=GuardConfig(sinks={"console": True}))
     assert warmup_findings(guard) == [], "not known before the run has stepped"
     run_loop(guard, setup, watch_steps(None) - 1)
     assert warmup_findings(guard) == []
@@ -68,7 +68,7 @@ def test_a_constant_lr_gets_the_finding_once_its_first_steps_show_it(tmp_path, c
 
 def test_the_lr_the_loop_writes_is_judged_not_the_one_it_was_built_with() -> None:
     setup = make_setup(lr=1e-5, warmup=0)  # a note at this LR...
-    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False}))
     run_loop(guard, setup, watch_steps(None), lambda step: 5e-2)  # ...but the run uses 5e-2
     [finding] = warmup_findings(guard)
     assert finding.severity == "warning" and finding.evidence["lr_head"][0] == 5e-2
@@ -78,14 +78,15 @@ def test_the_lr_the_loop_writes_is_judged_not_the_one_it_was_built_with() -> Non
 def test_a_schedule_without_warmup_is_confirmed_and_one_with_it_is_not_watched() -> None:
     setup = make_setup(lr=5e-2, warmup=0)
     decay = torch.optim.lr_scheduler.CosineAnnealingLR(setup.optimizer, T_max=1000)
-    guard = Guard(setup.model, setup.optimizer, decay, config=GuardConfig(console=False))
+    guard = Guard(setup.model, setup.optimizer, decay, config=GuardConfig(sinks={"console": False}))
     for _ in range(watch_steps(1000)):
         run_loop(guard, setup, 1)
         decay.step()
     assert [f.cause for f in warmup_findings(guard)] == ["missing_warmup"]
     guard.close()
     warm = make_setup(lr=5e-2, warmup=20)
-    guard = Guard(warm.model, warm.optimizer, warm.scheduler, config=GuardConfig(console=False))
+    guard = Guard(warm.model, warm.optimizer, warm.scheduler,
+                  config=GuardConfig(sinks={"console": False}))
     assert guard.run.services.journal.warmup_watch is None, \
         "the probed schedule warms up: nothing to watch"
     guard.close()
@@ -93,12 +94,12 @@ def test_a_schedule_without_warmup_is_confirmed_and_one_with_it_is_not_watched()
 
 def test_a_run_shorter_than_the_watch_is_judged_on_what_it_used() -> None:
     setup = make_setup(lr=5e-2, warmup=0)
-    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False}))
     run_loop(guard, setup, 3)
     guard.close()
     assert [f.evidence["observed_steps"] for f in warmup_findings(guard)] == [3]
     assert "missing_warmup" in [c.code for c in guard.diagnose()]
-    unstepped = Guard(setup.model, setup.optimizer, config=GuardConfig(console=False))
+    unstepped = Guard(setup.model, setup.optimizer, config=GuardConfig(sinks={"console": False}))
     unstepped.close()
     assert warmup_findings(unstepped) == [], "no step: nothing is known"
 

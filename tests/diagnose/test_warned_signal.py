@@ -119,7 +119,7 @@ def test_a_precursor_is_proved_once_first_and_never_stands_for_a_later_jump() ->
 
     model = nn.Linear(3, 2)
     guard = Guard(model, torch.optim.Adam(model.parameters()),
-                  config=GuardConfig(console=False, prove="on"),
+                  config=GuardConfig(sinks={"console": False}, prove={"mode": "on"}),
                   replay_fn=lambda m, b: m(b).sum())
     prover = guard.run.prover
 

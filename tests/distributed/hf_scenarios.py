@@ -27,7 +27,8 @@ def _trainer(rank: int, world: int, out: str, callbacks: list[Any], steps: int,
 
 def callback_on_rank0_only(rank: int, world: int, out: str, timeout_s: float) -> dict[str, Any]:
     """The usual pattern for loggers, `if rank == 0: callbacks.append(...)`, with trainguard."""
-    callbacks = ([TrainguardCallback(GuardConfig(console=False, rank_timeout_s=timeout_s))]
+    callbacks = ([TrainguardCallback(GuardConfig(sinks={"console": False},
+                                                 distributed={"rank_timeout_s": timeout_s}))]
                  if rank == 0 else [])
     trainer = _trainer(rank, world, out, callbacks, steps=4)
     started = time.monotonic()
@@ -39,7 +40,8 @@ def callback_on_rank0_only(rank: int, world: int, out: str, timeout_s: float) ->
 
 
 def callback_on_every_rank(rank: int, world: int, out: str, policy: str) -> dict[str, Any]:
-    callback = TrainguardCallback(GuardConfig(console=False, policy=policy))  # type: ignore[arg-type]
+    callback = TrainguardCallback(GuardConfig(policy=policy,
+                                              sinks={"console": False}))  # type: ignore[arg-type]
     trainer = _trainer(rank, world, out, [callback], steps=4)
     trainer.train()
     assert callback.run is not None
@@ -49,8 +51,9 @@ def callback_on_every_rank(rank: int, world: int, out: str, policy: str) -> dict
 
 def different_configs(rank: int, world: int, out: str) -> dict[str, Any]:
     policy = "protect" if rank == 0 else "recover"
-    callback = TrainguardCallback(GuardConfig(console=False, policy=policy,  # type: ignore[arg-type]
-                                              rank_timeout_s=20))
+    callback = TrainguardCallback(GuardConfig(policy=policy,  # type: ignore[arg-type]
+                                              sinks={"console": False},
+                                              distributed={"rank_timeout_s": 20}))
     trainer = _trainer(rank, world, out, [callback], steps=4)
     trainer.train()
     return {"finished": True}
@@ -59,7 +62,7 @@ def different_configs(rank: int, world: int, out: str) -> dict[str, Any]:
 def fsdp_asked_for(rank: int, world: int, out: str) -> dict[str, Any]:
     """`fsdp="full_shard"` in the arguments, on CPU ranks: what the Trainer really wraps
     decides whether the callback can guard it."""
-    callback = TrainguardCallback(GuardConfig(console=False))
+    callback = TrainguardCallback(GuardConfig(sinks={"console": False}))
     trainer = _trainer(rank, world, out, [callback], steps=3, fsdp="full_shard")
     try:
         trainer.train()
@@ -89,7 +92,7 @@ def nan_burst_under_recover(rank: int, world: int, out: str, burst: tuple[int, .
                             ) -> dict[str, Any]:
     """Rank 1's forward turns NaN on the optimizer steps in `burst`, under `recover` with its
     default good-state cadence."""
-    callback = TrainguardCallback(GuardConfig(console=False, policy="recover"))
+    callback = TrainguardCallback(GuardConfig(policy="recover", sinks={"console": False}))
     trainer = _trainer(rank, world, out, [callback], steps=40)
     calls = {"n": 0}
 

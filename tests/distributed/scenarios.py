@@ -51,7 +51,7 @@ def ddp_nonfinite_on_one_rank(rank: int, world: int, run_dir: str) -> dict[str, 
     """Rank 1 alone meets a non-finite loss at steps 4, 7 and 9 (each of a different kind)."""
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False), run_dir=run_dir)
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}), run_dir=run_dir)
     actions, losses, events, transfers, messages = [], [], [], [], []
     for step in range(12):
         x, y = regression_batch(rank, step)
@@ -90,8 +90,9 @@ def ddp_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
 
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync,  # type: ignore[arg-type]
-                                                       max_grad_norm=0.5))
+    guard = Guard(model, optimizer, config=GuardConfig(sync=sync,  # type: ignore[arg-type]
+                                                       sinks={"console": False},
+                                                       clip={"max_grad_norm": 0.5}))
     reports, blocking = [], []
     for step in range(12):
         x, y = regression_batch(rank, step)
@@ -128,8 +129,9 @@ def fsdp2_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
     fully_shard(model[2])
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync=sync,  # type: ignore[arg-type]
-                                                       max_grad_norm=0.3))
+    guard = Guard(model, optimizer, config=GuardConfig(sync=sync,  # type: ignore[arg-type]
+                                                       sinks={"console": False},
+                                                       clip={"max_grad_norm": 0.3}))
     reports = []
     for step in range(8):
         gen = torch.Generator().manual_seed(10 * step + rank)
@@ -153,7 +155,7 @@ def ddp_deferred_on_one_rank_only(rank: int, world: int) -> dict[str, Any]:
     """Rank 1's optimizer cannot skip on the device: every rank then runs blocking."""
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=rank == 0)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, sync="deferred"))
+    guard = Guard(model, optimizer, config=GuardConfig(sync="deferred", sinks={"console": False}))
     actions = []
     for step in range(4):
         x, y = regression_batch(rank, step)
@@ -171,7 +173,7 @@ def ddp_nan_batch_on_one_rank(rank: int, world: int, batch_from: int | None = 6,
     at step `loss_from`. Every rank hands its batch to the Guard."""
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     messages = []
     for step in range(12):
         x, y = regression_batch(rank, step)
@@ -199,8 +201,8 @@ def ddp_spike_on_one_rank(rank: int, world: int, spike_step: int, snapshot_dir: 
     """
     model = DistributedDataParallel(mlp(seed=1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
-    config = GuardConfig(console=False, policy="halt", max_grad_norm=None,
-                         snapshot_dir=f"{snapshot_dir}/rank{rank}")
+    config = GuardConfig(policy="halt", sinks={"console": False}, clip={"max_grad_norm": None},
+                         checkpoints={"snapshot_dir": f"{snapshot_dir}/rank{rank}"})
     guard = Guard(model, optimizer, config=config)
     own_losses, losses, actions = [], [], []
     halt: dict[str, Any] | None = None
@@ -244,8 +246,9 @@ def fsdp2_global_norm(rank: int, world: int, run_dir: str, max_grad_norm: float)
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, max_grad_norm=max_grad_norm,
-                                                       sample_every=2),
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       clip={"max_grad_norm": max_grad_norm},
+                                                       probes={"sample_every": 2}),
                   run_dir=run_dir)
     norms, ref_norms, ref_param_norms, losses, ref_losses, actions = [], [], [], [], [], []
     ref_maxabs, ref_weight_norms = [], []
@@ -288,8 +291,9 @@ def ddp_desync(rank: int, world: int, run_dir: str, param: str) -> dict[str, Any
     `observe`, so that the run goes on and the check reports the drift once."""
     model = DistributedDataParallel(mlp(seed=2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = Guard(model, optimizer, config=GuardConfig(policy="observe", console=False,
-                                                       desync_every=4), run_dir=run_dir)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="observe", sinks={"console": False},
+                                                       distributed={"desync_every": 4}),
+                                                       run_dir=run_dir)
     for step in range(13):
         x, y = regression_batch(rank, step)
         loss = F.mse_loss(model(x), y)
@@ -316,7 +320,7 @@ def agreement_paths(rank: int, world: int) -> dict[str, Any]:
 
     model = mlp(seed=3)
     run = Run(model, torch.optim.SGD(model.parameters(), lr=0.1),
-              config=GuardConfig(console=False))
+              config=GuardConfig(sinks={"console": False}))
     assert run.ranks is not None
     x, y = regression_batch(rank, 0)
     loss = F.mse_loss(model(x), y)
@@ -348,9 +352,9 @@ def ddp_recover_on_one_rank(rank: int, world: int) -> dict[str, Any]:
 
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    config = GuardConfig(policy="recover", console=False, sample_every=5,
-                         recovery=RecoveryConfig(ring_every=5, confirm_steps=2,
-                                                 rollback_after_skips=3))
+    config = GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=5, confirm_steps=2,
+                                                 rollback_after_skips=3), sinks={"console": False},
+                                                 probes={"sample_every": 5})
     guard = Guard(model, optimizer, config=config)
     actions, events, batch_events = [], [], []
     for step in range(40):
@@ -383,10 +387,11 @@ def ddp_recover_deferred(rank: int, world: int, sync: str) -> dict[str, Any]:
 
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    config = GuardConfig(policy="recover", console=False, sample_every=5, sync=sync,  # type: ignore[arg-type]
-                         max_grad_norm=0.5,
+    config = GuardConfig(policy="recover", sync=sync,  # type: ignore[arg-type]
                          recovery=RecoveryConfig(ring_every=5, confirm_steps=2, ring_budget=None,
-                                                 rollback_after_skips=3))
+                                                 rollback_after_skips=3), sinks={"console": False},
+                                                 probes={"sample_every": 5},
+                                                 clip={"max_grad_norm": 0.5})
     guard = Guard(model, optimizer, config=config)
     reports, weights, blocking = [], [], []
     for step in range(40):
@@ -427,9 +432,9 @@ def ddp_desync_under_policy(rank: int, world: int, policy: str, nudge_after: int
     model = DistributedDataParallel(mlp(seed=2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     every = {} if desync_every is None else {"desync_every": desync_every}
-    config = GuardConfig(policy=policy, console=False,  # type: ignore[arg-type]
-                         recovery=RecoveryConfig(ring_every=4, confirm_steps=1),
-                         snapshot_dir=snapshot_dir, **every)
+    config = GuardConfig(policy=policy, recovery=RecoveryConfig(ring_every=4, confirm_steps=1),
+                         sinks={"console": False}, checkpoints={"snapshot_dir": snapshot_dir},
+                         **every)
     guard = Guard(model, optimizer, config=config)
     actions: list[str] = []
     halted_at = None
@@ -460,7 +465,8 @@ def peer_killed(rank: int, world: int, run_dir: str, kill_at: int, timeout_s: fl
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     guard = Guard(model, optimizer, run_dir=run_dir,
-                  config=GuardConfig(console=False, collective_timeout_s=timeout_s))
+                  config=GuardConfig(sinks={"console": False},
+                                     distributed={"collective_timeout_s": timeout_s}))
     store = dist.distributed_c10d._get_default_store()
     step, deadline = 0, time.monotonic() + 60  # unguarded, rank 0 would train on for ever
     try:

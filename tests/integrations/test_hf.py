@@ -24,7 +24,7 @@ from trainguard.events import ActionRecord, StepReport
 from trainguard.hf import TrainguardCallback
 from trainguard.sinks import Sink
 
-QUIET = {"console": False}
+QUIET = {"sinks": {"console": False}}
 
 
 class Recorder(Sink):
@@ -160,13 +160,14 @@ def test_clipping_is_taken_over_at_the_trainer_limit(tmp_path: Path) -> None:
 
     model = tiny_gpt2()
     recorder = Recorder()
-    callback = TrainguardCallback(GuardConfig(max_grad_norm=3.0, **QUIET), sinks=[recorder])
+    callback = TrainguardCallback(GuardConfig(clip={"max_grad_norm": 3.0}, **QUIET),
+                                  sinks=[recorder])
     args = make_args(tmp_path, max_grad_norm=0.5, max_steps=6)
     trainer = Trainer(model=model, args=args, train_dataset=token_data(), callbacks=[callback])
     trainer.train()
 
     assert args.max_grad_norm == 0.5
-    assert callback.run is not None and callback.run.config.max_grad_norm == 0.5
+    assert callback.run is not None and callback.run.config.clip.max_grad_norm == 0.5
     norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
     assert [r.grad_norm for r in recorder.reports] == pytest.approx(norms, rel=1e-5)
     assert all(r.grad_norm > 0.5 and r.action == "clipped" for r in recorder.reports)
@@ -208,10 +209,11 @@ def test_a_healthy_run_trains_exactly_as_the_trainer_alone(
 def test_the_config_limit_replaces_the_trainers_default_only_when_set(tmp_path: Path) -> None:
     """A number in the config replaces the Trainer's default 1.0 (not chosen there)."""
     recorder = Recorder()
-    callback = TrainguardCallback(GuardConfig(max_grad_norm=4.0, **QUIET), sinks=[recorder])
+    callback = TrainguardCallback(GuardConfig(clip={"max_grad_norm": 4.0}, **QUIET),
+                                  sinks=[recorder])
     Trainer(model=tiny_gpt2(), args=make_args(tmp_path, max_steps=4),
             train_dataset=token_data(), callbacks=[callback]).train()
-    assert callback.run is not None and callback.run.config.max_grad_norm == 4.0
+    assert callback.run is not None and callback.run.config.clip.max_grad_norm == 4.0
     for report in recorder.reports:
         expected = 1.0 if report.grad_norm <= 4.0 else 4.0 / (report.grad_norm + 1e-6)
         assert report.clip_coef == pytest.approx(expected)
@@ -219,10 +221,11 @@ def test_the_config_limit_replaces_the_trainers_default_only_when_set(tmp_path: 
 
 def test_a_fixed_clip_at_the_trainers_default_when_the_config_asks(tmp_path: Path) -> None:
     recorder = Recorder()
-    callback = TrainguardCallback(GuardConfig(max_grad_norm=1.0, **QUIET), sinks=[recorder])
+    callback = TrainguardCallback(GuardConfig(clip={"max_grad_norm": 1.0}, **QUIET),
+                                  sinks=[recorder])
     Trainer(model=tiny_gpt2(), args=make_args(tmp_path, max_steps=4),
             train_dataset=token_data(), callbacks=[callback]).train()
-    assert callback.run is not None and callback.run.config.max_grad_norm == 1.0
+    assert callback.run is not None and callback.run.config.clip.max_grad_norm == 1.0
     assert all(r.action == "clipped" and r.clip_coef == pytest.approx(1 / (r.grad_norm + 1e-6))
                for r in recorder.reports)
 
@@ -232,11 +235,12 @@ def test_where_the_trainer_does_not_clip_the_config_applies(tmp_path: Path) -> N
     adaptive clip, which leaves healthy steps alone; None: no clipping at all)."""
     for clip in ("auto", None):
         recorder = Recorder()
-        callback = TrainguardCallback(GuardConfig(max_grad_norm=clip, **QUIET), sinks=[recorder])
+        callback = TrainguardCallback(GuardConfig(clip={"max_grad_norm": clip}, **QUIET),
+                                      sinks=[recorder])
         args = make_args(tmp_path, max_grad_norm=0.0, max_steps=3, learning_rate=1e-2)
         Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
                 callbacks=[callback]).train()
-        assert callback.run is not None and callback.run.config.max_grad_norm == clip
+        assert callback.run is not None and callback.run.config.clip.max_grad_norm == clip
         assert [r.action for r in recorder.reports] == ["applied"] * 3
         assert not [a for a in recorder.actions if a.kind == "clip_takeover"]
         assert args.max_grad_norm == 0.0
@@ -414,7 +418,7 @@ def test_a_second_train_call_keeps_the_baselines_and_gives_clipping_back(tmp_pat
     trainer.train()
 
     assert args.max_grad_norm == 0.7
-    assert callback.run is not None and callback.run.config.max_grad_norm == 0.7
+    assert callback.run is not None and callback.run.config.clip.max_grad_norm == 0.7
     assert [r.step for r in recorder.reports] == [0, 1, 2, 3, 4, 5]
     values = callback.state_dict()["detectors"]["loss_spike"]["baseline"]["values"]
     assert values[:3] == first["detectors"]["loss_spike"]["baseline"]["values"]

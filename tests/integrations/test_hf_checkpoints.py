@@ -100,7 +100,7 @@ def test_without_trainguard_only_nan_checkpoints_are_left(tmp_path: Path) -> Non
 def test_observe_keeps_the_last_healthy_checkpoint_and_marks_the_nan_ones(
         tmp_path: Path) -> None:
     actions = Actions()
-    callback = TrainguardCallback(GuardConfig(policy="observe", console=False),
+    callback = TrainguardCallback(GuardConfig(policy="observe", sinks={"console": False}),
                                   run_dir=tmp_path / "run", sinks=[actions])
     trainer = train(tmp_path, callback)
     statuses = {e.path.name: e.status for e in list_checkpoints(tmp_path)}
@@ -130,7 +130,7 @@ def test_observe_keeps_the_last_healthy_checkpoint_and_marks_the_nan_ones(
 
 
 def test_protect_poisons_no_checkpoint(tmp_path: Path) -> None:
-    callback = TrainguardCallback(GuardConfig(policy="protect", console=False))
+    callback = TrainguardCallback(GuardConfig(policy="protect", sinks={"console": False}))
     train(tmp_path, callback)
     entries = list_checkpoints(tmp_path)
     assert [e.path.name for e in entries] == ["checkpoint-50", "checkpoint-60"]
@@ -139,7 +139,8 @@ def test_protect_poisons_no_checkpoint(tmp_path: Path) -> None:
 
 
 def test_a_blocked_poisoned_checkpoint_is_never_the_trainers_last(tmp_path: Path) -> None:
-    config = GuardConfig(policy="observe", console=False, block_poisoned_checkpoints=True)
+    config = GuardConfig(policy="observe", sinks={"console": False},
+                         checkpoints={"block_poisoned": True})
     train(tmp_path, TrainguardCallback(config))
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
         "checkpoint-30", "checkpoint-60.poisoned"]
@@ -151,7 +152,7 @@ def test_a_blocked_poisoned_checkpoint_is_never_the_trainers_last(tmp_path: Path
 def test_a_resume_from_the_last_healthy_checkpoint_ends_as_the_healthy_run(
         tmp_path: Path) -> None:
     healthy = train(tmp_path / "healthy", None, bad=False)
-    first = TrainguardCallback(GuardConfig(policy="observe", console=False))
+    first = TrainguardCallback(GuardConfig(policy="observe", sinks={"console": False}))
     train(tmp_path / "broken", first)
     start = trainguard.last_healthy_checkpoint(tmp_path / "broken")
     assert start is not None and start.name == "checkpoint-30"
@@ -164,7 +165,8 @@ def test_a_resume_from_the_last_healthy_checkpoint_ends_as_the_healthy_run(
         os.utime(folder, (past, past))
 
     actions = Actions()
-    callback = TrainguardCallback(GuardConfig(policy="protect", console=False), sinks=[actions])
+    callback = TrainguardCallback(GuardConfig(policy="protect", sinks={"console": False}),
+                                  sinks=[actions])
     resumed = train(tmp_path / "broken", callback, resume=start)  # the bad data is still there
     # checkpoint-40 came inside the incident of steps 35-37: checkpoint-30 was kept meanwhile
     kept = [a.details["kept"] for a in actions.actions if a.kind == "checkpoint_kept"]

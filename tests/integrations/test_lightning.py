@@ -17,7 +17,7 @@ from trainguard.events import StepReport
 from trainguard.lightning import NAMESPACES, TrainguardCallback
 from trainguard.sinks import Sink
 
-QUIET = {"console": False}
+QUIET = {"sinks": {"console": False}}
 LR = 1e-2
 
 
@@ -148,7 +148,7 @@ def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path
     callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
     trainer = make_trainer(pl, tmp_path, callback, max_steps=4, gradient_clip_val=0.1)
     trainer.fit(regression_module(pl), loader())
-    assert callback.run is not None and callback.run.config.max_grad_norm == 0.1
+    assert callback.run is not None and callback.run.config.clip.max_grad_norm == 0.1
     assert all(r.grad_norm > 0.1 for r in recorder.reports)
     assert [r.action for r in recorder.reports] == ["clipped"] * 4
     assert [r.clip_coef for r in recorder.reports] == pytest.approx(
@@ -158,9 +158,10 @@ def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path
     # applies, which leaves healthy steps alone; max_grad_norm=None turns it off
     for clip in ("auto", None):
         recorder = Recorder()
-        callback = TrainguardCallback(GuardConfig(max_grad_norm=clip, **QUIET), sinks=[recorder])
+        callback = TrainguardCallback(GuardConfig(clip={"max_grad_norm": clip}, **QUIET),
+                                      sinks=[recorder])
         make_trainer(pl, tmp_path, callback, max_steps=4).fit(regression_module(pl), loader())
-        assert callback.run is not None and callback.run.config.max_grad_norm == clip
+        assert callback.run is not None and callback.run.config.clip.max_grad_norm == clip
         assert (callback.run.state.auto_clip is not None) == (clip == "auto")
         assert [r.action for r in recorder.reports] == ["applied"] * 4
 
@@ -210,7 +211,7 @@ def test_a_module_that_clips_in_its_own_hook_keeps_its_clipping(pl: ModuleType,
     callback = TrainguardCallback(GuardConfig(**QUIET))
     make_trainer(pl, tmp_path, callback, max_steps=3, gradient_clip_val=0.1).fit(module, loader())
     assert calls == [0.1] * 3
-    assert callback.run is not None and callback.run.config.max_grad_norm == "auto"
+    assert callback.run is not None and callback.run.config.clip.max_grad_norm == "auto"
 
 
 def test_state_round_trips_through_a_lightning_checkpoint(pl: ModuleType,
@@ -317,7 +318,8 @@ def test_validation_metrics_reach_trainguard_without_user_code(pl: ModuleType,
         module.log("val_loss", nn.functional.mse_loss(module.net(x), y))
 
     module.validation_step = validation_step  # type: ignore[method-assign]
-    callback = TrainguardCallback(GuardConfig(console=False, preflight=False),
+    callback = TrainguardCallback(GuardConfig(sinks={"console": False},
+                                              probes={"preflight": False}),
                                   run_dir=tmp_path / "run")
     trainer = make_trainer(pl, tmp_path, callback, val_check_interval=4,
                            num_sanity_val_steps=2)

@@ -108,7 +108,8 @@ def test_without_trainguard_only_nan_checkpoints_are_left(tmp_path: Path) -> Non
 def test_observe_keeps_the_last_healthy_checkpoint_and_marks_the_nan_ones(
         tmp_path: Path) -> None:
     actions = Actions()
-    callback = TrainguardCallback(GuardConfig(policy="observe", console=False), sinks=[actions])
+    callback = TrainguardCallback(GuardConfig(policy="observe", sinks={"console": False}),
+                                  sinks=[actions])
     fit(tmp_path, callback)
     statuses = {e.path.name: e.status for e in list_checkpoints(tmp_path)}
     assert statuses == {"epoch=0-step=30.ckpt": "healthy", "epoch=0-step=50.ckpt": "poisoned",
@@ -121,7 +122,7 @@ def test_observe_keeps_the_last_healthy_checkpoint_and_marks_the_nan_ones(
 
 
 def test_protect_poisons_no_checkpoint_and_older_ones_rotate_away(tmp_path: Path) -> None:
-    fit(tmp_path, TrainguardCallback(GuardConfig(policy="protect", console=False)))
+    fit(tmp_path, TrainguardCallback(GuardConfig(policy="protect", sinks={"console": False})))
     entries = list_checkpoints(tmp_path)
     assert [e.path.name for e in entries] == ["epoch=0-step=50.ckpt", "epoch=0-step=60.ckpt"]
     assert [e.status for e in entries] == ["healthy", "healthy"]
@@ -131,11 +132,11 @@ def test_protect_poisons_no_checkpoint_and_older_ones_rotate_away(tmp_path: Path
 def test_a_resume_from_the_last_healthy_checkpoint_ends_as_the_healthy_run(
         tmp_path: Path) -> None:
     healthy = fit(tmp_path / "healthy", None, bad=False)
-    first = TrainguardCallback(GuardConfig(policy="observe", console=False))
+    first = TrainguardCallback(GuardConfig(policy="observe", sinks={"console": False}))
     fit(tmp_path / "broken", first)
     start = trainguard.last_healthy_checkpoint(tmp_path / "broken")
     assert start is not None and start.name == "epoch=0-step=30.ckpt"
-    callback = TrainguardCallback(GuardConfig(policy="protect", console=False))
+    callback = TrainguardCallback(GuardConfig(policy="protect", sinks={"console": False}))
     resumed = fit(tmp_path / "resumed", callback, ckpt_path=start)  # the bad data is still there
     bad = sorted({e.step for e in callback.events if e.kind.startswith("nonfinite")})
     assert bad == list(BAD_STEPS)

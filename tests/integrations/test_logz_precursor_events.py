@@ -21,7 +21,7 @@ SHIFT = 0.5
 STEPS = SHIFT_FROM + 12
 LR = 1e-6
 """So small that the loss stays put: log Z growing while a model still learns does not warn."""
-CONFIG = {"policy": "observe", "console": False}
+CONFIG = {"policy": "observe", "sinks": {"console": False}}
 
 
 def logz_warnings(events: list[Event]) -> list[tuple[int, str | None]]:

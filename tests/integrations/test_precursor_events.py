@@ -23,7 +23,7 @@ STEPS = GROW_FROM + GROW_STEPS + 4
 LR = 1e-6
 """Small enough that the loss hardly moves (every batch is alike too): a rise while the loss
 still comes down is learning, not a precursor."""
-CONFIG = {"policy": "observe", "console": False}
+CONFIG = {"policy": "observe", "sinks": {"console": False}}
 """The default configuration: the precursor probe is on."""
 
 

@@ -21,7 +21,7 @@ from trainguard.transfer import blocking_transfer_count, transfer_count
 
 from ..conftest import make_setup
 
-QUIET = {"console": False}
+QUIET = {"sinks": {"console": False}}
 
 
 def test_the_stage_order_is_written_once() -> None:
@@ -67,9 +67,9 @@ class _Spy:
 
 @pytest.mark.parametrize("config", [
     GuardConfig(**QUIET),
-    GuardConfig(sample_all_steps=True, **QUIET),
+    GuardConfig(probes={"sample_all_steps": True}, **QUIET),
     GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=2, confirm_steps=1),
-                clip_rule=AdaptiveClip(warmup_steps=2), **QUIET),
+                clip={"rule": AdaptiveClip(warmup_steps=2)}, **QUIET),
 ], ids=["default", "all_probes", "recover_with_rule"])
 def test_the_stages_make_one_host_transfer_per_step(config: GuardConfig) -> None:
     setup = make_setup()
@@ -119,7 +119,7 @@ def test_a_step_is_decided_once() -> None:
 
 
 def test_the_runtime_state_round_trips_with_rule_and_recovery_state() -> None:
-    config = GuardConfig(policy="recover", clip_rule=AdaptiveClip(warmup_steps=3), **QUIET)
+    config = GuardConfig(policy="recover", clip={"rule": AdaptiveClip(warmup_steps=3)}, **QUIET)
     setup = make_setup(seed=1)
     guard = Guard(setup.model, setup.optimizer, config=config)
     for _ in range(12):
@@ -140,7 +140,7 @@ def test_the_runtime_state_round_trips_with_rule_and_recovery_state() -> None:
 
 def test_the_config_holds_no_state() -> None:
     """Two runs from one config share no rule statistics."""
-    config = GuardConfig(clip_rule=AdaptiveClip(warmup_steps=2), **QUIET)
+    config = GuardConfig(clip={"rule": AdaptiveClip(warmup_steps=2)}, **QUIET)
     first, second = make_setup(seed=0), make_setup(seed=0)
     a = Run(first.model, first.optimizer, config=config)
     b = Run(second.model, second.optimizer, config=config)

@@ -21,7 +21,7 @@ from trainguard.transfer import blocking_transfer_count, transfer_count
 
 from ..conftest import Actions, make_setup
 
-QUIET: dict[str, Any] = {"console": False}
+QUIET: dict[str, Any] = {"sinks": {"console": False}}
 
 
 def fused_adamw(params: Any) -> torch.optim.Optimizer:
@@ -86,10 +86,10 @@ def assert_same_training(one: Trained, other: Trained) -> None:
 
 
 @pytest.mark.parametrize("options", [
-    {"max_grad_norm": 0.5},
+    {"clip": {"max_grad_norm": 0.5}},
     {},  # the adaptive default clip
-    {"max_grad_norm": 0.5, "policy": "observe"},
-    {"max_grad_norm": None, "sample_every": 4},
+    {"clip": {"max_grad_norm": 0.5}, "policy": "observe"},
+    {"clip": {"max_grad_norm": None}, "probes": {"sample_every": 4}},
 ], ids=["fixed_clip", "auto_clip", "observe", "no_clip_sampled"])
 def test_deferred_trains_exactly_as_blocking(options: dict[str, Any]) -> None:
     bad = () if options.get("policy") == "observe" else (5, 6)
@@ -99,7 +99,7 @@ def test_deferred_trains_exactly_as_blocking(options: dict[str, Any]) -> None:
     # every step's report comes one call later; the last one is heard by the sinks at close
     assert [outcome(r) for r in deferred.reports] == [outcome(r) for r in blocking.reports[:-1]]
     # the step after an event is sampled, once the event is known: one step later
-    every = options.get("sample_every", 50)
+    every = options.get("probes", {}).get("sample_every", 50)
     after_event = {b + 1 for b in bad}
     assert {r.step for r in blocking.reports if r.sampled} == \
         {s for s in range(14) if s % every == 0} | after_event
@@ -111,7 +111,7 @@ def test_deferred_trains_exactly_as_blocking(options: dict[str, Any]) -> None:
     assert [(e.kind, e.step) for e in deferred.guard.events] == \
         [(e.kind, e.step) for e in blocking.guard.events]
     assert_same_training(blocking, deferred)
-    if options.get("max_grad_norm") == 0.5:
+    if options.get("clip", {}).get("max_grad_norm") == 0.5:
         assert any(r.action == "clipped" for r in deferred.reports)
     if bad:
         assert [r.action for r in deferred.reports if r.step in bad] == ["skipped"] * len(bad)
@@ -138,7 +138,7 @@ def test_deferred_events_carry_the_step_they_happened_at() -> None:
 
 
 def test_a_deferred_halt_comes_at_the_next_step_with_the_same_events() -> None:
-    config = {"policy": "halt", "max_grad_norm": 0.5, **QUIET}
+    config = {"policy": "halt", "clip": {"max_grad_norm": 0.5}, **QUIET}
     with pytest.raises(TrainingDiverged) as blocking_halt:
         train(GuardConfig(**config), bad=(5,))
     with pytest.raises(TrainingDiverged) as deferred_halt:
@@ -158,7 +158,7 @@ def test_a_deferred_halt_leaves_the_weights_of_the_blocking_halt(tmp_path: Any) 
         setup = make_setup()
         optimizer = fused_adamw(setup.model.parameters())
         guard = Guard(setup.model, optimizer, config=GuardConfig(
-            policy="halt", sync=sync, snapshot_dir=str(tmp_path / sync), **QUIET))
+            policy="halt", sync=sync, checkpoints={"snapshot_dir": str(tmp_path / sync)}, **QUIET))
         with pytest.raises(TrainingDiverged) as halt:
             for step in range(9):
                 loss = setup.model.loss(setup.batch())
@@ -194,7 +194,7 @@ def test_the_state_dict_judges_the_last_step_first() -> None:
     (lambda p: torch.optim.AdamW(p, lr=1e-3), {}, "cannot skip a step on the device"),
     (lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, fused=True), {},
      "cannot skip a step on the device"),
-    (fused_adamw, {"clip_rule": {"type": "adaptive"}}, "clip_rule and agc"),
+    (fused_adamw, {"clip": {"rule": {"type": "adaptive"}}}, "clip.rule and clip.agc"),
 ])
 def test_deferred_falls_back_to_blocking_and_says_why_once(
         make: Any, options: dict[str, Any], reason: str,
@@ -271,7 +271,7 @@ def test_deferred_with_a_grad_scaler_trains_as_blocking(policy: str) -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1 / (1 + k))
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
         guard = Guard(setup.model, optimizer, scheduler, scaler, config=GuardConfig(
-            policy=policy, sync=sync, max_grad_norm=0.5, **QUIET))  # type: ignore[arg-type]
+            policy=policy, sync=sync, clip={"max_grad_norm": 0.5}, **QUIET))  # type: ignore[arg-type]
         reports, scales = [], []
         for step in range(10):
             with torch.autocast("cpu", dtype=torch.float16):
@@ -317,7 +317,8 @@ def test_a_trainer_that_takes_the_optimizer_step_runs_blocking(
 def test_a_deferred_run_resumed_from_a_checkpoint_decides_as_the_uninterrupted_one() -> None:
     """The checkpoint's `guard.state_dict()` judges the last step first, so the resumed run
     starts from the same state as the run that went on (NaN steps on both sides of it)."""
-    config = GuardConfig(sync="deferred", max_grad_norm=0.5, sample_every=4, **QUIET)
+    config = GuardConfig(sync="deferred", clip={"max_grad_norm": 0.5}, probes={"sample_every": 4},
+                         **QUIET)
     bad = (3, 13)
 
     def run(steps: range, setup: Any, optimizer: torch.optim.Optimizer, guard: Guard,

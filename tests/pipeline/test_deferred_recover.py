@@ -23,8 +23,8 @@ RING = RecoveryConfig(ring_every=4, confirm_steps=2, ring_budget=None)
 
 
 def recover(sync: str, **options: Any) -> GuardConfig:
-    return GuardConfig(policy="recover", sync=sync, console=False,  # type: ignore[arg-type]
-                       max_grad_norm=0.5, recovery=RING, **options)
+    return GuardConfig(policy="recover", sync=sync, recovery=RING, sinks={"console": False},
+                       clip={"max_grad_norm": 0.5}, **options)
 
 
 @dataclass

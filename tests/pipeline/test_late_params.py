@@ -15,7 +15,7 @@ import trainguard
 from trainguard import Guard, GuardConfig
 from trainguard.recipes import ProgressiveUnfreezer
 
-QUIET = {"console": False, "preflight": False}
+QUIET = {"sinks": {"console": False}, "probes": {"preflight": False}}
 
 
 class Net(nn.Module):
@@ -85,7 +85,7 @@ def test_a_nan_gradient_in_an_added_group_is_skipped_and_named(tmp_path: Path) -
 
 def test_a_huge_gradient_in_an_added_group_is_clipped() -> None:
     model, optimizer = head_only()
-    guard = Guard(model, optimizer, config=GuardConfig(max_grad_norm=1.0, **QUIET))
+    guard = Guard(model, optimizer, config=GuardConfig(clip={"max_grad_norm": 1.0}, **QUIET))
     for _ in range(3):
         train_step(guard, model, optimizer)
     unfreeze_backbone(model, optimizer)

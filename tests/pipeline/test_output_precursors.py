@@ -27,7 +27,7 @@ def run(monkeypatch: pytest.MonkeyPatch, **detectors: object) -> tuple[list[dict
     model = nn.Linear(4, 3)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     guard = Guard(model, optimizer, config=GuardConfig(
-        console=False, detectors=DetectorConfig(**detectors)))  # type: ignore[arg-type]
+        detectors=DetectorConfig(instability_precursor=detectors), sinks={"console": False}))  # type: ignore[arg-type]
     x = torch.randn(6, 4)
     for _ in range(3):
         loss = model(x).logsumexp(-1).mean()
@@ -47,11 +47,11 @@ def test_log_z_every_step_and_no_update_rms_by_default(monkeypatch: pytest.Monke
 
 
 def test_the_update_rms_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen, _ = run(monkeypatch, precursor_update_rms=True)
+    seen, _ = run(monkeypatch, update_rms=True)
     assert all(s["adam_update_rms"].shape == (2,) for s in seen)
     assert (seen[-1]["adam_update_rms"] > 0).all()  # Adam state from the steps before
 
 
 def test_no_precursor_probe_no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen, _ = run(monkeypatch, precursor_probe=False)
+    seen, _ = run(monkeypatch, probe=False)
     assert all(s == {} for s in seen)

@@ -21,7 +21,8 @@ def test_observe_under_a_grad_scaler_is_bit_identical_to_the_plain_loop(tmp_path
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
         generator = torch.Generator().manual_seed(1)
         guard = (trainguard.Guard(model, optimizer, scaler=scaler, run_dir=tmp_path / "run",
-                                  config=trainguard.GuardConfig(policy="observe", console=False))
+                                  config=trainguard.GuardConfig(policy="observe",
+                                                                sinks={"console": False}))
                  if guarded else None)
         for step in range(40):
             x = torch.randn(16, 8, generator=generator)

@@ -40,7 +40,7 @@ def exploding_run(run_dir: Path) -> tuple[Heard, list[Event]]:
     model = TinyCausalLM(vocab_size=language.vocab_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1.0, weight_decay=0.01)
     heard = Heard()
-    guard = Guard(model, optimizer, config=GuardConfig(policy="observe", console=False),
+    guard = Guard(model, optimizer, config=GuardConfig(policy="observe", sinks={"console": False}),
                   run_dir=run_dir, sinks=[heard])
     with guard:
         for _ in range(4):

@@ -37,9 +37,10 @@ CLASSES = 4
 
 def _config() -> GuardConfig:
     # a fixed ring cadence: the measured one depends on the machine's timing
-    return GuardConfig(policy="recover", console=False, store=False, num_classes=CLASSES,
-                       sample_every=7, batch_size=16,
-                       recovery=RecoveryConfig(ring_every=10, ring_budget=None))
+    return GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=10, ring_budget=None),
+                       sinks={"console": False, "store": False}, probes={"num_classes": CLASSES,
+                                                                         "sample_every": 7,
+                                                                         "batch_size": 16})
 
 
 def _model() -> nn.Module:

@@ -13,12 +13,14 @@ import pytest
 import torch
 
 from trainguard import GuardConfig, RecoveryConfig, TrainingDiverged, UsageError, load_snapshot
+from trainguard.params import WatchedParams
 from trainguard.pipeline import Run, StepContext
 from trainguard.pipeline.rewind import ScheduleRewind
+from trainguard.pipeline.run import _agreed_setup
 
 from ..conftest import Setup, advance, lambda_setup, lrs, make_setup
 
-QUIET = {"console": False}
+QUIET = {"sinks": {"console": False}}
 
 
 def trainer_step(run: Run, setup: Setup, loss: torch.Tensor) -> None:
@@ -98,7 +100,7 @@ def test_skipped_step_leaves_weights_optimizer_and_schedule_untouched() -> None:
 def test_a_monitoring_failure_leaves_the_step_to_the_trainer_clipped() -> None:
     setup = make_setup(warmup=0)
     run = Run(setup.model, setup.optimizer,
-              config=GuardConfig(max_grad_norm=1e-3, **QUIET))
+              config=GuardConfig(clip={"max_grad_norm": 1e-3}, **QUIET))
     loss = setup.model.loss(setup.batch())
     loss.backward()
     setup.optimizer.param_groups[0]["lr"] = "not a number"  # measure() cannot read it
@@ -175,4 +177,14 @@ def test_a_run_dir_that_is_no_directory_is_one_clear_error(run_dir: object, mess
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(UsageError, match=re.escape(message)):
         Guard(model, optimizer, run_dir=run_dir,  # type: ignore[arg-type]
-              config=GuardConfig(console=False))
+              config=GuardConfig(sinks={"console": False}))
+
+
+def test_ranks_agree_on_the_config_less_what_a_rank_may_set_for_itself() -> None:
+    watched = WatchedParams(names=["w"], params=[torch.zeros(1)])
+    mine = _agreed_setup(GuardConfig(sinks={"console": False, "store": False},
+                                     checkpoints={"snapshot_dir": "rank0"}), watched)
+    theirs = _agreed_setup(GuardConfig(checkpoints={"snapshot_dir": "rank1"}), watched)
+    assert mine == theirs
+    assert mine != _agreed_setup(GuardConfig(checkpoints={"block_poisoned": True}), watched)
+    assert mine != _agreed_setup(GuardConfig(detectors={"loss_spike": {"ratio": 3.0}}), watched)

@@ -12,8 +12,9 @@ from trainguard.stateful import Stateful
 
 from ..conftest import make_setup
 
-CONFIG = GuardConfig(policy="recover", console=False, clip_rule=AdaptiveClip(warmup_steps=2),
-                     recovery=RecoveryConfig(ring_every=2, confirm_steps=1, ring_budget=None))
+CONFIG = GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=2, confirm_steps=1,
+                                                               ring_budget=None),
+                     sinks={"console": False}, clip={"rule": AdaptiveClip(warmup_steps=2)})
 NEW_KEYS = ("metric_collapse", "batch_watch", "sampling", "output_classes")
 
 

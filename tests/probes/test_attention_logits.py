@@ -187,8 +187,8 @@ def test_gpt2_through_the_guard_every_step_and_at_a_cadence() -> None:
         model = tiny_gpt2()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         sink = Signals()
-        config = GuardConfig(console=False, sample_every=1000)
-        config.detectors.attention_every = every
+        config = GuardConfig(sinks={"console": False}, probes={"sample_every": 1000})
+        config.detectors.attention_logits.every = every
         guard = Guard(model, optimizer, config=config, sinks=[sink])
         first_hooks: list[int] = []
         for i in range(6):

@@ -230,7 +230,7 @@ def test_guard_trains_through_unfreezing_with_the_warmup_cosine_schedule() -> No
     scheduler = warmup_cosine(optimizer, warmup_steps=5, total_steps=40)
     unfreezer = ProgressiveUnfreezer(model, layer_groups(model), total_steps=40,
                                      optimizer=optimizer)
-    guard = Guard(model, optimizer, scheduler, config=GuardConfig(console=False))
+    guard = Guard(model, optimizer, scheduler, config=GuardConfig(sinks={"console": False}))
     bottom = snapshot(unfreezer.params[0])
     for step in range(40):
         unfreezer.step(step)

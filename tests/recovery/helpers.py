@@ -39,8 +39,8 @@ def recover_guard(w: Workload, *, clip: float | str | None = "auto",
                   **recovery: object) -> Guard:
     # a fixed cadence (every 10 steps): these tests check exact rollback targets
     settings = {"ring_every": 10, "confirm_steps": 2, "ring_budget": None, **recovery}
-    config = GuardConfig(policy="recover", console=False, max_grad_norm=clip,  # type: ignore[arg-type]
-                         recovery=RecoveryConfig(**settings))  # type: ignore[arg-type]
+    config = GuardConfig(policy="recover", recovery=RecoveryConfig(**settings),
+                         sinks={"console": False}, clip={"max_grad_norm": clip})  # type: ignore[arg-type]
     return Guard(w.model, w.optimizer, w.scheduler, config=config)
 
 

@@ -47,8 +47,9 @@ def train(policy: str, grow: bool = True, again: bool = False,
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     sink = Actions()
     guard = Guard(model, optimizer, scheduler=scheduler, sinks=[sink],
-                  config=GuardConfig(policy=policy, console=False,
-                                     detectors=DetectorConfig(precursor_probe=True)))
+                  config=GuardConfig(policy=policy, sinks={"console": False},
+                                     detectors=DetectorConfig(
+                                         instability_precursor={"probe": True})))
     data = torch.Generator().manual_seed(1)
     lrs = []
     for step in range(steps):

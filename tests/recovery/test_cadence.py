@@ -39,8 +39,9 @@ def test_the_longest_wish_of_any_rank_applies_to_all() -> None:
 def test_a_nan_burst_at_step_30_loses_at_most_10_steps_by_default() -> None:
     w = make_workload()
     guard = Guard(w.model, w.optimizer, w.scheduler,
-                  config=GuardConfig(policy="recover", console=False,
-                                     recovery=RecoveryConfig(rollback_after_skips=3)))
+                  config=GuardConfig(policy="recover",
+                                     recovery=RecoveryConfig(rollback_after_skips=3),
+                                     sinks={"console": False}))
     run(guard, w, range(30))
     reports = run(guard, w, range(30, 40), loss_scale={30: math.nan, 31: math.nan,
                                                       32: math.nan})

@@ -80,8 +80,8 @@ def test_divergence_rolls_back_at_once_to_before_its_estimated_start() -> None:
     event = Event(kind="loss_divergence", step=200, severity="error", message="diverging")
     verdict = c.review(_signals(200, 9.0), [event])
     assert verdict.action == "rollback"
-    assert verdict.onset == (200 - det.divergence_patience - det.divergence_window // 2
-                             - det.divergence_span // 2)
+    assert verdict.onset == (200 - det.loss_divergence.patience - det.loss_divergence.window // 2
+                             - det.loss_divergence.span // 2)
 
 
 def test_non_finite_streak_rolls_back_then_the_cap_halts() -> None:

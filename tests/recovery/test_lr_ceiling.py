@@ -61,9 +61,10 @@ def train(how: str, multiplier: float, max_rollbacks: int = 3, spike_steps: int 
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: multiplier if JUMP_AT <= s < end else 1.0)
     # a fixed cadence, so that the rollback targets do not depend on this machine's timings
-    config = GuardConfig(policy="recover", console=False, snapshot_dir=tempfile.mkdtemp(),
-                         recovery=RecoveryConfig(ring_every=20, ring_budget=None,
-                                                 max_rollbacks=max_rollbacks))
+    config = GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=20, ring_budget=None,
+                                                 max_rollbacks=max_rollbacks),
+                                                 sinks={"console": False},
+                                                 checkpoints={"snapshot_dir": tempfile.mkdtemp()})
     guard = Guard(model, optimizer, scheduler, config=config)
     target = torch.randn(16, 1)
     data = torch.Generator().manual_seed(1)
@@ -150,7 +151,7 @@ def test_a_schedule_spike_that_passes_is_not_held_back_by_the_ceiling() -> None:
 
 @pytest.mark.parametrize("value", [0.0, -0.5, 1.5, math.nan, True])
 def test_lr_ceiling_must_be_a_share(value: float) -> None:
-    with pytest.raises(ConfigError, match=r"RecoveryConfig\.lr_ceiling"):
+    with pytest.raises(ConfigError, match=r"^recovery\.lr_ceiling"):
         RecoveryConfig(lr_ceiling=value)
 
 
@@ -158,9 +159,8 @@ def test_a_tensor_lr_is_kept_under_the_ceiling_without_a_host_read() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-2))
-    config = GuardConfig(policy="recover", console=False,
-                         recovery=RecoveryConfig(ring_every=10, confirm_steps=2,
-                                                 lr_ramp_steps=20))
+    config = GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=10, confirm_steps=2,
+                                                 lr_ramp_steps=20), sinks={"console": False})
     guard = Guard(model, optimizer, config=config)
     target = torch.randn(16, 1)
 

@@ -81,7 +81,7 @@ def test_a_nan_streak_from_clean_batches_rolls_back_and_blames_the_data() -> Non
 def test_rollbacks_are_capped_then_the_run_halts_with_a_diagnosis(tmp_path) -> None:
     w = make_workload()
     guard = recover_guard(w, rollback_after_skips=2, max_rollbacks=2)
-    guard.config.snapshot_dir = str(tmp_path)
+    guard.config.checkpoints.snapshot_dir = str(tmp_path)
     run(guard, w, range(20))
     always_nan = {s: math.nan for s in range(20, 40)}
     with pytest.raises(TrainingDiverged) as info:
@@ -100,8 +100,8 @@ def test_guard_state_round_trip_keeps_baselines_skip_list_and_backoff() -> None:
     state = guard.state_dict()
     assert guard.recovery.controller.rollbacks == 1
     resumed = Guard(w.model, w.optimizer, w.scheduler,
-                    config=GuardConfig(policy="recover", console=False,
-                                       recovery=RecoveryConfig(ring_every=10)))
+                    config=GuardConfig(policy="recover", recovery=RecoveryConfig(ring_every=10),
+                                       sinks={"console": False}))
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state
     assert resumed.skipped_data == guard.skipped_data == {30, 31}
@@ -115,7 +115,7 @@ def test_healthy_run_never_rolls_back_and_matches_protect() -> None:
     for policy in ("protect", "recover"):
         w = make_workload()
         guard = Guard(w.model, w.optimizer, w.scheduler,
-                      config=GuardConfig(policy=policy, console=False))
+                      config=GuardConfig(policy=policy, sinks={"console": False}))
         results[policy] = [r.loss for r in run(guard, w, range(120))]
         assert guard.events == []
         guard.close()
@@ -124,7 +124,7 @@ def test_healthy_run_never_rolls_back_and_matches_protect() -> None:
 
 def test_rollback_needs_the_recover_policy() -> None:
     w = make_workload()
-    guard = Guard(w.model, w.optimizer, w.scheduler, config=GuardConfig(console=False))
+    guard = Guard(w.model, w.optimizer, w.scheduler, config=GuardConfig(sinks={"console": False}))
     with pytest.raises(UsageError, match="recover"):
         guard.rollback()
 

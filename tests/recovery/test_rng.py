@@ -87,5 +87,5 @@ def test_the_good_states_keep_rng_states_only_when_a_rollback_is_to_restore_them
 def test_restore_rng_must_be_a_flag() -> None:
     from trainguard import ConfigError
 
-    with pytest.raises(ConfigError, match=r"RecoveryConfig\.restore_rng"):
+    with pytest.raises(ConfigError, match=r"^recovery\.restore_rng"):
         RecoveryConfig(restore_rng="no")  # type: ignore[arg-type]

@@ -75,7 +75,8 @@ def train(policy: str | None, raised_steps: int | None, steps: int = STEPS) -> R
     guard = None
     if policy is not None:
         guard = Guard(model, optimizer, config=GuardConfig(
-            policy=policy, console=False, snapshot_dir=tempfile.mkdtemp()))  # type: ignore[arg-type]
+            policy=policy, sinks={"console": False},
+            checkpoints={"snapshot_dir": tempfile.mkdtemp()}))  # type: ignore[arg-type]
     language = MarkovLanguage(vocab_size=VOCAB, seed=0)
     held_out = [language.batch(16, 33) for _ in range(4)]
     lrs: list[float | None] = []

@@ -12,7 +12,7 @@ from trainguard import GuardConfig
 from trainguard.pipeline import Run, StepContext
 from trainguard.pipeline.measure import measure as measure_stage
 
-QUIET = {"console": False, "activation_probe": False}
+QUIET = {"sinks": {"console": False}, "probes": {"activations": False}}
 
 
 @dataclass

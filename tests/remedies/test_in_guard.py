@@ -37,8 +37,8 @@ def _raw_grads() -> list[torch.Tensor]:
 
 def test_layerwise_rule_clips_each_group_after_the_global_clip() -> None:
     rule = LayerwiseClip({"0.*": 0.3}, default=0.1)
-    _, grads = _grads_after_guard_step(GuardConfig(console=False, max_grad_norm=None,
-                                                   clip_rule=rule))
+    _, grads = _grads_after_guard_step(GuardConfig(sinks={"console": False},
+                                                   clip={"max_grad_norm": None, "rule": rule}))
     raw = _raw_grads()
     first = torch.nn.utils.get_total_norm(raw[:2])
     second = torch.nn.utils.get_total_norm(raw[2:])
@@ -50,8 +50,10 @@ def test_layerwise_rule_clips_each_group_after_the_global_clip() -> None:
 
 
 def test_agc_limits_gradients_relative_to_weights() -> None:
-    model, grads = _grads_after_guard_step(GuardConfig(console=False, max_grad_norm=None,
-                                                       agc=AGC(clipping=0.01, exclude=())))
+    model, grads = _grads_after_guard_step(GuardConfig(sinks={"console": False},
+                                                       clip={"max_grad_norm": None,
+                                                             "agc": AGC(clipping=0.01,
+                                                                        exclude=())}))
     for param, grad in zip(model.parameters(), grads, strict=True):
         if param.dim() < 2:
             continue
@@ -60,22 +62,22 @@ def test_agc_limits_gradients_relative_to_weights() -> None:
 
 
 def test_rules_are_checked_and_stored_as_specs() -> None:
-    with pytest.raises(ConfigError, match="clip_rule"):
-        GuardConfig(clip_rule="layerwise")
-    with pytest.raises(ConfigError, match="agc"):
-        GuardConfig(agc=0.01)
-    config = GuardConfig(clip_rule=LayerwiseClip({"*attn*": 1.0}, default=0.5), agc=AGC())
+    with pytest.raises(ConfigError, match=r"clip\.rule"):
+        GuardConfig(clip={"rule": "layerwise"})
+    with pytest.raises(ConfigError, match=r"clip\.agc"):
+        GuardConfig(clip={"agc": 0.01})
+    config = GuardConfig(clip={"rule": LayerwiseClip({"*attn*": 1.0}, default=0.5), "agc": AGC()})
     plain = config.to_dict()
-    assert plain["clip_rule"] == {"type": "layerwise", "limits": {"*attn*": 1.0},
-                                  "default": 0.5, "per_parameter": False}
-    assert plain["agc"]["type"] == "agc"
+    assert plain["clip"]["rule"] == {"type": "layerwise", "limits": {"*attn*": 1.0},
+                                          "default": 0.5, "per_parameter": False}
+    assert plain["clip"]["agc"]["type"] == "agc"
     assert GuardConfig.from_dict(plain) == config
 
 
 def test_float64_models_are_guarded() -> None:
     model = _model().double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     loss = model(torch.randn(4, 6, dtype=torch.float64)).square().mean()
     loss.backward()
     report = guard.step(loss)

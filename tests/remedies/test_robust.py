@@ -13,7 +13,7 @@ from torch import nn
 from trainguard import ConfigError, Guard, GuardConfig, UsageError
 from trainguard.remedies.robust import RobustClipLimit
 
-QUIET = {"console": False, "preflight": False}
+QUIET = {"sinks": {"console": False}, "probes": {"preflight": False}}
 
 
 def _classifier() -> nn.Module:
@@ -49,16 +49,16 @@ def _train(config: GuardConfig, steps: int = 200, outlier_at: int | None = None,
 
 def test_the_default_is_the_adaptive_clip() -> None:
     config = GuardConfig()
-    assert config.max_grad_norm == "auto" and config.adaptive_clip
-    assert config.fixed_max_grad_norm is None
+    assert config.clip.max_grad_norm == "auto" and config.adaptive_clip
+    assert config.clip.fixed is None
     assert not GuardConfig(policy="observe").adaptive_clip, "observe never clips by default"
     assert GuardConfig.from_dict(config.to_dict()) == config
 
 
 @pytest.mark.parametrize("bad", ["Auto", "1.0", [1.0], True, 0.0, -1.0, math.inf])
 def test_max_grad_norm_takes_a_positive_number_auto_or_none(bad: object) -> None:
-    with pytest.raises(ConfigError, match=r"GuardConfig\.max_grad_norm"):
-        GuardConfig(max_grad_norm=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^clip\.max_grad_norm"):
+        GuardConfig(clip={"max_grad_norm": bad})  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
@@ -95,7 +95,7 @@ def test_the_first_steps_get_a_conservative_limit() -> None:
 
 
 def test_the_limit_never_exceeds_the_ceiling_and_non_finite_norms_teach_nothing() -> None:
-    rule = RobustClipLimit(ceiling=1000.0)
+    rule = RobustClipLimit(GuardConfig(detectors={"grad_explosion": {"abs_threshold": 1000.0}}))
     for _ in range(30):
         rule.observe(800.0, 1e9)
     assert rule.limit(30) == 1000.0
@@ -116,7 +116,7 @@ def test_a_clipped_step_enters_the_baseline_at_its_limit() -> None:
 
 
 def test_an_instability_clips_at_the_typical_norm_for_a_while() -> None:
-    rule = RobustClipLimit(alarm_steps=20)
+    rule = RobustClipLimit(GuardConfig(clip={"auto_alarm_steps": 20}))
     for step in range(20):
         rule.observe(2.0, rule.limit(step))
     relaxed = rule.limit(20)
@@ -185,8 +185,8 @@ def test_an_explicit_max_grad_norm_is_honoured_bit_for_bit(policy: str) -> None:
     plain, guarded = copy.deepcopy(base), copy.deepcopy(base)
     plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-2)
     guarded_opt = torch.optim.Adam(guarded.parameters(), lr=1e-2)
-    guard = Guard(guarded, guarded_opt, config=GuardConfig(policy=policy, max_grad_norm=0.7,
-                                                           **QUIET))
+    guard = Guard(guarded, guarded_opt, config=GuardConfig(policy=policy,
+                                                           clip={"max_grad_norm": 0.7}, **QUIET))
     generator = torch.Generator().manual_seed(1)
     clipped = 0
     for _ in range(60):
@@ -207,5 +207,5 @@ def test_an_explicit_max_grad_norm_is_honoured_bit_for_bit(policy: str) -> None:
 
 
 def test_no_clipping_at_all_with_none() -> None:
-    _, reports = _train(GuardConfig(max_grad_norm=None, **QUIET), steps=60, outlier_at=50)
+    _, reports = _train(GuardConfig(clip={"max_grad_norm": None}, **QUIET), steps=60, outlier_at=50)
     assert [r.clip_coef for r in reports] == [1.0] * 60

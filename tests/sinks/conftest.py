@@ -50,7 +50,8 @@ def tiny_run(sinks: list[Sink], **config: object) -> TinyRun:
     torch.manual_seed(0)
     model = TinyNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    settings: dict[str, object] = {"console": False, "sample_every": 3, **config}
+    settings: dict[str, object] = {"sinks": {"console": False}, "probes": {"sample_every": 3},
+                                   **config}
     guard = Guard(model, optimizer, config=GuardConfig(**settings), sinks=sinks)
     return TinyRun(model, optimizer, guard)
 

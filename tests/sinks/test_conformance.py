@@ -27,7 +27,7 @@ from trainguard.transfer import transfer_count
 
 from ..conftest import make_setup
 
-QUIET = {"console": False}
+QUIET = {"sinks": {"console": False}}
 
 
 class Recorder(Sink):
@@ -189,7 +189,7 @@ def test_every_sink_hears_a_halting_run_without_failing(make_sink, tmp_path: Pat
     recorder = Recorder()
     setup = make_setup(lr=0.5, warmup=0)
     guard = Guard(setup.model, setup.optimizer,
-                  config=GuardConfig(policy="halt", sample_every=2, **QUIET),
+                  config=GuardConfig(policy="halt", probes={"sample_every": 2}, **QUIET),
                   sinks=[sink, recorder])
     with pytest.raises(TrainingDiverged):
         for step in range(10):

@@ -28,7 +28,8 @@ def run(stream: io.StringIO, steps: int = 30, nan_at: int | None = 10, **console
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False),
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       probes={"preflight": False}),
                   sinks=[ConsoleSink(stream, **console)])
     for step in range(steps):
         loss = model(torch.randn(8, 4)).square().mean()
@@ -87,7 +88,7 @@ def test_turned_off_it_says_nothing(capsys) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False))
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
     loss = model(torch.randn(8, 4)).square().mean() * math.nan
     loss.backward()
     guard.step(loss)
@@ -105,7 +106,8 @@ def test_an_incident_prints_its_likely_causes_once_not_every_step() -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    guard = Guard(model, optimizer, config=GuardConfig(console=False, preflight=False),
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       probes={"preflight": False}),
                   sinks=[ConsoleSink(out)])
     for step in range(30):
         loss = model(torch.randn(8, 4)).square().mean()
@@ -172,7 +174,8 @@ def nan_weights_run(out: io.StringIO, steps: int = 56, nan_from: int | None = 10
     same four errors come at every step (loss, gradients, weights, optimizer state)."""
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer,
-                  config=GuardConfig(policy="observe", console=False, preflight=False),
+                  config=GuardConfig(policy="observe", sinks={"console": False},
+                                     probes={"preflight": False}),
                   sinks=[ConsoleSink(out)])
     for step in range(steps):
         if step == nan_from:

@@ -142,7 +142,7 @@ def test_a_halt_on_a_full_disk_records_the_store_failure(tmp_path: Path, capsys)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = Guard(model, optimizer, config=GuardConfig(policy="halt", console=False),
+    guard = Guard(model, optimizer, config=GuardConfig(policy="halt", sinks={"console": False}),
                   run_dir=tmp_path)
     x = torch.randn(8, 4)
     for step in range(30):

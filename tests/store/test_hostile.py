@@ -34,7 +34,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with trainguard.Guard(model, optimizer, run_dir=run_dir,
-                          config=GuardConfig(console=False)) as guard:
+                          config=GuardConfig(sinks={"console": False})) as guard:
         for step in range(12):
             loss = model(torch.randn(8, 4)).pow(2).mean()
             if step == 5:

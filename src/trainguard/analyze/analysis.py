@@ -133,7 +133,7 @@ def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
 def _config(log: Log) -> DetectorConfig:
     if log.detector_config is not None and log.interval() <= 1:
         try:
-            return DetectorConfig(**log.detector_config)
+            return DetectorConfig.from_dict(log.detector_config)
         except (TypeError, ValueError):
             pass  # thresholds of another trainguard version: the defaults, scaled
     return scaled_config(len(log), log.interval(), from_start=log.starts_at_start())

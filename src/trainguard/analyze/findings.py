@@ -37,7 +37,7 @@ from trainguard.vocabulary import DEGRADED, HEALTHY
 
 ADAM_LR_MAX = ADAPTER_LR_RANGE[1]
 """The top of the guide's Adam(W) ranges (LoRA: 1e-4..5e-3; full fine-tuning 1e-6..5e-5)."""
-GRAD_LIMIT = DetectorConfig().grad_norm_abs_threshold
+GRAD_LIMIT = DetectorConfig().grad_explosion.abs_threshold
 """The guide's rule of thumb for an exploding pre-clip gradient norm (1000)."""
 EARLY_SHARE = 0.1
 GROWTH = 10.0

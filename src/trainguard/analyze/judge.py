@@ -13,10 +13,10 @@ reads their events with hindsight, the whole log in view:
 2. **The incident** is the first remaining event of warning severity or worse, or the loss going
    back to chance level (`trainguard.analyze.chance`), whichever comes first.
 3. **Its onset** is traced back from where it was detected, in the signal that raised it: for a
-   loss event, over the preceding rows whose loss is `loss_spike_ratio` times the lowest loss of
-   the rows before or more; for a gradient event, over the rows whose norm is
-   `grad_norm_abs_min_ratio` times the lowest norm before or more; for a divergence, from where
-   the detector says its level crossed; for non-finite values and skipped steps, over the
+   loss event, over the preceding rows whose loss is `detectors.loss_spike.ratio` times the lowest
+   loss of the rows before or more; for a gradient event, over the rows whose norm is
+   `detectors.grad_explosion.abs_min_ratio` times the lowest norm before or more; for a divergence,
+   from where the detector says its level crossed; for non-finite values and skipped steps, over the
    unbroken run of non-finite or skipped rows that leads into them.
 4. **Degraded or recovered.** The run degraded when it ends non-finite, when it ends skipping
    most steps since the onset, or when its final loss level (the median of its last 20 steps, or
@@ -71,10 +71,10 @@ NEGLIGIBLE_SHARE = 0.1
 down from its start is noise near its floor, not trouble (chosen on the tuning half of the real
 logs: a healthy run's one-batch jumps took back 2% of its fall there; every degraded run with a
 level before its trouble took back more than its whole fall)."""
-FAR = DetectorConfig().loss_spike_error_ratio
+FAR = DetectorConfig().loss_spike.error_ratio
 """A loss this many times its level (two orders of magnitude: the ratio at which the spike
 detector calls a jump an error) has left it: never a transient jump, never healthy."""
-SUDDEN_JUMP = DetectorConfig().loss_spike_ratio
+SUDDEN_JUMP = DetectorConfig().loss_spike.ratio
 """A loss that jumps this many times its previous row's value is sudden, whatever the logging
 interval (a slow climb moves by a fraction per row; a mean over many steps dilutes a one-step
 spike, not a jump that stays)."""
@@ -207,7 +207,7 @@ def _deciding(log: Log, rows: list[int], trouble: list[Event], config: DetectorC
         first = trouble[0]
         onset = _onset(first, log, rows, losses, grads, skipped, config)
         before = [v for i in rows if i < onset and _finite(v := losses[i])]
-        reference = (statistics.median(before[-max(config.baseline_window, 1):]) if before
+        reference = (statistics.median(before[-max(config.common.baseline_window, 1):]) if before
                      else None)
         back = _came_back(first, onset, reference, rows, losses, grads, skipped)
         if back is None:
@@ -229,7 +229,7 @@ def _blowup_kind(log: Log, rows: list[int], first: Event, onset: int,
     after = [i for i in rows if i >= onset]
     series = grads if first.kind == Kind.GRAD_EXPLOSION else losses
     before_series = [v for i in rows if i < onset and _finite(v := series[i])]
-    base = min(before_series[-max(config.baseline_window, 1):], default=None)
+    base = min(before_series[-max(config.common.baseline_window, 1):], default=None)
     return (EXPLOSION if _jumped(after, losses, reference) else
             _shape(after, series, base if first.kind == Kind.GRAD_EXPLOSION else reference))
 
@@ -331,13 +331,13 @@ def _transient(event: Event, log: Log, rows: list[int], config: DetectorConfig) 
         return False
     if event.kind == Kind.LOSS_SPIKE:
         value = log.values(LOSS)[following]
-        limit = baseline * config.loss_spike_ratio
+        limit = baseline * config.loss_spike.ratio
     else:
         value = log.values(GRAD_NORM)[following]
-        limit = baseline * config.grad_norm_ratio
+        limit = baseline * config.grad_explosion.ratio
         loss_now, loss_before = log.values(LOSS)[row], _previous(log.values(LOSS), rows, row)
         if (_finite(loss_now) and _finite(loss_before) and loss_before > 0  # the loss moved too
-                and loss_now >= config.loss_spike_ratio * loss_before):
+                and loss_now >= config.loss_spike.ratio * loss_before):
             return False
     return _finite(value) and value < limit
 
@@ -352,14 +352,14 @@ def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
     row = first.details["row"]
     if first.kind == Kind.LOSS_DIVERGENCE and isinstance(first.details.get("crossed_row"), int):
         # where the detector's level crossed, moved on to the first row that is itself above
-        limit = first.details.get("best", 0.0) * config.divergence_ratio
+        limit = first.details.get("best", 0.0) * config.loss_divergence.ratio
         row = min(row, first.details["crossed_row"])
         while row < first.details["row"] and not (
                 _finite(value := losses[row]) and value >= limit):
             row += 1
     position = rows.index(row) if row in rows else next(
         (k for k, i in enumerate(rows) if i >= row), len(rows) - 1)
-    window = max(config.baseline_window, 1)
+    window = max(config.common.baseline_window, 1)
 
     def bad(i: int) -> bool:
         loss, grad = losses[i], grads[i]
@@ -372,8 +372,9 @@ def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
         return rows[position]
     if first.kind in (Kind.LOSS_AT_CHANCE, Kind.LOSS_ABOVE_CHANCE):
         return row
-    series, ratio = ((grads, config.grad_norm_abs_min_ratio) if first.kind == Kind.GRAD_EXPLOSION
-                     else (losses, config.loss_spike_ratio))
+    series, ratio = ((grads, config.grad_explosion.abs_min_ratio)
+                     if first.kind == Kind.GRAD_EXPLOSION
+                     else (losses, config.loss_spike.ratio))
     start = position
     earlier = [v for i in rows[max(0, start - window):start] if _finite(v := series[i])]
     floor = min((v for v in earlier if v > 0), default=None)
@@ -406,7 +407,7 @@ def _bad_end(after: list[int], losses: list[float | None], grads: list[float | N
 def _risen(final: float, reference: float | None, config: DetectorConfig) -> bool:
     """The loss ends far above its level before the trouble (a jump that then froze there is an
     explosion, as a loss that jumps to chance level and stays is)."""
-    return reference is not None and reference > 0 and final > config.loss_spike_ratio * reference
+    return reference is not None and reference > 0 and final > config.loss_spike.ratio * reference
 
 
 def _frozen(values: list[float]) -> bool:

@@ -171,8 +171,8 @@ def _at_full_size(raw: list[tuple[int, Event]],
 def _size(event: Event, config: DetectorConfig) -> Severity:
     """The severity of a jump by its size alone."""
     ratio = event.details.get("ratio")
-    limit = (config.loss_spike_error_ratio if event.kind == Kind.LOSS_SPIKE
-             else config.grad_norm_error_ratio)
+    limit = (config.loss_spike.error_ratio if event.kind == Kind.LOSS_SPIKE
+             else config.grad_explosion.error_ratio)
     return "error" if isinstance(ratio, (int, float)) and ratio >= limit else "warning"
 
 

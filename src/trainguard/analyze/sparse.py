@@ -27,26 +27,27 @@ What is scaled, and the floor and cap of each (live value in steps):
 
 Two thresholds follow the interval, and two the length of the log:
 
-- `loss_spike_ratio` (2.5) and `loss_spike_early_ratio` (5): most trainers log the mean loss of
-  the steps since the last row (HF, Megatron, word_language_model, mlx-lm), and a mean of
-  `interval` steps is about sqrt(interval) times less noisy than one step. The ratios are taken
-  as multiples of a step's noise in log space, so a row's ratio is exp(ln(ratio) / sqrt(interval)):
-  2.5 at interval 1, 1.34 at 10, 1.07 at 200. The noise guard (`loss_spike_zscore`, the jump
-  against the log's own robust spread) still applies, so a log of single-step values (nanoGPT,
-  Lightning's `*_step`), which is as noisy as a live run, must jump as far as a live run does.
-  The floor of that spread (`min_log_scale`, 0.05 on steps) is divided by sqrt(interval) alike.
-- `loss_spike_zscore` and `grad_norm_zscore` (6) in a log of fewer than `SHORT_LOG` rows (an
-  excerpt): its baselines hold a handful of rows, whose robust spread is mostly the excursion
-  being judged (a gradient norm climbing 0.24, 0.95, 2.4, 16 has a "spread" as wide as the
-  climb), so the guard is lowered to `SHORT_LOG_ZSCORE` there and the ratio rules decide.
+- `detectors.loss_spike.ratio` (2.5) and `detectors.loss_spike.early_ratio` (5): most trainers log
+  the mean loss of the steps since the last row (HF, Megatron, word_language_model, mlx-lm), and a
+  mean of `interval` steps is about sqrt(interval) times less noisy than one step. The ratios are
+  taken as multiples of a step's noise in log space, so a row's ratio is exp(ln(ratio) /
+  sqrt(interval)): 2.5 at interval 1, 1.34 at 10, 1.07 at 200. The noise guard
+  (`detectors.loss_spike.zscore`, the jump against the log's own robust spread) still applies, so a
+  log of single-step values (nanoGPT, Lightning's `*_step`), which is as noisy as a live run, must
+  jump as far as a live run does. The floor of that spread (`min_log_scale`, 0.05 on steps) is
+  divided by sqrt(interval) alike.
+- `detectors.loss_spike.zscore` and `detectors.grad_explosion.zscore` (6) in a log of fewer than
+  `SHORT_LOG` rows (an excerpt): its baselines hold a handful of rows, whose robust spread is mostly
+  the excursion being judged (a gradient norm climbing 0.24, 0.95, 2.4, 16 has a "spread" as wide as
+  the climb), so the guard is lowered to `SHORT_LOG_ZSCORE` there and the ratio rules decide.
 - An excerpt that begins mid-run (`Log.starts_at_start` false) has no first steps whose blow-up
-  the early rule (`loss_spike_early_ratio` against the few rows seen) is for: it gets no such
-  rule, and shows `EXCERPT_BASELINE` rows before a jump is judged against them (one row is no
+  the early rule (`detectors.loss_spike.early_ratio` against the few rows seen) is for: it gets no
+  such rule, and shows `EXCERPT_BASELINE` rows before a jump is judged against them (one row is no
   baseline: a mid-run log of single-batch losses may begin on its lowest value).
 
 The gradient-norm ratios are not scaled: trainers log the norm of one step, not a mean, and
-`divergence_ratio` is not either: a sustained rise is not diluted by averaging. The absolute
-gradient-norm limit of the guide
+`detectors.loss_divergence.ratio` is not either: a sustained rise is not diluted by averaging. The
+absolute gradient-norm limit of the guide
 (1000, for a blow-up in the first steps of a live run, before any baseline) is not used offline:
 a log's first row already shows the model's own scale, and a norm of 1e6 on every row of a run
 whose loss falls (a model that is never clipped) is that model's normal, not an explosion; the
@@ -68,17 +69,17 @@ SHORT_LOG_ZSCORE = 1.5
 """The noise guards of a short log (see above)."""
 
 _WINDOWS: dict[str, tuple[int, float | None]] = {
-    # field: (fewest rows, the most as a share of the log's rows)
-    "warmup_steps": (2, 1 / 5),
-    "baseline_window": (10, None),
-    "loss_spike_level_window": (3, None),
-    "divergence_window": (3, 1 / 3),
-    "divergence_patience": (2, 1 / 5),
-    "divergence_span": (5, None),
-    "rearm_steps": (2, None),
-    "overflow_window": (4, 1 / 2),
-    "transient_horizon": (10, None),
-    "no_gradient_steps": (2, None),
+    # dotted field: (fewest rows, the most as a share of the log's rows)
+    "common.warmup_steps": (2, 1 / 5),
+    "common.baseline_window": (10, None),
+    "loss_spike.level_window": (3, None),
+    "loss_divergence.window": (3, 1 / 3),
+    "loss_divergence.patience": (2, 1 / 5),
+    "loss_divergence.span": (5, None),
+    "common.rearm_steps": (2, None),
+    "fp16_overflow.window": (4, 1 / 2),
+    "common.transient_horizon": (10, None),
+    "no_gradients.steps": (2, None),
 }
 
 
@@ -91,26 +92,42 @@ def scaled_config(rows: int, interval: float, base: DetectorConfig | None = None
     interval = max(interval, 1.0)
     changes: dict[str, Any] = {}
     for name, (fewest, share) in _WINDOWS.items():
-        steps = getattr(base, name)
+        steps = _get(base, name)
         count = math.ceil(steps / interval)
         if share is not None:
             count = min(count, max(fewest, int(rows * share)))
         changes[name] = max(fewest, count)
-    window = changes["overflow_window"]
-    skips = math.ceil(base.overflow_skips * window / base.overflow_window)
-    changes["overflow_skips"] = max(2, min(skips, window))
-    changes["grad_norm_abs_threshold"] = sys.float_info.max
+    window = changes["fp16_overflow.window"]
+    skips = math.ceil(base.fp16_overflow.skips * window / base.fp16_overflow.window)
+    changes["fp16_overflow.skips"] = max(2, min(skips, window))
+    changes["grad_explosion.abs_threshold"] = sys.float_info.max
     root = math.sqrt(interval)
-    for name in ("loss_spike_ratio", "loss_spike_early_ratio"):
-        changes[name] = math.exp(math.log(getattr(base, name)) / root)
-    changes["min_log_scale"] = base.min_log_scale / root
+    for name in ("loss_spike.ratio", "loss_spike.early_ratio"):
+        changes[name] = math.exp(math.log(_get(base, name)) / root)
+    changes["common.min_log_scale"] = base.common.min_log_scale / root
     if rows < SHORT_LOG:
-        for name in ("loss_spike_zscore", "grad_norm_zscore"):
-            changes[name] = min(getattr(base, name), SHORT_LOG_ZSCORE)
+        for name in ("loss_spike.zscore", "grad_explosion.zscore"):
+            changes[name] = min(_get(base, name), SHORT_LOG_ZSCORE)
     if not from_start:
-        changes["loss_spike_early_ratio"] = sys.float_info.max
-        changes["warmup_steps"] = max(changes["warmup_steps"], EXCERPT_BASELINE)
-    return dataclasses.replace(base, **changes)
+        changes["loss_spike.early_ratio"] = sys.float_info.max
+        changes["common.warmup_steps"] = max(changes["common.warmup_steps"], EXCERPT_BASELINE)
+    return _replaced(base, changes)
+
+
+def _get(config: DetectorConfig, dotted: str) -> Any:
+    section, name = dotted.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _replaced(config: DetectorConfig, changes: dict[str, Any]) -> DetectorConfig:
+    """`config` with its dotted fields changed, each section replaced whole."""
+    by_section: dict[str, dict[str, Any]] = {}
+    for dotted, value in changes.items():
+        section, name = dotted.split(".")
+        by_section.setdefault(section, {})[name] = value
+    return dataclasses.replace(config, **{
+        section: dataclasses.replace(getattr(config, section), **values)
+        for section, values in by_section.items()})
 
 
 EXCERPT_BASELINE = 3

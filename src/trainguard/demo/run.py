@@ -17,7 +17,7 @@ from typing import TextIO
 
 import torch
 
-from trainguard.config import GuardConfig
+from trainguard.config import GuardConfig, SinksConfig
 from trainguard.demo.data import MarkovLanguage
 from trainguard.demo.model import TinyCausalLM
 from trainguard.errors import TrainingDiverged
@@ -100,7 +100,8 @@ def train(run: DemoRun, *, steps: int, out_dir: Path, seed: int, stream: TextIO)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     run_dir = out_dir / run.name
-    config = GuardConfig(policy=run.policy, console=False)  # type: ignore[arg-type]
+    config = GuardConfig(policy=run.policy,  # type: ignore[arg-type]
+                         sinks=SinksConfig(console=False))
     stream.write(f"\n{run.name}: AdamW lr {run.lr:g}, "
                  f"{f'{run.warmup} warmup steps' if run.warmup else 'no warmup'}, "
                  f"policy {run.policy}, run dir {run_dir}\n")

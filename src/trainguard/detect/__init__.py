@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.bad_start import BadStart
 from trainguard.detect.base import Detector
 from trainguard.detect.dead_units import DeadUnits
@@ -21,6 +20,7 @@ from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
 from trainguard.detect.nonfinite_weight import NonFiniteWeight
 from trainguard.detect.output_collapse import OutputCollapse
 from trainguard.detect.params_unfrozen import ParamsUnfrozen
+from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.update_too_large import UpdateTooLarge
 
 DETECTOR_TYPES: tuple[type[Detector], ...] = (

@@ -7,13 +7,13 @@ the softmax turns one-hot, its gradients vanish, and the loss spikes when attent
 (Dehghani et al. 2023, arXiv 2302.05442; Wortsman et al. 2023, arXiv 2304.13013: "attention
 logit growth"). A healthy run's logits rise while attention sharpens, then hold.
 
-A layer warns when its largest logit is at least `attention_logit_abs_min` and at least
-`attention_logit_ratio` times its own median over its last `baseline_window` measurements, for
-`attention_logit_steps` measurements in a row: growth that outran its own recent level, at a
-height where the softmax is close to one-hot. It warns again when the logit has grown by
-`attention_logit_ratio` again since its last warning (the growth goes on: under protect each
-warning lowers the LR further), and stays silent while its baseline is young
-(`attention_logit_warmup` measurements).
+A layer warns when its largest logit is at least `detectors.attention_logits.abs_min` and at least
+`detectors.attention_logits.ratio` times its own median over its last `baseline_window`
+measurements, for `detectors.attention_logits.steps` measurements in a row: growth that outran its
+own recent level, at a height where the softmax is close to one-hot. It warns again when the logit
+has grown by `detectors.attention_logits.ratio` again since its last warning (the growth goes on:
+under protect each warning lowers the LR further), and stays silent while its baseline is young
+(`detectors.attention_logits.warmup` measurements).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import statistics
 from collections import deque
 from typing import Any
 
-from trainguard.config import DetectorConfig
+from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
 from trainguard.signals import StepSignals
@@ -78,15 +78,15 @@ class AttentionLogitTracker:
                 continue  # a NaN is other detectors' business; a non-positive max says nothing
             layer = self.layers.get(name)
             if layer is None:
-                layer = self.layers[name] = AttentionTrack(cfg.baseline_window)
+                layer = self.layers[name] = AttentionTrack(cfg.common.baseline_window)
             log_value = math.log(value)
-            if len(layer.history) < cfg.attention_logit_warmup:
+            if len(layer.history) < cfg.attention_logits.warmup:
                 layer.history.append(log_value)
                 continue
             level = statistics.median(layer.history)
             layer.history.append(log_value)
-            high = (value >= cfg.attention_logit_abs_min
-                    and log_value - level >= math.log(cfg.attention_logit_ratio))
+            high = (value >= cfg.attention_logits.abs_min
+                    and log_value - level >= math.log(cfg.attention_logits.ratio))
             if not high:
                 layer.streak = 0
                 continue
@@ -94,8 +94,8 @@ class AttentionLogitTracker:
                 layer.first = (math.exp(layer.history[-2]) if len(layer.history) >= 2
                                else math.nan)
             layer.streak += 1
-            again = math.isnan(layer.warned) or value >= cfg.attention_logit_ratio * layer.warned
-            if layer.streak >= cfg.attention_logit_steps and again:
+            again = math.isnan(layer.warned) or value >= cfg.attention_logits.ratio * layer.warned
+            if layer.streak >= cfg.attention_logits.steps and again:
                 found.append((log_value - level, name, value, math.exp(level)))
         if not found:
             return []
@@ -116,8 +116,8 @@ class AttentionLogitTracker:
             f"{since(rise, layer.first)}: attention logits that keep growing make the softmax "
             f"one-hot, and a loss spike often follows within {EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, layer=name, baseline=typical, ratio=ratio,
-            bound=max(self.config.attention_logit_abs_min,
-                      self.config.attention_logit_ratio * typical),
+            bound=max(self.config.attention_logits.abs_min,
+                      self.config.attention_logits.ratio * typical),
             steps_above=layer.streak, trend=rise, before=layer.first,
             expected_lead=EXPECTED_LEAD)
 
@@ -127,5 +127,5 @@ class AttentionLogitTracker:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.layers = {}
         for name, entry in state.items():
-            layer = self.layers[name] = AttentionTrack(self.config.baseline_window)
+            layer = self.layers[name] = AttentionTrack(self.config.common.baseline_window)
             layer.load_state_dict(entry)

@@ -3,15 +3,15 @@
 Checked once, at step `warmup_steps`: the first loss (the only one measured before any update)
 against the median of the losses since step `warmup_steps // 2`.
 
-- Far *above* that level (`bad_start_ratio`, 10x): a newly added layer initialised far too large
-  (a classification head drawn with std 10 instead of 0.02) makes the first losses enormous; the
-  optimizer then shrinks it and the loss falls to a normal level, so nothing looks wrong
+- Far *above* that level (`detectors.bad_start.ratio`, 10x): a newly added layer initialised far too
+  large (a classification head drawn with std 10 instead of 0.02) makes the first losses enormous;
+  the optimizer then shrinks it and the loss falls to a normal level, so nothing looks wrong
   afterwards, yet the first large updates have already disturbed the pre-trained weights.
-- Far *below* it (`bad_start_blowup_ratio`, 2x): the very first updates made the model worse
-  and it stayed worse: a learning rate far too high for the start (or no warmup). Then, at step
-  `baseline_window`, if the loss is still `divergence_ratio` times the first loss and has not
-  come down to half its level of step `warmup_steps`, the blow-up has not faded as a warm-up
-  fault does: a second event says the LR itself is too high.
+- Far *below* it (`detectors.bad_start.blowup_ratio`, 2x): the very first updates made the model
+  worse and it stayed worse: a learning rate far too high for the start (or no warmup). Then, at
+  step `baseline_window`, if the loss is still `detectors.loss_divergence.ratio` times the first
+  loss and has not come down to half its level of step `warmup_steps`, the blow-up has not faded as
+  a warm-up fault does: a second event says the LR itself is too high.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import math
 import statistics
 from typing import Any
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -50,20 +50,20 @@ class BadStart(Detector):
         if self.first is None:
             self.first = signals.loss
             return []
-        if signals.step >= cfg.warmup_steps // 2:
+        if signals.step >= cfg.common.warmup_steps // 2:
             self.recent.append(signals.loss)
-        if signals.step < cfg.warmup_steps or not self.recent:
+        if signals.step < cfg.common.warmup_steps or not self.recent:
             return []
         self.done = True
         settled = statistics.median(self.recent)
         ratio = self.first / settled
-        if ratio >= cfg.bad_start_ratio:
+        if ratio >= cfg.bad_start.ratio:
             return [self.event(signals.step, "warning",
                                f"the run started at loss {self.first:.4g}, {ratio:.3g}x the "
                                f"{settled:.4g} it settled at by step {signals.step}: the first "
                                "updates were far too large (a badly initialised new layer?)",
                                value=self.first, ratio=ratio, settled=settled, cause="bad_init")]
-        if settled >= cfg.bad_start_blowup_ratio * self.first:
+        if settled >= cfg.bad_start.blowup_ratio * self.first:
             self.blown_up, self.blown_level = True, settled
             self.recent = []
             return [self.event(signals.step, "warning",
@@ -73,21 +73,21 @@ class BadStart(Detector):
                                "(learning rate too high for the start?)",
                                value=settled, ratio=settled / self.first, first=self.first,
                                cause="lr_too_high", signal="loss",
-                               bound=cfg.bad_start_blowup_ratio * self.first)]
+                               bound=cfg.bad_start.blowup_ratio * self.first)]
         return []
 
     def _check_persistence(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
-        window = max(cfg.baseline_window - cfg.warmup_steps, 1)
-        if signals.step > cfg.baseline_window - window // 5:
+        window = max(cfg.common.baseline_window - cfg.common.warmup_steps, 1)
+        if signals.step > cfg.common.baseline_window - window // 5:
             self.recent.append(signals.loss)  # type: ignore[arg-type]
-        if signals.step < cfg.baseline_window:
+        if signals.step < cfg.common.baseline_window:
             return []
         self.blown_up = False
         level = statistics.median(self.recent) if self.recent else math.nan
         assert self.first is not None
         blown = self.blown_level if self.blown_level is not None else math.inf
-        if not (level >= cfg.divergence_ratio * self.first  # NaN-safe: no event
+        if not (level >= cfg.loss_divergence.ratio * self.first  # NaN-safe: no event
                 and level > 0.5 * blown):  # fading: a warm-up fault, not the LR
             return []
         return [self.event(signals.step, "warning",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.config import DetectorConfig
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event, Severity
 from trainguard.signals import StepSignals
 
@@ -131,7 +131,7 @@ class Detector:
                      value=value, details=details)
 
     def name_list(self, names: list[str]) -> str:
-        shown = names[: self.config.max_named_params]
+        shown = names[: self.config.common.max_named_params]
         more = len(names) - len(shown)
         return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 

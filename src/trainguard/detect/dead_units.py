@@ -1,13 +1,13 @@
 """`dead_units`: a layer that was alive has gone dead, or gives every sample the same output.
 
 Read from the activation probe on sampled steps (`act_dead_frac`, `act_batch_spread`). A module is
-*dead* when at least `dead_unit_share` (95%) of its units are zero for every sample of the batch
-(ReLUs pushed below zero by one too large update stay there: their gradient is zero too), and
-*collapsed* when its output hardly varies across the batch (spread below `collapse_spread`
-relative to its magnitude). Either counts only for a module that was seen alive and varied at an
-earlier sampled step: a fresh model that starts sparse, or a layer that is constant by design,
-is not an alarm. A healthy ReLU layer shows about half its values at zero at any one time, but
-almost none of its units are zero for a whole batch.
+*dead* when at least `detectors.dead_units.share` (95%) of its units are zero for every sample of
+the batch (ReLUs pushed below zero by one too large update stay there: their gradient is zero too),
+and *collapsed* when its output hardly varies across the batch (spread below
+`detectors.dead_units.spread` relative to its magnitude). Either counts only for a module that was
+seen alive and varied at an earlier sampled step: a fresh model that starts sparse, or a layer that
+is constant by design, is not an alarm. A healthy ReLU layer shows about half its values at zero at
+any one time, but almost none of its units are zero for a whole batch.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ class DeadUnits(Detector):
                 share, varies = float(share), float(varies)
                 if not (math.isfinite(share) and math.isfinite(varies)):
                     continue  # non-finite activations are nonfinite_* business
-                if share >= cfg.dead_unit_share:
+                if share >= cfg.dead_units.share:
                     if self.alive.get(name) and name not in self.reported:
                         found.append((name, "dead", share))
-                elif varies <= cfg.collapse_spread:
+                elif varies <= cfg.dead_units.spread:
                     if self.varied.get(name) and name not in self.reported:
                         found.append((name, "constant", varies))
-                if share < cfg.dead_unit_share:
+                if share < cfg.dead_units.share:
                     self.alive[name] = True
-                if varies > cfg.collapse_spread:
+                if varies > cfg.dead_units.spread:
                     self.varied[name] = True
             if not found:
                 continue

@@ -1,4 +1,5 @@
-"""`extreme_weight`: some weight's magnitude exceeds `extreme_weight_abs` (1e6, guide §2.1).
+"""`extreme_weight`: some weight's magnitude exceeds `detectors.extreme_weight.abs_limit` (1e6,
+guide §2.1).
 
 Reported when a parameter first crosses the limit, not again on every sampled step while it
 stays above (an event makes the next step sampled, so repeating it would sample every step and
@@ -28,7 +29,7 @@ class ExtremeWeight(Detector):
         """Parameters reported above the limit and not seen back below it since."""
 
     def check(self, signals: StepSignals) -> list[Event]:
-        limit = self.config.extreme_weight_abs
+        limit = self.config.extreme_weight.abs_limit
         events = []
         for sample in signals.sampled:
             maxabs = sample.per_param.get("weight_maxabs")

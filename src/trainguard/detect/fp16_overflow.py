@@ -12,11 +12,13 @@ Five symptoms, each reported once per episode:
 - the calibration (`info`, once, when it ended): the skips of the run's first steps while the
   scale fell, each at a scale below the skip before it, until `CALIBRATION_SETTLED` steps in a
   row passed without one;
-- `overflow_skips` GradScaler overflow skips within `overflow_window` steps, counted after the
-  calibration ended and after the first `overflow_window` steps (`warning`);
-- a loss scale that has collapsed below `min_loss_scale` (`error`);
-- a float16 activation (sampled steps, under fp16 autocast) above `fp16_limit_fraction` of 65504,
-  or non-finite, naming the first such module in execution order (`warning`);
+- `detectors.fp16_overflow.skips` GradScaler overflow skips within `detectors.fp16_overflow.window`
+  steps, counted after the calibration ended and after the first `detectors.fp16_overflow.window`
+  steps (`warning`);
+- a loss scale that has collapsed below `detectors.fp16_overflow.min_loss_scale` (`error`);
+- a float16 activation (sampled steps, under fp16 autocast) above
+  `detectors.fp16_overflow.limit_fraction` of 65504, or non-finite, naming the first such module in
+  execution order (`warning`);
 - float16 gradients above that limit (`warning`).
 """
 
@@ -28,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -123,7 +125,7 @@ class Fp16Overflow(Detector):
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
-        limit = cfg.fp16_limit_fraction * FP16_MAX
+        limit = cfg.fp16_overflow.limit_fraction * FP16_MAX
         step = signals.step
         events: list[Event] = []
 
@@ -154,29 +156,32 @@ class Fp16Overflow(Detector):
         calibration_skip = self.calibration.see(step, signals.amp_overflow, signals.loss_scale)
         if calibrating and not self.calibration.open and self.calibration.skips:
             events.append(self._calibrated(step, signals.loss_scale))
-        if signals.amp_overflow and not calibration_skip and step >= cfg.overflow_window:
+        if signals.amp_overflow and not calibration_skip and step >= cfg.fp16_overflow.window:
             self.overflow_steps.append(step)
-        while self.overflow_steps and self.overflow_steps[0] <= step - cfg.overflow_window:
+        while self.overflow_steps and self.overflow_steps[0] <= step - cfg.fp16_overflow.window:
             self.overflow_steps.popleft()
-        frequent = step >= cfg.overflow_window and len(self.overflow_steps) >= cfg.overflow_skips
+        frequent = (step >= cfg.fp16_overflow.window
+                    and len(self.overflow_steps) >= cfg.fp16_overflow.skips)
         if self._once("skips", frequent):
             calibration = self.calibration
             after = (f", after its calibration (steps {calibration.first_step}-"
                      f"{calibration.last_step})" if calibration.skips else "")
             events.append(self.event(step, "warning",
                                      f"GradScaler skipped {len(self.overflow_steps)} of the last "
-                                     f"{cfg.overflow_window} steps for inf/NaN gradients{after}: "
+                                     f"{cfg.fp16_overflow.window} steps for inf/NaN "
+                                     f"gradients{after}: "
                                      f"the overflow persists (loss scale now "
                                      f"{scale_text(signals.loss_scale)})",
                                      value=float(len(self.overflow_steps)), symptom="skips",
                                      loss_scale=signals.loss_scale))
 
         scale = signals.loss_scale
-        if self._once("scale", scale is not None and scale < cfg.min_loss_scale):
+        if self._once("scale", scale is not None and scale < cfg.fp16_overflow.min_loss_scale):
             events.append(self.event(step, "error",
                                      f"AMP loss scale collapsed to {scale:.3g} (below "
-                                     f"{cfg.min_loss_scale:g}): the model overflows float16 even "
-                                     "unscaled", value=scale, symptom="scale"))
+                                     f"{cfg.fp16_overflow.min_loss_scale:g}): the model "
+                                     "overflows float16 even unscaled", value=scale,
+                                     symptom="scale"))
         return events
 
     def _calibrated(self, step: int, scale: float | None) -> Event:

@@ -1,20 +1,21 @@
 """`grad_explosion`: the pre-clip global gradient norm is far above normal.
 
-Two rules. The guide's absolute rule of thumb (norm > `grad_norm_abs_threshold`, 1000) applies
-before the baseline is warm, and afterwards when the norm is also `grad_norm_abs_min_ratio` times
-the run's typical norm and outside its noise (`grad_norm_zscore`). The adaptive rule compares the
-norm with a robust baseline of this run (median and MAD of recent log-norms), so a model whose
-normal norm is 50 and one whose normal norm is 0.5 are judged on their own scale. Below the
-absolute limit, a run that has shown one-step jumps that were back to normal at the next step
-(heavy-tailed data) must jump `transient_margin` beyond the largest of them to count.
+Two rules. The guide's absolute rule of thumb (norm > `detectors.grad_explosion.abs_threshold`,
+1000) applies before the baseline is warm, and afterwards when the norm is also
+`detectors.grad_explosion.abs_min_ratio` times the run's typical norm and outside its noise
+(`detectors.grad_explosion.zscore`). The adaptive rule compares the norm with a robust baseline of
+this run (median and MAD of recent log-norms), so a model whose normal norm is 50 and one whose
+normal norm is 0.5 are judged on their own scale. Below the absolute limit, a run that has shown
+one-step jumps that were back to normal at the next step (heavy-tailed data) must jump
+`detectors.common.transient_margin` beyond the largest of them to count.
 
-A gradient that blew up (above the absolute limit, or `grad_norm_error_ratio` times the typical
-norm) is an error at once. A smaller jump is first an outlier batch (`info`, naming the step),
-which the Guard acts on at once all the same (the adaptive clip's alarm, the recover policy's skip
-and watch); it is told again as a warning only if the norm is still `grad_norm_ratio` times the
-typical one (or non-finite) at the next step, or on two of the three steps after the jump
-(`detect.base.Outlier`): a one-batch jump that came back did no lasting harm (`loss_spike` tells
-the same of the loss).
+A gradient that blew up (above the absolute limit, or `detectors.grad_explosion.error_ratio` times
+the typical norm) is an error at once. A smaller jump is first an outlier batch (`info`, naming the
+step), which the Guard acts on at once all the same (the adaptive clip's alarm, the recover policy's
+skip and watch); it is told again as a warning only if the norm is still
+`detectors.grad_explosion.ratio` times the typical one (or non-finite) at the next step, or on two
+of the three steps after the jump (`detect.base.Outlier`): a one-batch jump that came back did no
+lasting harm (`loss_spike` tells the same of the loss).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event, Severity
 from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
 
@@ -34,10 +35,10 @@ class GradExplosion(OutlierDetector):
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
-        self.baseline = RobustBaseline(config.baseline_window, config.min_log_scale)
-        self.transients = TransientJumps(config.transient_horizon,
-                                         math.log(config.transient_margin))
-        self.episode = Episode(config.rearm_steps)
+        self.baseline = RobustBaseline(config.common.baseline_window, config.common.min_log_scale)
+        self.transients = TransientJumps(config.common.transient_horizon,
+                                         math.log(config.common.transient_margin))
+        self.episode = Episode(config.common.rearm_steps)
         self.outlier: Outlier | None = None
         """The last jump, told as an outlier batch, while the norms after it have not yet said
         whether it did harm."""
@@ -50,23 +51,23 @@ class GradExplosion(OutlierDetector):
         log_norm = safe_log(norm)
         if not math.isfinite(log_norm):  # up, when it went on to NaN or inf; 0 is back
             return self._judge_outlier(signals, up=not math.isfinite(norm))
-        warm = len(self.baseline) >= max(cfg.warmup_steps, 1)
+        warm = len(self.baseline) >= max(cfg.common.warmup_steps, 1)
         median, scale = self.baseline.stats() if warm else (math.nan, math.nan)
         typical = math.exp(median) if warm else math.nan
         excess = log_norm - median if warm else math.nan
-        events = self._judge_outlier(signals, up=excess >= math.log(cfg.grad_norm_ratio))
-        noise_ok = warm and excess >= cfg.grad_norm_zscore * scale
-        adaptive = noise_ok and excess >= math.log(cfg.grad_norm_ratio)
-        absolute = norm > cfg.grad_norm_abs_threshold and (
-            not warm or (noise_ok and excess >= math.log(cfg.grad_norm_abs_min_ratio)))
+        events = self._judge_outlier(signals, up=excess >= math.log(cfg.grad_explosion.ratio))
+        noise_ok = warm and excess >= cfg.grad_explosion.zscore * scale
+        adaptive = noise_ok and excess >= math.log(cfg.grad_explosion.ratio)
+        absolute = norm > cfg.grad_explosion.abs_threshold and (
+            not warm or (noise_ok and excess >= math.log(cfg.grad_explosion.abs_min_ratio)))
         jump = adaptive or absolute
         # a norm above the guide's absolute limit is never routine, whatever the history
-        anomalous = jump and (norm > cfg.grad_norm_abs_threshold
+        anomalous = jump and (norm > cfg.grad_explosion.abs_threshold
                               or excess >= self.transients.threshold(signals.step))
         self.transients.observe(signals.step, excess, jumped=jump and warm,
-                                normal=warm and excess < math.log(cfg.grad_norm_ratio))
+                                normal=warm and excess < math.log(cfg.grad_explosion.ratio))
         # before warm-up there is no baseline to protect: admit the raw value
-        self.baseline.admit(min(log_norm, median + math.log(cfg.grad_norm_ratio))
+        self.baseline.admit(min(log_norm, median + math.log(cfg.grad_explosion.ratio))
                             if jump and warm else log_norm)
         if not self.episode.update(anomalous):
             return events
@@ -75,9 +76,9 @@ class GradExplosion(OutlierDetector):
         if absolute:
             severity = "error"
             message = (f"gradient norm {norm:.4g} is above the absolute limit "
-                       f"{cfg.grad_norm_abs_threshold:g}")
+                       f"{cfg.grad_explosion.abs_threshold:g}")
         else:
-            severity = "error" if ratio >= cfg.grad_norm_error_ratio else "info"
+            severity = "error" if ratio >= cfg.grad_explosion.error_ratio else "info"
             message = f"gradient norm {norm:.4g}"
         if warm:
             message += f" ({ratio:.1f}x this run's typical {typical:.3g})"
@@ -89,7 +90,7 @@ class GradExplosion(OutlierDetector):
         if severity == "info":  # blown up it is not: what the next step shows decides
             self.outlier = Outlier(signals.step, norm, typical, ratio)
             message = as_outlier(message, signals.step,
-                                 f"a norm still {cfg.grad_norm_ratio:g}x the typical one")
+                                 f"a norm still {cfg.grad_explosion.ratio:g}x the typical one")
             details["outlier"] = True
         return [*events, self.event(signals.step, severity, message, param=param, value=norm,
                                     baseline=typical if warm else None,

@@ -3,19 +3,20 @@
 Reads `adam_ratio_rms` (`probes/adam_ratio.py`), measured every step: per watched parameter, the
 gradient's RMS over the RMS of sqrt(v_hat), sqrt(sum g^2 / sum v_hat). Each parameter is compared
 with its own median over the last `baseline_window` steps (a steady run sits near 1, some
-parameters a little above). When a parameter's ratio is `precursor_ratio` times its median,
-`precursor_zscore` robust standard deviations of its own log ratio above it (heavy-tailed data
-makes single parameters' ratios swing with every batch), and at least `precursor_abs_min`, for
-`precursor_steps` steps in a row, while its median over the last `precursor_trend_window` steps is
-already above the long one (a level creeping up, not a burst), the gradient is outgrowing what
-Adam has seen of it. That is what comes before a loss spike when the LR is past what the weights
-can take (the update directions Adam normalises by a stale v), and when a parameter whose v
-decayed gets a large gradient again (Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps
-after). The event names the parameter (the layer), the signal's level against its median, its
-trend against its value before the steps above (`detect/trend.py`, that value named) and the
-lead to expect; it stays silent while the baseline is young (`precursor_warmup` steps with a
-ratio measured: steps where every parameter reads 0, Adam without state yet while a GradScaler
-skips its first steps, do not count) and reports an episode once.
+parameters a little above). When a parameter's ratio is `detectors.instability_precursor.ratio`
+times its median, `detectors.instability_precursor.zscore` robust standard deviations of its own log
+ratio above it (heavy-tailed data makes single parameters' ratios swing with every batch), and at
+least `detectors.instability_precursor.abs_min`, for `detectors.instability_precursor.steps` steps
+in a row, while its median over the last `detectors.instability_precursor.trend_window` steps is
+already above the long one (a level creeping up, not a burst), the gradient is outgrowing what Adam
+has seen of it. That is what comes before a loss spike when the LR is past what the weights can take
+(the update directions Adam normalises by a stale v), and when a parameter whose v decayed gets a
+large gradient again (Wortsman et al. 2023, arXiv 2304.13013: spikes 1-8 steps after). The event
+names the parameter (the layer), the signal's level against its median, its trend against its value
+before the steps above (`detect/trend.py`, that value named) and the lead to expect; it stays silent
+while the baseline is young (`detectors.instability_precursor.warmup` steps with a ratio measured:
+steps where every parameter reads 0, Adam without state yet while a GradScaler skips its first
+steps, do not count) and reports an episode once.
 
 Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
 and one burst does not lift the level it is compared with.
@@ -23,8 +24,8 @@ and one burst does not lift the level it is compared with.
 Three rises are not the weights going wrong, and are taken off or left out first:
 - the clip's: the probe's g is the gradient before clipping, while v was fed the clipped
   gradients the optimizer was given; a norm above the clip limit in force (`clip_limit`, such as
-  a Trainer's `max_grad_norm=1.0` on a regression head whose norm sits above 1) lifts the ratio by
-  norm / limit, which Adam never sees: the ratio is judged at the clipped gradient;
+  a Trainer's `clip.max_grad_norm=1.0` on a regression head whose norm sits above 1) lifts the ratio
+  by norm / limit, which Adam never sees: the ratio is judged at the clipped gradient;
 - the batch's: a batch with fewer elements than the typical one has a noisier gradient
   (length curricula, `group_by_length`), and a batch whose loss is above the typical one (a
   heavy-tailed draw) steeper slopes (`detect/batch_noise.py`);
@@ -41,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
 from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.columns import column_medians
 from trainguard.detect.output_growth import OutputGrowth
+from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
@@ -84,19 +85,19 @@ class InstabilityPrecursor(Detector):
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
-        self.history: deque[np.ndarray] = deque(maxlen=config.baseline_window)
+        self.history: deque[np.ndarray] = deque(maxlen=config.common.baseline_window)
         self.streak = np.zeros(0, dtype=np.int64)
         self.first: np.ndarray = np.zeros(0)
         """Each parameter's ratio before its current streak began: its last finite value kept
         (for the trend)."""
         self.sudden = np.zeros(0, dtype=bool)
         """Whether each parameter's current streak started with a jump (it does not count)."""
-        self.episode = Episode(config.rearm_steps)
+        self.episode = Episode(config.common.rearm_steps)
         self.attention = AttentionLogitTracker(config)
         """The attention layers' largest logits (`detect/attention_logits.py`)."""
         self.growth = OutputGrowth(config)
         """log Z and Adam's update RMS (`detect/output_growth.py`): events of this kind."""
-        self.batch_noise = BatchNoise(config.baseline_window)
+        self.batch_noise = BatchNoise(config.common.baseline_window)
         """The rise of the ratio that a batch smaller than the typical one explains
         (`detect/batch_noise.py`), taken off before the ratio is judged."""
         self.discount = 0.0
@@ -128,7 +129,7 @@ class InstabilityPrecursor(Detector):
             self.sudden = np.zeros(values.shape, dtype=bool)
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
-        if len(self.history) < self.config.precursor_warmup:
+        if len(self.history) < self.config.instability_precursor.warmup:
             if np.isfinite(logs).any():  # a step with nothing measured does not age the baseline
                 self.history.append(logs)
             return []
@@ -139,31 +140,34 @@ class InstabilityPrecursor(Detector):
         if self._quiet(values, logs):
             return []
         stacked = np.stack(self.history)
-        seen = np.isfinite(stacked).sum(axis=0) >= cfg.precursor_warmup // 2
+        seen = np.isfinite(stacked).sum(axis=0) >= cfg.instability_precursor.warmup // 2
         known = np.where(seen, stacked, np.nan)
         level = column_medians(known)
         spread = MAD_TO_STD * column_medians(np.abs(known - level))
         # both far above the level and far outside the parameter's own noise (heavy-tailed
         # data makes single parameters' ratios swing with every batch)
-        bound = level + np.maximum(math.log(cfg.precursor_ratio),
-                                   cfg.precursor_zscore * np.maximum(spread, cfg.min_log_scale))
-        high = seen & np.isfinite(logs) & (logs >= bound) & (values >= cfg.precursor_abs_min)
+        bound = level + np.maximum(math.log(cfg.instability_precursor.ratio),
+                                   cfg.instability_precursor.zscore
+                                   * np.maximum(spread, cfg.common.min_log_scale))
+        high = (seen & np.isfinite(logs) & (logs >= bound)
+                & (values >= cfg.instability_precursor.abs_min))
         starts = high & (self.streak == 0)
         # a streak that starts far above the level in one step is a parameter waking up (a dead
         # unit, a rare row seen again: v near 0), not a moment lagging a growing gradient
-        self.sudden = np.where(starts, logs - level >= math.log(cfg.precursor_sudden_ratio),
+        self.sudden = np.where(starts,
+                               logs - level >= math.log(cfg.instability_precursor.sudden_ratio),
                                self.sudden & high)
         if starts.any():
             self.first = np.where(starts, np.exp(_last_finite(stacked)), self.first)
         self.streak = np.where(high, self.streak + 1, 0)
         self.history.append(np.where(high, bound, logs))
-        firing = (self.streak >= cfg.precursor_steps) & ~self.sudden
-        if cfg.precursor_trend_window and firing.any():
+        firing = (self.streak >= cfg.instability_precursor.steps) & ~self.sudden
+        if cfg.instability_precursor.trend_window and firing.any():
             # a lasting rise lifts the recent level first; a 2-3 step burst from a flat or low
             # level does not (the history holds the streak's own steps capped at the bound)
-            recent = column_medians(known[-cfg.precursor_trend_window:])
+            recent = column_medians(known[-cfg.instability_precursor.trend_window:])
             with np.errstate(invalid="ignore"):
-                firing &= recent - level >= math.log(cfg.precursor_trend_ratio)
+                firing &= recent - level >= math.log(cfg.instability_precursor.trend_ratio)
         if firing.any() and self.growth.learning():
             firing[:] = False  # a model still learning, not a lagging moment
         if not self.episode.update(bool(firing.any())):
@@ -172,9 +176,10 @@ class InstabilityPrecursor(Detector):
         return [self._event(signals, index, values[index], math.exp(level[index]))]
 
     def _quiet(self, values: np.ndarray, logs: np.ndarray) -> bool:
-        """The usual step, with no ratio up to `precursor_abs_min`: nothing can be high, so the
-        state moves as `_judge` would move it, without its medians (most of its cost)."""
-        if (values >= self.config.precursor_abs_min).any():
+        """The usual step, with no ratio up to `detectors.instability_precursor.abs_min`: nothing
+        can be high, so the state moves as `_judge` would move it, without its medians (most of its
+        cost)."""
+        if (values >= self.config.instability_precursor.abs_min).any():
             return False
         self.streak[:] = 0
         self.sudden[:] = False
@@ -201,7 +206,8 @@ class InstabilityPrecursor(Detector):
             f"outgrows Adam's second moment, and a loss spike often follows within "
             f"{EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, baseline=typical, ratio=ratio,
-            bound=max(self.config.precursor_abs_min, self.config.precursor_ratio * typical),
+            bound=max(self.config.instability_precursor.abs_min,
+                      self.config.instability_precursor.ratio * typical),
             steps_above=steps, trend=rise, before=first, expected_lead=EXPECTED_LEAD,
             batch_discount=math.exp(self.discount), clip_factor=self.clipped)
 

@@ -1,17 +1,18 @@
 """`loss_divergence`: a sustained upward trend of the loss.
 
 Two levels, in log space. The *best* level is slow and robust: the lowest value of a
-bias-corrected exponential moving average (span `divergence_span`; until it has seen many steps
-it is close to the plain mean, so one unlucky first batch does not set it), or the median of
-the warm-up's losses if lower (a run that blows up in its first steps and stays up diverges
-too). The *current* level is fast: the median of the last `divergence_window` losses, which one
-outlier batch cannot move. The run diverges when the current level stays `divergence_ratio`
-above the best, and more than `divergence_zscore` times the run's own noise (the robust spread
-of its step-to-step changes, which a trend does not inflate, so a noisy run needs a clearer
-rise), for `divergence_patience` consecutive steps after `warmup_steps`. A loss that climbs
-gradually is reported about `divergence_window / 2 + divergence_patience` steps after it crossed
-the ratio. A rise within float noise at the scale the loss started at (`loss_resolution` of it) is
-none, however large its ratio near zero.
+bias-corrected exponential moving average (span `detectors.loss_divergence.span`; until it has seen
+many steps it is close to the plain mean, so one unlucky first batch does not set it), or the median
+of the warm-up's losses if lower (a run that blows up in its first steps and stays up diverges
+too). The *current* level is fast: the median of the last `detectors.loss_divergence.window` losses,
+which one outlier batch cannot move. The run diverges when the current level stays
+`detectors.loss_divergence.ratio` above the best, and more than `detectors.loss_divergence.zscore`
+times the run's own noise (the robust spread of its step-to-step changes, which a trend does not
+inflate, so a noisy run needs a clearer rise), for `detectors.loss_divergence.patience` consecutive
+steps after `warmup_steps`. A loss that climbs gradually is reported about
+`divergence_window / 2 + divergence_patience` steps after it crossed the ratio. A rise within float
+noise at the scale the loss started at (`detectors.common.loss_resolution` of it) is none, however
+large its ratio near zero.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import statistics
 from collections import deque
 from typing import Any
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log
 
@@ -40,15 +41,15 @@ class LossDivergence(Detector):
         self.above = 0
         self.start: list[float] = []
         """Log losses of the warm-up steps (their median is where the run started)."""
-        self.recent: deque[float] = deque(maxlen=config.divergence_window)
-        self.noise = RobustBaseline(config.baseline_window, config.min_log_scale)
+        self.recent: deque[float] = deque(maxlen=config.loss_divergence.window)
+        self.noise = RobustBaseline(config.common.baseline_window, config.common.min_log_scale)
         self.bends: list[float] = []
-        """The loss curvature of the last `divergence_patience` steps."""
-        self.episode = Episode(config.rearm_steps)
-        self.origin = LossOrigin(config.warmup_steps, config.loss_resolution)
+        """The loss curvature of the last `detectors.loss_divergence.patience` steps."""
+        self.episode = Episode(config.common.rearm_steps)
+        self.origin = LossOrigin(config.common.warmup_steps, config.common.loss_resolution)
 
     def smoothed(self) -> float:
-        decay = 1.0 - 2.0 / (self.config.divergence_span + 1)
+        decay = 1.0 - 2.0 / (self.config.loss_divergence.span + 1)
         return self.raw / (1.0 - decay ** self.seen)
 
     def check(self, signals: StepSignals) -> list[Event]:
@@ -59,39 +60,42 @@ class LossDivergence(Detector):
         if not math.isfinite(log_loss):
             return []
         self.origin.observe(signals.loss)
-        margin = math.log(cfg.divergence_ratio)
+        margin = math.log(cfg.loss_divergence.ratio)
         if signals.loss_curvature is not None:  # the guide's second derivative, as evidence
-            self.bends = [*self.bends[-(cfg.divergence_patience - 1):], signals.loss_curvature]
+            self.bends = [*self.bends[-(cfg.loss_divergence.patience - 1):], signals.loss_curvature]
         if self.recent:  # step-to-step changes: their spread is the noise, whatever the trend
             self.noise.admit(log_loss - self.recent[-1])
         self.recent.append(log_loss)
         if self.seen:
             log_loss = min(log_loss, self.smoothed() + 2 * margin)
-        decay = 1.0 - 2.0 / (cfg.divergence_span + 1)
+        decay = 1.0 - 2.0 / (cfg.loss_divergence.span + 1)
         self.raw = decay * self.raw + (1 - decay) * log_loss
         self.seen += 1
         ema = self.smoothed()
-        if self.seen <= cfg.warmup_steps:
+        if self.seen <= cfg.common.warmup_steps:
             self.start.append(log_loss)
             return []
-        if len(self.start) == cfg.warmup_steps:  # the warm-up's median: where the run started
+        # the warm-up's median: where the run started
+        if len(self.start) == cfg.common.warmup_steps:
             self.best = min(self.best, statistics.median(self.start))
             self.start.append(math.inf)  # counted once
         self.best = min(self.best, ema)
         level = statistics.median(self.recent)
         rise = level - self.best
         noise = self.noise.stats()[1] / math.sqrt(2) if len(self.noise) else 0.0
-        self.above = (self.above + 1 if rise >= margin and rise >= cfg.divergence_zscore * noise
+        self.above = (self.above + 1
+                      if rise >= margin and rise >= cfg.loss_divergence.zscore * noise
                       and not self.origin.negligible(math.exp(level) - math.exp(self.best))
                       else 0)
-        if not self.episode.update(self.above >= cfg.divergence_patience):
+        if not self.episode.update(self.above >= cfg.loss_divergence.patience):
             return []
         crossed = signals.step - self.above - len(self.recent) // 2
         bends = self.bends[-self.above:]
         accelerating = bool(bends) and sum(1 for c in bends if c > 0) >= 0.6 * len(bends)
         return [self.event(signals.step, "error",
                            f"the loss (median of the last {len(self.recent)} steps, "
-                           f"{math.exp(level):.4g}) has stayed above {cfg.divergence_ratio:g}x "
+                           f"{math.exp(level):.4g}) has stayed above "
+                           f"{cfg.loss_divergence.ratio:g}x "
                            f"its best {math.exp(self.best):.4g} for {self.above} steps",
                            value=math.exp(level), ratio=math.exp(rise),
                            best=math.exp(self.best), crossed=max(crossed, 0),
@@ -110,7 +114,7 @@ class LossDivergence(Detector):
         self.above = int(state["above"])
         self.start = [float(v) for v in state.get("start", [])]
         self.recent = deque((float(v) for v in state.get("recent", [])),
-                            maxlen=self.config.divergence_window)
+                            maxlen=self.config.loss_divergence.window)
         if "noise" in state:
             self.noise.load_state_dict(state["noise"])
         self.bends = [float(v) for v in state.get("bends", [])]

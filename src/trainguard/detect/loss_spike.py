@@ -1,28 +1,29 @@
 """`loss_spike`: a sudden jump of the loss against a robust recent baseline.
 
 Catches the guide's "rocket launch" (2.3 -> 1e8) and smaller jumps (3x) that stand far outside the
-run's own noise. The baseline level is the median of the last `loss_spike_level_window` losses
-(short, so it follows a falling curve); the noise scale is the MAD over `baseline_window` steps.
-Works in log space on positive losses. Before the baseline is warm (the first `warmup_steps`
-steps) a jump must reach `loss_spike_early_ratio` against the few values seen so far, so that a
-learning rate that blows the run up at its very first steps is caught. A run whose data has heavy
-tails shows one-step jumps that are back to normal at the next step; once it has, a new jump must
-go `transient_margin` beyond the largest such jump of the last `transient_horizon` steps. A jump
-within float noise at the scale the loss started at (`loss_resolution` of it) is none, however
-large its ratio near zero. A spike records the most a cross-entropy of the model's own class
-scores could cost at its step (`details["ce_ceiling"]`, when `probes/logz.py` measured it), and
-says when the loss stands beyond it (`diagnose/loss_bound.py`): the cause ranking reads it.
+run's own noise. The baseline level is the median of the last `detectors.loss_spike.level_window`
+losses (short, so it follows a falling curve); the noise scale is the MAD over `baseline_window`
+steps. Works in log space on positive losses. Before the baseline is warm (the first `warmup_steps`
+steps) a jump must reach `detectors.loss_spike.early_ratio` against the few values seen so far, so
+that a learning rate that blows the run up at its very first steps is caught. A run whose data has
+heavy tails shows one-step jumps that are back to normal at the next step; once it has, a new jump
+must go `detectors.common.transient_margin` beyond the largest such jump of the last
+`detectors.common.transient_horizon` steps. A jump within float noise at the scale the loss started
+at (`detectors.common.loss_resolution` of it) is none, however large its ratio near zero. A spike
+records the most a cross-entropy of the model's own class scores could cost at its step
+(`details["ce_ceiling"]`, when `probes/logz.py` measured it), and says when the loss stands beyond
+it (`diagnose/loss_bound.py`): the cause ranking reads it.
 
 A jump is known at once; the harm it did is not. One batch can lift the loss by orders of
 magnitude (a heavy-tailed target, a mislabelled sample) and leave the run as it was. So a jump is
 first told as what it is known to be, an outlier batch (`info`, naming the step), which the Guard
 still acts on at once (the adaptive clip's alarm, the recover policy's skip and watch: the kind's
 tags and reaction, whatever the severity). The losses after it say whether it did harm: a loss
-still `loss_spike_ratio` times the level (or non-finite) at the next step, or on two of the three
-steps after the jump, has not come back (`detect.base.Outlier`), and the jump is told again at
-that step as a warning, or an error from `loss_spike_error_ratio`; a loss back at its level
-leaves the outlier at `info`. A loss beyond what the model's class scores allow is no batch's
-cross-entropy, however far out the batch: that jump is told at once at its size.
+still `detectors.loss_spike.ratio` times the level (or non-finite) at the next step, or on two of
+the three steps after the jump, has not come back (`detect.base.Outlier`), and the jump is told
+again at that step as a warning, or an error from `detectors.loss_spike.error_ratio`; a loss back at
+its level leaves the outlier at `info`. A loss beyond what the model's class scores allow is no
+batch's cross-entropy, however far out the batch: that jump is told at once at its size.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
+from trainguard.detect.settings import DetectorConfig
 from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, ceiling_of, describe
 from trainguard.events import Event, Severity
 from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, TransientJumps, safe_log
@@ -43,11 +44,11 @@ class LossSpike(OutlierDetector):
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
-        self.baseline = RobustBaseline(config.baseline_window, config.min_log_scale)
-        self.transients = TransientJumps(config.transient_horizon,
-                                         math.log(config.transient_margin))
-        self.episode = Episode(config.rearm_steps)
-        self.origin = LossOrigin(config.warmup_steps, config.loss_resolution)
+        self.baseline = RobustBaseline(config.common.baseline_window, config.common.min_log_scale)
+        self.transients = TransientJumps(config.common.transient_horizon,
+                                         math.log(config.common.transient_margin))
+        self.episode = Episode(config.common.rearm_steps)
+        self.origin = LossOrigin(config.common.warmup_steps, config.common.loss_resolution)
         self.outlier: Outlier | None = None
         """The last jump, told as an outlier batch, while the losses after it have not yet said
         whether it did harm."""
@@ -68,12 +69,12 @@ class LossSpike(OutlierDetector):
             self.baseline.admit(log_loss)
             return []
         _, scale = self.baseline.stats()
-        level = self.baseline.recent_median(cfg.loss_spike_level_window)
+        level = self.baseline.recent_median(cfg.loss_spike.level_window)
         excess = log_loss - level
-        warm = n >= cfg.warmup_steps
-        threshold = math.log(cfg.loss_spike_ratio if warm else cfg.loss_spike_early_ratio)
+        warm = n >= cfg.common.warmup_steps
+        threshold = math.log(cfg.loss_spike.ratio if warm else cfg.loss_spike.early_ratio)
         events = self._judge_outlier(signals, up=excess >= threshold)
-        jump = (excess >= threshold and excess >= cfg.loss_spike_zscore * scale
+        jump = (excess >= threshold and excess >= cfg.loss_spike.zscore * scale
                 and not self.origin.negligible(signals.loss - math.exp(level)))
         spike = jump and excess >= self.transients.threshold(signals.step)
         self.transients.observe(signals.step, excess, jumped=jump, normal=excess < threshold)
@@ -101,7 +102,7 @@ class LossSpike(OutlierDetector):
         batch of data costs a cross-entropy there, so it is no outlier batch."""
         assert signals.loss is not None
         ratio, typical = math.exp(excess), math.exp(level)
-        severity: Severity = "error" if ratio >= self.config.loss_spike_error_ratio else "warning"
+        severity: Severity = "error" if ratio >= self.config.loss_spike.error_ratio else "warning"
         event = self.event(
             signals.step, severity,
             f"loss jumped to {signals.loss:.4g}, {ratio:.3g}x its recent median {typical:.4g}"
@@ -113,7 +114,7 @@ class LossSpike(OutlierDetector):
     def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
         assert signals.loss is not None
         cfg = self.config
-        severity: Severity = "error" if outlier.ratio >= cfg.loss_spike_error_ratio else "warning"
+        severity: Severity = "error" if outlier.ratio >= cfg.loss_spike.error_ratio else "warning"
         event = self.event(
             signals.step, severity,
             f"loss jumped to {outlier.value:.4g} at step {outlier.step}, {outlier.ratio:.3g}x its "

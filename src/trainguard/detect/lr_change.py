@@ -1,13 +1,13 @@
 """`lr_change`: a parameter group's learning rate rose far above anything it had used before.
 
 Schedules move the LR smoothly (warmup climbs by small steps, decay falls, a restart returns to a
-level already used), so a rise of `lr_jump_ratio` (3x) above the highest LR a group ever had, in
-one step, is someone's code changing it: a multiplier applied by the training loop, a wrongly
-configured restart, a scheduler stepped per batch instead of per epoch. A group's first
+level already used), so a rise of `detectors.lr_change.ratio` (3x) above the highest LR a group ever
+had, in one step, is someone's code changing it: a multiplier applied by the training loop, a
+wrongly configured restart, a scheduler stepped per batch instead of per epoch. A group's first
 `warmup_steps` LRs only set its history (a warmup from a tiny start factor rises 10x in its
 first step). A group added mid-run (a block unfrozen with `add_param_group`) whose first LR is
-`lr_jump_ratio` above the highest LR any group had used counts the same way: the head's LR
-handed to a pre-trained block. The event is `info`: a
+`detectors.lr_change.ratio` above the highest LR any group had used counts the same way: the head's
+LR handed to a pre-trained block. The event is `info`: a
 deliberate change is not a fault by itself. It is evidence: trouble that follows within the next
 steps ranks `lr_too_high` first, naming the change ("LR x1000 at step 60").
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -38,7 +38,7 @@ class LRChange(Detector):
     def check(self, signals: StepSignals) -> list[Event]:
         jumps: list[tuple[int, float, float, float]] = []  # group, lr, before, highest
         added: list[tuple[int, float, float]] = []  # group, lr, the highest of the others
-        settled_before = any(seen >= self.config.warmup_steps for seen in self.seen)
+        settled_before = any(seen >= self.config.common.warmup_steps for seen in self.seen)
         top_before = max(self.highest, default=0.0)
         for group, lr in enumerate(signals.group_lrs):
             if group >= len(self.highest):  # a group added mid-run starts its own history
@@ -46,14 +46,14 @@ class LRChange(Detector):
                 self.previous.append(0.0)
                 self.seen.append(0)
                 if (settled_before and top_before > 0 and math.isfinite(lr)
-                        and lr >= self.config.lr_jump_ratio * top_before
+                        and lr >= self.config.lr_change.ratio * top_before
                         and not signals.lr_managed):
                     added.append((group, lr, top_before))
             if not math.isfinite(lr) or lr <= 0:
                 continue
             top = self.highest[group]
-            settled = self.seen[group] >= self.config.warmup_steps
-            if (settled and top > 0 and lr >= self.config.lr_jump_ratio * top
+            settled = self.seen[group] >= self.config.common.warmup_steps
+            if (settled and top > 0 and lr >= self.config.lr_change.ratio * top
                     and not signals.lr_managed):  # trainguard's own backoff is no news
                 jumps.append((group, lr, self.previous[group], top))
             self.highest[group] = max(top, lr)

@@ -4,13 +4,13 @@ Fed by `guard.observe_eval(metrics)` (and by the Hugging Face and Lightning call
 evaluation metrics), not by the step signals. Three rules, each reported once per episode:
 
 - **accuracy at chance**: a metric whose name holds "acc" falls to within `CHANCE_MARGIN` of
-  1 / classes (`GuardConfig.num_classes`, or the width of the model's class scores) after it was
-  clearly above chance: the model stopped telling the classes apart. A model that has not yet
+  1 / classes (`GuardConfig.probes.num_classes`, or the width of the model's class scores) after it
+  was clearly above chance: the model stopped telling the classes apart. A model that has not yet
   learned (at chance from the start) is no alarm.
 - **eval loss rising while the train loss falls**: the median of an eval loss's last
-  `eval_patience` evaluations is 10% above its best such median and beyond four times the
-  evaluations' own noise (the spread of their changes), while the train loss fell since that
-  best: overfitting, or training on data that no longer matches the evaluation (wrong labels).
+  `detectors.metric_collapse.patience` evaluations is 10% above its best such median and beyond four
+  times the evaluations' own noise (the spread of their changes), while the train loss fell since
+  that best: overfitting, or training on data that no longer matches the evaluation (wrong labels).
 - **a metric falling off a cliff**: a higher-is-better metric below half its best, or a
   lower-is-better one (a loss, a perplexity, an error rate) above three times its best.
 
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
 
-from trainguard.config import DetectorConfig
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD
 
@@ -120,7 +120,7 @@ class MetricCollapse:
 
     def _rising(self, name: str, value: float, step: int,
                 train_loss: float | None) -> list[Event]:
-        window = self.config.eval_patience
+        window = self.config.metric_collapse.patience
         history = self.history.setdefault(name, [])
         history.append(value)
         del history[:-HISTORY]

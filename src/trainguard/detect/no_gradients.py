@@ -1,7 +1,7 @@
 """`no_gradients`: the loss is finite yet no watched parameter has a gradient.
 
-Every gradient is None or exactly zero for `no_gradient_steps` optimizer steps in a row while
-the loss is finite: `loss.backward()` was forgotten (or called on another tensor), every
+Every gradient is None or exactly zero for `detectors.no_gradients.steps` optimizer steps in a row
+while the loss is finite: `loss.backward()` was forgotten (or called on another tensor), every
 parameter is frozen, or the loss was computed under `torch.no_grad()` / detached, so nothing
 trains and the optimizer steps do nothing (or only decay the weights). Reported once per
 episode; the message says when the loss handed to the Guard does not require grad, which
@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector, Episode
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -27,7 +27,7 @@ class NoGradients(Detector):
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
         self.streak = 0
-        self.episode = Episode(config.rearm_steps)
+        self.episode = Episode(config.common.rearm_steps)
 
     def check(self, signals: StepSignals) -> list[Event]:
         loss = signals.loss
@@ -36,7 +36,7 @@ class NoGradients(Detector):
             return []
         empty = signals.grad_norm == 0.0  # NaN compares unequal: a NaN step is not empty
         self.streak = self.streak + 1 if empty else 0
-        if not self.episode.update(self.streak >= self.config.no_gradient_steps):
+        if not self.episode.update(self.streak >= self.config.no_gradients.steps):
             return []
         first = signals.step - self.streak + 1
         if signals.loss_requires_grad is False:

@@ -32,8 +32,8 @@ import statistics
 from collections import deque
 from typing import Any
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector
+from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.stall_reason import StallEvidence, StallReason, run_lr
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
@@ -123,7 +123,7 @@ class NoProgress(Detector):
         super().__init__(config)
         self.start: list[float] = []
         self.recent: deque[float] = deque(maxlen=STALL_WINDOW)
-        self.history: deque[float] = deque(maxlen=config.stall_steps)
+        self.history: deque[float] = deque(maxlen=config.no_progress.steps)
         """The losses of the working steps judged (bounded by `stall_steps`)."""
         self.grad_start: list[float] = []
         self.grad_recent: deque[float] = deque(maxlen=STALL_WINDOW)
@@ -163,7 +163,7 @@ class NoProgress(Detector):
             self.evidence.see(signals, lr)
             if loss is not None and math.isfinite(loss):
                 self.history.append(loss)
-        if (self.working_steps < self.config.stall_steps or len(self.start) < STALL_WINDOW
+        if (self.working_steps < self.config.no_progress.steps or len(self.start) < STALL_WINDOW
                 or len(self.recent) < STALL_WINDOW):
             return []
         history = list(self.history)
@@ -210,7 +210,7 @@ class NoProgress(Detector):
         self.start = [float(v) for v in state.get("start", [])]
         self.recent = deque((float(v) for v in state.get("recent", [])), maxlen=STALL_WINDOW)
         self.history = deque((float(v) for v in state.get("history", [])),
-                             maxlen=self.config.stall_steps)
+                             maxlen=self.config.no_progress.steps)
         self.grad_start = [float(v) for v in state.get("grad_start", [])]
         self.grad_recent = deque((float(v) for v in state.get("grad_recent", [])),
                                  maxlen=STALL_WINDOW)

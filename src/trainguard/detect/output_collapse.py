@@ -1,15 +1,16 @@
 """`output_collapse`: the model predicts the same thing for every input, when it did not before.
 
 Read from the output probe on sampled steps. For class scores (a classifier's B x C logits, a
-language model's B x T x V): at least `collapse_mode_share` (98%) of the predictions over the
-batch are one class ("every sample predicted class 2"; a language model repeating one token).
-For a continuous output (a denoiser's predicted noise, a regression): its spread has fallen below
-1/`output_std_ratio` of its recent level (the median of the last sampled steps), or risen above
-`output_std_ratio` times it. A model learning its output's scale changes it gradually between
-sampled steps; a collapse or an explosion is a jump. Class predictions count only after the model
-was seen predicting varied classes *once it had learned* (its loss at most `LEARNED_SHARE` of its
-first one): a fresh classifier often predicts one class for everything before it learns, and a
-fresh language model passes through predicting its most frequent token, which is no alarm.
+language model's B x T x V): at least `detectors.output_collapse.mode_share` (98%) of the
+predictions over the batch are one class ("every sample predicted class 2"; a language model
+repeating one token). For a continuous output (a denoiser's predicted noise, a regression): its
+spread has fallen below 1/`detectors.output_collapse.std_ratio` of its recent level (the median of
+the last sampled steps), or risen above `detectors.output_collapse.std_ratio` times it. A model
+learning its output's scale changes it gradually between sampled steps; a collapse or an explosion
+is a jump. Class predictions count only after the model was seen predicting varied classes *once it
+had learned* (its loss at most `LEARNED_SHARE` of its first one): a fresh classifier often predicts
+one class for everything before it learns, and a fresh language model passes through predicting its
+most frequent token, which is no alarm.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class OutputCollapse(Detector):
         share, cls = out.get("out_mode_share", math.nan), out.get("out_mode_class", -1.0)
         if not math.isfinite(share) or out.get("out_count", 0.0) < MIN_PREDICTIONS:
             return None
-        if share < self.config.collapse_mode_share:
+        if share < self.config.output_collapse.mode_share:
             self.varied = self.varied or (self.learned and share < 0.9)
             return None
         if not self.varied:
@@ -86,7 +87,7 @@ class OutputCollapse(Detector):
             return None  # non-finite outputs are the non-finite detectors' business
         recent = self.recent_std
         level = statistics.median(recent) if len(recent) >= MIN_SAMPLES else math.nan
-        ratio = self.config.output_std_ratio
+        ratio = self.config.output_collapse.std_ratio
         how = what = ""
         if level > 0 and std < level / ratio:
             how, what = "collapsed", f"fell to {std:.3g} from {level:.3g}"

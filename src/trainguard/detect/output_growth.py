@@ -6,31 +6,33 @@ it, expected_lead), so the LR brake, the ranking and the sinks treat them alike.
 
 Signals (measured every step, riding the step's one transfer):
     logz_max         `probes/logz.py`: the largest log Z = logsumexp(logits) over the step's
-                     positions. It warns when it stands `precursor_logz_rise` nats (Z that many
-                     times e) above its own median of the last `baseline_window` steps and
-                     `precursor_zscore` robust deviations above it, on `precursor_steps` of the
-                     last `LOGZ_WITHIN` steps. Cross-entropy only pins the logits' differences:
-                     a log Z that keeps climbing is output logits that grow without bound (an
-                     output head's LR past what it can take, no z-loss), and the loss spikes
-                     once the updates, multiplied by those logits, overshoot. The largest
-                     position leads the mean: on the `logit_growth` scenarios the mean rose
-                     about 2 nats in the 50 steps before the spike (as a healthy run's does
-                     while it learns), the largest position's jumped 3-6 nats above its median
-                     10-20 steps before it. Only while the mean log Z is up too
+                     positions. It warns when it stands `detectors.instability_precursor.logz_rise`
+                     nats (Z that many times e) above its own median of the last `baseline_window`
+                     steps and `detectors.instability_precursor.zscore` robust deviations above it,
+                     on `detectors.instability_precursor.steps` of the last `LOGZ_WITHIN` steps.
+                     Cross-entropy only pins the logits' differences: a log Z that keeps climbing is
+                     output logits that grow without bound (an output head's LR past what it can
+                     take, no z-loss), and the loss spikes once the updates, multiplied by those
+                     logits, overshoot. The largest position leads the mean: on the `logit_growth`
+                     scenarios the mean rose about 2 nats in the 50 steps before the spike (as a
+                     healthy run's does while it learns), the largest position's jumped 3-6 nats
+                     above its median 10-20 steps before it. Only while the mean log Z is up too
                      (`MEAN_RISE`), and not while the loss is still coming down
                      (`LEARNING`): a model that learns raises log Z as it should.
     adam_update_rms  `probes/adam_ratio.py`: per parameter, RMS(m_hat) / RMS(sqrt(v_hat)), the
                      previous update over the LR. Noise keeps it low; gradients that keep one
                      direction step after step lift it towards 1. It warns when a parameter's
-                     value is `precursor_ratio` times its median, `precursor_zscore` robust
-                     deviations of its log above it and at least `precursor_update_min`, for
-                     `precursor_steps` steps in a row.
+                     value is `detectors.instability_precursor.ratio` times its median,
+                     `detectors.instability_precursor.zscore` robust deviations of its log above it
+                     and at least `detectors.instability_precursor.update_min`, for
+                     `detectors.instability_precursor.steps` steps in a row.
 
-Each stays silent while its baseline is young (`precursor_warmup` steps: a model from scratch
-raises log Z while it learns), reports an episode once (log Z again each time it climbs a further
-`precursor_logz_rise` nats within the episode: logits still growing after the warning, which the
-LR brake answers with a lasting ceiling), and lets values above its bound enter the baseline
-capped at the bound (one burst does not lift the level it is compared with).
+Each stays silent while its baseline is young (`detectors.instability_precursor.warmup` steps: a
+model from scratch raises log Z while it learns), reports an episode once (log Z again each time it
+climbs a further `detectors.instability_precursor.logz_rise` nats within the episode: logits still
+growing after the warning, which the LR brake answers with a lasting ceiling), and lets values above
+its bound enter the baseline capped at the bound (one burst does not lift the level it is compared
+with).
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Episode
 from trainguard.detect.columns import column_medians
+from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
 from trainguard.signals import MAD_TO_STD, StepSignals
@@ -58,8 +60,9 @@ UPDATE_LEAD = "~10"
 RECENT = 5
 """Steps over which the trend is read."""
 LOGZ_WITHIN = 4
-"""log Z warns once it was high on `precursor_steps` of the last this many steps: the largest
-position's log Z jumps from batch to batch, a growing one above its bound more and more often."""
+"""log Z warns once it was high on `detectors.instability_precursor.steps` of the last this many
+steps: the largest position's log Z jumps from batch to batch, a growing one above its bound more
+and more often."""
 
 LOGZ_FIXES = ("lower the LR (the output head's group first)",
               "a z-loss, 1e-4 x log Z^2 added to the loss (PaLM)",
@@ -202,12 +205,13 @@ class OutputGrowth:
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
-        window, warmup, rearm = config.baseline_window, config.precursor_warmup, config.rearm_steps
+        window, warmup, rearm = (config.common.baseline_window,
+                                 config.instability_precursor.warmup, config.common.rearm_steps)
         self.logz = Streaks(window, warmup, rearm, LOGZ_WITHIN)
         self.losses: deque[float] = deque(maxlen=window)
         self.means: deque[float] = deque(maxlen=window)
         """The mean log Z of the last `baseline_window` steps."""
-        self.updates = Streaks(window, warmup, rearm, config.precursor_steps)
+        self.updates = Streaks(window, warmup, rearm, config.instability_precursor.steps)
         self.logz_reported: tuple[int, float] | None = None
         """(step, value) of the last log Z report of the open episode (None: no episode)."""
 
@@ -222,7 +226,8 @@ class OutputGrowth:
         def allowed() -> np.ndarray:
             """Whether log Z may warn: the mean up too (against the means before this step's),
             the loss no longer coming down; asked only on a step where log Z may be high."""
-            mean_high = (math.isfinite(value) and len(self.means) >= self.config.precursor_warmup
+            mean_high = (math.isfinite(value)
+                         and len(self.means) >= self.config.instability_precursor.warmup
                          and value >= float(np.median(self.means)) + MEAN_RISE)
             return np.array([mean_high and not self.learning()])
 
@@ -244,8 +249,9 @@ class OutputGrowth:
     def _logz(self, signals: StepSignals, values: np.ndarray,
               allowed: Callable[[], np.ndarray], make: MakeEvent) -> Event | None:
         cfg, tracker = self.config, self.logz
-        judged = tracker.update(values, cfg.precursor_logz_rise, cfg.precursor_zscore,
-                                cfg.min_log_scale, allowed=allowed)
+        judged = tracker.update(values, cfg.instability_precursor.logz_rise,
+                                cfg.instability_precursor.zscore,
+                                cfg.common.min_log_scale, allowed=allowed)
         fired = self._fired(tracker, judged)
         value = float(values[0])
         if fired is None:
@@ -264,22 +270,22 @@ class OutputGrowth:
             f"steps, {since(rise, first)}: the output logits keep growing, and a loss spike "
             f"often follows within {LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
-            bound=typical + self.config.precursor_logz_rise,
+            bound=typical + self.config.instability_precursor.logz_rise,
             steps_above=steps, trend=rise, before=first, expected_lead=LOGZ_LEAD,
             fixes=list(LOGZ_FIXES))
 
     def _logz_further(self, signals: StepSignals, value: float, judged: Any,
                       make: MakeEvent) -> Event | None:
-        """Within an open episode, log Z `precursor_logz_rise` nats above the value it was last
-        reported at, while still high: the logits kept growing after the warning (the LR that
-        drives them was not lowered enough), which is reported again. An episode whose log Z
-        holds or falls is reported once."""
-        tracker, rise = self.logz, self.config.precursor_logz_rise
+        """Within an open episode, log Z `detectors.instability_precursor.logz_rise` nats above the
+        value it was last reported at, while still high: the logits kept growing after the warning
+        (the LR that drives them was not lowered enough), which is reported again. An episode whose
+        log Z holds or falls is reported once."""
+        tracker, rise = self.logz, self.config.instability_precursor.logz_rise
         if not tracker.episode.active or judged is None:
             self.logz_reported = None
             return None
         reported = self.logz_reported
-        if (reported is None or tracker.streak[0] < self.config.precursor_steps
+        if (reported is None or tracker.streak[0] < self.config.instability_precursor.steps
                 or not value >= reported[1] + rise):
             return None
         self.logz_reported = (signals.step, value)
@@ -291,7 +297,7 @@ class OutputGrowth:
             f"logits are still growing, and a loss spike often follows within {LOGZ_LEAD} steps "
             "(a lower LR or a z-loss holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical,
-            bound=typical + self.config.precursor_logz_rise,
+            bound=typical + self.config.instability_precursor.logz_rise,
             ratio=math.exp(min(value - typical, 700.0)), steps_above=int(tracker.streak[0]),
             trend="rising", expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES),
             since_step=reported[0], since_value=reported[1])
@@ -302,7 +308,7 @@ class OutputGrowth:
         if judged is None:
             tracker.episode.update(False)
             return None
-        firing = tracker.streak >= self.config.precursor_steps
+        firing = tracker.streak >= self.config.instability_precursor.steps
         if not tracker.episode.update(bool(firing.any())):
             return None
         return firing, judged[1]
@@ -321,8 +327,9 @@ class OutputGrowth:
         cfg, tracker = self.config, self.updates
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
-        judged = tracker.update(logs, math.log(cfg.precursor_ratio), cfg.precursor_zscore,
-                                cfg.min_log_scale, allowed=values >= cfg.precursor_update_min)
+        judged = tracker.update(logs, math.log(cfg.instability_precursor.ratio),
+                                cfg.instability_precursor.zscore, cfg.common.min_log_scale,
+                                allowed=values >= cfg.instability_precursor.update_min)
         fired = self._fired(tracker, judged)
         if fired is None:
             return None

@@ -10,9 +10,9 @@ trouble after it has causes of its own (a DDP run whose unfrozen backbone drifts
 ranks is `ddp_desync`'s, not the LR's).
 
 A parameter counts when its gradient norm was exactly zero (no gradient, or an all-zero one) on
-each of the last `DetectorConfig.frozen_steps` steps and is not now. A step without any gradient
-at all is `no_gradients`' (a forgotten backward), and the step that ends such a gap is not an
-unfreezing: it is left out, as is the first step of the run. Per-parameter norms are already on
+each of the last `DetectorConfig.params_unfrozen.steps` steps and is not now. A step without any
+gradient at all is `no_gradients`' (a forgotten backward), and the step that ends such a gap is not
+an unfreezing: it is left out, as is the first step of the run. Per-parameter norms are already on
 the host every step; this is a few NumPy operations over one value per parameter.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.config import DetectorConfig
 from trainguard.detect.base import Detector
+from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -46,7 +46,7 @@ class ParamsUnfrozen(Detector):
             self.all_silent = bool(norms.size) and not norms.any()
             return []
         zero = norms == 0.0  # NaN compares unequal: a NaN gradient is a gradient
-        woke = np.flatnonzero(~zero & (self.silent >= self.config.frozen_steps))
+        woke = np.flatnonzero(~zero & (self.silent >= self.config.params_unfrozen.steps))
         quiet = int(self.silent[woke].min()) if woke.size else 0
         after_gap = self.all_silent
         self.silent = np.where(zero, self.silent + 1, 0)

@@ -4,10 +4,10 @@ Read from the weight probe's `update_ratio` (||W_after - W_before|| / max(||W_be
 ||W_after||), sampled steps; the run's first step is sampled): the median over the watched
 parameters of the first update trainguard measured. A healthy fine-tuning step moves a weight by
 0.1-1% of its norm, a layer trained from scratch a few percent on its first steps; when the
-typical weight moves by `first_update_ratio` (15%) or more in one step, an LR this high rewrites
-the weights within a few steps. The loss does not have to blow up for that to hurt: a recurrent
-model whose gates saturate trains on, at twice the loss it could reach, and nothing else looks
-wrong.
+typical weight moves by `detectors.update_too_large.first_ratio` (15%) or more in one step, an LR
+this high rewrites the weights within a few steps. The loss does not have to blow up for that to
+hurt: a recurrent model whose gates saturate trains on, at twice the loss it could reach, and
+nothing else looks wrong.
 
 The median, not the largest: one layer drawn from scratch (a new head) may move far more than
 the rest on its first step, which is no fault. Only the weights of real layers count, tensors of
@@ -76,7 +76,7 @@ class UpdateTooLarge(Detector):
             if not len(sized):
                 return []  # no weight of a real layer with a size to compare with
             typical = float(np.median(values[sized]))
-            bound = self.config.first_update_ratio
+            bound = self.config.update_too_large.first_ratio
             if typical < bound:
                 return []
             names = signals.param_names

@@ -6,7 +6,8 @@ since the state it starts from is already broken. Under `recover` the good-state
 state from before the trouble, and a window replay from it proves the LR (`diagnose/incidents.py`).
 Without one the run keeps states of its own for that purpose, never rolled back to:
 
-    good states   with `GuardConfig(prove="on")` (protect, observe, halt): a small ring with
+    good states   with `GuardConfig(prove={"mode": "on"})` (protect, observe, halt): a small ring
+    with
                   the recover ring's candidates, checks and cadence (`recovery/ring.py`,
                   `recovery/cadence.py`), only `ANCHOR_SIZE` deep; at an alarm the newest good
                   state is pinned (kept past its turn: one copy more at most), so that a later
@@ -21,7 +22,7 @@ Without one the run keeps states of its own for that purpose, never rolled back 
                   once its finite flag (riding the next step's transfer) reads 1 and while the
                   raised LR is in force (a spike the loop took back leaves the step at the
                   usual LR, which shows nothing replayed from before the spike), given back
-                  `prove_budget_steps` steps after the jump (the span a pinned good state is
+                  `prove.budget_steps` steps after the jump (the span a pinned good state is
                   kept for) or at the next jump (whose copy reuses its buffers). A run whose LR
                   never jumps keeps nothing. No window is replayed from it: starting at the
                   jump, the only data from before the loss left its level is the jump step's
@@ -74,17 +75,18 @@ class ProofAnchor:
         or its halts (`prove="auto"` under a policy that can halt; observe never does). The
         recover policy's ring serves its own proofs."""
         return config.policy != "recover" and (
-            config.prove == "on" or (config.prove == "auto" and config.policy != "observe"))
+            config.prove.mode == "on"
+            or (config.prove.mode == "auto" and config.policy != "observe"))
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: GuardConfig) -> None:
         self.model = model
         self.optimizer = optimizer
         recovery = config.recovery
-        self.every_state = config.prove == "on"
+        self.every_state = config.prove.mode == "on"
         """Good states at the ring's cadence; else the state before an LR jump."""
         self.ring = GoodStateRing(ANCHOR_SIZE, recovery.confirm_steps)
-        self.horizon = config.prove_budget_steps
+        self.horizon = config.prove.budget_steps
         self.pinned_at: int | None = None
         """The step of the alarm the pinned state is from before."""
         self.feeder = RingFeeder(self.ring, RingCadence(recovery.ring_every,
@@ -147,7 +149,7 @@ class ProofAnchor:
     def read(self, extra: dict[str, np.ndarray], step: int) -> None:
         """At `step`, with its transfer and before its proof: the state copied before an LR jump
         can be replayed from once its finite flag reads 1 (a state that is not finite is
-        dropped); it is given back `prove_budget_steps` steps after the jump."""
+        dropped); it is given back `prove.budget_steps` steps after the jump."""
         state = self.unread
         if state is not None:
             flag = extra.get(JUMP_FLAG)
@@ -194,7 +196,7 @@ class ProofAnchor:
         good (its damage done, the steps after it raised nothing yet), and newer ones would push
         the last state from before it out of so small a ring; a later alarm's window replay
         would then start inside the damage, where a lower LR heals nothing. The pin holds for
-        `prove_budget_steps` steps (a window from further back does not fit the budget: a later
+        `prove.budget_steps` steps (a window from further back does not fit the budget: a later
         incident's proof starts from the ring's newest states again), later alarms inside that
         span included."""
         if self.pinned_at is not None:

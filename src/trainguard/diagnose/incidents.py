@@ -29,7 +29,7 @@ reference to the last good batch. `wanted` says whether this step's incident is 
                     warning's bound confirmed
 
 `prove` replays the step from the model and optimizer as they are before its update, within
-`prove_budget_steps` times a training step, records a `proof` event (which the cause ranking
+`prove.budget_steps` times a training step, records a `proof` event (which the cause ranking
 reads) and puts the step's likely causes right. A failure is logged and the run goes on. A
 rollback after a proof that confirmed a bad batch (and not the LR) keeps the LR (`data_fault`):
 skipping the data is the fix. After a confirmed float16 overflow, `decide` halts a later rollback
@@ -207,11 +207,11 @@ class IncidentProver:
 
     def budget_s(self, services: Services) -> float:
         step = self.step_time()
-        return DEFAULT_BUDGET_S if step is None else services.config.prove_budget_steps * step
+        return DEFAULT_BUDGET_S if step is None else services.config.prove.budget_steps * step
 
     # -- on an incident ----------------------------------------------------------------------------
     def wanted(self, ctx: StepContext, services: Services) -> bool:
-        if (services.config.prove == "off" or services.replay_fn is None
+        if (services.config.prove.mode == "off" or services.replay_fn is None
                 or ctx.decision is None
                 or services.dist is not None):  # a replay's backward would all-reduce on one rank
             return False
@@ -228,7 +228,7 @@ class IncidentProver:
 
     def _incident(self, ctx: StepContext, services: Services) -> bool:
         """Whether the step's incident is one to prove (`wanted`, the batch aside)."""
-        mode = services.config.prove
+        mode = services.config.prove.mode
         assert ctx.decision is not None
         # a rollback halted instead is proved as the rollback it replaced
         action = ctx.decision.instead_of or ctx.decision.action
@@ -607,7 +607,7 @@ def _no_warmup(services: Services) -> bool | None:
     if journal.warmup_watch is not None or any(f.cause == "missing_warmup"
                                                for f in journal.findings):
         return True  # found, or held back while the first steps' LRs decide it
-    return False if services.config.preflight and services.scheduler is not None else None
+    return False if services.config.probes.preflight and services.scheduler is not None else None
 
 
 @contextmanager

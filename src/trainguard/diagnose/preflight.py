@@ -79,7 +79,7 @@ class RunSetup:
     """The dtype of the autocast region the forward runs under, when known."""
     max_grad_norm: float | None = None
     clipping_known: bool = False
-    """Whether `max_grad_norm` says something (the Guard knows; a bare audit does not)."""
+    """Whether `clip.max_grad_norm` says something (the Guard knows; a bare audit does not)."""
     total_steps: int | None = None
     """The run's length in optimizer steps, when the caller knows it (else read from the
     scheduler where it says)."""

@@ -125,7 +125,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
 
     - `args.max_grad_norm` > 0 (its default 1.0 included): exactly that limit, as the Trainer
       would clip; a number (or None) set in `config` replaces the Trainer's default 1.0;
-    - `args.max_grad_norm=0` (the Trainer does not clip): `config.max_grad_norm`, by default
+    - `args.max_grad_norm=0` (the Trainer does not clip): `config.clip.max_grad_norm`, by default
       `"auto"`, the adaptive clip that touches only steps whose norm is abnormal for this run.
 
     The policy, detectors and everything else come from `config`. `replay_fn=model_loss` (or
@@ -177,7 +177,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
             carried = carried or self.run.state_dict()
             self.close(status="finished")
         limit = self._take_over_clipping(args)
-        config = dataclasses.replace(self.config, max_grad_norm=limit)  # type: ignore[arg-type]
+        clip = dataclasses.replace(self.config.clip, max_grad_norm=limit)  # type: ignore[arg-type]
+        config = dataclasses.replace(self.config, clip=clip)
         try:
             self.run = Run(model, unwrap_optimizer(optimizer), config=config,
                            run_dir=self.run_dir, sinks=self.sinks,
@@ -309,7 +310,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         touches only abnormal steps, and nothing under observe); a number set in the config
         replaces the Trainer's default (not a limit the user chose there)."""
         value = args.max_grad_norm
-        own = self.config.max_grad_norm
+        own = self.config.clip.max_grad_norm
         if not isinstance(value, (int, float)) or value <= 0:
             return own  # the Trainer does not clip: nothing to take over
         limit: float | str | None = float(value)
@@ -325,7 +326,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._announced = True
         if limit == "auto":
             how = ("trainguard clips a step only when its gradient norm is abnormal for this run "
-                   "(GuardConfig(max_grad_norm='auto'))")
+                   "(GuardConfig(clip={'max_grad_norm': 'auto'}))")
         else:
             how = f"trainguard clips gradients at max_grad_norm={limit:g}, as the Trainer would"
         self.run.emit_action(ActionRecord(

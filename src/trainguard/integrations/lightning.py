@@ -23,9 +23,9 @@ Clipping: with `gradient_clip_val` set (norm algorithm), trainguard clips at exa
 in Lightning's place (`gradient_clip_val` is None during `fit` and given back at its end), so the
 gradients are clipped once, bit for bit as Lightning alone clips them; a module that overrides
 `configure_gradient_clipping` keeps its own clipping. Without it (Lightning's default: no
-clipping) `config.max_grad_norm` applies, by default `"auto"`, the adaptive clip that touches only
-steps whose norm is abnormal for this run (nothing under observe; `max_grad_norm=None` turns it
-off).
+clipping) `config.clip.max_grad_norm` applies, by default `"auto"`, the adaptive clip that touches
+only steps whose norm is abnormal for this run (nothing under observe; `clip.max_grad_norm=None`
+turns it off).
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         if limit is not None:
             # trainguard clips in Lightning's place, at its limit, after measuring: the norms
             # are the pre-clip ones and the gradients are clipped once, as Lightning alone would
-            config = dataclasses.replace(self.config, max_grad_norm=limit)
+            config = dataclasses.replace(
+                self.config, clip=dataclasses.replace(self.config.clip, max_grad_norm=limit))
             self._clipping = (trainer, trainer.gradient_clip_val)
             trainer.gradient_clip_val = None
         try:

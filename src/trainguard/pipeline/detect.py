@@ -68,11 +68,11 @@ def detect(ctx: StepContext, state: RunState, services: Services) -> None:
         ctx.raise_event(event)
     ctx.fired = bool(ctx.events)
     batch_events: list[Event] = []
-    if ctx.batch is not None and config.inspect_batches:
+    if ctx.batch is not None and config.probes.inspect_batches:
         batch_events = _inspect_batch(ctx, services, signals)
     if ranks is not None and signals.ranks is not None:
         facts = (_gather_batches(ctx, services, batch_events)
-                 if config.inspect_batches and _agreed_trouble(ctx.events) else None)
+                 if config.probes.inspect_batches and _agreed_trouble(ctx.events) else None)
         name_ranks(ctx.events, signals.ranks, facts)
         if not ranks.replicas_agree(ctx.step, signals.ranks):
             _check_desync(ctx, services)

@@ -67,7 +67,7 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     extra: dict[str, torch.Tensor] = {}
     # a batch finding that may last is followed batch by batch (rank-local, off the
     # all-reduce: it rides the transfer as a plain segment)
-    if ctx.batch is not None and config.inspect_batches and (
+    if ctx.batch is not None and config.probes.inspect_batches and (
             ctx.sampled or services.batches.following):
         ctx.batch_stats = services.batches.stats_on_device(ctx.batch)
         if ctx.batch_stats is not None:
@@ -82,7 +82,7 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
         extra.update(state.anchor.extra())
     # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
     if ranks is not None:  # the replicas' fingerprint rides this step's all-reduce
-        ctx.fingerprint = ctx.step % config.desync_every == 0
+        ctx.fingerprint = ctx.step % config.distributed.desync_every == 0
         ctx.ring_wish = (recovery.cadence.wished(ctx.step + 1) if recovery is not None
                          else None)
     pack = (DevicePack(device) if ranks is None
@@ -98,7 +98,7 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     scale = getattr(services.scaler, "_scale", None) if services.scaler is not None else None
     if scale is not None:
         pack.add("loss_scale", scale)
-    if config.detectors.precursor_probe and ranks is None:
+    if config.detectors.instability_precursor.probe and ranks is None:
         for key, tensor in services.watch.adam_probe.measure(device, grad_norms).items():
             pack.add(f"{PRECURSOR}{key}", tensor)
         if services.logz_probe is not None:
@@ -263,7 +263,7 @@ def pack_attention(pack: DevicePack, services: Services, keep: bool) -> list[str
     if probe is None or not probe.attached:
         return []
     try:  # at a cadence of every step the hooks stay for the next forward
-        seen = (probe.collect() if services.config.detectors.attention_every == 1
+        seen = (probe.collect() if services.config.detectors.attention_logits.every == 1
                 else probe.detach())
     except Exception as exc:  # the probe is advisory: the step goes on without its values
         log.error("trainguard: attention probe failed (%s: %s)", type(exc).__name__, exc)

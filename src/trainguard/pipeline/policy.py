@@ -3,11 +3,12 @@
     observe  record and warn; apply every step as configured (a fixed max_grad_norm included;
              the adaptive default clips nothing under observe)
     protect  clip to the limit in force (the adaptive default, or a fixed max_grad_norm); skip
-             steps whose loss or gradients are non-finite; halt when `max_consecutive_skips`
-             steps in a row had to be skipped, or when the replicas differ across ranks
-             (`ddp_desync`: going on with different weights per rank is never wanted)
+             steps whose loss or gradients are non-finite; halt when
+             `recovery.max_consecutive_skips` steps in a row had to be skipped, or when the replicas
+             differ across ranks (`ddp_desync`: going on with different weights per rank is never
+             wanted)
     recover  as protect here; the `decide` stage then asks `Recovery` for its judgement
-    halt     as protect, but stop at the first event of `halt_severity` or worse
+    halt     as protect, but stop at the first event of `recovery.halt_severity` or worse
 
 Comparisons are written so that NaN takes the safe branch.
 """
@@ -68,7 +69,7 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
     `adaptive` says it came from the adaptive default clip (for the reason given)."""
     finite = signals.loss_finite and signals.grads_finite
     if config.policy == "halt":
-        serious = [e for e in events if at_least(e.severity, config.halt_severity)]
+        serious = [e for e in events if at_least(e.severity, config.recovery.halt_severity)]
         if serious:
             return Decision("halted", reason=f"{serious[0].kind} at step {signals.step}")
     if config.policy == "protect":
@@ -81,7 +82,8 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
             reason = "GradScaler overflow: the scaler skips this step and lowers its scale"
         else:
             reason = "non-finite loss or gradients"
-        if consecutive_skips + 1 >= config.max_consecutive_skips and not signals.amp_overflow:
+        if (consecutive_skips + 1 >= config.recovery.max_consecutive_skips
+                and not signals.amp_overflow):
             halt = Event(kind="skip_limit", step=signals.step, severity="critical",
                          message=f"{consecutive_skips + 1} consecutive steps had non-finite "
                                  "loss or gradients: skipping cannot heal this run",

@@ -106,8 +106,9 @@ class Run:
         self.halt_step: int | None = None
         """The step it halted at."""
         if dist is not None:  # every rank or none, before any collective
-            start = agree_on_start(dist, _agreed_setup(config, watched), config.rank_timeout_s)
-            dist.link.open(dist, config.collective_timeout_s, start)
+            start = agree_on_start(dist, _agreed_setup(config, watched),
+                                   config.distributed.rank_timeout_s)
+            dist.link.open(dist, config.distributed.collective_timeout_s, start)
             dist.link.on_lost = _on_lost(self)
         self._pending: StepContext | None = None
         """The step checked by `before_update`, waiting for `after_update`."""
@@ -126,7 +127,7 @@ class Run:
         self.verdict: RunVerdict | None = None
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
         self._announce(integration, resume)
-        if config.preflight and not mid_run:
+        if config.probes.preflight and not mid_run:
             self._run_preflight()
         if config.policy == "recover":
             self.state.recovery = Recovery(
@@ -301,7 +302,7 @@ class Run:
         self.halted, self.halt_step = True, ctx.step
         self.steps.settle(ctx)
         diagnosis = self.close(status="halted")
-        threshold = self.config.halt_severity
+        threshold = self.config.recovery.halt_severity
         causes: list[Event] = ([e for e in ctx.events if at_least(e.severity, threshold)]
                                or ctx.events)
         raise TrainingDiverged(
@@ -336,7 +337,7 @@ class Run:
         train = statistics.median(losses.recent) if losses.recent else None
         try:
             events = self.metric_watch.observe(
-                numbers, at, classes=self.config.num_classes or self.state.output_classes,
+                numbers, at, classes=self.config.probes.num_classes or self.state.output_classes,
                 train_loss=train)
         except Exception as exc:  # a monitoring bug must not kill the run
             log.error("trainguard: evaluation check failed (%s: %s)", type(exc).__name__, exc)
@@ -538,7 +539,7 @@ class Run:
         long enough to be reported (None: the last steps trained)."""
         for detector in self.state.detectors:
             if isinstance(detector, NoGradients) and (
-                    detector.streak >= self.config.detectors.no_gradient_steps):
+                    detector.streak >= self.config.detectors.no_gradients.steps):
                 return self.state.step - detector.streak
         return None
 
@@ -564,9 +565,9 @@ class Run:
         if not self.is_main:
             return SinkSet([])
         config, chosen = self.config, list[Sink]()
-        if config.console:
+        if config.sinks.console:
             chosen.append(ConsoleSink())
-        if self.run_dir is not None and config.store:
+        if self.run_dir is not None and config.sinks.store:
             try:
                 store_sink = RunStoreSink(self.run_dir, resume=resume)
             except StoreUnavailable as exc:  # the README's promise: training goes on without it
@@ -650,8 +651,8 @@ def _deferral(config: GuardConfig, services: Services, owns_optimizer_step: bool
     elif services.dist is not None and services.dist.device.type == "cpu" \
             and services.device.type != "cpu":
         why = "gloo serving an accelerator reduces the step's signals on the host"
-    elif config.clip_rule is not None or config.agc is not None:
-        why = "clip_rule and agc read the norms on the host"
+    elif config.clip.rule is not None or config.clip.agc is not None:
+        why = "clip.rule and clip.agc read the norms on the host"
     elif not skips_on_device(services.optimizer):
         why = (f"{type(services.optimizer).__name__} cannot skip a step on the device: use "
                f"Adam, AdamW or SGD with fused=True (SGD with momentum: after its first step)")
@@ -682,8 +683,10 @@ def _checked(config: Any, model: Any, optimizer: Any) -> GuardConfig:
 def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]:
     """What every rank must share: the configuration (less what a rank may set for itself), the
     version and the watched parameters, which lay out the per-step all-reduce."""
-    settings = {k: v for k, v in config.to_dict().items()
-                if k not in AGREED_CONFIG_FIELDS_EXCLUDED}
+    settings = config.to_dict()
+    for dotted in AGREED_CONFIG_FIELDS_EXCLUDED:
+        section, name = dotted.split(".")
+        settings[section].pop(name)
     names = "\n".join(watched.names)
     return {"trainguard": __version__, "config": settings, "watched parameters": len(watched),
             "parameter names": hashlib.sha1(names.encode()).hexdigest()[:16]}
@@ -691,11 +694,11 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
 
 def _initial_state(config: GuardConfig, batches: BatchWatch) -> RunState:
     return RunState(
-        max_grad_norm=config.fixed_max_grad_norm, auto_clip=_auto_clip(config),
-        configured_max_grad_norm=config.fixed_max_grad_norm,
+        max_grad_norm=config.clip.fixed, auto_clip=_auto_clip(config),
+        configured_max_grad_norm=config.clip.fixed,
         detectors=default_detectors(config.detectors),
-        clip_rule=build_rule(config.clip_rule) if config.clip_rule is not None else None,
-        losses=LossTrack(stall_steps=config.detectors.stall_steps),
+        clip_rule=build_rule(config.clip.rule) if config.clip.rule is not None else None,
+        losses=LossTrack(stall_steps=config.detectors.no_progress.steps),
         metric_watch=MetricCollapse(config.detectors), batches=batches)
 
 
@@ -706,12 +709,7 @@ def _scaler_enabled(scaler: Any) -> bool:
 
 def _auto_clip(config: GuardConfig) -> RobustClipLimit | None:
     """The adaptive default clip, on the detectors' baseline window, warm-up and absolute limit."""
-    if not config.adaptive_clip:
-        return None
-    d = config.detectors
-    return RobustClipLimit(window=d.baseline_window, warmup_steps=max(d.warmup_steps, 1),
-                           ceiling=d.grad_norm_abs_threshold, min_log_scale=d.min_log_scale,
-                           **config.auto_clip_options())
+    return RobustClipLimit(config) if config.adaptive_clip else None
 
 
 def _run_dir(run_dir: object) -> Path | None:

@@ -57,7 +57,8 @@ class ParamWatch:
         self.model, self.optimizer, self.dist = model, optimizer, dist
         self.params = watched
         self.updates = updates
-        """The Adam probe also measures `adam_update_rms` (`precursor_update_rms`)."""
+        """The Adam probe also measures `adam_update_rms`
+        (`detectors.instability_precursor.update_rms`)."""
         self._seen = optimizer_param_count([optimizer])
         self._build()
 
@@ -171,10 +172,10 @@ class Services:
     """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
     attention_probe: AttentionLogitProbe | None = None
     """The attention layers' largest logits (`probes/attention_logits.py`), hooked on the steps
-    `DetectorConfig.attention_every` names."""
+    `DetectorConfig.attention_logits.every` names."""
     logz_probe: LogZProbe | None = None
     """log Z of the class scores every step, for `instability_precursor` (with the Adam ratio
-    probe: on when `precursor_probe` is, left out under torch.distributed)."""
+    probe: on when `detectors.instability_precursor.probe` is, left out under torch.distributed)."""
     step_rng: StepRNG | None = None
     """The RNG state each training forward starts from (`diagnose/step_rng.py`), so a proof or
     a crash snapshot's replay draws the step's dropout masks; kept when the run can prove or
@@ -204,7 +205,7 @@ class Services:
     def snapshot_dir(self) -> Path:
         """Where crash snapshots go: the configured folder, else the run directory."""
         config = self.config
-        return Path(config.snapshot_dir) if config.snapshot_dir else (
+        return Path(config.checkpoints.snapshot_dir) if config.checkpoints.snapshot_dir else (
             self.run_dir if self.run_dir is not None else Path("trainguard_snapshots"))
 
 
@@ -218,21 +219,22 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
         device=watched.params[0].device, dist=dist, run_dir=run_dir,
         watch=ParamWatch(model, optimizer, watched, dist,
-                         updates=config.detectors.precursor_update_rms),
+                         updates=config.detectors.instability_precursor.update_rms),
         optstate_probe=OptimizerStateProbe(watched, [optimizer]),
-        activation_probe=ActivationProbe(model) if config.activation_probe else None,
-        output_probe=OutputProbe(model) if config.output_probe else None,
-        batches=BatchWatch(model, config.batch_size),
+        activation_probe=ActivationProbe(model) if config.probes.activations else None,
+        output_probe=OutputProbe(model) if config.probes.outputs else None,
+        batches=BatchWatch(model, config.probes.batch_size),
         rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
-        agc=build_agc(config.agc) if config.agc is not None else None,
+        agc=build_agc(config.clip.agc) if config.clip.agc is not None else None,
         journal=Journal(sinks), prover=IncidentProver(),
         # left out under torch.distributed, as the Adam-ratio probe: rank-local values
         attention_probe=(AttentionLogitProbe(model)
-                         if config.detectors.attention_probe and dist is None else None),
-        logz_probe=(LogZProbe(model) if config.detectors.precursor_probe and dist is None
+                         if config.detectors.attention_logits.probe and dist is None else None),
+        logz_probe=(LogZProbe(model)
+                    if config.detectors.instability_precursor.probe and dist is None
                     else None),
         step_rng=(StepRNG(model) if config.policy == "halt" or (
-            replay_fn is not None and config.prove != "off") else None),
+            replay_fn is not None and config.prove.mode != "off") else None),
         fixes=run_fixes(model, optimizer))
 
 

@@ -67,7 +67,8 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
     and output hooks if so. `ahead`: that step is `state.step + ahead` (1 under
     `sync="deferred"`, whose steps are settled one step late)."""
     config = services.config
-    scheduled = config.sample_all_steps or (state.step + ahead) % config.sample_every == 0
+    scheduled = (config.probes.sample_all_steps
+                 or (state.step + ahead) % config.probes.sample_every == 0)
     state.sampled_now = scheduled or state.sample_next or after_event
     state.sample_next = False
     if state.sampled_now:
@@ -76,7 +77,7 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
                 probe.attach()
     attention = services.attention_probe
     if attention is not None and (state.sampled_now or (
-            state.step + ahead) % config.detectors.attention_every == 0):
+            state.step + ahead) % config.detectors.attention_logits.every == 0):
         attention.attach()
 
 

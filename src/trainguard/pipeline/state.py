@@ -46,7 +46,7 @@ class RunState:
     """The fixed global clipping limit (the user's, or the one the recover policy tightened to
     after a rollback); None when there is none."""
     auto_clip: RobustClipLimit | None = None
-    """The adaptive default clip (`max_grad_norm="auto"`): the run's own norm baseline."""
+    """The adaptive default clip (`clip.max_grad_norm="auto"`): the run's own norm baseline."""
     detectors: list[Detector] = field(default_factory=list)
     clip_rule: ClipRule | None = None
     """The clip rule built from the config's spec; its statistics are run state."""

@@ -28,7 +28,7 @@ step cost 0.5-0.7% of a GPT-2 step on a CPU; an element-wise RMS of g / sqrt(v_h
 fused passes and about 1.5%.)
 
 Metric key (per watched parameter, every step, with `updates=True`: off by default, see
-`DetectorConfig.precursor_update_rms`): `adam_update_rms`, the RMS of
+`DetectorConfig.instability_precursor.update_rms`): `adam_update_rms`, the RMS of
 the update Adam applied at the step before, as a multiple of the LR,
 
     sqrt(sum m_hat^2 / sum v_hat),   m_hat = m / (1 - beta1^t),

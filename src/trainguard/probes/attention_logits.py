@@ -20,7 +20,7 @@ are taken from the projections' outputs, so for a RoPE model before the rotary e
 rotates pairs of dimensions by the position: the value read is that of the unrotated vectors).
 An attention mask (padding) is not applied. Grouped-query attention repeats the key heads.
 
-Cost: hooks are attached only on the steps the probe runs (`DetectorConfig.attention_every`;
+Cost: hooks are attached only on the steps the probe runs (`DetectorConfig.attention_logits.every`;
 at every step, the default, they stay attached from step to step). The arithmetic measured on
 the GPT-2 of `benchmarks/overhead.py` was 0.1-0.3% of its step on a CPU
 (`benchmarks/attention_probe_cost.py`), under the 1% that an every-step probe may cost.

@@ -13,7 +13,7 @@ z-loss or soft cap) log Z grows with them, and the loss spikes once updates mult
 logits overshoot (on the `logit_growth` scenarios the largest position's log Z stood 3-6 nats
 above its level 10-20 steps before the loss spiked). A z-loss, 1e-4 * log Z^2, holds the mean
 near 0 (PaLM, Chowdhery et al. 2022). The growth is a trend over tens of steps, so the detector
-needs a point every step, not one every `sample_every` steps.
+needs a point every step, not one every `probes.sample_every` steps.
 
 The cross-entropy of a target t at one position is log Z - z_t, at most log Z - min(z): no
 target, right or wrong, costs more under the scores the model made. A loss above the ceiling of

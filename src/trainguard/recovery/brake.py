@@ -1,7 +1,7 @@
 """Act before the spike: the LR brake that an `instability_precursor` warning pulls.
 
-Under `protect`, `recover` and `halt` (`halt` is `protect` plus a halt at `halt_severity`, which
-a warning is below by default), the step that raises the first warning is clipped at the run's
+Under `protect`, `recover` and `halt` (`halt` is `protect` plus a halt at `recovery.halt_severity`,
+which a warning is below by default), the step that raises the first warning is clipped at the run's
 typical norm (the kind puts the adaptive clip in its alarm, `registry.Tag.CLIP_ALARM`) and its LR
 is multiplied by `BRAKE_FACTOR`; the factor then goes back to 1 linearly over `BRAKE_STEPS`
 applied updates (the brake is released), on top of whatever sets the LR (`recovery.lr.LRBackoff`,

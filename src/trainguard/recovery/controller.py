@@ -207,7 +207,7 @@ class RecoveryController:
                                        f"({latest:.4g} against {trouble.reference:.4g} before)",
                            onset=trouble.start - 1, bad_steps=[trouble.start])
         loss = signals.loss
-        if loss is not None and loss >= trouble.reference * self.detectors.loss_spike_ratio:
+        if loss is not None and loss >= trouble.reference * self.detectors.loss_spike.ratio:
             # still spiking (the detector reports an episode once): keep these updates out too,
             # so a burst of bad batches does no harm and a healthy state can settle by itself
             return Verdict("skip", f"loss {loss:.4g} still {loss / trouble.reference:.3g}x its "
@@ -222,8 +222,8 @@ class RecoveryController:
         if rule is Onset.SMOOTHED_LOSS:
             # the level crossed the ratio `patience` steps (and half its window) ago, and a
             # climb starts well before it crosses: back by the best level's half-span more
-            return (step - det.divergence_patience - det.divergence_window // 2
-                    - det.divergence_span // 2)
+            return (step - det.loss_divergence.patience - det.loss_divergence.window // 2
+                    - det.loss_divergence.span // 2)
         if rule is Onset.SAMPLED:  # seen on a sampled step: went bad since the last one
             return step - self.sample_every
         if rule is Onset.LAST_AGREED:  # the replicas were last seen equal then

@@ -115,7 +115,8 @@ class Recovery:
         self.ring = GoodStateRing(self.config.ring_size, self.config.confirm_steps)
         self.cadence = RingCadence(self.config.ring_every, self.config.ring_budget)
         self.feeder = RingFeeder(self.ring, self.cadence)
-        self.controller = RecoveryController(self.config, config.detectors, config.sample_every)
+        self.controller = RecoveryController(self.config, config.detectors,
+                                             config.probes.sample_every)
         self.lr = LRBackoff(optimizers, [scheduler] if scheduler is not None else [],
                             self.config.lr_ramp_steps)
         self.skipped_data: set[Any] = set()

@@ -14,10 +14,10 @@ Why not the `zclip` package itself:
   non-finite norm never touches the statistics and gets coefficient 1.0: the Guard skips that step.
 * It recomputes the gradient norm (one `.norm()` per parameter and a `.item()` sync); this rule
   reuses the norm the Guard already measured and runs entirely on the host.
-* zclip caps every step at `max_grad_norm` as well; here the fixed limit is only the warm-up
+* zclip caps every step at `clip.max_grad_norm` as well; here the fixed limit is only the warm-up
   fallback. For both, compose: `chain(AdaptiveClip(), GlobalNormClip(1.0))`.
 
-With finite norms the arithmetic equals zclip's `mode="percentile"` with `max_grad_norm=None`
+With finite norms the arithmetic equals zclip's `mode="percentile"` with `clip.max_grad_norm=None`
 (same warm-up initialisation, same EMA update, same clip coefficient).
 """
 

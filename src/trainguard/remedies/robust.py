@@ -1,6 +1,6 @@
 """The adaptive default clip: a step is clipped only when its norm is abnormal for this run.
 
-A fixed `max_grad_norm=1.0` (the Hugging Face Trainer's default, and the guide's) clips *every*
+A fixed `clip.max_grad_norm=1.0` (the Hugging Face Trainer's default, and the guide's) clips *every*
 step of a run whose healthy global gradient norm sits above 1: a classifier head, a diffusion
 UNet at a higher LR, a model trained in fp16 with large norms. That slows healthy training, and a
 guard that slows healthy training gets switched off. `RobustClipLimit` instead keeps the run's own
@@ -34,43 +34,32 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from trainguard.errors import ConfigError, UsageError
+from trainguard.config import GuardConfig
+from trainguard.errors import UsageError
 from trainguard.signals import RobustBaseline
 
 AUTO = "auto"
-"""`GuardConfig(max_grad_norm="auto")`: the adaptive default."""
-
-
-def _positive(value: Any, name: str) -> float:
-    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-            or value <= 0):
-        raise ConfigError(f"RobustClipLimit.{name}: must be a finite number > 0, got {value!r}")
-    return float(value)
+"""`GuardConfig(clip={"max_grad_norm": "auto"})`: the adaptive default."""
 
 
 class RobustClipLimit:
     """The clipping limit in force for the next step, from this run's own norms."""
 
-    def __init__(self, ratio: float = 20.0, zscore: float = 6.0, window: int = 50,
-                 warmup_steps: int = 10, warmup_ratio: float = 10.0, ceiling: float = 1000.0,
-                 min_log_scale: float = 0.05, alarm_steps: int = 20) -> None:
-        self.ratio = _positive(ratio, "ratio")
-        self.zscore = _positive(zscore, "zscore")
-        self.warmup_ratio = _positive(warmup_ratio, "warmup_ratio")
-        self.ceiling = _positive(ceiling, "ceiling")
-        self.min_log_scale = _positive(min_log_scale, "min_log_scale")
-        for name, value in (("window", window), ("warmup_steps", warmup_steps),
-                            ("alarm_steps", alarm_steps)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"RobustClipLimit.{name}: must be an integer >= 1, got "
-                                  f"{value!r}")
-        if ratio < 1 or warmup_ratio < 1:
-            raise ConfigError("RobustClipLimit: ratio and warmup_ratio must be >= 1 (a limit "
-                              "below the typical norm would clip healthy steps)")
-        self.window = window
-        self.alarm_steps = alarm_steps
-        self.warmup_steps = min(warmup_steps, window)
-        self.baseline = RobustBaseline(window, self.min_log_scale)
+    def __init__(self, config: GuardConfig | None = None) -> None:
+        """Its knobs from `config.clip` (`auto_*`), its baseline window, warm-up and noise floor
+        from `config.detectors.common` (the detectors' own), its ceiling the absolute explosion
+        limit (`config.detectors.grad_explosion.abs_threshold`)."""
+        config = config or GuardConfig()
+        clip, common = config.clip, config.detectors.common
+        self.ratio = float(clip.auto_ratio)
+        self.zscore = float(clip.auto_zscore)
+        self.warmup_ratio = float(clip.auto_warmup_ratio)
+        self.ceiling = float(config.detectors.grad_explosion.abs_threshold)
+        self.min_log_scale = float(common.min_log_scale)
+        self.window = common.baseline_window
+        self.alarm_steps = clip.auto_alarm_steps
+        self.warmup_steps = min(max(common.warmup_steps, 1), self.window)
+        self.baseline = RobustBaseline(self.window, self.min_log_scale)
         self.alarm_until = -1
         """Steps before this one are in an alarm: clipped above the typical norm."""
         self.trouble_until = -1

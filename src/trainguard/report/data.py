@@ -79,7 +79,10 @@ class RunData:
     @property
     def max_grad_norm(self) -> float | None:
         """The clip level the run started with (None when it did not clip)."""
-        value = self.config.get("max_grad_norm")
+        clip = self.config.get("clip")
+        # a store of an older version kept the configuration flat
+        value = clip.get("max_grad_norm") if isinstance(clip, dict) else self.config.get(
+            "max_grad_norm")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             return float(value)
         return None

@@ -316,8 +316,8 @@ def lr_figure(data: RunData) -> dict[str, Any] | None:
 
 
 def clip_levels(data: RunData) -> list[tuple[int, float]]:
-    """(from step, clip level) for the global clip: the configured `max_grad_norm`, then each
-    rollback's new level (its details' `max_grad_norm`)."""
+    """(from step, clip level) for the global clip: the configured `clip.max_grad_norm`, then each
+    rollback's new level (its details' `clip.max_grad_norm`)."""
     levels: list[tuple[int, float]] = []
     if data.max_grad_norm is not None and data.steps.size:
         levels.append((int(data.steps[0]), data.max_grad_norm))

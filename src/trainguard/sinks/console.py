@@ -15,7 +15,7 @@ gradient norm, LR, skipped steps and rollbacks, redrawn at most `refresh_per_sec
 second, so the step pays a clock read, not a redraw. When the output is not a terminal the
 console writes plain lines only; under a trainer that draws its own progress bar (the Hugging
 Face and Lightning callbacks) there is no live line. This is the only place trainguard prints
-during training; `GuardConfig(console=False)` turns it off.
+during training; `GuardConfig(sinks={"console": False})` turns it off.
 """
 
 from __future__ import annotations
