@@ -4,6 +4,7 @@ exports them and the readers' dispatch uses them, without importing each other."
 FORMATS: dict[str, str] = {
     "hf": "Hugging Face trainer_state.json",
     "lightning": "PyTorch Lightning CSVLogger metrics.csv",
+    "keras": "Keras CSVLogger file (epoch,loss,...,val_loss per epoch)",
     "tensorboard": "TensorBoard event file or run directory",
     "store": "trainguard run directory (its run store)",
     "jsonl": "JSON Lines, one object per logged step",

@@ -8,6 +8,7 @@
                       tensorboard;
                       JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
                       (Python dicts, one per line, as the HF Trainer prints them -> text);
+                      a CSV header beginning with `epoch`, without `step` -> keras;
                       a CSV header with a `step` column -> lightning; anything else -> text
 """
 
@@ -19,13 +20,13 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.analyze import hf, jsonl, lightning, source, store, tensorboard, text
+from trainguard.analyze import hf, jsonl, keras, lightning, source, store, tensorboard, text
 from trainguard.analyze.format_names import FORMATS
 from trainguard.analyze.log import Log, LogError
 
 _READERS: dict[str, Callable[[Path], Log]] = {
     "hf": hf.read, "lightning": lightning.read, "tensorboard": tensorboard.read,
-    "store": store.read, "jsonl": jsonl.read, "text": text.read,
+    "store": store.read, "jsonl": jsonl.read, "text": text.read, "keras": keras.read,
 }
 _SQLITE = b"SQLite format 3\0"
 
@@ -115,6 +116,8 @@ def detect_format(path: Path) -> str:
     if path.suffix == ".json":
         return "hf"
     first = start.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if keras.is_header(first):
+        return "keras"
     if path.suffix == ".csv" or ("," in first and "step" in [c.strip() for c in first.split(",")]):
         return "lightning"
     if len(head) >= 12 and _looks_like_tfrecord(head):
