@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.analyze import chance as chance_level
+from trainguard.analyze import resolution
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
 from trainguard.analyze.judge import HEALTHY, Judgement, judge
@@ -83,7 +84,9 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     at_chance = chance_level.back_to_chance(losses, num_classes,
                                             guess=chance_level.is_classifier(log))
     extra = _above_chance(log)
-    judgement = defer(judge(log, replayed.rows, events + extra, config, at_chance), log)
+    rounding = _within_rounding(log, events)
+    judged = [e for e in events + extra if e not in rounding]
+    judgement = defer(judge(log, replayed.rows, judged, config, at_chance), log)
     findings = log_findings(log, judgement)
     causes = (rank_causes(_ranked_events(judgement, events), findings, batches=False)
               if judgement.verdict != HEALTHY else [])
@@ -95,7 +98,8 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
         onset_step=log.steps[onset_row] if onset_row is not None else None,
         onset=log.label(onset_row) if onset_row is not None else None,
         evidence=_evidence(log, judgement, findings), causes=causes, events=events + extra,
-        findings=findings, notes=list(log.notes), rows=len(log), interval=log.interval(),
+        findings=findings, notes=list(log.notes) + _rounding_notes(log, rounding),
+        rows=len(log), interval=log.interval(),
         log=log, judgement=judgement)
 
 
@@ -125,6 +129,36 @@ def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
         incident = [e for e in incident if e.kind != Kind.METRIC_COLLAPSE]
     changes = [e for e in events if e.kind == Kind.LR_CHANGE]
     return changes + incident
+
+
+def _within_rounding(log: Log, events: list[Event]) -> list[Event]:
+    """Rises of the loss too small to read at the precision the log writes it
+    (`analyze/resolution.py`): 0.0001 to 0.0003 is a 3x ratio and two units of rounding."""
+    unit = None
+    found = []
+    for event in events:
+        if event.kind not in (Kind.LOSS_SPIKE, Kind.LOSS_DIVERGENCE):
+            continue
+        level = event.details.get("baseline", event.details.get("best"))
+        value = event.value
+        if not isinstance(level, (int, float)) or value is None or not math.isfinite(value):
+            continue
+        if unit is None:
+            unit = resolution.quantum(log.values(LOSS))
+            if unit is None:
+                return []
+        if resolution.below_resolution(value - level, unit):
+            found.append(event)
+    return found
+
+
+def _rounding_notes(log: Log, rounding: list[Event]) -> list[str]:
+    if not rounding:
+        return []
+    first = rounding[0]
+    return [f"{log.label(first.details['row'])}: {first.kind} not counted: the loss rose to "
+            f"{first.value or 0:.4g}, fewer than {resolution.UNITS} units of the last digit the "
+            f"log writes it to ({len(rounding)} such event(s)): rounding, not a jump"]
 
 
 def _config(log: Log) -> DetectorConfig:
