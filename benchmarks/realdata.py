@@ -10,7 +10,8 @@ the incident, it stands for the logbook it was cut from). A case is right when e
 files is; a file the analysis cannot read (`unreadable`) or fails on (`crashed`, with the
 exception) is wrong. Scored per case:
 
-    verdict   healthy / spike-recovered / diverged, against the label (`diverged`, `kind`)
+    verdict   healthy / spike-recovered / diverged / stalled, against the label (`diverged`,
+              `kind`; a `collapse` label, a run that learns nothing, is `stalled`)
     kind      nan / explosion / slow-divergence, for the diverged cases
     onset     the first logged step the analysis names, against the label's (in the log's own
               units: a step, an iteration, `epoch E, batch B`); "exact" is the same logged row,
@@ -110,7 +111,9 @@ def labels(data: Path) -> list[Label]:
     with (data / "index.csv").open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             kind = row["kind"].strip()
-            if row["diverged"].strip() == "yes":
+            if kind == "collapse" and row["diverged"].strip() == "yes":
+                verdict = "stalled"  # trains on, learns nothing: the live verdict's word
+            elif row["diverged"].strip() == "yes":
                 verdict = "diverged"
             else:
                 verdict = "spike-recovered" if kind == "spike-recovered" else "healthy"

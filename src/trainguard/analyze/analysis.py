@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.analyze import chance as chance_level
-from trainguard.analyze import resolution
+from trainguard.analyze import resolution, stall
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
-from trainguard.analyze.judge import HEALTHY, Judgement, judge
+from trainguard.analyze.judge import HEALTHY, STALLED, Judgement, judge
 from trainguard.analyze.log import LOSS, Log
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
@@ -39,7 +39,7 @@ class Analysis:
     path: str
     format: str
     verdict: str
-    """`healthy`, `spike-recovered` or `diverged`."""
+    """`healthy`, `spike-recovered`, `diverged` or `stalled` (learned nothing)."""
     kind: str | None
     """`nan`, `explosion`, `slow-divergence` or `collapse` (None when healthy)."""
     onset_step: int | None
@@ -87,9 +87,14 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     rounding = _within_rounding(log, events)
     judged = [e for e in events + extra if e not in rounding]
     judgement = defer(judge(log, replayed.rows, judged, config, at_chance), log)
-    findings = log_findings(log, judgement)
+    if judgement.verdict == HEALTHY and (why := stall.learns_nothing(raw)) is not None:
+        judgement = Judgement(STALLED, None, replayed.rows[0] if replayed.rows else 0,
+                              ending=why)
+    # a run that learned nothing had no incident: no trouble step to read causes around
+    troubled = judgement.verdict not in (HEALTHY, STALLED)
+    findings = log_findings(log, judgement) if troubled else []
     causes = (rank_causes(_ranked_events(judgement, events), findings, batches=False)
-              if judgement.verdict != HEALTHY else [])
+              if troubled else [])
     for cause in causes:
         cause.evidence = [_in_log_terms(log, line) for line in cause.evidence]
     onset_row = judgement.onset_row

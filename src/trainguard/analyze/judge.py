@@ -52,6 +52,8 @@ from trainguard.registry import Kind
 from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse, times
 
 HEALTHY, RECOVERED, DIVERGED = "healthy", "spike-recovered", "diverged"
+STALLED = "stalled"
+"""A run that learned nothing from its first row to its last (`analyze/stall.py`)."""
 NAN, EXPLOSION, SLOW, COLLAPSE = "nan", "explosion", "slow-divergence", "collapse"
 JUMPS = ("loss_spike", "grad_explosion")
 LOSS_KINDS = ("loss_spike", "bad_start", "loss_divergence", "loss_at_chance",

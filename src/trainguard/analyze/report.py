@@ -18,7 +18,8 @@ from trainguard.analyze.analysis import Analysis
 from trainguard.analyze.log import GRAD_NORM, LOSS, LR
 from trainguard.report.data import Matrix, RunData, Scalar
 
-_VERDICT_LABELS = {"healthy": "healthy", "spike-recovered": "recovered", "diverged": "degraded"}
+_VERDICT_LABELS = {"healthy": "healthy", "spike-recovered": "recovered", "diverged": "degraded",
+                   "stalled": "stalled"}
 """The analysis verdicts on the report's colour scale (the live run verdict's labels)."""
 
 
