@@ -153,7 +153,8 @@ def onset_row(log: Log, text: str) -> int | None:
             found = next((i for i, s in enumerate(log.steps) if s == int(named.group(2))), None)
         return found
     inner = re.search(r"\((?:step|global batch)\s+(\d+)", text)
-    step = re.fullmatch(r"(?:(?:global\s+)?step|iter|iteration)?\s*(\d+)", main)
+    step = re.fullmatch(r"(?:(?:global\s+)?step|iter|iteration|num_updates|update)?\s*(\d+)",
+                        main)
     epoch = re.fullmatch(r"epoch\s+([\d.]+)", main)
     if inner or step:
         wanted = int((inner or step).group(1))  # type: ignore[union-attr]

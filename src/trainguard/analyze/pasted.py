@@ -78,13 +78,17 @@ _EPOCH_HEADER = re.compile(r"^\W*epoch\s*[:=]?\s*\[?\s*(\d+)\s*(?:/\s*\d+)?\s*\]
                            re.IGNORECASE)
 _NONFINITE_WORD = re.compile(r"(?<![\w'\"])(-?(?:nan|inf(?:inity)?))(?![\w'\"])", re.IGNORECASE)
 
+_EVAL_FIELD = re.compile(r"\|\s*(?:valid|validation|eval|evaluation|dev|test)\s*\|",
+                         re.IGNORECASE)
+"""A field of a `|`-separated logger line that says the line reports an evaluation."""
+
 COUNTERS = ("global_step", "global step", "step", "steps", "iteration", "iterations", "iter",
-            "iters", "it",
+            "iters", "it", "num_updates", "updates",
             "current_steps", "progress", "batch", "epoch")
 """Names that number rows."""
 FAMILY = {"global_step": "step", "global step": "step", "steps": "step", "current_steps": "step",
           "iteration": "step", "iterations": "step", "iter": "step", "iters": "step",
-          "it": "step"}
+          "it": "step", "num_updates": "step", "updates": "step"}
 """Spellings of one counter (`global_step=120` on one line, `step: 130` on the next; the first
 on a line counts: litgpt's `iter 1152 step 144` counts iterations)."""
 NUMBERING = ("step", "progress", "batch", "epoch")
@@ -262,6 +266,8 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
             values, counters = parse_line(line)
             if not values:
                 continue
+            if _EVAL_FIELD.search(line):  # fairseq's `| valid | epoch 002 | loss 9.39 |`
+                values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
             if TOTALS & set(values):
                 continue
             if "epoch" in counters:
