@@ -14,6 +14,7 @@ FORMATS: dict[str, str] = {
     "text:wlm": "text log, PyTorch examples/word_language_model lines only",
     "text:nanogpt": "text log, nanoGPT 'iter N: loss X' lines only",
     "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
+    "text:rl": "text log, OpenAI baselines / stable-baselines console tables only",
     "text:generic": "text log, generic 'step N ... loss X' lines only",
     "text:columns": "text log, bare 'step loss' lines only",
 }
