@@ -242,3 +242,33 @@ def test_a_jump_the_loss_came_back_from_is_never_told_as_one_it_never_came_back_
     result = analyze(trainer_state(tmp_path / "trainer_state.json", blown_rows({3, 7, 11})))
     assert result.verdict == "diverged"
     assert not [line for line in result.evidence if "never came back" in line], result.evidence
+
+
+# -- a gradient norm that jumps alone -------------------------------------------------------------
+def _grad_jumps(path: Path, *, loss_jumps: bool) -> Path:
+    """A Trainer log whose gradient norm jumps 100x on rows 20-25 (batch size 1, a regression
+    head); the loss falls on slowly, barely moved, or (`loss_jumps`) jumps 4x with it and stays
+    there."""
+    history = []
+    for i in range(1, 41):
+        loss = 1.0 - 0.002 * i + 0.01 * (i % 3)
+        grad = 1.0 + 0.05 * (i % 4)
+        if 20 <= i <= 25:  # the loss a little up (5%) beside it, within its own noise
+            grad *= 100
+            loss += 0.05
+        if loss_jumps and i >= 20:
+            loss *= 4
+        history.append({"step": 10 * i, "loss": round(loss, 4), "grad_norm": grad,
+                        "learning_rate": 2e-5, "epoch": i / 40})
+    path.write_text(json.dumps({"log_history": history}))
+    return path
+
+
+@pytest.mark.parametrize(("loss_jumps", "verdict"), [(False, "healthy"),
+                                                     (True, "spike-recovered or diverged")])
+def test_a_gradient_norm_that_jumps_alone_gives_a_note_not_a_verdict(
+        tmp_path: Path, loss_jumps: bool, verdict: str) -> None:
+    result = analyze(_grad_jumps(tmp_path / "trainer_state.json", loss_jumps=loss_jumps))
+    assert result.verdict in verdict.split(" or ")
+    if verdict == "healthy":
+        assert "gradient norm jumped from step 200" in result.evidence[0]

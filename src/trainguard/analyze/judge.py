@@ -159,6 +159,13 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     worse = ended_worse(final, reference, tail)
     if chance is not None and chance.row >= onset:
         worse = True
+    if not worse and all(e.kind == Kind.GRAD_EXPLOSION for e in incident):
+        # the loss, not the norm, says whether a run is in trouble: a norm that jumps while
+        # the loss keeps its course (batch size 1, a regression head) is worth a note only
+        ending = (f"{_ending_healthy(losses, rows)}; the gradient norm jumped from "
+                  f"{log.label(onset)} ({len(incident)} event(s)) and the loss was not hurt: "
+                  "a note, not a verdict")
+        return Judgement(HEALTHY, None, None, isolated=isolated, ending=ending), earlier
     if not worse:
         negligible = _negligible(incident, log, rows, reference)
         if negligible is not None:
