@@ -288,3 +288,16 @@ def test_fairseq_rows_are_numbered_by_num_updates_as_the_log_writes_it(tmp_path:
     assert log.label(2) == "num_updates 812"
     assert log.values("loss")[2] == 7.41  # the training line's loss, not the validation's
     assert [metrics.get("eval_loss") for _, metrics in log.evals] == [6.905]
+
+
+def test_an_iteration_counter_that_restarts_each_epoch_names_the_rows(tmp_path: Path) -> None:
+    """`epoch: 2, iter: 40`: the onset is named as the line names it, not as a row number."""
+    lines = []
+    for epoch in (1, 2, 3):
+        for it in range(20, 101, 20):
+            loss = "nan" if (epoch, it) >= (3, 60) else f"{2.0 - 0.1 * epoch - it / 1000:.4f}"
+            lines.append(f"2024-05-01 INFO epoch: {epoch}, iter: {it}, loss: {loss}, lr: 0.001")
+    result = analyze(write(tmp_path / "train.log", "\n".join(lines) + "\n"))
+    assert result.log is not None and result.log.steps[:6] == [20, 40, 60, 80, 100, 120]
+    assert result.log.label(4) == "epoch 1, iter 100"
+    assert (result.verdict, result.kind, result.onset) == ("diverged", "nan", "epoch 3, iter 60")
