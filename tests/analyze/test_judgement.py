@@ -272,3 +272,33 @@ def test_a_gradient_norm_that_jumps_alone_gives_a_note_not_a_verdict(
     assert result.verdict in verdict.split(" or ")
     if verdict == "healthy":
         assert "gradient norm jumped from step 200" in result.evidence[0]
+
+
+# -- the first incident of the kind reported ------------------------------------------------------
+def _incidents(path: Path, jumps: list[int], nan_from: int | None = None) -> Path:
+    """A Trainer log falling from 2.5, the loss 4x up for three rows from each row of `jumps`
+    and back after them, then NaN from `nan_from`."""
+    history = []
+    for i in range(1, 61):
+        loss = 2.5 * math.exp(-i / 40) + 0.3 + 0.005 * (i % 3)
+        if any(j <= i < j + 3 for j in jumps):
+            loss *= 4
+        if nan_from is not None and i >= nan_from:
+            loss = math.nan
+        history.append({"step": 10 * i, "loss": round(loss, 4), "grad_norm": 1.0,
+                        "learning_rate": 2e-5, "epoch": i / 60})
+    path.write_text(json.dumps({"log_history": history}))
+    return path
+
+
+@pytest.mark.parametrize(("jumps", "nan_from", "verdict", "onset"), [
+    ([15, 30, 45], None, "spike-recovered", 150),  # the first of three, not the last
+    ([15], 40, "diverged", 400),  # an explosion it came back from is no NaN's onset
+])
+def test_the_onset_is_the_first_incident_of_the_kind_reported(
+        tmp_path: Path, jumps: list[int], nan_from: int | None, verdict: str,
+        onset: int) -> None:
+    result = analyze(_incidents(tmp_path / "trainer_state.json", jumps, nan_from))
+    assert (result.verdict, result.onset_step) == (verdict, onset)
+    if len(jumps) > 1:
+        assert any("step 450" in line for line in result.evidence), result.evidence

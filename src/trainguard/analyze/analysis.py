@@ -202,6 +202,14 @@ def _evidence(log: Log, judgement: Judgement, findings: list[Finding]) -> list[s
         lines.append(f"{log.label(event.details['row'])}: {event.kind}: {event.message}")
         if len(seen) >= 4:
             break
+    shown = {line.split(":", 1)[0] for line in lines}
+    jumps = sorted({e.details["row"] for e in judgement.incident
+                    if e.kind in (Kind.LOSS_SPIKE, Kind.GRAD_EXPLOSION)})
+    starts = [row for k, row in enumerate(jumps) if k == 0 or row - jumps[k - 1] > 1]
+    again = [label for row in starts if (label := log.label(row)) not in shown]
+    if again:  # the onset is the first incident of its kind: the later ones, listed
+        lines.append(f"again at {', '.join(again[:6])}"
+                     + (f" and {len(again) - 6} more" if len(again) > 6 else ""))
     if judgement.ending and judgement.verdict != HEALTHY:
         lines.append(judgement.ending)
     for event in judgement.earlier[:2]:
