@@ -7,6 +7,7 @@
     a file            trainguard.db or an SQLite file -> store; a name with `tfevents` ->
                       tensorboard;
                       JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
+                      (also under a `.json` name: MMEngine's `*.log.json`)
                       (Python dicts, one per line, as the HF Trainer prints them -> text);
                       a CSV header beginning with `epoch`, without `step` -> keras;
                       a CSV header with a `step` column -> lightning; anything else -> text
@@ -108,6 +109,9 @@ def detect_format(path: Path) -> str:
         return "jsonl"
     if start.startswith(b"{"):
         first_line = start.split(b"\n", 1)[0].strip()
+        if b'"log_history"' not in head and _is_json(first_line) and \
+                start.split(b"\n", 2)[1:2] and start.split(b"\n", 2)[1].lstrip()[:1] == b"{":
+            return "jsonl"  # one object a line, whatever the name (MMEngine's `*.log.json`)
         if path.suffix == ".json" or b'"log_history"' in head or not first_line.endswith(b"}"):
             return "hf"
         if _is_json(first_line):
