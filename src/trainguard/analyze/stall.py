@@ -25,22 +25,39 @@ MIN_ROWS = 3
 
 def learns_nothing(log: Log) -> str | None:
     """Why the run learned nothing from its first logged row to its last, or None."""
-    losses = [v for v in log.values(LOSS) if v is not None]
-    if len(losses) < MIN_ROWS or len(set(losses)) != 1 or not math.isfinite(losses[0]):
+    value = _the_one_value(log.values(LOSS))
+    if value is None:
         return None
-    value = losses[0]
+    count = sum(v is not None for v in log.values(LOSS))
     if value == 0:
-        grads = [v for v in log.values(GRAD_NORM) if v is not None]
-        if len(grads) >= MIN_ROWS and all(g == 0 for g in grads):
-            return (f"the loss and the gradient norm are exactly 0 on all {len(losses)} rows: "
+        if _the_one_value(log.values(GRAD_NORM)) == 0:
+            return (f"the loss and the gradient norm are exactly 0 on all {count} rows: "
                     "no training signal reaches the weights")
         return None
     classes = _chance_classes(value)
     if classes is None:
         return None
-    return (f"the loss is {value:g} on all {len(losses)} rows, ln {classes} = "
+    return (f"the loss is {value:g} on all {count} rows, ln {classes} = "
             f"{math.log(classes):.4g}: the model never got better than a guess between "
             f"{classes} choices")
+
+
+def _the_one_value(values: list[float | None]) -> float | None:
+    """The finite value a series holds on every row that holds it (at least `MIN_ROWS`), or
+    None: stops at the first other value, so a log that moves costs a few rows."""
+    first: float | None = None
+    count = 0
+    for value in values:
+        if value is None:
+            continue
+        if first is None:
+            if not math.isfinite(value):
+                return None
+            first = value
+        elif value != first:
+            return None
+        count += 1
+    return first if count >= MIN_ROWS else None
 
 
 def _chance_classes(value: float) -> int | None:
