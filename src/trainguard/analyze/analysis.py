@@ -18,10 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.analyze import chance as chance_level
-from trainguard.analyze import resolution, stall
+from trainguard.analyze import periodic, resolution, stall
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
-from trainguard.analyze.judge import HEALTHY, STALLED, Judgement, judge
+from trainguard.analyze.judge import (
+    DIVERGED,
+    EXPLOSION,
+    HEALTHY,
+    RECOVERED,
+    SLOW,
+    STALLED,
+    Judgement,
+    judge,
+)
 from trainguard.analyze.log import LOSS, Log
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
@@ -87,6 +96,7 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     rounding = _within_rounding(log, events)
     judged = [e for e in events + extra if e not in rounding]
     judgement = defer(judge(log, replayed.rows, judged, config, at_chance), log)
+    judgement = _periodic(judgement, log)
     if judgement.verdict == HEALTHY and (why := stall.learns_nothing(raw)) is not None:
         judgement = Judgement(STALLED, None, replayed.rows[0] if replayed.rows else 0,
                               ending=why)
@@ -134,6 +144,26 @@ def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
         incident = [e for e in incident if e.kind != Kind.METRIC_COLLAPSE]
     changes = [e for e in events if e.kind == Kind.LR_CHANGE]
     return changes + incident
+
+
+def _periodic(judgement: Judgement, log: Log) -> Judgement:
+    """A finite rise in a loss that rises and falls with a period (`analyze/periodic.py`), no
+    higher than its earlier teeth: the log's structure, healthy with a note."""
+    if (judgement.verdict not in (RECOVERED, DIVERGED) or judgement.kind not in (EXPLOSION, SLOW)
+            or judgement.onset_row is None or any(e.kind == Kind.LOSS_AT_CHANCE
+                                                  for e in judgement.incident)):
+        return judgement
+    losses = log.values(LOSS)
+    found = periodic.period(losses)
+    if found is None or not periodic.within_teeth(losses, judgement.onset_row):
+        return judgement
+    rows, correlation = found
+    ending = (f"{judgement.ending}; but the loss rises and falls every {rows} rows "
+              f"(autocorrelation {correlation:.2f} one period apart, trend removed), and from "
+              f"{log.label(judgement.onset_row)} it went no higher than its earlier teeth: "
+              "periodic structure (batches grouped by length, data order, restarts), not "
+              "divergence")
+    return Judgement(HEALTHY, None, None, isolated=judgement.isolated, ending=ending)
 
 
 def _within_rounding(log: Log, events: list[Event]) -> list[Event]:
