@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.analyze import chance as chance_level
-from trainguard.analyze import periodic, resolution, stall
+from trainguard.analyze import periodic, resolution, stall, text
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
 from trainguard.analyze.judge import (
@@ -202,7 +202,10 @@ def _config(log: Log) -> DetectorConfig:
             return DetectorConfig(**log.detector_config)
         except (TypeError, ValueError):
             pass  # thresholds of another trainguard version: the defaults, scaled
-    return scaled_config(len(log), log.interval(), from_start=log.starts_at_start())
+    # an excerpt of rows that are means is judged from its first row as a log from the start
+    # is: one mean of many steps is a level to jump from (`text.MEANS`)
+    means = log.format.startswith("text:") and log.format.split(":", 1)[1] in text.MEANS
+    return scaled_config(len(log), log.interval(), from_start=log.starts_at_start() or means)
 
 
 def _above_chance(log: Log) -> list[Event]:

@@ -215,6 +215,10 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "columns": (_columns, "step"),
 }
 """name -> (reader of the lines, the unit its steps count), in order of preference on a tie."""
+MEANS = frozenset({"megatron", "wlm", "mlx"})
+"""Grammars of trainers whose logged loss is the mean of the steps since the last line
+(Megatron's `lm loss`, word_language_model's `cur_loss`, mlx-lm's train loss): one such row is
+a level, where one row of single-batch losses (nanoGPT's `iter N: loss X`) is not."""
 
 
 def read_lines(path: Path) -> Lines:
