@@ -10,8 +10,9 @@ the incident, it stands for the logbook it was cut from). A case is right when e
 files is; a file the analysis cannot read (`unreadable`) or fails on (`crashed`, with the
 exception) is wrong. Scored per case:
 
-    verdict   healthy / recovered / degraded, against the label (`diverged` yes: degraded; kind
-              `spike-recovered`: recovered; the labels keep the words they were written in)
+    verdict   healthy / recovered / degraded / stalled, against the label (`diverged` yes:
+              degraded; kind `spike-recovered`: recovered; a `collapse` label, a run that learns
+              nothing, is `stalled`; the labels keep the words they were written in)
     kind      nan / explosion / slow-divergence, for the degraded cases
     onset     the first logged step the analysis names, against the label's (in the log's own
               units: a step, an iteration, `epoch E, batch B`); "exact" is the same logged row,
@@ -45,7 +46,7 @@ from pathlib import Path
 
 from trainguard.analyze.analysis import Analysis, analyze
 from trainguard.analyze.log import Log, LogError
-from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, verdict_named
+from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, STALLED, verdict_named
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 OWN_DATA = Path(__file__).resolve().parent / "realdata"
@@ -112,7 +113,9 @@ def labels(data: Path) -> list[Label]:
     with (data / "index.csv").open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             kind = row["kind"].strip()
-            if row["diverged"].strip() == "yes":
+            if kind == "collapse" and row["diverged"].strip() == "yes":
+                verdict = STALLED  # trains on, learns nothing: the live verdict's word
+            elif row["diverged"].strip() == "yes":
                 verdict = DEGRADED
             else:  # the label's kind says a spike the run recovered from
                 verdict = RECOVERED if verdict_named(kind) == RECOVERED else HEALTHY
@@ -152,7 +155,8 @@ def onset_row(log: Log, text: str) -> int | None:
             found = next((i for i, s in enumerate(log.steps) if s == int(named.group(2))), None)
         return found
     inner = re.search(r"\((?:step|global batch)\s+(\d+)", text)
-    step = re.fullmatch(r"(?:(?:global\s+)?step|iter|iteration)?\s*(\d+)", main)
+    step = re.fullmatch(r"(?:(?:global\s+)?step|iter|iteration|num_updates|update)?\s*(\d+)",
+                        main)
     epoch = re.fullmatch(r"epoch\s+([\d.]+)", main)
     if inner or step:
         wanted = int((inner or step).group(1))  # type: ignore[union-attr]

@@ -270,3 +270,34 @@ def test_more_rows_than_a_paste_holds_are_refused_in_one_line(
     path.write_text("".join(f"{{'loss': {2.0 - k / 100}, 'epoch': {k / 10}}}\n"
                             for k in range(50)))
     assert len(read_log(path)) == 50
+
+
+# -- fairseq: the update counter, and `| valid |` lines as evaluations ---------------------------
+FAIRSEQ = """\
+2021-05-02 10:01:10 | INFO | train_inner | epoch 001:    100 / 812 loss=7.912, nll_loss=7.1, ppl=137.2, wps=21000.5, num_updates=100, lr=5e-05, gnorm=1.532, loss_scale=128, wall=410
+2021-05-02 10:08:40 | INFO | train_inner | epoch 001:    200 / 812 loss=7.305, nll_loss=6.5, ppl=90.5, wps=21011.2, num_updates=200, lr=0.0001, gnorm=1.208, loss_scale=128, wall=860
+2021-05-02 10:30:02 | INFO | train | epoch 001 | loss 7.41 | nll_loss 6.6 | ppl 97.0 | num_updates 812 | lr 0.000203 | gnorm 1.3 | loss_scale 128 | wall 2100
+2021-05-02 10:30:20 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 6.905 | nll_loss 6.1 | ppl 68.6 | num_updates 812 | best_loss 6.905
+2021-05-02 10:38:40 | INFO | train_inner | epoch 002:     88 / 812 loss=7.002, nll_loss=6.2, ppl=73.3, wps=20990.1, num_updates=900, lr=0.000225, gnorm=1.104, loss_scale=128, wall=2600
+"""  # noqa: E501
+
+
+def test_fairseq_rows_are_numbered_by_num_updates_as_the_log_writes_it(tmp_path: Path) -> None:
+    log = read_log(write(tmp_path / "train.log", FAIRSEQ))
+    assert log.steps == [100, 200, 812, 900]
+    assert log.label(2) == "num_updates 812"
+    assert log.values("loss")[2] == 7.41  # the training line's loss, not the validation's
+    assert [metrics.get("eval_loss") for _, metrics in log.evals] == [6.905]
+
+
+def test_an_iteration_counter_that_restarts_each_epoch_names_the_rows(tmp_path: Path) -> None:
+    """`epoch: 2, iter: 40`: the onset is named as the line names it, not as a row number."""
+    lines = []
+    for epoch in (1, 2, 3):
+        for it in range(20, 101, 20):
+            loss = "nan" if (epoch, it) >= (3, 60) else f"{2.0 - 0.1 * epoch - it / 1000:.4f}"
+            lines.append(f"2024-05-01 INFO epoch: {epoch}, iter: {it}, loss: {loss}, lr: 0.001")
+    result = analyze(write(tmp_path / "train.log", "\n".join(lines) + "\n"))
+    assert result.log is not None and result.log.steps[:6] == [20, 40, 60, 80, 100, 120]
+    assert result.log.label(4) == "epoch 1, iter 100"
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 3, iter 60")

@@ -187,7 +187,7 @@ def test_lightning_a_last_line_cut_short_is_left_out(tmp_path: Path) -> None:
 
 
 def test_lightning_a_csv_without_a_step_column_is_an_error(tmp_path: Path) -> None:
-    path = write(tmp_path / "metrics.csv", "epoch,loss\n0,1.5\n")
+    path = write(tmp_path / "metrics.csv", "loss,epoch\n1.5,0\n")
     with pytest.raises(LogError, match="no 'step' column") as info:
         read_log(path)
     assert str(path) in str(info.value)

@@ -11,15 +11,22 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainguard.analyze import chance as chance_level
+from trainguard.analyze import periodic, resolution, stall, text
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
-from trainguard.analyze.judge import Judgement, judge
+from trainguard.analyze.judge import (
+    EXPLOSION,
+    SLOW,
+    Judgement,
+    judge,
+)
 from trainguard.analyze.log import LOSS, Log
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
@@ -32,7 +39,7 @@ from trainguard.events import Event
 from trainguard.finding import Finding
 from trainguard.ranked_cause import RankedCause
 from trainguard.registry import Kind
-from trainguard.vocabulary import HEALTHY, Verdict
+from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, STALLED, Verdict
 
 
 @dataclass(slots=True)
@@ -40,8 +47,8 @@ class Analysis:
     path: str
     format: str
     verdict: Verdict
-    """`healthy`, `recovered` or `degraded` (`trainguard.vocabulary.Verdict`: the live verdict's
-    words; a log's loss alone never says `stalled`)."""
+    """`healthy`, `recovered`, `degraded` or `stalled` (`trainguard.vocabulary.Verdict`: the live
+    verdict's words; `stalled` when the log shows a run that learned nothing)."""
     kind: str | None
     """`nan`, `explosion`, `slow-divergence` or `collapse` (None when healthy)."""
     onset_step: int | None
@@ -86,10 +93,18 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     at_chance = chance_level.back_to_chance(losses, num_classes,
                                             guess=chance_level.is_classifier(log))
     extra = _above_chance(log)
-    judgement = defer(judge(log, replayed.rows, events + extra, config, at_chance), log)
-    findings = log_findings(log, judgement)
+    rounding = _within_rounding(log, events)
+    judged = [e for e in events + extra if e not in rounding]
+    judgement = defer(judge(log, replayed.rows, judged, config, at_chance), log)
+    judgement = _periodic(judgement, log)
+    if judgement.verdict == HEALTHY and (why := stall.learns_nothing(raw)) is not None:
+        judgement = Judgement(STALLED, None, replayed.rows[0] if replayed.rows else 0,
+                              ending=why)
+    # a run that learned nothing had no incident: no trouble step to read causes around
+    troubled = judgement.verdict not in (HEALTHY, STALLED)
+    findings = log_findings(log, judgement) if troubled else []
     causes = (rank_causes(_ranked_events(judgement, events), findings, batches=False)
-              if judgement.verdict != HEALTHY else [])
+              if troubled else [])
     for cause in causes:
         cause.evidence = [_in_log_terms(log, line) for line in cause.evidence]
     onset_row = judgement.onset_row
@@ -98,7 +113,8 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
         onset_step=log.steps[onset_row] if onset_row is not None else None,
         onset=log.label(onset_row) if onset_row is not None else None,
         evidence=_evidence(log, judgement, findings), causes=causes, events=events + extra,
-        findings=findings, notes=list(log.notes), rows=len(log), interval=log.interval(),
+        findings=findings, notes=list(log.notes) + _rounding_notes(log, rounding),
+        rows=len(log), interval=log.interval(),
         log=log, judgement=judgement)
 
 
@@ -130,13 +146,66 @@ def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
     return changes + incident
 
 
+def _periodic(judgement: Judgement, log: Log) -> Judgement:
+    """A finite rise in a loss that rises and falls with a period (`analyze/periodic.py`), no
+    higher than its earlier teeth: the log's structure, healthy with a note."""
+    if (judgement.verdict not in (RECOVERED, DEGRADED) or judgement.kind not in (EXPLOSION, SLOW)
+            or judgement.onset_row is None or any(e.kind == Kind.LOSS_AT_CHANCE
+                                                  for e in judgement.incident)):
+        return judgement
+    losses = log.values(LOSS)
+    found = periodic.period(losses)
+    if found is None or not periodic.within_teeth(losses, judgement.onset_row):
+        return judgement
+    rows, correlation = found
+    ending = (f"{judgement.ending}; but the loss rises and falls every {rows} rows "
+              f"(autocorrelation {correlation:.2f} one period apart, trend removed), and from "
+              f"{log.label(judgement.onset_row)} it went no higher than its earlier teeth: "
+              "periodic structure (batches grouped by length, data order, restarts), not "
+              "divergence")
+    return Judgement(HEALTHY, None, None, isolated=judgement.isolated, ending=ending)
+
+
+def _within_rounding(log: Log, events: list[Event]) -> list[Event]:
+    """Rises of the loss too small to read at the precision the log writes it
+    (`analyze/resolution.py`): 0.0001 to 0.0003 is a 3x ratio and two units of rounding."""
+    unit = None
+    found = []
+    for event in events:
+        if event.kind not in (Kind.LOSS_SPIKE, Kind.LOSS_DIVERGENCE):
+            continue
+        level = event.details.get("baseline", event.details.get("best"))
+        value = event.value
+        if not isinstance(level, (int, float)) or value is None or not math.isfinite(value):
+            continue
+        if unit is None:
+            unit = resolution.quantum(log.values(LOSS))
+            if unit is None:
+                return []
+        if resolution.below_resolution(value - level, unit):
+            found.append(event)
+    return found
+
+
+def _rounding_notes(log: Log, rounding: list[Event]) -> list[str]:
+    if not rounding:
+        return []
+    first = rounding[0]
+    return [f"{log.label(first.details['row'])}: {first.kind} not counted: the loss rose to "
+            f"{first.value or 0:.4g}, fewer than {resolution.UNITS} units of the last digit the "
+            f"log writes it to ({len(rounding)} such event(s)): rounding, not a jump"]
+
+
 def _config(log: Log) -> DetectorConfig:
     if log.detector_config is not None and log.interval() <= 1:
         try:
             return DetectorConfig.from_dict(log.detector_config)
         except (TypeError, ValueError):
             pass  # thresholds of another trainguard version: the defaults, scaled
-    return scaled_config(len(log), log.interval(), from_start=log.starts_at_start())
+    # an excerpt of rows that are means is judged from its first row as a log from the start
+    # is: one mean of many steps is a level to jump from (`text.MEANS`)
+    means = log.format.startswith("text:") and log.format.split(":", 1)[1] in text.MEANS
+    return scaled_config(len(log), log.interval(), from_start=log.starts_at_start() or means)
 
 
 def _above_chance(log: Log) -> list[Event]:
@@ -167,6 +236,14 @@ def _evidence(log: Log, judgement: Judgement, findings: list[Finding]) -> list[s
         lines.append(f"{log.label(event.details['row'])}: {event.kind}: {event.message}")
         if len(seen) >= 4:
             break
+    shown = {line.split(":", 1)[0] for line in lines}
+    jumps = sorted({e.details["row"] for e in judgement.incident
+                    if e.kind in (Kind.LOSS_SPIKE, Kind.GRAD_EXPLOSION)})
+    starts = [row for k, row in enumerate(jumps) if k == 0 or row - jumps[k - 1] > 1]
+    again = [label for row in starts if (label := log.label(row)) not in shown]
+    if again:  # the onset is the first incident of its kind: the later ones, listed
+        lines.append(f"again at {', '.join(again[:6])}"
+                     + (f" and {len(again) - 6} more" if len(again) > 6 else ""))
     if judgement.ending and judgement.verdict != HEALTHY:
         lines.append(judgement.ending)
     for event in judgement.earlier[:2]:

@@ -4,6 +4,7 @@ exports them and the readers' dispatch uses them, without importing each other."
 FORMATS: dict[str, str] = {
     "hf": "Hugging Face trainer_state.json",
     "lightning": "PyTorch Lightning CSVLogger metrics.csv",
+    "keras": "Keras CSVLogger file (epoch,loss,...,val_loss per epoch)",
     "tensorboard": "TensorBoard event file or run directory",
     "store": "trainguard run directory (its run store)",
     "jsonl": "JSON Lines, one object per logged step",
@@ -13,6 +14,7 @@ FORMATS: dict[str, str] = {
     "text:wlm": "text log, PyTorch examples/word_language_model lines only",
     "text:nanogpt": "text log, nanoGPT 'iter N: loss X' lines only",
     "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
+    "text:rl": "text log, OpenAI baselines / stable-baselines console tables only",
     "text:generic": "text log, generic 'step N ... loss X' lines only",
     "text:columns": "text log, bare 'step loss' lines only",
 }

@@ -7,7 +7,9 @@
     a file            trainguard.db or an SQLite file -> store; a name with `tfevents` ->
                       tensorboard;
                       JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
+                      (also under a `.json` name: MMEngine's `*.log.json`)
                       (Python dicts, one per line, as the HF Trainer prints them -> text);
+                      a CSV header beginning with `epoch`, without `step` -> keras;
                       a CSV header with a `step` column -> lightning; anything else -> text
 """
 
@@ -19,13 +21,13 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.analyze import hf, jsonl, lightning, source, store, tensorboard, text
+from trainguard.analyze import hf, jsonl, keras, lightning, source, store, tensorboard, text
 from trainguard.analyze.format_names import FORMATS
 from trainguard.analyze.log import Log, LogError
 
 _READERS: dict[str, Callable[[Path], Log]] = {
     "hf": hf.read, "lightning": lightning.read, "tensorboard": tensorboard.read,
-    "store": store.read, "jsonl": jsonl.read, "text": text.read,
+    "store": store.read, "jsonl": jsonl.read, "text": text.read, "keras": keras.read,
 }
 _SQLITE = b"SQLite format 3\0"
 
@@ -107,6 +109,9 @@ def detect_format(path: Path) -> str:
         return "jsonl"
     if start.startswith(b"{"):
         first_line = start.split(b"\n", 1)[0].strip()
+        if b'"log_history"' not in head and _is_json(first_line) and \
+                start.split(b"\n", 2)[1:2] and start.split(b"\n", 2)[1].lstrip()[:1] == b"{":
+            return "jsonl"  # one object a line, whatever the name (MMEngine's `*.log.json`)
         if path.suffix == ".json" or b'"log_history"' in head or not first_line.endswith(b"}"):
             return "hf"
         if _is_json(first_line):
@@ -115,6 +120,8 @@ def detect_format(path: Path) -> str:
     if path.suffix == ".json":
         return "hf"
     first = start.split(b"\n", 1)[0].decode("utf-8", "replace")
+    if keras.is_header(first):
+        return "keras"
     if path.suffix == ".csv" or ("," in first and "step" in [c.strip() for c in first.split(",")]):
         return "lightning"
     if len(head) >= 12 and _looks_like_tfrecord(head):

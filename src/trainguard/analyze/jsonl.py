@@ -5,6 +5,9 @@ The step is the first of `step`, `global_step`, `current_steps` (LLaMA-Factory's
 without one are numbered by their position. Numeric values are the row's series (names made
 canonical: `learning_rate` -> `lr`), `eval_*`/`val_*` values its evaluation. A last line cut
 short (a writer still writing) is left out with a note; a bad line before it is an error.
+
+mmcv / MMEngine `*.log.json`: the `env_info` header record is no step; `"mode": "val"` records
+are evaluations; `iter` counts within an epoch (`_Epochs`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def read(path: str | Path) -> Log:
     lines = Lines(path, errors="strict", skip_long=False)
     log = LogBuilder(path, FORMAT)
     numbered = False
+    epochs = _Epochs()
     # one line held back: a line that does not parse is a cut-off only when it is the last
     pending: tuple[int, str, json.JSONDecodeError] | None = None
     try:
@@ -41,11 +45,24 @@ def read(path: str | Path) -> Log:
             if not isinstance(record, dict):
                 raise LogError(f"{path}: line {index + 1} is {type(record).__name__}, expected "
                                "a JSON object")
+            mode = record.get("mode")
+            if isinstance(mode, str) and mode.lower() in EVAL_MODES:  # MMEngine / mmcv
+                record = {k: v for k, v in record.items() if k not in ("mode", "lr")}
+                at = epochs.last if epochs.last is not None else index
+                log.add_eval(at, {k: float(v) for k, v in record.items()
+                                  if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                  and k not in ("epoch", "iter", "step")})
+                continue
             step = next((record[k] for k in STEP_KEYS if isinstance(record.get(k), int)
                          and not isinstance(record.get(k), bool)), None)
             if step is None:
+                if "env_info" in record or "config" in record:
+                    continue  # the header record of an mmcv / MMEngine log, not a step
                 step, numbered = index, True
-            log.add_entry(step, record)
+                log.add_entry(step, record)
+                continue
+            step, label = epochs.number(record, step)
+            log.add_entry(step, record, label=label)
     except UnicodeDecodeError:
         raise LogError(f"{path}: not a JSON Lines file (not UTF-8 text)") from None
     if pending is not None:
@@ -56,6 +73,40 @@ def read(path: str | Path) -> Log:
     if numbered:
         log.notes.append("some lines have no step; they are numbered by their line")
     return log.build(what="training values (no line with a numeric metric)")
+
+
+EVAL_MODES = frozenset({"val", "valid", "validation", "test", "eval"})
+"""An MMEngine / mmcv `*.log.json` record of `"mode": "val"` is an evaluation."""
+
+
+class _Epochs:
+    """A step counter that starts again with each epoch (mmcv's `"epoch": 2, "iter": 50`):
+    rows numbered across epochs, as (the largest count of the epochs before) + iter, and named
+    as the record names them (`epoch 2, iter 50`)."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.epoch: float | None = None
+        self.offset = 0
+        self.largest = 0
+        self.restarted = False
+
+    def number(self, record: dict[str, object], step: int) -> tuple[int, str]:
+        epoch = record.get("epoch")
+        if not isinstance(epoch, (int, float)) or isinstance(epoch, bool):
+            self.last = step + self.offset
+            return self.last, ""
+        if self.epoch is not None and epoch > self.epoch and self.last is not None \
+                and step + self.offset <= self.last:
+            self.offset += self.largest  # the counter began again with the epoch
+            self.restarted = True
+        self.epoch = epoch
+        self.largest = max(self.largest, step)
+        self.last = step + self.offset
+        name = next(k for k in STEP_KEYS if record.get(k) == step)
+        # an iteration within a whole-numbered epoch (mmcv's) is named by both, as written
+        within = self.restarted or (isinstance(epoch, int) and name == "iter")
+        return self.last, f"epoch {epoch:g}, {name} {step}" if within else ""
 
 
 def _refuse(path: Path, index: int, line: str, exc: json.JSONDecodeError) -> None:

@@ -15,9 +15,11 @@ reads their events with hindsight, the whole log in view:
 3. **Its onset** is traced back from where it was detected, in the signal that raised it: for a
    loss event, over the preceding rows whose loss is `detectors.loss_spike.ratio` times the lowest
    loss of the rows before or more; for a gradient event, over the rows whose norm is
-   `detectors.grad_explosion.abs_min_ratio` times the lowest norm before or more; for a divergence,
-   from where the detector says its level crossed; for non-finite values and skipped steps, over the
-   unbroken run of non-finite or skipped rows that leads into them.
+   `detectors.grad_explosion.abs_min_ratio` times the lowest norm before or more; for a
+   divergence, from where the detector says its level crossed; for non-finite values and
+   skipped steps, over the unbroken run of non-finite or skipped rows that leads into them. It
+   is then moved to the first earlier incident of the same kind that the run came back from, if
+   any: a run is told from its first blow-up of the kind reported.
 4. **Degraded or recovered.** The run degraded when it ends non-finite, when it ends skipping
    most steps since the onset, or when its final loss level (the median of its last 20 steps, or
    its last row when rows are further apart) is worse than its level before the onset (the
@@ -105,8 +107,10 @@ class Judgement:
 def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
           chance: AtChance | None = None) -> Judgement:
     """`rows`: the rows the detectors were run on (those holding a training value)."""
-    judgement, earlier = _judge(log, rows, events, config, chance)
+    passed: list[tuple[Event, int, float | None]] = []
+    judgement, earlier = _judge(log, rows, events, config, chance, passed)
     judgement.earlier = earlier
+    _first_of_its_kind(judgement, passed, log, rows, events, config)
     if judgement.incident and judgement.onset_row is not None:
         skipped = log.skipped or [False] * len(log.steps)
         judgement.back = _came_back(judgement.incident[0], judgement.onset_row,
@@ -116,7 +120,8 @@ def judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig
 
 
 def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
-           chance: AtChance | None) -> tuple[Judgement, list[Event]]:
+           chance: AtChance | None, passed: list[tuple[Event, int, float | None]]
+           ) -> tuple[Judgement, list[Event]]:
     losses = log.values(LOSS)
     grads = log.values(GRAD_NORM)
     skipped = log.skipped or [False] * len(log.steps)
@@ -124,7 +129,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     if not trouble:
         return Judgement(HEALTHY, None, None, isolated=isolated,
                          ending=_ending_healthy(losses, rows)), []
-    first, onset, reference, trouble, earlier = _deciding(log, rows, trouble, config)
+    first, onset, reference, trouble, earlier = _deciding(log, rows, trouble, config, passed)
     incident = [e for e in trouble if e.details["row"] >= onset]
     after = [i for i in rows if i >= onset]
     whole = whole_interval_skips(log, skipped)
@@ -158,6 +163,13 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     worse = ended_worse(final, reference, tail)
     if chance is not None and chance.row >= onset:
         worse = True
+    if not worse and all(e.kind == Kind.GRAD_EXPLOSION for e in incident):
+        # the loss, not the norm, says whether a run is in trouble: a norm that jumps while
+        # the loss keeps its course (batch size 1, a regression head) is worth a note only
+        ending = (f"{_ending_healthy(losses, rows)}; the gradient norm jumped from "
+                  f"{log.label(onset)} ({len(incident)} event(s)) and the loss was not hurt: "
+                  "a note, not a verdict")
+        return Judgement(HEALTHY, None, None, isolated=isolated, ending=ending), earlier
     if not worse:
         negligible = _negligible(incident, log, rows, reference)
         if negligible is not None:
@@ -194,15 +206,18 @@ def _trouble(log: Log, rows: list[int], events: list[Event], config: DetectorCon
     return isolated, trouble
 
 
-def _deciding(log: Log, rows: list[int], trouble: list[Event], config: DetectorConfig
+def _deciding(log: Log, rows: list[int], trouble: list[Event], config: DetectorConfig,
+              passed: list[tuple[Event, int, float | None]]
               ) -> tuple[Event, int, float | None, list[Event], list[Event]]:
     """The incident that decides: the first one the run did not come back from. (Its first
     event, its onset row, the loss level before it, the trouble from it on, the events of the
-    incidents the run came back from.)"""
+    incidents the run came back from; `passed` gets the first event, onset and level before of
+    each incident the run came back from.)"""
     losses = log.values(LOSS)
     grads = log.values(GRAD_NORM)
     skipped = log.skipped or [False] * len(log.steps)
     earlier: list[Event] = []
+    passed.clear()
     while True:
         first = trouble[0]
         onset = _onset(first, log, rows, losses, grads, skipped, config)
@@ -216,8 +231,29 @@ def _deciding(log: Log, rows: list[int], trouble: list[Event], config: DetectorC
         if not later:
             break
         earlier += [e for e in trouble if e.details["row"] <= back]
+        passed.append((first, onset, reference))
         trouble = later
     return first, onset, reference, trouble, earlier
+
+
+def _first_of_its_kind(judgement: Judgement, passed: list[tuple[Event, int, float | None]],
+                       log: Log, rows: list[int], events: list[Event],
+                       config: DetectorConfig) -> None:
+    """The onset is the first incident of the kind the verdict reports: a run that blew up and
+    came back before it blew up again, or spiked and recovered several times, is told from its
+    first blow-up, the later ones in its evidence."""
+    if judgement.verdict not in (DEGRADED, RECOVERED) or judgement.kind is None or not passed:
+        return
+    for first, onset, reference in passed:
+        kind = (NAN if first.kind in NONFINITE_KINDS else
+                _blowup_kind(log, rows, first, onset, reference, config))
+        if kind != judgement.kind or first.kind not in (*JUMPS, *NONFINITE_KINDS):
+            continue
+        judgement.onset_row = onset
+        judgement.incident = [e for e in judgement.earlier if e.details["row"] >= onset] + \
+            judgement.incident
+        judgement.earlier = [e for e in judgement.earlier if e.details["row"] < onset]
+        return
 
 
 def _blowup_kind(log: Log, rows: list[int], first: Event, onset: int,

@@ -78,13 +78,17 @@ _EPOCH_HEADER = re.compile(r"^\W*epoch\s*[:=]?\s*\[?\s*(\d+)\s*(?:/\s*\d+)?\s*\]
                            re.IGNORECASE)
 _NONFINITE_WORD = re.compile(r"(?<![\w'\"])(-?(?:nan|inf(?:inity)?))(?![\w'\"])", re.IGNORECASE)
 
+_EVAL_FIELD = re.compile(r"\|\s*(?:valid|validation|eval|evaluation|dev|test)\s*\|",
+                         re.IGNORECASE)
+"""A field of a `|`-separated logger line that says the line reports an evaluation."""
+
 COUNTERS = ("global_step", "global step", "step", "steps", "iteration", "iterations", "iter",
-            "iters", "it",
+            "iters", "it", "num_updates", "updates",
             "current_steps", "progress", "batch", "epoch")
 """Names that number rows."""
 FAMILY = {"global_step": "step", "global step": "step", "steps": "step", "current_steps": "step",
           "iteration": "step", "iterations": "step", "iter": "step", "iters": "step",
-          "it": "step"}
+          "it": "step", "num_updates": "step", "updates": "step"}
 """Spellings of one counter (`global_step=120` on one line, `step: 130` on the next; the first
 on a line counts: litgpt's `iter 1152 step 144` counts iterations)."""
 NUMBERING = ("step", "progress", "batch", "epoch")
@@ -108,6 +112,9 @@ class LineRow:
     """How the line names its step counter (`iter`, `global step`...)."""
     total: float | None = None
     """The total of the line's progress counter (`41/3280` -> 3280)."""
+    within: str = ""
+    """How the line names a counter that restarts each epoch (`batch`, `iter`); empty for a
+    progress bar (`41/3280 [`)."""
 
 
 def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -262,6 +269,8 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
             values, counters = parse_line(line)
             if not values:
                 continue
+            if _EVAL_FIELD.search(line):  # fairseq's `| valid | epoch 002 | loss 9.39 |`
+                values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
             if TOTALS & set(values):
                 continue
             if "epoch" in counters:
@@ -404,8 +413,9 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         if counter == ACROSS:
             step = int(row.counters[counter])
             done = int(row.counters["progress"])
-            label = (f"epoch {row.epoch:g}" if done == row.total  # Keras' line of an epoch
-                     else f"epoch {row.epoch:g}, batch {done}")
+            # Keras' line of a whole epoch is its progress bar at its total
+            label = (f"epoch {row.epoch:g}" if done == row.total and not row.within
+                     else f"epoch {row.epoch:g}, {row.within or 'batch'} {done}")
         elif counter is not None:
             step = int(row.counters[counter])
             label = f"{log.step_unit} {step}"
@@ -451,6 +461,8 @@ def _across_epochs(rows: list[LineRow]) -> None:
     across epochs as (epoch - first epoch) x total + progress, under `ACROSS`: in steps, so
     that a row that closes an epoch (Keras' `9595/9595 [====] - loss: ...`) is known as the mean
     of a whole epoch of steps."""
+    if rows and all(row.epoch is not None and row.total is None for row in rows):
+        _restarting(rows)
     if not rows or any(row.epoch is None or row.total is None or "progress" not in row.counters
                        for row in rows):
         return
@@ -458,6 +470,26 @@ def _across_epochs(rows: list[LineRow]) -> None:
     for row in rows:
         row.counters[ACROSS] = ((row.epoch - first) * row.total  # type: ignore[operator]
                                 + row.counters["progress"])
+
+
+def _restarting(rows: list[LineRow]) -> None:
+    """A counter that starts again with each epoch (`epoch: 2, iter: 20`) is a progress within
+    the epoch, of a total the largest value it reaches: the rows are then numbered across
+    epochs and named as the lines name them (`epoch 2, iter 20`)."""
+    for name in ("step", "batch"):
+        values = [row.counters.get(name) for row in rows]
+        if any(v is None or v != int(v) or v < 0 for v in values):
+            continue
+        backs = [k for k in range(1, len(rows)) if values[k] <= values[k - 1]]  # type: ignore[operator]
+        if not backs or any(rows[k].epoch <= rows[k - 1].epoch for k in backs):  # type: ignore[operator]
+            continue  # it never restarts, or not at a new epoch: the counter numbers the rows
+        total = max(values)  # type: ignore[type-var]
+        for row, value in zip(rows, values, strict=True):
+            row.counters["progress"] = float(value)  # type: ignore[arg-type]
+            row.total = float(total)  # type: ignore[arg-type]
+            row.within = row.spelling if name == "step" else name
+            del row.counters[name]
+        return
 
 
 def _from_start(rows: list[LineRow]) -> bool | None:

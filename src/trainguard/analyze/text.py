@@ -23,6 +23,9 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                train loss 4.0390, val loss 4.0427` is an evaluation.
     mlx        mlx-lm (`mlx_lm.lora`): `Iter 10: Train loss 2.123, Learning Rate 1.000e-05,
                It/sec 1.234, ...`; `Iter 10: Val loss 2.345, Val took 1.2s` is an evaluation.
+    rl         the console tables of OpenAI baselines and stable-baselines: the logger's
+               `| approxkl | 0.0012 |` blocks between dashed rules, one row per update, and
+               PPO1's `pol_surr | vf_loss | kl` table (`trainguard.analyze.rl_tables`).
     generic    any other line holding a loss, as people write and paste them
                (`trainguard.analyze.pasted`): dict and JSON objects (the HF Trainer's console
                `{'loss': 0.0, 'grad_norm': nan, ...}`), `key=value` (tqdm postfixes), `key: value`
@@ -43,7 +46,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from trainguard.analyze import pasted
+from trainguard.analyze import pasted, rl_tables
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
 from trainguard.analyze.source import Lines, head
 
@@ -207,10 +210,15 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "wlm": (_wlm, "batch"),
     "nanogpt": (_nanogpt, "iter"),
     "mlx": (_mlx, "iter"),
+    "rl": (rl_tables.read_rows, "row"),
     "generic": (_generic, "step"),
     "columns": (_columns, "step"),
 }
 """name -> (reader of the lines, the unit its steps count), in order of preference on a tie."""
+MEANS = frozenset({"megatron", "wlm", "mlx"})
+"""Grammars of trainers whose logged loss is the mean of the steps since the last line
+(Megatron's `lm loss`, word_language_model's `cur_loss`, mlx-lm's train loss): one such row is
+a level, where one row of single-batch losses (nanoGPT's `iter N: loss X`) is not."""
 
 
 def read_lines(path: Path) -> Lines:

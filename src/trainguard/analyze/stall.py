@@ -1,0 +1,71 @@
+"""A run that learns nothing: the offline `stalled`, the live verdict's word.
+
+Two things a log shows from its first row to its last, each on at least `MIN_ROWS` rows:
+
+- **no training signal**: the loss and the gradient norm are exactly 0 on every row (a loss
+  masked out entirely, labels that are all ignored: nothing reaches the weights);
+- **a loss pinned at chance**: the same loss on every row, and that value is ln(k) for a small
+  whole k to the digits the log writes (a DPO loss at ln 2 = 0.6931 with every reward 0: no
+  preference is learned; a classifier that predicts a constant from its first step).
+
+A plateau that moves, a loss that comes down later, a constant loss at any other value: none of
+these say so, and the verdict is left to the rest of the judgement.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainguard.analyze.chance import MAX_GUESSED_CLASSES
+from trainguard.analyze.log import GRAD_NORM, LOSS, Log
+from trainguard.chance_level import chance_loss
+
+MIN_ROWS = 3
+"""Rows a log needs before a loss that never moved says the run learns nothing."""
+
+
+def learns_nothing(log: Log) -> str | None:
+    """Why the run learned nothing from its first logged row to its last, or None."""
+    value = _the_one_value(log.values(LOSS))
+    if value is None:
+        return None
+    count = sum(v is not None for v in log.values(LOSS))
+    if value == 0:
+        if _the_one_value(log.values(GRAD_NORM)) == 0:
+            return (f"the loss and the gradient norm are exactly 0 on all {count} rows: "
+                    "no training signal reaches the weights")
+        return None
+    classes = _chance_classes(value)
+    if classes is None:
+        return None
+    return (f"the loss is {value:g} on all {count} rows, ln {classes} = "
+            f"{chance_loss(classes):.4g}: the model never got better than a guess between "
+            f"{classes} choices")
+
+
+def _the_one_value(values: list[float | None]) -> float | None:
+    """The finite value a series holds on every row that holds it (at least `MIN_ROWS`), or
+    None: stops at the first other value, so a log that moves costs a few rows."""
+    first: float | None = None
+    count = 0
+    for value in values:
+        if value is None:
+            continue
+        if first is None:
+            if not math.isfinite(value):
+                return None
+            first = value
+        elif value != first:
+            return None
+        count += 1
+    return first if count >= MIN_ROWS else None
+
+
+def _chance_classes(value: float) -> int | None:
+    """The k whose ln(k) the value is, to the decimals it is written with (0.6931 -> 2)."""
+    text = repr(value)
+    decimals = len(text.split(".", 1)[1]) if "." in text and "e" not in text else 0
+    for classes in range(2, MAX_GUESSED_CLASSES + 1):
+        if round(chance_loss(classes), decimals) == value:
+            return classes
+    return None

@@ -1,0 +1,41 @@
+"""JSON Lines readers: an mmcv / MMEngine `*.log.json`, written as those runners write it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trainguard.analyze import analyze, read_log
+
+
+def _mmcv_log(path: Path, epochs: int = 3, nan_at: tuple[int, int] | None = None) -> Path:
+    records: list[dict[str, object]] = [{"env_info": "sys.platform: linux\nCUDA available: True",
+                                         "seed": 0, "exp_name": "faster_rcnn.py"}]
+    for epoch in range(1, epochs + 1):
+        for it in range(50, 201, 50):
+            loss: float = round(1.6 - 0.1 * epoch - it / 4000, 4)
+            if nan_at is not None and (epoch, it) >= nan_at:
+                loss = math.nan
+            records.append({"mode": "train", "epoch": epoch, "iter": it, "lr": 0.02,
+                            "memory": 3100, "data_time": 0.01, "loss_rpn_cls": 0.3,
+                            "loss_bbox": 0.4, "loss": loss, "grad_norm": 5.0, "time": 0.5})
+        records.append({"mode": "val", "epoch": epoch, "iter": 500, "lr": 0.02,
+                         "bbox_mAP": 0.1 * epoch})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))  # NaN as NaN, as Python's
+    return path
+
+
+def test_an_mmcv_log_json_is_read_as_json_lines_across_epochs(tmp_path: Path) -> None:
+    log = read_log(_mmcv_log(tmp_path / "20240501_120000.log.json"))
+    assert log.format == "jsonl"
+    assert log.steps == [50 * k for k in range(1, 13)]  # iter starts again each epoch
+    assert log.label(4) == "epoch 2, iter 50"
+    assert "seed" not in log.series  # the header record is no step
+    assert [(step, metrics["bbox_mAP"]) for step, metrics in log.evals] == [
+        (200, 0.1), (400, 0.2), (600, 0.30000000000000004)]
+
+
+def test_an_mmcv_nan_is_named_by_epoch_and_iter(tmp_path: Path) -> None:
+    result = analyze(_mmcv_log(tmp_path / "run.log.json", nan_at=(3, 100)))
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 3, iter 100")

@@ -1,0 +1,55 @@
+"""Runs that learn nothing get the live verdict's word, `stalled`; runs that learn do not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainguard.analyze import analyze_log
+from trainguard.analyze.log import Log
+
+ROWS = 40
+
+
+def _log(losses: list[float], grads: list[float] | None = None, **more: list[float]) -> Log:
+    series: dict[str, list[float | None]] = {"loss": list(losses)}
+    if grads is not None:
+        series["grad_norm"] = list(grads)
+    for name, values in more.items():
+        series[name] = list(values)
+    series["learning_rate"] = [1e-5 * (1 - i / (2 * len(losses))) for i in range(len(losses))]
+    return Log(path="synthetic", format="hf", steps=[10 * (i + 1) for i in range(len(losses))],
+               series=series)
+
+
+def _falling(start: float, rows: int = ROWS) -> list[float]:
+    return [round(start * 0.97 ** i + 0.01 * (i % 3), 4) for i in range(rows)]
+
+
+CASES = {
+    "zero loss, zero gradient: no signal": (_log([0.0] * ROWS, [0.0] * ROWS), "stalled"),
+    "DPO loss pinned at ln 2, rewards 0": (
+        _log([0.6931] * 4, rewards_chosen=[0.0] * 4, rewards_margins=[0.0] * 4), "stalled"),
+    "classifier at ln 4 throughout": (_log([1.3863] * ROWS, _falling(2.0)), "stalled"),
+    "constant loss that is no chance level": (_log([2.5] * ROWS, _falling(1.0)), "healthy"),
+    "at ln 2, then it learns": (_log([0.6931] * 10 + _falling(0.6, ROWS - 10)), "healthy"),
+    "zero loss, gradient still flowing": (_log([0.0] * ROWS, _falling(0.5)), "healthy"),
+    "a falling loss": (_log(_falling(3.0), _falling(1.0)), "healthy"),
+    "two rows at ln 2: too few to tell": (_log([0.6931] * 2), "healthy"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_learns_nothing(name: str) -> None:
+    log, verdict = CASES[name]
+    result = analyze_log(log)
+    assert result.verdict == verdict
+    if verdict == "stalled":
+        assert result.onset_step == log.steps[0] and result.kind is None
+        assert result.causes == [] and "rows" in result.evidence[0]
+
+
+def test_zero_loss_beside_a_nan_gradient_is_nan_not_stalled() -> None:
+    result = analyze_log(_log([0.0] * ROWS, [math.nan] * ROWS))
+    assert (result.verdict, result.kind) == ("degraded", "nan")
