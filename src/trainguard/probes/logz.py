@@ -89,9 +89,15 @@ class LogZProbe:
             self._stats = None
             log.debug("trainguard: log Z probe skipped (%s)", exc)
 
+    def take_stats(self) -> torch.Tensor | None:
+        """The step's values in the order of `LOGZ_KEYS`, as one tensor (None when no class
+        scores were seen since the last call): what the step's pack adds in one piece."""
+        stats, self._stats = self._stats, None
+        return stats
+
     def take(self) -> dict[str, torch.Tensor]:
         """The step's values by key (empty when no class scores were seen since the last call)."""
-        stats, self._stats = self._stats, None
+        stats = self.take_stats()
         if stats is None:
             return {}
         return {key: stats[i] for i, key in enumerate(LOGZ_KEYS)}
