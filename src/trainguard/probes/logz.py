@@ -30,6 +30,9 @@ every step), over 256 of them 3.7-8.6 ms (0.22-0.42%). The cap keeps a large voc
 long sequences near the second figure, and the largest and the mean log Z of 256 positions
 follow the trend the detector reads.
 
+Cost: one logsumexp over at most `MAX_ROWS` positions, four small reductions, a subtraction and
+a stack, on the device; the three values join the step's pack as one tensor (`add_parts`).
+
 Class scores are a floating B x C or B x T x V output with C >= 2 (what the output probe calls
 class scores); anything else (a regression's B x 1, an image) is left alone. The hook never
 raises into the user's forward pass.
