@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from trainguard.params import watched_params
-from trainguard.probes.adam_ratio import AdamRatioProbe
+from trainguard.probes.adam_ratio import AdamRatioProbe, _Rows, _step_counts
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.packing import DevicePack
 
@@ -322,3 +322,17 @@ def test_measuring_on_cuda_never_waits_for_the_device(fused: bool) -> None:
         optimizer.step()
         optimizer.zero_grad()
     probe.close()
+
+
+@pytest.mark.parametrize("steps", [
+    [torch.tensor(3.0), torch.tensor(7.0)],                          # Adam's own counts
+    [torch.tensor(3.0), torch.tensor(7.0, dtype=torch.float64)],     # one of another dtype
+    [torch.tensor(3.0), torch.tensor([7.0])],                        # one of another shape
+    [torch.tensor(3.0), 7],                                          # a count kept as a number
+    [torch.tensor(3, dtype=torch.int64), torch.tensor(7, dtype=torch.int64)],
+])
+def test_step_counts_read_alike_whatever_their_kind(steps: list[Any]) -> None:
+    rows = _Rows(steps=steps)
+    count = _step_counts(rows, torch.device("cpu"))
+    assert count.dtype == torch.float32 and count.shape == (2,)
+    assert count.tolist() == [3.0, 7.0]

@@ -23,6 +23,7 @@ from trainguard.events import ActionRecord
 from trainguard.pipeline.context import BATCH_KEY, PackedStep, PendingStats, StepContext
 from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
+from trainguard.probes.logz import LOGZ_KEYS
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.device import device_decision, scale_on_device
 from trainguard.signals import SampledStats, StepSignals
@@ -31,6 +32,8 @@ log = logging.getLogger("trainguard")
 
 PRECURSOR = "pre:"
 """The pack's prefix of the every-step precursor values (`StepSignals.precursors`)."""
+LOGZ_PACKED = tuple(f"{PRECURSOR}{key}" for key in LOGZ_KEYS)
+"""The pack's names of the log Z probe's values, in its order."""
 
 
 def loss_tensor(loss: Any) -> torch.Tensor | None:
@@ -101,9 +104,9 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     if config.detectors.instability_precursor.probe and ranks is None:
         for key, tensor in services.watch.adam_probe.measure(device, grad_norms).items():
             pack.add(f"{PRECURSOR}{key}", tensor)
-        if services.logz_probe is not None:
-            for key, tensor in services.logz_probe.take().items():
-                pack.add(f"{PRECURSOR}{key}", tensor)
+        logz = services.logz_probe.take_stats() if services.logz_probe is not None else None
+        if logz is not None:
+            pack.add_parts(LOGZ_PACKED, logz)
     attention = pack_attention(pack, services, ranks is None)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []

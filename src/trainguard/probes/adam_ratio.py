@@ -86,6 +86,9 @@ class _Carried:
     beta2: torch.Tensor | None = None
     """Each row's beta2, on the device."""
     valid: bool = True
+    checked: bool = False
+    """The pre-step hook found the measured gradients in place: the optimizer step between the
+    two hooks reads them without writing them, so the post-step hook need not look again."""
 
 
 @dataclass
@@ -299,9 +302,10 @@ class AdamRatioProbe:
         if carried is None or not carried.valid or carried.squares is None:
             return
         try:
-            carried.valid = (getattr(optimizer, "grad_scale", None) is None
-                             and self._measured_grads(carried)
-                             and _versions(optimizer, carried.params) == carried.versions)
+            carried.valid = carried.checked = (
+                getattr(optimizer, "grad_scale", None) is None
+                and self._measured_grads(carried)
+                and _versions(optimizer, carried.params) == carried.versions)
         except Exception:  # never the cause of a failed step: the next measurement sums v
             carried.valid = False
 
@@ -310,8 +314,9 @@ class AdamRatioProbe:
         if carried is None or not carried.valid or carried.squares is None:
             return
         try:
-            if getattr(optimizer, "grad_scale", None) is not None or not self._measured_grads(
-                    carried):  # the step was given other gradients (a clip after measuring)
+            if getattr(optimizer, "grad_scale", None) is not None or not (
+                    carried.checked or self._measured_grads(carried)):
+                # the step was given other gradients (a clip after measuring)
                 carried.valid = False
                 return
             assert carried.beta2 is not None
@@ -369,10 +374,18 @@ def _step_counts(rows: _Rows, device: torch.device) -> torch.Tensor:
     """Each row's step count t as float32, without reading it on the host (they are CPU tensors
     for most optimizers: one small copy; on the accelerator for capturable and fused ones)."""
     steps = rows.steps
-    if all(isinstance(s, torch.Tensor) and s.device.type == "cpu" and s.dim() == 0
-           and s.dtype == torch.float32 for s in steps):
-        count = torch.stack(steps)  # type: ignore[arg-type]  # the common case: one op
-    else:  # step counts on the accelerator (capturable, fused) stay there: no host read
+    count = None
+    if all(map(torch.is_tensor, steps)):
+        # the common case, CPU float32 scalars: one op, checked on its result rather than
+        # tensor by tensor (a Python test of each of a GPT-2's 76 counts cost more than it)
+        try:
+            count = torch.stack(steps)  # type: ignore[arg-type]
+        except RuntimeError:  # counts on several devices, or of several shapes
+            count = None
+        if count is not None and not (count.dtype == torch.float32 and count.dim() == 1
+                                      and count.device.type == "cpu"):
+            count = None
+    if count is None:  # counts on the accelerator (capturable, fused) stay there: no host read
         on_cpu = all(not isinstance(s, torch.Tensor) or s.device.type == "cpu" for s in steps)
         where = torch.device("cpu") if on_cpu else device
         count = torch.stack([s.detach().to(device=where, dtype=torch.float32).reshape(())

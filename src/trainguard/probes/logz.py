@@ -30,6 +30,9 @@ every step), over 256 of them 3.7-8.6 ms (0.22-0.42%). The cap keeps a large voc
 long sequences near the second figure, and the largest and the mean log Z of 256 positions
 follow the trend the detector reads.
 
+Cost: one logsumexp over at most `MAX_ROWS` positions, four small reductions, a subtraction and
+a stack, on the device; the three values join the step's pack as one tensor (`add_parts`).
+
 Class scores are a floating B x C or B x T x V output with C >= 2 (what the output probe calls
 class scores); anything else (a regression's B x 1, an image) is left alone. The hook never
 raises into the user's forward pass.
@@ -89,9 +92,15 @@ class LogZProbe:
             self._stats = None
             log.debug("trainguard: log Z probe skipped (%s)", exc)
 
+    def take_stats(self) -> torch.Tensor | None:
+        """The step's values in the order of `LOGZ_KEYS`, as one tensor (None when no class
+        scores were seen since the last call): what the step's pack adds in one piece."""
+        stats, self._stats = self._stats, None
+        return stats
+
     def take(self) -> dict[str, torch.Tensor]:
         """The step's values by key (empty when no class scores were seen since the last call)."""
-        stats, self._stats = self._stats, None
+        stats = self.take_stats()
         if stats is None:
             return {}
         return {key: stats[i] for i, key in enumerate(LOGZ_KEYS)}

@@ -17,11 +17,29 @@ class DevicePack:
         self.device = device
         """Where the segments are gathered (the model's device): one copy from there to the host."""
         self._names: list[str] = []
+        self._sizes: list[int] = []
+        """The number of values of each name, in the order of `_names`."""
         self._tensors: list[torch.Tensor] = []
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         self._names.append(name)
-        self._tensors.append(tensor.detach().reshape(-1))
+        flat = _flat(tensor)
+        self._sizes.append(flat.numel())
+        self._tensors.append(flat)
+
+    def add_parts(self, names: list[str] | tuple[str, ...], tensor: torch.Tensor) -> None:
+        """One value of `tensor` per name, in order: a probe that computes several scalars
+        together adds them without a select per scalar."""
+        flat = _flat(tensor)
+        if flat.numel() != len(names):
+            raise ValueError(f"{len(names)} names for {flat.numel()} values")
+        if type(self).add is not DevicePack.add:  # a pack that routes by name sees each one
+            for i, name in enumerate(names):
+                self.add(name, flat[i])
+            return
+        self._names.extend(names)
+        self._sizes.extend([1] * len(names))
+        self._tensors.append(flat)
 
     def __bool__(self) -> bool:
         return bool(self._tensors)
@@ -30,8 +48,7 @@ class DevicePack:
         """One device-to-host transfer for everything added; returns float64 arrays by name."""
         if not self._tensors:
             return {}
-        packed, sizes = self._packed()
-        return _split(to_host(packed), self._names, sizes)
+        return _split(to_host(self._packed()), self._names, self._sizes)
 
     def start_fetch(self, finish: Finish | None = None) -> PendingPack:
         """The same transfer, started without waiting for the device; read it with
@@ -39,14 +56,23 @@ class DevicePack:
         arrays by name to `finish` when given."""
         if not self._tensors:
             return PendingPack(None, [], [], finish)
-        packed, sizes = self._packed()
-        return PendingPack(start_to_host(packed), list(self._names), sizes, finish)
+        return PendingPack(start_to_host(self._packed()), list(self._names),
+                           list(self._sizes), finish)
 
-    def _packed(self) -> tuple[torch.Tensor, list[int]]:
+    def _packed(self) -> torch.Tensor:
         device = self.device if self.device is not None else self._tensors[0].device
         parts = [t if t.dtype == torch.float32 and t.device == device
                  else t.to(device=device, dtype=torch.float32) for t in self._tensors]
-        return torch.cat(parts), [part.numel() for part in parts]
+        return torch.cat(parts)
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` as a 1-D tensor outside autograd; the common case (already so) is returned as
+    it is, as detach and reshape would each cost an operator call (microseconds on the host,
+    every step, for every segment) to make an alias of it."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    return tensor if tensor.dim() == 1 else tensor.reshape(-1)
 
 
 Finish = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
