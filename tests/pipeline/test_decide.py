@@ -45,8 +45,8 @@ class Judgement:
         return 3
 
 
-PROTECT = GuardConfig(policy="protect", console=False)
-RECOVER = GuardConfig(policy="recover", console=False)
+PROTECT = GuardConfig(policy="protect", sinks={"console": False})
+RECOVER = GuardConfig(policy="recover", sinks={"console": False})
 AUTO = ClipLimits(fixed=None, adaptive=50.0, alarmed=2.0)
 
 
@@ -83,14 +83,14 @@ def test_no_alarm_without_an_adaptive_clip_and_none_from_rank_local_events() -> 
     fixed = judge(signals(10.0), [event("grad_explosion")], ClipLimits(fixed=20.0),
                   PolicyState(PROTECT))
     assert (fixed.action, fixed.clip_alarm, fixed.clip_limit) == ("applied", None, 20.0)
-    halt = GuardConfig(policy="halt", console=False)
+    halt = GuardConfig(policy="halt", sinks={"console": False})
     local = judge(signals(), [event("batch_labels")], AUTO, PolicyState(halt))
     assert local.action == "applied"  # a batch finding differs between ranks: it decides nothing
     assert judge(signals(), [event("nonfinite_loss")], AUTO, PolicyState(halt)).action == "halted"
 
 
 @pytest.mark.parametrize(("skips", "action", "raised"), [
-    (0, "skipped", ()), (PROTECT.max_consecutive_skips - 1, "halted", ("skip_limit",))])
+    (0, "skipped", ()), (PROTECT.recovery.max_consecutive_skips - 1, "halted", ("skip_limit",))])
 def test_a_nonfinite_step_is_skipped_until_the_skip_limit(skips: int, action: str,
                                                          raised: tuple[str, ...]) -> None:
     decision = judge(signals(math.nan, math.nan), [event("nonfinite_loss")], AUTO,

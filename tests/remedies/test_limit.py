@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainguard import GuardConfig
 from trainguard.remedies.limit import ClipLimits, clip_limits
 from trainguard.remedies.robust import RobustClipLimit
 
@@ -25,7 +26,7 @@ def test_the_limit_in_force_is_the_lowest_else_the_configured_one(
 
 
 def test_the_adaptive_clip_gives_its_limit_and_its_alarm_limit() -> None:
-    auto = RobustClipLimit(warmup_steps=2)
+    auto = RobustClipLimit(GuardConfig(detectors={"common": {"warmup_steps": 2}}))
     assert clip_limits(None, auto, None, 0) == ClipLimits(
         fixed=None, adaptive=auto.ceiling, alarmed=auto.ceiling)  # before the first norm
     for norm in (1.0, 1.0, 1.0):
