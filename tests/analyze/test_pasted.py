@@ -76,6 +76,8 @@ def same(values: list[float | None], expected: list[float]) -> bool:
      {"step": 1600.0, "epoch": 6.0}),
     # NVIDIA apex's Tacotron 2 example: a name numbered by its iteration (NVIDIA/apex#318)
     ("Validation loss 6312:  0.149928  ", {"Validation loss": 0.149928}, {"step": 6312.0}),
+    # a line of a pretty-printed JSON record, its name quoted (facebookresearch/audiocraft#212)
+    ('      "grad_norm": 1.315651535987854,', {"grad_norm": 1.315651535987854}, {}),
 ])
 def test_a_pasted_line_gives_its_values_and_counters(line: str, values: dict[str, float],
                                                      counters: dict[str, float]) -> None:
@@ -255,6 +257,34 @@ def test_a_log_of_evaluation_losses_only_judges_them_and_says_so(tmp_path: Path)
     assert list(log.steps) == [6312, 6838, 7364, 7890]
     assert same(log.series["loss"], [0.149928, 0.147172, 0.148571, 0.148049])
     assert any("no training loss" in note for note in log.notes)
+
+
+def _metrics_column(norms: list[str]) -> str:
+    """The `"grad_norm": X,` lines of a metrics JSON cut out of it, then its `"grad_scale"`
+    lines, as a user pasted them (facebookresearch/audiocraft#212): no loss anywhere."""
+    scales = ["32784.3828125", "36601.85546875", "61685.76171875"]
+    return ("".join(f'      "grad_norm": {v},\n' for v in norms) + "\n"
+            + "".join(f'      "grad_scale": {v},\n' for v in scales))
+
+
+def test_lines_holding_a_gradient_norm_and_no_loss_are_the_rows(tmp_path: Path) -> None:
+    """fp16 dynamic loss scaling: overflowed steps (Infinity, NaN) between finite norms, each a
+    step the scaler skipped, since NaN weights never give a finite norm again: healthy."""
+    norms = ["Infinity", "NaN", "1.315651535987854", "NaN", "1.2862744331359863", "NaN", "NaN",
+             "1.2918434143066406", "NaN", "1.3084871768951416"]
+    result = analyze(write(tmp_path / "metrics.txt", _metrics_column(norms)))
+    log = result.log
+    assert log is not None and log.format == "text:generic" and len(log) == len(norms)
+    assert "loss" not in log.series and "grad_scale" not in log.series
+    assert any("holds no loss" in note for note in log.notes)
+    assert result.verdict == "healthy", result.evidence
+
+
+def test_a_gradient_norm_non_finite_to_the_end_of_a_log_without_loss_is_nan(
+        tmp_path: Path) -> None:
+    norms = ["1.31", "1.29", "1.30", "1.32", "NaN", "NaN", "NaN"]
+    result = analyze(write(tmp_path / "metrics.txt", _metrics_column(norms)))
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "row 5")
 
 
 def test_more_rows_than_a_paste_holds_are_refused_in_one_line(

@@ -13,7 +13,7 @@ import pytest
 
 from trainguard.analyze import read_log
 from trainguard.analyze.log import Log
-from trainguard.analyze.quirks import frozen_lr, prepare
+from trainguard.analyze.quirks import amp_skips, frozen_lr, prepare
 
 NAN = math.nan
 
@@ -167,3 +167,24 @@ def test_a_grad_norm_of_zero_on_every_row_is_left_out(tmp_path: Path) -> None:
     kept = prepare(read(tmp_path, [{"loss": 2.0, "grad_norm": 0.0},
                                    {"loss": 1.5, "grad_norm": 0.5}]))
     assert kept.series["grad_norm"] == [0.0, 0.5]
+
+
+INF, NAN = math.inf, math.nan
+
+
+@pytest.mark.parametrize("grads, skips", [
+    # overflowed steps between finite norms (fp16 dynamic loss scaling), at the start too
+    ([INF, NAN, 1.3, NAN, 1.2], [True, True, False, True, False]),
+    # non-finite to the end: NaN weights, no skip
+    ([1.3, 1.2, NAN, NAN, NAN], [False, False, False, False, False]),
+    # the last row alone after a finite norm: a skip when the run showed it skips them
+    ([1.3, NAN, 1.2, NAN], [False, True, False, True]),
+    ([1.3, 1.2, NAN], [False, False, False]),
+    # two rows non-finite to the end, after an earlier skip
+    ([NAN, 1.3, NAN, NAN], [True, False, False, False]),
+    # rows without a norm are passed over
+    ([1.3, None, NAN, None, 1.2], [False, False, True, False, False]),
+])
+def test_without_a_loss_a_finite_norm_after_a_non_finite_one_says_it_was_skipped(
+        grads: list[float | None], skips: list[bool]) -> None:
+    assert amp_skips(None, grads, [False] * len(grads)) == skips

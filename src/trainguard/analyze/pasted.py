@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.analyze.log import (
+    GRAD_NORM,
     MAX_STEP,
     LogBuilder,
     LogError,
@@ -76,6 +77,9 @@ _BRACKET_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*:?\
                            re.IGNORECASE)
 _EPOCH_HEADER = re.compile(r"^\W*epoch\s*[:=]?\s*\[?\s*(\d+)\s*(?:/\s*\d+)?\s*\]?\W*$",
                            re.IGNORECASE)
+_QUOTED_NAME = re.compile(rf"([\"'])({_WORD})\1(?=\s*[:=])")
+"""A quoted name before its value outside a whole object (`"grad_norm": 1.31,`: the lines of a
+pretty-printed JSON record, cut from it): the name without its quotes."""
 _NONFINITE_WORD = re.compile(r"(?<![\w'\"])(-?(?:nan|inf(?:inity)?))(?![\w'\"])", re.IGNORECASE)
 
 _EVAL_FIELD = re.compile(r"\|\s*(?:valid|validation|eval|evaluation|dev|test)\s*\|",
@@ -145,7 +149,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
             value = raw if isinstance(raw, float) else number(raw)
             if value is not None:
                 values[str(name).strip()] = value
-    remaining = " ".join(rest)
+    remaining = _QUOTED_NAME.sub(r"\2", " ".join(rest))
     for pattern in (_OF_TOTAL, _BRACKET_WORD):
         for match in pattern.finditer(remaining):
             name = match.group(1).lower()
@@ -249,16 +253,19 @@ def is_loss_name(name: str) -> bool:
 
 
 def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]],
-                                            bool]:
+                                            str | None]:
     """The training rows of the lines, evaluations (index of the row they follow, values), and
-    whether the rows are evaluations' (see below).
+    what the rows stand in for when the lines hold no training loss (see below; None: they hold
+    one).
 
     Lines that hold no training loss at all but an evaluation's loss (`Validation loss 6312:
-    0.149928` and nothing else) are the log's rows, that loss read as the loss: what the log
-    says of the run is what is judged (`read_rows` notes it)."""
+    0.149928` and nothing else) are the log's rows, that loss read as the loss; failing that,
+    lines that hold a gradient norm (`"grad_norm": 1.31,`, cut from a metrics file) are, with
+    no loss: what the log says of the run is what is judged (`read_rows` notes it)."""
     rows: list[LineRow] = []
     evals: list[tuple[int, dict[str, float]]] = []
     eval_rows: list[LineRow] = []
+    norm_rows: list[LineRow] = []
     epoch: float | None = None
     for raw in lines:
         for line in raw.split("\r"):
@@ -295,16 +302,30 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
                 elif (owner := _row_of_step(rows, counters)) is not None:
                     for name, value in values.items():  # Caffe's `Iteration N, lr = X`
                         owner.values.setdefault(name, value)
+                elif not rows and not evaluation and GRAD_NORM in map(canonical_name, values):
+                    norm_rows.append(_line_row(values, counters, epoch))
+                    if len(norm_rows) > MAX_ROWS:
+                        raise TooLong
                 continue
-            values.pop("epoch", None)
-            spelling = counters.pop(SPELLING, "step")
-            total = counters.pop(TOTAL, None)
-            rows.append(LineRow(values, counters, epoch, str(spelling), total))
+            rows.append(_line_row(values, counters, epoch))
             if len(rows) > MAX_ROWS:
                 raise TooLong
     if not rows and eval_rows:
-        return _merge_reprints(eval_rows), [], True
-    return _merge_reprints(rows), evals, False
+        return _merge_reprints(eval_rows), [], EVALUATION_LOSS
+    if not rows and norm_rows:
+        return norm_rows, [], GRAD_NORM
+    return _merge_reprints(rows), evals, None
+
+
+EVALUATION_LOSS = "evaluation loss"
+
+
+def _line_row(values: dict[str, float], counters: dict[str, float],
+              epoch: float | None) -> LineRow:
+    values.pop("epoch", None)
+    spelling = counters.pop(SPELLING, "step")
+    total = counters.pop(TOTAL, None)
+    return LineRow(values, counters, epoch, str(spelling), total)
 
 
 EVAL_AS_LOSS = "loss"
@@ -389,7 +410,7 @@ class TooLong(Exception):
 def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the training rows of `lines` to `log`; the number of rows found."""
     try:
-        rows, evals, of_evaluations = rows_of(lines)
+        rows, evals, stand_in = rows_of(lines)
     except TooLong:
         raise LogError(f"{log.path}: more than {MAX_ROWS} rows of free-form log lines, too "
                        "many to read as a paste; give --format with the trainer's own line "
@@ -397,8 +418,10 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     if not rows:
         return 0
     _check_counters(rows, log.path)
-    if of_evaluations:
+    if stand_in == EVALUATION_LOSS:
         log.notes.append("the log holds no training loss: its evaluation loss is judged")
+    elif stand_in == GRAD_NORM:
+        log.notes.append("the log holds no loss: its gradient norm is all it says of the run")
     _inherit_steps(rows)
     counter = _numbering(rows)
     if counter == "step":

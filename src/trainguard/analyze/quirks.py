@@ -91,38 +91,65 @@ def prepare(log: Log) -> Log:
             notes.append(f"{filtered} row(s) with loss 0.0 beside a NaN grad norm, on a skipped "
                          "step or right after the loss blew up: windows whose losses were all "
                          "NaN/inf (HF's logging_nan_inf_filter), read as NaN")
-    if grads is not None and LOSS in series:
-        amp = amp_skips(series[LOSS], grads, skipped)
+    if grads is not None:
+        amp = amp_skips(series[LOSS] if LOSS in series else None, grads, skipped)
         if any(amp):
             rows = [i for i, flag in enumerate(amp) if flag]
             named = ", ".join(log.label(i) for i in rows[:3]) + (" ..." if len(rows) > 3 else "")
-            notes.append(f"{len(rows)} row(s) with a non-finite grad norm beside a finite loss "
-                         f"that stays finite after ({named}): steps the fp16 loss scaler "
-                         "skipped, not a NaN in the weights")
+            after = ("beside a finite loss that stays finite after" if LOSS in series else
+                     "followed by a finite one")
+            notes.append(f"{len(rows)} row(s) with a non-finite grad norm {after} ({named}): "
+                         "steps the fp16 loss scaler skipped, not a NaN in the weights")
             skipped = [a or b for a, b in zip(skipped, amp, strict=True)]
     return dataclasses.replace(log, series=series, notes=notes,
                                skipped=skipped if any(skipped) else None)
 
 
-def amp_skips(losses: list[float | None], grads: list[float | None],
+def amp_skips(losses: list[float | None] | None, grads: list[float | None],
               skipped: list[bool]) -> list[bool]:
     """Rows whose grad norm is non-finite while their loss is finite and the next logged loss is
     finite too: had that gradient been applied, the weights would be NaN and so would every
     loss after it; a finite loss after it says the step was skipped (GradScaler, at the start
-    while it calibrates its scale, or anywhere later). On the last row nothing follows: it is
-    read as such a skip when the run's earlier ones were."""
+    while it calibrates its scale, or anywhere later). In a log without a loss (`losses` None)
+    the gradient norm says the same of itself: non-finite rows that a finite norm follows were
+    skipped, as NaN weights never give a finite gradient again. On the last row nothing follows:
+    it is read as such a skip when the run's earlier ones were."""
     out = [False] * len(grads)
+    ahead = _next_finite(grads) if losses is None else []
+    held = [i for i, v in enumerate(grads) if v is not None]
+    # the last row alone after a finite norm; non-finite on two rows to the end is no skip
+    alone = len(held) >= 2 and _finite(grads[held[-2]])
     for i, grad in enumerate(grads):
         if grad is None or math.isfinite(grad) or skipped[i]:
             continue
-        loss = losses[i]
-        if loss is None or not math.isfinite(loss):
-            continue
-        following = next((v for v in losses[i + 1:] if v is not None), None)
+        if losses is None:
+            following = ahead[i] if ahead[i] is not None or (i == held[-1] and alone) \
+                else math.nan
+        else:
+            loss = losses[i]
+            if loss is None or not math.isfinite(loss):
+                continue
+            following = next((v for v in losses[i + 1:] if v is not None), None)
         if following is not None and math.isfinite(following):
             out[i] = True
         elif following is None and any(out):  # the last row: the run has shown it skips them
             out[i] = True
+    return out
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _next_finite(values: list[float | None]) -> list[float | None]:
+    """For each row, the first finite value after it (None if there is none)."""
+    out: list[float | None] = [None] * len(values)
+    found: float | None = None
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = found
+        value = values[i]
+        if _finite(value):
+            found = value
     return out
 
 
