@@ -239,6 +239,7 @@ class Kind:
     NO_PROGRESS = "no_progress"
     LOSS_AT_CHANCE = "loss_at_chance"
     LOSS_ABOVE_CHANCE = "loss_above_chance"
+    NONFINITE_VALUE = "nonfinite_value"
     DDP_DESYNC = "ddp_desync"
     SKIP_LIMIT = "skip_limit"
     ROLLBACK = "rollback"
@@ -329,6 +330,9 @@ _kind("loss_above_chance", "a cross-entropy above the chance level of any vocabu
       votes=(CauseVote("lr_too_high", 2.0, "the loss was worse than a uniform guess from the "
                                            "first logged step"),
              CauseVote("bad_init", 0.5, "a first loss above chance can be an initialisation")))
+_kind("nonfinite_value", "a logged value other than the loss, in a log that holds no loss, is "
+      "NaN or infinite from a row on to the end of the log, after it was finite on every row "
+      "before", "error", tags=(_N,))
 # the cross-rank desync check (distributed.py): measured directly, so every event votes
 _kind("ddp_desync", "the replicas' weights differ across ranks", "error",
       reaction=Reaction.ROLL_BACK, onset=Onset.LAST_AGREED,

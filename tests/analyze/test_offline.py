@@ -18,8 +18,9 @@ SAMPLED_ONLY = {"nonfinite_weight", "dead_units", "extreme_weight", "nonfinite_o
                 "output_collapse", "no_progress"}
 """Event kinds raised from heavy-probe statistics only: a log holds none of them (and the stall,
 judged on a live run from its start only)."""
-FROM_LOGS_ONLY = {"loss_at_chance", "loss_above_chance"}
-"""Judged from a log's loss level (`analyze/chance.py`), not by a live detector."""
+FROM_LOGS_ONLY = {"loss_at_chance", "loss_above_chance", "nonfinite_value"}
+"""Judged from a log's loss level (`analyze/chance.py`) or, in a log without a loss, from its
+other values (`analyze/lossless.py`), not by a live detector."""
 
 
 def _faulty_run(run_dir: Path) -> list[Event]:

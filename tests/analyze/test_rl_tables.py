@@ -76,3 +76,36 @@ def test_ppo1_optimisation_tables_are_rows_per_epoch(tmp_path: Path) -> None:
     assert log.label(5) == "iteration 1, epoch 2"
     assert log.values("kl")[1] == 0.011
     assert analyze(path).verdict == "healthy"
+
+
+def _unruled(iterations: range) -> str:
+    """baselines ACKTR's console as pasted: an `Iteration N` line, the KL controller's message,
+    then the logger's `| name | value |` lines without their dashed rules, no loss column."""
+    out = []
+    for it in iterations:
+        kl = f"{0.001 + 0.0002 * (it % 3):.6g}"
+        out.append(f"Iteration {it}\nkl just right!\n\n"
+                   f"| EVAfter   | {0.98 + 0.001 * (it % 2):<8.4g} |\n"
+                   f"| EpLenMean | 200      |\n"
+                   f"| EpRewMean | {-8.5 + 0.3 * (it % 4):<8.4g} |\n"
+                   f"| KL        | {kl:<8} |\n\n")
+    return "".join(out)
+
+
+def test_tables_without_rules_are_numbered_by_the_iteration_line_before_them(
+        tmp_path: Path) -> None:
+    path = tmp_path / "acktr.txt"
+    path.write_text(_unruled(range(3020, 3027)))
+    log = read_log(path)
+    assert log.format == "text:rl"
+    assert log.steps == list(range(3020, 3027)) and log.label(1) == "iteration 3021"
+    assert log.values("KL")[0] == 0.0014 and log.values("EpLenMean")[0] == 200
+    assert analyze(path).verdict == "healthy"
+
+
+def test_a_stray_cell_without_rules_or_a_number_is_no_table(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("the run printed this once:\n| KL | 0.5 |\n| fps | 1187 |\n\n"
+                    "step 1 loss: 2.5\nstep 2 loss: 2.1\nstep 3 loss: 1.9\n")
+    log = read_log(path)
+    assert log.format == "text:generic" and log.steps == [1, 2, 3]

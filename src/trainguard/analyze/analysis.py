@@ -28,6 +28,7 @@ from trainguard.analyze.judge import (
     judge,
 )
 from trainguard.analyze.log import LOSS, Log
+from trainguard.analyze.lossless import went_nonfinite
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
 from trainguard.analyze.quirks import prepare
@@ -92,14 +93,15 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     losses = log.values(LOSS)
     at_chance = chance_level.back_to_chance(losses, num_classes,
                                             guess=chance_level.is_classifier(log))
-    extra = _above_chance(log)
+    extra = _above_chance(log) + went_nonfinite(log)
     rounding = _within_rounding(log, events)
     judged = [e for e in events + extra if e not in rounding]
-    judgement = defer(judge(log, replayed.rows, judged, config, at_chance), log)
+    # without a loss, every row holds what the log says of the run (`analyze/lossless.py`)
+    rows = replayed.rows if log.has(LOSS) else list(range(len(log)))
+    judgement = defer(judge(log, rows, judged, config, at_chance), log)
     judgement = _periodic(judgement, log)
     if judgement.verdict == HEALTHY and (why := stall.learns_nothing(raw)) is not None:
-        judgement = Judgement(STALLED, None, replayed.rows[0] if replayed.rows else 0,
-                              ending=why)
+        judgement = Judgement(STALLED, None, rows[0] if rows else 0, ending=why)
     # a run that learned nothing had no incident: no trouble step to read causes around
     troubled = judgement.verdict not in (HEALTHY, STALLED)
     findings = log_findings(log, judgement) if troubled else []

@@ -59,7 +59,7 @@ NAN, EXPLOSION, SLOW, COLLAPSE = "nan", "explosion", "slow-divergence", "collaps
 JUMPS = ("loss_spike", "grad_explosion")
 LOSS_KINDS = ("loss_spike", "bad_start", "loss_divergence", "loss_at_chance",
               "loss_above_chance")
-NONFINITE_KINDS = ("nonfinite_loss", "nonfinite_grad")
+NONFINITE_KINDS = ("nonfinite_loss", "nonfinite_grad", "nonfinite_value")
 RECOVERING_ROWS = 3
 SUDDEN_ROWS = 3
 BACK_ROWS = 3
@@ -135,6 +135,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     whole = whole_interval_skips(log, skipped)
     nonfinite_end, skipping_end = _bad_end(after, losses, grads, skipped, whole)
     kinds = {e.kind for e in incident}
+    nonfinite_end = nonfinite_end or Kind.NONFINITE_VALUE in kinds  # to the end, by its rule
     final_rows = [v for i in after if _finite(v := losses[i])]
     end = log.steps[after[-1]] if after else 0
     span = max(WINDOW, log.interval())  # the live verdict's last 20 steps, or the last row

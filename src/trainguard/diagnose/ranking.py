@@ -678,6 +678,9 @@ def _went_nonfinite(events: list[Event], step: int) -> str:
         return "the loss"
     if any(e.kind == Kind.NONFINITE_GRAD for e in at):
         return "the gradients"
+    value = next((e.param for e in at if e.kind == Kind.NONFINITE_VALUE and e.param), None)
+    if value is not None:  # a log without a loss: the value that went non-finite, by name
+        return value
     metrics = [str(e.details.get("metric") or e.param) for e in at if _nonfinite_eval(e)]
     if metrics:
         return ("eval metric " if len(metrics) == 1 else "eval metrics ") + ", ".join(metrics)

@@ -1,0 +1,53 @@
+"""A log that holds no loss: what its other values say, when they stop being numbers.
+
+Some trainers print no loss at all (baselines ACKTR's table: explained variance, episode
+rewards, the KL of the policy update). The detectors then have nothing to read, and a NaN in
+such a log would go unseen; nothing hides a NaN. A value that was a number on every row before
+and is NaN or inf from some row to the end of the log went non-finite for good: the run broke
+there (a model that computes NaN keeps computing it). Not read as such:
+
+- a value non-finite from its first row: it may be undefined in this run (a mean over no
+  finished episode yet), as it was before anything could break;
+- a value that comes back to a number: a NaN update leaves NaN weights, which never give a
+  number again, so that row was skipped or undefined, not a broken run.
+
+The gradient norm (its own detectors and `quirks.amp_skips`), the LR and the loss scale are left
+to the rules that read them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainguard.analyze.log import CANONICAL, LOSS, Log
+from trainguard.events import Event
+
+
+def went_nonfinite(log: Log) -> list[Event]:
+    """The first row from which a value of a log without a loss is non-finite to the end, after
+    it was finite on every row before (one event, at the earliest such row; none in a log that
+    holds a loss)."""
+    if log.has(LOSS) or not log.steps:
+        return []
+    last = len(log.steps) - 1
+    found: tuple[int, str, float] | None = None
+    for name in log.series:
+        if name in CANONICAL:
+            continue
+        rows, values = log.series.points(name)
+        if not rows or rows[-1] != last:
+            continue
+        k = len(values)
+        while k > 0 and not math.isfinite(values[k - 1]):
+            k -= 1
+        if k == len(values) or k == 0 or not all(math.isfinite(v) for v in values[:k]):
+            continue  # finite at the end, never finite, or back to a number once: not broken
+        if found is None or rows[k] < found[0]:
+            found = (rows[k], name, values[k])
+    if found is None:
+        return []
+    row, name, value = found
+    return [Event(kind="nonfinite_value", step=log.steps[row], severity="error",
+                  message=f"{name} is {value} from {log.label(row)} to the end of the log, a "
+                          "number on every row before; the log holds no loss",
+                  param=name, value=value, details={"row": row})]
