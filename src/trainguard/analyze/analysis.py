@@ -212,20 +212,32 @@ def _config(log: Log) -> DetectorConfig:
 
 def _above_chance(log: Log) -> list[Event]:
     """A cross-entropy worse than any uniform guess from the first row (the log reports its
-    perplexity, so the loss is one)."""
-    if not any("ppl" in name.lower() or "perplexity" in name.lower() for name in log.series):
-        return []
-    row = chance_level.above_any_chance(log.values(LOSS))
-    if row is None:
-        return []
-    value = log.values(LOSS)[row]
+    perplexity, so the loss is one), or a classification loss the log names that is so on every
+    row (`analyze/chance.py`)."""
     most = chance_level.MAX_CLASSES
-    return [Event(kind="loss_above_chance", step=log.steps[row], severity="error",
-                  message=f"the first logged loss, {value:.4g}, is above ln "
-                          f"{most} = {chance_loss(most):.3g}"
-                          ", worse than a uniform guess over any vocabulary: the weights blew "
-                          "up before the first logged step",
-                  value=value, details={"row": row})]
+    ceiling = f"ln {most} = {chance_loss(most):.3g}"
+    if any("ppl" in name.lower() or "perplexity" in name.lower() for name in log.series):
+        row = chance_level.above_any_chance(log.values(LOSS))
+        if row is not None:
+            value = log.values(LOSS)[row]
+            return [Event(kind="loss_above_chance", step=log.steps[row], severity="error",
+                          message=f"the first logged loss, {value:.4g}, is above {ceiling}, "
+                                  "worse than a uniform guess over any vocabulary: the weights "
+                                  "blew up before the first logged step",
+                          value=value, details={"row": row})]
+    for name in log.series:
+        if not chance_level.is_classification_loss(name):
+            continue
+        rows, values = log.series.points(name)
+        if not chance_level.always_above_any_chance(values):
+            continue
+        return [Event(kind="loss_above_chance", step=log.steps[rows[0]], severity="error",
+                      message=f"{name}, a classification loss, is above {ceiling} on every "
+                              f"logged row ({values[0]:.4g} to {values[-1]:.4g}): worse than a "
+                              "uniform guess over any number of classes from the first logged "
+                              "step to the last, the weights blew up before it",
+                      param=name, value=values[0], details={"row": rows[0]})]
+    return []
 
 
 def _evidence(log: Log, judgement: Judgement, findings: list[Finding]) -> list[str]:

@@ -14,6 +14,10 @@ readings of the logged loss use it:
   last one clearly below the plateau.
 - **above any chance level**: a cross-entropy (the log reports a perplexity, so it is one) above
   ln(`MAX_CLASSES`) is worse than a uniform guess over any vocabulary in use: the weights blew up.
+  So is a classification loss the log names as one (`loss_cls`, `CELoss`, `loss_ce`, `xent`:
+  `is_classification_loss`) that is above it on every row the log holds of it, two at least:
+  worse than chance from the first row to the last, it never came down to where any classifier
+  starts (a start that high that then comes down below it is left to the other rules).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from trainguard.analyze.log import Log
+from trainguard.analyze.log import Log, is_bookkeeping, is_eval_name
 from trainguard.chance_level import chance_loss
 
 TOLERANCE = 0.05
@@ -108,3 +112,25 @@ def above_any_chance(losses: list[float | None]) -> int | None:
             continue
         return i if value > ceiling else None
     return None
+
+
+_SAYS_CROSS_ENTROPY = re.compile(r"(?<![a-z])(?:ce|xent|cross_?entropy)(?![a-z])|celoss",
+                                 re.IGNORECASE)
+_SAYS_CLASSIFICATION = re.compile(r"(?<![a-z])cls(?![a-z])", re.IGNORECASE)
+
+
+def is_classification_loss(name: str) -> bool:
+    """A training series the log names as a cross-entropy (`CELoss`, `loss_ce`, `xent`,
+    `categorical_cross_entropy`) or a classification loss (`loss_cls`, `s0.loss_cls`,
+    `loss_rpn_cls`): a loss whose chance level is ln(classes), whatever the classes are."""
+    if is_eval_name(name) or is_bookkeeping(name):
+        return False
+    return bool(_SAYS_CROSS_ENTROPY.search(name)) or (
+        "loss" in name.lower() and bool(_SAYS_CLASSIFICATION.search(name)))
+
+
+def always_above_any_chance(values: list[float]) -> bool:
+    """Every value (two at least) finite and above ln(MAX_CLASSES): a classifier worse than a
+    uniform guess over any number of classes on every row."""
+    ceiling = chance_loss(MAX_CLASSES)
+    return len(values) >= 2 and all(math.isfinite(v) and v > ceiling for v in values)
