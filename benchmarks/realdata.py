@@ -216,7 +216,8 @@ def score_corpus(folder: Path, which: str | None = None) -> tuple[list[Case], li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # the docstring's first paragraph, whole: its first line stops mid-sentence
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--data", type=Path, action="append",
                         help=f"a corpus folder with index.csv (default: {SHARED_DATA.name} "
                              f"beside the repository, and {OWN_DATA.name} here)")

@@ -1,11 +1,13 @@
-"""`benchmarks/realdata.py`: a log the analysis fails on is scored as a wrong case."""
+"""`benchmarks/realdata.py`: a log the analysis fails on is scored as a wrong case; the help
+says what the script does."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from benchmarks.realdata import Case, Label, score, totals
+import pytest
+from benchmarks.realdata import Case, Label, main, score, totals
 
 # A GRPO fine-tune's Trainer log: its loss starts at exactly 0 (the KL term at the reference
 # policy) and grows a little, as such runs do. The analysis has failed on this shape.
@@ -29,3 +31,13 @@ def test_a_log_the_analysis_fails_on_is_a_wrong_case_not_the_end_of_the_scoring(
     counted = totals([Case(label, [scored])])
     assert counted["crashed"] == (scored.verdict == "crashed")
     assert counted["read"] == (scored.verdict not in ("unreadable", "crashed"))
+
+
+def test_the_help_describes_the_script_in_whole_sentences(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    described = " ".join(capsys.readouterr().out.split("options:")[0].split("[--json]")[1].split())
+    assert described == ("Score `trainguard analyze` on hand-labelled real logs: the shared "
+                         "evaluation set and this repository's own corpus (benchmarks/realdata).")
