@@ -306,3 +306,65 @@ def test_a_regression_head_clipped_at_one_is_no_precursor() -> None:
     guard.close()
     assert [e.message for e in guard.events if e.severity != "info"] == []
     assert clipped > 50  # the clip is what the optimizer saw on most steps
+
+
+def run_on_cadence(detector: InstabilityPrecursor, rows: list[np.ndarray]) -> tuple[
+        list[Event], list[int]]:
+    """As a guarded run feeds it: the probes measure only the steps `due` says, the others carry
+    no precursor values but their gradient norms (here as if Adam's second moment were 1, so a
+    ratio that rises is a gradient that grows)."""
+    events, measured = [], []
+    for step, row in enumerate(rows):
+        measure = detector.due(step)
+        if measure:
+            measured.append(step)
+        events += detector.check(signals(
+            step, names=NAMES, param_grad_norm=row,
+            precursors={"adam_ratio_rms": row} if measure else {}))
+    return events, measured
+
+
+def test_far_from_the_bound_the_probes_measure_every_few_steps() -> None:
+    detector = InstabilityPrecursor(DetectorConfig())
+    steady = [np.array([0.9, 1.0, 1.1])] * 100
+    events, measured = run_on_cadence(detector, steady)
+    assert events == [] and measured[:3] == [0, 4, 8] and len(measured) == 25
+    # the steps skipped are estimated from their gradient norms: the baseline is as old as the run
+    assert len(detector.history) == min(100, DetectorConfig().common.baseline_window)
+
+
+def test_near_the_bound_the_probes_measure_every_step() -> None:
+    detector = InstabilityPrecursor(DetectorConfig())
+    near = [np.array([0.9, 1.0, 1.3])] * 20  # 1.3: over half way to abs_min (2.5)
+    _, measured = run_on_cadence(detector, near)
+    assert measured == list(range(20))
+
+
+def test_the_cadence_warns_when_measuring_every_step_warns() -> None:
+    """A parameter's ratio that climbs with its gradient is estimated from the gradient norm on
+    the steps skipped and measured step by step once near its bound: the warning comes at the
+    step a probe measuring every step warns."""
+    cfg = DetectorConfig(instability_precursor={"every": 1})
+    for seed in range(5):
+        for climb in (1.05, 1.1, 1.25):
+            rows = ratios(160, seed, climb_from=100, climb=climb)
+            every_step = run(InstabilityPrecursor(cfg), rows)
+            sampled, _ = run_on_cadence(InstabilityPrecursor(DetectorConfig()), rows)
+            assert every_step and sampled, (seed, climb)
+            assert sampled[0].step == every_step[0].step, (seed, climb)
+
+
+def test_the_cadence_survives_a_state_round_trip() -> None:
+    detector = InstabilityPrecursor(DetectorConfig())
+    run_on_cadence(detector, [np.array([0.9, 1.0, 1.1])] * 9)
+    restored = InstabilityPrecursor(DetectorConfig())
+    restored.load_state_dict(json.loads(json.dumps(detector.state_dict())))
+    assert [restored.due(s) for s in range(9, 14)] == [detector.due(s) for s in range(9, 14)]
+    assert restored.measured == 8
+
+
+def test_silent_on_steady_noisy_ratios_measured_every_few_steps() -> None:
+    for seed in range(5):
+        events, measured = run_on_cadence(InstabilityPrecursor(DetectorConfig()),
+                                          ratios(400, seed))
+        assert events == [] and len(measured) < 400

@@ -144,7 +144,10 @@ def test_the_rebuilt_probes_leave_one_pair_of_optimizer_hooks_and_close_removes_
     """The Adam ratio probe hooks the optimizer's step; rebuilding it for an added group must not
     pile up hooks, and closing the guard leaves the optimizer as it found it."""
     model, optimizer = head_only()
-    guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    # the probe measures every step, so its hooks are in place from the first steps on
+    every_step = {"instability_precursor": {"every": 1}}
+    guard = Guard(model, optimizer, config=GuardConfig(**QUIET, detectors=every_step),
+                  run_dir=tmp_path / "run")
     counts = []
     for step in range(12):
         if step == 6:

@@ -1,7 +1,11 @@
 """`instability_precursor`: a warning before the loss spikes, from Adam's second moment lagging.
 
-Reads `adam_ratio_rms` (`probes/adam_ratio.py`), measured every step: per watched parameter, the
-gradient's RMS over the RMS of sqrt(v_hat), sqrt(sum g^2 / sum v_hat). Each parameter is compared
+Reads `adam_ratio_rms` (`probes/adam_ratio.py`): per watched parameter, the gradient's RMS over
+the RMS of sqrt(v_hat), sqrt(sum g^2 / sum v_hat). The probes measure at a cadence
+(`detectors.instability_precursor.every`, `due`): every step near a bound, after an event and on
+sampled steps, else every few steps; a step in between is judged on an estimate, the ratio last
+measured scaled by how each parameter's gradient norm (on the host every step) moved since, since
+Adam's second moment is a long average that a few steps hardly move. Each parameter is compared
 with its own median over the last `baseline_window` steps (a steady run sits near 1, some
 parameters a little above). When a parameter's ratio is `detectors.instability_precursor.ratio`
 times its median, `detectors.instability_precursor.zscore` robust standard deviations of its own log
@@ -46,7 +50,7 @@ from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
 from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.columns import column_medians
-from trainguard.detect.output_growth import OutputGrowth
+from trainguard.detect.output_growth import NEAR, OutputGrowth
 from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
@@ -104,21 +108,64 @@ class InstabilityPrecursor(Detector):
         """This step's log discount for its batch's size."""
         self.clipped = 1.0
         """This step's clip factor: the ratio is judged at the gradient the optimizer is given."""
+        self.anchor: tuple[np.ndarray, np.ndarray] | None = None
+        """(ratios, gradient norms) of the last step the probe measured: what a step it skips
+        is estimated from (`_estimate`)."""
+        self.judged = False
+        """This step's ratios were judged (measured, or estimated from the gradient norms)."""
+        self.last_max = 0.0
+        """The largest ratio of the step last measured (as judged: clipped, batch discounted)."""
+        self.measured: int | None = None
+        """The last step the probes measured (None: none yet)."""
+        self.near = False
+        """Some value was near its bound at that step: the probes measure every step."""
+
+    def due(self, step: int) -> bool:
+        """Whether the probes measure `step` (`detectors.instability_precursor.every`): every
+        `every` steps while every value is far from its bound, every step near one."""
+        cfg = self.config.instability_precursor
+        last = self.measured
+        return (cfg.every <= 1 or self.near or last is None or step <= last
+                or step - last >= cfg.every
+                # Adam has no state before its first step: measure until it has
+                or (self.anchor is None and step < cfg.warmup))
 
     def check(self, signals: StepSignals) -> list[Event]:
+        held = 0
+        if signals.precursors:  # the probes measured this step
+            last, self.measured = self.measured, signals.step
+            if last is not None and signals.step > last:
+                held = min(signals.step - last - 1, self.config.common.baseline_window)
         events = (self._check_ratio(signals) + self.attention.check(signals, self.event)
-                  + self.growth.check(signals, self.event))
+                  + self.growth.check(signals, self.event, held))
+        if signals.precursors or self.judged:
+            self.near = self._ratio_near() or self.growth.near()
         if signals.lr is not None:
             for event in events:  # the LR it came at: the ranking compares it with the first
                 event.details.setdefault("lr", signals.lr)  # steps' (a schedule that rose)
         return events
 
+    def _ratio_near(self) -> bool:
+        """A parameter's ratio within `NEAR` of `abs_min`, a streak running or an episode open."""
+        if self.episode.active or self.streak.any():
+            return True
+        return self.last_max >= NEAR * self.config.instability_precursor.abs_min
+
     def _check_ratio(self, signals: StepSignals) -> list[Event]:
-        values = signals.precursors.get(SIGNAL)
-        if values is None:
-            return []
+        measured = signals.precursors.get(SIGNAL)
+        self.judged = False
+        if measured is not None:
+            values = np.asarray(measured, dtype=np.float64)
+            if (values > 0).any():  # a ratio to estimate the steps after from
+                self.anchor = (values, np.asarray(signals.param_grad_norm, dtype=np.float64))
+        else:
+            estimate = self._estimate(signals)
+            if estimate is None:
+                return []
+            values = estimate
+        self.judged = True
         self.clipped = clip_factor(signals)
-        values = np.asarray(values, dtype=np.float64) * self.clipped
+        values = values * self.clipped
         self.discount = self.batch_noise.log_discount(signals.batch_elements, signals.loss)
         if self.discount:
             values = values * math.exp(-self.discount)
@@ -129,11 +176,26 @@ class InstabilityPrecursor(Detector):
             self.sudden = np.zeros(values.shape, dtype=bool)
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
+            self.last_max = float(np.fmax.reduce(values, initial=0.0))
         if len(self.history) < self.config.instability_precursor.warmup:
             if np.isfinite(logs).any():  # a step with nothing measured does not age the baseline
                 self.history.append(logs)
             return []
         return self._judge(signals, values, logs)
+
+    def _estimate(self, signals: StepSignals) -> np.ndarray | None:
+        """A step the probes did not measure: each parameter's ratio as last measured, scaled by
+        how its gradient norm (on the host every step) moved since. Adam's second moment is a
+        long average (beta2 0.95-0.999) that a few steps hardly move, and the gradient is what
+        outgrows it. None without a measurement of the same parameters."""
+        if self.anchor is None:
+            return None
+        ratios, norms = self.anchor
+        now = np.asarray(signals.param_grad_norm, dtype=np.float64)
+        if now.shape != norms.shape:
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(norms > 0, ratios * (now / norms), ratios)
 
     def _judge(self, signals: StepSignals, values: np.ndarray, logs: np.ndarray) -> list[Event]:
         cfg = self.config
@@ -229,7 +291,11 @@ class InstabilityPrecursor(Detector):
                 "sudden": [bool(v) for v in self.sudden],
                 "episode": self.episode.state_dict(),
                 "attention": self.attention.state_dict(), "growth": self.growth.state_dict(),
-                "batch_noise": self.batch_noise.state_dict()}
+                "batch_noise": self.batch_noise.state_dict(),
+                "measured": self.measured, "near": self.near, "last_max": self.last_max,
+                "anchor": (None if self.anchor is None else
+                           [[float(v) if math.isfinite(v) else None for v in part]
+                            for part in self.anchor])}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
@@ -243,4 +309,12 @@ class InstabilityPrecursor(Detector):
         self.attention.load_state_dict(state.get("attention", {}))
         self.growth.load_state_dict(state.get("growth", {}))
         self.batch_noise.load_state_dict(state.get("batch_noise", {}))
+        measured = state.get("measured")
+        self.measured = None if measured is None else int(measured)
+        self.near = bool(state.get("near", False))
+        self.last_max = float(state.get("last_max", 0.0))
+        anchor = state.get("anchor")
+        self.anchor = (None if anchor is None else
+                       (np.array([math.nan if v is None else v for v in anchor[0]]),
+                        np.array([math.nan if v is None else v for v in anchor[1]])))
 

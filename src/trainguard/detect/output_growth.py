@@ -83,6 +83,11 @@ logits and raises log Z as it should; logits that grow while the loss stays put 
 spike."""
 LEARNING_STEPS = 10
 
+NEAR = 0.5
+"""A value that covered this share of the way to its bound (from the lowest value kept for log Z,
+from 0 for a ratio's floor) keeps the probes measuring every step: a value rising towards its
+bound is measured at each step of its streak, so the cadence does not delay a warning."""
+
 MakeEvent = Callable[..., Event]
 """`Detector.event` of the composing detector: the events are of its kind."""
 
@@ -118,6 +123,30 @@ class Streaks:
     def _lowest(self) -> np.ndarray:
         """Each column's lowest value kept (NaN for a column of nothing but NaN)."""
         return np.fmin.reduce(self._ring[:self._count], axis=0)
+
+    def hold(self, steps: int) -> None:
+        """The last row measured stands for `steps` steps the probe did not measure (its
+        cadence skips only quiet steps): the baseline, the recent values and the hits move as if
+        it had been measured on each."""
+        if not self.recent:
+            return
+        row, last = self._ring[(self._next - 1) % len(self._ring)], self.recent[-1]
+        quiet = np.zeros(last.shape, dtype=bool)
+        for _ in range(min(steps, len(self._ring))):
+            self.recent.append(last)
+            self.hits.append(quiet)
+            self._remember(row)
+        self.streak = np.zeros(last.shape, dtype=np.int64)
+
+    def near(self, margin: float) -> bool:
+        """Whether the last row is within `NEAR` of being high (`margin` above the lowest value
+        kept), a streak is running or an episode is open: the probe then measures every step."""
+        if self.episode.active or self.streak.any():
+            return True
+        if not self.recent or not self._count:
+            return False
+        with np.errstate(invalid="ignore"):
+            return bool((self.recent[-1] >= self._lowest() + NEAR * margin).any())
 
     def _forget(self) -> None:
         self._ring = np.full((len(self._ring), 0), np.nan)
@@ -215,10 +244,13 @@ class OutputGrowth:
         self.logz_reported: tuple[int, float] | None = None
         """(step, value) of the last log Z report of the open episode (None: no episode)."""
 
-    def check(self, signals: StepSignals, make: MakeEvent) -> list[Event]:
+    def check(self, signals: StepSignals, make: MakeEvent, held: int = 0) -> list[Event]:
+        """`held`: steps since the last measurement that the probes skipped (their values held)."""
         events: list[Event] = []
         if signals.loss is not None and math.isfinite(signals.loss):
             self.losses.append(signals.loss)
+        if held:
+            self._hold(signals, held)
         mean = signals.precursors.get(LOGZ_MEAN)
         value = (math.nan if mean is None
                  else float(np.asarray(mean, dtype=np.float64).reshape(-1)[0]))
@@ -301,6 +333,21 @@ class OutputGrowth:
             ratio=math.exp(min(value - typical, 700.0)), steps_above=int(tracker.streak[0]),
             trend="rising", expected_lead=LOGZ_LEAD, fixes=list(LOGZ_FIXES),
             since_step=reported[0], since_value=reported[1])
+
+    def _hold(self, signals: StepSignals, steps: int) -> None:
+        """The values last measured stand for the `steps` steps before this one."""
+        if LOGZ in signals.precursors:
+            self.logz.hold(steps)
+            if self.means:
+                self.means.extend([self.means[-1]] * min(steps, self.means.maxlen or steps))
+        if UPDATE in signals.precursors:
+            self.updates.hold(steps)
+
+    def near(self) -> bool:
+        """Whether log Z or the update RMS is near its bound (`Streaks.near`)."""
+        cfg = self.config.instability_precursor
+        return (self.logz.near(cfg.logz_rise)
+                or self.updates.near(math.log(cfg.ratio)))
 
     def _fired(self, tracker: Streaks, judged: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """(which columns fire, their levels) when this step opens an episode of `tracker`,

@@ -38,18 +38,25 @@ class ParamsUnfrozen(Detector):
         """Per parameter: the steps in a row, up to the last one, its gradient norm was zero."""
         self.all_silent = False
         """The last step had no gradient at all."""
+        self.waiting = False
+        """Some parameter's gradient norm was zero at the last step (`silent` has a count)."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         norms = np.asarray(signals.param_grad_norm, dtype=np.float64)
         if norms.shape != self.silent.shape:  # the first step, or parameters added: start over
             self.silent = np.where(norms == 0.0, 1, 0).astype(np.int64)
+            self.waiting = bool(self.silent.any())
             self.all_silent = bool(norms.size) and not norms.any()
             return []
         zero = norms == 0.0  # NaN compares unequal: a NaN gradient is a gradient
+        if not self.waiting and not zero.any():  # the usual step: nothing was or is silent
+            self.all_silent = False
+            return []
         woke = np.flatnonzero(~zero & (self.silent >= self.config.params_unfrozen.steps))
         quiet = int(self.silent[woke].min()) if woke.size else 0
         after_gap = self.all_silent
         self.silent = np.where(zero, self.silent + 1, 0)
+        self.waiting = bool(self.silent.any())
         self.all_silent = bool(zero.size) and bool(zero.all())
         if not woke.size or after_gap:
             return []
@@ -68,3 +75,4 @@ class ParamsUnfrozen(Detector):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.silent = np.asarray(state.get("silent", []), dtype=np.int64)
         self.all_silent = bool(state.get("all_silent", False))
+        self.waiting = bool(self.silent.any())

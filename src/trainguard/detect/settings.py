@@ -331,9 +331,13 @@ class InstabilityPrecursorConfig:
     PATH: ClassVar[str] = "detectors.instability_precursor"
 
     probe: bool = True
-    """Measure Adam's ratio sqrt(sum g^2 / sum v_hat) per parameter every step (the warning needs
-    every step). Reads 0 for a non-Adam optimizer; left out under torch.distributed. False turns
-    the probe and the warning off."""
+    """Measure Adam's ratio sqrt(sum g^2 / sum v_hat) per parameter and log Z (the warning reads
+    them as series of steps). Reads 0 for a non-Adam optimizer; left out under torch.distributed.
+    False turns the probes and the warning off."""
+    every: int = 4
+    """While every value is far from its bound (no streak, no open episode), the probes measure
+    every this many steps and each value stands for the steps until the next; near a bound, after
+    any event and on sampled steps they measure every step. 1: every step always."""
     ratio: float = 2.0
     """A parameter's Adam ratio this many times its own median of the last
     `common.baseline_window` steps..."""
@@ -373,7 +377,7 @@ class InstabilityPrecursorConfig:
         sections.flag(self, "probe", "update_rms")
         sections.positive(self, "zscore", "abs_min", "logz_rise", "update_min", "trend_ratio")
         sections.above_one(self, "ratio", "sudden_ratio")
-        sections.at_least(self, 1, "steps", "warmup")
+        sections.at_least(self, 1, "steps", "warmup", "every")
         sections.at_least(self, 0, "trend_window")
 
 

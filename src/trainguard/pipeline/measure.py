@@ -101,12 +101,14 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     scale = getattr(services.scaler, "_scale", None) if services.scaler is not None else None
     if scale is not None:
         pack.add("loss_scale", scale)
-    if config.detectors.instability_precursor.probe and ranks is None:
+    if config.detectors.instability_precursor.probe and ranks is None and state.precursors_due:
         for key, tensor in services.watch.adam_probe.measure(device, grad_norms).items():
             pack.add(f"{PRECURSOR}{key}", tensor)
         logz = services.logz_probe.take_stats() if services.logz_probe is not None else None
         if logz is not None:
             pack.add_parts(LOGZ_PACKED, logz)
+    elif services.logz_probe is not None:  # a step the cadence skips: nothing of it is read
+        services.logz_probe.take_stats()
     attention = pack_attention(pack, services, ranks is None)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []

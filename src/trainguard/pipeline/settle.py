@@ -4,13 +4,14 @@ A scheduler a trainer stepped on a skipped step is rewound; the LR backoff ramps
 applied update; the heavy post-update probes (weights, update ratio, optimizer state) are queued
 for the next transfer on sampled steps and after an event; counters move on; the step report is
 built; the adaptive clip learns the applied step's norm; the good-state ring is offered the new
-state; the next step's sampling is scheduled.
+state; the next step's sampling, and whether its precursor probes measure, is scheduled.
 """
 
 from __future__ import annotations
 
 import logging
 
+from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.events import StepReport, at_least
 from trainguard.pipeline.context import PendingStats, StepContext
 from trainguard.pipeline.services import Services
@@ -75,6 +76,11 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
         for probe in (services.activation_probe, services.output_probe):
             if probe is not None:
                 probe.attach()
+    precursor = next((d for d in state.detectors if isinstance(d, InstabilityPrecursor)), None)
+    state.precursors_due = (precursor is None or state.sampled_now
+                            or precursor.due(state.step + ahead))
+    if services.logz_probe is not None:
+        services.logz_probe.armed = state.precursors_due
     attention = services.attention_probe
     if attention is not None and (state.sampled_now or (
             state.step + ahead) % config.detectors.attention_logits.every == 0):

@@ -65,6 +65,9 @@ class RunState:
     sampled_now: bool = False
     """Whether the step about to be measured runs the heavy probes (decided before its forward
     pass, by `Run.schedule_sampling`)."""
+    precursors_due: bool = True
+    """Whether the step about to be measured runs the precursor probes (Adam's ratio, log Z),
+    decided before its forward pass with the sampling (`InstabilityPrecursor.due`)."""
     curvature: LossCurvature = field(default_factory=LossCurvature)
     """The loss's smoothed second difference, measured every step."""
     losses: LossTrack = field(default_factory=LossTrack)

@@ -1,4 +1,5 @@
-"""Adam's second moment lagging the gradient, measured every step from the optimizer state.
+"""Adam's second moment lagging the gradient, measured from the optimizer state on the steps
+`instability_precursor`'s cadence asks for (`InstabilityPrecursor.due`: every step near a bound).
 
 Metric key (per watched parameter, every step): `adam_ratio_rms`, the ratio of the gradient's
 RMS to the RMS of sqrt(v_hat) over the parameter's elements,

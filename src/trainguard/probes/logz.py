@@ -1,4 +1,4 @@
-"""log Z of the model's class scores, every step: a light forward hook on the model itself.
+"""log Z of the model's class scores, step by step: a light forward hook on the model itself.
 
 Metric keys (one value each per step; registered in `trainguard.registry`):
     logz_mean   mean over positions (samples x positions) of logsumexp over the class scores
@@ -31,7 +31,9 @@ long sequences near the second figure, and the largest and the mean log Z of 256
 follow the trend the detector reads.
 
 Cost: one logsumexp over at most `MAX_ROWS` positions, four small reductions, a subtraction and
-a stack, on the device; the three values join the step's pack as one tensor (`add_parts`).
+a stack, on the device; the three values join the step's pack as one tensor (`add_parts`). On the
+steps the precursor's cadence skips (`detectors.instability_precursor.every`: far from every
+bound, no event) the hook is disarmed and returns at once.
 
 Class scores are a floating B x C or B x T x V output with C >= 2 (what the output probe calls
 class scores); anything else (a regression's B x 1, an image) is left alone. The hook never
@@ -76,12 +78,15 @@ class LogZProbe:
     training forward of a step counts, as for the output probe."""
 
     def __init__(self, model: nn.Module) -> None:
+        self.armed = True
+        """Whether the next forward is measured (the precursor's cadence,
+        `detectors.instability_precursor.every`); a forward of a step not measured costs nothing."""
         self._stats: torch.Tensor | None = None
         self._handle: torch.utils.hooks.RemovableHandle | None = (
             model.register_forward_hook(self._hook))
 
     def _hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        if not module.training:
+        if not self.armed or not module.training:
             return
         try:
             tensor = model_output_tensor(output)
