@@ -368,3 +368,21 @@ def test_silent_on_steady_noisy_ratios_measured_every_few_steps() -> None:
         events, measured = run_on_cadence(InstabilityPrecursor(DetectorConfig()),
                                           ratios(400, seed))
         assert events == [] and len(measured) < 400
+
+
+def test_a_rise_in_a_decaying_schedules_last_steps_is_judged_at_its_update() -> None:
+    """A linear decay's last steps: the LR at a fifth of its recent median turns the same rise
+    of the ratio into a fifth of the update, which is no precursor; at a constant LR it is."""
+    steps, start = 160, 130
+    rows = ratios(steps, 0)
+    for step in range(start, steps):  # climbs 1.25x a step for 6 steps, then stays up
+        rows[step][1] *= 1.25 ** min(step - start + 1, 6)
+    constant, decaying = (InstabilityPrecursor(DetectorConfig(instability_precursor={"every": 1}))
+                          for _ in range(2))
+    warned = []
+    for detector, lr_at in ((constant, lambda s: 1e-3),
+                            (decaying, lambda s: 1e-3 * max(0.01, 1 - s / 150))):
+        warned.append([e.step for step, row in enumerate(rows) for e in detector.check(
+            signals(step, names=NAMES, lr=lr_at(step), precursors={"adam_ratio_rms": row}))])
+    assert warned[0] and start <= warned[0][0] <= start + 8
+    assert warned[1] == []

@@ -25,7 +25,7 @@ steps, do not count) and reports an episode once.
 Values above the threshold enter the baseline capped at it, so a lasting rise is learned slowly
 and one burst does not lift the level it is compared with.
 
-Three rises are not the weights going wrong, and are taken off or left out first:
+Four rises are not the weights going wrong, and are taken off or left out first:
 - the clip's: the probe's g is the gradient before clipping, while v was fed the clipped
   gradients the optimizer was given; a norm above the clip limit in force (`clip_limit`, such as
   a Trainer's `clip.max_grad_norm=1.0` on a regression head whose norm sits above 1) lifts the ratio
@@ -33,6 +33,9 @@ Three rises are not the weights going wrong, and are taken off or left out first
 - the batch's: a batch with fewer elements than the typical one has a noisier gradient
   (length curricula, `group_by_length`), and a batch whose loss is above the typical one (a
   heavy-tailed draw) steeper slopes (`detect/batch_noise.py`);
+- the schedule's: Adam's update is the LR times the ratio, so a ratio that rises while the LR
+  has come down below its recent median (a linear decay's last steps) is judged at the update it
+  makes, times the LR over that median;
 - learning's: while the loss is still coming down (`OutputGrowth.learning`, as for log Z), a
   model that starts to use a layer grows its gradients faster than Adam's average of them; a
   gradient that outgrows v while the loss stays put is what comes before the spike.
@@ -111,6 +114,10 @@ class InstabilityPrecursor(Detector):
         self.anchor: tuple[np.ndarray, np.ndarray] | None = None
         """(ratios, gradient norms) of the last step the probe measured: what a step it skips
         is estimated from (`_estimate`)."""
+        self.lrs: deque[float] = deque(maxlen=config.common.baseline_window)
+        """The LRs of the last steps (`_lr_fall`)."""
+        self.lr_fall = 1.0
+        """This step's LR over its recent median, when the schedule took it down (else 1)."""
         self.judged = False
         """This step's ratios were judged (measured, or estimated from the gradient norms)."""
         self.last_max = 0.0
@@ -169,6 +176,9 @@ class InstabilityPrecursor(Detector):
         self.discount = self.batch_noise.log_discount(signals.batch_elements, signals.loss)
         if self.discount:
             values = values * math.exp(-self.discount)
+        self.lr_fall = self._lr_fall(signals.lr, values)
+        if self.lr_fall < 1.0:
+            values = values * self.lr_fall
         if self.streak.shape != values.shape:  # parameters added: start the baselines again
             self.history.clear()
             self.streak = np.zeros(values.shape, dtype=np.int64)
@@ -182,6 +192,21 @@ class InstabilityPrecursor(Detector):
                 self.history.append(logs)
             return []
         return self._judge(signals, values, logs)
+
+    def _lr_fall(self, lr: float | None, values: np.ndarray) -> float:
+        """The step's LR over its median of the last `baseline_window` steps, when below 1 (and
+        some ratio could be high): Adam's update is the LR times the ratio, so a ratio that rises
+        while the schedule has taken the LR down (a linear decay's last steps, where a gradient
+        burst moves the weights little) is judged at the update it makes. 1.0 otherwise."""
+        if lr is not None and math.isfinite(lr) and lr > 0:
+            self.lrs.append(lr)
+        else:
+            return 1.0
+        if (len(self.lrs) < self.config.instability_precursor.warmup // 2
+                or not (values >= self.config.instability_precursor.abs_min).any()):
+            return 1.0
+        typical = float(np.median(self.lrs))
+        return min(1.0, lr / typical) if typical > 0 else 1.0
 
     def _estimate(self, signals: StepSignals) -> np.ndarray | None:
         """A step the probes did not measure: each parameter's ratio as last measured, scaled by
@@ -271,7 +296,8 @@ class InstabilityPrecursor(Detector):
             bound=max(self.config.instability_precursor.abs_min,
                       self.config.instability_precursor.ratio * typical),
             steps_above=steps, trend=rise, before=first, expected_lead=EXPECTED_LEAD,
-            batch_discount=math.exp(self.discount), clip_factor=self.clipped)
+            batch_discount=math.exp(self.discount), clip_factor=self.clipped,
+            lr_fall=self.lr_fall)
 
     def _batch_explains(self, signals: StepSignals) -> str:
         """What about the step's batch explains part of the rise, in words."""
@@ -293,6 +319,7 @@ class InstabilityPrecursor(Detector):
                 "attention": self.attention.state_dict(), "growth": self.growth.state_dict(),
                 "batch_noise": self.batch_noise.state_dict(),
                 "measured": self.measured, "near": self.near, "last_max": self.last_max,
+                "lrs": list(self.lrs),
                 "anchor": (None if self.anchor is None else
                            [[float(v) if math.isfinite(v) else None for v in part]
                             for part in self.anchor])}
@@ -313,6 +340,8 @@ class InstabilityPrecursor(Detector):
         self.measured = None if measured is None else int(measured)
         self.near = bool(state.get("near", False))
         self.last_max = float(state.get("last_max", 0.0))
+        self.lrs.clear()
+        self.lrs.extend(float(v) for v in state.get("lrs", []))
         anchor = state.get("anchor")
         self.anchor = (None if anchor is None else
                        (np.array([math.nan if v is None else v for v in anchor[0]]),
