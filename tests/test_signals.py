@@ -1,13 +1,12 @@
 from __future__ import annotations
 
+import copy
 import json
 import math
+import random
 
 import numpy as np
 import pytest
-
-import copy
-import random
 
 from trainguard.signals import (
     MAD_TO_STD,
