@@ -191,9 +191,13 @@ def test_observe_all_is_observe_of_each_loss() -> None:
     losses: list[float | None] = [rng.choice([None, math.nan, 0.0, -1.0, math.inf])
                                   if rng.random() < 0.1 else math.exp(rng.gauss(0, 1))
                                   for _ in range(500)]
-    one, batch = LossCurvature(span=5), LossCurvature(span=5)
-    assert batch.observe_all(losses) == [one.observe(loss) for loss in losses]
-    assert batch.state_dict() == one.state_dict()
+    for begun in (0, 2, 9):  # from the start, and from a state with some levels known
+        one, batch = LossCurvature(span=5), LossCurvature(span=5)
+        for loss in losses[:begun]:
+            one.observe(loss)
+            batch.observe(loss)
+        assert batch.observe_all(losses[begun:]) == [one.observe(loss) for loss in losses[begun:]]
+        assert batch.state_dict() == one.state_dict()
 
 
 @pytest.mark.parametrize("decay", [0.0, 0.5, 2 / 3, 0.9, 0.999])

@@ -242,21 +242,21 @@ class LossCurvature:
         """`observe` of each loss in turn (a whole log's, offline), with what it returns."""
         decay, raw, seen = self.decay, self.raw, self.seen
         gain = 1 - decay
-        levels = list(self.levels)
         exact = settled_at(decay)
+        known = len(self.levels)  # the last three levels, in three names
+        a, b, c = [0.0] * (3 - known) + self.levels
         out: list[float | None] = []
+        append, log, isfinite = out.append, math.log, math.isfinite
         for loss in losses:
-            if loss is None or not math.isfinite(loss) or loss <= 0:
-                out.append(None)
+            if loss is None or not isfinite(loss) or loss <= 0:
+                append(None)
                 continue
-            raw = decay * raw + gain * math.log(loss)
+            raw = decay * raw + gain * log(loss)
             seen += 1
-            levels = [*levels[-2:], raw if seen >= exact else raw / (1 - decay ** seen)]
-            if len(levels) < 3:
-                out.append(None)
-                continue
-            a, b, c = levels
-            out.append(c - 2 * b + a)
+            a, b, c = b, c, raw if seen >= exact else raw / (1 - decay ** seen)
+            known = min(known + 1, 3)
+            append(c - 2 * b + a if known == 3 else None)
+        levels = [a, b, c][3 - known:]
         self.raw, self.seen, self.levels = raw, seen, levels
         return out
 

@@ -140,14 +140,16 @@ class _Table:
 
     def __init__(self, log: Log, rows: list[int]) -> None:
         self.rows = rows
-        self.loss = _at(log.values(LOSS), rows)
-        self.grad = _at(log.values(GRAD_NORM), rows)
-        self.lr = _at(log.values(LR), rows)
-        self.scale = _at(log.values(LOSS_SCALE), rows)
+        every_row = len(rows) == len(log.steps)  # the usual log: no row to leave out
+        picked = (lambda values: values) if every_row else (lambda values: _at(values, rows))
+        self.loss = picked(log.values(LOSS))
+        self.grad = picked(log.values(GRAD_NORM))
+        self.lr = picked(log.values(LR))
+        self.scale = picked(log.values(LOSS_SCALE))
         skipped = log.skipped or [False] * len(log.steps)
-        self.skipped = _at(skipped, rows)
-        self.whole = _at(whole_interval_skips(log, skipped), rows)
-        self.groups = [_at(log.series[name], rows) for name in log.series
+        self.skipped = picked(skipped)
+        self.whole = picked(whole_interval_skips(log, skipped)) if log.skipped else self.skipped
+        self.groups = [picked(log.series[name]) for name in log.series
                        if name.startswith("lr_group")]
         if log.loss_curvature is not None:
             self.curvature = _at(log.loss_curvature, rows)
@@ -159,6 +161,7 @@ class _Table:
         self.every = list(range(len(rows)))
         self.with_grad = [i for i, grad in enumerate(self.grad) if grad is not None]
         self._columns: dict[tuple[int, bool], SignalColumns] = {}
+        self._arrays: dict[str, np.ndarray] = {}
 
     def group_lrs(self, index: int) -> tuple[float, ...]:
         lr = self.lr[index]
@@ -171,16 +174,29 @@ class _Table:
         key = (len(handed), whole_skips)
         if key not in self._columns:
             at = np.asarray(handed, dtype=np.int64)
-            lrs = np.column_stack([_floats(self.lr)[at], *(_floats(g)[at] for g in self.groups)])
+            lrs = np.column_stack([self._array("lr", self.lr)[at],
+                                   *(self._array(f"lr{k}", g)[at]
+                                     for k, g in enumerate(self.groups))])
             self._columns[key] = SignalColumns(
-                step=at, loss=_floats(self.loss)[at], has_loss=_given(self.loss)[at],
-                grad_norm=_floats(self.grad, missing=0.0)[at],
+                step=at, loss=self._array("loss", self.loss)[at],
+                has_loss=self._array("has_loss", self.loss, given=True)[at],
+                grad_norm=self._array("grad", self.grad, missing=0.0)[at],
                 amp_overflow=np.array(self.whole if whole_skips else self.skipped,
                                       dtype=bool)[at],
-                group_lrs=lrs, has_lr=_given(self.lr)[at],
-                loss_curvature=_floats(self.curvature)[at],
-                has_curvature=_given(self.curvature)[at])
+                group_lrs=lrs, has_lr=self._array("has_lr", self.lr, given=True)[at],
+                loss_curvature=self._array("curvature", self.curvature)[at],
+                has_curvature=self._array("has_curvature", self.curvature, given=True)[at])
         return self._columns[key]
+
+    def _array(self, name: str, values: list[Any], *, given: bool = False,
+               missing: float = math.nan) -> np.ndarray:
+        """`values` as floats (`missing` where None), or where they are not None (`given`);
+        made once for every column set."""
+        if name not in self._arrays:
+            self._arrays[name] = (np.fromiter((v is not None for v in values), dtype=bool,
+                                              count=len(values)) if given
+                                  else _floats(values, missing))
+        return self._arrays[name]
 
     def fill(self, signals: StepSignals, index: int, *, whole_skips: bool) -> None:
         """`signals` as the Guard would have measured them at replayed row `index`."""

@@ -124,17 +124,22 @@ class LossDivergence(Detector):
         margin = math.log(cfg.loss_divergence.ratio)
         decay = 1.0 - 2.0 / (cfg.loss_divergence.span + 1)
         raw, seen, best = self.raw, self.seen, self.best
+        gain, cap = 1 - decay, 2 * margin
         exact = settled_at(decay)  # from there on the moving average needs no correction
         stop = 0
         for log_loss, level in zip(values.tolist(), levels, strict=True):
-            smoothed = raw if seen >= exact else raw / (1.0 - decay ** seen)
-            next_raw = decay * raw + (1 - decay) * min(log_loss, smoothed + 2 * margin)
-            ema = next_raw if seen + 1 >= exact else next_raw / (1.0 - decay ** (seen + 1))
-            next_best = min(best, ema)
+            if seen < exact:
+                smoothed = raw / (1.0 - decay ** seen)
+                next_raw = decay * raw + gain * min(log_loss, smoothed + cap)
+                next_best = min(best, next_raw / (1.0 - decay ** (seen + 1)))
+            else:  # smoothed() is raw itself (the same min() as check's, spelt out: faster)
+                next_raw = decay * raw + gain * (raw + cap if raw + cap < log_loss else log_loss)
+                next_best = next_raw if next_raw < best else best
             if level - next_best >= margin:
                 break
-            raw, seen, best = next_raw, seen + 1, next_best
+            raw, best = next_raw, next_best
             stop += 1
+            seen += 1
         self.raw, self.seen, self.best = raw, seen, best
         if stop < len(values):
             end = start + int(np.flatnonzero(judged)[stop])
