@@ -169,13 +169,16 @@ class RobustBaseline:
         at each one, before its `admit` (`stats_first`) or after it: what a detector that does
         so on every step holds after them, without a median per value. The spread is computed
         once, at the last refresh, from the window it saw then."""
-        values = [float(v) for v in log_values]
-        while values and len(self.values) < self.window:  # the refresh schedule of a full window
+        values = np.asarray(log_values, dtype=np.float64)
+        filled = 0
+        while filled < len(values) and len(self.values) < self.window:  # one by one until full
             if stats_first and self.values:
                 self.stats()
-            self.admit(values.pop(0))
+            self.admit(float(values[filled]))
             if not stats_first:
                 self.stats()
+            filled += 1
+        values = values[filled:]
         m = len(values)
         if not m:
             return
@@ -186,7 +189,7 @@ class RobustBaseline:
         else:  # stats at k sees the window after value k
             first = 0 if self._scale is None else max(period - since - 1, 0)
         seen = np.concatenate([np.fromiter(self.values, dtype=np.float64, count=len(self.values)),
-                               np.asarray(values, dtype=np.float64)])
+                               values])
         if first < m:
             last = first + (m - 1 - first) // period * period
             end = len(self.values) + last + (0 if stats_first else 1)

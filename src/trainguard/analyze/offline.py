@@ -223,6 +223,8 @@ def _at(values: list[Any], rows: list[int]) -> list[Any]:
 
 
 def _floats(values: list[float | None], missing: float = math.nan) -> np.ndarray:
+    if math.isnan(missing):
+        return np.array(values, dtype=np.float64)  # numpy reads None as NaN
     return np.array([missing if v is None else v for v in values], dtype=np.float64)
 
 
