@@ -1,12 +1,21 @@
 from __future__ import annotations
 
+import copy
 import json
 import math
+import random
 
 import numpy as np
 import pytest
 
-from trainguard.signals import MAD_TO_STD, RobustBaseline, StepSignals, safe_log
+from trainguard.signals import (
+    MAD_TO_STD,
+    LossCurvature,
+    RobustBaseline,
+    StepSignals,
+    safe_log,
+    settled_at,
+)
 
 
 @pytest.mark.parametrize("value, expected", [(1.0, 0.0), (math.e, 1.0), (1e-30, math.log(1e-30)),
@@ -142,3 +151,57 @@ def test_step_signals_finiteness_helpers() -> None:
     no_loss = StepSignals(step=2, loss=None, grad_norm=1.0, param_grad_norm=np.ones(3),
                           param_names=names)
     assert no_loss.loss_finite
+
+
+def _history(baseline: RobustBaseline, rng: random.Random, count: int) -> None:
+    """Values admitted with `stats` asked now and then, as detectors ask it."""
+    for _ in range(count):
+        if baseline.values and rng.random() < 0.5:
+            baseline.stats()
+        baseline.admit(rng.gauss(0.0, 1.0))
+
+
+@pytest.mark.parametrize("window", [1, 3, 8, 9, 10, 33])
+@pytest.mark.parametrize("stats_first", [True, False])
+def test_admit_all_leaves_the_state_of_admit_one_by_one(window: int, stats_first: bool) -> None:
+    """`admit_all` holds what `admit` with `stats` at every value holds: the values, their
+    order, the cached spread and when it is next refreshed (so the spread the next `stats`
+    gives is the same), from any history: a young window, a full one, a cache just refreshed
+    or about to be."""
+    rng = random.Random(window * 2 + stats_first)
+    for _ in range(200):
+        baseline = RobustBaseline(window, 0.01)
+        _history(baseline, rng, rng.randrange(0, 3 * window + 10))
+        values = np.array([rng.gauss(0.0, 1.0) for _ in range(rng.randrange(0, 5 * window + 20))])
+        one_by_one = copy.deepcopy(baseline)
+        for value in values:
+            if stats_first and one_by_one.values:
+                one_by_one.stats()
+            one_by_one.admit(float(value))
+            if not stats_first:
+                one_by_one.stats()
+        baseline.admit_all(values, stats_first=stats_first)
+        assert baseline.state_dict() == one_by_one.state_dict()
+        if baseline.values:
+            assert baseline.stats() == one_by_one.stats()
+
+
+def test_observe_all_is_observe_of_each_loss() -> None:
+    rng = random.Random(0)
+    losses: list[float | None] = [rng.choice([None, math.nan, 0.0, -1.0, math.inf])
+                                  if rng.random() < 0.1 else math.exp(rng.gauss(0, 1))
+                                  for _ in range(500)]
+    for begun in (0, 2, 9):  # from the start, and from a state with some levels known
+        one, batch = LossCurvature(span=5), LossCurvature(span=5)
+        for loss in losses[:begun]:
+            one.observe(loss)
+            batch.observe(loss)
+        assert batch.observe_all(losses[begun:]) == [one.observe(loss) for loss in losses[begun:]]
+        assert batch.state_dict() == one.state_dict()
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5, 2 / 3, 0.9, 0.999])
+def test_settled_at_is_where_the_bias_correction_becomes_one(decay: float) -> None:
+    n = settled_at(decay)
+    assert all(1.0 - decay ** k == 1.0 for k in range(n, n + 500))
+    assert n == 1 or 1.0 - decay ** (n - 1) != 1.0

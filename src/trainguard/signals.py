@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
@@ -96,6 +97,11 @@ class LossOrigin:
         if len(self.first) < self.count and math.isfinite(loss):
             self.first.append(float(loss))
 
+    @property
+    def full(self) -> bool:
+        """Whether the first values are all in: `observe` changes nothing any more."""
+        return len(self.first) >= self.count
+
     def negligible(self, rise: float) -> bool:
         """Whether a rise of the loss by `rise` (in loss units) is within float noise."""
         return bool(self.first) and rise < statistics.median(self.first) * self.resolution
@@ -158,6 +164,48 @@ class RobustBaseline:
         """Median of the `count` most recent admitted values."""
         return _median(list(islice(reversed(self.values), count)))
 
+    def admit_all(self, log_values: np.ndarray, *, stats_first: bool) -> None:
+        """The state `admit` leaves after each of `log_values` (all finite), with `stats` called
+        at each one, before its `admit` (`stats_first`) or after it: what a detector that does
+        so on every step holds after them, without a median per value. The spread is computed
+        once, at the last refresh, from the window it saw then."""
+        values = np.asarray(log_values, dtype=np.float64)
+        filled = 0
+        while filled < len(values) and len(self.values) < self.window:  # one by one until full
+            if stats_first and self.values:
+                self.stats()
+            self.admit(float(values[filled]))
+            if not stats_first:
+                self.stats()
+            filled += 1
+        values = values[filled:]
+        m = len(values)
+        if not m:
+            return
+        period = self.MAD_REFRESH if self.window > self.MAD_REFRESH else 1
+        since = self._since_scale
+        if stats_first:  # stats at k sees the window before value k
+            first = 0 if self._scale is None else max(period - since, 1)
+        else:  # stats at k sees the window after value k
+            first = 0 if self._scale is None else max(period - since - 1, 0)
+        seen = np.concatenate([np.fromiter(self.values, dtype=np.float64, count=len(self.values)),
+                               values])
+        if first < m:
+            last = first + (m - 1 - first) // period * period
+            end = len(self.values) + last + (0 if stats_first else 1)
+            window = seen[end - self.window:end]
+            median = _median(window.tolist())
+            mad = _median(np.abs(window - median).tolist())
+            self._scale = max(mad * MAD_TO_STD, self.min_scale)
+            self._since_scale = m - last if stats_first else m - 1 - last
+        else:
+            self._since_scale = since + m
+        if stats_first and (self._since_scale >= self.MAD_REFRESH
+                            or self.window <= self.MAD_REFRESH):
+            self._scale = None  # the last admit asked for a refresh the next stats makes
+        self.values = deque(seen[-self.window:].tolist(), maxlen=self.window)
+        self._sorted = sorted(self.values)
+
     def state_dict(self) -> dict:
         return {"values": list(self.values), "scale": self._scale,
                 "since_scale": self._since_scale}
@@ -192,6 +240,28 @@ class LossCurvature:
             return None
         a, b, c = self.levels
         return c - 2 * b + a
+
+    def observe_all(self, losses: list[float | None]) -> list[float | None]:
+        """`observe` of each loss in turn (a whole log's, offline), with what it returns."""
+        decay, raw, seen = self.decay, self.raw, self.seen
+        gain = 1 - decay
+        exact = settled_at(decay)
+        known = len(self.levels)  # the last three levels, in three names
+        a, b, c = [0.0] * (3 - known) + self.levels
+        out: list[float | None] = []
+        append, log, isfinite = out.append, math.log, math.isfinite
+        for loss in losses:
+            if loss is None or not isfinite(loss) or loss <= 0:
+                append(None)
+                continue
+            raw = decay * raw + gain * log(loss)
+            seen += 1
+            a, b, c = b, c, raw if seen >= exact else raw / (1 - decay ** seen)
+            known = min(known + 1, 3)
+            append(c - 2 * b + a if known == 3 else None)
+        levels = [a, b, c][3 - known:]
+        self.raw, self.seen, self.levels = raw, seen, levels
+        return out
 
     def state_dict(self) -> dict:
         return {"levels": list(self.levels), "raw": self.raw, "seen": self.seen}
@@ -240,6 +310,15 @@ class TransientJumps:
         self._open = (step, excess) if isolated else None
         self._was_normal = normal
 
+    @property
+    def open_jump(self) -> bool:
+        """Whether the step before jumped, and waits to be judged transient or not."""
+        return self._open is not None
+
+    def back_to_normal(self) -> None:
+        """`observe` of a step back at its level that did not jump, with no jump open."""
+        self._was_normal = True
+
     def state_dict(self) -> dict:
         return {"jumps": [list(j) for j in self.jumps],
                 "open": list(self._open) if self._open is not None else None,
@@ -250,6 +329,17 @@ class TransientJumps:
         open_ = state.get("open")
         self._open = (int(open_[0]), float(open_[1])) if open_ is not None else None
         self._was_normal = bool(state.get("was_normal", True))
+
+
+def settled_at(decay: float) -> int:
+    """The count from which the bias correction `1 - decay ** n` of a moving average is exactly
+    1.0 (it only grows with n): dividing by it changes nothing from there on."""
+    if not -1.0 < decay < 1.0:
+        return sys.maxsize  # a weight that does not decay: never
+    n = 1
+    while 1.0 - decay ** n != 1.0:
+        n += 1
+    return n
 
 
 def _median(values: list[float]) -> float:

@@ -81,3 +81,50 @@ def test_a_second_log_history_is_the_one_read(tmp_path: Path,
                     '"log_history": [{"step": 5, "loss": 3.0}]}')
     assert json.loads(path.read_text())["log_history"][0]["step"] == 5
     assert _read(path, 3, monkeypatch)[0] == [5]
+
+
+def _long_history(entries: int) -> list[dict]:
+    """Entries enough for the reader to parse many at once, with what could mislead a cut at
+    `},`: strings holding it, a nested object closing before an entry's last key."""
+    history = []
+    for i in range(entries):
+        entry: dict = {"epoch": i / 100, "grad_norm": 1.0 + i % 7, "learning_rate": 1e-5,
+                       "loss": 2.0 - i / entries, "step": 10 * (i + 1)}
+        if i % 97 == 0:
+            entry["note"] = 'ends with "},", and },{ too'
+        if i % 89 == 0:
+            entry = {"inner": {"a": 1}, **entry}  # `},` inside the entry
+        if i % 101 == 0:
+            entry["grad_norm"] = math.nan if i % 2 else math.inf
+        if i % 500 == 0:
+            history.append({"eval_loss": 1.5, "epoch": i / 100, "step": 10 * (i + 1)})
+        history.append(entry)
+    return history
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+@pytest.mark.parametrize("piece", [5000, 1 << 20])
+def test_entries_parsed_at_once_are_those_parsed_one_by_one(
+        tmp_path: Path, indent: int | None, piece: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": 1, "log_history": _long_history(3000)},
+                               indent=indent))
+    at_once = _read(path, piece, monkeypatch)
+    monkeypatch.setattr(hf, "_BATCH", 1 << 40)  # never at once
+    one_by_one = _read(path, piece, monkeypatch)
+    assert len(at_once[0]) == 3000
+    assert repr(at_once) == repr(one_by_one)
+
+
+@pytest.mark.parametrize("at", [0.3, 0.97])
+def test_damage_among_many_entries_is_placed_where_json_places_it(
+        tmp_path: Path, at: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = json.dumps({"log_history": _long_history(3000)}, indent=2)
+    cut = text.index('"loss"', int(len(text) * at))
+    text = text[:cut] + '"loss" 1.0, ' + text[cut:]
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text)
+    line, column = _loads_error(text)
+    kind, message = _read(path, 1 << 20, monkeypatch)
+    assert kind == "error" and f"at line {line}, column {column}): the file is damaged" \
+        in message, message

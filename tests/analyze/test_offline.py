@@ -3,16 +3,24 @@ raises the events the live run raised (those a log can hold), at the same steps.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import trainguard
+from tests.detect.synth import event_key
 from trainguard import Guard, GuardConfig
-from trainguard.analyze import analyze
+from trainguard.analyze import analyze, offline
+from trainguard.analyze.log import Log
+from trainguard.analyze.quirks import prepare
+from trainguard.analyze.sparse import scaled_config
+from trainguard.detect import DETECTOR_TYPES, Detector
 from trainguard.events import Event
+from trainguard.signals import StepSignals
 
 SAMPLED_ONLY = {"nonfinite_weight", "dead_units", "extreme_weight", "nonfinite_optimizer_state",
                 "output_collapse", "no_progress"}
@@ -90,3 +98,76 @@ def test_the_run_is_judged_from_the_incident_it_never_came_back_from(
     assert {e.step for e in result.judgement.earlier} == {30}
     assert any("earlier" in line and "step 30" in line for line in result.evidence)
     assert result.causes, "a run in trouble gets ranked causes"
+
+
+def _synthetic(shape: str, n: int = 4000, every: int = 1, seed: int = 0, *,
+               skips: bool = True) -> Log:
+    """A log of `n` rows written every `every` steps: a falling loss (with the `shape` given
+    to it), a gradient norm, an LR warm-up and a second group, another training loss, a few
+    skipped steps (`skips`) and evaluations."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    loss = 2.5 * np.exp(-t / (n / 3)) + 0.3
+    grad = np.exp(rng.normal(0, 0.1, n))
+    lr = 1e-4 * np.minimum(1.0, (t + 1) / 50)
+    if shape == "spikes":
+        for at in rng.choice(n, 8, replace=False):
+            loss[at] *= rng.choice([3.0, 30.0, 1e6])
+            grad[at] *= rng.choice([5.0, 50.0, 1e4])
+    elif shape == "nan":
+        loss[n // 3:n // 3 + 5] = math.nan
+        grad[n // 3:n // 3 + 2] = math.nan
+        loss[3 * n // 4:] = math.nan
+    elif shape == "slow_divergence":
+        loss = loss * np.exp(np.maximum(0, t - n // 2) / (n / 8))
+    elif shape == "sawtooth":
+        loss = 1.0 + 0.8 * (t % 40) / 40
+    elif shape == "plateaus":
+        loss = np.where(t < n // 3, 2.0, np.where(t < 2 * n // 3, 0.5, 1.5))
+        grad[n // 2:n // 2 + 60] = 0.0
+        lr[2 * n // 3:] *= 10
+    loss = loss * np.exp(rng.normal(0, 0.02, n))
+    series: dict[str, list[float | None]] = {
+        "loss": [None if i % 211 == 5 else float(v) for i, v in enumerate(loss)],
+        "grad_norm": [None if i % 97 == 3 else float(v) for i, v in enumerate(grad)],
+        "lr": [float(v) for v in lr],
+        "lr_group1": [float(v) * 10 for v in lr],
+        "loss_aux": [math.nan if i % 503 == 7 else float(v) / 2 for i, v in enumerate(loss)],
+    }
+    evals = [(every * s, {"eval_loss": 1.0 + (s % 3)}) for s in range(n // 9, n, n // 9)]
+    return Log(path=f"{shape}.jsonl", format="jsonl", steps=[every * (i + 1) for i in range(n)],
+               series=series, skipped=[i % 401 == 17 for i in range(n)] if skips else None,
+               evals=evals)
+
+
+SHAPES = ("calm", "spikes", "nan", "slow_divergence", "sawtooth", "plateaus")
+
+
+@pytest.mark.parametrize("every", [1, 10])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_fast_replay_raises_what_the_row_by_row_replay_raises(shape: str, every: int) -> None:
+    """The detectors' fast paths past calm rows change no event: the same events (kind, step,
+    severity, message, details), in the same order, as `check` on every row; in a log of every
+    step and in one written every 10 (windows of a few rows)."""
+    log = prepare(_synthetic(shape, every=every))
+    config = scaled_config(len(log), log.interval())
+    fast = offline._replay(log, config, num_classes=None, fast=True)
+    slow = offline._replay(log, config, num_classes=None, fast=False)
+    assert slow.events
+    assert [event_key(e) for e in fast.events] == [event_key(e) for e in slow.events]
+    assert fast.rows == slow.rows
+
+
+def test_a_long_calm_log_is_replayed_without_check_on_every_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes `analyze` of a 100k-row log fast: `check` runs on a small share of its rows
+    (the detectors and the watch of its other loss together)."""
+    checked: list[int] = []
+    for kind in DETECTOR_TYPES:
+        def counted(self: Detector, signals: StepSignals, _check=kind.check) -> list[Event]:
+            checked.append(signals.step)
+            return _check(self, signals)
+        monkeypatch.setattr(kind, "check", counted)
+    log = prepare(_synthetic("calm", n=20_000, every=10, skips=False))
+    offline.replay(log, scaled_config(len(log), log.interval()))
+    assert len(checked) < len(log) // 4

@@ -32,6 +32,7 @@ from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
 from trainguard.detect.base import Episode, Outlier, OutlierDetector
 from trainguard.detect.batch_noise import BatchNoise
+from trainguard.detect.calm import SignalColumns
 from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.output_growth import OutputGrowth, Streaks
@@ -62,11 +63,12 @@ EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
 HELPERS: tuple[type, ...] = (Detector, OutlierDetector, Episode, Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
-                             StallEvidence, StallReason)
+                             StallEvidence, StallReason, SignalColumns)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
-calibration `Fp16Overflow` follows and the evidence `NoProgress` gathers of why a run
-stalled: their conformance is their detector's."""
+calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
+stalled and the columns of a log's rows the offline fast paths read: their conformance is
+their detector's."""
 SETTINGS = "trainguard.detect.settings"
 """The module of the detectors' configuration sections: plain data, checked by tests/test_config.py
 and tests/test_layers.py."""

@@ -118,3 +118,24 @@ def test_the_busy_run_exercises_what_a_detector_declares(detector_type: type[Det
         for name in detector_type.reads:
             setattr(s, name, POISON[name](s))
     assert _seen(detector_type(config), poisoned) != plain
+
+
+RAISING = [t for t in DETECTOR_TYPES if t.raises_from is not None]
+
+
+@pytest.mark.parametrize("detector_type", RAISING, ids=[t.__name__ for t in RAISING])
+def test_a_detector_raises_nothing_without_what_it_raises_from(
+        detector_type: type[Detector]) -> None:
+    """`raises_from` leaves a detector out of a log that holds none of those fields: over the
+    busy run without them (every other field as it is), the detector raises nothing, and with
+    them it does."""
+    assert detector_type.raises_from is not None
+    assert detector_type.raises_from <= detector_type.reads
+    assert _events(detector_type(default_config()), _run())
+    bare = _run()
+    empty = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=np.zeros(0),
+                        param_names=[])
+    for s in bare:
+        for name in detector_type.raises_from:
+            setattr(s, name, getattr(empty, name))
+    assert _events(detector_type(default_config()), bare) == []

@@ -143,10 +143,56 @@ class _Document:
             self._at += 1
             return
         while True:
-            yield self._value()
+            whole = self._whole_entries()
+            if whole:
+                yield from whole
+            else:
+                yield self._entry()
+            buf, at = self._buf, self._at
+            if at < len(buf) and buf[at] == ",":  # the usual delimiter, right after the entry
+                self._at = at + 1
+                continue
             self._expect(",", "Expecting ',' delimiter", close="]")
             if self._closed:
                 return
+
+    _unbatched: str | None = None
+    """The piece in which the entries could not be parsed at once: read one by one."""
+
+    def _whole_entries(self) -> list[object]:
+        """The entries from here to the last `},` of the piece, parsed in one call, and the
+        position moved to that comma; none when they do not parse as the items of an array
+        (that `}` closes a value inside an entry, or is inside a string: a cut inside a string
+        leaves it unterminated, so a cut that parses holds whole entries only). Parsed as
+        JSON parses an array, they are the entries read one by one would be."""
+        buf, at = self._buf, self._at
+        if buf is self._unbatched:
+            return []
+        cut = buf.rfind("},", at)
+        if cut - at < _BATCH:
+            return []
+        try:
+            whole = self._decoder.decode("[" + buf[at:cut + 1] + "]")
+        except json.JSONDecodeError:
+            self._unbatched = buf
+            return []
+        self._at = cut + 1
+        return whole
+
+    def _entry(self) -> object:
+        """`_value`, without its checks where they cannot matter: an entry that starts here
+        and parses whole, far enough from the piece's end that no number can go on past it
+        (the usual entry: what makes a log of a hundred thousand of them quick to read)."""
+        buf, at = self._buf, self._at
+        if at < len(buf) and buf[at] not in _SPACE:
+            try:
+                value, end = self._decoder.raw_decode(buf, at)
+            except json.JSONDecodeError:
+                return self._value()  # read on, or said as `_value` says it
+            if len(buf) - end > _NUMBER:
+                self._at = end
+                return value
+        return self._value()
 
     # -- reading -------------------------------------------------------------------------------
     _closed = False
@@ -229,6 +275,8 @@ class _Document:
 
 
 _PIECE = 1 << 20
+_BATCH = 1 << 12
+"""Characters of entries worth parsing at once."""
 _NUMBER = 32
 _NUMBER_ON = re.compile(r"[\d.eE+-]*")
 """What may follow a number's first characters in the same number."""

@@ -16,6 +16,11 @@ non-finite values by a `NonFiniteLoss` of its own, and the evaluations go throug
 Detectors count rows as steps (`StepSignals.step` is the row's index, so their windows are the
 row counts of `trainguard.analyze.sparse`); the events come back in the log's own step units,
 their messages naming rows as the log does ("iteration 7010").
+
+Most rows are calm. Each detector runs over all its rows in turn, `check` on the rows its fast
+path (`Detector.skip_calm`, `trainguard.detect.calm`) does not skip, and the events are then put
+in the order a row-by-row replay raises them: what it decides is what `check` on every row
+decides, in a fraction of the time on a long log.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +38,7 @@ from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, Detector
 from trainguard.detect.base import what_jumped
+from trainguard.detect.calm import SignalColumns
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
@@ -65,82 +72,223 @@ class Replay:
     """The rows that were replayed (those holding a loss, a gradient norm or an LR)."""
 
 
+FAST_FIRST = 64
+"""Rows a detector's fast path first looks ahead over (`Detector.skip_calm`); the stretch
+doubles while every row it looks at is calm, and starts again from this after a row that is not."""
+FAST_GAIN = 8
+"""A fast path that skipped fewer rows than this is not tried again for as many rows as it has
+failed in a row (up to `FAST_WAIT`): in a log of few calm rows in a row, its array work would
+cost more than `check` on each row."""
+FAST_WAIT = 64
+
+# the order of a row's events, as the live run raises them: the evaluations handed over before
+# the step, its other losses, then the detectors in their order
+_EVALS, _AUX, _DETECTORS = 0, 1, 2
+
+
 def replay(log: Log, config: DetectorConfig, *, num_classes: int | None = None) -> Replay:
-    """Run the detectors over the rows of a (prepared) log."""
+    """Run the detectors over the rows of a (prepared) log.
+
+    Each detector runs over all its rows in turn, `check` on each row but those its fast path
+    (`Detector.skip_calm`) skips as calm, with its state brought past them; the events are then
+    put in the order a row-by-row run raises them (`fast=False`: `check` on every row)."""
+    return _replay(log, config, num_classes=num_classes, fast=True)
+
+
+def _replay(log: Log, config: DetectorConfig, *, num_classes: int | None,
+            fast: bool) -> Replay:
     # the detectors that read only heavy-probe statistics have nothing to read in a log, and
     # two others nothing in most logs (see `_silent`)
     detectors = [t(config) for t in DETECTOR_TYPES
                  if not t.reads_sampled_only and not _silent(t, log, config)]
-    with_grad = detectors  # a row without a gradient norm is not a row whose norm is 0
     overflow = next((d for d in detectors if isinstance(d, Fp16Overflow)), None)
-    without_grad = [d for d in detectors if "grad_norm" not in d.reads]
     aux = _aux_losses(log)
-    aux_watch: dict[str, NonFiniteLoss] = {}
-    evals = MetricCollapse(config)
-    eval_queue = list(log.evals)
-    curvature = LossCurvature(span=max(3, math.ceil(10 / max(log.interval(), 1.0))))
+    aux_rows = {row for at, _ in aux.values() for row in at}
     losses = log.values(LOSS)
     grads = log.values(GRAD_NORM)
     lrs = log.values(LR)
-    scales = log.values(LOSS_SCALE)
-    groups = [log.series[name] for name in log.series if name.startswith("lr_group")]
-    skipped = log.skipped or [False] * len(log.steps)
-    whole = whole_interval_skips(log, skipped)
-    per_param = log.param_grad_norms
-    names = list(log.param_names) if per_param is not None else []
-    live_curvature = log.loss_curvature
-    rows: list[int] = []
-    train_loss: float | None = None
-    raw: list[tuple[int, Event]] = []
-    # one StepSignals refilled row by row: no detector keeps the object it is handed
-    signals = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=_EMPTY,
-                          param_names=names)
-    aux_signals = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=_EMPTY,
-                              param_names=[])
-    for row, step in enumerate(log.steps):
-        if eval_queue and rows and eval_queue[0][0] < step:
-            while eval_queue and eval_queue[0][0] < step:
-                _, metrics = eval_queue.pop(0)
-                for event in evals.observe(metrics, len(rows) - 1, classes=num_classes,
-                                           train_loss=train_loss):
-                    raw.append((rows[-1], event))
-        loss, grad, lr = losses[row], grads[row], lrs[row]
-        if loss is None and grad is None and lr is None and row not in aux:
-            continue
-        index = len(rows)
-        rows.append(row)
-        if row in aux:
-            raw.extend((row, event) for event in _check_aux(aux[row], index, aux_watch,
-                                                            aux_signals, config))
-        if loss is not None and math.isfinite(loss):
-            train_loss = loss
+    rows = [row for row, (loss, grad, lr) in enumerate(zip(losses, grads, lrs, strict=True))
+            if loss is not None or grad is not None or lr is not None or row in aux_rows]
+    table = _Table(log, rows)
+    keyed: list[tuple[tuple[int, ...], int, Event]] = []  # (order, row, event)
+    keyed.extend(_evaluations(log, config, rows, num_classes))
+    if aux:
+        index_of = {row: index for index, row in enumerate(rows)}
+        for order, (name, (at, values)) in enumerate(aux.items()):
+            for row, event in _watch_aux(name, at, values, index_of, config, fast=fast):
+                keyed.append(((row, _AUX, order), row, event))
+    for order, detector in enumerate(detectors):
+        # a row without a gradient norm is not a row whose norm is 0
+        handed = table.with_grad if "grad_norm" in detector.reads else table.every
+        whole_skips = detector is overflow  # it counts steps: one row, one step?
+        columns = table.columns(handed, whole_skips=whole_skips)
+        # one StepSignals refilled row by row: no detector keeps the object it is handed
+        signals = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=_EMPTY,
+                              param_names=table.names)
+
+        def fill(position: int, handed: list[int] = handed, signals: StepSignals = signals,
+                 whole_skips: bool = whole_skips) -> tuple[int, StepSignals]:
+            index = handed[position]
+            table.fill(signals, index, whole_skips=whole_skips)
+            return table.rows[index], signals
+
+        for row, event in _run(detector, columns, fill, fast=fast):
+            keyed.append(((row, _DETECTORS, order), row, event))
+    keyed.sort(key=lambda item: item[0])  # stable: a detector's events keep their order
+    raw = [(row, event) for _, row, event in keyed]
+    events = [_in_log_units(event, log, rows, row) for row, event in _at_full_size(raw, config)]
+    return Replay(events=events, rows=rows)
+
+
+class _Table:
+    """The replayed rows' signals: row by row for `check`, as columns for the fast paths."""
+
+    def __init__(self, log: Log, rows: list[int]) -> None:
+        self.rows = rows
+        every_row = len(rows) == len(log.steps)  # the usual log: no row to leave out
+        picked = (lambda values: values) if every_row else (lambda values: _at(values, rows))
+        self.loss = picked(log.values(LOSS))
+        self.grad = picked(log.values(GRAD_NORM))
+        self.lr = picked(log.values(LR))
+        self.scale = picked(log.values(LOSS_SCALE))
+        skipped = log.skipped or [False] * len(log.steps)
+        self.skipped = picked(skipped)
+        self.whole = picked(whole_interval_skips(log, skipped)) if log.skipped else self.skipped
+        self.groups = [picked(log.series[name]) for name in log.series
+                       if name.startswith("lr_group")]
+        if log.loss_curvature is not None:
+            self.curvature = _at(log.loss_curvature, rows)
+        else:
+            curvature = LossCurvature(span=max(3, math.ceil(10 / max(log.interval(), 1.0))))
+            self.curvature = curvature.observe_all(self.loss)
+        self.per_param = log.param_grad_norms
+        self.names = list(log.param_names) if self.per_param is not None else []
+        self.every = list(range(len(rows)))
+        self.with_grad = [i for i, grad in enumerate(self.grad) if grad is not None]
+        self._columns: dict[tuple[int, bool], SignalColumns] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def group_lrs(self, index: int) -> tuple[float, ...]:
+        lr = self.lr[index]
+        if lr is None:
+            return ()
+        return (lr, *(math.nan if (v := g[index]) is None else v for g in self.groups))
+
+    def columns(self, handed: list[int], *, whole_skips: bool) -> SignalColumns:
+        """The columns of the rows `handed` (all rows, or those with a gradient norm)."""
+        key = (len(handed), whole_skips)
+        if key not in self._columns:
+            at = np.asarray(handed, dtype=np.int64)
+            lrs = np.column_stack([self._array("lr", self.lr)[at],
+                                   *(self._array(f"lr{k}", g)[at]
+                                     for k, g in enumerate(self.groups))])
+            self._columns[key] = SignalColumns(
+                step=at, loss=self._array("loss", self.loss)[at],
+                has_loss=self._array("has_loss", self.loss, given=True)[at],
+                grad_norm=self._array("grad", self.grad, missing=0.0)[at],
+                amp_overflow=np.array(self.whole if whole_skips else self.skipped,
+                                      dtype=bool)[at],
+                group_lrs=lrs, has_lr=self._array("has_lr", self.lr, given=True)[at],
+                loss_curvature=self._array("curvature", self.curvature)[at],
+                has_curvature=self._array("has_curvature", self.curvature, given=True)[at])
+        return self._columns[key]
+
+    def _array(self, name: str, values: list[Any], *, given: bool = False,
+               missing: float = math.nan) -> np.ndarray:
+        """`values` as floats (`missing` where None), or where they are not None (`given`);
+        made once for every column set."""
+        if name not in self._arrays:
+            self._arrays[name] = (np.fromiter((v is not None for v in values), dtype=bool,
+                                              count=len(values)) if given
+                                  else _floats(values, missing))
+        return self._arrays[name]
+
+    def fill(self, signals: StepSignals, index: int, *, whole_skips: bool) -> None:
+        """`signals` as the Guard would have measured them at replayed row `index`."""
+        grad = self.grad[index]
         signals.step = index
-        signals.loss = loss
+        signals.loss = self.loss[index]
         signals.grad_norm = grad if grad is not None else 0.0
-        signals.lr = lr
-        signals.group_lrs = () if lr is None else (
-            (lr,) if not groups else (lr, *(math.nan if (v := g[row]) is None else v
-                                            for g in groups)))
-        signals.loss_scale = scales[row]
-        signals.amp_overflow = skipped[row]
-        signals.loss_curvature = (live_curvature[row] if live_curvature is not None
-                                  else curvature.observe(loss))
-        if per_param is not None:
-            signals.param_grad_norm = per_param[row]
-        for detector in (with_grad if grad is not None else without_grad):
-            if detector is overflow:  # it counts steps: one row, one step?
-                signals.amp_overflow = whole[row]
-            found = detector.check(signals)
-            signals.amp_overflow = skipped[row]
-            if found:
-                raw.extend((row, event) for event in found)
-    for _, metrics in eval_queue:  # evaluations after the last row
+        signals.lr = self.lr[index]
+        signals.group_lrs = self.group_lrs(index)
+        signals.loss_scale = self.scale[index]
+        signals.amp_overflow = (self.whole if whole_skips else self.skipped)[index]
+        signals.loss_curvature = self.curvature[index]
+        if self.per_param is not None:
+            signals.param_grad_norm = self.per_param[self.rows[index]]
+
+
+def _at(values: list[Any], rows: list[int]) -> list[Any]:
+    return [values[row] for row in rows]
+
+
+def _floats(values: list[float | None], missing: float = math.nan) -> np.ndarray:
+    if math.isnan(missing):
+        return np.array(values, dtype=np.float64)  # numpy reads None as NaN
+    return np.array([missing if v is None else v for v in values], dtype=np.float64)
+
+
+def _given(values: list[Any]) -> np.ndarray:
+    return np.array([v is not None for v in values], dtype=bool)
+
+
+def _run(detector: Detector, columns: SignalColumns,
+         fill: Callable[[int], tuple[int, StepSignals]], *,
+         fast: bool) -> list[tuple[int, Event]]:
+    """One detector over its rows (`fill(position)`: the row of a position of `columns`, and
+    its signals): (row, event) in the order it raised them."""
+    found: list[tuple[int, Event]] = []
+    position, count = 0, len(columns)
+    ahead, retry, failed = FAST_FIRST, 0, 0
+    while position < count:
+        if fast and position >= retry:
+            end = min(count, position + ahead)
+            skipped_to = detector.skip_calm(columns, position, end)
+            ahead = ahead * 2 if skipped_to == end else FAST_FIRST
+            failed = 0 if skipped_to - position >= FAST_GAIN else min(failed + 1, FAST_WAIT)
+            retry = skipped_to + failed
+            position = skipped_to
+            if position >= count or position == end:
+                continue
+        row, signals = fill(position)
+        found.extend((row, event) for event in detector.check(signals))
+        position += 1
+    return found
+
+
+def _evaluations(log: Log, config: DetectorConfig, rows: list[int],
+                 num_classes: int | None) -> list[tuple[tuple[int, ...], int, Event]]:
+    """The evaluations through `MetricCollapse`, each handed over before the first row past
+    its step (after the rows replayed before it), with the last finite training loss then."""
+    queue = list(log.evals)
+    if not queue:
+        return []
+    evals = MetricCollapse(config)
+    losses = log.values(LOSS)
+    replayed = set(rows)
+    keyed: list[tuple[tuple[int, ...], int, Event]] = []
+    done = 0  # rows replayed so far
+    train_loss: float | None = None
+    for row, step in enumerate(log.steps):
+        if not queue:
+            break
+        if done and queue[0][0] < step:
+            while queue and queue[0][0] < step:
+                _, metrics = queue.pop(0)
+                for event in evals.observe(metrics, done - 1, classes=num_classes,
+                                           train_loss=train_loss):
+                    keyed.append(((row, _EVALS, len(keyed)), rows[done - 1], event))
+        if row in replayed:
+            done += 1
+            loss = losses[row]
+            if loss is not None and math.isfinite(loss):
+                train_loss = loss
+    for _, metrics in queue:  # evaluations after the last row
         if rows:
             for event in evals.observe(metrics, len(rows) - 1, classes=num_classes,
                                        train_loss=train_loss):
-                raw.append((rows[-1], event))
-    events = [_in_log_units(event, log, rows, row) for row, event in _at_full_size(raw, config)]
-    return Replay(events=events, rows=rows)
+                keyed.append(((len(log.steps), _EVALS, len(keyed)), rows[-1], event))
+    return keyed
 
 
 def _at_full_size(raw: list[tuple[int, Event]],
@@ -176,30 +324,33 @@ def _size(event: Event, config: DetectorConfig) -> Severity:
     return "error" if isinstance(ratio, (int, float)) and ratio >= limit else "warning"
 
 
-def _aux_losses(log: Log) -> dict[int, list[tuple[str, float]]]:
-    """The other training losses, by row: read from their points, as a log may hold
-    thousands."""
-    aux: dict[int, list[tuple[str, float]]] = {}
-    for name in log.series:
-        if is_train_loss(name):
-            for at, value in zip(*log.series.points(name), strict=True):
-                aux.setdefault(at, []).append((name, value))
-    return aux
+def _aux_losses(log: Log) -> dict[str, tuple[list[int], list[float]]]:
+    """The other training losses: the rows holding each and its values there, read from
+    their points, as a log may hold thousands."""
+    return {name: log.series.points(name) for name in log.series if is_train_loss(name)}
 
 
-def _check_aux(values: list[tuple[str, float]], index: int, watches: dict[str, NonFiniteLoss],
-               signals: StepSignals, config: DetectorConfig) -> list[Event]:
-    """A row's other training losses, each watched for non-finite values by its own
-    detector (made at its first value), the event naming the loss."""
-    found: list[Event] = []
-    for name, value in values:
-        watch = watches.get(name)
-        if watch is None:
-            watch = watches[name] = NonFiniteLoss(config)
-        signals.step, signals.loss = index, value
-        for event in watch.check(signals):
-            event.param, event.message = name, f"{name} is {value}"
-            found.append(event)
+def _watch_aux(name: str, at: list[int], values: list[float], index_of: dict[int, int],
+               config: DetectorConfig, *, fast: bool) -> list[tuple[int, Event]]:
+    """Another training loss, watched for non-finite values by a detector of its own, the
+    events naming the loss."""
+    steps = [index_of[row] for row in at]
+    loss = np.asarray(values, dtype=np.float64)
+    none = np.zeros(len(at), dtype=bool)
+    columns = SignalColumns(step=np.asarray(steps, dtype=np.int64), loss=loss,
+                            has_loss=~none, grad_norm=np.zeros(len(at)), amp_overflow=none,
+                            group_lrs=np.zeros((len(at), 0)), has_lr=none,
+                            loss_curvature=np.full(len(at), math.nan), has_curvature=none)
+    signals = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=_EMPTY,
+                          param_names=[])
+
+    def fill(position: int) -> tuple[int, StepSignals]:
+        signals.step, signals.loss = steps[position], values[position]
+        return at[position], signals
+
+    found = _run(NonFiniteLoss(config), columns, fill, fast=fast)
+    for _, event in found:
+        event.param, event.message = name, f"{name} is {event.value}"
     return found
 
 
@@ -212,7 +363,8 @@ def _silent(kind: type[Detector], log: Log, config: DetectorConfig) -> bool:
         return True
     if kind.judges_start and not log.starts_at_start():
         return True
-    return not any(LOG_HOLDS.get(name, _never)(log) for name in kind.reads)
+    needs = kind.reads if kind.raises_from is None else kind.raises_from
+    return not any(LOG_HOLDS.get(name, _never)(log) for name in needs)
 
 
 def _never(log: Log) -> bool:

@@ -21,6 +21,7 @@ import statistics
 from typing import Any
 
 from trainguard.detect.base import Detector
+from trainguard.detect.calm import SignalColumns
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
@@ -75,6 +76,10 @@ class BadStart(Detector):
                                cause="lr_too_high", signal="loss",
                                bound=cfg.bad_start.blowup_ratio * self.first)]
         return []
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Once judged, with no blow-up to follow, every row is calm."""
+        return end if self.done and not self.blown_up else start
 
     def _check_persistence(self, signals: StepSignals) -> list[Event]:
         cfg = self.config

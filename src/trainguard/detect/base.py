@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.detect.calm import SignalColumns
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event, Severity
 from trainguard.signals import StepSignals
@@ -118,12 +119,23 @@ class Detector:
     judges_start: bool = False
     """True for a detector that judges the first steps of training: left out of a log that does
     not begin at the run's start."""
+    raises_from: frozenset[str] | None = None
+    """The `StepSignals` fields without which `check` raises nothing, whatever else it reads
+    (None: any of `reads`). A log that holds none of them leaves the detector out."""
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
 
     def check(self, signals: StepSignals) -> list[Event]:
         raise NotImplementedError
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Offline, over a log's rows (`detect/calm.py`): the first position in [start, end]
+        whose row `check` must see, the rows before it being calm ones (rows on which `check`
+        raises nothing), with this detector's state brought past them exactly as `check` would
+        have left it. The default skips nothing."""
+        del columns, end
+        return start
 
     def event(self, step: int, severity: Severity, message: str, *, param: str | None = None,
               value: float | None = None, **details: Any) -> Event:

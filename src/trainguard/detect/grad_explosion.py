@@ -23,7 +23,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
+from trainguard.detect.calm import SignalColumns, first_true, window_medians
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event, Severity
 from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
@@ -95,6 +98,33 @@ class GradExplosion(OutlierDetector):
         return [*events, self.event(signals.step, severity, message, param=param, value=norm,
                                     baseline=typical if warm else None,
                                     ratio=ratio if warm else None, **details)]
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Calm rows: a skipped step (`amp_overflow`), a norm that is 0 or not finite (nothing to
+        judge while no outlier waits), or one within the absolute limit and under the jump ratio
+        over the median of the last `baseline_window` norms (which the baseline admits as they
+        are). Taken once the baseline is full and warm and no outlier, episode or open jump is
+        pending."""
+        cfg = self.config
+        baseline = self.baseline
+        if (self.outlier is not None or self.episode.active or self.transients.open_jump
+                or len(baseline) < max(baseline.window, cfg.common.warmup_steps, 1)):
+            return start
+        end = columns.chunk(start, end, baseline.window)
+        logs = columns.log_grad_norm()[start:end]
+        judged = np.isfinite(logs) & ~columns.amp_overflow[start:end]
+        values = logs[judged]
+        history = np.fromiter(baseline.values, dtype=np.float64, count=len(baseline))
+        median = window_medians(history, values, baseline.window, including=False)
+        stop = first_true((values - median >= math.log(cfg.grad_explosion.ratio))
+                          | (columns.grad_norm[start:end][judged]
+                             > cfg.grad_explosion.abs_threshold))
+        if stop < len(values):
+            end = start + int(np.flatnonzero(judged)[stop])
+        if stop:
+            baseline.admit_all(values[:stop], stats_first=True)
+            self.transients.back_to_normal()
+        return end
 
     def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
         now = signals.grad_norm

@@ -89,6 +89,7 @@ class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
     reads = frozenset({"param_names", "precursors", "attention_logits", "lr", "loss",
                        "batch_elements", "grad_norm", "clip_limit"})
+    raises_from = frozenset({"precursors", "attention_logits"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)

@@ -22,10 +22,13 @@ import statistics
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from trainguard.detect.base import Detector, Episode
+from trainguard.detect.calm import SignalColumns, window_medians
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
-from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log
+from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log, settled_at
 
 
 class LossDivergence(Detector):
@@ -100,6 +103,56 @@ class LossDivergence(Detector):
                            value=math.exp(level), ratio=math.exp(rise),
                            best=math.exp(self.best), crossed=max(crossed, 0),
                            accelerating=accelerating)]
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Calm rows: no loss, or one that is not finite or not positive, or one whose median
+        of the last `window` losses stays under `ratio` times the best level. Taken once the
+        warm-up is over, the window full and no rise or episode is under way. The moving
+        average is a recursion, carried row by row as `check` carries it; the medians are taken
+        at once."""
+        cfg = self.config
+        window = cfg.loss_divergence.window
+        if (self.above or self.episode.active or len(self.start) <= cfg.common.warmup_steps
+                or len(self.recent) < window or not self.origin.full):
+            return start
+        end = columns.chunk(start, end, window)
+        logs = columns.log_loss()[start:end]
+        judged = np.isfinite(logs)
+        values = logs[judged]
+        history = np.fromiter(self.recent, dtype=np.float64, count=len(self.recent))
+        levels = window_medians(history, values, window, including=True).tolist()
+        margin = math.log(cfg.loss_divergence.ratio)
+        decay = 1.0 - 2.0 / (cfg.loss_divergence.span + 1)
+        raw, seen, best = self.raw, self.seen, self.best
+        gain, cap = 1 - decay, 2 * margin
+        exact = settled_at(decay)  # from there on the moving average needs no correction
+        stop = 0
+        for log_loss, level in zip(values.tolist(), levels, strict=True):
+            if seen < exact:
+                smoothed = raw / (1.0 - decay ** seen)
+                next_raw = decay * raw + gain * min(log_loss, smoothed + cap)
+                next_best = min(best, next_raw / (1.0 - decay ** (seen + 1)))
+            else:  # smoothed() is raw itself (the same min() as check's, spelt out: faster)
+                next_raw = decay * raw + gain * (raw + cap if raw + cap < log_loss else log_loss)
+                next_best = next_raw if next_raw < best else best
+            if level - next_best >= margin:
+                break
+            raw, best = next_raw, next_best
+            stop += 1
+            seen += 1
+        self.raw, self.seen, self.best = raw, seen, best
+        if stop < len(values):
+            end = start + int(np.flatnonzero(judged)[stop])
+        if not stop:
+            return end
+        taken = values[:stop]
+        self.noise.admit_all(np.diff(np.concatenate([history[-1:], taken])), stats_first=False)
+        self.recent.extend(taken.tolist())
+        rows = np.flatnonzero(judged)[:stop] + start
+        bends = columns.loss_curvature[rows][columns.has_curvature[rows]].tolist()
+        keep = cfg.loss_divergence.patience
+        self.bends = [*self.bends, *bends][-keep:] if keep > 1 else [*self.bends, *bends]
+        return end
 
     def state_dict(self) -> dict[str, Any]:
         return {"raw": self.raw, "seen": self.seen, "best": self.best, "above": self.above,

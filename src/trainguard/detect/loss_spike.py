@@ -31,7 +31,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
+from trainguard.detect.calm import SignalColumns, first_true, window_medians
 from trainguard.detect.settings import DetectorConfig
 from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, ceiling_of, describe
 from trainguard.events import Event, Severity
@@ -95,6 +98,32 @@ class LossSpike(OutlierDetector):
             value=signals.loss, baseline=outlier.typical, ratio=outlier.ratio, outlier=True)
         event.details.update(outlier.details)
         return [*events, event]
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Calm rows: no loss, or one that is not finite or not positive (nothing to judge while
+        no outlier waits), or a loss under the spike threshold over the median of the last
+        `level_window` losses (which the baseline admits as they are). Taken once the baseline is
+        full and warm and no outlier, episode or open jump is pending."""
+        cfg = self.config
+        baseline = self.baseline
+        if (self.outlier is not None or self.episode.active or self.transients.open_jump
+                or len(baseline) < max(baseline.window, cfg.common.warmup_steps, 1)
+                or not self.origin.full):
+            return start
+        end = columns.chunk(start, end, baseline.window)
+        logs = columns.log_loss()[start:end]
+        judged = np.isfinite(logs)  # finite positive losses; every other row is calm here
+        values = logs[judged]
+        count = min(cfg.loss_spike.level_window, baseline.window)
+        history = np.fromiter(baseline.values, dtype=np.float64, count=len(baseline))
+        level = window_medians(history, values, count, including=False)
+        stop = first_true(values - level >= math.log(cfg.loss_spike.ratio))
+        if stop < len(values):
+            end = start + int(np.flatnonzero(judged)[stop])
+        if stop:
+            baseline.admit_all(values[:stop], stats_first=True)
+            self.transients.back_to_normal()
+        return end
 
     def _beyond_scores(self, signals: StepSignals, level: float, excess: float,
                        ceiling: float) -> Event:

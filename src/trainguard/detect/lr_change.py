@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from trainguard.detect.base import Detector
+from trainguard.detect.calm import SignalColumns, finite_positive, first_true
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
@@ -84,6 +87,36 @@ class LRChange(Detector):
             f"LR x{_times(ratio)} at step {signals.step}{where}: {before:.3g} -> {lr:.3g}, "
             f"{_times(lr / top)}x the highest it had been",
             value=lr, ratio=ratio, previous=before, highest=top, groups=groups)]
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Calm rows: no LR, or every group's LR under `ratio` times the highest it had (or
+        within its first `warmup_steps` LRs). The state follows from the LRs alone: the highest
+        and the last positive LR of each group, and how many it had."""
+        lrs = columns.group_lrs
+        if not len(self.highest) or lrs.shape[1] != len(self.highest):
+            return start  # the groups are not all known yet: `check` adds them
+        end = columns.chunk(start, end, lrs.shape[1])
+        given = columns.has_lr[start:end]
+        rows = lrs[start:end][given]
+        used = finite_positive(rows)
+        highest = np.maximum.accumulate(np.vstack([self.highest, np.where(used, rows, 0.0)]))
+        seen = np.vstack([self.seen, np.cumsum(used, axis=0) + self.seen])
+        settled = seen[:-1] >= self.config.common.warmup_steps
+        top = highest[:-1]
+        with np.errstate(invalid="ignore"):
+            rise = used & settled & (top > 0) & (rows >= self.config.lr_change.ratio * top)
+        stop = first_true(rise.any(axis=1))
+        if stop < len(rows):
+            end = start + int(np.flatnonzero(given)[stop])
+        if stop:
+            taken = used[:stop]
+            last = np.where(taken.any(axis=0),
+                            rows[:stop][np.maximum(stop - 1 - np.argmax(taken[::-1], axis=0), 0),
+                                        np.arange(rows.shape[1])], self.previous)
+            self.highest = highest[stop].tolist()
+            self.previous = last.tolist()
+            self.seen = seen[stop].astype(int).tolist()
+        return end
 
     def state_dict(self) -> dict[str, Any]:
         return {"highest": list(self.highest), "previous": list(self.previous),

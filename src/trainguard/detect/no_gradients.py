@@ -14,7 +14,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from trainguard.detect.base import Detector, Episode
+from trainguard.detect.calm import SignalColumns
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import StepSignals
@@ -51,6 +54,16 @@ class NoGradients(Detector):
                            f"is training; {why}",
                            value=float(self.streak), since=first,
                            loss_requires_grad=signals.loss_requires_grad)]
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Calm rows, while no streak or episode is under way: any row but one with a finite,
+        non-zero loss, no skipped step and a gradient norm of exactly 0."""
+        if self.streak or self.episode.active:
+            return start
+        with np.errstate(invalid="ignore"):
+            empty = (np.isfinite(columns.loss) & (columns.loss != 0.0) & ~columns.amp_overflow
+                     & (columns.grad_norm == 0.0))
+        return columns.next_of("no_gradients", empty, start, end)
 
     def state_dict(self) -> dict[str, Any]:
         return {"streak": self.streak, "episode": self.episode.state_dict()}

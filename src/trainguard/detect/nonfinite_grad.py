@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from trainguard.detect.base import Detector
+from trainguard.detect.calm import SignalColumns
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -19,6 +20,11 @@ from trainguard.signals import StepSignals
 class NonFiniteGrad(Detector):
     kind = "nonfinite_grad"
     reads = frozenset({"amp_overflow", "grad_norm", "param_grad_norm", "param_names"})
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Calm rows: a finite gradient norm, or a skipped step."""
+        return columns.next_of("nonfinite_grad",
+                               ~np.isfinite(columns.grad_norm) & ~columns.amp_overflow, start, end)
 
     def check(self, signals: StepSignals) -> list[Event]:
         if signals.grads_finite or signals.amp_overflow:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from trainguard.detect.base import Detector
+from trainguard.detect.calm import SignalColumns
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -15,3 +18,8 @@ class NonFiniteLoss(Detector):
         if signals.loss_finite:
             return []
         return [self.event(signals.step, "error", f"loss is {signals.loss}", value=signals.loss)]
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
+        """Calm rows: no loss, or a finite one."""
+        return columns.next_of("nonfinite_loss", columns.has_loss & ~np.isfinite(columns.loss),
+                               start, end)
