@@ -371,6 +371,36 @@ def test_one_module_computes_the_clip_limit() -> None:
     assert reads_configured - set(CONFIGURED_LIMIT_READ_IN) == set()
 
 
+USER_OBJECTS = {"model", "optimizer", "scheduler", "scaler", "replay_fn"}
+"""The `Services` fields that hold the user's own objects (a model has a `state_dict` of its own,
+which is the user's to checkpoint)."""
+
+
+def test_the_services_hold_no_run_state() -> None:
+    """Everything with state across steps is a `Stateful` in `RunState`, where checkpoints and
+    rollbacks find it: none hides among the services."""
+    import torch
+
+    from trainguard import GuardConfig
+    from trainguard.pipeline.run import Run
+    from trainguard.stateful import Stateful
+
+    model = torch.nn.Linear(3, 2)
+    run = Run(model, torch.optim.SGD(model.parameters(), lr=0.1),
+              config=GuardConfig(policy="recover", sinks={"console": False},
+                                 clip={"agc": {"clipping": 0.1}}))
+    try:
+        held = {f.name: getattr(run.services, f.name)
+                for f in dataclasses.fields(run.services) if f.name not in USER_OBJECTS}
+        stateful = sorted(name for name, value in held.items() if isinstance(value, Stateful))
+        assert stateful == []
+        components = [c for c in run.state.components().values() if c is not None]
+        assert not [name for name, value in held.items()
+                    if any(value is c for c in components)]
+    finally:
+        run.close()
+
+
 def test_no_stage_reads_the_sync_mode() -> None:
     """A stage is handed what the mode changes (the limit the device clipped at, whether the
     step's update was taken before it is judged): the mode's branches stay in the run."""

@@ -7,7 +7,7 @@
     halted             write a crash snapshot of the state from before this step (the pipeline
                        then records the step, closes the run and raises TrainingDiverged)
 
-Before a halt or the first rollback, the run's `IncidentProver` (among the services) replays the
+Before a halt or the first rollback, the run's `IncidentProver` (in its state) replays the
 step under candidate fixes (`diagnose/incidents.py`), while the model still holds the state from
 before its update.
 
@@ -46,7 +46,7 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
 
 
 def act(ctx: StepContext, state: RunState, services: Services) -> None:
-    decision, prover = ctx.decision, services.prover
+    decision, prover = ctx.decision, state.prover
     assert decision is not None
     if state.anchor is not None:  # a state kept before an LR jump, checked by this transfer
         state.anchor.read(ctx.extra, ctx.step)
@@ -71,7 +71,7 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     else:
         if services.config.policy != "observe":  # observe leaves grads and schedule as they are
             drop_grads(services.watched.params)
-            services.rewind.remember()
+            ctx.schedule_mark = services.rewind.remember()
         if ctx.outcome == "skipped":
             ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
                     reason=decision.reason)
@@ -152,7 +152,7 @@ def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
     try:
         event = apply_rollback(state, recovery.rollback(
             ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step and ctx.mid_step,
-            keep_lr=services.prover.data_fault(ctx.step)))
+            keep_lr=state.prover.data_fault(ctx.step)))
     except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
         ctx.raise_event(Event(
             kind="rollback_failed", step=ctx.step, severity="critical",
@@ -179,12 +179,12 @@ def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
             snapshot = build_snapshot(
                 step=ctx.step, model=services.model, optimizers=[services.optimizer],
                 scheduler=services.scheduler, scaler=services.scaler, batch=ctx.batch,
-                events=[e.to_dict() for e in services.journal.events + ctx.events],
+                events=[e.to_dict() for e in state.journal.events + ctx.events],
                 config=services.config.to_dict(),
                 extra={"guard": portable(state.state_dict()),
-                       "baseline": services.prover.baseline_dict(),
+                       "baseline": state.prover.baseline_dict(),
                        # the last good batch, for `trainguard prove`'s "the previous batch" fix
-                       "previous_batch": services.prover.previous_batch,
+                       "previous_batch": state.prover.previous_batch,
                        # the loss the step had, which a faithful replay gives again
                        "step_loss": (None if ctx.signals is None or ctx.signals.loss is None
                                      else float(ctx.signals.loss))},

@@ -18,6 +18,7 @@ import torch
 from trainguard.diagnose import Finding
 from trainguard.events import Action, ActionRecord, Event, StepReport
 from trainguard.pipeline.policy import Decision, applies
+from trainguard.pipeline.rewind import ScheduleMark
 from trainguard.probes.packing import DevicePack, PendingPack
 from trainguard.signals import StepSignals
 
@@ -131,6 +132,9 @@ class StepContext:
     """What `act` carried out: the decision's action, or `halted` when a rollback failed."""
     actions: list[ActionRecord] = field(default_factory=list)
     snapshot_path: str | None = None
+    schedule_mark: ScheduleMark | None = None
+    """Where a trainer's schedulers were before it stepped them past this skipped update
+    (`pipeline/rewind.py`); `settle` puts them back."""
 
     # settle, record
     queued: list[PendingStats] = field(default_factory=list)

@@ -169,7 +169,7 @@ def decide(ctx: StepContext, state: RunState, services: Services) -> None:
     policy = PolicyState(
         config=config, consecutive_skips=state.consecutive_skips,
         recovery=None if state.recovery is None else _StepJudgement(ctx, state),
-        on_device=ctx.taken_on_device, unhealable=services.prover.precision_fault(ctx.step))
+        on_device=ctx.taken_on_device, unhealable=state.prover.precision_fault(ctx.step))
     decision = judge(signals, ctx.events, limits, policy)
     if auto is not None and decision.clip_alarm is not None:
         auto.alarm(ctx.step, trouble=decision.clip_alarm == "trouble")

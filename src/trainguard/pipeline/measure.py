@@ -71,8 +71,8 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     # a batch finding that may last is followed batch by batch (rank-local, off the
     # all-reduce: it rides the transfer as a plain segment)
     if ctx.batch is not None and config.probes.inspect_batches and (
-            ctx.sampled or services.batches.following):
-        ctx.batch_stats = services.batches.stats_on_device(ctx.batch)
+            ctx.sampled or state.batches.following):
+        ctx.batch_stats = state.batches.stats_on_device(ctx.batch)
         if ctx.batch_stats is not None:
             extra[BATCH_KEY] = ctx.batch_stats.tensor
     if state.brake is not None:

@@ -31,6 +31,7 @@ from trainguard.detect.no_progress import NoProgress
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.anchor import ProofAnchor
 from trainguard.diagnose.batch_watch import BatchWatch
+from trainguard.diagnose.incidents import IncidentProver
 from trainguard.diagnose.preflight import RunSetup
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.diagnose.replay import LossFn
@@ -55,6 +56,7 @@ from trainguard.pipeline.act import apply_rollback
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.decide import undone_update
 from trainguard.pipeline.detect import run_detectors
+from trainguard.pipeline.journal import Journal
 from trainguard.pipeline.measure import flush_pending
 from trainguard.pipeline.services import Services, build_services
 from trainguard.pipeline.settle import schedule_sampling
@@ -116,13 +118,14 @@ class Run:
         """The last monitoring failure reported: its text, its first step, how often it recurred
         since and the last step it did."""
         self.store: RunStore | None = None
+        journal = Journal(self._open_sinks(sinks, resume))
         self.services = build_services(
             config=config, model=model, optimizer=optimizer, watched=watched, dist=dist,
             scheduler=scheduler, owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
             scaler=scaler if scaler is not None and _scaler_enabled(scaler) else None,
-            run_dir=self.run_dir, rewind_schedulers=rewind_schedulers,
-            sinks=self._open_sinks(sinks, resume))
-        self.state = _initial_state(config, self.services.batches)
+            run_dir=self.run_dir, rewind_schedulers=rewind_schedulers)
+        self.state = _initial_state(config, BatchWatch(model, config.probes.batch_size),
+                                    journal)
         self.closed = False
         self.verdict: RunVerdict | None = None
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
@@ -162,11 +165,11 @@ class Run:
     ranks = property(lambda self: self.services.ranks)
     grad_probe = property(lambda self: self.services.watch.grad_probe)
     weight_probe = property(lambda self: self.services.watch.weight_probe)
-    batches = property(lambda self: self.services.batches)
-    sinks = property(lambda self: self.services.journal.sinks)
-    events = property(lambda self: self.services.journal.events)
-    findings = property(lambda self: self.services.journal.findings)
-    prover = property(lambda self: self.services.prover)
+    batches = property(lambda self: self.state.batches)
+    sinks = property(lambda self: self.state.journal.sinks)
+    events = property(lambda self: self.state.journal.events)
+    findings = property(lambda self: self.state.journal.findings)
+    prover = property(lambda self: self.state.prover)
 
     @property
     def metric_watch(self) -> MetricCollapse:
@@ -209,7 +212,7 @@ class Run:
         self._pending = None
         failure = self.steps.start(ctx) if self.deferred else self.steps.check(ctx)
         if failure is not None:
-            journal = self.services.journal
+            journal = self.state.journal
             if ctx.new_params is not None:  # said outside a step: record will not run
                 journal.emit_action(ctx.new_params)
             journal.add_findings(ctx.findings)
@@ -240,7 +243,7 @@ class Run:
         ctx.mid_step = mid_step
         failure = self.steps.conclude(ctx)
         if failure is not None:  # the step went as the device decided; it goes unjudged
-            self.services.journal.add_findings(ctx.findings)
+            self.state.journal.add_findings(ctx.findings)
             self.unguarded(failure, late=True)
             return None
         if ctx.outcome == "halted":
@@ -315,13 +318,13 @@ class Run:
     def emit_event(self, event: Event) -> None:
         """An event outside a step's report (a batch refused before its forward pass, a rollback
         between steps, a monitoring failure)."""
-        self.services.journal.emit_event(event)
+        self.state.journal.emit_event(event)
 
     def emit_action(self, action: ActionRecord) -> None:
-        self.services.journal.emit_action(action)
+        self.state.journal.emit_action(action)
 
     def add_findings(self, findings: list[Finding]) -> None:
-        self.services.journal.add_findings(findings)
+        self.state.journal.add_findings(findings)
 
     def observe_eval(self, metrics: Mapping[str, Any], step: int | None = None) -> list[Event]:
         """Evaluation metrics of the model at `step` (default: the last step taken): stored,
@@ -440,8 +443,8 @@ class Run:
 
     # -- diagnosis, state, shutdown --------------------------------------------------------------
     def evidence_findings(self, step_findings: Iterable[Finding] = ()) -> list[Finding]:
-        """The findings a diagnosis weighs (see `Services.evidence_findings`)."""
-        return self.services.evidence_findings(step_findings, closed=self.closed)
+        """The findings a diagnosis weighs (see `RunState.evidence_findings`)."""
+        return self.state.evidence_findings(step_findings, closed=self.closed)
 
     def diagnose(self) -> list[RankedCause]:
         try:
@@ -514,7 +517,7 @@ class Run:
             log.error("trainguard: could not flush the last measurements (%s: %s)",
                       type(exc).__name__, exc)
         self.add_findings(self.batches.run_findings())
-        self.services.journal.settle_warmup()
+        self.state.journal.settle_warmup()
         diagnosis = self.diagnose()
         if diagnosis:
             self.sinks.on_diagnosis(diagnosis)
@@ -599,10 +602,10 @@ class Run:
             return
         # the loop may warm the LR up itself: "no warmup" waits for the LRs the steps use
         if any(f.check == "warmup" for f in findings):
-            self.services.journal.warmup_watch = WarmupWatch(RunSetup(
+            self.state.journal.warmup_watch = WarmupWatch(RunSetup(
                 model=self.model, optimizers=[self.optimizer], scheduler=self.scheduler))
             findings = [f for f in findings if f.check != "warmup"]
-        self.services.journal.findings.extend(findings)
+        self.state.journal.findings.extend(findings)
         self.sinks.on_findings(list(self.findings))
 
     def _flush_pending(self) -> None:
@@ -692,14 +695,15 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
             "parameter names": hashlib.sha1(names.encode()).hexdigest()[:16]}
 
 
-def _initial_state(config: GuardConfig, batches: BatchWatch) -> RunState:
+def _initial_state(config: GuardConfig, batches: BatchWatch, journal: Journal) -> RunState:
     return RunState(
-        max_grad_norm=config.clip.fixed, auto_clip=_auto_clip(config),
+        max_grad_norm=config.clip.fixed, batches=batches, journal=journal,
+        prover=IncidentProver(), auto_clip=_auto_clip(config),
         configured_max_grad_norm=config.clip.fixed,
         detectors=default_detectors(config.detectors),
         clip_rule=build_rule(config.clip.rule) if config.clip.rule is not None else None,
         losses=LossTrack(stall_steps=config.detectors.no_progress.steps),
-        metric_watch=MetricCollapse(config.detectors), batches=batches)
+        metric_watch=MetricCollapse(config.detectors))
 
 
 def _scaler_enabled(scaler: Any) -> bool:

@@ -90,7 +90,8 @@ def _schedule_and_probes(ctx: StepContext, state: RunState, services: Services) 
             state.recovery.after_schedule()
     else:
         try:
-            services.rewind.restore()
+            if ctx.schedule_mark is not None:
+                ctx.schedule_mark.restore()
         except Exception as exc:  # the schedule drifts by a step; training goes on
             log.error("trainguard: could not rewind the LR scheduler after a skipped step "
                       "(%s: %s)", type(exc).__name__, exc)

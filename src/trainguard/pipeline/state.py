@@ -1,15 +1,16 @@
 """`RunState`: the one home of a guarded run's runtime state, with one `state_dict`.
 
 Counters, the clipping limit in force, the detectors' baselines, the clip rule's statistics,
-metric collapse's best values, the batch watch's memory, the sampling schedule and the recover
-policy's judgement live here (or are reached from here), each a `Stateful` under a stable key
-(`components`), so that a checkpoint, a resumed job and a rollback all see the same thing. The
-configuration is plain data and holds no state; the objects built from it (detectors, rules) are
-held here.
+metric collapse's best values, the batch watch's memory, the sampling schedule, the recover
+policy's judgement, the journal of findings and the prover's record live here (or are reached
+from here), each a `Stateful` under a stable key (`components`), so that a checkpoint, a resumed
+job and a rollback all see the same thing. The configuration is plain data and holds no state;
+the objects built from it (detectors, rules) are held here, and `Services` holds none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
     from trainguard.detect.metric_collapse import MetricCollapse
     from trainguard.diagnose.anchor import ProofAnchor
     from trainguard.diagnose.batch_watch import BatchWatch
+    from trainguard.diagnose.incidents import IncidentProver
+    from trainguard.finding import Finding
+    from trainguard.pipeline.journal import Journal
     from trainguard.recovery import Recovery
     from trainguard.recovery.brake import PrecursorBrake
     from trainguard.recovery.ring import GoodStateRing
@@ -36,8 +40,9 @@ AUTO_CLIP = "auto_clip"
 REWOUND = ("detectors",)
 """The components a rollback puts back with the weights: the baselines the bad steps fed (the
 detectors' and the adaptive clip's). The others describe the data and the evaluations seen, which
-a rollback does not undo (a bad batch stays bad, a collapsed metric was seen), or, as recovery's
-judgement, are what decided the rollback."""
+a rollback does not undo (a bad batch stays bad, a collapsed metric was seen), what was said and
+proved (the journal's findings, the prover's record, whose baseline holds healthy steps only), or,
+as recovery's judgement, are what decided the rollback."""
 
 
 @dataclass(slots=True)
@@ -45,6 +50,12 @@ class RunState:
     max_grad_norm: float | None
     """The fixed global clipping limit (the user's, or the one the recover policy tightened to
     after a rollback); None when there is none."""
+    batches: BatchWatch
+    """The batch inspector's memory: reference size, typical magnitudes, runs of bad batches."""
+    journal: Journal
+    """The run's events and findings, and the sinks that hear them (`pipeline/journal.py`)."""
+    prover: IncidentProver
+    """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
     auto_clip: RobustClipLimit | None = None
     """The adaptive default clip (`clip.max_grad_norm="auto"`): the run's own norm baseline."""
     detectors: list[Detector] = field(default_factory=list)
@@ -71,8 +82,6 @@ class RunState:
     """The loss levels the run's verdict compares (start, before the first trouble, final)."""
     metric_watch: MetricCollapse | None = None
     """`metric_collapse` on the evaluation metrics handed over: their best values, episodes."""
-    batches: BatchWatch | None = None
-    """The batch inspector's memory: reference size, typical magnitudes, runs of bad batches."""
     configured_max_grad_norm: float | None = None
     """The configured fixed limit, in force when the run holds no other (`remedies/limit.py`)."""
     output_classes: int | None = None
@@ -93,7 +102,17 @@ class RunState:
                 "curvature": self.curvature, "clip_rule": self.clip_rule,
                 "recovery": self.recovery, "metric_collapse": self.metric_watch,
                 "batch_watch": self.batches, "sampling": _Sampling(self),
-                "brake": self.brake}
+                "brake": self.brake, "journal": self.journal, "prover": self.prover}
+
+    def evidence_findings(self, step_findings: Iterable[Finding] = (),
+                          closed: bool = False) -> list[Finding]:
+        """The findings a diagnosis weighs: the run's, those of the step under way (not yet
+        recorded), and the runs of consecutive bad batches seen so far (added to the run's
+        findings when it closes)."""
+        findings = self.journal.findings
+        if closed:
+            return list(findings)
+        return findings + list(step_findings) + self.batches.run_findings()
 
     # -- detectors -------------------------------------------------------------------------------
     def detector_state(self) -> dict[str, Any]:
