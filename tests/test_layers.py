@@ -357,7 +357,7 @@ LIMIT_COMPUTED_IN = {"trainguard.remedies.limit": "the one computation of the li
 the one `remedies/limit.py` computes (`RunState.clip_limits`, `RunState.clip_limit`)."""
 
 CONFIGURED_LIMIT_READ_IN = {"trainguard.config": "where it is defined",
-                            "trainguard.pipeline.run": "the run state is built from it once"}
+                            "trainguard.remedies.clip_chain": "the chain is built from it once"}
 """The modules that may read the configured fixed limit: everywhere else a fallback to it would
 be a second computation of the limit in force."""
 

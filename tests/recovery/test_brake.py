@@ -232,17 +232,17 @@ def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
     from trainguard.pipeline.context import StepContext
     from trainguard.pipeline.journal import Journal
     from trainguard.pipeline.state import RunState
-    from trainguard.remedies.robust import RobustClipLimit
+    from trainguard.remedies.clip_chain import ClipChain
     from trainguard.sinks import SinkSet
 
     def warned_at(step: int, alarms: list[tuple[int, bool]]) -> list[str]:
         model = nn.Linear(2, 1)
         optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-        state = RunState(max_grad_norm=None, batches=BatchWatch(model, None),
+        state = RunState(clip=ClipChain.init(GuardConfig()), batches=BatchWatch(model, None),
                          journal=Journal(SinkSet([])), prover=IncidentProver(),
-                         auto_clip=RobustClipLimit(), brake=PrecursorBrake(optimizer, None))
+                         brake=PrecursorBrake(optimizer, None))
         for at, trouble in alarms:
-            state.auto_clip.alarm(at, trouble=trouble)
+            state.clip.alarm(at, trouble=trouble)
         ctx = StepContext(step=step, loss=None)
         ctx.events = [Event(kind="instability_precursor", step=step, severity="warning",
                             message="rising", param="w", details={"signal": "logz_max"})]

@@ -1,7 +1,8 @@
 """Stage 5, `act`: carry the decision out on the gradients and the training state.
 
-    applied / clipped  scale the gradients by the global clip factor, then the clip rule and AGC
-                       (on the norms already measured; no second pass over the gradients)
+    applied / clipped  the clip chain (`RunState.clip`) scales the gradients by the global clip
+                       factor, then applies the clip rule and AGC (on the norms already
+                       measured; no second pass over the gradients)
     skipped            drop the gradients, so the optimizer step that follows changes nothing
     rolled_back        restore the newest good state, back the LR off, tighten clipping
     halted             write a crash snapshot of the state from before this step (the pipeline
@@ -17,7 +18,6 @@ standing; a rollback that fails halts the run cleanly.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,14 +26,11 @@ from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import Kind
-from trainguard.remedies import apply_coefficients, drop_grads, scale_grads
+from trainguard.remedies import drop_grads
 from trainguard.snapshot import build_snapshot, portable, write_snapshot
 
 if TYPE_CHECKING:
     from trainguard.recovery.manager import Rollback
-
-log = logging.getLogger("trainguard")
-
 
 def apply_rollback(state: RunState, plan: Rollback) -> Event:
     """Apply what a rollback changes in the run's state (the baselines its good state kept, the
@@ -41,8 +38,8 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
     rollbacks and `Guard.rollback` both come through here."""
     state.rewind(plan.guard_state)
     if plan.max_grad_norm is not None:
-        state.tighten_clipping(plan.max_grad_norm)
-    return plan.event(state.clip_limit(), adaptive=state.max_grad_norm is None)
+        state.clip.tighten(plan.max_grad_norm)
+    return plan.event(state.clip_limit(), adaptive=state.clip.fixed_limit is None)
 
 
 def act(ctx: StepContext, state: RunState, services: Services) -> None:
@@ -63,8 +60,8 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
         # an LR jump's proof starts from the state before its update
         state.anchor.before_update(ctx.events, ctx.step, ctx.signals.group_lrs)
     if ctx.applied:
-        scale_grads(ctx.grads, decision.clip_coef)
-        _clip_rules(ctx, state, services, decision.clip_coef)
+        state.clip.apply(ctx.grads, services.watched.params, ctx.signals, decision.clip_coef,
+                         ctx.step)
         if ctx.sampled:
             services.watch.weight_probe.remember()
         _brake(ctx, state)
@@ -104,7 +101,7 @@ def _brake(ctx: StepContext, state: RunState) -> None:
     warning = next((e for e in ctx.events if e.kind == Kind.INSTABILITY_PRECURSOR), None)
     if brake is None or warning is None or (recovery is not None and recovery.lr.active):
         return
-    if state.auto_clip is not None and state.auto_clip.after_trouble(ctx.step):
+    if state.clip.after_trouble(ctx.step):
         # after a spike or explosion (this step's included) the warning is the damage, not a
         # precursor: the adaptive clip's alarm is in charge, and a brake would only slow the
         # run down for good (an outlier batch's Adam ratio and log Z rise after it)
@@ -124,25 +121,6 @@ def _brake(ctx: StepContext, state: RunState) -> None:
                              f"rest of the run",
                 factor=brake.factor, ceiling=first, ceilings=list(brake.ceilings),
                 reason=warning.kind)
-
-
-def _clip_rules(ctx: StepContext, state: RunState, services: Services, coef: float) -> None:
-    """The configured extra clipping, on the norms as the global clip left them."""
-    signals = ctx.signals
-    rule, agc, watched = state.clip_rule, services.agc, services.watched
-    if (rule is None and agc is None) or signals is None:
-        return
-    try:
-        if rule is not None:
-            coefs = rule.coefficients(signals.param_grad_norm * coef,
-                                      signals.grad_norm * coef, signals.param_names)
-            apply_coefficients(watched.params, coefs)
-        if agc is not None:
-            agc.apply(watched.params, watched.names,
-                      grad_norms=signals.param_grad_norm * coef if rule is None else None)
-    except Exception as exc:  # a remedy bug must not kill the run; the global clip stands
-        log.error("trainguard: clipping rule failed at step %d (%s: %s)", ctx.step,
-                  type(exc).__name__, exc)
 
 
 def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:

@@ -65,9 +65,9 @@ from trainguard.pipeline.steps import StepPipeline
 from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
-from trainguard.remedies import build_rule, drop_grads
+from trainguard.remedies import drop_grads
+from trainguard.remedies.clip_chain import ClipChain
 from trainguard.remedies.device import skips_on_device
-from trainguard.remedies.robust import RobustClipLimit
 from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
@@ -697,11 +697,8 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
 
 def _initial_state(config: GuardConfig, batches: BatchWatch, journal: Journal) -> RunState:
     return RunState(
-        max_grad_norm=config.clip.fixed, batches=batches, journal=journal,
-        prover=IncidentProver(), auto_clip=_auto_clip(config),
-        configured_max_grad_norm=config.clip.fixed,
+        clip=ClipChain.init(config), batches=batches, journal=journal, prover=IncidentProver(),
         detectors=default_detectors(config.detectors),
-        clip_rule=build_rule(config.clip.rule) if config.clip.rule is not None else None,
         losses=LossTrack(stall_steps=config.detectors.no_progress.steps),
         metric_watch=MetricCollapse(config.detectors))
 
@@ -709,11 +706,6 @@ def _initial_state(config: GuardConfig, batches: BatchWatch, journal: Journal) -
 def _scaler_enabled(scaler: Any) -> bool:
     is_enabled = getattr(scaler, "is_enabled", None)
     return bool(is_enabled()) if callable(is_enabled) else True
-
-
-def _auto_clip(config: GuardConfig) -> RobustClipLimit | None:
-    """The adaptive default clip, on the detectors' baseline window, warm-up and absolute limit."""
-    return RobustClipLimit(config) if config.adaptive_clip else None
 
 
 def _run_dir(run_dir: object) -> Path | None:

@@ -36,8 +36,6 @@ from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OutputProbe
 from trainguard.probes.weights import WeightProbe
-from trainguard.remedies import build_agc
-from trainguard.remedies.agc import AGC
 
 log = logging.getLogger("trainguard")
 
@@ -110,7 +108,6 @@ class Services:
     activation_probe: ActivationProbe | None
     output_probe: OutputProbe | None
     rewind: ScheduleRewind
-    agc: AGC | None
     attention_probe: AttentionLogitProbe | None = None
     """The attention layers' largest logits (`probes/attention_logits.py`), hooked on the steps
     `DetectorConfig.attention_logits.every` names."""
@@ -154,7 +151,6 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         activation_probe=ActivationProbe(model) if config.probes.activations else None,
         output_probe=OutputProbe(model) if config.probes.outputs else None,
         rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
-        agc=build_agc(config.clip.agc) if config.clip.agc is not None else None,
         # left out under torch.distributed, as the Adam-ratio probe: rank-local values
         attention_probe=(AttentionLogitProbe(model)
                          if config.detectors.attention_logits.probe and dist is None else None),

@@ -44,10 +44,8 @@ def settle(ctx: StepContext, state: RunState, services: Services) -> None:
     # every rank (sampled statistics are agreed with collectives).
     ctx.sample_next = any(services.dist is None or not is_rank_local(e.kind)
                           for e in ctx.events)
-    if ctx.applied and state.auto_clip is not None:
-        limit = ctx.clip_limit
-        state.auto_clip.observe(signals.grad_norm, limit if limit is not None else
-                                float("inf"))
+    if ctx.applied:
+        state.clip.update(signals.grad_norm, ctx.clip_limit)
     if ctx.applied and state.recovery is not None:
         state.recovery.after_applied(state.step, state.rewind_state)
     if state.anchor is not None:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
-from trainguard.remedies.limit import ClipLimits, clip_limits
 from trainguard.signals import LossCurvature
 from trainguard.stateful import Stateful, gather, restore
 from trainguard.verdict import LossTrack
@@ -30,8 +29,7 @@ if TYPE_CHECKING:
     from trainguard.recovery import Recovery
     from trainguard.recovery.brake import PrecursorBrake
     from trainguard.recovery.ring import GoodStateRing
-    from trainguard.remedies import ClipRule
-    from trainguard.remedies.robust import RobustClipLimit
+    from trainguard.remedies.clip_chain import ClipChain
 
 
 AUTO_CLIP = "auto_clip"
@@ -47,20 +45,16 @@ as recovery's judgement, are what decided the rollback."""
 
 @dataclass(slots=True)
 class RunState:
-    max_grad_norm: float | None
-    """The fixed global clipping limit (the user's, or the one the recover policy tightened to
-    after a rollback); None when there is none."""
+    clip: ClipChain
+    """Every clipping link (fixed, adaptive, clip rule, AGC) and the one computation of the
+    limit in force (`remedies/clip_chain.py`)."""
     batches: BatchWatch
     """The batch inspector's memory: reference size, typical magnitudes, runs of bad batches."""
     journal: Journal
     """The run's events and findings, and the sinks that hear them (`pipeline/journal.py`)."""
     prover: IncidentProver
     """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
-    auto_clip: RobustClipLimit | None = None
-    """The adaptive default clip (`clip.max_grad_norm="auto"`): the run's own norm baseline."""
     detectors: list[Detector] = field(default_factory=list)
-    clip_rule: ClipRule | None = None
-    """The clip rule built from the config's spec; its statistics are run state."""
     recovery: Recovery | None = None
     brake: PrecursorBrake | None = None
     """The LR brake an `instability_precursor` warning pulls (every policy but observe)."""
@@ -82,8 +76,6 @@ class RunState:
     """The loss levels the run's verdict compares (start, before the first trouble, final)."""
     metric_watch: MetricCollapse | None = None
     """`metric_collapse` on the evaluation metrics handed over: their best values, episodes."""
-    configured_max_grad_norm: float | None = None
-    """The configured fixed limit, in force when the run holds no other (`remedies/limit.py`)."""
     output_classes: int | None = None
     """Width of the model's class scores, as the output probe last saw it (chance level for
     `metric_collapse`)."""
@@ -99,7 +91,7 @@ class RunState:
     def components(self) -> dict[str, Stateful | None]:
         """Every component with state, under its key in `state_dict` (None: not in this run)."""
         return {"detectors": _Baselines(self), "losses": self.losses,
-                "curvature": self.curvature, "clip_rule": self.clip_rule,
+                "curvature": self.curvature, "clip_rule": self.clip.rule,
                 "recovery": self.recovery, "metric_collapse": self.metric_watch,
                 "batch_watch": self.batches, "sampling": _Sampling(self),
                 "brake": self.brake, "journal": self.journal, "prover": self.prover}
@@ -118,8 +110,8 @@ class RunState:
     def detector_state(self) -> dict[str, Any]:
         """The detectors' baselines, and the adaptive clip's (`auto_clip`), which is one too."""
         state = {d.kind: d.state_dict() for d in self.detectors}
-        if self.auto_clip is not None:
-            state[AUTO_CLIP] = self.auto_clip.state_dict()
+        if self.clip.adaptive is not None:
+            state[AUTO_CLIP] = self.clip.adaptive.state_dict()
         return state
 
     def restore_detectors(self, state: dict[str, Any]) -> None:
@@ -127,26 +119,13 @@ class RunState:
         for detector in self.detectors:
             if detector.kind in state:
                 detector.load_state_dict(state[detector.kind])
-        if self.auto_clip is not None and AUTO_CLIP in state:
-            self.auto_clip.load_state_dict(state[AUTO_CLIP])
-
-    def clip_limits(self) -> ClipLimits:
-        """The clipping limits the run holds for the next step (`remedies/limit.py`)."""
-        return clip_limits(self.max_grad_norm, self.auto_clip, self.configured_max_grad_norm,
-                           self.step)
+        if self.clip.adaptive is not None and AUTO_CLIP in state:
+            self.clip.adaptive.load_state_dict(state[AUTO_CLIP])
 
     def clip_limit(self) -> float | None:
-        """The global clipping limit in force for the next step, before its own events: the
-        lower of the fixed limit and the adaptive one (None: no clipping)."""
-        return self.clip_limits().in_force()
-
-    def tighten_clipping(self, limit: float) -> None:
-        """After a rollback: a fixed limit at `limit` (`RecoveryConfig.max_grad_norm`, the guide's
-        0.5), below any earlier one; the adaptive clip stays on beneath it. (Clipping at the run's
-        own typical norm instead was measured too: it recovered no more faults and let a run
-        whose LR stays too high settle at a worse loss.)"""
-        self.max_grad_norm = limit if self.max_grad_norm is None else min(self.max_grad_norm,
-                                                                           limit)
+        """The global clipping limit in force for the next step, before its own events, as the
+        clip chain computes it (None: no clipping)."""
+        return self.clip.in_force(self.step)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def rewind_state(self) -> dict[str, Any]:
@@ -164,7 +143,7 @@ class RunState:
         """Plain Python types (framework checkpoints load them with weights_only=True). The
         recover policy's saved states are not included: they are as large as a checkpoint."""
         return {"step": self.step, "consecutive_skips": self.consecutive_skips,
-                "data_position": self.data_position, "max_grad_norm": self.max_grad_norm,
+                "data_position": self.data_position, "max_grad_norm": self.clip.fixed_limit,
                 "output_classes": self.output_classes, **gather(self.components())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -180,8 +159,8 @@ class RunState:
         if self.recovery is not None and isinstance(recovery, dict):
             # only recovery moves the limit away from the configured one (older checkpoints
             # kept it inside the recovery state)
-            self.max_grad_norm = state.get("max_grad_norm",
-                                           recovery.get("max_grad_norm", self.max_grad_norm))
+            self.clip.fixed_limit = state.get("max_grad_norm",
+                                        recovery.get("max_grad_norm", self.clip.fixed_limit))
 
 
 class _Baselines:
