@@ -8,7 +8,9 @@
 - `GuardConfig` has at most `MAX_TOP_LEVEL_FIELDS` fields; `DetectorConfig` holds sections only,
   each knowing its dotted place.
 - No function is longer than `MAX_FUNCTION_LINES`.
-- No stage reads the sync mode (`StepContext.deferred`): each is handed what it needs.
+- No stage reads the sync mode (`StepContext.on_device`, `Run.deferral`): each is handed what
+  it needs; the mode (`sync="deferred"`) is defined in `pipeline/deferred.py` alone.
+- `Services` holds no run state: everything Stateful is in `RunState`.
 - One module computes the clip limit in force (`remedies/limit.py`): no other reads the
   adaptive clip's limit or falls back to the configured one.
 
@@ -403,9 +405,24 @@ def test_the_services_hold_no_run_state() -> None:
 
 def test_no_stage_reads_the_sync_mode() -> None:
     """A stage is handed what the mode changes (the limit the device clipped at, whether the
-    step's update was taken before it is judged): the mode's branches stay in the run."""
+    step's update was taken before it is judged): the mode's own part of a step
+    (`StepContext.on_device`) is read in `pipeline/deferred.py`, the run and the Guard only."""
+    def reads_the_mode(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and (node.attr in ("deferred", "deferral") or (
+            node.attr == "on_device" and ast.unparse(node.value) == "ctx"))
+
     readers = sorted(module for module in STAGE_MODULES
-                     if any(isinstance(node, ast.Attribute) and node.attr == "deferred"
-                            for node in ast.walk(ast.parse(MODULES[module].read_text(
-                                encoding="utf-8")))))
+                     if any(map(reads_the_mode, ast.walk(ast.parse(MODULES[module].read_text(
+                         encoding="utf-8"))))))
     assert readers == []
+
+
+def test_the_deferred_mode_lives_in_one_module() -> None:
+    """`sync="deferred"`'s stages, their order and the run's side of the mode are defined in
+    `pipeline/deferred.py` alone; the shared stages and their runner know nothing of it."""
+    home = ["trainguard.pipeline.deferred"]
+    for name in ("measure_on_device", "read_late", "act_late", "ON_DEVICE", "LATE", "Deferral",
+                 "deferral_possible"):
+        assert _definitions(name) == home, name
+    shared = STAGE_MODULES | {"trainguard.pipeline.steps"}
+    assert sorted(m for m in shared if "trainguard.pipeline.deferred" in GRAPH[m]) == []

@@ -228,7 +228,7 @@ def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
     from trainguard.diagnose.batch_watch import BatchWatch
     from trainguard.diagnose.incidents import IncidentProver
     from trainguard.events import Event
-    from trainguard.pipeline.act import _brake
+    from trainguard.pipeline.act import pull_brake
     from trainguard.pipeline.context import StepContext
     from trainguard.pipeline.journal import Journal
     from trainguard.pipeline.state import RunState
@@ -246,7 +246,7 @@ def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
         ctx = StepContext(step=step, loss=None)
         ctx.events = [Event(kind="instability_precursor", step=step, severity="warning",
                             message="rising", param="w", details={"signal": "logz_max"})]
-        _brake(ctx, state)
+        pull_brake(ctx, state)
         return [a.kind for a in ctx.actions]
 
     assert warned_at(81, [(80, True)]) == []  # the spike's damage

@@ -52,9 +52,9 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
     if decision.action == "rolled_back":
-        _roll_back(ctx, state, services)
+        roll_back(ctx, state, services)
     if ctx.outcome == "halted":
-        _halt(ctx, state, services)
+        halt(ctx, state, services)
         return
     if state.anchor is not None and ctx.signals is not None:
         # an LR jump's proof starts from the state before its update
@@ -64,7 +64,7 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
                          ctx.step)
         if ctx.sampled:
             services.watch.weight_probe.remember()
-        _brake(ctx, state)
+        pull_brake(ctx, state)
     else:
         if services.config.policy != "observe":  # observe leaves grads and schedule as they are
             drop_grads(services.watched.params)
@@ -74,27 +74,7 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
                     reason=decision.reason)
 
 
-def act_late(ctx: StepContext, state: RunState, services: Services) -> None:
-    """`act` for a step judged after the device skipped or clipped it and the optimizer stepped
-    (`sync="deferred"`, the `LATE` stages): what is left is a rollback (to the good state from
-    before the trouble, which also undoes this step's update; the run drops the next step's
-    update, its gradients made on the weights undone), a halt (of the run as it now is, the next
-    step's gradients dropped), the LR brake (for the steps to come) and the record of a skip. No
-    replay proves its causes: the state from before its update is gone."""
-    decision = ctx.decision
-    assert decision is not None
-    if decision.action == "rolled_back":
-        _roll_back(ctx, state, services)
-    if ctx.outcome == "halted":
-        _halt(ctx, state, services)
-    elif ctx.applied:
-        _brake(ctx, state)
-    elif ctx.outcome == "skipped":
-        ctx.act("skip", f"update of step {ctx.step} skipped on the device: {decision.reason}",
-                reason=decision.reason)
-
-
-def _brake(ctx: StepContext, state: RunState) -> None:
+def pull_brake(ctx: StepContext, state: RunState) -> None:
     """An `instability_precursor` warning pulls the LR brake before the update is applied; one
     that comes back sets a lasting LR ceiling (`recovery.brake`)."""
     brake, recovery = state.brake, state.recovery
@@ -123,13 +103,17 @@ def _brake(ctx: StepContext, state: RunState) -> None:
                 reason=warning.kind)
 
 
-def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
+def roll_back(ctx: StepContext, state: RunState, services: Services, *,
+              mid_step: bool = True) -> None:
+    """Roll back to the newest good state from before the trouble (`mid_step`: the caller's
+    GradScaler step of the step under way is open, and is closed first); a failed restore
+    halts."""
     recovery = state.recovery
     assert recovery is not None and ctx.decision is not None
     lr_before = recovery.lr.factor()
     try:
         event = apply_rollback(state, recovery.rollback(
-            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step and ctx.mid_step,
+            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step and mid_step,
             keep_lr=state.prover.data_fault(ctx.step)))
     except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
         ctx.raise_event(Event(
@@ -148,7 +132,7 @@ def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
                 factor=recovery.lr.factor(), ceiling=ceiling)
 
 
-def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
+def halt(ctx: StepContext, state: RunState, services: Services) -> None:
     """Snapshot the state from before this step's update; whatever runs next applies
     nothing."""
     path = snapshot_path(services, ctx.step)
