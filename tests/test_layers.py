@@ -403,6 +403,14 @@ def test_the_services_hold_no_run_state() -> None:
         run.close()
 
 
+def test_the_clip_chain_alone_drives_the_adaptive_clip() -> None:
+    """The adaptive clip is a link of the clip chain: only the chain moves it on (its alarm, its
+    baseline), and only the limit's one computation reads it (for the type checker)."""
+    importers = sorted(m for m, p in MODULES.items()
+                       if "trainguard.remedies.robust" in _imported(m, p, type_checking=True))
+    assert importers == ["trainguard.remedies.clip_chain", "trainguard.remedies.limit"]
+
+
 def test_no_stage_reads_the_sync_mode() -> None:
     """A stage is handed what the mode changes (the limit the device clipped at, whether the
     step's update was taken before it is judged): the mode's own part of a step
