@@ -1,11 +1,12 @@
 """`Run`: one guarded training run, whoever takes its optimizer steps.
 
 It builds, from the configuration and the user's objects, what the stages use (`Services`: the
-watched parameters, the probes, the batch inspector, the sinks) and the runtime state
-(`RunState`: the detectors, the clip limits, the recover policy), and it owns the run's life:
-start (preflight audit, sinks told), each step's check and settling around `StepPipeline`, a
-halted or unguarded step, the events outside a step, the diagnosis, the state dict and the close.
-The `Guard` and the framework callbacks are thin adapters around it.
+user's objects, the watched parameters, the probes) and the runtime state (`RunState`: the
+detectors, the clip chain, the recover policy, the batch inspector, the journal with the sinks,
+the prover), and it owns the run's life: start (preflight audit, sinks told), each step's check
+and settling around `StepPipeline` (under `sync="deferred"` through its `Deferral`), a halted or
+unguarded step, the events outside a step, the diagnosis, the state dict and the close. The
+`Guard` and the framework callbacks are thin adapters around it.
 """
 
 from __future__ import annotations
