@@ -61,8 +61,11 @@ def profile(workload_name: str, blocks: int, steps: int, sync: str = "blocking",
     guard = Guard(model, optimizer, config=GuardConfig(sync=sync, sinks={"console": False}))  # type: ignore[arg-type]
     spent: dict[str, float] = defaultdict(float)
     pipeline = guard.run.steps
-    for part in ("before", "after", "on_device", "late"):
+    for part in ("before", "after"):
         setattr(pipeline, part, tuple(_timed(s, spent) for s in getattr(pipeline, part)))
+    deferral = guard.run.deferral
+    for part in ("on_device", "late_stages") if deferral is not None else ():
+        setattr(deferral, part, tuple(_timed(s, spent) for s in getattr(deferral, part)))
     per_block: dict[str, list[float]] = defaultdict(list)
     batches = workload.batches
     for block in range(blocks + 1):  # the first block warms up

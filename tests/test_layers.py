@@ -8,7 +8,9 @@
 - `GuardConfig` has at most `MAX_TOP_LEVEL_FIELDS` fields; `DetectorConfig` holds sections only,
   each knowing its dotted place.
 - No function is longer than `MAX_FUNCTION_LINES`.
-- No stage reads the sync mode (`StepContext.deferred`): each is handed what it needs.
+- No stage reads the sync mode (`StepContext.on_device`, `Run.deferral`): each is handed what
+  it needs; the mode (`sync="deferred"`) is defined in `pipeline/deferred.py` alone.
+- `Services` holds no run state: everything Stateful is in `RunState`.
 - One module computes the clip limit in force (`remedies/limit.py`): no other reads the
   adaptive clip's limit or falls back to the configured one.
 
@@ -357,7 +359,7 @@ LIMIT_COMPUTED_IN = {"trainguard.remedies.limit": "the one computation of the li
 the one `remedies/limit.py` computes (`RunState.clip_limits`, `RunState.clip_limit`)."""
 
 CONFIGURED_LIMIT_READ_IN = {"trainguard.config": "where it is defined",
-                            "trainguard.pipeline.run": "the run state is built from it once"}
+                            "trainguard.remedies.clip_chain": "the chain is built from it once"}
 """The modules that may read the configured fixed limit: everywhere else a fallback to it would
 be a second computation of the limit in force."""
 
@@ -371,11 +373,64 @@ def test_one_module_computes_the_clip_limit() -> None:
     assert reads_configured - set(CONFIGURED_LIMIT_READ_IN) == set()
 
 
+USER_OBJECTS = {"model", "optimizer", "scheduler", "scaler", "replay_fn"}
+"""The `Services` fields that hold the user's own objects (a model has a `state_dict` of its own,
+which is the user's to checkpoint)."""
+
+
+def test_the_services_hold_no_run_state() -> None:
+    """Everything with state across steps is a `Stateful` in `RunState`, where checkpoints and
+    rollbacks find it: none hides among the services."""
+    import torch
+
+    from trainguard import GuardConfig
+    from trainguard.pipeline.run import Run
+    from trainguard.stateful import Stateful
+
+    model = torch.nn.Linear(3, 2)
+    run = Run(model, torch.optim.SGD(model.parameters(), lr=0.1),
+              config=GuardConfig(policy="recover", sinks={"console": False},
+                                 clip={"agc": {"clipping": 0.1}}))
+    try:
+        held = {f.name: getattr(run.services, f.name)
+                for f in dataclasses.fields(run.services) if f.name not in USER_OBJECTS}
+        stateful = sorted(name for name, value in held.items() if isinstance(value, Stateful))
+        assert stateful == []
+        components = [c for c in run.state.components().values() if c is not None]
+        assert not [name for name, value in held.items()
+                    if any(value is c for c in components)]
+    finally:
+        run.close()
+
+
+def test_the_clip_chain_alone_drives_the_adaptive_clip() -> None:
+    """The adaptive clip is a link of the clip chain: only the chain moves it on (its alarm, its
+    baseline), and only the limit's one computation reads it (for the type checker)."""
+    importers = sorted(m for m, p in MODULES.items()
+                       if "trainguard.remedies.robust" in _imported(m, p, type_checking=True))
+    assert importers == ["trainguard.remedies.clip_chain", "trainguard.remedies.limit"]
+
+
 def test_no_stage_reads_the_sync_mode() -> None:
     """A stage is handed what the mode changes (the limit the device clipped at, whether the
-    step's update was taken before it is judged): the mode's branches stay in the run."""
+    step's update was taken before it is judged): the mode's own part of a step
+    (`StepContext.on_device`) is read in `pipeline/deferred.py`, the run and the Guard only."""
+    def reads_the_mode(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and (node.attr in ("deferred", "deferral") or (
+            node.attr == "on_device" and ast.unparse(node.value) == "ctx"))
+
     readers = sorted(module for module in STAGE_MODULES
-                     if any(isinstance(node, ast.Attribute) and node.attr == "deferred"
-                            for node in ast.walk(ast.parse(MODULES[module].read_text(
-                                encoding="utf-8")))))
+                     if any(map(reads_the_mode, ast.walk(ast.parse(MODULES[module].read_text(
+                         encoding="utf-8"))))))
     assert readers == []
+
+
+def test_the_deferred_mode_lives_in_one_module() -> None:
+    """`sync="deferred"`'s stages, their order and the run's side of the mode are defined in
+    `pipeline/deferred.py` alone; the shared stages and their runner know nothing of it."""
+    home = ["trainguard.pipeline.deferred"]
+    for name in ("measure_on_device", "read_late", "act_late", "ON_DEVICE", "LATE", "Deferral",
+                 "deferral_possible"):
+        assert _definitions(name) == home, name
+    shared = STAGE_MODULES | {"trainguard.pipeline.steps"}
+    assert sorted(m for m in shared if "trainguard.pipeline.deferred" in GRAPH[m]) == []

@@ -7,6 +7,7 @@ all import it from here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,12 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.check, "severity": self.severity, "message": self.message,
                 "fix": self.fix, "cause": self.cause, "evidence": self.evidence}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        return cls(check=str(data["check"]), severity=data["severity"],
+                   message=str(data["message"]), fix=str(data.get("fix", "")),
+                   cause=data.get("cause"), evidence=dict(data.get("evidence") or {}))
 
     def __str__(self) -> str:
         return f"{self.severity.upper()} {self.check}: {self.message} Fix: {self.fix}"

@@ -137,13 +137,14 @@ class Guard:
                 self.scheduler.step()
             return StepReport(step=ctx.step, loss=None, grad_norm=float("nan"),
                               action="applied", events=list(ctx.events))
-        if ctx.dropped:  # a rollback just undid the weights its gradients were made on
+        device = ctx.on_device
+        if device is not None and device.dropped:  # a rollback undid the weights of its gradients
             return self.run.after_update(ctx)
-        if ctx.deferred:
-            if ctx.found_inf is None:  # observe without a GradScaler: every update goes ahead
+        if device is not None:  # sync="deferred": the device decided the skip
+            if device.found_inf is None:  # observe without a GradScaler: every update goes ahead
                 self.optimizer.step()
             else:
-                with skip_on_device(self.optimizer, ctx.found_inf):
+                with skip_on_device(self.optimizer, device.found_inf):
                     self.optimizer.step()
             if self.scaler is not None:
                 self.scaler.update()  # on the device: lowers the scale after an overflow

@@ -160,6 +160,26 @@ def test_healthy_steps_never_prove_and_guard_prove_finds_nothing_to_heal() -> No
     guard.close()
 
 
+def test_a_resumed_run_proves_against_the_healthy_baseline_it_had() -> None:
+    """The prover is run state: its healthy baseline and its counts travel in the checkpoint;
+    the batch references and step times of the process that ran them do not."""
+    model, opt = model_and_optimizer()
+    guard = Guard(model, opt, config=config(policy="protect", prove={"mode": "on"}), replay_fn=mse)
+    train(guard, model, opt, 30)
+    guard.run.prover.attempts = 2  # as after two proofs
+    state = guard.state_dict()
+    model2, opt2 = model_and_optimizer()
+    resumed = Guard(model2, opt2, config=config(policy="protect", prove={"mode": "on"}),
+                    replay_fn=mse)
+    resumed.load_state_dict(state)
+    prover, before = resumed.run.prover, guard.run.prover
+    assert prover.baseline() == before.baseline() and prover.baseline().loss is not None
+    assert prover.attempts == 2 and prover.state_dict() == state["prover"]
+    assert prover.previous_batch is None and not prover.step_times
+    guard.close()
+    resumed.close()
+
+
 def test_guard_prove_needs_the_loss() -> None:
     model, opt = model_and_optimizer()
     guard = Guard(model, opt, config=config())

@@ -87,7 +87,7 @@ def test_a_schedule_without_warmup_is_confirmed_and_one_with_it_is_not_watched()
     warm = make_setup(lr=5e-2, warmup=20)
     guard = Guard(warm.model, warm.optimizer, warm.scheduler,
                   config=GuardConfig(sinks={"console": False}))
-    assert guard.run.services.journal.warmup_watch is None, \
+    assert guard.run.state.journal.warmup_watch is None, \
         "the probed schedule warms up: nothing to watch"
     guard.close()
 

@@ -137,7 +137,7 @@ def test_recover_policy_rolls_the_trainer_back_and_training_goes_on(tmp_path: Pa
     assert ceiling == pytest.approx(config.recovery.lr_ceiling * 1e-3)
     assert recorder.reports[12].lr == pytest.approx(0.1 * ceiling)
     assert 0.1 * ceiling < recorder.reports[15].lr < ceiling
-    assert callback.run is not None and callback.run.state.max_grad_norm == 0.5
+    assert callback.run is not None and callback.run.state.clip.fixed_limit == 0.5
 
 
 def test_the_same_run_without_the_callback_ends_with_nan_weights(tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ def test_clipping_follows_the_trainer_gradient_clip_val(pl: ModuleType, tmp_path
                                       sinks=[recorder])
         make_trainer(pl, tmp_path, callback, max_steps=4).fit(regression_module(pl), loader())
         assert callback.run is not None and callback.run.config.clip.max_grad_norm == clip
-        assert (callback.run.state.auto_clip is not None) == (clip == "auto")
+        assert (callback.run.state.clip.adaptive is not None) == (clip == "auto")
         assert [r.action for r in recorder.reports] == ["applied"] * 4
 
 

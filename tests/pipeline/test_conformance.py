@@ -144,7 +144,7 @@ def test_the_config_holds_no_state() -> None:
     first, second = make_setup(seed=0), make_setup(seed=0)
     a = Run(first.model, first.optimizer, config=config)
     b = Run(second.model, second.optimizer, config=config)
-    assert a.state.clip_rule is not b.state.clip_rule
+    assert a.state.clip.rule is not b.state.clip.rule
     for _ in range(4):
         loss = first.model.loss(first.batch())
         loss.backward()

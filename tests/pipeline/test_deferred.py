@@ -228,10 +228,11 @@ def test_a_failing_judgement_or_device_half_never_stops_the_run() -> None:
     setup = make_setup()
     optimizer = fused_adamw(setup.model.parameters())
     guard = Guard(setup.model, optimizer, config=GuardConfig(sync="deferred", **QUIET))
-    pipeline = guard.run.steps
+    deferral = guard.run.deferral
+    assert deferral is not None
 
     def failing(name: str, at: int) -> Any:
-        stage = next(s for s in pipeline.on_device + pipeline.late if s.__name__ == name)
+        stage = next(s for s in deferral.on_device + deferral.late_stages if s.__name__ == name)
 
         def maybe_fail(ctx: Any, state: Any, services: Any) -> None:
             if ctx.step == at:
@@ -241,9 +242,9 @@ def test_a_failing_judgement_or_device_half_never_stops_the_run() -> None:
         maybe_fail.__name__ = name
         return maybe_fail
 
-    pipeline.late = tuple(failing("detect", 2) if s.__name__ == "detect" else s
-                          for s in pipeline.late)
-    pipeline.on_device = (failing("measure_on_device", 4),)
+    deferral.late_stages = tuple(failing("detect", 2) if s.__name__ == "detect" else s
+                                 for s in deferral.late_stages)
+    deferral.on_device = (failing("measure_on_device", 4),)
     reports: dict[int, StepReport | None] = {}
     for step in range(7):
         setup.model.loss(setup.batch()).backward()

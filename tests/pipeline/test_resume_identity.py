@@ -90,7 +90,7 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, g
         optimizer.zero_grad(set_to_none=True)
         trace.steps.append((report.step, report.action, report.sampled,
                             sorted((e.kind, e.step) for e in report.events),
-                            guard.run.state.clip_limit(), guard.run.state.max_grad_norm))
+                            guard.run.state.clip_limit(), guard.run.state.clip.fixed_limit))
         if step == ROLLBACK_AFTER:
             guard.rollback("the loop asked for it")
         if step % EVAL_EVERY == 0:

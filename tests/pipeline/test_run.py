@@ -38,11 +38,10 @@ def test_schedule_rewind_undoes_a_scheduler_step() -> None:
     optimizer, scheduler = lambda_setup()
     advance(optimizer, scheduler)
     before = (copy.deepcopy(scheduler.state_dict()), lrs(optimizer))
-    rewind = ScheduleRewind(optimizer, [scheduler])
-    rewind.remember()
+    mark = ScheduleRewind(optimizer, [scheduler]).remember()
     advance(optimizer, scheduler)
     assert lrs(optimizer) != before[1]
-    rewind.restore()
+    mark.restore()
     assert lrs(optimizer) == before[1]
     assert scheduler.state_dict() == before[0]
     advance(optimizer, scheduler)  # the schedule goes on from where it was
@@ -54,10 +53,9 @@ def test_schedule_rewind_restores_a_tensor_learning_rate_in_place() -> None:
     optimizer = torch.optim.Adam([param], lr=torch.tensor(0.01))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     lr_tensor = optimizer.param_groups[0]["lr"]
-    rewind = ScheduleRewind(optimizer, [scheduler])
-    rewind.remember()
+    mark = ScheduleRewind(optimizer, [scheduler]).remember()
     advance(optimizer, scheduler)
-    rewind.restore()
+    mark.restore()
     assert optimizer.param_groups[0]["lr"] is lr_tensor
     assert float(lr_tensor) == pytest.approx(0.01)
 

@@ -225,23 +225,28 @@ def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
     """A precursor that follows a gradient explosion or loss spike (an outlier batch throws the
     Adam ratio and log Z up after it) comes while the adaptive clip's alarm is in charge: no
     brake. A precursor alone alarms the clip too, and still pulls it."""
+    from trainguard.diagnose.batch_watch import BatchWatch
+    from trainguard.diagnose.incidents import IncidentProver
     from trainguard.events import Event
-    from trainguard.pipeline.act import _brake
+    from trainguard.pipeline.act import pull_brake
     from trainguard.pipeline.context import StepContext
+    from trainguard.pipeline.journal import Journal
     from trainguard.pipeline.state import RunState
-    from trainguard.remedies.robust import RobustClipLimit
+    from trainguard.remedies.clip_chain import ClipChain
+    from trainguard.sinks import SinkSet
 
     def warned_at(step: int, alarms: list[tuple[int, bool]]) -> list[str]:
         model = nn.Linear(2, 1)
         optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-        state = RunState(max_grad_norm=None, auto_clip=RobustClipLimit(),
+        state = RunState(clip=ClipChain.init(GuardConfig()), batches=BatchWatch(model, None),
+                         journal=Journal(SinkSet([])), prover=IncidentProver(),
                          brake=PrecursorBrake(optimizer, None))
         for at, trouble in alarms:
-            state.auto_clip.alarm(at, trouble=trouble)
+            state.clip.alarm(at, trouble=trouble)
         ctx = StepContext(step=step, loss=None)
         ctx.events = [Event(kind="instability_precursor", step=step, severity="warning",
                             message="rising", param="w", details={"signal": "logz_max"})]
-        _brake(ctx, state)
+        pull_brake(ctx, state)
         return [a.kind for a in ctx.actions]
 
     assert warned_at(81, [(80, True)]) == []  # the spike's damage

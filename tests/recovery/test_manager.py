@@ -47,7 +47,7 @@ def test_damaged_weights_are_rolled_back_with_lr_backed_off_and_clipping_tighten
     # the next step trains from the restored state: losses are back to their earlier level
     assert reports[1].loss > 100 * typical
     assert max(r.loss for r in reports[back + 1:back + 6]) < 3 * typical
-    assert guard.run.state.max_grad_norm == 0.5
+    assert guard.run.state.clip.fixed_limit == 0.5
     pure = 1e-2 * min(1.0, (w.scheduler.last_epoch + 1) / 10)  # the plain schedule's LR
     assert 0.1 * pure <= w.optimizer.param_groups[0]["lr"] < pure
     guard.close()
@@ -106,7 +106,7 @@ def test_guard_state_round_trip_keeps_baselines_skip_list_and_backoff() -> None:
     assert resumed.state_dict() == state
     assert resumed.skipped_data == guard.skipped_data == {30, 31}
     assert resumed.recovery.lr.factor() == guard.recovery.lr.factor() < 1
-    assert resumed.run.state.max_grad_norm == 0.5
+    assert resumed.run.state.clip.fixed_limit == 0.5
     assert resumed.global_step == guard.global_step
 
 

@@ -95,7 +95,7 @@ def train(policy: str | None, raised_steps: int | None, steps: int = STEPS) -> R
     events = []
     fixed_clip = None
     if guard is not None:
-        fixed_clip = guard.run.state.max_grad_norm
+        fixed_clip = guard.run.state.clip.fixed_limit
         guard.close()
         events = list(guard.events)
     model.eval()

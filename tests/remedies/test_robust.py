@@ -138,9 +138,10 @@ def test_a_loss_spike_puts_the_guard_in_the_alarm() -> None:
         optimizer.zero_grad(set_to_none=True)
         if step == 40:
             assert {"grad_explosion", "loss_spike"} & {e.kind for e in report.events}
-            typical = guard.run.state.auto_clip.typical()
+            typical = guard.run.state.clip.adaptive.typical()
             assert report.grad_norm * report.clip_coef == pytest.approx(typical, rel=1e-5)
-    assert guard.run.state.auto_clip.alarm_until >= 40 + guard.run.state.auto_clip.alarm_steps
+    adaptive = guard.run.state.clip.adaptive
+    assert adaptive.alarm_until >= 40 + adaptive.alarm_steps
     guard.close()
 
 
@@ -174,7 +175,7 @@ def test_the_guards_checkpoint_carries_the_adaptive_clip() -> None:
     guard.close()
     resumed = Guard(model, optimizer, config=GuardConfig(**QUIET))
     resumed.load_state_dict(state)
-    assert resumed.run.state.auto_clip.limit(30) == guard.run.state.auto_clip.limit(30)
+    assert resumed.run.state.clip.adaptive.limit(30) == guard.run.state.clip.adaptive.limit(30)
     resumed.close()
 
 

@@ -16,7 +16,7 @@ def _clip(config: GuardConfig) -> RobustClipLimit:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = trainguard.Guard(model, optimizer, config=config)
     try:
-        clip = guard.run.state.auto_clip
+        clip = guard.run.state.clip.adaptive
         assert clip is not None
         return clip
     finally:

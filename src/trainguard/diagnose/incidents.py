@@ -78,11 +78,12 @@ if TYPE_CHECKING:
 
     from trainguard.config import GuardConfig
     from trainguard.diagnose import Finding
+    from trainguard.diagnose.anchor import ProofAnchor
     from trainguard.diagnose.replay import LossFn
     from trainguard.diagnose.step_rng import StepRNG
     from trainguard.distributed import DistributedContext
     from trainguard.pipeline.context import StepContext
-    from trainguard.pipeline.state import RunState
+    from trainguard.recovery import Recovery
     from trainguard.recovery.ring import GoodStateRing
     from trainguard.recovery.state import SavedState as GoodState
 
@@ -112,8 +113,8 @@ class RunRecord(Protocol):
 
 class Services(Protocol):
     """What a proof uses of the run's services (`pipeline.services.Services` has it): the user's
-    objects to replay with, and the run's record to rank with. A protocol, so that the services,
-    which build the prover, and the prover import nothing of each other."""
+    objects to replay with. A protocol, as `RunState`: the prover is part of the run's state, and
+    imports nothing of the pipeline that holds it."""
 
     @property
     def config(self) -> GuardConfig: ...
@@ -133,16 +134,35 @@ class Services(Protocol):
     def step_rng(self) -> StepRNG | None: ...
     @property
     def fixes(self) -> Mapping[str, str]: ...
+
+
+class RunState(Protocol):
+    """What a proof reads of the run's state (`pipeline.state.RunState` has it): the good states
+    it replays from, the step, and the run's record to rank with."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def recovery(self) -> Recovery | None: ...
+    @property
+    def anchor(self) -> ProofAnchor | None: ...
     @property
     def journal(self) -> RunRecord: ...
+
+    def good_states(self) -> GoodStateRing | None: ...
 
     def evidence_findings(self, step_findings: Iterable[Finding] = (),
                           closed: bool = False) -> list[Finding]: ...
 
 
 class IncidentProver:
-    """One per run, among its services; its methods are handed the run's state and services
-    (it holds neither)."""
+    """One per run, in its state (`RunState.prover`); its methods are handed the run's state and
+    services (it holds neither). Its `state_dict` keeps what decides whether, and against what, a
+    later incident is proved: the counts of proofs tried and the healthy baseline. Not kept: the
+    batch references (the user's data; a window is only replayable from the ring's good states,
+    which a resumed job starts afresh), the step times (this process's pace) and the proofs
+    themselves, whose record is their `proof` events. A rollback rewinds none of it: what was
+    proved stays proved, and the baseline holds only healthy steps."""
 
     def __init__(self) -> None:
         self.losses: deque[float] = deque(maxlen=HISTORY)
@@ -197,6 +217,27 @@ class IncidentProver:
         """The baseline a crash snapshot keeps for `trainguard prove`."""
         base = self.baseline()
         return {"loss": base.loss, "grad_norm": base.grad_norm}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"losses": list(self.losses), "norms": list(self.norms),
+                "attempts": self.attempts, "rollbacks_proved": self.rollbacks_proved,
+                "warned_tried": self.warned_tried, "told_no_batch": self.told_no_batch}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name in ("losses", "norms"):
+            values = state.get(name)
+            if isinstance(values, list):
+                kept: deque[float] = getattr(self, name)
+                kept.clear()
+                kept.extend(float(v) for v in values if isinstance(v, (int, float)))
+        for name in ("attempts", "rollbacks_proved"):
+            count = state.get(name)
+            if isinstance(count, int) and not isinstance(count, bool):
+                setattr(self, name, count)
+        for name in ("warned_tried", "told_no_batch"):
+            flag = state.get(name)
+            if isinstance(flag, bool):
+                setattr(self, name, flag)
 
     def step_time(self) -> float | None:
         """The median time of the recent steps (None: none timed yet)."""
@@ -262,14 +303,14 @@ class IncidentProver:
                                                           ctx.decision.instead_of):
             self.rollbacks_proved += 1
         try:
-            events = services.journal.events + ctx.events
+            events = state.journal.events + ctx.events
             likely = [c.code for c in rank_causes(
-                events, services.evidence_findings(ctx.findings), top=100)]
+                events, state.evidence_findings(ctx.findings), top=100)]
             signals = ctx.signals
             finite = (None if signals is None
                       else bool(signals.loss_finite and signals.grads_finite))
-            setup = self._setup(services, ctx.step, batch if batch is not None else ctx.batch,
-                                finite)
+            setup = self._setup(state, services, ctx.step,
+                                batch if batch is not None else ctx.batch, finite)
             if batch is None:  # the step as it ran, on its batch, with its dropout masks
                 setup.forward_rng = ctx.forward_rng
                 if signals is not None and signals.loss is not None:
@@ -311,7 +352,7 @@ class IncidentProver:
             proof.of_error = of_error
             self.proofs.append(proof)
             ctx.raise_event(proof_event(proof))
-        self._refresh_likely(ctx, services)
+        self._refresh_likely(ctx, state, services)
         return proofs[-1]
 
     def _from_good_state(self, ctx: StepContext, state: RunState, services: Services,
@@ -529,10 +570,10 @@ class IncidentProver:
                              "lambda model, batch: ...")
         if batch is None:
             raise UsageError("guard.prove() needs a batch: none was seen yet, pass batch=")
-        journal = services.journal
-        likely = [c.code for c in rank_causes(journal.events, services.evidence_findings(),
+        journal = state.journal
+        likely = [c.code for c in rank_causes(journal.events, state.evidence_findings(),
                                               top=100)]
-        setup = self._setup(services, state.step, batch, None)
+        setup = self._setup(state, services, state.step, batch, None)
         setup.incident = False
         setup.earlier = _earlier(state, services)
         with _replays(services):
@@ -564,8 +605,9 @@ class IncidentProver:
                              "fp32; trainguard cannot change the precision itself",
                      details={"proved_at": earlier.step})
 
-    def _setup(self, services: Services, step: int, batch: Any, finite: bool | None) -> Setup:
-        suspects = tuple(str(f.evidence["param"]) for f in services.journal.findings
+    def _setup(self, state: RunState, services: Services, step: int, batch: Any,
+               finite: bool | None) -> Setup:
+        suspects = tuple(str(f.evidence["param"]) for f in state.journal.findings
                          if f.check == "layer_init" and "param" in f.evidence)
         assert services.replay_fn is not None
         return Setup(model=services.model, optimizer=services.optimizer,
@@ -573,11 +615,11 @@ class IncidentProver:
                      previous_batch=self.previous_batch,
                      autocast=torch.float16 if services.scaler is not None else None,
                      baseline=self.baseline(), original_finite=finite, init_suspects=suspects,
-                     no_warmup=_no_warmup(services))
+                     no_warmup=_no_warmup(state.journal, services))
 
-    def _refresh_likely(self, ctx: StepContext, services: Services) -> None:
-        ranked = rank_causes(services.journal.events + ctx.events,
-                             services.evidence_findings(ctx.findings), top=3,
+    def _refresh_likely(self, ctx: StepContext, state: RunState, services: Services) -> None:
+        ranked = rank_causes(state.journal.events + ctx.events,
+                             state.evidence_findings(ctx.findings), top=3,
                              fixes=services.fixes)
         likely = likely_causes(ranked)
         for event in ctx.events:
@@ -601,9 +643,8 @@ def _earlier(state: RunState, services: Services) -> str:
             + ", which keeps good states from before the damage to replay from,")
 
 
-def _no_warmup(services: Services) -> bool | None:
+def _no_warmup(journal: RunRecord, services: Services) -> bool | None:
     """Whether the schedule lacks a warm-up, as the preflight judged (None: not judged)."""
-    journal = services.journal
     if journal.warmup_watch is not None or any(f.cause == "missing_warmup"
                                                for f in journal.findings):
         return True  # found, or held back while the first steps' LRs decide it

@@ -1,13 +1,14 @@
 """Stage 5, `act`: carry the decision out on the gradients and the training state.
 
-    applied / clipped  scale the gradients by the global clip factor, then the clip rule and AGC
-                       (on the norms already measured; no second pass over the gradients)
+    applied / clipped  the clip chain (`RunState.clip`) scales the gradients by the global clip
+                       factor, then applies the clip rule and AGC (on the norms already
+                       measured; no second pass over the gradients)
     skipped            drop the gradients, so the optimizer step that follows changes nothing
     rolled_back        restore the newest good state, back the LR off, tighten clipping
     halted             write a crash snapshot of the state from before this step (the pipeline
                        then records the step, closes the run and raises TrainingDiverged)
 
-Before a halt or the first rollback, the run's `IncidentProver` (among the services) replays the
+Before a halt or the first rollback, the run's `IncidentProver` (in its state) replays the
 step under candidate fixes (`diagnose/incidents.py`), while the model still holds the state from
 before its update.
 
@@ -17,7 +18,6 @@ standing; a rollback that fails halts the run cleanly.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,14 +26,11 @@ from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import Kind
-from trainguard.remedies import apply_coefficients, drop_grads, scale_grads
+from trainguard.remedies import drop_grads
 from trainguard.snapshot import build_snapshot, portable, write_snapshot
 
 if TYPE_CHECKING:
     from trainguard.recovery.manager import Rollback
-
-log = logging.getLogger("trainguard")
-
 
 def apply_rollback(state: RunState, plan: Rollback) -> Event:
     """Apply what a rollback changes in the run's state (the baselines its good state kept, the
@@ -41,12 +38,12 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
     rollbacks and `Guard.rollback` both come through here."""
     state.rewind(plan.guard_state)
     if plan.max_grad_norm is not None:
-        state.tighten_clipping(plan.max_grad_norm)
-    return plan.event(state.clip_limit(), adaptive=state.max_grad_norm is None)
+        state.clip.tighten(plan.max_grad_norm)
+    return plan.event(state.clip_limit(), adaptive=state.clip.fixed_limit is None)
 
 
 def act(ctx: StepContext, state: RunState, services: Services) -> None:
-    decision, prover = ctx.decision, services.prover
+    decision, prover = ctx.decision, state.prover
     assert decision is not None
     if state.anchor is not None:  # a state kept before an LR jump, checked by this transfer
         state.anchor.read(ctx.extra, ctx.step)
@@ -55,56 +52,36 @@ def act(ctx: StepContext, state: RunState, services: Services) -> None:
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
     if decision.action == "rolled_back":
-        _roll_back(ctx, state, services)
+        roll_back(ctx, state, services)
     if ctx.outcome == "halted":
-        _halt(ctx, state, services)
+        halt(ctx, state, services)
         return
     if state.anchor is not None and ctx.signals is not None:
         # an LR jump's proof starts from the state before its update
         state.anchor.before_update(ctx.events, ctx.step, ctx.signals.group_lrs)
     if ctx.applied:
-        scale_grads(ctx.grads, decision.clip_coef)
-        _clip_rules(ctx, state, services, decision.clip_coef)
+        state.clip.apply(ctx.grads, services.watched.params, ctx.signals, decision.clip_coef,
+                         ctx.step)
         if ctx.sampled:
             services.watch.weight_probe.remember()
-        _brake(ctx, state)
+        pull_brake(ctx, state)
     else:
         if services.config.policy != "observe":  # observe leaves grads and schedule as they are
             drop_grads(services.watched.params)
-            services.rewind.remember()
+            ctx.schedule_mark = services.rewind.remember()
         if ctx.outcome == "skipped":
             ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
                     reason=decision.reason)
 
 
-def act_late(ctx: StepContext, state: RunState, services: Services) -> None:
-    """`act` for a step judged after the device skipped or clipped it and the optimizer stepped
-    (`sync="deferred"`, the `LATE` stages): what is left is a rollback (to the good state from
-    before the trouble, which also undoes this step's update; the run drops the next step's
-    update, its gradients made on the weights undone), a halt (of the run as it now is, the next
-    step's gradients dropped), the LR brake (for the steps to come) and the record of a skip. No
-    replay proves its causes: the state from before its update is gone."""
-    decision = ctx.decision
-    assert decision is not None
-    if decision.action == "rolled_back":
-        _roll_back(ctx, state, services)
-    if ctx.outcome == "halted":
-        _halt(ctx, state, services)
-    elif ctx.applied:
-        _brake(ctx, state)
-    elif ctx.outcome == "skipped":
-        ctx.act("skip", f"update of step {ctx.step} skipped on the device: {decision.reason}",
-                reason=decision.reason)
-
-
-def _brake(ctx: StepContext, state: RunState) -> None:
+def pull_brake(ctx: StepContext, state: RunState) -> None:
     """An `instability_precursor` warning pulls the LR brake before the update is applied; one
     that comes back sets a lasting LR ceiling (`recovery.brake`)."""
     brake, recovery = state.brake, state.recovery
     warning = next((e for e in ctx.events if e.kind == Kind.INSTABILITY_PRECURSOR), None)
     if brake is None or warning is None or (recovery is not None and recovery.lr.active):
         return
-    if state.auto_clip is not None and state.auto_clip.after_trouble(ctx.step):
+    if state.clip.after_trouble(ctx.step):
         # after a spike or explosion (this step's included) the warning is the damage, not a
         # precursor: the adaptive clip's alarm is in charge, and a brake would only slow the
         # run down for good (an outlier batch's Adam ratio and log Z rise after it)
@@ -126,33 +103,18 @@ def _brake(ctx: StepContext, state: RunState) -> None:
                 reason=warning.kind)
 
 
-def _clip_rules(ctx: StepContext, state: RunState, services: Services, coef: float) -> None:
-    """The configured extra clipping, on the norms as the global clip left them."""
-    signals = ctx.signals
-    rule, agc, watched = state.clip_rule, services.agc, services.watched
-    if (rule is None and agc is None) or signals is None:
-        return
-    try:
-        if rule is not None:
-            coefs = rule.coefficients(signals.param_grad_norm * coef,
-                                      signals.grad_norm * coef, signals.param_names)
-            apply_coefficients(watched.params, coefs)
-        if agc is not None:
-            agc.apply(watched.params, watched.names,
-                      grad_norms=signals.param_grad_norm * coef if rule is None else None)
-    except Exception as exc:  # a remedy bug must not kill the run; the global clip stands
-        log.error("trainguard: clipping rule failed at step %d (%s: %s)", ctx.step,
-                  type(exc).__name__, exc)
-
-
-def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
+def roll_back(ctx: StepContext, state: RunState, services: Services, *,
+              mid_step: bool = True) -> None:
+    """Roll back to the newest good state from before the trouble (`mid_step`: the caller's
+    GradScaler step of the step under way is open, and is closed first); a failed restore
+    halts."""
     recovery = state.recovery
     assert recovery is not None and ctx.decision is not None
     lr_before = recovery.lr.factor()
     try:
         event = apply_rollback(state, recovery.rollback(
-            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step and ctx.mid_step,
-            keep_lr=services.prover.data_fault(ctx.step)))
+            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step and mid_step,
+            keep_lr=state.prover.data_fault(ctx.step)))
     except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
         ctx.raise_event(Event(
             kind="rollback_failed", step=ctx.step, severity="critical",
@@ -170,7 +132,7 @@ def _roll_back(ctx: StepContext, state: RunState, services: Services) -> None:
                 factor=recovery.lr.factor(), ceiling=ceiling)
 
 
-def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
+def halt(ctx: StepContext, state: RunState, services: Services) -> None:
     """Snapshot the state from before this step's update; whatever runs next applies
     nothing."""
     path = snapshot_path(services, ctx.step)
@@ -179,12 +141,12 @@ def _halt(ctx: StepContext, state: RunState, services: Services) -> None:
             snapshot = build_snapshot(
                 step=ctx.step, model=services.model, optimizers=[services.optimizer],
                 scheduler=services.scheduler, scaler=services.scaler, batch=ctx.batch,
-                events=[e.to_dict() for e in services.journal.events + ctx.events],
+                events=[e.to_dict() for e in state.journal.events + ctx.events],
                 config=services.config.to_dict(),
                 extra={"guard": portable(state.state_dict()),
-                       "baseline": services.prover.baseline_dict(),
+                       "baseline": state.prover.baseline_dict(),
                        # the last good batch, for `trainguard prove`'s "the previous batch" fix
-                       "previous_batch": services.prover.previous_batch,
+                       "previous_batch": state.prover.previous_batch,
                        # the loss the step had, which a faithful replay gives again
                        "step_loss": (None if ctx.signals is None or ctx.signals.loss is None
                                      else float(ctx.signals.loss))},

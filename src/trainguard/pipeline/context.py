@@ -18,6 +18,7 @@ import torch
 from trainguard.diagnose import Finding
 from trainguard.events import Action, ActionRecord, Event, StepReport
 from trainguard.pipeline.policy import Decision, applies
+from trainguard.pipeline.rewind import ScheduleMark
 from trainguard.probes.packing import DevicePack, PendingPack
 from trainguard.signals import StepSignals
 
@@ -55,6 +56,26 @@ class PackedStep:
 
 
 @dataclass(slots=True)
+class OnDevice:
+    """`sync="deferred"` (`pipeline/deferred.py`): what a step's device half leaves for its
+    judgement at the next step. Read by the mode's own stages, the run and the Guard only."""
+
+    packed: PackedStep | None = None
+    in_flight: PendingPack | None = None
+    """The pack and its copy on the way to the host."""
+    found_inf: torch.Tensor | None = None
+    """1.0 on the device when the update is to be skipped (None under observe without a
+    GradScaler: every update goes ahead)."""
+    mid_step: bool = True
+    """Judged at the next `guard.step` (its gradients made, a GradScaler's unscale done), not
+    between two steps (a checkpoint's `flush`, the close)."""
+    dropped: bool = False
+    """Under `recover`: the step before was rolled back when this one was due, and this step's
+    gradients were made on the weights the rollback undid: its update is dropped, nothing
+    measured."""
+
+
+@dataclass(slots=True)
 class StepContext:
     step: int
     """Index of this step (the first is 0)."""
@@ -71,10 +92,11 @@ class StepContext:
     """Heavy-probe results of earlier steps, to ride this step's transfer (`measure` takes
     them; what it did not take goes on to the next step)."""
 
-    deferred: bool = False
+    on_device: OnDevice | None = None
     """`sync="deferred"`: the step's skip and clip were decided on the device, and its summary
-    is read on the host at the next step, after its update. Read by the run and the Guard
-    only; the stages read what the mode changes (`taken_on_device`, `clip_limit`)."""
+    is read on the host at the next step, after its update (None: the step is judged before
+    its update). The shared stages read what the mode changes (`taken_on_device`,
+    `clip_limit`), never this."""
 
     # measure
     new_params: ActionRecord | None = None
@@ -90,22 +112,10 @@ class StepContext:
     """Host copies of the extra tensors that rode along with the step's transfer."""
     batch_stats: Any = None
     """The batch's on-device statistics (sampled steps), read back by `detect`."""
-    packed: PackedStep | None = None
-    in_flight: PendingPack | None = None
-    """Deferred steps: the pack and its copy on the way to the host."""
     taken_on_device: bool = False
     """The device skipped or clipped the step at `clip_limit` and its optimizer step was taken
     before the host judges it (`measure_on_device`): no state from before its update is left
     to replay on, and the next step's forward pass has run."""
-    found_inf: torch.Tensor | None = None
-    """Deferred steps: 1.0 on the device when the update is to be skipped (not under observe)."""
-    mid_step: bool = True
-    """Deferred steps: judged at the next `guard.step` (its gradients made, a GradScaler's
-    unscale done), not between two steps (a checkpoint's `flush`, the close)."""
-    dropped: bool = False
-    """Deferred steps under `recover`: the step before was rolled back when this one was judged
-    due, and this step's gradients were made on the weights the rollback undid: its update is
-    dropped, nothing measured."""
 
     # detect, explain
     events: list[Event] = field(default_factory=list)
@@ -131,6 +141,9 @@ class StepContext:
     """What `act` carried out: the decision's action, or `halted` when a rollback failed."""
     actions: list[ActionRecord] = field(default_factory=list)
     snapshot_path: str | None = None
+    schedule_mark: ScheduleMark | None = None
+    """Where a trainer's schedulers were before it stepped them past this skipped update
+    (`pipeline/rewind.py`); `settle` puts them back."""
 
     # settle, record
     queued: list[PendingStats] = field(default_factory=list)

@@ -163,15 +163,15 @@ class _StepJudgement:
 
 
 def decide(ctx: StepContext, state: RunState, services: Services) -> None:
-    signals, config, auto = ctx.signals, services.config, state.auto_clip
+    signals, config = ctx.signals, services.config
     assert signals is not None
-    limits = dataclasses.replace(state.clip_limits(), device=ctx.clip_limit)
+    limits = dataclasses.replace(state.clip.limits(state.step), device=ctx.clip_limit)
     policy = PolicyState(
         config=config, consecutive_skips=state.consecutive_skips,
         recovery=None if state.recovery is None else _StepJudgement(ctx, state),
-        on_device=ctx.taken_on_device, unhealable=services.prover.precision_fault(ctx.step))
+        on_device=ctx.taken_on_device, unhealable=state.prover.precision_fault(ctx.step))
     decision = judge(signals, ctx.events, limits, policy)
-    if auto is not None and decision.clip_alarm is not None:
-        auto.alarm(ctx.step, trouble=decision.clip_alarm == "trouble")
+    if decision.clip_alarm is not None:
+        state.clip.alarm(ctx.step, trouble=decision.clip_alarm == "trouble")
     ctx.clip_limit = decision.clip_limit
     ctx.decide(decision)

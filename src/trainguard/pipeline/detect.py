@@ -63,13 +63,13 @@ def detect(ctx: StepContext, state: RunState, services: Services) -> None:
         if sample.output.get("out_classes", 0.0) >= 2:
             state.output_classes = int(sample.output["out_classes"])
     # before explain ranks causes with the findings
-    ctx.findings.extend(services.journal.observe_lrs(signals.group_lrs))
+    ctx.findings.extend(state.journal.observe_lrs(signals.group_lrs))
     for event in run_detectors(state.detectors, signals):
         ctx.raise_event(event)
     ctx.fired = bool(ctx.events)
     batch_events: list[Event] = []
     if ctx.batch is not None and config.probes.inspect_batches:
-        batch_events = _inspect_batch(ctx, services, signals)
+        batch_events = _inspect_batch(ctx, state, services, signals)
     if ranks is not None and signals.ranks is not None:
         facts = (_gather_batches(ctx, services, batch_events)
                  if config.probes.inspect_batches and _agreed_trouble(ctx.events) else None)
@@ -81,14 +81,15 @@ def detect(ctx: StepContext, state: RunState, services: Services) -> None:
                                  "nonfinite": ctx.nonfinite_input}])
 
 
-def _inspect_batch(ctx: StepContext, services: Services, signals: StepSignals) -> list[Event]:
+def _inspect_batch(ctx: StepContext, state: RunState, services: Services,
+                   signals: StepSignals) -> list[Event]:
     ceiling = ceiling_of(signals.precursors)
     if ctx.step == 0:
         _check_first_loss(ctx, services, signals.loss, ceiling)
     known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
              else None)
     spike = next((e for e in ctx.events if e.kind == Kind.LOSS_SPIKE), None)
-    seen = services.batches.look(
+    seen = state.batches.look(
         ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
         level=spike.details.get("baseline") if spike is not None else None,
         data_ids=ctx.data_ids, ceiling=ceiling)

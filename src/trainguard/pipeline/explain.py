@@ -29,7 +29,7 @@ def explain(ctx: StepContext, state: RunState, services: Services) -> None:
         and not ctx.taken_on_device
     if replayable and any(at_least(e.severity, "error") for e in ctx.events):
         _replay(ctx, services)
-    _likely_causes(ctx, services)
+    _likely_causes(ctx, state, services)
 
 
 def _replay(ctx: StepContext, services: Services) -> None:
@@ -50,11 +50,10 @@ def _replay(ctx: StepContext, services: Services) -> None:
             event.details["replay"] = details
 
 
-def _likely_causes(ctx: StepContext, services: Services) -> None:
-    journal = services.journal
+def _likely_causes(ctx: StepContext, state: RunState, services: Services) -> None:
     try:
-        ranked = rank_causes(journal.events + ctx.events,
-                             services.evidence_findings(ctx.findings), top=3,
+        ranked = rank_causes(state.journal.events + ctx.events,
+                             state.evidence_findings(ctx.findings), top=3,
                              fixes=services.fixes)
     except Exception as exc:  # diagnosis is best effort
         log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from trainguard.diagnose.batch import batch_elements_of
-from trainguard.distributed import AgreedPack
 from trainguard.errors import UsageError
 from trainguard.events import ActionRecord
 from trainguard.pipeline.context import BATCH_KEY, PackedStep, PendingStats, StepContext
@@ -25,7 +24,6 @@ from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
 from trainguard.probes.logz import LOGZ_KEYS
 from trainguard.probes.packing import DevicePack
-from trainguard.remedies.device import device_decision, scale_on_device
 from trainguard.signals import SampledStats, StepSignals
 
 log = logging.getLogger("trainguard")
@@ -71,8 +69,8 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     # a batch finding that may last is followed batch by batch (rank-local, off the
     # all-reduce: it rides the transfer as a plain segment)
     if ctx.batch is not None and config.probes.inspect_batches and (
-            ctx.sampled or services.batches.following):
-        ctx.batch_stats = services.batches.stats_on_device(ctx.batch)
+            ctx.sampled or state.batches.following):
+        ctx.batch_stats = state.batches.stats_on_device(ctx.batch)
         if ctx.batch_stats is not None:
             extra[BATCH_KEY] = ctx.batch_stats.tensor
     if state.brake is not None:
@@ -131,40 +129,6 @@ def read_step(ctx: StepContext, state: RunState, services: Services, step: Packe
     if step.attention:
         ctx.signals.attention_logits = dict(zip(step.attention, (
             float(v) for v in host[ATTENTION]), strict=True))
-
-
-def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> None:
-    """`sync="deferred"`: the step's skip flag and global clip decided on the device from its
-    measured norm, the clip applied, and the pack's copy to the host started without a wait;
-    `read_late` reads it at the next step."""
-    config = services.config
-    step = pack_step(ctx, state, services)
-    # the limit in force before this step's own events, which the host judges a step later
-    ctx.clip_limit = state.clip_limit()
-    ctx.taken_on_device = True
-    if isinstance(step.pack, AgreedPack):  # every rank skips and clips on the agreed values
-        norm, loss = step.pack.agree_now()
-    else:  # the loss as the pack carries it (float32), so the host's finiteness agrees
-        norm, loss = step.global_norm, (step.loss.to(torch.float32) if step.loss is not None
-                                        else None)
-    # observe skips only what a GradScaler refuses: non-finite gradients, whatever the loss
-    observe = config.policy == "observe"
-    ctx.found_inf, coef = device_decision(norm, None if observe else loss, ctx.clip_limit,
-                                          skip=not observe or services.scaler is not None)
-    if coef is not None:
-        scale_on_device(ctx.grads, coef)
-        services.watch.adam_probe.scaled(coef)
-    if ctx.sampled:
-        services.watch.weight_probe.remember()
-    ctx.packed, ctx.in_flight = step, step.pack.start_fetch()
-
-
-def read_late(ctx: StepContext, state: RunState, services: Services) -> None:
-    """A deferred step's signals, from its copy (arrived while the next step ran)."""
-    assert ctx.packed is not None and ctx.in_flight is not None
-    # the device clipped the step at the limit then in force
-    read_step(ctx, state, services, ctx.packed, ctx.in_flight.result(), ctx.clip_limit)
-    ctx.packed = ctx.in_flight = None  # the device tensors are not needed any more
 
 
 def watch_new_params(state: RunState, services: Services, step: int) -> ActionRecord | None:

@@ -18,7 +18,7 @@ from trainguard.pipeline.state import RunState
 
 
 def record(ctx: StepContext, state: RunState, services: Services) -> None:
-    journal = services.journal
+    journal = state.journal
     if ctx.new_params is not None:
         journal.emit_action(ctx.new_params)
     journal.add_findings(ctx.findings)

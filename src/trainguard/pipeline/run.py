@@ -1,18 +1,18 @@
 """`Run`: one guarded training run, whoever takes its optimizer steps.
 
 It builds, from the configuration and the user's objects, what the stages use (`Services`: the
-watched parameters, the probes, the batch inspector, the sinks) and the runtime state
-(`RunState`: the detectors, the clip limits, the recover policy), and it owns the run's life:
-start (preflight audit, sinks told), each step's check and settling around `StepPipeline`, a
-halted or unguarded step, the events outside a step, the diagnosis, the state dict and the close.
-The `Guard` and the framework callbacks are thin adapters around it.
+user's objects, the watched parameters, the probes) and the runtime state (`RunState`: the
+detectors, the clip chain, the recover policy, the batch inspector, the journal with the sinks,
+the prover), and it owns the run's life: start (preflight audit, sinks told), each step's check
+and settling around `StepPipeline` (under `sync="deferred"` through its `Deferral`), a halted or
+unguarded step, the events outside a step, the diagnosis, the state dict and the close. The
+`Guard` and the framework callbacks are thin adapters around it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import statistics
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -31,6 +31,7 @@ from trainguard.detect.no_progress import NoProgress
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.anchor import ProofAnchor
 from trainguard.diagnose.batch_watch import BatchWatch
+from trainguard.diagnose.incidents import IncidentProver
 from trainguard.diagnose.preflight import RunSetup
 from trainguard.diagnose.ranking import rank_causes
 from trainguard.diagnose.replay import LossFn
@@ -53,19 +54,18 @@ from trainguard.finiteness import finite_state
 from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
 from trainguard.pipeline.context import StepContext
-from trainguard.pipeline.decide import undone_update
+from trainguard.pipeline.deferred import Deferral, deferral_possible
 from trainguard.pipeline.detect import run_detectors
+from trainguard.pipeline.journal import Journal
 from trainguard.pipeline.measure import flush_pending
-from trainguard.pipeline.services import Services, build_services
+from trainguard.pipeline.services import build_services
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
 from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
-from trainguard.remedies import build_rule, drop_grads
-from trainguard.remedies.device import skips_on_device
-from trainguard.remedies.robust import RobustClipLimit
+from trainguard.remedies.clip_chain import ClipChain
 from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
 from trainguard.snapshot import clean_stale_temps, portable
@@ -116,13 +116,14 @@ class Run:
         """The last monitoring failure reported: its text, its first step, how often it recurred
         since and the last step it did."""
         self.store: RunStore | None = None
+        journal = Journal(self._open_sinks(sinks, resume))
         self.services = build_services(
             config=config, model=model, optimizer=optimizer, watched=watched, dist=dist,
             scheduler=scheduler, owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
             scaler=scaler if scaler is not None and _scaler_enabled(scaler) else None,
-            run_dir=self.run_dir, rewind_schedulers=rewind_schedulers,
-            sinks=self._open_sinks(sinks, resume))
-        self.state = _initial_state(config, self.services.batches)
+            run_dir=self.run_dir, rewind_schedulers=rewind_schedulers)
+        self.state = _initial_state(config, BatchWatch(model, config.probes.batch_size),
+                                    journal)
         self.closed = False
         self.verdict: RunVerdict | None = None
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
@@ -139,16 +140,15 @@ class Run:
                 optimizer, scheduler,
                 keeper=self.state.recovery.lr if self.state.recovery is not None else None)
         self.steps = StepPipeline(self.state, self.services)
-        self.deferred = _deferral(config, self.services, owns_optimizer_step)
-        """`sync="deferred"` in force: each step is judged on the host at the next one."""
+        self.deferral = (Deferral() if deferral_possible(config, self.services, owns_optimizer_step)
+                         else None)
+        """`sync="deferred"` in force (`pipeline/deferred.py`): each step is judged on the host
+        at the next one (None: before its update)."""
         if (ProofAnchor.wanted(config) and self.state.recovery is None and replay_fn is not None
-                and dist is None and not self.deferred):
+                and dist is None and self.deferral is None):
             # a step whose damage is older is proved from a state before the trouble
             self.state.anchor = ProofAnchor(model, optimizer, config)
             self.state.anchor.start(self.state.step)
-        self._late: StepContext | None = None
-        """Under `sync="deferred"`: the step whose update was taken, judged at the next step."""
-        self._concluded: StepReport | None = None
         self.schedule_sampling()
 
     # -- what the stages use, by name ------------------------------------------------------------
@@ -162,11 +162,11 @@ class Run:
     ranks = property(lambda self: self.services.ranks)
     grad_probe = property(lambda self: self.services.watch.grad_probe)
     weight_probe = property(lambda self: self.services.watch.weight_probe)
-    batches = property(lambda self: self.services.batches)
-    sinks = property(lambda self: self.services.journal.sinks)
-    events = property(lambda self: self.services.journal.events)
-    findings = property(lambda self: self.services.journal.findings)
-    prover = property(lambda self: self.services.prover)
+    batches = property(lambda self: self.state.batches)
+    sinks = property(lambda self: self.state.journal.sinks)
+    events = property(lambda self: self.state.journal.events)
+    findings = property(lambda self: self.state.journal.findings)
+    prover = property(lambda self: self.state.prover)
 
     @property
     def metric_watch(self) -> MetricCollapse:
@@ -180,7 +180,12 @@ class Run:
     @property
     def steps_taken(self) -> int:
         """Optimizer steps taken so far, the one a deferred run has yet to judge included."""
-        return self.state.step + (self._late is not None)
+        return self.state.step + (self.deferral.pending if self.deferral is not None else 0)
+
+    @property
+    def deferred(self) -> bool:
+        """`sync="deferred"` is in force."""
+        return self.deferral is not None
 
     # -- one step ----------------------------------------------------------------------------------
     def before_update(self, loss: Any, *, batch: Any = None,
@@ -191,105 +196,40 @@ class Run:
         if self.closed:
             self.raise_if_peer_lost()
             raise UsageError("trainguard is closed for this run; start a new one to keep training")
-        state = self.state
-        if self.deferred:
-            # the step before, judged now (may halt), unless a checkpoint judged it already
-            late = self._late
-            self._concluded = self.conclude_late(mid_step=True) or self._concluded
-            if late is not None and late.outcome == "rolled_back":
-                return self._drop(loss, batch, data_ids, late.step)
+        state, deferral = self.state, self.deferral
+        if deferral is not None:  # the step before, judged now (may halt)
+            dropped = deferral.before_step(self, loss, batch, data_ids)
+            if dropped is not None:
+                return dropped
         if self.dist is not None:
             self.dist.link.step = state.step
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
                           data_ids=state.data_position if data_ids is None else data_ids,
-                          sampled=state.sampled_now, carried=self.steps.queued,
-                          deferred=self.deferred)
+                          sampled=state.sampled_now, carried=self.steps.queued)
         self.steps.queued = []
         state.data_position += 1
         self._pending = None
-        failure = self.steps.start(ctx) if self.deferred else self.steps.check(ctx)
+        failure = (self.steps.check(ctx) if deferral is None else deferral.start(self, ctx))
         if failure is not None:
-            journal = self.services.journal
+            journal = self.state.journal
             if ctx.new_params is not None:  # said outside a step: record will not run
                 journal.emit_action(ctx.new_params)
             journal.add_findings(ctx.findings)
             ctx.events[:] = [self.unguarded(failure)]
             ctx.unguarded = failure
-            self._concluded = None  # the sinks heard the step before; this step's report wins
             return ctx
-        if self.deferred:  # judged at the next step; the step after it is sampled or not now
-            self._late = ctx
-            self.schedule_sampling(ahead=1)
+        if deferral is not None:  # judged at the next step
             return ctx
         if ctx.outcome == "halted":
-            self._halt(ctx)
+            self.halt(ctx)
         self._pending = ctx
-        return ctx
-
-    def conclude_late(self, *, closing: bool = False, mid_step: bool = False
-                      ) -> StepReport | None:
-        """Under `sync="deferred"`: judge the step whose update was taken last (its summary
-        read from the copy started at its step), step the scheduler when its update was
-        applied, settle and record it; its report (None when there was none, or its judgement
-        failed: a `monitor_error`). A halt raises TrainingDiverged, as at a step, unless the run
-        is `closing`. `mid_step`: judged by the next step's `before_update` (its gradients
-        made), not between two steps."""
-        ctx, self._late = self._late, None
-        if ctx is None:
-            return None
-        ctx.mid_step = mid_step
-        failure = self.steps.conclude(ctx)
-        if failure is not None:  # the step went as the device decided; it goes unjudged
-            self.services.journal.add_findings(ctx.findings)
-            self.unguarded(failure, late=True)
-            return None
-        if ctx.outcome == "halted":
-            if not closing:
-                self._halt(ctx)
-            self.halted, self.halt_step = True, ctx.step
-        elif self.scheduler is not None and (ctx.applied or (
-                self.config.policy == "observe" and self.scaler is not None)):
-            # the schedule follows the updates really applied (under observe, as the plain loop
-            # steps it past the GradScaler's skips)
-            self.scheduler.step()
-        self.steps.settle(ctx)
-        return ctx.report
-
-    def _drop(self, loss: Any, batch: Any, data_ids: Any, rolled_back: int) -> StepContext:
-        """Under `sync="deferred"` and `recover`: the step before (`rolled_back`) was just rolled
-        back, and this step's gradients were made on the weights the rollback undid. Its update
-        is dropped (the one extra step a rollback judged late costs), counted among the updates
-        recovery threw away, and reported as skipped; nothing of it is measured."""
-        state = self.state
-        ctx = StepContext(step=state.step, loss=loss, batch=batch,
-                          data_ids=state.data_position if data_ids is None else data_ids,
-                          deferred=True, dropped=True)
-        state.data_position += 1
-        drop_grads(self.watched.params)
-        for probe in (self.services.activation_probe, self.services.output_probe):
-            if probe is not None and probe.attached:  # what it saw was this batch's forward
-                probe.detach()
-        if state.recovery is not None:
-            state.recovery.rolled_back_steps += 1
-        decision = undone_update(ctx.step, rolled_back)
-        ctx.decide(decision)
-        reason = decision.reason
-        self.emit_action(ActionRecord(
-            kind="skip", step=ctx.step, message=f"update of step {ctx.step} dropped: {reason}",
-            details={"reason": reason, "rolled_back_at": rolled_back}))
-        ctx.report = StepReport(step=ctx.step, loss=None, grad_norm=math.nan, action="skipped")
-        self.sinks.on_step(ctx.report)
-        state.step += 1
-        self.schedule_sampling()
         return ctx
 
     def after_update(self, ctx: StepContext | None = None) -> StepReport | None:
         """Settle and record the step checked by `before_update`; call after the optimizer step
         and the scheduler step. None when no step was pending (the check failed)."""
-        if ctx is not None and ctx.deferred and ctx.unguarded is None:
-            # the step before this one's; a dropped step's own, judged already, comes next
-            report, self._concluded = self._concluded, ctx.report if ctx.dropped else None
-            return report
+        if self.deferral is not None and ctx is not None and ctx.unguarded is None:
+            return self.deferral.after_update(ctx)
         pending, self._pending = self._pending, None
         if ctx is not None and ctx is not pending:
             pending = None if ctx.unguarded is not None else ctx
@@ -298,7 +238,8 @@ class Run:
         self.steps.settle(pending)
         return pending.report
 
-    def _halt(self, ctx: StepContext) -> None:
+    def halt(self, ctx: StepContext) -> None:
+        """The step halts the run: settle and record it, close the run, raise TrainingDiverged."""
         self.halted, self.halt_step = True, ctx.step
         self.steps.settle(ctx)
         diagnosis = self.close(status="halted")
@@ -315,13 +256,13 @@ class Run:
     def emit_event(self, event: Event) -> None:
         """An event outside a step's report (a batch refused before its forward pass, a rollback
         between steps, a monitoring failure)."""
-        self.services.journal.emit_event(event)
+        self.state.journal.emit_event(event)
 
     def emit_action(self, action: ActionRecord) -> None:
-        self.services.journal.emit_action(action)
+        self.state.journal.emit_action(action)
 
     def add_findings(self, findings: list[Finding]) -> None:
-        self.services.journal.add_findings(findings)
+        self.state.journal.add_findings(findings)
 
     def observe_eval(self, metrics: Mapping[str, Any], step: int | None = None) -> list[Event]:
         """Evaluation metrics of the model at `step` (default: the last step taken): stored,
@@ -440,8 +381,8 @@ class Run:
 
     # -- diagnosis, state, shutdown --------------------------------------------------------------
     def evidence_findings(self, step_findings: Iterable[Finding] = ()) -> list[Finding]:
-        """The findings a diagnosis weighs (see `Services.evidence_findings`)."""
-        return self.services.evidence_findings(step_findings, closed=self.closed)
+        """The findings a diagnosis weighs (see `RunState.evidence_findings`)."""
+        return self.state.evidence_findings(step_findings, closed=self.closed)
 
     def diagnose(self) -> list[RankedCause]:
         try:
@@ -453,8 +394,8 @@ class Run:
     def flush(self) -> None:
         """Under `sync="deferred"`: judge the step taken last now (a wait for its summary), as
         before a checkpoint; it may halt the run. Nothing to do otherwise."""
-        if self._late is not None and not self.closed:
-            self._concluded = self.conclude_late()
+        if self.deferral is not None and not self.closed:
+            self.deferral.flush(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The run's state between two steps (under `sync="deferred"`, with the last step
@@ -487,12 +428,8 @@ class Run:
 
     def _close(self, status: Status, error: RunError | None = None) -> list[RankedCause]:
         lost = self.dist is not None and self.dist.link.lost is not None
-        if self._late is not None and not lost:  # the last deferred step, judged before the end
-            try:
-                self.conclude_late(closing=True)
-            except Exception as exc:  # its judgement is lost (a peer too), the run still closes
-                log.error("trainguard: could not judge the last step (%s: %s)",
-                          type(exc).__name__, exc)
+        if self.deferral is not None and not lost:  # the last step, judged before the end
+            self.deferral.close(self)
             if self.halted:
                 status = "halted"
         self.closed = True
@@ -514,7 +451,7 @@ class Run:
             log.error("trainguard: could not flush the last measurements (%s: %s)",
                       type(exc).__name__, exc)
         self.add_findings(self.batches.run_findings())
-        self.services.journal.settle_warmup()
+        self.state.journal.settle_warmup()
         diagnosis = self.diagnose()
         if diagnosis:
             self.sinks.on_diagnosis(diagnosis)
@@ -599,10 +536,10 @@ class Run:
             return
         # the loop may warm the LR up itself: "no warmup" waits for the LRs the steps use
         if any(f.check == "warmup" for f in findings):
-            self.services.journal.warmup_watch = WarmupWatch(RunSetup(
+            self.state.journal.warmup_watch = WarmupWatch(RunSetup(
                 model=self.model, optimizers=[self.optimizer], scheduler=self.scheduler))
             findings = [f for f in findings if f.check != "warmup"]
-        self.services.journal.findings.extend(findings)
+        self.state.journal.findings.extend(findings)
         self.sinks.on_findings(list(self.findings))
 
     def _flush_pending(self) -> None:
@@ -641,32 +578,6 @@ def _on_lost(run: Run) -> Callable[[PeerLost], None]:
     return lost
 
 
-def _deferral(config: GuardConfig, services: Services, owns_optimizer_step: bool) -> bool:
-    """Whether `sync="deferred"` is in force; when asked for and not possible, says why once."""
-    if config.sync != "deferred":
-        return False
-    why = None
-    if not owns_optimizer_step:
-        why = "the trainer takes the optimizer step (only the plain-loop Guard defers)"
-    elif services.dist is not None and services.dist.device.type == "cpu" \
-            and services.device.type != "cpu":
-        why = "gloo serving an accelerator reduces the step's signals on the host"
-    elif config.clip.rule is not None or config.clip.agc is not None:
-        why = "clip.rule and clip.agc read the norms on the host"
-    elif not skips_on_device(services.optimizer):
-        why = (f"{type(services.optimizer).__name__} cannot skip a step on the device: use "
-               f"Adam, AdamW or SGD with fused=True (SGD with momentum: after its first step)")
-    # every rank or none: a deferred rank's collectives run in another order than a blocking one's
-    if services.dist is not None and services.dist.agree_max(int(why is not None)) \
-            and why is None:
-        why = "another rank cannot defer"
-    if why is not None:
-        log.warning("trainguard: sync='deferred' is not available here (%s); every step is "
-                    "read on the host before its update", why)
-        return False
-    return True
-
-
 def _checked(config: Any, model: Any, optimizer: Any) -> GuardConfig:
     """The configuration (the default one for None), or one clear error for a wrong argument."""
     config = config if config is not None else GuardConfig()
@@ -692,24 +603,17 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
             "parameter names": hashlib.sha1(names.encode()).hexdigest()[:16]}
 
 
-def _initial_state(config: GuardConfig, batches: BatchWatch) -> RunState:
+def _initial_state(config: GuardConfig, batches: BatchWatch, journal: Journal) -> RunState:
     return RunState(
-        max_grad_norm=config.clip.fixed, auto_clip=_auto_clip(config),
-        configured_max_grad_norm=config.clip.fixed,
+        clip=ClipChain.init(config), batches=batches, journal=journal, prover=IncidentProver(),
         detectors=default_detectors(config.detectors),
-        clip_rule=build_rule(config.clip.rule) if config.clip.rule is not None else None,
         losses=LossTrack(stall_steps=config.detectors.no_progress.steps),
-        metric_watch=MetricCollapse(config.detectors), batches=batches)
+        metric_watch=MetricCollapse(config.detectors))
 
 
 def _scaler_enabled(scaler: Any) -> bool:
     is_enabled = getattr(scaler, "is_enabled", None)
     return bool(is_enabled()) if callable(is_enabled) else True
-
-
-def _auto_clip(config: GuardConfig) -> RobustClipLimit | None:
-    """The adaptive default clip, on the detectors' baseline window, warm-up and absolute limit."""
-    return RobustClipLimit(config) if config.adaptive_clip else None
 
 
 def _run_dir(run_dir: object) -> Path | None:

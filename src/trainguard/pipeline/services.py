@@ -1,11 +1,12 @@
 """`Services`: what the stages use and do not own, built once per run by `build_services`.
 
 A stage is a function of (`StepContext`, `RunState`, `Services`): the context carries the step,
-the state is what a rollback rewinds and a resume restores, and the services are the user's
-objects (model, optimizer, scheduler, scaler), the probes, the batch watch, the distributed
-context and the `Journal` (the run's events and findings, and the sinks that hear them). The
-bundle is frozen; what changes inside it changes for a reason of its own: `ParamWatch` rebuilds
-its parameter-wise probes when the optimizer gains parameters, the journal grows as the run goes.
+the state is what a rollback rewinds and a resume restores (everything with state: the journal,
+the batch watch, the prover, the clip chain), and the services are the user's objects (model,
+optimizer, scheduler, scaler, loss function), the configuration, the probes laid out on the model
+and the distributed context. The bundle is frozen and holds no run state; what changes inside it
+changes for a reason of its own: `ParamWatch` rebuilds its parameter-wise probes when the
+optimizer gains parameters.
 """
 
 from __future__ import annotations
@@ -20,15 +21,11 @@ import torch
 from torch import nn
 
 from trainguard.config import GuardConfig
-from trainguard.diagnose import Finding
-from trainguard.diagnose.batch_watch import BatchWatch
-from trainguard.diagnose.incidents import IncidentProver
 from trainguard.diagnose.lr_range import sane_lr
 from trainguard.diagnose.replay import LossFn
 from trainguard.diagnose.step_rng import StepRNG
-from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.distributed import DistributedContext, LocalShardGradientProbe, RankAgreement
-from trainguard.events import ActionRecord, Event
+from trainguard.events import ActionRecord
 from trainguard.params import WatchedParams, new_params, optimizer_param_count
 from trainguard.pipeline.rewind import ScheduleRewind
 from trainguard.probes.activations import ActivationProbe
@@ -39,9 +36,6 @@ from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OutputProbe
 from trainguard.probes.weights import WeightProbe
-from trainguard.remedies import build_agc
-from trainguard.remedies.agc import AGC
-from trainguard.sinks import SinkSet
 
 log = logging.getLogger("trainguard")
 
@@ -93,57 +87,6 @@ class ParamWatch:
         return added
 
 
-@dataclass
-class Journal:
-    """The run's events and findings, and the sinks that hear them. `record` adds a step's;
-    the run adds what happens between steps (a refused batch, a rollback, a monitoring failure)."""
-
-    sinks: SinkSet
-    events: list[Event] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    warmup_watch: WarmupWatch | None = None
-    """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
-
-    def emit_event(self, event: Event) -> None:
-        self.events.append(event)
-        self.sinks.on_event(event)
-
-    def emit_action(self, action: ActionRecord) -> None:
-        self.sinks.on_action(action)
-
-    def add_findings(self, findings: Iterable[Finding]) -> None:
-        findings = list(findings)
-        if findings:
-            self.findings.extend(findings)
-            self.sinks.on_findings(list(self.findings))
-
-    def observe_lrs(self, group_lrs: tuple[float, ...]) -> list[Finding]:
-        """The LRs of the step about to be taken (per param group): they decide the held
-        `warmup` finding over the run's first steps. Returns the findings decided now."""
-        watch = self.warmup_watch
-        if watch is None:
-            return []
-        try:
-            decided = watch.observe(group_lrs)
-        except Exception as exc:  # advisory
-            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
-            decided = []
-        if decided is None:
-            return []
-        self.warmup_watch = None
-        return decided
-
-    def settle_warmup(self) -> None:
-        """A run that ended within the warmup watch: judged on the steps it had."""
-        watch, self.warmup_watch = self.warmup_watch, None
-        if watch is None:
-            return
-        try:
-            self.add_findings(watch.settle())
-        except Exception as exc:  # advisory
-            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
-
-
 @dataclass(frozen=True)
 class Services:
     config: GuardConfig
@@ -164,12 +107,7 @@ class Services:
     optstate_probe: OptimizerStateProbe
     activation_probe: ActivationProbe | None
     output_probe: OutputProbe | None
-    batches: BatchWatch
     rewind: ScheduleRewind
-    agc: AGC | None
-    journal: Journal
-    prover: IncidentProver
-    """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
     attention_probe: AttentionLogitProbe | None = None
     """The attention layers' largest logits (`probes/attention_logits.py`), hooked on the steps
     `DetectorConfig.attention_logits.every` names."""
@@ -192,16 +130,6 @@ class Services:
     def ranks(self) -> RankAgreement | None:
         return self.watch.ranks
 
-    def evidence_findings(self, step_findings: Iterable[Finding] = (),
-                          closed: bool = False) -> list[Finding]:
-        """The findings a diagnosis weighs: the run's, those of the step under way (not yet
-        recorded), and the runs of consecutive bad batches seen so far (added to the run's
-        findings when it closes)."""
-        findings = self.journal.findings
-        if closed:
-            return list(findings)
-        return findings + list(step_findings) + self.batches.run_findings()
-
     def snapshot_dir(self) -> Path:
         """Where crash snapshots go: the configured folder, else the run directory."""
         config = self.config
@@ -212,8 +140,7 @@ class Services:
 def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                    watched: WatchedParams, dist: DistributedContext | None, scheduler: Any,
                    scaler: Any, owns_scaler_step: bool, replay_fn: LossFn | None,
-                   run_dir: Path | None, rewind_schedulers: Iterable[Any],
-                   sinks: SinkSet) -> Services:
+                   run_dir: Path | None, rewind_schedulers: Iterable[Any]) -> Services:
     return Services(
         config=config, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
         owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
@@ -223,10 +150,7 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
         optstate_probe=OptimizerStateProbe(watched, [optimizer]),
         activation_probe=ActivationProbe(model) if config.probes.activations else None,
         output_probe=OutputProbe(model) if config.probes.outputs else None,
-        batches=BatchWatch(model, config.probes.batch_size),
         rewind=ScheduleRewind(optimizer, [s for s in rewind_schedulers if s is not None]),
-        agc=build_agc(config.clip.agc) if config.clip.agc is not None else None,
-        journal=Journal(sinks), prover=IncidentProver(),
         # left out under torch.distributed, as the Adam-ratio probe: rank-local values
         attention_probe=(AttentionLogitProbe(model)
                          if config.detectors.attention_logits.probe and dist is None else None),

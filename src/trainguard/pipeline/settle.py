@@ -45,10 +45,8 @@ def settle(ctx: StepContext, state: RunState, services: Services) -> None:
     # every rank (sampled statistics are agreed with collectives).
     ctx.sample_next = any(services.dist is None or not is_rank_local(e.kind)
                           for e in ctx.events)
-    if ctx.applied and state.auto_clip is not None:
-        limit = ctx.clip_limit
-        state.auto_clip.observe(signals.grad_norm, limit if limit is not None else
-                                float("inf"))
+    if ctx.applied:
+        state.clip.update(signals.grad_norm, ctx.clip_limit)
     if ctx.applied and state.recovery is not None:
         state.recovery.after_applied(state.step, state.rewind_state)
     if state.anchor is not None:
@@ -96,7 +94,8 @@ def _schedule_and_probes(ctx: StepContext, state: RunState, services: Services) 
             state.recovery.after_schedule()
     else:
         try:
-            services.rewind.restore()
+            if ctx.schedule_mark is not None:
+                ctx.schedule_mark.restore()
         except Exception as exc:  # the schedule drifts by a step; training goes on
             log.error("trainguard: could not rewind the LR scheduler after a skipped step "
                       "(%s: %s)", type(exc).__name__, exc)

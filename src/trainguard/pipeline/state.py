@@ -1,20 +1,20 @@
 """`RunState`: the one home of a guarded run's runtime state, with one `state_dict`.
 
 Counters, the clipping limit in force, the detectors' baselines, the clip rule's statistics,
-metric collapse's best values, the batch watch's memory, the sampling schedule and the recover
-policy's judgement live here (or are reached from here), each a `Stateful` under a stable key
-(`components`), so that a checkpoint, a resumed job and a rollback all see the same thing. The
-configuration is plain data and holds no state; the objects built from it (detectors, rules) are
-held here.
+metric collapse's best values, the batch watch's memory, the sampling schedule, the recover
+policy's judgement, the journal of findings and the prover's record live here (or are reached
+from here), each a `Stateful` under a stable key (`components`), so that a checkpoint, a resumed
+job and a rollback all see the same thing. The configuration is plain data and holds no state;
+the objects built from it (detectors, rules) are held here, and `Services` holds none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
-from trainguard.remedies.limit import ClipLimits, clip_limits
 from trainguard.signals import LossCurvature
 from trainguard.stateful import Stateful, gather, restore
 from trainguard.verdict import LossTrack
@@ -23,11 +23,13 @@ if TYPE_CHECKING:
     from trainguard.detect.metric_collapse import MetricCollapse
     from trainguard.diagnose.anchor import ProofAnchor
     from trainguard.diagnose.batch_watch import BatchWatch
+    from trainguard.diagnose.incidents import IncidentProver
+    from trainguard.finding import Finding
+    from trainguard.pipeline.journal import Journal
     from trainguard.recovery import Recovery
     from trainguard.recovery.brake import PrecursorBrake
     from trainguard.recovery.ring import GoodStateRing
-    from trainguard.remedies import ClipRule
-    from trainguard.remedies.robust import RobustClipLimit
+    from trainguard.remedies.clip_chain import ClipChain
 
 
 AUTO_CLIP = "auto_clip"
@@ -36,20 +38,23 @@ AUTO_CLIP = "auto_clip"
 REWOUND = ("detectors",)
 """The components a rollback puts back with the weights: the baselines the bad steps fed (the
 detectors' and the adaptive clip's). The others describe the data and the evaluations seen, which
-a rollback does not undo (a bad batch stays bad, a collapsed metric was seen), or, as recovery's
-judgement, are what decided the rollback."""
+a rollback does not undo (a bad batch stays bad, a collapsed metric was seen), what was said and
+proved (the journal's findings, the prover's record, whose baseline holds healthy steps only), or,
+as recovery's judgement, are what decided the rollback."""
 
 
 @dataclass(slots=True)
 class RunState:
-    max_grad_norm: float | None
-    """The fixed global clipping limit (the user's, or the one the recover policy tightened to
-    after a rollback); None when there is none."""
-    auto_clip: RobustClipLimit | None = None
-    """The adaptive default clip (`clip.max_grad_norm="auto"`): the run's own norm baseline."""
+    clip: ClipChain
+    """Every clipping link (fixed, adaptive, clip rule, AGC) and the one computation of the
+    limit in force (`remedies/clip_chain.py`)."""
+    batches: BatchWatch
+    """The batch inspector's memory: reference size, typical magnitudes, runs of bad batches."""
+    journal: Journal
+    """The run's events and findings, and the sinks that hear them (`pipeline/journal.py`)."""
+    prover: IncidentProver
+    """Proves the causes of an incident by replaying its step (`diagnose/incidents.py`)."""
     detectors: list[Detector] = field(default_factory=list)
-    clip_rule: ClipRule | None = None
-    """The clip rule built from the config's spec; its statistics are run state."""
     recovery: Recovery | None = None
     brake: PrecursorBrake | None = None
     """The LR brake an `instability_precursor` warning pulls (every policy but observe)."""
@@ -74,10 +79,6 @@ class RunState:
     """The loss levels the run's verdict compares (start, before the first trouble, final)."""
     metric_watch: MetricCollapse | None = None
     """`metric_collapse` on the evaluation metrics handed over: their best values, episodes."""
-    batches: BatchWatch | None = None
-    """The batch inspector's memory: reference size, typical magnitudes, runs of bad batches."""
-    configured_max_grad_norm: float | None = None
-    """The configured fixed limit, in force when the run holds no other (`remedies/limit.py`)."""
     output_classes: int | None = None
     """Width of the model's class scores, as the output probe last saw it (chance level for
     `metric_collapse`)."""
@@ -93,17 +94,27 @@ class RunState:
     def components(self) -> dict[str, Stateful | None]:
         """Every component with state, under its key in `state_dict` (None: not in this run)."""
         return {"detectors": _Baselines(self), "losses": self.losses,
-                "curvature": self.curvature, "clip_rule": self.clip_rule,
+                "curvature": self.curvature, "clip_rule": self.clip.rule,
                 "recovery": self.recovery, "metric_collapse": self.metric_watch,
                 "batch_watch": self.batches, "sampling": _Sampling(self),
-                "brake": self.brake}
+                "brake": self.brake, "journal": self.journal, "prover": self.prover}
+
+    def evidence_findings(self, step_findings: Iterable[Finding] = (),
+                          closed: bool = False) -> list[Finding]:
+        """The findings a diagnosis weighs: the run's, those of the step under way (not yet
+        recorded), and the runs of consecutive bad batches seen so far (added to the run's
+        findings when it closes)."""
+        findings = self.journal.findings
+        if closed:
+            return list(findings)
+        return findings + list(step_findings) + self.batches.run_findings()
 
     # -- detectors -------------------------------------------------------------------------------
     def detector_state(self) -> dict[str, Any]:
         """The detectors' baselines, and the adaptive clip's (`auto_clip`), which is one too."""
         state = {d.kind: d.state_dict() for d in self.detectors}
-        if self.auto_clip is not None:
-            state[AUTO_CLIP] = self.auto_clip.state_dict()
+        if self.clip.adaptive is not None:
+            state[AUTO_CLIP] = self.clip.adaptive.state_dict()
         return state
 
     def restore_detectors(self, state: dict[str, Any]) -> None:
@@ -111,26 +122,13 @@ class RunState:
         for detector in self.detectors:
             if detector.kind in state:
                 detector.load_state_dict(state[detector.kind])
-        if self.auto_clip is not None and AUTO_CLIP in state:
-            self.auto_clip.load_state_dict(state[AUTO_CLIP])
-
-    def clip_limits(self) -> ClipLimits:
-        """The clipping limits the run holds for the next step (`remedies/limit.py`)."""
-        return clip_limits(self.max_grad_norm, self.auto_clip, self.configured_max_grad_norm,
-                           self.step)
+        if self.clip.adaptive is not None and AUTO_CLIP in state:
+            self.clip.adaptive.load_state_dict(state[AUTO_CLIP])
 
     def clip_limit(self) -> float | None:
-        """The global clipping limit in force for the next step, before its own events: the
-        lower of the fixed limit and the adaptive one (None: no clipping)."""
-        return self.clip_limits().in_force()
-
-    def tighten_clipping(self, limit: float) -> None:
-        """After a rollback: a fixed limit at `limit` (`RecoveryConfig.max_grad_norm`, the guide's
-        0.5), below any earlier one; the adaptive clip stays on beneath it. (Clipping at the run's
-        own typical norm instead was measured too: it recovered no more faults and let a run
-        whose LR stays too high settle at a worse loss.)"""
-        self.max_grad_norm = limit if self.max_grad_norm is None else min(self.max_grad_norm,
-                                                                           limit)
+        """The global clipping limit in force for the next step, before its own events, as the
+        clip chain computes it (None: no clipping)."""
+        return self.clip.in_force(self.step)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def rewind_state(self) -> dict[str, Any]:
@@ -148,7 +146,7 @@ class RunState:
         """Plain Python types (framework checkpoints load them with weights_only=True). The
         recover policy's saved states are not included: they are as large as a checkpoint."""
         return {"step": self.step, "consecutive_skips": self.consecutive_skips,
-                "data_position": self.data_position, "max_grad_norm": self.max_grad_norm,
+                "data_position": self.data_position, "max_grad_norm": self.clip.fixed_limit,
                 "output_classes": self.output_classes, **gather(self.components())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -164,8 +162,8 @@ class RunState:
         if self.recovery is not None and isinstance(recovery, dict):
             # only recovery moves the limit away from the configured one (older checkpoints
             # kept it inside the recovery state)
-            self.max_grad_norm = state.get("max_grad_norm",
-                                           recovery.get("max_grad_norm", self.max_grad_norm))
+            self.clip.fixed_limit = state.get("max_grad_norm",
+                                        recovery.get("max_grad_norm", self.clip.fixed_limit))
 
 
 class _Baselines:

@@ -51,7 +51,7 @@ class Rollback:
     guard_state: dict[str, Any]
     """The run state the good state kept (`RunState.rewind_state`), to put back."""
     max_grad_norm: float | None
-    """The fixed clipping limit to tighten to (`RunState.tighten_clipping`); None: clipping stays
+    """The fixed clipping limit to tighten to (`ClipChain.tighten`); None: clipping stays
     as it was (a rollback after the loop raised the LR: a tighter clip would be a lasting cut of
     the updates after the cause has gone, 3.16 -> 3.40 on a small GPT-2 clipped at 0.5 all run)."""
     lr_factor: float

@@ -6,10 +6,10 @@
     fallback   the configured fixed limit, in force when the run holds neither
 
 The limit in force is the lowest of the fixed and the adaptive ones, else the fallback. Their
-state lives in `RunState` (the fixed limit, and the adaptive clip, rewound with the detectors'
-baselines); `RunState.clip_limits` gathers them into `ClipLimits` for a step, and every reader of
-a limit (the step's decision, the device's clip under `sync="deferred"`, an unguarded step, a
-rollback's event, the preflight) takes it from there.
+state lives in the clip chain (`remedies/clip_chain.py`, `RunState.clip`: the fixed limit, and
+the adaptive clip, rewound with the detectors' baselines); `ClipChain.limits` gathers them into
+`ClipLimits` for a step, and every reader of a limit (the step's decision, the device's clip under
+`sync="deferred"`, an unguarded step, a rollback's event, the preflight) takes it from there.
 """
 
 from __future__ import annotations

@@ -1,0 +1,84 @@
+"""`Journal`: the run's events and findings, and the sinks that hear them.
+
+`record` adds a step's; the run adds what happens between steps (a refused batch, a rollback, a
+monitoring failure). It is run state (`RunState.journal`): its findings (the preflight's, the
+batches', the first loss's) are what a diagnosis and a proof weigh, so a checkpoint keeps them
+and a resumed job, which runs no preflight, weighs them too. Its events are the sinks' record,
+which the run store keeps: a resumed job's journal records its own from its first step. A
+rollback unsays nothing, so the journal is not rewound.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.diagnose.warmup_watch import WarmupWatch
+from trainguard.events import ActionRecord, Event
+from trainguard.finding import Finding
+from trainguard.sinks import SinkSet
+
+log = logging.getLogger("trainguard")
+
+
+@dataclass
+class Journal:
+    sinks: SinkSet
+    events: list[Event] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    warmup_watch: WarmupWatch | None = None
+    """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
+
+    def emit_event(self, event: Event) -> None:
+        self.events.append(event)
+        self.sinks.on_event(event)
+
+    def emit_action(self, action: ActionRecord) -> None:
+        self.sinks.on_action(action)
+
+    def add_findings(self, findings: Iterable[Finding]) -> None:
+        findings = list(findings)
+        if findings:
+            self.findings.extend(findings)
+            self.sinks.on_findings(list(self.findings))
+
+    def observe_lrs(self, group_lrs: tuple[float, ...]) -> list[Finding]:
+        """The LRs of the step about to be taken (per param group): they decide the held
+        `warmup` finding over the run's first steps. Returns the findings decided now."""
+        watch = self.warmup_watch
+        if watch is None:
+            return []
+        try:
+            decided = watch.observe(group_lrs)
+        except Exception as exc:  # advisory
+            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
+            decided = []
+        if decided is None:
+            return []
+        self.warmup_watch = None
+        return decided
+
+    def settle_warmup(self) -> None:
+        """A run that ended within the warmup watch: judged on the steps it had."""
+        watch, self.warmup_watch = self.warmup_watch, None
+        if watch is None:
+            return
+        try:
+            self.add_findings(watch.settle())
+        except Exception as exc:  # advisory
+            log.error("trainguard: warmup check failed (%s: %s)", type(exc).__name__, exc)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"findings": [f.to_dict() for f in self.findings]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        findings = state.get("findings")
+        if isinstance(findings, list):
+            self.findings = [Finding.from_dict(f) for f in findings
+                             if isinstance(f, Mapping) and _WHOLE <= f.keys()]
+
+
+_WHOLE = {"check", "severity", "message"}
+"""What a finding kept in a checkpoint has at least (anything else defaults)."""
