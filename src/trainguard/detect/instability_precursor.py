@@ -112,6 +112,8 @@ class InstabilityPrecursor(Detector):
         """This step's log discount for its batch's size."""
         self.clipped = 1.0
         """This step's clip factor: the ratio is judged at the gradient the optimizer is given."""
+        self.per_norm = np.zeros(0)
+        """The anchor's ratios over its gradient norms."""
         self.anchor: tuple[np.ndarray, np.ndarray] | None = None
         """(ratios, gradient norms) of the last step the probe measured: what a step it skips
         is estimated from (`_estimate`)."""
@@ -127,6 +129,8 @@ class InstabilityPrecursor(Detector):
         """The last step the probes measured (None: none yet)."""
         self.near = False
         """Some value was near its bound at that step: the probes measure every step."""
+        self.growth_near = False
+        """log Z or the update RMS was near its bound when last measured."""
 
     def due(self, step: int) -> bool:
         """Whether the probes measure `step` (`detectors.instability_precursor.every`): every
@@ -146,8 +150,10 @@ class InstabilityPrecursor(Detector):
                 held = min(signals.step - last - 1, self.config.common.baseline_window)
         events = (self._check_ratio(signals) + self.attention.check(signals, self.event)
                   + self.growth.check(signals, self.event, held))
+        if signals.precursors:  # log Z moves only when measured
+            self.growth_near = self.growth.near()
         if signals.precursors or self.judged:
-            self.near = self._ratio_near() or self.growth.near()
+            self.near = self.growth_near or self._ratio_near()
         if signals.lr is not None:
             for event in events:  # the LR it came at: the ranking compares it with the first
                 event.details.setdefault("lr", signals.lr)  # steps' (a schedule that rose)
@@ -165,10 +171,17 @@ class InstabilityPrecursor(Detector):
         if measured is not None:
             values = np.asarray(measured, dtype=np.float64)
             if (values > 0).any():  # a ratio to estimate the steps after from
-                self.anchor = (values, np.asarray(signals.param_grad_norm, dtype=np.float64))
+                norms = np.asarray(signals.param_grad_norm, dtype=np.float64)
+                self.anchor = (values, norms)
+                # each ratio per unit of gradient norm (0 for a parameter without a gradient,
+                # whose ratio is 0): a later step's estimate is one product
+                self.per_norm = np.divide(values, norms, out=np.zeros_like(values),
+                                          where=norms > 0)
         else:
             estimate = self._estimate(signals)
             if estimate is None:
+                return []
+            if self._far(estimate, signals):
                 return []
             values = estimate
         self.judged = True
@@ -185,9 +198,9 @@ class InstabilityPrecursor(Detector):
             self.streak = np.zeros(values.shape, dtype=np.int64)
             self.first = np.zeros(values.shape)
             self.sudden = np.zeros(values.shape, dtype=bool)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            logs = np.where(np.isfinite(values) & (values > 0), np.log(values), np.nan)
-            self.last_max = float(np.fmax.reduce(values, initial=0.0))
+        # the log of what is finite and positive, NaN else (the log of NaN warns nothing)
+        logs = np.log(np.where((values > 0) & (values < math.inf), values, math.nan))
+        self.last_max = float(np.fmax.reduce(values, initial=0.0))
         if len(self.history) < self.config.instability_precursor.warmup:
             if np.isfinite(logs).any():  # a step with nothing measured does not age the baseline
                 self.history.append(logs)
@@ -204,10 +217,24 @@ class InstabilityPrecursor(Detector):
         else:
             return 1.0
         if (len(self.lrs) < self.config.instability_precursor.warmup // 2
-                or not (values >= self.config.instability_precursor.abs_min).any()):
+                or not float(np.fmax.reduce(values, initial=0.0))
+                >= self.config.instability_precursor.abs_min):
             return 1.0
         typical = float(np.median(self.lrs))
         return min(1.0, lr / typical) if typical > 0 else 1.0
+
+    def _far(self, estimate: np.ndarray, signals: StepSignals) -> bool:
+        """A skipped step whose estimate is far from every bound (the discounts only lower it),
+        with no streak or episode open: the step moves the state as a quiet one, the ratios last
+        judged standing for it, at the cost of a product and a maximum."""
+        peak = float(np.fmax.reduce(estimate, initial=0.0)) * clip_factor(signals)
+        if (peak >= NEAR * self.config.instability_precursor.abs_min or not self.history
+                or self.streak.any() or self.episode.active):
+            return False
+        self.judged, self.last_max = True, peak
+        self.history.append(self.history[-1])
+        self.episode.update(False)
+        return True
 
     def _estimate(self, signals: StepSignals) -> np.ndarray | None:
         """A step the probes did not measure: each parameter's ratio as last measured, scaled by
@@ -216,12 +243,10 @@ class InstabilityPrecursor(Detector):
         outgrows it. None without a measurement of the same parameters."""
         if self.anchor is None:
             return None
-        ratios, norms = self.anchor
-        now = np.asarray(signals.param_grad_norm, dtype=np.float64)
-        if now.shape != norms.shape:
+        now = signals.param_grad_norm
+        if now.shape != self.per_norm.shape:
             return None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(norms > 0, ratios * (now / norms), ratios)
+        return self.per_norm * now
 
     def _judge(self, signals: StepSignals, values: np.ndarray, logs: np.ndarray) -> list[Event]:
         cfg = self.config
@@ -320,7 +345,7 @@ class InstabilityPrecursor(Detector):
                 "attention": self.attention.state_dict(), "growth": self.growth.state_dict(),
                 "batch_noise": self.batch_noise.state_dict(),
                 "measured": self.measured, "near": self.near, "last_max": self.last_max,
-                "lrs": list(self.lrs),
+                "lrs": list(self.lrs), "growth_near": self.growth_near,
                 "anchor": (None if self.anchor is None else
                            [[float(v) if math.isfinite(v) else None for v in part]
                             for part in self.anchor])}
@@ -347,4 +372,8 @@ class InstabilityPrecursor(Detector):
         self.anchor = (None if anchor is None else
                        (np.array([math.nan if v is None else v for v in anchor[0]]),
                         np.array([math.nan if v is None else v for v in anchor[1]])))
+        if self.anchor is not None:
+            ratios, norms = self.anchor
+            self.per_norm = np.divide(ratios, norms, out=np.zeros_like(ratios), where=norms > 0)
+        self.growth_near = bool(state.get("growth_near", False))
 
