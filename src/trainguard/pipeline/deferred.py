@@ -7,12 +7,12 @@ step judged on the host at the next one. The whole mode lives here.
     step t+1, after t's update  read_late -> detect -> explain -> decide -> act_late (the LATE
                                 stages) on step t, then settle -> record
 
-The shared stages never test the mode: they read what it changes, the limit the device clipped
-at (`StepContext.clip_limit`) and that the update was taken before it was judged
-(`StepContext.taken_on_device`). `Deferral` is the run's side of the mode: the step taken and
-not yet judged, its conclusion (a rollback judged late drops the next step's update: the
-decision is `decide.undone_update`), the report the caller gets a step late. Whether the mode is
-possible is said once, at the start (`deferral_possible`).
+The shared stages never test the mode: they read what it changes, that the update was taken
+before it was judged and the limit the device clipped at (`StepContext.taken_on_device`).
+`Deferral` is the run's side of the mode: the step taken and not yet judged, its conclusion (a
+rollback judged late drops the next step's update: the decision is `decide.undone_update`), the
+report the caller gets a step late. Whether the mode is possible is said once, at the start
+(`deferral_possible`).
 """
 
 from __future__ import annotations

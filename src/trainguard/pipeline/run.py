@@ -86,7 +86,7 @@ class Run:
     starting a new one there. `mid_run`: the job restarts from a checkpoint (the preflight, which
     would misread a schedule already under way, is skipped). `owns_optimizer_step`: the caller
     (the Guard) takes the optimizer step itself, so `sync="deferred"` can hand it the device's
-    skip flag (`StepContext.found_inf`) and step the scheduler when a step is known applied."""
+    skip flag (`OnDevice.found_inf`) and step the scheduler when a step is known applied."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  config: GuardConfig | None = None, run_dir: str | Path | None = None,
