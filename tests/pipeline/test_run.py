@@ -186,3 +186,27 @@ def test_ranks_agree_on_the_config_less_what_a_rank_may_set_for_itself() -> None
     assert mine == theirs
     assert mine != _agreed_setup(GuardConfig(checkpoints={"block_poisoned": True}), watched)
     assert mine != _agreed_setup(GuardConfig(detectors={"loss_spike": {"ratio": 3.0}}), watched)
+
+
+def test_what_detect_found_before_it_failed_reaches_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure inside `detect` leaves the step unchecked; the findings it had made by then (the
+    LR journal's, the first loss's) are still the run's."""
+    from trainguard.finding import Finding
+    from trainguard.pipeline import detect as detect_stage
+
+    setup = make_setup(warmup=0)
+    run = Run(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
+    found = Finding(check="warmup", severity="warning", message="no warm-up", fix="warm up")
+    monkeypatch.setattr(run.state.journal, "observe_lrs", lambda lrs: [found])
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a monitoring bug")
+
+    monkeypatch.setattr(detect_stage, "run_detectors", broken)
+    loss = setup.model.loss(setup.batch())
+    loss.backward()
+    assert run.before_update(loss).unguarded is not None
+    assert found in run.findings
+    run.after_update()
+    run.close()

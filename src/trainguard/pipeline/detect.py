@@ -72,8 +72,18 @@ class _Gathering:
 
 def detect(ctx: StepContext, state: RunState, services: Services,
            measured: Measured) -> Detected:
-    signals, config, ranks = measured.signals, services.config, services.ranks
     found = _Gathering()
+    try:
+        return _detect(ctx, state, services, measured, found)
+    except Exception:
+        # the step is left unchecked: what was found before the failure is still the run's
+        ctx.findings.extend(found.findings)
+        raise
+
+
+def _detect(ctx: StepContext, state: RunState, services: Services, measured: Measured,
+            found: _Gathering) -> Detected:
+    signals, config, ranks = measured.signals, services.config, services.ranks
     for sample in signals.sampled:  # the class count metric_collapse judges chance by
         if sample.output.get("out_classes", 0.0) >= 2:
             state.output_classes = int(sample.output["out_classes"])
