@@ -43,7 +43,13 @@ LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}
 
 STAGE_MODULES = {f"trainguard.pipeline.{name}" for name in
                  ("measure", "detect", "explain", "decide", "act", "settle", "record")}
-"""Where the stages live: each is a function of (ctx, state, services)."""
+"""Where the stages live: each is a function of (ctx, state, services) and of the results of the
+stages before it that it reads."""
+CHECK_MODULES = {f"trainguard.pipeline.{name}" for name in
+                 ("measure", "detect", "explain", "decide", "act", "deferred")}
+"""Where the stages before the update live (and the deferred mode's, their counterparts)."""
+SET_FROM_RESULTS = ("measured", "signals", "fired", "decision")
+"""What the pipeline sets on the `StepContext` from the stages' results, for the settling."""
 
 
 def _module_name(path: Path) -> str:
@@ -421,6 +427,19 @@ def test_no_stage_reads_the_sync_mode() -> None:
 
     readers = sorted(module for module in STAGE_MODULES
                      if any(map(reads_the_mode, ast.walk(ast.parse(MODULES[module].read_text(
+                         encoding="utf-8"))))))
+    assert readers == []
+
+
+def test_the_stages_before_the_update_are_handed_their_inputs() -> None:
+    """A stage before the update reads the measurement, what detect found and the decision from
+    its parameters, never from what the pipeline keeps on the context for the settling."""
+    def reads_a_result(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr in SET_FROM_RESULTS
+                and ast.unparse(node.value) == "ctx")
+
+    readers = sorted(module for module in CHECK_MODULES
+                     if any(map(reads_a_result, ast.walk(ast.parse(MODULES[module].read_text(
                          encoding="utf-8"))))))
     assert readers == []
 

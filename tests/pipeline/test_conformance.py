@@ -7,15 +7,19 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable
+from typing import Any, get_type_hints
 
 import pytest
 import torch
 
 from trainguard import Guard, GuardConfig, RecoveryConfig
 from trainguard.pipeline import AFTER_UPDATE, BEFORE_UPDATE, STAGE_NAMES, Run, StepContext
+from trainguard.pipeline.context import Detected, Measured, Settled
+from trainguard.pipeline.deferred import LATE
 from trainguard.pipeline.policy import Decision
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
+from trainguard.ranked_cause import RankedCause
 from trainguard.remedies import AdaptiveClip
 from trainguard.transfer import blocking_transfer_count, transfer_count
 
@@ -31,12 +35,48 @@ def test_the_stage_order_is_written_once() -> None:
 
 def test_each_stage_is_a_function_of_the_step_the_state_and_the_services() -> None:
     for stage in BEFORE_UPDATE + AFTER_UPDATE:
-        assert list(inspect.signature(stage).parameters) == ["ctx", "state", "services"]
+        assert list(inspect.signature(stage).parameters)[:3] == ["ctx", "state", "services"]
     setup = make_setup()
     run = Run(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.services.model = setup.model  # type: ignore[misc]
     run.close()
+
+
+def test_the_stages_hand_each_other_typed_results() -> None:
+    """What measure, detect, explain, decide and settle produce is their return value, and each
+    later stage is handed, by its parameters, the results it reads: no stage reads from the
+    context what another stage wrote there before the update."""
+    stages = {stage.__name__: stage for stage in BEFORE_UPDATE + AFTER_UPDATE}
+    returns = {name: get_type_hints(stage)["return"] for name, stage in stages.items()}
+    assert returns == {"measure": Measured, "detect": Detected, "explain": list[RankedCause],
+                       "decide": Decision, "act": type(None), "settle": Settled,
+                       "record": type(None)}
+    inputs = {name: {param: hint for param, hint in get_type_hints(stage).items()
+                     if param not in ("ctx", "state", "services", "return")}
+              for name, stage in stages.items()}
+    assert inputs == {"measure": {}, "detect": {"measured": Measured},
+                      "explain": {"found": Detected},
+                      "decide": {"measured": Measured, "found": Detected},
+                      "act": {"measured": Measured, "decision": Decision},
+                      "settle": {}, "record": {"settled": Settled}}
+
+
+def test_the_deferred_judgement_has_the_shape_of_the_check() -> None:
+    """`StepPipeline.judge` runs both: each late stage takes and returns what its blocking
+    counterpart does."""
+    for late, blocking in zip(LATE, BEFORE_UPDATE, strict=True):
+        late_hints, blocking_hints = get_type_hints(late), get_type_hints(blocking)
+        assert late_hints == blocking_hints, (late.__name__, blocking.__name__)
+
+
+def test_the_step_context_keeps_only_what_passes_the_update() -> None:
+    """The context carries the caller's inputs and what the check hands its settling; the
+    stages' results before the update travel as return values."""
+    names = {f.name for f in dataclasses.fields(StepContext)}
+    assert len(names) <= 20
+    assert not names & {"signals", "grads", "extra", "batch_stats", "clip_limit", "report",
+                        "queued", "sample_next", "nonfinite_input", "batch_inspected"}
 
 
 def test_every_step_runs_the_stages_in_order() -> None:
@@ -56,13 +96,14 @@ def test_every_step_runs_the_stages_in_order() -> None:
 
 
 class _Spy:
-    def __init__(self, stage: Callable[..., None], seen: list[tuple[int, str]]) -> None:
+    def __init__(self, stage: Callable[..., Any], seen: list[tuple[int, str]]) -> None:
         self.stage, self.seen = stage, seen
         self.__name__ = stage.__name__
 
-    def __call__(self, ctx: StepContext, state: RunState, services: Services) -> None:
+    def __call__(self, ctx: StepContext, state: RunState, services: Services,
+                 *results: Any) -> Any:
         self.seen.append((ctx.step, self.__name__))
-        self.stage(ctx, state, services)
+        return self.stage(ctx, state, services, *results)
 
 
 @pytest.mark.parametrize("config", [

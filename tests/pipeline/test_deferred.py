@@ -234,10 +234,10 @@ def test_a_failing_judgement_or_device_half_never_stops_the_run() -> None:
     def failing(name: str, at: int) -> Any:
         stage = next(s for s in deferral.on_device + deferral.late_stages if s.__name__ == name)
 
-        def maybe_fail(ctx: Any, state: Any, services: Any) -> None:
+        def maybe_fail(ctx: Any, state: Any, services: Any, *results: Any) -> Any:
             if ctx.step == at:
                 raise RuntimeError(f"{name} broke")
-            stage(ctx, state, services)
+            return stage(ctx, state, services, *results)
 
         maybe_fail.__name__ = name
         return maybe_fail

@@ -29,10 +29,9 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tens
     """Measure the gradients already in `model` through the `measure` stage's single transfer."""
     run = Run(model, optimizer, config=GuardConfig(**QUIET))
     ctx = StepContext(step=0, loss=loss)
-    measure_stage(ctx, run.state, run.services)
+    signals = measure_stage(ctx, run.state, run.services).signals
     run.close()
-    assert ctx.signals is not None
-    return Measured(ctx.signals.param_grad_norm, ctx.signals.grad_norm, list(run.watched.names),
+    return Measured(signals.param_grad_norm, signals.grad_norm, list(run.watched.names),
                     list(run.watched.params))
 
 

@@ -3,8 +3,9 @@
     measure -> detect -> explain -> decide -> act  |optimizer step|  settle -> record
 
 `Run` builds everything the stages use and owns the run's life; `StepPipeline` (steps.py) holds
-the order; `StepContext` carries one step from stage to stage; `RunState` is the one home of the
-runtime state. See docs/architecture.md.
+the order and hands each stage's typed result to the stages that read it; `StepContext` carries
+one step from its check to its settling; `RunState` is the one home of the runtime state. See
+docs/architecture.md.
 """
 
 from trainguard.pipeline.context import StepContext

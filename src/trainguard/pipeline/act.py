@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.events import Event
-from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.context import Measured, StepContext
+from trainguard.pipeline.policy import Decision
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import Kind
@@ -42,26 +43,26 @@ def apply_rollback(state: RunState, plan: Rollback) -> Event:
     return plan.event(state.clip_limit(), adaptive=state.clip.fixed_limit is None)
 
 
-def act(ctx: StepContext, state: RunState, services: Services) -> None:
-    decision, prover = ctx.decision, state.prover
-    assert decision is not None
+def act(ctx: StepContext, state: RunState, services: Services, measured: Measured,
+        decision: Decision) -> None:
+    prover = state.prover
     if state.anchor is not None:  # a state kept before an LR jump, checked by this transfer
-        state.anchor.read(ctx.extra, ctx.step)
+        state.anchor.read(measured.extra, ctx.step)
     ring = state.good_states()
     prover.see(ctx, services, ring.good[0].step if ring is not None and len(ring) else None)
     if prover.wanted(ctx, services):  # before a rollback or a snapshot changes anything
         prover.prove(ctx, state, services)
     if decision.action == "rolled_back":
-        roll_back(ctx, state, services)
+        roll_back(ctx, state, services, decision)
     if ctx.outcome == "halted":
-        halt(ctx, state, services)
+        halt(ctx, state, services, measured, decision)
         return
-    if state.anchor is not None and ctx.signals is not None:
+    if state.anchor is not None:
         # an LR jump's proof starts from the state before its update
-        state.anchor.before_update(ctx.events, ctx.step, ctx.signals.group_lrs)
+        state.anchor.before_update(ctx.events, ctx.step, measured.signals.group_lrs)
     if ctx.applied:
-        state.clip.apply(ctx.grads, services.watched.params, ctx.signals, decision.clip_coef,
-                         ctx.step)
+        state.clip.apply(measured.grads, services.watched.params, measured.signals,
+                         decision.clip_coef, ctx.step)
         if ctx.sampled:
             services.watch.weight_probe.remember()
         pull_brake(ctx, state)
@@ -103,22 +104,22 @@ def pull_brake(ctx: StepContext, state: RunState) -> None:
                 reason=warning.kind)
 
 
-def roll_back(ctx: StepContext, state: RunState, services: Services, *,
+def roll_back(ctx: StepContext, state: RunState, services: Services, decision: Decision, *,
               mid_step: bool = True) -> None:
     """Roll back to the newest good state from before the trouble (`mid_step`: the caller's
     GradScaler step of the step under way is open, and is closed first); a failed restore
     halts."""
     recovery = state.recovery
-    assert recovery is not None and ctx.decision is not None
+    assert recovery is not None
     lr_before = recovery.lr.factor()
     try:
         event = apply_rollback(state, recovery.rollback(
-            ctx.decision.verdict, ctx.step, mid_step=services.owns_scaler_step and mid_step,
+            decision.verdict, ctx.step, mid_step=services.owns_scaler_step and mid_step,
             keep_lr=state.prover.data_fault(ctx.step)))
     except Exception as exc:  # a failed restore leaves an unknown state: stop cleanly
         ctx.raise_event(Event(
             kind="rollback_failed", step=ctx.step, severity="critical",
-            message=f"{ctx.decision.reason}; the rollback failed ({type(exc).__name__}: "
+            message=f"{decision.reason}; the rollback failed ({type(exc).__name__}: "
                     f"{exc})"))
         ctx.outcome = "halted"
         return
@@ -132,7 +133,8 @@ def roll_back(ctx: StepContext, state: RunState, services: Services, *,
                 factor=recovery.lr.factor(), ceiling=ceiling)
 
 
-def halt(ctx: StepContext, state: RunState, services: Services) -> None:
+def halt(ctx: StepContext, state: RunState, services: Services, measured: Measured,
+         decision: Decision) -> None:
     """Snapshot the state from before this step's update; whatever runs next applies
     nothing."""
     path = snapshot_path(services, ctx.step)
@@ -148,8 +150,8 @@ def halt(ctx: StepContext, state: RunState, services: Services) -> None:
                        # the last good batch, for `trainguard prove`'s "the previous batch" fix
                        "previous_batch": state.prover.previous_batch,
                        # the loss the step had, which a faithful replay gives again
-                       "step_loss": (None if ctx.signals is None or ctx.signals.loss is None
-                                     else float(ctx.signals.loss))},
+                       "step_loss": (None if measured.signals.loss is None
+                                     else float(measured.signals.loss))},
                 forward_rng=ctx.forward_rng)
             ctx.snapshot_path = str(write_snapshot(path, snapshot))
             ctx.act("snapshot", f"crash snapshot written to {ctx.snapshot_path}",
@@ -158,7 +160,7 @@ def halt(ctx: StepContext, state: RunState, services: Services) -> None:
             ctx.raise_event(Event(kind="snapshot_failed", step=ctx.step, severity="error",
                                   message=f"could not write {path}: {exc}"))
     drop_grads(services.watched.params)
-    reason = ctx.decision.reason if ctx.decision is not None else ""
+    reason = decision.reason
     ctx.act("halt", f"training halted at step {ctx.step}: {reason}", reason=reason,
             snapshot=ctx.snapshot_path)
 

@@ -1,10 +1,13 @@
-"""`StepContext`: everything one optimizer step carries from stage to stage.
+"""`StepContext`: what one optimizer step carries from its check to its settling, and the
+typed results the stages hand each other.
 
-Each stage reads what the stages before it wrote and adds its own part; nothing else holds
-per-step data (the batch's look, the ranks' per-step flags, the heavy-probe results riding this
-step's transfer, the step's new findings and parameters, the next step's sampling). Only `record`
-hands what the step found to the sinks. Events enter through `raise_event` (any stage up to `act`
-may raise one), and the decision is set once, by `decide`, through `decide`.
+The stages before the update return what they produce (`measure` a `Measured`, `detect` a
+`Detected`, `explain` the ranked causes, `decide` the `Decision`), and `StepPipeline` hands each
+result to the stages that read it. The context keeps the caller's inputs (the loss, the batch,
+the step index) and what passes from before the update to after it: the measurement, the
+step's events and findings, the decision, what `act` did. Only `record` hands what the step
+found to the sinks. Events enter through `raise_event` (any stage up to `act` may raise one), and
+the decision is set once, by the pipeline, through `decide`.
 """
 
 from __future__ import annotations
@@ -49,10 +52,63 @@ class PackedStep:
     """The heavy-probe results of earlier steps in the pack."""
     extra: list[str]
     """The names of the extra tensors in the pack (`x:<name>`)."""
+    grads: list[torch.Tensor] = field(default_factory=list)
+    """The present gradients (local shards under FSDP2), for the remedies to scale in place."""
+    batch_stats: Any = None
+    """The batch's on-device statistics (sampled steps), read back by `detect`."""
+    fingerprint: bool = False
+    """Under torch.distributed: the step's all-reduce carries the replicas' weight fingerprint."""
+    ring_wish: int | None = None
+    """Under torch.distributed and `recover`: the good-state interval this rank asks for."""
     attention: list[str] = field(default_factory=list)
     """The attention layers whose largest logits are in the pack (`att:attn_logit_max`)."""
     batch_elements: int | None = None
     """The batch's size in elements, read from its shape at packing (`StepSignals`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What `measure` brought to the host, for the stages after it."""
+
+    signals: StepSignals
+    grads: list[torch.Tensor] = field(default_factory=list)
+    """The present gradients (local shards under FSDP2), for the remedies to scale in place."""
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    """Host copies of the extra tensors that rode along with the step's transfer."""
+    batch_stats: Any = None
+    """The batch's on-device statistics (sampled steps), read back by `detect`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Detected:
+    """What `detect` found at a step: its events and findings, and the batch's look."""
+
+    events: list[Event] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    """Findings made at this step (the first loss, the held `warmup` one decided)."""
+    fired: bool = False
+    """A detector raised an event on this step (the batch is inspected in full, and the next
+    step is sampled)."""
+    nonfinite_input: bool = False
+    """This rank's batch holds NaN/inf (as long as batches do; the event is raised once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What `settle` leaves: the step's report, and the heavy-probe results measured after its
+    update, for the next step's transfer."""
+
+    report: StepReport
+    queued: list[PendingStats] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TakenOnDevice:
+    """The device skipped or clipped the step at `limit` and its optimizer step was taken before
+    the host judges it (`measure_on_device`): no state from before its update is left to replay
+    on, and the next step's forward pass has run."""
+
+    limit: float | None
 
 
 @dataclass(slots=True)
@@ -73,6 +129,8 @@ class OnDevice:
     """Under `recover`: the step before was rolled back when this one was due, and this step's
     gradients were made on the weights the rollback undid: its update is dropped, nothing
     measured."""
+    report: StepReport | None = None
+    """A dropped step's own report, which the caller gets after the step before's."""
 
 
 @dataclass(slots=True)
@@ -95,48 +153,25 @@ class StepContext:
     on_device: OnDevice | None = None
     """`sync="deferred"`: the step's skip and clip were decided on the device, and its summary
     is read on the host at the next step, after its update (None: the step is judged before
-    its update). The shared stages read what the mode changes (`taken_on_device`,
-    `clip_limit`), never this."""
+    its update). The shared stages read what the mode changes (`taken_on_device`), never
+    this."""
 
-    # measure
+    taken_on_device: TakenOnDevice | None = None
+    """Set by `measure_on_device`: the update was taken before the step is judged, at the limit
+    the device clipped at (None: the step is judged before its update)."""
     new_params: ActionRecord | None = None
     """The parameters the optimizer gained at this step (now watched), for the sinks."""
-    fingerprint: bool = False
-    """Under torch.distributed: the step's all-reduce carries the replicas' weight fingerprint."""
-    ring_wish: int | None = None
-    """Under torch.distributed and `recover`: the good-state interval this rank asks for."""
-    signals: StepSignals | None = None
-    grads: list[torch.Tensor] = field(default_factory=list)
-    """The present gradients (local shards under FSDP2), for the remedies to scale in place."""
-    extra: dict[str, np.ndarray] = field(default_factory=dict)
-    """Host copies of the extra tensors that rode along with the step's transfer."""
-    batch_stats: Any = None
-    """The batch's on-device statistics (sampled steps), read back by `detect`."""
-    taken_on_device: bool = False
-    """The device skipped or clipped the step at `clip_limit` and its optimizer step was taken
-    before the host judges it (`measure_on_device`): no state from before its update is left
-    to replay on, and the next step's forward pass has run."""
 
-    # detect, explain
+    # what passes from the check to the settling
+    measured: Measured | None = None
+    """What `measure` brought to the host (settle reads its signals and extras)."""
     events: list[Event] = field(default_factory=list)
-    fired: bool = False
-    """A detector raised an event on this step (the batch is inspected in full, and the next
-    step is sampled)."""
+    """The step's events: `detect`'s, then the decision's and what `act` raised."""
     findings: list[Finding] = field(default_factory=list)
-    """Findings made at this step (the first loss, the held `warmup` one decided)."""
-    batch_inspected: bool = False
-    """This step's batch was inspected in full."""
-    nonfinite_input: bool = False
-    """This rank's batch holds NaN/inf (as long as batches do; the event is raised once)."""
-
-    # decide
-    clip_limit: float | None = None
-    """The global clipping limit in force for this step (None: no clipping), set once by
-    `decide`; `act` clips to it through the decision's factor, `settle` feeds it to the adaptive
-    clip's baseline."""
+    """Findings made at this step, for the sinks."""
+    fired: bool = False
+    """A detector raised an event on this step (its post-update probes are measured)."""
     decision: Decision | None = None
-
-    # act
     outcome: Action | None = None
     """What `act` carried out: the decision's action, or `halted` when a rollback failed."""
     actions: list[ActionRecord] = field(default_factory=list)
@@ -144,21 +179,25 @@ class StepContext:
     schedule_mark: ScheduleMark | None = None
     """Where a trainer's schedulers were before it stepped them past this skipped update
     (`pipeline/rewind.py`); `settle` puts them back."""
-
-    # settle, record
-    queued: list[PendingStats] = field(default_factory=list)
-    """Heavy-probe results measured after this step's update, for the next step's transfer."""
-    sample_next: bool = False
-    """An event of this step has the next step sampled."""
-    report: StepReport | None = None
     unguarded: BaseException | None = None
     """Set when trainguard itself failed on this step: it was applied unguarded."""
 
     def raise_event(self, event: Event) -> None:
         self.events.append(event)
 
+    @property
+    def signals(self) -> StepSignals | None:
+        """The step's signals, once measured."""
+        return None if self.measured is None else self.measured.signals
+
+    def detected(self, found: Detected) -> None:
+        """Take in what `detect` found (the pipeline calls this)."""
+        self.events.extend(found.events)
+        self.findings.extend(found.findings)
+        self.fired = found.fired
+
     def decide(self, decision: Decision) -> None:
-        """Set the step's decision; only the `decide` stage calls this, once."""
+        """Set the step's decision; only the pipeline calls this, once, with `decide`'s."""
         if self.decision is not None:
             raise RuntimeError(f"step {self.step} was already decided ({self.decision.action})")
         self.decision = decision

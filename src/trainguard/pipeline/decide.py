@@ -8,7 +8,8 @@ judgement, which may turn the base decision into a skip, a rollback or a halt; l
 that an earlier proof says cannot heal the run becomes a halt. Rank-local events (batch
 findings) never drive a decision: under torch.distributed they differ between ranks, and every
 rank must decide alike. The `decide` stage gathers the inputs, carries out the alarm on the
-adaptive clip and sets the decision, immutable once made. `undone_update` is the decision on a
+adaptive clip and returns the decision, which the pipeline sets on the step, immutable once
+made. `undone_update` is the decision on a
 step whose gradients a rollback judged late made stale.
 """
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from trainguard.config import GuardConfig
 from trainguard.errors import PeerLost
 from trainguard.events import Event
-from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.context import Detected, Measured, StepContext
 from trainguard.pipeline.policy import ClipAlarm, Decision, choose_action
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
@@ -146,12 +147,14 @@ class _StepJudgement:
 
     ctx: StepContext
     state: RunState
+    measured: Measured
+    found: Detected
 
     def review(self, events: list[Event], applies_update: bool) -> Verdict | None:
-        recovery, ctx = self.state.recovery, self.ctx
-        assert recovery is not None and ctx.signals is not None
-        return recovery.review(ctx.signals, ctx.extra, events, applies_update, ctx.data_ids,
-                               nonfinite_input=ctx.nonfinite_input)
+        recovery, measured = self.state.recovery, self.measured
+        assert recovery is not None
+        return recovery.review(measured.signals, measured.extra, events, applies_update,
+                               self.ctx.data_ids, nonfinite_input=self.found.nonfinite_input)
 
     def can_roll_back(self) -> bool:
         assert self.state.recovery is not None
@@ -162,16 +165,19 @@ class _StepJudgement:
         return self.state.recovery.controller.rollbacks
 
 
-def decide(ctx: StepContext, state: RunState, services: Services) -> None:
-    signals, config = ctx.signals, services.config
-    assert signals is not None
-    limits = dataclasses.replace(state.clip.limits(state.step), device=ctx.clip_limit)
+def decide(ctx: StepContext, state: RunState, services: Services, measured: Measured,
+           found: Detected) -> Decision:
+    """The step's decision, from its measurement and what `detect` found; the adaptive clip's
+    alarm is carried out on the clip chain."""
+    taken = ctx.taken_on_device
+    limits = dataclasses.replace(state.clip.limits(state.step),
+                                 device=None if taken is None else taken.limit)
     policy = PolicyState(
-        config=config, consecutive_skips=state.consecutive_skips,
-        recovery=None if state.recovery is None else _StepJudgement(ctx, state),
-        on_device=ctx.taken_on_device, unhealable=state.prover.precision_fault(ctx.step))
-    decision = judge(signals, ctx.events, limits, policy)
+        config=services.config, consecutive_skips=state.consecutive_skips,
+        recovery=(None if state.recovery is None
+                  else _StepJudgement(ctx, state, measured, found)),
+        on_device=taken is not None, unhealable=state.prover.precision_fault(ctx.step))
+    decision = judge(measured.signals, found.events, limits, policy)
     if decision.clip_alarm is not None:
         state.clip.alarm(ctx.step, trouble=decision.clip_alarm == "trouble")
-    ctx.clip_limit = decision.clip_limit
-    ctx.decide(decision)
+    return decision

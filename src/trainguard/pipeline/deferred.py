@@ -7,12 +7,12 @@ step judged on the host at the next one. The whole mode lives here.
     step t+1, after t's update  read_late -> detect -> explain -> decide -> act_late (the LATE
                                 stages) on step t, then settle -> record
 
-The shared stages never test the mode: they read what it changes, the limit the device clipped
-at (`StepContext.clip_limit`) and that the update was taken before it was judged
-(`StepContext.taken_on_device`). `Deferral` is the run's side of the mode: the step taken and
-not yet judged, its conclusion (a rollback judged late drops the next step's update: the
-decision is `decide.undone_update`), the report the caller gets a step late. Whether the mode is
-possible is said once, at the start (`deferral_possible`).
+The shared stages never test the mode: they read what it changes, that the update was taken
+before it was judged and the limit the device clipped at (`StepContext.taken_on_device`).
+`Deferral` is the run's side of the mode: the step taken and not yet judged, its conclusion (a
+rollback judged late drops the next step's update: the decision is `decide.undone_update`), the
+report the caller gets a step late. Whether the mode is possible is said once, at the start
+(`deferral_possible`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from trainguard.config import GuardConfig
 from trainguard.distributed import AgreedPack
 from trainguard.events import ActionRecord, Event, StepReport
 from trainguard.pipeline.act import halt, pull_brake, roll_back
-from trainguard.pipeline.context import OnDevice, StepContext
+from trainguard.pipeline.context import Measured, OnDevice, StepContext, TakenOnDevice
 from trainguard.pipeline.decide import decide, undone_update
 from trainguard.pipeline.detect import detect
 from trainguard.pipeline.explain import explain
 from trainguard.pipeline.measure import pack_step, read_step
+from trainguard.pipeline.policy import Decision
 from trainguard.pipeline.services import Services, Stage
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
@@ -51,8 +52,8 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
     assert device is not None
     step = pack_step(ctx, state, services)
     # the limit in force before this step's own events, which the host judges a step later
-    ctx.clip_limit = state.clip_limit()
-    ctx.taken_on_device = True
+    limit = state.clip_limit()
+    ctx.taken_on_device = TakenOnDevice(limit)
     if isinstance(step.pack, AgreedPack):  # every rank skips and clips on the agreed values
         norm, loss = step.pack.agree_now()
     else:  # the loss as the pack carries it (float32), so the host's finiteness agrees
@@ -60,38 +61,42 @@ def measure_on_device(ctx: StepContext, state: RunState, services: Services) -> 
                                         else None)
     # observe skips only what a GradScaler refuses: non-finite gradients, whatever the loss
     observe = config.policy == "observe"
-    device.found_inf, coef = device_decision(norm, None if observe else loss, ctx.clip_limit,
+    device.found_inf, coef = device_decision(norm, None if observe else loss, limit,
                                              skip=not observe or services.scaler is not None)
     if coef is not None:
-        scale_on_device(ctx.grads, coef)
+        scale_on_device(step.grads, coef)
         services.watch.adam_probe.scaled(coef)
     if ctx.sampled:
         services.watch.weight_probe.remember()
     device.packed, device.in_flight = step, step.pack.start_fetch()
 
 
-def read_late(ctx: StepContext, state: RunState, services: Services) -> None:
-    """The step's signals, from its copy (arrived while the next step ran)."""
-    device = ctx.on_device
+def read_late(ctx: StepContext, state: RunState, services: Services) -> Measured:
+    """The step's measurement, from its copy (arrived while the next step ran)."""
+    device, taken = ctx.on_device, ctx.taken_on_device
     assert device is not None and device.packed is not None and device.in_flight is not None
+    assert taken is not None
     # the device clipped the step at the limit then in force
-    read_step(ctx, state, services, device.packed, device.in_flight.result(), ctx.clip_limit)
+    measured = read_step(ctx, state, services, device.packed, device.in_flight.result(),
+                         taken.limit)
     device.packed = device.in_flight = None  # the device tensors are not needed any more
+    return measured
 
 
-def act_late(ctx: StepContext, state: RunState, services: Services) -> None:
+def act_late(ctx: StepContext, state: RunState, services: Services, measured: Measured,
+             decision: Decision) -> None:
     """`act` for a step judged after the device skipped or clipped it and the optimizer stepped:
     what is left is a rollback (to the good state from before the trouble, which also undoes this
     step's update; the run drops the next step's update, its gradients made on the weights
     undone), a halt (of the run as it now is, the next step's gradients dropped), the LR brake
     (for the steps to come) and the record of a skip. No replay proves its causes: the state from
     before its update is gone."""
-    decision, device = ctx.decision, ctx.on_device
-    assert decision is not None and device is not None
+    device = ctx.on_device
+    assert device is not None
     if decision.action == "rolled_back":
-        roll_back(ctx, state, services, mid_step=device.mid_step)
+        roll_back(ctx, state, services, decision, mid_step=device.mid_step)
     if ctx.outcome == "halted":
-        halt(ctx, state, services)
+        halt(ctx, state, services, measured, decision)
     elif ctx.applied:
         pull_brake(ctx, state)
     elif ctx.outcome == "skipped":
@@ -103,7 +108,7 @@ ON_DEVICE: tuple[Stage, ...] = (measure_on_device,)
 """The device half of a step, before its update."""
 LATE: tuple[Stage, ...] = (read_late, detect, explain, decide, act_late)
 """The judgement of a step whose update the device already skipped or clipped, run at the next
-step."""
+step (by `StepPipeline.judge`, in the shape of the blocking check)."""
 GUARDED = ("measure_on_device", "read_late", "detect", "decide")
 """Stages whose failure leaves the step unchecked (it then went as the device decided)."""
 
@@ -179,7 +184,7 @@ class Deferral:
             return None
         assert ctx.on_device is not None
         ctx.on_device.mid_step = mid_step
-        failure = run.steps.run(self.late_stages, ctx, keep_carried=False, guarded=GUARDED)
+        failure = run.steps.judge(self.late_stages, ctx, keep_carried=False, guarded=GUARDED)
         if failure is not None:  # the step went as the device decided; it goes unjudged
             run.state.journal.add_findings(ctx.findings)
             run.unguarded(failure, late=True)
@@ -194,8 +199,7 @@ class Deferral:
             # the schedule follows the updates really applied (under observe, as the plain loop
             # steps it past the GradScaler's skips)
             scheduler.step()
-        run.steps.settle(ctx)
-        return ctx.report
+        return run.steps.settle(ctx)
 
     def flush(self, run: Host) -> None:
         """Judge the step taken last now (a wait for its summary), as before a checkpoint; it may
@@ -216,8 +220,8 @@ class Deferral:
     def after_update(self, ctx: StepContext) -> StepReport | None:
         """The report the caller gets after the update of `ctx`: the step before's; a dropped
         step's own, judged already, comes next."""
-        dropped = ctx.on_device is not None and ctx.on_device.dropped
-        report, self.concluded = self.concluded, ctx.report if dropped else None
+        dropped = ctx.on_device.report if ctx.on_device is not None else None
+        report, self.concluded = self.concluded, dropped
         return report
 
     @staticmethod
@@ -229,7 +233,7 @@ class Deferral:
         state, services = run.state, run.services
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
                           data_ids=state.data_position if data_ids is None else data_ids,
-                          on_device=OnDevice(dropped=True))
+                          on_device=(device := OnDevice(dropped=True)))
         state.data_position += 1
         drop_grads(services.watched.params)
         for probe in (services.activation_probe, services.output_probe):
@@ -243,8 +247,9 @@ class Deferral:
         run.emit_action(ActionRecord(
             kind="skip", step=ctx.step, message=f"update of step {ctx.step} dropped: {reason}",
             details={"reason": reason, "rolled_back_at": rolled_back}))
-        ctx.report = StepReport(step=ctx.step, loss=None, grad_norm=math.nan, action="skipped")
-        state.journal.sinks.on_step(ctx.report)
+        report = StepReport(step=ctx.step, loss=None, grad_norm=math.nan, action="skipped")
+        device.report = report  # the caller gets it after the step before's
+        state.journal.sinks.on_step(report)
         state.step += 1
         schedule_sampling(state, services)
         return ctx

@@ -13,16 +13,18 @@ logged and left out; the step goes on.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trainguard.diagnose import Finding
 from trainguard.diagnose.batch import check_loss_above_chance
 from trainguard.diagnose.loss_bound import ceiling_of, check_first_loss
 from trainguard.distributed import RankView, describe_ranks
 from trainguard.errors import PeerLost
 from trainguard.events import Event
-from trainguard.pipeline.context import BATCH_KEY, StepContext
+from trainguard.pipeline.context import BATCH_KEY, Detected, Measured, StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import Kind, Tag, is_rank_local, kinds_tagged
@@ -56,55 +58,70 @@ def run_detectors(detectors: list[Detector], signals: StepSignals, *,
     return events
 
 
-def detect(ctx: StepContext, state: RunState, services: Services) -> None:
-    signals, config, ranks = ctx.signals, services.config, services.ranks
-    assert signals is not None
+@dataclass(slots=True)
+class _Gathering:
+    """What `detect` gathers while it runs, frozen into its `Detected` at the end."""
+
+    events: list[Event] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    fired: bool = False
+    batch_inspected: bool = False
+    """This step's batch was inspected in full."""
+    nonfinite_input: bool = False
+
+
+def detect(ctx: StepContext, state: RunState, services: Services,
+           measured: Measured) -> Detected:
+    signals, config, ranks = measured.signals, services.config, services.ranks
+    found = _Gathering()
     for sample in signals.sampled:  # the class count metric_collapse judges chance by
         if sample.output.get("out_classes", 0.0) >= 2:
             state.output_classes = int(sample.output["out_classes"])
     # before explain ranks causes with the findings
-    ctx.findings.extend(state.journal.observe_lrs(signals.group_lrs))
-    for event in run_detectors(state.detectors, signals):
-        ctx.raise_event(event)
-    ctx.fired = bool(ctx.events)
+    found.findings.extend(state.journal.observe_lrs(signals.group_lrs))
+    found.events.extend(run_detectors(state.detectors, signals))
+    found.fired = bool(found.events)
     batch_events: list[Event] = []
     if ctx.batch is not None and config.probes.inspect_batches:
-        batch_events = _inspect_batch(ctx, state, services, signals)
+        batch_events = _inspect_batch(ctx, state, services, measured, found)
     if ranks is not None and signals.ranks is not None:
-        facts = (_gather_batches(ctx, services, batch_events)
-                 if config.probes.inspect_batches and _agreed_trouble(ctx.events) else None)
-        name_ranks(ctx.events, signals.ranks, facts)
+        facts = (_gather_batches(ctx, services, found, batch_events)
+                 if config.probes.inspect_batches and _agreed_trouble(found.events) else None)
+        name_ranks(found.events, signals.ranks, facts)
         if not ranks.replicas_agree(ctx.step, signals.ranks):
-            _check_desync(ctx, services)
+            _check_desync(ctx, services, found)
     else:
-        note_batch(ctx.events, [{"inspected": ctx.batch_inspected,
-                                 "nonfinite": ctx.nonfinite_input}])
+        note_batch(found.events, [{"inspected": found.batch_inspected,
+                                   "nonfinite": found.nonfinite_input}])
+    return Detected(events=found.events, findings=found.findings, fired=found.fired,
+                    nonfinite_input=found.nonfinite_input)
 
 
-def _inspect_batch(ctx: StepContext, state: RunState, services: Services,
-                   signals: StepSignals) -> list[Event]:
+def _inspect_batch(ctx: StepContext, state: RunState, services: Services, measured: Measured,
+                   found: _Gathering) -> list[Event]:
+    signals = measured.signals
     ceiling = ceiling_of(signals.precursors)
     if ctx.step == 0:
-        _check_first_loss(ctx, services, signals.loss, ceiling)
-    known = (ctx.batch_stats.read(ctx.extra[BATCH_KEY]) if ctx.batch_stats is not None
-             else None)
-    spike = next((e for e in ctx.events if e.kind == Kind.LOSS_SPIKE), None)
+        _check_first_loss(ctx, services, found, signals.loss, ceiling)
+    known = (measured.batch_stats.read(measured.extra[BATCH_KEY])
+             if measured.batch_stats is not None else None)
+    spike = next((e for e in found.events if e.kind == Kind.LOSS_SPIKE), None)
     seen = state.batches.look(
-        ctx.batch, ctx.step, ctx.fired, known, loss=signals.loss,
+        ctx.batch, ctx.step, found.fired, known, loss=signals.loss,
         level=spike.details.get("baseline") if spike is not None else None,
         data_ids=ctx.data_ids, ceiling=ceiling)
-    ctx.batch_inspected, ctx.nonfinite_input = seen.inspected, seen.nonfinite
-    for event in seen.events:
-        ctx.raise_event(event)
+    found.batch_inspected, found.nonfinite_input = seen.inspected, seen.nonfinite
+    found.events.extend(seen.events)
     return seen.events
 
 
-def _gather_batches(ctx: StepContext, services: Services, mine: list[Event]) -> BatchFacts | None:
+def _gather_batches(ctx: StepContext, services: Services, found: _Gathering,
+                    mine: list[Event]) -> BatchFacts | None:
     """Every rank's batch facts of a troubled step, and its batch events into this step's
     events, each naming its rank, in rank order (every rank then holds the same list). They
     stay rank-local kinds: no decision reads them."""
     assert services.ranks is not None
-    own = {"inspected": ctx.batch_inspected, "nonfinite": ctx.nonfinite_input,
+    own = {"inspected": found.batch_inspected, "nonfinite": found.nonfinite_input,
            "events": [e.to_dict() for e in mine]}
     try:
         facts: BatchFacts = services.ranks.gather_batches(own)
@@ -115,30 +132,30 @@ def _gather_batches(ctx: StepContext, services: Services, mine: list[Event]) -> 
                   "(%s: %s)", ctx.step, type(exc).__name__, exc)
         return None
     ids = {id(e) for e in mine}
-    ctx.events[:] = [e for e in ctx.events if id(e) not in ids]
+    found.events[:] = [e for e in found.events if id(e) not in ids]
     for rank, theirs in enumerate(facts):
         for data in theirs["events"]:
             event = Event.from_dict(data)
             event.message = f"on rank {rank}: {event.message}"
             event.details["rank"] = rank
-            ctx.raise_event(event)
+            found.events.append(event)
     return facts
 
 
-def _check_first_loss(ctx: StepContext, services: Services, loss: float | None,
-                      ceiling: float | None) -> None:
+def _check_first_loss(ctx: StepContext, services: Services, found: _Gathering,
+                      loss: float | None, ceiling: float | None) -> None:
     """Runtime findings, like the preflight's: evidence for a diagnosis, not events. The first
     loss against chance level, or beyond what the model's class scores allow."""
     try:
-        found = [check_loss_above_chance(loss, ctx.batch, services.model, ceiling=ceiling),
-                 check_first_loss(loss, ceiling)]
+        checked = [check_loss_above_chance(loss, ctx.batch, services.model, ceiling=ceiling),
+                   check_first_loss(loss, ceiling)]
     except Exception as exc:  # advisory
         log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
         return
-    ctx.findings.extend(f for f in found if f is not None)
+    found.findings.extend(f for f in checked if f is not None)
 
 
-def _check_desync(ctx: StepContext, services: Services) -> None:
+def _check_desync(ctx: StepContext, services: Services, found: _Gathering) -> None:
     """Do the ranks' copies of the weights still agree (from step 0, to catch replicas that
     never started equal)? Checked before the decision, so every policy can act on it."""
     assert services.ranks is not None
@@ -150,8 +167,7 @@ def _check_desync(ctx: StepContext, services: Services) -> None:
         log.error("trainguard: desync check failed at step %d (%s: %s)", ctx.step,
                   type(exc).__name__, exc)
         return
-    for event in events:
-        ctx.raise_event(event)
+    found.events.extend(events)
 
 
 def _agreed_trouble(events: list[Event]) -> bool:

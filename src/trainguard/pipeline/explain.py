@@ -13,26 +13,30 @@ import logging
 from trainguard.diagnose.ranking import likely_causes, rank_causes
 from trainguard.diagnose.replay import replay
 from trainguard.events import at_least
-from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.context import Detected, StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
+from trainguard.ranked_cause import RankedCause
 
 log = logging.getLogger("trainguard")
 
 
-def explain(ctx: StepContext, state: RunState, services: Services) -> None:
-    if not any(at_least(e.severity, "warning") for e in ctx.events):
-        return
+def explain(ctx: StepContext, state: RunState, services: Services,
+            found: Detected) -> list[RankedCause]:
+    """The causes ranked for a step with a warning or worse (none for a quiet step, or when the
+    ranking failed); the likely ones are attached to its serious events."""
+    if not any(at_least(e.severity, "warning") for e in found.events):
+        return []
     # a step judged after its update, with the next step's gradients in place, has no state
     # from before it to replay on
     replayable = services.replay_fn is not None and ctx.batch is not None \
-        and not ctx.taken_on_device
-    if replayable and any(at_least(e.severity, "error") for e in ctx.events):
-        _replay(ctx, services)
-    _likely_causes(ctx, state, services)
+        and ctx.taken_on_device is None
+    if replayable and any(at_least(e.severity, "error") for e in found.events):
+        _replay(ctx, services, found)
+    return _likely_causes(ctx, state, services, found)
 
 
-def _replay(ctx: StepContext, services: Services) -> None:
+def _replay(ctx: StepContext, services: Services, found: Detected) -> None:
     try:
         report = replay(services.model, ctx.batch, services.replay_fn)  # type: ignore[arg-type]
     except Exception as exc:  # diagnosis is best effort
@@ -45,20 +49,22 @@ def _replay(ctx: StepContext, services: Services) -> None:
                "first_overflow_module": first.first_overflow_module.module
                if first.first_overflow_module else None,
                "first_nonfinite_grad": first.first_nonfinite_grad}
-    for event in ctx.events:
+    for event in found.events:
         if at_least(event.severity, "error"):
             event.details["replay"] = details
 
 
-def _likely_causes(ctx: StepContext, state: RunState, services: Services) -> None:
+def _likely_causes(ctx: StepContext, state: RunState, services: Services,
+                   found: Detected) -> list[RankedCause]:
     try:
-        ranked = rank_causes(state.journal.events + ctx.events,
-                             state.evidence_findings(ctx.findings), top=3,
+        ranked = rank_causes(state.journal.events + found.events,
+                             state.evidence_findings(found.findings), top=3,
                              fixes=services.fixes)
     except Exception as exc:  # diagnosis is best effort
         log.error("trainguard: diagnosis failed (%s: %s)", type(exc).__name__, exc)
-        return
+        return []
     likely = likely_causes(ranked)
-    for event in ctx.events:
+    for event in found.events:
         if likely and at_least(event.severity, "warning"):
             event.details["likely_causes"] = likely
+    return ranked

@@ -19,7 +19,13 @@ import torch
 from trainguard.diagnose.batch import batch_elements_of
 from trainguard.errors import UsageError
 from trainguard.events import ActionRecord
-from trainguard.pipeline.context import BATCH_KEY, PackedStep, PendingStats, StepContext
+from trainguard.pipeline.context import (
+    BATCH_KEY,
+    Measured,
+    PackedStep,
+    PendingStats,
+    StepContext,
+)
 from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
 from trainguard.probes.logz import LOGZ_KEYS
@@ -52,9 +58,9 @@ def loss_tensor(loss: Any) -> torch.Tensor | None:
     raise UsageError(f"the loss must be a scalar tensor or a number, got {type(loss).__name__}")
 
 
-def measure(ctx: StepContext, state: RunState, services: Services) -> None:
+def measure(ctx: StepContext, state: RunState, services: Services) -> Measured:
     step = pack_step(ctx, state, services)
-    read_step(ctx, state, services, step, step.pack.fetch(), state.clip_limit())
+    return read_step(ctx, state, services, step, step.pack.fetch(), state.clip_limit())
 
 
 def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedStep:
@@ -66,13 +72,14 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     ranks = services.ranks  # after the parameters it lays out are final
     loss_t = loss_tensor(ctx.loss)
     extra: dict[str, torch.Tensor] = {}
+    batch_stats: Any = None
     # a batch finding that may last is followed batch by batch (rank-local, off the
     # all-reduce: it rides the transfer as a plain segment)
     if ctx.batch is not None and config.probes.inspect_batches and (
             ctx.sampled or state.batches.following):
-        ctx.batch_stats = state.batches.stats_on_device(ctx.batch)
-        if ctx.batch_stats is not None:
-            extra[BATCH_KEY] = ctx.batch_stats.tensor
+        batch_stats = state.batches.stats_on_device(ctx.batch)
+        if batch_stats is not None:
+            extra[BATCH_KEY] = batch_stats.tensor
     if state.brake is not None:
         state.brake.before_measure()
     recovery = state.recovery
@@ -82,15 +89,15 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     if state.anchor is not None:
         extra.update(state.anchor.extra())
     # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
+    fingerprint, ring_wish = False, None
     if ranks is not None:  # the replicas' fingerprint rides this step's all-reduce
-        ctx.fingerprint = ctx.step % config.distributed.desync_every == 0
-        ctx.ring_wish = (recovery.cadence.wished(ctx.step + 1) if recovery is not None
-                         else None)
+        fingerprint = ctx.step % config.distributed.desync_every == 0
+        ring_wish = recovery.cadence.wished(ctx.step + 1) if recovery is not None else None
     pack = (DevicePack(device) if ranks is None
-            else ranks.step_pack(device, fingerprint=ctx.fingerprint, ring_wish=ctx.ring_wish))
+            else ranks.step_pack(device, fingerprint=fingerprint, ring_wish=ring_wish))
     if loss_t is not None:
         pack.add("loss", loss_t)
-    _, ctx.grads, grad_norms, global_norm = services.watch.grad_probe.measure(pack, device)
+    _, grads, grad_norms, global_norm = services.watch.grad_probe.measure(pack, device)
     lrs = [group.get("lr") for group in services.optimizer.param_groups]
     if any(isinstance(lr, torch.Tensor) for lr in lrs):  # capturable optimizers
         pack.add("lr", torch.stack([torch.as_tensor(
@@ -114,21 +121,24 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     for key, tensor in extra.items():
         pack.add(f"x:{key}", tensor)
     return PackedStep(pack=pack, loss=loss_t, global_norm=global_norm, lrs=lrs,
-                      pending=pending, extra=list(extra), attention=attention,
+                      pending=pending, extra=list(extra), grads=grads, batch_stats=batch_stats,
+                      fingerprint=fingerprint, ring_wish=ring_wish, attention=attention,
                       batch_elements=None if ctx.batch is None else batch_elements_of(ctx.batch))
 
 
 def read_step(ctx: StepContext, state: RunState, services: Services, step: PackedStep,
-              host: dict[str, np.ndarray], limit: float | None) -> None:
-    """The step's signals from the pack's host copy; `limit`: the clip limit in force when it
-    was measured."""
-    ctx.signals = _signals(ctx, state, services, host, step.lrs, step.pending)
-    ctx.signals.batch_elements = step.batch_elements
-    ctx.signals.clip_limit = limit
-    ctx.extra = {key: host[f"x:{key}"] for key in step.extra}
+              host: dict[str, np.ndarray], limit: float | None) -> Measured:
+    """The step's measurement from the pack's host copy; `limit`: the clip limit in force when
+    it was measured."""
+    signals = _signals(ctx, state, services, host, step)
+    signals.batch_elements = step.batch_elements
+    signals.clip_limit = limit
     if step.attention:
-        ctx.signals.attention_logits = dict(zip(step.attention, (
+        signals.attention_logits = dict(zip(step.attention, (
             float(v) for v in host[ATTENTION]), strict=True))
+    return Measured(signals=signals, grads=step.grads,
+                    extra={key: host[f"x:{key}"] for key in step.extra},
+                    batch_stats=step.batch_stats)
 
 
 def watch_new_params(state: RunState, services: Services, step: int) -> ActionRecord | None:
@@ -160,8 +170,8 @@ def _carry_forward_probes(ctx: StepContext, services: Services) -> None:
 
 
 def _signals(ctx: StepContext, state: RunState, services: Services,
-             host: dict[str, np.ndarray], lrs: list[Any],
-             pending: list[PendingStats]) -> StepSignals:
+             host: dict[str, np.ndarray], step: PackedStep) -> StepSignals:
+    lrs = step.lrs
     loss_value = float(host["loss"][0]) if "loss" in host else None
     grad_norm = float(host["grad_norm"][0])
     loss_finite = loss_value is None or math.isfinite(loss_value)
@@ -178,12 +188,12 @@ def _signals(ctx: StepContext, state: RunState, services: Services,
         amp_overflow=scaler is not None and loss_finite and not math.isfinite(grad_norm),
         fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
                           else None),
-        sampled=unpack_pending(host, pending),
+        sampled=unpack_pending(host, step.pending),
         precursors={k[len(PRECURSOR):]: v for k, v in host.items() if k.startswith(PRECURSOR)},
         loss_requires_grad=(ctx.loss.requires_grad if isinstance(ctx.loss, torch.Tensor)
                             else None),
-        ranks=(ranks.rank_view(host["ranks"], ctx.fingerprint,
-                               wished=ctx.ring_wish is not None)
+        ranks=(ranks.rank_view(host["ranks"], step.fingerprint,
+                               wished=step.ring_wish is not None)
                if ranks is not None and "ranks" in host else None))
 
 

@@ -12,12 +12,12 @@ step t, after them.
 
 from __future__ import annotations
 
-from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.context import Settled, StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 
 
-def record(ctx: StepContext, state: RunState, services: Services) -> None:
+def record(ctx: StepContext, state: RunState, services: Services, settled: Settled) -> None:
     journal = state.journal
     if ctx.new_params is not None:
         journal.emit_action(ctx.new_params)
@@ -27,5 +27,4 @@ def record(ctx: StepContext, state: RunState, services: Services) -> None:
         journal.emit_event(event)
     for action in ctx.actions:
         journal.emit_action(action)
-    if ctx.report is not None:
-        journal.sinks.on_step(ctx.report)
+    journal.sinks.on_step(settled.report)

@@ -86,7 +86,7 @@ class Run:
     starting a new one there. `mid_run`: the job restarts from a checkpoint (the preflight, which
     would misread a schedule already under way, is skipped). `owns_optimizer_step`: the caller
     (the Guard) takes the optimizer step itself, so `sync="deferred"` can hand it the device's
-    skip flag (`StepContext.found_inf`) and step the scheduler when a step is known applied."""
+    skip flag (`OnDevice.found_inf`) and step the scheduler when a step is known applied."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  config: GuardConfig | None = None, run_dir: str | Path | None = None,
@@ -235,13 +235,12 @@ class Run:
             pending = None if ctx.unguarded is not None else ctx
         if pending is None or self.closed:
             return None
-        self.steps.settle(pending)
-        return pending.report
+        return self.steps.settle(pending)
 
     def halt(self, ctx: StepContext) -> None:
         """The step halts the run: settle and record it, close the run, raise TrainingDiverged."""
         self.halted, self.halt_step = True, ctx.step
-        self.steps.settle(ctx)
+        report = self.steps.settle(ctx)
         diagnosis = self.close(status="halted")
         threshold = self.config.recovery.halt_severity
         causes: list[Event] = ([e for e in ctx.events if at_least(e.severity, threshold)]
@@ -249,7 +248,7 @@ class Run:
         raise TrainingDiverged(
             f"training halted at step {ctx.step}: " + "; ".join(e.message for e in causes)
             + (f". Crash snapshot: {ctx.snapshot_path}" if ctx.snapshot_path else ""),
-            snapshot_path=ctx.snapshot_path, events=causes, report=ctx.report,
+            snapshot_path=ctx.snapshot_path, events=causes, report=report,
             diagnosis=diagnosis)
 
     # -- outside a step --------------------------------------------------------------------------

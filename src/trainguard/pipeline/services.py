@@ -183,5 +183,6 @@ def new_params_notice(added: WatchedParams, step: int, count: int) -> ActionReco
                  "count": count})
 
 
-Stage = Callable[..., None]
-"""A stage: `stage(ctx, state, services)`; its `__name__` is the stage's name."""
+Stage = Callable[..., Any]
+"""A stage: `stage(ctx, state, services, *results)`, handed the results of the stages before it
+that it reads, returning its own; its `__name__` is the stage's name."""

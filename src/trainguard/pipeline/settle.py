@@ -13,7 +13,7 @@ import logging
 
 from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.events import StepReport, at_least
-from trainguard.pipeline.context import PendingStats, StepContext
+from trainguard.pipeline.context import PendingStats, Settled, StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import is_rank_local
@@ -21,42 +21,45 @@ from trainguard.registry import is_rank_local
 log = logging.getLogger("trainguard")
 
 
-def settle(ctx: StepContext, state: RunState, services: Services) -> None:
+def settle(ctx: StepContext, state: RunState, services: Services) -> Settled:
     halted = ctx.outcome == "halted"
+    queued: list[PendingStats] = []
     if not halted:
-        _schedule_and_probes(ctx, state, services)
+        _schedule_and_probes(ctx, state, services, queued)
     if ctx.outcome == "skipped":
         state.consecutive_skips += 1
     elif not halted:
         state.consecutive_skips = 0
-    signals = ctx.signals
-    assert signals is not None and ctx.decision is not None and ctx.outcome is not None
-    ctx.report = StepReport(step=ctx.step, loss=signals.loss, grad_norm=signals.grad_norm,
+    measured, decision = ctx.measured, ctx.decision
+    assert measured is not None and decision is not None and ctx.outcome is not None
+    signals = measured.signals
+    report = StepReport(step=ctx.step, loss=signals.loss, grad_norm=signals.grad_norm,
                             action=ctx.outcome, events=ctx.events, lr=signals.lr,
-                            loss_scale=signals.loss_scale, clip_coef=ctx.decision.clip_coef,
+                            loss_scale=signals.loss_scale, clip_coef=decision.clip_coef,
                             sampled=ctx.sampled, loss_curvature=signals.loss_curvature,
                             signals=signals)
     state.losses.observe(ctx.step, signals.loss, trouble=any(
         at_least(e.severity, "warning") for e in ctx.events))
     state.step += 1
     if halted:
-        return
+        return Settled(report, queued)
     # Under torch.distributed batch findings are rank-local; sampling must stay in step on
     # every rank (sampled statistics are agreed with collectives).
-    ctx.sample_next = any(services.dist is None or not is_rank_local(e.kind)
-                          for e in ctx.events)
+    sample_next = any(services.dist is None or not is_rank_local(e.kind) for e in ctx.events)
     if ctx.applied:
-        state.clip.update(signals.grad_norm, ctx.clip_limit)
+        state.clip.update(signals.grad_norm, decision.clip_limit)
     if ctx.applied and state.recovery is not None:
         state.recovery.after_applied(state.step, state.rewind_state)
     if state.anchor is not None:
-        state.anchor.observe(ctx.extra, ctx.events, ctx.applied, step=ctx.step)
+        state.anchor.observe(measured.extra, ctx.events, ctx.applied, step=ctx.step)
         if ctx.applied:
             state.anchor.after_applied(state.step)
-    if ctx.taken_on_device:  # the next step's forward ran already: the run schedules the one after
-        state.sample_next = state.sample_next or ctx.sample_next
+    if ctx.taken_on_device is not None:
+        # the next step's forward ran already: the run schedules the one after
+        state.sample_next = state.sample_next or sample_next
     else:
-        schedule_sampling(state, services, after_event=ctx.sample_next)
+        schedule_sampling(state, services, after_event=sample_next)
+    return Settled(report, queued)
 
 
 def schedule_sampling(state: RunState, services: Services, after_event: bool = False,
@@ -85,7 +88,8 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
         attention.attach()
 
 
-def _schedule_and_probes(ctx: StepContext, state: RunState, services: Services) -> None:
+def _schedule_and_probes(ctx: StepContext, state: RunState, services: Services,
+                         queued: list[PendingStats]) -> None:
     weight_probe = services.watch.weight_probe
     if ctx.applied:
         if state.brake is not None:
@@ -108,6 +112,6 @@ def _schedule_and_probes(ctx: StepContext, state: RunState, services: Services) 
             log.error("trainguard: sampled probes failed at step %d (%s: %s)", ctx.step,
                       type(exc).__name__, exc)
             return
-        ctx.queued.append(PendingStats(step=ctx.step, per_param=per_param))
+        queued.append(PendingStats(step=ctx.step, per_param=per_param))
     else:
         weight_probe.forget()
