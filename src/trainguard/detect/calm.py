@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+if TYPE_CHECKING:
+    from trainguard.signals import RobustBaseline, TransientJumps
 
 CHUNK_ELEMENTS = 1 << 22
 """The most values one step of a fast path sorts at once (windows x window length): its memory
@@ -99,6 +102,19 @@ def first_true(mask: np.ndarray) -> int:
     """The index of the first True of `mask`, its length when none."""
     found = np.flatnonzero(mask)
     return int(found[0]) if len(found) else len(mask)
+
+
+def pass_calm_jumps(baseline: RobustBaseline, transients: TransientJumps, values: np.ndarray,
+                    judged: np.ndarray, stop: int, start: int, end: int) -> int:
+    """The end of the calm stretch of a jump detector (`loss_spike`, `grad_explosion`): the
+    row of the first judged value that may jump (`stop`, an index into `values`), or `end`; the
+    calm values before it enter the baseline, and the transient jumps are back to normal."""
+    if stop < len(values):
+        end = start + int(np.flatnonzero(judged)[stop])
+    if stop:
+        baseline.admit_all(values[:stop], stats_first=True)
+        transients.back_to_normal()
+    return end
 
 
 def finite_positive(values: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
-from trainguard.detect.calm import SignalColumns, first_true, window_medians
+from trainguard.detect.calm import SignalColumns, first_true, pass_calm_jumps, window_medians
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event, Severity
 from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe_log
@@ -119,12 +119,7 @@ class GradExplosion(OutlierDetector):
         stop = first_true((values - median >= math.log(cfg.grad_explosion.ratio))
                           | (columns.grad_norm[start:end][judged]
                              > cfg.grad_explosion.abs_threshold))
-        if stop < len(values):
-            end = start + int(np.flatnonzero(judged)[stop])
-        if stop:
-            baseline.admit_all(values[:stop], stats_first=True)
-            self.transients.back_to_normal()
-        return end
+        return pass_calm_jumps(baseline, self.transients, values, judged, stop, start, end)
 
     def _stayed(self, outlier: Outlier, signals: StepSignals) -> Event:
         now = signals.grad_norm

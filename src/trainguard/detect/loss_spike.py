@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from trainguard.detect.base import Episode, Outlier, OutlierDetector, as_outlier
-from trainguard.detect.calm import SignalColumns, first_true, window_medians
+from trainguard.detect.calm import SignalColumns, first_true, pass_calm_jumps, window_medians
 from trainguard.detect.settings import DetectorConfig
 from trainguard.diagnose.loss_bound import CEILING_KEY, beyond, ceiling_of, describe
 from trainguard.events import Event, Severity
@@ -118,12 +118,7 @@ class LossSpike(OutlierDetector):
         history = np.fromiter(baseline.values, dtype=np.float64, count=len(baseline))
         level = window_medians(history, values, count, including=False)
         stop = first_true(values - level >= math.log(cfg.loss_spike.ratio))
-        if stop < len(values):
-            end = start + int(np.flatnonzero(judged)[stop])
-        if stop:
-            baseline.admit_all(values[:stop], stats_first=True)
-            self.transients.back_to_normal()
-        return end
+        return pass_calm_jumps(baseline, self.transients, values, judged, stop, start, end)
 
     def _beyond_scores(self, signals: StepSignals, level: float, excess: float,
                        ceiling: float) -> Event:
