@@ -52,3 +52,10 @@ def test_a_header_without_epoch_first_is_refused_when_forced(tmp_path: Path) -> 
     path.write_text("loss,epoch\n0.5,0\n")
     with pytest.raises(LogError, match="not a Keras CSVLogger"):
         read_log(path, "keras")
+
+
+def test_the_summary_says_the_log_was_written_every_epoch(tmp_path: Path) -> None:
+    from trainguard.analyze.summary import summary_lines
+
+    lines = summary_lines(analyze(_csv_logger(tmp_path / "training.log", [0.9, 0.7, 0.6, 0.55])))
+    assert "every epoch)" in lines[0] and "every step" not in lines[0]

@@ -27,9 +27,18 @@ def headline(result: Analysis) -> str:
     return f"{what}{kind} from {result.onset}"
 
 
+def _every(interval: float, unit: str) -> str:
+    """How often the log was written, in its own counter's unit (`every epoch`, `every 10 iters`,
+    `every 50 (num_updates)`)."""
+    if interval == 1:
+        return f"every {unit}"
+    plural = f"{unit}s" if unit.replace(" ", "").isalpha() else f"({unit})"
+    return f"every {interval:g} {plural}"
+
+
 def summary_lines(result: Analysis) -> list[str]:
     """The human summary of one log."""
-    every = f"every {result.interval:g} steps" if result.interval != 1 else "every step"
+    every = _every(result.interval, result.log.step_unit if result.log is not None else "step")
     lines = [f"log        {result.path} ({result.format}, {result.rows} rows, {every})",
              f"verdict    {headline(result)}"]
     for name, label in ((LOSS, "loss"), (GRAD_NORM, "grad norm")):
