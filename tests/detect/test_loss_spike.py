@@ -50,6 +50,15 @@ def test_a_spike_records_what_the_model_scores_allow_and_says_when_the_loss_is_b
                                     precursors={"ce_ceiling": np.array(1e9, dtype=np.float32)}))
     assert (again.severity, again.details["jump_step"], again.details["ce_ceiling"]) == (
         "warning", 100, 12.0)
+    # the jump's step not measured (the precursor probes' cadence), the next one measured:
+    # its scores tell that the loss still stands beyond them
+    detector = LossSpike(default_config())
+    run(detector, loss_run(smooth(100, 2.3, noise=0.05), precursors=bound))
+    event, = run(detector, loss_run([2.3e3], start=100))
+    assert event.severity == "info" and "ce_ceiling" not in event.details
+    again, = run(detector, loss_run([2.3e3], start=101, precursors=bound))
+    assert (again.severity, again.details["ce_ceiling"]) == ("error", 12.0)
+    assert "at step 101 the loss 2300 is 192x the most a cross-entropy" in again.message
     # not measured: nothing recorded
     detector = LossSpike(default_config())
     run(detector, loss_run(smooth(100, 2.3, noise=0.05)))

@@ -139,14 +139,21 @@ class LossSpike(OutlierDetector):
         assert signals.loss is not None
         cfg = self.config
         severity: Severity = "error" if outlier.ratio >= cfg.loss_spike.error_ratio else "warning"
+        details, said = dict(outlier.details), _beyond(outlier.value, outlier.details)
+        ceiling = ceiling_of(signals.precursors)
+        if CEILING_KEY not in details and ceiling is not None and beyond(signals.loss, ceiling):
+            # the jump's step was not measured (the precursor probes' cadence): this step's
+            # scores say the loss still stands beyond what they allow
+            details[CEILING_KEY] = ceiling
+            said = f"; at step {signals.step} {describe(signals.loss, ceiling)}"
         event = self.event(
             signals.step, severity,
             f"loss jumped to {outlier.value:.4g} at step {outlier.step}, {outlier.ratio:.3g}x its "
-            f"recent median {outlier.typical:.4g}{_beyond(outlier.value, outlier.details)}, and "
+            f"recent median {outlier.typical:.4g}{said}, and "
             f"has not come back: {signals.loss:.4g} at step {signals.step}",
             value=outlier.value, baseline=outlier.typical, ratio=outlier.ratio,
             jump_step=outlier.step, loss_now=signals.loss)
-        event.details.update(outlier.details)
+        event.details.update(details)
         return event
 
     def state_dict(self) -> dict[str, Any]:
