@@ -112,11 +112,10 @@ class InstabilityPrecursor(Detector):
         """This step's log discount for its batch's size."""
         self.clipped = 1.0
         """This step's clip factor: the ratio is judged at the gradient the optimizer is given."""
-        self.per_norm = np.zeros(0)
-        """The anchor's ratios over its gradient norms."""
-        self.anchor: tuple[np.ndarray, np.ndarray] | None = None
-        """(ratios, gradient norms) of the last step the probe measured: what a step it skips
-        is estimated from (`_estimate`)."""
+        self.per_norm: np.ndarray | None = None
+        """Each ratio of the last step the probe measured over its gradient norm there (0 for a
+        parameter without a gradient, whose ratio is 0): a step it skips is estimated from it
+        in one product (`_estimate`); None before a ratio was measured."""
         self.lrs: deque[float] = deque(maxlen=config.common.baseline_window)
         """The LRs of the last steps (`_lr_fall`)."""
         self.lr_fall = 1.0
@@ -140,7 +139,7 @@ class InstabilityPrecursor(Detector):
         return (cfg.every <= 1 or self.near or last is None or step <= last
                 or step - last >= cfg.every
                 # Adam has no state before its first step: measure until it has
-                or (self.anchor is None and step < cfg.warmup))
+                or (self.per_norm is None and step < cfg.warmup))
 
     def check(self, signals: StepSignals) -> list[Event]:
         held = 0
@@ -172,9 +171,6 @@ class InstabilityPrecursor(Detector):
             values = np.asarray(measured, dtype=np.float64)
             if (values > 0).any():  # a ratio to estimate the steps after from
                 norms = np.asarray(signals.param_grad_norm, dtype=np.float64)
-                self.anchor = (values, norms)
-                # each ratio per unit of gradient norm (0 for a parameter without a gradient,
-                # whose ratio is 0): a later step's estimate is one product
                 self.per_norm = np.divide(values, norms, out=np.zeros_like(values),
                                           where=norms > 0)
         else:
@@ -241,10 +237,8 @@ class InstabilityPrecursor(Detector):
         how its gradient norm (on the host every step) moved since. Adam's second moment is a
         long average (beta2 0.95-0.999) that a few steps hardly move, and the gradient is what
         outgrows it. None without a measurement of the same parameters."""
-        if self.anchor is None:
-            return None
         now = signals.param_grad_norm
-        if now.shape != self.per_norm.shape:
+        if self.per_norm is None or now.shape != self.per_norm.shape:
             return None
         return self.per_norm * now
 
@@ -346,9 +340,8 @@ class InstabilityPrecursor(Detector):
                 "batch_noise": self.batch_noise.state_dict(),
                 "measured": self.measured, "near": self.near, "last_max": self.last_max,
                 "lrs": list(self.lrs), "growth_near": self.growth_near,
-                "anchor": (None if self.anchor is None else
-                           [[float(v) if math.isfinite(v) else None for v in part]
-                            for part in self.anchor])}
+                "per_norm": (None if self.per_norm is None else
+                             [float(v) if math.isfinite(v) else None for v in self.per_norm])}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
@@ -368,12 +361,8 @@ class InstabilityPrecursor(Detector):
         self.last_max = float(state.get("last_max", 0.0))
         self.lrs.clear()
         self.lrs.extend(float(v) for v in state.get("lrs", []))
-        anchor = state.get("anchor")
-        self.anchor = (None if anchor is None else
-                       (np.array([math.nan if v is None else v for v in anchor[0]]),
-                        np.array([math.nan if v is None else v for v in anchor[1]])))
-        if self.anchor is not None:
-            ratios, norms = self.anchor
-            self.per_norm = np.divide(ratios, norms, out=np.zeros_like(ratios), where=norms > 0)
+        per_norm = state.get("per_norm")
+        self.per_norm = (None if per_norm is None else
+                         np.array([math.nan if v is None else v for v in per_norm]))
         self.growth_near = bool(state.get("growth_near", False))
 
