@@ -302,3 +302,20 @@ def test_the_onset_is_the_first_incident_of_the_kind_reported(
     assert (result.verdict, result.onset_step) == (verdict, onset)
     if len(jumps) > 1:
         assert any("step 450" in line for line in result.evidence), result.evidence
+
+
+# -- a jump on the last row ------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "verdict"), [
+    ("Validation loss", "degraded"),  # a mean over the whole evaluation set: the model's state
+    ("Train loss", "healthy"),  # one batch's jump that nothing after it confirms
+])
+def test_a_jump_on_the_last_row_counts_only_when_it_is_an_evaluations_mean(
+        tmp_path: Path, name: str, verdict: str) -> None:
+    levels = [0.152, 0.149, 0.150, 0.147, 0.148, 0.146, 0.147, 0.712]
+    lines = [f"{name} {500 * (i + 1)}:  {v:.6f}" for i, v in enumerate(levels)]
+    path = tmp_path / "paste.txt"
+    path.write_text("\n".join(lines) + "\n")
+    result = analyze(path)
+    assert result.verdict == verdict, result.evidence
+    if verdict == "degraded":
+        assert (result.kind, result.onset_step) == ("explosion", 4000)

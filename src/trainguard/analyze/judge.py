@@ -7,7 +7,8 @@ reads their events with hindsight, the whole log in view:
 1. **Transient jumps are not trouble.** A `loss_spike` or `grad_explosion` whose next row (one
    logging interval later) is back below the detector's own threshold is what heavy-tailed data
    does; the live detectors call such jumps transient too (`signals.TransientJumps`). So is one
-   on the last row, which nothing after it confirms. They stay in the evidence, marked
+   on the last row, which nothing after it confirms, unless the loss is an evaluation's (a mean
+   over the whole evaluation set says where the model is). They stay in the evidence, marked
    isolated. A loss that left its level by orders of magnitude (`FAR`x, beyond the noise of a
    loss near its floor) is never transient: no heavy-tailed batch does that.
 2. **The incident** is the first remaining event of warning severity or worse, or the loss going
@@ -362,7 +363,9 @@ def _transient(event: Event, log: Log, rows: list[int], config: DetectorConfig) 
     row = event.details["row"]
     baseline = event.details.get("baseline")
     if row == rows[-1]:
-        return True  # the log ends on it: one row, that nothing after confirms
+        # the log ends on it: one batch's jump, that nothing after confirms; an evaluation's
+        # mean over its whole set is the model's state at that step, confirmed by itself
+        return not (log.loss_is_evaluation and event.kind == Kind.LOSS_SPIKE)
     following = _next_row(log, rows, row)
     if following is None or not isinstance(baseline, (int, float)) or baseline <= 0:
         return False

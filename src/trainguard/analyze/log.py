@@ -239,6 +239,9 @@ class Log:
     are numbers)."""
     own_events: list[Event] = field(default_factory=list)
     """The events the live run raised, where the log records them (a trainguard store)."""
+    loss_is_evaluation: bool = False
+    """The loss judged is an evaluation's (the log holds no training loss): each value is a
+    mean over a whole evaluation set, the model's state at that step, not one batch's noise."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.series, Series):
@@ -291,6 +294,7 @@ class LogBuilder:
         self.notes: list[str] = []
         self._kinds: dict[str, tuple[int, str]] = {}
         self.from_start: bool | None = None
+        self.loss_is_evaluation = False
         self._plans: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
         self._evals_halved = False
         self._windows: list[windows.Window] | None = None
@@ -467,7 +471,8 @@ class LogBuilder:
         return Log(path=self.path, format=self.format, steps=list(self._steps), series=series,
                    labels=labels, skipped=skipped,
                    evals=sorted(self.evals.items()), step_unit=self.step_unit,
-                   notes=list(self.notes), from_start=self.from_start)
+                   notes=list(self.notes), from_start=self.from_start,
+                   loss_is_evaluation=self.loss_is_evaluation)
 
 
 def choose_loss(series: Series, notes: list[str]) -> None:

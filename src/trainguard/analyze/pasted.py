@@ -420,6 +420,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     _check_counters(rows, log.path)
     if stand_in == EVALUATION_LOSS:
         log.notes.append("the log holds no training loss: its evaluation loss is judged")
+        log.loss_is_evaluation = True
     elif stand_in == GRAD_NORM:
         log.notes.append("the log holds no loss: its gradient norm is all it says of the run")
     _inherit_steps(rows)
