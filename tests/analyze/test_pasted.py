@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -331,3 +332,25 @@ def test_an_iteration_counter_that_restarts_each_epoch_names_the_rows(tmp_path: 
     assert result.log is not None and result.log.steps[:6] == [20, 40, 60, 80, 100, 120]
     assert result.log.label(4) == "epoch 1, iter 100"
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 3, iter 60")
+
+
+@pytest.mark.parametrize("width", [None, 64])
+def test_records_printed_on_one_line_or_wrapped_are_cut_at_their_counter(
+        tmp_path: Path, width: int | None) -> None:
+    """`Epoch #1 Loss: 0.549 Accuracy: 0.72 Epoch #2 Loss: 0.430`: records printed with no
+    line break between them (`print(..., end=" ")`), or wrapped at a width by the page they
+    were pasted from; each is a row, numbered by its counter."""
+    losses = ["0.549081", "0.430481", "0.391200", "nan", "nan", "nan"]
+    text = " ".join(f"Epoch #{i} Loss: {v} Accuracy: {0.7 + 0.01 * i:.6f}"
+                    for i, v in enumerate(losses, 1))
+    if width is not None:
+        text = "\n".join(textwrap.wrap(text, width))
+    result = analyze(write(tmp_path / "paste.txt", text + "\n"))
+    assert result.log is not None and result.log.steps == [1, 2, 3, 4, 5, 6]
+    assert same(result.log.values("loss"), [0.549081, 0.430481, 0.3912, NAN, NAN, NAN])
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 4")
+
+
+def test_a_line_naming_one_counter_twice_without_counting_up_is_one_record() -> None:
+    lines = ["step 100 loss 0.52 (step 100 of 900)"]
+    assert list(pasted._records(lines)) == lines

@@ -21,6 +21,8 @@ a progress counter `41/3280 [`, an `epoch` on the line or on an `Epoch 2/10` lin
 the one that numbers the most rows distinctly and never goes back numbers them, in its own unit;
 a counter that repeats (`Epoch 1` on every line of the epoch, a float epoch) does not. Without
 one, rows are numbered from 1 (`row 3`), with the epoch in their name where the line has one.
+Records printed on one line, or wrapped over several at a width (`Epoch #1 Loss: 0.55
+Accuracy: 0.72 Epoch #2 Loss:` then `0.43 ...`), are cut at their counter, one row each.
 The same row printed twice (a line logged by two handlers, one rounding: LLaMA-Factory's
 callback beside the Trainer's) is read once. A run's closing totals (`train_runtime`, ...)
 are not a row.
@@ -75,6 +77,12 @@ _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:
                        r"\s*/\s*(\d+)\s*\]?", re.IGNORECASE)
 _BRACKET_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*:?\s*\[\s*(\d+)\s*\]",
                            re.IGNORECASE)
+_HASH_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*#\s*(\d+)(?!\w)",
+                        re.IGNORECASE)
+"""`Epoch #3`: a counter numbered with `#`."""
+_COUNTER_AT = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*[#:=]?\s*(\d+)(?![\w.])",
+                         re.IGNORECASE)
+"""Where a record starts on a line: a counter and its whole number."""
 _EPOCH_HEADER = re.compile(r"^\W*epoch\s*[:=]?\s*\[?\s*(\d+)\s*(?:/\s*\d+)?\s*\]?\W*$",
                            re.IGNORECASE)
 _QUOTED_NAME = re.compile(rf"([\"'])({_WORD})\1(?=\s*[:=])")
@@ -150,7 +158,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
             if value is not None:
                 values[str(name).strip()] = value
     remaining = _QUOTED_NAME.sub(r"\2", " ".join(rest))
-    for pattern in (_OF_TOTAL, _BRACKET_WORD):
+    for pattern in (_OF_TOTAL, _BRACKET_WORD, _HASH_WORD):
         for match in pattern.finditer(remaining):
             name = match.group(1).lower()
             family = FAMILY.get(name, name)
@@ -267,49 +275,48 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
     eval_rows: list[LineRow] = []
     norm_rows: list[LineRow] = []
     epoch: float | None = None
-    for raw in lines:
-        for line in raw.split("\r"):
-            header = _EPOCH_HEADER.match(_ANSI.sub("", line))
-            if header:
-                epoch = float(header.group(1))
-                continue
-            values, counters = parse_line(line)
-            if not values:
-                continue
-            if _EVAL_FIELD.search(line):  # fairseq's `| valid | epoch 002 | loss 9.39 |`
-                values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
-            if TOTALS & set(values):
-                continue
-            if "epoch" in counters:
-                epoch = counters["epoch"]
-            elif "epoch" in values:
-                epoch = values["epoch"]
-            if not any(is_loss_name(name) for name in values):
-                ppl = next((name for name in values if name.lower() in PERPLEXITY), None)
-                if ppl is not None:  # a perplexity is exp(cross-entropy): the loss is its log
-                    value = values[ppl]
-                    values["loss"] = math.log(value) if value > 0 else math.nan
-            if not any(is_loss_name(name) for name in values):
-                evaluation = {k: v for k, v in values.items() if is_eval_name(k)}
-                losses = [k for k in evaluation if "loss" in k.lower()]
-                if losses and not rows:
-                    eval_rows.append(LineRow({EVAL_AS_LOSS: evaluation[losses[0]]},
-                                             {k: v for k, v in counters.items()
-                                              if k not in (SPELLING, TOTAL)}, epoch,
-                                             str(counters.get(SPELLING, "step"))))
-                if evaluation and rows:
-                    evals.append((len(rows) - 1, evaluation))
-                elif (owner := _row_of_step(rows, counters)) is not None:
-                    for name, value in values.items():  # Caffe's `Iteration N, lr = X`
-                        owner.values.setdefault(name, value)
-                elif not rows and not evaluation and GRAD_NORM in map(canonical_name, values):
-                    norm_rows.append(_line_row(values, counters, epoch))
-                    if len(norm_rows) > MAX_ROWS:
-                        raise TooLong
-                continue
-            rows.append(_line_row(values, counters, epoch))
-            if len(rows) > MAX_ROWS:
-                raise TooLong
+    for line in _records(part for raw in lines for part in raw.split("\r")):
+        header = _EPOCH_HEADER.match(_ANSI.sub("", line))
+        if header:
+            epoch = float(header.group(1))
+            continue
+        values, counters = parse_line(line)
+        if not values:
+            continue
+        if _EVAL_FIELD.search(line):  # fairseq's `| valid | epoch 002 | loss 9.39 |`
+            values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
+        if TOTALS & set(values):
+            continue
+        if "epoch" in counters:
+            epoch = counters["epoch"]
+        elif "epoch" in values:
+            epoch = values["epoch"]
+        if not any(is_loss_name(name) for name in values):
+            ppl = next((name for name in values if name.lower() in PERPLEXITY), None)
+            if ppl is not None:  # a perplexity is exp(cross-entropy): the loss is its log
+                value = values[ppl]
+                values["loss"] = math.log(value) if value > 0 else math.nan
+        if not any(is_loss_name(name) for name in values):
+            evaluation = {k: v for k, v in values.items() if is_eval_name(k)}
+            losses = [k for k in evaluation if "loss" in k.lower()]
+            if losses and not rows:
+                eval_rows.append(LineRow({EVAL_AS_LOSS: evaluation[losses[0]]},
+                                         {k: v for k, v in counters.items()
+                                          if k not in (SPELLING, TOTAL)}, epoch,
+                                         str(counters.get(SPELLING, "step"))))
+            if evaluation and rows:
+                evals.append((len(rows) - 1, evaluation))
+            elif (owner := _row_of_step(rows, counters)) is not None:
+                for name, value in values.items():  # Caffe's `Iteration N, lr = X`
+                    owner.values.setdefault(name, value)
+            elif not rows and not evaluation and GRAD_NORM in map(canonical_name, values):
+                norm_rows.append(_line_row(values, counters, epoch))
+                if len(norm_rows) > MAX_ROWS:
+                    raise TooLong
+            continue
+        rows.append(_line_row(values, counters, epoch))
+        if len(rows) > MAX_ROWS:
+            raise TooLong
     if not rows and eval_rows:
         return _merge_reprints(eval_rows), [], EVALUATION_LOSS
     if not rows and norm_rows:
@@ -318,6 +325,45 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
 
 
 EVALUATION_LOSS = "evaluation loss"
+
+
+MAX_RECORD = 4096
+"""Characters a record wrapped over several lines holds at most (past them, it has ended)."""
+
+
+def _records(lines: Iterable[str]) -> Iterable[str]:
+    """The lines cut into records where one line holds several (records printed without a line
+    break, or wrapped at a width: `Epoch #1 Loss: 0.55 Accuracy: 0.72 Epoch #2 Loss:` then
+    `0.43 ...`): before each counter whose word is the same as the line's first counter's and
+    whose number goes up, when it is so on the line more than once. From such a line to the
+    next blank one, the lines are one text wrapped: a record goes on over the line break."""
+    pending: str | None = None
+    for line in lines:
+        if pending is not None and (not line.strip() or len(pending) > MAX_RECORD):
+            yield pending
+            yield line
+            pending = None
+            continue
+        text = line if pending is None else f"{pending} {line}"
+        records = _cut(text)
+        if pending is None and len(records) < 2:
+            yield line
+            continue
+        yield from records[:-1]
+        pending = records[-1]
+    if pending is not None:
+        yield pending
+
+
+def _cut(text: str) -> list[str]:
+    """`text` cut before each of its records (see `_records`); itself when it holds one."""
+    starts = [(m.start(), m.group(1).lower(), int(m.group(2)))
+              for m in _COUNTER_AT.finditer(text)]
+    same = [(at, n) for at, word, n in starts if word == starts[0][1]]
+    if len(same) < 2 or any(b <= a for (_, a), (_, b) in itertools.pairwise(same)):
+        return [text]
+    cuts = [0, *(at for at, _ in same[1:]), len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(cuts)]
 
 
 def _line_row(values: dict[str, float], counters: dict[str, float],
