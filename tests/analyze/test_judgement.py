@@ -319,3 +319,19 @@ def test_a_jump_on_the_last_row_counts_only_when_it_is_an_evaluations_mean(
     assert result.verdict == verdict, result.evidence
     if verdict == "degraded":
         assert (result.kind, result.onset_step) == ("explosion", 4000)
+
+
+# -- a jump that starts a climb --------------------------------------------------------------------
+@pytest.mark.parametrize(("after", "kind"), [
+    ([4.3, 8.8, 13.5, 15.7, 15.0, 18.8, 20.8, 25.6, 29.6], "slow-divergence"),  # a ramp
+    ([4.3, 4.5, 4.2, 4.4, 4.6, 4.3, 4.5, 4.4, 4.6], "explosion"),  # sat where it landed
+    ([4.3, 9.0, 5.3, 320.0, 22.0, 131.0, 4980.0, 156.0], "explosion"),  # ran wild
+    ([5e19, 4e20, 2e21, 8e21, 2.5e22], "explosion"),  # orders of magnitude at once
+])
+def test_a_jump_is_an_explosion_unless_it_starts_a_steady_climb(
+        tmp_path: Path, after: list[float], kind: str) -> None:
+    losses = [1.02, 0.99, 1.01, 0.98, 1.0, *after]
+    rows = [{"step": 10 * (i + 1), "loss": v, "learning_rate": 5e-3}
+            for i, v in enumerate(losses)]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert (result.verdict, result.kind, result.onset_step) == ("degraded", kind, 60)

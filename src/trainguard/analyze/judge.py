@@ -34,9 +34,11 @@ reads their events with hindsight, the whole log in view:
    batch is a large ratio and a small loss): then the run is healthy.
 5. **The kind**: `nan` for non-finite values or steps skipped to the end; `collapse` for trouble
    only the evaluations or a frozen loss show; `explosion` when within three rows of the onset
-   the loss jumped from one row to the next by the spike detector's default ratio (2.5x), or the
-   signal that raised the alarm (the loss, or the gradient norm) got at least halfway (in log
-   space) from its level before to its peak; `slow-divergence` when it climbed.
+   the loss jumped from one row to the next by the spike detector's default ratio (2.5x), unless
+   the jump (of less than orders of magnitude) was the first step of a climb (rising on three
+   rows in four after it, to 2.5x the value it jumped to or more), or the signal that raised
+   the alarm (the loss, or the gradient norm) got at least halfway (in log space) from its
+   level before to its peak; `slow-divergence` when it climbed.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ LOSS_KINDS = ("loss_spike", "bad_start", "loss_divergence", "loss_at_chance",
 NONFINITE_KINDS = ("nonfinite_loss", "nonfinite_grad", "nonfinite_value")
 RECOVERING_ROWS = 3
 SUDDEN_ROWS = 3
+RAMP_SHARE = 0.75
+"""A climb is a ramp when the loss rises on this share of its rows to its peak or more (a loss
+that runs wild jumps up and down on its way)."""
 BACK_ROWS = 3
 """Rows in a row at the old level that say a run came back from an incident."""
 CLUES = ("lr_change",)
@@ -268,8 +273,10 @@ def _blowup_kind(log: Log, rows: list[int], first: Event, onset: int,
     series = grads if first.kind == Kind.GRAD_EXPLOSION else losses
     before_series = [v for i in rows if i < onset and _finite(v := series[i])]
     base = min(before_series[-max(config.common.baseline_window, 1):], default=None)
-    return (EXPLOSION if _jumped(after, losses, reference) else
-            _shape(after, series, base if first.kind == Kind.GRAD_EXPLOSION else reference))
+    jump = _jumped(after, losses, reference)
+    if jump is not None:
+        return SLOW if _climbed_on([i for i in after if i >= jump], losses, rows) else EXPLOSION
+    return _shape(after, series, base if first.kind == Kind.GRAD_EXPLOSION else reference)
 
 
 def _came_back(first: Event, onset: int, reference: float | None, rows: list[int],
@@ -456,20 +463,38 @@ def _frozen(values: list[float]) -> bool:
     return len(tail) >= 5 and len(set(tail)) == 1
 
 
-def _jumped(after: list[int], losses: list[float | None], reference: float | None) -> bool:
-    """The loss jumped `SUDDEN_JUMP` times its previous row's value within the first
-    `SUDDEN_ROWS` rows of the incident."""
+def _jumped(after: list[int], losses: list[float | None], reference: float | None
+            ) -> int | None:
+    """The row at which the loss jumped `SUDDEN_JUMP` times its previous row's value within the
+    first `SUDDEN_ROWS` rows of the incident (None: it did not)."""
     if reference is None or reference <= 0:
-        return False
+        return None
     previous = reference
     for i in after[:SUDDEN_ROWS]:
         value = losses[i]
         if not _finite(value):
             continue
         if value >= SUDDEN_JUMP * previous:
-            return True
+            return i
         previous = value
-    return False
+    return None
+
+
+def _climbed_on(after: list[int], losses: list[float | None], rows: list[int]) -> bool:
+    """After its jump (`after[0]`), the loss kept climbing: a jump of less than orders of
+    magnitude (`FAR`x its previous row), then a rise on `RAMP_SHARE` of the rows or more, to a
+    peak `SUDDEN_JUMP` times the value it jumped to or more, reached `SUDDEN_ROWS` rows on or
+    later. The jump was the first step of a ramp (a learning rate too high from the start, the
+    loss climbing row after row), not a blow-up that then sat where it landed or ran wild."""
+    values = [v for i in after if _finite(v := losses[i])]
+    before = _previous(losses, rows, after[0])
+    if len(values) <= SUDDEN_ROWS or values[0] <= 0 or before is None or (
+            values[0] >= FAR * before):
+        return False
+    peak_at = max(range(len(values)), key=lambda k: values[k])
+    rises = sum(b > a for a, b in itertools.pairwise(values[:peak_at + 1]))
+    return (peak_at >= SUDDEN_ROWS and values[peak_at] >= SUDDEN_JUMP * values[0]
+            and rises >= RAMP_SHARE * peak_at)
 
 
 def _shape(after: list[int], series: list[float | None], reference: float | None) -> str:
