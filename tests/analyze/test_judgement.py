@@ -335,3 +335,18 @@ def test_a_jump_is_an_explosion_unless_it_starts_a_steady_climb(
             for i, v in enumerate(losses)]
     result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
     assert (result.verdict, result.kind, result.onset_step) == ("degraded", kind, 60)
+
+
+# -- the first rows of training ------------------------------------------------------------------
+@pytest.mark.parametrize(("first", "onset"), [
+    (1, 4),  # from the start: two rows of a fresh model show no level to stand above
+    (5001, 5003),  # an excerpt from mid-run may be cut where its trouble began
+])
+def test_the_onset_is_not_traced_back_into_the_first_rows_of_training(
+        tmp_path: Path, first: int, onset: int) -> None:
+    losses = ["39.66", "22.22", "68.61", "1266.9", "332.0", "1436176.25", "nan", "nan"]
+    path = tmp_path / "paste.txt"
+    path.write_text("\n".join(f"iteration : {first + i}, losses : {v}"
+                              for i, v in enumerate(losses)) + "\n")
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", onset)

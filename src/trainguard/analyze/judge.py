@@ -18,9 +18,11 @@ reads their events with hindsight, the whole log in view:
    loss of the rows before or more; for a gradient event, over the rows whose norm is
    `detectors.grad_explosion.abs_min_ratio` times the lowest norm before or more; for a
    divergence, from where the detector says its level crossed; for non-finite values and
-   skipped steps, over the unbroken run of non-finite or skipped rows that leads into them. It
-   is then moved to the first earlier incident of the same kind that the run came back from, if
-   any: a run is told from its first blow-up of the kind reported.
+   skipped steps, over the unbroken run of non-finite or skipped rows that leads into them. In
+   a log from the start of training, a jump is not traced back into its first `LEVEL_ROWS`
+   rows (a fresh model's first losses are no level to stand above). It is then moved to the
+   first earlier incident of the same kind that the run came back from, if any: a run is told
+   from its first blow-up of the kind reported.
 4. **Degraded or recovered.** The run degraded when it ends non-finite, when it ends skipping
    most steps since the onset, or when its final loss level (the median of its last 20 steps, or
    its last row when rows are further apart) is worse than its level before the onset (the
@@ -68,6 +70,9 @@ SUDDEN_ROWS = 3
 RAMP_SHARE = 0.75
 """A climb is a ramp when the loss rises on this share of its rows to its peak or more (a loss
 that runs wild jumps up and down on its way)."""
+LEVEL_ROWS = 3
+"""Rows from the start of training that show a level: a row with fewer before it cannot be told
+to stand above them."""
 BACK_ROWS = 3
 """Rows in a row at the old level that say a run came back from an incident."""
 CLUES = ("lr_change",)
@@ -426,7 +431,11 @@ def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
     earlier = [v for i in rows[max(0, start - window):start] if _finite(v := series[i])]
     floor = min((v for v in earlier if v > 0), default=None)
     if floor is not None:
-        while position > 0:
+        # the first rows of training, from the model as it was initialised, are noisy: one
+        # with fewer than `LEVEL_ROWS` rows before it has no level to stand above (an excerpt
+        # from mid-run may have been cut where its trouble began)
+        least = LEVEL_ROWS if log.starts_at_start() else 0
+        while position > least:
             value = series[rows[position - 1]]
             if not (_finite(value) and value >= ratio * floor):
                 break
