@@ -36,13 +36,13 @@ DEFAULTS = {"mlp": (9, 100), "gpt2": (7, 4)}
 """Workload -> (blocks, steps per block)."""
 
 
-def _timed(stage: Any, spent: dict[str, float]) -> Callable[..., None]:
+def _timed(stage: Any, spent: dict[str, float]) -> Callable[..., Any]:
     name = getattr(stage, "name", None) or stage.__name__
 
-    def timed(*args: Any) -> None:
+    def timed(*args: Any) -> Any:
         start = time.perf_counter()
         try:
-            stage(*args)
+            return stage(*args)  # stages hand typed results on to the next
         finally:
             spent[name] += time.perf_counter() - start
 
