@@ -72,7 +72,7 @@ def _mlflow(hints: TrackerHints) -> Found | None:
     logger = _logger_of(hints.loggers, "MLFlowLogger")
     if logger is not None:
         run_id = logger.run_id  # the logger's own run (it starts it if it has not yet)
-        return Found(MlflowSink(run_id=run_id, tracking_uri=logger._tracking_uri),
+        return Found(MlflowSink(run_id=run_id, client=logger.experiment),
                      MLFLOW, f"the MLflow run {run_id} of the MLFlowLogger")
     module = sys.modules.get("mlflow")
     active = module.active_run() if module is not None else None
