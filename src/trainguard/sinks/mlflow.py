@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -215,7 +214,7 @@ class MlflowSink(Sink):
     def _log_files(self, run_id: str) -> None:
         """The events table, the crash snapshot and the HTML report, under `trainguard/`."""
         if self._events:
-            table = {"columns": EVENT_COLUMNS, "data": [_jsonable(row) for row in self._events]}
+            table = {"columns": EVENT_COLUMNS, "data": self._events}
             self.client.log_text(run_id, json.dumps(table), "trainguard/events.json")
         if not self.artifacts:
             return
@@ -226,7 +225,3 @@ class MlflowSink(Sink):
             if report is not None:
                 self.client.log_artifact(run_id, str(report), "trainguard")
 
-
-def _jsonable(row: list[Any]) -> list[Any]:
-    """A row JSON keeps as it is (a non-finite number as its text)."""
-    return [str(v) if isinstance(v, float) and not math.isfinite(v) else v for v in row]

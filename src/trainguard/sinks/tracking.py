@@ -142,8 +142,9 @@ def nonfinite_count(values: Mapping[str, float]) -> int:
 
 
 def event_row(event: Event, axis: StepAxis) -> list[Any]:
-    """One row of the events table, at the tracker's step."""
-    value = event.value if event.value is None or math.isfinite(event.value) else str(event.value)
+    """One row of the events table, at the tracker's step; the value as text ("" when the event
+    has none), so that a NaN or inf reads as itself in a column of one type."""
+    value = "" if event.value is None else format(event.value, ".6g")
     return [axis.value(event.step), event.severity, event.kind, event.param or "", value,
             event.message]
 

@@ -179,10 +179,8 @@ class WandbSink(Sink):
         self._closed = True
         run = self._target()
         if run is not None and self.courier.failed is None:
-            wandb = self._wandb
             if self._events:
-                table = wandb.Table(columns=EVENT_COLUMNS, data=self._events)
-                self._log(self._last_step, {tracker_key("events"): table})
+                self.courier.send(self._log_events, run, self._axis.value(self._last_step))
             if self.alerts is not None and self.alerts.held:
                 self._summary[tracker_key("alerts_held")] = self.alerts.held
             self._summary[tracker_key("events_count")] = len(self._events)
@@ -192,6 +190,11 @@ class WandbSink(Sink):
         if not self.courier.drain(self.close_timeout_s):
             log.warning("trainguard: W&B did not take trainguard's last records within %.0f s; "
                         "they are left to its background thread", self.close_timeout_s)
+
+    def _log_events(self, run: Any, at: int) -> None:
+        """Every event as one table, logged at the last step."""
+        table = self._wandb.Table(columns=EVENT_COLUMNS, data=self._events)
+        run.log({tracker_key("events"): table, self._axis.key: at})
 
     def _log_artifacts(self, run: Any) -> None:
         """The crash snapshot and the HTML report, as one artifact of the run."""
