@@ -67,7 +67,8 @@ def _sinks(tmp: Path) -> dict[str, Sink]:
     run = wandb.init(mode="offline", dir=str(tmp), project="trainguard-sink-cost",
                      settings=wandb.Settings(silent=True, console="off"))
     client = mlflow.MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    experiment = client.create_experiment("sink-cost")
+    experiment = client.create_experiment("sink-cost",
+                                          artifact_location=(tmp / "artifacts").as_uri())
     mlflow_run = client.create_run(experiment)
     return {"TensorBoardSink": TensorBoardSink(tmp / "tb"),
             "WandbSink": WandbSink(run),

@@ -27,7 +27,10 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
                         "WANDB_DIR": str(folder), "WANDB_PROJECT": "trainguard-tests",
                         "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true",
-                        "WANDB_CONSOLE": "off", "WANDB_X_DISABLE_STATS": "true"}.items():
+                        "WANDB_CONSOLE": "off", "WANDB_X_DISABLE_STATS": "true",
+                        # artifacts are staged here, not in the user's home
+                        "WANDB_DATA_DIR": str(folder / "data"),
+                        "WANDB_CACHE_DIR": str(folder / "cache")}.items():
         monkeypatch.setenv(name, value)
     yield folder
     import wandb
@@ -38,19 +41,25 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
 
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One local sqlite MLflow store for the session, its tables made once."""
-    import mlflow
+    """One local sqlite MLflow store for the session, its tables made once, its default
+    experiment's artifacts in the session's temporary folder (not the working directory)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    mlflow.MlflowClient(uri).search_experiments()  # the migration, once
+    folder = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    SqlAlchemyStore(uri, (folder / "artifacts").as_uri())  # the migration, once
     return uri
 
 
 @pytest.fixture
-def mlflow_store(mlflow_uri: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The session's MLflow store as the tracking URI, no run left active after the test."""
+def mlflow_store(mlflow_uri: str, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The session's MLflow store as the tracking URI, no run left active after the test; an
+    experiment made by name keeps its artifacts under the test's folder (MLflow puts them under
+    the working directory)."""
     import mlflow
 
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     mlflow.set_tracking_uri(mlflow_uri)
     yield mlflow_uri

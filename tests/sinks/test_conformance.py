@@ -165,7 +165,7 @@ def _mlflow(tmp: Path) -> Sink:
 
     client = mlflow.MlflowClient(_FIXTURES[-1].getfixturevalue("mlflow_uri"))
     experiment = client.get_experiment_by_name("conformance") or client.get_experiment(
-        client.create_experiment("conformance"))
+        client.create_experiment("conformance", artifact_location=(tmp / "mlflow").as_uri()))
     run = client.create_run(experiment.experiment_id)
     return MlflowSink(run.info.run_id, client=client)
 

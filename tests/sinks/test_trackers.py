@@ -62,12 +62,19 @@ def _missing_mlflow_run(uri: str) -> Sink:
     return MlflowSink("0" * 32, client=mlflow.MlflowClient(uri))  # no such run: every call raises
 
 
-@pytest.mark.parametrize("make", [_finished_wandb_run, _missing_mlflow_run],
-                         ids=["wandb", "mlflow"])
+BROKEN: dict[str, tuple[Callable[..., Sink], str]] = {
+    "wandb": (_finished_wandb_run, "wandb_offline"),
+    "mlflow": (_missing_mlflow_run, "mlflow_uri"),
+}
+"""Each tracker broken for real, and the fixture its store comes from."""
+
+
+@pytest.mark.parametrize("tracker", sorted(BROKEN))
 def test_a_tracker_raising_on_every_call_is_one_warning_and_changes_no_weight(
-        make: Callable[..., Sink], wandb_offline: Path, mlflow_uri: str,
+        tracker: str, request: pytest.FixtureRequest,
         caplog: pytest.LogCaptureFixture) -> None:
-    sink = make(wandb_offline if make is _finished_wandb_run else mlflow_uri)
+    make, store = BROKEN[tracker]
+    sink = make(request.getfixturevalue(store))
     with caplog.at_level(logging.WARNING, logger="trainguard"):
         guarded = _weights_after(sink)
     unguarded = _weights_after(None)
