@@ -43,6 +43,7 @@ from trainguard.sinks.courier import Courier
 from trainguard.sinks.tracking import (
     EVENT_COLUMNS,
     OWN_AXIS,
+    TABLE_ROWS,
     StepAxis,
     cause_values,
     eval_values,
@@ -104,6 +105,7 @@ class MlflowSink(Sink):
         self._points: list[Point] = []
         self._tags: dict[str, str] = {}
         self._events: list[list[Any]] = []
+        self._event_count = 0
         self._snapshot: str | None = None
         self._last_flush = time.monotonic()
         self._last_step = 0
@@ -163,7 +165,9 @@ class MlflowSink(Sink):
         self._target()
 
     def on_event(self, event: Event) -> None:
-        self._events.append(event_row(event, self._axis))
+        self._event_count += 1
+        if len(self._events) < TABLE_ROWS:
+            self._events.append(event_row(event, self._axis))
         if at_least(event.severity, "warning"):
             self._tags[tracker_key("last_event")] = (
                 f"step {self._axis.value(event.step)}: {event.severity} {event.kind}: "
@@ -196,7 +200,7 @@ class MlflowSink(Sink):
 
     def on_run_end(self, status: Status) -> None:
         self._tags[tracker_key("status")] = status
-        self._tags[tracker_key("events_count")] = str(len(self._events))
+        self._tags[tracker_key("events_count")] = str(self._event_count)
 
     def close(self) -> None:
         if self._closed:

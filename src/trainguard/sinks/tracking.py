@@ -32,6 +32,9 @@ log = logging.getLogger("trainguard")
 PREFIX = "trainguard"
 NOT_APPLIED = ("skipped", "halted", "rolled_back")
 EVENT_COLUMNS = ["step", "severity", "kind", "param", "value", "message"]
+TABLE_ROWS = 10_000
+"""Rows of the events table a tracker is sent: the first ones (a NaN left in the weights under
+observe raises events at every step); the summary's `trainguard/events_count` counts them all."""
 _UNSAFE = re.compile(r"[^\w.\-/ :]")
 FLAGGED_KEYS = ("weight_nonfinite", "act_nonfinite")
 """Sampled keys that flag a layer holding NaN/inf: sent as a count, not per layer."""

@@ -43,6 +43,7 @@ from trainguard.sinks.courier import Courier
 from trainguard.sinks.tracking import (
     EVENT_COLUMNS,
     OWN_AXIS,
+    TABLE_ROWS,
     AlertGate,
     StepAxis,
     cause_values,
@@ -94,6 +95,7 @@ class WandbSink(Sink):
         self._names: list[str] = []
         self._run_dir: str | None = None
         self._events: list[list[Any]] = []
+        self._event_count = 0
         self._snapshot: str | None = None
         self._summary: dict[str, Any] = {}
         self._last_step = 0
@@ -135,7 +137,9 @@ class WandbSink(Sink):
         self._target()
 
     def on_event(self, event: Event) -> None:
-        self._events.append(event_row(event, self._axis))
+        self._event_count += 1
+        if len(self._events) < TABLE_ROWS:
+            self._events.append(event_row(event, self._axis))
         run = self._target()
         if run is not None and self.alerts is not None and self.alerts.admits(event):
             level = getattr(self._wandb.AlertLevel, ALERT_LEVELS[event.severity])
@@ -183,7 +187,7 @@ class WandbSink(Sink):
                 self.courier.send(self._log_events, run, self._axis.value(self._last_step))
             if self.alerts is not None and self.alerts.held:
                 self._summary[tracker_key("alerts_held")] = self.alerts.held
-            self._summary[tracker_key("events_count")] = len(self._events)
+            self._summary[tracker_key("events_count")] = self._event_count
             self.courier.send(run.summary.update, self._summary)
             if self.artifacts:
                 self.courier.send(self._log_artifacts, run)
