@@ -10,12 +10,15 @@ without trackers pays nothing for this.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainguard.sinks.base import Sink
+
+log = logging.getLogger("trainguard")
 
 WANDB, MLFLOW = "wandb", "mlflow"
 
@@ -94,7 +97,12 @@ def find_trackers(given: Iterable[Sink], hints: TrackerHints | None = None) -> l
     for kind, finder in ((WandbSink, _wandb), (MlflowSink, _mlflow)):
         if any(isinstance(sink, kind) for sink in given):
             continue
-        tracker = finder(hints)
+        try:
+            tracker = finder(hints)
+        except Exception as exc:  # one tracker's trouble leaves the other and training alone
+            log.warning("trainguard: could not report to %s (%s: %s); training goes on "
+                        "without it", kind.__name__, type(exc).__name__, exc)
+            continue
         if tracker is not None:
             found.append(tracker)
     return found
