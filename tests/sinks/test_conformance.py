@@ -241,6 +241,7 @@ def test_every_sink_hears_a_halting_run_without_failing(make_sink, tmp_path: Pat
             guard.step(loss, batch=setup.batch())
             setup.optimizer.zero_grad(set_to_none=True)
     assert guard.run.sinks.failures == {}
+    assert getattr(sink, "failed", None) is None  # nor failed within (a tracker's courier)
     assert recorder.names()[-2:] == ["on_run_end", "close"]
 
 
@@ -265,6 +266,7 @@ def test_every_sink_takes_nan_and_makes_no_transfer(make_sink, tmp_path: Path) -
     sink.on_run_end("crashed")
     sink.close()
     assert transfer_count() == before
+    assert getattr(sink, "failed", None) is None  # NaN and inf taken, not a failure
 
 
 def test_the_console_is_the_only_printer(tmp_path: Path, capsys) -> None:

@@ -21,11 +21,12 @@ loop):
     artifacts   trainguard/events.json (every event, in MLflow's table format), the crash
                 snapshot and the HTML report (with a run_dir) under trainguard/
 
-Every key is made of the characters MLflow allows. NaN is logged as NaN (MLflow keeps it) and
-counted in `trainguard/nonfinite/*`. Metrics are gathered on the training thread and sent in
-batches (at most every `flush_s` seconds) by a background thread (`Courier`): a step never waits
-for the store. If MLflow raises, that is one warning and the sink stops; training goes on. The
-run is not ended here: it belongs to the code that started it.
+Every key is made of the characters MLflow allows. NaN is logged as NaN (MLflow keeps it), inf
+as MLflow stores it (±1.8e308), and both are counted in `trainguard/nonfinite/*`. Metrics are
+gathered on the training thread and sent in batches (at most every `flush_s` seconds) by a
+background thread (`Courier`): a step never waits for the store. If MLflow raises, that is one
+warning and the sink stops; training goes on. The run is not ended here: it belongs to the code
+that started it.
 """
 
 from __future__ import annotations
