@@ -104,3 +104,24 @@ def test_keys_that_mlflow_refuses_are_made_valid(mlflow_store: str) -> None:
     assert sink.failed is None
     keys = set(mlflow.MlflowClient().get_run(active.info.run_id).data.metrics)
     assert "trainguard/layers/grad_norm/layers.a_b.weight" in keys
+
+
+def test_while_no_run_has_started_the_newest_points_are_kept_and_sent_when_it_starts(
+        mlflow_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlflow
+
+    from trainguard.events import RunInfo, StepReport
+    from trainguard.sinks import mlflow as mlflow_sink
+
+    monkeypatch.setattr(mlflow_sink, "WAITING_POINTS", 40)  # a small bound, to fill it quickly
+    sink = MlflowSink(flush_s=0.0)
+    sink.on_run_start(RunInfo(run_dir=None, config={}, param_names=[], param_shapes=[],
+                              trainguard_version="0"))
+    for step in range(20):  # 4 points a step (grad_norm, clip_coef, skipped, a count)
+        sink.on_step(StepReport(step=step, loss=None, grad_norm=float(step), action="applied"))
+    assert sink.run_id is None and sink.waiting_dropped == 80 - 40
+    with mlflow.start_run() as active:
+        sink.on_step(StepReport(step=20, loss=None, grad_norm=20.0, action="applied"))
+        sink.close()
+    history = mlflow.MlflowClient().get_metric_history(active.info.run_id, "trainguard/grad_norm")
+    assert sorted(m.step for m in history) == list(range(10, 21))

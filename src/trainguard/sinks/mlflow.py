@@ -68,6 +68,9 @@ log = logging.getLogger("trainguard")
 INSTALL_HINT = "pip install 'trainguard[mlflow]'"
 BATCH_LIMIT = 1000
 """MLflow's most metrics in one `log_batch`."""
+WAITING_POINTS = 100_000
+"""Metric points kept while the run to send them to has not started (a `report_to` whose tracker
+starts its run later): the newest, sent when it starts."""
 TAG_LIMIT = 5000
 """Characters of a tag value that MLflow keeps in every backend."""
 
@@ -111,6 +114,8 @@ class MlflowSink(Sink):
         self._last_flush = time.monotonic()
         self._last_step = 0
         self._closed = False
+        self.waiting_dropped = 0
+        """Metric points dropped, the oldest first, while no run had started."""
 
     @property
     def failed(self) -> str | None:
@@ -142,6 +147,9 @@ class MlflowSink(Sink):
     def _flush(self) -> None:
         self._last_flush = time.monotonic()
         run_id = self._target()
+        if run_id is None and len(self._points) > WAITING_POINTS:  # no run yet: keep the last
+            self.waiting_dropped += len(self._points) - WAITING_POINTS
+            del self._points[:len(self._points) - WAITING_POINTS]
         if run_id is None or not (self._points or self._tags):
             return
         points, self._points = self._points, []
