@@ -52,14 +52,12 @@ def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture
-def mlflow_store(mlflow_uri: str, tmp_path: Path,
-                 monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The session's MLflow store as the tracking URI, no run left active after the test; an
-    experiment made by name keeps its artifacts under the test's folder (MLflow puts them under
-    the working directory)."""
+def mlflow_store(mlflow_uri: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The session's MLflow store as the tracking URI, no run left active after the test. An
+    experiment a test makes by name needs an `artifact_location` of its own: MLflow's default
+    is under the working directory."""
     import mlflow
 
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     mlflow.set_tracking_uri(mlflow_uri)
     yield mlflow_uri

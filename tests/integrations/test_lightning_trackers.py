@@ -87,8 +87,9 @@ def test_an_mlflow_logger_gets_trainguard_at_its_steps(
         pl: ModuleType, mlflow_store: str, tmp_path: Path) -> None:  # noqa: F811
     import mlflow
 
-    logger = pl.loggers.MLFlowLogger(experiment_name="trainguard-lightning",
-                                     tracking_uri=mlflow_store)
+    logger = pl.loggers.MLFlowLogger(experiment_name=f"trainguard-{pl.__name__}",
+                                     tracking_uri=mlflow_store,
+                                     artifact_location=(tmp_path / "mlflow").as_uri())
     callback = _fit(pl, tmp_path, logger)
     client = mlflow.MlflowClient(mlflow_store)
 
