@@ -28,6 +28,8 @@ from trainguard.demo import MarkovLanguage, TinyCausalLM
 from trainguard.events import ActionRecord
 from trainguard.sinks import Sink
 
+from .tracker_runs import mlflow_store, mlflow_uri, wandb_offline  # noqa: F401  (fixtures)
+
 
 @dataclass
 class Setup:

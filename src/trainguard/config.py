@@ -349,9 +349,12 @@ class SinksConfig:
     """Print events as they happen (through the `trainguard` logger and stderr)."""
     store: bool = True
     """Write the embedded run store when a run_dir is given."""
+    trackers: bool = True
+    """Report to the experiment trackers the run already reports to (an active W&B or MLflow
+    run, a trainer's `report_to` or loggers naming them: `sinks/trackers.py`), said once."""
 
     def __post_init__(self) -> None:
-        sections.flag(self, "console", "store")
+        sections.flag(self, "console", "store", "trackers")
 
 
 @sections.accept_flat_names(GUARD_FLAT_NAMES)

@@ -288,7 +288,7 @@ _STARTS = itertools.count()
 """How many guarded runs this process started: the n-th run of every rank agrees with the others'
 n-th (ranks run the same code)."""
 
-AGREED_CONFIG_FIELDS_EXCLUDED = frozenset({"sinks.console", "sinks.store",
+AGREED_CONFIG_FIELDS_EXCLUDED = frozenset({"sinks.console", "sinks.store", "sinks.trackers",
                                            "checkpoints.snapshot_dir"})
 """Config fields (dotted) a rank may set for itself (they decide nothing every rank must do
 alike)."""

@@ -77,7 +77,7 @@ class StepReport:
 
 
 ActionKind = Literal["skip", "clip", "rollback", "lr_change", "halt", "snapshot", "clip_takeover",
-                     "watch", "checkpoint_kept"]
+                     "watch", "checkpoint_kept", "report_to"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -53,6 +54,19 @@ def tiny_run(sinks: list[Sink], **config: object) -> TinyRun:
     settings: dict[str, object] = {"sinks": {"console": False}, "probes": {"sample_every": 3},
                                    **config}
     guard = Guard(model, optimizer, config=GuardConfig(**settings), sinks=sinks)
+    return TinyRun(model, optimizer, guard)
+
+
+def guarded_run(extra: list[Sink] | None = None, run_dir: Path | None = None,
+                **sections: object) -> TinyRun:
+    """`tiny_run` with a run store and any config section (`sinks` included) of the test's."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    settings: dict[str, object] = {"sinks": {"console": False}, "probes": {"sample_every": 3},
+                                   **sections}
+    guard = Guard(model, optimizer, config=GuardConfig(**settings), sinks=extra or [],
+                  run_dir=run_dir)
     return TinyRun(model, optimizer, guard)
 
 

@@ -10,7 +10,7 @@ import importlib
 import io
 import math
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,14 @@ import trainguard
 from trainguard import Guard, GuardConfig, TrainingDiverged
 from trainguard.demo.run import ProgressSink
 from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport
-from trainguard.sinks import ConsoleSink, PrometheusSink, Sink, TensorBoardSink
+from trainguard.sinks import (
+    ConsoleSink,
+    MlflowSink,
+    PrometheusSink,
+    Sink,
+    TensorBoardSink,
+    WandbSink,
+)
 from trainguard.sinks.base import SINK_METHODS
 from trainguard.store import RunReader, RunStoreSink
 from trainguard.transfer import transfer_count
@@ -131,6 +138,38 @@ def _prometheus(tmp: Path) -> PrometheusSink:
     return PrometheusSink(port=0, linger_s=0)
 
 
+_FIXTURES: list[pytest.FixtureRequest] = []
+"""The running test's request, for factories that need a fixture (a tracker's store)."""
+
+
+@pytest.fixture(autouse=True)
+def _fixtures_for_factories(request: pytest.FixtureRequest) -> Iterator[None]:
+    _FIXTURES.append(request)
+    yield
+    _FIXTURES.pop()
+
+
+def _wandb(tmp: Path) -> Sink:
+    """A real offline W&B run (finished by the `wandb_offline` fixture after the test)."""
+    pytest.importorskip("wandb", reason="needs the wandb extra")
+    import wandb
+
+    folder = _FIXTURES[-1].getfixturevalue("wandb_offline")
+    return WandbSink(wandb.init(mode="offline", dir=str(folder)))
+
+
+def _mlflow(tmp: Path) -> Sink:
+    """A run of the session's local MLflow store."""
+    pytest.importorskip("mlflow", reason="needs the mlflow extra")
+    import mlflow
+
+    client = mlflow.MlflowClient(_FIXTURES[-1].getfixturevalue("mlflow_uri"))
+    experiment = client.get_experiment_by_name("conformance") or client.get_experiment(
+        client.create_experiment("conformance", artifact_location=(tmp / "mlflow").as_uri()))
+    run = client.create_run(experiment.experiment_id)
+    return MlflowSink(run.info.run_id, client=client)
+
+
 def _subclasses(cls: type) -> set[type]:
     return {sub for direct in cls.__subclasses__() for sub in {direct, *_subclasses(direct)}}
 
@@ -156,6 +195,8 @@ FACTORIES: dict[type[Sink], Callable[[Path], Sink]] = {
     TensorBoardSink: _tensorboard,
     PrometheusSink: _prometheus,
     ProgressSink: lambda tmp: ProgressSink("demo", 10, io.StringIO()),
+    WandbSink: _wandb,
+    MlflowSink: _mlflow,
 }
 """How to build each sink trainguard ships: a new one fails the checks below until it is here."""
 SHIPPED = shipped_sinks()
@@ -200,6 +241,7 @@ def test_every_sink_hears_a_halting_run_without_failing(make_sink, tmp_path: Pat
             guard.step(loss, batch=setup.batch())
             setup.optimizer.zero_grad(set_to_none=True)
     assert guard.run.sinks.failures == {}
+    assert getattr(sink, "failed", None) is None  # nor failed within (a tracker's courier)
     assert recorder.names()[-2:] == ["on_run_end", "close"]
 
 
@@ -224,6 +266,7 @@ def test_every_sink_takes_nan_and_makes_no_transfer(make_sink, tmp_path: Path) -
     sink.on_run_end("crashed")
     sink.close()
     assert transfer_count() == before
+    assert getattr(sink, "failed", None) is None  # NaN and inf taken, not a failure
 
 
 def test_the_console_is_the_only_printer(tmp_path: Path, capsys) -> None:

@@ -41,6 +41,7 @@ from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.registry import Kind
 from trainguard.sinks import Sink
+from trainguard.sinks.trackers import TrackerHints
 from trainguard.vocabulary import HIDDEN_LOSS, Status
 
 try:
@@ -185,7 +186,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                            scaler=getattr(optimizer, "scaler", None), scheduler=lr_scheduler,
                            rewind_schedulers=[lr_scheduler], integration="transformers.Trainer",
                            replay_fn=self.replay_fn,
-                           resume=resume, mid_run=bool(carried or state.global_step))
+                           resume=resume, mid_run=bool(carried or state.global_step),
+                           trackers=TrackerHints.of(args.report_to))
         except BaseException:
             self._release()  # the Trainer keeps its own clipping
             raise

@@ -46,6 +46,7 @@ from trainguard.integrations.checkpoint_io import MarkingCheckpointIO
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.sinks import Sink
+from trainguard.sinks.trackers import TrackerHints
 from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")
@@ -155,7 +156,8 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
                            scheduler=schedulers[0] if schedulers else None,
                            rewind_schedulers=schedulers, integration=_trainer_name(trainer),
                            replay_fn=self.replay_fn,
-                           resume=resume, mid_run=bool(carried or trainer.global_step))
+                           resume=resume, mid_run=bool(carried or trainer.global_step),
+                           trackers=TrackerHints.of(loggers=trainer.loggers))
         except BaseException:
             self.close()  # the trainer keeps its own clipping
             raise

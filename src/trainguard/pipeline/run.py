@@ -68,6 +68,7 @@ from trainguard.recovery.brake import PrecursorBrake
 from trainguard.remedies.clip_chain import ClipChain
 from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
+from trainguard.sinks.trackers import Found, TrackerHints, find_trackers
 from trainguard.snapshot import clean_stale_temps, portable
 from trainguard.store import RunStore, RunStoreSink
 from trainguard.verdict import LossTrack, RunVerdict
@@ -93,7 +94,8 @@ class Run:
                  sinks: Iterable[Sink] = (), scaler: Any = None, scheduler: Any = None,
                  rewind_schedulers: Iterable[Any] = (), replay_fn: LossFn | None = None,
                  owns_scaler_step: bool = False, integration: str = "", resume: bool = False,
-                 mid_run: bool = False, owns_optimizer_step: bool = False) -> None:
+                 mid_run: bool = False, owns_optimizer_step: bool = False,
+                 trackers: TrackerHints | None = None) -> None:
         config = _checked(config, model, optimizer)
         self.config = config
         watched = watched_params(model, [optimizer])
@@ -116,7 +118,9 @@ class Run:
         """The last monitoring failure reported: its text, its first step, how often it recurred
         since and the last step it did."""
         self.store: RunStore | None = None
-        journal = Journal(self._open_sinks(sinks, resume))
+        self._trackers: list[Found] = []
+        """The experiment trackers found reporting (said once the run started)."""
+        journal = Journal(self._open_sinks(sinks, resume, trackers))
         self.services = build_services(
             config=config, model=model, optimizer=optimizer, watched=watched, dist=dist,
             scheduler=scheduler, owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
@@ -128,6 +132,12 @@ class Run:
         self.verdict: RunVerdict | None = None
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
         self._announce(integration, resume)
+        for tracker in self._trackers:
+            self.emit_action(ActionRecord(
+                kind="report_to", step=self.state.step,
+                message=f"reporting to {tracker.where} too (GuardConfig(sinks="
+                        "{'trackers': False}) turns this off)",
+                details={"tracker": tracker.tracker}))
         if config.probes.preflight and not mid_run:
             self._run_preflight()
         if config.policy == "recover":
@@ -496,11 +506,20 @@ class Run:
                         type(exc).__name__, exc)
             return None
 
-    def _open_sinks(self, sinks: Iterable[Sink], resume: bool) -> SinkSet:
-        """Only rank 0 speaks and records: the console, the run store, the user's sinks."""
+    def _open_sinks(self, sinks: Iterable[Sink], resume: bool,
+                    trackers: TrackerHints | None) -> SinkSet:
+        """Only rank 0 speaks and records: the console, the run store, the user's sinks, the
+        experiment trackers the run already reports to."""
         if not self.is_main:
             return SinkSet([])
-        config, chosen = self.config, list[Sink]()
+        config, chosen, sinks = self.config, list[Sink](), list(sinks)
+        if config.sinks.trackers:
+            try:
+                self._trackers = find_trackers(sinks, trackers)
+            except Exception as exc:  # a tracker's trouble must not stop training
+                log.warning("trainguard: could not look for the run's experiment trackers "
+                            "(%s: %s); training goes on without reporting to them",
+                            type(exc).__name__, exc)
         if config.sinks.console:
             chosen.append(ConsoleSink())
         if self.run_dir is not None and config.sinks.store:
@@ -511,7 +530,7 @@ class Run:
             else:
                 chosen.append(store_sink)
                 self.store = store_sink.store
-        return SinkSet([*chosen, *sinks])
+        return SinkSet([*chosen, *sinks, *(tracker.sink for tracker in self._trackers)])
 
     def _announce(self, integration: str, resume: bool) -> None:
         """Tell the sinks the run started; close it if the process ends first; clear the
