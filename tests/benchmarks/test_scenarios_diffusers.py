@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("diffusers")
 from benchmarks.scenarios import run_scenario, scenario
 
-HEALTHY = ("diffusers_healthy", "diffusers_healthy_latent", "diffusers_healthy_conditioned")
+HEALTHY = ("diffusers_healthy", "diffusers_healthy_latent", "diffusers_healthy_lora",
+           "diffusers_healthy_conditioned")
 FAULTS = {
     "diffusers_lr_too_high": "lr_too_high",
     "diffusers_unfrozen_vae": "unfrozen_part",

@@ -11,7 +11,9 @@ Loop. `train_unconditional.py` / `train_text_to_image.py`: noise and timesteps d
 `noise_scheduler.add_noise`, the UNet's prediction against the scheduler's target (the noise
 under `prediction_type="epsilon"`), MSE; latent diffusion encodes the images with the VAE
 (`latent_dist.sample() * scaling_factor`) as the example does, relying on the VAE being frozen.
-AdamW at SANE_LR, warmup and cosine decay, batch BATCH.
+AdamW at SANE_LR, warmup and cosine decay, batch BATCH. The guide's remedies are trainguard's
+recipes: the healthy latent run freezes the VAE with `recipes.freeze_parts`, a healthy twin
+trains LoRA adapters made by `recipes.unet_lora`.
 
 Faults made as users make them (cause codes from trainguard.diagnose.causes):
 - lr_too_high: AdamW at HIGH_LR (0.5), far above anything this UNet takes.
@@ -37,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from diffusers import AutoencoderKL, DDPMScheduler, UNet2DModel
 from torch import nn
+
+from trainguard.recipes import freeze_parts, unet_lora
 
 from ..base import Scenario, Workload, lm_eval
 from ..pretrain import pretrained
@@ -209,6 +213,8 @@ class Recipe:
     pixels_255: bool = False
     conditioned: bool = False
     init_std: float | None = None
+    lora: bool = False
+    """LoRA adapters on the UNet (`recipes.unet_lora`), the base weights frozen."""
 
 
 def _images(recipe: Recipe, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -221,17 +227,22 @@ def build(seed: int, recipe: Recipe) -> Workload:
     model: nn.Module
     if recipe.latent:
         model = base_latent_diffusion()
-        if not recipe.train_vae:
-            model.first_stage_model.requires_grad_(False)
         unet = model.unet
     else:
         unet = base_unet()
         if recipe.conditioned:
             unet = class_conditioned(unet, recipe.init_std)
+        if recipe.lora:
+            with torch.random.fork_rng():
+                torch.manual_seed(5)
+                unet = unet_lora(unet, r=4)
         model = unet
     model.train()
-    trained = model.parameters() if recipe.train_vae else unet.parameters()
-    optimizer = torch.optim.AdamW(trained, lr=recipe.lr, weight_decay=0.01)
+    # the whole pipeline's trainable parameters, as a script that forgets the VAE builds it
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=recipe.lr, weight_decay=0.01)
+    if not recipe.train_vae:
+        freeze_parts(model, optimizer)  # the guide's remedy: the VAE frozen, out of the optimizer
 
     def lr_factor(step: int) -> float:
         warm = min(1.0, (step + 1) / WARMUP)
@@ -296,6 +307,8 @@ def scenarios() -> list[Scenario]:
                   f"{sane}"),
         _scenario("healthy_latent", Recipe(latent=True),
                   f"latent diffusion: a UNet on a frozen AutoencoderKL's latents, {sane}"),
+        _scenario("healthy_lora", Recipe(lora=True),
+                  f"LoRA (r=4) on the UNet's attention and resnet convolutions, {sane}"),
         _scenario("healthy_conditioned", Recipe(conditioned=True),
                   f"the UNet with a new class-conditioning layer at diffusers' init, {sane}"),
         _scenario("lr_too_high", Recipe(lr=HIGH_LR), f"AdamW lr {HIGH_LR:g}",
