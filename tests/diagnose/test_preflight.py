@@ -245,14 +245,45 @@ def test_fp16_autocast_needs_a_grad_scaler() -> None:
                                                autocast_dtype=torch.bfloat16))
 
 
-def test_a_vae_that_is_not_frozen() -> None:
-    pipeline = nn.ModuleDict({"unet": nn.Linear(8, 8), "vae": nn.Linear(8, 8)})
-    optimizer = torch.optim.AdamW(pipeline.parameters(), lr=2e-5)
+def test_a_vae_in_the_optimizer_is_found_by_what_it_is() -> None:
+    """The original Stable Diffusion code's name for the VAE, `first_stage_model`: the check
+    reads the module's role (encode/decode beside a UNet that takes a timestep)."""
+    diffusers_sd = pytest.importorskip("benchmarks.scenarios.families.diffusers_sd")
+    model = diffusers_sd.LatentDiffusion(diffusers_sd.tiny_unet(4, 8), diffusers_sd.tiny_vae())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
     scheduler = cosine_with_warmup(optimizer, 10)
-    [finding] = checks(preflight(pipeline, optimizer, scheduler))["frozen_vae"]
-    assert "vae.weight" in finding.message
-    pipeline["vae"].requires_grad_(False)
-    assert "frozen_vae" not in checks(preflight(pipeline, optimizer, scheduler))
+    [finding] = checks(preflight(model, optimizer, scheduler))["frozen_parts"]
+    assert finding.severity == "warning" and finding.cause == "unfrozen_part"
+    assert finding.evidence["part"] == "first_stage_model"
+    assert finding.evidence["role"] == "autoencoder"
+    assert finding.evidence["weights"] == sum(
+        p.numel() for p in model.first_stage_model.parameters())
+    assert "first_stage_model.requires_grad_(False)" in finding.fix
+
+
+def test_a_vae_out_of_the_optimizer_or_frozen_is_no_finding() -> None:
+    diffusers_sd = pytest.importorskip("benchmarks.scenarios.families.diffusers_sd")
+    model = diffusers_sd.LatentDiffusion(diffusers_sd.tiny_unet(4, 8), diffusers_sd.tiny_vae())
+    # trainable but never stepped: the optimizer holds the UNet's parameters only
+    optimizer = torch.optim.AdamW(model.unet.parameters(), lr=2e-5)
+    assert "frozen_parts" not in checks(preflight(model, optimizer,
+                                                  cosine_with_warmup(optimizer, 10)))
+    model.first_stage_model.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    assert "frozen_parts" not in checks(preflight(model, optimizer,
+                                                  cosine_with_warmup(optimizer, 10)))
+
+
+def test_a_text_encoder_in_the_optimizer() -> None:
+    diffusers_sd = pytest.importorskip("benchmarks.scenarios.families.diffusers_sd")
+    from .test_model_parts import tiny_text_encoder
+
+    model = nn.ModuleDict({"model": diffusers_sd.tiny_unet(),
+                           "cond_stage_model": tiny_text_encoder()})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    [finding] = checks(preflight(model, optimizer, cosine_with_warmup(optimizer, 10)))[
+        "frozen_parts"]
+    assert finding.evidence["role"] == "text_encoder" and "text encoder" in finding.message
 
 
 def test_no_clipping_is_noted_when_known() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-_NAMES = ("gpt2", "gpt2_regression", "bert_cls", "image_cls", "diffusion", "lstm", "regression",
-          "mlp_cls", "ddp", "tiny_lm", "tiny_attn", "logit_growth")
+_NAMES = ("gpt2", "gpt2_regression", "bert_cls", "image_cls", "diffusion", "diffusers_sd", "lstm",
+          "regression", "mlp_cls", "ddp", "tiny_lm", "tiny_attn", "logit_growth")
 
 
 def _load() -> list[ModuleType]:

@@ -37,6 +37,9 @@ _ALL = (
           "Initialise new heads with std 0.02 (or Kaiming for hidden layers)."),
     Cause("input_scale", "Input normalisation differs from pre-training", "3.2",
           "Normalise inputs as in pre-training ([0, 1] or [-1, 1], same channel order)."),
+    Cause("unfrozen_part", "A pre-trained VAE or text encoder trained beside the UNet", "5.2",
+          "Freeze the autoencoder and the text encoder (requires_grad_(False)) and build the "
+          "optimizer from the UNet's parameters (or its LoRA's) only."),
     Cause("nonfinite_input", "NaN or Inf in the input batch", "3.2",
           "Find and clean the sample; check the data pipeline for divisions by zero."),
     Cause("outlier_batch", "Outlier batch with extreme input values", "3.2",

@@ -20,7 +20,8 @@ Checks (name: what it looks at, guide section):
     adam_settings     Adam eps below 1e-8 or beta2 below 0.99, worse under float16 (§5.3)
     layer_init        trainable layers whose weight scale is far above Kaiming / std 0.02 (§3.3.1)
     precision         float16 autocast without a GradScaler; float16 weights being trained (§3.3.2)
-    frozen_vae        a VAE in the model that is not frozen (§5.2)
+    frozen_parts      an autoencoder (VAE) or text encoder beside the denoiser, found by what it
+                      is, whose parameters are in the optimizer (§5.2)
     clipping          no gradient clipping configured (§2.1)
 """
 
@@ -44,6 +45,7 @@ from trainguard.diagnose.lr_range import (
     pretrained_evidence,
     sane_lr,
 )
+from trainguard.diagnose.model_parts import fixed_parts
 from trainguard.events import Severity
 from trainguard.finding import Finding
 
@@ -450,16 +452,42 @@ def check_precision(setup: RunSetup) -> list[Finding]:
     return findings
 
 
-def check_frozen_vae(setup: RunSetup) -> list[Finding]:
-    trainable = [n for n, _ in _named_trainable(setup.model) if "vae" in n.lower().split(".")[0]
-                 or ".vae." in f".{n.lower()}"]
-    if not trainable:
-        return []
-    return [Finding("frozen_vae", "warning",
-                    f"the VAE is being trained ({len(trainable)} parameter(s), e.g. "
-                    f"{trainable[0]}); fine-tuning it causes colour-noise outputs.",
-                    "freeze it: vae.requires_grad_(False), and keep it out of the optimizer.",
-                    evidence={"params": trainable[:5]})]
+def _optimized(setup: RunSetup) -> set[int]:
+    return {id(p) for o in setup.optimizers for g in o.param_groups for p in g["params"]}
+
+
+PART_WORDS = {"autoencoder": "autoencoder (VAE)", "text_encoder": "text encoder"}
+
+
+def check_frozen_parts(setup: RunSetup) -> list[Finding]:
+    """An autoencoder or text encoder beside the denoiser (found by what it is:
+    `model_parts.fixed_parts`) whose parameters the optimizer updates. A diffusion fine-tune
+    trains the UNet (or its LoRA); an autoencoder that moves shifts the latents the UNet
+    learned to denoise, and its decoder turns samples into colour noise (§5.2). Parameters that
+    require gradients but are in no optimizer are not trained: no finding."""
+    optimized = _optimized(setup)
+    findings = []
+    for part in fixed_parts(setup.model):
+        trained = [f"{part.name}.{n}" for n, p in part.module.named_parameters()
+                   if p.requires_grad and id(p) in optimized]
+        if not trained:
+            continue
+        count = sum(p.numel() for p in part.module.parameters()
+                    if p.requires_grad and id(p) in optimized)
+        what = PART_WORDS[part.role]
+        findings.append(Finding(
+            "frozen_parts", "warning",
+            f"the {what} '{part.name}' ({type(part.module).__name__}) is being trained beside "
+            f"the denoiser: {len(trained)} of its tensors ({count:,} weights, e.g. "
+            f"{trained[0]}) are in the optimizer; fine-tuning it shifts the latents the UNet "
+            "denoises and turns samples into colour noise.",
+            f"freeze it and keep it out of the optimizer: {part.name}.requires_grad_(False), "
+            "and build the optimizer from the denoiser's parameters only "
+            "(trainguard.recipes.freeze_parts does both).",
+            cause="unfrozen_part",
+            evidence={"part": part.name, "role": part.role, "class": type(part.module).__name__,
+                      "params": trained[:5], "weights": count}))
+    return findings
 
 
 def check_clipping(setup: RunSetup) -> list[Finding]:
@@ -471,7 +499,7 @@ def check_clipping(setup: RunSetup) -> list[Finding]:
 
 CHECKS: tuple[Callable[[RunSetup], list[Finding]], ...] = (
     check_mode_and_lr, check_warmup, check_lora_scaling, check_adam_settings, check_layer_init,
-    check_precision, check_frozen_vae, check_clipping)
+    check_precision, check_frozen_parts, check_clipping)
 
 
 def preflight(model: nn.Module, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer],

@@ -1,0 +1,95 @@
+"""The guide's remedies for diffusion fine-tuning (§5.2): freeze the VAE and the text encoder,
+clip the UNet's convolutions, train the UNet through LoRA.
+
+- `freeze_parts`: every autoencoder and text encoder beside the denoiser (found by what it is,
+  `diagnose.model_parts`) frozen, put in eval mode, and taken out of the optimizer if one is
+  given. A moving autoencoder shifts the latents the UNet learned to denoise.
+- `conv_clip`: a clip rule that holds the gradient norm of each convolution of a model (found by
+  type) to a limit, leaving the other layers alone; hand it to `GuardConfig(clip_rule=...)`.
+- `unet_lora`: LoRA adapters on a UNet's attention projections and convolutions with PEFT, the
+  base weights frozen; the UNet stays the same module (PEFT's `inject_adapter_in_model`, or
+  diffusers' own `add_adapter` where the model has it).
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.diagnose.model_parts import fixed_parts
+from trainguard.errors import ConfigError, UsageError
+from trainguard.remedies.layerwise import LayerwiseClip
+from trainguard.remedies.rules import check_limit
+
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2")
+"""Diffusers' attention projections and the resnet blocks' convolutions: the layers the
+diffusers LoRA training scripts adapt."""
+CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d)
+
+
+def freeze_parts(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+                 ) -> list[str]:
+    """Freeze the autoencoders and text encoders held beside `model`'s denoiser and, if
+    `optimizer` is given, remove their parameters from its param groups (with any state it
+    keeps for them). Returns the frozen parts' names; none when the model holds no denoiser
+    beside such a part."""
+    parts = fixed_parts(model)
+    frozen: set[int] = set()
+    for part in parts:
+        part.module.requires_grad_(False)
+        part.module.eval()
+        frozen.update(id(p) for p in part.module.parameters())
+    if optimizer is not None and frozen:
+        for group in optimizer.param_groups:
+            kept = [p for p in group["params"] if id(p) not in frozen]
+            for p in group["params"]:
+                if id(p) in frozen:
+                    optimizer.state.pop(p, None)
+            group["params"] = kept
+    return [part.name for part in parts]
+
+
+def conv_clip(model: nn.Module, max_norm: float = 1.0, *, per_parameter: bool = True
+              ) -> LayerwiseClip:
+    """A clip rule holding every convolution's gradient to `max_norm`: each weight and bias on
+    its own with `per_parameter` (the default), else all of them jointly. Only the
+    convolutions' trainable parameters are named; the rest of the model is left alone."""
+    limit = check_limit(max_norm, "conv_clip.max_norm")
+    names = [f"{module_name}.{name}" if module_name else name
+             for module_name, module in model.named_modules() if isinstance(module, CONV_TYPES)
+             for name, p in module.named_parameters(recurse=False) if p.requires_grad]
+    if not names:
+        raise UsageError(f"{type(model).__name__} has no trainable convolution to clip")
+    # the names as fnmatch patterns that match themselves only
+    return LayerwiseClip({glob.escape(n): limit for n in names}, per_parameter=per_parameter)
+
+
+def unet_lora(unet: nn.Module, r: int = 4, alpha: int | None = None,
+              target_modules: Sequence[str] = LORA_TARGETS, **config: Any) -> nn.Module:
+    """Freeze `unet` and add LoRA adapters of rank `r` (alpha = r unless given: a scaling of 1)
+    to the `target_modules` it has, as the diffusers LoRA scripts do. Returns the UNet (the
+    same module, adapted in place). Needs `peft`."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as exc:  # an optional dependency
+        raise UsageError("unet_lora needs peft: pip install peft") from exc
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ConfigError(f"unet_lora.r: must be an integer >= 1, got {r!r}")
+    names = [name for name, _ in unet.named_modules()]
+    targets = [t for t in target_modules if any(n == t or n.endswith("." + t) for n in names)]
+    if not targets:
+        raise UsageError(f"{type(unet).__name__} has none of the LoRA targets "
+                         f"{list(target_modules)}")
+    lora = LoraConfig(r=r, lora_alpha=r if alpha is None else alpha,
+                      init_lora_weights="gaussian", target_modules=targets, **config)
+    unet.requires_grad_(False)
+    add_adapter = getattr(unet, "add_adapter", None)
+    if callable(add_adapter):
+        add_adapter(lora)
+    else:
+        unet = inject_adapter_in_model(lora, unet)
+    return unet
