@@ -107,3 +107,39 @@ def test_grpo_lr_far_too_high_with_a_kl_term(tmp_path: Path) -> None:
     ran = grpo(tmp_path, lr=5e-2, beta=0.1, steps=16)
     assert "kl_blowup" in ran.kinds()
     assert ran.top_cause() == "lr_too_high"
+
+
+class _Metrics:
+    """What TRL keeps on a trainer: `_metrics[mode][name]` lists, dropped at each log."""
+
+    def __init__(self) -> None:
+        from collections import defaultdict
+
+        self._metrics: dict[str, Any] = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+
+def test_each_step_reads_its_own_values_nan_kept() -> None:
+    from trainguard.integrations.trl import MetricsTap
+
+    trainer = _Metrics()
+    tap = MetricsTap(trainer)
+    train = trainer._metrics["train"]
+    train["reward"] += [0.5, 0.7]  # two micro-batches
+    train["kl"].append(0.01)
+    assert tap.take() == {"reward": pytest.approx(0.6), "kl": 0.01}
+    train["reward"].append(math.nan)  # the log's average would drop it
+    taken = tap.take()
+    assert list(taken) == ["reward"] and math.isnan(taken["reward"])
+    assert tap.take() == {}  # nothing new
+
+
+def test_values_after_a_log_are_read_from_the_new_lists() -> None:
+    """A log clears the lists; one value a step with logging every step is still read."""
+    from trainguard.integrations.trl import MetricsTap
+
+    trainer = _Metrics()
+    tap = MetricsTap(trainer)
+    for value in (1.0, 2.0, 3.0):
+        trainer._metrics["train"]["reward"].append(value)
+        assert tap.take() == {"reward": value}
+        trainer._metrics["train"].clear()
