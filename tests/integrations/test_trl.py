@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .trl_runs import dpo, grpo
+from .trl_runs import dpo, grpo, kto, rloo
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
@@ -107,6 +107,25 @@ def test_grpo_lr_far_too_high_with_a_kl_term(tmp_path: Path) -> None:
     ran = grpo(tmp_path, lr=5e-2, beta=0.1, steps=16)
     assert "kl_blowup" in ran.kinds()
     assert ran.top_cause() == "lr_too_high"
+
+
+@pytest.mark.slow
+def test_kto_at_lr_0_learns_nothing_its_healthy_twin_is_quiet(tmp_path: Path) -> None:
+    assert kto(tmp_path / "twin").kinds() == set()
+    ran = kto(tmp_path, lr=0.0)
+    assert "preference_unlearned" in ran.kinds()
+    assert ran.top_cause() == "lr_too_low"
+
+
+@pytest.mark.slow
+def test_rloo_with_a_reward_that_returns_0_its_healthy_twin_is_quiet(tmp_path: Path) -> None:
+    def zero_reward(completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    assert rloo(tmp_path / "twin").kinds() == set()
+    ran = rloo(tmp_path, reward=zero_reward)
+    assert "reward_dead" in ran.kinds()
+    assert ran.top_cause() == "reward_constant"
 
 
 class _Metrics:

@@ -116,3 +116,35 @@ def grpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 12, beta: f
                               callbacks=[callback])
     trainer.train()
     return Ran(trainer, callback)
+
+
+def kto(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 20) -> Ran:
+    """A KTO run on unpaired examples ('yes good' desirable, 'no bad x' not)."""
+    tok = tokenizer()
+    model = tiny_gpt2(tok, seed)
+    rows = [{"prompt": f"q{i % 7} ", "completion": "yes good" if i % 2 else "no bad x",
+             "label": bool(i % 2)} for i in range(64)]
+    args = trl.KTOConfig(per_device_train_batch_size=8, max_length=32,
+                         **_common(tmp, seed, steps, lr, 5))
+    callback = TrainguardCallback(GuardConfig(policy="protect"))
+    trainer = trl.KTOTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
+                             train_dataset=Dataset.from_list(rows), processing_class=tok,
+                             callbacks=[callback])
+    trainer.train()
+    return Ran(trainer, callback)
+
+
+def rloo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 12,
+         reward: Reward = letters_reward) -> Ran:
+    """An RLOO run (its KL term on by default: the reference is built from the policy's path)."""
+    tok = tokenizer()
+    tiny_gpt2(tok, seed).save_pretrained(tmp / "policy")
+    rows = [{"prompt": f"say a{i % 5} "} for i in range(64)]
+    args = trl.RLOOConfig(per_device_train_batch_size=8, num_generations=4,
+                          max_completion_length=8, **_common(tmp / "out", seed, steps, lr, 4))
+    callback = TrainguardCallback(GuardConfig(policy="protect"))
+    trainer = trl.RLOOTrainer(model=str(tmp / "policy"), reward_funcs=[reward], args=args,
+                              train_dataset=Dataset.from_list(rows), processing_class=tok,
+                              callbacks=[callback])
+    trainer.train()
+    return Ran(trainer, callback)
