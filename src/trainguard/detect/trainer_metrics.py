@@ -45,5 +45,12 @@ def is_judged(name: str) -> bool:
     return not lowered.startswith(NOT_JUDGED) and JUDGED.search(lowered) is not None
 
 
+def is_trainer_metric(name: str) -> bool:
+    """Whether a column of a log is one of the trainer metrics the detectors read (`analyze`
+    hands a log's such columns to them as `StepSignals.trainer_metrics`)."""
+    named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS)
+    return name in named or REWARD_FUNC_STD.match(name) is not None or is_judged(name)
+
+
 def is_zero(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value == 0.0
