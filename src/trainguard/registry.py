@@ -259,6 +259,7 @@ class Kind:
     REWARD_DEAD = "reward_dead"
     PREFERENCE_UNLEARNED = "preference_unlearned"
     NONFINITE_METRIC = "nonfinite_metric"
+    ENTROPY_COLLAPSE = "entropy_collapse"
 
 
 _kind = register_event_kind
@@ -331,6 +332,12 @@ _kind("kl_blowup", "the policy's KL to its reference model is non-finite, or man
                                            "too large for it"),
              CauseVote("beta_too_low", 1.0, "a KL penalty (beta) too weak to hold the policy "
                                             "near its reference")))
+_kind("entropy_collapse", "the policy's entropy fell under a tenth of where the run started: "
+      "it became deterministic and stops exploring", "warning",
+      votes=(CauseVote("lr_too_high", 1.5, "the policy's entropy collapsed: updates too large "
+                                           "for it"),
+             CauseVote("beta_too_low", 1.0, "a KL penalty too weak to keep the policy near its "
+                                            "reference let its entropy collapse")))
 _kind("reward_dead", "every group of completions got the same reward for several steps: zero "
       "advantages, zero policy gradient", "warning", tags=(Tag.STALL,))
 _kind("preference_unlearned", "a preference run's chosen and rejected rewards stayed exactly 0: "

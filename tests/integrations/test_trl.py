@@ -105,7 +105,7 @@ def test_completions_cut_before_the_reward_can_see_them(tmp_path: Path) -> None:
 
 def test_grpo_lr_far_too_high_with_a_kl_term(tmp_path: Path) -> None:
     ran = grpo(tmp_path, lr=5e-2, beta=0.1, steps=16)
-    assert "kl_blowup" in ran.kinds()
+    assert {"kl_blowup", "entropy_collapse"} <= ran.kinds()
     assert ran.top_cause() == "lr_too_high"
 
 

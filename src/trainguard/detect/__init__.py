@@ -5,6 +5,7 @@ from __future__ import annotations
 from trainguard.detect.bad_start import BadStart
 from trainguard.detect.base import Detector
 from trainguard.detect.dead_units import DeadUnits
+from trainguard.detect.entropy_collapse import EntropyCollapse
 from trainguard.detect.extreme_weight import ExtremeWeight
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.grad_explosion import GradExplosion
@@ -32,6 +33,7 @@ DETECTOR_TYPES: tuple[type[Detector], ...] = (
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
     ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
+    EntropyCollapse,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

@@ -353,6 +353,23 @@ class RewardDeadConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class EntropyCollapseConfig:
+    """Thresholds of `entropy_collapse`."""
+
+    PATH: ClassVar[str] = "detectors.entropy_collapse"
+
+    share: float = 0.1
+    """An entropy under this share of its starting level is a collapse: learning lowers the
+    entropy, a policy that explores still keeps far more than a tenth of it."""
+    warmup: int = 3
+    """The first entropies whose median is the starting level."""
+
+    def __post_init__(self) -> None:
+        sections.share(self, "share")
+        sections.at_least(self, 1, "warmup")
+
+
+@dataclass(kw_only=True, slots=True)
 class PreferenceUnlearnedConfig:
     """Threshold of `preference_unlearned`."""
 
@@ -562,6 +579,7 @@ class DetectorConfig:
     """The attention-logit probe and its `instability_precursor` warning."""
     kl_blowup: KLBlowupConfig = field(default_factory=KLBlowupConfig)
     reward_dead: RewardDeadConfig = field(default_factory=RewardDeadConfig)
+    entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
     preference_unlearned: PreferenceUnlearnedConfig = field(
         default_factory=PreferenceUnlearnedConfig)
 

@@ -21,6 +21,8 @@ CHOSEN_REWARD, REJECTED_REWARD = "rewards/chosen", "rewards/rejected"
 """A preference trainer's implicit rewards, beta times the policy's log-probability ratio to
 the reference (DPO, KTO)."""
 MARGINS = "rewards/margins"
+ENTROPY = "entropy"
+"""The mean entropy of the policy's token distribution over the completions (GRPO, RLOO)."""
 
 JUDGED = re.compile(r"(^|/)(kl|reward|rewards|reward_std|logps|logits|entropy|loss|nll_loss|"
                     r"log_odds_ratio|log_odds_chosen|margins|chosen|rejected|objective|policy|"
@@ -48,7 +50,8 @@ def is_judged(name: str) -> bool:
 def is_trainer_metric(name: str) -> bool:
     """Whether a column of a log is one of the trainer metrics the detectors read (`analyze`
     hands a log's such columns to them as `StepSignals.trainer_metrics`)."""
-    named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS)
+    named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS,
+             ENTROPY)
     return name in named or REWARD_FUNC_STD.match(name) is not None or is_judged(name)
 
 
