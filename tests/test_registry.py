@@ -163,8 +163,10 @@ def test_recovery_reactions_in_the_order_the_judgement_reads_them() -> None:
 def test_families_the_ranking_reads() -> None:
     assert kinds_tagged(Tag.INSTABILITY) == {"grad_explosion", "loss_spike", "loss_divergence",
                                              "extreme_weight", "bad_start",
-                                             "instability_precursor", "update_too_large"}
-    assert kinds_tagged(Tag.NONFINITE) == {"nonfinite_loss", "nonfinite_grad", "nonfinite_value"}
+                                             "instability_precursor", "update_too_large",
+                                             "kl_blowup"}
+    assert kinds_tagged(Tag.NONFINITE) == {"nonfinite_loss", "nonfinite_grad", "nonfinite_value",
+                                           "nonfinite_metric"}
     assert kinds_tagged(Tag.STATE) == {"nonfinite_weight", "nonfinite_optimizer_state",
                                        "extreme_weight"}
     assert kinds_tagged(Tag.JUMP) == {"grad_explosion", "loss_spike", "loss_divergence"}

@@ -255,6 +255,11 @@ class Kind:
     UPDATE_TOO_LARGE = "update_too_large"
     PARAMS_UNFROZEN = "params_unfrozen"
     OPTIMIZER_STEP_OUTSIDE = "optimizer_step_outside"
+    KL_BLOWUP = "kl_blowup"
+    REWARD_DEAD = "reward_dead"
+    PREFERENCE_UNLEARNED = "preference_unlearned"
+    NONFINITE_METRIC = "nonfinite_metric"
+    ENTROPY_COLLAPSE = "entropy_collapse"
 
 
 _kind = register_event_kind
@@ -320,6 +325,30 @@ _kind("instability_precursor", "a signal that tends to move before the loss spik
              CauseVote("missing_warmup", 0.5, "a lagging second moment early in a run is what a "
                                               "warmup prevents"),
              CauseVote("optimizer_eps", 0.5, "g^2/v far above 1: a v near 0 against a small eps")))
+# a trainer's own metrics (TRL's GRPO, RLOO, DPO, KTO: detect/trainer_metrics.py)
+_kind("kl_blowup", "the policy's KL to its reference model is non-finite, or many times its own "
+      "level: the policy left its reference in a few updates", "warning", tags=(_I,),
+      votes=(CauseVote("lr_too_high", 2.0, "the policy's KL to its reference blew up: updates "
+                                           "too large for it"),
+             CauseVote("beta_too_low", 1.0, "a KL penalty (beta) too weak to hold the policy "
+                                            "near its reference")))
+_kind("entropy_collapse", "the policy's entropy fell under a tenth of where the run started: "
+      "it became deterministic and stops exploring", "warning",
+      votes=(CauseVote("lr_too_high", 1.5, "the policy's entropy collapsed: updates too large "
+                                           "for it"),
+             CauseVote("beta_too_low", 1.0, "a KL penalty too weak to keep the policy near its "
+                                            "reference let its entropy collapse")))
+_kind("reward_dead", "every group of completions got the same reward for several steps: zero "
+      "advantages, zero policy gradient", "warning", tags=(Tag.STALL,))
+_kind("preference_unlearned", "a preference run's chosen and rejected rewards stayed exactly 0: "
+      "the policy never left its reference (the DPO loss pinned at ln 2)", "warning",
+      tags=(Tag.STALL,))
+_kind("nonfinite_metric", "a trainer's metric of the step (rewards, log-probabilities, KL) is "
+      "NaN or inf while its loss is finite", "error", tags=(_N,),
+      votes=(CauseVote("fp16_overflow", 1.0, "log-probabilities and rewards overflow first in "
+                                             "float16"),
+             CauseVote("numerical_op", 1.0, "a log of 0 or an exp that overflows in the "
+                                            "trainer's objective ({message})", each_event=True)))
 # the loss against chance level, read from a training log (trainguard analyze: analyze/chance.py)
 _kind("loss_at_chance", "the logged loss went back to chance level, ln(num_classes), after the "
       "run had learned, and stayed there: a collapse to a constant prediction", "error",

@@ -171,3 +171,38 @@ def test_a_long_calm_log_is_replayed_without_check_on_every_row(
     log = prepare(_synthetic("calm", n=20_000, every=10, skips=False))
     offline.replay(log, scaled_config(len(log), log.interval()))
     assert len(checked) < len(log) // 4
+
+
+def _trl_state(path: Path, rows: list[dict[str, float]]) -> Path:
+    """A `trainer_state.json` shaped like a TRL trainer's, logged every 10 steps."""
+    import json
+
+    history = [{**row, "step": 10 * (i + 1), "learning_rate": 1e-5, "grad_norm": 1.0}
+               for i, row in enumerate(rows)]
+    path.write_text(json.dumps({"log_history": history, "global_step": 10 * len(rows)}))
+    return path
+
+
+def test_a_dpo_log_whose_rewards_never_moved(tmp_path: Path) -> None:
+    rows = [{"loss": 0.6931, "rewards/chosen": 0.0, "rewards/rejected": 0.0,
+             "rewards/margins": 0.0, "logps/chosen": -30.0 - i} for i in range(15)]
+    analysis = analyze(_trl_state(tmp_path / "trainer_state.json", rows))
+    assert "preference_unlearned" in {e.kind for e in analysis.events}
+    assert analysis.causes[0].code == "reference_is_policy"  # the LR was not 0
+
+
+def test_a_grpo_log_of_cut_completions_and_its_healthy_twin(tmp_path: Path) -> None:
+    """A reward that no completion reaches, because every one was cut, is told; the healthy
+    twin (its loss near 0, written to 4 decimals as older TRL logs it) raises nothing."""
+    rng = np.random.default_rng(0)
+    healthy = [{"loss": round(float(rng.normal(0, 1e-4)), 4), "reward": 0.2 + 0.01 * i,
+                "reward_std": 0.3, "frac_reward_zero_std": 0.1, "kl": 1e-4 * (1 + i),
+                "completions/clipped_ratio": 0.2} for i in range(30)]
+    analysis = analyze(_trl_state(tmp_path / "trainer_state.json", healthy))
+    assert analysis.verdict == "healthy" and analysis.events == []
+    cut = [{**row, "reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0,
+            "completions/clipped_ratio": 1.0} for row in healthy]
+    (tmp_path / "cut").mkdir()
+    analysis = analyze(_trl_state(tmp_path / "cut" / "trainer_state.json", cut))
+    assert "reward_dead" in {e.kind for e in analysis.events}
+    assert analysis.causes[0].code == "max_completion_length_too_small"

@@ -39,6 +39,7 @@ POISON = {
     "attention_logits": lambda s: {k: 1e4 * (1 + s.step) for k in s.attention_logits},
     "batch_elements": lambda s: 1 + s.step % 7,
     "clip_limit": lambda s: 1e-3,
+    "trainer_metrics": lambda s: {k: math.nan for k in s.trainer_metrics},
 }
 """A value for each `StepSignals` field that no detector could take for what it was."""
 
@@ -73,6 +74,15 @@ def _run() -> list[StepSignals]:
         s.loss_requires_grad = True
         s.attention_logits = {"h.0.attn": 20.0 * 1.1 ** max(0, s.step - 100)}  # growing too
         s.batch_elements = 512
+        # a trainer's metrics: a KL that blows up at step 60, groups scored alike from 70, a
+        # preference run's rewards pinned at 0 from 80, the entropy collapsing at 85, a NaN
+        # log-probability at 95
+        s.trainer_metrics = {
+            "kl": 0.002 if s.step < 60 else 2.0, "frac_reward_zero_std": float(s.step >= 70),
+            "rewards/chosen": 0.1 if s.step < 80 else 0.0,
+            "rewards/rejected": -0.1 if s.step < 80 else 0.0,
+            "logps/chosen": math.nan if s.step == 95 else -3.0,
+            "entropy": 3.0 if s.step < 85 else 0.1}
     return steps
 
 

@@ -74,7 +74,7 @@ def test_the_step_context_keeps_only_what_passes_the_update() -> None:
     """The context carries the caller's inputs and what the check hands its settling; the
     stages' results before the update travel as return values."""
     names = {f.name for f in dataclasses.fields(StepContext)}
-    assert len(names) <= 20
+    assert len(names) <= 21
     assert not names & {"signals", "grads", "extra", "batch_stats", "clip_limit", "report",
                         "queued", "sample_next", "nonfinite_input", "batch_inspected"}
 

@@ -33,7 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.analyze.log import GRAD_NORM, LOSS, LOSS_SCALE, LR, Log, is_train_loss
+from trainguard.analyze.log import (
+    GRAD_NORM,
+    LOSS,
+    LOSS_SCALE,
+    LR,
+    Log,
+    is_eval_name,
+    is_train_loss,
+)
 from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, Detector
@@ -42,6 +50,7 @@ from trainguard.detect.calm import SignalColumns
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
+from trainguard.detect.trainer_metrics import is_trainer_metric
 from trainguard.events import Event, Severity
 from trainguard.registry import Kind
 from trainguard.signals import LossCurvature, StepSignals
@@ -56,6 +65,7 @@ LOG_HOLDS: dict[str, Callable[[Log], bool]] = {
     "group_lrs": lambda log: log.has(LR),
     "loss_scale": lambda log: log.has(LOSS_SCALE),
     "amp_overflow": lambda log: bool(log.skipped),
+    "trainer_metrics": lambda log: any(_trainer_metric(name) for name in log.series),
 }
 """`StepSignals` field -> whether a log holds it. Fields a log never holds (heavy-probe results,
 the recover policy's LR, the ranks) are missing: a detector that reads only those is left out."""
@@ -161,6 +171,9 @@ class _Table:
         else:
             curvature = LossCurvature(span=max(3, math.ceil(10 / max(log.interval(), 1.0))))
             self.curvature = curvature.observe_all(self.loss)
+        self.metrics = [(name, picked(log.series[name])) for name in log.series
+                        if _trainer_metric(name)]
+        """A trainer's own metrics (a TRL log's rewards, KL...), by their names."""
         self.per_param = log.param_grad_norms
         self.names = list(log.param_names) if self.per_param is not None else []
         self.every = list(range(len(rows)))
@@ -214,8 +227,17 @@ class _Table:
         signals.loss_scale = self.scale[index]
         signals.amp_overflow = (self.whole if whole_skips else self.skipped)[index]
         signals.loss_curvature = self.curvature[index]
+        signals.trainer_metrics = {name: value for name, values in self.metrics
+                                   if (value := values[index]) is not None}
         if self.per_param is not None:
             signals.param_grad_norm = self.per_param[self.rows[index]]
+
+
+def _trainer_metric(name: str) -> bool:
+    """A column of a trainer's own metrics: not one the other signals are read from, not an
+    evaluation's, not a training loss (watched on its own)."""
+    return (name not in (LOSS, GRAD_NORM, LR, LOSS_SCALE) and not is_train_loss(name)
+            and not is_eval_name(name) and is_trainer_metric(name))
 
 
 def _at(values: list[Any], rows: list[int]) -> list[Any]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from trainguard.detect.bad_start import BadStart
 from trainguard.detect.base import Detector
 from trainguard.detect.dead_units import DeadUnits
+from trainguard.detect.entropy_collapse import EntropyCollapse
 from trainguard.detect.extreme_weight import ExtremeWeight
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.grad_explosion import GradExplosion
 from trainguard.detect.instability_precursor import InstabilityPrecursor
+from trainguard.detect.kl_blowup import KLBlowup
 from trainguard.detect.loss_divergence import LossDivergence
 from trainguard.detect.loss_spike import LossSpike
 from trainguard.detect.lr_change import LRChange
@@ -16,10 +18,13 @@ from trainguard.detect.no_gradients import NoGradients
 from trainguard.detect.no_progress import NoProgress
 from trainguard.detect.nonfinite_grad import NonFiniteGrad
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
+from trainguard.detect.nonfinite_metric import NonFiniteMetric
 from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
 from trainguard.detect.nonfinite_weight import NonFiniteWeight
 from trainguard.detect.output_collapse import OutputCollapse
 from trainguard.detect.params_unfrozen import ParamsUnfrozen
+from trainguard.detect.preference_unlearned import PreferenceUnlearned
+from trainguard.detect.reward_dead import RewardDead
 from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.update_too_large import UpdateTooLarge
 
@@ -27,7 +32,8 @@ DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
-    ParamsUnfrozen,
+    ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
+    EntropyCollapse,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

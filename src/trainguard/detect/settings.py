@@ -310,6 +310,81 @@ class ParamsUnfrozenConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class KLBlowupConfig:
+    """Thresholds of `kl_blowup`: a trainer's KL to its reference model (`kl`, `objective/kl`),
+    against its own history (per token in GRPO, about 1e-3; per sequence in PPO, up to 10)."""
+
+    PATH: ClassVar[str] = "detectors.kl_blowup"
+
+    ratio: float = 10.0
+    """A KL this many times its own median so far is a blow-up."""
+    floor: float = 0.01
+    """The median is taken as at least this (nats): a KL that starts at exactly 0 (the policy
+    is its reference at the first step) makes any later value an infinite ratio, and a KL
+    under 0.01 nats moves no policy far. The KL a trainer logs per sequence (PPO's
+    `objective/kl`, KTO's `kl`) runs higher than a per-token one: raise it there."""
+    warmup: int = 1
+    """KL values seen before one is judged. One is enough: the first KL is that of the policy
+    before its first update (0, or the noise of a sampled estimate), and the floor stands for
+    the level until the run shows one."""
+
+    def __post_init__(self) -> None:
+        sections.above_one(self, "ratio")
+        sections.positive(self, "floor")
+        sections.at_least(self, 1, "warmup")
+
+
+@dataclass(kw_only=True, slots=True)
+class RewardDeadConfig:
+    """Threshold of `reward_dead`."""
+
+    PATH: ClassVar[str] = "detectors.reward_dead"
+
+    steps: int = 5
+    """Steps in a row whose every group of completions scored alike (`frac_reward_zero_std`
+    at 1, or a reward spread of 0) before it fires: then no completion is better than another
+    and the policy gradient is zero."""
+    zero_std_share: float = 0.99
+    """`frac_reward_zero_std` at least this is "every group scored alike"."""
+
+    def __post_init__(self) -> None:
+        sections.at_least(self, 1, "steps")
+        sections.share(self, "zero_std_share")
+
+
+@dataclass(kw_only=True, slots=True)
+class EntropyCollapseConfig:
+    """Thresholds of `entropy_collapse`."""
+
+    PATH: ClassVar[str] = "detectors.entropy_collapse"
+
+    share: float = 0.1
+    """An entropy under this share of its starting level is a collapse: learning lowers the
+    entropy, a policy that explores still keeps far more than a tenth of it."""
+    warmup: int = 3
+    """The first entropies whose median is the starting level."""
+
+    def __post_init__(self) -> None:
+        sections.share(self, "share")
+        sections.at_least(self, 1, "warmup")
+
+
+@dataclass(kw_only=True, slots=True)
+class PreferenceUnlearnedConfig:
+    """Threshold of `preference_unlearned`."""
+
+    PATH: ClassVar[str] = "detectors.preference_unlearned"
+
+    steps: int = 10
+    """Steps in a row with the chosen and rejected rewards both exactly 0 (the policy's
+    log-probabilities equal the reference's) before it fires. They are 0 at the first step by
+    construction; a policy that learns moves them at the first update."""
+
+    def __post_init__(self) -> None:
+        sections.at_least(self, 1, "steps")
+
+
+@dataclass(kw_only=True, slots=True)
 class NoProgressConfig:
     """Threshold of `no_progress` (and of the verdict `stalled`)."""
 
@@ -502,6 +577,11 @@ class DetectorConfig:
         default_factory=InstabilityPrecursorConfig)
     attention_logits: AttentionLogitsConfig = field(default_factory=AttentionLogitsConfig)
     """The attention-logit probe and its `instability_precursor` warning."""
+    kl_blowup: KLBlowupConfig = field(default_factory=KLBlowupConfig)
+    reward_dead: RewardDeadConfig = field(default_factory=RewardDeadConfig)
+    entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
+    preference_unlearned: PreferenceUnlearnedConfig = field(
+        default_factory=PreferenceUnlearnedConfig)
 
     def __post_init__(self) -> None:
         sections.build_sections(self)

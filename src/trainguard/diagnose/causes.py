@@ -82,6 +82,20 @@ _ALL = (
           "collapse)", "3.1",
           "Normalise q and k (QK-norm / QK-layernorm), lower the LR, or cap the logits (attention "
           "logit softcapping, QK-clip); a z-loss keeps the output logits from growing alike."),
+    Cause("beta_too_low", "KL penalty (beta) too weak to hold the policy near its reference",
+          "3.1",
+          "Raise beta (GRPO/RLOO: 0.01-0.1 where the KL matters; DPO: 0.1-0.5) or lower the LR; "
+          "a KL that blows up at a normal LR is a penalty too weak."),
+    Cause("reward_constant", "The reward function gives every completion the same score", "3.2",
+          "Test the reward function on a few sampled completions: it must tell a better one from "
+          "a worse one (a parse that always fails, a format never met, a constant return)."),
+    Cause("max_completion_length_too_small", "Completions cut at max_completion_length before "
+          "they end", "3.2",
+          "Raise max_completion_length until completions/clipped_ratio is well below 1, or "
+          "reward partial answers, so that some completions reach what the reward looks for."),
+    Cause("reference_is_policy", "The reference model is the policy itself", "3.4",
+          "Give the trainer a separate frozen reference (ref_model=None lets TRL make its own "
+          "copy, or a PEFT adapter disabled); never pass the policy object as ref_model."),
 )
 
 CAUSES: dict[str, Cause] = {c.code: c for c in _ALL}

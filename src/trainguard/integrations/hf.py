@@ -14,6 +14,9 @@ How it fits the Trainer's loop (see docs/integrations.md for the reasons):
   measures anyway; restored at the end;
 - loss: read from the model's own output by a forward hook (the Trainer's logs replace a NaN loss
   with a finite one), kept on the device and summed over gradient-accumulation micro-batches;
+  under a TRL trainer (DPO, GRPO...), the trainer's own objective instead, from its
+  `compute_loss`, with its training metrics of the step (`integrations/trl.py`); a
+  policy-gradient surrogate (GRPO, RLOO) is judged on those metrics, not on its level;
 - one check per optimizer step, at the accumulation boundary (`on_pre_optimizer_step`);
 - skip: the gradients are dropped, so `optimizer.step()` changes nothing; the LR scheduler the
   Trainer then steps is rewound at `on_step_end`.
@@ -37,6 +40,13 @@ from trainguard.diagnose.replay import LossFn
 from trainguard.errors import TrainingDiverged, UsageError
 from trainguard.events import ActionRecord, Event
 from trainguard.integrations.callback_state import CallbackState, unwrap_optimizer
+from trainguard.integrations.trl import (
+    MetricsTap,
+    ObjectiveTap,
+    find_trainer,
+    is_trl_trainer,
+    minimises_objective,
+)
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.registry import Kind
@@ -140,6 +150,10 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._init_state(config, run_dir, sinks)
         self.replay_fn = replay_fn
         self._tap: _LossTap | None = None
+        self._objective: ObjectiveTap | None = None
+        self._metrics: MetricsTap | None = None
+        self._surrogate = False
+        """The trainer's loss is a policy-gradient surrogate: its level is not judged."""
         self._clipping_args: TrainingArguments | None = None
         self._trainer_max_grad_norm: float | None = None
         self._announced = False
@@ -200,19 +214,30 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._pending_state = None
         world = args.world_size if getattr(args, "average_tokens_across_devices", False) else 1
         self._tap = _LossTap(model, float(world))
+        trainer = find_trainer(self)
+        if trainer is not None and is_trl_trainer(trainer):
+            self._objective, self._metrics = ObjectiveTap(trainer), MetricsTap(trainer)
+            self._surrogate = not minimises_objective(trainer)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kwargs: Any) -> None:
         if self._tap is not None:
             self._tap.reset()
+        if self._objective is not None:
+            self._objective.reset()
 
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState,
                               control: TrainerControl, **kwargs: Any) -> None:
         if self.run is None or self._tap is None:
             return
         loss = self._tap.take()
+        metrics: dict[str, float] = {}
+        if self._objective is not None and self._metrics is not None:
+            loss, metrics = self._objective.take(), self._metrics.take()
+            if self._surrogate:
+                loss = None
         try:
-            self._ctx = self.run.before_update(loss, batch=self._tap.batch)
+            self._ctx = self.run.before_update(loss, batch=self._tap.batch, metrics=metrics)
         except TrainingDiverged:
             self._release()
             raise
@@ -345,6 +370,9 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if self._tap is not None:
             self._tap.remove()
             self._tap = None
+        if self._objective is not None:
+            self._objective.remove()
+        self._objective = self._metrics = None
 
 
 def _note_hidden_loss(events: list[Event]) -> None:

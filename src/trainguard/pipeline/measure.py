@@ -190,6 +190,7 @@ def _signals(ctx: StepContext, state: RunState, services: Services,
                           else None),
         sampled=unpack_pending(host, step.pending),
         precursors={k[len(PRECURSOR):]: v for k, v in host.items() if k.startswith(PRECURSOR)},
+        trainer_metrics=dict(ctx.metrics),
         loss_requires_grad=(ctx.loss.requires_grad if isinstance(ctx.loss, torch.Tensor)
                             else None),
         ranks=(ranks.rank_view(host["ranks"], step.fingerprint,

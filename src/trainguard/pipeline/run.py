@@ -198,11 +198,12 @@ class Run:
         return self.deferral is not None
 
     # -- one step ----------------------------------------------------------------------------------
-    def before_update(self, loss: Any, *, batch: Any = None,
-                      data_ids: Any = None) -> StepContext:
+    def before_update(self, loss: Any, *, batch: Any = None, data_ids: Any = None,
+                      metrics: dict[str, float] | None = None) -> StepContext:
         """Check the step and act on its gradients. Call once per optimizer step, after the
         gradients are final and unscaled, before `optimizer.step()`. Raises TrainingDiverged
-        when the step halts the run; `ctx.unguarded` is set when the check itself failed."""
+        when the step halts the run; `ctx.unguarded` is set when the check itself failed.
+        `metrics`: the trainer's own training metrics of the step (host numbers)."""
         if self.closed:
             self.raise_if_peer_lost()
             raise UsageError("trainguard is closed for this run; start a new one to keep training")
@@ -215,7 +216,8 @@ class Run:
             self.dist.link.step = state.step
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
                           data_ids=state.data_position if data_ids is None else data_ids,
-                          sampled=state.sampled_now, carried=self.steps.queued)
+                          metrics=dict(metrics or {}), sampled=state.sampled_now,
+                          carried=self.steps.queued)
         self.steps.queued = []
         state.data_position += 1
         self._pending = None

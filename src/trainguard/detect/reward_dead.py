@@ -1,0 +1,76 @@
+"""`reward_dead`: the reward no longer tells one completion from another.
+
+GRPO and RLOO learn from the differences between the rewards of completions of one prompt.
+When every group scores alike (`frac_reward_zero_std` at 1, or a reward spread of 0) for
+`detectors.reward_dead.steps` steps in a row, every advantage is 0 and so is the policy
+gradient: the run trains nothing, whatever its loss says. What the step shows says why:
+completions all cut at `max_completion_length` (`completions/clipped_ratio` at 1) cannot
+reach what the reward looks for; otherwise the reward function gives everything the same score
+(the reward functions whose own spread is 0 are named). Reported once per episode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainguard.detect.base import Detector, Episode
+from trainguard.detect.trainer_metrics import (
+    CLIPPED,
+    REWARD_FUNC_STD,
+    REWARD_STD,
+    REWARD_ZERO_STD,
+    first,
+    is_zero,
+)
+from trainguard.events import Event
+from trainguard.signals import StepSignals
+
+
+class RewardDead(Detector):
+    kind = "reward_dead"
+    reads = frozenset({"trainer_metrics"})
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.streak = 0
+        self.episode = Episode(config.common.rearm_steps)
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        metrics = signals.trainer_metrics
+        settings = self.config.reward_dead
+        share = metrics.get(REWARD_ZERO_STD)
+        spread = first(metrics, REWARD_STD)
+        if share is None and spread is None:
+            return []  # no reward computed at this step
+        dead = (share >= settings.zero_std_share if share is not None
+                else spread is not None and is_zero(spread[1]))
+        self.streak = self.streak + 1 if dead else 0
+        if not self.episode.update(self.streak >= settings.steps):
+            return []
+        clipped = metrics.get(CLIPPED)
+        flat = sorted(match["name"] for name, value in metrics.items()
+                      if (match := REWARD_FUNC_STD.match(name)) and is_zero(value))
+        named = f" (reward function {', '.join(flat)} gives every completion one score)" \
+            if flat else ""
+        if clipped is not None and clipped >= settings.zero_std_share:
+            cause = "max_completion_length_too_small"
+            why = ("every completion was cut at max_completion_length before it ended "
+                   f"(completions/clipped_ratio {clipped:.3g}): none reaches what the reward "
+                   "looks for")
+        else:
+            cause = "reward_constant"
+            why = "the reward gives every completion of a prompt the same score"
+        return [self.event(
+            signals.step, "warning",
+            f"every group of completions got the same reward for {self.streak} steps"
+            f"{named}: the advantages and the policy gradient are 0, nothing is learned; {why}",
+            value=share if share is not None else None, cause=cause, steps=self.streak,
+            clipped_ratio=clipped, reward_functions=flat)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"streak": self.streak, "episode": self.episode.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.streak = int(state.get("streak", 0))
+        if "episode" in state:
+            self.episode.load_state_dict(state["episode"])

@@ -1,0 +1,59 @@
+"""The names a trainer gives its training metrics (TRL's GRPO, RLOO, DPO, KTO, ORPO, and older
+PPO), and how a detector finds one of them in `StepSignals.trainer_metrics`."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+KL = ("kl", "objective/kl")
+"""The KL of the policy to its reference model: per token in GRPO, RLOO and KTO; per sequence
+in PPO (`objective/kl`)."""
+REWARD_ZERO_STD = "frac_reward_zero_std"
+"""The share of groups of completions whose rewards were all alike (GRPO, RLOO)."""
+REWARD_STD = ("reward_std", "objective/scores_std")
+REWARD_FUNC_STD = re.compile(r"^rewards/(?P<name>.+)/std$")
+"""One reward function's spread over the step's completions."""
+CLIPPED = "completions/clipped_ratio"
+"""The share of completions cut at `max_completion_length` before they ended."""
+CHOSEN_REWARD, REJECTED_REWARD = "rewards/chosen", "rewards/rejected"
+"""A preference trainer's implicit rewards, beta times the policy's log-probability ratio to
+the reference (DPO, KTO)."""
+MARGINS = "rewards/margins"
+ENTROPY = "entropy"
+"""The mean entropy of the policy's token distribution over the completions (GRPO, RLOO)."""
+
+JUDGED = re.compile(r"(^|/)(kl|reward|rewards|reward_std|logps|logits|entropy|loss|nll_loss|"
+                    r"log_odds_ratio|log_odds_chosen|margins|chosen|rejected|objective|policy|"
+                    r"scores)(/|$|_)")
+"""Metrics of the model's outputs and of what it is trained on: non-finite, they say the step
+computed NaN or inf. Others are bookkeeping a trainer may leave NaN by design (the mean length
+of terminated completions when none terminated, a clip ratio of no token)."""
+NOT_JUDGED = ("completions/", "clip_ratio", "sampling/", "tools/", "num_tokens", "step_time")
+
+
+def first(metrics: Mapping[str, float], names: tuple[str, ...]) -> tuple[str, float] | None:
+    """The first of `names` the step's metrics hold, with its value."""
+    for name in names:
+        if name in metrics:
+            return name, metrics[name]
+    return None
+
+
+def is_judged(name: str) -> bool:
+    """Whether a non-finite value of the metric `name` says the step computed NaN or inf."""
+    lowered = name.lower()
+    return not lowered.startswith(NOT_JUDGED) and JUDGED.search(lowered) is not None
+
+
+def is_trainer_metric(name: str) -> bool:
+    """Whether a column of a log is one of the trainer metrics the detectors read (`analyze`
+    hands a log's such columns to them as `StepSignals.trainer_metrics`)."""
+    named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS,
+             ENTROPY)
+    return name in named or REWARD_FUNC_STD.match(name) is not None or is_judged(name)
+
+
+def is_zero(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value == 0.0

@@ -1,0 +1,164 @@
+"""TRL trainers (DPO, GRPO) guarded by the HF callback: judged on their own objective and
+metrics, each fault made as a user makes it next to its healthy twin (tiny GPT-2, CPU)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .trl_runs import dpo, grpo, kto, rloo
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate")
+
+SEEDS = (0, 1, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_healthy_dpo_is_judged_on_its_dpo_loss(tmp_path: Path, seed: int) -> None:
+    """The DPO loss (ln 2 at the start, lower as the policy learns), not the completions'
+    cross-entropy the model computes on the side: healthy, no warning."""
+    ran = dpo(tmp_path, seed=seed)
+    assert ran.kinds() == set()
+    assert ran.verdict.verdict == "healthy"
+    # the median of the first losses: the DPO loss from ln 2 down (the completions' CE is ~3.5)
+    assert ran.verdict.start <= math.log(2) + 1e-3
+
+
+def test_dpo_at_lr_0_learns_nothing_and_says_why(tmp_path: Path) -> None:
+    ran = dpo(tmp_path, lr=0.0, steps=20)
+    assert "preference_unlearned" in ran.kinds()
+    assert ran.top_cause() == "lr_too_low"
+    event = next(e for e in ran.events if e.kind == "preference_unlearned")
+    assert "0.6931" in event.message
+
+
+def test_the_trainer_is_left_as_it_was(tmp_path: Path) -> None:
+    """The objective tap wraps the trainer's compute_loss for the run only, and observe trains
+    exactly as the trainer alone."""
+    from .trl_runs import Ran
+
+    guarded = dpo(tmp_path / "a", steps=10, policy="observe")
+    assert "compute_loss" not in vars(guarded.trainer)
+    alone: Ran = _dpo_alone(tmp_path / "b", steps=10)
+    losses = [[h["loss"] for h in r.trainer.state.log_history if "loss" in h]
+              for r in (guarded, alone)]
+    assert losses[0] == losses[1]
+
+
+def _dpo_alone(tmp: Path, steps: int) -> Any:
+    import copy
+
+    import trl
+    from datasets import Dataset
+
+    from .trl_runs import Ran, tiny_gpt2, tokenizer
+
+    tok = tokenizer()
+    model = tiny_gpt2(tok, 0)
+    rows = [{"prompt": f"q{i % 7} ", "chosen": "yes good", "rejected": "no bad x"}
+            for i in range(64)]
+    args = trl.DPOConfig(output_dir=str(tmp), max_steps=steps, per_device_train_batch_size=4,
+                         learning_rate=1e-3, logging_steps=5, report_to=[], save_strategy="no",
+                         seed=0, use_cpu=True, disable_tqdm=True, max_length=32)
+    trainer = trl.DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
+                             train_dataset=Dataset.from_list(rows), processing_class=tok)
+    trainer.train()
+    return Ran(trainer, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_healthy_grpo_raises_nothing(tmp_path: Path, seed: int) -> None:
+    """GRPO's loss is a surrogate near 0 by design: its level is not judged, its rewards are."""
+    assert grpo(tmp_path, seed=seed).kinds() == set()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_healthy_grpo_with_a_kl_term_raises_nothing(tmp_path: Path, seed: int) -> None:
+    assert grpo(tmp_path, seed=seed, beta=0.1, steps=16).kinds() == set()
+
+
+def test_a_reward_function_that_returns_0_is_named(tmp_path: Path) -> None:
+    def zero_reward(completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    ran = grpo(tmp_path, reward=zero_reward)
+    assert "reward_dead" in ran.kinds()
+    assert ran.top_cause() == "reward_constant"
+    assert "zero_reward" in next(e for e in ran.events if e.kind == "reward_dead").message
+
+
+def test_completions_cut_before_the_reward_can_see_them(tmp_path: Path) -> None:
+    """A reward for answers of 6+ characters, completions cut at 3 tokens."""
+    def long_answer(completions: list[str], **kwargs: Any) -> list[float]:
+        return [float(len(c) >= 6) for c in completions]
+
+    ran = grpo(tmp_path, reward=long_answer, max_completion_length=3)
+    assert "reward_dead" in ran.kinds()
+    assert ran.top_cause() == "max_completion_length_too_small"
+    healthy = grpo(tmp_path / "twin", reward=long_answer, max_completion_length=8)
+    assert "reward_dead" not in healthy.kinds()
+
+
+def test_grpo_lr_far_too_high_with_a_kl_term(tmp_path: Path) -> None:
+    ran = grpo(tmp_path, lr=5e-2, beta=0.1, steps=16)
+    assert {"kl_blowup", "entropy_collapse"} <= ran.kinds()
+    assert ran.top_cause() == "lr_too_high"
+
+
+@pytest.mark.slow
+def test_kto_at_lr_0_learns_nothing_its_healthy_twin_is_quiet(tmp_path: Path) -> None:
+    assert kto(tmp_path / "twin").kinds() == set()
+    ran = kto(tmp_path, lr=0.0)
+    assert "preference_unlearned" in ran.kinds()
+    assert ran.top_cause() == "lr_too_low"
+
+
+@pytest.mark.slow
+def test_rloo_with_a_reward_that_returns_0_its_healthy_twin_is_quiet(tmp_path: Path) -> None:
+    def zero_reward(completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    assert rloo(tmp_path / "twin").kinds() == set()
+    ran = rloo(tmp_path, reward=zero_reward)
+    assert "reward_dead" in ran.kinds()
+    assert ran.top_cause() == "reward_constant"
+
+
+class _Metrics:
+    """What TRL keeps on a trainer: `_metrics[mode][name]` lists, dropped at each log."""
+
+    def __init__(self) -> None:
+        from collections import defaultdict
+
+        self._metrics: dict[str, Any] = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+
+def test_each_step_reads_its_own_values_nan_kept() -> None:
+    from trainguard.integrations.trl import MetricsTap
+
+    trainer = _Metrics()
+    tap = MetricsTap(trainer)
+    train = trainer._metrics["train"]
+    train["reward"] += [0.5, 0.7]  # two micro-batches
+    train["kl"].append(0.01)
+    assert tap.take() == {"reward": pytest.approx(0.6), "kl": 0.01}
+    train["reward"].append(math.nan)  # the log's average would drop it
+    taken = tap.take()
+    assert list(taken) == ["reward"] and math.isnan(taken["reward"])
+    assert tap.take() == {}  # nothing new
+
+
+def test_values_after_a_log_are_read_from_the_new_lists() -> None:
+    """A log clears the lists; one value a step with logging every step is still read."""
+    from trainguard.integrations.trl import MetricsTap
+
+    trainer = _Metrics()
+    tap = MetricsTap(trainer)
+    for value in (1.0, 2.0, 3.0):
+        trainer._metrics["train"]["reward"].append(value)
+        assert tap.take() == {"reward": value}
+        trainer._metrics["train"].clear()
