@@ -70,7 +70,7 @@ def test_the_latest_of_several_runs_is_read_and_named_and_run_id_picks_another(
 
 
 # -- run logs and histories shaped as W&B writes them ------------------------------------------
-def run_log(path: Path, records: list[dict[str, object]], *, block: int = 32768) -> Path:
+def run_log(path: Path, records: list[dict[str, object]]) -> Path:
     """A `.wandb` log of history records, framed as W&B frames them (7-byte headers in blocks
     of 32 KiB, a record cut into pieces across blocks), the values as JSON text."""
     from wandb.proto import wandb_internal_pb2 as pb
@@ -84,6 +84,7 @@ def run_log(path: Path, records: list[dict[str, object]], *, block: int = 32768)
             item.nested_key.append(key)
             item.value_json = json.dumps(value)
         payloads.append(record.SerializeToString())
+    block = 32768
     out = bytearray(b":W&B\xe1\xbe\x00")
     for payload in payloads:
         first = True
@@ -124,14 +125,18 @@ def test_an_hf_run_log_is_read_at_train_global_step_with_its_evaluations(tmp_pat
     assert log.evals == [(210, {"eval/loss": 2.5})]
 
 
+@pytest.mark.parametrize("cut", [0, 3, 20, 9000])
 def test_records_cut_across_blocks_are_joined_and_a_cut_last_record_is_left_out(
-        tmp_path: Path) -> None:
-    path = run_log(tmp_path / "run-abc.wandb", hf_records(30, big=300), block=512)
-    assert read_log(path).steps == [10 * (i + 1) for i in range(30)]
-    path.write_bytes(path.read_bytes()[:-20])
+        tmp_path: Path, cut: int) -> None:
+    """Records of 9 kB: several of them cross a 32 KiB block; bytes cut off the end (a run
+    still writing) lose the last record only, and say so."""
+    path = run_log(tmp_path / "run-abc.wandb", hf_records(30, big=9000))
+    assert path.stat().st_size > 8 * 32768
+    if cut:
+        path.write_bytes(path.read_bytes()[:-cut])
     log = read_log(path)
-    assert log.steps == [10 * (i + 1) for i in range(29)]
-    assert any("cut short" in note for note in log.notes)
+    assert log.steps == [10 * (i + 1) for i in range(30 if not cut else 29)]
+    assert any("cut short" in note for note in log.notes) == bool(cut)
 
 
 def test_a_synced_history_is_read_without_wandb(tmp_path: Path) -> None:

@@ -107,16 +107,12 @@ def _wandb_importable() -> bool:
 
 
 def _log_records(file: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
-    """The history records of a `.wandb` transaction log."""
+    """The history records of a `.wandb` transaction log, read a block at a time."""
     from wandb.proto import wandb_internal_pb2
 
     proto: Any = wandb_internal_pb2  # generated code: no types for its messages
-    with open_regular(file) as handle:
-        data = handle.read()
-    if not data.startswith(MAGIC):
-        raise LogError(f"{file}: not a W&B run log (it does not begin with {MAGIC.decode()})")
     pieces: list[bytes] = []
-    for kind, piece in _pieces(file, data, notes):
+    for kind, piece in _pieces(file, notes):
         if kind in (_FULL, _FIRST):
             pieces = [piece]
         elif pieces:
@@ -132,31 +128,42 @@ def _log_records(file: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
             continue
         if record.WhichOneof("record_type") == "history":
             yield {_item_name(item): _item_value(item) for item in record.history.item}
+    if pieces and not any(_CUT.format(name=file.name) == note for note in notes):
+        notes.append(_CUT.format(name=file.name))  # its first pieces, and no more
 
 
-def _pieces(file: Path, data: bytes, notes: list[str]) -> Iterator[tuple[int, bytes]]:
-    """(type, payload) of each physical record, in order; a record cut short at the end (a run
-    still writing) is left out with a note."""
-    at = _HEADER  # the file's own header: magic, version
-    while at + _HEADER <= len(data):
-        left = _BLOCK - at % _BLOCK
-        if left < _HEADER:  # a block's tail too short for a header is padding
-            at += left
-            continue
-        _, length, kind = struct.unpack_from("<IHB", data, at)
-        if kind == 0 and length == 0:  # zeros: the rest of the block is padding
-            at += left
-            continue
-        end = at + _HEADER + length
-        if end > len(data):
-            notes.append(f"the last record of {file.name} is cut short (the run was still "
-                         "writing); it is left out")
-            return
-        if kind not in (_FULL, _FIRST, _MIDDLE, _LAST):
-            raise LogError(f"{file}: a record of unknown type {kind} at byte {at} (a damaged "
-                           "W&B run log)")
-        yield kind, data[at + _HEADER:end]
-        at = end
+_CUT = "the last record of {name} is cut short (the run was still writing); it is left out"
+
+
+def _pieces(file: Path, notes: list[str]) -> Iterator[tuple[int, bytes]]:
+    """(type, payload) of each physical record, in order (none crosses a block); a record cut
+    short at the end (a run still writing) is left out with a note."""
+    with open_regular(file) as handle:
+        block = handle.read(_BLOCK)
+        if not block.startswith(MAGIC):
+            raise LogError(f"{file}: not a W&B run log (it does not begin with "
+                           f"{MAGIC.decode()})")
+        at, base = _HEADER, 0  # past the file's own header: magic, version
+        while block:
+            # a block's tail too short for a header, or zeros, is padding
+            while at + _HEADER <= len(block):
+                _, length, kind = struct.unpack_from("<IHB", block, at)
+                if kind == 0 and length == 0:
+                    break
+                end = at + _HEADER + length
+                if end > len(block):
+                    notes.append(_CUT.format(name=file.name))
+                    return
+                if kind not in (_FULL, _FIRST, _MIDDLE, _LAST):
+                    raise LogError(f"{file}: a record of unknown type {kind} at byte "
+                                   f"{base + at} (a damaged W&B run log)")
+                yield kind, block[at + _HEADER:end]
+                at = end
+            if len(block) < _BLOCK:  # the last block: a header cut off is what is left
+                if any(block[at:]):
+                    notes.append(_CUT.format(name=file.name))
+                return
+            block, at, base = handle.read(_BLOCK), 0, base + _BLOCK
 
 
 def _item_name(item: Any) -> str:
