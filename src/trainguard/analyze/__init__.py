@@ -8,9 +8,10 @@
 Any of the formats in `FORMATS` (detected, or named with `fmt=`): a Hugging Face
 trainer_state.json, a Lightning metrics.csv, TensorBoard event files or run directories, a
 trainguard run directory, a W&B run directory, an MLflow run, JSON Lines, and text logs
-(Megatron, word_language_model, nanoGPT, mlx-lm, a generic `key value` pattern). The live detectors run over the logged rows with their
-windows counted in rows (`sparse.py`); `judge.py` reads their events into a verdict, a kind and an
-onset; the cause ranking of live runs names the likely causes from what the log holds.
+(Megatron, word_language_model, nanoGPT, mlx-lm, a generic `key value` pattern). The live
+detectors run over the logged rows with their windows counted in rows (`sparse.py`); `judge.py`
+reads their events into a verdict, a kind and an onset; the cause ranking of live runs names the
+likely causes from what the log holds.
 
     log.py         the Log a reader makes: rows, series, evaluations, notes
     hf.py, lightning.py, tensorboard.py, store.py, jsonl.py, text.py    one reader per format
