@@ -14,7 +14,7 @@ import pytest
 from trainguard.analyze import analyze, read_log
 from trainguard.analyze.log import LogError
 
-from .trackers import RAISED_AT, same_judgement, trainer_run
+from .trackers import POISONED_AT, RAISED_AT, lightning_run, same_judgement, trainer_run
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -173,3 +173,19 @@ def test_an_hf_trainer_run_reported_to_mlflow_is_judged_as_its_trainer_state(
     assert from_state.verdict != "healthy" and from_state.onset_step is not None
     assert from_state.onset_step >= RAISED_AT
     same_judgement(from_state, from_mlflow)
+
+
+@pytest.mark.slow
+def test_a_lightning_run_logged_with_mlflowlogger_is_judged_as_its_metrics_csv(
+        store: Path, tmp_path: Path) -> None:
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    logger = MLFlowLogger(experiment_name="lightning", tracking_uri=f"sqlite:///{store}")
+    csv = lightning_run(tmp_path, logger)
+    from_csv = analyze(csv)
+    from_mlflow = analyze(store)
+    assert from_mlflow.format == "mlflow" and from_csv.format == "lightning"
+    assert from_mlflow.log is not None and from_csv.log is not None
+    assert from_mlflow.log.steps == from_csv.log.steps
+    assert from_csv.kind == "nan" and from_csv.onset_step == POISONED_AT
+    same_judgement(from_csv, from_mlflow)

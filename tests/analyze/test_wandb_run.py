@@ -16,7 +16,7 @@ from trainguard.analyze import analyze, read_log
 from trainguard.analyze.log import LogError
 from trainguard.analyze.wandb_run import HISTORY_JSONL
 
-from .trackers import RAISED_AT, same_judgement, trainer_run
+from .trackers import POISONED_AT, RAISED_AT, lightning_run, same_judgement, trainer_run
 
 wandb = pytest.importorskip("wandb")
 
@@ -202,3 +202,22 @@ def test_an_hf_trainer_run_reported_to_wandb_is_judged_as_its_trainer_state(
     assert from_state.verdict != "healthy" and from_state.onset_step is not None
     assert from_state.onset_step >= RAISED_AT
     same_judgement(from_state, from_wandb)
+
+
+@pytest.mark.slow
+def test_a_lightning_run_logged_with_wandblogger_is_judged_as_its_metrics_csv(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="trainguard-tests")
+    csv = lightning_run(tmp_path, logger)
+    wandb.finish()
+    wandb.teardown()  # finish() can return before the run log is written
+    from_csv = analyze(csv)
+    from_wandb = analyze(tmp_path / "wandb")
+    assert from_wandb.format == "wandb" and from_csv.format == "lightning"
+    assert from_wandb.log is not None and from_csv.log is not None
+    assert from_wandb.log.steps == from_csv.log.steps  # trainer/global_step, not _step
+    assert from_csv.kind == "nan" and from_csv.onset_step == POISONED_AT
+    same_judgement(from_csv, from_wandb)

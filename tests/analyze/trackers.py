@@ -3,6 +3,7 @@ the same run then read from the tracker's store and from its `trainer_state.json
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -76,7 +77,58 @@ def same_judgement(a: object, b: object) -> None:
     from trainguard.analyze import Analysis
 
     assert isinstance(a, Analysis) and isinstance(b, Analysis)
-    for name in ("verdict", "kind", "onset_step", "evidence", "rows"):
+    for name in ("verdict", "kind", "onset_step", "rows"):
         assert getattr(a, name) == getattr(b, name), name
-    assert [c.to_dict() for c in a.causes] == [c.to_dict() for c in b.causes]
+    # a Lightning metrics.csv names its rows `epoch 0 (step 25)`, a tracker `step 25`
+    assert [_by_step(e) for e in a.evidence] == [_by_step(e) for e in b.evidence]
+    assert [_cause(c.to_dict()) for c in a.causes] == [_cause(c.to_dict()) for c in b.causes]
     assert [(e.kind, e.step) for e in a.events] == [(e.kind, e.step) for e in b.events]
+
+
+POISONED_AT = 25
+
+
+def lightning_run(root: Path, tracker: object) -> Path:
+    """A small Lightning run whose inputs turn NaN at one batch, logged to `tracker` and to a
+    CSVLogger at once; the path of the CSVLogger's `metrics.csv`."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Regression(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+        def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+            x, y = batch
+            if self.global_step == POISONED_AT:  # a corrupt batch: NaN in the inputs
+                x = x * float("nan")
+            loss = nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss, on_step=True, on_epoch=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 8, generator=generator)
+    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    torch.manual_seed(0)
+    csv = CSVLogger(str(root), name="csv")
+    trainer = L.Trainer(max_epochs=1, logger=[csv, tracker], log_every_n_steps=1,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, accelerator="cpu", devices=1)
+    trainer.fit(Regression(), data)
+    return Path(csv.log_dir) / "metrics.csv"
+
+
+def _by_step(evidence: str) -> str:
+    return re.sub(r"epoch \d+ \(step (\d+)\)", r"step \1", evidence)
+
+
+def _cause(cause: dict[str, object]) -> dict[str, object]:
+    evidence = cause["evidence"]
+    assert isinstance(evidence, list)
+    return {**cause, "evidence": [_by_step(e) for e in evidence]}

@@ -15,7 +15,8 @@ names it and says how many others there are.
 Rows are at the step the logger gave (`state.global_step` under the HF Trainer's
 `MLflowCallback`, the global step under Lightning's `MLFlowLogger`). Values logged together with
 `train_runtime` are the HF Trainer's closing totals (`train_loss` is the run's mean loss): left
-out, as the `trainer_state.json` reader leaves out its closing entry. Values logged without a
+out, as the `trainer_state.json` reader leaves out its closing entry; Lightning's epoch
+aggregates beside its step values are left out as in a `metrics.csv`. Values logged without a
 step all land at step 0: those are numbered by the order they were logged in, with a note.
 """
 
@@ -30,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from trainguard.analyze.lightning import epoch_aggregates
 from trainguard.analyze.log import Log, LogBuilder, LogError
 from trainguard.analyze.source import Lines, head
 
@@ -123,7 +125,8 @@ def read(path: str | Path, run_id: str | None = None) -> Log:
 
 def _add(log: LogBuilder, metrics: list[Metric]) -> None:
     closing = {(step, ts) for key, _, step, ts in metrics if key == CLOSING}
-    kept = [m for m in metrics if (m[2], m[3]) not in closing]
+    aggregates = epoch_aggregates({m[0] for m in metrics})
+    kept = [m for m in metrics if (m[2], m[3]) not in closing and m[0] not in aggregates]
     if closing:
         log.notes.append("the values logged with train_runtime are the run's closing totals; "
                          "left out")

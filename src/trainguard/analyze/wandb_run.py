@@ -15,6 +15,7 @@ Steps are the tracker's step axis: the first of `train/global_step` (the HF Trai
 `WandbCallback`), `trainer/global_step` (Lightning's `WandbLogger`), `global_step` and `step` that
 the first history record holds, else W&B's own counter `_step` (a plain loop's `run.log`). W&B
 keeps a NaN or inf as a value (`"NaN"`, `"Infinity"` in the record's JSON): it stays one.
+Lightning's epoch aggregates beside its step values are left out as in a `metrics.csv`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from trainguard.analyze.lightning import epoch_aggregates
 from trainguard.analyze.log import Log, LogBuilder, LogError
 from trainguard.analyze.source import Lines, open_regular
 
@@ -212,6 +214,8 @@ class _Steps:
         self.axis: str | None = None
         self.last: int | None = None
         self.without = 0
+        self.names: set[str] = set()
+        self.aggregates: set[str] = set()
 
     def add_all(self, records: Iterator[dict[str, Any]]) -> None:
         for record in records:
@@ -232,7 +236,11 @@ class _Steps:
             own = record.get(OWN_STEP)
             self.last = int(own) if _whole(own) else 0
             self.without += 1
-        self.log.add_entry(self.last, {k: v for k, v in record.items() if k != self.axis})
+        if not record.keys() <= self.names:  # new names: Lightning's aggregates again
+            self.names |= record.keys()
+            self.aggregates = epoch_aggregates(self.names) | {self.axis}
+        self.log.add_entry(self.last, {k: v for k, v in record.items()
+                                       if k not in self.aggregates})
 
 
 def _whole(value: Any) -> TypeGuard[int | float]:
