@@ -274,6 +274,11 @@ def _add_analyze(commands: Any) -> None:
     analyze.add_argument("--json", action="store_true",
                          help="print {verdict, kind, onset_step, evidence, causes} as JSON (a "
                               "list for several PATHs)")
+    analyze.add_argument("--run-id", metavar="ID",
+                         help="the run to read of a W&B folder or an MLflow store that holds "
+                              "several (default: the latest, named in the notes); PATH may be "
+                              "an MLflow tracking URI, sqlite:///path/mlflow.db or "
+                              "file:///path/mlruns")
     analyze.add_argument("--num-classes", type=_positive_int, metavar="K",
                          help="classes of the task, to judge the loss against chance, ln K "
                               "(default: guessed from the loss only when the log reports a "
@@ -662,7 +667,8 @@ def _analyze(args: argparse.Namespace) -> int:
             if path == "-":
                 results.append(_analyze_stdin(args))
             else:
-                results.append(analyze(path, fmt=args.format, num_classes=args.num_classes))
+                results.append(analyze(path, fmt=args.format, num_classes=args.num_classes,
+                                       run_id=args.run_id))
         except TrainguardError as exc:
             results.append((path, str(exc)))
         except (Exception, RecursionError) as exc:  # a file no reader foresaw: say which

@@ -7,13 +7,15 @@
 
 Any of the formats in `FORMATS` (detected, or named with `fmt=`): a Hugging Face
 trainer_state.json, a Lightning metrics.csv, TensorBoard event files or run directories, a
-trainguard run directory, JSON Lines, and text logs (Megatron, word_language_model, nanoGPT,
-mlx-lm, a generic `key value` pattern). The live detectors run over the logged rows with their
-windows counted in rows (`sparse.py`); `judge.py` reads their events into a verdict, a kind and an
-onset; the cause ranking of live runs names the likely causes from what the log holds.
+trainguard run directory, a W&B run directory, an MLflow run, JSON Lines, and text logs
+(Megatron, word_language_model, nanoGPT, mlx-lm, a generic `key value` pattern). The live
+detectors run over the logged rows with their windows counted in rows (`sparse.py`); `judge.py`
+reads their events into a verdict, a kind and an onset; the cause ranking of live runs names the
+likely causes from what the log holds.
 
     log.py         the Log a reader makes: rows, series, evaluations, notes
     hf.py, lightning.py, tensorboard.py, store.py, jsonl.py, text.py    one reader per format
+    wandb_run.py, mlflow_run.py    the stores of W&B and MLflow, one run of them
     formats.py     which reader reads a path
     quirks.py      what logged values mean (HF's NaN-filtered windows, skipped steps)
     sparse.py      the detectors' thresholds for a log's rows

@@ -79,10 +79,11 @@ class Analysis:
         return [v for v in self.log.values(name) if v is not None]
 
 
-def analyze(path: str | Path, *, fmt: str | None = None,
-            num_classes: int | None = None) -> Analysis:
-    """Analyse one training log (any format of `trainguard.analyze.FORMATS`)."""
-    return analyze_log(read_log(path, fmt), num_classes=num_classes)
+def analyze(path: str | Path, *, fmt: str | None = None, num_classes: int | None = None,
+            run_id: str | None = None) -> Analysis:
+    """Analyse one training log (any format of `trainguard.analyze.FORMATS`); `run_id` picks a
+    run of a W&B folder or an MLflow store."""
+    return analyze_log(read_log(path, fmt, run_id), num_classes=num_classes)
 
 
 def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:

@@ -7,6 +7,9 @@ FORMATS: dict[str, str] = {
     "keras": "Keras CSVLogger file (epoch,loss,...,val_loss per epoch)",
     "tensorboard": "TensorBoard event file or run directory",
     "store": "trainguard run directory (its run store)",
+    "wandb": "Weights & Biases run directory (offline or synced), its .wandb file, or the wandb/ "
+             "folder of runs",
+    "mlflow": "MLflow run: mlflow.db, an mlruns folder, or a sqlite:/// or file:// tracking URI",
     "jsonl": "JSON Lines, one object per logged step",
     "text": "text log (Megatron, word_language_model, nanoGPT, mlx-lm, generic lines or bare "
             "'step loss' columns)",

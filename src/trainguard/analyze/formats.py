@@ -3,14 +3,20 @@
     a directory       a trainguard run directory (it holds trainguard.db) -> store;
                       TensorBoard event files in it (or below) -> tensorboard;
                       a trainer_state.json (in it, else in its latest checkpoint-N/) -> hf;
-                      a metrics.csv (in it, else in its latest version_N/) -> lightning
-    a file            trainguard.db or an SQLite file -> store; a name with `tfevents` ->
+                      a metrics.csv (in it, else in its latest version_N/) -> lightning;
+                      a W&B run directory, or a wandb/ folder of runs (or one holding it) ->
+                      wandb; an MLflow store (mlflow.db, mlruns/, a run of it) -> mlflow
+    a file            trainguard.db -> store; an SQLite file with MLflow's tables -> mlflow,
+                      another -> store; a `.wandb` run log -> wandb; a name with `tfevents` ->
                       tensorboard;
                       JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
                       (also under a `.json` name: MMEngine's `*.log.json`)
                       (Python dicts, one per line, as the HF Trainer prints them -> text);
                       a CSV header beginning with `epoch`, without `step` -> keras;
                       a CSV header with a `step` column -> lightning; anything else -> text
+    a tracking URI    sqlite:///... or file:///... -> mlflow (a server's URI is refused)
+
+`run_id` picks a run of a store of several (`--run-id`): of a W&B folder or an MLflow store.
 """
 
 from __future__ import annotations
@@ -21,7 +27,18 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.analyze import hf, jsonl, keras, lightning, source, store, tensorboard, text
+from trainguard.analyze import (
+    hf,
+    jsonl,
+    keras,
+    lightning,
+    mlflow_run,
+    source,
+    store,
+    tensorboard,
+    text,
+    wandb_run,
+)
 from trainguard.analyze.format_names import FORMATS
 from trainguard.analyze.log import Log, LogError
 
@@ -29,11 +46,21 @@ _READERS: dict[str, Callable[[Path], Log]] = {
     "hf": hf.read, "lightning": lightning.read, "tensorboard": tensorboard.read,
     "store": store.read, "jsonl": jsonl.read, "text": text.read, "keras": keras.read,
 }
+_RUN_READERS: dict[str, Callable[[Path, str | None], Log]] = {
+    "wandb": wandb_run.read, "mlflow": mlflow_run.read,
+}
+"""Readers of stores that hold several runs, one of them chosen by `run_id`."""
 _SQLITE = b"SQLite format 3\0"
 
 
-def read_log(path: str | Path, fmt: str | None = None) -> Log:
-    """Read a training log, its format detected unless `fmt` names one of `FORMATS`."""
+def read_log(path: str | Path, fmt: str | None = None, run_id: str | None = None) -> Log:
+    """Read a training log, its format detected unless `fmt` names one of `FORMATS`; `run_id`
+    picks a run of a store that holds several (W&B, MLflow)."""
+    local = mlflow_run.local_store(str(path)) if isinstance(path, str) else None
+    if local is not None:  # a tracking URI names an MLflow store
+        if fmt not in (None, "mlflow"):
+            raise LogError(f"{path}: a tracking URI is read as --format mlflow, not {fmt}")
+        path, fmt = local, "mlflow"
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -46,6 +73,9 @@ def read_log(path: str | Path, fmt: str | None = None) -> Log:
     if fmt is not None and fmt not in FORMATS:
         raise LogError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     name = fmt or detect_format(path)
+    if run_id is not None and name not in _RUN_READERS:
+        raise LogError(f"{path}: --run-id picks a run of a W&B folder or an MLflow store; this "
+                       f"is read as {name}")
     # a reader makes a few objects per logged value and no cycles: the cyclic collector,
     # scanning them again and again as they pile up, would cost more than the reading
     collecting = gc.isenabled()
@@ -53,6 +83,8 @@ def read_log(path: str | Path, fmt: str | None = None) -> Log:
     try:
         if name.startswith("text:"):
             return text.read(_file(path, name), grammar=name.split(":", 1)[1])
+        if name in _RUN_READERS:
+            return _RUN_READERS[name](path, run_id)
         target = path if name in ("tensorboard", "store") else _file(path, name)
         return _READERS[name](target)
     finally:
@@ -93,15 +125,22 @@ def detect_format(path: Path) -> str:
             return "hf"
         if _latest(path, "metrics.csv", "version_") is not None:
             return "lightning"
+        if wandb_run.is_wandb(path):
+            return "wandb"
+        if mlflow_run.is_mlflow(path):
+            return "mlflow"
         raise LogError(f"{path}: no training log in this directory (looked for a trainguard "
-                       "store, TensorBoard event files, trainer_state.json, metrics.csv)")
+                       "store, TensorBoard event files, trainer_state.json, metrics.csv, a W&B "
+                       "run, an MLflow store)")
     if store.is_store(path):
         return "store"
+    if wandb_run.is_log_file(path):
+        return "wandb"
     if tensorboard.is_event_file(path):
         return "tensorboard"
     head = source.head(path)
     if head.startswith(_SQLITE):
-        return "store"
+        return "mlflow" if mlflow_run.is_db(path) else "store"
     if not head.strip():
         raise LogError(f"{path}: the file is empty")
     start = head.lstrip()

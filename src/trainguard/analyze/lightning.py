@@ -11,12 +11,23 @@ level keeps it. Rows are named as Lightning counts them: `epoch 0 (step 198)`.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
 
 from trainguard.analyze.log import Log, LogBuilder, LogError, is_eval_name, number
 from trainguard.analyze.source import Lines
 
 FORMAT = "lightning"
+
+
+def epoch_aggregates(names: Iterable[str]) -> set[str]:
+    """The epoch aggregates (`train_loss_epoch`) among a log's names, where the step-level
+    values (`train_loss_step`) are there too: the same losses again on a coarser grid, in a
+    metrics.csv as in the trackers Lightning logs to."""
+    names = list(names)
+    if not any(name.endswith("_step") and "loss" in name for name in names):
+        return set()
+    return {name for name in names if name.endswith("_epoch") and not is_eval_name(name)}
 
 
 def read(path: str | Path) -> Log:
@@ -39,10 +50,9 @@ def read(path: str | Path) -> Log:
                        f"{', '.join(header[:6])})")
     step_at = header.index("step")
     epoch_at = header.index("epoch") if "epoch" in header else None
-    step_level = any(name.endswith("_step") and "loss" in name for name in header)
+    aggregates = epoch_aggregates(header)
     keep = [i for i, name in enumerate(header)
-            if i not in (step_at, epoch_at) and name
-            and not (step_level and name.endswith("_epoch") and not is_eval_name(name))]
+            if i not in (step_at, epoch_at) and name and name not in aggregates]
     log = LogBuilder(path, FORMAT)
     try:
         following = next(records, None)
