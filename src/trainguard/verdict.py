@@ -15,7 +15,8 @@ says whether training worked:
                 its loss never came down beyond its own noise at the start
                 (`detect.no_progress.came_down`): it did not learn, with or without trouble
                 (said with what the run showed of why: `detect/stall_reason.py`); or its last
-                steps had no gradient at all (`no_gradients` to the end)
+                steps learned nothing (`Detector.untrained`: no gradient, the reward or the
+                preference signal dead, to the end; or the Guard skipped every one of them)
 
 A run with fewer finite losses than the window (`WINDOW`) is too short to judge: it gets no
 verdict (`RunVerdict.verdict` is None, its message says "too short to judge"), unless what it
@@ -132,16 +133,19 @@ class LossTrack:
         return statistics.median(self.first) if self.first else None
 
     def verdict(self, *, halted: bool = False, halt_step: int | None = None,
-                weights_finite: bool | None = None, untrained_since: int | None = None,
+                weights_finite: bool | None = None,
+                untrained: tuple[int, str] | None = None,
                 stall_reason: str = "") -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
         not recover, whatever the losses before the halt said; `halt_step`, the step it stopped
         at, when known (the trouble may have begun many steps before it).
         `weights_finite`: whether the model's weights are all finite at the end (None: not
         checked); a model with a NaN in it is degraded, whatever its last finite losses said.
-        `untrained_since`: the first step of a run of steps without any gradient that lasted to
-        the end (`detect/no_gradients.py`): nothing trained after it, so the run stalled,
-        however its loss compares (it stays where the last update left it).
+        `untrained`: the first step of a stretch that lasted to the end over which nothing was
+        learned, and what it was (no gradients: `detect/no_gradients.py`; steps all skipped; a
+        reward or preference signal that never moved the policy: `Detector.untrained`):
+        nothing trained after it, so the run stalled, however its loss compares (it stays where
+        the last update left it, or a saturated objective reads low).
         `stall_reason`: what the run showed of why it did not learn (`no_progress`'s reason),
         said after a `stalled` verdict."""
         start = self._start()
@@ -164,7 +168,7 @@ class LossTrack:
         # The start level is the median of the first window // 2 losses, the end level that of
         # the last `window`: with fewer losses than a window, most of the end's are the start's
         # own and its median is the start's level whatever came after ("5.103 to 5.103").
-        if self.seen < self.window and untrained_since is None:
+        if self.seen < self.window and untrained is None:
             return RunVerdict(None, f"too short to judge: {self.seen} finite loss(es), where the "
                               f"verdict needs {self.window} (it compares the median of the first "
                               f"{self.window // 2} with that of the last {self.window})", start,
@@ -188,11 +192,11 @@ class LossTrack:
                               f"the best level it had reached ({best:.4g}): it did not come back "
                               "to its own best", start, self.before_trouble, final,
                               self.trouble_step)
-        if untrained_since is not None:
-            return RunVerdict(STALLED, f"no gradients from step {untrained_since} to the end "
-                              f"of the run: nothing trained after it (the loss ended at "
-                              f"{final:.4g})", start, self.before_trouble, final,
-                              self.trouble_step)
+        if untrained is not None:
+            since, what = untrained
+            return RunVerdict(STALLED, f"{what} from step {since} to the end of the run: "
+                              f"nothing trained after it (the loss ended at {final:.4g})",
+                              start, self.before_trouble, final, self.trouble_step)
         if stalled:
             return RunVerdict(STALLED, f"the loss never came down in {self.seen} steps "
                               f"(from {statistics.median(self.start):.4g} at the start to "

@@ -34,6 +34,9 @@ def test_dpo_at_lr_0_learns_nothing_and_says_why(tmp_path: Path) -> None:
     assert ran.top_cause() == "lr_too_low"
     event = next(e for e in ran.events if e.kind == "preference_unlearned")
     assert "0.6931" in event.message
+    # the loss ends where it was (ln 2), which is not a recovery: nothing was learned
+    assert ran.verdict.verdict == "stalled", ran.verdict
+    assert "policy never left its reference" in ran.verdict.message
 
 
 def test_the_trainer_is_left_as_it_was(tmp_path: Path) -> None:

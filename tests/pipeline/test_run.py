@@ -210,3 +210,29 @@ def test_what_detect_found_before_it_failed_reaches_the_run(
     assert found in run.findings
     run.after_update()
     run.close()
+
+
+def test_a_run_whose_steps_are_all_skipped_to_the_end_stalled_not_recovered() -> None:
+    """Every step from 40 on has a NaN gradient and is skipped (none applied; fewer than the
+    skips in a row that halt): the loss stays where the weights were left, which says nothing
+    of recovering."""
+    from trainguard import Guard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    guard = Guard(model, optimizer,
+                  config=GuardConfig(policy="protect", sinks={"console": False}))
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    for step in range(60):
+        if step == 40:
+            model[0].weight.register_hook(lambda grad: grad * math.nan)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad()
+    guard.close()
+    verdict = guard.run.verdict
+    assert verdict is not None
+    assert verdict.verdict == "stalled", verdict
+    assert "every step skipped (none applied) from step 40" in verdict.message

@@ -137,6 +137,14 @@ class Detector:
         del columns, end
         return start
 
+    def untrained(self) -> tuple[int, str] | None:
+        """At the run's end: the length of a streak of this detector's, long enough to have
+        been reported and lasting to the last step, over which nothing was learned (no
+        gradient, no reward signal, a policy that never left its reference), and what it was,
+        as "<what> from step N to the end" says it; None (the default): the last steps
+        learned, as far as this detector can tell. The verdict calls such a run stalled."""
+        return None
+
     def event(self, step: int, severity: Severity, message: str, *, param: str | None = None,
               value: float | None = None, **details: Any) -> Event:
         return Event(kind=self.kind, step=step, severity=severity, message=message, param=param,

@@ -65,6 +65,11 @@ class NoGradients(Detector):
                      & (columns.grad_norm == 0.0))
         return columns.next_of("no_gradients", empty, start, end)
 
+    def untrained(self) -> tuple[int, str] | None:
+        if self.streak >= self.config.no_gradients.steps:
+            return self.streak, "no gradients"
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {"streak": self.streak, "episode": self.episode.state_dict()}
 

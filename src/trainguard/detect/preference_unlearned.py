@@ -53,6 +53,12 @@ class PreferenceUnlearned(Detector):
             f"the policy never left its reference, nothing is learned; {why}",
             value=loss, cause=cause, steps=self.streak, lr=lr)]
 
+    def untrained(self) -> tuple[int, str] | None:
+        if self.streak >= self.config.preference_unlearned.steps:
+            return self.streak, ("the chosen and rejected rewards exactly 0 (the policy never "
+                                 "left its reference)")
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {"streak": self.streak, "episode": self.episode.state_dict()}
 

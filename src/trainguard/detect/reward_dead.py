@@ -67,6 +67,12 @@ class RewardDead(Detector):
             value=share if share is not None else None, cause=cause, steps=self.streak,
             clipped_ratio=clipped, reward_functions=flat)]
 
+    def untrained(self) -> tuple[int, str] | None:
+        if self.streak >= self.config.reward_dead.steps:
+            return self.streak, ("every group of completions scored alike (no advantage, no "
+                                 "policy gradient)")
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {"streak": self.streak, "episode": self.episode.state_dict()}
 

@@ -26,7 +26,6 @@ from trainguard import lifecycle
 from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
 from trainguard.detect.metric_collapse import MetricCollapse
-from trainguard.detect.no_gradients import NoGradients
 from trainguard.detect.no_progress import NoProgress
 from trainguard.diagnose import Finding, preflight
 from trainguard.diagnose.anchor import ProofAnchor
@@ -76,6 +75,11 @@ from trainguard.version import __version__
 from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")
+
+SKIPPED_TO_THE_END = 10
+"""Steps skipped in a row up to the run's end after which it trained nothing more (half the
+verdict's window): its last losses are those of weights no step moved, and say nothing of
+recovering."""
 
 
 class Run:
@@ -469,7 +473,7 @@ class Run:
         try:
             self.verdict = self.state.losses.verdict(
                 halted=self.halted or status == "halted", halt_step=self.halt_step,
-                weights_finite=self._weights_finite(), untrained_since=self._untrained_since(),
+                weights_finite=self._weights_finite(), untrained=self._untrained(),
                 stall_reason=self._stall_reason())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
@@ -482,14 +486,16 @@ class Run:
         return diagnosis
 
     # -- internals -------------------------------------------------------------------------------
-    def _untrained_since(self) -> int | None:
-        """The first step of a run of steps without gradients that lasted to the end and was
-        long enough to be reported (None: the last steps trained)."""
-        for detector in self.state.detectors:
-            if isinstance(detector, NoGradients) and (
-                    detector.streak >= self.config.detectors.no_gradients.steps):
-                return self.state.step - detector.streak
-        return None
+    def _untrained(self) -> tuple[int, str] | None:
+        """The first step of the longest stretch that lasted to the end over which nothing was
+        learned (a detector's, `Detector.untrained`, or steps the Guard skipped, none applied),
+        and what it was; None: the last steps trained."""
+        found = [(self.state.step - streak, why) for detector in self.state.detectors
+                 if (said := detector.untrained()) is not None for streak, why in (said,)]
+        skips = self.state.consecutive_skips
+        if skips >= SKIPPED_TO_THE_END:
+            found.append((self.state.step - skips, "every step skipped (none applied)"))
+        return min(found, default=None)
 
     def _stall_reason(self) -> str:
         """What the stall detector found the run showed of why it did not learn ("" when it
