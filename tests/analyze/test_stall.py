@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from trainguard.analyze import analyze_log
 from trainguard.analyze.log import Log
@@ -37,6 +38,12 @@ CASES = {
     "zero loss, gradient still flowing": (_log([0.0] * ROWS, _falling(0.5)), "healthy"),
     "a falling loss": (_log(_falling(3.0), _falling(1.0)), "healthy"),
     "two rows at ln 2: too few to tell": (_log([0.6931] * 2), "healthy"),
+    # a tracker keeps the float32 loss as a double, every digit written (W&B, MLflow)
+    "DPO loss at ln 2 in float32, full precision": (
+        _log([float(torch.tensor(math.log(2)).float())] * 8), "stalled"),
+    "a float32 loss near ln 2 but not at it": (
+        _log([float(torch.tensor(math.log(2) * 1.001).float())] * 8, _falling(1.0, 8)),
+        "healthy"),
 }
 
 

@@ -61,11 +61,22 @@ def _the_one_value(values: list[float | None]) -> float | None:
     return first if count >= MIN_ROWS else None
 
 
+FLOAT32_DIGITS = 7
+"""Decimals beyond which a value is written with every digit it has: a float32 loss a tracker
+keeps as a double (W&B, MLflow) is ln(k) to float32's precision, not to its 16 decimals."""
+FLOAT32_PRECISION = 1e-6
+"""Relative distance within which such a value is ln(k) (float32 keeps about 6e-8)."""
+
+
 def _chance_classes(value: float) -> int | None:
-    """The k whose ln(k) the value is, to the decimals it is written with (0.6931 -> 2)."""
+    """The k whose ln(k) the value is, to the decimals it is written with (0.6931 -> 2), or to
+    float32's precision when it is written with every digit."""
     text = repr(value)
     decimals = len(text.split(".", 1)[1]) if "." in text and "e" not in text else 0
     for classes in range(2, MAX_GUESSED_CLASSES + 1):
-        if round(chance_loss(classes), decimals) == value:
+        chance = chance_loss(classes)
+        if round(chance, decimals) == value or (
+                decimals > FLOAT32_DIGITS
+                and math.isclose(value, chance, rel_tol=FLOAT32_PRECISION)):
             return classes
     return None
