@@ -23,6 +23,7 @@ from trainguard.events import Action, ActionRecord, Event, StepReport
 from trainguard.pipeline.policy import Decision, applies
 from trainguard.pipeline.rewind import ScheduleMark
 from trainguard.probes.packing import DevicePack, PendingPack
+from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import StepSignals
 
 BATCH_KEY = "batch"
@@ -56,6 +57,9 @@ class PackedStep:
     """The present gradients (local shards under FSDP2), for the remedies to scale in place."""
     batch_stats: Any = None
     """The batch's on-device statistics (sampled steps), read back by `detect`."""
+    limits: ClipLimits | None = None
+    """The clip limits the run held when the step was measured, before its own events, which
+    `decide` reads again (the chain moves only after it); None: `decide` asks the chain."""
     fingerprint: bool = False
     """Under torch.distributed: the step's all-reduce carries the replicas' weight fingerprint."""
     ring_wish: int | None = None
@@ -77,6 +81,9 @@ class Measured:
     """Host copies of the extra tensors that rode along with the step's transfer."""
     batch_stats: Any = None
     """The batch's on-device statistics (sampled steps), read back by `detect`."""
+    limits: ClipLimits | None = None
+    """The clip limits the run held when the step was measured, before its own events, which
+    `decide` reads again (the chain moves only after it); None: `decide` asks the chain."""
 
 
 @dataclass(frozen=True, slots=True)
