@@ -69,7 +69,7 @@ def judge(signals: StepSignals, events: Sequence[Event], limits: ClipLimits,
           policy: PolicyState) -> Decision:
     """The step's decision; `events` are all of the step's events (rank-local ones included)."""
     shared = [e for e in events if not is_rank_local(e.kind)]
-    alarm = _clip_alarm(shared) if limits.adaptive is not None else None
+    alarm = _clip_alarm(shared) if limits.adaptive is not None and shared else None
     if policy.on_device:  # the device clipped at the limit in force before this step's events
         in_force = limits.device
         adaptive = limits.adaptive is not None and in_force != limits.fixed
