@@ -57,9 +57,6 @@ class PackedStep:
     """The present gradients (local shards under FSDP2), for the remedies to scale in place."""
     batch_stats: Any = None
     """The batch's on-device statistics (sampled steps), read back by `detect`."""
-    limits: ClipLimits | None = None
-    """The clip limits the run held when the step was measured, before its own events, which
-    `decide` reads again (the chain moves only after it); None: `decide` asks the chain."""
     fingerprint: bool = False
     """Under torch.distributed: the step's all-reduce carries the replicas' weight fingerprint."""
     ring_wish: int | None = None
