@@ -4,11 +4,17 @@ Builds the `mlp` and `gpt2` workloads of `benchmarks/overhead.py`, runs a guarde
 (`GuardConfig(sinks={"console": False})`, no run directory) and wraps every stage of the Guard's
 pipeline with a timer. Prints, per workload, the median microseconds per step of each stage (the
 median over blocks of steps, so a slow step from elsewhere on the machine moves it little), their
-sum, and the whole step (forward, backward, Guard, optimizer) for scale.
+sum, and the whole step (forward, backward, Guard, optimizer) for scale; then each detector's
+`check` (inside `detect`), as `detector:<kind>`.
 
     python benchmarks/stage_profile.py                 # both workloads
     python benchmarks/stage_profile.py --workload mlp --blocks 9 --steps 100
     python benchmarks/stage_profile.py --workload mlp --sync deferred   # fused AdamW
+    python benchmarks/stage_profile.py --workload mlp --threads 1 --clock thread
+
+`--clock thread` counts the CPU time of the stepping thread (`time.thread_time`) instead of the
+wall clock: on a shared, busy machine other processes barely move it (with `--threads 1`, torch's
+work runs on that thread too).
 
 Under `--sync deferred` the stages are the device half (`measure_on_device`) and the host half
 run a step later (`read_late`, detect, explain, decide, act, settle, record); the optimizer is
@@ -36,15 +42,20 @@ DEFAULTS = {"mlp": (9, 100), "gpt2": (7, 4)}
 """Workload -> (blocks, steps per block)."""
 
 
-def _timed(stage: Any, spent: dict[str, float]) -> Callable[..., Any]:
-    name = getattr(stage, "name", None) or stage.__name__
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter,
+                                          "thread": time.thread_time}
+
+
+def _timed(stage: Any, spent: dict[str, float], name: str | None = None,
+           clock: Callable[[], float] = time.perf_counter) -> Callable[..., Any]:
+    name = name or getattr(stage, "name", None) or stage.__name__
 
     def timed(*args: Any) -> Any:
-        start = time.perf_counter()
+        start = clock()
         try:
             return stage(*args)  # stages hand typed results on to the next
         finally:
-            spent[name] += time.perf_counter() - start
+            spent[name] += clock() - start
 
     timed.__name__ = name
     timed.name = name  # type: ignore[attr-defined]
@@ -52,8 +63,9 @@ def _timed(stage: Any, spent: dict[str, float]) -> Callable[..., Any]:
 
 
 def profile(workload_name: str, blocks: int, steps: int, sync: str = "blocking",
-            fused: bool = False) -> dict[str, float]:
-    """Median microseconds per step, per stage and for the whole step."""
+            fused: bool = False, clock: str = "wall") -> dict[str, float]:
+    """Median microseconds per step, per stage, per detector and for the whole step."""
+    now = CLOCKS[clock]
     workload = build_workload(workload_name, torch.device("cpu"))
     model = workload.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=workload.lr,
@@ -62,26 +74,35 @@ def profile(workload_name: str, blocks: int, steps: int, sync: str = "blocking",
     spent: dict[str, float] = defaultdict(float)
     pipeline = guard.run.steps
     for part in ("before", "after"):
-        setattr(pipeline, part, tuple(_timed(s, spent) for s in getattr(pipeline, part)))
+        setattr(pipeline, part, tuple(_timed(s, spent, clock=now)
+                                      for s in getattr(pipeline, part)))
     deferral = guard.run.deferral
     for part in ("on_device", "late_stages") if deferral is not None else ():
-        setattr(deferral, part, tuple(_timed(s, spent) for s in getattr(deferral, part)))
+        setattr(deferral, part, tuple(_timed(s, spent, clock=now)
+                                      for s in getattr(deferral, part)))
+    detector_times: dict[str, float] = defaultdict(float)  # inside detect: not in the sum
+    for detector in guard.run.state.detectors:
+        detector.check = _timed(detector.check, detector_times,  # type: ignore[method-assign]
+                                f"detector:{detector.kind}", now)
     per_block: dict[str, list[float]] = defaultdict(list)
     batches = workload.batches
     for block in range(blocks + 1):  # the first block warms up
         spent.clear()
-        start = time.perf_counter()
+        detector_times.clear()
+        start = now()
         for i in range(steps):
             loss = workload.compute_loss(model, batches[(block * steps + i) % len(batches)])
             loss.backward()
             guard.step(loss)
             optimizer.zero_grad(set_to_none=True)
-        whole = time.perf_counter() - start
+        whole = now() - start
         if block:
             for name, seconds in spent.items():
                 per_block[name].append(seconds / steps * 1e6)
             per_block["(stages together)"].append(sum(spent.values()) / steps * 1e6)
             per_block["(whole step)"].append(whole / steps * 1e6)
+            for name, seconds in detector_times.items():
+                per_block[name].append(seconds / steps * 1e6)
     guard.close()
     return {name: statistics.median(values) for name, values in per_block.items()}
 
@@ -95,16 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync", choices=["blocking", "deferred"], default="blocking")
     parser.add_argument("--fused", action="store_true",
                         help="AdamW(fused=True) (always so under --sync deferred)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or the stepping thread's CPU time")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     for name in (["mlp", "gpt2"] if args.workload == "all" else [args.workload]):
         blocks, steps = DEFAULTS[name]
         result = profile(name, args.blocks or blocks, args.steps or steps, args.sync,
-                         args.fused)
-        print(f"{name} ({args.sync}): median us per step over blocks")
+                         args.fused, args.clock)
+        print(f"{name} ({args.sync}, {args.clock} clock): median us per step over blocks")
         for stage, micros in result.items():
-            print(f"  {stage:<20} {micros:10.1f}")
+            print(f"  {stage:<32} {micros:10.1f}")
     return 0
 
 

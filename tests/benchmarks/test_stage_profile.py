@@ -20,3 +20,11 @@ def test_every_stage_is_timed_and_the_steps_stay_guarded(sync: str,
         "detect", "decide", "act_late"}
     assert stages <= set(result), sorted(result)
     assert result["(whole step)"] > 0
+
+
+def test_each_detector_is_timed_on_either_clock() -> None:
+    for clock in ("wall", "thread"):
+        result = profile("mlp", blocks=1, steps=3, clock=clock)
+        timed = {name for name in result if name.startswith("detector:")}
+        assert {"detector:instability_precursor", "detector:grad_explosion"} <= timed, clock
+        assert all(result[name] >= 0 for name in timed)

@@ -386,3 +386,25 @@ def test_a_rise_in_a_decaying_schedules_last_steps_is_judged_at_its_update() -> 
             signals(step, names=NAMES, lr=lr_at(step), precursors={"adam_ratio_rms": row}))])
     assert warned[0] and start <= warned[0][0] <= start + 8
     assert warned[1] == []
+
+
+def test_whether_a_streak_runs_is_kept_with_the_streaks() -> None:
+    """`streaking`, which every quiet step reads instead of scanning the streaks, says what the
+    streaks say after every step: measured or estimated, through an episode, and after a state
+    round trip in the middle of a streak."""
+    for seed in range(3):
+        rows = ratios(80, seed) + ratios(40, seed + 10, climb_from=0, climb=1.1) + ratios(
+            60, seed + 20)
+        detector, ran = InstabilityPrecursor(DetectorConfig()), 0
+        for step, row in enumerate(rows):
+            measure = detector.due(step)
+            detector.check(signals(step, names=NAMES, param_grad_norm=row,
+                                   precursors={"adam_ratio_rms": row} if measure else {}))
+            assert detector.streaking == bool(detector.streak.any()), (seed, step)
+            ran += detector.streaking
+            if step == 85:
+                restored = InstabilityPrecursor(DetectorConfig())
+                restored.load_state_dict(json.loads(json.dumps(detector.state_dict())))
+                assert restored.streaking == detector.streaking
+                detector = restored
+        assert ran, seed  # a streak ran

@@ -8,11 +8,15 @@ import math
 import numpy as np
 import pytest
 
+from trainguard import Guard
 from trainguard.config import GuardConfig
 from trainguard.events import Event, Severity
 from trainguard.pipeline.decide import ClipLimits, PolicyState, judge, undone_update
 from trainguard.recovery.controller import Verdict
+from trainguard.remedies.clip_chain import ClipChain
 from trainguard.signals import StepSignals
+
+from ..conftest import make_setup
 
 
 def signals(norm: float = 1.0, loss: float | None = 2.0, step: int = 7) -> StepSignals:
@@ -157,3 +161,36 @@ def test_an_update_a_late_rollback_undid_is_dropped() -> None:
     decision = undone_update(12, rolled_back=11)
     assert decision.action == "skipped" and not decision.applies_update
     assert "rollback at step 11" in decision.reason
+
+
+def test_a_step_reads_the_clip_chain_once_and_decides_at_its_limits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`measure` reads the chain's limits and `decide` judges at the same ones (nothing moves the
+    chain between them): one reading a step, and a step whose explosion alarms the adaptive clip
+    is clipped at the typical norm those limits hold."""
+    readings: list[tuple[int, ClipLimits]] = []
+    read = ClipChain.limits
+
+    def counted(chain: ClipChain, step: int) -> ClipLimits:
+        limits = read(chain, step)
+        readings.append((step, limits))
+        return limits
+
+    monkeypatch.setattr(ClipChain, "limits", counted)
+    setup = make_setup()
+    guard = Guard(setup.model, setup.optimizer, setup.scheduler,
+                  config=GuardConfig(sinks={"console": False}))
+    reports = []
+    for step in range(30):
+        loss = setup.model.loss(setup.batch())
+        (loss * (1e4 if step == 25 else 1.0)).backward()  # an explosion at step 25
+        readings_before = len(readings)
+        reports.append(guard.step(loss))
+        assert len(readings) == readings_before + 1, step
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    exploded = reports[25]
+    assert [e.kind for e in guard.events if e.step == 25] == ["grad_explosion"]
+    limits = dict(readings)[exploded.step]  # the chain's steps are the reports' own
+    assert limits.alarmed is not None and exploded.action == "clipped"
+    assert exploded.clip_coef == pytest.approx(limits.alarmed / exploded.grad_norm)

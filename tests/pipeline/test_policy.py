@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+from trainguard.events import Event
+from trainguard.pipeline.policy import Decision
 
 
 def test_observe_under_a_grad_scaler_is_bit_identical_to_the_plain_loop(tmp_path: Path) -> None:
@@ -45,3 +49,18 @@ def test_observe_under_a_grad_scaler_is_bit_identical_to_the_plain_loop(tmp_path
     assert guarded_scale == plain_scale
     assert all(torch.equal(a, b) for a, b in zip(plain, guarded, strict=True))
     assert all(torch.isfinite(p).all() for p in guarded)
+
+
+def test_a_decision_with_its_clip_is_the_decision_with_those_two_fields_replaced() -> None:
+    """`Decision.with_clip` builds the decision field by field: every other field, set here to a
+    value of its own, comes through as `dataclasses.replace` carries it."""
+    given = {"action": "rolled_back", "clip_coef": 0.5, "reason": "why",
+             "events": (Event(kind="skip_limit", step=3, severity="critical", message="m"),),
+             "verdict": object(), "instead_of": "skipped", "clip_limit": 9.0,
+             "clip_alarm": "precursor"}
+    assert {f.name for f in dataclasses.fields(Decision)} == set(given)
+    decision = Decision(**given)  # type: ignore[arg-type]
+    assert decision.with_clip(2.0, "trouble") == dataclasses.replace(
+        decision, clip_limit=2.0, clip_alarm="trouble")
+    assert decision.with_clip(None, None) == dataclasses.replace(
+        decision, clip_limit=None, clip_alarm=None)

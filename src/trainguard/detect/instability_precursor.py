@@ -95,6 +95,9 @@ class InstabilityPrecursor(Detector):
         super().__init__(config)
         self.history: deque[np.ndarray] = deque(maxlen=config.common.baseline_window)
         self.streak = np.zeros(0, dtype=np.int64)
+        self.streaking = False
+        """Some parameter's streak is running (`streak` has a count): kept with it, as every
+        quiet step asks."""
         self.first: np.ndarray = np.zeros(0)
         """Each parameter's ratio before its current streak began: its last finite value kept
         (for the trend)."""
@@ -160,7 +163,7 @@ class InstabilityPrecursor(Detector):
 
     def _ratio_near(self) -> bool:
         """A parameter's ratio within `NEAR` of `abs_min`, a streak running or an episode open."""
-        if self.episode.active or self.streak.any():
+        if self.episode.active or self.streaking:
             return True
         return self.last_max >= NEAR * self.config.instability_precursor.abs_min
 
@@ -192,6 +195,7 @@ class InstabilityPrecursor(Detector):
         if self.streak.shape != values.shape:  # parameters added: start the baselines again
             self.history.clear()
             self.streak = np.zeros(values.shape, dtype=np.int64)
+            self.streaking = False
             self.first = np.zeros(values.shape)
             self.sudden = np.zeros(values.shape, dtype=bool)
         # the log of what is finite and positive, NaN else (the log of NaN warns nothing)
@@ -225,7 +229,7 @@ class InstabilityPrecursor(Detector):
         judged standing for it, at the cost of a product and a maximum."""
         peak = float(np.fmax.reduce(estimate, initial=0.0)) * clip_factor(signals)
         if (peak >= NEAR * self.config.instability_precursor.abs_min or not self.history
-                or self.streak.any() or self.episode.active):
+                or self.streaking or self.episode.active):
             return False
         self.judged, self.last_max = True, peak
         self.history.append(self.history[-1])
@@ -267,6 +271,7 @@ class InstabilityPrecursor(Detector):
         if starts.any():
             self.first = np.where(starts, np.exp(_last_finite(stacked)), self.first)
         self.streak = np.where(high, self.streak + 1, 0)
+        self.streaking = bool(high.any())
         self.history.append(np.where(high, bound, logs))
         firing = (self.streak >= cfg.instability_precursor.steps) & ~self.sudden
         if cfg.instability_precursor.trend_window and firing.any():
@@ -289,6 +294,7 @@ class InstabilityPrecursor(Detector):
         if (values >= self.config.instability_precursor.abs_min).any():
             return False
         self.streak[:] = 0
+        self.streaking = False
         self.sudden[:] = False
         self.history.append(logs)
         self.episode.update(False)
@@ -348,6 +354,7 @@ class InstabilityPrecursor(Detector):
         for row in state.get("history", []):
             self.history.append(np.array([math.nan if v is None else float(v) for v in row]))
         self.streak = np.array(state.get("streak", []), dtype=np.int64)
+        self.streaking = bool(self.streak.any())
         self.first = np.array(state.get("first", []), dtype=np.float64)
         self.sudden = np.array(state.get("sudden", [False] * len(self.streak)), dtype=bool)
         if "episode" in state:

@@ -48,10 +48,11 @@ class ParamsUnfrozen(Detector):
             self.waiting = bool(self.silent.any())
             self.all_silent = bool(norms.size) and not norms.any()
             return []
-        zero = norms == 0.0  # NaN compares unequal: a NaN gradient is a gradient
-        if not self.waiting and not zero.any():  # the usual step: nothing was or is silent
+        # the usual step: nothing was or is silent (a NaN gradient is a gradient, and nonzero)
+        if not self.waiting and norms.all():
             self.all_silent = False
             return []
+        zero = norms == 0.0  # NaN compares unequal: a NaN gradient is a gradient
         woke = np.flatnonzero(~zero & (self.silent >= self.config.params_unfrozen.steps))
         quiet = int(self.silent[woke].min()) if woke.size else 0
         after_gap = self.all_silent

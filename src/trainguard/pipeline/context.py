@@ -23,6 +23,7 @@ from trainguard.events import Action, ActionRecord, Event, StepReport
 from trainguard.pipeline.policy import Decision, applies
 from trainguard.pipeline.rewind import ScheduleMark
 from trainguard.probes.packing import DevicePack, PendingPack
+from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import StepSignals
 
 BATCH_KEY = "batch"
@@ -77,6 +78,9 @@ class Measured:
     """Host copies of the extra tensors that rode along with the step's transfer."""
     batch_stats: Any = None
     """The batch's on-device statistics (sampled steps), read back by `detect`."""
+    limits: ClipLimits | None = None
+    """The clip limits the run held when the step was measured, before its own events, which
+    `decide` reads again (the chain moves only after it); None: `decide` asks the chain."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,7 @@ def judge(signals: StepSignals, events: Sequence[Event], limits: ClipLimits,
           policy: PolicyState) -> Decision:
     """The step's decision; `events` are all of the step's events (rank-local ones included)."""
     shared = [e for e in events if not is_rank_local(e.kind)]
-    alarm = _clip_alarm(shared) if limits.adaptive is not None else None
+    alarm = _clip_alarm(shared) if limits.adaptive is not None and shared else None
     if policy.on_device:  # the device clipped at the limit in force before this step's events
         in_force = limits.device
         adaptive = limits.adaptive is not None and in_force != limits.fixed
@@ -85,7 +85,7 @@ def judge(signals: StepSignals, events: Sequence[Event], limits: ClipLimits,
         # a rollback cannot heal what comes back; the verdict stays for the proof of the step
         decision = dataclasses.replace(decision, action="halted", instead_of="rolled_back",
                                        events=(*decision.events, policy.unhealable))
-    return dataclasses.replace(decision, clip_limit=in_force, clip_alarm=alarm)
+    return decision.with_clip(in_force, alarm)
 
 
 def _clip_alarm(shared: list[Event]) -> ClipAlarm | None:
@@ -170,8 +170,10 @@ def decide(ctx: StepContext, state: RunState, services: Services, measured: Meas
     """The step's decision, from its measurement and what `detect` found; the adaptive clip's
     alarm is carried out on the clip chain."""
     taken = ctx.taken_on_device
-    limits = dataclasses.replace(state.clip.limits(state.step),
-                                 device=None if taken is None else taken.limit)
+    # the limits `measure` read (the chain has not moved since), else the chain's now
+    limits = measured.limits if measured.limits is not None else state.clip.limits(state.step)
+    if taken is not None:
+        limits = dataclasses.replace(limits, device=taken.limit)
     policy = PolicyState(
         config=services.config, consecutive_skips=state.consecutive_skips,
         recovery=(None if state.recovery is None

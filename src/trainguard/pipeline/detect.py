@@ -100,7 +100,7 @@ def _detect(ctx: StepContext, state: RunState, services: Services, measured: Mea
         name_ranks(found.events, signals.ranks, facts)
         if not ranks.replicas_agree(ctx.step, signals.ranks):
             _check_desync(ctx, services, found)
-    else:
+    elif found.events:  # a step without events has nothing to note the batch on
         note_batch(found.events, [{"inspected": found.batch_inspected,
                                    "nonfinite": found.nonfinite_input}])
     return Detected(events=found.events, findings=found.findings, fired=found.fired,

@@ -30,6 +30,7 @@ from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
 from trainguard.probes.logz import LOGZ_KEYS
 from trainguard.probes.packing import DevicePack
+from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import SampledStats, StepSignals
 
 log = logging.getLogger("trainguard")
@@ -60,7 +61,9 @@ def loss_tensor(loss: Any) -> torch.Tensor | None:
 
 def measure(ctx: StepContext, state: RunState, services: Services) -> Measured:
     step = pack_step(ctx, state, services)
-    return read_step(ctx, state, services, step, step.pack.fetch(), state.clip_limit())
+    host = step.pack.fetch()
+    limits = state.clip.limits(state.step)  # once a step: `decide` reads them again
+    return read_step(ctx, state, services, step, host, limits.in_force(), limits=limits)
 
 
 def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedStep:
@@ -127,9 +130,10 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
 
 
 def read_step(ctx: StepContext, state: RunState, services: Services, step: PackedStep,
-              host: dict[str, np.ndarray], limit: float | None) -> Measured:
+              host: dict[str, np.ndarray], limit: float | None, *,
+              limits: ClipLimits | None = None) -> Measured:
     """The step's measurement from the pack's host copy; `limit`: the clip limit in force when
-    it was measured."""
+    it was measured, of `limits` when they are given (what `decide` reads again)."""
     signals = _signals(ctx, state, services, host, step)
     signals.batch_elements = step.batch_elements
     signals.clip_limit = limit
@@ -138,7 +142,7 @@ def read_step(ctx: StepContext, state: RunState, services: Services, step: Packe
             float(v) for v in host[ATTENTION]), strict=True))
     return Measured(signals=signals, grads=step.grads,
                     extra={key: host[f"x:{key}"] for key in step.extra},
-                    batch_stats=step.batch_stats)
+                    batch_stats=step.batch_stats, limits=limits)
 
 
 def watch_new_params(state: RunState, services: Services, step: int) -> ActionRecord | None:

@@ -61,6 +61,12 @@ class Decision:
     def applies_update(self) -> bool:
         return applies(self.action)
 
+    def with_clip(self, limit: float | None, alarm: ClipAlarm | None) -> Decision:
+        """This decision with the step's clip limit in force and the clip's alarm:
+        `dataclasses.replace` of the two, built directly (it runs every step)."""
+        return Decision(self.action, self.clip_coef, self.reason, self.events, self.verdict,
+                        self.instead_of, limit, alarm)
+
 
 def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event],
                   consecutive_skips: int, *, max_grad_norm: float | None = None,

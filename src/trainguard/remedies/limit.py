@@ -38,8 +38,9 @@ class ClipLimits:
 
     def _lowest(self, alarm: bool) -> float | None:
         adaptive = self.alarmed if alarm and self.adaptive is not None else self.adaptive
-        candidates = [v for v in (self.fixed, adaptive) if v is not None]
-        return min(candidates) if candidates else None
+        if adaptive is None or self.fixed is None:  # read every step: no list built
+            return self.fixed if adaptive is None else adaptive
+        return min(self.fixed, adaptive)
 
     def in_force(self, alarm: bool = False) -> float | None:
         """The step's limit (None: no clipping); `alarm`: the step puts the adaptive clip in
