@@ -7,6 +7,7 @@ without being listed, and the test fails until `FACTORIES` knows how to build it
 from __future__ import annotations
 
 import importlib
+import inspect
 import io
 import math
 import pkgutil
@@ -185,7 +186,8 @@ def shipped_sinks() -> list[type[Sink]]:
         except ModuleNotFoundError as exc:
             if exc.name is not None and exc.name.split(".")[0] == "trainguard":
                 raise
-    return sorted((c for c in _subclasses(Sink) if c.__module__.startswith("trainguard.")),
+    return sorted((c for c in _subclasses(Sink) if c.__module__.startswith("trainguard.")
+                   and not inspect.isabstract(c)),  # a base such as TrackerSink is no sink
                   key=lambda c: f"{c.__module__}.{c.__qualname__}")
 
 

@@ -35,32 +35,15 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport, at_least
-from trainguard.sinks.base import Sink
-from trainguard.sinks.courier import Courier
-from trainguard.sinks.tracking import (
-    EVENT_COLUMNS,
-    OWN_AXIS,
-    TABLE_ROWS,
-    StepAxis,
-    cause_values,
-    eval_values,
-    event_row,
-    html_report,
-    sampled_values,
-    step_axis,
-    step_values,
-    tracker_key,
-    verdict_values,
-)
+from trainguard.events import Event, at_least
+from trainguard.sinks.tracker_sink import TrackerSink
+from trainguard.sinks.tracking import EVENT_COLUMNS, StepAxis, html_report, tracker_key
 
 if TYPE_CHECKING:
-    from trainguard.ranked_cause import RankedCause
-    from trainguard.run_verdict import RunVerdict
-    from trainguard.signals import SampledStats
     from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")
@@ -86,41 +69,26 @@ def _mlflow() -> Any:
     return mlflow
 
 
-class MlflowSink(Sink):
+class MlflowSink(TrackerSink):
     """Reports to an MLflow run: `run_id`, or else the active one once there is one."""
+
+    tracker = "MLflow"
 
     def __init__(self, run_id: str | None = None, *, client: Any = None,
                  tracking_uri: str | None = None, axis: StepAxis | None = None,
                  artifacts: bool = True, flush_s: float = 2.0,
                  close_timeout_s: float = 30.0) -> None:
         self._mlflow = _mlflow()  # a missing extra fails here, loudly
+        super().__init__(axis=axis, artifacts=artifacts, close_timeout_s=close_timeout_s)
         self.run_id = run_id
         self.client = client
         self.tracking_uri = tracking_uri
-        self.axis = axis
-        """The step axis (None: the trainer's, from `RunInfo.integration`)."""
-        self.artifacts = artifacts
         self.flush_s = flush_s
-        self.close_timeout_s = close_timeout_s
-        self.courier = Courier("MlflowSink")
-        self._axis = axis or OWN_AXIS
-        self._names: list[str] = []
-        self._run_dir: str | None = None
         self._points: list[Point] = []
         self._tags: dict[str, str] = {}
-        self._events: list[list[Any]] = []
-        self._event_count = 0
-        self._snapshot: str | None = None
         self._last_flush = time.monotonic()
-        self._last_step = 0
-        self._closed = False
         self.waiting_dropped = 0
         """Metric points dropped, the oldest first, while no run had started."""
-
-    @property
-    def failed(self) -> str | None:
-        """Why the sink stopped (MLflow raised), None while it reports."""
-        return self.courier.failed
 
     # -- the tracker -----------------------------------------------------------------------------
     def _target(self) -> str | None:
@@ -135,7 +103,7 @@ class MlflowSink(Sink):
             self.client = self.courier.now(self._mlflow.MlflowClient, self.tracking_uri)
         return self.run_id if self.client is not None else None
 
-    def _add(self, step: int, values: dict[str, float]) -> None:
+    def _record(self, step: int, values: dict[str, Any]) -> None:
         if self.courier.failed is not None:
             return
         at, stamp = self._axis.value(step), int(time.time() * 1000)
@@ -166,46 +134,16 @@ class MlflowSink(Sink):
             self.client.log_batch(run_id, metrics=metrics[start:start + BATCH_LIMIT],
                                   tags=run_tags if start == 0 else [])
 
-    # -- the sink --------------------------------------------------------------------------------
-    def on_run_start(self, run: RunInfo) -> None:
-        self._names = list(run.param_names)
-        self._run_dir = run.run_dir
-        self._axis = self.axis or step_axis(run.integration)
-        self._target()
+    def _note(self, values: Mapping[str, Any]) -> None:
+        self._tags.update(values)
 
+    # -- the sink --------------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
-        self._event_count += 1
-        if len(self._events) < TABLE_ROWS:
-            self._events.append(event_row(event, self._axis))
+        super().on_event(event)
         if at_least(event.severity, "warning"):
             self._tags[tracker_key("last_event")] = (
                 f"step {self._axis.value(event.step)}: {event.severity} {event.kind}: "
                 f"{event.message}")
-
-    def on_action(self, action: ActionRecord) -> None:
-        if action.kind == "snapshot" and action.details.get("path"):
-            self._snapshot = str(action.details["path"])
-        if action.kind == "watch":  # parameters added mid-run
-            self._names.extend(action.details.get("names", []))
-
-    def on_step(self, report: StepReport) -> None:
-        self._last_step = report.step
-        self._add(report.step, step_values(report))
-        if report.signals is not None:
-            self.on_sampled(report.signals.sampled)
-
-    def on_sampled(self, stats: list[SampledStats]) -> None:
-        for sample in stats:  # each at the step it was measured
-            self._add(sample.step, sampled_values(sample, self._names))
-
-    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
-        self._add(step, eval_values(metrics))
-
-    def on_diagnosis(self, causes: list[RankedCause]) -> None:
-        self._tags.update(cause_values(causes))
-
-    def on_verdict(self, verdict: RunVerdict) -> None:
-        self._tags.update(verdict_values(verdict))
 
     def on_run_end(self, status: Status) -> None:
         self._tags[tracker_key("status")] = status
@@ -220,9 +158,7 @@ class MlflowSink(Sink):
             run_id = self._target()
             if run_id is not None and (self._events or self.artifacts):
                 self.courier.send(self._log_files, run_id)
-        if not self.courier.drain(self.close_timeout_s):
-            log.warning("trainguard: MLflow did not take trainguard's last records within "
-                        "%.0f s; they are left to its background thread", self.close_timeout_s)
+        self._drain()
 
     def _log_files(self, run_id: str) -> None:
         """The events table, the crash snapshot and the HTML report, under `trainguard/`."""

@@ -34,33 +34,22 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard.events import ActionRecord, Event, RunInfo, StepReport
-from trainguard.sinks.base import Sink
-from trainguard.sinks.courier import Courier
+from trainguard.events import Event
+from trainguard.sinks.tracker_sink import TrackerSink
 from trainguard.sinks.tracking import (
     EVENT_COLUMNS,
     OWN_AXIS,
-    TABLE_ROWS,
     AlertGate,
     StepAxis,
-    cause_values,
-    eval_values,
-    event_row,
     html_report,
-    sampled_values,
-    step_axis,
-    step_values,
     tracker_key,
-    verdict_values,
 )
 
 if TYPE_CHECKING:
-    from trainguard.ranked_cause import RankedCause
-    from trainguard.run_verdict import RunVerdict
-    from trainguard.signals import SampledStats
     from trainguard.vocabulary import Status
 
 log = logging.getLogger("trainguard")
@@ -77,34 +66,19 @@ def _wandb() -> Any:
     return wandb
 
 
-class WandbSink(Sink):
+class WandbSink(TrackerSink):
     """Reports to a W&B run: `run`, or else the active one (`wandb.run`) once there is one."""
+
+    tracker = "W&B"
 
     def __init__(self, run: Any = None, *, axis: StepAxis | None = None, alerts: bool = True,
                  artifacts: bool = True, close_timeout_s: float = 30.0) -> None:
         self._wandb = _wandb()  # a missing extra fails here, loudly
+        super().__init__(axis=axis, artifacts=artifacts, close_timeout_s=close_timeout_s)
         self.run = run
-        self.axis = axis
-        """The step axis (None: the trainer's, from `RunInfo.integration`)."""
         self.alerts = AlertGate() if alerts else None
-        self.artifacts = artifacts
-        self.close_timeout_s = close_timeout_s
-        self.courier = Courier("WandbSink")
-        self._axis = axis or OWN_AXIS
         self._axis_set = False
-        self._names: list[str] = []
-        self._run_dir: str | None = None
-        self._events: list[list[Any]] = []
-        self._event_count = 0
-        self._snapshot: str | None = None
         self._summary: dict[str, Any] = {}
-        self._last_step = 0
-        self._closed = False
-
-    @property
-    def failed(self) -> str | None:
-        """Why the sink stopped (W&B raised), None while it reports."""
-        return self.courier.failed
 
     # -- the tracker -----------------------------------------------------------------------------
     def _target(self) -> Any:
@@ -122,24 +96,19 @@ class WandbSink(Sink):
         run.define_metric(OWN_AXIS.key, hidden=True)
         run.define_metric(tracker_key("*"), step_metric=OWN_AXIS.key)
 
-    def _log(self, step: int, values: dict[str, Any]) -> None:
+    def _record(self, step: int, values: dict[str, Any]) -> None:
         run = self._target()
         if run is None or self.courier.failed is not None:
             return
         values[self._axis.key] = self._axis.value(step)
         self.courier.send(run.log, values)
 
-    # -- the sink --------------------------------------------------------------------------------
-    def on_run_start(self, run: RunInfo) -> None:
-        self._names = list(run.param_names)
-        self._run_dir = run.run_dir
-        self._axis = self.axis or step_axis(run.integration)
-        self._target()
+    def _note(self, values: Mapping[str, Any]) -> None:
+        self._summary.update(values)
 
+    # -- the sink --------------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
-        self._event_count += 1
-        if len(self._events) < TABLE_ROWS:
-            self._events.append(event_row(event, self._axis))
+        super().on_event(event)
         run = self._target()
         if run is not None and self.alerts is not None and self.alerts.admits(event):
             level = getattr(self._wandb.AlertLevel, ALERT_LEVELS[event.severity])
@@ -148,31 +117,6 @@ class WandbSink(Sink):
                               text=f"step {self._axis.value(event.step)}{where}: "
                                    f"{event.message}",
                               level=level, wait_duration=0)
-
-    def on_action(self, action: ActionRecord) -> None:
-        if action.kind == "snapshot" and action.details.get("path"):
-            self._snapshot = str(action.details["path"])
-        if action.kind == "watch":  # parameters added mid-run
-            self._names.extend(action.details.get("names", []))
-
-    def on_step(self, report: StepReport) -> None:
-        self._last_step = report.step
-        self._log(report.step, step_values(report))
-        if report.signals is not None:
-            self.on_sampled(report.signals.sampled)
-
-    def on_sampled(self, stats: list[SampledStats]) -> None:
-        for sample in stats:  # each at the step it was measured
-            self._log(sample.step, sampled_values(sample, self._names))
-
-    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
-        self._log(step, eval_values(metrics))
-
-    def on_diagnosis(self, causes: list[RankedCause]) -> None:
-        self._summary.update(cause_values(causes))
-
-    def on_verdict(self, verdict: RunVerdict) -> None:
-        self._summary.update(verdict_values(verdict))
 
     def on_run_end(self, status: Status) -> None:
         self._summary[tracker_key("status")] = status
@@ -191,9 +135,7 @@ class WandbSink(Sink):
             self.courier.send(run.summary.update, self._summary)
             if self.artifacts:
                 self.courier.send(self._log_artifacts, run)
-        if not self.courier.drain(self.close_timeout_s):
-            log.warning("trainguard: W&B did not take trainguard's last records within %.0f s; "
-                        "they are left to its background thread", self.close_timeout_s)
+        self._drain()
 
     def _log_events(self, run: Any, at: int) -> None:
         """Every event as one table, logged at the last step."""
