@@ -162,6 +162,42 @@ class Detector:
         del state
 
 
+class UnlearnedStreak(Detector):
+    """A detector of a state in which nothing is learned (a dead reward signal, a policy that
+    never leaves its reference): it fires once the state has held `needed` steps in a row (once
+    per episode), and a streak that lasts to the run's end is what `untrained` reports, as
+    `unlearned` says it."""
+
+    unlearned: str = ""
+    """What the state is, as the verdict's "<what> from step N to the end" says it."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        super().__init__(config)
+        self.streak = 0
+        self.episode = Episode(config.common.rearm_steps)
+
+    @property
+    def needed(self) -> int:
+        """Steps in a row the state must hold before the detector fires."""
+        raise NotImplementedError
+
+    def count(self, holds: bool) -> bool:
+        """Move the streak on by this step; whether the detector fires at it."""
+        self.streak = self.streak + 1 if holds else 0
+        return self.episode.update(self.streak >= self.needed)
+
+    def untrained(self) -> tuple[int, str] | None:
+        return (self.streak, self.unlearned) if self.streak >= self.needed else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"streak": self.streak, "episode": self.episode.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.streak = int(state.get("streak", 0))
+        if "episode" in state:
+            self.episode.load_state_dict(state["episode"])
+
+
 class OutlierDetector(Detector):
     """A detector that tells a one-step jump as an outlier batch (`Outlier`) and tells it again,
     through `_stayed`, once the steps after it show it did harm."""

@@ -11,31 +11,29 @@ episode, with the LR the step had.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from trainguard.detect.base import Detector, Episode
+from trainguard.detect.base import UnlearnedStreak
 from trainguard.detect.trainer_metrics import CHOSEN_REWARD, REJECTED_REWARD, is_zero
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
 
-class PreferenceUnlearned(Detector):
+class PreferenceUnlearned(UnlearnedStreak):
     kind = "preference_unlearned"
     reads = frozenset({"trainer_metrics", "lr", "loss"})
     raises_from = frozenset({"trainer_metrics"})
+    unlearned = "the chosen and rejected rewards exactly 0 (the policy never left its reference)"
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.streak = 0
-        self.episode = Episode(config.common.rearm_steps)
+    @property
+    def needed(self) -> int:
+        return self.config.preference_unlearned.steps
 
     def check(self, signals: StepSignals) -> list[Event]:
         metrics = signals.trainer_metrics
         if CHOSEN_REWARD not in metrics or REJECTED_REWARD not in metrics:
             return []
         still = is_zero(metrics[CHOSEN_REWARD]) and is_zero(metrics[REJECTED_REWARD])
-        self.streak = self.streak + 1 if still else 0
-        if not self.episode.update(self.streak >= self.config.preference_unlearned.steps):
+        if not self.count(still):
             return []
         lr = signals.lr
         loss = signals.loss
@@ -52,17 +50,3 @@ class PreferenceUnlearned(Detector):
             f"the chosen and rejected rewards have been exactly 0 for {self.streak} steps{at}: "
             f"the policy never left its reference, nothing is learned; {why}",
             value=loss, cause=cause, steps=self.streak, lr=lr)]
-
-    def untrained(self) -> tuple[int, str] | None:
-        if self.streak >= self.config.preference_unlearned.steps:
-            return self.streak, ("the chosen and rejected rewards exactly 0 (the policy never "
-                                 "left its reference)")
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"streak": self.streak, "episode": self.episode.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.streak = int(state.get("streak", 0))
-        if "episode" in state:
-            self.episode.load_state_dict(state["episode"])

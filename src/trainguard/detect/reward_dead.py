@@ -11,9 +11,7 @@ reach what the reward looks for; otherwise the reward function gives everything 
 
 from __future__ import annotations
 
-from typing import Any
-
-from trainguard.detect.base import Detector, Episode
+from trainguard.detect.base import UnlearnedStreak
 from trainguard.detect.trainer_metrics import (
     CLIPPED,
     REWARD_FUNC_STD,
@@ -26,14 +24,14 @@ from trainguard.events import Event
 from trainguard.signals import StepSignals
 
 
-class RewardDead(Detector):
+class RewardDead(UnlearnedStreak):
     kind = "reward_dead"
     reads = frozenset({"trainer_metrics"})
+    unlearned = "every group of completions scored alike (no advantage, no policy gradient)"
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.streak = 0
-        self.episode = Episode(config.common.rearm_steps)
+    @property
+    def needed(self) -> int:
+        return self.config.reward_dead.steps
 
     def check(self, signals: StepSignals) -> list[Event]:
         metrics = signals.trainer_metrics
@@ -44,8 +42,7 @@ class RewardDead(Detector):
             return []  # no reward computed at this step
         dead = (share >= settings.zero_std_share if share is not None
                 else spread is not None and is_zero(spread[1]))
-        self.streak = self.streak + 1 if dead else 0
-        if not self.episode.update(self.streak >= settings.steps):
+        if not self.count(dead):
             return []
         clipped = metrics.get(CLIPPED)
         flat = sorted(match["name"] for name, value in metrics.items()
@@ -66,17 +63,3 @@ class RewardDead(Detector):
             f"{named}: the advantages and the policy gradient are 0, nothing is learned; {why}",
             value=share if share is not None else None, cause=cause, steps=self.streak,
             clipped_ratio=clipped, reward_functions=flat)]
-
-    def untrained(self) -> tuple[int, str] | None:
-        if self.streak >= self.config.reward_dead.steps:
-            return self.streak, ("every group of completions scored alike (no advantage, no "
-                                 "policy gradient)")
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"streak": self.streak, "episode": self.episode.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.streak = int(state.get("streak", 0))
-        if "episode" in state:
-            self.episode.load_state_dict(state["episode"])
