@@ -21,7 +21,8 @@ PATH_SENSITIVE = (
     "tests/test_guard.py::test_one_device_to_host_transfer_per_step_and_no_item_calls",
 )
 """Every test that tells trainguard's frames or files from others' by their path."""
-TEST_FILES = ("__init__.py", "conftest.py", "test_guard.py")
+TEST_FILES = ("__init__.py", "conftest.py", "tracker_runs.py", "test_guard.py")
+"""What those tests need of `tests/`: the conftest imports the trackers' fixtures."""
 CHILD = """
 import sys
 import pytest
