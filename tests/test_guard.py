@@ -392,6 +392,20 @@ def test_unknown_policy_and_wrong_types() -> None:
         Guard("model", optimizer)  # type: ignore[arg-type]
 
 
+def test_a_scheduler_that_needs_a_metric_is_refused_at_construction() -> None:
+    """ReduceLROnPlateau.step(metrics) used to fail with a TypeError inside the first
+    guard.step, after the update; it is the loop's to step, and the Guard says so up front."""
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+    with pytest.raises(UsageError, match=r"ReduceLROnPlateau\.step\(\) needs metrics.*"
+                                         r"scheduler\.step\(metrics\)"):
+        Guard(model, optimizer, scheduler=plateau)
+    with pytest.raises(UsageError, match="must have a step"):
+        Guard(model, optimizer, scheduler=object())
+    per_step = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+    Guard(model, optimizer, scheduler=per_step).close()  # epoch=None is optional: accepted
+
 def test_parameters_unfrozen_later_are_watched() -> None:
     setup = make_setup()
     for param in setup.model.blocks.parameters():

@@ -18,6 +18,7 @@ callbacks use too: the Guard only takes the optimizer step.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Mapping
@@ -57,8 +58,7 @@ class Guard:
         parameter. A Guard given a `run_dir` that holds earlier runs records a new run there;
         `resume=True` continues the latest one instead (with `load_state_dict` of the Guard's
         saved state for a job restarted from a checkpoint)."""
-        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
-            raise UsageError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
+        _check_scheduler(scheduler)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -261,3 +261,26 @@ class Guard:
         if state["stage"] is OptState.READY:
             self.scaler.unscale_(self.optimizer)
 
+
+
+def _check_scheduler(scheduler: Any) -> None:
+    """The Guard steps the scheduler once per optimizer step, with no argument: a scheduler
+    whose `step` needs one (`ReduceLROnPlateau` wants the validation metric) is the loop's to
+    step, and is refused here rather than failing inside the first `guard.step`."""
+    if scheduler is None:
+        return
+    step = getattr(scheduler, "step", None)
+    name = type(scheduler).__name__
+    if not callable(step):
+        raise UsageError(f"scheduler must have a step() method, got {name}")
+    try:
+        required = [p.name for p in inspect.signature(step).parameters.values()
+                    if p.default is inspect.Parameter.empty
+                    and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # a builtin without a signature: stepped as given
+        return
+    if required:
+        raise UsageError(
+            f"{name}.step() needs {', '.join(required)}: the Guard steps its scheduler once per "
+            f"optimizer step with no argument. Leave scheduler=None and call "
+            f"scheduler.step({required[0]}) in your loop where you have it")
