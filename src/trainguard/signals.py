@@ -69,6 +69,10 @@ class StepSignals:
     """The global clipping limit in force when the step was measured (the fixed one, or the
     adaptive clip's before this step's own events; None: no clipping): a gradient norm above it
     reaches the optimizer scaled down to it."""
+    grads_absent: tuple[int, ...] | None = None
+    """The watched parameters (indices into `param_names`) with no gradient tensor at this step
+    (none computed: frozen by the loop, or outside the graph); a computed gradient of zeros is
+    present, its zero norm a path to the parameter that was blocked. None: not known (a log)."""
     trainer_metrics: dict[str, float] = field(default_factory=dict)
     """The training metrics the trainer computed at this step, by its own names (a TRL
     trainer's `reward`, `kl`, `rewards/margins`...: `integrations/trl.py`), NaN and inf kept;

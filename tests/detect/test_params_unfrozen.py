@@ -17,23 +17,48 @@ from trainguard.signals import StepSignals
 NAMES = ["body.weight", "body.bias", "head.weight"]
 
 
-def signals(step: int, norms: list[float]) -> StepSignals:
+def signals(step: int, norms: list[float], absent: bool = True) -> StepSignals:
+    """A zero norm is a parameter without a gradient tensor (frozen) when `absent`, as measure
+    reports it, else a gradient computed all zeros."""
     return StepSignals(step=step, loss=1.0, grad_norm=float(np.linalg.norm(norms)),
                        param_grad_norm=np.asarray(norms, dtype=np.float32),
-                       param_names=NAMES)
+                       param_names=NAMES,
+                       grads_absent=tuple(i for i, v in enumerate(norms) if v == 0.0 and absent))
 
 
-def run(norms_at, steps: int = 40, **config) -> list[Event]:
+def run(norms_at, steps: int = 40, absent: bool = True, **config) -> list[Event]:
     detector = ParamsUnfrozen(DetectorConfig(**config))
-    return [e for step in range(steps) for e in detector.check(signals(step, norms_at(step)))]
+    return [e for step in range(steps)
+            for e in detector.check(signals(step, norms_at(step), absent))]
 
 
 def test_the_body_unfrozen_at_step_20_is_reported_there_once() -> None:
     events = run(lambda s: [0.0, 0.0, 1.0] if s < 20 else [0.5, 0.1, 1.0])
     assert [(e.step, e.severity) for e in events] == [(20, "info")]
     assert events[0].details["params"] == ["body.weight", "body.bias"]
-    assert events[0].details["silent_steps"] == 20
-    assert "body.weight, body.bias" in events[0].message
+    assert events[0].details["silent_steps"] == 20 and events[0].details["blocked"] == []
+    assert "body.weight, body.bias" in events[0].message and "unfrozen" in events[0].message
+
+
+def test_gradients_computed_all_zero_are_a_blocked_path_not_an_unfreezing() -> None:
+    """Gradients that were there, all zeros, for 20 steps (a collapsed model's dead path, a gate
+    at 0): nothing was frozen, and the event says so."""
+    events = run(lambda s: [0.0, 0.0, 1.0] if s < 20 else [0.5, 0.1, 1.0], absent=False)
+    [event] = events
+    assert event.step == 20 and event.details["blocked"] == ["body.weight", "body.bias"]
+    assert "computed but exactly zero" in event.message and "unfrozen" not in event.message
+    # frozen, then computed all zeros, then flowing: not blocked on every silent step
+    detector = ParamsUnfrozen(DetectorConfig())
+    mixed = [e for step in range(30) for e in detector.check(signals(
+        step, [0.0, 0.0, 1.0] if step < 25 else [0.5, 0.1, 1.0], absent=step < 20))]
+    assert [e.step for e in mixed] == [25] and mixed[0].details["blocked"] == []
+    # a log's rows say nothing of which it was: the event does not say blocked
+    detector = ParamsUnfrozen(DetectorConfig())
+    for step in range(21):
+        row = signals(step, [0.0, 0.0, 1.0] if step < 20 else [0.5, 0.1, 1.0])
+        row.grads_absent = None
+        logged = detector.check(row)
+    assert logged[0].details["blocked"] == [] and "unfrozen" in logged[0].message
 
 
 def test_what_is_not_an_unfreezing() -> None:
@@ -81,6 +106,32 @@ def test_a_real_run_names_the_unfrozen_body() -> None:
     guard.close()
     [unfrozen] = [e for e in guard.events if e.kind == "params_unfrozen"]
     assert unfrozen.step == 60 and unfrozen.details["params"] == ["0.weight", "0.bias"]
+    assert unfrozen.details["blocked"] == [] and "unfrozen" in unfrozen.message
     # it casts no vote: trouble after a routine unfreezing has causes of its own
     trouble = Event(kind="ddp_desync", step=65, severity="error", message="replicas differ")
     assert rank_causes([unfrozen, trouble])[0].code == "ddp_desync"
+
+
+def test_a_real_run_tells_a_gate_opened_from_an_unfreezing() -> None:
+    """A branch scaled by 0 for its first 30 steps (its gradients computed, all zeros), then by
+    1: the event names the path that opened, not a layer unfrozen."""
+    torch.manual_seed(0)
+    head, branch = nn.Linear(16, 4), nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    optimizer = torch.optim.SGD([*head.parameters(), *branch.parameters()], lr=0.05)
+    model = nn.ModuleDict({"head": head, "branch": branch})
+    x_all = torch.randn(512, 16)
+    y_all = (x_all[:, :4] * 3).argmax(1)
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}))
+    for step in range(50):
+        i = torch.randint(0, 512, (32,))
+        gate = 0.0 if step < 30 else 1.0
+        loss = nn.functional.cross_entropy(head(x_all[i]) + gate * branch(x_all[i]), y_all[i])
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    [opened] = [e for e in guard.events if e.kind == "params_unfrozen"]
+    assert opened.step == 30 and opened.severity == "info"
+    assert opened.details["blocked"] == opened.details["params"] == [
+        "branch.0.weight", "branch.0.bias", "branch.2.weight", "branch.2.bias"]
+    assert "computed but exactly zero" in opened.message

@@ -40,6 +40,7 @@ POISON = {
     "batch_elements": lambda s: 1 + s.step % 7,
     "clip_limit": lambda s: 1e-3,
     "trainer_metrics": lambda s: {k: math.nan for k in s.trainer_metrics},
+    "grads_absent": lambda s: tuple(range(len(s.param_names))),
 }
 """A value for each `StepSignals` field that no detector could take for what it was."""
 

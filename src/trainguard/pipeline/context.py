@@ -65,6 +65,8 @@ class PackedStep:
     """The attention layers whose largest logits are in the pack (`att:attn_logit_max`)."""
     batch_elements: int | None = None
     """The batch's size in elements, read from its shape at packing (`StepSignals`)."""
+    grads_absent: tuple[int, ...] = ()
+    """The watched parameters with no gradient tensor at this step (`StepSignals`)."""
 
 
 @dataclass(frozen=True, slots=True)

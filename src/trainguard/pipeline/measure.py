@@ -100,7 +100,7 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
             else ranks.step_pack(device, fingerprint=fingerprint, ring_wish=ring_wish))
     if loss_t is not None:
         pack.add("loss", loss_t)
-    _, grads, grad_norms, global_norm = services.watch.grad_probe.measure(pack, device)
+    present, grads, grad_norms, global_norm = services.watch.grad_probe.measure(pack, device)
     lrs = [group.get("lr") for group in services.optimizer.param_groups]
     if any(isinstance(lr, torch.Tensor) for lr in lrs):  # capturable optimizers
         pack.add("lr", torch.stack([torch.as_tensor(
@@ -126,7 +126,16 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     return PackedStep(pack=pack, loss=loss_t, global_norm=global_norm, lrs=lrs,
                       pending=pending, extra=list(extra), grads=grads, batch_stats=batch_stats,
                       fingerprint=fingerprint, ring_wish=ring_wish, attention=attention,
-                      batch_elements=None if ctx.batch is None else batch_elements_of(ctx.batch))
+                      batch_elements=None if ctx.batch is None else batch_elements_of(ctx.batch),
+                      grads_absent=absent_from(present, len(services.watched)))
+
+
+def absent_from(present: list[int], watched: int) -> tuple[int, ...]:
+    """The indices in `range(watched)` missing from `present` (sorted); the usual step has
+    every gradient and pays one comparison."""
+    if len(present) == watched:
+        return ()
+    return tuple(sorted(set(range(watched)).difference(present)))
 
 
 def read_step(ctx: StepContext, state: RunState, services: Services, step: PackedStep,
@@ -136,6 +145,7 @@ def read_step(ctx: StepContext, state: RunState, services: Services, step: Packe
     it was measured, of `limits` when they are given (what `decide` reads again)."""
     signals = _signals(ctx, state, services, host, step)
     signals.batch_elements = step.batch_elements
+    signals.grads_absent = step.grads_absent
     signals.clip_limit = limit
     if step.attention:
         signals.attention_logits = dict(zip(step.attention, (
