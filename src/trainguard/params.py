@@ -62,6 +62,16 @@ def watched_params(model: nn.Module, optimizers: list[torch.optim.Optimizer]) ->
     return WatchedParams(names=names, params=params)
 
 
+def unheld_trainable(model: nn.Module, watched: WatchedParams) -> dict[str, bool]:
+    """The model's parameters with `requires_grad` that no optimizer holds, by name, each with
+    whether it has a gradient: a parameter unfrozen after the optimizer was built is computed a
+    gradient that nothing applies. One pass over the parameters in Python: for sampled steps."""
+    held = {id(p) for p in watched.params}
+    return {name: param.grad is not None
+            for name, param in model.named_parameters()
+            if param.requires_grad and id(param) not in held}
+
+
 def optimizer_param_count(optimizers: list[torch.optim.Optimizer]) -> int:
     """How many parameters the optimizers hold: a cheap per-step check for `add_param_group`."""
     return sum(len(group["params"]) for opt in optimizers for group in opt.param_groups)

@@ -455,3 +455,30 @@ def test_the_trainer_proves_its_halt_and_a_transient_nan_is_not_reproducible(
     assert proof.step == 3 and not proof.details["reproduced"]
     assert "not reproducible" in proof.message
     assert any(e["kind"] == "proof" for e in load_snapshot(caught.value.snapshot_path)["events"])
+
+
+def test_a_layer_unfrozen_mid_run_that_the_trainers_optimizer_lacks_is_a_warning(
+        tmp_path: Path) -> None:
+    """The Trainer builds its optimizer from the parameters trainable at the start: the
+    embedding a callback unfreezes at step 10 is computed gradients that never train it."""
+    from transformers import TrainerCallback
+
+    class Unfreeze(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                          **kwargs: Any) -> None:
+            if state.global_step == 10:
+                model.transformer.wte.weight.requires_grad_(True)
+
+    model = tiny_gpt2()
+    model.transformer.wte.weight.requires_grad_(False)
+    frozen = model.transformer.wte.weight.detach().clone()
+    callback = TrainguardCallback(GuardConfig(probes={"sample_every": 10}, **QUIET))
+    trainer = Trainer(model=model, args=make_args(tmp_path, max_steps=25),
+                      train_dataset=token_data(), callbacks=[Unfreeze(), callback])
+    trainer.train()
+    assert torch.equal(model.transformer.wte.weight, frozen)  # it never trained
+    assert callback.run is not None
+    [unheld] = [f for f in callback.run.findings if f.check == "unheld_params"]
+    assert unheld.severity == "warning" and unheld.evidence == {
+        "params": ["transformer.wte.weight"], "step": 10}
+    assert not [e for e in callback.events if e.severity != "info"]  # no trouble: a finding

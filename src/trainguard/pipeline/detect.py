@@ -89,6 +89,9 @@ def _detect(ctx: StepContext, state: RunState, services: Services, measured: Mea
             state.output_classes = int(sample.output["out_classes"])
     # before explain ranks causes with the findings
     found.findings.extend(state.journal.observe_lrs(signals.group_lrs))
+    if ctx.sampled:
+        found.findings.extend(state.journal.observe_unheld(services.model, services.watched,
+                                                           ctx.step))
     found.events.extend(run_detectors(state.detectors, signals))
     found.fired = bool(found.events)
     batch_events: list[Event] = []

@@ -15,9 +15,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch import nn
+
+from trainguard.diagnose.unheld_params import UnheldParams
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.events import ActionRecord, Event
 from trainguard.finding import Finding
+from trainguard.params import WatchedParams
 from trainguard.sinks import SinkSet
 
 log = logging.getLogger("trainguard")
@@ -30,6 +34,8 @@ class Journal:
     findings: list[Finding] = field(default_factory=list)
     warmup_watch: WarmupWatch | None = None
     """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
+    unheld: UnheldParams = field(default_factory=UnheldParams)
+    """Trainable parameters whose gradients no optimizer applies (checked on sampled steps)."""
 
     def emit_event(self, event: Event) -> None:
         self.events.append(event)
@@ -59,6 +65,17 @@ class Journal:
             return []
         self.warmup_watch = None
         return decided
+
+    def observe_unheld(self, model: nn.Module, watched: WatchedParams,
+                       step: int) -> list[Finding]:
+        """A sampled step's check for gradients no optimizer applies (`diagnose/unheld_params`);
+        returns the findings made now."""
+        try:
+            return self.unheld.check(model, watched, step)
+        except Exception as exc:  # advisory
+            log.error("trainguard: unheld-parameter check failed (%s: %s)",
+                      type(exc).__name__, exc)
+            return []
 
     def settle_warmup(self) -> None:
         """A run that ended within the warmup watch: judged on the steps it had."""
