@@ -40,7 +40,8 @@ def test_a_drifting_kl_under_a_weak_beta_is_caught() -> None:
     blow-up votes for the LR first), so the cause is among those ranked, not first."""
     result = run_scenario(scenario(BETA_TOO_LOW))
     assert result.detected
-    assert "kl_blowup" in {e["kind"] for e in result.events}
+    # the sampling forwards (no gradients, one start token for all) are no collapsed layer
+    assert {e["kind"] for e in result.events if e["severity"] != "info"} == {"kl_blowup"}
     assert "beta_too_low" in result.diagnosis, result.diagnosis
 
 
