@@ -1,6 +1,6 @@
 """The `rlhf` family: DPO and GRPO written out in a plain loop that hands the step's metrics to
 `guard.step`. Its healthy twins are quiet on three seeds; each fault is caught with its cause
-first, where the ranking can tell it (see `BETA_TOO_LOW`)."""
+first."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from benchmarks.scenarios import run_scenario, scenario
 
 HEALTHY = ("rlhf_dpo_healthy", "rlhf_grpo_healthy", "rlhf_grpo_healthy_kl")
 FAULTS = {
+    "rlhf_grpo_beta_too_low": "beta_too_low",
     "rlhf_dpo_lr_zero": "lr_too_low",
     "rlhf_dpo_reference_is_policy": "reference_is_policy",
     "rlhf_grpo_reward_constant": "reward_constant",
     "rlhf_grpo_completions_cut": "max_completion_length_too_small",
 }
-BETA_TOO_LOW = "rlhf_grpo_beta_too_low"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -35,14 +35,13 @@ def test_each_fault_is_caught_with_its_cause_first(name: str) -> None:
     assert result.diagnosis[0] == FAULTS[name], result.diagnosis
 
 
-def test_a_drifting_kl_under_a_weak_beta_is_caught() -> None:
-    """The KL blow-up is told; the ranking puts `lr_too_high` before `beta_too_low` (a KL
-    blow-up votes for the LR first), so the cause is among those ranked, not first."""
-    result = run_scenario(scenario(BETA_TOO_LOW))
-    assert result.detected
-    # the sampling forwards (no gradients, one start token for all) are no collapsed layer
-    assert {e["kind"] for e in result.events if e["severity"] != "info"} == {"kl_blowup"}
-    assert "beta_too_low" in result.diagnosis, result.diagnosis
+def test_a_kl_drifting_away_under_a_weak_beta_is_told_as_such() -> None:
+    """The KL blow-up after a long drift at an unchanged LR names the penalty; the sampling
+    forwards (no gradients, one start token for all) are no collapsed layer."""
+    result = run_scenario(scenario("rlhf_grpo_beta_too_low"))
+    [event] = [e for e in result.events if e["severity"] != "info"]
+    assert (event["kind"], event["details"]["cause"]) == ("kl_blowup", "beta_too_low")
+    assert event["details"]["judged"] >= 10
 
 
 def test_the_metrics_reach_the_detectors_with_their_step() -> None:
