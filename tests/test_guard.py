@@ -507,3 +507,21 @@ def test_step_metrics_that_are_not_a_mapping_are_a_usage_error() -> None:
     loss.backward()
     with pytest.raises(UsageError, match="mapping"):
         guard.step(loss, metrics=[0.1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sync", ["blocking", "deferred"])
+def test_a_surrogate_loop_hands_no_loss_and_is_judged_on_its_metrics(sync: str) -> None:
+    """A GRPO loop passes `None` for its surrogate loss: no loss event on a level that means
+    nothing, and its dead rewards are told at the step the streak reaches 5, deferred too."""
+    setup = make_setup(warmup=0)
+    optimizer = torch.optim.AdamW(setup.model.parameters(), lr=1e-3, fused=sync == "deferred")
+    guard = Guard(setup.model, optimizer, config=GuardConfig(sync=sync, **QUIET))
+    for _ in range(8):
+        surrogate = setup.model.loss(setup.batch()) * 1e-9  # near 0, as GRPO's is
+        surrogate.backward()
+        guard.step(None, metrics={"reward": torch.tensor(0.0), "reward_std": 0.0,
+                                  "frac_reward_zero_std": torch.tensor(1.0)})
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert [(e.step, e.kind) for e in guard.events if e.severity != "info"] == [
+        (4, "reward_dead")]

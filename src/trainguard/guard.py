@@ -116,7 +116,9 @@ class Guard:
         `metrics` are the step's own training metrics, under the names TRL logs
         (`rewards/chosen`, `rewards/rejected`, `kl`, `reward`, `reward_std`, `entropy`,
         `completions/clipped_ratio`...), for a loop that computes its own DPO or GRPO loss:
-        the RL detectors judge them with the step (see docs/rl.md).
+        the RL detectors judge them with the step (see docs/rl.md). A loop whose loss is a
+        policy-gradient surrogate (GRPO's, near 0 by design) passes `None` as the loss: its
+        level says nothing of progress, and the step is judged on its gradients and metrics.
 
         Under `GuardConfig(sync="deferred")` the step is skipped or clipped on the device and
         judged at the next call: the report returned is the step before's (None at the first),
