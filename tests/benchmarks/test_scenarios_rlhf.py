@@ -19,8 +19,14 @@ FAULTS = {
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("name", HEALTHY)
-def test_healthy_twins_are_quiet(name: str, seed: int) -> None:
-    result = run_scenario(scenario(name), seed=seed)
+def test_healthy_twins_learn_and_are_quiet(name: str, seed: int) -> None:
+    """They learn (DPO's held-out loss below ln 2, GRPO's greedy answers better), and say
+    nothing."""
+    healthy = scenario(name)
+    workload = healthy.build(seed)
+    before = workload.evaluate(workload.model)
+    result = run_scenario(healthy, seed=seed)
+    assert result.final_eval_loss < 0.9 * before
     assert result.outcome == "finished" and result.false_alarms == 0, (
         [e for e in result.events if e["severity"] != "info"], result.findings)
     assert result.diagnosis == []
@@ -49,3 +55,15 @@ def test_the_metrics_reach_the_detectors_with_their_step() -> None:
     row, so it is told at step 4, neither sooner nor later."""
     result = run_scenario(scenario("rlhf_grpo_reward_constant"))
     assert [e["step"] for e in result.events if e["kind"] == "reward_dead"] == [4]
+
+
+@pytest.mark.parametrize("name", ["rlhf_dpo_reference_is_policy", "rlhf_grpo_beta_too_low"])
+def test_the_deferred_mode_tells_the_same_at_the_same_step(name: str) -> None:
+    """Under `sync="deferred"` the metrics travel with their step: the same events, steps and
+    cause as a blocking run."""
+    def told(strategy: str, fused: bool) -> list[tuple[int, str]]:
+        result = run_scenario(scenario(name), strategy, fused=fused)
+        assert result.diagnosis[0] == FAULTS[name]
+        return [(e["step"], e["kind"]) for e in result.events if e["severity"] != "info"]
+
+    assert told("recover_deferred", True) == told("recover", False) != []
