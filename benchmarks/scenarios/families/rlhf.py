@@ -15,7 +15,8 @@ rule reward parses the first 3 tokens of a completion as the answer (a completio
 that cannot be parsed: 0) and scores the share of them that are right. 8 prompts a step, 8
 completions each; advantages normalised within each group; loss TRL's
 `-exp(logp - logp.detach()) * adv + beta * k3_kl` per token against a frozen reference, AdamW
-3e-3. Metrics `reward`, `reward_std`, `frac_reward_zero_std`, `entropy`,
+1e-2, 40 steps. The loop hands `guard.step` no loss to judge (a surrogate's level says nothing
+of progress), only its metrics: `reward`, `reward_std`, `frac_reward_zero_std`, `entropy`,
 `completions/clipped_ratio`, and `kl` when beta > 0 (as TRL logs them).
 
 Faults, each made the way users make it:
@@ -31,7 +32,8 @@ Faults, each made the way users make it:
                                    drifts from its reference unheld (`beta_too_low`)
 
 Healthy twins: DPO at LR 1e-3; GRPO with beta 0 (TRL's default, no KL logged) and with beta
-0.04.
+0.3 (its KL stays near its level: 0.12 after 32 steps at seed 0, where beta 1e-4 reaches 0.49 at
+step 31).
 """
 
 from __future__ import annotations
