@@ -492,3 +492,50 @@ def test_a_regression_converged_to_float_noise_is_not_halted() -> None:
     assert max(losses[-100:]) < 1e-11 and max(losses[-100:]) > 10 * min(losses[-100:])
     assert guard.events == []
     assert guard.run.verdict is not None and guard.run.verdict.verdict == "healthy"
+
+
+@pytest.mark.parametrize("sync", ["blocking", "deferred"])
+def test_a_plain_loop_hands_its_rl_metrics_with_the_step(sync: str) -> None:
+    """A loop that computes its own DPO loss hands the step's metrics to `Guard.step`: a NaN
+    reward under a finite loss is told by `nonfinite_metric`, under `sync="deferred"` too (judged
+    with its step, a call late); the metrics may be one-value tensors, read in the step's
+    transfer budget rather than one `.item()` each."""
+    setup = make_setup(warmup=0)
+    optimizer = torch.optim.AdamW(setup.model.parameters(), lr=1e-3, fused=sync == "deferred")
+    guard = Guard(setup.model, optimizer, config=GuardConfig(sync=sync, **QUIET))
+    for step in range(8):
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        chosen = torch.tensor(math.nan if step == 5 else 0.1)
+        guard.step(loss, metrics={"rewards/chosen": chosen, "rewards/rejected": -0.1})
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    told = [(e.step, e.details["metrics"]) for e in guard.events if e.kind == "nonfinite_metric"]
+    assert told == [(5, ["rewards/chosen"])]
+
+
+def test_step_metrics_that_are_not_a_mapping_are_a_usage_error() -> None:
+    setup = make_setup(warmup=0)
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET))
+    loss = setup.model.loss(setup.batch())
+    loss.backward()
+    with pytest.raises(UsageError, match="mapping"):
+        guard.step(loss, metrics=[0.1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sync", ["blocking", "deferred"])
+def test_a_surrogate_loop_hands_no_loss_and_is_judged_on_its_metrics(sync: str) -> None:
+    """A GRPO loop passes `None` for its surrogate loss: no loss event on a level that means
+    nothing, and its dead rewards are told at the step the streak reaches 5, deferred too."""
+    setup = make_setup(warmup=0)
+    optimizer = torch.optim.AdamW(setup.model.parameters(), lr=1e-3, fused=sync == "deferred")
+    guard = Guard(setup.model, optimizer, config=GuardConfig(sync=sync, **QUIET))
+    for _ in range(8):
+        surrogate = setup.model.loss(setup.batch()) * 1e-9  # near 0, as GRPO's is
+        surrogate.backward()
+        guard.step(None, metrics={"reward": torch.tensor(0.0), "reward_std": 0.0,
+                                  "frac_reward_zero_std": torch.tensor(1.0)})
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    assert [(e.step, e.kind) for e in guard.events if e.severity != "info"] == [
+        (4, "reward_dead")]

@@ -45,6 +45,14 @@ class Workload:
     eval_every: int = 0
     eval_metrics: Callable[[nn.Module], dict[str, float]] | None = None
     """Every `eval_every` steps the loop evaluates the model and hands the metrics over."""
+    metrics: Callable[[int], dict[str, Any]] | None = None
+    """metrics(step) -> the training metrics the loss computation of step `step` produced
+    (a DPO or GRPO loop's rewards, KL, entropy, under the names TRL logs), read after that
+    step's loss; the loop hands them to `guard.step(..., metrics=...)`."""
+    surrogate: bool = False
+    """The loss is a policy-gradient surrogate (GRPO's: near 0 by design, its level says
+    nothing of progress): the loop hands `guard.step` no loss to judge, only the step's
+    metrics, as the HF callback does for a GRPO trainer."""
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,9 @@ class GuardStepper(Stepper):
     def step(self, loss: torch.Tensor, batch: Any) -> str:
         if self.current_step == self.prove_at and batch is not None:
             self.guard.prove(batch)
-        report = self.guard.step(loss, batch=batch)
+        metrics = self.w.metrics(self.current_step) if self.w.metrics is not None else None
+        report = self.guard.step(None if self.w.surrogate else loss, batch=batch,
+                                 metrics=metrics)
         if self.guard.run.deferred:  # that report is the step before's: counted from the log
             return "deferred"
         assert report is not None

@@ -42,6 +42,7 @@ from trainguard.recovery import Recovery
 from trainguard.remedies.device import skip_on_device
 from trainguard.run_end import exit_status
 from trainguard.sinks import Sink
+from trainguard.transfer import to_host
 from trainguard.verdict import RunVerdict
 from trainguard.vocabulary import Status
 
@@ -105,16 +106,24 @@ class Guard:
         recovery = self.run.state.recovery
         return recovery.skipped_data if recovery is not None else set()
 
-    def step(self, loss: Any, *, batch: Any = None, data_ids: Any = None) -> StepReport | None:
+    def step(self, loss: Any, *, batch: Any = None, data_ids: Any = None,
+             metrics: Mapping[str, float] | None = None) -> StepReport | None:
         """Check the gradients of this step, then apply, clip, skip, roll back or halt.
 
         Call after `loss.backward()` (or `scaler.scale(loss).backward()`), with the unscaled loss.
         `data_ids` names the data of this step for the `recover` policy's skip list (for example
         the dataset indices of the batch); by default it is the batch's running position.
+        `metrics` are the step's own training metrics, under the names TRL logs
+        (`rewards/chosen`, `rewards/rejected`, `kl`, `reward`, `reward_std`, `entropy`,
+        `completions/clipped_ratio`...), for a loop that computes its own DPO or GRPO loss:
+        the RL detectors judge them with the step (see docs/rl.md). A loop whose loss is a
+        policy-gradient surrogate (GRPO's, near 0 by design) passes `None` as the loss: its
+        level says nothing of progress, and the step is judged on its gradients and metrics.
 
         Under `GuardConfig(sync="deferred")` the step is skipped or clipped on the device and
         judged at the next call: the report returned is the step before's (None at the first),
-        and the scheduler steps for an applied update at the next call (or at `close`).
+        and the scheduler steps for an applied update at the next call (or at `close`);
+        the step's `metrics` travel with it and are judged with it, a call late.
         """
         if self.run.closed:
             self.run.raise_if_peer_lost()
@@ -123,14 +132,16 @@ class Guard:
         if outside is not None:
             self.run.emit_event(outside)
         try:
-            return self._step(loss, batch, data_ids)
+            return self._step(loss, batch, data_ids, metrics)
         finally:
             self._outside.step_ended()
 
-    def _step(self, loss: Any, batch: Any, data_ids: Any) -> StepReport | None:
+    def _step(self, loss: Any, batch: Any, data_ids: Any,
+              metrics: Mapping[str, float] | None) -> StepReport | None:
         if self.scaler is not None:
             self._unscale()
-        ctx = self.run.before_update(loss, batch=batch, data_ids=data_ids)
+        ctx = self.run.before_update(loss, batch=batch, data_ids=data_ids,
+                                     metrics=_host_numbers(metrics))
         if ctx.unguarded is not None:  # the check failed: the step goes ahead unguarded
             self._optimizer_step()
             if self.scheduler is not None:
@@ -284,3 +295,21 @@ def _check_scheduler(scheduler: Any) -> None:
             f"{name}.step() needs {', '.join(required)}: the Guard steps its scheduler once per "
             f"optimizer step with no argument. Leave scheduler=None and call "
             f"scheduler.step({required[0]}) in your loop where you have it")
+
+
+def _host_numbers(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """A loop's step metrics as host floats: numbers as they are, one-value tensors read in a
+    single packed transfer (never one `.item()` each); other values are not metrics."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise UsageError(f"metrics must be a mapping of names to numbers, got "
+                         f"{type(metrics).__name__}")
+    numbers = {str(k): float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    tensors = {str(k): v for k, v in metrics.items()
+               if isinstance(v, torch.Tensor) and v.numel() == 1}
+    if tensors:
+        packed = torch.stack([v.detach().reshape(()).float() for v in tensors.values()])
+        numbers.update(zip(tensors, (float(x) for x in to_host(packed)), strict=True))
+    return numbers

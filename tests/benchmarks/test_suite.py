@@ -16,11 +16,7 @@ def test_catalogue_covers_every_cause_and_enough_healthy_runs() -> None:
     healthy = [s for s in scenarios if s.healthy]
     faulty = [s for s in scenarios if not s.healthy]
     assert len(healthy) >= 12 and len(faulty) >= 14
-    # causes only a TRL trainer's own metrics show: judged with real TRL trainers in
-    # tests/integrations/test_trl.py, not yet in the scenario suite's plain loops
-    trainer_only = {"beta_too_low", "reward_constant", "max_completion_length_too_small",
-                    "reference_is_policy"}
-    assert {s.cause for s in faulty} == set(CAUSES) - trainer_only, (
+    assert {s.cause for s in faulty} == set(CAUSES), (
         "one scenario per cause code at least")
     assert {"gpt2", "gpt2_lora", "bert_cls", "image_cls", "diffusion", "lstm"} <= {
         s.family for s in scenarios}

@@ -48,3 +48,38 @@ def test_the_blown_up_value_is_not_the_level() -> None:
     for i, kl in enumerate([0.0, 0.002, 0.003] + [3.0] * 20):
         detector.check(signals(i, trainer_metrics={"kl": kl}))
     assert max(detector.history) == 0.003
+
+
+DRIFT = [0.0, 0.004, 0.006, 0.008, 0.01, 0.012, 0.014, 0.016, 0.02, 0.024, 0.03, 0.035, 0.5]
+"""A KL that crept up for a dozen steps, then left its level."""
+
+
+@pytest.mark.parametrize(("series", "lrs", "cause"), [
+    # a dozen steps of drift at a constant LR: the penalty did not hold the policy
+    (DRIFT, [1e-3] * len(DRIFT), "beta_too_low"),
+    # the same drift under a decaying LR: still the penalty's
+    (DRIFT, [1e-3 * 0.97 ** i for i in range(len(DRIFT))], "beta_too_low"),
+    # the same series, the LR raised 5x two steps before the jump: the updates threw it
+    (DRIFT, [1e-3] * (len(DRIFT) - 2) + [5e-3] * 2, "lr_too_high"),
+    # the first updates take the policy away: the LR, whatever beta
+    ([0.0, 0.27, 0.2, 0.35, 1.09], [1e-3] * 5, "lr_too_high"),
+    ([0.0, 0.002, 0.002, 0.003, 2.08], [1e-3] * 5, "lr_too_high"),
+    # no LR known (a log without it): judged on the timing alone
+    (DRIFT, [None] * len(DRIFT), "beta_too_low"),
+])
+def test_the_blowup_tells_its_cause_by_its_timing_and_the_lr(
+        series: list[float], lrs: list[float | None], cause: str) -> None:
+    detector = KLBlowup(default_config())
+    found = [e for i, (kl, lr) in enumerate(zip(series, lrs, strict=True))
+             for e in detector.check(signals(i, trainer_metrics={"kl": kl}, lr=lr))]
+    assert [e.details["cause"] for e in found] == [cause]
+
+
+def test_the_drift_count_survives_a_resume() -> None:
+    detector = KLBlowup(default_config())
+    for i, kl in enumerate(DRIFT[:-1]):
+        detector.check(signals(i, trainer_metrics={"kl": kl}, lr=1e-3))
+    resumed = KLBlowup(default_config())
+    resumed.load_state_dict(detector.state_dict())
+    [event] = resumed.check(signals(len(DRIFT) - 1, trainer_metrics={"kl": DRIFT[-1]}, lr=1e-3))
+    assert event.details["cause"] == "beta_too_low"

@@ -647,3 +647,23 @@ def test_a_replay_that_does_not_give_the_recorded_loss_votes_for_the_loss() -> N
     proof = event("proof", 80, "info", replay_differs=True)
     assert "loss_reduction" in codes(rank_causes([spike, proof], top=10))
     assert "loss_reduction" not in codes(rank_causes([spike], top=10))
+
+
+@pytest.mark.parametrize(("events", "first"), [
+    # a KL that drifted away at an unchanged LR: the penalty first
+    ([("kl_blowup", 31, {"cause": "beta_too_low"})], "beta_too_low"),
+    ([("kl_blowup", 31, {"cause": "beta_too_low"}), ("entropy_collapse", 35, {})],
+     "beta_too_low"),
+    # the first updates threw it: the LR first
+    ([("kl_blowup", 1, {"cause": "lr_too_high"})], "lr_too_high"),
+    ([("kl_blowup", 1, {"cause": "lr_too_high"}), ("entropy_collapse", 15, {})],
+     "lr_too_high"),
+    # told before the blow-up said how it came: the kind's standing order, the LR first
+    ([("kl_blowup", 4, {})], "lr_too_high"),
+])
+def test_a_kl_blowup_ranks_the_cause_its_timing_showed(
+        events: list[tuple[str, int, dict]], first: str) -> None:
+    ranked = rank_causes([event(kind, step, "warning", **details)
+                          for kind, step, details in events])
+    assert ranked[0].code == first, [c.code for c in ranked]
+    assert {"lr_too_high", "beta_too_low"} <= {c.code for c in ranked}

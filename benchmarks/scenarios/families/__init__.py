@@ -6,7 +6,7 @@ import importlib
 from types import ModuleType
 
 _NAMES = ("gpt2", "gpt2_regression", "bert_cls", "image_cls", "diffusion", "diffusers_sd", "lstm",
-          "regression", "mlp_cls", "ddp", "tiny_lm", "tiny_attn", "logit_growth")
+          "regression", "mlp_cls", "ddp", "tiny_lm", "tiny_attn", "logit_growth", "rlhf")
 
 
 def _load() -> list[ModuleType]:

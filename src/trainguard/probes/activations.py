@@ -47,7 +47,8 @@ SKIPPED_MODULES = (nn.Dropout, nn.Identity)
 
 
 class ActivationProbe:
-    """Hooks every leaf module except dropout and identity while attached."""
+    """Hooks every leaf module except dropout and identity while attached; reads the forwards
+    run with gradients enabled, the ones training learns from."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -71,6 +72,10 @@ class ActivationProbe:
 
     def _hook(self, name: str):
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            if not torch.is_grad_enabled():
+                # not the forward that trains: sampling completions, a reference model, an
+                # evaluation inside the step (its constant start token is no collapsed layer)
+                return
             try:
                 tensor = first_float_tensor(output)
                 if tensor is None or tensor.numel() == 0:
