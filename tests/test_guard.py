@@ -14,7 +14,7 @@ from torch import nn
 import trainguard
 from trainguard import Guard, GuardConfig, TrainingDiverged, UsageError
 from trainguard.sinks import Sink
-from trainguard.transfer import transfer_count
+from trainguard.transfer import blocking_transfer_count, transfer_count
 
 from .conftest import make_setup
 
@@ -503,15 +503,21 @@ def test_a_plain_loop_hands_its_rl_metrics_with_the_step(sync: str) -> None:
     setup = make_setup(warmup=0)
     optimizer = torch.optim.AdamW(setup.model.parameters(), lr=1e-3, fused=sync == "deferred")
     guard = Guard(setup.model, optimizer, config=GuardConfig(sync=sync, **QUIET))
+    blocking = []
     for step in range(8):
         loss = setup.model.loss(setup.batch())
         loss.backward()
         chosen = torch.tensor(math.nan if step == 5 else 0.1)
+        before = blocking_transfer_count()
         guard.step(loss, metrics={"rewards/chosen": chosen, "rewards/rejected": -0.1})
+        blocking.append(blocking_transfer_count() - before)
         optimizer.zero_grad(set_to_none=True)
     guard.close()
     told = [(e.step, e.details["metrics"]) for e in guard.events if e.kind == "nonfinite_metric"]
     assert told == [(5, ["rewards/chosen"])]
+    # the tensor metric rides the step's own transfer: no second one (blocking: one a step;
+    # deferred: none, its transfer is not blocking)
+    assert max(blocking) == (1 if sync == "blocking" else 0), blocking
 
 
 def test_step_metrics_that_are_not_a_mapping_are_a_usage_error() -> None:

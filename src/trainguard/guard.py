@@ -42,7 +42,6 @@ from trainguard.recovery import Recovery
 from trainguard.remedies.device import skip_on_device
 from trainguard.run_end import exit_status
 from trainguard.sinks import Sink
-from trainguard.transfer import to_host
 from trainguard.verdict import RunVerdict
 from trainguard.vocabulary import Status
 
@@ -141,7 +140,7 @@ class Guard:
         if self.scaler is not None:
             self._unscale()
         ctx = self.run.before_update(loss, batch=batch, data_ids=data_ids,
-                                     metrics=_host_numbers(metrics))
+                                     metrics=_step_metrics(metrics))
         if ctx.unguarded is not None:  # the check failed: the step goes ahead unguarded
             self._optimizer_step()
             if self.scheduler is not None:
@@ -273,7 +272,6 @@ class Guard:
             self.scaler.unscale_(self.optimizer)
 
 
-
 def _check_scheduler(scheduler: Any) -> None:
     """The Guard steps the scheduler once per optimizer step, with no argument: a scheduler
     whose `step` needs one (`ReduceLROnPlateau` wants the validation metric) is the loop's to
@@ -297,19 +295,19 @@ def _check_scheduler(scheduler: Any) -> None:
             f"scheduler.step({required[0]}) in your loop where you have it")
 
 
-def _host_numbers(metrics: Mapping[str, Any] | None) -> dict[str, float]:
-    """A loop's step metrics as host floats: numbers as they are, one-value tensors read in a
-    single packed transfer (never one `.item()` each); other values are not metrics."""
+def _step_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float | torch.Tensor]:
+    """A loop's step metrics: numbers as host floats, one-value tensors kept on their device (they
+    ride the step's one transfer, `pipeline/measure.py`: never an `.item()` each); other values
+    are not metrics."""
     if metrics is None:
         return {}
     if not isinstance(metrics, Mapping):
         raise UsageError(f"metrics must be a mapping of names to numbers, got "
                          f"{type(metrics).__name__}")
-    numbers = {str(k): float(v) for k, v in metrics.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    tensors = {str(k): v for k, v in metrics.items()
-               if isinstance(v, torch.Tensor) and v.numel() == 1}
-    if tensors:
-        packed = torch.stack([v.detach().reshape(()).float() for v in tensors.values()])
-        numbers.update(zip(tensors, (float(x) for x in to_host(packed)), strict=True))
-    return numbers
+    kept: dict[str, float | torch.Tensor] = {}
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            kept[str(key)] = float(value)
+        elif isinstance(value, torch.Tensor) and value.numel() == 1:
+            kept[str(key)] = value.detach().reshape(())
+    return kept

@@ -150,9 +150,9 @@ class StepContext:
     """The RNG state the step's last training forward started from (`diagnose/step_rng.py`;
     None when not kept): a proof of this step replays its dropout masks."""
     data_ids: Any = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    """The trainer's own training metrics of this step, as the caller handed them (host
-    numbers: `StepSignals.trainer_metrics`)."""
+    metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
+    """The trainer's own training metrics of this step, as the caller handed them: host numbers,
+    or one-value tensors that ride the step's transfer (`StepSignals.trainer_metrics`)."""
     sampled: bool = False
     """Whether the heavy probes run on this step (decided before its forward pass)."""
     carried: list[PendingStats] = field(default_factory=list)

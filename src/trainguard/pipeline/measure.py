@@ -37,6 +37,8 @@ log = logging.getLogger("trainguard")
 
 PRECURSOR = "pre:"
 """The pack's prefix of the every-step precursor values (`StepSignals.precursors`)."""
+METRIC = "metric:"
+"""The prefix of a loop's step metrics handed as device tensors, among the pack's extras."""
 LOGZ_PACKED = tuple(f"{PRECURSOR}{key}" for key in LOGZ_KEYS)
 """The pack's names of the log Z probe's values, in its order."""
 
@@ -91,6 +93,9 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
         extra.update(recovery.extra())
     if state.anchor is not None:
         extra.update(state.anchor.extra())
+    for name, value in ctx.metrics.items():  # a loop's metrics still on the device
+        if isinstance(value, torch.Tensor):
+            extra[f"{METRIC}{name}"] = value.reshape(1).to(device=device, dtype=torch.float32)
     # Under torch.distributed the pack all-reduces loss and gradient norms at fetch.
     fingerprint, ring_wish = False, None
     if ranks is not None:  # the replicas' fingerprint rides this step's all-reduce
@@ -204,7 +209,9 @@ def _signals(ctx: StepContext, state: RunState, services: Services,
                           else None),
         sampled=unpack_pending(host, step.pending),
         precursors={k[len(PRECURSOR):]: v for k, v in host.items() if k.startswith(PRECURSOR)},
-        trainer_metrics=dict(ctx.metrics),
+        trainer_metrics={name: (float(host[f"x:{METRIC}{name}"][0])
+                                if isinstance(value, torch.Tensor) else value)
+                         for name, value in ctx.metrics.items()},
         loss_requires_grad=(ctx.loss.requires_grad if isinstance(ctx.loss, torch.Tensor)
                             else None),
         ranks=(ranks.rank_view(host["ranks"], step.fingerprint,

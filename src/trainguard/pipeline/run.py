@@ -203,11 +203,13 @@ class Run:
 
     # -- one step ----------------------------------------------------------------------------------
     def before_update(self, loss: Any, *, batch: Any = None, data_ids: Any = None,
-                      metrics: dict[str, float] | None = None) -> StepContext:
+                      metrics: Mapping[str, float | torch.Tensor] | None = None
+                      ) -> StepContext:
         """Check the step and act on its gradients. Call once per optimizer step, after the
         gradients are final and unscaled, before `optimizer.step()`. Raises TrainingDiverged
         when the step halts the run; `ctx.unguarded` is set when the check itself failed.
-        `metrics`: the trainer's own training metrics of the step (host numbers)."""
+        `metrics`: the trainer's own training metrics of the step (host numbers, or one-value
+        tensors read with the step's transfer)."""
         if self.closed:
             self.raise_if_peer_lost()
             raise UsageError("trainguard is closed for this run; start a new one to keep training")
