@@ -67,3 +67,13 @@ def test_accelerate_example_guards_an_accumulating_mixed_precision_loop(tmp_path
         steps = reader.steps()
     assert [s["step"] for s in steps] == list(range(30))
     assert [s["step"] for s in steps if s["action"] == "skipped"] == [10]
+
+
+@pytest.mark.slow
+def test_diffusers_example_is_quiet_healthy_and_names_the_pixel_range(tmp_path: Path) -> None:
+    pytest.importorskip("diffusers")
+    healthy = run_example("diffusers_loop.py", "--steps", "30", "--run-dir", str(tmp_path / "a"))
+    assert "events: none" in healthy and "verdict: healthy" in healthy
+    pixels = run_example("diffusers_loop.py", "--steps", "5", "--pixels-255",
+                         "--run-dir", str(tmp_path / "b"))
+    assert "events: ['batch_image_range']" in pixels and "likely cause: input_scale" in pixels
