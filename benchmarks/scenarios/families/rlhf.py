@@ -320,6 +320,16 @@ def _grpo_scenario(name: str, recipe: GRPORecipe, description: str, **fault: obj
                     steps=GRPO_STEPS, description=description, **fault)  # type: ignore[arg-type]
 
 
+BASELINES: dict[str, str] = {
+    "rlhf_dpo_lr_zero": "rlhf_dpo_healthy",
+    "rlhf_dpo_reference_is_policy": "rlhf_dpo_healthy",
+    "rlhf_grpo_reward_constant": "rlhf_grpo_healthy",
+    "rlhf_grpo_completions_cut": "rlhf_grpo_healthy",
+    "rlhf_grpo_beta_too_low": "rlhf_grpo_healthy_kl",
+}
+"""Each fault's healthy twin (`benchmarks/scenarios/recovery.py`): the same loop made right."""
+
+
 def scenarios() -> list[Scenario]:
     dpo, grpo = DPORecipe(), GRPORecipe()
     stall = {"onset_step": 0, "sudden": False, "recoverable": False}
