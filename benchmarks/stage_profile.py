@@ -12,6 +12,11 @@ sum, and the whole step (forward, backward, Guard, optimizer) for scale; then ea
     python benchmarks/stage_profile.py --workload mlp --sync deferred   # fused AdamW
     python benchmarks/stage_profile.py --workload mlp --threads 1 --clock thread
 
+`--budgets` compares each stage and each detector on the `mlp` workload with what it states it
+may cost there (`STAGE_BUDGETS_US` below; `Detector.budget_us`), and lists those over: the MLP
+step is small and host-bound, the case where the Guard's Python adds most to a step. Use it with
+`--clock thread --threads 1` on a shared machine.
+
 `--clock thread` counts the CPU time of the stepping thread (`time.thread_time`) instead of the
 wall clock: on a shared, busy machine other processes barely move it (with `--threads 1`, torch's
 work runs on that thread too).
@@ -40,6 +45,18 @@ from trainguard import Guard, GuardConfig
 
 DEFAULTS = {"mlp": (9, 100), "gpt2": (7, 4)}
 """Workload -> (blocks, steps per block)."""
+
+STAGE_BUDGETS_US: dict[str, float] = {
+    "measure": 320.0,  # the fused norms, the pack, its one transfer, the sampled probes' share
+    "detect": 280.0,  # the detectors' own budgets, the batch inspector's first/sampled batches
+    "explain": 5.0,  # nothing on a quiet step
+    "decide": 30.0,  # the clip limit in force, the policy
+    "act": 20.0,  # the optimizer's step is the loop's cost, not the Guard's
+    "settle": 65.0,  # the report, counters, the sampling of the next step
+    "record": 10.0,  # the sinks (console only here)
+}
+"""What each blocking stage may cost on the `mlp` workload's usual step, in microseconds of the
+stepping thread; measured figures and their history are in docs/benchmarks.md."""
 
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter,
@@ -107,6 +124,15 @@ def profile(workload_name: str, blocks: int, steps: int, sync: str = "blocking",
     return {name: statistics.median(values) for name, values in per_block.items()}
 
 
+def budgets(result: dict[str, float]) -> list[tuple[str, float, float]]:
+    """(name, measured, budget) of each stage and detector in `result` that states a budget."""
+    from trainguard.detect import DETECTOR_TYPES
+
+    stated = dict(STAGE_BUDGETS_US)
+    stated.update({f"detector:{d.kind}": d.budget_us for d in DETECTOR_TYPES})
+    return [(name, result[name], stated[name]) for name in result if name in stated]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=["mlp", "gpt2", "all"], default="all")
@@ -118,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="AdamW(fused=True) (always so under --sync deferred)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or the stepping thread's CPU time")
+    parser.add_argument("--budgets", action="store_true",
+                        help="on the mlp workload: each stage and detector against its budget")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,8 +154,17 @@ def main(argv: list[str] | None = None) -> int:
         result = profile(name, args.blocks or blocks, args.steps or steps, args.sync,
                          args.fused, args.clock)
         print(f"{name} ({args.sync}, {args.clock} clock): median us per step over blocks")
+        judged = ({n: b for n, _, b in budgets(result)}
+                  if args.budgets and name == "mlp" else {})
         for stage, micros in result.items():
-            print(f"  {stage:<32} {micros:10.1f}")
+            budget = judged.get(stage)
+            said = "" if budget is None else (
+                f"  budget {budget:7.1f}" + ("  OVER" if micros > budget else ""))
+            print(f"  {stage:<32} {micros:10.1f}{said}")
+        over = [n for n, m, b in budgets(result) if m > b] if judged else []
+        if judged:
+            print(f"  within budget: {len(judged) - len(over)} of {len(judged)}"
+                  + (f"; over: {', '.join(over)}" if over else ""))
     return 0
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from benchmarks.stage_profile import profile
+from benchmarks.stage_profile import STAGE_BUDGETS_US, budgets, profile
+
+from trainguard.detect import DETECTOR_TYPES
 
 
 @pytest.mark.parametrize("sync", ["blocking", "deferred"])
@@ -28,3 +30,11 @@ def test_each_detector_is_timed_on_either_clock() -> None:
         timed = {name for name in result if name.startswith("detector:")}
         assert {"detector:instability_precursor", "detector:grad_explosion"} <= timed, clock
         assert all(result[name] >= 0 for name in timed)
+
+
+def test_every_stage_and_detector_states_a_budget_and_is_measured_against_it() -> None:
+    assert all(d.budget_us > 0 for d in DETECTOR_TYPES)
+    result = profile("mlp", blocks=1, steps=3, clock="thread")
+    judged = {name for name, _, _ in budgets(result)}
+    assert set(STAGE_BUDGETS_US) <= judged | {"explain"}
+    assert {f"detector:{d.kind}" for d in DETECTOR_TYPES} <= judged

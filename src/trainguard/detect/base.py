@@ -122,6 +122,12 @@ class Detector:
     raises_from: frozenset[str] | None = None
     """The `StepSignals` fields without which `check` raises nothing, whatever else it reads
     (None: any of `reads`). A log that holds none of them leaves the detector out."""
+    budget_us: float = 5.0
+    """What `check` may cost on the usual step of a small, host-bound run, in microseconds of the
+    stepping thread: the MLP workload of `benchmarks/overhead.py` on one CPU thread, where a step
+    takes about 2 ms and the Guard's host work is most of what it adds. `python
+    benchmarks/stage_profile.py --workload mlp --clock thread --budgets` measures each detector
+    against it. A detector that needs more on every step states it (and says why)."""
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config

@@ -109,6 +109,7 @@ class ScaleCalibration:
 
 class Fp16Overflow(Detector):
     kind = "fp16_overflow"
+    budget_us = 10.0  # the scale and the largest float16 gradient against their history
     reads = frozenset({"amp_overflow", "fp16_grad_maxabs", "loss_scale", "sampled"})
 
     def __init__(self, config: DetectorConfig) -> None:

@@ -34,6 +34,7 @@ from trainguard.signals import RobustBaseline, StepSignals, TransientJumps, safe
 
 class GradExplosion(OutlierDetector):
     kind = "grad_explosion"
+    budget_us = 20.0  # its robust baseline (median and spread of a window) moves every step
     reads = frozenset({"amp_overflow", "grad_norm", "param_grad_norm", "param_names"})
 
     def __init__(self, config: DetectorConfig) -> None:

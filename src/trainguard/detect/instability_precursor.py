@@ -87,6 +87,7 @@ took off 1.0017x and read "once the 1x that its batch explains ... is taken off"
 
 class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
+    budget_us = 100.0  # a ratio per parameter, estimated on the steps the probe skips
     reads = frozenset({"param_names", "precursors", "attention_logits", "lr", "loss",
                        "batch_elements", "grad_norm", "clip_limit"})
     raises_from = frozenset({"precursors", "attention_logits"})

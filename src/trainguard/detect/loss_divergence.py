@@ -33,6 +33,7 @@ from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log
 
 class LossDivergence(Detector):
     kind = "loss_divergence"
+    budget_us = 20.0  # the best loss and the median of its window, every step
     reads = frozenset({"loss", "loss_curvature"})
 
     def __init__(self, config: DetectorConfig) -> None:

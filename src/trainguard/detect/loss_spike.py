@@ -43,6 +43,7 @@ from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, Transien
 
 class LossSpike(OutlierDetector):
     kind = "loss_spike"
+    budget_us = 20.0  # its robust baseline (median and spread of a window) moves every step
     reads = frozenset({"loss", "precursors"})
 
     def __init__(self, config: DetectorConfig) -> None:

@@ -28,6 +28,7 @@ from trainguard.signals import StepSignals
 
 class LRChange(Detector):
     kind = "lr_change"
+    budget_us = 12.0  # every group's LR against its recent history
     reads = frozenset({"group_lrs", "lr_managed"})
 
     def __init__(self, config: DetectorConfig) -> None:

@@ -21,6 +21,7 @@ from trainguard.signals import StepSignals
 
 class NonFiniteMetric(Detector):
     kind = "nonfinite_metric"
+    budget_us = 10.0  # every metric the trainer handed over is looked at for NaN
     reads = frozenset({"trainer_metrics", "loss"})
     raises_from = frozenset({"trainer_metrics"})
 

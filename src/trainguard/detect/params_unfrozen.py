@@ -35,6 +35,7 @@ from trainguard.signals import StepSignals
 
 class ParamsUnfrozen(Detector):
     kind = "params_unfrozen"
+    budget_us = 15.0  # one gradient norm per parameter, a few NumPy operations
     reads = frozenset({"param_grad_norm", "param_names", "grads_absent"})
 
     def __init__(self, config: DetectorConfig) -> None:
