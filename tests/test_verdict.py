@@ -28,6 +28,14 @@ def track(losses: list[float], trouble_at: int | None = None) -> LossTrack:
     return t
 
 
+def test_samples_still_broken_at_the_end_degrade_a_run_whose_loss_fell() -> None:
+    falling = track(list(np.linspace(1.0, 0.2, 100)))
+    verdict = falling.verdict(broken_output=(40, "colour noise (roughness 0.9)"))
+    assert verdict is not None and verdict.verdict == "degraded"
+    assert verdict.message.startswith("its samples were broken from step 40 to the last check")
+    assert falling.verdict().verdict == "healthy"  # type: ignore[union-attr]
+
+
 def test_a_falling_loss_is_healthy() -> None:
     verdict = track(list(np.linspace(3.0, 1.0, 100))).verdict()
     assert verdict is not None and verdict.verdict == "healthy"

@@ -250,9 +250,16 @@ class ProbesConfig:
     num_classes: int | None = None
     """Classes of the task, for judging evaluation accuracy against chance (`metric_collapse`);
     None: inferred from the width of the model's class scores."""
+    samples_every: int = 50
+    """With a `sample_fn` given to the Guard: make and judge samples after every this many steps
+    at most (`probes/samples.py`)..."""
+    samples_budget: float = 0.02
+    """...and further apart when one call costs more than this share of the training time
+    between two calls."""
 
     def __post_init__(self) -> None:
-        sections.at_least(self, 1, "sample_every")
+        sections.at_least(self, 1, "sample_every", "samples_every")
+        sections.share(self, "samples_budget")
         sections.flag(self, "sample_all_steps", "inspect_batches", "preflight", "activations",
                       "outputs")
         if self.batch_size is not None:

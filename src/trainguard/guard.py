@@ -30,6 +30,7 @@ from torch import nn
 
 from trainguard.checkpoints import CheckpointHealth
 from trainguard.config import GuardConfig
+from trainguard.detect.sample_judge import SampleJudge
 from trainguard.diagnose import Finding
 from trainguard.diagnose.counterfactual import Proof
 from trainguard.diagnose.replay import LossFn
@@ -37,6 +38,7 @@ from trainguard.errors import UsageError
 from trainguard.events import Event, StepReport
 from trainguard.outside_steps import OutsideSteps
 from trainguard.pipeline.run import Run
+from trainguard.probes.samples import SampleFn, SampleProbe
 from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery
 from trainguard.remedies.device import skip_on_device
@@ -52,10 +54,15 @@ class Guard:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                  scaler: Any = None, *, config: GuardConfig | None = None,
                  run_dir: str | Path | None = None, sinks: list[Sink] | None = None,
-                 replay_fn: LossFn | None = None, resume: bool = False) -> None:
+                 replay_fn: LossFn | None = None, resume: bool = False,
+                 sample_fn: SampleFn | None = None) -> None:
         """`replay_fn(model, batch) -> loss`: when given, a step with an error-level event is
         replayed on the state from before its update to name the first bad module and
-        parameter. A Guard given a `run_dir` that holds earlier runs records a new run there;
+        parameter. `sample_fn(model) -> images` (N x C x H x W): for a generative model, a few
+        samples from a fixed seed, made after every `probes.samples_every` steps at most (within
+        `probes.samples_budget` of the training time) and judged against the run's first ones:
+        colour noise, flat or blown-out images, every sample alike (`output_collapse`).
+        A Guard given a `run_dir` that holds earlier runs records a new run there;
         `resume=True` continues the latest one instead (with `load_state_dict` of the Guard's
         saved state for a job restarted from a checkpoint)."""
         _check_scheduler(scheduler)
@@ -70,6 +77,10 @@ class Guard:
         self.config = self.run.config
         self._outside = OutsideSteps(optimizer)
         """The loop's own `optimizer.step()` calls, told once (`outside_steps.py`)."""
+        probes = self.config.probes
+        self._samples = (SampleProbe(sample_fn, probes.samples_every, probes.samples_budget)
+                         if sample_fn is not None else None)
+        self._sample_judge = SampleJudge()
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -130,10 +141,33 @@ class Guard:
         outside = self._outside.check(self.run.steps_taken)
         if outside is not None:
             self.run.emit_event(outside)
+        if self._samples is not None and self._sample_judge.reference is None:
+            self._look_at_samples(self.run.steps_taken - 1)  # the model as given: the reference
         try:
-            return self._step(loss, batch, data_ids, metrics)
+            report = self._step(loss, batch, data_ids, metrics)
         finally:
             self._outside.step_ended()
+        if self._samples is not None and report is not None:
+            self._look_at_samples(report.step)
+        return report
+
+    def _look_at_samples(self, step: int) -> None:
+        """The samples after `step`'s update, when due: judged, and any event recorded."""
+        probe = self._samples
+        first = self._sample_judge.reference is None
+        if probe is None or not (first or probe.due(step)) or self.run.closed:
+            return
+        stats = probe.take(self.model, step)
+        if stats is None:
+            return
+        for event in self._sample_judge.judge(step, stats):
+            self.run.emit_event(event)
+        self.run.samples_broken = self._sample_judge.broken
+
+    @property
+    def samples(self) -> torch.Tensor | None:
+        """The last samples made by `sample_fn` (at most 8, on the host), or None."""
+        return self._samples.last if self._samples is not None else None
 
     def _step(self, loss: Any, batch: Any, data_ids: Any,
               metrics: Mapping[str, float] | None) -> StepReport | None:

@@ -260,6 +260,7 @@ class Kind:
     PREFERENCE_UNLEARNED = "preference_unlearned"
     NONFINITE_METRIC = "nonfinite_metric"
     ENTROPY_COLLAPSE = "entropy_collapse"
+    SAMPLES_DEGRADED = "samples_degraded"
 
 
 _kind = register_event_kind
@@ -338,6 +339,9 @@ _kind("entropy_collapse", "the policy's entropy fell under a tenth of where the 
                                            "for it"),
              CauseVote("beta_too_low", 1.0, "a KL penalty too weak to keep the policy near its "
                                             "reference let its entropy collapse")))
+_kind("samples_degraded", "the samples a generative model makes (`Guard(sample_fn=...)`) turned "
+      "into colour noise, flat or blown-out images, or copies of one image, against the run's "
+      "first samples; it names no cause: the samples show what, not why", "warning")
 _kind("reward_dead", "every group of completions got the same reward for several steps: zero "
       "advantages, zero policy gradient", "warning", tags=(Tag.STALL,))
 _kind("preference_unlearned", "a preference run's chosen and rejected rewards stayed exactly 0: "

@@ -135,7 +135,8 @@ class LossTrack:
     def verdict(self, *, halted: bool = False, halt_step: int | None = None,
                 weights_finite: bool | None = None,
                 untrained: tuple[int, str] | None = None,
-                stall_reason: str = "") -> RunVerdict | None:
+                stall_reason: str = "",
+                broken_output: tuple[int, str] | None = None) -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
         not recover, whatever the losses before the halt said; `halt_step`, the step it stopped
         at, when known (the trouble may have begun many steps before it).
@@ -147,7 +148,10 @@ class LossTrack:
         nothing trained after it, so the run stalled, however its loss compares (it stays where
         the last update left it, or a saturated objective reads low).
         `stall_reason`: what the run showed of why it did not learn (`no_progress`'s reason),
-        said after a `stalled` verdict."""
+        said after a `stalled` verdict. `broken_output`: the step from which what the model
+        makes was seen broken, up to its last check, and how (`detect/sample_judge.py`): the
+        run is degraded, whatever its loss says (a diffusion loss hardly moves when the
+        samples turn to noise)."""
         start = self._start()
         if start is None:
             return None
@@ -191,6 +195,12 @@ class LossTrack:
             return RunVerdict(DEGRADED, f"the loss ended at {final:.4g}, {times(final, best)} "
                               f"the best level it had reached ({best:.4g}): it did not come back "
                               "to its own best", start, self.before_trouble, final,
+                              self.trouble_step)
+        if broken_output is not None:
+            since, what = broken_output
+            return RunVerdict(DEGRADED, f"its samples were broken from step {since} to the "
+                              f"last check ({what}), whatever the loss says (it ended at "
+                              f"{final:.4g})", start, self.before_trouble, final,
                               self.trouble_step)
         if untrained is not None:
             since, what = untrained

@@ -36,6 +36,7 @@ from trainguard.detect.calm import SignalColumns
 from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.output_growth import OutputGrowth, Streaks
+from trainguard.detect.sample_judge import SampleJudge
 from trainguard.detect.stall_reason import StallEvidence, StallReason
 from trainguard.events import Event
 from trainguard.signals import SampledStats, StepSignals
@@ -64,12 +65,13 @@ EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 HELPERS: tuple[type, ...] = (Detector, OutlierDetector, UnlearnedStreak, Episode, Outlier,
                              AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
-                             StallEvidence, StallReason, SignalColumns)
+                             StallEvidence, StallReason, SignalColumns, SampleJudge)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
 stalled and the columns of a log's rows the offline fast paths read: their conformance is
-their detector's."""
+their detector's; and the judge of the samples a model makes, fed by the Guard, not by step
+signals (`tests/detect/test_sample_judge.py`)."""
 SETTINGS = "trainguard.detect.settings"
 """The module of the detectors' configuration sections: plain data, checked by tests/test_config.py
 and tests/test_layers.py."""

@@ -32,6 +32,7 @@ from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
 from trainguard.probes.outputs import OUTPUT_KEYS, OutputProbe
 from trainguard.probes.packing import DevicePack
+from trainguard.probes.samples import SampleProbe
 from trainguard.probes.weights import WeightProbe
 from trainguard.transfer import transfer_count
 
@@ -107,6 +108,9 @@ HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe, AttentionLogitProbe)
 """Probes hooked on the forward pass of sampled steps: attach, forward, detach."""
 PERSISTENT: tuple[type, ...] = (LogZProbe,)
 """Probes hooked on every forward pass for the life of the run: forward, take, close."""
+CALLED: tuple[type, ...] = (SampleProbe,)
+"""Probes that call the user's function off the step on their own cadence (checked below, and
+in `tests/probes/test_samples.py`)."""
 
 
 class Attending(nn.Module):
@@ -145,9 +149,9 @@ def probe_classes() -> set[type]:
 def test_every_probe_is_under_these_checks() -> None:
     found = probe_classes()
     assert {GradientProbe, ActivationProbe, OutputProbe} <= found
-    unknown = found - set(MEASURED) - set(HOOKED) - set(PERSISTENT)
+    unknown = found - set(MEASURED) - set(HOOKED) - set(PERSISTENT) - set(CALLED)
     assert not unknown, (f"probes under no check: {sorted(c.__name__ for c in unknown)}; add "
-                         "each to MEASURED (with a measure function in PROBES), HOOKED or "
+                         "each to MEASURED (with a measure function in PROBES), HOOKED, CALLED or "
                          "PERSISTENT")
     assert set(MEASURED.values()) == set(PROBES)
 
@@ -303,3 +307,14 @@ def test_detaching_without_a_forward_pass_gives_nothing_and_removes_the_hooks(
     assert probe.attached
     assert probe.detach() is None and not probe.attached
     assert all(not m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("probe_type", CALLED, ids=[t.__name__ for t in CALLED])
+def test_a_called_probe_survives_its_function_and_gives_the_model_back_as_it_was(
+        probe_type: type) -> None:
+    model = nn.Linear(4, 4)
+    for fn in (lambda m: torch.full((2, 3, 4, 4), math.nan), lambda m: 1 / 0):
+        probe = probe_type(fn, 10, 0.02)
+        stats = probe.take(model, 0)
+        assert model.training and probe.calls == 1
+        assert stats is None or stats.nonfinite == 1.0

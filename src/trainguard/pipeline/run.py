@@ -134,6 +134,9 @@ class Run:
                                     journal)
         self.closed = False
         self.verdict: RunVerdict | None = None
+        self.samples_broken: tuple[int, str] | None = None
+        """Set by a Guard with a `sample_fn` while its last samples were broken (the step first
+        seen, how): the verdict's `broken_output`."""
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
         self._announce(integration, resume)
         for tracker in self._trackers:
@@ -476,7 +479,7 @@ class Run:
             self.verdict = self.state.losses.verdict(
                 halted=self.halted or status == "halted", halt_step=self.halt_step,
                 weights_finite=self._weights_finite(), untrained=self._untrained(),
-                stall_reason=self._stall_reason())
+                stall_reason=self._stall_reason(), broken_output=self.samples_broken)
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:

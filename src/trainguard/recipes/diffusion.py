@@ -9,12 +9,14 @@ clip the UNet's convolutions, train the UNet through LoRA.
 - `unet_lora`: LoRA adapters on a UNet's attention projections and convolutions with PEFT, the
   base weights frozen; the UNet stays the same module (PEFT's `inject_adapter_in_model`, or
   diffusers' own `add_adapter` where the model has it).
+- `sampler`: a `sample_fn` for the Guard (`Guard(..., sample_fn=...)`): a few denoising steps
+  of an unconditional UNet from a fixed seed, with a copy of the training's noise scheduler.
 """
 
 from __future__ import annotations
 
 import glob
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -93,3 +95,32 @@ def unet_lora(unet: nn.Module, r: int = 4, alpha: int | None = None,
     else:
         unet = inject_adapter_in_model(lora, unet)
     return unet
+
+
+def sampler(scheduler: Any, *, images: int = 4, steps: int = 10, seed: int = 0,
+            size: int | None = None, channels: int | None = None
+            ) -> Callable[[nn.Module], torch.Tensor]:
+    """A `sample_fn` for `Guard(..., sample_fn=...)`: `images` samples of an unconditional UNet
+    (`unet(x, t).sample`) in `steps` denoising steps from the seed `seed` (the same noise at
+    every call, so the samples differ only by what the model learned), with a copy of the
+    diffusers noise `scheduler` the training uses (its own timesteps are left alone). Size and
+    channels default to the UNet's config. Returns images clamped to [-1, 1]."""
+    infer = type(scheduler).from_config(scheduler.config)
+
+    def sample(model: nn.Module) -> torch.Tensor:
+        config = getattr(model, "config", None)
+        side = size or getattr(config, "sample_size", None)
+        depth = channels or getattr(config, "in_channels", None)
+        if not isinstance(side, int) or not isinstance(depth, int):
+            raise UsageError("sampler needs size= and channels= for a model without a diffusers "
+                             "config (sample_size, in_channels)")
+        device = next(model.parameters()).device
+        generator = torch.Generator().manual_seed(seed)
+        x = torch.randn(images, depth, side, side, generator=generator).to(device)
+        infer.set_timesteps(steps)
+        for t in infer.timesteps:
+            out = model(x, t).sample
+            x = infer.step(out, t, x, generator=generator).prev_sample
+        return x.clamp(-1, 1)
+
+    return sample
