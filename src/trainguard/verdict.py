@@ -148,10 +148,8 @@ class LossTrack:
         nothing trained after it, so the run stalled, however its loss compares (it stays where
         the last update left it, or a saturated objective reads low).
         `stall_reason`: what the run showed of why it did not learn (`no_progress`'s reason),
-        said after a `stalled` verdict. `broken_output`: the step from which what the model
-        makes was seen broken, up to its last check, and how (`detect/sample_judge.py`): the
-        run is degraded, whatever its loss says (a diffusion loss hardly moves when the
-        samples turn to noise)."""
+        said after a `stalled` verdict. `broken_output`: since when and how the model's samples
+        were broken up to the last check (`detect/sample_judge.py`): degraded, whatever the loss."""
         start = self._start()
         if start is None:
             return None
@@ -196,17 +194,9 @@ class LossTrack:
                               f"the best level it had reached ({best:.4g}): it did not come back "
                               "to its own best", start, self.before_trouble, final,
                               self.trouble_step)
-        if broken_output is not None:
-            since, what = broken_output
-            return RunVerdict(DEGRADED, f"its samples were broken from step {since} to the "
-                              f"last check ({what}), whatever the loss says (it ended at "
-                              f"{final:.4g})", start, self.before_trouble, final,
-                              self.trouble_step)
-        if untrained is not None:
-            since, what = untrained
-            return RunVerdict(STALLED, f"{what} from step {since} to the end of the run: "
-                              f"nothing trained after it (the loss ended at {final:.4g})",
-                              start, self.before_trouble, final, self.trouble_step)
+        shown = self._shown_at_the_end(start, final, broken_output, untrained)
+        if shown is not None:
+            return shown
         if stalled:
             return RunVerdict(STALLED, f"the loss never came down in {self.seen} steps "
                               f"(from {statistics.median(self.start):.4g} at the start to "
@@ -221,6 +211,24 @@ class LossTrack:
                               final, self.trouble_step)
         return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g}", start,
                           None, final, None)
+
+    def _shown_at_the_end(self, start: float, final: float,
+                          broken_output: tuple[int, str] | None,
+                          untrained: tuple[int, str] | None) -> RunVerdict | None:
+        """What the run showed lasting to its end, whatever its loss says: samples still
+        broken (degraded), or nothing trained (stalled); None when it showed neither."""
+        if broken_output is not None:
+            since, what = broken_output
+            return RunVerdict(DEGRADED, f"its samples were broken from step {since} to the "
+                              f"last check ({what}), whatever the loss says (it ended at "
+                              f"{final:.4g})", start, self.before_trouble, final,
+                              self.trouble_step)
+        if untrained is not None:
+            since, what = untrained
+            return RunVerdict(STALLED, f"{what} from step {since} to the end of the run: "
+                              f"nothing trained after it (the loss ended at {final:.4g})",
+                              start, self.before_trouble, final, self.trouble_step)
+        return None
 
     def _halted(self, start: float, halt_step: int | None) -> RunVerdict:
         """A halted run is degraded: it stopped at the trouble, and the losses before it say
