@@ -61,7 +61,7 @@ class Guard:
         parameter. `sample_fn(model) -> images` (N x C x H x W): for a generative model, a few
         samples from a fixed seed, made after every `probes.samples_every` steps at most (within
         `probes.samples_budget` of the training time) and judged against the run's first ones:
-        colour noise, flat or blown-out images, every sample alike (`output_collapse`).
+        colour noise, flat or blown-out images, every sample alike (`samples_degraded`).
         A Guard given a `run_dir` that holds earlier runs records a new run there;
         `resume=True` continues the latest one instead (with `load_state_dict` of the Guard's
         saved state for a job restarted from a checkpoint)."""
