@@ -77,6 +77,12 @@ def same(values: list[float | None], expected: list[float]) -> bool:
      {"step": 1600.0, "epoch": 6.0}),
     # NVIDIA apex's Tacotron 2 example: a name numbered by its iteration (NVIDIA/apex#318)
     ("Validation loss 6312:  0.149928  ", {"Validation loss": 0.149928}, {"step": 6312.0}),
+    # Marian: ` : `-separated fields, counters written short with a dot (marian-nmt/marian#120)
+    ("[2017-10-18 18:14:31] Ep. 7 : Up. 306350 : Sen. 5630845 : Cost 34.46 : Time 6.91s : "
+     "13596.73 words/s", {"Cost": 34.46}, {"step": 306350.0, "epoch": 7.0}),
+    # Marian's validation line: the `[valid]` tag makes its cross-entropy an evaluation's
+    ("[2019-10-17 17:51:28] [valid] Ep. 2 : Up. 80000 : cross-entropy : 53.9433 : new best",
+     {"cross-entropy": 53.9433}, {"step": 80000.0, "epoch": 2.0}),
     # a line of a pretty-printed JSON record, its name quoted (facebookresearch/audiocraft#212)
     ('      "grad_norm": 1.315651535987854,', {"grad_norm": 1.315651535987854}, {}),
 ])
@@ -258,6 +264,32 @@ def test_a_log_of_evaluation_losses_only_judges_them_and_says_so(tmp_path: Path)
     assert list(log.steps) == [6312, 6838, 7364, 7890]
     assert same(log.series["loss"], [0.149928, 0.147172, 0.148571, 0.148049])
     assert any("no training loss" in note for note in log.notes)
+
+
+def _marian_validation(entropies: list[float]) -> str:
+    """Marian's validation log shape: a `[valid]` cross-entropy line and a BLEU line every
+    10000 updates, nothing else."""
+    return "".join(
+        f"[2019-10-17 17:{i:02d}:28] [valid] Ep. 2 : Up. {80000 + 10000 * i} : cross-entropy : "
+        f"{v} : new best\n[2019-10-17 17:{i:02d}:51] [valid] Ep. 2 : Up. {80000 + 10000 * i} : "
+        f"bleu : {26.4 - 2 * i} : new best\n" for i, v in enumerate(entropies))
+
+
+@pytest.mark.parametrize("entropies, verdict, kind, onset", [
+    ([53.94, 53.02, 52.15, 52.33, 75.22], "degraded", "explosion", "update 120000"),
+    ([53.94, 53.02, 52.15, 52.33, 51.90], "healthy", None, None),
+])
+def test_a_log_of_tagged_validation_cross_entropies_judges_them(
+        tmp_path: Path, entropies: list[float], verdict: str, kind: str | None,
+        onset: str | None) -> None:
+    """No training loss, only `[valid]` lines: their cross-entropy is the loss judged, one row
+    per update counter (the BLEU lines of the same update are no rows)."""
+    result = analyze(write(tmp_path / "valid.log", _marian_validation(entropies)))
+    log = result.log
+    assert log is not None and list(log.steps) == [80000 + 10000 * i for i in range(5)]
+    assert same(log.series["loss"], entropies)
+    assert any("no training loss" in note for note in log.notes)
+    assert (result.verdict, result.kind, result.onset) == (verdict, kind, onset)
 
 
 def _metrics_column(norms: list[str]) -> str:

@@ -106,8 +106,10 @@ def is_bookkeeping(name: str) -> bool:
                                                          "train/epoch"))
 
 
-LOSS_WORDS = frozenset({"xent", "nll", "ce", "cross_entropy", "cross entropy"})
-"""Names of a training loss without the word (OpenNMT's `xent`)."""
+LOSS_WORDS = frozenset({"xent", "nll", "ce", "cross_entropy", "cross entropy", "cross-entropy",
+                        "cost"})
+"""Names of a training loss without the word (OpenNMT's `xent`, Marian's `Cost` and its
+validation `cross-entropy`)."""
 
 
 def is_train_loss(name: str) -> bool:

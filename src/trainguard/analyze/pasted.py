@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.analyze.log import (
+    EVAL_PREFIXES,
     GRAD_NORM,
+    LOSS_WORDS,
     MAX_STEP,
     LogBuilder,
     LogError,
@@ -90,19 +92,23 @@ _QUOTED_NAME = re.compile(rf"([\"'])({_WORD})\1(?=\s*[:=])")
 pretty-printed JSON record, cut from it): the name without its quotes."""
 _NONFINITE_WORD = re.compile(r"(?<![\w'\"])(-?(?:nan|inf(?:inity)?))(?![\w'\"])", re.IGNORECASE)
 
-_EVAL_FIELD = re.compile(r"\|\s*(?:valid|validation|eval|evaluation|dev|test)\s*\|",
+_EVAL_FIELD = re.compile(r"(?:\|\s*(?:valid|validation|eval|evaluation|dev|test)\s*\|)"
+                         r"|(?:\[\s*(?:valid|validation|eval|evaluation|dev|test)\s*\])",
                          re.IGNORECASE)
-"""A field of a `|`-separated logger line that says the line reports an evaluation."""
+"""A field that says the line reports an evaluation: one of a `|`-separated logger line
+(fairseq's `| valid |`) or a bracketed tag (Marian's `[valid]`)."""
 
 COUNTERS = ("global_step", "global step", "step", "steps", "iteration", "iterations", "iter",
-            "iters", "it", "num_updates", "updates",
+            "iters", "it", "num_updates", "updates", "update",
             "current_steps", "progress", "batch", "epoch")
 """Names that number rows."""
 FAMILY = {"global_step": "step", "global step": "step", "steps": "step", "current_steps": "step",
           "iteration": "step", "iterations": "step", "iter": "step", "iters": "step",
-          "it": "step", "num_updates": "step", "updates": "step"}
+          "it": "step", "num_updates": "step", "updates": "step", "update": "step"}
 """Spellings of one counter (`global_step=120` on one line, `step: 130` on the next; the first
 on a line counts: litgpt's `iter 1152 step 144` counts iterations)."""
+ABBREVIATED = {"ep.": "epoch", "up.": "update", "it.": "it", "iter.": "iter"}
+"""Counters written short with a dot (Marian's `Ep. 2 : Up. 80000`)."""
 NUMBERING = ("step", "progress", "batch", "epoch")
 """The counters in order of preference (a tie in how well they number goes to the earlier)."""
 TOTALS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second"})
@@ -195,13 +201,21 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         if value is not None:
             values.setdefault(match.group(1), value)
     for name in list(values):
-        lowered = name.lower()
+        lowered = ABBREVIATED.get(name.lower(), name.lower())
         if lowered in COUNTERS:
             family = FAMILY.get(lowered, lowered)
             if family == "step" and "step" not in counters:
                 spellings[SPELLING] = lowered
             counters.setdefault(family, values.pop(name))
     return values, counters | spellings
+
+
+def _unprefixed(name: str) -> str:
+    """An evaluation's name without its evaluation prefix (`eval_cross-entropy` ->
+    `cross-entropy`)."""
+    lowered = name.lower()
+    prefix = next((p for p in EVAL_PREFIXES if lowered.startswith(p)), "")
+    return name[len(prefix):]
 
 
 def _name(words: str) -> str:
@@ -298,7 +312,8 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
                 values["loss"] = math.log(value) if value > 0 else math.nan
         if not any(is_loss_name(name) for name in values):
             evaluation = {k: v for k, v in values.items() if is_eval_name(k)}
-            losses = [k for k in evaluation if "loss" in k.lower()]
+            losses = [k for k in evaluation if "loss" in k.lower()
+                      or _unprefixed(k).lower() in LOSS_WORDS]
             if losses and not rows:
                 eval_rows.append(LineRow({EVAL_AS_LOSS: evaluation[losses[0]]},
                                          {k: v for k, v in counters.items()
