@@ -176,6 +176,45 @@ def test_lines_without_the_step_belong_to_the_step_before_them(tmp_path: Path) -
     assert same(log.series["loss"], [0.000200677, 0.000163287])
 
 
+def _caffe_named_output(losses: list[float], first: int, cut: bool) -> str:
+    """Caffe's solver lines for a net whose loss layer has its own name: the iteration's loss,
+    the net's outputs (a constant and the named loss) without the iteration, then the LR. With
+    `cut`, the paste starts inside the first record: its `Iteration N, loss` line is missing."""
+    lines = []
+    for k, value in enumerate(losses):
+        it = first + 100 * k
+        lines += [f"I0718 05:{k:02d}:01.970 23375 solver.cpp:218] Iteration {it} (1.00034 iter/s, "
+                  f"99.9662s/100 iters), loss = {value}",
+                  f"I0718 05:{k:02d}:01.971 23375 solver.cpp:237]     Train net output #0: "
+                  "lambda = 5",
+                  f"I0718 05:{k:02d}:01.971 23375 solver.cpp:237]     Train net output #1: "
+                  f"softmax_loss = {value} (* 1 = {value} loss)",
+                  f"I0718 05:{k:02d}:01.972 23375 sgd_solver.cpp:105] Iteration {it}, lr = 0.0001"]
+    return "\n".join(lines[1:] if cut else lines) + "\n"
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_caffe_paste_starting_inside_a_record_numbers_every_row_by_its_iteration(
+        tmp_path: Path, cut: bool) -> None:
+    """The first record's `Train net output` line, its `Iteration` loss line cut off, takes the
+    iteration of the `Iteration N, lr` line that closes it, and its named loss stands for the
+    loss (the same value as the `loss = X` of every other record)."""
+    losses = [35.8096, 38.7695, 43.6644, 47.6553]
+    log = read_log(write(tmp_path / "caffe.log", _caffe_named_output(losses, 23400, cut)))
+    assert log.steps == [23400, 23500, 23600, 23700] and log.step_unit == "iteration"
+    assert same(log.series["loss"], losses)
+    assert log.series["lr"] == [0.0001] * 4
+
+
+def test_a_named_loss_that_differs_from_the_loss_does_not_stand_for_it(tmp_path: Path) -> None:
+    """Only a value that is the loss printed again fills a record without it: an auxiliary loss
+    with values of its own leaves that record without a loss."""
+    text = ("step 1 aux_loss 9.0\nstep 2 loss 2.0 aux_loss 0.5\nstep 3 loss 1.9 aux_loss 0.4\n"
+            "step 4 loss 1.8 aux_loss 0.3\n")
+    log = read_log(write(tmp_path / "aux.log", text))
+    assert log.steps == [1, 2, 3, 4] and log.series["loss"] == [None, 2.0, 1.9, 1.8]
+
+
 def test_a_progress_counter_restarting_each_epoch_counts_across_epochs(tmp_path: Path) -> None:
     text = "".join(f"Epoch: [{e}] [{i:4d}/100] loss: {2.0 - e * 0.1 - i / 1000:.4f}\n"
                    for e in range(3) for i in (0, 50))

@@ -23,6 +23,8 @@ a counter that repeats (`Epoch 1` on every line of the epoch, a float epoch) doe
 one, rows are numbered from 1 (`row 3`), with the epoch in their name where the line has one.
 Records printed on one line, or wrapped over several at a width (`Epoch #1 Loss: 0.55
 Accuracy: 0.72 Epoch #2 Loss:` then `0.43 ...`), are cut at their counter, one row each.
+Lines without the step belong to the step of the line before them; at the head of a paste
+that starts inside a record, to the step of the line that closes it (Caffe's `Iteration N, lr`).
 The same row printed twice (a line logged by two handlers, one rounding: LLaMA-Factory's
 callback beside the Trainer's) is read once. A run's closing totals (`train_runtime`, ...)
 are not a row.
@@ -324,6 +326,9 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
             elif (owner := _row_of_step(rows, counters)) is not None:
                 for name, value in values.items():  # Caffe's `Iteration N, lr = X`
                     owner.values.setdefault(name, value)
+            elif _number_leading(rows, counters):
+                for name, value in values.items():
+                    rows[-1].values.setdefault(name, value)
             elif not rows and not evaluation and GRAD_NORM in map(canonical_name, values):
                 norm_rows.append(_line_row(values, counters, epoch))
                 if len(norm_rows) > MAX_ROWS:
@@ -403,6 +408,51 @@ def _row_of_step(rows: list[LineRow], counters: dict[str, float]) -> LineRow | N
         if "step" in row.counters:
             return row if row.counters["step"] == step else None
     return None
+
+
+def _number_leading(rows: list[LineRow], counters: dict[str, float]) -> bool:
+    """Rows at the head of a log, none carrying a step, followed by a line that holds a step and
+    no loss: that line closes their record, whose first line the paste cut off (Caffe prints
+    `Iteration N, loss = X`, its `Train net output` lines, then `Iteration N, lr = Y`; a paste
+    that starts inside a record starts with its `Train net output` lines). They take its step."""
+    step = counters.get("step")
+    if step is None or not rows or any("step" in row.counters for row in rows):
+        return False
+    spelling = str(counters.get(SPELLING, "step"))
+    for row in rows:
+        row.counters["step"] = step
+        row.spelling = spelling
+    return True
+
+
+TWIN_AGREEMENT = 2
+"""Rows on which the loss and another loss-named value must agree, and none disagree, before
+that value stands for the loss on a row without one."""
+
+
+def _fill_loss_from_its_twin(rows: list[LineRow]) -> None:
+    """A record without `loss` takes it from the one other loss-named value it holds, where that
+    value is the loss printed again under its own name in every record holding both (Caffe's
+    `Iteration N, loss = X` beside `Train net output #1: softmax_loss = X`: a record whose
+    `Iteration` line was cut off still holds its softmax_loss). A record is the rows of one step
+    (each row its own where the rows carry none)."""
+    records: dict[object, dict[str, float]] = {}
+    for row in rows:
+        records.setdefault(row.counters.get("step", id(row)), {}).update(row.values)
+    missing = [key for key, values in records.items() if "loss" not in values]
+    if not missing or len(missing) == len(records):
+        return
+    twins = {name for key in missing for name in records[key] if is_loss_name(name)}
+    if len(twins) != 1:
+        return
+    twin = twins.pop()
+    both = [values for values in records.values() if "loss" in values and twin in values]
+    if len(both) < TWIN_AGREEMENT or not all(_agree(v["loss"], v[twin]) for v in both):
+        return
+    for row in rows:
+        key = row.counters.get("step", id(row))
+        if key in missing and twin in row.values:
+            row.values["loss"] = row.values[twin]
 
 
 def _inherit_steps(rows: list[LineRow]) -> None:
@@ -485,6 +535,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     elif stand_in == GRAD_NORM:
         log.notes.append("the log holds no loss: its gradient norm is all it says of the run")
     _inherit_steps(rows)
+    _fill_loss_from_its_twin(rows)
     counter = _numbering(rows)
     if counter == "step":
         spellings = [row.spelling for row in rows]
