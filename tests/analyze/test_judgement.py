@@ -350,3 +350,20 @@ def test_the_onset_is_not_traced_back_into_the_first_rows_of_training(
                               for i, v in enumerate(losses)) + "\n")
     result = analyze(path)
     assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", onset)
+
+
+# -- a collapse only the evaluations show: they say whether it passed -----------------------------
+@pytest.mark.parametrize("wers, verdict", [
+    ([35.0, 33.0, 31.0, 150.0], "degraded"),  # off its cliff at the last evaluation
+    ([35.0, 33.0, 150.0, 30.0], "recovered"),  # back within its bound at the next one
+])
+def test_a_metric_cliff_is_recovered_only_when_a_later_evaluation_shows_it(
+        tmp_path: Path, wers: list[float], verdict: str) -> None:
+    """The training loss falls throughout; an evaluation's error rate jumps 4x its best. The
+    training loss never left its course, so it cannot say the run came back: a later
+    evaluation of the metric can."""
+    rows = [{"loss": v, "grad_norm": 1.0, "learning_rate": 2e-5} for v in falling(80)]
+    evals = [{"step": 20 * (k + 1), "eval_wer": w, "eval_loss": 1.2}
+             for k, w in enumerate(wers)]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows, evals))
+    assert (result.verdict, result.kind) == (verdict, "collapse"), result.evidence

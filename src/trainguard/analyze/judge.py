@@ -31,6 +31,9 @@ reads their events with hindsight, the whole log in view:
    level whatever the noise), or when it went back to chance level, unless it is visibly on its
    way back (its loss fell on every row from its peak to the end of the log, over three rows or
    more). Trouble from the first logged row has no level to come back to: the run degraded.
+   So did a run whose only trouble is an evaluation metric fallen off a cliff that no later
+   evaluation shows back within the cliff's bound of its best: the training loss, which never
+   showed the trouble, cannot say it passed.
    Otherwise the spike was recovered, unless its jumps took back less than a tenth of what the
    loss had come down from its start (`NEGLIGIBLE_SHARE`: a loss near its floor, where one odd
    batch is a large ratio and a small loss): then the run is healthy.
@@ -55,6 +58,7 @@ from trainguard.analyze.chance import AtChance
 from trainguard.analyze.log import GRAD_NORM, LOSS, Log
 from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
+from trainguard.detect.metric_collapse import CLIFF_DROP, CLIFF_RISE, lower_is_better
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind
 from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse, times
@@ -172,6 +176,10 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     if final is None:
         return Judgement(DEGRADED, kind, onset, incident, isolated, reference, final,
                          "no finite loss after the onset"), earlier
+    if kinds <= {"metric_collapse"} and (lasting := _collapse_lasts(log, incident)):
+        # the evaluations, not the loss, showed the trouble: they say whether it passed
+        return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, lasting),
+                earlier)
     worse = ended_worse(final, reference, tail)
     if chance is not None and chance.row >= onset:
         worse = True
@@ -200,6 +208,31 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
               "it was before the trouble")
     return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
+
+
+def _collapse_lasts(log: Log, incident: list[Event]) -> str | None:
+    """How an evaluation metric that fell off a cliff is still down at the log's last
+    evaluation of it (None when each one came back within the cliff's bound of its best): a
+    collapse nothing after it shows passing is no recovery, whatever the training loss did."""
+    for event in incident:
+        name, best = event.details.get("metric"), event.details.get("best")
+        if event.details.get("rule") != "cliff" or name is None or not best:
+            continue
+        after = log.steps[event.details["row"]]
+        later = [m[name] for step, m in log.evals
+                 if step > after and name in m and math.isfinite(m[name])]
+        if any(_back(name, value, best) for value in later):
+            continue
+        where = "its last evaluation" if not later else f"all {len(later)} evaluations after it"
+        return (f"eval {name} is still off its best {best:.4g} at {where}: the evaluations "
+                "show no recovery, whatever the training loss did")
+    return None
+
+
+def _back(name: str, value: float, best: float) -> bool:
+    if lower_is_better(name):
+        return value <= CLIFF_RISE * best
+    return value >= CLIFF_DROP * best
 
 
 def _trouble(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,
