@@ -161,7 +161,8 @@ def run(steps: int, guarded: bool, workdir: Path, size: Size = Size()
     model = policy(tok, size)
     rows = [{"prompt": f"say a{i % 5} "} for i in range(64)]
     args = trl.GRPOConfig(per_device_train_batch_size=8, num_generations=4, beta=0.0,
-                          max_completion_length=size.completion_length, output_dir=str(workdir), max_steps=steps,
+                          max_completion_length=size.completion_length,
+                          output_dir=str(workdir), max_steps=steps,
                           learning_rate=1e-3, logging_steps=4, report_to=[], save_strategy="no",
                           seed=0, use_cpu=True, disable_tqdm=True)
     inside = Stopwatch()
