@@ -163,6 +163,14 @@ class Guard:
         for event in self._sample_judge.judge(step, stats):
             self.run.emit_event(event)
         self.run.samples_broken = self._sample_judge.broken
+        try:  # drawn for the run store, the report and TensorBoard
+            sheet = probe.sheet(step, stats, degraded=self._sample_judge.broken is not None)
+        except Exception as exc:  # a drawing's bug never stops the training
+            log.error("trainguard: the samples after step %d could not be drawn (%s: %s)",
+                      step, type(exc).__name__, exc)
+            sheet = None
+        if sheet is not None:
+            self.run.sinks.on_samples(sheet)
 
     @property
     def samples(self) -> torch.Tensor | None:

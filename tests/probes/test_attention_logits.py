@@ -66,6 +66,25 @@ def test_a_fused_block_against_a_hand_computed_value() -> None:
     assert seen[0] == [""] and seen[1].tolist() == pytest.approx([expected])
 
 
+def test_a_sampling_pass_without_gradients_is_not_read() -> None:
+    """Completions sampled in train mode under `no_grad` (GRPO) before the forward that trains:
+    their logits are neither computed nor taken into the step's largest."""
+    block = Fused()
+    with torch.no_grad():  # q = x, k = 2x (per element), v = 0
+        block.qkv.weight.zero_()
+        block.qkv.weight[0:4].copy_(torch.eye(4))
+        block.qkv.weight[4:8].copy_(2 * torch.eye(4))
+    probe = AttentionLogitProbe(block)
+    probe.attach()
+    with torch.no_grad():
+        block(torch.full((1, 3, 4), 50.0))  # sampling: huge logits, not the training batch
+    x = torch.tensor([[[1.0, 0.0, 2.0, -1.0], [0.5, 3.0, 0.0, 1.0], [-2.0, 1.0, 1.0, 0.0]]])
+    block(x).sum().backward()
+    seen = probe.detach()
+    assert seen is not None
+    assert seen[1].tolist() == pytest.approx([18.5 / math.sqrt(2)])
+
+
 def test_the_causal_mask_leaves_out_later_keys() -> None:
     block = Fused()
     block.is_causal = False  # type: ignore[misc]

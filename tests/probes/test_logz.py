@@ -91,3 +91,20 @@ def test_the_ceiling_is_what_the_costliest_target_could_cost() -> None:
     rows = logits.reshape(-1, 7)
     costs = -torch.log_softmax(rows, -1)  # every target at every position
     assert ceiling == pytest.approx(float(costs.max()), rel=1e-5)
+
+
+def test_a_sampling_pass_without_gradients_is_not_read() -> None:
+    """A loop that samples completions (GRPO) runs the model in train mode under `no_grad`
+    before the forward it trains on: that pass is neither measured nor kept."""
+    model = nn.Linear(3, 4, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(4, 3))
+    probe = LogZProbe(model)
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    model(x).sum().backward()
+    with torch.no_grad():
+        model(torch.full((2, 3), 100.0))  # sampling after the training forward
+    seen = probe.take()
+    expected = math.log(math.exp(1) + math.exp(2) + math.exp(3) + 1)
+    assert float(seen["logz_mean"]) == pytest.approx(expected, rel=1e-6)
+    probe.close()

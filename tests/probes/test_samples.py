@@ -120,3 +120,49 @@ def test_colour_noise_is_seen_long_before_any_loss_event_and_the_healthy_twin_is
     verdict = runs["v_target"].verdict
     assert verdict is not None and verdict.verdict == "degraded"
     assert "samples were broken from step" in verdict.message
+
+
+def test_the_samples_are_kept_in_the_run_store_drawn_in_the_report_and_in_tensorboard(
+        tmp_path) -> None:
+    """The run store keeps each call's samples drawn (the first marked the reference), the HTML
+    report shows them over steps, and TensorBoard gets them as images."""
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator", reason="needs tensorboard")
+    from trainguard.report.data import read_run
+    from trainguard.report.sample_grid import samples_html
+    from trainguard.sinks import TensorBoardSink
+
+    scheduler = diffusers.DDPMScheduler(num_train_timesteps=100)
+    images = torch.rand(32, 3, 8, 8) * 2 - 1
+
+    def fixed_sampler(model: torch.nn.Module) -> torch.Tensor:
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+        return model(x, torch.tensor(50)).sample
+
+    unet = tiny_unet()
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-3)
+    config = GuardConfig(probes={"samples_every": 2, "samples_budget": 1.0}, **QUIET)
+    guard = Guard(unet, optimizer, config=config, sample_fn=fixed_sampler,
+                  run_dir=tmp_path / "run", sinks=[TensorBoardSink(tmp_path / "tb")])
+    for step in range(6):
+        clean = images[step * 4:][:4]
+        noise = torch.randn(clean.shape)
+        t = torch.randint(0, 100, (4,))
+        loss = F.mse_loss(unet(scheduler.add_noise(clean, noise, t), t).sample, noise)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+
+    data = read_run(tmp_path / "run")
+    kept = data.meta["samples"]
+    assert [s["step"] for s in kept] == [-1, 1, 3, 5]
+    assert [s["first"] for s in kept] == [True, False, False, False]
+    assert not any(s["degraded"] for s in kept)
+    html = samples_html(data)
+    assert html is not None and html.count('<img class="samples"') == 4
+
+    tb = accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    tb.Reload()
+    assert [e.step for e in tb.Images("samples")] == [-1, 1, 3, 5]
+    assert {e.step for e in tb.Scalars("samples/roughness")} == {-1, 1, 3, 5}

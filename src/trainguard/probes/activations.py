@@ -24,6 +24,14 @@ from torch import nn
 log = logging.getLogger("trainguard")
 
 
+def training_forward(module: nn.Module) -> bool:
+    """Whether this forward is one training learns from: the module in train mode and gradients
+    recorded. Sampling completions (GRPO), a reference model's pass, an evaluation inside the
+    step and a reentrant checkpoint's first pass run without gradients (the checkpoint's
+    recomputation, with them, is read instead)."""
+    return module.training and torch.is_grad_enabled()
+
+
 def first_float_tensor(output: Any) -> torch.Tensor | None:
     if isinstance(output, torch.Tensor):
         return output if output.is_floating_point() else None
@@ -72,10 +80,8 @@ class ActivationProbe:
 
     def _hook(self, name: str):
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            if not torch.is_grad_enabled():
-                # not the forward that trains: sampling completions, a reference model, an
-                # evaluation inside the step (its constant start token is no collapsed layer)
-                return
+            if not torch.is_grad_enabled():  # see `training_forward`: a sampling pass's
+                return  # constant start token is no collapsed layer
             try:
                 tensor = first_float_tensor(output)
                 if tensor is None or tensor.numel() == 0:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainguard.probes.activations import first_float_tensor
+from trainguard.probes.activations import first_float_tensor, training_forward
 
 log = logging.getLogger("trainguard")
 
@@ -203,8 +203,8 @@ class AttentionLogitProbe:
     def _guarded(self, layer: _Layer,
                  measure: Callable[[_Layer, torch.Tensor], None]) -> Callable[..., None]:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            if not layer.module.training:
-                return  # an evaluation inside the step says nothing of training
+            if not training_forward(layer.module):
+                return  # an evaluation or a sampling pass says nothing of training
             try:
                 tensor = first_float_tensor(output)
                 if tensor is None or tensor.dim() not in (3, 4) or tensor.numel() == 0:

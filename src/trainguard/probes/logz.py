@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainguard.probes.activations import training_forward
 from trainguard.probes.outputs import model_output_tensor
 
 log = logging.getLogger("trainguard")
@@ -86,7 +87,7 @@ class LogZProbe:
             model.register_forward_hook(self._hook))
 
     def _hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        if not self.armed or not module.training:
+        if not self.armed or not training_forward(module):
             return
         try:
             tensor = model_output_tensor(output)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainguard.probes.activations import first_float_tensor
+from trainguard.probes.activations import first_float_tensor, training_forward
 
 log = logging.getLogger("trainguard")
 
@@ -73,7 +73,7 @@ class OutputProbe:
             self._handle = self.model.register_forward_hook(self._hook)
 
     def _hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        if not module.training:
+        if not training_forward(module):
             return
         try:
             tensor = model_output_tensor(output)

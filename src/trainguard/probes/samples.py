@@ -21,11 +21,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
+from trainguard.probes.sample_sheet import SampleSheet, display_range, draw
 from trainguard.rng import process_state, put_process_state
 
 log = logging.getLogger("trainguard")
@@ -100,6 +101,8 @@ class SampleProbe:
         """The steps between the last two calls."""
         self.last: torch.Tensor | None = None
         """The last samples, small, on the host (for a report)."""
+        self.range: tuple[float, float] | None = None
+        """The colour range every drawing of the run uses: the first samples' range."""
 
     def due(self, step: int) -> bool:
         return step >= self.next_step
@@ -132,6 +135,16 @@ class SampleProbe:
         gap = self._gap(trained)
         self.next_step, self._gap_steps = step + gap, gap
         return stats
+
+    def sheet(self, step: int, stats: ImageStats, *, degraded: bool) -> SampleSheet | None:
+        """The last samples drawn in the run's colour range (fixed by the first samples)."""
+        if self.last is None:
+            return None
+        first = self.range is None
+        if self.range is None:
+            self.range = display_range(self.last)
+        return SampleSheet(step=step, pixels=draw(self.last, *self.range), stats=asdict(stats),
+                           degraded=degraded, first=first)
 
     def _gap(self, trained: float | None) -> int:
         """Steps until the next call: `every`, or more when a call costs more than `budget` of

@@ -18,6 +18,7 @@ from trainguard.report import page, tables
 from trainguard.report.data import RunData, read_run
 from trainguard.report.escape import text
 from trainguard.report.figures import Figures, build_figures
+from trainguard.report.sample_grid import samples_html
 from trainguard.store.files import DB_NAME, LOCK_NAME
 
 INSTALL_HINT = "pip install 'trainguard[report]'"
@@ -58,6 +59,10 @@ def render(data: RunData, figures: Figures, script: str) -> str:
                 tables.events_html(data)]
     nav = [("verdict", "verdict"), ("diagnosis", "likely causes"), ("plots", "plots"),
            ("preflight", "preflight"), ("actions", "actions"), ("events", "events")]
+    samples = samples_html(data)
+    if samples is not None:  # a generative model's samples over steps, after the plots
+        sections.insert(3, samples)
+        nav.insert(3, ("samples", "samples"))
     return page.page(title=f"trainguard report: {data.run_dir} (run {data.run_id})",
                      header=header, nav=nav, sections=sections, figures=figures.figures,
                      arrays=figures.arrays, plotly_js=script)

@@ -46,6 +46,7 @@ td { overflow-wrap: break-word; }
 table.compact { width: auto; margin-bottom: 10px; }
 ul { margin: 0; padding-left: 18px; }
 .note { color: #616e7c; font-size: 13px; }
+img.samples { image-rendering: pixelated; height: 96px; }
 .verdict { font-size: 15px; padding: 8px 12px; border-radius: 4px; background: #eef2f7; }
 .verdict.ok { background: #e3f9e5; } .verdict.warn { background: #fff3c4; }
 .verdict.bad { background: #ffe3e3; }

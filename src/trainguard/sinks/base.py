@@ -2,7 +2,8 @@
 
 A sink hears everything a run says, in this order: `on_run_start` once; then, as they happen,
 `on_findings` (the preflight audit, runtime checks), `on_event`, `on_action` (skip, clip, rollback,
-LR change, halt, snapshot) and `on_step` once per step; at the end `on_sampled` (the last sampled
+LR change, halt, snapshot), `on_step` once per step and `on_samples` (a generative model's samples,
+drawn, when the Guard has a `sample_fn`); at the end `on_sampled` (the last sampled
 statistics), `on_diagnosis` (the ranked causes), `on_verdict` (did training work: healthy,
 recovered, degraded), `on_run_error` when an exception ended the run (its type and message),
 `on_run_end` with the run's status (`finished`, `halted`, `failed` (a rank lost under
@@ -21,6 +22,7 @@ from trainguard.vocabulary import Status
 
 if TYPE_CHECKING:
     from trainguard.finding import Finding
+    from trainguard.probes.sample_sheet import SampleSheet
     from trainguard.ranked_cause import RankedCause
     from trainguard.run_verdict import RunVerdict
     from trainguard.signals import SampledStats
@@ -28,8 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainguard")
 
 SINK_METHODS = ("on_run_start", "on_findings", "on_event", "on_action", "on_diagnosis",
-                "on_step", "on_eval", "on_sampled", "on_verdict", "on_run_error", "on_run_end",
-                "close")
+                "on_step", "on_samples", "on_eval", "on_sampled", "on_verdict", "on_run_error",
+                "on_run_end", "close")
 
 
 class Sink:
@@ -53,6 +55,10 @@ class Sink:
     def on_step(self, report: StepReport) -> None:
         """Called once per step, after the step was applied, skipped, rolled back or halted.
         `report.signals.sampled` holds the heavy-probe statistics that arrived with the step."""
+
+    def on_samples(self, sheet: SampleSheet) -> None:
+        """Called after the steps whose end made samples (`Guard(sample_fn=...)`), with them
+        drawn in one strip, their statistics and whether the sample judge holds them broken."""
 
     def on_eval(self, step: int, metrics: dict[str, float]) -> None:
         """Called with evaluation metrics (`guard.observe_eval`, a trainer's evaluation), NaN
@@ -115,6 +121,9 @@ class SinkSet:
 
     def on_step(self, report: StepReport) -> None:
         self._call("on_step", report)
+
+    def on_samples(self, sheet: SampleSheet) -> None:
+        self._call("on_samples", sheet)
 
     def on_eval(self, step: int, metrics: dict[str, float]) -> None:
         self._call("on_eval", step, metrics)

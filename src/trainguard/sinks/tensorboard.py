@@ -17,6 +17,8 @@ Needs the `tensorboard` package (`pip install 'trainguard[tensorboard]'`); it wr
                     (update_ratio/<param>, act_zero_frac/<module>, ...), output/<key>, with the
                     counts nonfinite/weights and nonfinite/activations
     evaluations     eval/<metric>
+    samples         the image `samples` (a `sample_fn`'s samples, drawn; NaN and inf magenta),
+                    samples/<statistic> and samples/degraded (1 while the judge holds them broken)
     text            events and actions (one entry per step), findings, config, verdict, status
 
 TensorBoard drops NaN and inf points from its charts, so a non-finite value is not written as a
@@ -47,6 +49,7 @@ from trainguard.sinks.base import Sink
 
 if TYPE_CHECKING:
     from trainguard.finding import Finding
+    from trainguard.probes.sample_sheet import SampleSheet
     from trainguard.run_verdict import RunVerdict
     from trainguard.signals import SampledStats
 
@@ -240,6 +243,16 @@ class TensorBoardSink(Sink):
             return []
         return [(f"{key}/{name}", float(v))
                 for name, v in zip(names, values.tolist(), strict=False)]
+
+    def on_samples(self, sheet: SampleSheet) -> None:
+        """The samples as an image (IMAGES tab; NaN and inf magenta) and their statistics."""
+        writer = self._open()
+        if writer is None:
+            return
+        writer.add_image("samples", sheet.pixels, sheet.step, dataformats="HWC")
+        self._scalars(sheet.step, [(f"samples/{key}", float(value))
+                                   for key, value in sheet.stats.items()]
+                      + [("samples/degraded", float(sheet.degraded))])
 
     def on_eval(self, step: int, metrics: dict[str, float]) -> None:
         numbers = [(name, float(v)) for name, v in metrics.items()

@@ -14,6 +14,7 @@ The sink registers with `trainguard.lifecycle`, so a process that ends without c
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +28,26 @@ from trainguard.vocabulary import Status
 
 if TYPE_CHECKING:
     from trainguard.finding import Finding
+    from trainguard.probes.sample_sheet import SampleSheet
     from trainguard.ranked_cause import RankedCause
     from trainguard.run_verdict import RunVerdict
     from trainguard.signals import SampledStats
+
+
+SAMPLE_SHEETS = 16
+"""Drawn samples a run keeps (meta `samples`): the first, every one the judge held broken up to
+this many, the rest thinned evenly over the run."""
+
+
+def kept_sheets(sheets: list[dict[str, Any]], cap: int = SAMPLE_SHEETS) -> list[dict[str, Any]]:
+    """`sheets` (in step order) cut to `cap`: the first and the last stay, broken ones are
+    dropped last, and among the others every second one goes, from the oldest."""
+    while len(sheets) > cap:
+        middle = [i for i in range(1, len(sheets) - 1) if not sheets[i]["degraded"]]
+        drop = middle[::2] if middle else list(range(1, len(sheets) - 1))[::2]
+        drop = drop[:len(sheets) - cap]
+        sheets = [sheet for i, sheet in enumerate(sheets) if i not in set(drop)]
+    return sheets
 
 
 class RunStoreSink(Sink):
@@ -43,6 +61,7 @@ class RunStoreSink(Sink):
         self._shapes: list[list[int]] = []
         self._widths: list[list[int]] = []
         self._evals: list[dict[str, Any]] = []
+        self._sheets: list[dict[str, Any]] = []
         """[first step, number of watched parameters] each time the optimizer gained some."""
         self._handle = lifecycle.track(self._end_and_close)
 
@@ -107,6 +126,13 @@ class RunStoreSink(Sink):
                 self.store.put_param_metrics(stats.step, stats.per_param)
             if stats.per_module:
                 self.store.put_module_metrics(stats.step, stats.module_names, stats.per_module)
+
+    def on_samples(self, sheet: SampleSheet) -> None:
+        self._sheets = kept_sheets([*self._sheets, {
+            "step": sheet.step, "degraded": sheet.degraded, "first": sheet.first,
+            "stats": dict(sheet.stats),
+            "png": base64.b64encode(sheet.png()).decode("ascii")}])
+        self.store.put_meta("samples", list(self._sheets))
 
     def on_eval(self, step: int, metrics: dict[str, float]) -> None:
         self._evals.append({"step": step, "metrics": dict(metrics)})
