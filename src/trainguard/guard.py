@@ -30,7 +30,6 @@ from torch import nn
 
 from trainguard.checkpoints import CheckpointHealth
 from trainguard.config import GuardConfig
-from trainguard.detect.sample_judge import SampleJudge
 from trainguard.diagnose import Finding
 from trainguard.diagnose.counterfactual import Proof
 from trainguard.diagnose.replay import LossFn
@@ -38,11 +37,12 @@ from trainguard.errors import UsageError
 from trainguard.events import Event, StepReport
 from trainguard.outside_steps import OutsideSteps
 from trainguard.pipeline.run import Run
-from trainguard.probes.samples import SampleFn, SampleProbe
+from trainguard.probes.samples import SampleFn
 from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery
 from trainguard.remedies.device import skip_on_device
 from trainguard.run_end import exit_status
+from trainguard.samples_seen import SamplesSeen
 from trainguard.sinks import Sink
 from trainguard.verdict import RunVerdict
 from trainguard.vocabulary import Status
@@ -77,10 +77,8 @@ class Guard:
         self.config = self.run.config
         self._outside = OutsideSteps(optimizer)
         """The loop's own `optimizer.step()` calls, told once (`outside_steps.py`)."""
-        probes = self.config.probes
-        self._samples = (SampleProbe(sample_fn, probes.samples_every, probes.samples_budget)
-                         if sample_fn is not None else None)
-        self._sample_judge = SampleJudge()
+        self._samples = (SamplesSeen(sample_fn, self.config) if sample_fn is not None
+                         else None)
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -141,36 +139,15 @@ class Guard:
         outside = self._outside.check(self.run.steps_taken)
         if outside is not None:
             self.run.emit_event(outside)
-        if self._samples is not None and self._sample_judge.reference is None:
-            self._look_at_samples(self.run.steps_taken - 1)  # the model as given: the reference
+        if self._samples is not None:
+            self._samples.before_first_update(self.model, self.run)
         try:
             report = self._step(loss, batch, data_ids, metrics)
         finally:
             self._outside.step_ended()
         if self._samples is not None and report is not None:
-            self._look_at_samples(report.step)
+            self._samples.after_step(self.model, self.run, report.step)
         return report
-
-    def _look_at_samples(self, step: int) -> None:
-        """The samples after `step`'s update, when due: judged, and any event recorded."""
-        probe = self._samples
-        first = self._sample_judge.reference is None
-        if probe is None or not (first or probe.due(step)) or self.run.closed:
-            return
-        stats = probe.take(self.model, step)
-        if stats is None:
-            return
-        for event in self._sample_judge.judge(step, stats):
-            self.run.emit_event(event)
-        self.run.samples_broken = self._sample_judge.broken
-        try:  # drawn for the run store, the report and TensorBoard
-            sheet = probe.sheet(step, stats, degraded=self._sample_judge.broken is not None)
-        except Exception as exc:  # a drawing's bug never stops the training
-            log.error("trainguard: the samples after step %d could not be drawn (%s: %s)",
-                      step, type(exc).__name__, exc)
-            sheet = None
-        if sheet is not None:
-            self.run.sinks.on_samples(sheet)
 
     @property
     def samples(self) -> torch.Tensor | None:

@@ -482,3 +482,34 @@ def test_a_layer_unfrozen_mid_run_that_the_trainers_optimizer_lacks_is_a_warning
     assert unheld.severity == "warning" and unheld.evidence == {
         "params": ["transformer.wte.weight"], "step": 10}
     assert not [e for e in callback.events if e.severity != "info"]  # no trouble: a finding
+
+
+def test_a_sample_fn_is_judged_and_kept_and_leaves_the_training_as_it_was(
+        tmp_path: Path) -> None:
+    """`sample_fn` under the Trainer: called with the Trainer's model before the first update
+    (the reference) and then on its cadence, its samples kept in the run store, and the
+    training bit for bit that of the Trainer alone (the sampler draws from the global RNG)."""
+    reference = tiny_gpt2()
+    Trainer(model=reference, args=make_args(tmp_path, max_steps=8),
+            train_dataset=token_data()).train()
+    model = tiny_gpt2()
+    seen: list[nn.Module] = []
+
+    def token_heatmap(m: nn.Module) -> torch.Tensor:
+        seen.append(m)
+        prompt = torch.randint(0, 64, (2, 8))  # the global generator, on purpose
+        return m(input_ids=prompt).logits.softmax(-1).unsqueeze(1)  # 2 x 1 x 8 x 64 "images"
+
+    config = GuardConfig(probes={"samples_every": 3, "samples_budget": 1.0}, **QUIET)
+    callback = TrainguardCallback(config, run_dir=tmp_path / "run", sample_fn=token_heatmap)
+    Trainer(model=model, args=make_args(tmp_path, max_steps=8), train_dataset=token_data(),
+            callbacks=[callback]).train()
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters(),
+                                    strict=True):
+        assert torch.equal(ours, theirs), name
+    assert seen and all(m is model for m in seen) and model.training
+    assert callback.samples is not None and callback.samples.shape == (2, 1, 8, 64)
+    with RunReader(tmp_path / "run") as reader:
+        kept = reader.meta()["samples"]
+    assert [s["step"] for s in kept] == [-1, 2, 5]
+    assert kept[0]["first"] and not any(s["degraded"] for s in kept)

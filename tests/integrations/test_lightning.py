@@ -352,3 +352,27 @@ def test_fit_proves_its_halt_on_the_module_optimizer_and_batch(pl: ModuleType,
     proof = next(e for e in callback.events if e.kind == "proof")
     assert proof.step == 3 and list(proof.details["confirmed"]) == ["nonfinite_input"]
     assert "without the flagged sample 5" in proof.details["confirmed"]["nonfinite_input"]
+
+
+def test_a_sample_fn_is_judged_and_leaves_the_training_as_it_was(pl: ModuleType,
+                                                                  tmp_path: Path) -> None:
+    """`sample_fn` under Lightning: the reference before the first update, then on its cadence,
+    on the module being fit; the weights bit for bit those of the Trainer alone."""
+    reference = regression_module(pl)
+    plain_trainer(pl, tmp_path).fit(reference, loader())
+    module = regression_module(pl)
+    seen: list[Any] = []
+
+    def surface(m: Any) -> torch.Tensor:
+        seen.append(m)
+        grid = torch.randn(64, 8)  # the global generator, on purpose
+        return m.net(grid).reshape(1, 1, 8, 8)
+
+    config = GuardConfig(probes={"samples_every": 4, "samples_budget": 1.0}, **QUIET)
+    callback = TrainguardCallback(config, sample_fn=surface)
+    make_trainer(pl, tmp_path, callback).fit(module, loader())
+    for (name, ours), theirs in zip(module.named_parameters(), reference.parameters(),
+                                    strict=True):
+        assert torch.equal(ours, theirs), name
+    assert len(seen) == 3 and all(m is module for m in seen)  # before step 0, after 3 and 7
+    assert callback.samples is not None and callback.samples.shape == (1, 1, 8, 8)

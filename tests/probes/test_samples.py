@@ -65,7 +65,7 @@ def test_sampling_leaves_the_training_bit_for_bit_as_it_was() -> None:
     plain = train(tiny_unet(), scheduler, images, 8, lr=1e-3, config=config)
     seen = train(tiny_unet(), scheduler, images, 8, lr=1e-3, config=config,
                  sample_fn=greedy_sampler)
-    assert seen._samples is not None and seen._samples.calls == 5  # before step 0, then 1, 3, 5, 7
+    assert seen._samples is not None and seen._samples.probe.calls == 5  # before 0, then 1, 3, 5, 7
     for a, b in zip(plain.model.parameters(), seen.model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert seen.model.training and seen.samples is not None and seen.samples.shape == (2, 3, 8, 8)

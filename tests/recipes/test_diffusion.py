@@ -110,3 +110,45 @@ def test_unet_lora_trains_the_adapters_only() -> None:
     params = dict(unet.named_parameters())
     assert all(torch.equal(v, params[n]) for n, v in base.items())
     assert any(not torch.equal(v, params[n]) for n, v in lora.items())
+
+
+def test_pipeline_sampler_samples_the_trained_unet_and_leaves_the_training_alone() -> None:
+    """A DDPMPipeline built on the UNet being trained: its samples through the Guard, the
+    training bit for bit as without them, the training's scheduler's timesteps untouched."""
+    from diffusers import DDPMPipeline
+
+    from trainguard.errors import UsageError
+    from trainguard.recipes import pipeline_sampler
+
+    def train(with_samples: bool) -> tuple[torch.nn.Module, Guard, torch.Tensor]:
+        torch.manual_seed(0)
+        unet = tiny_unet()
+        scheduler = noise_scheduler()
+        scheduler.set_timesteps(7)
+        before = scheduler.timesteps.clone()
+        sample_fn = (pipeline_sampler(DDPMPipeline(unet=unet, scheduler=scheduler), images=2,
+                                      steps=3) if with_samples else None)
+        optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-3)
+        config = GuardConfig(policy="observe", sinks={"console": False},
+                             probes={"samples_every": 2, "samples_budget": 1.0})
+        guard = Guard(unet, optimizer, config=config, sample_fn=sample_fn)
+        for step in range(4):
+            loss = pixel_loss(unet, seed=step)
+            loss.backward()
+            guard.step(loss)
+            optimizer.zero_grad(set_to_none=True)
+        guard.close()
+        assert torch.equal(scheduler.timesteps, before)
+        return unet, guard, before
+
+    plain, _, _ = train(False)
+    sampled, guard, _ = train(True)
+    for a, b in zip(plain.parameters(), sampled.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert guard.samples is not None and guard.samples.shape[:2] == (2, 3)
+    assert float(guard.samples.min()) >= 0.0 and float(guard.samples.max()) <= 1.0
+    other = pipeline_sampler(DDPMPipeline(unet=tiny_unet(), scheduler=noise_scheduler()))
+    with pytest.raises(UsageError, match="does not hold the model"):
+        other(sampled)
+    with pytest.raises(UsageError, match="diffusers pipeline"):
+        pipeline_sampler(object())

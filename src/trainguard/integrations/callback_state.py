@@ -13,6 +13,8 @@ from trainguard.config import GuardConfig
 from trainguard.errors import UsageError
 from trainguard.events import Event, StepReport
 from trainguard.pipeline.run import Run
+from trainguard.probes.samples import SampleFn
+from trainguard.samples_seen import SamplesSeen
 from trainguard.sinks import Sink
 
 
@@ -44,13 +46,29 @@ class CallbackState:
     state that round-trips through the framework's checkpoints (plain types only)."""
 
     def _init_state(self, config: GuardConfig | None, run_dir: str | Path | None,
-                    sinks: list[Sink] | None) -> None:
+                    sinks: list[Sink] | None, sample_fn: SampleFn | None = None) -> None:
         self.config = callback_config(config)
         self.run_dir = run_dir
         self.sinks = list(sinks or [])
         self.run: Run | None = None
         self.last_report: StepReport | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._samples = SamplesSeen(sample_fn, self.config) if sample_fn is not None else None
+
+    @property
+    def samples(self) -> torch.Tensor | None:
+        """The last samples made by `sample_fn` (at most 8, on the host), or None."""
+        return self._samples.last if self._samples is not None else None
+
+    def _samples_before(self, model: torch.nn.Module) -> None:
+        """The reference samples, from the model as the trainer hands it over at the start."""
+        if self._samples is not None and self.run is not None:
+            self._samples.before_first_update(model, self.run)
+
+    def _samples_after(self, model: torch.nn.Module | None, report: StepReport | None) -> None:
+        if self._samples is not None and self.run is not None and model is not None \
+                and report is not None:
+            self._samples.after_step(model, self.run, report.step)
 
     @property
     def events(self) -> list[Event]:

@@ -49,6 +49,7 @@ from trainguard.integrations.trl import (
 )
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
+from trainguard.probes.samples import SampleFn
 from trainguard.registry import Kind
 from trainguard.sinks import Sink
 from trainguard.sinks.trackers import TrackerHints
@@ -142,13 +143,17 @@ class TrainguardCallback(CallbackState, TrainerCallback):
     The policy, detectors and everything else come from `config`. `replay_fn=model_loss` (or
     your own `loss(model, batch)`) lets a step with an error be replayed, and its causes proved
     by replay under halt and recover (`trainguard.diagnose.counterfactual`), on the model,
-    optimizer and batch the Trainer hands over.
+    optimizer and batch the Trainer hands over. `sample_fn(model) -> images`: as `Guard`'s, a
+    generative model's samples made and judged after a step now and then.
     """
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
-                 sinks: list[Sink] | None = None, replay_fn: LossFn | None = None) -> None:
-        self._init_state(config, run_dir, sinks)
+                 sinks: list[Sink] | None = None, replay_fn: LossFn | None = None,
+                 sample_fn: SampleFn | None = None) -> None:
+        self._init_state(config, run_dir, sinks, sample_fn)
         self.replay_fn = replay_fn
+        self._model: nn.Module | None = None
+        """The model the Trainer handed over at the start: what `sample_fn` samples from."""
         self._tap: _LossTap | None = None
         self._objective: ObjectiveTap | None = None
         self._metrics: MetricsTap | None = None
@@ -218,6 +223,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if trainer is not None and is_trl_trainer(trainer):
             self._objective, self._metrics = ObjectiveTap(trainer), MetricsTap(trainer)
             self._surrogate = not minimises_objective(trainer)
+        self._model = model
+        self._samples_before(model)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kwargs: Any) -> None:
@@ -252,6 +259,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         report = self.run.after_update(ctx)
         if report is not None:
             self.last_report = report
+        self._samples_after(self._model, report)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:

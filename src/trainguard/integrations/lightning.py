@@ -45,6 +45,7 @@ from trainguard.integrations.callback_state import CallbackState, unwrap_optimiz
 from trainguard.integrations.checkpoint_io import MarkingCheckpointIO
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
+from trainguard.probes.samples import SampleFn
 from trainguard.sinks import Sink
 from trainguard.sinks.trackers import TrackerHints
 from trainguard.vocabulary import Status
@@ -103,13 +104,15 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
     one optimizer)."""
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
-                 sinks: list[Sink] | None = None, replay_fn: LossFn | None = None) -> None:
+                 sinks: list[Sink] | None = None, replay_fn: LossFn | None = None,
+                 sample_fn: SampleFn | None = None) -> None:
         """`replay_fn(module, batch) -> loss` (a loss without the side effects of
         `training_step`, such as `self.log`) lets a step with an error be replayed and its
         causes proved by replay under halt and recover, on the module, optimizer and batch
-        Lightning hands over."""
+        Lightning hands over. `sample_fn(module) -> images`: as `Guard`'s, a generative
+        model's samples made and judged after a step now and then."""
         super().__init__()
-        self._init_state(config, run_dir, sinks)
+        self._init_state(config, run_dir, sinks, sample_fn)
         self.replay_fn = replay_fn
         self._loss: torch.Tensor | None = None
         self._batch: Any = None
@@ -170,6 +173,7 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         io = trainer.strategy.checkpoint_io
         if not isinstance(io, MarkingCheckpointIO):  # every checkpoint written gets its sidecar
             trainer.strategy.checkpoint_io = MarkingCheckpointIO(io, self)
+        self._samples_before(pl_module)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -203,6 +207,7 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         report = self.run.after_update(ctx)
         if report is not None:
             self.last_report = report
+        self._samples_after(pl_module, report)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """The validation metrics the module logged (names with "val") go to `metric_collapse`

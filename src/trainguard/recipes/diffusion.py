@@ -10,7 +10,8 @@ clip the UNet's convolutions, train the UNet through LoRA.
   base weights frozen; the UNet stays the same module (PEFT's `inject_adapter_in_model`, or
   diffusers' own `add_adapter` where the model has it).
 - `sampler`: a `sample_fn` for the Guard (`Guard(..., sample_fn=...)`): a few denoising steps
-  of an unconditional UNet from a fixed seed, with a copy of the training's noise scheduler.
+  of an unconditional UNet from a fixed seed, with a copy of the training's noise scheduler;
+  `pipeline_sampler`: the same from a diffusers pipeline that holds the trained model.
 """
 
 from __future__ import annotations
@@ -122,5 +123,46 @@ def sampler(scheduler: Any, *, images: int = 4, steps: int = 10, seed: int = 0,
             out = model(x, t).sample
             x = infer.step(out, t, x, generator=generator).prev_sample
         return x.clamp(-1, 1)
+
+    return sample
+
+
+def pipeline_sampler(pipeline: Any, *, images: int = 4, steps: int = 10, seed: int = 0,
+                     **call: Any) -> Callable[[nn.Module], torch.Tensor]:
+    """A `sample_fn` from a diffusers pipeline that holds the model being trained (as its
+    `unet` or `transformer`): `images` samples in `steps` inference steps from the seed `seed`,
+    `call` passed on (a `prompt=` for text-to-image). The pipeline is called through a copy
+    with its own copy of the scheduler (a pipeline call sets its scheduler's timesteps, which
+    the training's scheduler keeps) and its progress bar off; its modules are the same.
+    Returns the pipeline's images as a tensor (N x C x H x W in [0, 1])."""
+    import inspect
+
+    components = dict(getattr(pipeline, "components", {}) or {})
+    if not components:
+        raise UsageError(f"pipeline_sampler needs a diffusers pipeline, got "
+                         f"{type(pipeline).__name__}")
+    if components.get("scheduler") is not None:
+        scheduler = components["scheduler"]
+        components["scheduler"] = type(scheduler).from_config(scheduler.config)
+    own = type(pipeline)(**components)
+    own.set_progress_bar_config(disable=True)
+    accepted = inspect.signature(own.__call__).parameters
+    count = ("batch_size" if "batch_size" in accepted
+             else "num_images_per_prompt" if "num_images_per_prompt" in accepted else None)
+
+    def sample(model: nn.Module) -> torch.Tensor:
+        first = next(model.parameters(), None)
+        if not any(isinstance(part, nn.Module) and first is not None
+                   and any(p is first for p in part.parameters())
+                   for part in own.components.values()):
+            raise UsageError("the pipeline given to pipeline_sampler does not hold the model "
+                             "being trained: build it from that model (unet=...)")
+        generator = torch.Generator().manual_seed(seed)
+        options = {"num_inference_steps": steps, "generator": generator, "output_type": "pt",
+                   "return_dict": False, **call}
+        if count is not None:
+            options[count] = images
+        out = own(**options)[0]
+        return out if isinstance(out, torch.Tensor) else torch.as_tensor(out)
 
     return sample
