@@ -90,6 +90,8 @@ CASES: dict[str, tuple[list[dict[str, Any]], str, str | None]] = {
     "GRPO reward dead on every row": (
         grpo_rows(zero_std=1.0, reward_std=0.0, reward=lambda i: 1.0), "stalled", "reward_dead"),
     "DPO learning": (dpo_rows(), "healthy", None),
+    "DPO log-probabilities NaN to the end, the loss finite": (
+        _then_nan(dpo_rows(), "logps/chosen", 20), "degraded", "nonfinite_value"),
     "DPO at ln 2, rewards 0, LR 0": (dpo_rows(margin=lambda i: 0.0, lr=0.0, loss=0.6931),
                                      "stalled", "preference_unlearned"),
     "PPO, KL per sequence growing to 2.45": (ppo_rows(), "healthy", None),
