@@ -148,6 +148,8 @@ def test_preference_and_supervised_logs_keep_their_loss() -> None:
     assert scored_samples(log("mean_token_accuracy", "entropy")) is None
     assert scored_samples(log("rewards/accuracy/mean")) == "rewards/accuracy/mean"
     assert scored_samples(log("approxkl")) == "approxkl"
+    assert scored_samples(log("approx_kl", "ep_rew_mean")) == "approx_kl"  # SB3's train/...
+    assert scored_samples(log("EpRewMean")) == "EpRewMean"
 
 
 def test_real_tiny_trl_runs(tmp_path: Path) -> None:

@@ -32,10 +32,11 @@ from trainguard.detect.trainer_metrics import KL
 SAMPLED_SCORES = re.compile(
     r"^(reward|reward_std|frac_reward_zero_std|rewards/(?!chosen|rejected|margins|accuracies)"
     r"[^/]+/(mean|std)|objective/(scores|rlhf_reward)|ppo/.+|policy/(approxkl|clipfrac)_avg|"
-    r"approxkl|pol_surr|ep_?rew_?mean|eprewmean)$")
+    r"approx_?kl|pol_surr|ep_?rew_?mean)$")
 """Columns only a trainer that scores its own samples writes: the reward of the completions and
 its spread (GRPO, RLOO; `rewards/<function>/mean`), a reward model's scores (PPO), the policy
-update's approximate KL or clip fraction (PPO, baselines), the mean episode reward (baselines)."""
+update's approximate KL or clip fraction (PPO, baselines' `approxkl`, Stable-Baselines3's
+`train/approx_kl`), the mean episode reward (`eprewmean`, `ep_rew_mean`)."""
 
 SURROGATE = "surrogate loss"
 """The name a policy-gradient log's loss is set aside under (a further training loss)."""
@@ -73,7 +74,8 @@ def progress(log: Log) -> str | None:
     healthy verdict's summary; None where the log holds neither."""
     parts = []
     for names in (REWARD, KL):
-        name = next((n for n in names if n in log.series), None)
+        by_lower = {n.lower(): n for n in log.series}
+        name = next((by_lower[n] for n in names if n in by_lower), None)
         if name is None:
             continue
         _, values = log.series.points(name)
