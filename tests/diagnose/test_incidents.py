@@ -193,7 +193,9 @@ def test_recover_proves_its_first_rollback_from_the_good_state() -> None:
     """The loop raises the LR 300x mid-run: by the rollback the weights are damaged, so the
     replay from the state the rollback returns to confirms the LR."""
     model, opt = model_and_optimizer(dropout=0.0, lr=3e-3)
-    guard = Guard(model, opt, config=config(policy="recover"), replay_fn=mse)
+    # a budget no loaded machine runs out of: what is tested is what the replay confirms
+    guard = Guard(model, opt, config=config(policy="recover", prove={"budget_steps": 10_000}),
+                  replay_fn=mse)
     train(guard, model, opt, 80, lr_jump=(40, 300))
     rollbacks = [e for e in guard.events if e.kind == "rollback"]
     proofs = [e for e in guard.events if e.kind == "proof"]
