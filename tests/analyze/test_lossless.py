@@ -9,7 +9,7 @@ import pytest
 
 from trainguard.analyze import analyze
 from trainguard.analyze.log import Log
-from trainguard.analyze.lossless import went_nonfinite
+from trainguard.analyze.lossless import metric_went_nonfinite, went_nonfinite
 
 NAN, INF = math.nan, math.inf
 
@@ -56,3 +56,18 @@ def test_a_table_of_an_rl_trainer_without_a_loss_that_goes_nan_is_degraded(
     assert any("KL is nan" in line for line in result.evidence)
     assert "the log ends with non-finite values" in result.evidence
     assert "KL turned non-finite" in " ".join(" ".join(c.evidence) for c in result.causes)
+
+
+@pytest.mark.parametrize("series, row", [
+    ({"logps/chosen": [-30.0, -29.0, NAN, NAN]}, 2),          # a log-probability, NaN to the end
+    ({"kl": [0.001, 0.002, 0.003, INF]}, 3),
+    ({"completions/mean_terminated_length": [3.0, NAN, NAN, NAN]}, None),  # bookkeeping
+    ({"logps/chosen": [-30.0, NAN, -29.0, -28.0]}, None),     # back to a number
+])
+def test_a_trainers_metric_broken_to_the_end_beside_a_finite_loss(
+        series: dict[str, list[float | None]], row: int | None) -> None:
+    log = _log({"loss": [0.7, 0.6, 0.5, 0.4], **series})
+    assert went_nonfinite(log) == []  # the rule for logs without a loss stays theirs
+    found = metric_went_nonfinite(log)
+    assert [e.details["row"] for e in found] == ([] if row is None else [row])
+    assert metric_went_nonfinite(_log(series)) == []  # without a loss: `went_nonfinite`'s

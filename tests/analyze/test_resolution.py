@@ -12,8 +12,10 @@ from trainguard.analyze.resolution import below_resolution, quantum
 
 
 def _state(path: Path, losses: list[float]) -> Path:
+    # no reward column: a log of sampled rewards has its loss set aside (`analyze/rl_log.py`),
+    # and the rounding of a loss is judged on a loss that is judged
     rows = [{"step": 10 * (i + 1), "loss": loss, "grad_norm": 0.3 + 0.01 * (i % 5),
-             "learning_rate": 1e-5, "reward": 0.5 + 0.02 * i, "kl": loss / 0.04}
+             "learning_rate": 1e-5, "kl": loss / 0.04}
             for i, loss in enumerate(losses)]
     path.write_text(json.dumps({"log_history": rows}))
     return path
@@ -36,7 +38,7 @@ def test_a_rise_below_ten_units_is_rounding() -> None:
     assert not below_resolution(0.0007, None)
 
 
-# an RL fine-tune's loss (a KL penalty) starting at 0.0 and growing by units of the 4th decimal
+# a loss that is a KL penalty, starting at 0.0 and growing by units of the 4th decimal
 KL_PENALTY = [0.0, 0.0, 0.0, 0.0, 0.0001, 0.0001, 0.0003, 0.0002, 0.0004, 0.0003, 0.0005,
               0.0006, 0.0004, 0.0004, 0.001 - 0.0001, 0.0008, 0.0006, 0.0007, 0.0006, 0.0008]
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.analyze import chance as chance_level
-from trainguard.analyze import periodic, resolution, stall, text
+from trainguard.analyze import periodic, resolution, rl_log, stall, text
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
 from trainguard.analyze.judge import (
@@ -28,7 +29,7 @@ from trainguard.analyze.judge import (
     judge,
 )
 from trainguard.analyze.log import LOSS, Log
-from trainguard.analyze.lossless import went_nonfinite
+from trainguard.analyze.lossless import metric_went_nonfinite, went_nonfinite
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
 from trainguard.analyze.quirks import prepare
@@ -87,14 +88,14 @@ def analyze(path: str | Path, *, fmt: str | None = None, num_classes: int | None
 
 
 def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
-    log = prepare(raw)
+    log = prepare(rl_log.set_aside_surrogate(raw))
     config = _config(log)
     replayed = replay(log, config, num_classes=num_classes)
     events = replayed.events
     losses = log.values(LOSS)
     at_chance = chance_level.back_to_chance(losses, num_classes,
                                             guess=chance_level.is_classifier(log))
-    extra = _above_chance(log) + went_nonfinite(log)
+    extra = _above_chance(log) + went_nonfinite(log) + metric_went_nonfinite(log)
     rounding = _within_rounding(log, events)
     judged = [e for e in events + extra if e not in rounding]
     # without a loss, every row holds what the log says of the run (`analyze/lossless.py`)
@@ -103,11 +104,16 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     judgement = _periodic(judgement, log)
     if judgement.verdict == HEALTHY and (why := stall.learns_nothing(raw)) is not None:
         judgement = Judgement(STALLED, None, rows[0] if rows else 0, ending=why)
-    # a run that learned nothing had no incident: no trouble step to read causes around
+    judgement = _untrained_to_the_end(judgement, log, replayed.untrained)
+    if rl_log.set_aside(log):
+        judgement = _rl_progress(judgement, log)
+    # a run that learned nothing had no incident, unless a detector told it: no trouble step
+    # to read the log's findings around
     troubled = judgement.verdict not in (HEALTHY, STALLED)
     findings = log_findings(log, judgement) if troubled else []
+    # a stall a detector told (a dead reward, an unlearned preference) says why in its events
     causes = (rank_causes(_ranked_events(judgement, events), findings, batches=False)
-              if troubled else [])
+              if troubled or judgement.incident else [])
     for cause in causes:
         cause.evidence = [_in_log_terms(log, line) for line in cause.evidence]
     onset_row = judgement.onset_row
@@ -147,6 +153,37 @@ def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
         incident = [e for e in incident if e.kind != Kind.METRIC_COLLAPSE]
     changes = [e for e in events if e.kind == Kind.LR_CHANGE]
     return changes + incident
+
+
+def _untrained_to_the_end(judgement: Judgement, log: Log,
+                          untrained: tuple[int, str, str] | None) -> Judgement:
+    """A run whose logged rows learned nothing from some row to the end (a detector's streak,
+    `Detector.untrained`: the reward signal dead, a policy that never left its reference) is
+    stalled, as the live verdict says it, unless the log shows other trouble (degraded by
+    another event stays degraded)."""
+    if untrained is None or judgement.verdict == STALLED:
+        return judgement
+    row, kind, what = untrained
+    if judgement.verdict == DEGRADED and any(e.kind != kind for e in judgement.incident):
+        return judgement
+    ending = f"{what} from {log.label(row)} to the end of the log: nothing trained after it"
+    return Judgement(STALLED, None, row, incident=judgement.incident, ending=ending,
+                     isolated=judgement.isolated)
+
+
+def _rl_progress(judgement: Judgement, log: Log) -> Judgement:
+    """An RL run whose loss was set aside (`analyze/rl_log.py`) summed up by its reward and KL:
+    healthy, what they did; in trouble with no loss level to come back to, what they did
+    from the first row to the last, the loss's level unjudged."""
+    said = rl_log.progress(log)
+    if said is None or judgement.verdict not in (HEALTHY, DEGRADED):
+        return judgement
+    if judgement.verdict == DEGRADED:
+        if judgement.reference is not None or judgement.kind == "nan":
+            return judgement
+        said = (f"{said}; the log holds no loss level to come back to (its loss is the RL "
+                "trainer's own objective, not judged)")
+    return dataclasses.replace(judgement, ending=said)
 
 
 def _periodic(judgement: Judgement, log: Log) -> Judgement:

@@ -12,28 +12,47 @@ there (a model that computes NaN keeps computing it). Not read as such:
   number again, so that row was skipped or undefined, not a broken run.
 
 The gradient norm (its own detectors and `quirks.amp_skips`), the LR and the loss scale are left
-to the rules that read them.
+to the rules that read them. In a log that holds a loss, the same rule reads a trainer's metrics
+of the model's outputs (`metric_went_nonfinite`): its logged loss is a mean with the NaNs
+dropped, and may keep a number while its log-probabilities do not.
 """
 
 from __future__ import annotations
 
 import math
 
-from trainguard.analyze.log import CANONICAL, LOSS, Log
+from trainguard.analyze.log import CANONICAL, LOSS, Log, is_train_loss
+from trainguard.detect.trainer_metrics import is_judged
 from trainguard.events import Event
 
 
 def went_nonfinite(log: Log) -> list[Event]:
     """The first row from which a value of a log without a loss is non-finite to the end, after
     it was finite on every row before (one event, at the earliest such row; none in a log that
-    holds a loss)."""
-    if log.has(LOSS) or not log.steps:
+    holds a loss: there, only the trainer's metrics, `metric_went_nonfinite`)."""
+    if log.has(LOSS):
+        return []
+    return _broken(log, [name for name in log.series if name not in CANONICAL],
+                   "; the log holds no loss")
+
+
+def metric_went_nonfinite(log: Log) -> list[Event]:
+    """The same rule, in a log that holds a loss, over a trainer's metrics of the model's
+    outputs (rewards, log-probabilities, the KL: `detect.trainer_metrics.is_judged`): a
+    preference trainer's log-probabilities NaN to the end broke the run while its logged loss,
+    a mean with the NaNs dropped, kept a number."""
+    if not log.has(LOSS):
+        return []
+    return _broken(log, [name for name in log.series if name not in CANONICAL
+                         and not is_train_loss(name) and is_judged(name)], "")
+
+
+def _broken(log: Log, names: list[str], said: str) -> list[Event]:
+    if not log.steps:
         return []
     last = len(log.steps) - 1
     found: tuple[int, str, float] | None = None
-    for name in log.series:
-        if name in CANONICAL:
-            continue
+    for name in names:
         rows, values = log.series.points(name)
         if not rows or rows[-1] != last:
             continue
@@ -49,5 +68,5 @@ def went_nonfinite(log: Log) -> list[Event]:
     row, name, value = found
     return [Event(kind="nonfinite_value", step=log.steps[row], severity="error",
                   message=f"{name} is {value} from {log.label(row)} to the end of the log, a "
-                          "number on every row before; the log holds no loss",
+                          f"number on every row before{said}",
                   param=name, value=value, details={"row": row})]

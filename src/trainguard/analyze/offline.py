@@ -80,6 +80,10 @@ class Replay:
     """In the log's step units; `details["row"]` is the row the event was raised at."""
     rows: list[int]
     """The rows that were replayed (those holding a loss, a gradient norm or an LR)."""
+    untrained: tuple[int, str, str] | None = None
+    """The first row of the earliest streak lasting to the log's end over which a detector saw
+    nothing learned (`Detector.untrained`: a dead reward signal...), the detector's kind, and
+    what it was."""
 
 
 FAST_FIRST = 64
@@ -121,6 +125,7 @@ def _replay(log: Log, config: DetectorConfig, *, num_classes: int | None,
             if loss is not None or grad is not None or lr is not None or row in aux_rows]
     table = _Table(log, rows)
     keyed: list[tuple[tuple[int, ...], int, Event]] = []  # (order, row, event)
+    untrained: tuple[int, str, str] | None = None
     keyed.extend(_evaluations(log, config, rows, num_classes))
     if aux:
         index_of = {row: index for index, row in enumerate(rows)}
@@ -144,10 +149,12 @@ def _replay(log: Log, config: DetectorConfig, *, num_classes: int | None,
 
         for row, event in _run(detector, columns, fill, fast=fast):
             keyed.append(((row, _DETECTORS, order), row, event))
+        if (said := _untrained(detector, table, handed)) is not None:
+            untrained = min(said, untrained or said)
     keyed.sort(key=lambda item: item[0])  # stable: a detector's events keep their order
     raw = [(row, event) for _, row, event in keyed]
     events = [_in_log_units(event, log, rows, row) for row, event in _at_full_size(raw, config)]
-    return Replay(events=events, rows=rows)
+    return Replay(events=events, rows=rows, untrained=untrained)
 
 
 class _Table:
@@ -231,6 +238,20 @@ class _Table:
                                    if (value := values[index]) is not None}
         if self.per_param is not None:
             signals.param_grad_norm = self.per_param[self.rows[index]]
+
+
+def _untrained(detector: Detector, table: _Table,
+               handed: list[int]) -> tuple[int, str, str] | None:
+    """The detector's streak lasting to the log's end (`Detector.untrained`), as the first log
+    row of it: the streak counts the rows that hold the trainer's metrics it reads."""
+    said = detector.untrained()
+    if said is None:
+        return None
+    streak, what = said
+    counted = [i for i in handed if any(values[i] is not None for _, values in table.metrics)]
+    if not counted:
+        return None
+    return table.rows[counted[max(len(counted) - streak, 0)]], detector.kind, what
 
 
 def _trainer_metric(name: str) -> bool:

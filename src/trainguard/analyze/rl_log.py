@@ -1,0 +1,85 @@
+"""A reinforcement-learning log, told by its columns: its loss is a policy-gradient surrogate.
+
+A trainer that samples from its policy and scores the samples (TRL's GRPO and RLOO with their
+reward functions, PPO with a reward model, the policy-gradient trainers of OpenAI baselines and
+stable-baselines) steps on a surrogate objective: the advantage-weighted log-probability ratio,
+plus a KL term where there is one. Its level is near 0 and may be negative by design, and it
+rises as the KL term grows while the policy learns: it is no quantity to minimise, and the
+detectors that judge a loss's level (spikes, divergence, a bad start) would read progress as
+trouble. The live callback leaves such a loss out for the same reason
+(`trainguard.integrations.trl.minimises_objective`). What such a run shows of its health is in
+its other columns (rewards, their spread, the KL), which the detectors read as the trainer's
+metrics (`detect/trainer_metrics.py`).
+
+The same holds of such a trainer's value loss (its regression targets are the returns of the
+latest samples), which some logs hold as their only loss. So a log whose columns name the
+scores of sampled completions or rollouts has its loss set aside as a further training loss
+(`SURROGATE`): still watched for NaN and inf by a detector of its own (`analyze.offline`), and
+a value that stays non-finite to the end of the log breaks the run (`analyze.lossless`), but
+its level is not judged. A preference trainer's loss (DPO, KTO, ORPO: `rewards/chosen`,
+`logps/...`) is a loss to minimise and is judged as one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from trainguard.analyze.log import LOSS, Log
+from trainguard.detect.trainer_metrics import KL
+
+SAMPLED_SCORES = re.compile(
+    r"^(reward|reward_std|frac_reward_zero_std|rewards/(?!chosen|rejected|margins|accuracies)"
+    r"[^/]+/(mean|std)|objective/(scores|rlhf_reward)|ppo/.+|policy/(approxkl|clipfrac)_avg|"
+    r"approx_?kl|pol_surr|ep_?rew_?mean)$")
+"""Columns only a trainer that scores its own samples writes: the reward of the completions and
+its spread (GRPO, RLOO; `rewards/<function>/mean`), a reward model's scores (PPO), the policy
+update's approximate KL or clip fraction (PPO, baselines' `approxkl`, Stable-Baselines3's
+`train/approx_kl`), the mean episode reward (`eprewmean`, `ep_rew_mean`)."""
+
+SURROGATE = "surrogate loss"
+"""The name a policy-gradient log's loss is set aside under (a further training loss)."""
+REWARD = ("reward", "objective/scores", "objective/rlhf_reward", "ep_rew_mean", "eprewmean")
+"""The reward columns a healthy run's summary names, in order of preference."""
+
+
+def scored_samples(log: Log) -> str | None:
+    """The first column of the log that shows its trainer scores its own samples, or None."""
+    return next((name for name in log.series if SAMPLED_SCORES.match(name.lower())), None)
+
+
+def set_aside_surrogate(log: Log) -> Log:
+    """The log with its loss set aside as `SURROGATE` when it is a policy-gradient surrogate
+    (a copy, with a note); the log itself otherwise."""
+    shown_by = scored_samples(log)
+    if shown_by is None or not log.has(LOSS) or SURROGATE in log.series:
+        return log
+    series = log.series.copy()
+    series.rename(LOSS, SURROGATE)
+    note = (f"the training loss is an RL trainer's ({shown_by} says it scores its own samples): "
+            "a policy-gradient surrogate near 0 or negative by design, or a value loss whose "
+            "targets move with the samples; it is watched for NaN and inf, not judged as a loss "
+            "to minimise, and the run is judged on its rewards and KL")
+    return dataclasses.replace(log, series=series, notes=[*log.notes, note])
+
+
+def set_aside(log: Log) -> bool:
+    """Whether `set_aside_surrogate` set this (prepared) log's loss aside."""
+    return SURROGATE in log.series and not log.has(LOSS)
+
+
+def progress(log: Log) -> str | None:
+    """What a policy-gradient run's reward and KL did from the first row to the last, for a
+    healthy verdict's summary; None where the log holds neither."""
+    parts = []
+    for names in (REWARD, KL):
+        by_lower = {n.lower(): n for n in log.series}
+        name = next((by_lower[n] for n in names if n in by_lower), None)
+        if name is None:
+            continue
+        _, values = log.series.points(name)
+        finite = [v for v in values if math.isfinite(v)]
+        if finite:
+            parts.append(f"{name} went from {finite[0]:.4g} to {finite[-1]:.4g}")
+    return "; ".join(parts) if parts else None
