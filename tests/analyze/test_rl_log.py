@@ -136,6 +136,22 @@ def test_a_surrogate_that_goes_nan_is_not_hidden(tmp_path: Path) -> None:
     assert any(e.kind == "nonfinite_loss" and e.param == SURROGATE for e in analysis.events)
 
 
+@pytest.mark.parametrize(("reward_after", "verdict"), [(0.9, "recovered"), (0.05, "degraded")])
+def test_a_surrogate_nan_the_run_steps_over_is_judged_by_its_reward(
+        tmp_path: Path, reward_after: float, verdict: str) -> None:
+    """One NaN of the set-aside loss, finite on every row after it: with no loss level to come
+    back to, the reward says whether the run came back (no lower than before the NaN) or not."""
+    rows = grpo_rows()
+    rows[25]["loss"] = math.nan
+    for row in rows[26:]:
+        row["reward"] = reward_after
+    analysis = analyze(_write(tmp_path / "trainer_state.json", rows))
+    assert analysis.verdict == verdict and analysis.kind == "nan"
+    if verdict == "recovered":
+        said = " ".join(analysis.evidence)
+        assert "finite again" in said and "reward ended at 0.9" in said
+
+
 def test_preference_and_supervised_logs_keep_their_loss() -> None:
     from trainguard.analyze.log import Log
 

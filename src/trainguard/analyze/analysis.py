@@ -179,6 +179,11 @@ def _rl_progress(judgement: Judgement, log: Log) -> Judgement:
     if said is None or judgement.verdict not in (HEALTHY, DEGRADED):
         return judgement
     if judgement.verdict == DEGRADED:
+        back = (rl_log.came_back(log, judgement.onset_row) if judgement.kind == "nan"
+                and judgement.onset_row is not None
+                and all(e.kind == "nonfinite_loss" for e in judgement.incident) else None)
+        if back is not None:  # a NaN the run stepped over, told by what the log holds
+            return dataclasses.replace(judgement, verdict=RECOVERED, ending=back)
         if judgement.reference is not None or judgement.kind == "nan":
             return judgement
         said = (f"{said}; the log holds no loss level to come back to (its loss is the RL "

@@ -83,3 +83,31 @@ def progress(log: Log) -> str | None:
         if finite:
             parts.append(f"{name} went from {finite[0]:.4g} to {finite[-1]:.4g}")
     return "; ".join(parts) if parts else None
+
+
+def came_back(log: Log, onset_row: int) -> str | None:
+    """How a run whose only trouble was its set-aside loss turning non-finite came back, in
+    words, or None when it did not: the loss finite on every row after its last non-finite one
+    (at least one), and the reward, where the log holds one, finite at the end and no lower than
+    its last value before `onset_row` (a reward is what such a run climbs). With no loss level
+    to come back to, this is what the log shows of a recovery."""
+    if SURROGATE not in log.series:
+        return None
+    rows, values = log.series.points(SURROGATE)
+    bad = [row for row, value in zip(rows, values, strict=True) if not math.isfinite(value)]
+    after = [row for row in rows if bad and row > bad[-1]]
+    if not bad or not after:
+        return None
+    said = f"the loss finite again from {log.label(after[0])} to the end"
+    by_lower = {n.lower(): n for n in log.series}
+    name = next((by_lower[n] for n in REWARD if n in by_lower), None)
+    if name is None:
+        return said
+    reward_rows, rewards = log.series.points(name)
+    before = [v for r, v in zip(reward_rows, rewards, strict=True)
+              if r < onset_row and math.isfinite(v)]
+    last = rewards[-1] if rewards else math.nan
+    if not math.isfinite(last) or (before and last < before[-1]):
+        return None
+    return (f"{said}, and {name} ended at {last:.4g}"
+            + (f", no lower than the {before[-1]:.4g} before the trouble" if before else ""))
