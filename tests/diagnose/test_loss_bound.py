@@ -31,7 +31,8 @@ def _model_and_batch(seed: int = 0) -> tuple[TinyCausalLM, torch.Tensor]:
 
 def _ceiling(model: TinyCausalLM, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
     probe = LogZProbe(model)
-    logits = model(tokens[:, :-1])
+    with torch.enable_grad():  # the probe reads the forwards training learns from
+        logits = model(tokens[:, :-1]).detach()
     measured = ceiling_of(probe.take())
     probe.close()
     assert measured is not None
