@@ -39,6 +39,18 @@ def test_dpo_at_lr_0_learns_nothing_and_says_why(tmp_path: Path) -> None:
     assert "policy never left its reference" in ran.verdict.message
 
 
+def test_dpo_lr_far_too_high_overfits_its_preferences(tmp_path: Path) -> None:
+    """At LR 5e-2 the margin runs past 10 (the loss of a pair under 5e-5) and the chosen
+    answers lose probability as the rejected ones are pushed down; the healthy twins at 1e-3
+    (above) settle at a margin under 4 and raise neither."""
+    ran = dpo(tmp_path, lr=5e-2)
+    assert {"margins_exploding", "chosen_likelihood_falling"} <= ran.kinds()
+    margins = next(e for e in ran.events if e.kind == "margins_exploding")
+    assert margins.value > 10
+    fallen = next(e for e in ran.events if e.kind == "chosen_likelihood_falling")
+    assert fallen.value < 1.5 * fallen.details["start"] < 0
+
+
 def test_the_trainer_is_left_as_it_was(tmp_path: Path) -> None:
     """The objective tap wraps the trainer's compute_loss for the run only, and observe trains
     exactly as the trainer alone."""

@@ -385,6 +385,37 @@ class PreferenceUnlearnedConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class MarginsExplodingConfig:
+    """Threshold of `margins_exploding`."""
+
+    PATH: ClassVar[str] = "detectors.margins_exploding"
+
+    margin: float = 10.0
+    """A reward margin above this is past learning: the DPO loss of a pair is then under 5e-5
+    and its gradient as small; a run that learns its pairs settles far below (a few units)."""
+
+    def __post_init__(self) -> None:
+        sections.positive(self, "margin")
+
+
+@dataclass(kw_only=True, slots=True)
+class ChosenLikelihoodFallingConfig:
+    """Thresholds of `chosen_likelihood_falling`."""
+
+    PATH: ClassVar[str] = "detectors.chosen_likelihood_falling"
+
+    share: float = 0.5
+    """The chosen log-probability below its starting level by more than this share of it (-30
+    to under -45 at 0.5) is a fall: a policy that learns keeps or raises it."""
+    warmup: int = 3
+    """The first chosen log-probabilities whose median is the starting level."""
+
+    def __post_init__(self) -> None:
+        sections.positive(self, "share")
+        sections.at_least(self, 1, "warmup")
+
+
+@dataclass(kw_only=True, slots=True)
 class NoProgressConfig:
     """Threshold of `no_progress` (and of the verdict `stalled`)."""
 
@@ -582,6 +613,9 @@ class DetectorConfig:
     entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
     preference_unlearned: PreferenceUnlearnedConfig = field(
         default_factory=PreferenceUnlearnedConfig)
+    margins_exploding: MarginsExplodingConfig = field(default_factory=MarginsExplodingConfig)
+    chosen_likelihood_falling: ChosenLikelihoodFallingConfig = field(
+        default_factory=ChosenLikelihoodFallingConfig)
 
     def __post_init__(self) -> None:
         sections.build_sections(self)
