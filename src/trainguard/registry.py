@@ -262,6 +262,7 @@ class Kind:
     ENTROPY_COLLAPSE = "entropy_collapse"
     MARGINS_EXPLODING = "margins_exploding"
     CHOSEN_LIKELIHOOD_FALLING = "chosen_likelihood_falling"
+    REWARD_HACKING = "reward_hacking"
     SAMPLES_DEGRADED = "samples_degraded"
 
 
@@ -348,6 +349,8 @@ _kind("margins_exploding", "a preference run's reward margin grew far past where
                                            "asks: updates too large for the policy"),))
 _kind("chosen_likelihood_falling", "a preference run's chosen completions became far less "
       "likely than at its start while the margin grew (likelihood displacement)", "warning")
+_kind("reward_hacking", "of several reward functions, one climbed while another fell or never "
+      "paid: the policy learns to please one reward, not the task", "warning")
 _kind("samples_degraded", "the samples a generative model makes (`Guard(sample_fn=...)`) turned "
       "into colour noise, flat or blown-out images, or copies of one image, against the run's "
       "first samples; it names no cause: the samples show what, not why", "warning")

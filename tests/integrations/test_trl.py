@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .trl_runs import dpo, grpo, kto, rloo
+from .trl_runs import dpo, grpo, kto, letters_reward, rloo
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
@@ -125,6 +125,30 @@ def test_grpo_lr_far_too_high_with_a_kl_term(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def exact_answer(completions: list[str], **kwargs: Any) -> list[float]:
+    """A task reward the tiny policy never earns: 1 for one exact answer."""
+    return [float(c.strip() == "a1 a2 a3") for c in completions]
+
+
+def test_grpo_climbing_one_reward_while_another_never_pays(tmp_path: Path) -> None:
+    """At LR 3e-2 the policy climbs the letters reward (0.12 to over 0.4) and never earns the
+    task's: `reward_hacking`, naming both."""
+    ran = grpo(tmp_path, lr=3e-2, steps=20, seed=1, reward=[letters_reward, exact_answer])
+    assert "reward_hacking" in ran.kinds()
+    event = next(e for e in ran.events if e.kind == "reward_hacking")
+    assert event.details["climbing"] == "letters_reward"
+    assert event.details["lagging"] == ["exact_answer"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_healthy_grpo_with_a_reward_it_never_earns_raises_nothing(tmp_path: Path,
+                                                                  seed: int) -> None:
+    """At LR 1e-3 the letters reward only wanders within its spread: no climb, no warning."""
+    ran = grpo(tmp_path, steps=20, seed=seed, reward=[letters_reward, exact_answer])
+    assert ran.kinds() == set()
+
+
 def test_kto_at_lr_0_learns_nothing_its_healthy_twin_is_quiet(tmp_path: Path) -> None:
     assert kto(tmp_path / "twin").kinds() == set()
     ran = kto(tmp_path, lr=0.0)

@@ -27,6 +27,7 @@ from trainguard.detect.output_collapse import OutputCollapse
 from trainguard.detect.params_unfrozen import ParamsUnfrozen
 from trainguard.detect.preference_unlearned import PreferenceUnlearned
 from trainguard.detect.reward_dead import RewardDead
+from trainguard.detect.reward_hacking import RewardHacking
 from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.update_too_large import UpdateTooLarge
 
@@ -36,6 +37,7 @@ DETECTOR_TYPES: tuple[type[Detector], ...] = (
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
     ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
     EntropyCollapse, MarginsExploding, ChosenLikelihoodFalling,
+    RewardHacking,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

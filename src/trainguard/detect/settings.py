@@ -416,6 +416,26 @@ class ChosenLikelihoodFallingConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class RewardHackingConfig:
+    """Thresholds of `reward_hacking`."""
+
+    PATH: ClassVar[str] = "detectors.reward_hacking"
+
+    warmup: int = 3
+    """The first means of each reward whose median is its starting level."""
+    window: int = 5
+    """The last means of each reward whose median is its level now: one step's batch of
+    completions is too few to say a reward moved."""
+    least: float = 0.05
+    """The smallest move of a reward's mean that counts, where its spread at the start was 0
+    (a reward that paid nothing yet)."""
+
+    def __post_init__(self) -> None:
+        sections.at_least(self, 1, "warmup", "window")
+        sections.positive(self, "least")
+
+
+@dataclass(kw_only=True, slots=True)
 class NoProgressConfig:
     """Threshold of `no_progress` (and of the verdict `stalled`)."""
 
@@ -616,6 +636,7 @@ class DetectorConfig:
     margins_exploding: MarginsExplodingConfig = field(default_factory=MarginsExplodingConfig)
     chosen_likelihood_falling: ChosenLikelihoodFallingConfig = field(
         default_factory=ChosenLikelihoodFallingConfig)
+    reward_hacking: RewardHackingConfig = field(default_factory=RewardHackingConfig)
 
     def __post_init__(self) -> None:
         sections.build_sections(self)

@@ -15,6 +15,8 @@ REWARD_ZERO_STD = "frac_reward_zero_std"
 REWARD_STD = ("reward_std", "objective/scores_std")
 REWARD_FUNC_STD = re.compile(r"^rewards/(?P<name>.+)/std$")
 """One reward function's spread over the step's completions."""
+REWARD_FUNC_MEAN = re.compile(r"^rewards/(?P<name>.+)/mean$")
+"""One reward function's mean over the step's completions (GRPO, RLOO)."""
 CLIPPED = "completions/clipped_ratio"
 """The share of completions cut at `max_completion_length` before they ended."""
 CHOSEN_REWARD, REJECTED_REWARD = "rewards/chosen", "rewards/rejected"
@@ -56,7 +58,8 @@ def is_trainer_metric(name: str) -> bool:
     hands a log's such columns to them as `StepSignals.trainer_metrics`)."""
     named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS,
              ACCURACIES, CHOSEN_LOGPS, ENTROPY)
-    return name in named or REWARD_FUNC_STD.match(name) is not None or is_judged(name)
+    return (name in named or REWARD_FUNC_STD.match(name) is not None
+            or REWARD_FUNC_MEAN.match(name) is not None or is_judged(name))
 
 
 def is_zero(value: float | None) -> bool:
