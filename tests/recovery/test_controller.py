@@ -94,6 +94,17 @@ def test_non_finite_streak_rolls_back_then_the_cap_halts() -> None:
     assert c.review(_signals(8, math.nan, math.nan), []).action == "halt"
 
 
+def test_a_non_finite_trainer_metric_is_skipped_and_a_streak_rolls_back() -> None:
+    """A NaN reward or KL under a finite loss: its gradients came from the same NaN."""
+    c = _controller(rollback_after_skips=2)
+    _calm(c, range(5))
+    nan_kl = Event(kind="nonfinite_metric", step=5, severity="error", message="kl is NaN")
+    verdict = c.review(_signals(5, 0.1), [nan_kl])
+    assert verdict is not None and verdict.action == "skip" and verdict.bad_steps == [5]
+    assert "trainer metrics" in verdict.reason
+    assert c.review(_signals(6, 0.1), [nan_kl]).action == "rollback"
+
+
 def test_state_round_trip_in_the_middle_of_trouble() -> None:
     c = _controller()
     _calm(c, range(20))

@@ -1,6 +1,7 @@
 """The `recover` policy's judgement: when skipping is enough, and when the run must roll back.
 
     non-finite loss/gradients   skip the update (as `protect`); `rollback_after_skips` in a row
+    (or a trainer metric)
                                 (from batches that hold no NaN/inf themselves) mean the state
                                 itself is broken: roll back
     loss spike, grad explosion  skip that update (its batch is the suspect) and watch: later steps
@@ -124,7 +125,10 @@ class RecoveryController:
             onset = self._onset(first, step)
             return Verdict("rollback", f"{at_once[0]} at step {step}",
                            onset=onset if jump is None else min(onset, jump[0]))
-        finite = signals.loss_finite and signals.grads_finite
+        # a NaN the step computed elsewhere (a reward, a log-probability, the KL under a finite
+        # loss) makes its gradients as suspect as a NaN loss would
+        computed_nan = any(e.kind in kinds_tagged(Tag.NONFINITE) for e in serious)
+        finite = signals.loss_finite and signals.grads_finite and not computed_nan
         if not finite and signals.amp_overflow:
             return None  # routine GradScaler overflow: the scaler handles it
         if not finite and bad_input:
@@ -135,13 +139,15 @@ class RecoveryController:
         if jump is not None and (unstable or not finite):
             return self._after_jump(step, jump, unstable[0] if unstable else "non-finite loss")
         if not finite:
+            what = ("non-finite loss or gradients" if not computed_nan
+                    or not (signals.loss_finite and signals.grads_finite)
+                    else "non-finite trainer metrics")
             self.skip_streak.append(step)
             if len(self.skip_streak) >= cfg.rollback_after_skips:
                 streak = self.skip_streak
-                return Verdict("rollback", f"{len(streak)} consecutive steps had non-finite loss "
-                                           "or gradients", onset=streak[0], bad_steps=list(streak))
-            return Verdict("skip", f"non-finite loss or gradients at step {step}", onset=step,
-                           bad_steps=[step])
+                return Verdict("rollback", f"{len(streak)} consecutive steps had {what}",
+                               onset=streak[0], bad_steps=list(streak))
+            return Verdict("skip", f"{what} at step {step}", onset=step, bad_steps=[step])
         self.skip_streak = []
         # the update is skipped; the aftermath decides between settling and rollback
         watched = [k for k in kinds_reacting(Reaction.WATCH) if k in kinds]
