@@ -149,6 +149,21 @@ def test_healthy_grpo_with_a_reward_it_never_earns_raises_nothing(tmp_path: Path
     assert ran.kinds() == set()
 
 
+@pytest.mark.parametrize(("lr", "rolled_back"), [(5e-2, True), (1e-3, False)])
+def test_recover_cuts_the_lr_of_a_grpo_run_whose_kl_blew_up_from_it(
+        tmp_path: Path, lr: float, rolled_back: bool) -> None:
+    """At LR 5e-2 with beta 0.1 the KL leaves its reference at the first update: `recover`
+    rolls back to the start with the LR cut, and the run goes on below the LR that did it.
+    Its healthy twin at 1e-3 gets no action."""
+    ran = grpo(tmp_path, lr=lr, beta=0.1, steps=16, policy="recover")
+    rollbacks = [e for e in ran.events if e.kind == "rollback"]
+    if not rolled_back:
+        assert rollbacks == [] and ran.kinds("info") == set()
+        return
+    assert "kl_blowup" in rollbacks[0].message
+    assert ran.trainer.optimizer.param_groups[0]["lr"] < lr / 10
+
+
 def test_kto_at_lr_0_learns_nothing_its_healthy_twin_is_quiet(tmp_path: Path) -> None:
     assert kto(tmp_path / "twin").kinds() == set()
     ran = kto(tmp_path, lr=0.0)

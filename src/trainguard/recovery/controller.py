@@ -1,8 +1,7 @@
 """The `recover` policy's judgement: when skipping is enough, and when the run must roll back.
 
     non-finite loss/gradients   skip the update (as `protect`); `rollback_after_skips` in a row
-    (or a trainer metric)
-                                (from batches that hold no NaN/inf themselves) mean the state
+    (or trainer metrics)        (from batches that hold no NaN/inf themselves) mean the state
                                 itself is broken: roll back
     loss spike, grad explosion  skip that update (its batch is the suspect) and watch: later steps
                                 whose loss is still a spike are skipped too; if the loss is not
@@ -15,6 +14,9 @@
                                 in one step (`lr_change`): the update at the raised LR did the
                                 damage, which waiting only compounds: roll back at once, to a
                                 state from before the raise
+    a trainer-metric            roll back at once, the LR cut: skipping keeps the LR that did it
+    instability its detector
+    blames on the LR
     replicas out of sync        roll back to a state from when the ranks last agreed
     more than `max_rollbacks`   halt with a crash snapshot and a diagnosis
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainguard.config import DetectorConfig, RecoveryConfig
+from trainguard.detect import DETECTOR_TYPES
 from trainguard.events import Event
 from trainguard.registry import (
     Onset,
@@ -43,6 +46,12 @@ from trainguard.registry import (
     kinds_tagged,
 )
 from trainguard.signals import StepSignals
+
+TRAINER_METRIC_INSTABILITIES = frozenset(
+    t.kind for t in DETECTOR_TYPES if "trainer_metrics" in t.reads) & kinds_tagged(Tag.INSTABILITY)
+"""The instabilities read from a trainer's own metrics (the KL to the reference): the ones
+whose cause, when the detector names it, is acted on under `recover`; the loss's and the
+gradients' instabilities keep the reactions the registry gives them."""
 
 REFERENCE_LOSSES = 10
 """Calm losses kept as the reference level of the run before any trouble."""
@@ -128,6 +137,16 @@ class RecoveryController:
         # a NaN the step computed elsewhere (a reward, a log-probability, the KL under a finite
         # loss) makes its gradients as suspect as a NaN loss would
         computed_nan = any(e.kind in kinds_tagged(Tag.NONFINITE) for e in serious)
+        # an instability of the trainer's own metrics whose detector measured the LR as its
+        # cause (a KL that left its reference in the first updates): skipping keeps the LR that
+        # did it, a rollback cuts it
+        lr_blamed = [e for e in serious if e.kind in TRAINER_METRIC_INSTABILITIES
+                     and e.details.get("cause") == "lr_too_high"]
+        if lr_blamed:
+            first = lr_blamed[0]
+            return Verdict("rollback", f"{first.kind} at step {step}, from updates too large for "
+                                       "the run: rolled back with the LR cut",
+                           onset=self._onset(first, step))
         finite = signals.loss_finite and signals.grads_finite and not computed_nan
         if not finite and signals.amp_overflow:
             return None  # routine GradScaler overflow: the scaler handles it
