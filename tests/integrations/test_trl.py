@@ -51,6 +51,20 @@ def test_dpo_lr_far_too_high_overfits_its_preferences(tmp_path: Path) -> None:
     assert fallen.value < 1.5 * fallen.details["start"] < 0
 
 
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_dpo_with_dropout_left_on_differs_from_its_reference_at_once(tmp_path: Path,
+                                                                     dropout: float) -> None:
+    """GPT-2's dropout at 0.1 with `disable_dropout=False`: the first implicit rewards are not
+    0 (0.046 here) though the reference is a copy of the policy, and `policy_dropout` is
+    ranked first. The same run with dropout at 0 (still not disabled) starts at exactly 0."""
+    ran = dpo(tmp_path, steps=12, dropout=dropout)
+    if not dropout:
+        assert "policy_off_reference" not in ran.kinds()
+        return
+    assert "policy_off_reference" in ran.kinds()
+    assert ran.top_cause() == "policy_dropout"
+
+
 def test_the_trainer_is_left_as_it_was(tmp_path: Path) -> None:
     """The objective tap wraps the trainer's compute_loss for the run only, and observe trains
     exactly as the trainer alone."""

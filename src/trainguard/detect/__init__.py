@@ -25,6 +25,7 @@ from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
 from trainguard.detect.nonfinite_weight import NonFiniteWeight
 from trainguard.detect.output_collapse import OutputCollapse
 from trainguard.detect.params_unfrozen import ParamsUnfrozen
+from trainguard.detect.policy_off_reference import PolicyOffReference
 from trainguard.detect.preference_unlearned import PreferenceUnlearned
 from trainguard.detect.reward_dead import RewardDead
 from trainguard.detect.reward_hacking import RewardHacking
@@ -37,7 +38,7 @@ DETECTOR_TYPES: tuple[type[Detector], ...] = (
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
     ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
     EntropyCollapse, MarginsExploding, ChosenLikelihoodFalling,
-    RewardHacking,
+    RewardHacking, PolicyOffReference,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

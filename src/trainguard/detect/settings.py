@@ -436,6 +436,20 @@ class RewardHackingConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class PolicyOffReferenceConfig:
+    """Threshold of `policy_off_reference`."""
+
+    PATH: ClassVar[str] = "detectors.policy_off_reference"
+
+    tolerance: float = 1e-3
+    """A first implicit reward or KL further from 0 than this is not rounding: a policy made
+    from its reference computes the same log-probabilities (0 exactly in float32)."""
+
+    def __post_init__(self) -> None:
+        sections.positive(self, "tolerance")
+
+
+@dataclass(kw_only=True, slots=True)
 class NoProgressConfig:
     """Threshold of `no_progress` (and of the verdict `stalled`)."""
 
@@ -637,6 +651,8 @@ class DetectorConfig:
     chosen_likelihood_falling: ChosenLikelihoodFallingConfig = field(
         default_factory=ChosenLikelihoodFallingConfig)
     reward_hacking: RewardHackingConfig = field(default_factory=RewardHackingConfig)
+    policy_off_reference: PolicyOffReferenceConfig = field(
+        default_factory=PolicyOffReferenceConfig)
 
     def __post_init__(self) -> None:
         sections.build_sections(self)
