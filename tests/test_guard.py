@@ -520,6 +520,28 @@ def test_a_plain_loop_hands_its_rl_metrics_with_the_step(sync: str) -> None:
     assert max(blocking) == (1 if sync == "blocking" else 0), blocking
 
 
+@pytest.mark.parametrize("nan_at", [None, 5])
+def test_recover_skips_the_update_of_a_step_whose_metrics_went_nan(nan_at: int | None) -> None:
+    """Under `recover` a NaN reward under a finite loss keeps its step's update out, as a NaN
+    loss would; the healthy twin (no NaN) has every update applied."""
+    setup = make_setup(warmup=0)
+    guard = Guard(setup.model, setup.optimizer, config=GuardConfig(policy="recover", **QUIET))
+    actions = {}
+    for step in range(8):
+        loss = setup.model.loss(setup.batch())
+        loss.backward()
+        before = copy.deepcopy(setup.model.state_dict())
+        chosen = math.nan if step == nan_at else 0.1
+        report = guard.step(loss, metrics={"rewards/chosen": chosen, "rewards/rejected": -0.1})
+        actions[step] = report.action
+        if step == nan_at:
+            assert all(torch.equal(v, before[k]) for k, v in setup.model.state_dict().items())
+        setup.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    skipped = [step for step, action in actions.items() if action == "skipped"]
+    assert skipped == ([] if nan_at is None else [nan_at]), actions
+
+
 def test_step_metrics_that_are_not_a_mapping_are_a_usage_error() -> None:
     setup = make_setup(warmup=0)
     guard = Guard(setup.model, setup.optimizer, config=GuardConfig(**QUIET))

@@ -260,6 +260,10 @@ class Kind:
     PREFERENCE_UNLEARNED = "preference_unlearned"
     NONFINITE_METRIC = "nonfinite_metric"
     ENTROPY_COLLAPSE = "entropy_collapse"
+    MARGINS_EXPLODING = "margins_exploding"
+    CHOSEN_LIKELIHOOD_FALLING = "chosen_likelihood_falling"
+    REWARD_HACKING = "reward_hacking"
+    POLICY_OFF_REFERENCE = "policy_off_reference"
     SAMPLES_DEGRADED = "samples_degraded"
 
 
@@ -339,6 +343,19 @@ _kind("entropy_collapse", "the policy's entropy fell under a tenth of where the 
                                            "for it"),
              CauseVote("beta_too_low", 1.0, "a KL penalty too weak to keep the policy near its "
                                             "reference let its entropy collapse")))
+_kind("margins_exploding", "a preference run's reward margin grew far past where its loss "
+      "saturates: the pairs are told apart and the policy is pushed off its reference "
+      "(overfitting the preferences)", "warning",
+      votes=(CauseVote("lr_too_high", 1.0, "the reward margins grew far past what the loss "
+                                           "asks: updates too large for the policy"),))
+_kind("chosen_likelihood_falling", "a preference run's chosen completions became far less "
+      "likely than at its start while the margin grew (likelihood displacement)", "warning")
+_kind("reward_hacking", "of several reward functions, one climbed while another fell or never "
+      "paid: the policy learns to please one reward, not the task", "warning")
+_kind("policy_off_reference", "before any update the policy's implicit rewards or KL are not 0: "
+      "its forward is not its reference's (dropout on in the policy)", "warning",
+      votes=(CauseVote("policy_dropout", 2.0, "the policy differed from its reference before "
+                                              "its first update"),))
 _kind("samples_degraded", "the samples a generative model makes (`Guard(sample_fn=...)`) turned "
       "into colour noise, flat or blown-out images, or copies of one image, against the run's "
       "first samples; it names no cause: the samples show what, not why", "warning")

@@ -36,6 +36,7 @@ from trainguard.detect.calm import SignalColumns
 from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.output_growth import OutputGrowth, Streaks
+from trainguard.detect.reward_hacking import RewardTrack
 from trainguard.detect.sample_judge import SampleJudge
 from trainguard.detect.stall_reason import StallEvidence, StallReason
 from trainguard.events import Event
@@ -65,13 +66,13 @@ EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 HELPERS: tuple[type, ...] = (Detector, OutlierDetector, UnlearnedStreak, Episode, Outlier,
                              AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
-                             StallEvidence, StallReason, SignalColumns, SampleJudge)
+                             StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
-stalled and the columns of a log's rows the offline fast paths read: their conformance is
-their detector's; and the judge of the samples a model makes, fed by the Guard, not by step
-signals (`tests/detect/test_sample_judge.py`)."""
+stalled, the reward tracks `RewardHacking` keeps and the columns of a log's rows the offline
+fast paths read: their conformance is their detector's; and the judge of the samples a model
+makes, fed by the Guard, not by step signals (`tests/detect/test_sample_judge.py`)."""
 SETTINGS = "trainguard.detect.settings"
 """The module of the detectors' configuration sections: plain data, checked by tests/test_config.py
 and tests/test_layers.py."""

@@ -77,8 +77,12 @@ def _run() -> list[StepSignals]:
         s.batch_elements = 512
         # a trainer's metrics: a KL that blows up at step 60, groups scored alike from 70, a
         # preference run's rewards pinned at 0 from 80, the entropy collapsing at 85, a NaN
-        # log-probability at 95
+        # log-probability at 95, the margin exploding at 88, one reward climbing from 75 while
+        # the other never pays
         s.trainer_metrics = {
+            "rewards/margins": 0.2 if s.step < 88 else 12.0,
+            "rewards/format/mean": 0.1 if s.step < 75 else 0.9, "rewards/format/std": 0.2,
+            "rewards/accuracy/mean": 0.0, "rewards/accuracy/std": 0.0,
             "kl": 0.002 if s.step < 60 else 2.0, "frac_reward_zero_std": float(s.step >= 70),
             "rewards/chosen": 0.1 if s.step < 80 else 0.0,
             "rewards/rejected": -0.1 if s.step < 80 else 0.0,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .trl_runs import dpo, grpo, kto, rloo
+from .trl_runs import dpo, grpo, kto, letters_reward, rloo
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
@@ -37,6 +37,32 @@ def test_dpo_at_lr_0_learns_nothing_and_says_why(tmp_path: Path) -> None:
     # the loss ends where it was (ln 2), which is not a recovery: nothing was learned
     assert ran.verdict.verdict == "stalled", ran.verdict
     assert "policy never left its reference" in ran.verdict.message
+
+
+def test_dpo_lr_far_too_high_overfits_its_preferences(tmp_path: Path) -> None:
+    """At LR 5e-2 the margin runs past 10 (the loss of a pair under 5e-5) and the chosen
+    answers lose probability as the rejected ones are pushed down; the healthy twins at 1e-3
+    (above) settle at a margin under 4 and raise neither."""
+    ran = dpo(tmp_path, lr=5e-2)
+    assert {"margins_exploding", "chosen_likelihood_falling"} <= ran.kinds()
+    margins = next(e for e in ran.events if e.kind == "margins_exploding")
+    assert margins.value > 10
+    fallen = next(e for e in ran.events if e.kind == "chosen_likelihood_falling")
+    assert fallen.value < 1.5 * fallen.details["start"] < 0
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_dpo_with_dropout_left_on_differs_from_its_reference_at_once(tmp_path: Path,
+                                                                     dropout: float) -> None:
+    """GPT-2's dropout at 0.1 with `disable_dropout=False`: the first implicit rewards are not
+    0 (0.046 here) though the reference is a copy of the policy, and `policy_dropout` is
+    ranked first. The same run with dropout at 0 (still not disabled) starts at exactly 0."""
+    ran = dpo(tmp_path, steps=12, dropout=dropout)
+    if not dropout:
+        assert "policy_off_reference" not in ran.kinds()
+        return
+    assert "policy_off_reference" in ran.kinds()
+    assert ran.top_cause() == "policy_dropout"
 
 
 def test_the_trainer_is_left_as_it_was(tmp_path: Path) -> None:
@@ -113,6 +139,45 @@ def test_grpo_lr_far_too_high_with_a_kl_term(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def exact_answer(completions: list[str], **kwargs: Any) -> list[float]:
+    """A task reward the tiny policy never earns: 1 for one exact answer."""
+    return [float(c.strip() == "a1 a2 a3") for c in completions]
+
+
+def test_grpo_climbing_one_reward_while_another_never_pays(tmp_path: Path) -> None:
+    """At LR 3e-2 the policy climbs the letters reward (0.12 to over 0.4) and never earns the
+    task's: `reward_hacking`, naming both."""
+    ran = grpo(tmp_path, lr=3e-2, steps=20, seed=1, reward=[letters_reward, exact_answer])
+    assert "reward_hacking" in ran.kinds()
+    event = next(e for e in ran.events if e.kind == "reward_hacking")
+    assert event.details["climbing"] == "letters_reward"
+    assert event.details["lagging"] == ["exact_answer"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_healthy_grpo_with_a_reward_it_never_earns_raises_nothing(tmp_path: Path,
+                                                                  seed: int) -> None:
+    """At LR 1e-3 the letters reward only wanders within its spread: no climb, no warning."""
+    ran = grpo(tmp_path, steps=20, seed=seed, reward=[letters_reward, exact_answer])
+    assert ran.kinds() == set()
+
+
+@pytest.mark.parametrize(("lr", "rolled_back"), [(5e-2, True), (1e-3, False)])
+def test_recover_cuts_the_lr_of_a_grpo_run_whose_kl_blew_up_from_it(
+        tmp_path: Path, lr: float, rolled_back: bool) -> None:
+    """At LR 5e-2 with beta 0.1 the KL leaves its reference at the first update: `recover`
+    rolls back to the start with the LR cut, and the run goes on below the LR that did it.
+    Its healthy twin at 1e-3 gets no action."""
+    ran = grpo(tmp_path, lr=lr, beta=0.1, steps=16, policy="recover")
+    rollbacks = [e for e in ran.events if e.kind == "rollback"]
+    if not rolled_back:
+        assert rollbacks == [] and ran.kinds("info") == set()
+        return
+    assert "kl_blowup" in rollbacks[0].message
+    assert ran.trainer.optimizer.param_groups[0]["lr"] < lr / 10
+
+
 def test_kto_at_lr_0_learns_nothing_its_healthy_twin_is_quiet(tmp_path: Path) -> None:
     assert kto(tmp_path / "twin").kinds() == set()
     ran = kto(tmp_path, lr=0.0)

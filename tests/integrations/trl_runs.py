@@ -72,15 +72,16 @@ def _common(tmp: Path, seed: int, steps: int, lr: float, logging: int) -> dict[s
 
 
 def dpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 40,
-        policy: str = "guarded") -> Ran:
+        policy: str = "guarded", dropout: float = 0.0) -> Ran:
     """A DPO run on one preference ('yes good' over 'no bad x'), its reference a frozen copy of
-    the policy. `policy`: 'observe' for the policy of that name."""
+    the policy. `policy`: 'observe' for the policy of that name. `dropout`: the model's dropout,
+    left on in training (TRL's `disable_dropout=False`)."""
     tok = tokenizer()
-    model = tiny_gpt2(tok, seed)
+    model = tiny_gpt2(tok, seed, dropout=dropout)
     rows = [{"prompt": f"q{i % 7} ", "chosen": "yes good", "rejected": "no bad x"}
             for i in range(64)]
     args = trl.DPOConfig(per_device_train_batch_size=4, max_length=32,
-                         **_common(tmp, seed, steps, lr, 5))
+                         disable_dropout=not dropout, **_common(tmp, seed, steps, lr, 5))
     callback = TrainguardCallback(GuardConfig(policy="observe" if policy == "observe"
                                               else "protect"))
     trainer = trl.DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args,
@@ -100,7 +101,8 @@ def letters_reward(completions: list[str], **kwargs: Any) -> list[float]:
 
 
 def grpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 12, beta: float = 0.0,
-         reward: Reward = letters_reward, max_completion_length: int = 8) -> Ran:
+         reward: Reward | list[Reward] = letters_reward, max_completion_length: int = 8,
+         policy: str = "protect") -> Ran:
     tok = tokenizer()
     model: Any = tiny_gpt2(tok, seed)
     if beta:  # GRPO builds its reference model from the policy's path
@@ -110,8 +112,9 @@ def grpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 12, beta: f
     args = trl.GRPOConfig(per_device_train_batch_size=8, num_generations=4, beta=beta,
                           max_completion_length=max_completion_length,
                           **_common(tmp / "out", seed, steps, lr, 4))
-    callback = TrainguardCallback(GuardConfig(policy="protect"))
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward], args=args,
+    callback = TrainguardCallback(GuardConfig(policy=policy))
+    rewards = reward if isinstance(reward, list) else [reward]
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=rewards, args=args,
                               train_dataset=Dataset.from_list(rows), processing_class=tok,
                               callbacks=[callback])
     trainer.train()

@@ -94,6 +94,32 @@ def test_non_finite_streak_rolls_back_then_the_cap_halts() -> None:
     assert c.review(_signals(8, math.nan, math.nan), []).action == "halt"
 
 
+def test_a_non_finite_trainer_metric_is_skipped_and_a_streak_rolls_back() -> None:
+    """A NaN reward or KL under a finite loss: its gradients came from the same NaN."""
+    c = _controller(rollback_after_skips=2)
+    _calm(c, range(5))
+    nan_kl = Event(kind="nonfinite_metric", step=5, severity="error", message="kl is NaN")
+    verdict = c.review(_signals(5, 0.1), [nan_kl])
+    assert verdict is not None and verdict.action == "skip" and verdict.bad_steps == [5]
+    assert "trainer metrics" in verdict.reason
+    assert c.review(_signals(6, 0.1), [nan_kl]).action == "rollback"
+
+
+def test_an_instability_measured_to_come_from_the_lr_rolls_back_to_cut_it() -> None:
+    """A KL that left its reference in the first updates names the LR: skipping would keep
+    it, the rollback cuts it. One that drifted away at a steady LR names the penalty: no
+    action, the LR is not what the run showed wrong."""
+    c = _controller()
+    _calm(c, range(5))
+    early = Event(kind="kl_blowup", step=5, severity="warning", message="kl jumped",
+                  details={"cause": "lr_too_high"})
+    verdict = c.review(_signals(5, 0.1), [early])
+    assert verdict is not None and verdict.action == "rollback" and verdict.onset <= 5
+    drift = Event(kind="kl_blowup", step=6, severity="warning", message="kl drifted",
+                  details={"cause": "beta_too_low"})
+    assert _controller().review(_signals(6, 0.1), [drift]) is None
+
+
 def test_state_round_trip_in_the_middle_of_trouble() -> None:
     c = _controller()
     _calm(c, range(20))

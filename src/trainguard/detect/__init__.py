@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainguard.detect.bad_start import BadStart
 from trainguard.detect.base import Detector
+from trainguard.detect.chosen_likelihood_falling import ChosenLikelihoodFalling
 from trainguard.detect.dead_units import DeadUnits
 from trainguard.detect.entropy_collapse import EntropyCollapse
 from trainguard.detect.extreme_weight import ExtremeWeight
@@ -14,6 +15,7 @@ from trainguard.detect.kl_blowup import KLBlowup
 from trainguard.detect.loss_divergence import LossDivergence
 from trainguard.detect.loss_spike import LossSpike
 from trainguard.detect.lr_change import LRChange
+from trainguard.detect.margins_exploding import MarginsExploding
 from trainguard.detect.no_gradients import NoGradients
 from trainguard.detect.no_progress import NoProgress
 from trainguard.detect.nonfinite_grad import NonFiniteGrad
@@ -23,8 +25,10 @@ from trainguard.detect.nonfinite_optimizer_state import NonFiniteOptimizerState
 from trainguard.detect.nonfinite_weight import NonFiniteWeight
 from trainguard.detect.output_collapse import OutputCollapse
 from trainguard.detect.params_unfrozen import ParamsUnfrozen
+from trainguard.detect.policy_off_reference import PolicyOffReference
 from trainguard.detect.preference_unlearned import PreferenceUnlearned
 from trainguard.detect.reward_dead import RewardDead
+from trainguard.detect.reward_hacking import RewardHacking
 from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.update_too_large import UpdateTooLarge
 
@@ -33,7 +37,8 @@ DETECTOR_TYPES: tuple[type[Detector], ...] = (
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
     ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
-    EntropyCollapse,
+    EntropyCollapse, MarginsExploding, ChosenLikelihoodFalling,
+    RewardHacking, PolicyOffReference,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

@@ -385,6 +385,71 @@ class PreferenceUnlearnedConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class MarginsExplodingConfig:
+    """Threshold of `margins_exploding`."""
+
+    PATH: ClassVar[str] = "detectors.margins_exploding"
+
+    margin: float = 10.0
+    """A reward margin above this is past learning: the DPO loss of a pair is then under 5e-5
+    and its gradient as small; a run that learns its pairs settles far below (a few units)."""
+
+    def __post_init__(self) -> None:
+        sections.positive(self, "margin")
+
+
+@dataclass(kw_only=True, slots=True)
+class ChosenLikelihoodFallingConfig:
+    """Thresholds of `chosen_likelihood_falling`."""
+
+    PATH: ClassVar[str] = "detectors.chosen_likelihood_falling"
+
+    share: float = 0.5
+    """The chosen log-probability below its starting level by more than this share of it (-30
+    to under -45 at 0.5) is a fall: a policy that learns keeps or raises it."""
+    warmup: int = 3
+    """The first chosen log-probabilities whose median is the starting level."""
+
+    def __post_init__(self) -> None:
+        sections.positive(self, "share")
+        sections.at_least(self, 1, "warmup")
+
+
+@dataclass(kw_only=True, slots=True)
+class RewardHackingConfig:
+    """Thresholds of `reward_hacking`."""
+
+    PATH: ClassVar[str] = "detectors.reward_hacking"
+
+    warmup: int = 3
+    """The first means of each reward whose median is its starting level."""
+    window: int = 5
+    """The last means of each reward whose median is its level now: one step's batch of
+    completions is too few to say a reward moved."""
+    least: float = 0.05
+    """The smallest move of a reward's mean that counts, where its spread at the start was 0
+    (a reward that paid nothing yet)."""
+
+    def __post_init__(self) -> None:
+        sections.at_least(self, 1, "warmup", "window")
+        sections.positive(self, "least")
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyOffReferenceConfig:
+    """Threshold of `policy_off_reference`."""
+
+    PATH: ClassVar[str] = "detectors.policy_off_reference"
+
+    tolerance: float = 1e-3
+    """A first implicit reward or KL further from 0 than this is not rounding: a policy made
+    from its reference computes the same log-probabilities (0 exactly in float32)."""
+
+    def __post_init__(self) -> None:
+        sections.positive(self, "tolerance")
+
+
+@dataclass(kw_only=True, slots=True)
 class NoProgressConfig:
     """Threshold of `no_progress` (and of the verdict `stalled`)."""
 
@@ -582,6 +647,12 @@ class DetectorConfig:
     entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
     preference_unlearned: PreferenceUnlearnedConfig = field(
         default_factory=PreferenceUnlearnedConfig)
+    margins_exploding: MarginsExplodingConfig = field(default_factory=MarginsExplodingConfig)
+    chosen_likelihood_falling: ChosenLikelihoodFallingConfig = field(
+        default_factory=ChosenLikelihoodFallingConfig)
+    reward_hacking: RewardHackingConfig = field(default_factory=RewardHackingConfig)
+    policy_off_reference: PolicyOffReferenceConfig = field(
+        default_factory=PolicyOffReferenceConfig)
 
     def __post_init__(self) -> None:
         sections.build_sections(self)

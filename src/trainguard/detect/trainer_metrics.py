@@ -15,12 +15,18 @@ REWARD_ZERO_STD = "frac_reward_zero_std"
 REWARD_STD = ("reward_std", "objective/scores_std")
 REWARD_FUNC_STD = re.compile(r"^rewards/(?P<name>.+)/std$")
 """One reward function's spread over the step's completions."""
+REWARD_FUNC_MEAN = re.compile(r"^rewards/(?P<name>.+)/mean$")
+"""One reward function's mean over the step's completions (GRPO, RLOO)."""
 CLIPPED = "completions/clipped_ratio"
 """The share of completions cut at `max_completion_length` before they ended."""
 CHOSEN_REWARD, REJECTED_REWARD = "rewards/chosen", "rewards/rejected"
 """A preference trainer's implicit rewards, beta times the policy's log-probability ratio to
 the reference (DPO, KTO)."""
 MARGINS = "rewards/margins"
+ACCURACIES = "rewards/accuracies"
+"""The share of pairs whose chosen reward is above the rejected one (DPO)."""
+CHOSEN_LOGPS = "logps/chosen"
+"""The policy's summed log-probability of the chosen completions (DPO, ORPO)."""
 ENTROPY = "entropy"
 """The mean entropy of the policy's token distribution over the completions (GRPO, RLOO)."""
 
@@ -51,8 +57,9 @@ def is_trainer_metric(name: str) -> bool:
     """Whether a column of a log is one of the trainer metrics the detectors read (`analyze`
     hands a log's such columns to them as `StepSignals.trainer_metrics`)."""
     named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS,
-             ENTROPY)
-    return name in named or REWARD_FUNC_STD.match(name) is not None or is_judged(name)
+             ACCURACIES, CHOSEN_LOGPS, ENTROPY)
+    return (name in named or REWARD_FUNC_STD.match(name) is not None
+            or REWARD_FUNC_MEAN.match(name) is not None or is_judged(name))
 
 
 def is_zero(value: float | None) -> bool:

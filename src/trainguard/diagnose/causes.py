@@ -93,6 +93,11 @@ _ALL = (
           "they end", "3.2",
           "Raise max_completion_length until completions/clipped_ratio is well below 1, or "
           "reward partial answers, so that some completions reach what the reward looks for."),
+    Cause("policy_dropout", "Dropout left on in the policy: its forward is not its "
+          "reference's", "3.4",
+          "Turn dropout off in the policy (TRL: disable_dropout=True, the default; or set the "
+          "model config's dropout probabilities to 0); if the reference is meant to differ from "
+          "the policy's start, this is expected."),
     Cause("reference_is_policy", "The reference model is the policy itself", "3.4",
           "Give the trainer a separate frozen reference (ref_model=None lets TRL make its own "
           "copy, or a PEFT adapter disabled); never pass the policy object as ref_model."),

@@ -1,7 +1,7 @@
 """The `recover` policy's judgement: when skipping is enough, and when the run must roll back.
 
     non-finite loss/gradients   skip the update (as `protect`); `rollback_after_skips` in a row
-                                (from batches that hold no NaN/inf themselves) mean the state
+    (or trainer metrics)        (from batches that hold no NaN/inf themselves) mean the state
                                 itself is broken: roll back
     loss spike, grad explosion  skip that update (its batch is the suspect) and watch: later steps
                                 whose loss is still a spike are skipped too; if the loss is not
@@ -14,6 +14,9 @@
                                 in one step (`lr_change`): the update at the raised LR did the
                                 damage, which waiting only compounds: roll back at once, to a
                                 state from before the raise
+    a trainer-metric            roll back at once, the LR cut: skipping keeps the LR that did it
+    instability its detector
+    blames on the LR
     replicas out of sync        roll back to a state from when the ranks last agreed
     more than `max_rollbacks`   halt with a crash snapshot and a diagnosis
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainguard.config import DetectorConfig, RecoveryConfig
+from trainguard.detect import DETECTOR_TYPES
 from trainguard.events import Event
 from trainguard.registry import (
     Onset,
@@ -42,6 +46,12 @@ from trainguard.registry import (
     kinds_tagged,
 )
 from trainguard.signals import StepSignals
+
+TRAINER_METRIC_INSTABILITIES = frozenset(
+    t.kind for t in DETECTOR_TYPES if "trainer_metrics" in t.reads) & kinds_tagged(Tag.INSTABILITY)
+"""The instabilities read from a trainer's own metrics (the KL to the reference): the ones
+whose cause, when the detector names it, is acted on under `recover`; the loss's and the
+gradients' instabilities keep the reactions the registry gives them."""
 
 REFERENCE_LOSSES = 10
 """Calm losses kept as the reference level of the run before any trouble."""
@@ -124,7 +134,20 @@ class RecoveryController:
             onset = self._onset(first, step)
             return Verdict("rollback", f"{at_once[0]} at step {step}",
                            onset=onset if jump is None else min(onset, jump[0]))
-        finite = signals.loss_finite and signals.grads_finite
+        # a NaN the step computed elsewhere (a reward, a log-probability, the KL under a finite
+        # loss) makes its gradients as suspect as a NaN loss would
+        computed_nan = any(e.kind in kinds_tagged(Tag.NONFINITE) for e in serious)
+        # an instability of the trainer's own metrics whose detector measured the LR as its
+        # cause (a KL that left its reference in the first updates): skipping keeps the LR that
+        # did it, a rollback cuts it
+        lr_blamed = [e for e in serious if e.kind in TRAINER_METRIC_INSTABILITIES
+                     and e.details.get("cause") == "lr_too_high"]
+        if lr_blamed:
+            first = lr_blamed[0]
+            return Verdict("rollback", f"{first.kind} at step {step}, from updates too large for "
+                                       "the run: rolled back with the LR cut",
+                           onset=self._onset(first, step))
+        finite = signals.loss_finite and signals.grads_finite and not computed_nan
         if not finite and signals.amp_overflow:
             return None  # routine GradScaler overflow: the scaler handles it
         if not finite and bad_input:
@@ -135,13 +158,15 @@ class RecoveryController:
         if jump is not None and (unstable or not finite):
             return self._after_jump(step, jump, unstable[0] if unstable else "non-finite loss")
         if not finite:
+            what = ("non-finite loss or gradients" if not computed_nan
+                    or not (signals.loss_finite and signals.grads_finite)
+                    else "non-finite trainer metrics")
             self.skip_streak.append(step)
             if len(self.skip_streak) >= cfg.rollback_after_skips:
                 streak = self.skip_streak
-                return Verdict("rollback", f"{len(streak)} consecutive steps had non-finite loss "
-                                           "or gradients", onset=streak[0], bad_steps=list(streak))
-            return Verdict("skip", f"non-finite loss or gradients at step {step}", onset=step,
-                           bad_steps=[step])
+                return Verdict("rollback", f"{len(streak)} consecutive steps had {what}",
+                               onset=streak[0], bad_steps=list(streak))
+            return Verdict("skip", f"{what} at step {step}", onset=step, bad_steps=[step])
         self.skip_streak = []
         # the update is skipped; the aftermath decides between settling and rollback
         watched = [k for k in kinds_reacting(Reaction.WATCH) if k in kinds]
