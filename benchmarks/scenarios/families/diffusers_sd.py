@@ -22,10 +22,17 @@ Faults made as users make them (cause codes from trainguard.diagnose.causes):
   latents, which makes the noise trivially predictable: the loss falls while the samples die.
 - input_scale: the images handed over in [0, 255] (a `ToTensor()`-less pipeline) instead of the
   [-1, 1] the pre-trained UNet saw.
+- input_scale (layout): the images decoded channel-last (H, W, C, as PIL and numpy hold them)
+  and turned channel-first with `.reshape` instead of `.permute`: every pixel's values land in
+  other places, and the picture is scrambled into noise-like texture.
 - bad_init: a new class-conditioning layer (`class_embed_type="timestep"`, added to the
   pre-trained UNet for fine-tuning) initialised with std BAD_INIT_STD.
-Not made here: a v-prediction target with an epsilon scheduler (the loss's target is in the
-user's code, out of the Guard's sight), fp16 without a scaler (float16 autocast on a CPU).
+Not made here: a v-prediction target with an epsilon scheduler. Made once as users make it
+(`target = scheduler.get_velocity(...)`, this family's epsilon UNet and scheduler), its first
+loss was 0.83 against the healthy run's 0.06 and it ended at 0.19 against 0.065 (held out, seed
+0), yet the curve falls smoothly: the loss's target is in the user's code, out of the Guard's
+sight, and nothing in the loss alone says which target is the right one; trainguard stays quiet.
+Not made either: fp16 without a scaler (float16 autocast on a CPU).
 """
 
 from __future__ import annotations
@@ -211,6 +218,8 @@ class Recipe:
     train_vae: bool = False
     """Latent diffusion with the VAE left trainable and in the optimizer."""
     pixels_255: bool = False
+    reshaped: bool = False
+    """Channel-last images reshaped, not permuted, to channel-first."""
     conditioned: bool = False
     init_std: float | None = None
     lora: bool = False
@@ -219,6 +228,8 @@ class Recipe:
 
 def _images(recipe: Recipe, n: int, generator: torch.Generator) -> torch.Tensor:
     images = striped_rectangle_images(n, generator)
+    if recipe.reshaped:  # decoded as (H, W, C), then the mistaken turn to (C, H, W)
+        images = images.permute(0, 2, 3, 1).contiguous().reshape(images.shape)
     return (images + 1) * 127.5 if recipe.pixels_255 else images
 
 
@@ -295,6 +306,7 @@ def _scenario(name: str, recipe: Recipe, description: str, *, cause: str | None 
 BASELINES: dict[str, str] = {
     f"{FAMILY}_lr_too_high": f"{FAMILY}_healthy",
     f"{FAMILY}_images_255": f"{FAMILY}_healthy",
+    f"{FAMILY}_channels_scrambled": f"{FAMILY}_healthy",
     f"{FAMILY}_unfrozen_vae": f"{FAMILY}_healthy_latent",
     f"{FAMILY}_conditioning_init": f"{FAMILY}_healthy_conditioned",
 }
@@ -318,6 +330,9 @@ def scenarios() -> list[Scenario]:
                   "the optimizer", cause="unfrozen_part"),
         _scenario("images_255", Recipe(pixels_255=True),
                   "the images handed over in [0, 255] instead of [-1, 1]", cause="input_scale"),
+        _scenario("channels_scrambled", Recipe(reshaped=True),
+                  "channel-last images reshaped to channel-first instead of permuted",
+                  cause="input_scale"),
         _scenario("conditioning_init", Recipe(conditioned=True, init_std=BAD_INIT_STD),
                   f"a new class-conditioning layer initialised with std {BAD_INIT_STD:g}",
                   cause="bad_init"),
