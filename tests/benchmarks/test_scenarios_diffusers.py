@@ -15,6 +15,7 @@ FAULTS = {
     "diffusers_unfrozen_vae": "unfrozen_part",
     "diffusers_images_255": "input_scale",
     "diffusers_channels_scrambled": "input_scale",
+    "diffusers_fp16_no_scaler": "optimizer_eps",
     "diffusers_conditioning_init": "bad_init",
 }
 
