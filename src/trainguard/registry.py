@@ -391,6 +391,8 @@ _kind("ddp_desync", "the replicas' weights differ across ranks", "error",
 for _name, _description, _severity in (
     ("batch_nonfinite", "the batch holds NaN or inf values", "error"),
     ("batch_image_range", "images with unnormalised 0-255 pixel values", "warning"),
+    ("batch_channel_order", "images whose pixels were scrambled: channel-last data reshaped, "
+     "not permuted, to channel-first", "warning"),
     ("batch_token_ids", "token ids outside the model's embedding table", "error"),
     ("batch_attention_mask", "an attention mask outside 0/1, or one that masks everything",
      "warning"),

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 
-from trainguard.analyze.log import LOSS, Log, LogBuilder, Series
+import pytest
+
+from trainguard.analyze.log import LOSS, Log, LogBuilder, Series, is_part_lr
 
 
 def test_a_series_is_laid_out_over_every_row_when_read() -> None:
@@ -58,3 +60,11 @@ def test_the_builder_keeps_names_of_a_few_rows_sparse() -> None:
     assert [name for name in log.series if log.series.laid_out(name)] == [LOSS]
     assert log.series["grad_norm/p7"][7] == 0.5 and log.series["grad_norm/p7"][6] is None
     assert len(log.evals) == names
+
+
+@pytest.mark.parametrize("name, part", [("lr/unet", True), ("lr-AdamW/pg1", True),
+                                        ("learning_rate/group0", True), ("lr", False),
+                                        ("lr/unet/extra", False), ("loss/current", False),
+                                        ("lr/", False)])
+def test_an_lr_one_level_below_an_lr_name_is_a_parts(name: str, part: bool) -> None:
+    assert is_part_lr(name) == part

@@ -425,3 +425,22 @@ def test_records_printed_on_one_line_or_wrapped_are_cut_at_their_counter(
 def test_a_line_naming_one_counter_twice_without_counting_up_is_one_record() -> None:
     lines = ["step 100 loss 0.52 (step 100 of 900)"]
     assert list(pasted._records(lines)) == lines
+
+
+def _diffusers_bar(step: int, loss: float) -> str:
+    """A diffusers example's accelerate/tqdm bar at `step` of 1000, with its postfix."""
+    return (f"Steps:  {step // 10}%|{'█' * (step // 100)}{' ' * (10 - step // 100)}| "
+            f"{step}/1000 [00:{step // 60:02d}<10:00,  1.52it/s, lr=1e-05, step_loss={loss:.3g}]")
+
+
+def test_a_diffusers_training_bar_is_read_at_its_own_step_counter(tmp_path: Path) -> None:
+    """The diffusers examples' bar, refreshed in place (carriage returns) as a file keeps it:
+    the loss is `step_loss`, the step the bar's counter, the onset on that counter."""
+    losses = [0.1 + 0.01 * (s % 7) if s < 300 else NAN for s in range(1, 401)]
+    bars = "\r".join(_diffusers_bar(s, loss) for s, loss in enumerate(losses, start=1))
+    result = analyze(write(tmp_path / "train.log", "Steps:   0%|          | 0/1000\r"
+                           + bars + "\n"))
+    log = result.log
+    assert log is not None and log.steps[:3] == [1, 2, 3] and log.steps[-1] == 400
+    assert same(log.values("lr")[:2], [1e-5, 1e-5])
+    assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", 300)

@@ -185,3 +185,21 @@ def test_a_long_run_is_read_in_windows_as_the_other_readers_read_it(
     assert math.isnan(log.values("loss")[log.steps.index(70)])
     assert log.values("grad_norm")[log.steps.index(47)] == 50.0
     assert any("windows of 8 consecutive rows" in note for note in log.notes)
+
+
+def test_kohya_sd_scripts_tags_give_the_loss_and_the_onset(tmp_path: Path) -> None:
+    """sd-scripts' TensorBoard tags: `loss/current` the step's loss beside `loss/average`, the
+    LRs per part (`lr/unet`, `lr/textencoder`), the first part's read as the run's LR, and
+    said; the onset at the log's own step."""
+    from trainguard.analyze import analyze
+
+    scalars = []
+    for step in range(1, 401):
+        current = 0.1 + 0.01 * (step % 5) if step < 300 else math.nan
+        scalars += [(step, "loss/current", current), (step, "loss/average", 0.12),
+                    (step, "lr/unet", 1e-4), (step, "lr/textencoder", 5e-5)]
+    result = analyze(event_file(tmp_path / "events.out.tfevents.1.host", scalars))
+    assert result.log is not None and result.log.format == "tensorboard"
+    assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", 300)
+    assert result.log.values("lr")[:2] == pytest.approx([1e-4, 1e-4])
+    assert "lr/unet is read as the learning rate" in result.log.notes

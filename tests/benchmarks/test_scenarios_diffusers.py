@@ -14,6 +14,8 @@ FAULTS = {
     "diffusers_lr_too_high": "lr_too_high",
     "diffusers_unfrozen_vae": "unfrozen_part",
     "diffusers_images_255": "input_scale",
+    "diffusers_channels_scrambled": "input_scale",
+    "diffusers_fp16_no_scaler": "optimizer_eps",
     "diffusers_conditioning_init": "bad_init",
 }
 
@@ -44,3 +46,11 @@ def test_the_unfrozen_vae_and_the_pixel_range_are_named_before_the_first_step() 
     [event] = [e for e in pixels.events if e["severity"] == "warning"]
     assert (event["step"], event["kind"], event["details"]["cause"]) == (
         0, "batch_image_range", "input_scale")
+
+
+def test_scrambled_channels_are_named_on_the_first_batch() -> None:
+    """Channel-last images reshaped, not permuted: the first batch's check names it."""
+    scrambled = run_scenario(scenario("diffusers_channels_scrambled"), steps=1)
+    [event] = [e for e in scrambled.events if e["severity"] == "warning"]
+    assert (event["step"], event["kind"], event["details"]["cause"]) == (
+        0, "batch_channel_order", "input_scale")

@@ -57,6 +57,51 @@ def test_image_normalisation_range(scale: float, low: float, flagged: bool) -> N
         assert findings[0].cause == "input_scale"
 
 
+def pictures(n: int = 8, size: int = 16, channels: int = 3) -> torch.Tensor:
+    """Channel-last (N, H, W, C) images whose neighbouring pixels agree, as a picture's do:
+    smoothed noise, its channels sharing a common brightness."""
+    generator = torch.Generator().manual_seed(1)
+    shared = torch.rand(n, 1, size + 4, size + 4, generator=generator)
+    own = torch.rand(n, channels, size + 4, size + 4, generator=generator)
+    smooth = nn.functional.avg_pool2d(shared + 0.5 * own, 5, 1)
+    return smooth.permute(0, 2, 3, 1).contiguous()
+
+
+def sparse_strokes(channels: int) -> torch.Tensor:
+    """MNIST-like images: mostly zero, a few bright strokes."""
+    x = torch.zeros(8, channels, 28, 28)
+    x[:, :, 8:20, 12:15] = 1.0
+    x[::2, :, 18:21, 6:22] = 1.0
+    return x
+
+
+@pytest.mark.parametrize("make, flagged", [
+    (lambda: pictures().permute(0, 3, 1, 2), False),  # channel-last permuted: right
+    (lambda: pictures().view(8, 3, 16, 16), True),  # channel-last viewed: scrambled
+    (lambda: pictures().reshape(8, 3, 16, 16) * 255, True),  # reshaped, in 0-255 too
+    (lambda: pictures(channels=4).permute(0, 3, 1, 2), False),  # four-channel latents
+    (lambda: pictures(channels=4).reshape(8, 4, 16, 16), True),
+    (lambda: torch.rand(8, 3, 16, 16, generator=torch.Generator().manual_seed(2)), False),
+    (lambda: sparse_strokes(1), False),
+    (lambda: sparse_strokes(3), False),
+    (lambda: pictures().permute(0, 3, 1, 2)[:, :, :1, :], False),  # one row: no neighbours
+], ids=["permuted", "viewed", "reshaped_255", "latents", "latents_reshaped", "noise",
+        "strokes_grey", "strokes_rgb", "one_row"])
+def test_images_reshaped_instead_of_permuted_are_named(make, flagged: bool) -> None:
+    findings = [f for f in inspect_batch({"pixel_values": make()})
+                if f.check == "batch_channel_order"]
+    assert bool(findings) == flagged, [f.message for f in findings]
+    if flagged:
+        assert findings[0].cause == "input_scale" and "permute" in findings[0].fix
+
+
+def test_the_channel_order_rides_the_batch_statistics_transfer() -> None:
+    before = transfer_count()
+    [stats] = describe_batch(pictures().view(8, 3, 16, 16))
+    assert transfer_count() - before == 1
+    assert stats.roughness > 2 * stats.roughness_hwc
+
+
 def test_token_ids_beyond_the_embedding_table() -> None:
     setup = make_setup()  # vocabulary of 32
     ids = setup.batch()

@@ -22,10 +22,21 @@ Faults made as users make them (cause codes from trainguard.diagnose.causes):
   latents, which makes the noise trivially predictable: the loss falls while the samples die.
 - input_scale: the images handed over in [0, 255] (a `ToTensor()`-less pipeline) instead of the
   [-1, 1] the pre-trained UNet saw.
+- input_scale (layout): the images decoded channel-last (H, W, C, as PIL and numpy hold them)
+  and turned channel-first with `.reshape` instead of `.permute`: every pixel's values land in
+  other places, and the picture is scrambled into noise-like texture.
+- optimizer_eps: the UNet cast to float16 (`unet.half()`, a memory saving) and trained with
+  AdamW and no scaler: Adam's eps of 1e-8 rounds to 0 in float16, its second moments underflow,
+  and the first update leaves weights non-finite. The preflight names the float16 parameters.
 - bad_init: a new class-conditioning layer (`class_embed_type="timestep"`, added to the
   pre-trained UNet for fine-tuning) initialised with std BAD_INIT_STD.
-Not made here: a v-prediction target with an epsilon scheduler (the loss's target is in the
-user's code, out of the Guard's sight), fp16 without a scaler (float16 autocast on a CPU).
+Not made here: a v-prediction target with an epsilon scheduler. Made once as users make it
+(`target = scheduler.get_velocity(...)`, this family's epsilon UNet and scheduler), its first
+loss was 0.83 against the healthy run's 0.06 and it ended at 0.19 against 0.065 (held out, seed
+0), yet the curve falls smoothly: the loss's target is in the user's code, out of the Guard's
+sight, and nothing in the loss alone says which target is the right one; trainguard stays quiet.
+Not made either: float16 autocast without a scaler (the CPU's autocast is bfloat16 by default;
+the float16 weights above are the form a CPU run takes).
 """
 
 from __future__ import annotations
@@ -110,7 +121,7 @@ def denoising_loss(unet: UNet2DModel, scheduler: DDPMScheduler, clean: torch.Ten
                    generator: torch.Generator,
                    class_labels: torch.Tensor | None = None) -> torch.Tensor:
     """One batch of the diffusers examples' objective."""
-    noise = torch.randn(clean.shape, generator=generator)
+    noise = torch.randn(clean.shape, generator=generator).to(clean.dtype)
     timesteps = torch.randint(0, NUM_TIMESTEPS, (clean.shape[0],), generator=generator)
     noisy = scheduler.add_noise(clean, noise, timesteps)
     predicted = unet(noisy, timesteps, class_labels=class_labels).sample
@@ -211,6 +222,11 @@ class Recipe:
     train_vae: bool = False
     """Latent diffusion with the VAE left trainable and in the optimizer."""
     pixels_255: bool = False
+    half: bool = False
+    """The UNet and the images cast to float16 (`.half()`), trained without autocast's float32
+    master weights nor a gradient scaler."""
+    reshaped: bool = False
+    """Channel-last images reshaped, not permuted, to channel-first."""
     conditioned: bool = False
     init_std: float | None = None
     lora: bool = False
@@ -219,7 +235,10 @@ class Recipe:
 
 def _images(recipe: Recipe, n: int, generator: torch.Generator) -> torch.Tensor:
     images = striped_rectangle_images(n, generator)
-    return (images + 1) * 127.5 if recipe.pixels_255 else images
+    if recipe.reshaped:  # decoded as (H, W, C), then the mistaken turn to (C, H, W)
+        images = images.permute(0, 2, 3, 1).contiguous().reshape(images.shape)
+    images = (images + 1) * 127.5 if recipe.pixels_255 else images
+    return images.half() if recipe.half else images
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -232,6 +251,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
         unet = base_unet()
         if recipe.conditioned:
             unet = class_conditioned(unet, recipe.init_std)
+        if recipe.half:
+            unet = unet.half()
         if recipe.lora:
             with torch.random.fork_rng():
                 torch.manual_seed(5)
@@ -295,6 +316,8 @@ def _scenario(name: str, recipe: Recipe, description: str, *, cause: str | None 
 BASELINES: dict[str, str] = {
     f"{FAMILY}_lr_too_high": f"{FAMILY}_healthy",
     f"{FAMILY}_images_255": f"{FAMILY}_healthy",
+    f"{FAMILY}_channels_scrambled": f"{FAMILY}_healthy",
+    f"{FAMILY}_fp16_no_scaler": f"{FAMILY}_healthy",
     f"{FAMILY}_unfrozen_vae": f"{FAMILY}_healthy_latent",
     f"{FAMILY}_conditioning_init": f"{FAMILY}_healthy_conditioned",
 }
@@ -318,6 +341,12 @@ def scenarios() -> list[Scenario]:
                   "the optimizer", cause="unfrozen_part"),
         _scenario("images_255", Recipe(pixels_255=True),
                   "the images handed over in [0, 255] instead of [-1, 1]", cause="input_scale"),
+        _scenario("channels_scrambled", Recipe(reshaped=True),
+                  "channel-last images reshaped to channel-first instead of permuted",
+                  cause="input_scale"),
+        _scenario("fp16_no_scaler", Recipe(half=True),
+                  "the UNet cast to float16 with `.half()` and trained with AdamW, no scaler",
+                  cause="optimizer_eps"),
         _scenario("conditioning_init", Recipe(conditioned=True, init_std=BAD_INIT_STD),
                   f"a new class-conditioning layer initialised with std {BAD_INIT_STD:g}",
                   cause="bad_init"),

@@ -468,6 +468,7 @@ class LogBuilder:
             series.set_points(name, rows, values)
         del points
         choose_loss(series, self.notes)
+        choose_lr(series, self.notes)
         labels = self._labels if any(self._labels) else None
         skipped = self._skipped if any(self._skipped) else None
         return Log(path=self.path, format=self.format, steps=list(self._steps), series=series,
@@ -486,6 +487,24 @@ def choose_loss(series: Series, notes: list[str]) -> None:
     if name is not None:
         series.rename(name, LOSS)
         notes.append(f"{name} is read as the training loss")
+
+
+def is_part_lr(name: str) -> bool:
+    """The LR of one part or parameter group, an LR's name with one level below it: sd-scripts'
+    `lr/unet` and `lr/textencoder`, Lightning's `lr-AdamW/pg1`."""
+    head, slash, part = name.strip().partition("/")
+    return bool(slash and part and "/" not in part and canonical_name(head) == LR)
+
+
+def choose_lr(series: Series, notes: list[str]) -> None:
+    """A log without the run's LR, but with its parts' (one per parameter group), reads the first
+    part's as the LR, and says so: the schedule and its warmup are read from it."""
+    if LR in series:
+        return
+    name = next((name for name in series if is_part_lr(name)), None)
+    if name is not None:
+        series.rename(name, LR)
+        notes.append(f"{name} is read as the learning rate")
 
 
 WINDOW_RULES = {GRAD_NORM: windows.LARGEST, LOSS_SCALE: windows.SMALLEST, LR: windows.LAST}

@@ -45,6 +45,7 @@ from trainguard.analyze.log import (
     Series,
     _classify,
     choose_loss,
+    choose_lr,
     is_eval_name,
     is_train_loss,
 )
@@ -131,6 +132,7 @@ def _build(path: Path, tags: Mapping[str, Points], notes: list[str]) -> Log:
         raise LogError(f"{path}: no {what} in the TensorBoard events")
     all_steps, series, labels = _series(train, notes)
     choose_loss(series, notes)
+    choose_lr(series, notes)
     by_step: dict[int, dict[str, float]] = {}
     for name, (eval_steps, eval_values) in evals.items():
         for step, value in zip(eval_steps, eval_values, strict=True):

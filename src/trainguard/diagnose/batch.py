@@ -5,8 +5,9 @@ with one transfer; `inspect_batch` turns that summary into findings: non-finite 
 outside the expected normalisation range, token ids outside the embedding table, attention masks
 that are not 0/1 or empty, labels that are all ignored (-100: the loss's mean is 0/0), a batch
 smaller than configured (silent truncation), and, given the running statistics of earlier batches
-(`BatchHistory`), fields far outside their usual range. Meant for the first batch and for
-anomalous steps, not for every step.
+(`BatchHistory`), fields far outside their usual range, and images whose pixels were scrambled by
+a `view`/`reshape` from height-width-channel order instead of a `permute`. Meant for the first
+batch and for anomalous steps, not for every step.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ PIXEL_MAX_WITH_HISTORY = 127.0
 """Once a field has a history of earlier batches, only a batch reaching the upper half of the
 8-bit range (max above this) looks like unnormalised 0-255 pixels; one merely far above its usual
 size (raw values 100x the normal [0, 1]) is the outlier check's matter."""
+SMOOTH = 0.5
+"""Roughness (neighbour differences against the image's own variance, 1 for white noise) under
+which an image's neighbouring pixels are correlated, as a picture's are."""
+ROUGHNESS_IMAGES, ROUGHNESS_ROWS = 2, 64
+"""The roughness is measured on the first images' first rows only: the cost stays that of a
+small image whatever the batch."""
+SCRAMBLE_RATIO = 2.0
+"""An image batch this many times rougher than the same memory read as height-width-channel is
+a channel-last image reshaped, not permuted, to channel-first: its neighbours are no longer the
+picture's neighbours. Noise is as rough either way, and a right image rougher reread."""
 
 
 @dataclass(slots=True)
@@ -49,6 +60,10 @@ class FieldStats:
     maxabs: float
     nonfinite: int
     nan: int
+    roughness: float = math.nan
+    """Of an image field only: how little its neighbouring pixels agree (`_roughness`)."""
+    roughness_hwc: float = math.nan
+    """The same, its memory read as height-width-channel and permuted to channel-first."""
 
     @property
     def is_float(self) -> bool:
@@ -105,7 +120,7 @@ class BatchStatsOnDevice:
     """The statistics of a batch's fields, computed on the device and not yet transferred, so
     that they can travel with a step's single transfer."""
 
-    WIDTH = 7
+    WIDTH = 9
 
     def __init__(self, batch: Any) -> None:
         self.fields = [(n, t) for n, t in named_tensors(batch) if t.numel() > 0]
@@ -116,7 +131,8 @@ class BatchStatsOnDevice:
         return [FieldStats(name=name, shape=tuple(t.shape),
                            dtype=str(t.dtype).replace("torch.", ""), numel=t.numel(),
                            min=float(r[0]), max=float(r[1]), mean=float(r[2]), std=float(r[3]),
-                           maxabs=float(r[4]), nonfinite=int(r[5]), nan=int(r[6]))
+                           maxabs=float(r[4]), nonfinite=int(r[5]), nan=int(r[6]),
+                           roughness=float(r[7]), roughness_hwc=float(r[8]))
                 for (name, t), r in zip(self.fields, rows, strict=True)]
 
 
@@ -142,11 +158,37 @@ def _field_stats(fields: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
             mean = clean.sum() / count
             var = (torch.where(finite, (values - mean) ** 2, 0.0).sum() / count)
             big = torch.finfo(values.dtype).max
+            nan = torch.full((), math.nan, dtype=values.dtype, device=values.device)
+            if _image_shaped(t):
+                # a few images' top rows: a reshape scrambles every image alike, everywhere
+                sample = clean[:ROUGHNESS_IMAGES]
+                b, c, h, w = sample.shape
+                top = min(h, ROUGHNESS_ROWS)
+                rough = _roughness(sample[:, :, :top])
+                rough_hwc = _roughness(sample.reshape(b, h, w, c).permute(0, 3, 1, 2)[:, :, :top])
+            else:
+                rough, rough_hwc = nan, nan
             rows.append(torch.stack([
                 torch.where(finite, values, big).min(), torch.where(finite, values, -big).max(),
                 mean, var.sqrt(), clean.abs().max(), (~finite).sum(), torch.isnan(values).sum(),
+                rough.to(values.dtype), rough_hwc.to(values.dtype),
             ]).double().to(device))
     return torch.stack(rows).reshape(-1)
+
+
+def _image_shaped(t: torch.Tensor) -> bool:
+    """A float batch of colour images, channel-first (N, 3 or 4, H, W), at least 2x2."""
+    return (t.is_floating_point() and t.dim() == 4 and t.shape[1] in (3, 4)
+            and t.shape[2] >= 2 and t.shape[3] >= 2)
+
+
+def _roughness(images: torch.Tensor) -> torch.Tensor:
+    """Mean squared difference of neighbouring pixels (down and across) over twice each image
+    channel's variance: near 0 for a picture, whose neighbours agree, near 1 for noise."""
+    variance = images.var(dim=(2, 3), keepdim=True).clamp_min(1e-12)
+    down = ((images[:, :, 1:] - images[:, :, :-1]) ** 2 / variance).mean()
+    across = ((images[:, :, :, 1:] - images[:, :, :, :-1]) ** 2 / variance).mean()
+    return (down + across) / 4
 
 
 def embedding_size(model: nn.Module | None) -> int | None:
@@ -210,7 +252,7 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
 
 
 def _value_findings(s: FieldStats, history: BatchHistory | None) -> list[Finding]:
-    """A field's non-finite values, and images left in 0-255."""
+    """A field's non-finite values, images left in 0-255, and images with scrambled pixels."""
     findings: list[Finding] = []
     if s.nonfinite:
         findings.append(Finding(
@@ -228,6 +270,18 @@ def _value_findings(s: FieldStats, history: BatchHistory | None) -> list[Finding
             "unnormalised 0-255 pixels where models expect [0, 1] or [-1, 1].",
             "divide by 255 (and normalise with the pre-training mean/std).",
             cause="input_scale", evidence={"field": s.name, "min": s.min, "max": s.max}))
+    if (s.roughness_hwc <= SMOOTH and s.roughness >= SCRAMBLE_RATIO * s.roughness_hwc
+            and s.roughness > SMOOTH):
+        findings.append(Finding(
+            "batch_channel_order", "warning",
+            f"field '{s.name}' looks like images whose pixels were scrambled: neighbouring "
+            f"values agree little (roughness {s.roughness:.2f}, 1 is noise), while the same "
+            f"memory read as height x width x channel is a picture ({s.roughness_hwc:.2f}): "
+            "channel-last images reshaped to channel-first instead of permuted.",
+            "turn (H, W, C) images into (C, H, W) with `.permute(2, 0, 1)` (or "
+            "`torchvision.transforms.ToTensor()`), not `.view`/`.reshape`.",
+            cause="input_scale", evidence={"field": s.name, "roughness": s.roughness,
+                                           "roughness_hwc": s.roughness_hwc}))
     return findings
 
 
