@@ -30,7 +30,13 @@ from trainguard import registry
 from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
-from trainguard.detect.base import Episode, Outlier, OutlierDetector, UnlearnedStreak
+from trainguard.detect.base import (
+    Episode,
+    FromStartLevel,
+    Outlier,
+    OutlierDetector,
+    UnlearnedStreak,
+)
 from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.calm import SignalColumns
 from trainguard.detect.fp16_overflow import ScaleCalibration
@@ -63,8 +69,8 @@ def detect_classes() -> set[type]:
 
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
-HELPERS: tuple[type, ...] = (Detector, OutlierDetector, UnlearnedStreak, Episode, Outlier,
-                             AttentionLogitTracker,
+HELPERS: tuple[type, ...] = (Detector, OutlierDetector, UnlearnedStreak, FromStartLevel, Episode,
+                             Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
                              StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
@@ -81,7 +87,7 @@ and tests/test_layers.py."""
 def test_every_detector_class_is_in_the_runs() -> None:
     found = detect_classes()
     detectors = {c for c in found if issubclass(c, Detector)
-                 and c not in (Detector, OutlierDetector, UnlearnedStreak)}
+                 and c not in (Detector, OutlierDetector, UnlearnedStreak, FromStartLevel)}
     assert detectors == set(DETECTOR_TYPES), "a detector missing from DETECTOR_TYPES"
     settings = {c for c in found if c.__module__ == SETTINGS}
     unknown = found - detectors - set(EVAL_WATCHES) - set(HELPERS) - settings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,33 @@ class Detector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
+
+
+class FromStartLevel(Detector):
+    """A detector that judges a trainer metric against the level the run started at: the
+    median of its first `warmup` finite values (the entropy, the chosen log-probability), once
+    per episode."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        super().__init__(config)
+        self.first: list[float] = []
+        """The first finite values: the level the run started at."""
+        self.episode = Episode(config.common.rearm_steps)
+
+    def start_level(self, value: float, warmup: int) -> float | None:
+        """The starting level once `warmup` values are in (this one kept until then), else None."""
+        if len(self.first) < warmup:
+            self.first.append(value)
+            return None
+        return statistics.median(self.first)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": list(self.first), "episode": self.episode.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first = [float(v) for v in state.get("first", [])]
+        if "episode" in state:
+            self.episode.load_state_dict(state["episode"])
 
 
 class UnlearnedStreak(Detector):

@@ -11,24 +11,16 @@ while the margin is positive. A policy that learns keeps or raises it. Reported 
 from __future__ import annotations
 
 import math
-import statistics
-from typing import Any
 
-from trainguard.detect.base import Detector, Episode
+from trainguard.detect.base import FromStartLevel
 from trainguard.detect.trainer_metrics import CHOSEN_LOGPS, MARGINS
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
 
-class ChosenLikelihoodFalling(Detector):
+class ChosenLikelihoodFalling(FromStartLevel):
     kind = "chosen_likelihood_falling"
     reads = frozenset({"trainer_metrics"})
-
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.first: list[float] = []
-        """The first finite chosen log-probabilities: the level the run started at."""
-        self.episode = Episode(config.common.rearm_steps)
 
     def check(self, signals: StepSignals) -> list[Event]:
         metrics = signals.trainer_metrics
@@ -36,10 +28,9 @@ class ChosenLikelihoodFalling(Detector):
         if value is None or not math.isfinite(value):
             return []  # a NaN log-probability is `nonfinite_metric`'s
         settings = self.config.chosen_likelihood_falling
-        if len(self.first) < settings.warmup:
-            self.first.append(value)
+        start = self.start_level(value, settings.warmup)
+        if start is None:
             return []
-        start = statistics.median(self.first)
         margin = metrics.get(MARGINS)
         separating = margin is not None and math.isfinite(margin) and margin > 0
         # log-probabilities are <= 0: "far below" is a share of the start's own magnitude
@@ -53,11 +44,3 @@ class ChosenLikelihoodFalling(Detector):
             "pairs by making the rejected ones unlikely and the chosen ones less likely too "
             "(likelihood displacement)",
             param=CHOSEN_LOGPS, value=value, start=start, margin=margin)]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"first": list(self.first), "episode": self.episode.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.first = [float(v) for v in state.get("first", [])]
-        if "episode" in state:
-            self.episode.load_state_dict(state["episode"])
