@@ -345,7 +345,7 @@ _kind("entropy_collapse", "the policy's entropy fell under a tenth of where the 
                                             "reference let its entropy collapse")))
 _kind("margins_exploding", "a preference run's reward margin grew far past where its loss "
       "saturates: the pairs are told apart and the policy is pushed off its reference "
-      "(overfitting the preferences)", "warning",
+      "(overfitting the preferences)", "info",
       votes=(CauseVote("lr_too_high", 1.0, "the reward margins grew far past what the loss "
                                            "asks: updates too large for the policy"),))
 _kind("chosen_likelihood_falling", "a preference run's chosen completions became far less "

@@ -42,11 +42,13 @@ def test_dpo_at_lr_0_learns_nothing_and_says_why(tmp_path: Path) -> None:
 def test_dpo_lr_far_too_high_overfits_its_preferences(tmp_path: Path) -> None:
     """At LR 5e-2 the margin runs past 10 (the loss of a pair under 5e-5) and the chosen
     answers lose probability as the rejected ones are pushed down; the healthy twins at 1e-3
-    (above) settle at a margin under 4 and raise neither."""
+    (above) settle at a margin under 4 and raise neither. The margin alone is a note (`info`);
+    the chosen answers losing probability is the warning."""
     ran = dpo(tmp_path, lr=5e-2)
-    assert {"margins_exploding", "chosen_likelihood_falling"} <= ran.kinds()
+    assert "margins_exploding" in ran.kinds("info")
+    assert "chosen_likelihood_falling" in ran.kinds()
     margins = next(e for e in ran.events if e.kind == "margins_exploding")
-    assert margins.value > 10
+    assert margins.value > 10 and margins.severity == "info"
     fallen = next(e for e in ran.events if e.kind == "chosen_likelihood_falling")
     assert fallen.value < 1.5 * fallen.details["start"] < 0
 

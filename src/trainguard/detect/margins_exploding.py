@@ -6,7 +6,10 @@ rejected rewards at -19) are not learning the preferences any more: the policy i
 reference, the rejected completions' probability driven towards 0, which is overfitting the
 preference data. It comes from updates too large (the LR) or too many passes over few pairs.
 The margins start at 0 (the policy is its reference), so the level the loss saturates at is
-the measure. Reported once per episode.
+the measure. Reported once per episode, as `info`: separated pairs alone harm nothing (a run
+whose rejected completions were unlikely to begin with drives them towards 0 and keeps its
+chosen ones where they were). The harm shows when the chosen completions lose probability too
+(`chosen_likelihood_falling`, a warning), which this event then explains.
 """
 
 from __future__ import annotations
@@ -46,10 +49,11 @@ class MarginsExploding(Detector):
             seen.append(f"the accuracy at {accuracy:.2g}")
         detail = f" ({', '.join(seen)})" if seen else ""
         return [self.event(
-            signals.step, "warning",
+            signals.step, "info",
             f"the reward margin reached {margin:.3g}{detail}, past {limit:.3g}: the loss of a "
-            f"pair is {loss:.2g} there, the pairs are already told apart and the policy is "
-            "pushed off its reference (overfitting the preferences)",
+            f"pair is {loss:.2g} there, the pairs are already told apart; margins still growing "
+            "push the policy off its reference (overfitting the preferences) when the chosen "
+            "completions lose probability too",
             param=MARGINS, value=margin, limit=limit)]
 
     def state_dict(self) -> dict[str, Any]:
