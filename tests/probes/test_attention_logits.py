@@ -128,6 +128,27 @@ def test_chunks_give_the_same_value(monkeypatch: pytest.MonkeyPatch) -> None:
     assert whole == pytest.approx(float(expected))
 
 
+def test_a_short_sequence_masked_by_the_kept_bias_agrees_with_a_long_one_masked_per_chunk(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to 512 positions the causal mask is kept and added in the product; past that it is
+    built chunk by chunk. Both give the masked maximum; the future keys here hold the largest
+    logits, so a mask left out would show."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 40, 8), torch.randn(2, 40, 8)
+    k[:, 30:] *= 10  # late keys: their products with early queries are the largest, masked
+    mask = torch.ones(40, 40, dtype=torch.bool).triu(1)
+    expected = float((q @ k.transpose(1, 2) / math.sqrt(8)).masked_fill(mask, -math.inf).amax())
+    unmasked = float((q @ k.transpose(1, 2) / math.sqrt(8)).amax())
+    assert unmasked > expected
+    assert attention_logits._causal_bias(40, q.device) is not None
+    kept = float(attention_logits.max_logit(q, k, causal=True))
+    monkeypatch.setattr(attention_logits, "CACHED_BIAS_ELEMENTS", 40 * 40 - 1)
+    assert attention_logits._causal_bias(40, q.device) is None
+    per_chunk = float(attention_logits.max_logit(q, k, causal=True))
+    assert kept == pytest.approx(expected, rel=1e-6)
+    assert per_chunk == pytest.approx(expected, rel=1e-6)
+
+
 def _separate(model: nn.Module, attention: str, q_name: str, k_name: str, heads: int,
               kv_heads: int, causal: bool) -> None:
     seen: dict[str, torch.Tensor] = {}

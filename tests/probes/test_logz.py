@@ -8,7 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from trainguard.probes.logz import LOGZ_KEYS, MAX_ROWS, LogZProbe, logz_stats
+from trainguard.probes.logz import (
+    LOGZ_KEYS,
+    MAX_ELEMENTS,
+    MAX_ROWS,
+    MIN_ROWS,
+    LogZProbe,
+    logz_stats,
+)
 
 
 def by_hand(rows: list[list[float]]) -> tuple[float, float]:
@@ -37,6 +44,21 @@ def test_many_positions_are_strided_down_to_the_cap() -> None:
     logits = torch.arange(3 * MAX_ROWS, dtype=torch.float32)[:, None] * torch.ones(1, 4)
     mean, high, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
     rows = logits[::3]  # every third position: MAX_ROWS of them
+    assert mean == pytest.approx(float(torch.logsumexp(rows, -1).mean()), rel=1e-6)
+    assert high == pytest.approx(float(torch.logsumexp(rows, -1).max()), rel=1e-6)
+
+
+@pytest.mark.parametrize("classes", [MAX_ELEMENTS // 64, MAX_ELEMENTS])
+def test_a_large_vocabulary_is_read_at_fewer_positions(classes: int) -> None:
+    """The budget is in class scores: 64 positions of a vocabulary of 8192, and `MIN_ROWS` of
+    one so large that the budget would leave fewer."""
+    positions = 4 * MAX_ROWS
+    # one value per position, expanded over the classes: no memory of that size is taken
+    logits = torch.arange(positions, dtype=torch.float32)[:, None].expand(-1, classes)
+    mean, high, _ = logz_stats(logits).tolist()  # type: ignore[union-attr]
+    kept = max(MIN_ROWS, MAX_ELEMENTS // classes)
+    rows = logits[::positions // kept]
+    assert rows.shape[0] == kept < MAX_ROWS
     assert mean == pytest.approx(float(torch.logsumexp(rows, -1).mean()), rel=1e-6)
     assert high == pytest.approx(float(torch.logsumexp(rows, -1).max()), rel=1e-6)
 

@@ -32,6 +32,7 @@ buffer. Nothing is read on the host: the values ride the step's one transfer.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -64,16 +65,38 @@ def max_logit(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
     causal = causal and keys == length
     rows = max(1, CHUNK_ELEMENTS // max(1, heads * keys))
     best: torch.Tensor | None = None
+    bias = _causal_bias(length, q.device) if causal else None
     for start in range(0, length, rows):
-        logits = q[:, start:start + rows] @ k.transpose(1, 2)  # (H, rows, Tk)
-        if causal:
-            query = torch.arange(start, start + logits.shape[1], device=q.device)
-            future = torch.arange(keys, device=q.device)[None, :] > query[:, None]
-            logits = logits.masked_fill(future, -math.inf)
+        if bias is not None:  # the mask added in the matmul itself: one op, no mask built
+            part = bias[start:start + rows].expand(heads, -1, -1)
+            logits = torch.baddbmm(part, q[:, start:start + rows], k.transpose(1, 2))
+        else:
+            logits = q[:, start:start + rows] @ k.transpose(1, 2)  # (H, rows, Tk)
+            if causal:
+                query = torch.arange(start, start + logits.shape[1], device=q.device)
+                future = torch.arange(keys, device=q.device)[None, :] > query[:, None]
+                logits = logits.masked_fill(future, -math.inf)
         top = logits.amax()
         best = top if best is None else torch.maximum(best, top)
     assert best is not None
     return best
+
+
+CACHED_BIAS_ELEMENTS = 1 << 18
+"""The largest causal mask kept from step to step (1 MiB in float32: sequences up to 512): past
+it the mask costs little beside the logits it masks, and is built per chunk."""
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_cached(length: int, device: torch.device) -> torch.Tensor:
+    return torch.full((length, length), -math.inf, device=device).triu(1)
+
+
+def _causal_bias(length: int, device: torch.device) -> torch.Tensor | None:
+    """0 on and below the diagonal, -inf above it, for a short sequence; None for a long one."""
+    if length * length > CACHED_BIAS_ELEMENTS:
+        return None
+    return _causal_cached(length, device)
 
 
 def _split_heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -26,14 +26,20 @@ positions, evenly strided) and keeps two numbers on the device, which ride the s
 transfer. Measured on one CPU thread against a step of the GPT-2 workload of
 `benchmarks/overhead.py` (8 x 128 positions, 8192 classes; a 1.7-2.0 s step on the shared
 machine): logsumexp over all 1024 positions took 38-60 ms (2.3-2.9% of the step: too much for
-every step), over 256 of them 3.7-8.6 ms (0.22-0.42%). The cap keeps a large vocabulary and
-long sequences near the second figure, and the largest and the mean log Z of 256 positions
-follow the trend the detector reads.
+every step), over 256 of them 3.7-8.6 ms (0.22-0.42%), over 64 of them 0.9 ms (4.6 ms for 256
+in the same run). With the other every-step probes, 256 of them left the Guard above 1% of the
+step, so the budget is in values, `MAX_ELEMENTS` (64 positions of that vocabulary), and 256
+positions at most: a small vocabulary keeps 256 positions (with 64 of its 512, two of the
+`logit_growth` family's healthy twins warned on seed 0 of seeds 0-5; with 256, none), a large
+one at least `MIN_ROWS`. The largest and the mean log Z of the strided positions follow the
+trend the detector reads (log Z grows at every position alike when the output logits grow),
+and the ceiling a loss is judged against keeps its factor-2 margin (`diagnose/loss_bound.py`).
 
-Cost: one logsumexp over at most `MAX_ROWS` positions, four small reductions, a subtraction and
-a stack, on the device; the three values join the step's pack as one tensor (`add_parts`). On the
-steps the precursor's cadence skips (`detectors.instability_precursor.every`: far from every
-bound, no event) the hook is disarmed and returns at once.
+Cost: one logsumexp over at most `MAX_ROWS` positions and about `MAX_ELEMENTS` values, four
+small reductions, a subtraction and a stack, on the device; the three values join the step's
+pack as one tensor (`add_parts`). On the steps the precursor's cadence skips
+(`detectors.instability_precursor.every`: far from every bound, no event) the hook is disarmed
+and returns at once.
 
 Class scores are a floating B x C or B x T x V output with C >= 2 (what the output probe calls
 class scores); anything else (a regression's B x 1, an image) is left alone. The hook never
@@ -57,6 +63,11 @@ LOGZ_KEYS = ("logz_mean", "logz_max", "ce_ceiling")
 MAX_ROWS = 256
 """At most this many positions enter the logsumexp (evenly strided): its cost stays a small,
 fixed share of a step whatever the batch and sequence length."""
+MAX_ELEMENTS = 1 << 19
+"""At most about this many class scores enter it, whatever the vocabulary (fewer positions for
+a large one)..."""
+MIN_ROWS = 16
+"""...but never fewer positions than this."""
 
 
 def logz_stats(t: torch.Tensor) -> torch.Tensor | None:
@@ -66,8 +77,9 @@ def logz_stats(t: torch.Tensor) -> torch.Tensor | None:
     if t.dim() not in (2, 3) or t.shape[-1] < 2 or not t.is_floating_point() or not t.numel():
         return None
     rows = t.detach().reshape(-1, t.shape[-1])
-    if rows.shape[0] > MAX_ROWS:
-        rows = rows[::-(-rows.shape[0] // MAX_ROWS)]  # evenly strided: no copy
+    most = max(MIN_ROWS, min(MAX_ROWS, MAX_ELEMENTS // rows.shape[1]))
+    if rows.shape[0] > most:
+        rows = rows[::-(-rows.shape[0] // most)]  # evenly strided: no copy
     if rows.dtype not in (torch.float32, torch.float64):
         rows = rows.float()  # half precision: exp and its sum in float32
     z = torch.logsumexp(rows, dim=-1)
