@@ -12,6 +12,7 @@ FAULTS = {
     "rlhf_grpo_beta_too_low": "beta_too_low",
     "rlhf_dpo_lr_zero": "lr_too_low",
     "rlhf_dpo_reference_is_policy": "reference_is_policy",
+    "rlhf_dpo_dropout_on": "policy_dropout",
     "rlhf_grpo_reward_constant": "reward_constant",
     "rlhf_grpo_completions_cut": "max_completion_length_too_small",
 }

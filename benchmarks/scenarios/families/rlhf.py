@@ -23,6 +23,8 @@ Faults, each made the way users make it:
     rlhf_dpo_lr_zero               the LR is 0: the rewards stay exactly 0 (`lr_too_low`)
     rlhf_dpo_reference_is_policy   the reference passed is the policy module itself: the
                                    rewards stay exactly 0 while it trains (`reference_is_policy`)
+    rlhf_dpo_dropout_on            the policy trains with dropout on, its reference a copy in eval
+                                   mode: the first rewards are not 0 (`policy_dropout`)
     rlhf_grpo_reward_constant      the reward function returns 0 for everything
                                    (`reward_constant`)
     rlhf_grpo_completions_cut      `max_completion_length` 2, shorter than the answer the reward
@@ -63,6 +65,7 @@ DPO_PAIRS = 16
 DPO_STEPS = 40
 DPO_LR = 1e-3
 DPO_BETA = 0.1
+DPO_DROPOUT = 0.1
 
 # GRPO
 VOCAB = 8
@@ -96,6 +99,7 @@ def _generator(seed: int, stream: int, step: int) -> torch.Generator:
 class DPORecipe:
     lr: float = DPO_LR
     reference_is_policy: bool = False
+    dropout: float = 0.0
 
 
 def _pairs(generator: torch.Generator) -> torch.Tensor:
@@ -130,9 +134,11 @@ def build_dpo(seed: int, recipe: DPORecipe) -> Workload:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = TinyCausalLM(DPO_VOCAB, d_model=32, n_layer=1, n_head=2,
-                             max_len=PROMPT_LEN + RESPONSE_LEN)
+                             max_len=PROMPT_LEN + RESPONSE_LEN, dropout=recipe.dropout)
     model.train()
     reference = model if recipe.reference_is_policy else copy.deepcopy(model).requires_grad_(False)
+    if recipe.dropout and reference is not model:
+        reference.eval()  # as TRL keeps its reference; the policy trains with its dropout on
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
     held_out = [_pairs(_generator(seed, _EVAL_STREAM, i)) for i in range(EVAL_BATCHES)]
     metrics: dict[int, dict[str, Any]] = {}
@@ -323,6 +329,7 @@ def _grpo_scenario(name: str, recipe: GRPORecipe, description: str, **fault: obj
 BASELINES: dict[str, str] = {
     "rlhf_dpo_lr_zero": "rlhf_dpo_healthy",
     "rlhf_dpo_reference_is_policy": "rlhf_dpo_healthy",
+    "rlhf_dpo_dropout_on": "rlhf_dpo_healthy",
     "rlhf_grpo_reward_constant": "rlhf_grpo_healthy",
     "rlhf_grpo_completions_cut": "rlhf_grpo_healthy",
     "rlhf_grpo_beta_too_low": "rlhf_grpo_healthy_kl",
@@ -343,6 +350,10 @@ def scenarios() -> list[Scenario]:
         _dpo_scenario("rlhf_dpo_reference_is_policy", replace(dpo, reference_is_policy=True),
                       "the policy module passed as its own reference: the rewards stay exactly "
                       "0 while it trains", cause="reference_is_policy", **stall),
+        _dpo_scenario("rlhf_dpo_dropout_on", replace(dpo, dropout=DPO_DROPOUT),
+                      f"the policy trained with dropout {DPO_DROPOUT:g} on, its reference a copy "
+                      "in eval mode: their log-probabilities differ before any update",
+                      cause="policy_dropout", **stall),
         _grpo_scenario("rlhf_grpo_healthy", grpo,
                        f"GRPO in a plain loop: {GROUP} completions of up to {MAX_COMPLETION} "
                        f"tokens per prompt, a rule reward on the parsed answer, beta 0, AdamW "
