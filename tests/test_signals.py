@@ -53,6 +53,25 @@ def test_median_and_mad_even_count() -> None:
     assert scale == pytest.approx(MAD_TO_STD)
 
 
+def test_spread_is_bit_for_bit_the_median_of_absolute_deviations() -> None:
+    """The spread is read off the sorted window (median - v below the median, v - median above
+    it): the same floats as the median of abs(v - median) over the window, ties, values equal to
+    the median and a sliding window included."""
+    rng = random.Random(0)
+    for window in (1, 2, 5, 8, 9, 64):
+        baseline = RobustBaseline(window=window, min_scale=0.0)
+        for _ in range(300):
+            value = rng.choice([rng.gauss(0.0, 1.0), round(rng.gauss(0.0, 1.0), 1), 0.1])
+            baseline.admit(value)
+            baseline._scale = None  # recompute the spread at every value
+            median, scale = baseline.stats()
+            deviations = sorted(abs(v - median) for v in baseline.values)
+            n = len(deviations)
+            mad = (deviations[n // 2] if n % 2
+                   else 0.5 * (deviations[n // 2 - 1] + deviations[n // 2]))
+            assert scale == max(mad * MAD_TO_STD, 0.0)
+
+
 def test_scale_is_floored_on_a_constant_signal() -> None:
     baseline = RobustBaseline(window=10, min_scale=0.05)
     for _ in range(10):

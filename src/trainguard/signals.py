@@ -163,7 +163,12 @@ class RobustBaseline:
         """(median, robust standard deviation) of the admitted log values."""
         median = self.median()
         if self._scale is None:
-            mad = _median([abs(v - median) for v in self.values])
+            # |v - median| read off the sorted values without a call per value: below the
+            # median it is median - v, which rounds to exactly abs(v - median)
+            ordered = self._sorted
+            split = bisect.bisect_left(ordered, median)
+            mad = _median([median - v for v in ordered[:split]]
+                          + [v - median for v in ordered[split:]])
             self._scale = max(mad * MAD_TO_STD, self.min_scale)
             self._since_scale = 0
         return median, self._scale

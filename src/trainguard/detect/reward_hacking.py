@@ -73,6 +73,9 @@ class RewardHacking(Detector):
             func = found.group("name")
             track = self.tracks.setdefault(func, RewardTrack(settings.warmup, settings.window))
             track.add(value, metrics.get(f"rewards/{func}/std"))
+        if not self.tracks:  # no reward function logged yet: nothing to judge, the episode calms
+            self.episode.update(False)
+            return []
         ready = {f: t for f, t in self.tracks.items() if t.ready}
         moved = {f: t.moved(settings.least) for f, t in ready.items()}
         climbing = [f for f, m in moved.items() if m > 0]

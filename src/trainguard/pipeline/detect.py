@@ -51,10 +51,13 @@ def run_detectors(detectors: list[Detector], signals: StepSignals, *,
         if sampled_only and not detector.reads_sampled_only:
             continue
         try:
-            events.extend(detector.check(signals))
+            raised = detector.check(signals)
         except Exception as exc:  # a detector bug must not kill the run
             log.error("trainguard: detector %s failed at step %d (%s: %s); it is skipped",
                       detector.kind, signals.step, type(exc).__name__, exc)
+            continue
+        if raised:  # most checks raise nothing: no call to extend by an empty list
+            events.extend(raised)
     return events
 
 
