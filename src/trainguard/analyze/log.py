@@ -20,7 +20,7 @@ raises `LogError` with one message that names the file and the problem.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -478,15 +478,22 @@ class LogBuilder:
                    loss_is_evaluation=self.loss_is_evaluation)
 
 
+def _stand_in(series: Series, notes: list[str], canonical: str, fits: Callable[[str], bool],
+              role: str) -> None:
+    """A log without the series `canonical` reads its first series that `fits` as it, and says
+    so."""
+    if canonical in series:
+        return
+    name = next((name for name in series if fits(name)), None)
+    if name is not None:
+        series.rename(name, canonical)
+        notes.append(f"{name} is read as {role}")
+
+
 def choose_loss(series: Series, notes: list[str]) -> None:
     """A log without a series named as the training loss reads its first other training-loss
     series (`data_loss`, `loss_total`) as the loss, and says so."""
-    if LOSS in series:
-        return
-    name = next((name for name in series if is_train_loss(name)), None)
-    if name is not None:
-        series.rename(name, LOSS)
-        notes.append(f"{name} is read as the training loss")
+    _stand_in(series, notes, LOSS, is_train_loss, "the training loss")
 
 
 def is_part_lr(name: str) -> bool:
@@ -499,12 +506,7 @@ def is_part_lr(name: str) -> bool:
 def choose_lr(series: Series, notes: list[str]) -> None:
     """A log without the run's LR, but with its parts' (one per parameter group), reads the first
     part's as the LR, and says so: the schedule and its warmup are read from it."""
-    if LR in series:
-        return
-    name = next((name for name in series if is_part_lr(name)), None)
-    if name is not None:
-        series.rename(name, LR)
-        notes.append(f"{name} is read as the learning rate")
+    _stand_in(series, notes, LR, is_part_lr, "the learning rate")
 
 
 WINDOW_RULES = {GRAD_NORM: windows.LARGEST, LOSS_SCALE: windows.SMALLEST, LR: windows.LAST}
