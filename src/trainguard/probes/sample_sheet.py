@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,7 +39,6 @@ class SampleSheet:
     """The sample judge held the samples broken after this step."""
     first: bool = False
     """The run's first samples: the reference the others are judged against."""
-    extra: dict[str, object] = field(default_factory=dict)
 
     def png(self) -> bytes:
         return png_bytes(self.pixels)
