@@ -49,6 +49,8 @@ class Workload:
     """metrics(step) -> the training metrics the loss computation of step `step` produced
     (a DPO or GRPO loop's rewards, KL, entropy, under the names TRL logs), read after that
     step's loss; the loop hands them to `guard.step(..., metrics=...)`."""
+    noise_scheduler: Any = None
+    """A diffusion loop's noise scheduler, handed to the Guard (`Guard(noise_scheduler=...)`)."""
     surrogate: bool = False
     """The loss is a policy-gradient surrogate (GRPO's: near 0 by design, its level says
     nothing of progress): the loop hands `guard.step` no loss to judge, only the step's

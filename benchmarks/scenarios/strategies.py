@@ -190,7 +190,8 @@ class GuardStepper(Stepper):
         self.log = StepLog()
         self.guard = Guard(workload.model, workload.optimizer, workload.scheduler,
                            workload.scaler, config=config, run_dir=run_dir,
-                           replay_fn=self._loss, sinks=[self.log])
+                           replay_fn=self._loss, sinks=[self.log],
+                           noise_scheduler=workload.noise_scheduler)
         self.events = self.guard.events
 
     def _loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:

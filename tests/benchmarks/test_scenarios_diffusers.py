@@ -17,6 +17,7 @@ FAULTS = {
     "diffusers_channels_scrambled": "input_scale",
     "diffusers_fp16_no_scaler": "optimizer_eps",
     "diffusers_conditioning_init": "bad_init",
+    "diffusers_velocity_target": "prediction_type_mismatch",
 }
 
 
@@ -54,3 +55,11 @@ def test_scrambled_channels_are_named_on_the_first_batch() -> None:
     [event] = [e for e in scrambled.events if e["severity"] == "warning"]
     assert (event["step"], event["kind"], event["details"]["cause"]) == (
         0, "batch_channel_order", "input_scale")
+
+
+def test_a_velocity_target_under_an_epsilon_scheduler_is_named_at_the_first_step() -> None:
+    """The loop's loss scores the velocity; its scheduler samples for the noise."""
+    ran = run_scenario(scenario("diffusers_velocity_target"), steps=1)
+    [finding] = [f for f in ran.findings if f["severity"] == "warning"]
+    assert (finding["check"], finding["cause"]) == ("diffusion_target",
+                                                    "prediction_type_mismatch")

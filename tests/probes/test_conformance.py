@@ -27,6 +27,7 @@ from trainguard.params import WatchedParams, watched_params
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.attention_logits import AttentionLogitProbe
+from trainguard.probes.diffusion_target import CHECK_STEPS, DiffusionTargetProbe
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
@@ -108,6 +109,8 @@ HOOKED: tuple[type, ...] = (ActivationProbe, OutputProbe, AttentionLogitProbe)
 """Probes hooked on the forward pass of sampled steps: attach, forward, detach."""
 PERSISTENT: tuple[type, ...] = (LogZProbe,)
 """Probes hooked on every forward pass for the life of the run: forward, take, close."""
+FIRST_STEPS: tuple[type, ...] = (DiffusionTargetProbe,)
+"""Probes hooked from the start for the first steps only, then off for good."""
 CALLED: tuple[type, ...] = (SampleProbe,)
 """Probes that call the user's function off the step on their own cadence (checked below, and
 in `tests/probes/test_samples.py`)."""
@@ -149,10 +152,11 @@ def probe_classes() -> set[type]:
 def test_every_probe_is_under_these_checks() -> None:
     found = probe_classes()
     assert {GradientProbe, ActivationProbe, OutputProbe} <= found
-    unknown = found - set(MEASURED) - set(HOOKED) - set(PERSISTENT) - set(CALLED)
+    unknown = (found - set(MEASURED) - set(HOOKED) - set(PERSISTENT) - set(CALLED)
+               - set(FIRST_STEPS))
     assert not unknown, (f"probes under no check: {sorted(c.__name__ for c in unknown)}; add "
-                         "each to MEASURED (with a measure function in PROBES), HOOKED, CALLED or "
-                         "PERSISTENT")
+                         "each to MEASURED (with a measure function in PROBES), HOOKED, CALLED, "
+                         "FIRST_STEPS or PERSISTENT")
     assert set(MEASURED.values()) == set(PROBES)
 
 
@@ -180,6 +184,33 @@ def test_persistent_probes_read_nothing_on_the_host_and_remove_their_hooks(
     assert seen and all(v.device == CPU and v.dtype == torch.float32 for v in seen.values())
     assert probe.take() == {}  # each forward's values are taken once
     probe.close()
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+class Denoiser(nn.Module):
+    """A module whose forward takes a timestep, as a diffusion model's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        return self.conv(sample)
+
+
+def test_first_step_probes_read_nothing_on_the_host_and_come_off(monkeypatch) -> None:
+    diffusers = pytest.importorskip("diffusers")
+    scheduler = diffusers.DDPMScheduler(num_train_timesteps=10)
+    model = Denoiser()
+    probe = DiffusionTargetProbe(scheduler, model)
+    for _ in range(CHECK_STEPS):
+        with no_host_reads(monkeypatch):
+            clean = torch.randn(2, 3, 4, 4)
+            model(scheduler.add_noise(clean, torch.randn_like(clean), torch.tensor([1, 7])),
+                  torch.tensor([1, 7]))
+            seen = probe.take()
+        assert seen is not None and seen.shape == (3,) and seen.dtype == torch.float32
+    assert not probe.attached and "add_noise" not in vars(scheduler)
     assert all(not m._forward_hooks for m in model.modules())
 
 

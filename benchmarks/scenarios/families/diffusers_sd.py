@@ -30,11 +30,11 @@ Faults made as users make them (cause codes from trainguard.diagnose.causes):
   and the first update leaves weights non-finite. The preflight names the float16 parameters.
 - bad_init: a new class-conditioning layer (`class_embed_type="timestep"`, added to the
   pre-trained UNet for fine-tuning) initialised with std BAD_INIT_STD.
-Not made here: a v-prediction target with an epsilon scheduler. Made once as users make it
-(`target = scheduler.get_velocity(...)`, this family's epsilon UNet and scheduler), its first
-loss was 0.83 against the healthy run's 0.06 and it ended at 0.19 against 0.065 (held out, seed
-0), yet the curve falls smoothly: the loss's target is in the user's code, out of the Guard's
-sight, and nothing in the loss alone says which target is the right one; trainguard stays quiet.
+- prediction_type_mismatch: the loop scores the UNet against the velocity
+  (`target = noise_scheduler.get_velocity(clean, noise, timesteps)`, as a v-prediction script
+  does) while its scheduler, the one that samples, says `prediction_type="epsilon"`. The loss
+  falls smoothly; nothing in its level says which target is the right one. The loop hands the
+  Guard its scheduler (`Guard(noise_scheduler=...)`), as every run of this family does.
 Not made either: float16 autocast without a scaler (the CPU's autocast is bfloat16 by default;
 the float16 weights above are the form a CPU run takes).
 """
@@ -118,14 +118,15 @@ def _seeded(seed: int) -> torch.Generator:
 
 
 def denoising_loss(unet: UNet2DModel, scheduler: DDPMScheduler, clean: torch.Tensor,
-                   generator: torch.Generator,
-                   class_labels: torch.Tensor | None = None) -> torch.Tensor:
-    """One batch of the diffusers examples' objective."""
+                   generator: torch.Generator, class_labels: torch.Tensor | None = None,
+                   velocity: bool = False) -> torch.Tensor:
+    """One batch of the diffusers examples' objective (`velocity`: scored against the velocity
+    whatever the scheduler's prediction_type)."""
     noise = torch.randn(clean.shape, generator=generator).to(clean.dtype)
     timesteps = torch.randint(0, NUM_TIMESTEPS, (clean.shape[0],), generator=generator)
     noisy = scheduler.add_noise(clean, noise, timesteps)
     predicted = unet(noisy, timesteps, class_labels=class_labels).sample
-    if scheduler.config.prediction_type == "v_prediction":
+    if velocity or scheduler.config.prediction_type == "v_prediction":
         target = scheduler.get_velocity(clean, noise, timesteps)
     else:
         target = noise
@@ -231,6 +232,8 @@ class Recipe:
     init_std: float | None = None
     lora: bool = False
     """LoRA adapters on the UNet (`recipes.unet_lora`), the base weights frozen."""
+    velocity_target: bool = False
+    """The loss scored against the velocity, the scheduler's prediction_type left at epsilon."""
 
 
 def _images(recipe: Recipe, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -286,14 +289,15 @@ def build(seed: int, recipe: Recipe) -> Workload:
         else:
             denoiser = model  # type: ignore[assignment]
         return denoising_loss(denoiser, scheduler, clean, generator,
-                              batch.get("class_labels"))
+                              batch.get("class_labels"), velocity=recipe.velocity_target)
 
     held_generator = _seeded(20_000 + seed)
     held_out = [batch_of(_images(recipe, 32, held_generator), -1 - i, recipe.conditioned)
                 for i in range(4)]
     return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
                     evaluate=lambda m: lm_eval(m, held_out, loss), scheduler=lr_scheduler,
-                    batch_size=BATCH, notes={"sane_lr": SANE_LR, "lr": recipe.lr})
+                    batch_size=BATCH, notes={"sane_lr": SANE_LR, "lr": recipe.lr},
+                    noise_scheduler=scheduler)
 
 
 def batch_of(images: torch.Tensor, key: int, conditioned: bool) -> dict[str, Any]:
@@ -320,6 +324,7 @@ BASELINES: dict[str, str] = {
     f"{FAMILY}_fp16_no_scaler": f"{FAMILY}_healthy",
     f"{FAMILY}_unfrozen_vae": f"{FAMILY}_healthy_latent",
     f"{FAMILY}_conditioning_init": f"{FAMILY}_healthy_conditioned",
+    f"{FAMILY}_velocity_target": f"{FAMILY}_healthy",
 }
 
 
@@ -350,4 +355,7 @@ def scenarios() -> list[Scenario]:
         _scenario("conditioning_init", Recipe(conditioned=True, init_std=BAD_INIT_STD),
                   f"a new class-conditioning layer initialised with std {BAD_INIT_STD:g}",
                   cause="bad_init"),
+        _scenario("velocity_target", Recipe(velocity_target=True),
+                  "the loss scored against the velocity (v-prediction) while the noise "
+                  "scheduler's prediction_type is epsilon", cause="prediction_type_mismatch"),
     ]

@@ -40,6 +40,11 @@ _ALL = (
     Cause("unfrozen_part", "A pre-trained VAE or text encoder trained beside the UNet", "5.2",
           "Freeze the autoencoder and the text encoder (requires_grad_(False)) and build the "
           "optimizer from the UNet's parameters (or its LoRA's) only."),
+    Cause("prediction_type_mismatch", "The diffusion loss's target is not the noise "
+          "scheduler's prediction_type", "5.2",
+          "Score the denoiser against the target the scheduler's prediction_type names (the "
+          "noise for epsilon, get_velocity for v_prediction), or set prediction_type to the "
+          "target trained, on the scheduler that samples too."),
     Cause("nonfinite_input", "NaN or Inf in the input batch", "3.2",
           "Find and clean the sample; check the data pipeline for divisions by zero."),
     Cause("outlier_batch", "Outlier batch with extreme input values", "3.2",

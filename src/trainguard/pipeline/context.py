@@ -28,6 +28,8 @@ from trainguard.signals import StepSignals
 
 BATCH_KEY = "batch"
 """Name of the batch statistics among the extra tensors of the step's transfer."""
+TARGET_KEY = "diffusion_target"
+"""Name of the diffusion prediction's errors against each target among the extra tensors."""
 
 
 @dataclass(slots=True)

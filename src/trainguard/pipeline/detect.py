@@ -20,11 +20,12 @@ import numpy as np
 
 from trainguard.diagnose import Finding
 from trainguard.diagnose.batch import check_loss_above_chance
+from trainguard.diagnose.diffusion_target import read_target
 from trainguard.diagnose.loss_bound import ceiling_of, check_first_loss
 from trainguard.distributed import RankView, describe_ranks
 from trainguard.errors import PeerLost
 from trainguard.events import Event
-from trainguard.pipeline.context import BATCH_KEY, Detected, Measured, StepContext
+from trainguard.pipeline.context import BATCH_KEY, TARGET_KEY, Detected, Measured, StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
 from trainguard.registry import Kind, Tag, is_rank_local, kinds_tagged
@@ -100,6 +101,8 @@ def _detect(ctx: StepContext, state: RunState, services: Services, measured: Mea
     batch_events: list[Event] = []
     if ctx.batch is not None and config.probes.inspect_batches:
         batch_events = _inspect_batch(ctx, state, services, measured, found)
+    if TARGET_KEY in measured.extra:
+        _check_diffusion_target(services, measured, found)
     if ranks is not None and signals.ranks is not None:
         facts = (_gather_batches(ctx, services, found, batch_events)
                  if config.probes.inspect_batches and _agreed_trouble(found.events) else None)
@@ -169,6 +172,20 @@ def _check_first_loss(ctx: StepContext, services: Services, found: _Gathering,
         log.error("trainguard: first-loss check failed (%s: %s)", type(exc).__name__, exc)
         return
     found.findings.extend(f for f in checked if f is not None)
+
+
+def _check_diffusion_target(services: Services, measured: Measured, found: _Gathering) -> None:
+    """The first steps' loss against the diffusion targets: once it is known which one it
+    scores, the probe comes off (a finding when it is not the scheduler's)."""
+    probe = services.target_probe
+    if probe is None:
+        return
+    read = read_target(measured.signals.loss, measured.extra[TARGET_KEY].tolist(),
+                       probe.prediction_type)
+    if read.trained is not None:
+        probe.detach()
+    if read.finding is not None:
+        found.findings.append(read.finding)
 
 
 def _check_desync(ctx: StepContext, services: Services, found: _Gathering) -> None:

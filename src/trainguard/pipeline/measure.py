@@ -21,6 +21,7 @@ from trainguard.errors import UsageError
 from trainguard.events import ActionRecord
 from trainguard.pipeline.context import (
     BATCH_KEY,
+    TARGET_KEY,
     Measured,
     PackedStep,
     PendingStats,
@@ -93,6 +94,10 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
         extra.update(recovery.extra())
     if state.anchor is not None:
         extra.update(state.anchor.extra())
+    if services.target_probe is not None:  # the first steps of a diffusion run
+        errors = services.target_probe.take()
+        if errors is not None:
+            extra[TARGET_KEY] = errors
     for name, value in ctx.metrics.items():  # a loop's metrics still on the device
         if isinstance(value, torch.Tensor):
             extra[f"{METRIC}{name}"] = value.reshape(1).to(device=device, dtype=torch.float32)

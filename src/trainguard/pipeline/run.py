@@ -91,7 +91,9 @@ class Run:
     starting a new one there. `mid_run`: the job restarts from a checkpoint (the preflight, which
     would misread a schedule already under way, is skipped). `owns_optimizer_step`: the caller
     (the Guard) takes the optimizer step itself, so `sync="deferred"` can hand it the device's
-    skip flag (`OnDevice.found_inf`) and step the scheduler when a step is known applied."""
+    skip flag (`OnDevice.found_inf`) and step the scheduler when a step is known applied.
+    `noise_scheduler`: a diffusion run's, whose `prediction_type` the first steps' loss is checked
+    against (`probes/diffusion_target.py`)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  config: GuardConfig | None = None, run_dir: str | Path | None = None,
@@ -99,7 +101,7 @@ class Run:
                  rewind_schedulers: Iterable[Any] = (), replay_fn: LossFn | None = None,
                  owns_scaler_step: bool = False, integration: str = "", resume: bool = False,
                  mid_run: bool = False, owns_optimizer_step: bool = False,
-                 trackers: TrackerHints | None = None) -> None:
+                 trackers: TrackerHints | None = None, noise_scheduler: Any = None) -> None:
         config = _checked(config, model, optimizer)
         self.config = config
         watched = watched_params(model, [optimizer])
@@ -129,7 +131,8 @@ class Run:
             config=config, model=model, optimizer=optimizer, watched=watched, dist=dist,
             scheduler=scheduler, owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
             scaler=scaler if scaler is not None and _scaler_enabled(scaler) else None,
-            run_dir=self.run_dir, rewind_schedulers=rewind_schedulers)
+            run_dir=self.run_dir, rewind_schedulers=rewind_schedulers,
+            noise_scheduler=noise_scheduler)
         self.state = _initial_state(config, BatchWatch(model, config.probes.batch_size),
                                     journal)
         self.closed = False
@@ -457,7 +460,7 @@ class Run:
         if self._lifecycle is not None:
             lifecycle.untrack(self._lifecycle)
         for probe in (self.services.activation_probe, self.services.output_probe,
-                      self.services.attention_probe):
+                      self.services.attention_probe, self.services.target_probe):
             if probe is not None and probe.attached:
                 probe.detach()
         self.services.watch.adam_probe.close()

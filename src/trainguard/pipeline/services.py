@@ -31,6 +31,7 @@ from trainguard.pipeline.rewind import ScheduleRewind
 from trainguard.probes.activations import ActivationProbe
 from trainguard.probes.adam_ratio import AdamRatioProbe
 from trainguard.probes.attention_logits import AttentionLogitProbe
+from trainguard.probes.diffusion_target import DiffusionTargetProbe, readable
 from trainguard.probes.gradients import GradientProbe
 from trainguard.probes.logz import LogZProbe
 from trainguard.probes.optimizer_state import OptimizerStateProbe
@@ -118,6 +119,9 @@ class Services:
     """The RNG state each training forward starts from (`diagnose/step_rng.py`), so a proof or
     a crash snapshot's replay draws the step's dropout masks; kept when the run can prove or
     halts."""
+    target_probe: DiffusionTargetProbe | None = None
+    """The first steps' diffusion prediction against each target, with a noise scheduler given
+    (`probes/diffusion_target.py`)."""
     fixes: Mapping[str, str] = field(default_factory=dict)
     """The fixes of causes made concrete for this run, over the catalogue's general ones: the
     LR's, sized to the model and its optimizer (`diagnose/lr_range.py`)."""
@@ -140,7 +144,8 @@ class Services:
 def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                    watched: WatchedParams, dist: DistributedContext | None, scheduler: Any,
                    scaler: Any, owns_scaler_step: bool, replay_fn: LossFn | None,
-                   run_dir: Path | None, rewind_schedulers: Iterable[Any]) -> Services:
+                   run_dir: Path | None, rewind_schedulers: Iterable[Any],
+                   noise_scheduler: Any = None) -> Services:
     return Services(
         config=config, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
         owns_scaler_step=owns_scaler_step, replay_fn=replay_fn,
@@ -159,6 +164,8 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
                     else None),
         step_rng=(StepRNG(model) if config.policy == "halt" or (
             replay_fn is not None and config.prove.mode != "off") else None),
+        target_probe=(DiffusionTargetProbe(noise_scheduler, model)
+                      if noise_scheduler is not None and readable(noise_scheduler) else None),
         fixes=run_fixes(model, optimizer))
 
 
