@@ -3,12 +3,15 @@
     python examples/diffusers_loop.py --steps 60
     python examples/diffusers_loop.py --steps 60 --lr 0.5        # far too high
     python examples/diffusers_loop.py --steps 60 --pixels-255    # images left in [0, 255]
+    python examples/diffusers_loop.py --steps 60 --velocity      # a v-prediction target
 
 The loop of diffusers' training examples (`train_unconditional.py`): clean images, noise added at
 a random timestep by a `DDPMScheduler`, the UNet's noise prediction against the noise (MSE). The
 model is a tiny `UNet2DModel` built from a config, the data 16x16 images of soft discs, so it runs
 on a CPU in seconds. Hand `guard.step` the batch: its first batch is inspected (images in
-[0, 255] instead of [-1, 1] are named before the first update). The guide's remedies for
+[0, 255] instead of [-1, 1] are named before the first update), and its noise scheduler: the
+first steps' loss is checked against the target the scheduler's `prediction_type` names (a
+velocity target under an epsilon scheduler is named at the first step). The guide's remedies for
 latent diffusion (freeze the VAE, clip the convolutions, LoRA on the UNet) are in
 `trainguard.recipes`; see docs/diffusion.md.
 """
@@ -31,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
     parser.add_argument("--pixels-255", action="store_true",
                         help="hand the images over in [0, 255] (a common data bug)")
+    parser.add_argument("--velocity", action="store_true",
+                        help="score the UNet against the velocity while the scheduler says "
+                             "epsilon (a copied v-prediction script)")
     parser.add_argument("--run-dir", default=None,
                         help="trainguard run store (default: a new temporary directory)")
     return parser.parse_args(argv)
@@ -63,18 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.pixels_255:
         images = (images + 1) * 127.5
     config = trainguard.GuardConfig(policy="protect")
-    with trainguard.Guard(unet, optimizer, config=config, run_dir=run_dir) as guard:
+    with trainguard.Guard(unet, optimizer, config=config, run_dir=run_dir,
+                          noise_scheduler=scheduler) as guard:
         for step in range(args.steps):
             clean = images[(step * 16) % 256:(step * 16) % 256 + 16]
             noise = torch.randn_like(clean)
             timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (clean.shape[0],))
             noisy = scheduler.add_noise(clean, noise, timesteps)
-            loss = F.mse_loss(unet(noisy, timesteps).sample, noise)
+            target = (scheduler.get_velocity(clean, noise, timesteps) if args.velocity
+                      else noise)
+            loss = F.mse_loss(unet(noisy, timesteps).sample, target)
             loss.backward()
             report = guard.step(loss, batch={"pixel_values": clean})
             optimizer.zero_grad(set_to_none=True)
     print(f"final loss {report.loss:.4f}")
     print("events:", sorted({e.kind for e in guard.events}) or "none")
+    warned = sorted({f.check for f in guard.findings if f.severity != "info"})
+    print("findings:", warned or "none")
     causes = guard.diagnose()
     print("likely cause:", causes[0].code if causes else "none")
     print("verdict:", guard.verdict.verdict if guard.verdict else "none")

@@ -77,3 +77,7 @@ def test_diffusers_example_is_quiet_healthy_and_names_the_pixel_range(tmp_path: 
     pixels = run_example("diffusers_loop.py", "--steps", "5", "--pixels-255",
                          "--run-dir", str(tmp_path / "b"))
     assert "events: ['batch_image_range']" in pixels and "likely cause: input_scale" in pixels
+    velocity = run_example("diffusers_loop.py", "--steps", "3", "--velocity",
+                           "--run-dir", str(tmp_path / "c"))
+    assert "findings: ['diffusion_target']" in velocity
+    assert "likely cause: prediction_type_mismatch" in velocity
