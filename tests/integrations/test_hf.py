@@ -513,3 +513,40 @@ def test_a_sample_fn_is_judged_and_kept_and_leaves_the_training_as_it_was(
         kept = reader.meta()["samples"]
     assert [s["step"] for s in kept] == [-1, 2, 5]
     assert kept[0]["first"] and not any(s["degraded"] for s in kept)
+
+
+def test_a_diffusion_target_the_scheduler_does_not_name_is_found(tmp_path: Path) -> None:
+    """`noise_scheduler` under the Trainer: a model whose forward scores its UNet against the
+    velocity while the scheduler says epsilon is named at the first step; on the noise, quiet."""
+    diffusers = pytest.importorskip("diffusers")
+
+    class Denoising(nn.Module):
+        def __init__(self, velocity: bool) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.unet = diffusers.UNet2DModel(
+                sample_size=8, in_channels=1, out_channels=1, layers_per_block=1,
+                block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4)
+            self.scheduler = diffusers.DDPMScheduler(num_train_timesteps=50)
+            self.velocity = velocity
+
+        def forward(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+            noise = torch.randn_like(pixel_values)
+            timesteps = torch.randint(0, 50, (pixel_values.shape[0],))
+            noisy = self.scheduler.add_noise(pixel_values, noise, timesteps)
+            target = (self.scheduler.get_velocity(pixel_values, noise, timesteps)
+                      if self.velocity else noise)
+            return {"loss": nn.functional.mse_loss(self.unet(noisy, timesteps).sample, target)}
+
+    generator = torch.Generator().manual_seed(0)
+    images = [{"pixel_values": torch.rand(1, 8, 8, generator=generator) * 2 - 1}
+              for _ in range(32)]
+    for velocity in (True, False):
+        model = Denoising(velocity)
+        callback = TrainguardCallback(GuardConfig(**QUIET), noise_scheduler=model.scheduler)
+        Trainer(model=model, args=make_args(tmp_path, max_steps=3), train_dataset=images,
+                callbacks=[callback]).train()
+        assert callback.run is not None
+        found = [f.cause for f in callback.run.findings if f.check == "diffusion_target"]
+        assert found == (["prediction_type_mismatch"] if velocity else [])

@@ -376,3 +376,44 @@ def test_a_sample_fn_is_judged_and_leaves_the_training_as_it_was(pl: ModuleType,
         assert torch.equal(ours, theirs), name
     assert len(seen) == 3 and all(m is module for m in seen)  # before step 0, after 3 and 7
     assert callback.samples is not None and callback.samples.shape == (1, 1, 8, 8)
+
+
+def test_a_diffusion_target_the_scheduler_does_not_name_is_found(pl: ModuleType,
+                                                                 tmp_path: Path) -> None:
+    """`noise_scheduler` under Lightning: a module scoring its UNet against the velocity while
+    its scheduler says epsilon is named at the first step; the same module on the noise is
+    quiet."""
+    diffusers = pytest.importorskip("diffusers")
+
+    class Denoising(pl.LightningModule):  # type: ignore[name-defined,misc]
+        def __init__(self, velocity: bool) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.unet = diffusers.UNet2DModel(
+                sample_size=8, in_channels=1, out_channels=1, layers_per_block=1,
+                block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4)
+            self.scheduler = diffusers.DDPMScheduler(num_train_timesteps=50)
+            self.velocity = velocity
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            clean = batch[0][:, :1].reshape(-1, 1, 1, 1).expand(-1, 1, 8, 8).tanh()
+            noise = torch.randn_like(clean)
+            timesteps = torch.randint(0, 50, (clean.shape[0],))
+            noisy = self.scheduler.add_noise(clean, noise, timesteps)
+            target = (self.scheduler.get_velocity(clean, noise, timesteps) if self.velocity
+                      else noise)
+            return nn.functional.mse_loss(self.unet(noisy, timesteps).sample, target)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    for velocity in (True, False):
+        module = Denoising(velocity)
+        callback = TrainguardCallback(GuardConfig(**QUIET),
+                                      noise_scheduler=module.scheduler)
+        make_trainer(pl, tmp_path, callback, max_steps=3).fit(module, loader())
+        assert callback.run is not None
+        found = [f.cause for f in callback.run.findings if f.check == "diffusion_target"]
+        assert found == (["prediction_type_mismatch"] if velocity else [])
+        assert "add_noise" not in vars(module.scheduler)

@@ -46,8 +46,12 @@ class CallbackState:
     state that round-trips through the framework's checkpoints (plain types only)."""
 
     def _init_state(self, config: GuardConfig | None, run_dir: str | Path | None,
-                    sinks: list[Sink] | None, sample_fn: SampleFn | None = None) -> None:
+                    sinks: list[Sink] | None, sample_fn: SampleFn | None = None,
+                    noise_scheduler: Any = None) -> None:
         self.config = callback_config(config)
+        self.noise_scheduler = noise_scheduler
+        """A diffusion run's noise scheduler, whose `prediction_type` the first steps' loss is
+        checked against (`probes/diffusion_target.py`)."""
         self.run_dir = run_dir
         self.sinks = list(sinks or [])
         self.run: Run | None = None

@@ -144,13 +144,14 @@ class TrainguardCallback(CallbackState, TrainerCallback):
     your own `loss(model, batch)`) lets a step with an error be replayed, and its causes proved
     by replay under halt and recover (`trainguard.diagnose.counterfactual`), on the model,
     optimizer and batch the Trainer hands over. `sample_fn(model) -> images`: as `Guard`'s, a
-    generative model's samples made and judged after a step now and then.
+    generative model's samples made and judged after a step now and then. `noise_scheduler`: as
+    `Guard`'s, the first steps' loss checked against its `prediction_type`.
     """
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
                  sinks: list[Sink] | None = None, replay_fn: LossFn | None = None,
-                 sample_fn: SampleFn | None = None) -> None:
-        self._init_state(config, run_dir, sinks, sample_fn)
+                 sample_fn: SampleFn | None = None, noise_scheduler: Any = None) -> None:
+        self._init_state(config, run_dir, sinks, sample_fn, noise_scheduler)
         self.replay_fn = replay_fn
         self._model: nn.Module | None = None
         """The model the Trainer handed over at the start: what `sample_fn` samples from."""
@@ -204,7 +205,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                            run_dir=self.run_dir, sinks=self.sinks,
                            scaler=getattr(optimizer, "scaler", None), scheduler=lr_scheduler,
                            rewind_schedulers=[lr_scheduler], integration="transformers.Trainer",
-                           replay_fn=self.replay_fn,
+                           replay_fn=self.replay_fn, noise_scheduler=self.noise_scheduler,
                            resume=resume, mid_run=bool(carried or state.global_step),
                            trackers=TrackerHints.of(args.report_to))
         except BaseException:

@@ -105,14 +105,15 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
 
     def __init__(self, config: GuardConfig | None = None, *, run_dir: str | Path | None = None,
                  sinks: list[Sink] | None = None, replay_fn: LossFn | None = None,
-                 sample_fn: SampleFn | None = None) -> None:
+                 sample_fn: SampleFn | None = None, noise_scheduler: Any = None) -> None:
         """`replay_fn(module, batch) -> loss` (a loss without the side effects of
         `training_step`, such as `self.log`) lets a step with an error be replayed and its
         causes proved by replay under halt and recover, on the module, optimizer and batch
         Lightning hands over. `sample_fn(module) -> images`: as `Guard`'s, a generative
-        model's samples made and judged after a step now and then."""
+        model's samples made and judged after a step now and then. `noise_scheduler`: as
+        `Guard`'s, the first steps' loss checked against its `prediction_type`."""
         super().__init__()
-        self._init_state(config, run_dir, sinks, sample_fn)
+        self._init_state(config, run_dir, sinks, sample_fn, noise_scheduler)
         self.replay_fn = replay_fn
         self._loss: torch.Tensor | None = None
         self._batch: Any = None
@@ -158,7 +159,7 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
                            scaler=getattr(trainer.precision_plugin, "scaler", None),
                            scheduler=schedulers[0] if schedulers else None,
                            rewind_schedulers=schedulers, integration=_trainer_name(trainer),
-                           replay_fn=self.replay_fn,
+                           replay_fn=self.replay_fn, noise_scheduler=self.noise_scheduler,
                            resume=resume, mid_run=bool(carried or trainer.global_step),
                            trackers=TrackerHints.of(loggers=trainer.loggers))
         except BaseException:
