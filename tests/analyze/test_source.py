@@ -133,3 +133,17 @@ def test_a_silent_pipe_is_told_what_analyze_waits_for() -> None:
     assert child.returncode == 0, err
     assert err.startswith("trainguard: waiting for a log on standard input")
     assert "verdict    healthy" in out
+
+
+def test_a_wide_record_is_read_and_one_past_the_record_bound_refused(tmp_path: Path) -> None:
+    """A one-record-per-line format keeps records far longer than a text line (a metrics.csv
+    header of a column per parameter), up to its own bound."""
+    path = tmp_path / "metrics.csv"
+    names = [f"grad_norm/layer{i}.weight" for i in range(MAX_LINE // 20)]
+    path.write_text("step,train_loss," + ",".join(names) + "\n"
+                    + "".join(f"{s},{2.0 - s / 10}" + "," * len(names) + "\n" for s in range(6)))
+    assert len(path.read_text().splitlines()[0]) > MAX_LINE
+    log = read_log(path)
+    assert log.steps == list(range(6)) and log.values("loss")[-1] == pytest.approx(1.5)
+    with pytest.raises(LogError, match="line 1 is longer than 1000 characters"):
+        list(Lines(path, skip_long=False, max_line=1000))

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from trainguard.analyze.log import Log, LogBuilder, LogError
-from trainguard.analyze.source import Lines
+from trainguard.analyze.source import MAX_RECORD, Lines
 
 FORMAT = "jsonl"
 STEP_KEYS = ("step", "global_step", "current_steps", "iteration", "iter", "_step",
@@ -25,7 +25,7 @@ STEP_KEYS = ("step", "global_step", "current_steps", "iteration", "iter", "_step
 
 def read(path: str | Path) -> Log:
     path = Path(path)
-    lines = Lines(path, errors="strict", skip_long=False)
+    lines = Lines(path, errors="strict", skip_long=False, max_line=MAX_RECORD)
     log = LogBuilder(path, FORMAT)
     numbered = False
     epochs = _Epochs()

@@ -11,7 +11,7 @@ import csv
 from pathlib import Path
 
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
-from trainguard.analyze.source import Lines
+from trainguard.analyze.source import MAX_RECORD, Lines
 
 FORMAT = "keras"
 
@@ -32,7 +32,7 @@ def _split(line: str) -> list[str]:
 
 def read(path: str | Path) -> Log:
     path = Path(path)
-    lines = Lines(path, errors="strict", skip_long=False)
+    lines = Lines(path, errors="strict", skip_long=False, max_line=MAX_RECORD)
     each = iter(lines)
     try:
         first = next(each, "")

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainguard.analyze.log import Log, LogBuilder, LogError, is_eval_name, number
-from trainguard.analyze.source import Lines
+from trainguard.analyze.source import MAX_RECORD, Lines
 
 FORMAT = "lightning"
 
@@ -32,7 +32,7 @@ def epoch_aggregates(names: Iterable[str]) -> set[str]:
 
 def read(path: str | Path) -> Log:
     path = Path(path)
-    lines = Lines(path, errors="strict", skip_long=False)
+    lines = Lines(path, errors="strict", skip_long=False, max_line=MAX_RECORD)
     # records read as they go: a list of every field would cost several times the file
     records = csv.reader(lines)
     try:

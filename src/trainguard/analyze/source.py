@@ -8,8 +8,9 @@ on the open handle, so a file swapped for a pipe after a check cannot slip throu
 
 Text is read a piece at a time and cut into lines (`Lines`), never whole, so the memory a
 reader needs does not grow with the file. A line longer than `MAX_LINE` characters is no
-training log line: the text grammars leave it out with a note, a format of one record per line
-(JSON Lines, CSV) refuses it.
+training log line: the text grammars leave it out with a note. A format of one record per line
+(JSON Lines, CSV) refuses a line longer than `MAX_RECORD`: its records can be wide (a Lightning
+metrics.csv with a column per parameter's gradient norm has a header of megabytes).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from trainguard.analyze.log import LogError
 
 MAX_LINE = 1 << 20
 """Characters of the longest line read (a Megatron line is ~600, a logged dict ~200)."""
+MAX_RECORD = 1 << 26
+"""Characters of the longest record of a one-record-per-line format (a CSV header of 100k
+columns is ~2.5M)."""
 _PIECE = 1 << 20
 """Bytes (or characters) read at a time."""
 
@@ -50,11 +54,13 @@ class Lines:
     """The text lines of a file, one at a time, as `str.splitlines` would cut the whole text.
 
     `ended`: whether the file's last line ended with a line break (known once read to the end);
-    `long`: how many lines longer than `MAX_LINE` were left out (`skip_long`), else the first
+    `long`: how many lines longer than `max_line` were left out (`skip_long`), else the first
     such line is a `LogError`."""
 
-    def __init__(self, path: Path, *, errors: str = "replace", skip_long: bool = True) -> None:
+    def __init__(self, path: Path, *, errors: str = "replace", skip_long: bool = True,
+                 max_line: int = MAX_LINE) -> None:
         self.path = path
+        self.max_line = max_line
         self.errors = errors
         self.skip_long = skip_long
         self.ended = True
@@ -79,14 +85,14 @@ class Lines:
                     del parts[0]  # its end
                     number += 1
                     skipping = False
-                elif parts and len(parts[0]) > MAX_LINE + 1:  # a line held over, ended here
+                elif parts and len(parts[0]) > self.max_line + 1:  # a line held over, ended here
                     self._too_long(number + 1)
                     del parts[0]
                     number += 1
                 number += len(parts)
                 for part in parts:
                     yield part[:-1]
-                if len(carry) > MAX_LINE:
+                if len(carry) > self.max_line:
                     self._too_long(number + 1)
                     carry, skipping = "", True
             self.ended = not carry and not skipping
@@ -95,7 +101,7 @@ class Lines:
 
     def _too_long(self, number: int) -> None:
         if not self.skip_long:
-            raise LogError(f"{self.path}: line {number} is longer than {MAX_LINE} characters "
+            raise LogError(f"{self.path}: line {number} is longer than {self.max_line} characters "
                            "(no logged record is that long)")
         self.long += 1
 
@@ -103,7 +109,7 @@ class Lines:
         """What was left out, for the log's notes."""
         if not self.long:
             return None
-        return (f"{self.long} line(s) longer than {MAX_LINE} characters are left out (no "
+        return (f"{self.long} line(s) longer than {self.max_line} characters are left out (no "
                 "training log line is that long)")
 
 

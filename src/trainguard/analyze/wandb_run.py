@@ -28,7 +28,7 @@ from typing import Any, TypeGuard
 
 from trainguard.analyze.lightning import epoch_aggregates
 from trainguard.analyze.log import Log, LogBuilder, LogError
-from trainguard.analyze.source import Lines, open_regular
+from trainguard.analyze.source import MAX_RECORD, Lines, open_regular
 
 FORMAT = "wandb"
 STEP_KEYS = ("train/global_step", "trainer/global_step", "global_step", "step")
@@ -185,7 +185,7 @@ def _item_value(item: Any) -> Any:
 
 
 def _jsonl_records(file: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
-    lines = Lines(file, errors="strict", skip_long=False)
+    lines = Lines(file, errors="strict", skip_long=False, max_line=MAX_RECORD)
     held: tuple[int, str] | None = None  # a line that does not parse is a cut only when last
     for number, line in enumerate(lines, 1):
         if not line.strip():
