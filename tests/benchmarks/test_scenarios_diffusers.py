@@ -9,7 +9,7 @@ pytest.importorskip("diffusers")
 from benchmarks.scenarios import run_scenario, scenario
 
 HEALTHY = ("diffusers_healthy", "diffusers_healthy_latent", "diffusers_healthy_lora",
-           "diffusers_healthy_conditioned")
+           "diffusers_healthy_conditioned", "diffusers_healthy_constant_lr")
 FAULTS = {
     "diffusers_lr_too_high": "lr_too_high",
     "diffusers_unfrozen_vae": "unfrozen_part",
@@ -18,6 +18,7 @@ FAULTS = {
     "diffusers_fp16_no_scaler": "optimizer_eps",
     "diffusers_conditioning_init": "bad_init",
     "diffusers_velocity_target": "prediction_type_mismatch",
+    "diffusers_lr_raised": "lr_too_high",
 }
 
 
@@ -33,7 +34,7 @@ def test_healthy_twins_are_quiet(name: str, seed: int) -> None:
 @pytest.mark.parametrize("name", FAULTS)
 def test_each_fault_is_caught_with_its_cause_first(name: str) -> None:
     result = run_scenario(scenario(name))
-    assert result.detected and result.latency == 0
+    assert result.detected and result.latency <= 1
     assert result.diagnosis[0] == FAULTS[name], result.diagnosis
 
 

@@ -209,6 +209,17 @@ def test_a_blow_up_that_lasts_is_the_warmups_when_the_lr_is_one_the_model_takes(
         == [(c.code, c.score) for c in rank_causes(late, [unknown])]
 
 
+def test_early_trouble_after_the_loop_raised_the_lr_is_the_raises() -> None:
+    """A run without warmup whose loop raised the LR 1000x at step 10: the blow-up at step 11 is
+    within the first steps, but the ten steps at the first LR went well; the raise, not the
+    missing warmup, ranks first. The same blow-up with no raise is the warmup's."""
+    blown = [event("grad_explosion", 11), event("loss_spike", 12),
+             event("loss_divergence", 24)]
+    raised = [event("lr_change", 10, "info"), *blown]
+    assert codes(rank_causes(raised, [no_warmup_at(0.1)]))[0] == "lr_too_high"
+    assert codes(rank_causes(blown, [no_warmup_at(0.1)]))[0] == "missing_warmup"
+
+
 def test_a_precursor_at_an_lr_that_rose_since_the_first_steps_is_the_lrs() -> None:
     """Nothing but a precursor warning, in a run without warmup at an LR the model takes: at
     the first steps' LR it speaks for the missing warmup; at 15x that LR (a loop that kept

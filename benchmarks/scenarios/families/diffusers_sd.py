@@ -28,6 +28,9 @@ Faults made as users make them (cause codes from trainguard.diagnose.causes):
 - optimizer_eps: the UNet cast to float16 (`unet.half()`, a memory saving) and trained with
   AdamW and no scaler: Adam's eps of 1e-8 rounds to 0 in float16, its second moments underflow,
   and the first update leaves weights non-finite. The preflight names the float16 parameters.
+- lr_too_high (raised): a loop at a constant LR, no schedule and so no warmup (as the
+  diffusion page's example is written), whose own code multiplies the LR by RAISE at step
+  RAISED_AT: the ten steps before went well, the first steps' trouble is the raise's.
 - bad_init: a new class-conditioning layer (`class_embed_type="timestep"`, added to the
   pre-trained UNet for fine-tuning) initialised with std BAD_INIT_STD.
 - prediction_type_mismatch: the loop scores the UNet against the velocity
@@ -70,6 +73,8 @@ STEPS = 60
 WARMUP = 6
 BATCH = 16
 PRETRAIN_STEPS = 250
+RAISED_AT = 10
+RAISE = 1000.0
 BAD_INIT_STD = 3.0
 """The new conditioning layer's weight std: 12x Kaiming's for its 16 inputs, 24x for its 64."""
 
@@ -234,6 +239,10 @@ class Recipe:
     """LoRA adapters on the UNet (`recipes.unet_lora`), the base weights frozen."""
     velocity_target: bool = False
     """The loss scored against the velocity, the scheduler's prediction_type left at epsilon."""
+    scheduled: bool = True
+    """Warmup and cosine decay; False: a constant LR."""
+    raised_at: int | None = None
+    """The step at which the loop's own code multiplies the LR by RAISE."""
 
 
 def _images(recipe: Recipe, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -272,7 +281,13 @@ def build(seed: int, recipe: Recipe) -> Workload:
         warm = min(1.0, (step + 1) / WARMUP)
         return warm * 0.5 * (1 + math.cos(math.pi * min(step, STEPS) / STEPS))
 
-    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    lr_scheduler = (torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor) if recipe.scheduled
+                    else None)
+
+    def raise_lr(step: int) -> None:
+        if step == recipe.raised_at:
+            for group in optimizer.param_groups:
+                group["lr"] *= RAISE
 
     def batch(step: int, micro: int) -> dict[str, Any]:
         key = seed * 1_000_003 + step * 1_009 + micro
@@ -297,7 +312,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
     return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
                     evaluate=lambda m: lm_eval(m, held_out, loss), scheduler=lr_scheduler,
                     batch_size=BATCH, notes={"sane_lr": SANE_LR, "lr": recipe.lr},
-                    noise_scheduler=scheduler)
+                    noise_scheduler=scheduler,
+                    before_step=raise_lr if recipe.raised_at is not None else None)
 
 
 def batch_of(images: torch.Tensor, key: int, conditioned: bool) -> dict[str, Any]:
@@ -311,9 +327,11 @@ def batch_of(images: torch.Tensor, key: int, conditioned: bool) -> dict[str, Any
 
 def _scenario(name: str, recipe: Recipe, description: str, *, cause: str | None = None,
               recoverable: bool = False) -> Scenario:
+    onset = recipe.raised_at or 0
     return Scenario(name=f"{FAMILY}_{name}", family=FAMILY,
                     build=functools.partial(build, recipe=recipe), steps=STEPS, cause=cause,
-                    onset_step=None if cause is None else 0, sudden=False,
+                    onset_step=None if cause is None else onset,
+                    sudden=recipe.raised_at is not None,
                     description=description, recoverable=recoverable)
 
 
@@ -325,6 +343,7 @@ BASELINES: dict[str, str] = {
     f"{FAMILY}_unfrozen_vae": f"{FAMILY}_healthy_latent",
     f"{FAMILY}_conditioning_init": f"{FAMILY}_healthy_conditioned",
     f"{FAMILY}_velocity_target": f"{FAMILY}_healthy",
+    f"{FAMILY}_lr_raised": f"{FAMILY}_healthy_constant_lr",
 }
 
 
@@ -337,6 +356,8 @@ def scenarios() -> list[Scenario]:
                   f"latent diffusion: a UNet on a frozen AutoencoderKL's latents, {sane}"),
         _scenario("healthy_lora", Recipe(lora=True),
                   f"LoRA (r=4) on the UNet's attention and resnet convolutions, {sane}"),
+        _scenario("healthy_constant_lr", Recipe(scheduled=False),
+                  f"the UNet at a constant AdamW {SANE_LR:g}, no schedule"),
         _scenario("healthy_conditioned", Recipe(conditioned=True),
                   f"the UNet with a new class-conditioning layer at diffusers' init, {sane}"),
         _scenario("lr_too_high", Recipe(lr=HIGH_LR), f"AdamW lr {HIGH_LR:g}",
@@ -355,6 +376,9 @@ def scenarios() -> list[Scenario]:
         _scenario("conditioning_init", Recipe(conditioned=True, init_std=BAD_INIT_STD),
                   f"a new class-conditioning layer initialised with std {BAD_INIT_STD:g}",
                   cause="bad_init"),
+        _scenario("lr_raised", Recipe(scheduled=False, raised_at=RAISED_AT),
+                  f"a constant LR, no warmup, multiplied by {RAISE:g} by the loop's code at "
+                  f"step {RAISED_AT}", cause="lr_too_high"),
         _scenario("velocity_target", Recipe(velocity_target=True),
                   "the loss scored against the velocity (v-prediction) while the noise "
                   "scheduler's prediction_type is epsilon", cause="prediction_type_mismatch"),

@@ -157,7 +157,7 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
                 raises)
     _weigh_down_lr(votes, events, symptoms, data_runs, batch_causes, against_lr,
                    lr_changed=lr_changed)
-    shifted = _shift_to_warmup(votes, findings, serious)
+    shifted = _shift_to_warmup(votes, findings, serious, raises)
     confirmed, ruled_out = proven(events)
     if shifted and "lr_too_high" in confirmed and "missing_warmup" not in ruled_out:
         # a lower LR healing the first steps is what a warmup does: the replay proves both,
@@ -193,14 +193,18 @@ def warmup_would_do(findings: list[Finding]) -> str:
     return ""
 
 
-def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event]) -> bool:
+def _shift_to_warmup(votes: _Votes, findings: list[Finding], serious: list[Event],
+                     raises: list[int]) -> bool:
     """Trouble from the first steps of a run without warmup, at an LR the model takes behind a
     warmup: the LR's votes speak for the missing warmup (lowering the LR would heal it too, but
-    so would a warmup at the same LR, which is the cause named by the symptoms' timing).
-    Returns whether they did."""
+    so would a warmup at the same LR, which is the cause named by the symptoms' timing). Not
+    when the loop raised the LR far (`raises`) before the trouble: the steps at the first LR
+    went well. Returns whether they did."""
     why = warmup_would_do(findings)
     # a precursor warning is not trouble yet: with nothing else, both findings are risks
     trouble = [e.step for e in serious if e.kind != Kind.INSTABILITY_PRECURSOR]
+    if trouble and any(r < min(trouble) for r in raises):
+        return False
     if not why or (trouble and min(trouble) >= EARLY_STEPS) or not votes.score.get(
             "lr_too_high") or (not trouble and _lr_rose(serious, findings)):
         return False
@@ -510,6 +514,9 @@ def _vote_jumps(votes: _Votes, serious: list[Event], findings: list[Finding],
             votes.add(GENERIC_BATCH_CAUSE, RAISED_BATCH_WEIGHT if raised else 1.5,
                       f"step {e.step}: a single {e.kind} late in the run"
                       + (", just after the LR rose" if raised else ""))
+        elif early and any(r < e.step for r in raises):
+            # the steps before the loop raised the LR went well: the raise, not the start
+            votes.add("lr_too_high", 1.0, f"step {e.step}: {e.kind} after the LR rose")
         elif early:
             votes.add("lr_too_high", 1.0, f"step {e.step}: {e.kind} early in the run")
             votes.add("missing_warmup", 2.0 if no_warmup else 0.3,
