@@ -164,9 +164,20 @@ def build_services(*, config: GuardConfig, model: nn.Module, optimizer: torch.op
                     else None),
         step_rng=(StepRNG(model) if config.policy == "halt" or (
             replay_fn is not None and config.prove.mode != "off") else None),
-        target_probe=(DiffusionTargetProbe(noise_scheduler, model)
-                      if noise_scheduler is not None and readable(noise_scheduler) else None),
+        target_probe=target_probe(noise_scheduler, model),
         fixes=run_fixes(model, optimizer))
+
+
+def target_probe(noise_scheduler: Any, model: nn.Module) -> DiffusionTargetProbe | None:
+    """The diffusion target probe for a scheduler it can read (said once when it cannot)."""
+    if noise_scheduler is None:
+        return None
+    if not readable(noise_scheduler):
+        log.info("trainguard: %s has no add_noise, cumulative alphas and prediction_type of "
+                 "epsilon, v_prediction or sample: the loss's diffusion target is not checked",
+                 type(noise_scheduler).__name__)
+        return None
+    return DiffusionTargetProbe(noise_scheduler, model)
 
 
 def run_fixes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, str]:
