@@ -15,6 +15,8 @@ FAULTS = {
     "rlhf_dpo_dropout_on": "policy_dropout",
     "rlhf_grpo_reward_constant": "reward_constant",
     "rlhf_grpo_completions_cut": "max_completion_length_too_small",
+    "rlhf_grpo_lr_too_high": "lr_too_high",
+    "rlhf_grpo_lr_too_high_kl": "lr_too_high",
 }
 
 
@@ -68,3 +70,15 @@ def test_the_deferred_mode_tells_the_same_at_the_same_step(name: str) -> None:
         return [(e["step"], e["kind"]) for e in result.events if e["severity"] != "info"]
 
     assert told("recover_deferred", True) == told("recover", False) != []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_reward_that_dies_as_the_policy_collapses_blames_the_lr_not_the_reward(
+        seed: int) -> None:
+    """At 30x the LR the policy collapses and its completions of a prompt become alike: the
+    reward, which told them apart before, stops doing so. That is no constant reward
+    function."""
+    result = run_scenario(scenario("rlhf_grpo_lr_too_high"), seed=seed)
+    assert result.diagnosis[0] == "lr_too_high", result.diagnosis
+    assert all(e["details"].get("cause") != "reward_constant" for e in result.events
+               if e["kind"] == "reward_dead")

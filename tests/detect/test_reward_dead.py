@@ -41,3 +41,24 @@ def test_reward_std_alone_and_a_streak_that_breaks() -> None:
 def test_steps_without_a_reward_do_not_count() -> None:
     rows = [{"frac_reward_zero_std": 1.0}, {}, {}, {"frac_reward_zero_std": 1.0}]
     assert _run(rows) == []
+
+
+def test_a_reward_that_dies_after_telling_completions_apart_is_the_policys_collapse() -> None:
+    """Scores that varied for ten steps come from no constant function: the completions became
+    alike (a policy collapsed by updates too large), and the LR is named, not the reward."""
+    alive = [{"frac_reward_zero_std": 0.25, "reward_std": 0.3}] * 10
+    dead = [{"frac_reward_zero_std": 1.0, "reward_std": 0.0, "completions/clipped_ratio": 0.2}]
+    [event] = _run(alive + dead * 6)
+    assert (event.step, event.details["cause"], event.details["told_apart"]) == (
+        14, "lr_too_high", 9)
+    assert "until step 9" in event.message
+
+
+def test_what_the_reward_told_apart_survives_a_checkpoint() -> None:
+    detector = RewardDead(default_config())
+    detector.check(signals(0, trainer_metrics={"reward_std": 0.3}))
+    restored = RewardDead(default_config())
+    restored.load_state_dict(detector.state_dict())
+    found = [e for i in range(1, 7)
+             for e in restored.check(signals(i, trainer_metrics={"reward_std": 0.0}))]
+    assert [e.details["cause"] for e in found] == ["lr_too_high"]

@@ -32,6 +32,9 @@ Faults, each made the way users make it:
                                    (`max_completion_length_too_small`)
     rlhf_grpo_beta_too_low         beta 1e-4 at the healthy LR with the KL logged: the policy
                                    drifts from its reference unheld (`beta_too_low`)
+    rlhf_grpo_lr_too_high          AdamW 0.3 (30x), beta 0: the policy collapses and the reward,
+                                   which told completions apart, stops doing so (`lr_too_high`)
+    rlhf_grpo_lr_too_high_kl       the same LR with beta 0.3: the KL blows up (`lr_too_high`)
 
 Healthy twins: DPO at LR 1e-3; GRPO with beta 0 (TRL's default, no KL logged) and with beta
 0.3 (its KL stays near its level: 0.12 after 32 steps at seed 0, where beta 1e-4 reaches 0.49 at
@@ -80,6 +83,8 @@ GRPO_STEPS = 40
 GRPO_LR = 1e-2
 HEALTHY_BETA = 0.3
 LOW_BETA = 1e-4
+HIGH_GRPO_LR = 0.3
+"""30x the healthy LR."""
 EARLY_STOP_BIAS, STOP_BIAS = -8.0, 2.0
 """The starting EOS logit bias before and after the answer's length: a policy tuned to the
 format rarely stops before its answer and usually right after."""
@@ -218,6 +223,7 @@ Reward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class GRPORecipe:
+    lr: float = GRPO_LR
     beta: float = 0.0
     max_completion_length: int = MAX_COMPLETION
     reward: Reward = parsed_answer_reward
@@ -255,7 +261,7 @@ def build_grpo(seed: int, recipe: GRPORecipe) -> Workload:
         policy = Policy()
     policy.train()
     reference = copy.deepcopy(policy).requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=GRPO_LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=recipe.lr, weight_decay=0.0)
     max_length = recipe.max_completion_length
     metrics: dict[int, dict[str, Any]] = {}
 
@@ -333,6 +339,8 @@ BASELINES: dict[str, str] = {
     "rlhf_grpo_reward_constant": "rlhf_grpo_healthy",
     "rlhf_grpo_completions_cut": "rlhf_grpo_healthy",
     "rlhf_grpo_beta_too_low": "rlhf_grpo_healthy_kl",
+    "rlhf_grpo_lr_too_high": "rlhf_grpo_healthy",
+    "rlhf_grpo_lr_too_high_kl": "rlhf_grpo_healthy_kl",
 }
 """Each fault's healthy twin (`benchmarks/scenarios/recovery.py`): the same loop made right."""
 
@@ -371,4 +379,12 @@ def scenarios() -> list[Scenario]:
         _grpo_scenario("rlhf_grpo_beta_too_low", replace(grpo, beta=LOW_BETA),
                        f"beta {LOW_BETA:g} at the healthy LR: the KL to the reference drifts up "
                        "unheld", cause="beta_too_low", **stall),
+        _grpo_scenario("rlhf_grpo_lr_too_high", replace(grpo, lr=HIGH_GRPO_LR),
+                       f"AdamW {HIGH_GRPO_LR:g}, beta 0: the policy collapses, every completion "
+                       "of a prompt alike, and the reward stops telling them apart",
+                       cause="lr_too_high", **stall),
+        _grpo_scenario("rlhf_grpo_lr_too_high_kl",
+                       replace(grpo, lr=HIGH_GRPO_LR, beta=HEALTHY_BETA),
+                       f"AdamW {HIGH_GRPO_LR:g} with beta {HEALTHY_BETA:g}: the KL blows up at "
+                       "the first updates", cause="lr_too_high", **stall),
     ]

@@ -5,11 +5,15 @@ When every group scores alike (`frac_reward_zero_std` at 1, or a reward spread o
 `detectors.reward_dead.steps` steps in a row, every advantage is 0 and so is the policy
 gradient: the run trains nothing, whatever its loss says. What the step shows says why:
 completions all cut at `max_completion_length` (`completions/clipped_ratio` at 1) cannot
-reach what the reward looks for; otherwise the reward function gives everything the same score
-(the reward functions whose own spread is 0 are named). Reported once per episode.
+reach what the reward looks for; a reward that told completions apart at an earlier step is no
+constant function: the policy's completions of a prompt became alike (it collapsed, as updates
+too large make it); otherwise the reward function gives everything the same score (the reward
+functions whose own spread is 0 are named). Reported once per episode.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from trainguard.detect.base import UnlearnedStreak
 from trainguard.detect.trainer_metrics import (
@@ -29,6 +33,11 @@ class RewardDead(UnlearnedStreak):
     reads = frozenset({"trainer_metrics"})
     unlearned = "every group of completions scored alike (no advantage, no policy gradient)"
 
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.told_apart: int | None = None
+        """The last step whose reward told a prompt's completions apart."""
+
     @property
     def needed(self) -> int:
         return self.config.reward_dead.steps
@@ -42,6 +51,8 @@ class RewardDead(UnlearnedStreak):
             return []  # no reward computed at this step
         dead = (share >= settings.zero_std_share if share is not None
                 else spread is not None and is_zero(spread[1]))
+        if not dead:
+            self.told_apart = signals.step
         if not self.count(dead):
             return []
         clipped = metrics.get(CLIPPED)
@@ -54,6 +65,10 @@ class RewardDead(UnlearnedStreak):
             why = ("every completion was cut at max_completion_length before it ended "
                    f"(completions/clipped_ratio {clipped:.3g}): none reaches what the reward "
                    "looks for")
+        elif self.told_apart is not None:
+            cause = "lr_too_high"
+            why = (f"the reward told completions apart until step {self.told_apart}: the "
+                   "policy's completions of a prompt became alike (it collapsed), not the reward")
         else:
             cause = "reward_constant"
             why = "the reward gives every completion of a prompt the same score"
@@ -62,4 +77,12 @@ class RewardDead(UnlearnedStreak):
             f"every group of completions got the same reward for {self.streak} steps"
             f"{named}: the advantages and the policy gradient are 0, nothing is learned; {why}",
             value=share if share is not None else None, cause=cause, steps=self.streak,
-            clipped_ratio=clipped, reward_functions=flat)]
+            clipped_ratio=clipped, reward_functions=flat, told_apart=self.told_apart)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "told_apart": self.told_apart}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        told = state.get("told_apart")
+        self.told_apart = int(told) if told is not None else None
