@@ -14,6 +14,10 @@ from benchmarks.scenarios.runner import RunResult, run_scenario
 from trainguard import GuardConfig
 
 OBSERVE = GuardConfig(policy="observe", sinks={"console": False})
+SPIKE_WITHIN = 400
+"""Steps run: the spike's step is chaotic, set by the float rounding of the machine's kernels
+(at step 191 on one CPU, 324 on another, both with one thread), so the run is long enough for
+both."""
 
 
 def attention_warnings(result: RunResult) -> list[dict]:
@@ -23,7 +27,7 @@ def attention_warnings(result: RunResult) -> list[dict]:
 
 def test_the_attention_warning_comes_long_before_the_spike() -> None:
     fault = scenario("tiny_attn_no_qk_norm")
-    result = run_scenario(fault, "trainguard", seed=0, config=OBSERVE, steps=250)
+    result = run_scenario(fault, "trainguard", seed=0, config=OBSERVE, steps=SPIKE_WITHIN)
     spike = spike_step(result.train_losses)
     assert spike is not None and spike > 150
     warned = attention_warnings(result)
