@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.diffusion_models import tiny_unet
 from trainguard import Guard, GuardConfig
 from trainguard.diagnose.diffusion_target import read_target
 from trainguard.finding import Finding
@@ -47,11 +48,7 @@ def diffusers_loop(target: str, prediction_type: str = "epsilon", *, weighted: b
     """A `train_unconditional.py`-style loop under the Guard: the findings, the diagnosis
     and the final weights."""
     diffusers = pytest.importorskip("diffusers")
-    torch.manual_seed(0)
-    unet = diffusers.UNet2DModel(
-        sample_size=8, in_channels=3, out_channels=3, layers_per_block=1,
-        block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4)
+    unet = tiny_unet()
     noise_scheduler = diffusers.DDPMScheduler(num_train_timesteps=50,
                                               prediction_type=prediction_type)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-3)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+from tests.diffusion_models import tiny_unet
 from trainguard import (
     GuardConfig,
     RecoveryConfig,
@@ -523,11 +524,7 @@ def test_a_diffusion_target_the_scheduler_does_not_name_is_found(tmp_path: Path)
     class Denoising(nn.Module):
         def __init__(self, velocity: bool) -> None:
             super().__init__()
-            torch.manual_seed(0)
-            self.unet = diffusers.UNet2DModel(
-                sample_size=8, in_channels=1, out_channels=1, layers_per_block=1,
-                block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
-                up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4)
+            self.unet = tiny_unet(channels=1)
             self.scheduler = diffusers.DDPMScheduler(num_train_timesteps=50)
             self.velocity = velocity
 

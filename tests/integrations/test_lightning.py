@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.diffusion_models import tiny_unet
 from trainguard import GuardConfig, RecoveryConfig, RunReader, TrainingDiverged, UsageError
 from trainguard.events import StepReport
 from trainguard.lightning import NAMESPACES, TrainguardCallback
@@ -388,11 +389,7 @@ def test_a_diffusion_target_the_scheduler_does_not_name_is_found(pl: ModuleType,
     class Denoising(pl.LightningModule):  # type: ignore[name-defined,misc]
         def __init__(self, velocity: bool) -> None:
             super().__init__()
-            torch.manual_seed(0)
-            self.unet = diffusers.UNet2DModel(
-                sample_size=8, in_channels=1, out_channels=1, layers_per_block=1,
-                block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
-                up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4)
+            self.unet = tiny_unet(channels=1)
             self.scheduler = diffusers.DDPMScheduler(num_train_timesteps=50)
             self.velocity = velocity
 

@@ -7,17 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.diffusion_models import tiny_unet
 from trainguard.probes.diffusion_target import CHECK_STEPS, DiffusionTargetProbe, readable
 
 diffusers = pytest.importorskip("diffusers")
-
-
-def tiny_unet() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return diffusers.UNet2DModel(
-        sample_size=8, in_channels=3, out_channels=3, layers_per_block=1,
-        block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4)
 
 
 def scheduler(prediction_type: str = "epsilon") -> object:
