@@ -43,7 +43,8 @@ def test_the_target_read_from_the_loss(loss, errors, prediction_type, trained,
 
 # -- in a guarded diffusers loop ---------------------------------------------------------------
 def diffusers_loop(target: str, prediction_type: str = "epsilon", *, weighted: bool = False,
-                   steps: int = 4, given: bool = True, set_late: str | None = None
+                   steps: int = 4, given: bool = True, set_late: str | None = None,
+                   sync: str = "blocking"
                    ) -> tuple[list[Finding], list[str], dict[str, torch.Tensor]]:
     """A `train_unconditional.py`-style loop under the Guard: the findings, the diagnosis
     and the final weights."""
@@ -51,8 +52,8 @@ def diffusers_loop(target: str, prediction_type: str = "epsilon", *, weighted: b
     unet = tiny_unet()
     noise_scheduler = diffusers.DDPMScheduler(num_train_timesteps=50,
                                               prediction_type=prediction_type)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-3)
-    guard = Guard(unet, optimizer, config=GuardConfig(sinks={"console": False}),
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-3, fused=sync == "deferred")
+    guard = Guard(unet, optimizer, config=GuardConfig(sync=sync, sinks={"console": False}),
                   noise_scheduler=noise_scheduler if given else None)
     if set_late is not None:  # as the diffusers examples do with --prediction_type
         noise_scheduler.register_to_config(prediction_type=set_late)
@@ -78,8 +79,11 @@ def diffusers_loop(target: str, prediction_type: str = "epsilon", *, weighted: b
         k: v.clone() for k, v in unet.state_dict().items()}
 
 
-def test_a_velocity_loss_under_an_epsilon_scheduler_is_named_at_the_first_step() -> None:
-    found, diagnosis, _ = diffusers_loop("v")
+@pytest.mark.parametrize("sync", ["blocking", "deferred"])
+def test_a_velocity_loss_under_an_epsilon_scheduler_is_named_at_the_first_step(sync) -> None:
+    """Under `sync="deferred"` (a fused AdamW) the errors ride the step's transfer as well, read
+    a call later."""
+    found, diagnosis, _ = diffusers_loop("v", sync=sync)
     [finding] = found
     assert finding.evidence["trained_for"] == "v_prediction"
     assert diagnosis[0] == "prediction_type_mismatch"
