@@ -264,6 +264,7 @@ class Kind:
     CHOSEN_LIKELIHOOD_FALLING = "chosen_likelihood_falling"
     REWARD_HACKING = "reward_hacking"
     POLICY_OFF_REFERENCE = "policy_off_reference"
+    RATIO_FAR_FROM_ONE = "ratio_far_from_one"
     SAMPLES_DEGRADED = "samples_degraded"
 
 
@@ -356,6 +357,11 @@ _kind("policy_off_reference", "before any update the policy's implicit rewards o
       "its forward is not its reference's (dropout on in the policy)", "warning",
       votes=(CauseVote("policy_dropout", 2.0, "the policy differed from its reference before "
                                               "its first update"),))
+_kind("ratio_far_from_one", "the policy's mean probability ratio to the policy that sampled its "
+      "data (PPO's `val/ratio`, GRPO's importance-sampling ratio) stayed far from 1: it moved "
+      "outside its trust region between sampling and training", "warning",
+      votes=(CauseVote("lr_too_high", 2.0, "the policy moved far from the one that sampled its "
+                                           "data: updates too large for it"),))
 _kind("samples_degraded", "the samples a generative model makes (`Guard(sample_fn=...)`) turned "
       "into colour noise, flat or blown-out images, or copies of one image, against the run's "
       "first samples; it names no cause: the samples show what, not why", "warning")

@@ -70,6 +70,14 @@ def ppo_rows(*, kl: Callable[[int], float] = lambda i: 0.05 * i) -> list[dict[st
              "epoch": i / ROWS, "step": i + 1} for i in range(ROWS)]
 
 
+IS_RATIO = "sampling/importance_sampling_ratio/mean"
+
+
+def _with(rows: list[dict[str, Any]], name: str,
+          value: Callable[[int], float]) -> list[dict[str, Any]]:
+    return [dict(row, **{name: value(i)}) for i, row in enumerate(rows)]
+
+
 def _then_nan(rows: list[dict[str, Any]], name: str, at: int) -> list[dict[str, Any]]:
     return [dict(row, **{name: math.nan}) if i >= at else row for i, row in enumerate(rows)]
 
@@ -97,6 +105,11 @@ CASES: dict[str, tuple[list[dict[str, Any]], str, str | None]] = {
     "PPO, KL per sequence growing to 2.45": (ppo_rows(), "healthy", None),
     "PPO KL 500x its own level": (ppo_rows(kl=lambda i: 0.05 * i if i < 30 else 50 + 10 * i),
                                   "degraded", "kl_blowup"),
+    "GRPO importance-sampling ratio near 1, noisy": (
+        _with(grpo_rows(), IS_RATIO, lambda i: 1.0 + 0.3 * math.sin(i)), "healthy", None),
+    "GRPO importance-sampling ratio 6 from row 30": (
+        _with(grpo_rows(), IS_RATIO, lambda i: 1.0 if i < 30 else 6.0), "degraded",
+        "ratio_far_from_one"),
 }
 
 

@@ -27,6 +27,7 @@ from trainguard.detect.output_collapse import OutputCollapse
 from trainguard.detect.params_unfrozen import ParamsUnfrozen
 from trainguard.detect.policy_off_reference import PolicyOffReference
 from trainguard.detect.preference_unlearned import PreferenceUnlearned
+from trainguard.detect.ratio_far_from_one import RatioFarFromOne
 from trainguard.detect.reward_dead import RewardDead
 from trainguard.detect.reward_hacking import RewardHacking
 from trainguard.detect.settings import DetectorConfig
@@ -38,7 +39,7 @@ DETECTOR_TYPES: tuple[type[Detector], ...] = (
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
     ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
     EntropyCollapse, MarginsExploding, ChosenLikelihoodFalling,
-    RewardHacking, PolicyOffReference,
+    RewardHacking, PolicyOffReference, RatioFarFromOne,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

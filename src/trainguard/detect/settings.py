@@ -370,6 +370,23 @@ class EntropyCollapseConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class RatioFarFromOneConfig:
+    """Thresholds of `ratio_far_from_one`."""
+
+    PATH: ClassVar[str] = "detectors.ratio_far_from_one"
+
+    limit: float = 2.0
+    """A mean ratio above this or under its inverse is far from 1 (PPO clips each token's at
+    1 +- 0.2; TRL's PPO skipped batches past 10)..."""
+    steps: int = 2
+    """...for this many logged steps in a row (one batch of odd completions is not a trend)."""
+
+    def __post_init__(self) -> None:
+        sections.above_one(self, "limit")
+        sections.at_least(self, 1, "steps")
+
+
+@dataclass(kw_only=True, slots=True)
 class PreferenceUnlearnedConfig:
     """Threshold of `preference_unlearned`."""
 
@@ -645,6 +662,7 @@ class DetectorConfig:
     kl_blowup: KLBlowupConfig = field(default_factory=KLBlowupConfig)
     reward_dead: RewardDeadConfig = field(default_factory=RewardDeadConfig)
     entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
+    ratio_far_from_one: RatioFarFromOneConfig = field(default_factory=RatioFarFromOneConfig)
     preference_unlearned: PreferenceUnlearnedConfig = field(
         default_factory=PreferenceUnlearnedConfig)
     margins_exploding: MarginsExplodingConfig = field(default_factory=MarginsExplodingConfig)

@@ -29,6 +29,9 @@ CHOSEN_LOGPS = "logps/chosen"
 """The policy's summed log-probability of the chosen completions (DPO, ORPO)."""
 ENTROPY = "entropy"
 """The mean entropy of the policy's token distribution over the completions (GRPO, RLOO)."""
+RATIO = ("val/ratio", "ppo/val/ratio", "sampling/importance_sampling_ratio/mean")
+"""The mean probability ratio of the policy being trained to the one that sampled its data
+(older TRL PPO, its logs' `ppo/` prefix, GRPO with a separate generation engine)."""
 
 JUDGED = re.compile(r"(^|/)(kl|reward|rewards|reward_std|logps|logits|entropy|loss|nll_loss|"
                     r"log_odds_ratio|log_odds_chosen|margins|chosen|rejected|objective|policy|"
@@ -57,7 +60,7 @@ def is_trainer_metric(name: str) -> bool:
     """Whether a column of a log is one of the trainer metrics the detectors read (`analyze`
     hands a log's such columns to them as `StepSignals.trainer_metrics`)."""
     named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS,
-             ACCURACIES, CHOSEN_LOGPS, ENTROPY)
+             ACCURACIES, CHOSEN_LOGPS, ENTROPY, *RATIO)
     return (name in named or REWARD_FUNC_STD.match(name) is not None
             or REWARD_FUNC_MEAN.match(name) is not None or is_judged(name))
 
