@@ -136,6 +136,19 @@ def test_a_noisy_flat_eval_loss_is_no_alarm() -> None:
     assert events == []
 
 
+@pytest.mark.parametrize("name", ["eval_perplexity", "Test perplextity", "valid_ppl",
+                                  "eval_nll", "test_wer"])
+def test_metrics_that_fall_as_the_model_learns_are_no_alarm_when_they_fall(name: str) -> None:
+    """A perplexity (under any spelling of its stem), a negative log-likelihood or an error
+    rate falling by half is learning; rising threefold from its best is a cliff."""
+    watch = MetricCollapse(DetectorConfig())
+    falling = [e for i, v in enumerate([24.0, 15.7, 13.6, 12.4, 11.1, 10.3])
+               for e in watch.observe({name: v}, i, classes=None, train_loss=None)]
+    assert falling == []
+    cliff = watch.observe({name: 40.0}, 6, classes=None, train_loss=None)
+    assert [e.details["rule"] for e in cliff] == ["cliff"]
+
+
 def test_a_cliff_and_a_nan_metric() -> None:
     watch = MetricCollapse(DetectorConfig())
     assert watch.observe({"bleu": 30.0}, 0, classes=None, train_loss=None) == []

@@ -41,7 +41,9 @@ CLIFF_RISE = 3.0
 RISE_MARGIN = 1.1
 HISTORY = 20
 """Evaluations of a metric kept to judge its trend."""
-LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "error", "wer", "cer", "mse", "mae")
+LOWER_IS_BETTER = ("loss", "perplex", "ppl", "error", "wer", "cer", "mse", "mae", "nll")
+"""Parts of the names of metrics that fall as the model improves (`perplex`: the stem, as the
+quality rule reads it, so a log's own spelling, `perplextity`, counts too)."""
 
 
 QUALITY = ("loss", "acc", "f1", "bleu", "rouge", "meteor", "chrf", "perplexity", "ppl",
