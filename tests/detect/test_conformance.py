@@ -35,6 +35,7 @@ from trainguard.detect.base import (
     FromStartLevel,
     Outlier,
     OutlierDetector,
+    StreakDetector,
     UnlearnedStreak,
 )
 from trainguard.detect.batch_noise import BatchNoise
@@ -69,7 +70,8 @@ def detect_classes() -> set[type]:
 
 EVAL_WATCHES: tuple[type, ...] = (MetricCollapse,)
 """Watches fed evaluation metrics (`observe`), not step signals: checked below the detectors."""
-HELPERS: tuple[type, ...] = (Detector, OutlierDetector, UnlearnedStreak, FromStartLevel, Episode,
+HELPERS: tuple[type, ...] = (Detector, OutlierDetector, StreakDetector, UnlearnedStreak,
+                             FromStartLevel, Episode,
                              Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
                              StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack)
@@ -87,7 +89,8 @@ and tests/test_layers.py."""
 def test_every_detector_class_is_in_the_runs() -> None:
     found = detect_classes()
     detectors = {c for c in found if issubclass(c, Detector)
-                 and c not in (Detector, OutlierDetector, UnlearnedStreak, FromStartLevel)}
+                 and c not in (Detector, OutlierDetector, StreakDetector, UnlearnedStreak,
+                               FromStartLevel)}
     assert detectors == set(DETECTOR_TYPES), "a detector missing from DETECTOR_TYPES"
     settings = {c for c in found if c.__module__ == SETTINGS}
     unknown = found - detectors - set(EVAL_WATCHES) - set(HELPERS) - settings

@@ -196,14 +196,9 @@ class FromStartLevel(Detector):
             self.episode.load_state_dict(state["episode"])
 
 
-class UnlearnedStreak(Detector):
-    """A detector of a state in which nothing is learned (a dead reward signal, a policy that
-    never leaves its reference): it fires once the state has held `needed` steps in a row (once
-    per episode), and a streak that lasts to the run's end is what `untrained` reports, as
-    `unlearned` says it."""
-
-    unlearned: str = ""
-    """What the state is, as the verdict's "<what> from step N to the end" says it."""
+class StreakDetector(Detector):
+    """A detector of a state that must hold `needed` steps in a row before it fires (once per
+    episode)."""
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
@@ -220,9 +215,6 @@ class UnlearnedStreak(Detector):
         self.streak = self.streak + 1 if holds else 0
         return self.episode.update(self.streak >= self.needed)
 
-    def untrained(self) -> tuple[int, str] | None:
-        return (self.streak, self.unlearned) if self.streak >= self.needed else None
-
     def state_dict(self) -> dict[str, Any]:
         return {"streak": self.streak, "episode": self.episode.state_dict()}
 
@@ -230,6 +222,18 @@ class UnlearnedStreak(Detector):
         self.streak = int(state.get("streak", 0))
         if "episode" in state:
             self.episode.load_state_dict(state["episode"])
+
+
+class UnlearnedStreak(StreakDetector):
+    """A detector of a state in which nothing is learned (a dead reward signal, a policy that
+    never leaves its reference): a streak that lasts to the run's end is what `untrained`
+    reports, as `unlearned` says it."""
+
+    unlearned: str = ""
+    """What the state is, as the verdict's "<what> from step N to the end" says it."""
+
+    def untrained(self) -> tuple[int, str] | None:
+        return (self.streak, self.unlearned) if self.streak >= self.needed else None
 
 
 class OutlierDetector(Detector):

@@ -16,22 +16,20 @@ Reported once per episode.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from trainguard.detect.base import Detector, Episode
+from trainguard.detect.base import StreakDetector
 from trainguard.detect.trainer_metrics import RATIO, first
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
 
-class RatioFarFromOne(Detector):
+class RatioFarFromOne(StreakDetector):
     kind = "ratio_far_from_one"
     reads = frozenset({"trainer_metrics"})
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.streak = 0
-        self.episode = Episode(config.common.rearm_steps)
+    @property
+    def needed(self) -> int:
+        return self.config.ratio_far_from_one.steps
 
     def check(self, signals: StepSignals) -> list[Event]:
         found = first(signals.trainer_metrics, RATIO)
@@ -40,10 +38,8 @@ class RatioFarFromOne(Detector):
         name, value = found
         if not math.isfinite(value) or value <= 0:
             return []
-        settings = self.config.ratio_far_from_one
-        far = abs(math.log(value)) > math.log(settings.limit)
-        self.streak = self.streak + 1 if far else 0
-        if not self.episode.update(self.streak >= settings.steps):
+        far = abs(math.log(value)) > math.log(self.config.ratio_far_from_one.limit)
+        if not self.count(far):
             return []
         side = "above" if value > 1 else "below"
         return [self.event(
@@ -52,11 +48,3 @@ class RatioFarFromOne(Detector):
             f"{value:.3g}, far {side} 1 ({self.streak} logged step(s) in a row): the policy "
             "moved far between sampling and training, outside the trust region its clipping "
             "keeps (updates too large for it)", param=name, value=value, metric=name)]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"streak": self.streak, "episode": self.episode.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.streak = int(state.get("streak", 0))
-        if "episode" in state:
-            self.episode.load_state_dict(state["episode"])
