@@ -24,6 +24,7 @@ APART = 0.05
 """The other targets' errors at least this share away: the match is not a coincidence of
 targets that agree (at timesteps near 0 the velocity is nearly the noise)."""
 
+SHORT = {"epsilon": "noise", "v_prediction": "velocity", "sample": "clean sample"}
 WORDS = {"epsilon": "the noise (epsilon)", "v_prediction": "the velocity (v-prediction)",
          "sample": "the clean sample"}
 TARGET_CODE = {"epsilon": "noise",
@@ -56,8 +57,7 @@ def read_target(loss: float | None, errors: Sequence[float], prediction_type: st
         return TargetRead(None, None)
     if trained == prediction_type:
         return TargetRead(trained, None)
-    scores = ", ".join(f"{WORDS[t].split(' (')[0].removeprefix('the ')} {e:.4g}"
-                       for t, e in zip(TARGETS, errors, strict=True))
+    scores = ", ".join(f"{SHORT[t]} {e:.4g}" for t, e in zip(TARGETS, errors, strict=True))
     return TargetRead(trained, Finding(
         "diffusion_target", "warning",
         f"the loss ({loss:.4g}) is the denoiser's error against {WORDS[trained]}, while the "
