@@ -145,6 +145,20 @@ def test_the_hf_trainers_closing_totals_are_no_row(tmp_path: Path) -> None:
     assert any("closing totals" in note for note in log.notes)
 
 
+def test_the_last_loss_logged_in_the_closing_totals_millisecond_is_kept(tmp_path: Path) -> None:
+    """On a fast machine the last step's loss and `train_runtime` share a timestamp: the totals
+    go, the loss and the learning rate stay a row."""
+    losses = [(100 + s, 2.0 - s / 10, s) for s in range(1, 11)]
+    run = file_run(tmp_path, {"loss": losses,
+                              "learning_rate": [(t, 1e-3, s) for t, _, s in losses],
+                              "train_loss": [(110, 1.5, 10)], "train_runtime": [(110, 9.0, 10)],
+                              "train_samples_per_second": [(110, 4.0, 10)]})
+    log = read_log(run)
+    assert log.steps == list(range(1, 11))
+    assert log.values("loss")[-1] == pytest.approx(1.0) and log.values("lr")[-1] == 1e-3
+    assert "train_samples_per_second" not in log.series
+
+
 def test_lightning_keys_and_values_logged_without_a_step(tmp_path: Path) -> None:
     stepped = file_run(tmp_path / "a", {"train_loss_step": [(100 + s, 2.0, s) for s in range(5)],
                                         "val_loss": [(200, 1.9, 4)]})

@@ -125,8 +125,11 @@ def read(path: str | Path, run_id: str | None = None) -> Log:
 
 def _add(log: LogBuilder, metrics: list[Metric]) -> None:
     closing = {(step, ts) for key, _, step, ts in metrics if key == CLOSING}
+    # The last step's loss can share the totals' millisecond: a key logged elsewhere is a row's.
+    elsewhere = {key for key, _, step, ts in metrics if (step, ts) not in closing}
     aggregates = epoch_aggregates({m[0] for m in metrics})
-    kept = [m for m in metrics if (m[2], m[3]) not in closing and m[0] not in aggregates]
+    kept = [m for m in metrics if ((m[2], m[3]) not in closing or m[0] in elsewhere)
+            and m[0] not in aggregates]
     if closing:
         log.notes.append("the values logged with train_runtime are the run's closing totals; "
                          "left out")
