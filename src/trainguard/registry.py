@@ -265,6 +265,8 @@ class Kind:
     REWARD_HACKING = "reward_hacking"
     POLICY_OFF_REFERENCE = "policy_off_reference"
     RATIO_FAR_FROM_ONE = "ratio_far_from_one"
+    COMPLETION_LENGTH_COLLAPSE = "completion_length_collapse"
+    COMPLETIONS_TRUNCATED = "completions_truncated"
     SAMPLES_DEGRADED = "samples_degraded"
 
 
@@ -362,6 +364,17 @@ _kind("ratio_far_from_one", "the policy's mean probability ratio to the policy t
       "outside its trust region between sampling and training", "warning",
       votes=(CauseVote("lr_too_high", 2.0, "the policy moved far from the one that sampled its "
                                            "data: updates too large for it"),))
+_kind("completion_length_collapse", "the completions' mean length fell under a quarter of where "
+      "the run started: the policy collapsed to short or empty answers", "warning",
+      votes=(CauseVote("lr_too_high", 1.5, "the policy collapsed to short answers: updates "
+                                           "too large for it"),
+             CauseVote("beta_too_low", 1.0, "a KL penalty too weak to keep the policy near its "
+                                            "reference let its answers collapse")))
+_kind("completions_truncated", "most completions came to be cut at max_completion_length "
+      "mid-run; what the reward did says whether they need more room or the policy stopped "
+      "ending them", "warning",
+      votes=(CauseVote("beta_too_low", 0.5, "a KL penalty too weak to keep the policy near its "
+                                            "reference let its answers run on"),))
 _kind("samples_degraded", "the samples a generative model makes (`Guard(sample_fn=...)`) turned "
       "into colour noise, flat or blown-out images, or copies of one image, against the run's "
       "first samples; it names no cause: the samples show what, not why", "warning")

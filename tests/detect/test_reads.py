@@ -78,8 +78,11 @@ def _run() -> list[StepSignals]:
         # a trainer's metrics: a KL that blows up at step 60, groups scored alike from 70, a
         # preference run's rewards pinned at 0 from 80, the entropy collapsing at 85, a NaN
         # log-probability at 95, the margin exploding at 88, one reward climbing from 75 while
-        # the other never pays, the sampling ratio far above 1 from 90
+        # the other never pays, the sampling ratio far above 1 from 90, the completions cut at
+        # their limit from 92 and shrinking to nothing from 96
         s.trainer_metrics = {
+            "completions/clipped_ratio": 0.1 if s.step < 92 else 1.0,
+            "completions/mean_length": 100.0 if s.step < 96 else 2.0,
             "val/ratio": 1.0 if s.step < 90 else 4.0,
             "rewards/margins": 0.2 if s.step < 88 else 12.0,
             "rewards/format/mean": 0.1 if s.step < 75 else 0.9, "rewards/format/std": 0.2,

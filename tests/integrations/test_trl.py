@@ -134,6 +134,21 @@ def test_completions_cut_before_the_reward_can_see_them(tmp_path: Path) -> None:
     assert "reward_dead" not in healthy.kinds()
 
 
+def brevity(completions: list[str], **kwargs: Any) -> list[float]:
+    """A reward for short answers: a policy pushed hard enough answers with nothing at all."""
+    return [1.0 / (1 + len(c)) for c in completions]
+
+
+def test_completions_collapsing_to_nothing_are_named(tmp_path: Path) -> None:
+    ran = grpo(tmp_path, reward=brevity, lr=5e-2, steps=20, max_completion_length=16)
+    collapse = next(e for e in ran.events if e.kind == "completion_length_collapse")
+    assert collapse.value is not None and collapse.value < 0.25 * collapse.details["start"]
+    assert "lr_too_high" in [c.code for c in ran.callback.run.diagnose()[:2]]
+    healthy = grpo(tmp_path / "twin", reward=brevity, lr=1e-3, steps=20,
+                   max_completion_length=16)
+    assert healthy.kinds() == set()
+
+
 def test_grpo_lr_far_too_high_with_a_kl_term(tmp_path: Path) -> None:
     ran = grpo(tmp_path, lr=5e-2, beta=0.1, steps=16)
     assert {"kl_blowup", "entropy_collapse"} <= ran.kinds()

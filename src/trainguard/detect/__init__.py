@@ -5,6 +5,8 @@ from __future__ import annotations
 from trainguard.detect.bad_start import BadStart
 from trainguard.detect.base import Detector
 from trainguard.detect.chosen_likelihood_falling import ChosenLikelihoodFalling
+from trainguard.detect.completion_length_collapse import CompletionLengthCollapse
+from trainguard.detect.completions_truncated import CompletionsTruncated
 from trainguard.detect.dead_units import DeadUnits
 from trainguard.detect.entropy_collapse import EntropyCollapse
 from trainguard.detect.extreme_weight import ExtremeWeight
@@ -39,7 +41,8 @@ DETECTOR_TYPES: tuple[type[Detector], ...] = (
     LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
     ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
     EntropyCollapse, MarginsExploding, ChosenLikelihoodFalling,
-    RewardHacking, PolicyOffReference, RatioFarFromOne,
+    RewardHacking, PolicyOffReference, RatioFarFromOne, CompletionLengthCollapse,
+    CompletionsTruncated,
 )
 KINDS: tuple[str, ...] = tuple(t.kind for t in DETECTOR_TYPES)
 

@@ -370,6 +370,49 @@ class EntropyCollapseConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class CompletionLengthCollapseConfig:
+    """Thresholds of `completion_length_collapse`."""
+
+    PATH: ClassVar[str] = "detectors.completion_length_collapse"
+
+    share: float = 0.25
+    """A mean completion length under this share of its starting level is a collapse: answers
+    that learn to be concise keep far more than a quarter of their length..."""
+    steps: int = 2
+    """...for this many logged steps in a row (one batch of short answers is not a trend)."""
+    warmup: int = 3
+    """The first mean lengths whose median is the starting level."""
+
+    def __post_init__(self) -> None:
+        sections.share(self, "share")
+        sections.at_least(self, 1, "steps")
+        sections.at_least(self, 1, "warmup")
+
+
+@dataclass(kw_only=True, slots=True)
+class CompletionsTruncatedConfig:
+    """Thresholds of `completions_truncated`."""
+
+    PATH: ClassVar[str] = "detectors.completions_truncated"
+
+    share: float = 0.9
+    """At least this share of the completions cut at `max_completion_length`..."""
+    steps: int = 3
+    """...for this many logged steps in a row..."""
+    start_below: float = 0.5
+    """...in a run whose first `warmup` steps had under this share cut (a run cut from its
+    start is `reward_dead`'s when its reward dies)."""
+    warmup: int = 3
+    """The first clipped ratios (and rewards) whose median is the starting level."""
+
+    def __post_init__(self) -> None:
+        sections.share(self, "share")
+        sections.share(self, "start_below")
+        sections.at_least(self, 1, "steps")
+        sections.at_least(self, 1, "warmup")
+
+
+@dataclass(kw_only=True, slots=True)
 class RatioFarFromOneConfig:
     """Thresholds of `ratio_far_from_one`."""
 
@@ -663,6 +706,10 @@ class DetectorConfig:
     reward_dead: RewardDeadConfig = field(default_factory=RewardDeadConfig)
     entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
     ratio_far_from_one: RatioFarFromOneConfig = field(default_factory=RatioFarFromOneConfig)
+    completion_length_collapse: CompletionLengthCollapseConfig = field(
+        default_factory=CompletionLengthCollapseConfig)
+    completions_truncated: CompletionsTruncatedConfig = field(
+        default_factory=CompletionsTruncatedConfig)
     preference_unlearned: PreferenceUnlearnedConfig = field(
         default_factory=PreferenceUnlearnedConfig)
     margins_exploding: MarginsExplodingConfig = field(default_factory=MarginsExplodingConfig)

@@ -19,6 +19,10 @@ REWARD_FUNC_MEAN = re.compile(r"^rewards/(?P<name>.+)/mean$")
 """One reward function's mean over the step's completions (GRPO, RLOO)."""
 CLIPPED = "completions/clipped_ratio"
 """The share of completions cut at `max_completion_length` before they ended."""
+MEAN_LENGTH = "completions/mean_length"
+"""The mean length in tokens of the step's completions (GRPO, RLOO)."""
+REWARD = ("reward", "objective/scores", "env/reward_mean")
+"""The mean reward of the step's completions (GRPO and RLOO; older PPO)."""
 CHOSEN_REWARD, REJECTED_REWARD = "rewards/chosen", "rewards/rejected"
 """A preference trainer's implicit rewards, beta times the policy's log-probability ratio to
 the reference (DPO, KTO)."""

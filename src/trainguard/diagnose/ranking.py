@@ -369,7 +369,7 @@ def _vote_event_kinds(votes: _Votes, serious: list[Event], no_warmup: bool) -> N
             if vote.each_event:
                 votes.add(vote.cause, vote.weight, vote.evidence(e.step, e.message))
     _vote_attention(votes, serious)
-    _vote_kl_blowups(votes, serious)
+    _vote_measured_causes(votes, serious)
     if kinds & kinds_tagged(Tag.STATE):
         votes.add("optimizer_eps", 1.0, "weights or optimizer moments became non-finite/extreme")
         votes.add("lr_too_high", 0.5, "weights or optimizer moments became non-finite/extreme")
@@ -404,17 +404,19 @@ def _vote_stalls(votes: _Votes, serious: list[Event]) -> None:
             votes.add("no_gradients", 0.5, "a loss that does not come down may carry no gradient")
 
 
-KL_CAUSE_WEIGHT = 2.0
-"""A KL blow-up's timing tells its cause (`detect/kl_blowup.py`): after a long drift at an LR
-that did not rise, a penalty too weak; in the first updates or after the LR rose, the LR. It
-outweighs the kind's standing order (the LR first, then beta)."""
+MEASURED_CAUSE_WEIGHT = 2.0
+"""What the run showed with the event tells its cause: a KL blow-up's timing
+(`detect/kl_blowup.py`: after a long drift at an LR that did not rise, a penalty too weak; in the
+first updates or after the LR rose, the LR), truncated completions' reward (rising: they need
+room; not: the policy stopped ending them). It outweighs the kind's standing order."""
+MEASURED_CAUSE = frozenset({Kind.KL_BLOWUP, Kind.COMPLETIONS_TRUNCATED})
 
 
-def _vote_kl_blowups(votes: _Votes, serious: list[Event]) -> None:
+def _vote_measured_causes(votes: _Votes, serious: list[Event]) -> None:
     for e in serious:
-        cause = e.details.get("cause") if e.kind == Kind.KL_BLOWUP else None
+        cause = e.details.get("cause") if e.kind in MEASURED_CAUSE else None
         if isinstance(cause, str) and cause in CAUSES:
-            votes.add(cause, KL_CAUSE_WEIGHT, f"step {e.step}: {e.message}")
+            votes.add(cause, MEASURED_CAUSE_WEIGHT, f"step {e.step}: {e.message}")
 
 
 ATTENTION_SIGNAL = "attn_logit_max"

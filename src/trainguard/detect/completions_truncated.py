@@ -1,0 +1,105 @@
+"""`completions_truncated`: most completions came to be cut at `max_completion_length` mid-run.
+
+A trainer that samples its own completions (GRPO, RLOO) logs the share of them cut at
+`max_completion_length` before they ended (`completions/clipped_ratio`). A run that started with
+few cut (the median of its first `detectors.completions_truncated.warmup` values under
+`start_below`) and then has `share` or more cut for `steps` logged steps in a row is rewarded on
+answers it never saw end. A run cut from its start is `reward_dead`'s when its reward dies, and
+the user's choice when it does not.
+
+What the policy and the reward did says why. Completions that grew in a run whose policy's
+entropy fell under `detectors.entropy_collapse.share` of its start at some step come from a
+policy turned deterministic, and ones that grew while the reward did not rise (a fifth above
+where it started) from a policy that stopped ending its answers: updates too large for it (or a
+KL penalty too weak to hold it). Ones that grew while the reward rose, the entropy still there,
+learned to need more room: `max_completion_length` is too small. The event carries that cause
+(`details["cause"]`). Reported once per episode.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from trainguard.detect.base import FromStartLevel
+from trainguard.detect.trainer_metrics import CLIPPED, ENTROPY, REWARD, first
+from trainguard.events import Event
+from trainguard.signals import StepSignals
+
+REWARD_ROSE = 0.2
+"""A reward this share of its starting magnitude above its start (or above 0 from a start of
+0) rose with the lengths."""
+
+
+class CompletionsTruncated(FromStartLevel):
+    kind = "completions_truncated"
+    reads = frozenset({"trainer_metrics"})
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.streak = 0
+        self.rewards: list[float] = []
+        """The first rewards (their median is where the reward started) and then the last
+        `steps` ones."""
+        self.entropies: list[float] = []
+        """The first entropies (their median is where the policy started) and then the lowest
+        since."""
+
+    def check(self, signals: StepSignals) -> list[Event]:
+        metrics = signals.trainer_metrics
+        value = metrics.get(CLIPPED)
+        if value is None or not math.isfinite(value):
+            return []  # a step that sampled nothing; NaN is bookkeeping here
+        settings = self.config.completions_truncated
+        reward = first(metrics, REWARD)
+        if reward is not None and math.isfinite(reward[1]):
+            self.rewards.append(reward[1])
+            del self.rewards[settings.warmup:-settings.steps]
+        entropy = metrics.get(ENTROPY)
+        if entropy is not None and math.isfinite(entropy):
+            if len(self.entropies) <= settings.warmup:
+                self.entropies.append(entropy)
+            else:
+                self.entropies[-1] = min(self.entropies[-1], entropy)
+        start = self.start_level(value, settings.warmup)
+        if start is None or start >= settings.start_below:
+            return []
+        self.streak = self.streak + 1 if value >= settings.share else 0
+        if not self.episode.update(self.streak >= settings.steps):
+            return []
+        cause, why = self._cause(settings.warmup, settings.steps)
+        return [self.event(
+            signals.step, "warning",
+            f"{value:.0%} of the completions were cut at max_completion_length "
+            f"({self.streak} logged step(s) in a row; {start:.0%} at the start): {why}",
+            param=CLIPPED, value=value, start=start, cause=cause)]
+
+    def _cause(self, warmup: int, steps: int) -> tuple[str, str]:
+        if len(self.entropies) > warmup:
+            start, lowest = statistics.median(self.entropies[:warmup]), self.entropies[-1]
+            if lowest < self.config.entropy_collapse.share * start:
+                return ("lr_too_high",
+                        f"the policy's entropy fell from {start:.3g} to {lowest:.3g} on the way: "
+                        "it turned deterministic and stopped ending its answers")
+        if len(self.rewards) > warmup:
+            start = statistics.median(self.rewards[:warmup])
+            recent = statistics.fmean(self.rewards[warmup:][-steps:])
+            if recent > start + REWARD_ROSE * abs(start) and recent > start:
+                return ("max_completion_length_too_small",
+                        f"they grew while the reward rose ({start:.3g} -> {recent:.3g}): "
+                        "the answers the policy learned need more room")
+            return ("lr_too_high",
+                    f"they grew while the reward did not rise ({start:.3g} -> {recent:.3g}): "
+                    "the policy stopped ending its answers")
+        return "lr_too_high", "the policy stopped ending its answers"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "streak": self.streak, "rewards": list(self.rewards),
+                "entropies": list(self.entropies)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.streak = int(state.get("streak", 0))
+        self.rewards = [float(v) for v in state.get("rewards", [])]
+        self.entropies = [float(v) for v in state.get("entropies", [])]
