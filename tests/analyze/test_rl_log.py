@@ -110,6 +110,15 @@ CASES: dict[str, tuple[list[dict[str, Any]], str, str | None]] = {
     "GRPO importance-sampling ratio 6 from row 30": (
         _with(grpo_rows(), IS_RATIO, lambda i: 1.0 if i < 30 else 6.0), "degraded",
         "ratio_far_from_one"),
+    "GRPO completions 120 tokens long, shorter by a third as it learns": (
+        _with(grpo_rows(), "completions/mean_length", lambda i: 120.0 - 0.8 * i), "healthy",
+        None),
+    "GRPO completions collapsing to 2 tokens from row 30": (
+        _with(grpo_rows(), "completions/mean_length", lambda i: 120.0 if i < 30 else 2.0),
+        "degraded", "completion_length_collapse"),
+    "GRPO completions all cut from row 30, the reward flat": (
+        _with(grpo_rows(reward=lambda i: 0.3), "completions/clipped_ratio",
+              lambda i: 0.05 if i < 30 else 1.0), "degraded", "completions_truncated"),
 }
 
 

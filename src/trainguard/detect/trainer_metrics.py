@@ -63,8 +63,8 @@ def is_judged(name: str) -> bool:
 def is_trainer_metric(name: str) -> bool:
     """Whether a column of a log is one of the trainer metrics the detectors read (`analyze`
     hands a log's such columns to them as `StepSignals.trainer_metrics`)."""
-    named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, CHOSEN_REWARD, REJECTED_REWARD, MARGINS,
-             ACCURACIES, CHOSEN_LOGPS, ENTROPY, *RATIO)
+    named = (*KL, REWARD_ZERO_STD, *REWARD_STD, CLIPPED, MEAN_LENGTH, CHOSEN_REWARD,
+             REJECTED_REWARD, MARGINS, ACCURACIES, CHOSEN_LOGPS, ENTROPY, *RATIO)
     return (name in named or REWARD_FUNC_STD.match(name) is not None
             or REWARD_FUNC_MEAN.match(name) is not None or is_judged(name))
 
