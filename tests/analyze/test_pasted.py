@@ -444,3 +444,14 @@ def test_a_diffusers_training_bar_is_read_at_its_own_step_counter(tmp_path: Path
     assert log is not None and log.steps[:3] == [1, 2, 3] and log.steps[-1] == 400
     assert same(log.values("lr")[:2], [1e-5, 1e-5])
     assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", 300)
+
+
+def test_a_counter_named_with_a_word_before_it_numbers_the_rows(tmp_path: Path) -> None:
+    """`traing iter: 194` (as a script prints it) counts iterations; `valid step` does not."""
+    path = tmp_path / "log.txt"
+    path.write_text("".join(f"traing iter: {194 + i}, test accuracy : 0.18, loss : "
+                            f"{-0.078 + i / 1000}\n" for i in range(5)))
+    log = read_log(path)
+    assert log.steps == list(range(194, 199)) and log.step_unit == "iter"
+    path.write_text("".join(f"valid step: {i}, loss : {2 - i / 10}\n" for i in range(5)))
+    assert read_log(path).step_unit != "step"

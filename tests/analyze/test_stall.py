@@ -44,6 +44,15 @@ CASES = {
     "a float32 loss near ln 2 but not at it": (
         _log([float(torch.tensor(math.log(2) * 1.001).float())] * 8, _falling(1.0, 8)),
         "healthy"),
+    # the weights move (the loss does) and not one prediction changes
+    "accuracy frozen to every digit while the loss moves": (
+        _log(_falling(2.0), accuracy=[0.18052256107330322] * ROWS), "stalled"),
+    "accuracy at 1 throughout: converged, not stuck": (
+        _log(_falling(2.0), accuracy=[1.0] * ROWS), "healthy"),
+    "accuracy repeating a few times as it converges": (
+        _log(_falling(2.0), accuracy=[0.9] * 8 + [0.91] * 8 + [0.9] * 8 + [0.92] * 16),
+        "healthy"),
+    "accuracy frozen on too few rows": (_log(_falling(2.0, 9), accuracy=[0.5] * 9), "healthy"),
 }
 
 

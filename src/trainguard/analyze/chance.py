@@ -68,6 +68,8 @@ def is_classifier(log: Log) -> bool:
     return any(_CLASSIFIER_METRIC.search(name) for name in names)
 
 
+ACCURACY = re.compile(r"(?<![a-z])(acc|accuracy)(?![a-z])", re.IGNORECASE)
+"""A metric that counts right predictions by name (`acc`, `val_accuracy`, `test accuracy`)."""
 _CLASSIFIER_METRIC = re.compile(r"(?<![a-z])(acc|accuracy|f1|auroc|auc|precision|recall|mcc)"
                                 r"(?![a-z])", re.IGNORECASE)
 

@@ -203,13 +203,24 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         if value is not None:
             values.setdefault(match.group(1), value)
     for name in list(values):
-        lowered = ABBREVIATED.get(name.lower(), name.lower())
+        lowered = _counter_name(ABBREVIATED.get(name.lower(), name.lower()), values[name])
         if lowered in COUNTERS:
             family = FAMILY.get(lowered, lowered)
             if family == "step" and "step" not in counters:
                 spellings[SPELLING] = lowered
             counters.setdefault(family, values.pop(name))
     return values, counters | spellings
+
+
+def _counter_name(name: str, value: float) -> str:
+    """A counter named with a word before it (`train iter: 194`, `training step 20`) by the
+    counter's own name; any other name as it is. An evaluation's counter (`valid step`) and a
+    value that is no whole number stay values."""
+    words = name.split()
+    if (len(words) > 1 and words[-1] in COUNTERS and float(value).is_integer()
+            and not any(f"{words[0]} ".startswith(p) for p in EVAL_PREFIXES if p.endswith(" "))):
+        return words[-1]
+    return name
 
 
 def _unprefixed(name: str) -> str:

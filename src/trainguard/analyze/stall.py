@@ -8,15 +8,21 @@ Two things a log shows from its first row to its last, each on at least `MIN_ROW
   whole k to the digits the log writes (a DPO loss at ln 2 = 0.6931 with every reward 0: no
   preference is learned; a classifier that predicts a constant from its first step).
 
-A plateau that moves, a loss that comes down later, a constant loss at any other value: none of
-these say so, and the verdict is left to the rest of the judgement.
+- **predictions that never change**: an accuracy (of the training rows or of evaluations)
+  with one value, to every digit the log writes, on every one of at least `FROZEN_ROWS` rows
+  while the loss moves: the weights change and not one prediction does (a model that
+  predicts one class whatever its input).
+
+A plateau that moves, a loss that comes down later, a constant loss at any other value, an
+accuracy that stays at 1: none of these say so, and the verdict is left to the rest of the
+judgement.
 """
 
 from __future__ import annotations
 
 import math
 
-from trainguard.analyze.chance import MAX_GUESSED_CLASSES
+from trainguard.analyze.chance import ACCURACY, MAX_GUESSED_CLASSES
 from trainguard.analyze.log import GRAD_NORM, LOSS, Log
 from trainguard.chance_level import chance_loss
 
@@ -24,11 +30,17 @@ MIN_ROWS = 3
 """Rows a log needs before a loss that never moved says the run learns nothing."""
 
 
+FROZEN_ROWS = 10
+"""Rows an accuracy must hold one value on, while the loss moves, before it says that no
+prediction changed: a converged model's accuracy on a small evaluation set may repeat a few
+times, not on every row of a log from its first."""
+
+
 def learns_nothing(log: Log) -> str | None:
     """Why the run learned nothing from its first logged row to its last, or None."""
     value = _the_one_value(log.values(LOSS))
     if value is None:
-        return None
+        return _frozen_accuracy(log)
     count = sum(v is not None for v in log.values(LOSS))
     if value == 0:
         if _the_one_value(log.values(GRAD_NORM)) == 0:
@@ -80,3 +92,31 @@ def _chance_classes(value: float) -> int | None:
                 and math.isclose(value, chance, rel_tol=FLOAT32_PRECISION)):
             return classes
     return None
+
+
+def _frozen_accuracy(log: Log) -> str | None:
+    """An accuracy with one value below 1 on all of at least `FROZEN_ROWS` rows while the loss
+    moved, said in words; None otherwise."""
+    losses = [v for v in log.values(LOSS) if v is not None and math.isfinite(v)]
+    if len(losses) < 2 or min(losses) == max(losses):
+        return None
+    series: dict[str, list[float | None]] = {
+        name: log.values(name) for name in log.series if _is_accuracy(name)}
+    for _, metrics in log.evals:
+        for name, number in metrics.items():
+            if _is_accuracy(name):
+                series.setdefault(f"{name} (evaluation)", []).append(number)
+    for name, values in series.items():
+        value = _the_one_value(values)
+        count = sum(v is not None for v in values)
+        if value is not None and value < 1 and count >= FROZEN_ROWS:
+            return (f"{name} is {value:g} on all {count} rows while the loss moved "
+                    f"({losses[0]:.4g} -> {losses[-1]:.4g}): the weights change and not one "
+                    "prediction does")
+    return None
+
+
+def _is_accuracy(name: str) -> bool:
+    """An accuracy by its own name: the last part of a path-like name (`rewards/accuracy/std`
+    is a reward function's spread, not an accuracy)."""
+    return ACCURACY.search(name.rsplit("/", 1)[-1]) is not None
