@@ -75,6 +75,23 @@ def test_show_summarises_a_run(recorded_run: Path, capsys) -> None:
     assert "likely causes" in out and "numerical_op" in out, "a NaN loss from a finite batch"
 
 
+def test_show_a_run_handed_no_loss_draws_no_nan(tmp_path: Path, capsys) -> None:
+    """A policy-gradient loop passes `None` as the loss: no step of it is a NaN."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = trainguard.Guard(model, optimizer, run_dir=tmp_path,
+                             config=GuardConfig(sinks={"console": False}))
+    for _ in range(5):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        guard.step(None)
+        optimizer.zero_grad()
+    guard.close()
+    assert main(["show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "loss       none handed to trainguard" in out
+    assert not any(line.startswith("loss ") and "!" in line for line in out.splitlines())
+
+
 def test_show_json_is_strict_json_with_nan_spelled_out(recorded_run: Path, capsys) -> None:
     assert main(["show", str(recorded_run), "--json"]) == 0
     data = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))

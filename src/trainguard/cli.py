@@ -872,8 +872,12 @@ def _show_curves(summary: dict[str, Any], curves: dict[str, Any]) -> list[str]:
     lines.append(f"steps      {summary['steps']} recorded"
                  + (f" ({summary['first_step']}..{summary['last_step']})" if summary["steps"]
                     else ""))
-    lines.append(f"loss       first {_fmt(loss['first'])}  last {_fmt(loss['last'])}  "
-                 f"min {_fmt(loss['min'])}  NaN {loss['nan']}  inf {loss['inf']}")
+    if curves["loss"].size or not summary["steps"]:
+        lines.append(f"loss       first {_fmt(loss['first'])}  last {_fmt(loss['last'])}  "
+                     f"min {_fmt(loss['min'])}  NaN {loss['nan']}  inf {loss['inf']}")
+    else:  # a policy-gradient loop's surrogate: its steps were judged on the rest
+        lines.append("loss       none handed to trainguard (the steps were judged on their "
+                     "gradients and metrics)")
     for name, label in (("loss", "loss"), ("grad_norm", "grad norm")):
         if len(curves[name]):
             lines.append(f"{label:<10} {sparkline(curves[name])}  (log scale; ! non-finite)")

@@ -23,6 +23,20 @@ from trainguard.store import DB_NAME, RunStore
 from .helpers import child_env, cli
 
 
+def test_a_step_without_a_loss_is_no_nan(tmp_path: Path) -> None:
+    """A policy-gradient loop hands no loss: those steps are missing from the curve, a NaN loss
+    stays a NaN."""
+    store = RunStore(tmp_path)
+    store.put_meta("param_names", ["a"])
+    store.put_step(0, {"loss": None, "grad_norm": 0.3, "action": "applied"}, np.array([0.3]))
+    store.put_step(1, {"loss": math.nan, "grad_norm": 0.3, "action": "applied"}, np.array([0.3]))
+    store.put_step(2, {"loss": None, "grad_norm": 0.3, "action": "applied"}, np.array([0.3]))
+    store.close()
+    steps, loss = RunReader(tmp_path).scalar("loss")
+    assert list(steps) == [1] and math.isnan(loss[0])
+    assert list(RunReader(tmp_path).scalar("grad_norm")[0]) == [0, 1, 2]
+
+
 def test_round_trip_keeps_nan_and_inf(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     assert store.run_id == 1

@@ -490,14 +490,11 @@ class RunReader:
         return out
 
     def scalar(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of one per-step scalar; missing values are NaN."""
-        rows = self.steps()
+        """(steps, values) of one per-step scalar, over the steps that hold it: a step without
+        one (a policy-gradient loop hands no loss) is left out, not read as a NaN."""
+        rows = [r for r in self.steps() if r.get(name) is not None]
         steps = np.array([r["step"] for r in rows], dtype=np.int64)
-        values = []
-        for r in rows:
-            value = r.get(name)
-            values.append(np.nan if value is None else self._num(value, f"step {r['step']} "
-                                                                       f"{name}"))
+        values = [self._num(r[name], f"step {r['step']} {name}") for r in rows]
         return steps, np.array(values, dtype=np.float64)
 
     def param_grad_norms(self) -> tuple[np.ndarray, np.ndarray]:
