@@ -580,7 +580,8 @@ for _metric in (
     MetricKey("loss_scale", Scope.STEP, "the GradScaler's loss scale", _LOCAL, False),
     MetricKey("attn_logit_max", Scope.MODULE, "largest pre-softmax attention logit q.k/sqrt(d) "
               "of each attention layer, over heads and positions of the batch's first sequence "
-              "(every `detectors.attention_logits.every` steps; probes/attention_logits.py)",
+              "(every `detectors.attention_logits.every` steps far from its bounds, every step "
+              "near them; probes/attention_logits.py)",
               _LOCAL, False),
     MetricKey("adam_update_rms", Scope.PARAM, "sqrt(sum m_hat^2 / sum v_hat) over each watched "
               "parameter: the RMS of the previous step's Adam update over the LR, with the "

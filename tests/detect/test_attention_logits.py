@@ -133,3 +133,28 @@ def test_after_the_trouble_the_attention_warning_votes_little() -> None:
     scores = {r.code: r.score for r in ranked}
     assert ranked[0].code != "attention_logit_growth"
     assert scores["attention_logit_growth"] == 1.0
+
+
+def test_the_probe_is_due_every_step_while_young_or_near_and_at_its_cadence_else() -> None:
+    """Logits far below the bound are measured every 4th step once the baseline is in; a layer
+    growing towards the bound is measured every step from half of it, so the 3 measurements in
+    a row that warn are 3 steps."""
+    detector = InstabilityPrecursor(DetectorConfig())
+    tracker, warmup = detector.attention, DetectorConfig().attention_logits.warmup
+    assert tracker.due(1)  # nothing measured yet
+    rows = logits(120, 4, grow_from=60, growth=1.08)
+    due, step = [], 0
+    for step, row in enumerate(rows):
+        due.append(tracker.due(step))
+        if due[-1]:
+            detector.check(signals(step, attention_logits=row))
+        if row["blocks.1"] > 60.0:
+            break
+    assert all(due[:warmup])
+    calm = due[warmup:60]
+    assert calm == [s % 4 == 0 for s in range(warmup, 60)]
+    assert tracker.due(step + 1) and tracker.due(step + 2)  # near: every step
+    # the state carries the cadence over a resume
+    resumed = InstabilityPrecursor(DetectorConfig())
+    resumed.load_state_dict(json.loads(json.dumps(detector.state_dict())))
+    assert resumed.attention.due(step + 1)

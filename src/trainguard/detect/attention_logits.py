@@ -46,19 +46,28 @@ class AttentionTrack:
         """The logit at the measurement before the current streak began (for the trend)."""
         self.warned = math.nan
         """The logit at the layer's last warning (NaN: none yet)."""
+        self.near = False
+        """Whether its last measurement was within `NEAR` of where it may warn, or a streak is
+        running: the probe then measures every step."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [float(v) for v in self.history], "streak": self.streak,
                 "first": None if math.isnan(self.first) else self.first,
-                "warned": None if math.isnan(self.warned) else self.warned}
+                "warned": None if math.isnan(self.warned) else self.warned, "near": self.near}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.clear()
         self.history.extend(float(v) for v in state.get("history", []))
         self.streak = int(state.get("streak", 0))
+        self.near = bool(state.get("near", False))
         first, warned = state.get("first"), state.get("warned")
         self.first = math.nan if first is None else float(first)
         self.warned = math.nan if warned is None else float(warned)
+
+
+NEAR = math.log(2.0)
+"""A layer whose log logit is within this of both bounds (half of `abs_min`, half of `ratio`
+times its median) is near them."""
 
 
 class AttentionLogitTracker:
@@ -85,11 +94,14 @@ class AttentionLogitTracker:
                 continue
             level = statistics.median(layer.history)
             layer.history.append(log_value)
-            high = (value >= cfg.attention_logits.abs_min
-                    and log_value - level >= math.log(cfg.attention_logits.ratio))
+            above_floor = log_value - math.log(cfg.attention_logits.abs_min)
+            above_level = log_value - level - math.log(cfg.attention_logits.ratio)
+            high = above_floor >= 0 and above_level >= 0
             if not high:
                 layer.streak = 0
+                layer.near = above_floor >= -NEAR and above_level >= -NEAR
                 continue
+            layer.near = True
             if layer.streak == 0:  # the measurement before this one, where the rise began
                 layer.first = (math.exp(layer.history[-2]) if len(layer.history) >= 2
                                else math.nan)
@@ -103,6 +115,16 @@ class AttentionLogitTracker:
         for _, other, other_value, _ in found:  # one event a step names every layer warned of
             self.layers[other].warned = other_value
         return [self._event(signals, make, name, value, typical)]
+
+    def due(self, step: int) -> bool:
+        """Whether the probe measures `step`: every step while a layer's baseline is young or a
+        layer is near its bound, else every `detectors.attention_logits.every` steps (a healthy
+        run's logits sit far below it and move slowly)."""
+        every = self.config.attention_logits.every
+        warmup = self.config.attention_logits.warmup
+        return (every <= 1 or step % every == 0 or not self.layers
+                or any(layer.near or len(layer.history) < warmup
+                       for layer in self.layers.values()))
 
     def _event(self, signals: StepSignals, make: Any, name: str, value: float,
                typical: float) -> Event:

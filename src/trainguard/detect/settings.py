@@ -591,8 +591,10 @@ class AttentionLogitsConfig:
     probe: bool = True
     """Measure each attention layer's largest pre-softmax logit (forward hooks on the q/k
     projections, one sequence of the batch). False turns the probe and its warning off."""
-    every: int = 1
-    """...on every this many steps (and on sampled steps)."""
+    every: int = 4
+    """...on every this many steps while every layer's logits are far from the bounds below
+    (under half of each), on every step while a layer's baseline is young (`warmup`) or a
+    layer is near them, and on sampled steps. 1: every step always."""
     abs_min: float = 100.0
     """A layer's largest logit of at least this (a softmax over logits this far apart is one-hot
     to float32)..."""

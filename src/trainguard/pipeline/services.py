@@ -111,7 +111,7 @@ class Services:
     rewind: ScheduleRewind
     attention_probe: AttentionLogitProbe | None = None
     """The attention layers' largest logits (`probes/attention_logits.py`), hooked on the steps
-    `DetectorConfig.attention_logits.every` names."""
+    `AttentionLogitTracker.due` names."""
     logz_probe: LogZProbe | None = None
     """log Z of the class scores every step, for `instability_precursor` (with the Adam ratio
     probe: on when `detectors.instability_precursor.probe` is, left out under torch.distributed)."""

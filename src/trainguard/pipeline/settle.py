@@ -83,8 +83,8 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
     if services.logz_probe is not None:
         services.logz_probe.armed = state.precursors_due
     attention = services.attention_probe
-    if attention is not None and (state.sampled_now or (
-            state.step + ahead) % config.detectors.attention_logits.every == 0):
+    if attention is not None and (state.sampled_now or precursor is None
+                                  or precursor.attention.due(state.step + ahead)):
         attention.attach()
 
 

@@ -20,10 +20,12 @@ are taken from the projections' outputs, so for a RoPE model before the rotary e
 rotates pairs of dimensions by the position: the value read is that of the unrotated vectors).
 An attention mask (padding) is not applied. Grouped-query attention repeats the key heads.
 
-Cost: hooks are attached only on the steps the probe runs (`DetectorConfig.attention_logits.every`;
-at every step, the default, they stay attached from step to step). The arithmetic measured on
-the GPT-2 of `benchmarks/overhead.py` was 0.1-0.3% of its step on a CPU
-(`benchmarks/attention_probe_cost.py`), under the 1% that an every-step probe may cost.
+Cost: hooks are attached only on the steps the probe runs (`AttentionLogitTracker.due`: every
+`DetectorConfig.attention_logits.every` steps, 4 by default, while the logits are far from
+their bounds; every step while a layer's baseline is young or a layer is near them). The
+arithmetic measured on the GPT-2 of `benchmarks/overhead.py` was 0.1-0.3% of its step on a CPU
+at every step (`benchmarks/attention_probe_cost.py`); on the small host-bound steps of a tiny
+GRPO policy it was the largest part of trainguard's time, hence the cadence.
 For one sequence of T tokens and H heads the logits are H x T x T, 1/batch of what an eager
 attention layer materialises, computed in chunks of query rows of at most `CHUNK_ELEMENTS`
 values, so a layer under SDPA or flash attention (which materialises none) gets a bounded extra
