@@ -1,6 +1,6 @@
 """A run that learns nothing: the offline `stalled`, the live verdict's word.
 
-Two things a log shows from its first row to its last, each on at least `MIN_ROWS` rows:
+Three things a log shows from its first row to its last, the first two on at least `MIN_ROWS` rows:
 
 - **no training signal**: the loss and the gradient norm are exactly 0 on every row (a loss
   masked out entirely, labels that are all ignored: nothing reaches the weights);
