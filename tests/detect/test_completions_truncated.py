@@ -64,3 +64,8 @@ def test_lengths_that_grew_as_the_policy_turned_deterministic_are_the_lr() -> No
     assert "entropy fell from 1.2 to 0.09" in collapsed[0].message
     exploring = _events(clipped, reward, [1.2, 1.3, 1.2, 1.1, 1.0, 0.9, 0.9])
     assert [e.details["cause"] for e in exploring] == ["max_completion_length_too_small"]
+
+
+def test_without_a_reward_or_an_entropy_no_cause_is_named() -> None:
+    [event] = _events([0.1, 0.1, 0.2, 0.9, 1.0, 1.0])
+    assert event.details["cause"] is None and "no reward or entropy" in event.message

@@ -75,7 +75,7 @@ class CompletionsTruncated(FromStartLevel):
             f"({self.streak} logged step(s) in a row; {start:.0%} at the start): {why}",
             param=CLIPPED, value=value, start=start, cause=cause)]
 
-    def _cause(self, warmup: int, steps: int) -> tuple[str, str]:
+    def _cause(self, warmup: int, steps: int) -> tuple[str | None, str]:
         if len(self.entropies) > warmup:
             start, lowest = statistics.median(self.entropies[:warmup]), self.entropies[-1]
             if lowest < self.config.entropy_collapse.share * start:
@@ -85,14 +85,15 @@ class CompletionsTruncated(FromStartLevel):
         if len(self.rewards) > warmup:
             start = statistics.median(self.rewards[:warmup])
             recent = statistics.fmean(self.rewards[warmup:][-steps:])
-            if recent > start + REWARD_ROSE * abs(start) and recent > start:
+            if recent > start + REWARD_ROSE * abs(start):
                 return ("max_completion_length_too_small",
                         f"they grew while the reward rose ({start:.3g} -> {recent:.3g}): "
                         "the answers the policy learned need more room")
             return ("lr_too_high",
                     f"they grew while the reward did not rise ({start:.3g} -> {recent:.3g}): "
                     "the policy stopped ending its answers")
-        return "lr_too_high", "the policy stopped ending its answers"
+        return None, ("the policy stopped ending its answers, or its answers need more room "
+                      "(the log holds no reward or entropy to tell)")
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "streak": self.streak, "rewards": list(self.rewards),
