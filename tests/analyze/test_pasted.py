@@ -283,6 +283,16 @@ def test_a_file_of_bare_counter_and_loss_lines_is_read_as_steps_and_losses(
                                       41.21902847290039, 41.21857452392578, NAN])
 
 
+def test_bare_counter_of_a_total_and_loss_lines_are_read_as_steps_and_losses(
+        tmp_path: Path) -> None:
+    """makemore's `print(f'{i:7d}/{max_steps:7d}: {loss.item():.4f}')`, under the parameter
+    count the cell printed first."""
+    lines = ["12297"] + [f"{i * 10000:7d}/ 200000: {3.0 - i / 20:.4f}" for i in range(12)]
+    log = read_log(write(tmp_path / "cell.txt", "\n".join(lines) + "\n"))
+    assert log.format == "text:columns" and list(log.steps) == [i * 10000 for i in range(12)]
+    assert log.series["loss"][0] == 3.0 and log.series["loss"][-1] == pytest.approx(2.45)
+
+
 @pytest.mark.parametrize("text", [
     "1 0.5\n2 0.4\n3 0.3\n",                                   # too few lines to say anything
     "1 0.5\n2 0.4\n3 0.3\n2 0.2\n5 0.1\n6 0.1\n",             # a first column that goes back

@@ -34,8 +34,9 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                numbered from 1. For example `step 120 | loss 2.31 | lr 3e-4 | grad_norm 0.87` or
                `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
     columns    a file of bare `counter value` lines and nothing else (`print(epoch, loss)`:
-               `788 41.23225021362305`): the first column, an integer that only grows, numbers
-               the rows, the second is the loss. Read only when no other grammar recognises a
+               `788 41.23225021362305`; or the counter of a total, `10000/ 200000: 2.1775`, as
+               makemore prints it): the first column, an integer that only grows, numbers the
+               rows, the second is the loss. Read only when no other grammar recognises a
                line, and only when such lines are at least `COLUMNS_SHARE` of the file's
                non-blank lines and at least `COLUMNS_FEWEST` of them.
 """
@@ -174,7 +175,7 @@ def _generic(lines: Iterable[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
-_COLUMNS = re.compile(rf"^\s*(\d+)[ \t,;]+({NUM})\s*$", re.IGNORECASE)
+_COLUMNS = re.compile(rf"^\s*(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})\s*$", re.IGNORECASE)
 COLUMNS_SHARE = 0.9
 """Bare two-number lines must make up this share of a file's non-blank lines: a file that says
 nothing else about its numbers is read so only when the numbers are all it holds."""
