@@ -179,6 +179,8 @@ class FromStartLevel(Detector):
         self.first: list[float] = []
         """The first finite values: the level the run started at."""
         self.episode = Episode(config.common.rearm_steps)
+        self.streak = 0
+        """Logged steps in a row the state judged has held."""
 
     def start_level(self, value: float, warmup: int) -> float | None:
         """The starting level once `warmup` values are in (this one kept until then), else None."""
@@ -187,11 +189,19 @@ class FromStartLevel(Detector):
             return None
         return statistics.median(self.first)
 
+    def held(self, holds: bool, needed: int = 1) -> bool:
+        """Move the streak on by this step; whether the detector fires at it (the state held
+        `needed` steps in a row, once per episode)."""
+        self.streak = self.streak + 1 if holds else 0
+        return self.episode.update(self.streak >= needed)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"first": list(self.first), "episode": self.episode.state_dict()}
+        return {"first": list(self.first), "episode": self.episode.state_dict(),
+                "streak": self.streak}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first = [float(v) for v in state.get("first", [])]
+        self.streak = int(state.get("streak", 0))
         if "episode" in state:
             self.episode.load_state_dict(state["episode"])
 

@@ -12,7 +12,6 @@ episode.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from trainguard.detect.base import FromStartLevel
 from trainguard.detect.trainer_metrics import MEAN_LENGTH
@@ -24,10 +23,6 @@ class CompletionLengthCollapse(FromStartLevel):
     kind = "completion_length_collapse"
     reads = frozenset({"trainer_metrics"})
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.streak = 0
-
     def check(self, signals: StepSignals) -> list[Event]:
         value = signals.trainer_metrics.get(MEAN_LENGTH)
         if value is None or not math.isfinite(value):
@@ -36,8 +31,7 @@ class CompletionLengthCollapse(FromStartLevel):
         start = self.start_level(value, settings.warmup)
         if start is None:
             return []
-        self.streak = self.streak + 1 if start > 0 and value < settings.share * start else 0
-        if not self.episode.update(self.streak >= settings.steps):
+        if not self.held(start > 0 and value < settings.share * start, settings.steps):
             return []
         return [self.event(
             signals.step, "warning",
@@ -45,10 +39,3 @@ class CompletionLengthCollapse(FromStartLevel):
             f"the {start:.3g} the run started at ({self.streak} logged step(s) in a row): the "
             "policy collapsed to short or empty answers",
             param=MEAN_LENGTH, value=value, start=start)]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "streak": self.streak}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.streak = int(state.get("streak", 0))

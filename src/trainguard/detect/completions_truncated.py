@@ -38,7 +38,6 @@ class CompletionsTruncated(FromStartLevel):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.streak = 0
         self.rewards: list[float] = []
         """The first rewards (their median is where the reward started) and then the last
         `steps` ones."""
@@ -65,8 +64,7 @@ class CompletionsTruncated(FromStartLevel):
         start = self.start_level(value, settings.warmup)
         if start is None or start >= settings.start_below:
             return []
-        self.streak = self.streak + 1 if value >= settings.share else 0
-        if not self.episode.update(self.streak >= settings.steps):
+        if not self.held(value >= settings.share, settings.steps):
             return []
         cause, why = self._cause(settings.warmup, settings.steps)
         return [self.event(
@@ -96,11 +94,10 @@ class CompletionsTruncated(FromStartLevel):
                       "(the log holds no reward or entropy to tell)")
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "streak": self.streak, "rewards": list(self.rewards),
+        return {**super().state_dict(), "rewards": list(self.rewards),
                 "entropies": list(self.entropies)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.streak = int(state.get("streak", 0))
         self.rewards = [float(v) for v in state.get("rewards", [])]
         self.entropies = [float(v) for v in state.get("entropies", [])]
