@@ -46,6 +46,7 @@ from trainguard.detect.output_growth import OutputGrowth, Streaks
 from trainguard.detect.reward_hacking import RewardTrack
 from trainguard.detect.sample_judge import SampleJudge
 from trainguard.detect.stall_reason import StallEvidence, StallReason
+from trainguard.detect.trainer_metrics import EntropyFall
 from trainguard.events import Event
 from trainguard.signals import SampledStats, StepSignals
 
@@ -74,11 +75,13 @@ HELPERS: tuple[type, ...] = (Detector, OutlierDetector, StreakDetector, Unlearne
                              FromStartLevel, Episode,
                              Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
-                             StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack)
+                             StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack,
+                             EntropyFall)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
-stalled, the reward tracks `RewardHacking` keeps and the columns of a log's rows the offline
+stalled, the reward tracks `RewardHacking` keeps, the entropy's fall the completion detectors read,
+and the columns of a log's rows the offline
 fast paths read: their conformance is their detector's; and the judge of the samples a model
 makes, fed by the Guard, not by step signals (`tests/detect/test_sample_judge.py`)."""
 SETTINGS = "trainguard.detect.settings"

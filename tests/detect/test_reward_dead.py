@@ -32,6 +32,20 @@ def test_completions_all_cut_point_at_max_completion_length() -> None:
     assert [e.details["cause"] for e in _run(rows)] == ["max_completion_length_too_small"]
 
 
+def test_completions_all_cut_after_the_policy_collapsed_point_at_the_lr() -> None:
+    """Cut at the limit as the entropy fell from 1.2 to 0.05: the policy stopped ending its
+    answers; with the entropy kept, the completions need more room."""
+    learning = [{"frac_reward_zero_std": 0.2, "reward_std": 0.1, "entropy": e,
+                 "completions/clipped_ratio": 0.2} for e in (1.2, 1.25, 1.2, 0.6, 0.05)]
+    cut = [{"frac_reward_zero_std": 1.0, "reward_std": 0.0, "entropy": 0.08,
+            "completions/clipped_ratio": 1.0}] * 6
+    [event] = _run(learning + cut)
+    assert event.details["cause"] == "lr_too_high" and "fell from 1.2 to 0.05" in event.message
+    kept = [dict(row, entropy=1.1) for row in learning[3:] + cut]
+    assert [e.details["cause"] for e in _run(learning[:3] + kept)] == [
+        "max_completion_length_too_small"]
+
+
 def test_reward_std_alone_and_a_streak_that_breaks() -> None:
     rows = [{"reward_std": 0.0}] * 4 + [{"reward_std": 0.2}] + [{"reward_std": 0.0}] * 4
     assert _run(rows) == []  # never five in a row

@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 from trainguard.detect.base import FromStartLevel
-from trainguard.detect.trainer_metrics import CLIPPED, ENTROPY, REWARD, first
+from trainguard.detect.trainer_metrics import CLIPPED, REWARD, EntropyFall, first
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
@@ -41,9 +41,7 @@ class CompletionsTruncated(FromStartLevel):
         self.rewards: list[float] = []
         """The first rewards (their median is where the reward started) and then the last
         `steps` ones."""
-        self.entropies: list[float] = []
-        """The first entropies (their median is where the policy started) and then the lowest
-        since."""
+        self.entropy = EntropyFall(config.completions_truncated.warmup)
 
     def check(self, signals: StepSignals) -> list[Event]:
         metrics = signals.trainer_metrics
@@ -55,12 +53,7 @@ class CompletionsTruncated(FromStartLevel):
         if reward is not None and math.isfinite(reward[1]):
             self.rewards.append(reward[1])
             del self.rewards[settings.warmup:-settings.steps]
-        entropy = metrics.get(ENTROPY)
-        if entropy is not None and math.isfinite(entropy):
-            if len(self.entropies) <= settings.warmup:
-                self.entropies.append(entropy)
-            else:
-                self.entropies[-1] = min(self.entropies[-1], entropy)
+        self.entropy.see(metrics)
         start = self.start_level(value, settings.warmup)
         if start is None or start >= settings.start_below:
             return []
@@ -74,12 +67,11 @@ class CompletionsTruncated(FromStartLevel):
             param=CLIPPED, value=value, start=start, cause=cause)]
 
     def _cause(self, warmup: int, steps: int) -> tuple[str | None, str]:
-        if len(self.entropies) > warmup:
-            start, lowest = statistics.median(self.entropies[:warmup]), self.entropies[-1]
-            if lowest < self.config.entropy_collapse.share * start:
-                return ("lr_too_high",
-                        f"the policy's entropy fell from {start:.3g} to {lowest:.3g} on the way: "
-                        "it turned deterministic and stopped ending its answers")
+        fell = self.entropy.fell(self.config.entropy_collapse.share)
+        if fell is not None:
+            return ("lr_too_high",
+                    f"the policy's entropy fell from {fell[0]:.3g} to {fell[1]:.3g} on the way: "
+                    "it turned deterministic and stopped ending its answers")
         if len(self.rewards) > warmup:
             start = statistics.median(self.rewards[:warmup])
             recent = statistics.fmean(self.rewards[warmup:][-steps:])
@@ -95,9 +87,9 @@ class CompletionsTruncated(FromStartLevel):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "rewards": list(self.rewards),
-                "entropies": list(self.entropies)}
+                "entropies": self.entropy.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rewards = [float(v) for v in state.get("rewards", [])]
-        self.entropies = [float(v) for v in state.get("entropies", [])]
+        self.entropy.load_state_dict(state.get("entropies"))

@@ -5,7 +5,9 @@ When every group scores alike (`frac_reward_zero_std` at 1, or a reward spread o
 `detectors.reward_dead.steps` steps in a row, every advantage is 0 and so is the policy
 gradient: the run trains nothing, whatever its loss says. What the step shows says why:
 completions all cut at `max_completion_length` (`completions/clipped_ratio` at 1) cannot
-reach what the reward looks for; a reward that told completions apart at an earlier step is no
+reach what the reward looks for, unless the policy's entropy fell under a tenth of its start on
+the way (`detectors.entropy_collapse.share`): then a collapsed policy stopped ending its answers
+(updates too large for it); a reward that told completions apart at an earlier step is no
 constant function: the policy's completions of a prompt became alike (it collapsed, as updates
 too large make it); otherwise the reward function gives everything the same score (the reward
 functions whose own spread is 0 are named). Reported once per episode.
@@ -21,6 +23,7 @@ from trainguard.detect.trainer_metrics import (
     REWARD_FUNC_STD,
     REWARD_STD,
     REWARD_ZERO_STD,
+    EntropyFall,
     first,
     is_zero,
 )
@@ -37,6 +40,7 @@ class RewardDead(UnlearnedStreak):
         super().__init__(config)
         self.told_apart: int | None = None
         """The last step whose reward told a prompt's completions apart."""
+        self.entropy = EntropyFall(config.entropy_collapse.warmup)
 
     @property
     def needed(self) -> int:
@@ -49,6 +53,7 @@ class RewardDead(UnlearnedStreak):
         spread = first(metrics, REWARD_STD)
         if share is None and spread is None:
             return []  # no reward computed at this step
+        self.entropy.see(metrics)
         dead = (share >= settings.zero_std_share if share is not None
                 else spread is not None and is_zero(spread[1]))
         if not dead:
@@ -60,7 +65,14 @@ class RewardDead(UnlearnedStreak):
                       if (match := REWARD_FUNC_STD.match(name)) and is_zero(value))
         named = f" (reward function {', '.join(flat)} gives every completion one score)" \
             if flat else ""
-        if clipped is not None and clipped >= settings.zero_std_share:
+        fell = self.entropy.fell(self.config.entropy_collapse.share)
+        if clipped is not None and clipped >= settings.zero_std_share and fell is not None:
+            cause = "lr_too_high"
+            why = ("every completion was cut at max_completion_length before it ended "
+                   f"(completions/clipped_ratio {clipped:.3g}) after the policy's entropy fell "
+                   f"from {fell[0]:.3g} to {fell[1]:.3g}: a collapsed policy stopped ending its "
+                   "answers")
+        elif clipped is not None and clipped >= settings.zero_std_share:
             cause = "max_completion_length_too_small"
             why = ("every completion was cut at max_completion_length before it ended "
                    f"(completions/clipped_ratio {clipped:.3g}): none reaches what the reward "
@@ -80,9 +92,11 @@ class RewardDead(UnlearnedStreak):
             clipped_ratio=clipped, reward_functions=flat, told_apart=self.told_apart)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "told_apart": self.told_apart}
+        return {**super().state_dict(), "told_apart": self.told_apart,
+                "entropies": self.entropy.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        self.entropy.load_state_dict(state.get("entropies"))
         told = state.get("told_apart")
         self.told_apart = int(told) if told is not None else None

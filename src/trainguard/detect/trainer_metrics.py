@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Mapping
+from typing import Any
 
 KL = ("kl", "objective/kl")
 """The KL of the policy to its reference model: per token in GRPO, RLOO and KTO; per sequence
@@ -71,3 +73,36 @@ def is_trainer_metric(name: str) -> bool:
 
 def is_zero(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value == 0.0
+
+
+class EntropyFall:
+    """The policy's entropy where the run started (the median of its first `warmup` values) and
+    the lowest since: whether it turned deterministic on the way (under `share` of its start),
+    which says that completions grown to their limit, or alike, come from a collapsed policy."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.values: list[float] = []
+        """The first `warmup` entropies, then the lowest since."""
+
+    def see(self, metrics: Mapping[str, float]) -> None:
+        value = metrics.get(ENTROPY)
+        if value is None or not math.isfinite(value):
+            return
+        if len(self.values) <= self.warmup:
+            self.values.append(value)
+        else:
+            self.values[-1] = min(self.values[-1], value)
+
+    def fell(self, share: float) -> tuple[float, float] | None:
+        """(start, lowest) when the lowest entropy since the start is under `share` of it."""
+        if len(self.values) <= self.warmup:
+            return None
+        start, lowest = statistics.median(self.values[:self.warmup]), self.values[-1]
+        return (start, lowest) if lowest < share * start else None
+
+    def state_dict(self) -> list[float]:
+        return list(self.values)
+
+    def load_state_dict(self, state: Any) -> None:
+        self.values = [float(v) for v in state or []]
