@@ -42,6 +42,7 @@ from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.calm import SignalColumns
 from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
+from trainguard.detect.on_duty import OnDuty
 from trainguard.detect.output_growth import OutputGrowth, Streaks
 from trainguard.detect.reward_hacking import RewardTrack
 from trainguard.detect.sample_judge import SampleJudge
@@ -76,14 +77,15 @@ HELPERS: tuple[type, ...] = (Detector, OutlierDetector, StreakDetector, Unlearne
                              Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
                              StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack,
-                             EntropyFall)
+                             EntropyFall, OnDuty)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
 stalled, the reward tracks `RewardHacking` keeps, the entropy's fall the completion detectors read,
 and the columns of a log's rows the offline
 fast paths read: their conformance is their detector's; and the judge of the samples a model
-makes, fed by the Guard, not by step signals (`tests/detect/test_sample_judge.py`)."""
+makes, fed by the Guard, not by step signals (`tests/detect/test_sample_judge.py`); and the
+roster of the detectors a live step concerns (`tests/detect/test_on_duty.py`)."""
 SETTINGS = "trainguard.detect.settings"
 """The module of the detectors' configuration sections: plain data, checked by tests/test_config.py
 and tests/test_layers.py."""

@@ -123,6 +123,11 @@ class Detector:
     raises_from: frozenset[str] | None = None
     """The `StepSignals` fields without which `check` raises nothing, whatever else it reads
     (None: any of `reads`). A log that holds none of them leaves the detector out."""
+    idle_without: frozenset[str] = frozenset()
+    """Optional `StepSignals` fields (`detect/on_duty.py`: `trainer_metrics`, `sampled`) on
+    whose absence, all of them at once, `check` is a no-op: it raises nothing and moves no
+    state, so the live pipeline leaves the detector out of such a step.
+    `tests/detect/test_on_duty.py` checks the declaration against what `check` does."""
     budget_us: float = 5.0
     """What `check` may cost on the usual step of a small, host-bound run, in microseconds of the
     stepping thread: the MLP workload of `benchmarks/overhead.py` on one CPU thread, where a step

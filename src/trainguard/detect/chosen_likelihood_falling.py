@@ -21,6 +21,7 @@ from trainguard.signals import StepSignals
 class ChosenLikelihoodFalling(FromStartLevel):
     kind = "chosen_likelihood_falling"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
 
     def check(self, signals: StepSignals) -> list[Event]:
         metrics = signals.trainer_metrics

@@ -22,6 +22,7 @@ from trainguard.signals import StepSignals
 class CompletionLengthCollapse(FromStartLevel):
     kind = "completion_length_collapse"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
 
     def check(self, signals: StepSignals) -> list[Event]:
         value = signals.trainer_metrics.get(MEAN_LENGTH)

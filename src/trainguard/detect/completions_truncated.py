@@ -35,6 +35,7 @@ REWARD_ROSE = 0.2
 class CompletionsTruncated(FromStartLevel):
     kind = "completions_truncated"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

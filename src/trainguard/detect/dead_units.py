@@ -23,6 +23,7 @@ from trainguard.signals import StepSignals
 class DeadUnits(Detector):
     kind = "dead_units"
     reads = frozenset({"sampled"})
+    idle_without = frozenset({"sampled"})
     reads_sampled_only = True
 
     def __init__(self, config: Any) -> None:

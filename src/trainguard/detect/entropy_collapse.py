@@ -21,6 +21,7 @@ from trainguard.signals import StepSignals
 class EntropyCollapse(FromStartLevel):
     kind = "entropy_collapse"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
 
     def check(self, signals: StepSignals) -> list[Event]:
         value = signals.trainer_metrics.get(ENTROPY)

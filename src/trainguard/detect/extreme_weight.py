@@ -21,6 +21,7 @@ from trainguard.signals import StepSignals
 class ExtremeWeight(Detector):
     kind = "extreme_weight"
     reads = frozenset({"param_names", "sampled"})
+    idle_without = frozenset({"sampled"})
     reads_sampled_only = True
 
     def __init__(self, config: Any) -> None:

@@ -32,6 +32,7 @@ LR_ROSE = 1.5
 class KLBlowup(Detector):
     kind = "kl_blowup"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

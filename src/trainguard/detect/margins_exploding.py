@@ -26,6 +26,7 @@ from trainguard.signals import StepSignals
 class MarginsExploding(Detector):
     kind = "margins_exploding"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

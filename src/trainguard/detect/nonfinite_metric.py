@@ -23,6 +23,7 @@ class NonFiniteMetric(Detector):
     kind = "nonfinite_metric"
     budget_us = 10.0  # every metric the trainer handed over is looked at for NaN
     reads = frozenset({"trainer_metrics", "loss"})
+    idle_without = frozenset({"trainer_metrics"})
     raises_from = frozenset({"trainer_metrics"})
 
     def __init__(self, config: Any) -> None:

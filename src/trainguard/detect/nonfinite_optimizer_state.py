@@ -15,6 +15,7 @@ from trainguard.signals import StepSignals
 class NonFiniteOptimizerState(Detector):
     kind = "nonfinite_optimizer_state"
     reads = frozenset({"param_names", "sampled"})
+    idle_without = frozenset({"sampled"})
     reads_sampled_only = True
 
     def check(self, signals: StepSignals) -> list[Event]:

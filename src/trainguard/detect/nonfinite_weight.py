@@ -12,6 +12,7 @@ from trainguard.signals import StepSignals
 class NonFiniteWeight(Detector):
     kind = "nonfinite_weight"
     reads = frozenset({"param_names", "sampled"})
+    idle_without = frozenset({"sampled"})
     reads_sampled_only = True
 
     def check(self, signals: StepSignals) -> list[Event]:

@@ -25,6 +25,7 @@ AT_START = (CHOSEN_REWARD, REJECTED_REWARD, *KL)
 class PolicyOffReference(Detector):
     kind = "policy_off_reference"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
     # a log's first row is written after updates (and averaged over a logging window): the
     # step before any update is seen live only
     live_only = True

@@ -21,6 +21,7 @@ from trainguard.signals import StepSignals
 class PreferenceUnlearned(UnlearnedStreak):
     kind = "preference_unlearned"
     reads = frozenset({"trainer_metrics", "lr", "loss"})
+    idle_without = frozenset({"trainer_metrics"})
     raises_from = frozenset({"trainer_metrics"})
     unlearned = "the chosen and rejected rewards exactly 0 (the policy never left its reference)"
 

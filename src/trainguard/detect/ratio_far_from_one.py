@@ -26,6 +26,7 @@ from trainguard.signals import StepSignals
 class RatioFarFromOne(StreakDetector):
     kind = "ratio_far_from_one"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
 
     @property
     def needed(self) -> int:

@@ -34,6 +34,7 @@ from trainguard.signals import StepSignals
 class RewardDead(UnlearnedStreak):
     kind = "reward_dead"
     reads = frozenset({"trainer_metrics"})
+    idle_without = frozenset({"trainer_metrics"})
     unlearned = "every group of completions scored alike (no advantage, no policy gradient)"
 
     def __init__(self, config: Any) -> None:

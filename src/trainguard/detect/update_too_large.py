@@ -50,6 +50,7 @@ def elements(per_param: dict[str, np.ndarray]) -> np.ndarray | None:
 class UpdateTooLarge(Detector):
     kind = "update_too_large"
     reads = frozenset({"param_names", "sampled"})
+    idle_without = frozenset({"sampled"})
     reads_sampled_only = True
     judges_start = True
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
-from trainguard.signals import LossCurvature
+from trainguard.detect.on_duty import OnDuty
+from trainguard.signals import LossCurvature, StepSignals
 from trainguard.stateful import Stateful, gather, restore
 from trainguard.verdict import LossTrack
 
@@ -82,6 +83,9 @@ class RunState:
     output_classes: int | None = None
     """Width of the model's class scores, as the output probe last saw it (chance level for
     `metric_collapse`)."""
+    duty: OnDuty | None = None
+    """Which of `detectors` each shape of step concerns (`detect/on_duty.py`), built at the
+    first step."""
 
     def good_states(self) -> GoodStateRing | None:
         """The ring of good states a proof replays from: the recover ring, else the proof
@@ -110,6 +114,12 @@ class RunState:
         return findings + list(step_findings) + self.batches.run_findings()
 
     # -- detectors -------------------------------------------------------------------------------
+    def on_duty(self, signals: StepSignals) -> list[Detector]:
+        """The detectors `signals` concern: the others' checks would be no-ops."""
+        if self.duty is None or self.duty.detectors is not self.detectors:
+            self.duty = OnDuty(self.detectors)
+        return self.duty.of(signals)
+
     def detector_state(self) -> dict[str, Any]:
         """The detectors' baselines, and the adaptive clip's (`auto_clip`), which is one too."""
         state = {d.kind: d.state_dict() for d in self.detectors}
