@@ -33,7 +33,7 @@ class NonFiniteMetric(Detector):
 
     def check(self, signals: StepSignals) -> list[Event]:
         bad = sorted(name for name, value in signals.trainer_metrics.items()
-                     if is_judged(name) and not math.isfinite(value))
+                     if not math.isfinite(value) and is_judged(name))
         for name in list(self.active):
             if name in signals.trainer_metrics and name not in bad:
                 self.active.discard(name)  # finite again: re-armed

@@ -62,21 +62,29 @@ class RewardHacking(Detector):
         super().__init__(config)
         self.tracks: dict[str, RewardTrack] = {}
         self.episode = Episode(config.common.rearm_steps)
+        self.funcs: dict[str, str | None] = {}
+        """Each metric name seen: the reward function whose mean it is, or None (a regex
+        match once per name, not once per step)."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         metrics = signals.trainer_metrics
         settings = self.config.reward_hacking
         for name, value in metrics.items():
-            found = REWARD_FUNC_MEAN.match(name)
-            if found is None or not math.isfinite(value):
+            func = self.funcs.get(name, "")
+            if func == "":
+                found = REWARD_FUNC_MEAN.match(name)
+                func = self.funcs[name] = None if found is None else found.group("name")
+            if func is None or not math.isfinite(value):
                 continue  # a NaN reward is `nonfinite_metric`'s
-            func = found.group("name")
             track = self.tracks.setdefault(func, RewardTrack(settings.warmup, settings.window))
             track.add(value, metrics.get(f"rewards/{func}/std"))
         if not self.tracks:  # no reward function logged yet: nothing to judge, the episode calms
             self.episode.update(False)
             return []
         ready = {f: t for f, t in self.tracks.items() if t.ready}
+        if len(ready) < 2:  # one reward cannot climb while another lags
+            self.episode.update(False)
+            return []
         moved = {f: t.moved(settings.least) for f, t in ready.items()}
         climbing = [f for f, m in moved.items() if m > 0]
         lagging = {f: ("fell" if moved[f] < 0 else "never paid")
