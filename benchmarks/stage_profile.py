@@ -105,7 +105,9 @@ def profile(workload_name: str, blocks: int, steps: int, sync: str = "blocking",
     batches = workload.batches
     for block in range(blocks + 1):  # the first block warms up
         spent.clear()
+        # a detector idle on every step of the block (`detect/on_duty.py`) is not called: 0
         detector_times.clear()
+        detector_times.update({f"detector:{d.kind}": 0.0 for d in guard.run.state.detectors})
         start = now()
         for i in range(steps):
             loss = workload.compute_loss(model, batches[(block * steps + i) % len(batches)])
