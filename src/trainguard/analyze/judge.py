@@ -33,7 +33,11 @@ reads their events with hindsight, the whole log in view:
    more). Trouble from the first logged row has no level to come back to: the run degraded.
    So did a run whose only trouble is an evaluation metric fallen off a cliff that no later
    evaluation shows back within the cliff's bound of its best: the training loss, which never
-   showed the trouble, cannot say it passed.
+   showed the trouble, cannot say it passed (unless the metric swung as far before and came
+   back, or its evaluation's own loss held its level: no collapse of the model).
+   A run that ended no worse is healthy when its only trouble was the evaluations', passed, or
+   its first losses standing far above the level it settled at (`bad_start` alone): the
+   verdict needs the loss or the task's metric to say so.
    Otherwise the spike was recovered, unless its jumps took back less than a tenth of what the
    loss had come down from its start (`NEGLIGIBLE_SHARE`: a loss near its floor, where one odd
    batch is a large ratio and a small loss): then the run is healthy.
@@ -91,6 +95,9 @@ level before its trouble took back more than its whole fall)."""
 FAR = DetectorConfig().loss_spike.error_ratio
 """A loss this many times its level (two orders of magnitude: the ratio at which the spike
 detector calls a jump an error) has left it: never a transient jump, never healthy."""
+EVAL_LOSS_HELD = 1.25
+"""An evaluation loss at most this many times its best so far held its level (a cliff in
+another metric of the same evaluation is then no collapse of the model)."""
 SUDDEN_JUMP = DetectorConfig().loss_spike.ratio
 """A loss that jumps this many times its previous row's value is sudden, whatever the logging
 interval (a slow climb moves by a fraction per row; a mean over many steps dilutes a one-step
@@ -190,6 +197,9 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                   f"{log.label(onset)} ({len(incident)} event(s)) and the loss was not hurt: "
                   "a note, not a verdict")
         return Judgement(HEALTHY, None, None, isolated=isolated, ending=ending), earlier
+    if not worse and (passing := _passing(kinds)) is not None:
+        return Judgement(HEALTHY, None, None, isolated=isolated + incident,
+                         ending=_ending_healthy(losses, rows) + "; " + passing), earlier
     if not worse:
         negligible = _negligible(incident, log, rows, reference)
         if negligible is not None:
@@ -210,13 +220,32 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                 earlier)
 
 
+def _passing(kinds: set[str]) -> str | None:
+    """Why an incident the run ended no worse from is no trouble, if it is not: only the
+    evaluations showed it, and they came back (the training loss never did: the verdict needs
+    the loss or the task's metric to say so, and neither says so at the end); or only the
+    first losses stood far above where the run settled (a variational bound or a fresh head
+    that starts at 1e10: the run fell from its first row and nothing broke)."""
+    if kinds <= {"metric_collapse"}:
+        return ("the evaluations dipped and came back while the training loss kept its "
+                "course: a note, not a verdict")
+    if kinds <= {"bad_start"}:
+        return ("the first losses stood far above the level the run settled at, and it kept "
+                "that level: a start, not trouble")
+    return None
+
+
 def _collapse_lasts(log: Log, incident: list[Event]) -> str | None:
     """How an evaluation metric that fell off a cliff is still down at the log's last
-    evaluation of it (None when each one came back within the cliff's bound of its best): a
-    collapse nothing after it shows passing is no recovery, whatever the training loss did."""
+    evaluation of it (None when each one came back within the cliff's bound of its best, or is
+    no collapse of the model: a metric that swung as far before and came back, or whose
+    evaluation's own loss held its level): a collapse nothing after it shows passing is no
+    recovery, whatever the training loss did."""
     for event in incident:
         name, best = event.details.get("metric"), event.details.get("best")
         if event.details.get("rule") != "cliff" or name is None or not best:
+            continue
+        if _swung_before(log, event) or _eval_loss_held(log, event):
             continue
         after = log.steps[event.details["row"]]
         later = [m[name] for step, m in log.evals
@@ -227,6 +256,60 @@ def _collapse_lasts(log: Log, incident: list[Event]) -> str | None:
         return (f"eval {name} is still off its best {best:.4g} at {where}: the evaluations "
                 "show no recovery, whatever the training loss did")
     return None
+
+
+def _off_best(name: str, value: float, best: float) -> float:
+    """How far `value` is off `best`, as a factor >= 1 in the metric's bad direction (1 when
+    it is not off it)."""
+    if lower_is_better(name):
+        return value / best if best > 0 and value > best else 1.0
+    return best / value if value > 0 and value < best else (math.inf if best > 0 >= value
+                                                            else 1.0)
+
+
+def _swung_before(log: Log, event: Event) -> bool:
+    """Whether the cliff's metric went as far off its best before, and came back within the
+    cliff's bound of it: a metric that swings so (a noisy validation estimate) shows no
+    collapse by swinging once more."""
+    name, value = event.details["metric"], event.value
+    at = log.steps[event.details["row"]]
+    series = [(step, m[name]) for step, m in log.evals
+              if step < at and name in m and math.isfinite(m[name])]
+    if value is None or not series or not math.isfinite(value):
+        return False
+    now = _off_best(name, value, event.details["best"])
+    best = series[0][1]
+    swing: float | None = None  # the largest swing so far that has not yet come back
+    for _, seen in series[1:]:
+        off = _off_best(name, seen, best)
+        if swing is not None and _back(name, seen, best):
+            if swing >= now:
+                return True
+            swing = None
+        if off > 1.0 and not _back(name, seen, best):
+            swing = max(swing or 0.0, off)
+        best = min(best, seen) if lower_is_better(name) else max(best, seen)
+    return False
+
+
+def _eval_loss_held(log: Log, event: Event) -> bool:
+    """Whether a cliff in an evaluation metric other than a loss came at an evaluation whose
+    own loss stayed within `EVAL_LOSS_HELD` of its best (a decoding or scoring artifact, not
+    the model falling apart: the eval loss measures the model itself)."""
+    name = event.details["metric"]
+    if "loss" in name.lower():
+        return False
+    at = log.steps[event.details["row"]]
+    evals = [(step, m) for step, m in log.evals if step <= at]
+    if not evals or evals[-1][0] != at:
+        return False
+    losses = [k for k in evals[-1][1] if "loss" in k.lower() and lower_is_better(k)]
+    for key in losses:
+        before = [m[key] for step, m in evals[:-1] if key in m and math.isfinite(m[key])]
+        now = evals[-1][1][key]
+        if before and math.isfinite(now) and now <= EVAL_LOSS_HELD * min(before):
+            return True
+    return False
 
 
 def _back(name: str, value: float, best: float) -> bool:
