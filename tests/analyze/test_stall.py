@@ -13,14 +13,15 @@ from trainguard.analyze.log import Log
 ROWS = 40
 
 
-def _log(losses: list[float], grads: list[float] | None = None, **more: list[float]) -> Log:
+def _log(losses: list[float], grads: list[float] | None = None, *, first: int = 10,
+         **more: list[float]) -> Log:
     series: dict[str, list[float | None]] = {"loss": list(losses)}
     if grads is not None:
         series["grad_norm"] = list(grads)
     for name, values in more.items():
         series[name] = list(values)
     series["learning_rate"] = [1e-5 * (1 - i / (2 * len(losses))) for i in range(len(losses))]
-    return Log(path="synthetic", format="hf", steps=[10 * (i + 1) for i in range(len(losses))],
+    return Log(path="synthetic", format="hf", steps=[first + 10 * i for i in range(len(losses))],
                series=series)
 
 
@@ -53,6 +54,23 @@ CASES = {
         _log(_falling(2.0), accuracy=[0.9] * 8 + [0.91] * 8 + [0.9] * 8 + [0.92] * 16),
         "healthy"),
     "accuracy frozen on too few rows": (_log(_falling(2.0, 9), accuracy=[0.5] * 9), "healthy"),
+    # train, validation and test accuracy stuck at one value together: a constant prediction
+    "three accuracies frozen at one value on 8 rows": (
+        _log(_falling(2.0, 8), train_acc=[0.5] * 8, val_acc=[0.5] * 8, test_acc=[0.5] * 8),
+        "stalled"),
+    "two accuracies repeating at different values": (
+        _log(_falling(2.0, 8), train_acc=[0.97] * 8, val_acc=[0.91] * 8), "healthy"),
+    # a loss repeating to every digit on distinct steps: the outputs never change (dead units)
+    "a loss frozen to five digits on every step": (_log([7.7125] * ROWS), "stalled"),
+    "a loss frozen on too few steps": (_log([7.7125] * 9), "healthy"),
+    "a loss rounded to 0.01 repeating on a plateau": (_log([0.01] * ROWS), "healthy"),
+    # a loss that moves in its last digits only, at ln 2, from the start
+    "a loss within 0.5% of ln 2 on every row from the start": (
+        _log([0.69396, 0.69305, 0.69299] + [0.69298] * 9), "stalled"),
+    "near ln 2 from the start, then learning": (
+        _log([0.69396, 0.69305] + [0.69298] * 8 + _falling(0.6, 10)), "healthy"),
+    "near ln 2 in a log that begins mid-run": (
+        _log([0.69396, 0.69305, 0.69299] + [0.69298] * 9, first=5000), "healthy"),
 }
 
 

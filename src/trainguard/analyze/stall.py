@@ -1,6 +1,6 @@
 """A run that learns nothing: the offline `stalled`, the live verdict's word.
 
-Three things a log shows from its first row to its last, the first two on at least `MIN_ROWS` rows:
+What a log shows from its first row to its last, the first two on at least `MIN_ROWS` rows:
 
 - **no training signal**: the loss and the gradient norm are exactly 0 on every row (a loss
   masked out entirely, labels that are all ignored: nothing reaches the weights);
@@ -10,10 +10,17 @@ Three things a log shows from its first row to its last, the first two on at lea
 
 - **predictions that never change**: an accuracy (of the training rows or of evaluations)
   with one value, to every digit the log writes, on every one of at least `FROZEN_ROWS` rows
-  while the loss moves: the weights change and not one prediction does (a model that
-  predicts one class whatever its input).
+  (or several accuracies stuck at the same value, on as many values together) while the loss
+  moves: the weights change and not one prediction does (a model that predicts one class
+  whatever its input);
+- **outputs that never change**: a loss written with `SIGNIFICANT_DIGITS` digits or more,
+  the same on every one of at least `FROZEN_ROWS` distinct steps (dead units: on batches that
+  differ, only a constant output repeats its loss to every digit);
+- **a loss that never leaves a guess**: in a log from the start of training, within
+  `CHANCE_BAND` of ln k on each of at least `FROZEN_ROWS` rows (a linear model on data it
+  cannot split moves its loss in the last digits only).
 
-A plateau that moves, a loss that comes down later, a constant loss at any other value, an
+A plateau that moves, a loss that comes down later, a constant loss written with few digits, an
 accuracy that stays at 1: none of these say so, and the verdict is left to the rest of the
 judgement.
 """
@@ -40,7 +47,7 @@ def learns_nothing(log: Log) -> str | None:
     """Why the run learned nothing from its first logged row to its last, or None."""
     value = _the_one_value(log.values(LOSS))
     if value is None:
-        return _frozen_accuracy(log)
+        return _frozen_accuracy(log) or _near_chance(log)
     count = sum(v is not None for v in log.values(LOSS))
     if value == 0:
         if _the_one_value(log.values(GRAD_NORM)) == 0:
@@ -49,10 +56,57 @@ def learns_nothing(log: Log) -> str | None:
         return None
     classes = _chance_classes(value)
     if classes is None:
-        return None
+        return _frozen_loss(log, value)
     return (f"the loss is {value:g} on all {count} rows, ln {classes} = "
             f"{chance_loss(classes):.4g}: the model never got better than a guess between "
             f"{classes} choices")
+
+
+SIGNIFICANT_DIGITS = 4
+"""Digits a loss must be written with for its repeating on every row to say that the outputs
+never changed (a loss rounded to 0.01 repeats on a converged plateau)."""
+
+
+def _frozen_loss(log: Log, value: float) -> str | None:
+    """A loss written with `SIGNIFICANT_DIGITS` digits or more that is the same on every row
+    of at least `FROZEN_ROWS` distinct steps: on batches that differ from step to step, only a
+    model whose outputs do not change (dead units, a constant prediction) repeats its loss to
+    every digit. A progress bar reprinting one value on the same step is no such log."""
+    rows = [i for i, v in enumerate(log.values(LOSS)) if v is not None]
+    steps = {log.steps[i] for i in rows}
+    if len(steps) < FROZEN_ROWS or _significant_digits(value) < SIGNIFICANT_DIGITS:
+        return None
+    return (f"the loss is {value:g} on all {len(rows)} rows ({log.label(rows[0])} to "
+            f"{log.label(rows[-1])}), to every digit written: the model's outputs never "
+            "changed, so it learned nothing")
+
+
+def _significant_digits(value: float) -> int:
+    """Significant digits of the shortest text that writes `value` (0.01: 1; 7.7125: 5)."""
+    mantissa = repr(abs(value)).split("e")[0].replace(".", "").lstrip("0").rstrip("0")
+    return len(mantissa)
+
+
+CHANCE_BAND = 0.005
+"""A loss within this share of ln k on every row, from the start, never left a guess."""
+
+
+def _near_chance(log: Log) -> str | None:
+    """A log from the start of training whose loss stayed within `CHANCE_BAND` of ln k, for
+    one small whole k, on each of at least `FROZEN_ROWS` rows: it moved in its last digits
+    only, and never got better than a guess (a linear model on data it cannot split)."""
+    values = [v for v in log.values(LOSS) if v is not None]
+    if (len(values) < FROZEN_ROWS or not all(math.isfinite(v) for v in values)
+            or not log.starts_at_start()):
+        return None
+    for classes in range(2, MAX_GUESSED_CLASSES + 1):
+        chance = chance_loss(classes)
+        if all(abs(v - chance) <= CHANCE_BAND * chance for v in values):
+            return (f"the loss stayed within {CHANCE_BAND:.1%} of ln {classes} = {chance:.4g} "
+                    f"on all {len(values)} rows from the start ({min(values):.5g} to "
+                    f"{max(values):.5g}): the model never got better than a guess between "
+                    f"{classes} choices")
+    return None
 
 
 def _the_one_value(values: list[float | None]) -> float | None:
@@ -106,13 +160,22 @@ def _frozen_accuracy(log: Log) -> str | None:
         for name, number in metrics.items():
             if _is_accuracy(name):
                 series.setdefault(f"{name} (evaluation)", []).append(number)
+    frozen: dict[float, list[tuple[str, int]]] = {}
     for name, values in series.items():
         value = _the_one_value(values)
         count = sum(v is not None for v in values)
-        if value is not None and value < 1 and count >= FROZEN_ROWS:
-            return (f"{name} is {value:g} on all {count} rows while the loss moved "
-                    f"({losses[0]:.4g} -> {losses[-1]:.4g}): the weights change and not one "
-                    "prediction does")
+        if value is not None and value < 1:
+            frozen.setdefault(value, []).append((name, count))
+    for value, seen in frozen.items():
+        # one accuracy on enough rows, or several (the training rows' and the evaluations')
+        # stuck at the same value on as many values together
+        if sum(count for _, count in seen) >= FROZEN_ROWS and (
+                len(seen) > 1 or seen[0][1] >= FROZEN_ROWS):
+            names = " and ".join(name for name, _ in seen)
+            rows = max(count for _, count in seen)
+            return (f"{names} {'are' if len(seen) > 1 else 'is'} {value:g} on all {rows} rows "
+                    f"while the loss moved ({losses[0]:.4g} -> {losses[-1]:.4g}): the weights "
+                    "change and not one prediction does")
     return None
 
 
