@@ -223,6 +223,21 @@ def test_a_progress_counter_restarting_each_epoch_counts_across_epochs(tmp_path:
     assert log.label(3) == "epoch 1, batch 50"
 
 
+def test_a_loss_named_by_its_function_is_the_loss(tmp_path: Path) -> None:
+    """A super-resolution trainer prints `[L1: 5.96]` under an `[Epoch E]` line: the loss
+    function's own name is the loss, and the run's blow-up is judged on it."""
+    values = [5.96, 6.08, 5.98, 5.97, 6.0, 6.06, 2948.0, 3150.1, 3019.9, 2876.3]
+    text = "[Epoch 26]\tLearning rate: 1.00e-4\n" + "".join(
+        f"[{1600 * (i + 1)}/16000]\t[L1: {v:.4f}]\t65.8+0.4s\n" for i, v in enumerate(values))
+    path = write(tmp_path / "sr.txt", text)
+    log = read_log(path)
+    assert same(log.series["loss"], values)
+    assert log.label(6) == "epoch 26, batch 11200"
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "explosion",
+                                                           "epoch 26, batch 11200")
+
+
 def test_perplexity_only_lines_read_as_the_log_of_it(tmp_path: Path) -> None:
     """OpenNMT (Lua) prints a perplexity, no loss: the cross-entropy is its log."""
     text = "".join(f"> Epoch 1 ; Iteration {i}000/77776 ; Learning rate 1.0000 ; Source tokens/s "
