@@ -64,3 +64,37 @@ def test_a_decision_with_its_clip_is_the_decision_with_those_two_fields_replaced
         decision, clip_limit=2.0, clip_alarm="trouble")
     assert decision.with_clip(None, None) == dataclasses.replace(
         decision, clip_limit=None, clip_alarm=None)
+
+
+def test_protect_halts_at_once_when_the_weights_themselves_are_non_finite(
+        tmp_path: Path) -> None:
+    """A model loaded in float16 and trained with AdamW at its defaults: the first update's
+    second moments underflow, m / (sqrt(v) + eps) overflows and the weights go to inf. Every
+    step from there is non-finite, and no skipped update brings the weights back: `protect`
+    halts at the first step that shows them (it used to skip 25 steps first); `recover` is left
+    to roll back."""
+    import pytest
+    import torch
+    from torch import nn
+
+    import trainguard
+    from trainguard.errors import TrainingDiverged
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).half()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = trainguard.Guard(model, optimizer, run_dir=tmp_path / "run",
+                             config=trainguard.GuardConfig(sinks={"console": False}))
+    x = torch.randn(64, 8).half()
+    y = torch.randint(0, 4, (64,))
+    with pytest.raises(TrainingDiverged) as info:
+        for _ in range(40):
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+            loss.backward()
+            guard.step(loss)
+            optimizer.zero_grad(set_to_none=True)
+    halted = info.value.events
+    assert any(e.kind == "nonfinite_weight" for e in halted)
+    assert any(e.kind == "skip_limit" and "non-finite weights" in e.message for e in halted)
+    assert guard.global_step <= 3
+    assert guard.diagnose()[0].code in ("fp16_overflow", "optimizer_eps")

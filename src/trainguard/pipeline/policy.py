@@ -4,9 +4,10 @@
              the adaptive default clips nothing under observe)
     protect  clip to the limit in force (the adaptive default, or a fixed max_grad_norm); skip
              steps whose loss or gradients are non-finite; halt when
-             `recovery.max_consecutive_skips` steps in a row had to be skipped, or when the replicas
-             differ across ranks (`ddp_desync`: going on with different weights per rank is never
-             wanted)
+             `recovery.max_consecutive_skips` steps in a row had to be skipped, at once when such
+             a step comes with the weights themselves non-finite (no skip can heal them), or
+             when the replicas differ across ranks (`ddp_desync`: going on with different weights
+             per rank is never wanted)
     recover  as protect here; the `decide` stage then asks `Recovery` for its judgement
     halt     as protect, but stop at the first event of `recovery.halt_severity` or worse
 
@@ -88,6 +89,14 @@ def choose_action(config: GuardConfig, signals: StepSignals, events: list[Event]
             reason = "GradScaler overflow: the scaler skips this step and lowers its scale"
         else:
             reason = "non-finite loss or gradients"
+        weights = next((e for e in events if e.kind == Kind.NONFINITE_WEIGHT), None)
+        if config.policy == "protect" and weights is not None and not signals.amp_overflow:
+            # the weights themselves are gone: no skipped update brings them back, and every
+            # step from here is non-finite (`recover` rolls back to a good state instead)
+            halt = Event(kind="skip_limit", step=signals.step, severity="critical",
+                         message="non-finite weights: skipping cannot heal this run "
+                                 f"({weights.message})", value=float(consecutive_skips + 1))
+            return Decision("halted", reason="non-finite weights", events=(halt,))
         if (consecutive_skips + 1 >= config.recovery.max_consecutive_skips
                 and not signals.amp_overflow):
             halt = Event(kind="skip_limit", step=signals.step, severity="critical",
