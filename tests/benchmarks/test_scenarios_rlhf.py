@@ -13,6 +13,7 @@ FAULTS = {
     "rlhf_dpo_lr_zero": "lr_too_low",
     "rlhf_dpo_reference_is_policy": "reference_is_policy",
     "rlhf_dpo_dropout_on": "policy_dropout",
+    "rlhf_dpo_fp16": "optimizer_eps",
     "rlhf_grpo_reward_constant": "reward_constant",
     "rlhf_grpo_completions_cut": "max_completion_length_too_small",
     "rlhf_grpo_lr_too_high": "lr_too_high",
@@ -82,3 +83,15 @@ def test_a_reward_that_dies_as_the_policy_collapses_blames_the_lr_not_the_reward
     assert result.diagnosis[0] == "lr_too_high", result.diagnosis
     assert all(e["details"].get("cause") != "reward_constant" for e in result.events
                if e["kind"] == "reward_dead")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_float16_policy_halts_at_its_first_non_finite_weights(seed: int) -> None:
+    """The policy loaded in float16 under AdamW's defaults: its first update overflows the
+    weights. The default `protect` halts at the next step (skips cannot heal weights that are
+    gone) with the precision named, where it used to skip 25 steps first."""
+    result = run_scenario(scenario("rlhf_dpo_fp16"), seed=seed)
+    assert result.outcome == "halted"
+    assert result.diagnosis[0] == "optimizer_eps", result.diagnosis
+    assert max(e["step"] for e in result.events) <= 2
+

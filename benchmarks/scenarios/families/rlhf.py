@@ -25,6 +25,11 @@ Faults, each made the way users make it:
                                    rewards stay exactly 0 while it trains (`reference_is_policy`)
     rlhf_dpo_dropout_on            the policy trains with dropout on, its reference a copy in eval
                                    mode: the first rewards are not 0 (`policy_dropout`)
+    rlhf_dpo_fp16                  the policy and its reference loaded in float16, AdamW at its
+                                   defaults: the first update's second moments underflow, m / (sqrt
+                                   (v) + eps) overflows and the weights go to inf (`optimizer_eps`,
+                                   as the float16 faults of the other families: Adam's state in
+                                   float16, where float32 master weights or bf16 are needed)
     rlhf_grpo_reward_constant      the reward function returns 0 for everything
                                    (`reward_constant`)
     rlhf_grpo_completions_cut      `max_completion_length` 2, shorter than the answer the reward
@@ -105,6 +110,8 @@ class DPORecipe:
     lr: float = DPO_LR
     reference_is_policy: bool = False
     dropout: float = 0.0
+    half: bool = False
+    """The policy (and its reference, a copy) loaded in float16, AdamW at its defaults."""
 
 
 def _pairs(generator: torch.Generator) -> torch.Tensor:
@@ -141,6 +148,8 @@ def build_dpo(seed: int, recipe: DPORecipe) -> Workload:
         model = TinyCausalLM(DPO_VOCAB, d_model=32, n_layer=1, n_head=2,
                              max_len=PROMPT_LEN + RESPONSE_LEN, dropout=recipe.dropout)
     model.train()
+    if recipe.half:  # as `from_pretrained(..., torch_dtype=torch.float16)` loads it
+        model.half()
     reference = model if recipe.reference_is_policy else copy.deepcopy(model).requires_grad_(False)
     if recipe.dropout and reference is not model:
         reference.eval()  # as TRL keeps its reference; the policy trains with its dropout on
@@ -336,6 +345,7 @@ BASELINES: dict[str, str] = {
     "rlhf_dpo_lr_zero": "rlhf_dpo_healthy",
     "rlhf_dpo_reference_is_policy": "rlhf_dpo_healthy",
     "rlhf_dpo_dropout_on": "rlhf_dpo_healthy",
+    "rlhf_dpo_fp16": "rlhf_dpo_healthy",
     "rlhf_grpo_reward_constant": "rlhf_grpo_healthy",
     "rlhf_grpo_completions_cut": "rlhf_grpo_healthy",
     "rlhf_grpo_beta_too_low": "rlhf_grpo_healthy_kl",
@@ -362,6 +372,10 @@ def scenarios() -> list[Scenario]:
                       f"the policy trained with dropout {DPO_DROPOUT:g} on, its reference a copy "
                       "in eval mode: their log-probabilities differ before any update",
                       cause="policy_dropout", **stall),
+        _dpo_scenario("rlhf_dpo_fp16", replace(dpo, half=True),
+                      "the same DPO loop with the policy and its reference loaded in float16, "
+                      "AdamW at its defaults: the first update overflows the weights",
+                      cause="optimizer_eps", onset_step=0, sudden=True, recoverable=False),
         _grpo_scenario("rlhf_grpo_healthy", grpo,
                        f"GRPO in a plain loop: {GROUP} completions of up to {MAX_COMPLETION} "
                        f"tokens per prompt, a rule reward on the parsed answer, beta 0, AdamW "
