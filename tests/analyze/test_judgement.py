@@ -398,3 +398,20 @@ def test_a_run_whose_only_trouble_is_its_first_losses_is_healthy(tmp_path: Path)
     result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
     assert result.verdict == "healthy", result.evidence
     assert any(e.kind == "bad_start" for e in result.events)  # still in the evidence
+
+
+@pytest.mark.parametrize("after, verdict", [
+    ([0.62, 0.60, 0.56, 0.50, 0.41, 0.38], "recovered"),  # finite from the second row, falling
+    ([0.62, 0.60, 0.61, 0.63, 0.70, 0.75], "degraded"),  # finite, but no lower at the end
+    ([0.62, 0.60, math.inf, 0.50, 0.41, 0.38], "degraded"),  # non-finite again later
+])
+def test_a_non_finite_first_row_the_run_trains_on_from_is_recovered(
+        tmp_path: Path, after: list[float], verdict: str) -> None:
+    """A cost of inf on the first print (a huge random initialisation saturating the
+    sigmoid), then a finite cost that falls: the run came back from its first row. A start
+    that stays broken, or trouble again later, is no recovery."""
+    rows = [{"loss": v} for v in [math.inf, *after]]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.verdict == verdict, result.evidence
+    assert result.kind == "nan"
+

@@ -56,6 +56,10 @@ def same(values: list[float | None], expected: list[float]) -> bool:
      {"step": 1152.0}),
     # `key: value` with an epoch as the only counter (vpetren/gradnorm_tf#17)
     ("epoch: 3451 loss: nan", {"loss": NAN}, {"epoch": 3451.0}),
+    # a value named, then the counter it was taken at (a course notebook's print)
+    ("Cost after iteration 1000: 0.6237287551108738", {"Cost": 0.6237287551108738},
+     {"step": 1000.0}),
+    ("Loss after epoch 3: 0.51", {"Loss": 0.51}, {"epoch": 3.0}),
     # OpenNMT-py: `Step N/M;`, xent is the loss (OpenNMT/OpenNMT-py#1072)
     ("[2018-11-26 15:06:01,481 INFO] Step 5650/50000; acc:   0.19; ppl:   nan; xent:  nan; lr: "
      "0.00070; 1928/2310 tok/s;  21110 sec",

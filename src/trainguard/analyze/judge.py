@@ -30,7 +30,9 @@ reads their events with hindsight, the whole log in view:
    (`trainguard.verdict.ended_worse`: 10% and beyond the final window's noise, or twice the
    level whatever the noise), or when it went back to chance level, unless it is visibly on its
    way back (its loss fell on every row from its peak to the end of the log, over three rows or
-   more). Trouble from the first logged row has no level to come back to: the run degraded.
+   more). Trouble from the first logged row has no level to come back to: the run degraded,
+   unless it was a non-finite loss on the first rows only, the loss finite on every row after
+   and lower at the end (a first cost of inf from a saturating initialisation): recovered.
    So did a run whose only trouble is an evaluation metric fallen off a cliff that no later
    evaluation shows back within the cliff's bound of its best: the training loss, which never
    showed the trouble, cannot say it passed (unless the metric swung as far before and came
@@ -175,6 +177,9 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                   "the optimizer skipped most steps from the onset to the end of the log")
         return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
+    if reference is None and (passed := _nonfinite_start_passed(incident, after, losses)):
+        return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, passed),
+                earlier)
     if reference is None:
         ending = (f"the trouble starts at the first logged row, with no healthy level before "
                   f"it; the loss ends at {_fmt(final)}")
@@ -233,6 +238,26 @@ def _passing(kinds: set[str]) -> str | None:
         return ("the first losses stood far above the level the run settled at, and it kept "
                 "that level: a start, not trouble")
     return None
+
+
+def _nonfinite_start_passed(incident: list[Event], after: list[int],
+                            losses: list[float | None]) -> str | None:
+    """How a run whose only trouble is a non-finite loss on its first rows came back, if it
+    did: every row after them finite (`RECOVERING_ROWS` or more), the loss lower at the end
+    than on the first of them (a first cost of inf from a huge initialisation, then training
+    as usual). None otherwise: trouble from the start that stays is no recovery."""
+    if not incident or any(e.kind not in NONFINITE_KINDS for e in incident):
+        return None
+    bad = [i for i in after if not _finite(losses[i])]
+    if not bad or bad != after[:len(bad)]:
+        return None
+    rest = [v for i in after[len(bad):] if (v := losses[i]) is not None]
+    if len(rest) < RECOVERING_ROWS or not all(math.isfinite(v) for v in rest):
+        return None
+    if any(e.details["row"] > bad[-1] for e in incident) or not rest[-1] < rest[0]:
+        return None
+    return (f"the loss was non-finite on its first {len(bad)} row(s) only, then finite on all "
+            f"{len(rest)} after, falling from {_fmt(rest[0])} to {_fmt(rest[-1])}")
 
 
 def _collapse_lasts(log: Log, incident: list[Event]) -> str | None:

@@ -182,12 +182,16 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         counters[TOTAL] = float(total)
         remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
     for match in _LABELLED.finditer(remaining):
-        name = _name(match.group(1))
+        words, counted = _named_counter(match.group(1))
+        name = _name(words)
         value = number(match.group(3))
-        if name.lower() in COUNTERS or value is None:
+        if not name or name.lower() in COUNTERS or value is None:
             continue
         values.setdefault(name, value)
-        counters.setdefault("step", float(match.group(2)))
+        family = FAMILY.get(counted, counted)
+        if family == "step" and counted != "step" and "step" not in counters:
+            spellings[SPELLING] = counted
+        counters.setdefault(family, float(match.group(2)))
         remaining = remaining.replace(match.group(0), " ", 1)
     taken: list[tuple[int, int]] = []
     for match in (*_SEPARATED.finditer(remaining), *_IS.finditer(remaining)):
@@ -210,6 +214,23 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
                 spellings[SPELLING] = lowered
             counters.setdefault(family, values.pop(name))
     return values, counters | spellings
+
+
+CONNECTIVES = frozenset({"after", "at", "in", "of", "for", "on"})
+"""Words between a value's name and the counter that numbers it (`Cost after iteration 100:`)."""
+
+
+def _named_counter(words: str) -> tuple[str, str]:
+    """The name of a labelled value and the counter its number is: `Cost after iteration`
+    names the cost at an iteration (`("Cost", "iteration")`); a name without a counter word
+    at its end is numbered by its step (`Validation loss 6312:`)."""
+    parts = words.split()
+    if len(parts) >= 2 and parts[-1].lower() in COUNTERS:
+        counted = parts.pop().lower()
+        if len(parts) >= 2 and parts[-1].lower() in CONNECTIVES:
+            parts.pop()
+        return " ".join(parts), counted
+    return words, "step"
 
 
 def _counter_name(name: str, value: float) -> str:
