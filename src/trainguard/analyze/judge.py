@@ -177,9 +177,9 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                   "the optimizer skipped most steps from the onset to the end of the log")
         return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
-    if reference is None and (passed := _nonfinite_start_passed(incident, after, losses)):
-        return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, passed),
-                earlier)
+    if reference is None and (trained_on := _nonfinite_start_passed(incident, after, losses)):
+        return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final,
+                          trained_on), earlier)
     if reference is None:
         ending = (f"the trouble starts at the first logged row, with no healthy level before "
                   f"it; the loss ends at {_fmt(final)}")
