@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from trainguard.events import Event
 from trainguard.pipeline.context import Measured, StepContext
 from trainguard.pipeline.policy import Decision
@@ -61,8 +63,10 @@ def act(ctx: StepContext, state: RunState, services: Services, measured: Measure
         # an LR jump's proof starts from the state before its update
         state.anchor.before_update(ctx.events, ctx.step, measured.signals.group_lrs)
     if ctx.applied:
-        state.clip.apply(measured.grads, services.watched.params, measured.signals,
-                         decision.clip_coef, ctx.step)
+        uniform = state.clip.apply(measured.grads, services.watched.params, measured.signals,
+                                   decision.clip_coef, ctx.step)
+        if uniform and decision.clip_coef != 1.0:  # Adam's carried sum of v follows the clip
+            services.watch.adam_probe.scaled(torch.tensor(decision.clip_coef))
         if ctx.sampled:
             services.watch.weight_probe.remember()
         pull_brake(ctx, state)

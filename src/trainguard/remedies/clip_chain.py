@@ -90,14 +90,16 @@ class ClipChain:
 
     # -- the gradients -----------------------------------------------------------------------------
     def apply(self, grads: list[torch.Tensor], params: Sequence[torch.Tensor],
-              signals: StepSignals | None, coef: float, step: int) -> None:
+              signals: StepSignals | None, coef: float, step: int) -> bool:
         """Carry a decision's clip out: `grads` scaled by the global factor `coef`, then the rule
         and AGC on the norms as the global clip left them (no second pass over the gradients).
-        A failing rule or AGC is logged and leaves the global clip standing."""
+        A failing rule or AGC is logged and leaves the global clip standing. Returns whether
+        every gradient was scaled by `coef` alone (what a probe that measured them before can
+        follow: no rule or AGC may have scaled one on its own)."""
         scale_grads(grads, coef)
         rule, agc = self.rule, self.agc
         if (rule is None and agc is None) or signals is None:
-            return
+            return rule is None and agc is None
         try:
             if rule is not None:
                 coefs = rule.coefficients(signals.param_grad_norm * coef,
@@ -109,3 +111,4 @@ class ClipChain:
         except Exception as exc:  # a remedy bug must not kill the run; the global clip stands
             log.error("trainguard: clipping rule failed at step %d (%s: %s)", step,
                       type(exc).__name__, exc)
+        return False
