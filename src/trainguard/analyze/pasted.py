@@ -168,11 +168,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
     remaining = _QUOTED_NAME.sub(r"\2", " ".join(rest))
     for pattern in (_OF_TOTAL, _BRACKET_WORD, _HASH_WORD):
         for match in pattern.finditer(remaining):
-            name = match.group(1).lower()
-            family = FAMILY.get(name, name)
-            if family == "step" and "step" not in counters:
-                spellings[SPELLING] = name
-            counters.setdefault(family, float(match.group(2)))
+            _count(counters, spellings, match.group(1).lower(), float(match.group(2)))
         remaining = pattern.sub(" ", remaining)
     progress = _PROGRESS.search(remaining)
     if progress:
@@ -188,10 +184,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         if not name or name.lower() in COUNTERS or value is None:
             continue
         values.setdefault(name, value)
-        family = FAMILY.get(counted, counted)
-        if family == "step" and counted != "step" and "step" not in counters:
-            spellings[SPELLING] = counted
-        counters.setdefault(family, float(match.group(2)))
+        _count(counters, spellings, counted, float(match.group(2)))
         remaining = remaining.replace(match.group(0), " ", 1)
     taken: list[tuple[int, int]] = []
     for match in (*_SEPARATED.finditer(remaining), *_IS.finditer(remaining)):
@@ -209,11 +202,18 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
     for name in list(values):
         lowered = _counter_name(ABBREVIATED.get(name.lower(), name.lower()), values[name])
         if lowered in COUNTERS:
-            family = FAMILY.get(lowered, lowered)
-            if family == "step" and "step" not in counters:
-                spellings[SPELLING] = lowered
-            counters.setdefault(family, values.pop(name))
+            _count(counters, spellings, lowered, values.pop(name))
     return values, counters | spellings
+
+
+def _count(counters: dict[str, float], spellings: dict[str, Any], name: str,
+           value: float) -> None:
+    """A line's counter `name` (a spelling of its family: `iteration` counts steps) at `value`;
+    the first counter of a family on the line counts, and the step's keeps its spelling."""
+    family = FAMILY.get(name, name)
+    if family == "step" and "step" not in counters:
+        spellings[SPELLING] = name
+    counters.setdefault(family, value)
 
 
 CONNECTIVES = frozenset({"after", "at", "in", "of", "for", "on"})

@@ -22,9 +22,16 @@ OPTIONAL: dict[str, Callable[[StepSignals], bool]] = {
 """The fields a detector may be idle without, and whether a step holds each."""
 
 
+_HOLDS = tuple(OPTIONAL.values())
+
+
 def held_mask(signals: StepSignals) -> int:
     """Bit i set: the step holds the i-th field of `OPTIONAL`."""
-    return bool(signals.trainer_metrics) | (bool(signals.sampled) << 1)
+    held = 0
+    for bit, holds in enumerate(_HOLDS):
+        if holds(signals):
+            held |= 1 << bit
+    return held
 
 
 def _bit(field: str) -> int:
