@@ -51,6 +51,9 @@ class Workload:
     step's loss; the loop hands them to `guard.step(..., metrics=...)`."""
     noise_scheduler: Any = None
     """A diffusion loop's noise scheduler, handed to the Guard (`Guard(noise_scheduler=...)`)."""
+    kl_penalty: Any = None
+    """An RL loop's holder of its KL penalty, whose `beta` the loss reads every step, handed to
+    the Guard (`Guard(kl_penalty=...)`)."""
     surrogate: bool = False
     """The loss is a policy-gradient surrogate (GRPO's: near 0 by design, its level says
     nothing of progress): the loop hands `guard.step` no loss to judge, only the step's

@@ -191,7 +191,8 @@ class GuardStepper(Stepper):
         self.guard = Guard(workload.model, workload.optimizer, workload.scheduler,
                            workload.scaler, config=config, run_dir=run_dir,
                            replay_fn=self._loss, sinks=[self.log],
-                           noise_scheduler=workload.noise_scheduler)
+                           noise_scheduler=workload.noise_scheduler,
+                           kl_penalty=workload.kl_penalty)
         self.events = self.guard.events
 
     def _loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:

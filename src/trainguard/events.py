@@ -77,7 +77,7 @@ class StepReport:
 
 
 ActionKind = Literal["skip", "clip", "rollback", "lr_change", "halt", "snapshot", "clip_takeover",
-                     "watch", "checkpoint_kept", "report_to"]
+                     "watch", "checkpoint_kept", "report_to", "kl_penalty"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,8 @@ class Guard:
                  scaler: Any = None, *, config: GuardConfig | None = None,
                  run_dir: str | Path | None = None, sinks: list[Sink] | None = None,
                  replay_fn: LossFn | None = None, resume: bool = False,
-                 sample_fn: SampleFn | None = None, noise_scheduler: Any = None) -> None:
+                 sample_fn: SampleFn | None = None, noise_scheduler: Any = None,
+                 kl_penalty: Any = None) -> None:
         """`replay_fn(model, batch) -> loss`: when given, a step with an error-level event is
         replayed on the state from before its update to name the first bad module and
         parameter. `sample_fn(model) -> images` (N x C x H x W): for a generative model, a few
@@ -64,7 +65,10 @@ class Guard:
         colour noise, flat or blown-out images, every sample alike (`samples_degraded`).
         `noise_scheduler`: a diffusion loop's (a diffusers `DDPMScheduler`, ...): the first steps'
         loss is checked against the target its `prediction_type` names (finding
-        `diffusion_target`, cause `prediction_type_mismatch`).
+        `diffusion_target`, cause `prediction_type_mismatch`). `kl_penalty`: in an RL loop with a
+        KL penalty, an object whose `beta` attribute the loss reads every step; when the KL
+        drifts away unheld (`kl_blowup`, cause `beta_too_low`) the recover policy raises it and
+        then holds the KL near its level before the drift.
         A Guard given a `run_dir` that holds earlier runs records a new run there;
         `resume=True` continues the latest one instead (with `load_state_dict` of the Guard's
         saved state for a job restarted from a checkpoint)."""
@@ -75,7 +79,8 @@ class Guard:
         self.run = Run(model, optimizer, config=config or GuardConfig(), run_dir=run_dir,
                        sinks=sinks or (), scaler=scaler, scheduler=scheduler, replay_fn=replay_fn,
                        owns_scaler_step=True, resume=resume, mid_run=resume,
-                       owns_optimizer_step=True, noise_scheduler=noise_scheduler)
+                       owns_optimizer_step=True, noise_scheduler=noise_scheduler,
+                       kl_penalty=kl_penalty)
         self.scaler = self.run.scaler
         self.config = self.run.config
         self._outside = OutsideSteps(optimizer)

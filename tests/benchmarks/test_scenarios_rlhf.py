@@ -95,3 +95,50 @@ def test_a_float16_policy_halts_at_its_first_non_finite_weights(seed: int) -> No
     assert result.diagnosis[0] == "optimizer_eps", result.diagnosis
     assert max(e["step"] for e in result.events) <= 2
 
+
+
+def _kl_run(name: str, policy: str, steps: int = 90) -> tuple[list[float], float, list[str]]:
+    """The GRPO loop of scenario `name` at seed 0 under `policy`, the Guard given the loop's
+    KL penalty: the KL of each step, the beta at the end, the Guard's `kl_penalty` actions."""
+    import torch
+
+    from trainguard import Guard, GuardConfig
+    from trainguard.events import ActionRecord
+    from trainguard.sinks import Sink
+
+    class Heard(Sink):
+        def __init__(self) -> None:
+            self.actions: list[str] = []
+
+        def on_action(self, action: ActionRecord) -> None:
+            if action.kind == "kl_penalty":
+                self.actions.append(action.message)
+
+    torch.manual_seed(0)
+    workload = scenario(name).build(0)
+    heard = Heard()
+    guard = Guard(workload.model, workload.optimizer, kl_penalty=workload.kl_penalty,
+                  config=GuardConfig(policy=policy, sinks={"console": False}), sinks=[heard])
+    kls = []
+    for step in range(steps):
+        workload.loss(workload.model, workload.batch(step, 0), step).backward()
+        metrics = workload.metrics(step)
+        kls.append(float(metrics["kl"]))
+        guard.step(None, metrics=metrics)
+        workload.optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return kls, workload.kl_penalty.beta, heard.actions
+
+
+def test_recover_raises_a_beta_too_weak_to_hold_the_kl() -> None:
+    """Beta 1e-4: the KL drifts to 10x its level by step 31 and goes on to about 1.7 under
+    observe. Under recover the penalty is doubled while the KL is above its band, and the KL
+    comes back under a fifth of that; the healthy twin (beta 0.3) keeps its beta."""
+    watched, kept, said = _kl_run("rlhf_grpo_beta_too_low", "observe")
+    assert kept == 1e-4 and said == []
+    held, raised, actions = _kl_run("rlhf_grpo_beta_too_low", "recover")
+    assert raised > 100 * 1e-4 and any("raised" in a for a in actions)
+    assert sum(held[-10:]) < 0.2 * sum(watched[-10:])
+    assert held[:31] == watched[:31]  # nothing changed before the evidence
+    _, beta, twin_actions = _kl_run("rlhf_grpo_healthy_kl", "recover")
+    assert beta == 0.3 and twin_actions == []

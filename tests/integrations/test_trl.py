@@ -188,6 +188,10 @@ def test_recover_cuts_the_lr_of_a_grpo_run_whose_kl_blew_up_from_it(
     Its healthy twin at 1e-3 gets no action."""
     ran = grpo(tmp_path, lr=lr, beta=0.1, steps=16, policy="recover")
     rollbacks = [e for e in ran.events if e.kind == "rollback"]
+    # the trainer's beta is the penalty recover would raise; neither run drifted unheld
+    penalty = ran.callback.run.state.kl_penalty
+    assert penalty is not None and penalty.holder is ran.trainer and not penalty.engaged
+    assert ran.trainer.beta == 0.1
     if not rolled_back:
         assert rollbacks == [] and ran.kinds("info") == set()
         return

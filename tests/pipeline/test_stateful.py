@@ -4,6 +4,7 @@ checkpoint written before a component kept state still loads (that component sta
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from trainguard import Guard, GuardConfig, RecoveryConfig
 from trainguard.pipeline.state import REWOUND
@@ -20,7 +21,7 @@ NEW_KEYS = ("metric_collapse", "batch_watch", "sampling", "output_classes")
 
 def _trained(steps: int = 6) -> Guard:
     setup = make_setup()
-    guard = Guard(setup.model, setup.optimizer, config=CONFIG)
+    guard = Guard(setup.model, setup.optimizer, config=CONFIG, kl_penalty=SimpleNamespace(beta=0.1))
     for _ in range(steps):
         batch = setup.batch()
         loss = setup.model.loss(batch)
@@ -49,7 +50,8 @@ def test_the_state_round_trips_into_a_fresh_guard() -> None:
     guard = _trained()
     state = guard.state_dict()
     setup = make_setup()
-    resumed = Guard(setup.model, setup.optimizer, config=CONFIG)
+    resumed = Guard(setup.model, setup.optimizer, config=CONFIG,
+                    kl_penalty=SimpleNamespace(beta=0.1))
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state
     # the ring starts again from the loaded step, not from the fresh run's step 0

@@ -264,6 +264,14 @@ def _previous(tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.full((len(tokens), 1), EOS, dtype=torch.long), tokens[:, :-1]], 1)
 
 
+@dataclass
+class KLPenaltyHolder:
+    """The loop's KL coefficient, read by its loss at every step (as a TRL trainer's
+    `self.beta`)."""
+
+    beta: float
+
+
 def build_grpo(seed: int, recipe: GRPORecipe) -> Workload:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -273,6 +281,7 @@ def build_grpo(seed: int, recipe: GRPORecipe) -> Workload:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=recipe.lr, weight_decay=0.0)
     max_length = recipe.max_completion_length
     metrics: dict[int, dict[str, Any]] = {}
+    penalty = KLPenaltyHolder(recipe.beta)  # read every step: a guard may raise it
 
     def batch(step: int, micro: int) -> Batch:
         del micro
@@ -296,12 +305,12 @@ def build_grpo(seed: int, recipe: GRPORecipe) -> Workload:
         logp = logp_all.gather(-1, completions[..., None]).squeeze(-1)
         per_token = -torch.exp(logp - logp.detach()) * advantages[:, None]
         found: dict[str, Any] = {}
-        if recipe.beta:
+        if penalty.beta:
             with torch.no_grad():
                 ref = F.log_softmax(reference(prompts, previous), -1).gather(
                     -1, completions[..., None]).squeeze(-1)
             kl = torch.exp(ref - logp) - (ref - logp) - 1
-            per_token = per_token + recipe.beta * kl
+            per_token = per_token + penalty.beta * kl
             found["kl"] = ((kl * mask).sum() / mask.sum()).detach()
         value = ((per_token * mask).sum(1) / mask.sum(1)).mean()
         entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -325,7 +334,8 @@ def build_grpo(seed: int, recipe: GRPORecipe) -> Workload:
 
     return Workload(model=policy, optimizer=optimizer, batch=batch, loss=loss,
                     evaluate=evaluate, batch_size=PROMPTS * GROUP,
-                    metrics=lambda step: metrics.pop(step, {}), surrogate=True)
+                    metrics=lambda step: metrics.pop(step, {}), surrogate=True,
+                    kl_penalty=penalty if recipe.beta else None)
 
 
 # ---------------------------------------------------------------- scenarios

@@ -200,6 +200,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         limit = self._take_over_clipping(args)
         clip = dataclasses.replace(self.config.clip, max_grad_norm=limit)  # type: ignore[arg-type]
         config = dataclasses.replace(self.config, clip=clip)
+        trainer = find_trainer(self)
+        trl = trainer is not None and is_trl_trainer(trainer)
         try:
             self.run = Run(model, unwrap_optimizer(optimizer), config=config,
                            run_dir=self.run_dir, sinks=self.sinks,
@@ -207,7 +209,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                            rewind_schedulers=[lr_scheduler], integration="transformers.Trainer",
                            replay_fn=self.replay_fn, noise_scheduler=self.noise_scheduler,
                            resume=resume, mid_run=bool(carried or state.global_step),
-                           trackers=TrackerHints.of(args.report_to))
+                           trackers=TrackerHints.of(args.report_to),
+                           kl_penalty=trainer if trl else None)
         except BaseException:
             self._release()  # the Trainer keeps its own clipping
             raise
@@ -220,8 +223,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         self._pending_state = None
         world = args.world_size if getattr(args, "average_tokens_across_devices", False) else 1
         self._tap = _LossTap(model, float(world))
-        trainer = find_trainer(self)
-        if trainer is not None and is_trl_trainer(trainer):
+        if trl:
             self._objective, self._metrics = ObjectiveTap(trainer), MetricsTap(trainer)
             self._surrogate = not minimises_objective(trainer)
         self._model = model

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainguard.detect.trainer_metrics import KL, first
 from trainguard.events import Event
 from trainguard.pipeline.context import Measured, StepContext
 from trainguard.pipeline.policy import Decision
@@ -33,6 +34,7 @@ from trainguard.remedies import drop_grads
 from trainguard.snapshot import build_snapshot, portable, write_snapshot
 
 if TYPE_CHECKING:
+    from trainguard.recovery.kl_penalty import KLPenalty
     from trainguard.recovery.manager import Rollback
 
 def apply_rollback(state: RunState, plan: Rollback) -> Event:
@@ -70,13 +72,25 @@ def act(ctx: StepContext, state: RunState, services: Services, measured: Measure
         if ctx.sampled:
             services.watch.weight_probe.remember()
         pull_brake(ctx, state)
-    else:
+    if state.kl_penalty is not None:
+        follow_kl(ctx, state.kl_penalty, measured)
+    if not ctx.applied:
         if services.config.policy != "observe":  # observe leaves grads and schedule as they are
             drop_grads(services.watched.params)
             ctx.schedule_mark = services.rewind.remember()
         if ctx.outcome == "skipped":
             ctx.act("skip", f"update of step {ctx.step} skipped: {decision.reason}",
                     reason=decision.reason)
+
+
+def follow_kl(ctx: StepContext, penalty: KLPenalty, measured: Measured) -> None:
+    """A KL that drifted away unheld raises the KL penalty, which then follows the KL
+    (`recovery/kl_penalty.py`); the loss reads it from the next step on."""
+    found = first(measured.signals.trainer_metrics, KL)
+    message = penalty.follow(ctx.events, found[1] if found is not None else None)
+    if message is not None:
+        ctx.act("kl_penalty", message, beta=penalty.beta, given=penalty.given,
+                target=penalty.target)
 
 
 def pull_brake(ctx: StepContext, state: RunState) -> None:

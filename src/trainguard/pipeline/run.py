@@ -64,6 +64,7 @@ from trainguard.pipeline.steps import StepPipeline
 from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
+from trainguard.recovery.kl_penalty import KLPenalty, holds_beta
 from trainguard.remedies.clip_chain import ClipChain
 from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
@@ -93,7 +94,9 @@ class Run:
     (the Guard) takes the optimizer step itself, so `sync="deferred"` can hand it the device's
     skip flag (`OnDevice.found_inf`) and step the scheduler when a step is known applied.
     `noise_scheduler`: a diffusion run's, whose `prediction_type` the first steps' loss is checked
-    against (`probes/diffusion_target.py`)."""
+    against (`probes/diffusion_target.py`). `kl_penalty`: an object whose `beta` the loss reads
+    every step (a TRL trainer), raised when the KL drifts away unheld
+    (`recovery/kl_penalty.py`)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  config: GuardConfig | None = None, run_dir: str | Path | None = None,
@@ -101,7 +104,8 @@ class Run:
                  rewind_schedulers: Iterable[Any] = (), replay_fn: LossFn | None = None,
                  owns_scaler_step: bool = False, integration: str = "", resume: bool = False,
                  mid_run: bool = False, owns_optimizer_step: bool = False,
-                 trackers: TrackerHints | None = None, noise_scheduler: Any = None) -> None:
+                 trackers: TrackerHints | None = None, noise_scheduler: Any = None,
+                 kl_penalty: Any = None) -> None:
         config = _checked(config, model, optimizer)
         self.config = config
         watched = watched_params(model, [optimizer])
@@ -159,6 +163,9 @@ class Run:
             self.state.brake = PrecursorBrake(
                 optimizer, scheduler,
                 keeper=self.state.recovery.lr if self.state.recovery is not None else None)
+        if config.policy == "recover" and kl_penalty is not None and holds_beta(kl_penalty):
+            # a stronger penalty trades reward for staying near the reference: recover's to make
+            self.state.kl_penalty = KLPenalty(kl_penalty, config.detectors.kl_blowup.ratio)
         self.steps = StepPipeline(self.state, self.services)
         self.deferral = (Deferral() if deferral_possible(config, self.services, owns_optimizer_step)
                          else None)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trainguard.pipeline.journal import Journal
     from trainguard.recovery import Recovery
     from trainguard.recovery.brake import PrecursorBrake
+    from trainguard.recovery.kl_penalty import KLPenalty
     from trainguard.recovery.ring import GoodStateRing
     from trainguard.remedies.clip_chain import ClipChain
 
@@ -59,6 +60,9 @@ class RunState:
     recovery: Recovery | None = None
     brake: PrecursorBrake | None = None
     """The LR brake an `instability_precursor` warning pulls (every policy but observe)."""
+    kl_penalty: KLPenalty | None = None
+    """The KL penalty a drift the penalty did not hold raises (under recover, when the run's
+    `beta` is known: `recovery/kl_penalty.py`)."""
     anchor: ProofAnchor | None = None
     """Good states a proof starts from, without a recover ring (`diagnose/anchor.py`)."""
     step: int = 0
@@ -101,7 +105,8 @@ class RunState:
                 "curvature": self.curvature, "clip_rule": self.clip.rule,
                 "recovery": self.recovery, "metric_collapse": self.metric_watch,
                 "batch_watch": self.batches, "sampling": _Sampling(self),
-                "brake": self.brake, "journal": self.journal, "prover": self.prover}
+                "brake": self.brake, "kl_penalty": self.kl_penalty, "journal": self.journal,
+                "prover": self.prover}
 
     def evidence_findings(self, step_findings: Iterable[Finding] = (),
                           closed: bool = False) -> list[Finding]:

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from trainguard.run_verdict import RunVerdict
 
 _COLOURS = {"info": "36", "warning": "33", "error": "31", "critical": "1;31"}
-_SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover", "checkpoint_kept", "report_to")
+_SHOWN_ACTIONS = ("halt", "snapshot", "clip_takeover", "checkpoint_kept", "report_to",
+                  "kl_penalty")
 REPEAT_QUIET = 50
 """An event of the same kind, severity and parameter as one fewer than this many steps before
 it is counted, not printed, and each stretch of this many steps of them is said in one line: a
