@@ -35,6 +35,22 @@ def test_a_fast_but_normal_fall_is_not_flagged() -> None:
     assert run(BadStart(default_config()), loss_run(losses)) == []
 
 
+def test_a_preference_loss_learned_fast_is_no_bad_initialisation() -> None:
+    """A DPO loss starts at ln 2 whatever the initialisation (the policy against a copy of
+    itself): one that falls to 1e-9 in ten steps (beta 2) learned its pairs, it did not shed an
+    enormous start. The same losses without preference rewards are a bad start."""
+    losses = [math.log(2), 0.14, 1e-3, 1e-5, 1e-7] + [1e-9] * 20
+    metrics = {"rewards/chosen": 0.0, "rewards/rejected": 0.0}
+    steps = loss_run(losses, trainer_metrics=metrics)
+    assert run(BadStart(default_config()), steps) == []
+    assert [e.details["cause"] for e in run(BadStart(default_config()), loss_run(losses))] == [
+        "bad_init"]
+    # ... and a preference loss the first updates made worse is still told
+    worse = [math.log(2), 1.9, 2.4, 2.1, 2.2, 2.3, 2.0, 2.2, 2.4, 2.1, 2.2, 2.3]
+    [event] = run(BadStart(default_config()), loss_run(worse, trainer_metrics=metrics))
+    assert event.details["cause"] == "lr_too_high"
+
+
 def test_a_run_blown_up_by_its_first_updates_is_a_bad_start_too() -> None:
     losses = [4.0, 8.5, 12.4, 9.3, 8.9, 8.8, 7.8, 9.2, 10.8, 9.4, 6.7, 7.5, 8.1]
     [event] = run(BadStart(default_config()), loss_run(losses))

@@ -72,7 +72,7 @@ def _common(tmp: Path, seed: int, steps: int, lr: float, logging: int) -> dict[s
 
 
 def dpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 40,
-        policy: str = "guarded", dropout: float = 0.0) -> Ran:
+        policy: str = "guarded", dropout: float = 0.0, beta: float = 0.1) -> Ran:
     """A DPO run on one preference ('yes good' over 'no bad x'), its reference a frozen copy of
     the policy. `policy`: 'observe' for the policy of that name. `dropout`: the model's dropout,
     left on in training (TRL's `disable_dropout=False`)."""
@@ -80,7 +80,7 @@ def dpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 40,
     model = tiny_gpt2(tok, seed, dropout=dropout)
     rows = [{"prompt": f"q{i % 7} ", "chosen": "yes good", "rejected": "no bad x"}
             for i in range(64)]
-    args = trl.DPOConfig(per_device_train_batch_size=4, max_length=32,
+    args = trl.DPOConfig(per_device_train_batch_size=4, max_length=32, beta=beta,
                          disable_dropout=not dropout, **_common(tmp, seed, steps, lr, 5))
     callback = TrainguardCallback(GuardConfig(policy="observe" if policy == "observe"
                                               else "protect"))

@@ -6,7 +6,11 @@ against the median of the losses since step `warmup_steps // 2`.
 - Far *above* that level (`detectors.bad_start.ratio`, 10x): a newly added layer initialised far too
   large (a classification head drawn with std 10 instead of 0.02) makes the first losses enormous;
   the optimizer then shrinks it and the loss falls to a normal level, so nothing looks wrong
-  afterwards, yet the first large updates have already disturbed the pre-trained weights.
+  afterwards, yet the first large updates have already disturbed the pre-trained weights. Not
+  for a preference objective (the first step's metrics carry the chosen and rejected rewards:
+  DPO, KTO): it compares the policy with its reference, a copy of it, so its first value is
+  ln 2 whatever the initialisation, and a loss that falls far from there has learned the
+  preferences, not shed a bad layer (DPO at beta 2 goes 0.693 -> 1e-9 in ten steps).
 - Far *below* it (`detectors.bad_start.blowup_ratio`, 2x): the very first updates made the model
   worse and it stayed worse: a learning rate far too high for the start (or no warmup). Then, at
   step `baseline_window`, if the loss is still `detectors.loss_divergence.ratio` times the first
@@ -23,13 +27,14 @@ from typing import Any
 from trainguard.detect.base import Detector
 from trainguard.detect.calm import SignalColumns
 from trainguard.detect.settings import DetectorConfig
+from trainguard.detect.trainer_metrics import CHOSEN_REWARD, REJECTED_REWARD
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
 
 class BadStart(Detector):
     kind = "bad_start"
-    reads = frozenset({"loss"})
+    reads = frozenset({"loss", "trainer_metrics"})
     judges_start = True
 
     def __init__(self, config: DetectorConfig) -> None:
@@ -41,6 +46,8 @@ class BadStart(Detector):
         """The blow-up was reported; its persistence is checked at step `baseline_window`."""
         self.blown_level: float | None = None
         """The loss level the blow-up was measured at (step `warmup_steps`)."""
+        self.preference = False
+        """The loss is a preference objective, ln 2 at the first step by construction."""
 
     def check(self, signals: StepSignals) -> list[Event]:
         cfg = self.config
@@ -50,6 +57,8 @@ class BadStart(Detector):
             return self._check_persistence(signals) if self.blown_up else []
         if self.first is None:
             self.first = signals.loss
+            metrics = signals.trainer_metrics
+            self.preference = CHOSEN_REWARD in metrics and REJECTED_REWARD in metrics
             return []
         if signals.step >= cfg.common.warmup_steps // 2:
             self.recent.append(signals.loss)
@@ -58,7 +67,7 @@ class BadStart(Detector):
         self.done = True
         settled = statistics.median(self.recent)
         ratio = self.first / settled
-        if ratio >= cfg.bad_start.ratio:
+        if ratio >= cfg.bad_start.ratio and not self.preference:
             return [self.event(signals.step, "warning",
                                f"the run started at loss {self.first:.4g}, {ratio:.3g}x the "
                                f"{settled:.4g} it settled at by step {signals.step}: the first "
@@ -105,7 +114,8 @@ class BadStart(Detector):
 
     def state_dict(self) -> dict[str, Any]:
         return {"first": self.first, "recent": list(self.recent), "done": self.done,
-                "blown_up": self.blown_up, "blown_level": self.blown_level}
+                "blown_up": self.blown_up, "blown_level": self.blown_level,
+                "preference": self.preference}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first = state["first"]
@@ -114,3 +124,4 @@ class BadStart(Detector):
         self.blown_up = bool(state.get("blown_up", False))
         blown = state.get("blown_level")
         self.blown_level = float(blown) if blown is not None else None
+        self.preference = bool(state.get("preference", False))
