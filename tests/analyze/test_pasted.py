@@ -484,3 +484,40 @@ def test_a_counter_named_with_a_word_before_it_numbers_the_rows(tmp_path: Path) 
     assert log.steps == list(range(194, 199)) and log.step_unit == "iter"
     path.write_text("".join(f"valid step: {i}, loss : {2 - i / 10}\n" for i in range(5)))
     assert read_log(path).step_unit != "step"
+
+
+def test_a_loss_at_a_step_with_a_spaced_colon(tmp_path: Path) -> None:
+    """`Average loss at step 2000 : 4.39983723116` (TensorFlow's word2vec and LSTM tutorials):
+    the counter, then a colon with a space before it."""
+    assert parse_line("Average loss at step  2000 :  4.39983723116") == (
+        {"loss": pytest.approx(4.39983723116)}, {"step": 2000.0, "_spelling": "step"})
+    lines = [f"Average loss at step {100 * i} : {3.3 - 0.2 * i} learning rate: 10.0\n"
+             f"Minibatch perplexity: {20 - i}\n" for i in range(8)]
+    log = read_log(write(tmp_path / "log.txt", "".join(lines)))
+    assert log.steps == [100 * i for i in range(8)] and same(
+        log.values("loss"), [3.3 - 0.2 * i for i in range(8)])
+
+
+@pytest.mark.parametrize("line", [
+    "Episode {n}\tAverage Score: {r:.2f}",  # a DQN loop's print (Udacity's DRL course)
+    "[epoch={n}] reward avg={r:.4f} value avg=1.5",  # a REINFORCE notebook
+    "Episode * {n} * Avg Reward is ==> {r}",  # keras.io's DDPG example
+])
+def test_an_rl_loop_that_prints_only_its_reward_is_read_on_it(tmp_path: Path,
+                                                              line: str) -> None:
+    """No loss on any line: the reward is what the log says of the run, its level not
+    judged; a healthy verdict sums it up."""
+    rewards = [-225.0, -176.9, -87.3, -56.2, -66.7, -42.5, 36.5, 48.2, 155.6, 191.3]
+    text = "\n".join(line.format(n=100 * (i + 1), r=r) for i, r in enumerate(rewards))
+    result = analyze(write(tmp_path / "log.txt", text + "\n"))
+    assert result.verdict == "healthy"
+    assert any("went from -225 to 191.3" in line for line in result.evidence)
+    assert any("its reward is all it says" in note for note in result.notes)
+
+
+def test_a_reward_that_goes_nan_for_good_breaks_the_run(tmp_path: Path) -> None:
+    rewards = [-225.0, -176.9, -87.3, -56.2, -66.7, NAN, NAN, NAN, NAN, NAN]
+    text = "\n".join(f"Episode {100 * (i + 1)}\tAverage Score: {r}"
+                     for i, r in enumerate(rewards))
+    result = analyze(write(tmp_path / "log.txt", text + "\n"))
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "episode 600")

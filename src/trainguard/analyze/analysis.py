@@ -105,7 +105,7 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     if judgement.verdict == HEALTHY and (why := stall.learns_nothing(raw)) is not None:
         judgement = Judgement(STALLED, None, rows[0] if rows else 0, ending=why)
     judgement = _untrained_to_the_end(judgement, log, replayed.untrained)
-    if rl_log.set_aside(log):
+    if rl_log.set_aside(log) or (not log.has(LOSS) and rl_log.reward_column(log)):
         judgement = _rl_progress(judgement, log)
     # a run that learned nothing had no incident, unless a detector told it: no trouble step
     # to read the log's findings around

@@ -53,6 +53,7 @@ from trainguard.analyze.log import (
     is_train_loss,
     number,
 )
+from trainguard.analyze.rl_log import REWARD_NAME
 
 NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 _END = r"(?![\w.%/])"
@@ -68,14 +69,16 @@ _BARE_TENSOR = re.compile(rf"^\W*tensor\(\s*\[?\s*({NUM})[^\n]*\)\W*$", re.IGNOR
 _SEPARATED = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})\s*[:=]\s*({NUM}){_END}",
                         re.IGNORECASE)
 _SPACED = re.compile(rf"(?<![\w./-])({_WORD})[ \t]+({NUM}){_END}", re.IGNORECASE)
-_IS = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})[ \t]+(?:is|was)[ \t]+({NUM})"
-                 rf"(?=[\s.,;)]|$)", re.IGNORECASE)
-"""`Loss is NaN.`, `Current learning rate is 0.08` (a sentence, as BigDL and others print)."""
-_LABELLED = re.compile(rf"(?<![\w./-])((?:[A-Za-z_]+[ \t]){{0,2}}[A-Za-z_]+)[ \t]+(\d+):[ \t]+"
-                       rf"({NUM}){_END}(?!:)", re.IGNORECASE)
-"""`Validation loss 6312:  0.149928`: a name in letters numbered by its step, a colon, a space,
-then its value (the step is not the name's value, as `key value` would read it; a time such as
-`01:17:15` has no space after its colons)."""
+_IS = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})[ \t]+(?:is|was)[ \t]+"
+                 rf"(?:=+>[ \t]*)?({NUM})(?=[\s.,;)]|$)", re.IGNORECASE)
+"""`Loss is NaN.`, `Current learning rate is 0.08` (a sentence, as BigDL and others print),
+`Avg Reward is ==> -1020.8` (with an arrow)."""
+_LABELLED = re.compile(rf"(?<![\w./-])((?:[A-Za-z_]+[ \t]){{0,2}}[A-Za-z_]+)[ \t]+(\d+)[ \t]*:"
+                       rf"[ \t]+({NUM}){_END}(?!:)", re.IGNORECASE)
+"""`Validation loss 6312:  0.149928`, `Average loss at step 2000 : 4.39`: a name in letters
+numbered by its step, a colon (spaced or not), a space, then its value (the step is not the
+name's value, as `key value` would read it; a time such as `01:17:15` has no space after its
+colons)."""
 _PROGRESS = re.compile(r"(?<![\w./])(\d+)\s*/\s*(\d+)\s*\[|\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:=]?\s*\[?\s*(\d+)"
                        r"\s*/\s*(\d+)\s*\]?", re.IGNORECASE)
@@ -102,11 +105,12 @@ _EVAL_FIELD = re.compile(r"(?:\|\s*(?:valid|validation|eval|evaluation|dev|test)
 
 COUNTERS = ("global_step", "global step", "step", "steps", "iteration", "iterations", "iter",
             "iters", "it", "num_updates", "updates", "update",
-            "current_steps", "progress", "batch", "epoch")
+            "current_steps", "progress", "batch", "epoch", "episode")
 """Names that number rows."""
 FAMILY = {"global_step": "step", "global step": "step", "steps": "step", "current_steps": "step",
           "iteration": "step", "iterations": "step", "iter": "step", "iters": "step",
-          "it": "step", "num_updates": "step", "updates": "step", "update": "step"}
+          "it": "step", "num_updates": "step", "updates": "step", "update": "step",
+          "episode": "step"}
 """Spellings of one counter (`global_step=120` on one line, `step: 130` on the next; the first
 on a line counts: litgpt's `iter 1152 step 144` counts iterations)."""
 ABBREVIATED = {"ep.": "epoch", "up.": "update", "it.": "it", "iter.": "iter"}
@@ -317,11 +321,14 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
     Lines that hold no training loss at all but an evaluation's loss (`Validation loss 6312:
     0.149928` and nothing else) are the log's rows, that loss read as the loss; failing that,
     lines that hold a gradient norm (`"grad_norm": 1.31,`, cut from a metrics file) are, with
-    no loss: what the log says of the run is what is judged (`read_rows` notes it)."""
+    no loss; failing both, lines that hold a reward (`Episode 100  Average Score: -225.0`, an RL
+    loop that prints only its episodes' return): what the log says of the run is what is judged
+    (`read_rows` notes it)."""
     rows: list[LineRow] = []
     evals: list[tuple[int, dict[str, float]]] = []
     eval_rows: list[LineRow] = []
     norm_rows: list[LineRow] = []
+    reward_rows: list[LineRow] = []
     epoch: float | None = None
     for line in _records(part for raw in lines for part in raw.split("\r")):
         header = _EPOCH_HEADER.match(_ANSI.sub("", line))
@@ -365,6 +372,10 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
                 norm_rows.append(_line_row(values, counters, epoch))
                 if len(norm_rows) > MAX_ROWS:
                     raise TooLong
+            elif not rows and not evaluation and any(REWARD_NAME.search(n) for n in values):
+                reward_rows.append(_line_row(values, counters, epoch))
+                if len(reward_rows) > MAX_ROWS:
+                    raise TooLong
             continue
         rows.append(_line_row(values, counters, epoch))
         if len(rows) > MAX_ROWS:
@@ -373,10 +384,13 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
         return _merge_reprints(eval_rows), [], EVALUATION_LOSS
     if not rows and norm_rows:
         return norm_rows, [], GRAD_NORM
+    if not rows and reward_rows:
+        return _merge_reprints(reward_rows), [], REWARD_ONLY
     return _merge_reprints(rows), evals, None
 
 
 EVALUATION_LOSS = "evaluation loss"
+REWARD_ONLY = "reward"
 
 
 MAX_RECORD = 4096
@@ -566,6 +580,9 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         log.loss_is_evaluation = True
     elif stand_in == GRAD_NORM:
         log.notes.append("the log holds no loss: its gradient norm is all it says of the run")
+    elif stand_in == REWARD_ONLY:
+        log.notes.append("the log holds no loss: its reward is all it says of the run (watched "
+                         "for NaN and inf; a reward's level is not judged)")
     _inherit_steps(rows)
     _fill_loss_from_its_twin(rows)
     counter = _numbering(rows)

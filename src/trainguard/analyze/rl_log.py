@@ -42,6 +42,16 @@ SURROGATE = "surrogate loss"
 """The name a policy-gradient log's loss is set aside under (a further training loss)."""
 REWARD = ("reward", "objective/scores", "objective/rlhf_reward", "ep_rew_mean", "eprewmean")
 """The reward columns a healthy run's summary names, in order of preference."""
+REWARD_NAME = re.compile(r"(^|[\s_/])(rewards?|score|returns?)($|[\s_/])", re.IGNORECASE)
+"""A value an RL loop prints of its episodes (`Average Score`, `reward avg`, `ep_reward`): what
+a log without a loss says of the run."""
+
+
+def reward_column(log: Log) -> str | None:
+    """The log's reward column: one of `REWARD`, else the first named as a reward."""
+    by_lower = {n.lower(): n for n in log.series}
+    return next((by_lower[n] for n in REWARD if n in by_lower),
+                next((n for n in log.series if REWARD_NAME.search(n)), None))
 
 
 def scored_samples(log: Log) -> str | None:
@@ -75,7 +85,8 @@ def progress(log: Log) -> str | None:
     parts = []
     for names in (REWARD, KL):
         by_lower = {n.lower(): n for n in log.series}
-        name = next((by_lower[n] for n in names if n in by_lower), None)
+        name = (reward_column(log) if names is REWARD
+                else next((by_lower[n] for n in names if n in by_lower), None))
         if name is None:
             continue
         _, values = log.series.points(name)
