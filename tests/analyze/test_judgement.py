@@ -415,3 +415,23 @@ def test_a_non_finite_first_row_the_run_trains_on_from_is_recovered(
     assert result.verdict == verdict, result.evidence
     assert result.kind == "nan"
 
+
+
+def test_an_end_a_unit_of_the_last_digit_above_its_level_is_rounding(tmp_path: Path) -> None:
+    """A loss written to 4 decimals that sat at 0.0001 and ends at 0.0002 is "2x" only in
+    rounding: no worse. An evaluation loss that rose meanwhile while the training loss fell is
+    overfitting, said as a note."""
+    losses = [max(round(0.3 * math.exp(-i / 6), 4), 0.0001) for i in range(80)]
+    losses += [0.0002, 0.0001, 0.0002, 0.0002, 0.0003, 0.0002] * 4
+    rows = [{"step": 25 * (i + 1), "loss": v} for i, v in enumerate(losses)]
+    evals = [{"step": 25 * 10 * (i + 1), "eval_loss": v, "eval_wer": w} for i, (v, w) in
+             enumerate(zip([0.5, 0.36, 0.321, 0.33, 0.358, 0.37, 0.394, 0.40, 0.412, 0.42,
+                            0.42, 0.42, 0.42], [0.9, 0.8, 0.79, 0.77, 0.75, 0.745, 0.743, 0.745,
+                                                0.745, 0.745, 0.745, 0.745, 0.745],
+                           strict=True))]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows, evals))
+    assert result.verdict == "healthy", result.evidence
+    assert any("rose while the training loss fell (overfitting)" in line
+               for line in result.evidence), result.evidence
+    # the same end written in full precision is a real doubling of the level
+    assert ended_worse(0.0002, 0.0001, [0.0002] * 20)

@@ -25,6 +25,10 @@ def _log(losses: list[float], grads: list[float] | None = None, *, first: int = 
                series=series)
 
 
+GUESSED = [0.6993, 0.6993, 0.6968, 0.6958, 0.6952, 0.6945, 0.694, 0.6936, 0.6934, 0.6935]
+"""A recurrent classifier's epochs on sequences too long for it: 0.9% above ln 2 at most."""
+
+
 def _falling(start: float, rows: int = ROWS) -> list[float]:
     return [round(start * 0.97 ** i + 0.01 * (i % 3), 4) for i in range(rows)]
 
@@ -71,6 +75,17 @@ CASES = {
         _log([0.69396, 0.69305] + [0.69298] * 8 + _falling(0.6, 10)), "healthy"),
     "near ln 2 in a log that begins mid-run": (
         _log([0.69396, 0.69305, 0.69299] + [0.69298] * 9, first=5000), "healthy"),
+    # a loss within 2% of ln 2 that falls a little, its accuracy at a coin's throughout
+    "loss near ln 2, accuracy at 1/2 on every row": (
+        _log(GUESSED, accuracy=[0.5034, 0.5006, 0.5034, 0.5038, 0.5045, 0.508, 0.5109,
+                                0.511, 0.5101, 0.5096]), "stalled"),
+    "loss near ln 2, accuracy climbing away from 1/2": (
+        _log(GUESSED, accuracy=[0.50, 0.52, 0.55, 0.58, 0.6, 0.62, 0.63, 0.65, 0.66, 0.68]),
+        "healthy"),
+    "loss near ln 2 with no accuracy": (_log(GUESSED), "healthy"),
+    "accuracy at 1/2 while the loss leaves ln 2": (
+        _log([0.6993, 0.69, 0.68, 0.66, 0.64, 0.62, 0.6, 0.58, 0.57, 0.56],
+             accuracy=[0.5] * 5 + [0.51] * 5), "healthy"),
 }
 
 

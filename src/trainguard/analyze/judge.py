@@ -60,6 +60,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
+from trainguard.analyze import resolution
 from trainguard.analyze.chance import AtChance
 from trainguard.analyze.log import GRAD_NORM, LOSS, Log
 from trainguard.analyze.quirks import whole_interval_skips
@@ -192,7 +193,9 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
         # the evaluations, not the loss, showed the trouble: they say whether it passed
         return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, lasting),
                 earlier)
-    worse = ended_worse(final, reference, tail)
+    # a loss written to few decimals ends "worse" by a unit of its last digit: rounding
+    worse = ended_worse(final, reference, tail) and not resolution.below_resolution(
+        final - reference, resolution.quantum(losses))
     if chance is not None and chance.row >= onset:
         worse = True
     if not worse and all(e.kind == Kind.GRAD_EXPLOSION for e in incident):
@@ -202,7 +205,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                   f"{log.label(onset)} ({len(incident)} event(s)) and the loss was not hurt: "
                   "a note, not a verdict")
         return Judgement(HEALTHY, None, None, isolated=isolated, ending=ending), earlier
-    if not worse and (passing := _passing(kinds)) is not None:
+    if not worse and (passing := _passing(kinds, incident)) is not None:
         return Judgement(HEALTHY, None, None, isolated=isolated + incident,
                          ending=_ending_healthy(losses, rows) + "; " + passing), earlier
     if not worse:
@@ -225,13 +228,20 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                 earlier)
 
 
-def _passing(kinds: set[str]) -> str | None:
+def _passing(kinds: set[str], incident: list[Event]) -> str | None:
     """Why an incident the run ended no worse from is no trouble, if it is not: only the
-    evaluations showed it, and they came back (the training loss never did: the verdict needs
-    the loss or the task's metric to say so, and neither says so at the end); or only the
-    first losses stood far above where the run settled (a variational bound or a fresh head
-    that starts at 1e10: the run fell from its first row and nothing broke)."""
+    evaluations showed it, and they came back, or only an evaluation loss rose while the
+    training loss fell (overfitting; a cliff that lasts is `_collapse_lasts`'s) (the training
+    loss never did: the verdict needs the loss or the task's metric to say so, and neither
+    says so at the end); or only the first losses stood far above where the run settled (a
+    variational bound or a fresh head that starts at 1e10: the run fell from its first row and
+    nothing broke)."""
     if kinds <= {"metric_collapse"}:
+        if all(e.details.get("rule") == "rising" for e in incident):
+            names = sorted({str(e.details.get("metric")) for e in incident})
+            said = " and ".join(n if n.lower().startswith("eval") else f"eval {n}" for n in names)
+            return (f"{said} rose while the training loss fell "
+                    "(overfitting): a note, not a verdict")
         return ("the evaluations dipped and came back while the training loss kept its "
                 "course: a note, not a verdict")
     if kinds <= {"bad_start"}:

@@ -18,7 +18,10 @@ What a log shows from its first row to its last, the first two on at least `MIN_
   differ, only a constant output repeats its loss to every digit);
 - **a loss that never leaves a guess**: in a log from the start of training, within
   `CHANCE_BAND` of ln k on each of at least `FROZEN_ROWS` rows (a linear model on data it
-  cannot split moves its loss in the last digits only).
+  cannot split moves its loss in the last digits only); or within `GUESS_BAND` of it while
+  an accuracy stays within `GUESS_ACCURACY_BAND` of 1/k on every row too (a recurrent net on
+  sequences too long for it: 0.6993 -> 0.6935 over ten epochs at 50-51% accuracy): two
+  measures of the same guess agree.
 
 A plateau that moves, a loss that comes down later, a constant loss written with few digits, an
 accuracy that stays at 1: none of these say so, and the verdict is left to the rest of the
@@ -47,7 +50,7 @@ def learns_nothing(log: Log) -> str | None:
     """Why the run learned nothing from its first logged row to its last, or None."""
     value = _the_one_value(log.values(LOSS))
     if value is None:
-        return _frozen_accuracy(log) or _near_chance(log)
+        return _frozen_accuracy(log) or _near_chance(log) or _guessing(log)
     count = sum(v is not None for v in log.values(LOSS))
     if value == 0:
         if _the_one_value(log.values(GRAD_NORM)) == 0:
@@ -106,6 +109,39 @@ def _near_chance(log: Log) -> str | None:
                     f"on all {len(values)} rows from the start ({min(values):.5g} to "
                     f"{max(values):.5g}): the model never got better than a guess between "
                     f"{classes} choices")
+    return None
+
+
+GUESS_BAND = 0.02
+"""A loss within this share of ln k, with an accuracy within `GUESS_ACCURACY_BAND` of 1/k on
+every row beside it, is a guess between k choices."""
+GUESS_ACCURACY_BAND = 0.05
+"""The share of 1/k an accuracy stays within while the model guesses (0.475-0.525 for two
+choices: a guess scores 1/k give or take the sampling of the data)."""
+
+
+def _guessing(log: Log) -> str | None:
+    """A log from the start of training whose loss stayed within `GUESS_BAND` of ln k and one
+    of whose accuracies stayed within `GUESS_ACCURACY_BAND` of 1/k, each on every one of at least
+    `FROZEN_ROWS` rows: the model guessed between k choices from its first row to its last."""
+    values = [v for v in log.values(LOSS) if v is not None]
+    if (len(values) < FROZEN_ROWS or not all(math.isfinite(v) for v in values)
+            or not log.starts_at_start()):
+        return None
+    accuracies = {name: [v for v in log.values(name) if v is not None]
+                  for name in log.series if _is_accuracy(name)}
+    for classes in range(2, MAX_GUESSED_CLASSES + 1):
+        chance = chance_loss(classes)
+        if not all(abs(v - chance) <= GUESS_BAND * chance for v in values):
+            continue
+        for name, seen in accuracies.items():
+            if len(seen) >= FROZEN_ROWS and all(
+                    abs(v - 1 / classes) <= GUESS_ACCURACY_BAND / classes for v in seen):
+                return (f"the loss stayed within {GUESS_BAND:.0%} of ln {classes} = "
+                        f"{chance:.4g} ({min(values):.4g} to {max(values):.4g}) and {name} "
+                        f"within {GUESS_ACCURACY_BAND:.0%} of 1/{classes} ({min(seen):.4g} to "
+                        f"{max(seen):.4g}) on all {len(values)} rows from the start: the "
+                        f"model never got better than a guess between {classes} choices")
     return None
 
 
