@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .trl_runs import dpo, grpo, kto, letters_reward, rloo
+from .trl_runs import dpo, grpo, kto, letters_reward, rloo, sft
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate")
 
@@ -197,6 +197,15 @@ def test_recover_cuts_the_lr_of_a_grpo_run_whose_kl_blew_up_from_it(
         return
     assert "kl_blowup" in rollbacks[0].message
     assert ran.trainer.optimizer.param_groups[0]["lr"] < lr / 10
+
+
+def test_an_sft_trainer_with_no_beta_is_guarded_as_any_trainer(tmp_path: Path) -> None:
+    """No KL penalty to hold (no `beta`): nothing for recover to raise, and the run is judged
+    on its loss as any trainer's."""
+    ran = sft(tmp_path)
+    assert ran.callback.run is not None and ran.callback.run.state.kl_penalty is None
+    assert ran.kinds() == set()
+    assert ran.verdict.verdict == "healthy"
 
 
 def test_kto_at_lr_0_learns_nothing_its_healthy_twin_is_quiet(tmp_path: Path) -> None:

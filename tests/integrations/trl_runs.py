@@ -151,3 +151,18 @@ def rloo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 12,
                               callbacks=[callback])
     trainer.train()
     return Ran(trainer, callback)
+
+
+def sft(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 20,
+        policy: str = "recover") -> Ran:
+    """An SFT run on short texts: a TRL trainer with no preference, no reward and no beta."""
+    tok = tokenizer()
+    model = tiny_gpt2(tok, seed)
+    rows = [{"text": f"say a{i % 5} then b{i % 3}."} for i in range(64)]
+    args = trl.SFTConfig(per_device_train_batch_size=8, max_length=32,
+                         **_common(tmp, seed, steps, lr, 5))
+    callback = TrainguardCallback(GuardConfig(policy=policy))
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tok, callbacks=[callback])
+    trainer.train()
+    return Ran(trainer, callback)

@@ -7,8 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from trainguard.errors import UsageError
 from trainguard.events import Event
-from trainguard.recovery.kl_penalty import FACTOR, MAX_FACTOR, KLPenalty, holds_beta
+from trainguard.recovery.kl_penalty import (
+    FACTOR,
+    MAX_FACTOR,
+    KLPenalty,
+    check_holder,
+    holds_beta,
+)
 
 RATIO = 10.0
 LEVEL = 0.05
@@ -87,3 +94,11 @@ def test_a_resumed_run_keeps_the_penalty_it_had_reached() -> None:
     untouched = Holder(0.2)
     KLPenalty(untouched, RATIO).load_state_dict(KLPenalty(Holder(0.1), RATIO).state_dict())
     assert untouched.beta == 0.2
+
+
+@pytest.mark.parametrize("holder", [0.04, Holder("0.04"), object()])  # type: ignore[arg-type]
+def test_a_holder_with_no_beta_to_raise_is_a_clear_error(holder: object) -> None:
+    with pytest.raises(UsageError, match="kl_penalty must be the object whose `beta`"):
+        check_holder(holder)
+    check_holder(None)
+    check_holder(Holder(0.0))  # no KL term: nothing to raise, no error either

@@ -50,6 +50,7 @@ from trainguard.integrations.trl import (
 from trainguard.pipeline.context import StepContext
 from trainguard.pipeline.run import Run
 from trainguard.probes.samples import SampleFn
+from trainguard.recovery.kl_penalty import holds_beta
 from trainguard.registry import Kind
 from trainguard.sinks import Sink
 from trainguard.sinks.trackers import TrackerHints
@@ -210,7 +211,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                            replay_fn=self.replay_fn, noise_scheduler=self.noise_scheduler,
                            resume=resume, mid_run=bool(carried or state.global_step),
                            trackers=TrackerHints.of(args.report_to),
-                           kl_penalty=trainer if trl else None)
+                           kl_penalty=trainer if trl and holds_beta(trainer) else None)
         except BaseException:
             self._release()  # the Trainer keeps its own clipping
             raise

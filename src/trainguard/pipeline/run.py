@@ -64,7 +64,7 @@ from trainguard.pipeline.steps import StepPipeline
 from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
-from trainguard.recovery.kl_penalty import KLPenalty, holds_beta
+from trainguard.recovery.kl_penalty import KLPenalty, check_holder, holds_beta
 from trainguard.remedies.clip_chain import ClipChain
 from trainguard.run_end import exit_status, run_error, under_way
 from trainguard.sinks import ConsoleSink, Sink, SinkSet
@@ -107,6 +107,7 @@ class Run:
                  trackers: TrackerHints | None = None, noise_scheduler: Any = None,
                  kl_penalty: Any = None) -> None:
         config = _checked(config, model, optimizer)
+        check_holder(kl_penalty)
         self.config = config
         watched = watched_params(model, [optimizer])
         dist = distributed_context(watched.params[0].device)

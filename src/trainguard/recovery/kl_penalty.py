@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trainguard.errors import UsageError
 from trainguard.events import Event
 
 FACTOR = 2.0
@@ -44,6 +45,20 @@ def holds_beta(holder: Any) -> bool:
     beta = getattr(holder, "beta", None)
     return (isinstance(beta, (int, float)) and not isinstance(beta, bool)
             and math.isfinite(beta) and beta > 0)
+
+
+def check_holder(holder: Any) -> None:
+    """One clear error for a `kl_penalty` that holds no `beta` to read and raise (a number
+    passed where the object the loss reads it from is wanted)."""
+    if holder is None:
+        return
+    beta = getattr(holder, "beta", None)
+    if not isinstance(beta, (int, float)) or isinstance(beta, bool):
+        raise UsageError(
+            f"kl_penalty must be the object whose `beta` attribute your loss reads every step "
+            f"(a TRL trainer, or types.SimpleNamespace(beta=0.04)), got "
+            f"{type(holder).__name__}" + ("" if beta is None else
+                                          f" whose beta is a {type(beta).__name__}"))
 
 
 class KLPenalty:
