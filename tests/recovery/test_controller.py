@@ -235,3 +235,13 @@ def test_a_raise_is_remembered_across_a_state_round_trip() -> None:
     del state["jump"]  # saved before raises were followed
     other.load_state_dict(state)
     assert other.jump is None
+
+
+def test_a_bad_start_is_no_trainer_metric_instability() -> None:
+    """`bad_start` reads the trainer's metrics only to tell a preference loss: its blame of the
+    LR is not acted on as a KL blow-up's is (a rollback with the LR cut at once)."""
+    c = _controller()
+    _calm(c, range(12))
+    start = Event(kind="bad_start", step=12, severity="warning", message="blown up",
+                  details={"cause": "lr_too_high"})
+    assert c.review(_signals(12, 2.0), [start]) is None

@@ -193,9 +193,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
         # the evaluations, not the loss, showed the trouble: they say whether it passed
         return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, lasting),
                 earlier)
-    # a loss written to few decimals ends "worse" by a unit of its last digit: rounding
-    worse = ended_worse(final, reference, tail) and not resolution.below_resolution(
-        final - reference, resolution.quantum(losses))
+    worse = _worse(final, reference, tail, losses)
     if chance is not None and chance.row >= onset:
         worse = True
     if not worse and all(e.kind == Kind.GRAD_EXPLOSION for e in incident):
@@ -226,6 +224,15 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
               "it was before the trouble")
     return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
+
+
+def _worse(final: float, reference: float, tail: list[float],
+           losses: list[float | None]) -> bool:
+    """The live verdict's rule of an end worse than the level before the trouble, by more than
+    the log's rounding: a loss written to few decimals ends "2x" its level by one unit of its
+    last digit (0.0002 against 0.0001)."""
+    return ended_worse(final, reference, tail) and not resolution.below_resolution(
+        final - reference, resolution.quantum(losses))
 
 
 def _passing(kinds: set[str], incident: list[Event]) -> str | None:

@@ -48,10 +48,12 @@ from trainguard.registry import (
 from trainguard.signals import StepSignals
 
 TRAINER_METRIC_INSTABILITIES = frozenset(
-    t.kind for t in DETECTOR_TYPES if "trainer_metrics" in t.reads) & kinds_tagged(Tag.INSTABILITY)
-"""The instabilities read from a trainer's own metrics (the KL to the reference): the ones
-whose cause, when the detector names it, is acted on under `recover`; the loss's and the
-gradients' instabilities keep the reactions the registry gives them."""
+    t.kind for t in DETECTOR_TYPES if "trainer_metrics" in t.idle_without
+) & kinds_tagged(Tag.INSTABILITY)
+"""The instabilities read from a trainer's own metrics (the KL to the reference: detectors
+idle without them): the ones whose cause, when the detector names it, is acted on under
+`recover`; the loss's and the gradients' instabilities (a bad start, which reads the metrics
+only to tell a preference loss) keep the reactions the registry gives them."""
 
 REFERENCE_LOSSES = 10
 """Calm losses kept as the reference level of the run before any trouble."""
