@@ -521,3 +521,20 @@ def test_a_reward_that_goes_nan_for_good_breaks_the_run(tmp_path: Path) -> None:
                      for i, r in enumerate(rewards))
     result = analyze(write(tmp_path / "log.txt", text + "\n"))
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "episode 600")
+
+
+def test_interleaved_ranks_are_read_as_the_lowest_rank(tmp_path: Path) -> None:
+    """WeNet prints every rank's own loss of a step (`... loss 12.6 ... rank 0`), in any
+    order: read in turn they make a sawtooth; the lowest rank's lines are the run's rows. Its
+    `CV Batch` lines are the cross-validation's, not training rows."""
+    lines = []
+    for step, base in ((203700, 12.6), (203800, 12.1), (203900, 11.8)):
+        for rank in (2, 0, 1):
+            lines.append(f"2023-01-30 18:47:07,107 DEBUG TRAIN Batch 4/{step} loss "
+                         f"{base + 4 * rank:.6f} lr 0.00032621 rank {rank}")
+    for rank in (2, 0, 1):
+        lines.append(f"2023-01-30 18:49:55,773 DEBUG CV Batch 4/0 loss {28.5 + rank / 100:.6f} "
+                     f"history loss 27.95 rank {rank}")
+    log = read_log(write(tmp_path / "log.txt", "\n".join(lines) + "\n"))
+    assert same(log.values("loss"), [12.6, 12.1, 11.8])
+    assert len(log.evals) == 1 and log.evals[0][1]["eval_loss"] == pytest.approx(28.5)

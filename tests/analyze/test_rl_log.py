@@ -207,3 +207,26 @@ def test_real_tiny_trl_runs(tmp_path: Path) -> None:
     assert dead.verdict == "stalled", dead.evidence
     unlearned = judged(dpo(tmp_path / "lr0", lr=0.0), "lr0")
     assert unlearned.verdict == "stalled", unlearned.evidence
+
+
+def test_an_episodic_return_marks_a_value_loss(tmp_path: Path) -> None:
+    """CleanRL-style prints (`global_step=N, episodic_return=R`, then the learner's
+    `losses/q1_loss` lines): the Q loss's targets move with the samples, its jumps are not
+    the run's; it is set aside and the run is summed up by its return."""
+    lines = []
+    for i in range(12):
+        lines.append(f"global_step={1000 * i + 799}, episodic_return={-500 + 30 * i:.3f}")
+        lines.append(f"losses/q1_loss {20.0 * (6 if i == 4 else 1) + i:.6f} {1000 * (i + 1)}")
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(lines) + "\n")
+    result = analyze(path)
+    assert result.verdict == "healthy", result.evidence
+    assert any("episodic_return went from" in line for line in result.evidence)
+    assert scored_samples_named("episodic_return") and scored_samples_named(
+        "charts/episodic_return")
+
+
+def scored_samples_named(name: str) -> bool:
+    from trainguard.analyze.rl_log import SAMPLED_SCORES
+
+    return SAMPLED_SCORES.match(name) is not None

@@ -102,6 +102,10 @@ _EVAL_FIELD = re.compile(r"(?:\|\s*(?:valid|validation|eval|evaluation|dev|test)
                          re.IGNORECASE)
 """A field that says the line reports an evaluation: one of a `|`-separated logger line
 (fairseq's `| valid |`) or a bracketed tag (Marian's `[valid]`)."""
+_EVAL_PHASE = re.compile(r"(?<![\w./-])(?:CV|VALID|VALIDATION|EVAL|DEV|TEST)[ \t]+"
+                         r"(?=(?:Batch|Epoch|Step|Iter|Iteration)\b)")
+"""A logger's phase tag in capitals before the line's counter: WeNet's and ESPnet's
+`TRAIN Batch 4/203700 loss ...` beside `CV Batch 4/0 loss ...` (cross-validation)."""
 
 COUNTERS = ("global_step", "global step", "step", "steps", "iteration", "iterations", "iter",
             "iters", "it", "num_updates", "updates", "update",
@@ -338,7 +342,7 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
         values, counters = parse_line(line)
         if not values:
             continue
-        if _EVAL_FIELD.search(line):  # fairseq's `| valid | epoch 002 | loss 9.39 |`
+        if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line):  # fairseq's `| valid |`
             values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
         if TOTALS & set(values):
             continue
@@ -386,7 +390,30 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
         return norm_rows, [], GRAD_NORM
     if not rows and reward_rows:
         return _merge_reprints(reward_rows), [], REWARD_ONLY
+    rows, evals = _one_rank(rows, evals)
     return _merge_reprints(rows), evals, None
+
+
+def _one_rank(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
+              ) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]]]:
+    """The rows of the lowest rank, when lines of several ranks are interleaved (each names
+    its `rank N`): every rank prints its own loss of the same step, and read in turn they make
+    a sawtooth no run has. Evaluations stay, after the kept row they followed."""
+    ranks = {row.values.get("rank") for row in rows}
+    ranks.discard(None)
+    if len(ranks) < 2:
+        return rows, evals
+    lowest = min(r for r in ranks if r is not None)
+    kept: list[LineRow] = []
+    new_index: list[int] = []  # for each old row, the index of the last kept row at or before it
+    for row in rows:
+        if row.values.pop("rank", lowest) == lowest:  # the rank is no value of the run
+            kept.append(row)
+        new_index.append(len(kept) - 1)
+    return kept, [(max(new_index[after], 0), {k: v for k, v in values.items()
+                                              if k not in ("rank", "eval_rank")})
+                  for after, values in evals
+                  if values.get("rank", values.get("eval_rank", lowest)) == lowest]
 
 
 EVALUATION_LOSS = "evaluation loss"

@@ -47,7 +47,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from trainguard.analyze import pasted, rl_tables
+from trainguard.analyze import header_table, pasted, rl_tables
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
 from trainguard.analyze.source import Lines, head
 
@@ -212,6 +212,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "nanogpt": (_nanogpt, "iter"),
     "mlx": (_mlx, "iter"),
     "rl": (rl_tables.read_rows, "row"),
+    "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),
     "columns": (_columns, "step"),
 }

@@ -1,0 +1,98 @@
+"""A table of named columns pasted as text: a header line of names, then rows of numbers.
+
+Chainer's `PrintReport` (`epoch  main/loss  validation/main/loss  main/accuracy ...`, then the
+numbers aligned under them), a CSV file's lines pasted under a line of prose (`epoch,loss,ppl,
+accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read alike:
+
+- fields are split at commas, tabs, or runs of two or more spaces;
+- a header is a line of at least two fields, none of them a number, one naming a loss (of the
+  training or of an evaluation: `main/loss`, `validation/main/loss`);
+- its rows are the lines after it with as many fields, every one a number (`nan` and `inf`
+  included); a line of another shape between them is passed over, and a header printed again
+  starts the table again under its names;
+- a column named as a counter (`epoch`, `iteration`, `step`...) whose whole numbers go up numbers
+  the rows, named as it is; otherwise they are numbered from 1.
+
+Values go where their names say (`validation/...` and `val_...` are evaluations), as in the
+trackers' files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from trainguard.analyze.log import LOSS, LogBuilder, is_eval_name, is_train_loss, number
+
+SPLIT = re.compile(r"[ \t]*,[ \t]*|\t+|[ \t]{2,}")
+FEWEST_ROWS = 5
+"""Rows of numbers under a header for the lines to be read as a table."""
+COUNTER_NAMES = ("epoch", "iteration", "iter", "step", "global_step", "batch", "update",
+                 "updates", "num_updates")
+"""Column names that number the rows (the first one present is used)."""
+
+
+def _fields(line: str) -> list[str]:
+    return [field for field in SPLIT.split(line.strip()) if field]
+
+
+def _is_header(fields: list[str]) -> bool:
+    if len(fields) < 2 or any(number(field) is not None for field in fields):
+        return False
+    return any(field == LOSS or is_train_loss(field)
+               or (is_eval_name(field) and "loss" in field.lower()) for field in fields)
+
+
+def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
+    """Add the rows of the tables among `lines` to `log`; the number of rows read (0 when there
+    are fewer than `FEWEST_ROWS`)."""
+    header: list[str] | None = None
+    counter: int | None = None
+    rows: list[tuple[list[str], int | None, list[float]]] = []
+    for line in lines:
+        fields = _fields(line)
+        if _is_header(fields):
+            header = fields
+            lowered = [name.lower() for name in fields]
+            counter = next((lowered.index(n) for n in COUNTER_NAMES if n in lowered), None)
+            continue
+        if header is None or len(fields) != len(header):
+            continue
+        read = [number(field) for field in fields]
+        values = [value for value in read if value is not None]
+        if len(values) != len(read):
+            continue
+        rows.append((header, counter, values))
+    if len(rows) < FEWEST_ROWS:
+        return 0
+    counted = _counted(rows)
+    for index, (names, column, values) in enumerate(rows):
+        if counted and column is not None:
+            step = int(values[column])
+            label = f"{names[column]} {step}"
+        else:
+            step, label = index + 1, f"row {index + 1}"
+        log.add_values(step, [(name, value) for i, (name, value)
+                              in enumerate(zip(names, values, strict=True)) if i != column],
+                       label=label)
+    if counted:
+        names, column, _ = rows[0]
+        assert column is not None
+        log.step_unit = names[column].lower()
+    else:
+        log.step_unit = "row"
+        log.notes.append("the table has no counter column: rows are numbered from 1")
+    return len(rows)
+
+
+def _counted(rows: list[tuple[list[str], int | None, list[float]]]) -> bool:
+    """Whether every row has a counter column of whole numbers that go up from row to row."""
+    last: float | None = None
+    for _, column, values in rows:
+        if column is None:
+            return False
+        value = values[column]
+        if not float(value).is_integer() or (last is not None and value <= last):
+            return False
+        last = value
+    return True

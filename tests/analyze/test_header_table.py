@@ -1,0 +1,57 @@
+"""Tables of named columns pasted as text (`trainguard.analyze.header_table`): a header line of
+names, then rows of numbers; each test written from the shape of a real log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.analyze import analyze, read_log
+from trainguard.analyze.log import LogError
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_chainer_print_report_is_read_under_its_header(tmp_path: Path) -> None:
+    """Chainer's `PrintReport`: names and numbers aligned with runs of spaces; `validation/`
+    columns are an evaluation's; the epoch column numbers the rows."""
+    lines = ["$ python train_cifar.py -g 0", "# epoch: 300", "",
+             "epoch       main/loss   validation/main/loss  main/accuracy  "
+             "validation/main/accuracy  elapsed_time"]
+    lines += [f"{e:<12d}{2.3 - 0.1 * e:<12.5f}{2.35 - 0.1 * e:<22.5f}{0.1 + 0.05 * e:<15.5f}"
+              f"{0.1 + 0.04 * e:<26.5f}{61.0 * e:.3f}" for e in range(1, 9)]
+    log = read_log(write(tmp_path / "log.txt", "\n".join(lines) + "\n"))
+    assert log.format == "text:table" and log.step_unit == "epoch"
+    assert log.steps == list(range(1, 9))
+    assert log.values("loss")[0] == 2.2
+    assert [step for step, _ in log.evals] == list(range(1, 9))
+    assert "validation/main/loss" in log.evals[0][1]
+
+
+def test_csv_lines_under_a_line_of_prose_are_a_table(tmp_path: Path) -> None:
+    text = "Header of the train log:\nepoch,loss,ppl,accuracy\n" + "".join(
+        f"{e}, {9.16 - 0.01 * e:.5f}, {9486 - 70 * e:.5f},{4.0 * e:.3f}\n" for e in range(10))
+    result = analyze(write(tmp_path / "log.txt", text))
+    assert result.format == "text:table" and result.verdict == "healthy"
+    assert result.onset is None
+
+
+def test_rows_without_a_counter_column_are_numbered(tmp_path: Path) -> None:
+    text = "loss  accuracy\n" + "".join(f"{2 - 0.1 * i:.3f}  {0.5 + 0.02 * i:.3f}\n"
+                                        for i in range(6))
+    log = read_log(write(tmp_path / "log.txt", text))
+    assert log.steps == list(range(1, 7)) and log.step_unit == "row"
+
+
+def test_too_few_rows_or_no_loss_column_is_no_table(tmp_path: Path) -> None:
+    short = "epoch  loss\n" + "".join(f"{e}  {2 - 0.1 * e:.3f}\n" for e in range(4))
+    with pytest.raises(LogError, match="no training log lines recognised"):
+        read_log(write(tmp_path / "short.txt", short))
+    no_loss = "epoch  accuracy  lr\n" + "".join(f"{e}  {0.5 + e / 100:.3f}  0.1\n"
+                                                for e in range(8))
+    path = write(tmp_path / "no_loss.txt", no_loss + "epoch 9 loss: 1.0\n")
+    assert read_log(path).format != "text:table"
