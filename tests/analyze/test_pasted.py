@@ -538,3 +538,13 @@ def test_interleaved_ranks_are_read_as_the_lowest_rank(tmp_path: Path) -> None:
     log = read_log(write(tmp_path / "log.txt", "\n".join(lines) + "\n"))
     assert same(log.values("loss"), [12.6, 12.1, 11.8])
     assert len(log.evals) == 1 and log.evals[0][1]["eval_loss"] == pytest.approx(28.5)
+
+
+def test_a_line_whose_phase_word_is_an_evaluation_s_is_one(tmp_path: Path) -> None:
+    """`Val epoch 0 has acc 0.249 and loss 1.386` between pandas-printed training epochs: the
+    phase word before the counter makes it an evaluation, not a training row."""
+    text = "".join(f"loss             {1.36 - 0.01 * e:.6f}\naccuracy         0.31\n"
+                   f"Val epoch {e} has acc 0.249 and loss 1.386\n" for e in range(4))
+    log = read_log(write(tmp_path / "log.txt", text))
+    assert same(log.values("loss"), [1.36 - 0.01 * e for e in range(4)])
+    assert [metrics["eval_loss"] for _, metrics in log.evals] == [1.386] * 4

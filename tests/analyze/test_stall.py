@@ -29,6 +29,15 @@ GUESSED = [0.6993, 0.6993, 0.6968, 0.6958, 0.6952, 0.6945, 0.694, 0.6936, 0.6934
 """A recurrent classifier's epochs on sequences too long for it: 0.9% above ln 2 at most."""
 
 
+def _evaluated(losses: list[float], eval_losses: list[float]) -> Log:
+    """`_log(losses)` with an evaluation after every `len(losses) // len(eval_losses)` rows."""
+    log = _log(losses)
+    every = len(losses) // len(eval_losses)
+    log.evals = [(log.steps[every * (i + 1) - 1], {"eval_loss": v})
+                 for i, v in enumerate(eval_losses)]
+    return log
+
+
 def _falling(start: float, rows: int = ROWS) -> list[float]:
     return [round(start * 0.97 ** i + 0.01 * (i % 3), 4) for i in range(rows)]
 
@@ -83,6 +92,13 @@ CASES = {
         _log(GUESSED, accuracy=[0.50, 0.52, 0.55, 0.58, 0.6, 0.62, 0.63, 0.65, 0.66, 0.68]),
         "healthy"),
     "loss near ln 2 with no accuracy": (_log(GUESSED), "healthy"),
+    # the same held-out data scored at ln 4 exactly, every time: a uniform guess
+    "eval loss at ln 4 at every evaluation": (
+        _evaluated([1.356, 1.3864, 1.3864, 1.3863, 1.3863, 1.3864], [1.386] * 3), "stalled"),
+    "eval loss repeating a value that is no chance level": (
+        _evaluated(_falling(2.0, 12), [1.25] * 3), "healthy"),
+    "eval loss near ln 4 but moving": (
+        _evaluated(_falling(2.0, 12), [1.39, 1.386, 1.38]), "healthy"),
     "accuracy at 1/2 while the loss leaves ln 2": (
         _log([0.6993, 0.69, 0.68, 0.66, 0.64, 0.62, 0.6, 0.58, 0.57, 0.56],
              accuracy=[0.5] * 5 + [0.51] * 5), "healthy"),
@@ -96,7 +112,8 @@ def test_learns_nothing(name: str) -> None:
     assert result.verdict == verdict
     if verdict == "stalled":
         assert result.onset_step == log.steps[0] and result.kind is None
-        assert result.causes == [] and "rows" in result.evidence[0]
+        assert result.causes == [] and (
+            "rows" in result.evidence[0] or "evaluations" in result.evidence[0])
 
 
 def test_zero_loss_beside_a_nan_gradient_is_nan_not_stalled() -> None:

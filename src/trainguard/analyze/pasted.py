@@ -102,10 +102,11 @@ _EVAL_FIELD = re.compile(r"(?:\|\s*(?:valid|validation|eval|evaluation|dev|test)
                          re.IGNORECASE)
 """A field that says the line reports an evaluation: one of a `|`-separated logger line
 (fairseq's `| valid |`) or a bracketed tag (Marian's `[valid]`)."""
-_EVAL_PHASE = re.compile(r"(?<![\w./-])(?:CV|VALID|VALIDATION|EVAL|DEV|TEST)[ \t]+"
-                         r"(?=(?:Batch|Epoch|Step|Iter|Iteration)\b)")
-"""A logger's phase tag in capitals before the line's counter: WeNet's and ESPnet's
-`TRAIN Batch 4/203700 loss ...` beside `CV Batch 4/0 loss ...` (cross-validation)."""
+_EVAL_PHASE = re.compile(r"(?<![\w./-])(?:cv|val|valid|validation|eval|evaluation|dev|test)"
+                         r"[ \t]+(?=(?:batch|epoch|step|iter|iteration)\b)", re.IGNORECASE)
+"""An evaluation's phase word before the line's counter: WeNet's and ESPnet's `TRAIN Batch
+4/203700 loss ...` beside `CV Batch 4/0 loss ...` (cross-validation), `Val epoch 0 has acc
+0.249 and loss 1.386`."""
 
 COUNTERS = ("global_step", "global step", "step", "steps", "iteration", "iterations", "iter",
             "iters", "it", "num_updates", "updates", "update",

@@ -16,6 +16,9 @@ What a log shows from its first row to its last, the first two on at least `MIN_
 - **outputs that never change**: a loss written with `SIGNIFICANT_DIGITS` digits or more,
   the same on every one of at least `FROZEN_ROWS` distinct steps (dead units: on batches that
   differ, only a constant output repeats its loss to every digit);
+- **an evaluation at chance throughout**: an evaluation loss with one value on every one of at
+  least `MIN_ROWS` evaluations, and that value ln k to the digits the log writes (the same
+  held-out data scored as a uniform guess each time: a model whose outputs never left it);
 - **a loss that never leaves a guess**: in a log from the start of training, within
   `CHANCE_BAND` of ln k on each of at least `FROZEN_ROWS` rows (a linear model on data it
   cannot split moves its loss in the last digits only); or within `GUESS_BAND` of it while
@@ -50,7 +53,8 @@ def learns_nothing(log: Log) -> str | None:
     """Why the run learned nothing from its first logged row to its last, or None."""
     value = _the_one_value(log.values(LOSS))
     if value is None:
-        return _frozen_accuracy(log) or _near_chance(log) or _guessing(log)
+        return (_frozen_accuracy(log) or _near_chance(log) or _guessing(log)
+                or _evaluation_at_chance(log))
     count = sum(v is not None for v in log.values(LOSS))
     if value == 0:
         if _the_one_value(log.values(GRAD_NORM)) == 0:
@@ -109,6 +113,26 @@ def _near_chance(log: Log) -> str | None:
                     f"on all {len(values)} rows from the start ({min(values):.5g} to "
                     f"{max(values):.5g}): the model never got better than a guess between "
                     f"{classes} choices")
+    return None
+
+
+def _evaluation_at_chance(log: Log) -> str | None:
+    """An evaluation loss with one value on all of at least `MIN_ROWS` evaluations, that value
+    ln k to the digits written, said in words; None otherwise."""
+    series: dict[str, list[float | None]] = {}
+    for _, metrics in log.evals:
+        for name, value in metrics.items():
+            if "loss" in name.lower():
+                series.setdefault(name, []).append(value)
+    for name, values in series.items():
+        pinned = _the_one_value(values)
+        classes = _chance_classes(pinned) if pinned is not None else None
+        if pinned is not None and classes is not None:
+            value = pinned
+            said = name if name.lower().startswith("eval") else f"eval {name}"
+            return (f"{said} is {value:g} at all {len(values)} evaluations, ln {classes} = "
+                    f"{chance_loss(classes):.4g}: the held-out data scored as a uniform guess "
+                    f"between {classes} choices each time")
     return None
 
 
