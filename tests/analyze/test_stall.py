@@ -119,3 +119,15 @@ def test_learns_nothing(name: str) -> None:
 def test_zero_loss_beside_a_nan_gradient_is_nan_not_stalled() -> None:
     result = analyze_log(_log([0.0] * ROWS, [math.nan] * ROWS))
     assert (result.verdict, result.kind) == ("degraded", "nan")
+
+
+def test_a_loss_that_drops_to_exactly_0_in_one_row_and_stays_is_stalled_from_there() -> None:
+    """0.100427 then 0.000000 on every row after (MXNet's MultiLogisticLoss): no signal left.
+    A loss that reaches 0 over many rows, or that is 0 on too few rows, is judged as usual."""
+    dropped = _log([0.100427] + [0.0] * 11)
+    result = analyze_log(dropped)
+    assert result.verdict == "stalled" and result.onset_step == dropped.steps[1]
+    assert "dropped from 0.100427 to exactly 0" in result.evidence[0]
+    approached = _log([round(0.1 * 0.5 ** i, 6) for i in range(20)] + [0.0] * 12)
+    assert analyze_log(approached).verdict == "healthy"
+    assert analyze_log(_log([0.100427] * 4 + [0.0] * 6)).verdict == "healthy"

@@ -26,6 +26,12 @@ What a log shows from its first row to its last, the first two on at least `MIN_
   sequences too long for it: 0.6993 -> 0.6935 over ten epochs at 50-51% accuracy): two
   measures of the same guess agree.
 
+And from some row on (`went_to_zero`): **a loss that dropped to exactly 0 and stayed**: from a
+level at least `ZERO_DROP` units of its last written digit to 0 in one row, then 0 to every
+digit on each of at least `FROZEN_ROWS` rows to the end (a loss that learns approaches 0 over
+many rows; one that is 0 at once from a real level lost its signal: labels all ignored, a mask
+that leaves nothing). Its onset is the first row at 0.
+
 A plateau that moves, a loss that comes down later, a constant loss written with few digits, an
 accuracy that stays at 1: none of these say so, and the verdict is left to the rest of the
 judgement.
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import math
 
+from trainguard.analyze import resolution
 from trainguard.analyze.chance import ACCURACY, MAX_GUESSED_CLASSES
 from trainguard.analyze.log import GRAD_NORM, LOSS, Log
 from trainguard.chance_level import chance_loss
@@ -134,6 +141,32 @@ def _evaluation_at_chance(log: Log) -> str | None:
                     f"{chance_loss(classes):.4g}: the held-out data scored as a uniform guess "
                     f"between {classes} choices each time")
     return None
+
+
+ZERO_DROP = 1000
+"""Units of the last written digit a loss stood at before it dropped to exactly 0 in one row
+(0.100427 written to 6 decimals: 100427 units)."""
+
+
+def went_to_zero(log: Log) -> tuple[int, str] | None:
+    """The row from which the loss is exactly 0 to the end after a drop from a real level in
+    one row, and why in words; None otherwise."""
+    values = log.values(LOSS)
+    rows = [i for i, v in enumerate(values) if v is not None]
+    if len(rows) < FROZEN_ROWS + 1:
+        return None
+    zero = len(rows)
+    while zero > 0 and values[rows[zero - 1]] == 0:
+        zero -= 1
+    if zero == 0 or len(rows) - zero < FROZEN_ROWS:
+        return None
+    before = values[rows[zero - 1]]
+    unit = resolution.quantum([before])
+    if before is None or not math.isfinite(before) or unit is None or before < ZERO_DROP * unit:
+        return None
+    return rows[zero], (f"the loss dropped from {before:g} to exactly 0 in one row and is 0 on "
+                        f"all {len(rows) - zero} rows after: no training signal reaches the "
+                        "weights (labels all ignored, or a mask that leaves nothing)")
 
 
 GUESS_BAND = 0.02
