@@ -55,3 +55,20 @@ def test_too_few_rows_or_no_loss_column_is_no_table(tmp_path: Path) -> None:
                                                 for e in range(8))
     path = write(tmp_path / "no_loss.txt", no_loss + "epoch 9 loss: 1.0\n")
     assert read_log(path).format != "text:table"
+
+
+def test_a_logger_prefix_and_columns_taking_turns(tmp_path: Path) -> None:
+    """`... INFO [name] model._log_history : Step<TAB>Train loss<TAB>Valid loss`: the prefix is
+    no field; training and validation rows each write `nan` in the other's column, placeholders
+    not values. A `nan` where neither column holds a number is the NaN it is."""
+    prefix = "2024-08-19 13:28:48,101 INFO [casanovo/MainProcess] model._log_history : "
+    rows = [(20000, "nan", "1.594399"), (33440, "1.816622", "nan"), (40000, "nan", "1.010075"),
+            (60000, "nan", "0.746913"), (66880, "0.945725", "nan"), (80000, "nan", "0.643513"),
+            (100320, "0.712074", "nan"), (133760, "0.596518", "nan")]
+    text = prefix + "Step\tTrain loss\tValid loss\t\n" + "".join(
+        f"{prefix}{step}\t{train}\t{valid}\n" for step, train, valid in rows)
+    result = analyze(write(tmp_path / "log.txt", text))
+    assert result.format == "text:table" and result.verdict == "healthy", result.evidence
+    broken = text + f"{prefix}140000\tnan\tnan\n{prefix}150000\tnan\tnan\n"
+    result = analyze(write(tmp_path / "broken.txt", broken))
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "step 140000")

@@ -548,3 +548,10 @@ def test_a_line_whose_phase_word_is_an_evaluation_s_is_one(tmp_path: Path) -> No
     log = read_log(write(tmp_path / "log.txt", text))
     assert same(log.values("loss"), [1.36 - 0.01 * e for e in range(4)])
     assert [metrics["eval_loss"] for _, metrics in log.evals] == [1.386] * 4
+
+
+def test_an_optical_flow_trainer_s_end_point_error_is_its_loss(tmp_path: Path) -> None:
+    """`step: 000100     epe: 32.581` (GMFlow, RAFT): the end-point error is what it trains."""
+    text = "".join(f"step: {100 * (i + 1):06d}     epe: {32.6 / (1 + i):.3f}\n" for i in range(8))
+    log = read_log(write(tmp_path / "log.txt", text))
+    assert log.steps[:2] == [100, 200] and log.values("loss")[0] == pytest.approx(32.6)

@@ -11,7 +11,13 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
   included); a line of another shape between them is passed over, and a header printed again
   starts the table again under its names;
 - a column named as a counter (`epoch`, `iteration`, `step`...) whose whole numbers go up numbers
-  the rows, named as it is; otherwise they are numbered from 1.
+  the rows, named as it is; otherwise they are numbered from 1;
+- a logger's prefix before the fields (`2024-08-19 13:28:48,101 INFO [name] logger : `, up to
+  the line's last ` : ` or `] `) is not part of them;
+- columns that take turns (never both a number on one row: a training row and a validation
+  row, each writing `nan` in the other's column) write `nan` as a placeholder: a `nan` in one of
+  them on a row where the other holds a number is no value. A `nan` on a row where no such
+  partner holds one is read as the `nan` it is.
 
 Values go where their names say (`validation/...` and `val_...` are evaluations), as in the
 trackers' files.
@@ -19,12 +25,15 @@ trackers' files.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
 from trainguard.analyze.log import LOSS, LogBuilder, is_eval_name, is_train_loss, number
 
 SPLIT = re.compile(r"[ \t]*,[ \t]*|\t+|[ \t]{2,}")
+PREFIX = re.compile(r"^.*(?:\s:\s|\]\s)")
+"""A logger's prefix before the fields: everything up to the line's last ` : ` or `] `."""
 FEWEST_ROWS = 5
 """Rows of numbers under a header for the lines to be read as a table."""
 COUNTER_NAMES = ("epoch", "iteration", "iter", "step", "global_step", "batch", "update",
@@ -33,7 +42,7 @@ COUNTER_NAMES = ("epoch", "iteration", "iter", "step", "global_step", "batch", "
 
 
 def _fields(line: str) -> list[str]:
-    return [field for field in SPLIT.split(line.strip()) if field]
+    return [field for field in SPLIT.split(PREFIX.sub("", line).strip()) if field]
 
 
 def _is_header(fields: list[str]) -> bool:
@@ -66,14 +75,17 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     if len(rows) < FEWEST_ROWS:
         return 0
     counted = _counted(rows)
+    turns = _taking_turns(rows)
     for index, (names, column, values) in enumerate(rows):
         if counted and column is not None:
             step = int(values[column])
-            label = f"{names[column]} {step}"
+            label = f"{names[column].lower()} {step}"
         else:
             step, label = index + 1, f"row {index + 1}"
         log.add_values(step, [(name, value) for i, (name, value)
-                              in enumerate(zip(names, values, strict=True)) if i != column],
+                              in enumerate(zip(names, values, strict=True))
+                              if i != column and not _placeholder(name, value, names, values,
+                                                                  column, turns)],
                        label=label)
     if counted:
         names, column, _ = rows[0]
@@ -96,3 +108,27 @@ def _counted(rows: list[tuple[list[str], int | None, list[float]]]) -> bool:
             return False
         last = value
     return True
+
+
+def _taking_turns(rows: list[tuple[list[str], int | None, list[float]]]) -> set[frozenset[str]]:
+    """The pairs of columns (the counter aside) that are never both a number on one row, each
+    a number on some row."""
+    finite: dict[str, set[int]] = {}
+    for index, (names, column, values) in enumerate(rows):
+        for i, (name, value) in enumerate(zip(names, values, strict=True)):
+            if i != column:
+                cells = finite.setdefault(name, set())
+                if math.isfinite(value):
+                    cells.add(index)
+    named = [name for name, cells in finite.items() if cells]
+    return {frozenset((a, b)) for n, a in enumerate(named) for b in named[n + 1:]
+            if not finite[a] & finite[b]}
+
+
+def _placeholder(name: str, value: float, names: list[str], values: list[float],
+                 column: int | None, turns: set[frozenset[str]]) -> bool:
+    """A `nan` written in a column whose partner in turn-taking holds a number on this row."""
+    if not math.isnan(value):
+        return False
+    return any(i != column and math.isfinite(other) and frozenset((name, partner)) in turns
+               for i, (partner, other) in enumerate(zip(names, values, strict=True)))

@@ -107,10 +107,10 @@ def is_bookkeeping(name: str) -> bool:
 
 
 LOSS_WORDS = frozenset({"xent", "nll", "ce", "cross_entropy", "cross entropy", "cross-entropy",
-                        "cost", "l1", "l2", "smoothl1", "smooth_l1"})
+                        "cost", "l1", "l2", "smoothl1", "smooth_l1", "epe"})
 """Names of a training loss without the word (OpenNMT's `xent`, Marian's `Cost` and its
-validation `cross-entropy`, a super-resolution trainer's `[L1: 5.96]`: the loss function's
-own name)."""
+validation `cross-entropy`, a super-resolution trainer's `[L1: 5.96]`, an optical-flow
+trainer's end-point error `epe`: the loss function's own name)."""
 
 
 def is_train_loss(name: str) -> bool:
