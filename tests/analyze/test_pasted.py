@@ -555,3 +555,13 @@ def test_an_optical_flow_trainer_s_end_point_error_is_its_loss(tmp_path: Path) -
     text = "".join(f"step: {100 * (i + 1):06d}     epe: {32.6 / (1 + i):.3f}\n" for i in range(8))
     log = read_log(write(tmp_path / "log.txt", text))
     assert log.steps[:2] == [100, 200] and log.values("loss")[0] == pytest.approx(32.6)
+
+
+def test_a_bracketed_cross_validation_tag_makes_an_evaluation(tmp_path: Path) -> None:
+    """WeTTS: `Epoch 0 [CV] progress 290/341 loss 1.02` beside `Epoch 1 [TRAIN] progress ...`."""
+    text = "".join(f"Epoch {e} [TRAIN] progress {10 * i}/2754 loss {1.0 - 0.01 * i:.4f}\n"
+                   for e in range(2) for i in range(5))
+    text += "Epoch 1 [CV] progress 290/341 loss 1.020537\n"
+    log = read_log(write(tmp_path / "log.txt", text))
+    assert len(log.values("loss")) == 10
+    assert log.evals[-1][1]["eval_loss"] == pytest.approx(1.020537)

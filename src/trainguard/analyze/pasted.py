@@ -97,8 +97,8 @@ _QUOTED_NAME = re.compile(rf"([\"'])({_WORD})\1(?=\s*[:=])")
 pretty-printed JSON record, cut from it): the name without its quotes."""
 _NONFINITE_WORD = re.compile(r"(?<![\w'\"])(-?(?:nan|inf(?:inity)?))(?![\w'\"])", re.IGNORECASE)
 
-_EVAL_FIELD = re.compile(r"(?:\|\s*(?:valid|validation|eval|evaluation|dev|test)\s*\|)"
-                         r"|(?:\[\s*(?:valid|validation|eval|evaluation|dev|test)\s*\])",
+_EVAL_FIELD = re.compile(r"(?:\|\s*(?:valid|validation|eval|evaluation|dev|test|cv)\s*\|)"
+                         r"|(?:\[\s*(?:valid|validation|eval|evaluation|dev|test|cv)\s*\])",
                          re.IGNORECASE)
 """A field that says the line reports an evaluation: one of a `|`-separated logger line
 (fairseq's `| valid |`) or a bracketed tag (Marian's `[valid]`)."""
