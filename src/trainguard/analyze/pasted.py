@@ -97,12 +97,13 @@ _QUOTED_NAME = re.compile(rf"([\"'])({_WORD})\1(?=\s*[:=])")
 pretty-printed JSON record, cut from it): the name without its quotes."""
 _NONFINITE_WORD = re.compile(r"(?<![\w'\"])(-?(?:nan|inf(?:inity)?))(?![\w'\"])", re.IGNORECASE)
 
-_EVAL_FIELD = re.compile(r"(?:\|\s*(?:valid|validation|eval|evaluation|dev|test|cv)\s*\|)"
-                         r"|(?:\[\s*(?:valid|validation|eval|evaluation|dev|test|cv)\s*\])",
+_EVAL_WORDS = r"(?:valid|validation|eval|evaluation|dev|test|cv)"
+"""The words a logger names an evaluation's phase by (`cv`: cross-validation)."""
+_EVAL_FIELD = re.compile(rf"(?:\|\s*{_EVAL_WORDS}\s*\|)|(?:\[\s*{_EVAL_WORDS}\s*\])",
                          re.IGNORECASE)
 """A field that says the line reports an evaluation: one of a `|`-separated logger line
 (fairseq's `| valid |`) or a bracketed tag (Marian's `[valid]`)."""
-_EVAL_PHASE = re.compile(r"(?<![\w./-])(?:cv|val|valid|validation|eval|evaluation|dev|test)"
+_EVAL_PHASE = re.compile(rf"(?<![\w./-])(?:val|{_EVAL_WORDS})"
                          r"[ \t]+(?=(?:batch|epoch|step|iter|iteration)\b)", re.IGNORECASE)
 """An evaluation's phase word before the line's counter: WeNet's and ESPnet's `TRAIN Batch
 4/203700 loss ...` beside `CV Batch 4/0 loss ...` (cross-validation), `Val epoch 0 has acc
@@ -400,11 +401,10 @@ def _one_rank(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
     """The rows of the lowest rank, when lines of several ranks are interleaved (each names
     its `rank N`): every rank prints its own loss of the same step, and read in turn they make
     a sawtooth no run has. Evaluations stay, after the kept row they followed."""
-    ranks = {row.values.get("rank") for row in rows}
-    ranks.discard(None)
+    ranks = {rank for row in rows if (rank := row.values.get("rank")) is not None}
     if len(ranks) < 2:
         return rows, evals
-    lowest = min(r for r in ranks if r is not None)
+    lowest = min(ranks)
     kept: list[LineRow] = []
     new_index: list[int] = []  # for each old row, the index of the last kept row at or before it
     for row in rows:

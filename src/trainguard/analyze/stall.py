@@ -105,13 +105,22 @@ CHANCE_BAND = 0.005
 """A loss within this share of ln k on every row, from the start, never left a guess."""
 
 
+def _losses_from_start(log: Log) -> list[float] | None:
+    """The losses of a log from the start of training, at least `FROZEN_ROWS` and all finite,
+    or None: what the rules of a loss that never left a guess judge."""
+    values = [v for v in log.values(LOSS) if v is not None]
+    if (len(values) < FROZEN_ROWS or not all(math.isfinite(v) for v in values)
+            or not log.starts_at_start()):
+        return None
+    return values
+
+
 def _near_chance(log: Log) -> str | None:
     """A log from the start of training whose loss stayed within `CHANCE_BAND` of ln k, for
     one small whole k, on each of at least `FROZEN_ROWS` rows: it moved in its last digits
     only, and never got better than a guess (a linear model on data it cannot split)."""
-    values = [v for v in log.values(LOSS) if v is not None]
-    if (len(values) < FROZEN_ROWS or not all(math.isfinite(v) for v in values)
-            or not log.starts_at_start()):
+    values = _losses_from_start(log)
+    if values is None:
         return None
     for classes in range(2, MAX_GUESSED_CLASSES + 1):
         chance = chance_loss(classes)
@@ -128,14 +137,13 @@ def _evaluation_at_chance(log: Log) -> str | None:
     ln k to the digits written, said in words; None otherwise."""
     series: dict[str, list[float | None]] = {}
     for _, metrics in log.evals:
-        for name, value in metrics.items():
+        for name, logged in metrics.items():
             if "loss" in name.lower():
-                series.setdefault(name, []).append(value)
+                series.setdefault(name, []).append(logged)
     for name, values in series.items():
-        pinned = _the_one_value(values)
-        classes = _chance_classes(pinned) if pinned is not None else None
-        if pinned is not None and classes is not None:
-            value = pinned
+        value = _the_one_value(values)
+        classes = _chance_classes(value) if value is not None else None
+        if value is not None and classes is not None:
             said = name if name.lower().startswith("eval") else f"eval {name}"
             return (f"{said} is {value:g} at all {len(values)} evaluations, ln {classes} = "
                     f"{chance_loss(classes):.4g}: the held-out data scored as a uniform guess "
@@ -181,9 +189,8 @@ def _guessing(log: Log) -> str | None:
     """A log from the start of training whose loss stayed within `GUESS_BAND` of ln k and one
     of whose accuracies stayed within `GUESS_ACCURACY_BAND` of 1/k, each on every one of at least
     `FROZEN_ROWS` rows: the model guessed between k choices from its first row to its last."""
-    values = [v for v in log.values(LOSS) if v is not None]
-    if (len(values) < FROZEN_ROWS or not all(math.isfinite(v) for v in values)
-            or not log.starts_at_start()):
+    values = _losses_from_start(log)
+    if values is None:
         return None
     accuracies = {name: [v for v in log.values(name) if v is not None]
                   for name in log.series if _is_accuracy(name)}
