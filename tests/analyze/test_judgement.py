@@ -435,3 +435,27 @@ def test_an_end_a_unit_of_the_last_digit_above_its_level_is_rounding(tmp_path: P
                for line in result.evidence), result.evidence
     # the same end written in full precision is a real doubling of the level
     assert ended_worse(0.0002, 0.0001, [0.0002] * 20)
+
+
+# -- a term of the loss ----------------------------------------------------------------------------
+def _terms(path: Path, nan_rows: range, rows: int = 40) -> Path:
+    """A detector's two loss terms, printed side by side with no total; the second is NaN on
+    `nan_rows` while the first keeps falling."""
+    lines = []
+    for i in range(rows):
+        second = "nan" if i in nan_rows else f"{4.0 - 0.02 * i:.4f}"
+        lines.append(f"iter {10 * (i + 1)}/9000 || ARM_L Loss: {3.0 - 0.01 * i:.4f} "
+                     f"ODM_L Loss: {second} ||")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_term_of_the_loss_nan_to_the_end_is_no_recovery(tmp_path: Path) -> None:
+    result = analyze(_terms(tmp_path / "train.log", range(30, 40)))
+    assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", 310)
+    assert any("ODM_L Loss" in line for line in result.evidence)
+
+
+def test_a_term_of_the_loss_nan_for_a_while_has_passed(tmp_path: Path) -> None:
+    result = analyze(_terms(tmp_path / "train.log", range(20, 23)))
+    assert result.verdict != "degraded", result.evidence

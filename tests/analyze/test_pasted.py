@@ -87,6 +87,11 @@ def same(values: list[float | None], expected: list[float]) -> bool:
     # Marian's validation line: the `[valid]` tag makes its cross-entropy an evaluation's
     ("[2019-10-17 17:51:28] [valid] Ep. 2 : Up. 80000 : cross-entropy : 53.9433 : new best",
      {"cross-entropy": 53.9433}, {"step": 80000.0, "epoch": 2.0}),
+    # RefineDet: terms whose names differ only by a prefix the grammar would drop
+    # (dd604/refinedet.pytorch#1)
+    ("iter 50/120000 || ARM_L Loss: 2.9621 ARM_C Loss: 2.7995 ODM_L Loss: nan ODM_C Loss: "
+     "12.1341 || ", {"ARM_L Loss": 2.9621, "ARM_C Loss": 2.7995, "ODM_L Loss": NAN,
+                     "ODM_C Loss": 12.1341}, {"step": 50.0}),
     # a line of a pretty-printed JSON record, its name quoted (facebookresearch/audiocraft#212)
     ('      "grad_norm": 1.315651535987854,', {"grad_norm": 1.315651535987854}, {}),
 ])
@@ -565,3 +570,30 @@ def test_a_bracketed_cross_validation_tag_makes_an_evaluation(tmp_path: Path) ->
     log = read_log(write(tmp_path / "log.txt", text))
     assert len(log.values("loss")) == 10
     assert log.evals[-1][1]["eval_loss"] == pytest.approx(1.020537)
+
+
+# -- a loss term that is a mean over no samples --------------------------------------------------
+def _two_tasks(path: Path, accuracy_when_nan: str) -> Path:
+    """wetts' prosody and polyphone heads (wenet-e2e/wetts#251): each line holds both task losses
+    and the total; on every third line the prosody task had no labels in the batch."""
+    lines = []
+    for i in range(30):
+        prosody, acc = ("nan", accuracy_when_nan) if i % 3 == 2 else (f"{0.7 - 0.01 * i:.4f}",
+                                                                      f"{0.7 + 0.004 * i:.3f}")
+        total = "nan" if prosody == "nan" else f"{1.2 - 0.02 * i:.4f}"
+        lines.append(f"Epoch 1 [TRAIN] progress {10 * i}/2754 loss {total} polyphone_loss "
+                     f"{0.5 - 0.01 * i:.4f} polyphone_acc {0.8 + 0.005 * i:.3f} "
+                     f"prosody_loss {prosody} prosody_acc {acc}")
+    return write(path, "\n".join(lines) + "\n")
+
+
+def test_a_term_nan_beside_its_own_accuracy_nan_is_no_value(tmp_path: Path) -> None:
+    result = analyze(_two_tasks(tmp_path / "train.log", "nan"))
+    assert result.verdict == "healthy", result.evidence
+    assert any("mean over no samples" in note and "prosody_loss" in note
+               for note in result.notes), result.notes
+
+
+def test_a_term_nan_beside_a_finite_accuracy_is_a_nan(tmp_path: Path) -> None:
+    result = analyze(_two_tasks(tmp_path / "train.log", "0.1"))
+    assert (result.verdict, result.kind) == ("degraded", "nan"), result.evidence

@@ -197,10 +197,13 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         _count(counters, spellings, counted, float(match.group(2)))
         remaining = remaining.replace(match.group(0), " ", 1)
     taken: list[tuple[int, int]] = []
-    for match in (*_SEPARATED.finditer(remaining), *_IS.finditer(remaining)):
-        name = _name(match.group(1))
-        value = number(match.group(2))
+    found = [(match, number(match.group(2)))
+             for match in (*_SEPARATED.finditer(remaining), *_IS.finditer(remaining))]
+    short = [_name(match.group(1)) for match, _ in found]
+    for (match, value), name in zip(found, short, strict=True):
         if name and value is not None:
+            if short.count(name) > 1:  # `ARM_L Loss: 3.0 ODM_L Loss: nan`: distinct terms
+                name = _qualified(match.group(1), name)
             values.setdefault(name, value)
             taken.append(match.span())
     for match in _SPACED.finditer(remaining):
@@ -278,6 +281,17 @@ def _name(words: str) -> str:
     return " ".join(kept)
 
 
+def _qualified(words: str, name: str) -> str:
+    """The name of a value whose short name another value on its line shares: with the word
+    before it that tells them apart (`ARM_L Loss` beside `ODM_L Loss`, both `Loss` once a
+    logger prefix's way of dropping what is not letters has run)."""
+    parts = words.split()
+    size = len(name.split())
+    if len(parts) > size and not parts[-size - 1].isdigit():
+        return " ".join(parts[-size - 1:])
+    return name
+
+
 def _objects(text: str) -> Iterable[tuple[str, bool]]:
     """The line cut into `{...}` objects (balanced braces) and the text between them."""
     depth, start, last = 0, 0, 0
@@ -318,11 +332,43 @@ def is_loss_name(name: str) -> bool:
     return name == "loss" or is_train_loss(name)
 
 
-def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]],
-                                            str | None]:
+_ACCURACY = ("_acc", "_accuracy", " acc", " accuracy")
+"""How a term's own accuracy is named after the term (`polyphone_loss`, `polyphone_acc`)."""
+
+
+def _without_empty_terms(values: dict[str, float]) -> dict[str, float]:
+    """A line's values less the loss terms that are a mean over no samples, and the total
+    they made NaN. A term `X_loss` that is NaN while its own accuracy `X_acc` is NaN too, beside
+    another term that is finite, is a task the batch had no labels of (wetts' prosody and
+    polyphone heads): an accuracy is a count's share, NaN only over nothing, where a diverged
+    model still gets a number. A NaN total beside it is no value either; a NaN term with a
+    finite accuracy, or no other finite term, is read as the NaN it is."""
+    empty: list[str] = []
+    terms: list[str] = []
+    for name, value in values.items():
+        lowered = name.lower()
+        if not (lowered.endswith(("_loss", " loss")) and len(name) > 5):
+            continue
+        terms.append(name)
+        accuracies = [name[:-5] + suffix for suffix in _ACCURACY if name[:-5] + suffix in values]
+        if (math.isnan(value) and accuracies
+                and all(math.isnan(values[a]) for a in accuracies)):
+            empty.extend([name, *accuracies])
+    if not empty or not any(math.isfinite(values[t]) for t in terms if t not in empty):
+        return values
+    kept = {k: v for k, v in values.items() if k not in empty}
+    for name, value in list(kept.items()):
+        if name not in terms and is_loss_name(name) and math.isnan(value):
+            del kept[name]  # the total over the terms, NaN by the empty one
+    return kept
+
+
+def rows_of(lines: Iterable[str], empty: list[str] | None = None
+            ) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]], str | None]:
     """The training rows of the lines, evaluations (index of the row they follow, values), and
     what the rows stand in for when the lines hold no training loss (see below; None: they hold
-    one).
+    one). `empty` gets the names of the loss terms left out of a line as a mean over no
+    samples (`_without_empty_terms`), once per line.
 
     Lines that hold no training loss at all but an evaluation's loss (`Validation loss 6312:
     0.149928` and nothing else) are the log's rows, that loss read as the loss; failing that,
@@ -344,6 +390,10 @@ def rows_of(lines: Iterable[str]) -> tuple[list[LineRow], list[tuple[int, dict[s
         values, counters = parse_line(line)
         if not values:
             continue
+        kept = _without_empty_terms(values)
+        if empty is not None and len(kept) < len(values):
+            empty.extend(name for name in values if name not in kept)
+        values = kept
         if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line):  # fairseq's `| valid |`
             values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
         if TOTALS & set(values):
@@ -595,7 +645,8 @@ class TooLong(Exception):
 def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the training rows of `lines` to `log`; the number of rows found."""
     try:
-        rows, evals, stand_in = rows_of(lines)
+        empty: list[str] = []
+        rows, evals, stand_in = rows_of(lines, empty)
     except TooLong:
         raise LogError(f"{log.path}: more than {MAX_ROWS} rows of free-form log lines, too "
                        "many to read as a paste; give --format with the trainer's own line "
@@ -611,6 +662,13 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     elif stand_in == REWARD_ONLY:
         log.notes.append("the log holds no loss: its reward is all it says of the run (watched "
                          "for NaN and inf; a reward's level is not judged)")
+    if empty:
+        terms = sorted({name for name in empty
+                        if name.lower().endswith(("_loss", " loss")) and len(name) > 5})
+        log.notes.append(f"{len(empty)} NaN value(s) not read ({', '.join(terms)} and the "
+                         "accuracies beside them, with the total they made NaN): a loss term "
+                         "NaN on a line where its own accuracy is NaN too is a mean over no "
+                         "samples, a batch without that task's labels")
     _inherit_steps(rows)
     _fill_loss_from_its_twin(rows)
     counter = _numbering(rows)
