@@ -131,3 +131,25 @@ def test_a_loss_that_drops_to_exactly_0_in_one_row_and_stays_is_stalled_from_the
     approached = _log([round(0.1 * 0.5 ** i, 6) for i in range(20)] + [0.0] * 12)
     assert analyze_log(approached).verdict == "healthy"
     assert analyze_log(_log([0.100427] * 4 + [0.0] * 6)).verdict == "healthy"
+
+
+def test_a_term_that_freezes_to_every_digit_to_the_end_is_stalled_from_there() -> None:
+    """CenterNet's heatmap loss 10.560472, then 9.208497 on every epoch after while the total
+    still moves with the other terms: that head's outputs stopped changing."""
+    total = [13.094866, 11.584103, 11.529147, 11.560646, 11.544007, 11.511237, 11.53961]
+    frozen = _log(total, hm_loss=[10.560472] + [9.208497] * 6)
+    result = analyze_log(frozen)
+    assert result.verdict == "stalled" and result.onset_step == frozen.steps[1]
+    assert "hm_loss is 9.208497 on all 6 rows" in result.evidence[0]
+
+
+@pytest.mark.parametrize("name, term", [
+    ("too few digits", [1.5, 1.3] + [1.25] * 6),
+    ("too few rows", [10.560472, 9.312201] + [9.208497] * 3),
+    # a logger that reprints a stale value between its refreshes did so before the end too
+    ("stale between refreshes", [10.560472] * 3 + [9.871234] * 3 + [9.208497] * 4),
+])
+def test_a_term_that_repeats_is_not_frozen_on_weak_evidence(name: str, term: list[float]
+                                                            ) -> None:
+    total = [13.0 - 0.1 * i + 0.03 * (i % 2) for i in range(len(term))]
+    assert analyze_log(_log(total, hm_loss=term)).verdict == "healthy", name

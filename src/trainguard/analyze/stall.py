@@ -39,11 +39,12 @@ judgement.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from trainguard.analyze import resolution
 from trainguard.analyze.chance import ACCURACY, MAX_GUESSED_CLASSES
-from trainguard.analyze.log import GRAD_NORM, LOSS, Log
+from trainguard.analyze.log import GRAD_NORM, LOSS, Log, is_train_loss
 from trainguard.chance_level import chance_loss
 
 MIN_ROWS = 3
@@ -175,6 +176,52 @@ def went_to_zero(log: Log) -> tuple[int, str] | None:
     return rows[zero], (f"the loss dropped from {before:g} to exactly 0 in one row and is 0 on "
                         f"all {len(rows) - zero} rows after: no training signal reaches the "
                         "weights (labels all ignored, or a mask that leaves nothing)")
+
+
+TAIL_ROWS = 4
+"""Distinct steps a loss must repeat one value on, to the end of the log, for `went_frozen`."""
+TAIL_DIGITS = 6
+"""Significant digits that value must be written with: a mean over batches that differ does
+not repeat to six digits on four steps while the model's outputs move."""
+
+
+def went_frozen(log: Log) -> tuple[int, str] | None:
+    """The row from which a training loss (the loss, or a term of it: `hm_loss` beside the
+    total) holds one value to the end, written with `TAIL_DIGITS` digits or more on at least
+    `TAIL_ROWS` distinct steps, after it moved on every row before; and why in words. None
+    otherwise. A logger that reprints a stale value between refreshes repeats it before the
+    end too, and is no such log."""
+    for name in [LOSS, *sorted(n for n in log.series if n != LOSS and is_train_loss(n))]:
+        found = _frozen_tail(log, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _frozen_tail(log: Log, name: str) -> tuple[int, str] | None:
+    values = log.values(name)
+    rows = [i for i, v in enumerate(values) if v is not None]
+    if len(rows) < TAIL_ROWS + 1:
+        return None
+    last = values[rows[-1]]
+    if (last is None or not math.isfinite(last) or last == 0
+            or _significant_digits(last) < TAIL_DIGITS):
+        return None
+    start = len(rows)
+    while start > 0 and values[rows[start - 1]] == last:
+        start -= 1
+    before = [values[i] for i in rows[:start]]
+    if (not before or len({log.steps[i] for i in rows[start:]}) < TAIL_ROWS
+            or any(a == b for a, b in itertools.pairwise(before))):
+        return None
+    classes = _chance_classes(last)
+    chance = (f", ln {classes} = {chance_loss(classes):.4g}: a uniform guess between {classes} "
+              "choices" if classes is not None else "")
+    said, part = ("the loss", "the model") if name == LOSS else (name, "that part of the model")
+    return rows[start], (
+        f"{said} is {last!r} on all {len(rows) - start} rows from {log.label(rows[start])} to "
+        f"the end, to every digit written, after it moved on every row before{chance}: the "
+        f"outputs it scores stopped changing, and {part} learns nothing")
 
 
 GUESS_BAND = 0.02
