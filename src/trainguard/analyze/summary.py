@@ -32,8 +32,9 @@ def _every(interval: float, unit: str) -> str:
     `every 50 (num_updates)`)."""
     if interval == 1:
         return f"every {unit}"
-    plural = f"{unit}s" if unit.replace(" ", "").isalpha() else f"({unit})"
-    return f"every {interval:g} {plural}"
+    if not unit.replace(" ", "").isalpha():
+        return f"every {interval:g} ({unit})"
+    return f"every {interval:g} {unit}{'es' if unit.endswith(('tch', 'sh', 's', 'x')) else 's'}"
 
 
 def summary_lines(result: Analysis) -> list[str]:
