@@ -160,8 +160,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     whole = whole_interval_skips(log, skipped)
     nonfinite_end, skipping_end = _bad_end(after, losses, grads, skipped, whole)
     kinds = {e.kind for e in incident}
-    nonfinite_end = (nonfinite_end or Kind.NONFINITE_VALUE in kinds  # to the end, by its rule
-                     or _term_ends_nonfinite(log, incident))
+    nonfinite_end = nonfinite_end or _term_ends_nonfinite(log, incident, kinds)
     final_rows = [v for i in after if _finite(v := losses[i])]
     end = log.steps[after[-1]] if after else 0
     span = max(WINDOW, log.interval())  # the live verdict's last 20 steps, or the last row
@@ -619,10 +618,13 @@ def _bad_end(after: list[int], losses: list[float | None], grads: list[float | N
     return nonfinite, skipping
 
 
-def _term_ends_nonfinite(log: Log, incident: list[Event]) -> bool:
-    """A term of the loss that went non-finite in the incident (`ODM_L Loss` beside the
-    loss read as the training one) is still so at its last row: the run never came back from
-    it, whatever the other terms do."""
+def _term_ends_nonfinite(log: Log, incident: list[Event], kinds: set[str]) -> bool:
+    """A value other than the loss ends the log non-finite: `nonfinite_value` (to the end, by
+    its rule), or a term of the loss that went non-finite in the incident (`ODM_L Loss` beside
+    the loss read as the training one) and is still so at its last row: the run never came
+    back from it, whatever the other terms do."""
+    if Kind.NONFINITE_VALUE in kinds:
+        return True
     terms = {e.param for e in incident if e.kind == Kind.NONFINITE_LOSS and e.param}
     for name in terms & set(log.series):
         _, values = log.series.points(name)

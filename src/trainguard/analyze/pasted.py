@@ -336,13 +336,15 @@ _ACCURACY = ("_acc", "_accuracy", " acc", " accuracy")
 """How a term's own accuracy is named after the term (`polyphone_loss`, `polyphone_acc`)."""
 
 
-def _without_empty_terms(values: dict[str, float]) -> dict[str, float]:
+def _without_empty_terms(values: dict[str, float], dropped: list[str] | None = None
+                         ) -> dict[str, float]:
     """A line's values less the loss terms that are a mean over no samples, and the total
     they made NaN. A term `X_loss` that is NaN while its own accuracy `X_acc` is NaN too, beside
     another term that is finite, is a task the batch had no labels of (wetts' prosody and
     polyphone heads): an accuracy is a count's share, NaN only over nothing, where a diverged
     model still gets a number. A NaN total beside it is no value either; a NaN term with a
-    finite accuracy, or no other finite term, is read as the NaN it is."""
+    finite accuracy, or no other finite term, is read as the NaN it is. `dropped` gets the
+    names left out."""
     empty: list[str] = []
     terms: list[str] = []
     for name, value in values.items():
@@ -360,6 +362,8 @@ def _without_empty_terms(values: dict[str, float]) -> dict[str, float]:
     for name, value in list(kept.items()):
         if name not in terms and is_loss_name(name) and math.isnan(value):
             del kept[name]  # the total over the terms, NaN by the empty one
+    if dropped is not None:
+        dropped.extend(name for name in values if name not in kept)
     return kept
 
 
@@ -390,10 +394,7 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
         values, counters = parse_line(line)
         if not values:
             continue
-        kept = _without_empty_terms(values)
-        if empty is not None and len(kept) < len(values):
-            empty.extend(name for name in values if name not in kept)
-        values = kept
+        values = _without_empty_terms(values, empty)
         if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line):  # fairseq's `| valid |`
             values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
         if TOTALS & set(values):

@@ -30,7 +30,10 @@ And from some row on (`went_to_zero`): **a loss that dropped to exactly 0 and st
 level at least `ZERO_DROP` units of its last written digit to 0 in one row, then 0 to every
 digit on each of at least `FROZEN_ROWS` rows to the end (a loss that learns approaches 0 over
 many rows; one that is 0 at once from a real level lost its signal: labels all ignored, a mask
-that leaves nothing). Its onset is the first row at 0.
+that leaves nothing). Its onset is the first row at 0. And (`went_frozen`) **a loss that froze**:
+the loss, or a term of it (`hm_loss` beside the total), that moved on every row and then holds
+one value written with `TAIL_DIGITS` digits or more on each of its last `TAIL_ROWS` distinct
+steps or more (a head whose outputs stopped changing). Its onset is the first frozen row.
 
 A plateau that moves, a loss that comes down later, a constant loss written with few digits, an
 accuracy that stays at 1: none of these say so, and the verdict is left to the rest of the
