@@ -597,3 +597,18 @@ def test_a_term_nan_beside_its_own_accuracy_nan_is_no_value(tmp_path: Path) -> N
 def test_a_term_nan_beside_a_finite_accuracy_is_a_nan(tmp_path: Path) -> None:
     result = analyze(_two_tasks(tmp_path / "train.log", "0.1"))
     assert (result.verdict, result.kind) == ("degraded", "nan"), result.evidence
+
+
+def test_records_printed_over_several_lines_are_one_row_each(tmp_path: Path) -> None:
+    """A Faster R-CNN trainer prints each record as a line with the iteration and the total,
+    then a line per loss term (ruotianluo/pytorch-faster-rcnn's `iter: 200 / 70000`)."""
+    records = []
+    for i, (total, box) in enumerate([("0.622355", "0.055740"), ("0.248979", "0.003199"),
+                                      ("0.3101", "0.0101"), ("0.2888", "0.0095"),
+                                      ("nan", "nan"), ("nan", "nan")]):
+        records.append(f"iter: {160 + 20 * i} / 70000, total loss: {total}\n"
+                       f" >>> rpn_loss_cls: 0.22{i}\n >>> rpn_loss_box: {box}\n"
+                       f" >>> lr: 0.001000\nspeed: 0.167s / iter\n")
+    result = analyze(write(tmp_path / "train.log", "".join(records)))
+    assert result.rows == 6 and result.interval == 20
+    assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", 240)

@@ -595,6 +595,27 @@ def _inherit_steps(rows: list[LineRow]) -> None:
             row.spelling = last.spelling
 
 
+def _fold_records(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
+                  ) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]]]:
+    """Records of one shape printed over several lines, each a line with the step and the same
+    number of lines without one after it (`iter: 200 / 70000, total loss: nan`, then a line per
+    loss term: ` >>> rpn_loss_box: nan`), folded into one row each: the step lines at a fixed
+    period from the first row, the last record no longer than the others. Rows that mostly
+    carry the step are left to `_inherit_steps`; the evaluations follow their record."""
+    at = [i for i, row in enumerate(rows) if "step" in row.counters]
+    if len(at) < 2 or at[0] != 0 or len(at) * 2 >= len(rows):
+        return rows, evals
+    period = at[1]
+    if not (all(b - a == period for a, b in itertools.pairwise(at))
+            and len(rows) - at[-1] <= period):
+        return rows, evals
+    for i, row in enumerate(rows):
+        if i % period:
+            for name, value in row.values.items():
+                rows[i - i % period].values.setdefault(name, value)
+    return [rows[i] for i in at], [(after // period, values) for after, values in evals]
+
+
 def _merge_reprints(rows: list[LineRow]) -> list[LineRow]:
     """One row printed twice in a row by two handlers (other names, one rounded) is one row."""
     out: list[LineRow] = []
@@ -670,6 +691,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
                          "accuracies beside them, with the total they made NaN): a loss term "
                          "NaN on a line where its own accuracy is NaN too is a mean over no "
                          "samples, a batch without that task's labels")
+    rows, evals = _fold_records(rows, evals)
     _inherit_steps(rows)
     _fill_loss_from_its_twin(rows)
     counter = _numbering(rows)
