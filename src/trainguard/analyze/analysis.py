@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.analyze import adversarial, periodic, resolution, rl_log, stall, text
 from trainguard.analyze import chance as chance_level
-from trainguard.analyze import periodic, resolution, rl_log, stall, text
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
 from trainguard.analyze.judge import (
@@ -88,7 +88,7 @@ def analyze(path: str | Path, *, fmt: str | None = None, num_classes: int | None
 
 
 def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
-    log = prepare(rl_log.set_aside_surrogate(raw))
+    log = prepare(adversarial.set_aside_game(rl_log.set_aside_surrogate(raw)))
     config = _config(log)
     replayed = replay(log, config, num_classes=num_classes)
     events = replayed.events
@@ -110,6 +110,8 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     judgement = _untrained_to_the_end(judgement, log, replayed.untrained)
     if rl_log.set_aside(log) or (not log.has(LOSS) and rl_log.reward_column(log)):
         judgement = _rl_progress(judgement, log)
+    elif judgement.verdict == HEALTHY and (game := adversarial.progress(log)) is not None:
+        judgement = dataclasses.replace(judgement, ending=game)
     # a run that learned nothing had no incident, unless a detector told it: no trouble step
     # to read the log's findings around
     troubled = judgement.verdict not in (HEALTHY, STALLED)

@@ -1,0 +1,43 @@
+"""A GAN's log (`trainguard.analyze.adversarial`): its losses are a game's, their levels not
+judged, their NaN still caught."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trainguard.analyze import analyze
+
+
+def _records(path: Path, dis: list[float], gen_name: str = "loss_gen",
+             dis_name: str = "loss_dis") -> Path:
+    """Chainer's `LogReport` lines: a generator loss that climbs 3.7 -> 13 while the
+    discriminator's falls (a discriminator that wins the game)."""
+    rows = [{"iteration": 100 * (i + 1), gen_name: 3.7 + 0.05 * i + 0.3 * (i % 3),
+             dis_name: value} for i, value in enumerate(dis)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+FALLING = [1.2 - 0.005 * i for i in range(200)]
+
+
+def test_a_generator_loss_that_climbs_is_the_game_not_a_divergence(tmp_path: Path) -> None:
+    result = analyze(_records(tmp_path / "log.jsonl", FALLING))
+    assert result.verdict == "healthy", result.evidence
+    assert any("discriminator's loss (loss_dis)" in note for note in result.notes)
+    assert "levels not judged" in result.evidence[0]
+
+
+def test_a_gan_whose_discriminator_loss_ends_nan_is_degraded(tmp_path: Path) -> None:
+    dis = FALLING[:150] + [math.nan] * 50
+    result = analyze(_records(tmp_path / "log.jsonl", dis, gen_name="G_loss", dis_name="D_loss"))
+    assert (result.verdict, result.kind) == ("degraded", "nan"), result.evidence
+
+
+def test_a_second_loss_not_named_for_a_discriminator_leaves_the_loss_judged(tmp_path: Path
+                                                                           ) -> None:
+    result = analyze(_records(tmp_path / "log.jsonl", FALLING, gen_name="loss",
+                              dis_name="loss_aux"))
+    assert result.verdict == "degraded", result.evidence
