@@ -41,3 +41,15 @@ def test_a_second_loss_not_named_for_a_discriminator_leaves_the_loss_judged(tmp_
     result = analyze(_records(tmp_path / "log.jsonl", FALLING, gen_name="loss",
                               dis_name="loss_aux"))
     assert result.verdict == "degraded", result.evidence
+
+
+def test_a_pix2pix_visualizer_log_is_read_as_a_gan(tmp_path: Path) -> None:
+    """pytorch-CycleGAN-and-pix2pix prints its losses by their short names only."""
+    lines = [f"(epoch: {1 + i // 10}, iters: {100 * (1 + i % 10)}, time: 0.189, data: 0.002) "
+             f"G_GAN: {1.5 + 0.02 * i:.3f} G_L1: {40 - 0.2 * i:.3f} D_real: "
+             f"{0.5 / (1 + 0.05 * i):.3f} D_fake: {0.4 / (1 + 0.05 * i):.3f} " for i in range(60)]
+    path = tmp_path / "loss_log.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = analyze(path)
+    assert result.verdict == "healthy", result.evidence
+    assert any("discriminator's loss" in note for note in result.notes)

@@ -92,6 +92,10 @@ def same(values: list[float | None], expected: list[float]) -> bool:
     ("iter 50/120000 || ARM_L Loss: 2.9621 ARM_C Loss: 2.7995 ODM_L Loss: nan ODM_C Loss: "
      "12.1341 || ", {"ARM_L Loss": 2.9621, "ARM_C Loss": 2.7995, "ODM_L Loss": NAN,
                      "ODM_C Loss": 12.1341}, {"step": 50.0}),
+    # pytorch-CycleGAN-and-pix2pix's visualizer: what follows its head is losses
+    ("(epoch: 1, iters: 100, time: 0.189, data: 0.278) G_GAN: 2.261 G_L1: 40.529 D_real: 0.056 "
+     "D_fake: 0.233 ", {"loss_G_GAN": 2.261, "loss_G_L1": 40.529, "loss_D_real": 0.056,
+                        "loss_D_fake": 0.233}, {"epoch": 1.0, "step": 100.0}),
     # a line of a pretty-printed JSON record, its name quoted (facebookresearch/audiocraft#212)
     ('      "grad_norm": 1.315651535987854,', {"grad_norm": 1.315651535987854}, {}),
 ])

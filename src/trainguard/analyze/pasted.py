@@ -147,10 +147,21 @@ class LineRow:
     progress bar (`41/3280 [`)."""
 
 
+_GAN_VISUALIZER = re.compile(r"\(epoch: \d+, iters: \d+, time: [\d.]+, data: [\d.]+\)")
+"""The head of a line of pytorch-CycleGAN-and-pix2pix's visualizer (and its many forks): the
+values after it are the model's losses, each under its own short name (`G_GAN`, `G_L1`,
+`D_real`, `D_fake`; `D_A`, `G_A`, `cycle_A`, `idt_A`)."""
+
+
 def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
     """(named values, counters) found on one line; the step counter's own spelling is kept
     under `SPELLING`."""
     text = _ANSI.sub("", line)
+    head = _GAN_VISUALIZER.search(text)
+    if head:  # what follows the head is losses: named as such (`loss_D_real`)
+        losses, after = parse_line(text[head.end():])
+        _, numbered = parse_line(head.group(0)[1:-1])  # the head without its parentheses
+        return {f"loss_{name}": value for name, value in losses.items()}, numbered | after
     values: dict[str, float] = {}
     counters: dict[str, float] = {}
     spellings: dict[str, Any] = {}
