@@ -12,8 +12,6 @@ stays non-finite to the end breaks the run (`analyze.lossless`), but no level is
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import re
 
 from trainguard.analyze.log import LOSS, Log, is_train_loss
@@ -35,14 +33,12 @@ def set_aside_game(log: Log) -> Log:
     """The log with its loss set aside as `GAME` when the log is a GAN's (a copy, with a note);
     the log itself otherwise."""
     shown_by = discriminator_loss(log)
-    if shown_by is None or not log.has(LOSS) or GAME in log.series:
+    if shown_by is None:
         return log
-    series = log.series.copy()
-    series.rename(LOSS, GAME)
-    note = (f"the log holds a discriminator's loss ({shown_by}): a GAN's losses are a game's, "
-            "where one player's rising loss is the other's progress; they are watched for NaN "
-            "and inf, not judged as losses to minimise")
-    return dataclasses.replace(log, series=series, notes=[*log.notes, note])
+    return log.loss_set_aside(GAME, (
+        f"the log holds a discriminator's loss ({shown_by}): a GAN's losses are a game's, where "
+        "one player's rising loss is the other's progress; they are watched for NaN and inf, "
+        "not judged as losses to minimise"))
 
 
 def progress(log: Log) -> str | None:
@@ -50,12 +46,6 @@ def progress(log: Log) -> str | None:
     summary; None where the log's loss was not set aside as a game's."""
     if GAME not in log.series:
         return None
-    parts = []
-    for name in (GAME, discriminator_loss(log)):
-        if name is None:
-            continue
-        _, values = log.series.points(name)
-        finite = [v for v in values if math.isfinite(v)]
-        if finite:
-            parts.append(f"{name} went from {finite[0]:.4g} to {finite[-1]:.4g}")
+    parts = [said for name in (GAME, discriminator_loss(log))
+             if name is not None and (said := log.went(name)) is not None]
     return "; ".join(parts) + " (levels not judged)" if parts else None

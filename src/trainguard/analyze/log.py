@@ -20,6 +20,8 @@ raises `LogError` with one message that names the file and the problem.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,6 +260,22 @@ class Log:
 
     def values(self, name: str) -> list[float | None]:
         return self.series[name] if name in self.series else [None] * len(self.steps)
+
+    def loss_set_aside(self, name: str, note: str) -> Log:
+        """The log with its loss renamed `name`, a further training loss (watched for NaN and
+        inf, its level not judged), and `note` added (a copy); the log itself when it holds
+        no loss or a series `name` already."""
+        if not self.has(LOSS) or name in self.series:
+            return self
+        series = self.series.copy()
+        series.rename(LOSS, name)
+        return dataclasses.replace(self, series=series, notes=[*self.notes, note])
+
+    def went(self, name: str) -> str | None:
+        """`name went from A to B`: the series' first and last finite values (None: none)."""
+        _, values = self.series.points(name)
+        finite = [v for v in values if math.isfinite(v)]
+        return f"{name} went from {finite[0]:.4g} to {finite[-1]:.4g}" if finite else None
 
     def label(self, row: int) -> str:
         """The row as the log names it: `step 3010`, `iteration 7010`, `epoch 4, batch 1400`."""

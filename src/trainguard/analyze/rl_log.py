@@ -22,7 +22,6 @@ its level is not judged. A preference trainer's loss (DPO, KTO, ORPO: `rewards/c
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -64,15 +63,13 @@ def set_aside_surrogate(log: Log) -> Log:
     """The log with its loss set aside as `SURROGATE` when it is a policy-gradient surrogate
     (a copy, with a note); the log itself otherwise."""
     shown_by = scored_samples(log)
-    if shown_by is None or not log.has(LOSS) or SURROGATE in log.series:
+    if shown_by is None:
         return log
-    series = log.series.copy()
-    series.rename(LOSS, SURROGATE)
-    note = (f"the training loss is an RL trainer's ({shown_by} says it scores its own samples): "
+    return log.loss_set_aside(SURROGATE, (
+        f"the training loss is an RL trainer's ({shown_by} says it scores its own samples): "
             "a policy-gradient surrogate near 0 or negative by design, or a value loss whose "
             "targets move with the samples; it is watched for NaN and inf, not judged as a loss "
-            "to minimise, and the run is judged on its rewards and KL")
-    return dataclasses.replace(log, series=series, notes=[*log.notes, note])
+            "to minimise, and the run is judged on its rewards and KL"))
 
 
 def set_aside(log: Log) -> bool:
@@ -88,12 +85,9 @@ def progress(log: Log) -> str | None:
         by_lower = {n.lower(): n for n in log.series}
         name = (reward_column(log) if names is REWARD
                 else next((by_lower[n] for n in names if n in by_lower), None))
-        if name is None:
-            continue
-        _, values = log.series.points(name)
-        finite = [v for v in values if math.isfinite(v)]
-        if finite:
-            parts.append(f"{name} went from {finite[0]:.4g} to {finite[-1]:.4g}")
+        said = log.went(name) if name is not None else None
+        if said is not None:
+            parts.append(said)
     return "; ".join(parts) if parts else None
 
 
