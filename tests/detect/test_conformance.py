@@ -39,7 +39,7 @@ from trainguard.detect.base import (
     UnlearnedStreak,
 )
 from trainguard.detect.batch_noise import BatchNoise
-from trainguard.detect.calm import SignalColumns
+from trainguard.detect.calm import RowJudge, SignalColumns
 from trainguard.detect.fp16_overflow import ScaleCalibration
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.on_duty import OnDuty
@@ -77,13 +77,13 @@ HELPERS: tuple[type, ...] = (Detector, OutlierDetector, StreakDetector, Unlearne
                              Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
                              StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack,
-                             EntropyFall, OnDuty)
+                             EntropyFall, OnDuty, RowJudge)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
 stalled, the reward tracks `RewardHacking` keeps, the entropy's fall the completion detectors read,
 and the columns of a log's rows the offline
-fast paths read: their conformance is their detector's; and the judge of the samples a model
+fast paths read (and what their driver asks of a detector): their conformance is their detector's; and the judge of the samples a model
 makes, fed by the Guard, not by step signals (`tests/detect/test_sample_judge.py`); and the
 roster of the detectors a live step concerns (`tests/detect/test_on_duty.py`)."""
 SETTINGS = "trainguard.detect.settings"

@@ -46,7 +46,7 @@ from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, Detector
 from trainguard.detect.base import what_jumped
-from trainguard.detect.calm import SignalColumns
+from trainguard.detect.calm import SignalColumns, run_rows
 from trainguard.detect.fp16_overflow import Fp16Overflow
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.nonfinite_loss import NonFiniteLoss
@@ -86,14 +86,6 @@ class Replay:
     what it was."""
 
 
-FAST_FIRST = 64
-"""Rows a detector's fast path first looks ahead over (`Detector.skip_calm`); the stretch
-doubles while every row it looks at is calm, and starts again from this after a row that is not."""
-FAST_GAIN = 8
-"""A fast path that skipped fewer rows than this is not tried again for as many rows as it has
-failed in a row (up to `FAST_WAIT`): in a log of few calm rows in a row, its array work would
-cost more than `check` on each row."""
-FAST_WAIT = 64
 
 # the order of a row's events, as the live run raises them: the evaluations handed over before
 # the step, its other losses, then the detectors in their order
@@ -147,7 +139,7 @@ def _replay(log: Log, config: DetectorConfig, *, num_classes: int | None,
             table.fill(signals, index, whole_skips=whole_skips)
             return table.rows[index], signals
 
-        for row, event in _run(detector, columns, fill, fast=fast):
+        for row, event in run_rows(detector, columns, fill, fast=fast):
             keyed.append(((row, _DETECTORS, order), row, event))
         if (said := _untrained(detector, table, handed)) is not None:
             untrained = min(said, untrained or said)
@@ -275,30 +267,6 @@ def _given(values: list[Any]) -> np.ndarray:
     return np.array([v is not None for v in values], dtype=bool)
 
 
-def _run(detector: Detector, columns: SignalColumns,
-         fill: Callable[[int], tuple[int, StepSignals]], *,
-         fast: bool) -> list[tuple[int, Event]]:
-    """One detector over its rows (`fill(position)`: the row of a position of `columns`, and
-    its signals): (row, event) in the order it raised them."""
-    found: list[tuple[int, Event]] = []
-    position, count = 0, len(columns)
-    ahead, retry, failed = FAST_FIRST, 0, 0
-    while position < count:
-        if fast and position >= retry:
-            end = min(count, position + ahead)
-            skipped_to = detector.skip_calm(columns, position, end)
-            ahead = ahead * 2 if skipped_to == end else FAST_FIRST
-            failed = 0 if skipped_to - position >= FAST_GAIN else min(failed + 1, FAST_WAIT)
-            retry = skipped_to + failed
-            position = skipped_to
-            if position >= count or position == end:
-                continue
-        row, signals = fill(position)
-        found.extend((row, event) for event in detector.check(signals))
-        position += 1
-    return found
-
-
 def _evaluations(log: Log, config: DetectorConfig, rows: list[int],
                  num_classes: int | None) -> list[tuple[tuple[int, ...], int, Event]]:
     """The evaluations through `MetricCollapse`, each handed over before the first row past
@@ -391,7 +359,7 @@ def _watch_aux(name: str, at: list[int], values: list[float], index_of: dict[int
         signals.step, signals.loss = steps[position], values[position]
         return at[position], signals
 
-    found = _run(NonFiniteLoss(config), columns, fill, fast=fast)
+    found = run_rows(NonFiniteLoss(config), columns, fill, fast=fast)
     for _, event in found:
         event.param, event.message = name, f"{name} is {event.value}"
     return found

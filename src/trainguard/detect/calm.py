@@ -12,14 +12,16 @@ computes them (`math.log`, the same medians), so the fast path decides as the sl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 if TYPE_CHECKING:
-    from trainguard.signals import RobustBaseline, TransientJumps
+    from trainguard.events import Event
+    from trainguard.signals import RobustBaseline, StepSignals, TransientJumps
 
 CHUNK_ELEMENTS = 1 << 22
 """The most values one step of a fast path sorts at once (windows x window length): its memory
@@ -122,3 +124,44 @@ def finite_positive(values: np.ndarray) -> np.ndarray:
         return np.isfinite(values) & (values > 0)
 
 
+FAST_FIRST = 64
+"""Rows a detector's fast path first looks ahead over (`Detector.skip_calm`); the stretch
+doubles while every row it looks at is calm, and starts again from this after a row that is not."""
+FAST_GAIN = 8
+"""A fast path that skipped fewer rows than this is not tried again for as many rows as it has
+failed in a row (up to `FAST_WAIT`): in a log of few calm rows in a row, its array work would
+cost more than `check` on each row."""
+FAST_WAIT = 64
+
+
+class RowJudge(Protocol):
+    """What `run_rows` asks of a detector (`Detector`, which imports this module)."""
+
+    def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int: ...
+
+    def check(self, signals: StepSignals) -> list[Event]: ...
+
+
+def run_rows(detector: RowJudge, columns: SignalColumns,
+             fill: Callable[[int], tuple[int, StepSignals]], *,
+             fast: bool = True) -> list[tuple[int, Event]]:
+    """One detector over its rows, a log's or the calm lane's (`fill(position)`: the row of a
+    position of `columns`, and its signals): `skip_calm` past the calm ones, `check` on the
+    others; (row, event) in the order it raised them."""
+    found: list[tuple[int, Event]] = []
+    position, count = 0, len(columns)
+    ahead, retry, failed = FAST_FIRST, 0, 0
+    while position < count:
+        if fast and position >= retry:
+            end = min(count, position + ahead)
+            skipped_to = detector.skip_calm(columns, position, end)
+            ahead = ahead * 2 if skipped_to == end else FAST_FIRST
+            failed = 0 if skipped_to - position >= FAST_GAIN else min(failed + 1, FAST_WAIT)
+            retry = skipped_to + failed
+            position = skipped_to
+            if position >= count or position == end:
+                continue
+        row, signals = fill(position)
+        found.extend((row, event) for event in detector.check(signals))
+        position += 1
+    return found
