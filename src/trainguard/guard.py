@@ -87,16 +87,19 @@ class Guard:
         """The loop's own `optimizer.step()` calls, told once (`outside_steps.py`)."""
         self._samples = (SamplesSeen(sample_fn, self.config) if sample_fn is not None
                          else None)
+        self.run.open_calm_lane()  # calm steps in a few operations (`pipeline/calm.py`)
 
     # -- public API ------------------------------------------------------------------------------
     @property
     def events(self) -> list[Event]:
         """Every event so far, in order."""
+        self.run.calm_handed_over()
         return self.run.events
 
     @property
     def findings(self) -> list[Finding]:
         """What the preflight audit (and the runtime checks) found, worst first at the start."""
+        self.run.calm_handed_over()
         return self.run.findings
 
     @property
@@ -164,10 +167,20 @@ class Guard:
 
     def _step(self, loss: Any, batch: Any, data_ids: Any,
               metrics: Mapping[str, float] | None) -> StepReport | None:
+        calm, measured = self.run.calm, None
+        if calm is not None and calm.may_take(loss, batch, metrics):
+            taken = calm.take(loss, batch)
+            if isinstance(taken, StepReport):
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                calm.settle()
+                return taken
+            measured = taken  # not calm: the full check goes on from its measurement
         if self.scaler is not None:
             self._unscale()
         ctx = self.run.before_update(loss, batch=batch, data_ids=data_ids,
-                                     metrics=_step_metrics(metrics))
+                                     metrics=_step_metrics(metrics), premeasured=measured)
         if ctx.unguarded is not None:  # the check failed: the step goes ahead unguarded
             self._optimizer_step()
             if self.scheduler is not None:
@@ -231,6 +244,7 @@ class Guard:
         model, optimizer, gradients and RNG are put back exactly. Needs `replay_fn`."""
         if self.run.closed:
             raise UsageError("this Guard is closed")
+        self.run.calm_handed_over()
         start = self._outside.since_last_step()
         try:
             return self.run.prover.prove_now(self.run.state, self.run.services, batch)

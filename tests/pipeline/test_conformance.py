@@ -71,10 +71,11 @@ def test_the_deferred_judgement_has_the_shape_of_the_check() -> None:
 
 
 def test_the_step_context_keeps_only_what_passes_the_update() -> None:
-    """The context carries the caller's inputs and what the check hands its settling; the
-    stages' results before the update travel as return values."""
+    """The context carries the caller's inputs (the calm lane's measurement of a step it found
+    not calm, and what the detectors raised on the steps it took, among them) and what the
+    check hands its settling; the stages' results before the update travel as return values."""
     names = {f.name for f in dataclasses.fields(StepContext)}
-    assert len(names) <= 21
+    assert len(names) <= 23
     assert not names & {"signals", "grads", "extra", "batch_stats", "clip_limit", "report",
                         "queued", "sample_next", "nonfinite_input", "batch_inspected"}
 

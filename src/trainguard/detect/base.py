@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +149,13 @@ class Detector:
         have left it. The default skips nothing."""
         del columns, end
         return start
+
+    def calm_bounds(self) -> tuple[float, float] | None:
+        """Live, for the calm lane (`pipeline/calm.py`): the highest loss and gradient norm a
+        step may show to be taken there, until the next full step; what this detector would
+        raise on such a step is told a few steps late. None: every step must be checked in full
+        now (an episode open, an outlier waiting). The default bounds nothing."""
+        return (math.inf, math.inf)
 
     def untrained(self) -> tuple[int, str] | None:
         """At the run's end: the length of a streak of this detector's, long enough to have

@@ -134,6 +134,8 @@ class InstabilityPrecursor(Detector):
         """Some value was near its bound at that step: the probes measure every step."""
         self.growth_near = False
         """log Z or the update RMS was near its bound when last measured."""
+        self._calm_peak: float | None = None
+        """The estimate's peak `calm_at` found on the step it was asked about last."""
 
     def due(self, step: int) -> bool:
         """Whether the probes measure `step` (`detectors.instability_precursor.every`): every
@@ -223,6 +225,52 @@ class InstabilityPrecursor(Detector):
             return 1.0
         typical = float(np.median(self.lrs))
         return min(1.0, lr / typical) if typical > 0 else 1.0
+
+    def calm_at(self, signals: StepSignals) -> bool:
+        """Whether `check` is sure to raise nothing on this step, known before it runs (the
+        calm lane asks, then runs `check`): a step the probes skip whose estimate `_far` takes
+        as quiet (or with no estimate yet); a step they measure whose ratios, at the clipped
+        gradient, are under `NEAR` of `abs_min` and whose log Z is far from its bound, with no
+        streak or episode open. False when it may raise, or when that is not known cheaply."""
+        if signals.attention_logits:
+            return False
+        cfg = self.config.instability_precursor
+        self._calm_peak = None
+        if not signals.precursors:
+            estimate = self._estimate(signals)
+            if estimate is None:
+                return True
+            values, need_history = estimate, True
+        else:
+            measured = signals.precursors.get(SIGNAL)
+            if not self.growth.calm_at(signals):
+                return False
+            if measured is None:
+                return True
+            values, need_history = np.asarray(measured, dtype=np.float64), False
+        peak = float(np.fmax.reduce(values, initial=0.0)) * clip_factor(signals)
+        calm = (peak < NEAR * cfg.abs_min and (bool(self.history) or not need_history)
+                and not self.streaking and not self.episode.active)
+        if calm and need_history:
+            self._calm_peak = peak
+        return calm
+
+    def take_calm(self, signals: StepSignals) -> list[Event]:
+        """`check` of the step `calm_at` just called calm: on a step the probes skipped, what
+        `check` does there (the ratios last judged stand for it, `_far`), without computing the
+        estimate again; on a step they measured, `check` itself."""
+        peak, self._calm_peak = self._calm_peak, None
+        if signals.precursors:
+            return self.check(signals)
+        self.growth.calm_row(signals.loss)
+        if peak is None:  # no estimate yet: nothing judged
+            self.judged = False
+            return []
+        self.judged, self.last_max = True, peak
+        self.history.append(self.history[-1])
+        self.episode.update(False)
+        self.near = self.growth_near or self._ratio_near()
+        return []
 
     def _far(self, estimate: np.ndarray, signals: StepSignals) -> bool:
         """A skipped step whose estimate is far from every bound (the discounts only lower it),

@@ -138,6 +138,16 @@ class Streaks:
             self._remember(row)
         self.streak = np.zeros(last.shape, dtype=np.int64)
 
+    def calm_at(self, value: float, margin: float) -> bool:
+        """Whether one more row of `value` (a single column) is sure to raise nothing: no
+        episode or streak open, and the value under `NEAR` of `margin` above the lowest kept
+        (below the median plus `margin`, where a value is high), or the baseline still empty."""
+        if not math.isfinite(value) or self.episode.active or self.streak.any():
+            return False
+        if not self._count:
+            return True
+        return bool((value < self._lowest() + NEAR * margin).all())
+
     def near(self, margin: float) -> bool:
         """Whether the last row is within `NEAR` of being high (`margin` above the lowest value
         kept), a streak is running or an episode is open: the probe then measures every step."""
@@ -244,6 +254,12 @@ class OutputGrowth:
         self.logz_reported: tuple[int, float] | None = None
         """(step, value) of the last log Z report of the open episode (None: no episode)."""
 
+    def calm_row(self, loss: float | None) -> None:
+        """`check` of a step the probes skipped, which holds no value of theirs: its loss is
+        kept (`learning`)."""
+        if loss is not None and math.isfinite(loss):
+            self.losses.append(loss)
+
     def check(self, signals: StepSignals, make: MakeEvent, held: int = 0) -> list[Event]:
         """`held`: steps since the last measurement that the probes skipped (their values held)."""
         events: list[Event] = []
@@ -342,6 +358,17 @@ class OutputGrowth:
                 self.means.extend([self.means[-1]] * min(steps, self.means.maxlen or steps))
         if UPDATE in signals.precursors:
             self.updates.hold(steps)
+
+    def calm_at(self, signals: StepSignals) -> bool:
+        """Whether `check` is sure to raise nothing on a step the probes measured (the calm
+        lane's question): log Z far from its bound (`Streaks.calm_at`), no update RMS."""
+        if UPDATE in signals.precursors:
+            return False
+        logz = signals.precursors.get(LOGZ)
+        if logz is None:
+            return True
+        value = float(np.asarray(logz, dtype=np.float64).reshape(-1)[0])
+        return self.logz.calm_at(value, self.config.instability_precursor.logz_rise)
 
     def near(self) -> bool:
         """Whether log Z or the update RMS is near its bound (`Streaks.near`)."""

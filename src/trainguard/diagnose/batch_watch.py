@@ -150,6 +150,18 @@ class BatchWatch:
         self._runs = RunTracker()
         self._runs.load_state_dict(state.get("runs", {}))
 
+    def usual_size(self, batch: Any) -> bool:
+        """Whether `batch` holds as many samples as the batches before (or no size is read from
+        it): a step the calm lane may take, on which `look` would raise nothing."""
+        size = batch_size_of(batch)
+        return size is None or (self._reference_batch_size is not None
+                                and size >= self._reference_batch_size)
+
+    def saw_usual(self, batch: Any) -> None:
+        """What `look` leaves after a batch of the usual size, on a calm step."""
+        if batch_size_of(batch) is not None:
+            self._short_steps = 0
+
     def _size_event(self, batch: Any, step: int) -> Event | None:
         size = batch_size_of(batch)
         if size is None:

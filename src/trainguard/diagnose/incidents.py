@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from trainguard.recovery import Recovery
     from trainguard.recovery.ring import GoodStateRing
     from trainguard.recovery.state import SavedState as GoodState
+    from trainguard.signals import StepSignals
 
 log = logging.getLogger("trainguard")
 
@@ -180,6 +181,20 @@ class IncidentProver:
         its LRs): what a window replay from a good state replays."""
 
     # -- every step: two floats and a reference ----------------------------------------------------
+    def see_calm(self, signals: StepSignals, batch: Any) -> None:
+        """`see` of a calm step taken in the calm lane (no good-state ring, nothing raised)."""
+        self.window.clear()
+        now = time.perf_counter()
+        if self._last_seen is not None:
+            self.step_times.append(now - self._last_seen)
+        self._last_seen = now
+        if signals.loss is not None and math.isfinite(signals.loss):
+            self.losses.append(float(signals.loss))
+        if math.isfinite(signals.grad_norm):
+            self.norms.append(float(signals.grad_norm))
+        if batch is not None:
+            self.previous_batch = batch
+
     def see(self, ctx: StepContext, services: Services | None = None,
             oldest_state: int | None = None) -> None:
         """Note the step; `oldest_state`: the step of the oldest good state a window replay can

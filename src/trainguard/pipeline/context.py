@@ -160,6 +160,12 @@ class StepContext:
     carried: list[PendingStats] = field(default_factory=list)
     """Heavy-probe results of earlier steps, to ride this step's transfer (`measure` takes
     them; what it did not take goes on to the next step)."""
+    premeasured: Measured | None = None
+    """The step as the calm lane measured it before finding it was not calm
+    (`pipeline/calm.py`): `measure` hands it on (None: `measure` measures)."""
+    late: list[Event] = field(default_factory=list)
+    """What the detectors raised on the steps the calm lane took since the last full step
+    (`pipeline/calm.py`), each with its own step: `detect` adds them to this step's."""
 
     on_device: OnDevice | None = None
     """`sync="deferred"`: the step's skip and clip were decided on the device, and its summary

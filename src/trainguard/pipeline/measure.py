@@ -63,6 +63,10 @@ def loss_tensor(loss: Any) -> torch.Tensor | None:
 
 
 def measure(ctx: StepContext, state: RunState, services: Services) -> Measured:
+    if ctx.premeasured is not None:  # the calm lane's transfer: what it did not take is here
+        if services.step_rng is not None:
+            ctx.forward_rng = services.step_rng.take()
+        return ctx.premeasured
     step = pack_step(ctx, state, services)
     host = step.pack.fetch()
     limits = state.clip.limits(state.step)  # once a step: `decide` reads them again
@@ -119,14 +123,8 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     scale = getattr(services.scaler, "_scale", None) if services.scaler is not None else None
     if scale is not None:
         pack.add("loss_scale", scale)
-    if config.detectors.instability_precursor.probe and ranks is None and state.precursors_due:
-        for key, tensor in services.watch.adam_probe.measure(device, grad_norms).items():
-            pack.add(f"{PRECURSOR}{key}", tensor)
-        logz = services.logz_probe.take_stats() if services.logz_probe is not None else None
-        if logz is not None:
-            pack.add_parts(LOGZ_PACKED, logz)
-    elif services.logz_probe is not None:  # a step the cadence skips: nothing of it is read
-        services.logz_probe.take_stats()
+    pack_precursors(pack, services, grad_norms, due=(
+        config.detectors.instability_precursor.probe and ranks is None and state.precursors_due))
     attention = pack_attention(pack, services, ranks is None)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []
@@ -138,6 +136,26 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
                       fingerprint=fingerprint, ring_wish=ring_wish, attention=attention,
                       batch_elements=None if ctx.batch is None else batch_elements_of(ctx.batch),
                       grads_absent=absent_from(present, len(services.watched)))
+
+
+def pack_precursors(pack: DevicePack, services: Services, grad_norms: torch.Tensor, *,
+                    due: bool) -> None:
+    """The precursor probes' values (Adam's ratio, log Z) into the pack on a step they measure;
+    on a step their cadence skips, log Z's hook leaves nothing to read."""
+    if due:
+        for key, tensor in services.watch.adam_probe.measure(services.device,
+                                                              grad_norms).items():
+            pack.add(f"{PRECURSOR}{key}", tensor)
+        logz = services.logz_probe.take_stats() if services.logz_probe is not None else None
+        if logz is not None:
+            pack.add_parts(LOGZ_PACKED, logz)
+    elif services.logz_probe is not None:
+        services.logz_probe.take_stats()
+
+
+def precursors_of(host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The precursor probes' values among a step's host arrays, by signal name."""
+    return {k[len(PRECURSOR):]: v for k, v in host.items() if k.startswith(PRECURSOR)}
 
 
 def absent_from(present: list[int], watched: int) -> tuple[int, ...]:
@@ -213,7 +231,7 @@ def _signals(ctx: StepContext, state: RunState, services: Services,
         fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
                           else None),
         sampled=unpack_pending(host, step.pending),
-        precursors={k[len(PRECURSOR):]: v for k, v in host.items() if k.startswith(PRECURSOR)},
+        precursors=precursors_of(host),
         trainer_metrics={name: (float(host[f"x:{METRIC}{name}"][0])
                                 if isinstance(value, torch.Tensor) else value)
                          for name, value in ctx.metrics.items()},

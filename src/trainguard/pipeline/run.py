@@ -52,7 +52,8 @@ from trainguard.events import ActionRecord, Event, RunError, RunInfo, StepReport
 from trainguard.finiteness import finite_state
 from trainguard.params import WatchedParams, watched_params
 from trainguard.pipeline.act import apply_rollback
-from trainguard.pipeline.context import StepContext
+from trainguard.pipeline.calm import CalmLane
+from trainguard.pipeline.context import Measured, StepContext
 from trainguard.pipeline.deferred import Deferral, deferral_possible
 from trainguard.pipeline.detect import run_detectors
 from trainguard.pipeline.journal import Journal
@@ -116,8 +117,7 @@ class Run:
         self.run_dir = _run_dir(run_dir)
         self.halted = False
         """The Guard halted this run (a crash snapshot, `TrainingDiverged`)."""
-        self.halt_step: int | None = None
-        """The step it halted at."""
+        self.halt_step: int | None = None  # the step it halted at
         if dist is not None:  # every rank or none, before any collective
             start = agree_on_start(dist, _agreed_setup(config, watched),
                                    config.distributed.rank_timeout_s)
@@ -125,6 +125,7 @@ class Run:
             dist.link.on_lost = _on_lost(self)
         self._pending: StepContext | None = None
         """The step checked by `before_update`, waiting for `after_update`."""
+        self.calm: CalmLane | None = None  # the calm lane, once opened (`open_calm_lane`)
         self._monitor_error: tuple[str, int, int, int] | None = None
         """The last monitoring failure reported: its text, its first step, how often it recurred
         since and the last step it did."""
@@ -217,13 +218,14 @@ class Run:
 
     # -- one step ----------------------------------------------------------------------------------
     def before_update(self, loss: Any, *, batch: Any = None, data_ids: Any = None,
-                      metrics: Mapping[str, float | torch.Tensor] | None = None
-                      ) -> StepContext:
+                      metrics: Mapping[str, float | torch.Tensor] | None = None,
+                      premeasured: Measured | None = None) -> StepContext:
         """Check the step and act on its gradients. Call once per optimizer step, after the
         gradients are final and unscaled, before `optimizer.step()`. Raises TrainingDiverged
         when the step halts the run; `ctx.unguarded` is set when the check itself failed.
         `metrics`: the trainer's own training metrics of the step (host numbers, or one-value
-        tensors read with the step's transfer)."""
+        tensors read with the step's transfer). `premeasured`: the calm lane's measurement of
+        the step, which was not calm."""
         if self.closed:
             self.raise_if_peer_lost()
             raise UsageError("trainguard is closed for this run; start a new one to keep training")
@@ -237,7 +239,8 @@ class Run:
         ctx = StepContext(step=state.step, loss=loss, batch=batch,
                           data_ids=state.data_position if data_ids is None else data_ids,
                           metrics=dict(metrics or {}), sampled=state.sampled_now,
-                          carried=self.steps.queued)
+                          carried=self.steps.queued, premeasured=premeasured,
+                          late=self.calm.hand_over() if self.calm is not None else [])
         self.steps.queued = []
         state.data_position += 1
         self._pending = None
@@ -267,7 +270,10 @@ class Run:
             pending = None if ctx.unguarded is not None else ctx
         if pending is None or self.closed:
             return None
-        return self.steps.settle(pending)
+        report = self.steps.settle(pending)
+        if self.calm is not None:
+            self.calm.reopen()
+        return report
 
     def halt(self, ctx: StepContext) -> None:
         """The step halts the run: settle and record it, close the run, raise TrainingDiverged."""
@@ -301,6 +307,7 @@ class Run:
         if not isinstance(metrics, Mapping):
             raise UsageError(f"metrics must be a mapping of names to numbers, got "
                              f"{type(metrics).__name__}")
+        self.calm_handed_over()  # the steps before the evaluation first
         at = max(self.steps_taken - 1, 0) if step is None else int(step)
         numbers = {str(k): float(v) for k, v in metrics.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -416,6 +423,7 @@ class Run:
         return self.state.evidence_findings(step_findings, closed=self.closed)
 
     def diagnose(self) -> list[RankedCause]:
+        self.calm_handed_over()
         try:
             return rank_causes(self.events, self.evidence_findings(), fixes=self.services.fixes)
         except Exception as exc:  # diagnosis is best effort
@@ -423,10 +431,33 @@ class Run:
             return []
 
     def flush(self) -> None:
-        """Under `sync="deferred"`: judge the step taken last now (a wait for its summary), as
-        before a checkpoint; it may halt the run. Nothing to do otherwise."""
+        """Bring what the run holds back up to date, as before a checkpoint or a read of its
+        events: under `sync="deferred"` the step taken last is judged now (a wait for its
+        summary; it may halt the run); the steps the calm lane took are handed to the detectors
+        and the sinks."""
         if self.deferral is not None and not self.closed:
             self.deferral.flush(self)
+        self.calm_handed_over()
+
+    def open_calm_lane(self) -> None:
+        """Let calm steps be taken in the calm lane (`pipeline/calm.py`): the plain-loop Guard's,
+        which takes the optimizer step itself; not under `sync="deferred"`."""
+        if self.deferral is None:
+            self.calm = CalmLane(self.state, self.services, self.steps)
+            self.calm.reopen()
+
+    def calm_handed_over(self) -> None:
+        """The steps the calm lane took since the last full step, handed to the detectors and
+        the sinks now (between steps: what they raise is told, and the lane stays closed until
+        the next full step)."""
+        calm = self.calm
+        if calm is None or not calm.rows or self.closed:
+            return
+        late = calm.hand_over()
+        for event in late:
+            self.emit_event(event)
+        if not late:
+            calm.reopen()
 
     def state_dict(self) -> dict[str, Any]:
         """The run's state between two steps (under `sync="deferred"`, with the last step
@@ -476,6 +507,9 @@ class Run:
             self.services.logz_probe.close()
         if self.services.step_rng is not None:
             self.services.step_rng.close()
+        if self.calm is not None:  # the calm steps first, in step order
+            for event in self.calm.hand_over():
+                self.emit_event(event)
         try:
             self._flush_pending()
         except Exception as exc:  # the last sampled statistics are lost, nothing else

@@ -70,6 +70,11 @@ class ParamWatch:
         """Every step, for `instability_precursor` (left out under torch.distributed, where a
         sharded state would make the ranks' values differ)."""
 
+    def unchanged(self) -> bool:
+        """Whether the optimizer holds the parameters counted at the last `gained` (the calm
+        lane's check, which adds nothing)."""
+        return optimizer_param_count([self.optimizer]) == self._seen
+
     def gained(self) -> WatchedParams | None:
         """Parameters the optimizer gained since the last call (`add_param_group`, as progressive
         unfreezing does), now watched; None when nothing was added. Counting the optimizer's

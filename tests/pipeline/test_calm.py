@@ -1,0 +1,148 @@
+"""The calm lane (`pipeline/calm.py`): a run with it trains, detects, decides and records as the
+same run checked in full at every step."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import trainguard
+from trainguard.errors import TrainingDiverged
+
+Fault = Callable[[int, dict[str, torch.Tensor], torch.optim.Optimizer], None]
+
+
+@dataclass
+class Outcome:
+    reports: list[str] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    state: str = ""
+    weights: list[torch.Tensor] = field(default_factory=list)
+    verdict: Any = None
+    halted_at: int | None = None
+    lane_steps: int = 0
+
+
+def _train(lane: bool, *, steps: int = 360, policy: str = "protect", fault: Fault | None = None,
+           batch: bool = True, seed: int = 0) -> Outcome:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+    guard = trainguard.Guard(model, optimizer, scheduler,
+                             config=trainguard.GuardConfig(policy=policy,
+                                                           sinks={"console": False}))
+    if not lane:
+        guard.run.calm = None
+    out = Outcome()
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        for step in range(steps):
+            data = {"x": torch.randn(32, 16, generator=generator)}
+            data["y"] = (data["x"][:, :4].argmax(dim=1) + (step % 7 == 0)) % 4
+            if fault is not None:
+                fault(step, data, optimizer)
+            loss = nn.functional.cross_entropy(model(data["x"]), data["y"])
+            loss.backward()
+            rows = len(guard.run.calm.rows) if guard.run.calm is not None else 0
+            report = guard.step(loss, batch=data if batch else None)
+            if guard.run.calm is not None and len(guard.run.calm.rows) > rows:
+                out.lane_steps += 1
+            optimizer.zero_grad(set_to_none=True)
+            assert report is not None
+            out.reports.append(repr((report.step, report.loss, report.grad_norm, report.action,
+                                     report.clip_coef, report.lr)))
+    except TrainingDiverged as exc:
+        out.halted_at = exc.report.step if exc.report is not None else -1
+    guard.close()
+    out.events = [(e.kind, e.step, e.severity, e.message) for e in guard.events]
+    out.state = json.dumps(guard.run.state.detector_state(), sort_keys=True, default=str)
+    out.weights = [p.detach().clone() for p in model.parameters()]
+    out.verdict = repr(guard.verdict)
+    return out
+
+
+def _same(lane: Outcome, full: Outcome) -> None:
+    assert lane.halted_at == full.halted_at
+    assert lane.reports == full.reports
+    assert sorted(lane.events, key=lambda e: (e[1], e[0])) == sorted(
+        full.events, key=lambda e: (e[1], e[0]))
+    assert lane.state == full.state
+    assert all(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True)
+               for a, b in zip(lane.weights, full.weights, strict=True))
+    assert lane.verdict == full.verdict
+
+
+def test_a_healthy_run_takes_most_steps_in_the_lane_and_ends_as_checked_in_full() -> None:
+    lane, full = _train(True), _train(False)
+    _same(lane, full)
+    assert lane.lane_steps >= 120 and full.lane_steps == 0
+
+
+def test_without_a_batch_too() -> None:
+    _same(_train(True, batch=False), _train(False, batch=False))
+
+
+def _spike(step: int, data: dict[str, torch.Tensor], _: torch.optim.Optimizer) -> None:
+    if step == 200:
+        data["x"] = data["x"] * 300.0
+
+
+def _nan(step: int, data: dict[str, torch.Tensor], _: torch.optim.Optimizer) -> None:
+    if step == 250:
+        data["x"][0, 0] = math.nan
+
+
+def _lr_jump(step: int, _: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    if step == 180:
+        for group in optimizer.param_groups:
+            group["lr"] *= 100.0
+
+
+def _creeping_lr(step: int, _: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer
+                 ) -> None:
+    if step >= 150:  # the loop's own LR, 1.04x a step: a slow divergence
+        for group in optimizer.param_groups:
+            group["lr"] *= 1.04
+
+
+def _short_batches(step: int, data: dict[str, torch.Tensor], _: torch.optim.Optimizer) -> None:
+    if step >= 300:
+        data["x"], data["y"] = data["x"][:20], data["y"][:20]
+
+
+@pytest.mark.parametrize("fault", [_spike, _nan, _lr_jump, _creeping_lr, _short_batches])
+@pytest.mark.parametrize("policy", ["observe", "protect", "halt"])
+def test_a_faulty_run_is_told_and_acted_on_as_checked_in_full(fault: Fault, policy: str) -> None:
+    lane, full = (_train(on, policy=policy, fault=fault) for on in (True, False))
+    _same(lane, full)
+    assert lane.lane_steps >= 50
+    assert full.events
+
+
+def test_reading_the_events_between_steps_hands_the_calm_steps_over() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(
+        sinks={"console": False}))
+    for _ in range(120):
+        x = torch.randn(16, 8)
+        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    assert guard.run.calm is not None and guard.run.calm.rows
+    assert guard.events == []
+    assert not guard.run.calm.rows
+    state = guard.state_dict()
+    assert state
+    guard.close()
+    assert guard.verdict is not None and guard.verdict.verdict == "healthy"
