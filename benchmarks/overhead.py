@@ -29,6 +29,9 @@ What it measures
                         default (`detectors={"instability_precursor": {"probe": False}}`);
                         guard_default over it, paired per round, is the probe's cost
                         (target <= 1.01x)
+    guard_full_check    guard_default with the calm lane closed (`pipeline/calm.py`): the full check
+                        on every step, as before the lane; read its `vs guard_default` ratio
+                        (the lane's saving); timed only when named in --variants
     guard_prove_on      guard_default with prove={"mode": "on"}, the loss as replay_fn and the
                         batch given to guard.step: what a run that proves every incident pays
                         on healthy steps (the proof anchor's two good states, captured at the
@@ -119,13 +122,14 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 WORKLOADS: tuple[str, ...] = ("gpt2", "mlp")
 VARIANTS: tuple[str, ...] = ("baseline", "clip_grad_norm_", "guard_default", "guard_default+store",
                              "guard_all_probes", "guard_recover", "guard_tb_prom",
-                             "guard_no_precursors", "guard_deferred", "guard_prove_on")
-OPT_IN_VARIANTS: tuple[str, ...] = ("guard_deferred", "guard_prove_on")
+                             "guard_no_precursors", "guard_deferred", "guard_prove_on",
+                             "guard_full_check")
+OPT_IN_VARIANTS: tuple[str, ...] = ("guard_deferred", "guard_prove_on", "guard_full_check")
 """Timed only when named in --variants (guard_deferred changes every variant's optimizer)."""
 REFERENCE_VARIANTS: tuple[str, ...] = ("detect_anomaly", "hf_debug_underflow", "least_guard")
 CLIP_MAX_NORM = 1.0
 PAIRED_WITH_DEFAULT = ("guard_recover", "guard_tb_prom", "guard_no_precursors",
-                       "guard_prove_on")
+                       "guard_prove_on", "guard_full_check")
 """Variants also reported against guard_default, paired per round: their own cost."""
 MIN_ROUNDS = 3
 
@@ -347,6 +351,12 @@ def make_variant(name: str, workload: Workload, device: torch.device) -> Variant
             detectors=trainguard.DetectorConfig(instability_precursor={"probe": False}),
             sinks={"console": False}),
             with_store=False)
+    if name == "guard_full_check":
+        variant = GuardVariant(name, workload, device,
+                               config=trainguard.GuardConfig(sinks={"console": False}),
+                               with_store=False)
+        variant.guard.run.calm = None
+        return variant
     if name == "guard_deferred":
         return GuardVariant(name, workload, device,
                             config=trainguard.GuardConfig(sync="deferred",
