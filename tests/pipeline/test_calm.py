@@ -146,3 +146,43 @@ def test_reading_the_events_between_steps_hands_the_calm_steps_over() -> None:
     assert state
     guard.close()
     assert guard.verdict is not None and guard.verdict.verdict == "healthy"
+
+
+def _gpt2_run(lane: bool, steps: int = 160) -> tuple[Outcome, trainguard.Guard]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                       n_positions=16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = trainguard.Guard(model, optimizer, config=trainguard.GuardConfig(
+        sinks={"console": False}))
+    if not lane:
+        guard.run.calm = None
+    out = Outcome()
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ids = torch.randint(0, 16, (4, 16), generator=generator) * 4 % 64
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        rows = len(guard.run.calm.rows) if guard.run.calm is not None else 0
+        report = guard.step(loss, batch={"input_ids": ids})
+        if guard.run.calm is not None and len(guard.run.calm.rows) > rows:
+            out.lane_steps += 1
+        optimizer.zero_grad(set_to_none=True)
+        assert report is not None
+        out.reports.append(repr((report.step, report.loss, report.grad_norm, report.action)))
+    guard.close()
+    out.events = [(e.kind, e.step, e.severity, e.message) for e in guard.events]
+    out.state = json.dumps(guard.run.state.detector_state(), sort_keys=True, default=str)
+    out.weights = [p.detach().clone() for p in model.parameters()]
+    out.verdict = repr(guard.verdict)
+    return out, guard
+
+
+def test_a_small_language_model_with_its_attention_and_log_z_probes() -> None:
+    """The attention probe's steps take the full check; the others, the precursor probes'
+    included, the lane."""
+    (lane, _), (full, _) = _gpt2_run(True), _gpt2_run(False)
+    _same(lane, full)
+    assert lane.lane_steps >= 40

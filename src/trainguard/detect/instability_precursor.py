@@ -230,8 +230,9 @@ class InstabilityPrecursor(Detector):
         """Whether `check` is sure to raise nothing on this step, known before it runs (the
         calm lane asks, then runs `check`): a step the probes skip whose estimate `_far` takes
         as quiet (or with no estimate yet); a step they measure whose ratios, at the clipped
-        gradient, are under `NEAR` of `abs_min` and whose log Z is far from its bound, with no
-        streak or episode open. False when it may raise, or when that is not known cheaply."""
+        gradient, are under `abs_min` and whose log Z is under its quiet bound
+        (`Streaks.calm_at`), with no streak or episode open. False when it may raise, or when
+        that is not known cheaply."""
         if signals.attention_logits:
             return False
         cfg = self.config.instability_precursor
@@ -240,16 +241,19 @@ class InstabilityPrecursor(Detector):
             estimate = self._estimate(signals)
             if estimate is None:
                 return True
-            values, need_history = estimate, True
+            # what `_far` takes as quiet
+            values, bound, need_history = estimate, NEAR * cfg.abs_min, True
         else:
             measured = signals.precursors.get(SIGNAL)
             if not self.growth.calm_at(signals):
                 return False
             if measured is None:
                 return True
-            values, need_history = np.asarray(measured, dtype=np.float64), False
+            # nothing up to `abs_min` (the discounts only lower the values): `_quiet`
+            values, bound = np.asarray(measured, dtype=np.float64), cfg.abs_min
+            need_history = False
         peak = float(np.fmax.reduce(values, initial=0.0)) * clip_factor(signals)
-        calm = (peak < NEAR * cfg.abs_min and (bool(self.history) or not need_history)
+        calm = (peak < bound and (bool(self.history) or not need_history)
                 and not self.streaking and not self.episode.active)
         if calm and need_history:
             self._calm_peak = peak

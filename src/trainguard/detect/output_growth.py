@@ -140,13 +140,13 @@ class Streaks:
 
     def calm_at(self, value: float, margin: float) -> bool:
         """Whether one more row of `value` (a single column) is sure to raise nothing: no
-        episode or streak open, and the value under `NEAR` of `margin` above the lowest kept
-        (below the median plus `margin`, where a value is high), or the baseline still empty."""
+        episode or streak open, and the baseline young or the value under `margin` above the
+        lowest value kept (`update`'s quiet step: nothing is high there)."""
         if not math.isfinite(value) or self.episode.active or self.streak.any():
             return False
-        if not self._count:
+        if self._count < self.warmup:
             return True
-        return bool((value < self._lowest() + NEAR * margin).all())
+        return bool((value < self._lowest() + margin).all())
 
     def near(self, margin: float) -> bool:
         """Whether the last row is within `NEAR` of being high (`margin` above the lowest value
