@@ -150,12 +150,31 @@ class Detector:
         del columns, end
         return start
 
-    def calm_bounds(self) -> tuple[float, float] | None:
+    def calm_bounds(self) -> tuple[float, float, float] | None:
         """Live, for the calm lane (`pipeline/calm.py`): the highest loss and gradient norm a
-        step may show to be taken there, until the next full step; what this detector would
-        raise on such a step is told a few steps late. None: every step must be checked in full
-        now (an episode open, an outlier waiting). The default bounds nothing."""
-        return (math.inf, math.inf)
+        step may show to be taken there, and how many steps the lane may take before this
+        detector sees them, until the next full step; within them `check` is sure to raise
+        nothing. None: every step must be checked in full now (an episode open, an outlier
+        waiting). The default bounds nothing: a detector whose check cannot raise on a step the
+        lane takes (finite, every gradient present and non-zero, no LR rise of 1.5x, nothing
+        sampled, no scaler, no trainer metrics)."""
+        return (math.inf, math.inf, math.inf)
+
+    live_in_lane = False
+    """Checked at each step the calm lane takes (`calm_at`, then `take_calm`), not in the block
+    handed over: a detector whose state decides what the next steps do (the precursor's
+    cadence) or that counts steps towards a verdict (a divergence's patience, the stall's
+    judgement)."""
+
+    def calm_at(self, signals: StepSignals) -> bool:
+        """A live detector's: whether `check` is sure to raise nothing on this step, known
+        without changing anything (the lane then runs `take_calm`)."""
+        del signals
+        return False
+
+    def take_calm(self, signals: StepSignals) -> list[Event]:
+        """`check` of a step `calm_at` called calm (nothing, as it said)."""
+        return self.check(signals)
 
     def untrained(self) -> tuple[int, str] | None:
         """At the run's end: the length of a streak of this detector's, long enough to have

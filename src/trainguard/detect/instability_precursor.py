@@ -226,9 +226,11 @@ class InstabilityPrecursor(Detector):
         typical = float(np.median(self.lrs))
         return min(1.0, lr / typical) if typical > 0 else 1.0
 
+    live_in_lane = True
+
     def calm_at(self, signals: StepSignals) -> bool:
         """Whether `check` is sure to raise nothing on this step, known before it runs (the
-        calm lane asks, then runs `check`): a step the probes skip whose estimate `_far` takes
+        calm lane asks, then runs `take_calm`): a step the probes skip whose estimate `_far` takes
         as quiet (or with no estimate yet); a step they measure whose ratios, at the clipped
         gradient, are under `abs_min` and whose log Z is under its quiet bound
         (`Streaks.calm_at`), with no streak or episode open. False when it may raise, or when

@@ -105,6 +105,14 @@ class LossDivergence(Detector):
                            best=math.exp(self.best), crossed=max(crossed, 0),
                            accelerating=accelerating)]
 
+    live_in_lane = True
+
+    def calm_at(self, signals: StepSignals) -> bool:
+        """A divergence is a level up `patience` steps in a row: a step that cannot complete
+        the count raises nothing."""
+        return (not self.episode.active
+                and self.above + 1 < self.config.loss_divergence.patience)
+
     def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
         """Calm rows: no loss, or one that is not finite or not positive, or one whose median
         of the last `window` losses stays under `ratio` times the best level. Taken once the

@@ -135,6 +135,12 @@ class NoProgress(Detector):
         self.reason = ""
         """What the stall showed of why, once judged stalled (the verdict repeats it)."""
 
+    live_in_lane = True
+
+    def calm_at(self, signals: StepSignals) -> bool:
+        """Judged once, at the `steps`-th working step: any step before it raises nothing."""
+        return self.done or self.working_steps + 1 < self.config.no_progress.steps
+
     def check(self, signals: StepSignals) -> list[Event]:
         if self.done:
             return []

@@ -17,9 +17,12 @@ each step's report when it is taken.) What a detector raises on a row (a slow di
 short of the bounds) is told at that full step with its own step, and that step's decision reads
 it, as it reads the heavy probes' events of the step before.
 
-A step the precursor probes measure is taken too when their values are far from their bounds
-(`InstabilityPrecursor.calm_at`); the precursor is checked at each step the lane takes, since it
-schedules its probes. A step takes the full check whenever anything else needs it: sampled
+A few detectors are checked at each step the lane takes instead (`Detector.live_in_lane`), each
+first asked whether the step is calm for it (`calm_at`): the precursor, which schedules its
+probes (a step they measure is taken too when their values are far from their bounds), and those
+that count steps towards a verdict (a divergence's patience, the stall's judgement).
+
+A step takes the full check whenever anything else needs it: sampled
 probes due, a batch finding followed, an AMP scaler, a proof anchor, a recovery, an LR brake or
 a KL controller in force, several processes, the deferred mode, metrics handed to the step,
 parameters added to the optimizer, a detector inside an episode or its warm-up, a short batch.
@@ -37,7 +40,6 @@ import torch
 
 from trainguard.detect.base import Detector
 from trainguard.detect.calm import SignalColumns, run_rows
-from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.diagnose.batch import batch_elements_of
 from trainguard.events import Event, StepReport, at_least
 from trainguard.pipeline.context import Measured
@@ -68,6 +70,8 @@ class Bounds:
     """The highest loss."""
     grad_norm: float
     """The highest gradient norm (the clip limit in force, read at each step, too)."""
+    rows: float = MAX_ROWS
+    """The most steps the lane takes before it hands them over."""
 
 
 @dataclass(slots=True)
@@ -93,14 +97,14 @@ class CalmLane:
     """The clip limit in force at the step the lane took last (None: none)."""
     detectors: list[Detector] = field(default_factory=list)
     """The detectors that judge the lane's rows when they are handed over (those on duty for a
-    plain step, in the run's order), the precursor's aside."""
-    precursor: InstabilityPrecursor | None = None
-    """`instability_precursor`, checked at each step the lane takes: it decides when its probes
-    measure next, and a step they measure may be taken when its values are far from their
-    bounds."""
+    plain step, in the run's order), the live ones aside."""
+    live: list[Detector] = field(default_factory=list)
+    """The detectors checked at each step the lane takes (`Detector.live_in_lane`: the
+    precursor, which decides when its probes measure next; a divergence's patience, the stall's
+    judgement), each asked first whether the step is calm for it (`Detector.calm_at`)."""
     raised: list[Event] = field(default_factory=list)
-    """What the precursor raised at a step the lane took (nothing, unless `calm_at` was wrong),
-    told with the rows."""
+    """What the live detectors raised at the steps the lane took (nothing, unless `calm_at` was
+    wrong), told with the rows."""
 
     # -- a step in the lane ------------------------------------------------------------------------
     def may_take(self, loss: Any, batch: Any, metrics: Any) -> bool:
@@ -133,11 +137,10 @@ class CalmLane:
             return None
         signals, grads, limits = self._measure(loss, loss_t, lrs, batch)
         value, norm, limit = signals.loss, signals.grad_norm, signals.clip_limit
-        precursor = self.precursor
         calm = (value is not None and value <= bounds.loss  # NaN fails too
                 and 0.0 < norm <= bounds.grad_norm and (limit is None or norm <= limit)
-                and not signals.grads_absent
-                and (precursor is None or precursor.calm_at(signals)))
+                and not signals.grads_absent and bool(signals.param_grad_norm.all())
+                and all(detector.calm_at(signals) for detector in self.live))
         signals.loss_curvature = state.curvature.observe(value)
         if not calm:
             return Measured(signals=signals, grads=grads, limits=limits)
@@ -145,8 +148,8 @@ class CalmLane:
         state.data_position += 1
         if batch is not None:
             state.batches.saw_usual(batch)
-        if precursor is not None:  # checked now: it schedules its probes' next measurement
-            self.raised.extend(precursor.take_calm(signals))  # nothing, as `calm_at` said
+        for detector in self.live:  # nothing, as `calm_at` said
+            self.raised.extend(detector.take_calm(signals))
         state.prover.see_calm(signals, batch)
         if services.step_rng is not None:  # a proof of a later step keeps its own forward's
             services.step_rng.take()
@@ -193,7 +196,7 @@ class CalmLane:
         state.consecutive_skips = 0
         state.step += 1
         schedule_sampling(state, self.services)
-        if len(self.rows) >= MAX_ROWS:
+        if self.bounds is not None and len(self.rows) >= self.bounds.rows:
             self.bounds = None
 
     # -- the rows handed over ----------------------------------------------------------------------
@@ -232,10 +235,9 @@ class CalmLane:
         """At the end of a full step: the bounds for the steps after it, from the detectors'
         state now; the lane stays closed while one of them holds an episode or an outlier."""
         state, services = self.state, self.services
-        if self.precursor is None or self.precursor not in state.detectors:
-            self.precursor = next((d for d in state.detectors
-                                   if isinstance(d, InstabilityPrecursor)), None)
-        self.detectors = [d for d in state.on_duty(_PLAIN) if d is not self.precursor]
+        on_duty = state.on_duty(_PLAIN)
+        self.live = [d for d in on_duty if d.live_in_lane]
+        self.detectors = [d for d in on_duty if not d.live_in_lane]
         self.bounds = None
         if not _lane_possible(state, services):
             return
@@ -243,13 +245,13 @@ class CalmLane:
         if not all(type(g.get("lr")) is float for g in groups):
             return
         self.lrs = tuple(g["lr"] for g in groups)
-        loss, norm = math.inf, math.inf
+        loss, norm, rows = math.inf, math.inf, float(MAX_ROWS)
         for detector in self.detectors:
             limits = detector.calm_bounds()
             if limits is None:
                 return
-            loss, norm = min(loss, limits[0]), min(norm, limits[1])
-        self.bounds = Bounds(loss=loss, grad_norm=norm)
+            loss, norm, rows = min(loss, limits[0]), min(norm, limits[1]), min(rows, limits[2])
+        self.bounds = Bounds(loss=loss, grad_norm=norm, rows=rows)
 
 
 _PLAIN = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=np.zeros(0),
