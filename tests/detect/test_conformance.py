@@ -83,7 +83,8 @@ HELPERS: tuple[type, ...] = (Detector, OutlierDetector, StreakDetector, Unlearne
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
 stalled, the reward tracks `RewardHacking` keeps, the entropy's fall the completion detectors read,
 and the columns of a log's rows the offline
-fast paths read (and what their driver asks of a detector): their conformance is their detector's; and the judge of the samples a model
+fast paths read (and what their driver asks of a detector): their conformance is their
+detector's; and the judge of the samples a model
 makes, fed by the Guard, not by step signals (`tests/detect/test_sample_judge.py`); and the
 roster of the detectors a live step concerns (`tests/detect/test_on_duty.py`)."""
 SETTINGS = "trainguard.detect.settings"
