@@ -150,15 +150,14 @@ class Detector:
         del columns, end
         return start
 
-    def calm_bounds(self) -> tuple[float, float, float] | None:
+    def calm_bounds(self) -> tuple[float, float] | None:
         """Live, for the calm lane (`pipeline/calm.py`): the highest loss and gradient norm a
-        step may show to be taken there, and how many steps the lane may take before this
-        detector sees them, until the next full step; within them `check` is sure to raise
-        nothing. None: every step must be checked in full now (an episode open, an outlier
+        step may show to be taken there, until the next full step; within them `check` is sure
+        to raise nothing. None: every step must be checked in full now (an episode open, an outlier
         waiting). The default bounds nothing: a detector whose check cannot raise on a step the
         lane takes (finite, every gradient present and non-zero, no LR rise of 1.5x, nothing
         sampled, no scaler, no trainer metrics)."""
-        return (math.inf, math.inf, math.inf)
+        return (math.inf, math.inf)
 
     live_in_lane = False
     """Checked at each step the calm lane takes (`calm_at`, then `take_calm`), not in the block

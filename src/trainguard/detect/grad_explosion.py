@@ -100,7 +100,7 @@ class GradExplosion(OutlierDetector):
                                     baseline=typical if warm else None,
                                     ratio=ratio if warm else None, **details)]
 
-    def calm_bounds(self) -> tuple[float, float, float] | None:
+    def calm_bounds(self) -> tuple[float, float] | None:
         """A norm under sqrt(`grad_explosion.ratio`) times its median and under the absolute
         limit, once the baseline is warm and no outlier, episode or open jump waits."""
         cfg = self.config
@@ -109,8 +109,7 @@ class GradExplosion(OutlierDetector):
             return None
         median = self.baseline.median()
         return (math.inf, min(cfg.grad_explosion.abs_threshold,
-                              math.exp(median + 0.5 * math.log(cfg.grad_explosion.ratio))),
-                math.inf)
+                              math.exp(median + 0.5 * math.log(cfg.grad_explosion.ratio))))
 
     def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
         """Calm rows: a skipped step (`amp_overflow`), a norm that is 0 or not finite (nothing to

@@ -272,9 +272,7 @@ class InstabilityPrecursor(Detector):
         if peak is None:  # no estimate yet: nothing judged
             self.judged = False
             return []
-        self.judged, self.last_max = True, peak
-        self.history.append(self.history[-1])
-        self.episode.update(False)
+        self._stand(peak)
         self.near = self.growth_near or self._ratio_near()
         return []
 
@@ -286,10 +284,14 @@ class InstabilityPrecursor(Detector):
         if (peak >= NEAR * self.config.instability_precursor.abs_min or not self.history
                 or self.streaking or self.episode.active):
             return False
+        self._stand(peak)
+        return True
+
+    def _stand(self, peak: float) -> None:
+        """A quiet skipped step: the ratios last judged stand for it (its estimate's `peak`)."""
         self.judged, self.last_max = True, peak
         self.history.append(self.history[-1])
         self.episode.update(False)
-        return True
 
     def _estimate(self, signals: StepSignals) -> np.ndarray | None:
         """A step the probes did not measure: each parameter's ratio as last measured, scaled by

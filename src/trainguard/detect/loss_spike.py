@@ -100,7 +100,7 @@ class LossSpike(OutlierDetector):
         event.details.update(outlier.details)
         return [*events, event]
 
-    def calm_bounds(self) -> tuple[float, float, float] | None:
+    def calm_bounds(self) -> tuple[float, float] | None:
         """A loss under sqrt(`loss_spike.ratio`) times its recent median, once the baseline is
         warm and no outlier, episode or open jump waits: halfway, on a log scale, to a jump."""
         cfg = self.config
@@ -108,7 +108,7 @@ class LossSpike(OutlierDetector):
                 or len(self.baseline) < max(cfg.common.warmup_steps, 1)):
             return None
         level = self.baseline.recent_median(cfg.loss_spike.level_window)
-        return (math.exp(level + 0.5 * math.log(cfg.loss_spike.ratio)), math.inf, math.inf)
+        return (math.exp(level + 0.5 * math.log(cfg.loss_spike.ratio)), math.inf)
 
     def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
         """Calm rows: no loss, or one that is not finite or not positive (nothing to judge while

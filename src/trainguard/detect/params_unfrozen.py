@@ -50,10 +50,10 @@ class ParamsUnfrozen(Detector):
         self.waiting = False
         """Some parameter's gradient norm was zero at the last step (`silent` has a count)."""
 
-    def calm_bounds(self) -> tuple[float, float, float] | None:
+    def calm_bounds(self) -> tuple[float, float] | None:
         """The lane takes steps whose every gradient is non-zero: nothing wakes there while
         nothing is silent."""
-        return None if self.waiting else (math.inf, math.inf, math.inf)
+        return None if self.waiting else (math.inf, math.inf)
 
     def check(self, signals: StepSignals) -> list[Event]:
         norms = np.asarray(signals.param_grad_norm, dtype=np.float64)

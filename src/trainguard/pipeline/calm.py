@@ -70,8 +70,6 @@ class Bounds:
     """The highest loss."""
     grad_norm: float
     """The highest gradient norm (the clip limit in force, read at each step, too)."""
-    rows: float = MAX_ROWS
-    """The most steps the lane takes before it hands them over."""
 
 
 @dataclass(slots=True)
@@ -196,7 +194,7 @@ class CalmLane:
         state.consecutive_skips = 0
         state.step += 1
         schedule_sampling(state, self.services)
-        if self.bounds is not None and len(self.rows) >= self.bounds.rows:
+        if len(self.rows) >= MAX_ROWS:
             self.bounds = None
 
     # -- the rows handed over ----------------------------------------------------------------------
@@ -245,13 +243,13 @@ class CalmLane:
         if not all(type(g.get("lr")) is float for g in groups):
             return
         self.lrs = tuple(g["lr"] for g in groups)
-        loss, norm, rows = math.inf, math.inf, float(MAX_ROWS)
+        loss, norm = math.inf, math.inf
         for detector in self.detectors:
             limits = detector.calm_bounds()
             if limits is None:
                 return
-            loss, norm, rows = min(loss, limits[0]), min(norm, limits[1]), min(rows, limits[2])
-        self.bounds = Bounds(loss=loss, grad_norm=norm, rows=rows)
+            loss, norm = min(loss, limits[0]), min(norm, limits[1])
+        self.bounds = Bounds(loss=loss, grad_norm=norm)
 
 
 _PLAIN = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=np.zeros(0),
