@@ -118,13 +118,28 @@ def _short_batches(step: int, data: dict[str, torch.Tensor], _: torch.optim.Opti
         data["x"], data["y"] = data["x"][:20], data["y"][:20]
 
 
-@pytest.mark.parametrize("fault", [_spike, _nan, _lr_jump, _creeping_lr, _short_batches])
+def _unfrozen(step: int, _: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    if step in (0, 200):  # the first layer frozen in the optimizer, then trained from step 200
+        for param in optimizer.param_groups[0]["params"][:2]:
+            param.requires_grad_(step == 200)
+
+
+@pytest.mark.parametrize("fault", [_spike, _nan, _lr_jump, _creeping_lr, _short_batches,
+                                   _unfrozen])
 @pytest.mark.parametrize("policy", ["observe", "protect", "halt"])
 def test_a_faulty_run_is_told_and_acted_on_as_checked_in_full(fault: Fault, policy: str) -> None:
     lane, full = (_train(on, policy=policy, fault=fault) for on in (True, False))
     _same(lane, full)
     assert lane.lane_steps >= 50
     assert full.events
+
+
+def test_a_layer_frozen_in_the_optimizer_keeps_the_lane_open_until_it_wakes() -> None:
+    lane, full = (_train(on, fault=_unfrozen) for on in (True, False))
+    _same(lane, full)
+    assert lane.lane_steps >= 250
+    assert [(kind, step) for kind, step, *_ in lane.events if kind == "params_unfrozen"] == [
+        ("params_unfrozen", 200)]
 
 
 def test_reading_the_events_between_steps_hands_the_calm_steps_over() -> None:

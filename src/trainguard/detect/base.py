@@ -155,8 +155,8 @@ class Detector:
         step may show to be taken there, until the next full step; within them `check` is sure
         to raise nothing. None: every step must be checked in full now (an episode open, an outlier
         waiting). The default bounds nothing: a detector whose check cannot raise on a step the
-        lane takes (finite, every gradient present and non-zero, no LR rise of 1.5x, nothing
-        sampled, no scaler, no trainer metrics)."""
+        lane takes (finite, the same gradients zero as at the last full step, no LR rise of
+        1.5x, nothing sampled, no scaler, no trainer metrics)."""
         return (math.inf, math.inf)
 
     live_in_lane = False

@@ -23,7 +23,6 @@ value per parameter.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -49,11 +48,6 @@ class ParamsUnfrozen(Detector):
         """The last step had no gradient at all."""
         self.waiting = False
         """Some parameter's gradient norm was zero at the last step (`silent` has a count)."""
-
-    def calm_bounds(self) -> tuple[float, float] | None:
-        """The lane takes steps whose every gradient is non-zero: nothing wakes there while
-        nothing is silent."""
-        return None if self.waiting else (math.inf, math.inf)
 
     def check(self, signals: StepSignals) -> list[Event]:
         norms = np.asarray(signals.param_grad_norm, dtype=np.float64)

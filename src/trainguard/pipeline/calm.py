@@ -103,6 +103,10 @@ class CalmLane:
     raised: list[Event] = field(default_factory=list)
     """What the live detectors raised at the steps the lane took (nothing, unless `calm_at` was
     wrong), told with the rows."""
+    silent: np.ndarray | None = None
+    """Which parameters' gradient norms were zero (no gradient, or an all-zero one) at the last
+    full step: a step takes the lane only with the same ones silent (parameters frozen but in
+    the optimizer stay so; one that wakes or falls silent is a full step's). None: not known."""
 
     # -- a step in the lane ------------------------------------------------------------------------
     def may_take(self, loss: Any, batch: Any, metrics: Any) -> bool:
@@ -137,7 +141,7 @@ class CalmLane:
         value, norm, limit = signals.loss, signals.grad_norm, signals.clip_limit
         calm = (value is not None and value <= bounds.loss  # NaN fails too
                 and 0.0 < norm <= bounds.grad_norm and (limit is None or norm <= limit)
-                and not signals.grads_absent and bool(signals.param_grad_norm.all())
+                and self._same_silent(signals.param_grad_norm)
                 and all(detector.calm_at(signals) for detector in self.live))
         signals.loss_curvature = state.curvature.observe(value)
         if not calm:
@@ -157,6 +161,15 @@ class CalmLane:
         self.rows.append(Row(signals, report))
         self.lrs, self.limit = lrs, limit  # type: ignore[assignment]
         return report
+
+    def _same_silent(self, norms: np.ndarray) -> bool:
+        """The step's zero gradient norms are those of the last full step (a NaN is not zero)."""
+        silent = self.silent
+        if silent is None or norms.shape != silent.shape:
+            return False
+        if not silent.any():  # the usual run: every gradient there, none zero
+            return bool(norms.all())
+        return bool(np.array_equal(norms == 0.0, silent))
 
     def _measure(self, loss: Any, loss_t: torch.Tensor, lrs: tuple[Any, ...], batch: Any
                  ) -> tuple[StepSignals, list[torch.Tensor], ClipLimits]:
@@ -229,9 +242,18 @@ class CalmLane:
             state.sample_next = True
         return events
 
+    def reopen_after(self, signals: StepSignals | None) -> None:
+        """`reopen` at the end of a full step, whose gradients' zeros (its `signals`; None: it
+        was not measured, and the lane stays closed) the lane's steps must keep."""
+        norms = None if signals is None else signals.param_grad_norm
+        self.silent = (norms == 0.0 if isinstance(norms, np.ndarray) and norms.ndim == 1
+                       else None)
+        self.reopen()
+
     def reopen(self) -> None:
-        """At the end of a full step: the bounds for the steps after it, from the detectors'
-        state now; the lane stays closed while one of them holds an episode or an outlier."""
+        """The bounds for the steps after the last full step (or after the rows were handed
+        over between steps), from the detectors' state now; the lane stays closed while one of
+        them holds an episode or an outlier."""
         state, services = self.state, self.services
         on_duty = state.on_duty(_PLAIN)
         self.live = [d for d in on_duty if d.live_in_lane]

@@ -272,7 +272,7 @@ class Run:
             return None
         report = self.steps.settle(pending)
         if self.calm is not None:
-            self.calm.reopen()
+            self.calm.reopen_after(pending.signals)
         return report
 
     def halt(self, ctx: StepContext) -> None:
