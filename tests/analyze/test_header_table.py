@@ -40,6 +40,16 @@ def test_csv_lines_under_a_line_of_prose_are_a_table(tmp_path: Path) -> None:
     assert result.onset is None
 
 
+def test_a_fastai_table_passes_over_its_time_column(tmp_path: Path) -> None:
+    lines = ["epoch     train_loss  valid_loss  accuracy  time    "]
+    lines += [f"{e:<10d}{2.3 - 0.1 * e:<12.6f}{2.4 - 0.1 * e:<12.6f}{0.5 + 0.02 * e:<10.6f}"
+              f"00:{e + 5:02d}     " for e in range(8)]
+    log = read_log(write(tmp_path / "fit.txt", "\n".join(lines) + "\n"))
+    assert log.format == "text:table" and log.steps == list(range(8))
+    assert log.values("loss")[0] == 2.3
+    assert "time" not in log.series and [step for step, _ in log.evals] == list(range(8))
+
+
 def test_rows_without_a_counter_column_are_numbered(tmp_path: Path) -> None:
     text = "loss  accuracy\n" + "".join(f"{2 - 0.1 * i:.3f}  {0.5 + 0.02 * i:.3f}\n"
                                         for i in range(6))

@@ -39,3 +39,16 @@ def test_an_mmcv_log_json_is_read_as_json_lines_across_epochs(tmp_path: Path) ->
 def test_an_mmcv_nan_is_named_by_epoch_and_iter(tmp_path: Path) -> None:
     result = analyze(_mmcv_log(tmp_path / "run.log.json", nan_at=(3, 100)))
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 3, iter 100")
+
+
+def test_detectron2_metrics_json_is_judged_on_its_total_loss(tmp_path: Path) -> None:
+    """detectron2's `metrics.json`: the terms first by name (`loss_box_reg`, `loss_cls`), the
+    sum the optimizer minimises as `total_loss`; a term going up alone is not the run's loss."""
+    rows = [{"data_time": 0.01, "iteration": 20 * i + 19, "loss_box_reg": 0.1 + 0.02 * i,
+             "loss_cls": 0.5 - 0.02 * i, "lr": 0.00025, "time": 0.5,
+             "total_loss": 1.2 - 0.02 * i} for i in range(30)]
+    path = tmp_path / "metrics.json"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = read_log(path)
+    assert log.values("loss") == [r["total_loss"] for r in rows]
+    assert "total_loss is read as the training loss" in log.notes

@@ -189,6 +189,73 @@ def test_lines_without_the_step_belong_to_the_step_before_them(tmp_path: Path) -
     assert same(log.series["loss"], [0.000200677, 0.000163287])
 
 
+def _tf_object_detection(losses: list[float]) -> str:
+    """TF2 Object Detection API's `model_lib_v2`: the step on one line, then its losses as a
+    dict printed over five lines."""
+    return "".join(
+        f"I0501 12:00:00.000000 140000 model_lib_v2.py:705] Step {100 * (i + 1)} per-step time "
+        f"0.500s\nI0501 12:00:00.000000 140000 model_lib_v2.py:708] "
+        f"{{'Loss/classification_loss': {loss / 2},\n 'Loss/localization_loss': {loss / 4},\n "
+        f"'Loss/regularization_loss': {loss / 4},\n 'Loss/total_loss': {loss},\n "
+        f"'learning_rate': 0.04}}\n" for i, loss in enumerate(losses))
+
+
+def test_a_dict_printed_over_several_lines_is_one_row_at_the_step_before_it(
+        tmp_path: Path) -> None:
+    losses = [1.2 - 0.01 * i for i in range(30)]
+    losses[20] = math.nan
+    result = analyze(write(tmp_path / "train.log", _tf_object_detection(losses)))
+    log = result.log
+    assert log is not None and log.steps == [100 * (i + 1) for i in range(30)]
+    assert same(log.series["loss"], losses), "the total loss, not the first term"
+    assert "Loss/total_loss is read as the training loss" in log.notes
+    assert (result.verdict, result.kind, result.onset) == ("recovered", "nan", "step 2100")
+
+
+def test_an_object_that_never_closes_leaves_its_lines_to_be_read_one_by_one(
+        tmp_path: Path) -> None:
+    """A pasted JSON file whose outer object is cut: the records inside it are read."""
+    records = "".join(f'    {{"loss": {2.0 - 0.05 * i}, "step": {10 * (i + 1)}}},\n'
+                      for i in range(pasted.OBJECT_LINES + 10))
+    text = 'the log_history of my trainer_state.json:\n{\n  "log_history": [\n' + records
+    log = read_log(write(tmp_path / "state.txt", text))
+    assert log.steps == [10 * (i + 1) for i in range(pasted.OBJECT_LINES + 10)]
+
+
+@pytest.mark.parametrize("head,unit", [
+    ("2020-01-20 10:56:56,094 - INFO - Step: {n}", "step"),  # NeMo
+    ("[batch={n}/40]:", "batch"),  # Composer, one value a line after it
+    ("[2024-05-01 12:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] step={n}, skipped=0, "
+     "lr=[0.0001], mom=[(0.9, 0.999)]", "step"),  # DeepSpeed, before the Trainer's dict
+])
+def test_a_step_given_on_a_line_of_its_own_numbers_the_values_after_it(
+        tmp_path: Path, head: str, unit: str) -> None:
+    losses = [3.0 - 0.05 * i for i in range(40)]
+    losses[30] = math.nan
+    body = {"step": "2020-01-20 10:56:56,099 - INFO - Loss: {loss}\n",
+            "batch": "\t Train time/batch: {n}\n\t Train loss/train/total: {loss}\n"}
+    line = (body[unit] if "Rank 0" not in head
+            else "{{'loss': {loss}, 'learning_rate': 0.0001, 'epoch': 0.5}}\n")
+    text = "".join(head.format(n=10 * (i + 1) if unit == "step" else i + 1) + "\n"
+                   + line.format(loss=loss, n=i) for i, loss in enumerate(losses))
+    result = analyze(write(tmp_path / "train.log", text))
+    log = result.log
+    assert log is not None and log.step_unit == unit
+    assert log.steps == [(10 * (i + 1) if unit == "step" else i + 1) for i in range(40)]
+    assert result.onset == f"{unit} {310 if unit == 'step' else 31}"
+
+
+def test_mmengine_lines_are_named_by_their_epoch_and_iteration(tmp_path: Path) -> None:
+    text = "".join(
+        f"2023/05/01 12:00:00 - mmengine - INFO - Epoch(train)  [{e}][{b:>3}/200]  "
+        f"base_lr: 1.0000e-02 lr: 1.0000e-02  eta: 1:00:00  time: 0.2000  data_time: 0.0100  "
+        f"memory: 3000  grad_norm: 1.5  loss: {2.0 - 0.01 * (4 * e + b // 50)}  "
+        f"loss_cls: 1.0\n" for e in range(1, 6) for b in (50, 100, 150, 200))
+    log = read_log(write(tmp_path / "20230501_120000.log", text))
+    assert log.label(0) == "epoch 1, batch 50" and log.label(5) == "epoch 2, batch 100"
+    assert log.steps[:5] == [50, 100, 150, 200, 250], "counted across the epochs"
+
+
 def _caffe_named_output(losses: list[float], first: int, cut: bool) -> str:
     """Caffe's solver lines for a net whose loss layer has its own name: the iteration's loss,
     the net's outputs (a constant and the named loss) without the iteration, then the LR. With

@@ -8,8 +8,9 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
 - a header is a line of at least two fields, none of them a number, one naming a loss (of the
   training or of an evaluation: `main/loss`, `validation/main/loss`);
 - its rows are the lines after it with as many fields, every one a number (`nan` and `inf`
-  included); a line of another shape between them is passed over, and a header printed again
-  starts the table again under its names;
+  included) or a duration (fastai's `time` column, `00:05`, which is passed over); a line of
+  another shape between them is passed over, and a header printed again starts the table
+  again under its names;
 - a column named as a counter (`epoch`, `iteration`, `step`...) whose whole numbers go up numbers
   the rows, named as it is; otherwise they are numbered from 1;
 - a logger's prefix before the fields (`2024-08-19 13:28:48,101 INFO [name] logger : `, up to
@@ -34,6 +35,9 @@ from trainguard.analyze.log import LOSS, LogBuilder, is_eval_name, is_train_loss
 SPLIT = re.compile(r"[ \t]*,[ \t]*|\t+|[ \t]{2,}")
 PREFIX = re.compile(r"^.*(?:\s:\s|\]\s)")
 """A logger's prefix before the fields: everything up to the line's last ` : ` or `] `."""
+CLOCK = re.compile(r"\d+:\d{2}(?::\d{2})?(?:\.\d+)?")
+"""A duration or time of day (fastai's `time` column, `00:05`): a field with no value, passed
+over."""
 FEWEST_ROWS = 5
 """Rows of numbers under a header for the lines to be read as a table."""
 COUNTER_NAMES = ("epoch", "iteration", "iter", "step", "global_step", "batch", "update",
@@ -67,11 +71,14 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             continue
         if header is None or len(fields) != len(header):
             continue
-        read = [number(field) for field in fields]
-        values = [value for value in read if value is not None]
-        if len(values) != len(read):
+        kept = [(name, number(field)) for name, field in zip(header, fields, strict=True)
+                if not CLOCK.fullmatch(field)]
+        if any(value is None for _, value in kept):
             continue
-        rows.append((header, counter, values))
+        names = [name for name, _ in kept]
+        at = (names.index(header[counter])
+              if counter is not None and header[counter] in names else None)
+        rows.append((names, at, [value for _, value in kept]))  # type: ignore[misc]
     if len(rows) < FEWEST_ROWS:
         return 0
     counted = _counted(rows)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -509,10 +510,17 @@ def _stand_in(series: Series, notes: list[str], canonical: str, fits: Callable[[
         notes.append(f"{name} is read as {role}")
 
 
+_TOTAL = re.compile(r"(?<![a-z])total(?![a-z])")
+
+
 def choose_loss(series: Series, notes: list[str]) -> None:
-    """A log without a series named as the training loss reads its first other training-loss
-    series (`data_loss`, `loss_total`) as the loss, and says so."""
-    _stand_in(series, notes, LOSS, is_train_loss, "the training loss")
+    """A log without a series named as the training loss reads another training-loss series
+    as the loss, and says so: a total where the log has one (`total_loss`, `Loss/total_loss`,
+    `loss/train/total`: the sum of the terms, what the optimizer minimises), else the first
+    (`data_loss`)."""
+    totals = [name for name in series if is_train_loss(name) and _TOTAL.search(name.lower())]
+    _stand_in(series, notes, LOSS,
+              (lambda name: name == totals[0]) if totals else is_train_loss, "the training loss")
 
 
 def is_part_lr(name: str) -> bool:

@@ -25,6 +25,9 @@ Records printed on one line, or wrapped over several at a width (`Epoch #1 Loss:
 Accuracy: 0.72 Epoch #2 Loss:` then `0.43 ...`), are cut at their counter, one row each.
 Lines without the step belong to the step of the line before them; at the head of a paste
 that starts inside a record, to the step of the line that closes it (Caffe's `Iteration N, lr`).
+A line that gives a step and nothing else of the run numbers the next row without one (NeMo's
+`Step: 2100`, then `Loss: 100.46`). An object printed over several lines (pprint's dict) is one
+line's.
 The same row printed twice (a line logged by two handlers, one rounding: LLaMA-Factory's
 callback beside the Trainer's) is read once. A run's closing totals (`train_runtime`, ...)
 are not a row.
@@ -82,8 +85,9 @@ colons)."""
 _PROGRESS = re.compile(r"(?<![\w./])(\d+)\s*/\s*(\d+)\s*\[|\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:=]?\s*\[?\s*(\d+)"
                        r"\s*/\s*(\d+)\s*\]?", re.IGNORECASE)
-_BRACKET_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*:?\s*\[\s*(\d+)\s*\]",
-                           re.IGNORECASE)
+_BRACKET_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)"
+                           r"(?:\((?:train|training)\))?\s*:?\s*\[\s*(\d+)\s*\]", re.IGNORECASE)
+"""`Epoch [3]`, and MMEngine's `Epoch(train) [3][ 50/500]` (the epoch, then its progress)."""
 _HASH_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*#\s*(\d+)(?!\w)",
                         re.IGNORECASE)
 """`Epoch #3`: a counter numbered with `#`."""
@@ -397,28 +401,23 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
     norm_rows: list[LineRow] = []
     reward_rows: list[LineRow] = []
     epoch: float | None = None
-    for line in _records(part for raw in lines for part in raw.split("\r")):
+    ahead: dict[str, Any] | None = None  # a line holding its step alone, before its values
+    for line in _records(_joined_objects(part for raw in lines for part in raw.split("\r"))):
         header = _EPOCH_HEADER.match(_ANSI.sub("", line))
         if header:
             epoch = float(header.group(1))
             continue
         values, counters = parse_line(line)
         if not values:
+            ahead = _ahead(counters) or ahead
             continue
-        values = _without_empty_terms(values, empty)
-        if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line):  # fairseq's `| valid |`
-            values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
+        values = _line_values(line, values, empty)
         if TOTALS & set(values):
             continue
         if "epoch" in counters:
             epoch = counters["epoch"]
         elif "epoch" in values:
             epoch = values["epoch"]
-        if not any(is_loss_name(name) for name in values):
-            ppl = next((name for name in values if name.lower() in PERPLEXITY), None)
-            if ppl is not None:  # a perplexity is exp(cross-entropy): the loss is its log
-                value = values[ppl]
-                values["loss"] = math.log(value) if value > 0 else math.nan
         if not any(is_loss_name(name) for name in values):
             evaluation = {k: v for k, v in values.items() if is_eval_name(k)}
             losses = [k for k in evaluation if "loss" in k.lower()
@@ -444,7 +443,12 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
                 reward_rows.append(_line_row(values, counters, epoch))
                 if len(reward_rows) > MAX_ROWS:
                     raise TooLong
+            elif not evaluation and _ahead(counters) is not None:
+                ahead = counters
             continue
+        if ahead is not None and not set(counters) & (AHEAD | {"progress"}):
+            counters = ahead | counters  # NeMo's `Step: 2100` line, then `Loss: 100.46`
+        ahead = None
         rows.append(_line_row(values, counters, epoch))
         if len(rows) > MAX_ROWS:
             raise TooLong
@@ -485,6 +489,57 @@ REWARD_ONLY = "reward"
 
 MAX_RECORD = 4096
 """Characters a record wrapped over several lines holds at most (past them, it has ended)."""
+AHEAD = frozenset({"step", "batch"})
+"""The counters a line may hold alone, numbering the values on the lines after it (NeMo's
+`Step: 2100` then `Loss: 100.46`; Composer's `[batch=12/100]:` then one value a line; the TF
+Object Detection API's `Step 100 per-step time 0.5s` then its loss dict): the next row without a
+counter of its own takes it."""
+OBJECT_LINES = 64
+"""Lines a `{...}` object printed over several (pprint's dict, a pretty-printed JSON record)
+holds at most: past them, the lines are read one by one."""
+
+
+def _ahead(counters: dict[str, Any]) -> dict[str, Any] | None:
+    """`counters` when they are a step a line gives ahead of its values (`AHEAD`), else None."""
+    if set(counters) & AHEAD and not set(counters) & {"progress", "epoch"}:
+        return counters
+    return None
+
+
+def _joined_objects(lines: Iterable[str]) -> Iterable[str]:
+    """The lines, with an object that opens on one and closes on a later one joined into one
+    line (`{'Loss/total_loss': 0.95,` ... `'learning_rate': 0.04}` is one record); an object
+    that does not close within `OBJECT_LINES` lines leaves its lines as they were, the first
+    given alone and the others read again (the inner objects of a pasted JSON file)."""
+    source = iter(lines)
+    again: list[str] = []
+    held: list[str] = []
+    depth = 0
+    while True:
+        line = again.pop() if again else next(source, None)
+        if line is None:
+            if not held:
+                return
+            yield held[0]
+            again.extend(reversed(held[1:]))
+            held, depth = [], 0
+            continue
+        opened = line.count("{") - line.count("}")
+        if not held:
+            if opened > 0:
+                held, depth = [line], opened
+            else:
+                yield line
+            continue
+        held.append(line)
+        depth += opened
+        if depth <= 0:
+            yield " ".join(part.strip() if i else part.rstrip() for i, part in enumerate(held))
+            held, depth = [], 0
+        elif len(held) > OBJECT_LINES:
+            yield held[0]
+            again.extend(reversed(held[1:]))
+            held, depth = [], 0
 
 
 def _records(lines: Iterable[str]) -> Iterable[str]:
@@ -520,6 +575,21 @@ def _cut(text: str) -> list[str]:
         return [text]
     cuts = [0, *(at for at, _ in same[1:]), len(text)]
     return [text[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+def _line_values(line: str, values: dict[str, float], empty: list[str] | None
+                 ) -> dict[str, float]:
+    """The line's values as a row holds them: empty loss terms left out, an evaluation's line's
+    named as such (fairseq's `| valid |`), a perplexity alone read as its log, the loss."""
+    values = _without_empty_terms(values, empty)
+    if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line):
+        values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
+    if not any(is_loss_name(name) for name in values):
+        ppl = next((name for name in values if name.lower() in PERPLEXITY), None)
+        if ppl is not None:  # a perplexity is exp(cross-entropy): the loss is its log
+            value = values[ppl]
+            values["loss"] = math.log(value) if value > 0 else math.nan
+    return values
 
 
 def _line_row(values: dict[str, float], counters: dict[str, float],
