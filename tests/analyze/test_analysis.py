@@ -33,3 +33,15 @@ def test_a_short_excerpt_of_means_is_judged_from_its_first_row(tmp_path: Path, t
     assert result.verdict == verdict
     if verdict == "degraded":
         assert result.onset == "iteration 5010"
+
+
+def test_a_nan_of_a_value_no_rule_reads_is_counted_in_the_notes(tmp_path: Path) -> None:
+    """Nothing hides a NaN: a value that comes back to a number after it (so no rule calls the
+    run broken), under a name no detector reads, is still counted."""
+    rows = [f'{{"step": {i}, "loss": {2.0 - 0.01 * i}, "aux_entropy": '
+            f'{"NaN" if i in (7, 9) else 0.5}}}' for i in range(20)]
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    result = analyze(path)
+    assert result.verdict == "healthy"
+    assert "aux_entropy: 2 non-finite value(s) of 20, the first at step 7" in result.notes

@@ -256,6 +256,21 @@ def test_mmengine_lines_are_named_by_their_epoch_and_iteration(tmp_path: Path) -
     assert log.steps[:5] == [50, 100, 150, 200, 250], "counted across the epochs"
 
 
+def test_timm_lines_are_named_by_epoch_and_batch_and_its_test_lines_are_evaluations(
+        tmp_path: Path) -> None:
+    lines = []
+    for i in range(24):
+        lines.append(f"Train: {i // 4} [{(i % 4) * 100:>4}/400 ({(i % 4) * 25:>3.0f}%)]  "
+                     f"Loss: {2.0 - 0.02 * i:#.3g} ({2.0 - 0.02 * i:#.3g})  Time: 0.300s,  "
+                     "850.00/s  (0.300s,  850.00/s)  LR: 1.000e-03  Data: 0.010 (0.010)")
+        if i % 4 == 3:  # its evaluation, at a loss of another level
+            lines.append("Test: [  49/49]  Time: 0.100 (0.200)  Loss:  4.5000 (4.2000)  "
+                         "Acc@1: 70.0000 (75.0000)  Acc@5: 90.0000 (93.0000)")
+    log = read_log(write(tmp_path / "train.log", "\n".join(lines) + "\n"))
+    assert len(log) == 24 and log.label(5) == "epoch 1, batch 100"
+    assert max(log.values("loss")) == 2.0 and len(log.evals) == 6
+
+
 def _caffe_named_output(losses: list[float], first: int, cut: bool) -> str:
     """Caffe's solver lines for a net whose loss layer has its own name: the iteration's loss,
     the net's outputs (a constant and the named loss) without the iteration, then the LR. With

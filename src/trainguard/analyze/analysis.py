@@ -127,7 +127,8 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
         onset_step=log.steps[onset_row] if onset_row is not None else None,
         onset=log.label(onset_row) if onset_row is not None else None,
         evidence=_evidence(log, judgement, findings), causes=causes, events=events + extra,
-        findings=findings, notes=list(log.notes) + _rounding_notes(log, rounding),
+        findings=findings,
+        notes=list(log.notes) + _rounding_notes(log, rounding) + _nonfinite_notes(log, judged),
         rows=len(log), interval=log.interval(),
         log=log, judgement=judgement)
 
@@ -235,6 +236,22 @@ def _within_rounding(log: Log, events: list[Event]) -> list[Event]:
         if resolution.below_resolution(value - level, unit):
             found.append(event)
     return found
+
+
+def _nonfinite_notes(log: Log, told: list[Event]) -> list[str]:
+    """The NaN and inf of each value other than the loss that no event told (nothing hides a
+    NaN: a value that comes back to a number, or of a name no rule reads, is counted here)."""
+    named = {event.param for event in told}
+    notes = []
+    for name in log.series:
+        if name == LOSS or name in named:
+            continue
+        rows, values = log.series.points(name)
+        bad = [row for row, value in zip(rows, values, strict=True) if not math.isfinite(value)]
+        if bad:
+            notes.append(f"{name}: {len(bad)} non-finite value(s) of {len(values)}, the first "
+                         f"at {log.label(bad[0])}")
+    return notes
 
 
 def _rounding_notes(log: Log, rounding: list[Event]) -> list[str]:

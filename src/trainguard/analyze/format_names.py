@@ -6,6 +6,8 @@ FORMATS: dict[str, str] = {
     "lightning": "PyTorch Lightning CSVLogger metrics.csv",
     "keras": "Keras CSVLogger file (epoch,loss,...,val_loss per epoch)",
     "tensorboard": "TensorBoard event file or run directory",
+    "tensorboard-csv": "TensorBoard's 'Download CSV' of one scalar (Wall time,Step,Value)",
+    "wandb-csv": "W&B's 'Export panel data' CSV (\"Step\",\"<run> - <metric>\",...)",
     "store": "trainguard run directory (its run store)",
     "wandb": "Weights & Biases run directory (offline or synced), its .wandb file, or the wandb/ "
              "folder of runs",

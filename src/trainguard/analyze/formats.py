@@ -12,6 +12,8 @@
                       JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
                       (also under a `.json` name: MMEngine's `*.log.json`)
                       (Python dicts, one per line, as the HF Trainer prints them -> text);
+                      TensorBoard's `Wall time,Step,Value` -> tensorboard-csv; W&B's
+                      `"Step","<run> - <metric>",...` -> wandb-csv;
                       a CSV header beginning with `epoch`, without `step` -> keras;
                       a CSV header with a `step` column -> lightning; anything else -> text
     a tracking URI    sqlite:///... or file:///... -> mlflow (a server's URI is refused)
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainguard.analyze import (
+    exported,
     hf,
     jsonl,
     keras,
@@ -45,6 +48,7 @@ from trainguard.analyze.log import Log, LogError
 _READERS: dict[str, Callable[[Path], Log]] = {
     "hf": hf.read, "lightning": lightning.read, "tensorboard": tensorboard.read,
     "store": store.read, "jsonl": jsonl.read, "text": text.read, "keras": keras.read,
+    "tensorboard-csv": exported.read, "wandb-csv": exported.read,
 }
 _RUN_READERS: dict[str, Callable[[Path, str | None], Log]] = {
     "wandb": wandb_run.read, "mlflow": mlflow_run.read,
@@ -159,6 +163,9 @@ def detect_format(path: Path) -> str:
     if path.suffix == ".json":
         return "hf"
     first = start.split(b"\n", 1)[0].decode("utf-8", "replace")
+    exported_as = exported.sniff(first)
+    if exported_as is not None:
+        return exported_as
     if keras.is_header(first):
         return "keras"
     if path.suffix == ".csv" or ("," in first and "step" in [c.strip() for c in first.split(",")]):

@@ -88,6 +88,9 @@ _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:
 _BRACKET_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)"
                            r"(?:\((?:train|training)\))?\s*:?\s*\[\s*(\d+)\s*\]", re.IGNORECASE)
 """`Epoch [3]`, and MMEngine's `Epoch(train) [3][ 50/500]` (the epoch, then its progress)."""
+_TRAIN_EPOCH = re.compile(r"(?<![\w./-])(?:train|training)\s*:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)",
+                          re.IGNORECASE)
+"""timm's `Train: 3 [ 100/1251 (  8%)]`: the epoch, then its progress."""
 _HASH_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*#\s*(\d+)(?!\w)",
                         re.IGNORECASE)
 """`Epoch #3`: a counter numbered with `#`."""
@@ -107,6 +110,9 @@ _EVAL_FIELD = re.compile(rf"(?:\|\s*{_EVAL_WORDS}\s*\|)|(?:\[\s*{_EVAL_WORDS}\s*
                          re.IGNORECASE)
 """A field that says the line reports an evaluation: one of a `|`-separated logger line
 (fairseq's `| valid |`) or a bracketed tag (Marian's `[valid]`)."""
+_EVAL_HEAD = re.compile(rf"(?<![\w./-]){_EVAL_WORDS}\s*:\s*\[\s*\d", re.IGNORECASE)
+"""An evaluation's line headed by its phase and its progress: timm's `Test: [  10/49]` beside
+its `Train: 3 [ 100/1251 (  8%)]`."""
 _EVAL_PHASE = re.compile(rf"(?<![\w./-])(?:val|{_EVAL_WORDS})"
                          r"[ \t]+(?=(?:batch|epoch|step|iter|iteration)\b)", re.IGNORECASE)
 """An evaluation's phase word before the line's counter: WeNet's and ESPnet's `TRAIN Batch
@@ -191,6 +197,11 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
             if value is not None:
                 values[str(name).strip()] = value
     remaining = _QUOTED_NAME.sub(r"\2", " ".join(rest))
+    timm = _TRAIN_EPOCH.search(remaining)
+    if timm:
+        counters["epoch"], counters["progress"], counters[TOTAL] = (
+            float(timm.group(1)), float(timm.group(2)), float(timm.group(3)))
+        remaining = remaining[:timm.start()] + " " + remaining[timm.end():]
     for pattern in (_OF_TOTAL, _BRACKET_WORD, _HASH_WORD):
         for match in pattern.finditer(remaining):
             _count(counters, spellings, match.group(1).lower(), float(match.group(2)))
@@ -582,7 +593,7 @@ def _line_values(line: str, values: dict[str, float], empty: list[str] | None
     """The line's values as a row holds them: empty loss terms left out, an evaluation's line's
     named as such (fairseq's `| valid |`), a perplexity alone read as its log, the loss."""
     values = _without_empty_terms(values, empty)
-    if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line):
+    if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line) or _EVAL_HEAD.search(line):
         values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
     if not any(is_loss_name(name) for name in values):
         ppl = next((name for name in values if name.lower() in PERPLEXITY), None)
