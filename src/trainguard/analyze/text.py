@@ -26,6 +26,10 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
     rl         the console tables of OpenAI baselines and stable-baselines: the logger's
                `| approxkl | 0.0012 |` blocks between dashed rules, one row per update, and
                PPO1's `pol_surr | vf_loss | kl` table (`trainguard.analyze.rl_tables`).
+    yolo       the Ultralytics YOLO / YOLOv5 training console (`trainguard.analyze.yolo`): a
+               header `Epoch GPU_mem box_loss cls_loss dfl_loss Instances Size`, then the epoch's
+               updates `1/100 2.61G 1.234 2.345 1.456 32 640: ...`; one row per epoch (its last
+               update), the loss the sum of the terms.
     generic    any other line holding a loss, as people write and paste them
                (`trainguard.analyze.pasted`): dict and JSON objects (the HF Trainer's console
                `{'loss': 0.0, 'grad_norm': nan, ...}`), `key=value` (tqdm postfixes), `key: value`
@@ -47,7 +51,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from trainguard.analyze import header_table, pasted, rl_tables
+from trainguard.analyze import header_table, pasted, rl_tables, yolo
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
 from trainguard.analyze.source import Lines, head
 
@@ -212,6 +216,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "nanogpt": (_nanogpt, "iter"),
     "mlx": (_mlx, "iter"),
     "rl": (rl_tables.read_rows, "row"),
+    "yolo": (yolo.read_rows, "epoch"),
     "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),
     "columns": (_columns, "step"),
