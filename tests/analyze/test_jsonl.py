@@ -52,3 +52,13 @@ def test_detectron2_metrics_json_is_judged_on_its_total_loss(tmp_path: Path) -> 
     log = read_log(path)
     assert log.values("loss") == [r["total_loss"] for r in rows]
     assert "total_loss is read as the training loss" in log.notes
+
+
+def test_a_wandb_history_on_its_own_is_read_at_the_trainers_step(tmp_path: Path) -> None:
+    """W&B's `_step` counts its log calls; the HF Trainer's `train/global_step` is the run's."""
+    rows = [{"_step": i, "_runtime": 1.0 * i, "train/loss": 2.0 - 0.01 * i,
+             "train/learning_rate": 1e-4, "train/global_step": 10 * (i + 1)} for i in range(30)]
+    path = tmp_path / "wandb-history.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = read_log(path)
+    assert log.steps == [10 * (i + 1) for i in range(30)]

@@ -1,7 +1,9 @@
 """JSON Lines: one JSON object per line, one logged step each.
 
 The step is the first of `step`, `global_step`, `current_steps` (LLaMA-Factory's
-`trainer_log.jsonl`), `iteration`, `iter`, `_step` (a W&B export), `trainer/global_step`; lines
+`trainer_log.jsonl`), `iteration`, `iter`, the trainer's step in a W&B history
+(`train/global_step` of the HF Trainer, `trainer/global_step` of Lightning), W&B's own count of
+its log calls `_step` (`wandb-history.jsonl`, an export); lines
 without one are numbered by their position. Numeric values are the row's series (names made
 canonical: `learning_rate` -> `lr`), `eval_*`/`val_*` values its evaluation. A last line cut
 short (a writer still writing) is left out with a note; a bad line before it is an error.
@@ -19,8 +21,8 @@ from trainguard.analyze.log import Log, LogBuilder, LogError
 from trainguard.analyze.source import MAX_RECORD, Lines
 
 FORMAT = "jsonl"
-STEP_KEYS = ("step", "global_step", "current_steps", "iteration", "iter", "_step",
-             "trainer/global_step")
+STEP_KEYS = ("step", "global_step", "current_steps", "iteration", "iter", "train/global_step",
+             "trainer/global_step", "_step")
 
 
 def read(path: str | Path) -> Log:
