@@ -50,6 +50,41 @@ def test_a_fastai_table_passes_over_its_time_column(tmp_path: Path) -> None:
     assert "time" not in log.series and [step for step, _ in log.evals] == list(range(8))
 
 
+def _model_card(rows: list[tuple[str, float, int, str]]) -> str:
+    """The 'Training results' table the HF Trainer writes into a model card, under its prose."""
+    lines = ["---", "license: apache-2.0", "tags:", "- generated_from_trainer", "---", "",
+             "It achieves the following results on the evaluation set:", "- Loss: 0.2505", "",
+             "### Training results", "",
+             "| Training Loss | Epoch | Step | Validation Loss | Wer    |",
+             "|:-------------:|:-----:|:----:|:---------------:|:------:|"]
+    lines += [f"| {loss:<13} | {epoch:<5} | {step:<4} | {val:<15} | 0.2    |"
+              for loss, epoch, step, val in rows]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_model_card_table_is_read_at_its_steps(tmp_path: Path) -> None:
+    rows = [("No log", 0.32, 500, "2.9449"), ("2.9728", 0.64, 1000, "1.8492")]
+    rows += [(f"{1.0 - 0.05 * i:.4f}", round(0.96 + 0.32 * i, 2), 1500 + 500 * i,
+              f"{0.5 - 0.02 * i:.4f}") for i in range(10)]
+    rows[5] = (f"**{rows[5][0]}**", rows[5][1], rows[5][2], rows[5][3])  # the best, in bold
+    log = read_log(write(tmp_path / "README.md", _model_card(rows)))
+    assert log.format == "text:table" and log.step_unit == "step"
+    assert log.steps == [step for _, _, step, _ in rows], "Step numbers them, not Epoch"
+    assert log.values("loss")[0] is None, "No log holds no value"
+    assert log.values("loss")[5] == 0.85 and [s for s, _ in log.evals][:2] == [500, 1000]
+
+
+def test_an_evaluation_loss_nan_to_the_end_breaks_the_run(tmp_path: Path) -> None:
+    """The Trainer writes a training loss of 0.0 over a NaN window: the evaluations say it."""
+    rows = [(f"{1.0 - 0.05 * i:.4f}", 0.3 * i, 500 * (i + 1), f"{0.5 - 0.02 * i:.4f}")
+            for i in range(10)]
+    rows += [("0.0", 3.0 + 0.3 * i, 5500 + 500 * i, "nan") for i in range(4)]
+    result = analyze(write(tmp_path / "README.md", _model_card(rows)))
+    assert (result.verdict, result.kind) == ("degraded", "nan")
+    assert any("Validation Loss is nan from the evaluation at step 5500" in line
+               for line in result.evidence)
+
+
 def test_rows_without_a_counter_column_are_numbered(tmp_path: Path) -> None:
     text = "loss  accuracy\n" + "".join(f"{2 - 0.1 * i:.3f}  {0.5 + 0.02 * i:.3f}\n"
                                         for i in range(6))

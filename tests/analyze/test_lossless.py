@@ -9,7 +9,11 @@ import pytest
 
 from trainguard.analyze import analyze
 from trainguard.analyze.log import Log
-from trainguard.analyze.lossless import metric_went_nonfinite, went_nonfinite
+from trainguard.analyze.lossless import (
+    evaluation_went_nonfinite,
+    metric_went_nonfinite,
+    went_nonfinite,
+)
 
 NAN, INF = math.nan, math.inf
 
@@ -71,3 +75,24 @@ def test_a_trainers_metric_broken_to_the_end_beside_a_finite_loss(
     found = metric_went_nonfinite(log)
     assert [e.details["row"] for e in found] == ([] if row is None else [row])
     assert metric_went_nonfinite(_log(series)) == []  # without a loss: `went_nonfinite`'s
+
+
+@pytest.mark.parametrize("losses, at", [
+    ([0.5, 0.4, NAN, NAN], 3),      # NaN from the third evaluation to the last
+    ([0.5, NAN, 0.4, NAN], None),   # a number again in between: not broken for good
+    ([NAN, NAN, NAN, NAN], None),   # never a number
+    ([0.5, 0.4, 0.3, 0.2], None),
+])
+def test_an_evaluation_loss_nan_from_an_evaluation_to_the_last(losses: list[float],
+                                                               at: int | None) -> None:
+    log = _log({"loss": [1.0, 0.9, 0.0, 0.0]})
+    log.evals = [(step, {"eval_loss": value}) for step, value in zip([1, 2, 3, 4], losses,
+                                                                      strict=True)]
+    events = evaluation_went_nonfinite(log)
+    assert [e.step for e in events] == ([] if at is None else [at])
+
+
+def test_evaluations_that_stop_before_the_last_row_do_not_say_how_it_ends() -> None:
+    log = _log({"loss": [1.0, 0.9, 0.8, 0.7, 0.6]})
+    log.evals = [(1, {"eval_loss": 0.5}), (2, {"eval_loss": NAN})]
+    assert evaluation_went_nonfinite(log) == []

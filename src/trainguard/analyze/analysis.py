@@ -29,7 +29,11 @@ from trainguard.analyze.judge import (
     judge,
 )
 from trainguard.analyze.log import LOSS, Log
-from trainguard.analyze.lossless import metric_went_nonfinite, went_nonfinite
+from trainguard.analyze.lossless import (
+    evaluation_went_nonfinite,
+    metric_went_nonfinite,
+    went_nonfinite,
+)
 from trainguard.analyze.offline import replay
 from trainguard.analyze.own_verdict import defer
 from trainguard.analyze.quirks import prepare
@@ -95,7 +99,8 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     losses = log.values(LOSS)
     at_chance = chance_level.back_to_chance(losses, num_classes,
                                             guess=chance_level.is_classifier(log))
-    extra = _above_chance(log) + went_nonfinite(log) + metric_went_nonfinite(log)
+    extra = (_above_chance(log) + went_nonfinite(log) + metric_went_nonfinite(log)
+             + evaluation_went_nonfinite(log))
     rounding = _within_rounding(log, events)
     judged = [e for e in events + extra if e not in rounding]
     # without a loss, every row holds what the log says of the run (`analyze/lossless.py`)

@@ -12,7 +12,11 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
   another shape between them is passed over, and a header printed again starts the table
   again under its names;
 - a column named as a counter (`epoch`, `iteration`, `step`...) whose whole numbers go up numbers
-  the rows, named as it is; otherwise they are numbered from 1;
+  the rows, named as it is (the first such, in that order: an HF model card's `Epoch` of
+  fractions leaves its `Step`); otherwise they are numbered from 1;
+- a markdown table (`| Training Loss | Epoch | Step | Validation Loss |`, the Trainer's table in
+  a model card) is split at its bars, its rule line passed over, `**bold**` cells read, and a
+  cell of `No log` holds no value;
 - a logger's prefix before the fields (`2024-08-19 13:28:48,101 INFO [name] logger : `, up to
   the line's last ` : ` or `] `) is not part of them;
 - columns that take turns (never both a number on one row: a training row and a validation
@@ -32,7 +36,12 @@ from collections.abc import Iterable
 
 from trainguard.analyze.log import LOSS, LogBuilder, is_eval_name, is_train_loss, number
 
-SPLIT = re.compile(r"[ \t]*,[ \t]*|\t+|[ \t]{2,}")
+SPLIT = re.compile(r"[ \t]*[,|][ \t]*|\t+|[ \t]{2,}")
+RULE = re.compile(r"^\s*\|?(?:\s*:?-{3,}:?\s*\|)+\s*:?-*:?\s*$")
+"""A markdown table's rule under its header (`|:---:|:---:|`): no row."""
+NO_VALUE = frozenset({"no log", "-", ""})
+"""A cell that holds no value: the HF Trainer's `No log` (a training loss not logged yet when
+the evaluation ran), a dash."""
 PREFIX = re.compile(r"^.*(?:\s:\s|\]\s)")
 """A logger's prefix before the fields: everything up to the line's last ` : ` or `] `."""
 CLOCK = re.compile(r"\d+:\d{2}(?::\d{2})?(?:\.\d+)?")
@@ -46,6 +55,9 @@ COUNTER_NAMES = ("epoch", "iteration", "iter", "step", "global_step", "batch", "
 
 
 def _fields(line: str) -> list[str]:
+    text = line.strip()
+    if text.startswith("|"):  # a markdown table's row: its cells, empty ones kept
+        return [cell.strip().strip("*").strip() for cell in text.strip("|").split("|")]
     return [field for field in SPLIT.split(PREFIX.sub("", line).strip()) if field]
 
 
@@ -60,27 +72,28 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the rows of the tables among `lines` to `log`; the number of rows read (0 when there
     are fewer than `FEWEST_ROWS`)."""
     header: list[str] | None = None
-    counter: int | None = None
-    rows: list[tuple[list[str], int | None, list[float]]] = []
+    read: list[tuple[list[str], list[float]]] = []
     for line in lines:
         fields = _fields(line)
         if _is_header(fields):
             header = fields
-            lowered = [name.lower() for name in fields]
-            counter = next((lowered.index(n) for n in COUNTER_NAMES if n in lowered), None)
             continue
         if header is None or len(fields) != len(header):
             continue
-        kept = [(name, number(field)) for name, field in zip(header, fields, strict=True)
-                if not CLOCK.fullmatch(field)]
-        if any(value is None for _, value in kept):
+        if RULE.match(line):
             continue
-        names = [name for name, _ in kept]
-        at = (names.index(header[counter])
-              if counter is not None and header[counter] in names else None)
-        rows.append((names, at, [value for _, value in kept]))  # type: ignore[misc]
-    if len(rows) < FEWEST_ROWS:
+        kept = [(name, number(field)) for name, field in zip(header, fields, strict=True)
+                if not CLOCK.fullmatch(field) and field.lower() not in NO_VALUE]
+        if not kept or any(value is None for _, value in kept):
+            continue
+        read.append(([name for name, _ in kept], [value for _, value in kept]))  # type: ignore[misc]
+    if len(read) < FEWEST_ROWS:
         return 0
+    rows: list[tuple[list[str], int | None, list[float]]] = []
+    for name in COUNTER_NAMES:  # the first counter column that numbers every row
+        rows = [(names, _column(names, name), values) for names, values in read]
+        if _counted(rows):
+            break
     counted = _counted(rows)
     turns = _taking_turns(rows)
     for index, (names, column, values) in enumerate(rows):
@@ -102,6 +115,11 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         log.step_unit = "row"
         log.notes.append("the table has no counter column: rows are numbered from 1")
     return len(rows)
+
+
+def _column(names: list[str], counter: str) -> int | None:
+    lowered = [name.lower() for name in names]
+    return lowered.index(counter) if counter in lowered else None
 
 
 def _counted(rows: list[tuple[list[str], int | None, list[float]]]) -> bool:

@@ -14,7 +14,9 @@ there (a model that computes NaN keeps computing it). Not read as such:
 The gradient norm (its own detectors and `quirks.amp_skips`), the LR and the loss scale are left
 to the rules that read them. In a log that holds a loss, the same rule reads a trainer's metrics
 of the model's outputs (`metric_went_nonfinite`): its logged loss is a mean with the NaNs
-dropped, and may keep a number while its log-probabilities do not.
+dropped, and may keep a number while its log-probabilities do not; and the evaluations' losses
+(`evaluation_went_nonfinite`), NaN from an evaluation to the last while the HF Trainer writes a
+training loss of 0.0 over its NaN window.
 """
 
 from __future__ import annotations
@@ -45,6 +47,36 @@ def metric_went_nonfinite(log: Log) -> list[Event]:
         return []
     return _broken(log, [name for name in log.series if name not in CANONICAL
                          and not is_train_loss(name) and is_judged(name)], "")
+
+
+def evaluation_went_nonfinite(log: Log) -> list[Event]:
+    """The same rule over the evaluations' losses: an evaluation loss that was a number at
+    every evaluation before and is NaN or inf from one to the last, at or after the log's last
+    row, broke with the weights (the held-out data scored by a model that computes NaN), whatever
+    the training loss logged beside it (the HF Trainer writes 0.0 for a NaN window)."""
+    if not log.evals or not log.steps:
+        return []
+    names = {name for _, metrics in log.evals for name in metrics if "loss" in name.lower()}
+    found: tuple[int, str, float] | None = None
+    for name in sorted(names):
+        points = [(step, metrics[name]) for step, metrics in log.evals if name in metrics]
+        k = len(points)
+        while k > 0 and not math.isfinite(points[k - 1][1]):
+            k -= 1
+        if (k == len(points) or k == 0 or points[-1][0] < log.steps[-1]
+                or not all(math.isfinite(v) for _, v in points[:k])):
+            continue
+        step, value = points[k]
+        if found is None or step < found[0]:
+            found = (step, name, value)
+    if found is None:
+        return []
+    step, name, value = found
+    row = max((i for i, s in enumerate(log.steps) if s <= step), default=0)
+    return [Event(kind="nonfinite_value", step=log.steps[row], severity="error",
+                  message=f"{name} is {value} from the evaluation at {log.label(row)} to the "
+                          "last, a number at every evaluation before",
+                  param=name, value=value, details={"row": row})]
 
 
 def _broken(log: Log, names: list[str], said: str) -> list[Event]:
