@@ -80,7 +80,7 @@ def test_a_trainers_metric_broken_to_the_end_beside_a_finite_loss(
 @pytest.mark.parametrize("losses, at", [
     ([0.5, 0.4, NAN, NAN], 3),      # NaN from the third evaluation to the last
     ([0.5, NAN, 0.4, NAN], None),   # a number again in between: not broken for good
-    ([NAN, NAN, NAN, NAN], None),   # never a number
+    ([NAN, NAN, NAN, NAN], 1),      # never a number: no held-out loss was ever computed
     ([0.5, 0.4, 0.3, 0.2], None),
 ])
 def test_an_evaluation_loss_nan_from_an_evaluation_to_the_last(losses: list[float],
@@ -95,4 +95,6 @@ def test_an_evaluation_loss_nan_from_an_evaluation_to_the_last(losses: list[floa
 def test_evaluations_that_stop_before_the_last_row_do_not_say_how_it_ends() -> None:
     log = _log({"loss": [1.0, 0.9, 0.8, 0.7, 0.6]})
     log.evals = [(1, {"eval_loss": 0.5}), (2, {"eval_loss": NAN})]
+    assert evaluation_went_nonfinite(log) == []
+    log.evals = [(5, {"eval_loss": NAN})]  # one evaluation, NaN: not enough to say
     assert evaluation_went_nonfinite(log) == []

@@ -53,7 +53,9 @@ def evaluation_went_nonfinite(log: Log) -> list[Event]:
     """The same rule over the evaluations' losses: an evaluation loss that was a number at
     every evaluation before and is NaN or inf from one to the last, at or after the log's last
     row, broke with the weights (the held-out data scored by a model that computes NaN), whatever
-    the training loss logged beside it (the HF Trainer writes 0.0 for a NaN window)."""
+    the training loss logged beside it (the HF Trainer writes 0.0 for a NaN window). Unlike a
+    mean over episodes, an evaluation's loss is defined once it runs: NaN at every one of two
+    evaluations or more is a model that never computed a number on held-out data."""
     if not log.evals or not log.steps:
         return []
     names = {name for _, metrics in log.evals for name in metrics if "loss" in name.lower()}
@@ -63,7 +65,7 @@ def evaluation_went_nonfinite(log: Log) -> list[Event]:
         k = len(points)
         while k > 0 and not math.isfinite(points[k - 1][1]):
             k -= 1
-        if (k == len(points) or k == 0 or points[-1][0] < log.steps[-1]
+        if (k == len(points) or (k == 0 and len(points) < 2) or points[-1][0] < log.steps[-1]
                 or not all(math.isfinite(v) for _, v in points[:k])):
             continue
         step, value = points[k]
