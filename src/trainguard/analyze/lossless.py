@@ -62,11 +62,8 @@ def evaluation_went_nonfinite(log: Log) -> list[Event]:
     found: tuple[int, str, float] | None = None
     for name in sorted(names):
         points = [(step, metrics[name]) for step, metrics in log.evals if name in metrics]
-        k = len(points)
-        while k > 0 and not math.isfinite(points[k - 1][1]):
-            k -= 1
-        if (k == len(points) or (k == 0 and len(points) < 2) or points[-1][0] < log.steps[-1]
-                or not all(math.isfinite(v) for _, v in points[:k])):
+        k = _nonfinite_tail([value for _, value in points])
+        if k is None or (k == 0 and len(points) < 2) or points[-1][0] < log.steps[-1]:
             continue
         step, value = points[k]
         if found is None or step < found[0]:
@@ -81,6 +78,17 @@ def evaluation_went_nonfinite(log: Log) -> list[Event]:
                   param=name, value=value, details={"row": row})]
 
 
+def _nonfinite_tail(values: list[float]) -> int | None:
+    """Where the non-finite values that end `values` begin, when every value before them is
+    finite (0: none is); None when the last value is finite, or one came back to a number."""
+    k = len(values)
+    while k > 0 and not math.isfinite(values[k - 1]):
+        k -= 1
+    if k == len(values) or not all(math.isfinite(v) for v in values[:k]):
+        return None
+    return k
+
+
 def _broken(log: Log, names: list[str], said: str) -> list[Event]:
     if not log.steps:
         return []
@@ -90,11 +98,9 @@ def _broken(log: Log, names: list[str], said: str) -> list[Event]:
         rows, values = log.series.points(name)
         if not rows or rows[-1] != last:
             continue
-        k = len(values)
-        while k > 0 and not math.isfinite(values[k - 1]):
-            k -= 1
-        if k == len(values) or k == 0 or not all(math.isfinite(v) for v in values[:k]):
-            continue  # finite at the end, never finite, or back to a number once: not broken
+        k = _nonfinite_tail(values)
+        if not k:  # never finite: undefined, not broken
+            continue
         if found is None or rows[k] < found[0]:
             found = (rows[k], name, values[k])
     if found is None:

@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable
 
 from trainguard.analyze.log import LOSS, LogBuilder, number
+from trainguard.analyze.pasted import NUM
 
-NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
 _HEADER = re.compile(r"^\s*Epoch\s+gpu_mem\s+(.+?)\s+(?:Instances|labels|targets)\s+"
                      r"(?:Size|img_size)\s*$", re.IGNORECASE)
 
