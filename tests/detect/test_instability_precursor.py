@@ -363,6 +363,62 @@ def test_the_cadence_survives_a_state_round_trip() -> None:
     assert restored.measured == 8
 
 
+def run_with_ratio_hold(detector: InstabilityPrecursor, rows: list[np.ndarray],
+                        second_moment: list[float] | None = None) -> tuple[list[Event], list[int]]:
+    """As `run_on_cadence`, with the ratio measured only at the due steps `ratio_due` says (log
+    Z, a constant here, at every due step); `second_moment`: Adam's v at each step (1 when not
+    given), which the ratio is divided by and the estimate from the gradient norm does not see."""
+    events, measured = [], []
+    for step, row in enumerate(rows):
+        precursors: dict[str, np.ndarray] = {}
+        if detector.due(step):
+            precursors["logz_max"] = np.array([3.0])
+            if detector.ratio_due(step):
+                measured.append(step)
+                v = 1.0 if second_moment is None else second_moment[step]
+                precursors["adam_ratio_rms"] = row / v
+        events += detector.check(signals(step, names=NAMES, param_grad_norm=row,
+                                         precursors=precursors))
+    return events, measured
+
+
+def test_a_ratio_its_estimates_match_is_measured_less_often() -> None:
+    detector = InstabilityPrecursor(DetectorConfig())
+    events, measured = run_with_ratio_hold(detector, [np.array([0.9, 1.0, 1.1])] * 100)
+    # every 4 steps, then 8 after the first match, then 16 (`HOLD_MAX` x `every`)
+    assert events == [] and measured == [0, 4, 12, 28, 44, 60, 76, 92]
+    restored = InstabilityPrecursor(DetectorConfig())
+    restored.load_state_dict(json.loads(json.dumps(detector.state_dict())))
+    assert [restored.ratio_due(s) for s in range(100, 120)] == [
+        detector.ratio_due(s) for s in range(100, 120)]
+
+
+def test_every_step_means_the_ratio_too() -> None:
+    detector = InstabilityPrecursor(DetectorConfig(instability_precursor={"every": 1}))
+    _, measured = run_with_ratio_hold(detector, [np.array([0.9, 1.0, 1.1])] * 30)
+    assert measured == list(range(30))
+
+
+def test_a_ratio_its_estimates_miss_keeps_the_cadence() -> None:
+    """Adam's second moment moving (here falling 3% a step, which the gradient norms do not
+    show) makes each measurement miss its estimate: the ratio is measured at every due step."""
+    detector = InstabilityPrecursor(DetectorConfig())
+    moment = [0.97 ** (step / 2) for step in range(48)]
+    _, measured = run_with_ratio_hold(detector, [np.array([0.3, 0.4, 0.5])] * 48, moment)
+    assert measured == list(range(0, 48, 4))
+
+
+def test_the_ratio_hold_warns_when_measuring_every_step_warns() -> None:
+    cfg = DetectorConfig(instability_precursor={"every": 1})
+    for seed in range(5):
+        for climb in (1.05, 1.1, 1.25):
+            rows = ratios(160, seed, climb_from=100, climb=climb)
+            every_step = run(InstabilityPrecursor(cfg), rows)
+            held, _ = run_with_ratio_hold(InstabilityPrecursor(DetectorConfig()), rows)
+            assert every_step and held, (seed, climb)
+            assert held[0].step == every_step[0].step, (seed, climb)
+
+
 def test_silent_on_steady_noisy_ratios_measured_every_few_steps() -> None:
     for seed in range(5):
         events, measured = run_on_cadence(InstabilityPrecursor(DetectorConfig()),

@@ -5,7 +5,9 @@ the RMS of sqrt(v_hat), sqrt(sum g^2 / sum v_hat). The probes measure at a caden
 (`detectors.instability_precursor.every`, `due`): every step near a bound, after an event and on
 sampled steps, else every few steps; a step in between is judged on an estimate, the ratio last
 measured scaled by how each parameter's gradient norm (on the host every step) moved since, since
-Adam's second moment is a long average that a few steps hardly move. Each parameter is compared
+Adam's second moment is a long average that a few steps hardly move (while each measurement
+matches the estimate made for it, the ratio is measured at every second due step, then every fourth:
+`ratio_due`, `hold`; log Z keeps the cadence). Each parameter is compared
 with its own median over the last `baseline_window` steps (a steady run sits near 1, some
 parameters a little above). When a parameter's ratio is `detectors.instability_precursor.ratio`
 times its median, `detectors.instability_precursor.zscore` robust standard deviations of its own log
@@ -81,6 +83,13 @@ def clip_factor(signals: StepSignals) -> float:
     return limit / norm
 
 
+HOLD_MAX = 4
+"""A ratio whose estimates keep matching what the probe then measures is measured every up to
+this many times `every` steps (doubling with each match): Adam's sum v, the probe's only cost
+beyond the gradient norms, is summed less often while the estimate is shown to hold."""
+HOLD_MATCH = math.log(1.05)
+"""A measured ratio within this (log) of its estimate from the measurement before is a match."""
+
 SAID_DISCOUNT = 1.05
 """What the batch explains is told from this share of the rise on (a loss 1.003x the typical one
 took off 1.0017x and read "once the 1x that its batch explains ... is taken off")."""
@@ -136,6 +145,11 @@ class InstabilityPrecursor(Detector):
         """log Z or the update RMS was near its bound when last measured."""
         self._calm_peak: float | None = None
         """The estimate's peak `calm_at` found on the step it was asked about last."""
+        self.ratio_measured: int | None = None
+        """The last step the Adam ratio was measured (None: none yet)."""
+        self.hold = config.instability_precursor.every
+        """How many steps a measured ratio stands for while far from its bound: `every`, doubled
+        (up to `HOLD_MAX` times it) each time the estimate matched the next measurement."""
 
     def due(self, step: int) -> bool:
         """Whether the probes measure `step` (`detectors.instability_precursor.every`): every
@@ -146,6 +160,14 @@ class InstabilityPrecursor(Detector):
                 or step - last >= cfg.every
                 # Adam has no state before its first step: measure until it has
                 or (self.per_norm is None and step < cfg.warmup))
+
+    def ratio_due(self, step: int) -> bool:
+        """Whether the Adam ratio is measured at `step`, a step `due` says the probes measure:
+        at every one of them near a bound, else once the ratio last measured has stood for
+        `hold` steps (log Z, a cheap reduction of the step's logits, keeps `due`'s cadence)."""
+        cfg, last = self.config.instability_precursor, self.ratio_measured
+        return (cfg.every <= 1 or self.near or last is None or step <= last
+                or step - last >= self.hold or self.per_norm is None or cfg.update_rms)
 
     def check(self, signals: StepSignals) -> list[Event]:
         held = 0
@@ -175,6 +197,7 @@ class InstabilityPrecursor(Detector):
         self.judged = False
         if measured is not None:
             values = np.asarray(measured, dtype=np.float64)
+            self._adapt_hold(signals, values)
             if (values > 0).any():  # a ratio to estimate the steps after from
                 norms = np.asarray(signals.param_grad_norm, dtype=np.float64)
                 self.per_norm = np.divide(values, norms, out=np.zeros_like(values),
@@ -239,18 +262,16 @@ class InstabilityPrecursor(Detector):
             return False
         cfg = self.config.instability_precursor
         self._calm_peak = None
-        if not signals.precursors:
+        measured = signals.precursors.get(SIGNAL)
+        if signals.precursors and not self.growth.calm_at(signals):
+            return False
+        if measured is None:  # the ratio not measured (log Z may be)
             estimate = self._estimate(signals)
             if estimate is None:
                 return True
             # what `_far` takes as quiet
             values, bound, need_history = estimate, NEAR * cfg.abs_min, True
         else:
-            measured = signals.precursors.get(SIGNAL)
-            if not self.growth.calm_at(signals):
-                return False
-            if measured is None:
-                return True
             # nothing up to `abs_min` (the discounts only lower the values): `_quiet`
             values, bound = np.asarray(measured, dtype=np.float64), cfg.abs_min
             need_history = False
@@ -292,6 +313,21 @@ class InstabilityPrecursor(Detector):
         self.judged, self.last_max = True, peak
         self.history.append(self.history[-1])
         self.episode.update(False)
+
+    def _adapt_hold(self, signals: StepSignals, values: np.ndarray) -> None:
+        """A measurement of the ratio: `hold` doubles when the estimate from the one before
+        matched every parameter's value (within `HOLD_MATCH`), and is back at `every` when not
+        (a second moment that moves: the run's first steps, a changing LR or data)."""
+        every = self.config.instability_precursor.every
+        estimate = self._estimate(signals)
+        self.ratio_measured = signals.step
+        if estimate is None or estimate.shape != values.shape:
+            self.hold = every
+            return
+        both = (values > 0) & (estimate > 0) & np.isfinite(values) & np.isfinite(estimate)
+        matched = bool(both.any()) and bool(
+            (np.abs(np.log(values[both] / estimate[both])) <= HOLD_MATCH).all())
+        self.hold = min(self.hold * 2, HOLD_MAX * every) if matched else every
 
     def _estimate(self, signals: StepSignals) -> np.ndarray | None:
         """A step the probes did not measure: each parameter's ratio as last measured, scaled by
@@ -401,7 +437,8 @@ class InstabilityPrecursor(Detector):
                 "episode": self.episode.state_dict(),
                 "attention": self.attention.state_dict(), "growth": self.growth.state_dict(),
                 "batch_noise": self.batch_noise.state_dict(),
-                "measured": self.measured, "near": self.near, "last_max": self.last_max,
+                "measured": self.measured, "ratio_measured": self.ratio_measured,
+                "hold": self.hold, "near": self.near, "last_max": self.last_max,
                 "lrs": list(self.lrs), "growth_near": self.growth_near,
                 "per_norm": (None if self.per_norm is None else
                              [float(v) if math.isfinite(v) else None for v in self.per_norm])}
@@ -421,6 +458,9 @@ class InstabilityPrecursor(Detector):
         self.batch_noise.load_state_dict(state.get("batch_noise", {}))
         measured = state.get("measured")
         self.measured = None if measured is None else int(measured)
+        ratio_measured = state.get("ratio_measured", measured)
+        self.ratio_measured = None if ratio_measured is None else int(ratio_measured)
+        self.hold = int(state.get("hold", self.config.instability_precursor.every))
         self.near = bool(state.get("near", False))
         self.last_max = float(state.get("last_max", 0.0))
         self.lrs.clear()

@@ -181,7 +181,8 @@ class CalmLane:
         pack.add("loss", loss_t)
         present, grads, grad_norms, _ = services.watch.grad_probe.measure(pack, services.device)
         pack_precursors(pack, services, grad_norms, due=(
-            services.config.detectors.instability_precursor.probe and state.precursors_due))
+            services.config.detectors.instability_precursor.probe and state.precursors_due),
+            ratio=state.ratio_due)
         host = pack.fetch()
         limits = state.clip.limits(state.step)  # read where `measure` reads them
         signals = StepSignals(

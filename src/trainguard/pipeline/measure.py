@@ -124,7 +124,8 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
     if scale is not None:
         pack.add("loss_scale", scale)
     pack_precursors(pack, services, grad_norms, due=(
-        config.detectors.instability_precursor.probe and ranks is None and state.precursors_due))
+        config.detectors.instability_precursor.probe and ranks is None and state.precursors_due),
+        ratio=state.ratio_due)
     attention = pack_attention(pack, services, ranks is None)
     _carry_forward_probes(ctx, services)
     pending, ctx.carried = ctx.carried, []
@@ -139,13 +140,14 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
 
 
 def pack_precursors(pack: DevicePack, services: Services, grad_norms: torch.Tensor, *,
-                    due: bool) -> None:
-    """The precursor probes' values (Adam's ratio, log Z) into the pack on a step they measure;
-    on a step their cadence skips, log Z's hook leaves nothing to read."""
+                    due: bool, ratio: bool = True) -> None:
+    """The precursor probes' values (Adam's ratio when `ratio`, log Z) into the pack on a step
+    they measure; on a step their cadence skips, log Z's hook leaves nothing to read."""
     if due:
-        for key, tensor in services.watch.adam_probe.measure(services.device,
-                                                              grad_norms).items():
-            pack.add(f"{PRECURSOR}{key}", tensor)
+        if ratio:
+            for key, tensor in services.watch.adam_probe.measure(services.device,
+                                                                  grad_norms).items():
+                pack.add(f"{PRECURSOR}{key}", tensor)
         logz = services.logz_probe.take_stats() if services.logz_probe is not None else None
         if logz is not None:
             pack.add_parts(LOGZ_PACKED, logz)

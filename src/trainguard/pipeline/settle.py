@@ -80,6 +80,8 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
     precursor = next((d for d in state.detectors if isinstance(d, InstabilityPrecursor)), None)
     state.precursors_due = (precursor is None or state.sampled_now
                             or precursor.due(state.step + ahead))
+    state.ratio_due = state.precursors_due and (precursor is None or state.sampled_now
+                                                or precursor.ratio_due(state.step + ahead))
     if services.logz_probe is not None:
         services.logz_probe.armed = state.precursors_due
     attention = services.attention_probe

@@ -78,6 +78,9 @@ class RunState:
     precursors_due: bool = True
     """Whether the step about to be measured runs the precursor probes (Adam's ratio, log Z),
     decided before its forward pass with the sampling (`InstabilityPrecursor.due`)."""
+    ratio_due: bool = True
+    """Whether it measures Adam's ratio too (`InstabilityPrecursor.ratio_due`): log Z alone when
+    not."""
     curvature: LossCurvature = field(default_factory=LossCurvature)
     """The loss's smoothed second difference, measured every step."""
     losses: LossTrack = field(default_factory=LossTrack)
