@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trainguard.detect.base import Detector
+from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.signals import StepSignals
 
 OPTIONAL: dict[str, Callable[[StepSignals], bool]] = {
@@ -50,6 +51,9 @@ class OnDuty:
     def __init__(self, detectors: list[Detector]) -> None:
         self.detectors = detectors
         self._by_held: dict[int, list[Detector]] = {}
+        self.precursor = next((d for d in detectors if isinstance(d, InstabilityPrecursor)),
+                              None)
+        """The precursor detector, whose cadence schedules the probes before each step."""
 
     def of(self, signals: StepSignals) -> list[Detector]:
         held = held_mask(signals)

@@ -107,6 +107,8 @@ class CalmLane:
     """Which parameters' gradient norms were zero (no gradient, or an all-zero one) at the last
     full step: a step takes the lane only with the same ones silent (parameters frozen but in
     the optimizer stay so; one that wakes or falls silent is a full step's). None: not known."""
+    any_silent: bool = False
+    """Whether `silent` names any parameter (read once, not at every step)."""
 
     # -- a step in the lane ------------------------------------------------------------------------
     def may_take(self, loss: Any, batch: Any, metrics: Any) -> bool:
@@ -167,7 +169,7 @@ class CalmLane:
         silent = self.silent
         if silent is None or norms.shape != silent.shape:
             return False
-        if not silent.any():  # the usual run: every gradient there, none zero
+        if not self.any_silent:  # the usual run: every gradient there, none zero
             return bool(norms.all())
         return bool(np.array_equal(norms == 0.0, silent))
 
@@ -249,6 +251,7 @@ class CalmLane:
         norms = None if signals is None else signals.param_grad_norm
         self.silent = (norms == 0.0 if isinstance(norms, np.ndarray) and norms.ndim == 1
                        else None)
+        self.any_silent = self.silent is not None and bool(self.silent.any())
         self.reopen()
 
     def reopen(self) -> None:

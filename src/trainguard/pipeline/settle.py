@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 
-from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.events import StepReport, at_least
 from trainguard.pipeline.context import PendingStats, Settled, StepContext
 from trainguard.pipeline.services import Services
@@ -77,7 +76,7 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
         for probe in (services.activation_probe, services.output_probe):
             if probe is not None:
                 probe.attach()
-    precursor = next((d for d in state.detectors if isinstance(d, InstabilityPrecursor)), None)
+    precursor = state.precursor()
     state.precursors_due = (precursor is None or state.sampled_now
                             or precursor.due(state.step + ahead))
     state.ratio_due = state.precursors_due and (precursor is None or state.sampled_now

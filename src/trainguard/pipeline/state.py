@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainguard.detect import Detector
+from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.detect.on_duty import OnDuty
 from trainguard.signals import LossCurvature, StepSignals
 from trainguard.stateful import Stateful, gather, restore
@@ -124,9 +125,16 @@ class RunState:
     # -- detectors -------------------------------------------------------------------------------
     def on_duty(self, signals: StepSignals) -> list[Detector]:
         """The detectors `signals` concern: the others' checks would be no-ops."""
+        return self._duty().of(signals)
+
+    def precursor(self) -> InstabilityPrecursor | None:
+        """The `instability_precursor` detector (None: not among the run's)."""
+        return self._duty().precursor
+
+    def _duty(self) -> OnDuty:
         if self.duty is None or self.duty.detectors is not self.detectors:
             self.duty = OnDuty(self.detectors)
-        return self.duty.of(signals)
+        return self.duty
 
     def detector_state(self) -> dict[str, Any]:
         """The detectors' baselines, and the adaptive clip's (`auto_clip`), which is one too."""
