@@ -44,7 +44,9 @@ def _as_float64(host: torch.Tensor) -> np.ndarray:
 def to_host(packed: torch.Tensor) -> np.ndarray:
     """Copy one packed 1-D tensor to the host as float64 (NaN and inf kept as they are)."""
     _count(blocking=True)
-    return _as_float64(packed.detach().cpu())  # the copy (and, on an accelerator, the sync)
+    if packed.requires_grad:  # a pack's cat of detached parts is not: no operator call for it
+        packed = packed.detach()
+    return _as_float64(packed.cpu())  # the copy (and, on an accelerator, the sync)
 
 
 class HostCopy:
