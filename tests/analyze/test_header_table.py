@@ -117,3 +117,50 @@ def test_a_logger_prefix_and_columns_taking_turns(tmp_path: Path) -> None:
     broken = text + f"{prefix}140000\tnan\tnan\n{prefix}150000\tnan\tnan\n"
     result = analyze(write(tmp_path / "broken.txt", broken))
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "step 140000")
+
+
+def _notebook_table(rows: list[tuple[int, str, str]]) -> str:
+    """A notebook cell's saved HTML output: the HF Trainer's progress bar and its table, one
+    tag per line, as `NotebookProgressCallback` writes them."""
+    lines = ["<div>", "  <progress value='40' max='40' style='width:300px;'></progress>",
+             "  [40/40 01:12, Epoch 8/8]", "</div>", '<table border="1" class="dataframe">',
+             "  <thead>", ' <tr style="text-align: left;">', "      <th>Epoch</th>",
+             "      <th>Training Loss</th>", "      <th>Validation Loss</th>", "    </tr>",
+             "  </thead>", "  <tbody>"]
+    for epoch, train, val in rows:
+        lines += ["    <tr>", f"      <td>{epoch}</td>", f"      <td>{train}</td>",
+                  f"      <td>{val}</td>", "    </tr>"]
+    return "\n".join([*lines, "  </tbody>", "</table><p>"]) + "\n"
+
+
+def test_a_notebooks_html_progress_table_is_read_as_a_table(tmp_path: Path) -> None:
+    rows = [(1, "No log", "0.4284"), (2, "No log", "0.3950")]
+    rows += [(e, f"{0.6 - 0.05 * e:.4f}", f"{0.45 - 0.01 * e:.4f}") for e in range(3, 9)]
+    log = read_log(write(tmp_path / "cell_output.txt", _notebook_table(rows)))
+    assert log.format == "text:table" and log.step_unit == "epoch"
+    assert log.steps == list(range(3, 9)), "the rows of `No log` hold an evaluation only"
+    assert log.values("loss")[0] == 0.45
+    assert [step for step, _ in log.evals] == list(range(1, 9))
+    result = analyze(write(tmp_path / "out.txt", _notebook_table(rows)))
+    assert result.verdict == "healthy"
+
+
+def test_a_dataframes_html_rows_on_one_line_each_are_read(tmp_path: Path) -> None:
+    """A DataFrame's HTML: an unnamed index column, each row on one line, entities escaped; a
+    loss going NaN is told from the epoch it did."""
+    head = ("<table><thead><tr><th></th><th>epoch</th><th>loss</th><th>val&#95;loss</th>"
+            "</tr></thead><tbody>")
+    body = "".join(f"<tr><th>{i}</th><td>{i + 1}</td><td>{2.0 - 0.1 * i:.3f}</td>"
+                   f"<td>{2.1 - 0.1 * i:.3f}</td></tr>\n" for i in range(8))
+    body += "".join(f"<tr><th>{i}</th><td>{i + 1}</td><td>nan</td><td>nan</td></tr>\n"
+                    for i in range(8, 11))
+    result = analyze(write(tmp_path / "frame.html.txt", head + "\n" + body + "</tbody></table>"))
+    assert (result.verdict, result.kind) == ("degraded", "nan")
+    assert result.onset == "epoch 9"
+
+
+def test_an_html_row_never_closed_is_no_row(tmp_path: Path) -> None:
+    text = "<tr><td>epoch</td><td>loss</td>" + "x" * 30_000 + "\n" + "".join(
+        f"<tr><td>{e}</td><td>{2 - 0.1 * e:.3f}</td></tr>\n" for e in range(3))
+    with pytest.raises(LogError, match="no training log lines recognised"):
+        read_log(write(tmp_path / "open.txt", text))

@@ -459,3 +459,18 @@ def test_a_term_of_the_loss_nan_to_the_end_is_no_recovery(tmp_path: Path) -> Non
 def test_a_term_of_the_loss_nan_for_a_while_has_passed(tmp_path: Path) -> None:
     result = analyze(_terms(tmp_path / "train.log", range(20, 23)))
     assert result.verdict != "degraded", result.evidence
+
+
+@pytest.mark.parametrize("losses, onset", [
+    # above twice the first loss from the first update on, judged once the run settled
+    ([4.5, 10.6, 12.9, 9.9, 10.8, 15.4, 15.7, 14.2, 17.0, 16.8, 16.2], 1),
+    # the second update took it there
+    ([4.5, 4.1, 10.2, 12.9, 9.9, 10.8, 15.4, 15.7, 14.2, 17.0, 16.8, 16.2], 2),
+])
+def test_a_blow_up_of_the_first_updates_starts_at_the_first_row_above_its_bound(
+        tmp_path: Path, losses: list[float], onset: int) -> None:
+    path = tmp_path / "log.csv"
+    path.write_text("step,train/loss\n" + "".join(f"{i},{v}\n" for i, v in enumerate(losses)))
+    result = analyze(path)
+    assert result.verdict == "degraded"
+    assert result.onset_step == onset

@@ -17,6 +17,8 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
 - a markdown table (`| Training Loss | Epoch | Step | Validation Loss |`, the Trainer's table in
   a model card) is split at its bars, its rule line passed over, `**bold**` cells read, and a
   cell of `No log` holds no value;
+- an HTML table (a notebook's saved output: the HF Trainer's progress table, a DataFrame) is
+  read as the markdown one, a row (`<tr>`) of `<th>` and `<td>` cells at a time;
 - a logger's prefix before the fields (`2024-08-19 13:28:48,101 INFO [name] logger : `, up to
   the line's last ` : ` or `] `) is not part of them;
 - columns that take turns (never both a number on one row: a training row and a validation
@@ -30,9 +32,10 @@ trackers' files.
 
 from __future__ import annotations
 
+import html
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from trainguard.analyze.log import LOSS, LogBuilder, is_eval_name, is_train_loss, number
 
@@ -49,6 +52,12 @@ CLOCK = re.compile(r"\d+:\d{2}(?::\d{2})?(?:\.\d+)?")
 over."""
 FEWEST_ROWS = 5
 """Rows of numbers under a header for the lines to be read as a table."""
+HTML_ROW = re.compile(r"<tr[\s>]", re.IGNORECASE)
+HTML_ROW_END = re.compile(r"</tr\s*>", re.IGNORECASE)
+HTML_CELL = re.compile(r"<t([hd])\b[^>]*>(.*?)</t\1\s*>", re.IGNORECASE | re.DOTALL)
+TAG = re.compile(r"<[^>]*>")
+HTML_ROW_CHARS = 20_000
+"""An HTML row still open after this many characters is no table row."""
 COUNTER_NAMES = ("epoch", "iteration", "iter", "step", "global_step", "batch", "update",
                  "updates", "num_updates")
 """Column names that number the rows (the first one present is used)."""
@@ -73,7 +82,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     are fewer than `FEWEST_ROWS`)."""
     header: list[str] | None = None
     read: list[tuple[list[str], list[float]]] = []
-    for line in lines:
+    for line in _html_rows(lines):
         fields = _fields(line)
         if _is_header(fields):
             header = fields
@@ -115,6 +124,32 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         log.step_unit = "row"
         log.notes.append("the table has no counter column: rows are numbered from 1")
     return len(rows)
+
+
+def _html_rows(lines: Iterable[str]) -> Iterator[str]:
+    """`lines`, with each row of an HTML table among them (`<tr>` to `</tr>`, over one line or
+    several) given as one markdown row of its cells' text: a notebook saved with its output keeps
+    the HF Trainer's progress table, or a DataFrame, so."""
+    pending: str | None = None
+    for line in lines:
+        if pending is None:
+            start = HTML_ROW.search(line)
+            if start is None:
+                yield line
+                continue
+            pending = line[start.start():]
+        else:
+            pending += line
+        while pending is not None and (end := HTML_ROW_END.search(pending)) is not None:
+            cells = [html.unescape(TAG.sub("", cell.group(2))).strip().replace("|", "/")
+                     for cell in HTML_CELL.finditer(pending[:end.end()])]
+            if cells:
+                yield "| " + " | ".join(cells) + " |"
+            rest = pending[end.end():]
+            start = HTML_ROW.search(rest)
+            pending = None if start is None else rest[start.start():]
+        if pending is not None and len(pending) > HTML_ROW_CHARS:  # never closed
+            pending = None
 
 
 def _column(names: list[str], counter: str) -> int | None:

@@ -17,7 +17,8 @@ reads their events with hindsight, the whole log in view:
    loss event, over the preceding rows whose loss is `detectors.loss_spike.ratio` times the lowest
    loss of the rows before or more; for a gradient event, over the rows whose norm is
    `detectors.grad_explosion.abs_min_ratio` times the lowest norm before or more; for a
-   divergence, from where the detector says its level crossed; for non-finite values and
+   divergence, from where the detector says its level crossed; for the first updates' blow-up
+   (`bad_start`), from the first row above its bound; for non-finite values and
    skipped steps, over the unbroken run of non-finite or skipped rows that leads into them. In
    a log from the start of training, a jump is not traced back into its first `LEVEL_ROWS`
    rows (a fresh model's first losses are no level to stand above). It is then moved to the
@@ -582,6 +583,12 @@ def _onset(first: Event, log: Log, rows: list[int], losses: list[float | None],
         return rows[position]
     if first.kind in (Kind.LOSS_AT_CHANCE, Kind.LOSS_ABOVE_CHANCE):
         return row
+    bound = first.details.get("bound")
+    if first.kind == Kind.BAD_START and isinstance(bound, float):
+        # the first updates' blow-up is judged once the run had time to settle, but it began
+        # at the first row after the first loss that stands above the detector's bound
+        return next((i for i in rows[1:position + 1]
+                     if _finite(value := losses[i]) and value >= bound), row)
     series, ratio = ((grads, config.grad_explosion.abs_min_ratio)
                      if first.kind == Kind.GRAD_EXPLOSION
                      else (losses, config.loss_spike.ratio))
