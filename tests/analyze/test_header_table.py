@@ -164,3 +164,12 @@ def test_an_html_row_never_closed_is_no_row(tmp_path: Path) -> None:
         f"<tr><td>{e}</td><td>{2 - 0.1 * e:.3f}</td></tr>\n" for e in range(3))
     with pytest.raises(LogError, match="no training log lines recognised"):
         read_log(write(tmp_path / "open.txt", text))
+
+
+def test_a_timestamp_column_is_passed_over(tmp_path: Path) -> None:
+    """An early Lightning CSV logger's `created_at` beside the loss and the epoch."""
+    text = "train_loss,epoch,created_at\n" + "".join(
+        f"{2.0 - 0.1 * e:.4f},{e},2020-02-03 16:{10 + e:02d}:44.934109\n" for e in range(8))
+    log = read_log(write(tmp_path / "metrics.txt", text))
+    assert log.format == "text:table" and log.steps == list(range(8))
+    assert log.values("loss")[1] == 1.9 and "created_at" not in log.series

@@ -60,6 +60,21 @@ def test_a_zero_loss_with_a_finite_grad_norm_stays_zero(tmp_path: Path) -> None:
     assert prepared.series["loss"] == [0.5, 0.0, 0.0] and prepared.notes == []
 
 
+def test_a_zero_after_a_jump_reads_as_nan_only_for_a_loss_that_stays_above_zero(
+        tmp_path: Path) -> None:
+    """Without a grad norm, a 0.0 right after a loss 100x its level is a filtered window; a
+    policy-gradient surrogate, negative on some rows, is 0.0 wherever a group's rewards were
+    all equal, and a jump of its magnitude says nothing of a window."""
+    path = tmp_path / "log.txt"
+    path.write_text("".join(f"step {i} loss={v}\n" for i, v in enumerate(
+        [2.0, 1.9, 1.8, 1.7, 950.0, 0.0, 0.0, 1.6])))
+    assert nan_at(prepare(read_log(path)).series["loss"]) == [5, 6]
+    path.write_text("".join(f"[Step {i}/50] loss={v:.2f} reward_avg=0.5\n" for i, v in enumerate(
+        [-0.32, -4.65, -5.85, -7.38, 3.05, -0.0, -0.0, -25.9, 55.0, -0.0, -0.0, 5.47])))
+    prepared = prepare(read_log(path))
+    assert nan_at(prepared.series["loss"]) == [] and prepared.notes == []
+
+
 # -- a frozen LR under an active schedule: skipped optimizer steps --------------------------------
 def schedule(n: int, peak: float = 1e-4) -> list[float]:
     """A cosine decay as a scheduler computes it: full-precision floats, a new one every step."""

@@ -99,6 +99,15 @@ CASES = {
         _evaluated(_falling(2.0, 12), [1.25] * 3), "healthy"),
     "eval loss near ln 4 but moving": (
         _evaluated(_falling(2.0, 12), [1.39, 1.386, 1.38]), "healthy"),
+    # a regression's error that moves in its last digits only over hundreds of rows from the
+    # start: no chance value to compare with, and nothing learned
+    "a loss within 0.5% of its first value on 120 rows from the start": (
+        _log([85.093 - 0.0005 * i for i in range(120)]), "stalled"),
+    "the same band on too few rows": (_log([85.093 - 0.0005 * i for i in range(60)]), "healthy"),
+    "a loss that moves 2% over 120 rows": (_log([85.0 * (1 - 0.00017 * i) for i in range(120)]),
+                                           "healthy"),
+    "pinned in a log that begins mid-run": (
+        _log([85.093 - 0.0005 * i for i in range(120)], first=5000), "healthy"),
     "accuracy at 1/2 while the loss leaves ln 2": (
         _log([0.6993, 0.69, 0.68, 0.66, 0.64, 0.62, 0.6, 0.58, 0.57, 0.56],
              accuracy=[0.5] * 5 + [0.51] * 5), "healthy"),

@@ -8,7 +8,8 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
 - a header is a line of at least two fields, none of them a number, one naming a loss (of the
   training or of an evaluation: `main/loss`, `validation/main/loss`);
 - its rows are the lines after it with as many fields, every one a number (`nan` and `inf`
-  included) or a duration (fastai's `time` column, `00:05`, which is passed over); a line of
+  included) or a duration or a timestamp (fastai's `time` column, `00:05`; a `created_at`
+  column's `2020-02-03 16:53:44.934109`: passed over); a line of
   another shape between them is passed over, and a header printed again starts the table
   again under its names;
 - a column named as a counter (`epoch`, `iteration`, `step`...) whose whole numbers go up numbers
@@ -47,9 +48,10 @@ NO_VALUE = frozenset({"no log", "-", ""})
 the evaluation ran), a dash."""
 PREFIX = re.compile(r"^.*(?:\s:\s|\]\s)")
 """A logger's prefix before the fields: everything up to the line's last ` : ` or `] `."""
-CLOCK = re.compile(r"\d+:\d{2}(?::\d{2})?(?:\.\d+)?")
-"""A duration or time of day (fastai's `time` column, `00:05`): a field with no value, passed
-over."""
+CLOCK = re.compile(r"(?:\d{4}-\d{2}-\d{2}[ T])?\d+:\d{2}(?::\d{2})?(?:\.\d+)?"
+                   r"(?:Z|[+-]\d{2}:?\d{2})?")
+"""A duration, a time of day or a date and time (fastai's `time` column, `00:05`; a logger's
+`created_at`, `2020-02-03 16:53:44.934109`): a field with no value, passed over."""
 FEWEST_ROWS = 5
 """Rows of numbers under a header for the lines to be read as a table."""
 HTML_ROW = re.compile(r"<tr[\s>]", re.IGNORECASE)

@@ -4,7 +4,8 @@
   NaN/inf losses out of the logged mean, and a window whose losses were *all* NaN/inf is logged
   as `loss: 0.0`. A loss of exactly 0.0 beside a non-finite gradient norm, on a step the
   optimizer skipped, or right after a NaN or a blown-up loss (`BLOWUP` times its median so far,
-  for logs without a grad norm) is such a window: it is read as NaN.
+  for logs without a grad norm, of a loss that never goes below 0) is such a window: it is read
+  as NaN.
 - **Skipped steps.** A logged row is a skipped optimizer step (a GradScaler or DeepSpeed fp16
   overflow: no update, the scheduler not advanced) when the log says so (a DeepSpeed `OVERFLOW!`
   message, a skipped-iterations counter, a trainguard store's overflow flag), when the fp16 loss
@@ -75,12 +76,16 @@ def prepare(log: Log) -> Log:
         fixed = list(losses)
         previous: float | None = None  # the last logged loss, as read
         level: list[float] = []  # the finite, non-zero losses so far
+        # a loss that goes below 0 (a policy-gradient surrogate, 0 exactly where every reward
+        # of a group is equal) takes 0.0 as a value: no filtered window is read from a jump
+        signed = any(loss is not None and loss < 0 for loss in losses)
         for i, loss in enumerate(losses):
             if loss is None:
                 continue
             grad = grads[i] if grads is not None else None
             if loss == 0.0 and ((grad is not None and not math.isfinite(grad)) or skipped[i]
-                                or (grad is None and _after_blowup(previous, level))):
+                                or (grad is None and not signed
+                                    and _after_blowup(previous, level))):
                 fixed[i] = math.nan
                 filtered += 1
             previous = fixed[i]

@@ -24,7 +24,10 @@ What a log shows from its first row to its last, the first two on at least `MIN_
   cannot split moves its loss in the last digits only); or within `GUESS_BAND` of it while
   an accuracy stays within `GUESS_ACCURACY_BAND` of 1/k on every row too (a recurrent net on
   sequences too long for it: 0.6993 -> 0.6935 over ten epochs at 50-51% accuracy): two
-  measures of the same guess agree.
+  measures of the same guess agree;
+- **a loss pinned from its first row**: in a log from the start of training, within
+  `PINNED_BAND` of its first value on every one of at least `PINNED_ROWS` rows, whatever the
+  level (a regression's error has no chance value to compare with).
 
 And from some row on (`went_to_zero`): **a loss that dropped to exactly 0 and stayed**: from a
 level at least `ZERO_DROP` units of its last written digit to 0 in one row, then 0 to every
@@ -65,7 +68,7 @@ def learns_nothing(log: Log) -> str | None:
     value = _the_one_value(log.values(LOSS))
     if value is None:
         return (_frozen_accuracy(log) or _near_chance(log) or _guessing(log)
-                or _evaluation_at_chance(log))
+                or _evaluation_at_chance(log) or _pinned(log))
     count = sum(v is not None for v in log.values(LOSS))
     if value == 0:
         if _the_one_value(log.values(GRAD_NORM)) == 0:
@@ -134,6 +137,28 @@ def _near_chance(log: Log) -> str | None:
                     f"{max(values):.5g}): the model never got better than a guess between "
                     f"{classes} choices")
     return None
+
+
+PINNED_ROWS = 100
+"""Rows from the start a loss must stay pinned on for `_pinned`: long past any warm-up."""
+PINNED_BAND = 0.005
+"""The share of its first value a pinned loss never moves beyond, over all its rows: batch
+noise alone moves a mean loss more than that on a run that learns."""
+
+
+def _pinned(log: Log) -> str | None:
+    """A log from the start of training whose loss stays within `PINNED_BAND` of its first
+    value on every one of at least `PINNED_ROWS` rows: whatever its level (a regression's error
+    has no chance value), nothing was learned from the first update on."""
+    values = _losses_from_start(log)
+    if values is None or len(values) < PINNED_ROWS or values[0] <= 0:
+        return None
+    first = values[0]
+    if not all(abs(v - first) <= PINNED_BAND * first for v in values):
+        return None
+    return (f"the loss stayed within {PINNED_BAND:.1%} of its first value {first:.5g} on all "
+            f"{len(values)} rows from the start ({min(values):.5g} to {max(values):.5g}): the "
+            "model learned nothing from its first update on")
 
 
 def _evaluation_at_chance(log: Log) -> str | None:
