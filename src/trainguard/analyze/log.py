@@ -248,6 +248,9 @@ class Log:
     loss_is_evaluation: bool = False
     """The loss judged is an evaluation's (the log holds no training loss): each value is a
     mean over a whole evaluation set, the model's state at that step, not one batch's noise."""
+    row_span: int = 1
+    """How many of the log's rows each row stands for: more than 1 for a long log read in
+    windows (`analyze/windows.py`), whose rows are means that hide the batch noise."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.series, Series):
@@ -495,7 +498,7 @@ class LogBuilder:
                    labels=labels, skipped=skipped,
                    evals=sorted(self.evals.items()), step_unit=self.step_unit,
                    notes=list(self.notes), from_start=self.from_start,
-                   loss_is_evaluation=self.loss_is_evaluation)
+                   loss_is_evaluation=self.loss_is_evaluation, row_span=self.stride)
 
 
 def _stand_in(series: Series, notes: list[str], canonical: str, fits: Callable[[str], bool],

@@ -148,11 +148,11 @@ noise alone moves a mean loss more than that on a run that learns."""
 
 def _pinned(log: Log) -> str | None:
     """A log from the start of training whose loss stays within `PINNED_BAND` of its first
-    value on every one of at least `PINNED_ROWS` rows: whatever its level (a regression's error
-    has no chance value), nothing was learned from the first update on."""
+    value on every one of at least `PINNED_ROWS` rows, each as logged: whatever its level (a
+    regression's error has no chance value), nothing was learned from the first update on."""
     values = _losses_from_start(log)
-    if values is None or len(values) < PINNED_ROWS or values[0] <= 0:
-        return None
+    if values is None or len(values) < PINNED_ROWS or values[0] <= 0 or log.row_span > 1:
+        return None  # (a window's mean hides the batch noise the band is measured against)
     first = values[0]
     if not all(abs(v - first) <= PINNED_BAND * first for v in values):
         return None

@@ -130,7 +130,7 @@ def _build(path: Path, tags: Mapping[str, Points], notes: list[str]) -> Log:
         listed = ", ".join(list(tags)[:8])
         what = "scalars" if not tags else f"training scalars (its tags: {listed})"
         raise LogError(f"{path}: no {what} in the TensorBoard events")
-    all_steps, series, labels = _series(train, notes)
+    all_steps, series, labels, stride = _series(train, notes)
     choose_loss(series, notes)
     choose_lr(series, notes)
     by_step: dict[int, dict[str, float]] = {}
@@ -142,15 +142,15 @@ def _build(path: Path, tags: Mapping[str, Points], notes: list[str]) -> Log:
             by_step = windows.halve_evals(by_step)
         notes.append(windows.EVALS_NOTE)
     return Log(path=str(path), format=FORMAT, steps=all_steps, series=series, labels=labels,
-               evals=sorted(by_step.items()), notes=notes)
+               evals=sorted(by_step.items()), notes=notes, row_span=stride)
 
 
 def _series(train: dict[str, Points], notes: list[str],
-            ) -> tuple[list[int], Series, list[str] | None]:
+            ) -> tuple[list[int], Series, list[str] | None, int]:
     """The rows (every step any series holds, ascending) and each series' points, for all
     series at once: a run of 100k tags is a few array operations, not 100k of them. Past
     `windows.MAX_ROWS` * 2 rows, the rows are summed up in windows (`_windowed`), named by the
-    rows they hold."""
+    rows they hold; the last value returned is how many rows a window holds (1: none)."""
     sizes = np.fromiter((len(steps) for steps, _ in train.values()), dtype=np.int64,
                         count=len(train))
     steps = np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in train.values()])
@@ -177,6 +177,7 @@ def _series(train: dict[str, Points], notes: list[str],
     bounds = np.searchsorted(owner, np.arange(len(train) + 1, dtype=np.int32)).tolist()
     del owner
     labels: list[str] | None = None
+    stride = 1
     if all_steps.size >= 2 * windows.MAX_ROWS:
         total = all_steps.size
         all_steps, rows, values, bounds, labels, stride = _windowed(
@@ -187,7 +188,7 @@ def _series(train: dict[str, Points], notes: list[str],
     for k, name in enumerate(train):
         start, stop = bounds[k], bounds[k + 1]
         series.set_points(name, row_list[start:stop], value_list[start:stop])
-    return all_steps.tolist(), series, labels
+    return all_steps.tolist(), series, labels, stride
 
 
 def _windowed(all_steps: np.ndarray, rows: np.ndarray, values: np.ndarray, bounds: list[int],
