@@ -5,8 +5,10 @@ and the same decisions after a state round trip."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
+import pytest
 
 from trainguard.config import DetectorConfig
 from trainguard.detect.instability_precursor import InstabilityPrecursor
@@ -340,20 +342,6 @@ def test_near_the_bound_the_probes_measure_every_step() -> None:
     assert measured == list(range(20))
 
 
-def test_the_cadence_warns_when_measuring_every_step_warns() -> None:
-    """A parameter's ratio that climbs with its gradient is estimated from the gradient norm on
-    the steps skipped and measured step by step once near its bound: the warning comes at the
-    step a probe measuring every step warns."""
-    cfg = DetectorConfig(instability_precursor={"every": 1})
-    for seed in range(5):
-        for climb in (1.05, 1.1, 1.25):
-            rows = ratios(160, seed, climb_from=100, climb=climb)
-            every_step = run(InstabilityPrecursor(cfg), rows)
-            sampled, _ = run_on_cadence(InstabilityPrecursor(DetectorConfig()), rows)
-            assert every_step and sampled, (seed, climb)
-            assert sampled[0].step == every_step[0].step, (seed, climb)
-
-
 def test_the_cadence_survives_a_state_round_trip() -> None:
     detector = InstabilityPrecursor(DetectorConfig())
     run_on_cadence(detector, [np.array([0.9, 1.0, 1.1])] * 9)
@@ -408,15 +396,19 @@ def test_a_ratio_its_estimates_miss_keeps_the_cadence() -> None:
     assert measured == list(range(0, 48, 4))
 
 
-def test_the_ratio_hold_warns_when_measuring_every_step_warns() -> None:
+@pytest.mark.parametrize("feed", [run_on_cadence, run_with_ratio_hold])
+def test_the_cadence_warns_when_measuring_every_step_warns(feed: Any) -> None:
+    """A parameter's ratio that climbs with its gradient is estimated from the gradient norm on
+    the steps skipped and measured step by step once near its bound (with the ratio held, too):
+    the warning comes at the step a probe measuring every step warns."""
     cfg = DetectorConfig(instability_precursor={"every": 1})
     for seed in range(5):
         for climb in (1.05, 1.1, 1.25):
             rows = ratios(160, seed, climb_from=100, climb=climb)
             every_step = run(InstabilityPrecursor(cfg), rows)
-            held, _ = run_with_ratio_hold(InstabilityPrecursor(DetectorConfig()), rows)
-            assert every_step and held, (seed, climb)
-            assert held[0].step == every_step[0].step, (seed, climb)
+            sampled, _ = feed(InstabilityPrecursor(DetectorConfig()), rows)
+            assert every_step and sampled, (seed, climb)
+            assert sampled[0].step == every_step[0].step, (seed, climb)
 
 
 def test_silent_on_steady_noisy_ratios_measured_every_few_steps() -> None:
