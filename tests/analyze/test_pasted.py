@@ -698,3 +698,26 @@ def test_records_printed_over_several_lines_are_one_row_each(tmp_path: Path) -> 
     result = analyze(write(tmp_path / "train.log", "".join(records)))
     assert result.rows == 6 and result.interval == 20
     assert (result.verdict, result.kind, result.onset_step) == ("degraded", "nan", 240)
+
+
+def _average_meter(losses: list[float]) -> str:
+    """The ImageNet example's lines every 128 batches: each value beside its running average."""
+    lines, total = [], 0.0
+    for i, loss in enumerate(losses):
+        total += loss
+        lines.append(f"Epoch: [1][{5760 + 128 * i}/10010]\tTime 0.427 (2.773)\tData 0.000 "
+                     f"(2.393)\tLoss {loss:.4f} ({total / (i + 1):.4f})\tAcc@1 15.625 (9.299)")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("losses, verdict", [
+    # single batches' losses swinging 1.25x, as single batches do: no spike
+    ([8.42, 8.22, 6.90, 7.05, 6.94, 7.17, 8.67, 7.89, 7.29, 6.64], "healthy"),
+    # batches at 4x their neighbours for three rows are a spike all the same
+    ([8.42, 8.22, 6.90, 7.05, 6.94, 7.17, 28.7, 27.9, 29.3, 7.29, 6.64], "recovered"),
+])
+def test_a_loss_printed_beside_its_running_average_is_one_batchs(
+        tmp_path: Path, losses: list[float], verdict: str) -> None:
+    path = write(tmp_path / "log.txt", _average_meter(losses))
+    assert read_log(path).single_batch
+    assert analyze(path).verdict == verdict

@@ -277,7 +277,8 @@ def _config(log: Log) -> DetectorConfig:
     # an excerpt of rows that are means is judged from its first row as a log from the start
     # is: one mean of many steps is a level to jump from (`text.MEANS`)
     means = log.format.startswith("text:") and log.format.split(":", 1)[1] in text.MEANS
-    return scaled_config(len(log), log.interval(), from_start=log.starts_at_start() or means)
+    return scaled_config(len(log), log.interval(), from_start=log.starts_at_start() or means,
+                         means=not log.single_batch)
 
 
 def _above_chance(log: Log) -> list[Event]:

@@ -251,6 +251,9 @@ class Log:
     row_span: int = 1
     """How many of the log's rows each row stands for: more than 1 for a long log read in
     windows (`analyze/windows.py`), whose rows are means that hide the batch noise."""
+    single_batch: bool = False
+    """Each row's loss is one batch's (printed beside its running average), not the mean of the
+    steps since the last row: as noisy as a live step, however far apart the rows are."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.series, Series):
@@ -319,6 +322,7 @@ class LogBuilder:
         self.notes: list[str] = []
         self._kinds: dict[str, tuple[int, str]] = {}
         self.from_start: bool | None = None
+        self.single_batch = False
         self.loss_is_evaluation = False
         self._plans: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
         self._evals_halved = False
@@ -498,7 +502,8 @@ class LogBuilder:
                    labels=labels, skipped=skipped,
                    evals=sorted(self.evals.items()), step_unit=self.step_unit,
                    notes=list(self.notes), from_start=self.from_start,
-                   loss_is_evaluation=self.loss_is_evaluation, row_span=self.stride)
+                   loss_is_evaluation=self.loss_is_evaluation, row_span=self.stride,
+                   single_batch=self.single_batch)
 
 
 def _stand_in(series: Series, notes: list[str], canonical: str, fits: Callable[[str], bool],

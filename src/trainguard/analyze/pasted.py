@@ -756,6 +756,23 @@ class TooLong(Exception):
     """More than `MAX_ROWS` rows."""
 
 
+_AVERAGED = re.compile(rf"loss\w*\s*[:=]?\s*{NUM}\s*\(\s*{NUM}\s*\)", re.IGNORECASE)
+"""A loss printed with its running average in parentheses (`Loss 8.4238 (10.3028)`: PyTorch's
+`AverageMeter`, as the ImageNet example, timm and many forks print it): the first value is one
+batch's."""
+
+
+def _single_batch(lines: Iterable[str]) -> bool:
+    """Whether most of the lines that print a loss print it beside its running average: the
+    log's rows are then single batches' losses, however many steps apart they are written."""
+    averaged = printed = 0
+    for line in lines:
+        if "loss" in line.lower():
+            printed += 1
+            averaged += _AVERAGED.search(line) is not None
+    return printed > 0 and 2 * averaged > printed
+
+
 def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the training rows of `lines` to `log`; the number of rows found."""
     try:
@@ -767,6 +784,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
                        "format (see `trainguard analyze --help`), or a part of the log") from None
     if not rows:
         return 0
+    log.single_batch = _single_batch(lines)  # (a second pass: the lines are read again)
     _check_counters(rows, log.path)
     if stand_in == EVALUATION_LOSS:
         log.notes.append("the log holds no training loss: its evaluation loss is judged")

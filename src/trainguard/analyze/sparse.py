@@ -34,8 +34,9 @@ Two thresholds follow the interval, and two the length of the log:
   sqrt(interval)): 2.5 at interval 1, 1.34 at 10, 1.07 at 200. The noise guard
   (`detectors.loss_spike.zscore`, the jump against the log's own robust spread) still applies, so a
   log of single-step values (nanoGPT, Lightning's `*_step`), which is as noisy as a live run, must
-  jump as far as a live run does. The floor of that spread (`min_log_scale`, 0.05 on steps) is
-  divided by sqrt(interval) alike.
+  jump as far as a live run does; a loss printed beside its running average (`Loss 8.42 (10.30)`,
+  PyTorch's `AverageMeter`) is one batch's, and its ratios are not taken down at all. The
+  floor of that spread (`min_log_scale`, 0.05 on steps) is divided by sqrt(interval) alike.
 - `detectors.loss_spike.zscore` and `detectors.grad_explosion.zscore` (6) in a log of fewer than
   `SHORT_LOG` rows (an excerpt): its baselines hold a handful of rows, whose robust spread is mostly
   the excursion being judged (a gradient norm climbing 0.24, 0.95, 2.4, 16 has a "spread" as wide as
@@ -84,10 +85,12 @@ _WINDOWS: dict[str, tuple[int, float | None]] = {
 
 
 def scaled_config(rows: int, interval: float, base: DetectorConfig | None = None, *,
-                  from_start: bool = True) -> DetectorConfig:
+                  from_start: bool = True, means: bool = True) -> DetectorConfig:
     """`base` (the defaults) with its windows counted in rows of a log of `rows` rows written
     every `interval` steps. `from_start`: whether the log begins at the start of training (an
-    excerpt from mid-run has no first steps whose blow-up needs the early rule)."""
+    excerpt from mid-run has no first steps whose blow-up needs the early rule). `means`:
+    whether a row's loss is the mean of the steps since the row before (the spike ratios are
+    then taken down with its noise); False for a log of single batches' losses."""
     base = base or DetectorConfig()
     interval = max(interval, 1.0)
     changes: dict[str, Any] = {}
@@ -101,7 +104,7 @@ def scaled_config(rows: int, interval: float, base: DetectorConfig | None = None
     skips = math.ceil(base.fp16_overflow.skips * window / base.fp16_overflow.window)
     changes["fp16_overflow.skips"] = max(2, min(skips, window))
     changes["grad_explosion.abs_threshold"] = sys.float_info.max
-    root = math.sqrt(interval)
+    root = math.sqrt(interval) if means else 1.0
     for name in ("loss_spike.ratio", "loss_spike.early_ratio"):
         changes[name] = math.exp(math.log(_get(base, name)) / root)
     changes["common.min_log_scale"] = base.common.min_log_scale / root
