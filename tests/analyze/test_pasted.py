@@ -721,3 +721,16 @@ def test_a_loss_printed_beside_its_running_average_is_one_batchs(
     path = write(tmp_path / "log.txt", _average_meter(losses))
     assert read_log(path).single_batch
     assert analyze(path).verdict == verdict
+
+
+@pytest.mark.parametrize("line, values", [
+    # a sentence's full stop ends the value when the text goes on after a space
+    ("[ Fri Apr 14 17:53:34 2023 ] \tMean training loss: 0.0435.  Mean training acc: 99.94%.",
+     {"Mean training loss": 0.0435}),
+    ("loss: 0.53.", {"loss": 0.53}),
+    # more right after the stop is no value's end (a version, an address)
+    ("loss: 1.2.3 done", {}),
+])
+def test_a_full_stop_after_a_value_ends_it(line: str, values: dict[str, float]) -> None:
+    found, _ = parse_line(line)
+    assert {k: v for k, v in found.items() if "loss" in k.lower()} == values

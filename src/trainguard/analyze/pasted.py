@@ -59,8 +59,10 @@ from trainguard.analyze.log import (
 from trainguard.analyze.rl_log import REWARD_NAME
 
 NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
-_END = r"(?![\w.%/])"
-"""A value ends where no unit (`s`, `ms`, `%`, `/it`) or further digit follows."""
+_END = r"(?![\w%/]|\.\S)"
+"""A value ends where no unit (`s`, `ms`, `%`, `/it`) or further digit follows; a full stop
+ends it too when the text goes on after a space (`Mean training loss: 0.0435.  Mean ...`),
+not when more follows it at once (a version `1.2.3`)."""
 _WORD = r"[A-Za-z_][\w./-]*"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
