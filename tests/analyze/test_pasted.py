@@ -734,3 +734,12 @@ def test_a_loss_printed_beside_its_running_average_is_one_batchs(
 def test_a_full_stop_after_a_value_ends_it(line: str, values: dict[str, float]) -> None:
     found, _ = parse_line(line)
     assert {k: v for k, v in found.items() if "loss" in k.lower()} == values
+
+
+def test_a_best_so_far_tracker_is_no_value_of_the_run(tmp_path: Path) -> None:
+    """`best_mean_loss: inf` before the first evaluation is the tracker's start, not a NaN."""
+    text = "".join(f"iter: {100 + 500 * i}  mean_loss: {1.9 - 0.05 * i:.4f}  best_mean_loss: "
+                   f"{'inf' if i == 0 else f'{1.9 - 0.05 * (i - 1):.4f}'}\n" for i in range(10))
+    path = write(tmp_path / "log.txt", text)
+    assert not any(name.startswith("best") for name in read_log(path).series)
+    assert analyze(path).verdict == "healthy"

@@ -103,10 +103,15 @@ def is_eval_name(name: str) -> bool:
     return lowered.startswith(EVAL_PREFIXES) or lowered.endswith(EVAL_SUFFIXES)
 
 
+BEST = ("best_", "best ", "best/")
+"""A best-so-far tracker's prefix (`best_mean_loss`, `best acc`): the running extreme of another
+value, not a value of its own (`inf` before the first, by convention)."""
+
+
 def is_bookkeeping(name: str) -> bool:
     lowered = name.strip().lower()
     return lowered in BOOKKEEPING or lowered.startswith(("train/train_", "train/total_flos",
-                                                         "train/epoch"))
+                                                         "train/epoch", *BEST))
 
 
 LOSS_WORDS = frozenset({"xent", "nll", "ce", "cross_entropy", "cross entropy", "cross-entropy",
