@@ -743,3 +743,14 @@ def test_a_best_so_far_tracker_is_no_value_of_the_run(tmp_path: Path) -> None:
     path = write(tmp_path / "log.txt", text)
     assert not any(name.startswith("best") for name in read_log(path).series)
     assert analyze(path).verdict == "healthy"
+
+
+def test_a_loss_numbered_by_its_step_without_a_colon(tmp_path: Path) -> None:
+    """NVIDIA's Tacotron 2 prints `Train loss <iteration> <loss> Grad Norm <norm> <s>s/it`: the
+    whole number is the step, not the loss; `Validation loss <iteration>:  <loss>` beside it."""
+    lines = [f"Train loss {i} {48.2 * 0.6 ** i + 0.3:.6f} Grad Norm {13.5 / (i + 1):.6f} 3.99s/it"
+             for i in range(10)]
+    lines.insert(1, "Validation loss 0: 37.061010  ")
+    log = read_log(write(tmp_path / "log.txt", "\n".join(lines) + "\n"))
+    assert log.steps[:3] == [0, 1, 2] and log.values("loss")[0] == 48.5
+    assert analyze(write(tmp_path / "b.txt", "\n".join(lines) + "\n")).verdict == "healthy"

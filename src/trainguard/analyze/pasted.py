@@ -84,6 +84,12 @@ _LABELLED = re.compile(rf"(?<![\w./-])((?:[A-Za-z_]+[ \t]){{0,2}}[A-Za-z_]+)[ \t
 numbered by its step, a colon (spaced or not), a space, then its value (the step is not the
 name's value, as `key value` would read it; a time such as `01:17:15` has no space after its
 colons)."""
+_LABELLED_LOSS = re.compile(rf"(?<![\w./-])((?:[A-Za-z_]+[ \t]){{0,2}}[A-Za-z_]*loss)[ \t]+(\d+)"
+                            rf"[ \t]+([-+]?\d*\.\d+(?:[eE][-+]?\d+)?|nan|inf){_END}(?!:)",
+                            re.IGNORECASE)
+"""`Train loss 64998 0.302735` (NVIDIA's Tacotron 2 and WaveGlow): a loss numbered by its step
+with no colon between, told from `loss 2` by the whole number followed by one with a decimal
+point."""
 _PROGRESS = re.compile(r"(?<![\w./])(\d+)\s*/\s*(\d+)\s*\[|\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:=]?\s*\[?\s*(\d+)"
                        r"\s*/\s*(\d+)\s*\]?", re.IGNORECASE)
@@ -215,7 +221,8 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         counters["progress"] = float(done)
         counters[TOTAL] = float(total)
         remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
-    for match in _LABELLED.finditer(remaining):
+    for match in itertools.chain(_LABELLED.finditer(remaining),
+                                 _LABELLED_LOSS.finditer(remaining)):
         words, counted = _named_counter(match.group(1))
         name = _name(words)
         value = number(match.group(3))
