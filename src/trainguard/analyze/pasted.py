@@ -40,7 +40,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +171,12 @@ values after it are the model's losses, each under its own short name (`G_GAN`, 
 `D_real`, `D_fake`; `D_A`, `G_A`, `cycle_A`, `idt_A`)."""
 
 
+def _labelled(text: str) -> Iterator[re.Match[str]]:
+    """The labelled values of `text`: `Validation loss 6312:  0.149928`, then
+    `Train loss 64998 0.302735`."""
+    return itertools.chain(_LABELLED.finditer(text), _LABELLED_LOSS.finditer(text))
+
+
 def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
     """(named values, counters) found on one line; the step counter's own spelling is kept
     under `SPELLING`."""
@@ -221,8 +227,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         counters["progress"] = float(done)
         counters[TOTAL] = float(total)
         remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
-    for match in itertools.chain(_LABELLED.finditer(remaining),
-                                 _LABELLED_LOSS.finditer(remaining)):
+    for match in _labelled(remaining):
         words, counted = _named_counter(match.group(1))
         name = _name(words)
         value = number(match.group(3))
