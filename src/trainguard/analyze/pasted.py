@@ -776,29 +776,40 @@ _AVERAGED = re.compile(rf"loss\w*\s*[:=]?\s*{NUM}\s*\(\s*{NUM}\s*\)", re.IGNOREC
 batch's."""
 
 
-def _single_batch(lines: Iterable[str]) -> bool:
-    """Whether most of the lines that print a loss print it beside its running average: the
-    log's rows are then single batches' losses, however many steps apart they are written."""
-    averaged = printed = 0
-    for line in lines:
-        if "loss" in line.lower():
-            printed += 1
-            averaged += _AVERAGED.search(line) is not None
-    return printed > 0 and 2 * averaged > printed
+@dataclass(slots=True)
+class _Averaged:
+    """Counts, as the lines go by, those that print a loss and those that print it beside its
+    running average."""
+
+    printed: int = 0
+    averaged: int = 0
+
+    def watch(self, lines: Iterable[str]) -> Iterator[str]:
+        for line in lines:
+            if "loss" in line.lower():
+                self.printed += 1
+                self.averaged += _AVERAGED.search(line) is not None
+            yield line
+
+    def most(self) -> bool:
+        """Most lines that print a loss print its running average beside it: the log's rows
+        are single batches' losses, however many steps apart they are written."""
+        return self.printed > 0 and 2 * self.averaged > self.printed
 
 
 def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the training rows of `lines` to `log`; the number of rows found."""
+    averaged = _Averaged()
     try:
         empty: list[str] = []
-        rows, evals, stand_in = rows_of(lines, empty)
+        rows, evals, stand_in = rows_of(averaged.watch(lines), empty)
     except TooLong:
         raise LogError(f"{log.path}: more than {MAX_ROWS} rows of free-form log lines, too "
                        "many to read as a paste; give --format with the trainer's own line "
                        "format (see `trainguard analyze --help`), or a part of the log") from None
     if not rows:
         return 0
-    log.single_batch = _single_batch(lines)  # (a second pass: the lines are read again)
+    log.single_batch = averaged.most()
     _check_counters(rows, log.path)
     if stand_in == EVALUATION_LOSS:
         log.notes.append("the log holds no training loss: its evaluation loss is judged")
