@@ -84,7 +84,8 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
     if services.logz_probe is not None:
         services.logz_probe.armed = state.precursors_due
     attention = services.attention_probe
-    if attention is not None and (state.sampled_now or precursor is None
+    # a model without attention layers (found once) has nothing to hook
+    if attention is not None and attention.layers and (state.sampled_now or precursor is None
                                   or precursor.attention.due(state.step + ahead)):
         attention.attach()
 
