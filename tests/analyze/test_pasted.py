@@ -96,6 +96,10 @@ def same(values: list[float | None], expected: list[float]) -> bool:
     ("(epoch: 1, iters: 100, time: 0.189, data: 0.278) G_GAN: 2.261 G_L1: 40.529 D_real: 0.056 "
      "D_fake: 0.233 ", {"loss_G_GAN": 2.261, "loss_G_L1": 40.529, "loss_D_real": 0.056,
                         "loss_D_fake": 0.233}, {"epoch": 1.0, "step": 100.0}),
+    # its releases before 2018 print no data time
+    ("(epoch: 1, iters: 100, time: 0.388) G_GAN: 18.711 G_L1: 2915.841 D_real: -28.548 ",
+     {"loss_G_GAN": 18.711, "loss_G_L1": 2915.841, "loss_D_real": -28.548},
+     {"epoch": 1.0, "step": 100.0}),
     # a line of a pretty-printed JSON record, its name quoted (facebookresearch/audiocraft#212)
     ('      "grad_norm": 1.315651535987854,', {"grad_norm": 1.315651535987854}, {}),
 ])

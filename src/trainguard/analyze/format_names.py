@@ -21,6 +21,7 @@ FORMATS: dict[str, str] = {
     "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
     "text:rl": "text log, OpenAI baselines / stable-baselines console tables only",
     "text:yolo": "text log, the Ultralytics YOLO / YOLOv5 training console only",
+    "text:boosting": "text log, CatBoost / XGBoost / LightGBM iteration lines only",
     "text:table": "text log, a header line of column names (one a loss) over rows of numbers "
                   "only (Chainer's PrintReport, CSV lines pasted under prose)",
     "text:generic": "text log, generic 'step N ... loss X' lines only",

@@ -165,10 +165,11 @@ class LineRow:
     progress bar (`41/3280 [`)."""
 
 
-_GAN_VISUALIZER = re.compile(r"\(epoch: \d+, iters: \d+, time: [\d.]+, data: [\d.]+\)")
-"""The head of a line of pytorch-CycleGAN-and-pix2pix's visualizer (and its many forks): the
-values after it are the model's losses, each under its own short name (`G_GAN`, `G_L1`,
-`D_real`, `D_fake`; `D_A`, `G_A`, `cycle_A`, `idt_A`)."""
+_GAN_VISUALIZER = re.compile(r"\(epoch: \d+, iters: \d+, time: [\d.]+(?:, data: [\d.]+)?\)")
+"""The head of a line of pytorch-CycleGAN-and-pix2pix's visualizer (and its many forks; the
+releases before 2018 print no `data:` time): the values after it are the model's losses, each
+under its own short name (`G_GAN`, `G_L1`, `D_real`, `D_fake`; `D_A`, `G_A`, `cycle_A`,
+`idt_A`)."""
 
 
 def _labelled(text: str) -> Iterator[re.Match[str]]:

@@ -30,6 +30,10 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                header `Epoch GPU_mem box_loss cls_loss dfl_loss Instances Size`, then the epoch's
                updates `1/100 2.61G 1.234 2.345 1.456 32 640: ...`; one row per epoch (its last
                update), the loss the sum of the terms.
+    boosting   the consoles of CatBoost (`0: learn: 0.68 test: 0.69 best: 0.69 (0) total: ...`),
+               XGBoost (`[0] train-rmse:17.1 eval-rmse:17.2`) and LightGBM (`[10] training's
+               l2: 0.23 valid_1's l2: 0.25`) (`trainguard.analyze.boosting`): one row per
+               iteration, the training set's loss metric the loss, the other sets evaluations.
     generic    any other line holding a loss, as people write and paste them
                (`trainguard.analyze.pasted`): dict and JSON objects (the HF Trainer's console
                `{'loss': 0.0, 'grad_norm': nan, ...}`), `key=value` (tqdm postfixes), `key: value`
@@ -51,7 +55,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from trainguard.analyze import header_table, pasted, rl_tables, yolo
+from trainguard.analyze import boosting, header_table, pasted, rl_tables, yolo
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
 from trainguard.analyze.source import Lines, head
 
@@ -217,6 +221,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "mlx": (_mlx, "iter"),
     "rl": (rl_tables.read_rows, "row"),
     "yolo": (yolo.read_rows, "epoch"),
+    "boosting": (boosting.read_rows, "iteration"),
     "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),
     "columns": (_columns, "step"),
