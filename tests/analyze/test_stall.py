@@ -25,6 +25,14 @@ def _log(losses: list[float], grads: list[float] | None = None, *, first: int = 
                series=series)
 
 
+def _epochs(losses: list[float]) -> Log:
+    """`_log(losses)` whose rows are epochs 0, 1, 2..."""
+    log = _log(losses)
+    log.steps = list(range(len(losses)))
+    log.step_unit = "epoch"
+    return log
+
+
 GUESSED = [0.6993, 0.6993, 0.6968, 0.6958, 0.6952, 0.6945, 0.694, 0.6936, 0.6934, 0.6935]
 """A recurrent classifier's epochs on sequences too long for it: 0.9% above ln 2 at most."""
 
@@ -108,6 +116,20 @@ CASES = {
                                            "healthy"),
     "pinned in a log that begins mid-run": (
         _log([85.093 - 0.0005 * i for i in range(120)], first=5000), "healthy"),
+    # each row an epoch's mean loss, written to six or more digits: within 0.01% of the
+    # first on five epochs from the start says the same, in fewer rows
+    "an epoch loss within 0.01% of its first on 8 epochs": (
+        _epochs([10.845988, 10.845994, 10.845989, 10.84598, 10.845976, 10.845982, 10.845993,
+                 10.845982]), "stalled"),
+    "the same band on 4 epochs: too few": (_epochs([10.845988, 10.845994, 10.845989,
+                                                    10.84598]), "healthy"),
+    "an epoch loss rounded to 0.01: the band below what it shows": (_epochs([2.31] * 8),
+                                                                     "healthy"),
+    "an epoch loss moving 0.05% per epoch": (
+        _epochs([10.85 * (1 - 0.0005 * i) for i in range(8)]), "healthy"),
+    "the same band on 8 rows of steps": (
+        _log([10.845988, 10.845994, 10.845989, 10.84598, 10.845976, 10.845982, 10.845993,
+              10.845982]), "healthy"),
     "accuracy at 1/2 while the loss leaves ln 2": (
         _log([0.6993, 0.69, 0.68, 0.66, 0.64, 0.62, 0.6, 0.58, 0.57, 0.56],
              accuracy=[0.5] * 5 + [0.51] * 5), "healthy"),

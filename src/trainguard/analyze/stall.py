@@ -26,7 +26,10 @@ What a log shows from its first row to its last, the first two on at least `MIN_
   sequences too long for it: 0.6993 -> 0.6935 over ten epochs at 50-51% accuracy): two
   measures of the same guess agree;
 - **a loss pinned from its first row**: in a log from the start of training, within
-  `PINNED_BAND` of its first value on every one of at least `PINNED_ROWS` rows, whatever the
+  `PINNED_BAND` of its first value on every one of at least `PINNED_ROWS` rows, or within
+  `TIGHT_BAND` on every one of at least `TIGHT_ROWS` epochs (`FROZEN_ROWS` rows of another
+  unit), written finely enough to show it (a classifier's epoch loss 10.845988, 10.845994 ...
+  10.845982 over eight epochs), whatever the
   level (a regression's error has no chance value to compare with).
 
 And from some row on (`went_to_zero`): **a loss that dropped to exactly 0 and stayed**: from a
@@ -146,17 +149,33 @@ PINNED_BAND = 0.005
 noise alone moves a mean loss more than that on a run that learns."""
 
 
+TIGHT_ROWS = 5
+"""Epochs from the start a loss must stay within `TIGHT_BAND` of its first value on for
+`_pinned` (each the mean over all the data: a model that learns anything in an epoch moves
+the next one's), or `FROZEN_ROWS` rows of another unit..."""
+TIGHT_BAND = 1e-4
+"""...a band no run that learns keeps to, on any rows (its first rows least of all), and that
+the log must write finely enough to show (its last digit's unit within the band)."""
+
+
 def _pinned(log: Log) -> str | None:
     """A log from the start of training whose loss stays within `PINNED_BAND` of its first
-    value on every one of at least `PINNED_ROWS` rows, each as logged: whatever its level (a
-    regression's error has no chance value), nothing was learned from the first update on."""
-    values = _losses_from_start(log)
-    if values is None or len(values) < PINNED_ROWS or values[0] <= 0 or log.row_span > 1:
+    value on every one of at least `PINNED_ROWS` rows, or within `TIGHT_BAND` on every one of
+    at least `TIGHT_ROWS` epochs (`FROZEN_ROWS` other rows), each as logged: whatever its
+    level (a regression's error has no chance value), nothing was learned from the first
+    update on."""
+    values = [v for v in log.values(LOSS) if v is not None]
+    fewest = TIGHT_ROWS if log.step_unit == "epoch" else FROZEN_ROWS
+    if (len(values) < fewest or not all(math.isfinite(v) for v in values)
+            or not log.starts_at_start() or values[0] <= 0 or log.row_span > 1):
         return None  # (a window's mean hides the batch noise the band is measured against)
     first = values[0]
-    if not all(abs(v - first) <= PINNED_BAND * first for v in values):
+    unit = resolution.quantum(values)
+    tight = unit is None or unit <= TIGHT_BAND * first
+    band = PINNED_BAND if len(values) >= PINNED_ROWS else TIGHT_BAND if tight else 0.0
+    if not band or not all(abs(v - first) <= band * first for v in values):
         return None
-    return (f"the loss stayed within {PINNED_BAND:.1%} of its first value {first:.5g} on all "
+    return (f"the loss stayed within {band:.2%} of its first value {first:.5g} on all "
             f"{len(values)} rows from the start ({min(values):.5g} to {max(values):.5g}): the "
             "model learned nothing from its first update on")
 
