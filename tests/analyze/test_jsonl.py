@@ -62,3 +62,19 @@ def test_a_wandb_history_on_its_own_is_read_at_the_trainers_step(tmp_path: Path)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     log = read_log(path)
     assert log.steps == [10 * (i + 1) for i in range(30)]
+
+
+def test_one_record_per_epoch_is_numbered_by_its_epoch(tmp_path: Path) -> None:
+    """DeiT, MAE and ConvNeXt write one JSON record per epoch to `log.txt`, with no step."""
+    path = tmp_path / "log.txt"
+    records = [{"train_lr": 1e-5 * (e + 1), "train_loss": 0.73 * 0.8 ** e,
+                "test_acc1": 10.0 + e, "epoch": e, "n_parameters": 86000000}
+               for e in range(8)]
+    for record in records[5:]:
+        record["train_loss"] = math.nan
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    log = read_log(path)
+    assert log.steps == list(range(8)) and log.step_unit == "epoch"
+    assert not any("numbered by their line" in note for note in log.notes)
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 5")

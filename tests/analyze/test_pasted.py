@@ -407,6 +407,27 @@ def test_bare_counter_of_a_total_and_loss_lines_are_read_as_steps_and_losses(
     assert log.series["loss"][0] == 3.0 and log.series["loss"][-1] == pytest.approx(2.45)
 
 
+def test_a_csv_without_its_header_reads_the_second_column_as_the_loss(tmp_path: Path) -> None:
+    """timm's summary.csv pasted without its header: epoch, train loss, eval loss, top-1,
+    top-5; the guess is said in a note."""
+    rows = [f"{200 + i},{4.40 - 0.01 * i},{4.13 + 0.003 * i},{7.7 + 0.01 * i},{24.4}"
+            for i in range(9)] + [f"{209 + i},nan,nan,1.0,5.0" for i in range(5)]
+    path = write(tmp_path / "summary.txt", "\n".join(rows) + "\n")
+    log = read_log(path)
+    assert log.format == "text:columns" and list(log.steps) == list(range(200, 214))
+    assert log.series["loss"][0] == 4.40 and "second as the loss" in log.notes[0]
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "step 209")
+
+
+def test_a_headerless_table_whose_second_column_is_whole_numbers_is_not_read(
+        tmp_path: Path) -> None:
+    """epoch, number of epochs, LR...: the second column counts something, it is no loss."""
+    rows = [f"{35 + i}\t30\t0.0001\t{0.22 - 0.001 * i}" for i in range(8)]
+    with pytest.raises(LogError):
+        read_log(write(tmp_path / "table.tsv", "\n".join(rows) + "\n"))
+
+
 @pytest.mark.parametrize("text", [
     "1 0.5\n2 0.4\n3 0.3\n",                                   # too few lines to say anything
     "1 0.5\n2 0.4\n3 0.3\n2 0.2\n5 0.1\n6 0.1\n",             # a first column that goes back

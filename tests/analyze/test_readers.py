@@ -489,6 +489,26 @@ def test_text_mlx(tmp_path: Path) -> None:
     assert log.evals == [(1, {"val loss": 2.9}), (20, {"val loss": 2.5})]
 
 
+LLMC = """\
+s:0 tel:11.0095
+s:0 trl:11.0116 lr:0.000001 norm:14.96
+s:1 trl:10.9586 lr:0.000002 norm:15.18
+s:250 tel:4.1021
+s:250 eval:0.2540
+s:250 trl:nan lr:0.000250 norm:nan
+"""
+
+
+def test_text_llmc(tmp_path: Path) -> None:
+    log = read_log(write(tmp_path / "main.log", LLMC))
+    assert log.format == "text:llmc" and log.steps == [0, 1, 250]
+    assert same(log.series["loss"], [11.0116, 10.9586, NAN])
+    assert same(log.series["grad_norm"], [14.96, 15.18, NAN])
+    assert same(log.series["lr"], [1e-6, 2e-6, 2.5e-4])
+    assert log.evals == [(0, {"val loss": 11.0095}),
+                         (250, {"val loss": 4.1021, "eval hellaswag acc": 0.254})]
+
+
 GENERIC = """\
 2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003 grad_norm=0.5 val_loss=2.5
 some other line with step 5 but no such value

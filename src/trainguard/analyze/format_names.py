@@ -19,6 +19,7 @@ FORMATS: dict[str, str] = {
     "text:wlm": "text log, PyTorch examples/word_language_model lines only",
     "text:nanogpt": "text log, nanoGPT 'iter N: loss X' lines only",
     "text:mlx": "text log, mlx-lm 'Iter N: Train loss X' lines only",
+    "text:llmc": "text log, llm.c main.log 's:N trl:X' lines only",
     "text:rl": "text log, OpenAI baselines / stable-baselines console tables only",
     "text:yolo": "text log, the Ultralytics YOLO / YOLOv5 training console only",
     "text:boosting": "text log, CatBoost / XGBoost / LightGBM iteration lines only",

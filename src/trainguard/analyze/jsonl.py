@@ -3,10 +3,12 @@
 The step is the first of `step`, `global_step`, `current_steps` (LLaMA-Factory's
 `trainer_log.jsonl`), `iteration`, `iter`, the trainer's step in a W&B history
 (`train/global_step` of the HF Trainer, `trainer/global_step` of Lightning), W&B's own count of
-its log calls `_step` (`wandb-history.jsonl`, an export); lines
-without one are numbered by their position. Numeric values are the row's series (names made
-canonical: `learning_rate` -> `lr`), `eval_*`/`val_*` values its evaluation. A last line cut
-short (a writer still writing) is left out with a note; a bad line before it is an error.
+its log calls `_step` (`wandb-history.jsonl`, an export); a line with none of these but a
+whole-numbered `epoch` is that epoch's record (DeiT, MAE and ConvNeXt write one per epoch to
+`log.txt`); other lines are numbered by their position. Numeric values are the row's series
+(names made canonical: `learning_rate` -> `lr`), `eval_*`/`val_*` values its evaluation. A
+last line cut short (a writer still writing) is left out with a note; a bad line before it is
+an error.
 
 mmcv / MMEngine `*.log.json`: the `env_info` header record is no step; `"mode": "val"` records
 are evaluations; `iter` counts within an epoch (`_Epochs`).
@@ -29,7 +31,7 @@ def read(path: str | Path) -> Log:
     path = Path(path)
     lines = Lines(path, errors="strict", skip_long=False, max_line=MAX_RECORD)
     log = LogBuilder(path, FORMAT)
-    numbered = False
+    numbered = by_epoch = False
     epochs = _Epochs()
     # one line held back: a line that does not parse is a cut-off only when it is the last
     pending: tuple[int, str, json.JSONDecodeError] | None = None
@@ -57,6 +59,11 @@ def read(path: str | Path) -> Log:
                 continue
             step = next((record[k] for k in STEP_KEYS if isinstance(record.get(k), int)
                          and not isinstance(record.get(k), bool)), None)
+            if step is None and _whole(record.get("epoch")) and "iter" not in record:
+                # one record per epoch (DeiT, MAE, ConvNeXt's `log.txt`): the epoch numbers it
+                log.add_entry(int(record["epoch"]), record)
+                by_epoch = True
+                continue
             if step is None:
                 if "env_info" in record or "config" in record:
                     continue  # the header record of an mmcv / MMEngine log, not a step
@@ -74,7 +81,14 @@ def read(path: str | Path) -> Log:
                          "written); it is left out")
     if numbered:
         log.notes.append("some lines have no step; they are numbered by their line")
+    elif by_epoch:
+        log.step_unit = "epoch"
     return log.build(what="training values (no line with a numeric metric)")
+
+
+def _whole(value: object) -> bool:
+    """A whole number as JSON writes one (`4`, not `4.5`, not `true`)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 EVAL_MODES = frozenset({"val", "valid", "validation", "test", "eval"})

@@ -170,7 +170,7 @@ def _pinned(log: Log) -> str | None:
             or not log.starts_at_start() or values[0] <= 0 or log.row_span > 1):
         return None  # (a window's mean hides the batch noise the band is measured against)
     first = values[0]
-    unit = resolution.quantum(values)
+    unit = resolution.quantum(log.values(LOSS))
     tight = unit is None or unit <= TIGHT_BAND * first
     band = PINNED_BAND if len(values) >= PINNED_ROWS else TIGHT_BAND if tight else 0.0
     if not band or not all(abs(v - first) <= band * first for v in values):

@@ -23,6 +23,9 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                train loss 4.0390, val loss 4.0427` is an evaluation.
     mlx        mlx-lm (`mlx_lm.lora`): `Iter 10: Train loss 2.123, Learning Rate 1.000e-05,
                It/sec 1.234, ...`; `Iter 10: Val loss 2.345, Val took 1.2s` is an evaluation.
+    llmc       llm.c's `main.log`: `s:120 trl:3.2811 lr:0.000600 norm:0.35` (the training
+               loss, the LR and the gradient norm of step 120), `s:120 tel:3.30` (the validation
+               loss) and `s:120 eval:0.2854` (HellaSwag's accuracy) are evaluations.
     rl         the console tables of OpenAI baselines and stable-baselines: the logger's
                `| approxkl | 0.0012 |` blocks between dashed rules, one row per update, and
                PPO1's `pol_surr | vf_loss | kl` table (`trainguard.analyze.rl_tables`).
@@ -43,14 +46,17 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
     columns    a file of bare `counter value` lines and nothing else (`print(epoch, loss)`:
                `788 41.23225021362305`; or the counter of a total, `10000/ 200000: 2.1775`, as
-               makemore prints it): the first column, an integer that only grows, numbers the
-               rows, the second is the loss. Read only when no other grammar recognises a
-               line, and only when such lines are at least `COLUMNS_SHARE` of the file's
-               non-blank lines and at least `COLUMNS_FEWEST` of them.
+               makemore prints it; or a CSV without its header, `201,4.3742,4.1354,7.63`): the
+               first column, an integer that only grows, numbers the rows, the second is the
+               loss (with more columns after it, only when it is not whole numbers only, and
+               said in a note). Read only when no other grammar recognises a line, and only
+               when such lines are at least `COLUMNS_SHARE` of the file's non-blank lines and
+               at least `COLUMNS_FEWEST` of them.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -75,6 +81,11 @@ _WLM_EPOCH = re.compile(rf"\|\s*end of epoch\s+(\d+)\s*\|.*?valid loss\s+({NUM})
 _NANOGPT = re.compile(rf"\biter\s+(\d+):\s*loss\s+({NUM})", re.IGNORECASE)
 _NANOGPT_EVAL = re.compile(rf"\bstep\s+(\d+):\s*train loss\s+({NUM}),\s*val loss\s+({NUM})",
                            re.IGNORECASE)
+
+_LLMC = re.compile(rf"^\s*s:(\d+)\s+(trl|tel|eval):({NUM})((?:\s+(?:lr|norm):{NUM})*)\s*$",
+                   re.IGNORECASE)
+_LLMC_PAIR = re.compile(rf"(lr|norm):({NUM})", re.IGNORECASE)
+_LLMC_NAMES = {"lr": "lr", "norm": "grad_norm"}
 
 _MLX = re.compile(rf"\bIter\s+(\d+):\s*Train loss\s+({NUM})(.*)")
 _MLX_VAL = re.compile(rf"\bIter\s+(\d+):\s*Val loss\s+({NUM})")
@@ -158,6 +169,23 @@ def _nanogpt(lines: Iterable[str], log: LogBuilder) -> int:
     return found
 
 
+def _llmc(lines: Iterable[str], log: LogBuilder) -> int:
+    found = 0
+    for line in lines:
+        match = _LLMC.match(line)
+        if match is None:
+            continue
+        step, kind, value = int(match.group(1)), match.group(2).lower(), number(match.group(3))
+        if kind == "trl":
+            found += 1
+            pairs = [(_LLMC_NAMES[name.lower()], raw)
+                     for name, raw in _LLMC_PAIR.findall(match.group(4))]
+            log.add_values(step, [("loss", match.group(3)), *pairs])
+        elif value is not None:  # the validation loss, or HellaSwag's accuracy
+            log.add_eval(step, {"val loss" if kind == "tel" else "eval hellaswag acc": value})
+    return found
+
+
 def _mlx(lines: Iterable[str], log: LogBuilder) -> int:
     found = 0
     for line in lines:
@@ -183,7 +211,8 @@ def _generic(lines: Iterable[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
-_COLUMNS = re.compile(rf"^\s*(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})\s*$", re.IGNORECASE)
+_COLUMNS = re.compile(rf"^\s*(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})((?:[ \t,;]+{NUM})*)\s*$",
+                      re.IGNORECASE)
 COLUMNS_SHARE = 0.9
 """Bare two-number lines must make up this share of a file's non-blank lines: a file that says
 nothing else about its numbers is read so only when the numbers are all it holds."""
@@ -195,6 +224,7 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
     found = 0
     last: int | None = None
     ascending = True
+    more, whole = False, True  # columns after the second; a second column of whole numbers
     for line in lines:
         if not line.strip():
             continue
@@ -207,10 +237,17 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
         ascending = ascending and (last is None or step > last)
         last = step
         value = number(match.group(2))
+        more = more or bool(match.group(3).strip())
+        whole = whole and value is not None and math.isfinite(value) and value.is_integer()
         if ascending and value is not None:
             log.add(step, {"loss": value})
     if found < max(COLUMNS_FEWEST, COLUMNS_SHARE * filled) or not ascending:
         return 0  # too few such lines, or a first column that goes back: no counter
+    if more and whole:
+        return 0  # a second column of counts (a batch size, an epoch total) is no loss
+    if more:
+        log.notes.append("the lines name no column: the first is read as the step and the "
+                         "second as the loss")
     return found
 
 
@@ -219,6 +256,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "wlm": (_wlm, "batch"),
     "nanogpt": (_nanogpt, "iter"),
     "mlx": (_mlx, "iter"),
+    "llmc": (_llmc, "step"),
     "rl": (rl_tables.read_rows, "row"),
     "yolo": (yolo.read_rows, "epoch"),
     "boosting": (boosting.read_rows, "iteration"),
