@@ -74,3 +74,22 @@ def test_lightgbm_sets_and_the_best_iteration_repeated_after_early_stopping(
     evaluation = log.evals[0][1]
     assert {"eval_valid_1_loss", "eval_valid_1_auc", "eval_valid_2_loss"} <= set(evaluation)
     assert analyze(path).verdict == "healthy"
+
+
+def test_evaluation_sets_only_judge_the_first_one_and_say_so(tmp_path: Path) -> None:
+    """XGBoost's scikit-learn API names every set `validation_N`, the training data included."""
+    path = tmp_path / "fit.log"
+    rows = [f"[{i}]\tvalidation_0-logloss:{0.6 * 0.9 ** i:.5f}\t"
+            f"validation_1-logloss:{0.62 * 0.92 ** i:.5f}" for i in range(15)]
+    rows += [f"[{i}]\tvalidation_0-logloss:nan\tvalidation_1-logloss:nan" for i in range(15, 20)]
+    path.write_text("\n".join(rows) + "\n")
+    log = read_log(path)
+    assert log.loss_is_evaluation and "first one's values are judged" in log.notes[0]
+    assert math.isclose(log.values("loss")[1], 0.54, rel_tol=1e-4)
+    assert "eval_validation_1_loss" in log.evals[0][1]
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "iteration 15")
+    scores = tmp_path / "auc.log"
+    scores.write_text("".join(f"[{i}]\tvalidation_0-auc:0.9{i}\tvalidation_1-auc:0.8{i}\n"
+                              for i in range(8)))
+    assert "no loss among them" in read_log(scores).notes[0]

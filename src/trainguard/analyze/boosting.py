@@ -12,7 +12,9 @@ log loss, an error rate) is the loss; one where higher is better (AUC, NDCG, MAP
 kept under its name, never read as a loss. XGBoost and LightGBM name the metric; CatBoost does
 not, and its `best:` column says which way it goes: the best evaluation so far is the running
 minimum of a loss and the running maximum of a score. A line whose iteration is not after the
-last one read (the best iteration repeated after early stopping) is passed over.
+last one read (the best iteration repeated after early stopping) is passed over. A console with
+evaluation sets only (XGBoost's scikit-learn API names them `validation_0`, `validation_1`) is
+judged on the first one, as a note says.
 """
 
 from __future__ import annotations
@@ -46,12 +48,34 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     if len(rows) < 2:
         return 0
     score = _catboost_score(best)
+    judged = None if any(train for _, train, _ in rows) else _first_set(rows)
+    has_loss = False
     for step, train, evals in rows:
+        if judged is not None:  # no training set: the first evaluation set is what is judged
+            train = [(metric.rpartition("/")[2], value) for metric, value in evals
+                     if metric.rpartition("/")[0] == judged]
+            evals = [(metric, value) for metric, value in evals
+                     if metric.rpartition("/")[0] != judged]
         named = _named(train, score) + [
             (f"eval_{name}", value) for name, value in _named(evals, score)]
+        has_loss = has_loss or any(name == LOSS for name, _ in named)
         log.add_values(step, named, label=f"iteration {step}")
-    log.notes.append(_note(rows, score))
+    if judged is not None:
+        log.loss_is_evaluation = has_loss
+        log.notes.append("the console logs evaluation sets only: the first one's values are "
+                         "judged" + (", its loss read as the loss" if has_loss else
+                                     " (no loss among them)"))
+    else:
+        log.notes.append(_note(rows, score))
     return len(rows)
+
+
+def _first_set(rows: list[tuple[int, list[tuple[str, float]], list[tuple[str, float]]]]
+               ) -> str:
+    """The name prefix of the first evaluation set of the first row (`valid_0`, or empty where
+    there is one set)."""
+    first = rows[0][2]
+    return first[0][0].rpartition("/")[0] if first else ""
 
 
 def _catboost(line: str, best: list[tuple[float, float]]
@@ -131,10 +155,7 @@ def _named(values: list[tuple[str, float]], catboost_score: bool) -> list[tuple[
 
 def _note(rows: list[tuple[int, list[tuple[str, float]], list[tuple[str, float]]]],
           score: bool) -> str:
-    train = rows[0][1]
-    if not train:
-        return "a boosting console with evaluation sets only: no training loss is logged"
-    metric = train[0][0]
+    metric = rows[0][1][0][0]
     if metric == ":":
         return ("CatBoost's learn value is read as a score (its best evaluation is the running "
                 "maximum), not a loss" if score else "CatBoost's learn value is the training loss")
