@@ -96,6 +96,11 @@ def same(values: list[float | None], expected: list[float]) -> bool:
     ("(epoch: 1, iters: 100, time: 0.189, data: 0.278) G_GAN: 2.261 G_L1: 40.529 D_real: 0.056 "
      "D_fake: 0.233 ", {"loss_G_GAN": 2.261, "loss_G_L1": 40.529, "loss_D_real": 0.056,
                         "loss_D_fake": 0.233}, {"epoch": 1.0, "step": 100.0}),
+    # BasicSR's logger: a counter with thousands separators
+    ("INFO: [Retin..][epoch: 16, iter:   1,000, lr:(2.001e-04,)] [eta: 6:22:59, time (data): "
+     "0.142 (0.001)] l_pix: 1.0709e-01", {"l_pix": 0.10709}, {"epoch": 16.0, "step": 1000.0}),
+    # a value alone in brackets, a list of one printed as is (after bracketed log fields)
+    ("[2022-11-27 20:36:52,411][robcon.py][INFO] Loss:[0.0830]", {"Loss": 0.083}, {}),
     # its releases before 2018 print no data time
     ("(epoch: 1, iters: 100, time: 0.388) G_GAN: 18.711 G_L1: 2915.841 D_real: -28.548 ",
      {"loss_G_GAN": 18.711, "loss_G_L1": 2915.841, "loss_D_real": -28.548},

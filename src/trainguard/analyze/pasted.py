@@ -71,8 +71,13 @@ _EMPHASIS = re.compile(r"\*\*|__|`|\\(?=[*_])")
 _TENSOR = re.compile(rf"tensor\(\s*\[?\s*({NUM})\s*\]?\s*(?:,[^()]*(?:\([^()]*\)[^()]*)*)?\)",
                      re.IGNORECASE)
 _BARE_TENSOR = re.compile(rf"^\W*tensor\(\s*\[?\s*({NUM})[^\n]*\)\W*$", re.IGNORECASE)
-_SEPARATED = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})\s*[:=]\s*({NUM}){_END}",
+_THOUSANDS = r"\d{1,3}(?:,\d{3})+(?![\d.])"
+"""A whole number written with thousands separators (BasicSR's `iter:   1,000`)."""
+_SEPARATED = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})\s*[:=]\s*"
+                        rf"(?:\[\s*(?={NUM}\s*\]))?({_THOUSANDS}|{NUM})(?:\s*\])?{_END}",
                         re.IGNORECASE)
+"""`name: value` and `name=value`; a value alone in brackets too (`Loss:[0.0830]`, a list of
+one printed as is), a whole number with thousands separators (`iter: 1,000`)."""
 _SPACED = re.compile(rf"(?<![\w./-])({_WORD})[ \t]+({NUM}){_END}", re.IGNORECASE)
 _IS = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})[ \t]+(?:is|was)[ \t]+"
                  rf"(?:=+>[ \t]*)?({NUM})(?=[\s.,;)]|$)", re.IGNORECASE)
@@ -238,7 +243,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         _count(counters, spellings, counted, float(match.group(2)))
         remaining = remaining.replace(match.group(0), " ", 1)
     taken: list[tuple[int, int]] = []
-    found = [(match, number(match.group(2)))
+    found = [(match, number(match.group(2).replace(",", "")))
              for match in (*_SEPARATED.finditer(remaining), *_IS.finditer(remaining))]
     short = [_name(match.group(1)) for match, _ in found]
     for (match, value), name in zip(found, short, strict=True):
