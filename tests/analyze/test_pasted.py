@@ -784,3 +784,19 @@ def test_a_loss_numbered_by_its_step_without_a_colon(tmp_path: Path) -> None:
     log = read_log(write(tmp_path / "log.txt", "\n".join(lines) + "\n"))
     assert log.steps[:3] == [0, 1, 2] and log.values("loss")[0] == 48.5
     assert analyze(write(tmp_path / "b.txt", "\n".join(lines) + "\n")).verdict == "healthy"
+
+
+def test_a_log_of_scores_only_is_read_and_watched_for_nan(tmp_path: Path) -> None:
+    """A super-resolution run's validation lines (BasicSR's logger), no loss printed: the
+    scores are the rows, a NaN among them is the run gone NaN, a falling score is not judged."""
+    def lines(scores: list[float]) -> str:
+        return "".join(f"20-07-28 20:02:43.941 - INFO: <epoch:{99 + 100 * i:3d}, iter: "
+                       f"{5000 * (i + 1):7,d}> psnr: {v:.4e}.\n" for i, v in enumerate(scores))
+    healthy = read_log(write(tmp_path / "val.log", lines([29.8 + 0.2 * i for i in range(8)]
+                                                         + [30.9, 30.2])))
+    assert list(healthy.steps) == [5000 * (i + 1) for i in range(10)]
+    assert "loss" not in healthy.series and "its scores are all it says" in healthy.notes[0]
+    assert analyze(tmp_path / "val.log").verdict == "healthy"
+    write(tmp_path / "nan.log", lines([29.8 + 0.2 * i for i in range(8)] + [math.nan] * 3))
+    result = analyze(tmp_path / "nan.log")
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "iter 45000")

@@ -424,13 +424,15 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
     0.149928` and nothing else) are the log's rows, that loss read as the loss; failing that,
     lines that hold a gradient norm (`"grad_norm": 1.31,`, cut from a metrics file) are, with
     no loss; failing both, lines that hold a reward (`Episode 100  Average Score: -225.0`, an RL
-    loop that prints only its episodes' return): what the log says of the run is what is judged
-    (`read_rows` notes it)."""
+    loop that prints only its episodes' return); failing all three, lines that hold a score
+    (`<epoch: 99, iter: 5,000> psnr: 2.9862e+01.`, a validation that prints only its score):
+    what the log says of the run is what is judged (`read_rows` notes it)."""
     rows: list[LineRow] = []
     evals: list[tuple[int, dict[str, float]]] = []
     eval_rows: list[LineRow] = []
     norm_rows: list[LineRow] = []
     reward_rows: list[LineRow] = []
+    quality_rows: list[LineRow] = []
     epoch: float | None = None
     ahead: dict[str, Any] | None = None  # a line holding its step alone, before its values
     for line in _records(_joined_objects(part for raw in lines for part in raw.split("\r"))):
@@ -474,6 +476,10 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
                 reward_rows.append(_line_row(values, counters, epoch))
                 if len(reward_rows) > MAX_ROWS:
                     raise TooLong
+            elif not rows and not evaluation and any(QUALITY_NAME.search(n) for n in values):
+                quality_rows.append(_line_row(values, counters, epoch))
+                if len(quality_rows) > MAX_ROWS:
+                    raise TooLong
             elif not evaluation and _ahead(counters) is not None:
                 ahead = counters
             continue
@@ -489,6 +495,8 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
         return norm_rows, [], GRAD_NORM
     if not rows and reward_rows:
         return _merge_reprints(reward_rows), [], REWARD_ONLY
+    if not rows and len(quality_rows) >= QUALITY_FEWEST:
+        return _merge_reprints(quality_rows), [], QUALITY_ONLY
     rows, evals = _one_rank(rows, evals)
     return _merge_reprints(rows), evals, None
 
@@ -516,6 +524,14 @@ def _one_rank(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
 
 EVALUATION_LOSS = "evaluation loss"
 REWARD_ONLY = "reward"
+QUALITY_ONLY = "quality"
+QUALITY_NAME = re.compile(r"(^|[\s_/])(psnr|ssim|acc|accuracy|top-?[15]|f1|bleu|rouge\w*|m?iou|"
+                          r"map|auc)($|[\s_/@])", re.IGNORECASE)
+"""A measure of quality where higher is better (`psnr`, `top1`, `BLEU`): what a log that prints
+only its evaluations' scores says of the run."""
+QUALITY_FEWEST = 5
+"""Lines of scores a log of nothing else needs to be read as one (a line or two of `acc 0.5` in
+notes is no log)."""
 
 
 MAX_RECORD = 4096
@@ -825,6 +841,9 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     elif stand_in == REWARD_ONLY:
         log.notes.append("the log holds no loss: its reward is all it says of the run (watched "
                          "for NaN and inf; a reward's level is not judged)")
+    elif stand_in == QUALITY_ONLY:
+        log.notes.append("the log holds no loss: its scores are all it says of the run "
+                         "(watched for NaN and inf; a score's level is not judged)")
     if empty:
         terms = sorted({name for name in empty
                         if name.lower().endswith(("_loss", " loss")) and len(name) > 5})
