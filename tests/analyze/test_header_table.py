@@ -50,6 +50,18 @@ def test_a_fastai_table_passes_over_its_time_column(tmp_path: Path) -> None:
     assert "time" not in log.series and [step for step, _ in log.evals] == list(range(8))
 
 
+def test_a_nolearn_table_passes_over_its_duration_column(tmp_path: Path) -> None:
+    """nolearn's epoch table: fields between bars, a `Dur` column of seconds with their unit."""
+    lines = [" Epoch  |  Train loss  |  Valid loss  |  Train / Val  |  Valid acc  |  Dur",
+             "--------|--------------|--------------|---------------|-------------|-------"]
+    lines += [f"{e:>6}  |  {0.69 - 0.02 * e:>10.6f}  |  {0.70 - 0.02 * e:>10.6f}  |  "
+              f"{0.98:>11.6f}  |  {50 + e:>9.2f}%  |  0.6s" for e in range(1, 9)]
+    log = read_log(write(tmp_path / "fit.txt", "\n".join(lines) + "\n"))
+    assert log.format == "text:table" and log.steps == list(range(1, 9))
+    assert log.values("loss")[0] == pytest.approx(0.67)
+    assert not any("dur" in name.lower() for name in log.series)
+
+
 def _model_card(rows: list[tuple[str, float, int, str]]) -> str:
     """The 'Training results' table the HF Trainer writes into a model card, under its prose."""
     lines = ["---", "license: apache-2.0", "tags:", "- generated_from_trainer", "---", "",

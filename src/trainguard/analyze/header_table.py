@@ -52,6 +52,8 @@ CLOCK = re.compile(r"(?:\d{4}-\d{2}-\d{2}[ T])?\d+:\d{2}(?::\d{2})?(?:\.\d+)?"
                    r"(?:Z|[+-]\d{2}:?\d{2})?")
 """A duration, a time of day or a date and time (fastai's `time` column, `00:05`; a logger's
 `created_at`, `2020-02-03 16:53:44.934109`): a field with no value, passed over."""
+DURATION = re.compile(r"\d+(?:\.\d+)?\s?(?:ms|s|sec|min|h)", re.IGNORECASE)
+"""A duration with its unit (nolearn's `dur` column, `0.6s`): passed over like a clock."""
 FEWEST_ROWS = 5
 """Rows of numbers under a header for the lines to be read as a table."""
 HTML_ROW = re.compile(r"<tr[\s>]", re.IGNORECASE)
@@ -94,7 +96,8 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         if RULE.match(line):
             continue
         kept = [(name, number(field)) for name, field in zip(header, fields, strict=True)
-                if not CLOCK.fullmatch(field) and field.lower() not in NO_VALUE]
+                if not CLOCK.fullmatch(field) and not DURATION.fullmatch(field)
+                and field.lower() not in NO_VALUE]
         if not kept or any(value is None for _, value in kept):
             continue
         read.append(([name for name, _ in kept], [value for _, value in kept]))  # type: ignore[misc]
