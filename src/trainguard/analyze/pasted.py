@@ -429,10 +429,7 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
     what the log says of the run is what is judged (`read_rows` notes it)."""
     rows: list[LineRow] = []
     evals: list[tuple[int, dict[str, float]]] = []
-    eval_rows: list[LineRow] = []
-    norm_rows: list[LineRow] = []
-    reward_rows: list[LineRow] = []
-    quality_rows: list[LineRow] = []
+    stand_ins = _StandIns()
     epoch: float | None = None
     ahead: dict[str, Any] | None = None  # a line holding its step alone, before its values
     for line in _records(_joined_objects(part for raw in lines for part in raw.split("\r"))):
@@ -456,10 +453,10 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
             losses = [k for k in evaluation if "loss" in k.lower()
                       or _unprefixed(k).lower() in LOSS_WORDS]
             if losses and not rows:
-                eval_rows.append(LineRow({EVAL_AS_LOSS: evaluation[losses[0]]},
-                                         {k: v for k, v in counters.items()
-                                          if k not in (SPELLING, TOTAL)}, epoch,
-                                         str(counters.get(SPELLING, "step"))))
+                stand_ins.keep(EVALUATION_LOSS, LineRow(
+                    {EVAL_AS_LOSS: evaluation[losses[0]]},
+                    {k: v for k, v in counters.items() if k not in (SPELLING, TOTAL)}, epoch,
+                    str(counters.get(SPELLING, "step"))))
             if evaluation and rows:
                 evals.append((len(rows) - 1, evaluation))
             elif (owner := _row_of_step(rows, counters)) is not None:
@@ -468,18 +465,8 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
             elif _number_leading(rows, counters):
                 for name, value in values.items():
                     rows[-1].values.setdefault(name, value)
-            elif not rows and not evaluation and GRAD_NORM in map(canonical_name, values):
-                norm_rows.append(_line_row(values, counters, epoch))
-                if len(norm_rows) > MAX_ROWS:
-                    raise TooLong
-            elif not rows and not evaluation and any(REWARD_NAME.search(n) for n in values):
-                reward_rows.append(_line_row(values, counters, epoch))
-                if len(reward_rows) > MAX_ROWS:
-                    raise TooLong
-            elif not rows and not evaluation and any(QUALITY_NAME.search(n) for n in values):
-                quality_rows.append(_line_row(values, counters, epoch))
-                if len(quality_rows) > MAX_ROWS:
-                    raise TooLong
+            elif not rows and not evaluation and (kind := _stand_in(values)) is not None:
+                stand_ins.keep(kind, _line_row(values, counters, epoch))
             elif not evaluation and _ahead(counters) is not None:
                 ahead = counters
             continue
@@ -489,16 +476,45 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
         rows.append(_line_row(values, counters, epoch))
         if len(rows) > MAX_ROWS:
             raise TooLong
-    if not rows and eval_rows:
-        return _merge_reprints(eval_rows), [], EVALUATION_LOSS
-    if not rows and norm_rows:
-        return norm_rows, [], GRAD_NORM
-    if not rows and reward_rows:
-        return _merge_reprints(reward_rows), [], REWARD_ONLY
-    if not rows and len(quality_rows) >= QUALITY_FEWEST:
-        return _merge_reprints(quality_rows), [], QUALITY_ONLY
+    if not rows and (picked := stand_ins.pick()) is not None:
+        return picked[0], [], picked[1]
     rows, evals = _one_rank(rows, evals)
     return _merge_reprints(rows), evals, None
+
+
+def _stand_in(values: dict[str, float]) -> str | None:
+    """What a line with no loss and no evaluation may stand in for a loss with: a gradient
+    norm, a reward or a score, in that order (None: none of them)."""
+    if GRAD_NORM in map(canonical_name, values):
+        return GRAD_NORM
+    if any(REWARD_NAME.search(name) for name in values):
+        return REWARD_ONLY
+    if any(QUALITY_NAME.search(name) for name in values):
+        return QUALITY_ONLY
+    return None
+
+
+@dataclass(slots=True)
+class _StandIns:
+    """The rows of lines that hold no training loss, by what they stand in with: taken only
+    when no line holds one (`rows_of`)."""
+
+    rows: dict[str, list[LineRow]] = field(default_factory=dict)
+
+    def keep(self, kind: str, row: LineRow) -> None:
+        kept = self.rows.setdefault(kind, [])
+        kept.append(row)
+        if len(kept) > MAX_ROWS:
+            raise TooLong
+
+    def pick(self) -> tuple[list[LineRow], str] | None:
+        """The rows an evaluation's loss stands in for, failing them a gradient norm's, a
+        reward's, then a score's (at least `QUALITY_FEWEST` of them), with their kind."""
+        for kind in (EVALUATION_LOSS, GRAD_NORM, REWARD_ONLY, QUALITY_ONLY):
+            rows = self.rows.get(kind, [])
+            if rows and (kind != QUALITY_ONLY or len(rows) >= QUALITY_FEWEST):
+                return (rows if kind == GRAD_NORM else _merge_reprints(rows)), kind
+        return None
 
 
 def _one_rank(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
