@@ -800,3 +800,18 @@ def test_a_log_of_scores_only_is_read_and_watched_for_nan(tmp_path: Path) -> Non
     write(tmp_path / "nan.log", lines([29.8 + 0.2 * i for i in range(8)] + [math.nan] * 3))
     result = analyze(tmp_path / "nan.log")
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "iter 45000")
+
+
+def test_the_test_set_lines_of_pytorchs_mnist_example_are_evaluations(tmp_path: Path) -> None:
+    """pytorch/examples' MNIST: `Train Epoch:` lines, then `Test set: Average loss: ...` after
+    each epoch; the test loss is no training row."""
+    lines = []
+    for epoch in range(1, 6):
+        lines += [f"Train Epoch: {epoch} [{b}/60000 ({100 * b // 60000}%)]\tLoss: "
+                  f"{2.3 * 0.7 ** (epoch + i / 10):.6f}"
+                  for i, b in enumerate(range(0, 60000, 6400))]
+        lines += ["", f"Test set: Average loss: {0.03 / epoch:.4f}, Accuracy: "
+                      f"{9000 + 100 * epoch}/10000 ({90 + epoch}%)", ""]
+    log = read_log(write(tmp_path / "mnist.log", "\n".join(lines) + "\n"))
+    assert len(log.steps) == 50 and min(v for v in log.values("loss") if v is not None) > 0.2
+    assert [m["eval_Average loss"] for _, m in log.evals] == [0.03, 0.015, 0.01, 0.0075, 0.006]

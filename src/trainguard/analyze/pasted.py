@@ -126,6 +126,9 @@ _EVAL_FIELD = re.compile(rf"(?:\|\s*{_EVAL_WORDS}\s*\|)|(?:\[\s*{_EVAL_WORDS}\s*
 _EVAL_HEAD = re.compile(rf"(?<![\w./-]){_EVAL_WORDS}\s*:\s*\[\s*\d", re.IGNORECASE)
 """An evaluation's line headed by its phase and its progress: timm's `Test: [  10/49]` beside
 its `Train: 3 [ 100/1251 (  8%)]`."""
+_EVAL_SET = re.compile(rf"^\W*(?:val|{_EVAL_WORDS})\s+set\s*:", re.IGNORECASE)
+"""An evaluation's line headed by the set it scores: PyTorch's MNIST example prints `Test set:
+Average loss: 0.0284, Accuracy: 9910/10000 (99%)` after each epoch's `Train Epoch:` lines."""
 _EVAL_PHASE = re.compile(rf"(?<![\w./-])(?:val|{_EVAL_WORDS})"
                          r"[ \t]+(?=(?:batch|epoch|step|iter|iteration)\b)", re.IGNORECASE)
 """An evaluation's phase word before the line's counter: WeNet's and ESPnet's `TRAIN Batch
@@ -645,7 +648,8 @@ def _line_values(line: str, values: dict[str, float], empty: list[str] | None
     """The line's values as a row holds them: empty loss terms left out, an evaluation's line's
     named as such (fairseq's `| valid |`), a perplexity alone read as its log, the loss."""
     values = _without_empty_terms(values, empty)
-    if _EVAL_FIELD.search(line) or _EVAL_PHASE.search(line) or _EVAL_HEAD.search(line):
+    if (_EVAL_FIELD.search(line) or _EVAL_PHASE.search(line) or _EVAL_HEAD.search(line)
+            or _EVAL_SET.search(line)):
         values = {k if is_eval_name(k) else f"eval_{k}": v for k, v in values.items()}
     if not any(is_loss_name(name) for name in values):
         ppl = next((name for name in values if name.lower() in PERPLEXITY), None)
