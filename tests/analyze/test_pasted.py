@@ -803,8 +803,8 @@ def test_a_log_of_scores_only_is_read_and_watched_for_nan(tmp_path: Path) -> Non
 
 
 def test_the_test_set_lines_of_pytorchs_mnist_example_are_evaluations(tmp_path: Path) -> None:
-    """pytorch/examples' MNIST: `Train Epoch:` lines, then `Test set: Average loss: ...` after
-    each epoch; the test loss is no training row."""
+    """pytorch/examples' MNIST: `Train Epoch: 2 [6400/60000 (11%)]` lines, then `Test set:
+    Average loss: ...` after each epoch; the test loss is no training row."""
     lines = []
     for epoch in range(1, 6):
         lines += [f"Train Epoch: {epoch} [{b}/60000 ({100 * b // 60000}%)]\tLoss: "
@@ -815,3 +815,5 @@ def test_the_test_set_lines_of_pytorchs_mnist_example_are_evaluations(tmp_path: 
     log = read_log(write(tmp_path / "mnist.log", "\n".join(lines) + "\n"))
     assert len(log.steps) == 50 and min(v for v in log.values("loss") if v is not None) > 0.2
     assert [m["eval_Average loss"] for _, m in log.evals] == [0.03, 0.015, 0.01, 0.0075, 0.006]
+    # the rows are named as the lines number them: the epoch, then the samples seen in it
+    assert log.step_unit == "sample" and log.label(11) == "epoch 2, sample 6400"

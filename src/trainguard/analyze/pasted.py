@@ -101,9 +101,11 @@ _OF_TOTAL = re.compile(r"(?<![\w./-])(epoch|steps?|iter|iteration|it|batch)\s*[:
 _BRACKET_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)"
                            r"(?:\((?:train|training)\))?\s*:?\s*\[\s*(\d+)\s*\]", re.IGNORECASE)
 """`Epoch [3]`, and MMEngine's `Epoch(train) [3][ 50/500]` (the epoch, then its progress)."""
-_TRAIN_EPOCH = re.compile(r"(?<![\w./-])(?:train|training)\s*:\s*(\d+)\s*\[\s*(\d+)\s*/\s*(\d+)",
-                          re.IGNORECASE)
-"""timm's `Train: 3 [ 100/1251 (  8%)]`: the epoch, then its progress."""
+_TRAIN_EPOCH = re.compile(r"(?<![\w./-])(?:train|training)(\s+epoch)?\s*:\s*(\d+)\s*\[\s*(\d+)\s*/"
+                          r"\s*(\d+)", re.IGNORECASE)
+"""timm's `Train: 3 [ 100/1251 (  8%)]`: the epoch, then its progress in batches; PyTorch's
+MNIST example's `Train Epoch: 3 [6400/60000 (11%)]`: the epoch, then its progress in samples
+(`batch_idx * len(data)` of the dataset's length)."""
 _HASH_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*#\s*(\d+)(?!\w)",
                         re.IGNORECASE)
 """`Epoch #3`: a counter numbered with `#`."""
@@ -153,6 +155,8 @@ TOTALS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_pe
 """Keys of the closing summary a trainer prints once (not a training row)."""
 SPELLING = "_spelling"
 TOTAL = "_total"
+WITHIN = "_within"
+"""How the line names a progress counter that restarts each epoch, where it says (`sample`)."""
 """The total of a progress counter (`41/3280`): where it restarts each epoch, rows are numbered
 across epochs as (epoch - first epoch) x total + progress."""
 ROUNDING = 1e-3
@@ -223,7 +227,9 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
     timm = _TRAIN_EPOCH.search(remaining)
     if timm:
         counters["epoch"], counters["progress"], counters[TOTAL] = (
-            float(timm.group(1)), float(timm.group(2)), float(timm.group(3)))
+            float(timm.group(2)), float(timm.group(3)), float(timm.group(4)))
+        if timm.group(1):
+            spellings[WITHIN] = "sample"
         remaining = remaining[:timm.start()] + " " + remaining[timm.end():]
     for pattern in (_OF_TOTAL, _BRACKET_WORD, _HASH_WORD):
         for match in pattern.finditer(remaining):
@@ -458,8 +464,8 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
             if losses and not rows:
                 stand_ins.keep(EVALUATION_LOSS, LineRow(
                     {EVAL_AS_LOSS: evaluation[losses[0]]},
-                    {k: v for k, v in counters.items() if k not in (SPELLING, TOTAL)}, epoch,
-                    str(counters.get(SPELLING, "step"))))
+                    {k: v for k, v in counters.items() if k not in (SPELLING, TOTAL, WITHIN)},
+                    epoch, str(counters.get(SPELLING, "step"))))
             if evaluation and rows:
                 evals.append((len(rows) - 1, evaluation))
             elif (owner := _row_of_step(rows, counters)) is not None:
@@ -664,7 +670,8 @@ def _line_row(values: dict[str, float], counters: dict[str, float],
     values.pop("epoch", None)
     spelling = counters.pop(SPELLING, "step")
     total = counters.pop(TOTAL, None)
-    return LineRow(values, counters, epoch, str(spelling), total)
+    within = counters.pop(WITHIN, "")
+    return LineRow(values, counters, epoch, str(spelling), total, str(within))
 
 
 EVAL_AS_LOSS = "loss"
@@ -879,7 +886,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         spellings = [row.spelling for row in rows]
         log.step_unit = max(set(spellings), key=spellings.count).replace("global_", "global ")
     elif counter == ACROSS:
-        log.step_unit = "batch"
+        log.step_unit = "sample" if rows[0].within == "sample" else "batch"
     elif counter is not None:
         log.step_unit = _UNITS.get(counter, counter)
     steps: list[int] = []
