@@ -224,13 +224,7 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
             if value is not None:
                 values[str(name).strip()] = value
     remaining = _QUOTED_NAME.sub(r"\2", " ".join(rest))
-    timm = _TRAIN_EPOCH.search(remaining)
-    if timm:
-        counters["epoch"], counters["progress"], counters[TOTAL] = (
-            float(timm.group(2)), float(timm.group(3)), float(timm.group(4)))
-        if timm.group(1):
-            spellings[WITHIN] = "sample"
-        remaining = remaining[:timm.start()] + " " + remaining[timm.end():]
+    remaining = _train_epoch(remaining, counters, spellings)
     for pattern in (_OF_TOTAL, _BRACKET_WORD, _HASH_WORD):
         for match in pattern.finditer(remaining):
             _count(counters, spellings, match.group(1).lower(), float(match.group(2)))
@@ -272,6 +266,20 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         if lowered in COUNTERS:
             _count(counters, spellings, lowered, values.pop(name))
     return values, counters | spellings
+
+
+def _train_epoch(text: str, counters: dict[str, float], spellings: dict[str, Any]) -> str:
+    """The epoch and its progress of a `Train: 3 [ 100/1251` head (timm's, in batches) or a
+    `Train Epoch: 3 [6400/60000` one (PyTorch's MNIST example's, in samples) into `counters`;
+    the text without it."""
+    head = _TRAIN_EPOCH.search(text)
+    if head is None:
+        return text
+    counters["epoch"], counters["progress"], counters[TOTAL] = (
+        float(head.group(2)), float(head.group(3)), float(head.group(4)))
+    if head.group(1):
+        spellings[WITHIN] = "sample"
+    return text[:head.start()] + " " + text[head.end():]
 
 
 def _count(counters: dict[str, float], spellings: dict[str, Any], name: str,
