@@ -97,14 +97,14 @@ def same(values: list[float | None], expected: list[float]) -> bool:
      "D_fake: 0.233 ", {"loss_G_GAN": 2.261, "loss_G_L1": 40.529, "loss_D_real": 0.056,
                         "loss_D_fake": 0.233}, {"epoch": 1.0, "step": 100.0}),
     # BasicSR's logger: a counter with thousands separators
-    ("INFO: [Retin..][epoch: 16, iter:   1,000, lr:(2.001e-04,)] [eta: 6:22:59, time (data): "
-     "0.142 (0.001)] l_pix: 1.0709e-01", {"l_pix": 0.10709}, {"epoch": 16.0, "step": 1000.0}),
+    ("INFO: [SRNet..][epoch:  7, iter:  12,500, lr:(1.000e-04,)] [eta: 2:10:05, time (data): "
+     "0.251 (0.003)] l_pix: 2.3125e-02", {"l_pix": 0.023125}, {"epoch": 7.0, "step": 12500.0}),
     # a value alone in brackets, a list of one printed as is (after bracketed log fields)
-    ("[2022-11-27 20:36:52,411][robcon.py][INFO] Loss:[0.0830]", {"Loss": 0.083}, {}),
+    ("[2024-03-02 09:15:00,120][train.py][INFO] Loss:[0.5125]", {"Loss": 0.5125}, {}),
     # its releases before 2018 print no data time
-    ("(epoch: 1, iters: 100, time: 0.388) G_GAN: 18.711 G_L1: 2915.841 D_real: -28.548 ",
-     {"loss_G_GAN": 18.711, "loss_G_L1": 2915.841, "loss_D_real": -28.548},
-     {"epoch": 1.0, "step": 100.0}),
+    ("(epoch: 3, iters: 400, time: 0.212) G_GAN: 1.250 G_L1: 35.500 D_real: -0.375 ",
+     {"loss_G_GAN": 1.25, "loss_G_L1": 35.5, "loss_D_real": -0.375},
+     {"epoch": 3.0, "step": 400.0}),
     # a line of a pretty-printed JSON record, its name quoted (facebookresearch/audiocraft#212)
     ('      "grad_norm": 1.315651535987854,', {"grad_norm": 1.315651535987854}, {}),
 ])
@@ -790,7 +790,7 @@ def test_a_log_of_scores_only_is_read_and_watched_for_nan(tmp_path: Path) -> Non
     """A super-resolution run's validation lines (BasicSR's logger), no loss printed: the
     scores are the rows, a NaN among them is the run gone NaN, a falling score is not judged."""
     def lines(scores: list[float]) -> str:
-        return "".join(f"20-07-28 20:02:43.941 - INFO: <epoch:{99 + 100 * i:3d}, iter: "
+        return "".join(f"24-01-15 10:00:00.000 - INFO: <epoch:{99 + 100 * i:3d}, iter: "
                        f"{5000 * (i + 1):7,d}> psnr: {v:.4e}.\n" for i, v in enumerate(scores))
     healthy = read_log(write(tmp_path / "val.log", lines([29.8 + 0.2 * i for i in range(8)]
                                                          + [30.9, 30.2])))

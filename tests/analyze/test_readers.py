@@ -490,9 +490,9 @@ def test_text_mlx(tmp_path: Path) -> None:
 
 
 LLMC = """\
-s:0 tel:11.0095
-s:0 trl:11.0116 lr:0.000001 norm:14.96
-s:1 trl:10.9586 lr:0.000002 norm:15.18
+s:0 tel:10.8125
+s:0 trl:10.8250 lr:0.000001 norm:12.50
+s:1 trl:10.7500 lr:0.000002 norm:11.25
 s:250 tel:4.1021
 s:250 eval:0.2540
 s:250 trl:nan lr:0.000250 norm:nan
@@ -502,10 +502,10 @@ s:250 trl:nan lr:0.000250 norm:nan
 def test_text_llmc(tmp_path: Path) -> None:
     log = read_log(write(tmp_path / "main.log", LLMC))
     assert log.format == "text:llmc" and log.steps == [0, 1, 250]
-    assert same(log.series["loss"], [11.0116, 10.9586, NAN])
-    assert same(log.series["grad_norm"], [14.96, 15.18, NAN])
+    assert same(log.series["loss"], [10.825, 10.75, NAN])
+    assert same(log.series["grad_norm"], [12.5, 11.25, NAN])
     assert same(log.series["lr"], [1e-6, 2e-6, 2.5e-4])
-    assert log.evals == [(0, {"val loss": 11.0095}),
+    assert log.evals == [(0, {"val loss": 10.8125}),
                          (250, {"val loss": 4.1021, "eval hellaswag acc": 0.254})]
 
 

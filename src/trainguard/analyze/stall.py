@@ -28,8 +28,8 @@ What a log shows from its first row to its last, the first two on at least `MIN_
 - **a loss pinned from its first row**: in a log from the start of training, within
   `PINNED_BAND` of its first value on every one of at least `PINNED_ROWS` rows, or within
   `TIGHT_BAND` on every one of at least `TIGHT_ROWS` epochs (`FROZEN_ROWS` rows of another
-  unit), written finely enough to show it (a classifier's epoch loss 10.845988, 10.845994 ...
-  10.845982 over eight epochs), whatever the
+  unit), written finely enough to show it (an epoch loss written to seven digits that moves
+  only in its last two), whatever the
   level (a regression's error has no chance value to compare with).
 
 And from some row on (`went_to_zero`): **a loss that dropped to exactly 0 and stayed**: from a
