@@ -93,3 +93,14 @@ def test_evaluation_sets_only_judge_the_first_one_and_say_so(tmp_path: Path) -> 
     scores.write_text("".join(f"[{i}]\tvalidation_0-auc:0.9{i}\tvalidation_1-auc:0.8{i}\n"
                               for i in range(8)))
     assert "no loss among them" in read_log(scores).notes[0]
+
+
+def test_a_training_set_of_scores_only_is_said_to_hold_no_loss(tmp_path: Path) -> None:
+    """`[0] train-auc:0.9 eval-auc:0.8`: the training set's AUC is no loss, and the note says
+    so; a first line without the training set reads no worse."""
+    path = tmp_path / "auc.log"
+    rows = ["[0]\teval-auc:0.70000"] + [f"[{i}]\ttrain-auc:0.{80 + i}\teval-auc:0.{70 + i}"
+                                        for i in range(1, 10)]
+    path.write_text("\n".join(rows) + "\n")
+    log = read_log(path)
+    assert "loss" not in log.series and "scores only" in log.notes[0]

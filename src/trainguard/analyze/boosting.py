@@ -155,8 +155,12 @@ def _named(values: list[tuple[str, float]], catboost_score: bool) -> list[tuple[
 
 def _note(rows: list[tuple[int, list[tuple[str, float]], list[tuple[str, float]]]],
           score: bool) -> str:
-    metric = rows[0][1][0][0]
-    if metric == ":":
+    """What the training set's values were read as, from the first row that has them."""
+    train = next(train for _, train, _ in rows if train)
+    if train[0][0] == ":":
         return ("CatBoost's learn value is read as a score (its best evaluation is the running "
                 "maximum), not a loss" if score else "CatBoost's learn value is the training loss")
-    return f"the training set's {metric} is read as the training loss"
+    names = [name for name, _ in _named(train, score)]
+    if LOSS not in names:
+        return "the training set logs scores only (higher is better): no training loss"
+    return f"the training set's {train[names.index(LOSS)][0]} is read as the training loss"
