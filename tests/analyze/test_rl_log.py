@@ -230,3 +230,23 @@ def scored_samples_named(name: str) -> bool:
     from trainguard.analyze.rl_log import SAMPLED_SCORES
 
     return SAMPLED_SCORES.match(name) is not None
+
+
+def test_a_clip_fraction_marks_a_ppo_surrogate(tmp_path: Path) -> None:
+    """Spinning Up's PPO `progress.txt` (tab-separated, a row per epoch): its `LossPi` is the
+    surrogate measured before each update, a few 1e-9 either side of 0, whose ratios to its
+    median mean nothing; the `ClipFrac` column says the trainer is PPO, and the loss is set
+    aside (still watched for NaN)."""
+    rng = random.Random(3)
+    header = "Epoch\tAverageEpRet\tLossPi\tLossV\tKL\tClipFrac"
+    rows = [f"{i}\t{-280 + 10 * i + rng.uniform(-40, 40):.5f}\t{rng.uniform(-5e-8, 5e-8):.7g}\t"
+            f"{60000 / (i + 1):.3f}\t{0.01 + rng.uniform(0, 0.005):.6f}\t{0.15:.4f}"
+            for i in range(40)]
+    path = tmp_path / "progress.txt"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    result = analyze(path)
+    assert result.verdict == "healthy", result.evidence
+    assert SURROGATE in result.log.series
+    for name in ("ClipFrac", "train/clip_fraction", "clipfrac", "clip_frac"):
+        assert scored_samples_named(name.lower()), name
+    assert not scored_samples_named("grad_clip")
