@@ -23,6 +23,8 @@ FORMATS: dict[str, str] = {
     "text:rl": "text log, OpenAI baselines / stable-baselines console tables only",
     "text:yolo": "text log, the Ultralytics YOLO / YOLOv5 training console only",
     "text:boosting": "text log, CatBoost / XGBoost / LightGBM iteration lines only",
+    "text:history": "text log, Keras's History.history dict printed ({'loss': [...], ...}) "
+                    "only",
     "text:table": "text log, a header line of column names (one a loss) over rows of numbers "
                   "only (Chainer's PrintReport, CSV lines pasted under prose)",
     "text:generic": "text log, generic 'step N ... loss X' lines only",

@@ -11,7 +11,8 @@
                       tensorboard;
                       JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
                       (also under a `.json` name: MMEngine's `*.log.json`)
-                      (Python dicts, one per line, as the HF Trainer prints them -> text);
+                      (Python dicts, one per line, as the HF Trainer prints them -> text;
+                      a dict of lists, Keras's `History.history` printed or saved -> text);
                       TensorBoard's `Wall time,Step,Value` -> tensorboard-csv; W&B's
                       `"Step","<run> - <metric>",...` -> wandb-csv;
                       a CSV header beginning with `epoch`, without `step` -> keras;
@@ -55,6 +56,9 @@ _RUN_READERS: dict[str, Callable[[Path, str | None], Log]] = {
 }
 """Readers of stores that hold several runs, one of them chosen by `run_id`."""
 _SQLITE = b"SQLite format 3\0"
+_HISTORY = re.compile(rb"""\{\s*(["'])[^"'\n]{1,120}\1\s*:\s*\[""")
+"""A dict whose first value is a list (`{"loss": [0.69, ...`): one list per metric, as Keras's
+`History.history` holds them (`analyze/history.py`); no other log opens so."""
 
 
 def read_log(path: str | Path, fmt: str | None = None, run_id: str | None = None) -> Log:
@@ -155,6 +159,10 @@ def detect_format(path: Path) -> str:
         if b'"log_history"' not in head and _is_json(first_line) and \
                 start.split(b"\n", 2)[1:2] and start.split(b"\n", 2)[1].lstrip()[:1] == b"{":
             return "jsonl"  # one object a line, whatever the name (MMEngine's `*.log.json`)
+        if re.match(rb"\{\s*'", first_line) and path.suffix != ".json":
+            return "text"  # a Python dict printed (single quotes, never JSON's): pasted
+        if _HISTORY.match(start) and b'"log_history"' not in head:
+            return "text"  # a dict of lists: Keras's `History.history`, printed or saved
         if path.suffix == ".json" or b'"log_history"' in head or not first_line.endswith(b"}"):
             return "hf"
         if _is_json(first_line):

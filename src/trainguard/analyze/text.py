@@ -37,6 +37,8 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                XGBoost (`[0] train-rmse:17.1 eval-rmse:17.2`) and LightGBM (`[10] training's
                l2: 0.23 valid_1's l2: 0.25`) (`trainguard.analyze.boosting`): one row per
                iteration, the training set's loss metric the loss, the other sets evaluations.
+    history    Keras's `History.history` printed (`{'loss': [0.69, 0.52], 'val_loss': [0.71,
+               0.60]}`), whole or cut off (`trainguard.analyze.history`): one row per epoch.
     generic    any other line holding a loss, as people write and paste them
                (`trainguard.analyze.pasted`): dict and JSON objects (the HF Trainer's console
                `{'loss': 0.0, 'grad_norm': nan, ...}`), `key=value` (tqdm postfixes), `key: value`
@@ -61,7 +63,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from trainguard.analyze import boosting, header_table, pasted, rl_tables, yolo
+from trainguard.analyze import boosting, header_table, history, pasted, rl_tables, yolo
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
 from trainguard.analyze.source import Lines, head
 
@@ -260,6 +262,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "rl": (rl_tables.read_rows, "row"),
     "yolo": (yolo.read_rows, "epoch"),
     "boosting": (boosting.read_rows, "iteration"),
+    "history": (history.read_rows, "epoch"),
     "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),
     "columns": (_columns, "step"),
