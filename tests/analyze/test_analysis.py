@@ -1,4 +1,5 @@
-"""An excerpt of logged means is judged from its first row; one of single batches is not."""
+"""An excerpt of logged means (a trainer's interval means, epochs) is judged from its first row;
+one of single batches is not."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ def _megatron(iteration: int, loss: float, grad: float) -> str:
     ("iter 5000: loss 2.41, time 101.2ms, mfu 30.1%\n"
      "iter 5010: loss 4.32, time 100.9ms, mfu 30.1%\n"
      "iter 5020: loss 2.69, time 101.0ms, mfu 30.1%\n", "healthy"),
-], ids=["megatron means", "nanogpt single batches"])
+    # an excerpt of epochs from epoch 88 on: one epoch's loss is a level, even the first
+    ("".join(f"Epoch {e}/500 | Loss {v:.4f} | Epsilon 0.05 | Win count {e - 70}\n"
+             for e, v in [(88, 1830.25), (89, 4.1e15), (90, 6.92), (91, 9.81), (92, 27.4),
+                          (93, 26.95)]), "recovered"),
+], ids=["megatron means", "nanogpt single batches", "epoch means"])
 def test_a_short_excerpt_of_means_is_judged_from_its_first_row(tmp_path: Path, text: str,
                                                                 verdict: str) -> None:
     path = tmp_path / "excerpt.txt"
@@ -33,6 +38,8 @@ def test_a_short_excerpt_of_means_is_judged_from_its_first_row(tmp_path: Path, t
     assert result.verdict == verdict
     if verdict == "degraded":
         assert result.onset == "iteration 5010"
+    if verdict == "recovered":
+        assert result.onset == "epoch 89"
 
 
 def test_a_nan_of_a_value_no_rule_reads_is_counted_in_the_notes(tmp_path: Path) -> None:

@@ -275,8 +275,9 @@ def _config(log: Log) -> DetectorConfig:
         except (TypeError, ValueError):
             pass  # thresholds of another trainguard version: the defaults, scaled
     # an excerpt of rows that are means is judged from its first row as a log from the start
-    # is: one mean of many steps is a level to jump from (`text.MEANS`)
-    means = log.format.startswith("text:") and log.format.split(":", 1)[1] in text.MEANS
+    # is: one mean of many steps (`text.MEANS`, an epoch's row) is a level to jump from
+    means = (log.format.startswith("text:") and log.format.split(":", 1)[1] in text.MEANS) \
+        or log.step_unit == "epoch"
     return scaled_config(len(log), log.interval(), from_start=log.starts_at_start() or means,
                          means=not log.single_batch)
 
