@@ -817,3 +817,20 @@ def test_the_test_set_lines_of_pytorchs_mnist_example_are_evaluations(tmp_path: 
     assert [m["eval_Average loss"] for _, m in log.evals] == [0.03, 0.015, 0.01, 0.0075, 0.006]
     # the rows are named as the lines number them: the epoch, then the samples seen in it
     assert log.step_unit == "sample" and log.label(11) == "epoch 2, sample 6400"
+
+
+def test_a_step_printed_one_value_a_line_is_one_row(tmp_path: Path) -> None:
+    """TensorFlowTTS's trainer logs each loss term of a step on a line of its own, the step in
+    parentheses and the logger's `(module:line)` on each: the lines of one step are one row."""
+    lines = []
+    for step in (1200, 1300, 1400):
+        for name, value in (("train_stop_loss", 0.21 - step / 1e5),
+                            ("train_pitch_loss", 0.09 - step / 1e5),
+                            ("train_mel_loss", NAN if step == 1400 else 0.8 - step / 1e4)):
+            lines.append(f"2021-05-02 09:14:{step % 60:02d},120 (trainer:642) INFO: "
+                         f"(Step: {step}) {name} = {value:.4f}.")
+    log = read_log(write(tmp_path / "train.log", "\n".join(lines) + "\n"))
+    assert log.steps == [1200, 1300, 1400] and log.step_unit == "step"
+    assert same(log.values("train_mel_loss"), [0.68, 0.67, NAN])
+    result = analyze(tmp_path / "train.log")
+    assert result.kind == "nan" and result.onset == "step 1400", result.evidence

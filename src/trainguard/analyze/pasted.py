@@ -779,6 +779,30 @@ def _fold_records(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
     return [rows[i] for i in at], [(after // period, values) for after, values in evals]
 
 
+def _merge_split_records(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
+                         ) -> tuple[list[LineRow], list[tuple[int, dict[str, float]]]]:
+    """A step's values printed one to a line, each line with the step (`(Step: 95400)
+    train_f0_loss = 0.0659.`, then the next loss term of step 95400): consecutive rows with the
+    same step, each with a value the other has not and the same value for the names they
+    share (the logger's own `(module:line)`), are one row; the evaluations follow their row."""
+    out: list[LineRow] = []
+    index: list[int] = []  # each row's position in `out`
+    for row in rows:
+        last = out[-1] if out else None
+        if (last is not None and "step" in row.counters
+                and row.counters.get("step") == last.counters.get("step")
+                and row.epoch == last.epoch and set(row.values) - set(last.values)
+                and all(name not in last.values or last.values[name] == value
+                        for name, value in row.values.items())):
+            last.values.update(row.values)
+        else:
+            out.append(row)
+        index.append(len(out) - 1)
+    if len(out) == len(rows):
+        return rows, evals
+    return out, [(index[after], values) for after, values in evals]
+
+
 def _merge_reprints(rows: list[LineRow]) -> list[LineRow]:
     """One row printed twice in a row by two handlers (other names, one rounded) is one row."""
     out: list[LineRow] = []
@@ -886,7 +910,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
                          "accuracies beside them, with the total they made NaN): a loss term "
                          "NaN on a line where its own accuracy is NaN too is a mean over no "
                          "samples, a batch without that task's labels")
-    rows, evals = _fold_records(rows, evals)
+    rows, evals = _fold_records(*_merge_split_records(rows, evals))
     _inherit_steps(rows)
     _fill_loss_from_its_twin(rows)
     counter = _numbering(rows)
