@@ -834,3 +834,18 @@ def test_a_step_printed_one_value_a_line_is_one_row(tmp_path: Path) -> None:
     assert same(log.values("train_mel_loss"), [0.68, 0.67, NAN])
     result = analyze(tmp_path / "train.log")
     assert result.kind == "nan" and result.onset == "step 1400", result.evidence
+
+
+@pytest.mark.parametrize("line, values, counters", [
+    # names in brackets before their values, as a couplet model's logger prints them
+    ("2020-01-05 11:02:41,330 - __main__ - INFO - [epoch]: 12, [batch]: 3100, [loss]: 3.8817",
+     {"loss": 3.8817}, {"epoch": 12.0, "batch": 3100.0}),
+    ("[loss]: nan, [step]: 40", {"loss": NAN}, {"step": 40.0}),
+    # a progress bar's bracketed prefix holds no value
+    ("[train]:  61%|######    | 610/1000 [00:31<00:20,  19.5it/s]", {}, {"progress": 610.0}),
+])
+def test_a_bracketed_name_before_its_value(line: str, values: dict[str, float],
+                                           counters: dict[str, float]) -> None:
+    found, numbered = parse_line(line)
+    assert same(list(found.values()), list(values.values())) and set(found) == set(values)
+    assert {k: v for k, v in numbered.items() if not k.startswith("_")} == counters

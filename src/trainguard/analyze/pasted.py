@@ -66,6 +66,11 @@ not when more follows it at once (a version `1.2.3`)."""
 _WORD = r"[A-Za-z_][\w./-]*"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_BRACKETED_NAME = re.compile(
+    r"\[([A-Za-z_][\w./-]{0,40})\]\s*:(?=\s*[-+]?(?:\d|nan|inf)[\w.+-]*(?:[,;\s]|$))",
+    re.IGNORECASE)
+"""A name in brackets before its value (`[epoch]: 199, [loss]: 4.99`): the name, unbracketed
+(`[train]:  48%|` is a progress bar's prefix, no value)."""
 _EMPHASIS = re.compile(r"\*\*|__|`|\\(?=[*_])")
 """Markdown around a pasted value (`loss = **0.0002**`, `\\*`): not part of it."""
 _TENSOR = re.compile(rf"tensor\(\s*\[?\s*({NUM})\s*\]?\s*(?:,[^()]*(?:\([^()]*\)[^()]*)*)?\)",
@@ -193,7 +198,7 @@ def _labelled(text: str) -> Iterator[re.Match[str]]:
 def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
     """(named values, counters) found on one line; the step counter's own spelling is kept
     under `SPELLING`."""
-    text = _ANSI.sub("", line)
+    text = _BRACKETED_NAME.sub(r"\1:", _ANSI.sub("", line))
     head = _GAN_VISUALIZER.search(text)
     if head:  # what follows the head is losses: named as such (`loss_D_real`)
         losses, after = parse_line(text[head.end():])
