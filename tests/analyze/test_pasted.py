@@ -425,6 +425,19 @@ def test_a_csv_without_its_header_reads_the_second_column_as_the_loss(tmp_path: 
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "step 209")
 
 
+def test_a_named_counter_over_unnamed_columns_names_the_rows(tmp_path: Path) -> None:
+    """A CTR model's prints, `batch: N` then the batch loss, the running mean and the AUC:
+    the rows are batches, the second column the loss."""
+    rows = [f"batch: {500 + i} {0.61 + 0.01 * (i % 3) if i < 6 else math.nan} "
+            f"{0.60 + 0.002 * i:.5f} {0.71 - 0.001 * i:.5f}" for i in range(14)]
+    path = write(tmp_path / "train.txt", "\n".join(rows) + "\n")
+    log = read_log(path)
+    assert log.format == "text:columns" and log.step_unit == "batch"
+    assert list(log.steps) == list(range(500, 514)) and log.label(0) == "batch 500"
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "batch 506")
+
+
 def test_a_headerless_table_whose_second_column_is_whole_numbers_is_not_read(
         tmp_path: Path) -> None:
     """epoch, number of epochs, LR...: the second column counts something, it is no loss."""

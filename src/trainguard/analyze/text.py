@@ -48,7 +48,8 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
     columns    a file of bare `counter value` lines and nothing else (`print(epoch, loss)`:
                `788 41.23225021362305`; or the counter of a total, `10000/ 200000: 2.1775`, as
-               makemore prints it; or a CSV without its header, `201,4.3742,4.1354,7.63`): the
+               makemore prints it; or a CSV without its header, `201,4.3742,4.1354,7.63`; or
+               the counter named, `batch: 383 0.6420 0.6281`, the rows then in its unit): the
                first column, an integer that only grows, numbers the rows, the second is the
                loss (with more columns after it, only when it is not whole numbers only, and
                said in a note). Read only when no other grammar recognises a line, and only
@@ -213,7 +214,8 @@ def _generic(lines: Iterable[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
-_COLUMNS = re.compile(rf"^\s*(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})((?:[ \t,;]+{NUM})*)\s*$",
+_COLUMNS = re.compile(rf"^\s*(?:(batch|step|iter|iteration|epoch)\s*:?\s*)?(\d+)"
+                      rf"(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})((?:[ \t,;]+{NUM})*)\s*$",
                       re.IGNORECASE)
 COLUMNS_SHARE = 0.9
 """Bare two-number lines must make up this share of a file's non-blank lines: a file that says
@@ -227,6 +229,7 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
     last: int | None = None
     ascending = True
     more, whole = False, True  # columns after the second; a second column of whole numbers
+    named: list[str] = []  # the counter's name, where the lines write one (`batch: 383 ...`)
     for line in lines:
         if not line.strip():
             continue
@@ -235,11 +238,13 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
         if match is None:
             continue
         found += 1
-        step = int(match.group(1))
+        step = int(match.group(2))
         ascending = ascending and (last is None or step > last)
         last = step
-        value = number(match.group(2))
-        more = more or bool(match.group(3).strip())
+        value = number(match.group(3))
+        more = more or bool(match.group(4).strip())
+        if match.group(1):
+            named.append(match.group(1).lower())
         whole = whole and value is not None and math.isfinite(value) and value.is_integer()
         if ascending and value is not None:
             log.add(step, {"loss": value})
@@ -247,6 +252,8 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
         return 0  # too few such lines, or a first column that goes back: no counter
     if more and whole:
         return 0  # a second column of counts (a batch size, an epoch total) is no loss
+    if named:
+        log.step_unit = max(set(named), key=named.count)
     if more:
         log.notes.append("the lines name no column: the first is read as the step and the "
                          "second as the loss")
