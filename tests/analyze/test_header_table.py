@@ -185,3 +185,26 @@ def test_a_timestamp_column_is_passed_over(tmp_path: Path) -> None:
     log = read_log(write(tmp_path / "metrics.txt", text))
     assert log.format == "text:table" and log.steps == list(range(8))
     assert log.values("loss")[1] == 1.9 and "created_at" not in log.series
+
+
+def test_a_phase_column_tells_evaluations_from_training_rows(tmp_path: Path) -> None:
+    """fastai's miniai `MetricsCB`: columns `accuracy`, `loss`, `epoch`, `train`, a training row
+    (`train`) then an evaluation row (`eval`) per epoch, in a notebook's saved HTML or as text;
+    the evaluation rows are evaluations, not training rows that share the epoch."""
+    rows = []
+    for epoch in range(8):
+        rows.append((f"{0.55 + 0.04 * epoch:.3f}", f"{1.20 * 0.8 ** epoch:.3f}", epoch, "train"))
+        rows.append((f"{0.57 + 0.04 * epoch:.3f}", f"{1.10 * 0.8 ** epoch:.3f}", epoch, "eval"))
+    html = ("<table border=\"1\" class=\"dataframe\">\n  <thead>\n    <tr>\n"
+            + "".join(f"      <th>{name}</th>\n" for name in ("accuracy", "loss", "epoch", "train"))
+            + "    </tr>\n  </thead>\n  <tbody>\n"
+            + "".join("    <tr>\n" + "".join(f"      <td>{cell}</td>\n" for cell in row)
+                      + "    </tr>\n" for row in rows) + "  </tbody>\n</table>\n")
+    text = "accuracy  loss   epoch  train\n" + "".join(
+        f"{a}     {b}  {e}      {p}\n" for a, b, e, p in rows)
+    for name, content in (("cell_output.html.txt", html), ("printed.txt", text)):
+        log = read_log(write(tmp_path / name, content))
+        assert log.steps == list(range(8)) and log.step_unit == "epoch", name
+        assert log.values("loss")[:2] == [1.2, 0.96], name
+        assert [metrics["eval_loss"] for _, metrics in log.evals][:2] == [1.1, 0.88], name
+        assert analyze(tmp_path / name).verdict == "healthy", name

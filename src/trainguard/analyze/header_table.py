@@ -22,6 +22,8 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
   read as the markdown one, a row (`<tr>`) of `<th>` and `<td>` cells at a time;
 - a logger's prefix before the fields (`2024-08-19 13:28:48,101 INFO [name] logger : `, up to
   the line's last ` : ` or `] `) is not part of them;
+- a column of phase words (fastai's miniai `MetricsCB`: `train` and `eval` under `train`)
+  says which rows are evaluations: each is the evaluation of the training row before it;
 - columns that take turns (never both a number on one row: a training row and a validation
   row, each writing `nan` in the other's column) write `nan` as a placeholder: a `nan` in one of
   them on a row where the other holds a number is no value. A `nan` on a row where no such
@@ -62,6 +64,11 @@ HTML_CELL = re.compile(r"<t([hd])\b[^>]*>(.*?)</t\1\s*>", re.IGNORECASE | re.DOT
 TAG = re.compile(r"<[^>]*>")
 HTML_ROW_CHARS = 20_000
 """An HTML row still open after this many characters is no table row."""
+PHASES = {"train": False, "training": False, "eval": True, "evaluation": True, "valid": True,
+          "validation": True, "val": True, "test": True}
+"""A cell that names the phase its row was measured in (fastai's miniai `MetricsCB` prints a
+`train` column of `train` and `eval`): True for an evaluation's row, which is no training row
+but the evaluation of the training row before it."""
 COUNTER_NAMES = ("epoch", "iteration", "iter", "step", "global_step", "batch", "update",
                  "updates", "num_updates")
 """Column names that number the rows (the first one present is used)."""
@@ -86,6 +93,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     are fewer than `FEWEST_ROWS`)."""
     header: list[str] | None = None
     read: list[tuple[list[str], list[float]]] = []
+    evaluations: list[tuple[int, list[str], list[float]]] = []  # (training row before, ...)
     for line in _html_rows(lines):
         fields = _fields(line)
         if _is_header(fields):
@@ -97,10 +105,15 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             continue
         kept = [(name, number(field)) for name, field in zip(header, fields, strict=True)
                 if not CLOCK.fullmatch(field) and not DURATION.fullmatch(field)
-                and field.lower() not in NO_VALUE]
+                and field.lower() not in NO_VALUE and field.lower() not in PHASES]
         if not kept or any(value is None for _, value in kept):
             continue
-        read.append(([name for name, _ in kept], [value for _, value in kept]))  # type: ignore[misc]
+        cells = ([name for name, _ in kept], [value for _, value in kept if value is not None])
+        if any(PHASES.get(field.lower()) for field in fields):  # an evaluation's row
+            if read:
+                evaluations.append((len(read) - 1, *cells))
+            continue
+        read.append(cells)
     if len(read) < FEWEST_ROWS:
         return 0
     rows: list[tuple[list[str], int | None, list[float]]] = []
@@ -110,17 +123,23 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             break
     counted = _counted(rows)
     turns = _taking_turns(rows)
+    steps: list[int] = []
     for index, (names, column, values) in enumerate(rows):
         if counted and column is not None:
             step = int(values[column])
             label = f"{names[column].lower()} {step}"
         else:
             step, label = index + 1, f"row {index + 1}"
+        steps.append(step)
         log.add_values(step, [(name, value) for i, (name, value)
                               in enumerate(zip(names, values, strict=True))
                               if i != column and not _placeholder(name, value, names, values,
                                                                   column, turns)],
                        label=label)
+    for after, names, values in evaluations:
+        log.add_eval(steps[after], {name if is_eval_name(name) else f"eval_{name}": value
+                                    for name, value in zip(names, values, strict=True)
+                                    if name.lower() not in COUNTER_NAMES})
     if counted:
         names, column, _ = rows[0]
         assert column is not None
