@@ -438,6 +438,16 @@ def test_a_named_counter_over_unnamed_columns_names_the_rows(tmp_path: Path) -> 
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "batch 506")
 
 
+def test_a_named_counter_after_a_loggers_prefix(tmp_path: Path) -> None:
+    """A registration model's logger writes its own name and the time, then `epoch, N` and the
+    epoch's values as CSV fields: the rows are epochs, the first value the loss."""
+    rows = [f"INFO:RegNet, 2023-05-02 10:{i:02d}:13,512, epoch, {i + 40:04d}, "
+            f"{0.31 * 0.96 ** i:.6f}, {0.12 * 0.97 ** i:.6f}, {0.0041:.6f}" for i in range(12)]
+    log = read_log(write(tmp_path / "train.log", "\n".join(rows) + "\n"))
+    assert log.format == "text:columns" and log.step_unit == "epoch"
+    assert list(log.steps) == list(range(40, 52)) and log.values("loss")[0] == 0.31
+
+
 def test_a_headerless_table_whose_second_column_is_whole_numbers_is_not_read(
         tmp_path: Path) -> None:
     """epoch, number of epochs, LR...: the second column counts something, it is no loss."""

@@ -214,9 +214,11 @@ def _generic(lines: Iterable[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
-_COLUMNS = re.compile(rf"^\s*(?:(batch|step|iter|iteration|epoch)\s*:?\s*)?(\d+)"
-                      rf"(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})((?:[ \t,;]+{NUM})*)\s*$",
+_COLUMNS = re.compile(rf"^\s*(?:(?:[^\n]*?[ \t,;])?(batch|step|iter|iteration|epoch)\s*[:,]?\s*)?"
+                      rf"(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})((?:[ \t,;]+{NUM})*)\s*$",
                       re.IGNORECASE)
+"""`counter value...`, the counter alone or after its name (`batch: 383 0.64`, after whatever
+a logger writes first: `INFO:run, 2022-03-11 11:44:36,164, epoch, 0138, 0.7617, 0.3218`)."""
 COLUMNS_SHARE = 0.9
 """Bare two-number lines must make up this share of a file's non-blank lines: a file that says
 nothing else about its numbers is read so only when the numbers are all it holds."""
