@@ -474,3 +474,21 @@ def test_a_blow_up_of_the_first_updates_starts_at_the_first_row_above_its_bound(
     result = analyze(path)
     assert result.verdict == "degraded"
     assert result.onset_step == onset
+
+
+@pytest.mark.parametrize("tail, verdict", [
+    ([0.95, 1.25, 0.27], "recovered"),   # the end within the swings single batches made before
+    ([3.2, 3.6, 3.0], "degraded"),       # far beyond them: worse, however noisy the start
+])
+def test_an_end_within_the_noise_of_single_batches_is_not_degraded(
+        tmp_path: Path, tail: list[float], verdict: str) -> None:
+    """Seven rows of one batch's loss each, logged every step (0.2-0.85 while healthy), then
+    two high rows and one back at the level: the end (the median of the last three rows) at
+    2.7x the level before is no worse than those rows' own swings; an end at 9x is."""
+    losses = [0.83, 0.24, 0.41, 0.21, 0.35, 0.66, 0.25, *tail]
+    rows = [{"loss": v, "learning_rate": 2e-5, "epoch": 2.5 + 0.04 * i}
+            for i, v in enumerate(losses)]
+    path = tmp_path / "console.txt"
+    path.write_text("".join(f"{row}\n" for row in rows))
+    result = analyze(path)
+    assert result.verdict == verdict, result.evidence

@@ -29,7 +29,9 @@ reads their events with hindsight, the whole log in view:
    its last row when rows are further apart) is worse than its level before the onset (the
    median of up to `baseline_window` rows) by the live verdict's rule
    (`trainguard.verdict.ended_worse`: 10% and beyond the final window's noise, or twice the
-   level whatever the noise), or when it went back to chance level, unless it is visibly on its
+   level whatever the noise) and, a log's final rows being few, by more than `NOISE_Z` robust
+   deviations of the rows before the onset (one batch's losses logged every step swing by 2x
+   and more on a healthy run), or when it went back to chance level, unless it is visibly on its
    way back (its loss fell on every row from its peak to the end of the log, over three rows or
    more). Trouble from the first logged row has no level to come back to: the run degraded,
    unless it was a non-finite loss on the first rows only, the loss finite on every row after
@@ -69,6 +71,7 @@ from trainguard.config import DetectorConfig
 from trainguard.detect.metric_collapse import CLIFF_DROP, CLIFF_RISE, lower_is_better
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind
+from trainguard.signals import MAD_TO_STD
 from trainguard.verdict import DEGRADED_RATIO, WINDOW, ended_worse, times
 from trainguard.vocabulary import DEGRADED, HEALTHY, RECOVERED, Verdict
 
@@ -194,7 +197,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
         # the evaluations, not the loss, showed the trouble: they say whether it passed
         return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, lasting),
                 earlier)
-    worse = _worse(final, reference, tail, losses)
+    worse = _worse(final, reference, tail, losses, [i for i in rows if i < onset], config)
     if chance is not None and chance.row >= onset:
         worse = True
     if not worse and all(e.kind == Kind.GRAD_EXPLOSION for e in incident):
@@ -227,13 +230,37 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
                 earlier)
 
 
-def _worse(final: float, reference: float, tail: list[float],
-           losses: list[float | None]) -> bool:
+def _worse(final: float, reference: float, tail: list[float], losses: list[float | None],
+           before: list[int], config: DetectorConfig) -> bool:
     """The live verdict's rule of an end worse than the level before the trouble, by more than
-    the log's rounding: a loss written to few decimals ends "2x" its level by one unit of its
-    last digit (0.0002 against 0.0001)."""
+    the log's rounding (a loss written to few decimals ends "2x" its level by one unit of its
+    last digit, 0.0002 against 0.0001) and beyond the noise of the rows `before` the trouble
+    (`_within_its_noise`)."""
     return ended_worse(final, reference, tail) and not resolution.below_resolution(
-        final - reference, resolution.quantum(losses))
+        final - reference, resolution.quantum(losses)) and not _within_its_noise(
+        final, reference, [v for i in before if _finite(v := losses[i])], config)
+
+
+NOISE_Z = 3.0
+"""Robust deviations of the rows before the trouble that the end must rise beyond."""
+NOISE_ROWS = 4
+"""Rows before the trouble needed to measure their noise."""
+
+
+def _within_its_noise(final: float, reference: float, before: list[float],
+                      config: DetectorConfig) -> bool:
+    """Whether the end's rise over the level before the trouble is within `NOISE_Z` robust
+    deviations of the rows before it, on a log scale: one batch's losses logged every step
+    (0.83, 0.28, 0.39, 0.22) swing by more than 2x while the run is healthy, and the median of
+    a few such rows after a spike is no level of its own. A log of means, whose rows barely
+    move, is untouched."""
+    window = [v for v in before[-max(config.common.baseline_window, 1):] if v > 0]
+    if len(window) < NOISE_ROWS or final <= 0 or reference <= 0:
+        return False
+    logs = [math.log(v) for v in window]
+    centre = statistics.median(logs)
+    spread = MAD_TO_STD * statistics.median(abs(v - centre) for v in logs)
+    return math.log(final / reference) <= NOISE_Z * spread
 
 
 def _passing(kinds: set[str], incident: list[Event]) -> str | None:
