@@ -872,3 +872,27 @@ def test_a_bracketed_name_before_its_value(line: str, values: dict[str, float],
     found, numbered = parse_line(line)
     assert same(list(found.values()), list(values.values())) and set(found) == set(values)
     assert {k: v for k, v in numbered.items() if not k.startswith("_")} == counters
+
+
+@pytest.mark.parametrize("message", [
+    "[2024-02-01 09:12:44,102] [INFO] [stage_1_and_2.py:1762:step] [deepspeed] OVERFLOW! Rank 0 "
+    "Skipping step. Attempted loss scale: {scale}, reducing to {half}",
+    "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {half}",
+])
+def test_a_loss_scalers_skip_message_marks_the_next_row_skipped(tmp_path: Path,
+                                                                 message: str) -> None:
+    """DeepSpeed's and apex's overflow messages between plain step lines: a step after one was
+    skipped; every step skipped from step 40 to the end is a run that stopped training, not a
+    healthy plateau."""
+    lines, scale = [], 65536.0
+    for step in range(1, 61):
+        if step >= 40:
+            lines.append(message.format(scale=scale, half=scale / 2))
+            scale /= 2
+        lines.append(f"step {step} | loss {2.0 - 0.01 * min(step, 40):.4f} | lr 1e-05")
+    path = write(tmp_path / "train.log", "\n".join(lines) + "\n")
+    log = read_log(path)
+    assert log.skipped is not None and log.skipped.index(True) == 39 and all(log.skipped[39:])
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "step 40")
+    assert not any("None" in line for line in result.evidence)

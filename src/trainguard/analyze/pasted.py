@@ -66,6 +66,11 @@ not when more follows it at once (a version `1.2.3`)."""
 _WORD = r"[A-Za-z_][\w./-]*"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+OVERFLOW = re.compile(r"OVERFLOW!.*skipping step|gradient overflow\.?\s+skipping step",
+                      re.IGNORECASE)
+"""A loss scaler's message that the step was skipped (DeepSpeed's `OVERFLOW! Rank 0 Skipping
+step. Attempted loss scale: ...`, apex's `Gradient overflow.  Skipping step, loss scaler 0
+reducing loss scale to ...`): it marks the next training row skipped."""
 _BRACKETED_NAME = re.compile(
     r"\[([A-Za-z_][\w./-]{0,40})\]\s*:(?=\s*[-+]?(?:\d|nan|inf)[\w.+-]*(?:[,;\s]|$))",
     re.IGNORECASE)
@@ -180,6 +185,9 @@ class LineRow:
     within: str = ""
     """How the line names a counter that restarts each epoch (`batch`, `iter`); empty for a
     progress bar (`41/3280 [`)."""
+    skipped: bool = False
+    """A loss scaler's overflow message came before the line (`OVERFLOW! ... Skipping step`):
+    the optimizer skipped this step."""
 
 
 _GAN_VISUALIZER = re.compile(r"\(epoch: \d+, iters: \d+, time: [\d.]+(?:, data: [\d.]+)?\)")
@@ -454,7 +462,11 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
     stand_ins = _StandIns()
     epoch: float | None = None
     ahead: dict[str, Any] | None = None  # a line holding its step alone, before its values
+    overflow = False  # a loss scaler skipped the step of the next row
     for line in _records(_joined_objects(part for raw in lines for part in raw.split("\r"))):
+        if OVERFLOW.search(line):
+            overflow = True
+            continue
         header = _EPOCH_HEADER.match(_ANSI.sub("", line))
         if header:
             epoch = float(header.group(1))
@@ -496,6 +508,7 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
             counters = ahead | counters  # NeMo's `Step: 2100` line, then `Loss: 100.46`
         ahead = None
         rows.append(_line_row(values, counters, epoch))
+        rows[-1].skipped, overflow = overflow, False
         if len(rows) > MAX_ROWS:
             raise TooLong
     if not rows and (picked := stand_ins.pick()) is not None:
@@ -942,7 +955,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             label = f"row {step}" + (f" (epoch {row.epoch:g})" if row.epoch is not None
                                      else "")
         steps.append(step)
-        log.add_values(step, list(row.values.items()), label=label)
+        log.add_values(step, list(row.values.items()), label=label, skipped=row.skipped)
     for after, values in evals:
         log.add_eval(steps[after], values)
     if counter is None:

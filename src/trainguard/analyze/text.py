@@ -73,7 +73,7 @@ NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 
 _MEGATRON = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|(.*)", re.IGNORECASE)
 _MEGATRON_VALID = re.compile(r"validation loss at iteration\s+(\d+)[^|]*\|(.*)", re.IGNORECASE)
-_OVERFLOW = re.compile(r"OVERFLOW!.*skipping step", re.IGNORECASE)
+_OVERFLOW = pasted.OVERFLOW
 _PAIR_COLON = re.compile(rf"^\s*([^:|]+?)\s*:\s*({NUM})\s*$", re.IGNORECASE)
 
 _WLM = re.compile(rf"\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\s*\|\s*lr\s+({NUM})"

@@ -167,12 +167,12 @@ class Fp16Overflow(Detector):
             calibration = self.calibration
             after = (f", after its calibration (steps {calibration.first_step}-"
                      f"{calibration.last_step})" if calibration.skips else "")
+            scale_now = ("" if signals.loss_scale is None
+                         else f" (loss scale now {scale_text(signals.loss_scale)})")
             events.append(self.event(step, "warning",
                                      f"GradScaler skipped {len(self.overflow_steps)} of the last "
                                      f"{cfg.fp16_overflow.window} steps for inf/NaN "
-                                     f"gradients{after}: "
-                                     f"the overflow persists (loss scale now "
-                                     f"{scale_text(signals.loss_scale)})",
+                                     f"gradients{after}: the overflow persists{scale_now}",
                                      value=float(len(self.overflow_steps)), symptom="skips",
                                      loss_scale=signals.loss_scale))
 
