@@ -208,3 +208,15 @@ def test_a_phase_column_tells_evaluations_from_training_rows(tmp_path: Path) -> 
         assert log.values("loss")[:2] == [1.2, 0.96], name
         assert [metrics["eval_loss"] for _, metrics in log.evals][:2] == [1.1, 0.88], name
         assert analyze(tmp_path / name).verdict == "healthy", name
+
+
+def test_evaluation_rows_listed_after_all_training_rows_keep_their_own_epochs(
+        tmp_path: Path) -> None:
+    """`epoch loss split`, every `train` row first, then every `test` row (NaN from epoch 4):
+    each evaluation at its own epoch, none merged into the last training row."""
+    rows = [f"{e}  {1.2 * 0.8 ** e:.3f}  train" for e in range(8)]
+    rows += [f"{e}  {'nan' if e >= 4 else f'{1.1 * 0.8 ** e:.3f}'}  test" for e in range(8)]
+    log = read_log(write(tmp_path / "metrics.txt", "epoch  loss  split\n" + "\n".join(rows)))
+    assert [step for step, _ in log.evals] == list(range(8))
+    result = analyze(tmp_path / "metrics.txt")
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "epoch 4")

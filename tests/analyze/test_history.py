@@ -75,3 +75,28 @@ def test_a_dict_of_lists_without_a_loss_is_not_a_history(tmp_path: Path) -> None
     path.write_text("{'layers': [64, 64, 32], 'dropout': [0.1, 0.2]}\n")
     with pytest.raises(LogError, match="no training log lines recognised"):
         read_log(path)
+
+
+def test_a_history_printed_as_it_grows_is_read_at_its_last_print(tmp_path: Path) -> None:
+    """A loop that prints its growing history after every fit: the last print is the run."""
+    loss = [round(0.9 - 0.01 * i, 3) for i in range(24)] + [float("nan")] * 6
+    text = "".join(f"{ {'loss': loss[:n], 'accuracy': [0.5] * n} }\n" for n in (2, 10, 30))
+    path = tmp_path / "cell_output.txt"
+    path.write_text(text)
+    log = read_log(path)
+    assert len(log.steps) == 30 and "last print" in " ".join(log.notes)
+    assert analyze(path).kind == "nan"
+
+
+def test_a_history_dict_above_a_console_leaves_the_console_its_rows(tmp_path: Path) -> None:
+    """One short history printed at the top of a Keras console of 30 epochs: the console's rows
+    are the log (its NaN from epoch 22 is not hidden behind the dict's four epochs)."""
+    lines = [str({"loss": [0.9, 0.8, 0.7, 0.6]})]
+    for epoch in range(1, 31):
+        loss = "nan" if epoch >= 22 else f"{1.0 - 0.02 * epoch:.4f}"
+        lines += [f"Epoch {epoch}/30", f"100/100 [====] - 1s - loss: {loss} - acc: 0.71"]
+    path = tmp_path / "console.txt"
+    path.write_text("\n".join(lines) + "\n")
+    result = analyze(path)
+    assert result.log.format == "text:generic"
+    assert (result.verdict, result.kind) == ("degraded", "nan")

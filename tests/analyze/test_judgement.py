@@ -492,3 +492,14 @@ def test_an_end_within_the_noise_of_single_batches_is_not_degraded(
     path.write_text("".join(f"{row}\n" for row in rows))
     result = analyze(path)
     assert result.verdict == verdict, result.evidence
+
+
+def test_a_trend_before_the_trouble_is_no_noise(tmp_path: Path) -> None:
+    """A loss falling fast from 8 to 2 (its levels far apart, its steps regular), a spike, then
+    held at 8: the rows before the trouble barely swing from one to the next, so the end is
+    worse, not within their noise."""
+    losses = [8.0 * 0.86 ** i for i in range(10)] + [40.0] + [8.2] * 9
+    lines = [f"step {10 * (i + 1)} loss {v:.4f}" for i, v in enumerate(losses)]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert analyze(path).verdict == "degraded"

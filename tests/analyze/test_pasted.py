@@ -896,3 +896,13 @@ def test_a_loss_scalers_skip_message_marks_the_next_row_skipped(tmp_path: Path,
     result = analyze(path)
     assert (result.verdict, result.kind, result.onset) == ("degraded", "nan", "step 40")
     assert not any("None" in line for line in result.evidence)
+
+
+def test_a_very_long_number_on_a_line_is_refused_in_linear_time(tmp_path: Path) -> None:
+    """A run of 20,000 digits after `epoch 1` (a dumped array, a hash) that ends in a word: no
+    grammar reads it, and the columns grammar gives up at once (it took 36 s with a number
+    pattern that split a digit run many ways)."""
+    from trainguard.analyze.text import _COLUMNS
+
+    assert _COLUMNS.match("run epoch 1 " + "7" * 20_000 + " x") is None
+    assert parse_line("[INFO]: 3 items, [rank0]: 12 done")[0] == {}

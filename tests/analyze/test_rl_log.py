@@ -247,6 +247,7 @@ def test_a_clip_fraction_marks_a_ppo_surrogate(tmp_path: Path) -> None:
     result = analyze(path)
     assert result.verdict == "healthy", result.evidence
     assert SURROGATE in result.log.series
-    for name in ("ClipFrac", "train/clip_fraction", "clipfrac", "clip_frac"):
+    for name in ("ClipFrac", "train/clip_fraction"):
         assert scored_samples_named(name.lower()), name
-    assert not scored_samples_named("grad_clip")
+    for name in ("clip_frac", "grad/clip_frac", "grad_clip"):  # a clipper's, DP-SGD's
+        assert not scored_samples_named(name), name

@@ -23,7 +23,8 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
 - a logger's prefix before the fields (`2024-08-19 13:28:48,101 INFO [name] logger : `, up to
   the line's last ` : ` or `] `) is not part of them;
 - a column of phase words (fastai's miniai `MetricsCB`: `train` and `eval` under `train`)
-  says which rows are evaluations: each is the evaluation of the training row before it;
+  says which rows are evaluations: each is the evaluation at its own count (the epoch it
+  names), or of the training row before it where it names none;
 - columns that take turns (never both a number on one row: a training row and a validation
   row, each writing `nan` in the other's column) write `nan` as a placeholder: a `nan` in one of
   them on a row where the other holds a number is no value. A `nan` on a row where no such
@@ -136,10 +137,13 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
                               if i != column and not _placeholder(name, value, names, values,
                                                                   column, turns)],
                        label=label)
-    for after, names, values in evaluations:
-        log.add_eval(steps[after], {name if is_eval_name(name) else f"eval_{name}": value
-                                    for name, value in zip(names, values, strict=True)
-                                    if name.lower() not in COUNTER_NAMES})
+    counter = rows[0][0][rows[0][1]] if counted and rows[0][1] is not None else None
+    for after, names, values in evaluations:  # at its own count where it has one
+        own = names.index(counter) if counter in names else None
+        log.add_eval(int(values[own]) if own is not None else steps[after],
+                     {name if is_eval_name(name) else f"eval_{name}": value
+                      for name, value in zip(names, values, strict=True)
+                      if name.lower() not in COUNTER_NAMES})
     if counted:
         names, column, _ = rows[0]
         assert column is not None

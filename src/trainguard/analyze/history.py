@@ -6,7 +6,9 @@ several, often cut off at the end of what they copied. Each list is read up to w
 its first value epoch 1 as Keras's console counts them (`Epoch 1/10`): the metrics named
 `val_*` are the evaluation at each epoch's end, the others the epoch's training means (`loss`
 the loss). The dict must name a loss with at least two values; a list cut off inside a number
-keeps the values before it.
+keeps the values before it; a history printed again as it grew is read at its last print. It
+competes with the generic grammar on rows read (a console with one such dict at its top is the
+console's).
 """
 
 from __future__ import annotations
@@ -34,14 +36,20 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     if text is None:
         return 0
     columns: dict[str, list[str]] = {}
+    repeated = False
     for match in _LIST.finditer(text):
         values = _VALUE.findall(match.group(3))
         if not match.group(4) and not text[match.end():].lstrip().startswith("]"):
             values = values[:-1]  # the copy ends inside this list: its last number may be cut
         if len(values) >= 2:
-            columns.setdefault(match.group(2).strip(), values)
+            name = match.group(2).strip()
+            repeated = repeated or name in columns
+            columns[name] = values  # a history printed again as it grew: the last print
     if not any(_LOSS.search(name) and not name.startswith("val_") for name in columns):
         return 0
+    if repeated:
+        log.notes.append("the history is printed more than once: its last print of each "
+                         "metric is read")
     epochs = max(len(values) for values in columns.values())
     found = 0
     for epoch in range(epochs):

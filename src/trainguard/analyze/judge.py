@@ -29,9 +29,10 @@ reads their events with hindsight, the whole log in view:
    its last row when rows are further apart) is worse than its level before the onset (the
    median of up to `baseline_window` rows) by the live verdict's rule
    (`trainguard.verdict.ended_worse`: 10% and beyond the final window's noise, or twice the
-   level whatever the noise) and, a log's final rows being few, by more than `NOISE_Z` robust
-   deviations of the rows before the onset (one batch's losses logged every step swing by 2x
-   and more on a healthy run), or when it went back to chance level, unless it is visibly on its
+   level whatever the end's own noise) and, a log's final rows being few, by more than
+   `NOISE_Z` robust deviations of the row-to-row swings before the onset (one batch's losses
+   logged every step swing by 2x and more on a healthy run; the end is then said to be within
+   those swings, not back), or when it went back to chance level, unless it is visibly on its
    way back (its loss fell on every row from its peak to the end of the log, over three rows or
    more). Trouble from the first logged row has no level to come back to: the run degraded,
    unless it was a non-finite loss on the first rows only, the loss finite on every row after
@@ -215,8 +216,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
         if negligible is not None:
             return Judgement(HEALTHY, None, None, isolated=isolated + incident,
                              ending=_ending_healthy(losses, rows) + "; " + negligible), earlier
-        ending = (f"the loss ends at {_fmt(final)}, back to the {_fmt(reference)} it was "
-                  "before the trouble")
+        ending = _ending_no_worse(final, reference)
         return (Judgement(RECOVERED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
     if _recovering(after, losses):
@@ -241,6 +241,15 @@ def _worse(final: float, reference: float, tail: list[float], losses: list[float
         final, reference, [v for i in before if _finite(v := losses[i])], config)
 
 
+def _ending_no_worse(final: float, reference: float) -> str:
+    """How a run that ended no worse than before the trouble ended, in words."""
+    if final <= DEGRADED_RATIO * reference:
+        return (f"the loss ends at {_fmt(final)}, back to the {_fmt(reference)} it was before "
+                "the trouble")
+    return (f"the loss ends at {_fmt(final)}, {times(final, reference)} the {_fmt(reference)} "
+            "before the trouble but within the swings of the rows before it")
+
+
 NOISE_Z = 3.0
 """Robust deviations of the rows before the trouble that the end must rise beyond."""
 NOISE_ROWS = 4
@@ -250,16 +259,19 @@ NOISE_ROWS = 4
 def _within_its_noise(final: float, reference: float, before: list[float],
                       config: DetectorConfig) -> bool:
     """Whether the end's rise over the level before the trouble is within `NOISE_Z` robust
-    deviations of the rows before it, on a log scale: one batch's losses logged every step
+    deviations of the rows before it, on a log scale, measured from row to row (so a trend is
+    no noise): one batch's losses logged every step
     (0.83, 0.28, 0.39, 0.22) swing by more than 2x while the run is healthy, and the median of
     a few such rows after a spike is no level of its own. A log of means, whose rows barely
     move, is untouched."""
     window = [v for v in before[-max(config.common.baseline_window, 1):] if v > 0]
     if len(window) < NOISE_ROWS or final <= 0 or reference <= 0:
         return False
-    logs = [math.log(v) for v in window]
-    centre = statistics.median(logs)
-    spread = MAD_TO_STD * statistics.median(abs(v - centre) for v in logs)
+    # the swing from row to row, not the spread of the levels: a loss still falling fast has
+    # levels far apart and little noise
+    steps = [math.log(b / a) for a, b in itertools.pairwise(window)]
+    centre = statistics.median(steps)
+    spread = MAD_TO_STD * statistics.median(abs(d - centre) for d in steps) / math.sqrt(2)
     return math.log(final / reference) <= NOISE_Z * spread
 
 

@@ -72,10 +72,12 @@ OVERFLOW = re.compile(r"OVERFLOW!.*skipping step|gradient overflow\.?\s+skipping
 step. Attempted loss scale: ...`, apex's `Gradient overflow.  Skipping step, loss scaler 0
 reducing loss scale to ...`): it marks the next training row skipped."""
 _BRACKETED_NAME = re.compile(
-    r"\[([A-Za-z_][\w./-]{0,40})\]\s*:(?=\s*[-+]?(?:\d|nan|inf)[\w.+-]*(?:[,;\s]|$))",
+    r"\[(?!(?:info|warn(?:ing)?|error|debug|critical|rank\d*|default\d*)\])"
+    r"([A-Za-z_][\w./-]{0,40})\]\s*:(?=\s*[-+]?(?:\d|nan|inf)[\w.+-]*(?:[,;\s]|$))",
     re.IGNORECASE)
 """A name in brackets before its value (`[epoch]: 199, [loss]: 4.99`): the name, unbracketed
-(`[train]:  48%|` is a progress bar's prefix, no value)."""
+(`[train]:  48%|` is a progress bar's prefix, no value; a log level or a launcher's rank,
+`[INFO]:`, `[rank0]:`, is no name)."""
 _EMPHASIS = re.compile(r"\*\*|__|`|\\(?=[*_])")
 """Markdown around a pasted value (`loss = **0.0002**`, `\\*`): not part of it."""
 _TENSOR = re.compile(rf"tensor\(\s*\[?\s*({NUM})\s*\]?\s*(?:,[^()]*(?:\([^()]*\)[^()]*)*)?\)",
@@ -813,6 +815,7 @@ def _merge_split_records(rows: list[LineRow], evals: list[tuple[int, dict[str, f
                 and all(name not in last.values or last.values[name] == value
                         for name, value in row.values.items())):
             last.values.update(row.values)
+            last.skipped = last.skipped or row.skipped
         else:
             out.append(row)
         index.append(len(out) - 1)

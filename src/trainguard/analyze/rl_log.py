@@ -32,14 +32,15 @@ SAMPLED_SCORES = re.compile(
     r"^(reward|reward_std|frac_reward_zero_std|rewards/(?!chosen|rejected|margins|accuracies)"
     r"[^/]+/(mean|std)|objective/(scores|rlhf_reward)|ppo/.+|policy/(approxkl|clipfrac)_avg|"
     r"approx_?kl|pol_surr|ep_?rew_?mean|(.+/)?(episodic|episode|ep)_?(returns?|rewards?)(_mean)?|"
-    r"(.+/)?clip_?frac(tion)?)$")
+    r"clipfrac|train/clip_fraction)$")
 """Columns only a trainer that scores its own samples writes: the reward of the completions and
 its spread (GRPO, RLOO; `rewards/<function>/mean`), a reward model's scores (PPO), the policy
 update's approximate KL or clip fraction (PPO, baselines' `approxkl`, Stable-Baselines3's
 `train/approx_kl`), the mean episode reward (`eprewmean`, `ep_rew_mean`), an episode's return
 (CleanRL's `episodic_return`, `charts/episodic_return`), the share of samples whose probability
-ratio was clipped (Spinning Up's `ClipFrac`, Stable-Baselines3's `train/clip_fraction`: only
-PPO clips it)."""
+ratio was clipped, under the names PPO trainers give it (Spinning Up's `ClipFrac`,
+Stable-Baselines3's `train/clip_fraction`; a gradient clipper's or DP-SGD's `clip_frac` is
+not one)."""
 
 SURROGATE = "surrogate loss"
 """The name a policy-gradient log's loss is set aside under (a further training loss)."""

@@ -3,9 +3,7 @@
 What a log shows from its first row to its last, the first two on at least `MIN_ROWS` rows:
 
 - **no training signal**: the loss and the gradient norm are exactly 0 on every row (a loss
-  masked out entirely, labels that are all ignored: nothing reaches the weights), or, in a log
-  from the start of training that holds no gradient norm, the loss alone (no model starts at a
-  loss of 0; a GRPO loss of 0 beside a gradient norm that is not is a surrogate's, and healthy);
+  masked out entirely, labels that are all ignored: nothing reaches the weights);
 - **a loss pinned at chance**: the same loss on every row, and that value is ln(k) for a small
   whole k to the digits the log writes (a DPO loss at ln 2 = 0.6931 with every reward 0: no
   preference is learned; a classifier that predicts a constant from its first step).
@@ -76,13 +74,9 @@ def learns_nothing(log: Log) -> str | None:
                 or _evaluation_at_chance(log) or _pinned(log))
     count = sum(v is not None for v in log.values(LOSS))
     if value == 0:
-        grads = log.values(GRAD_NORM)
-        if _the_one_value(grads) == 0:
+        if _the_one_value(log.values(GRAD_NORM)) == 0:
             return (f"the loss and the gradient norm are exactly 0 on all {count} rows: "
                     "no training signal reaches the weights")
-        if all(g is None for g in grads) and log.starts_at_start():
-            return (f"the loss is exactly 0 on all {count} rows from the start of training (no "
-                    "model starts at a loss of 0): no training signal reaches the weights")
         return None
     classes = _chance_classes(value)
     if classes is None:

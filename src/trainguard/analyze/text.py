@@ -46,7 +46,8 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                counter the lines carry (`step`, `iter`, a progress counter, an epoch), else rows
                numbered from 1. For example `step 120 | loss 2.31 | lr 3e-4 | grad_norm 0.87` or
                `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
-    columns    a file of bare `counter value` lines and nothing else (`print(epoch, loss)`:
+    columns    a file of bare `counter value` lines (after a logger's prefix when the counter
+               is named) and nothing else (`print(epoch, loss)`:
                `788 41.23225021362305`; or the counter of a total, `10000/ 200000: 2.1775`, as
                makemore prints it; or a CSV without its header, `201,4.3742,4.1354,7.63`; or
                the counter named, `batch: 383 0.6420 0.6281`, the rows then in its unit): the
@@ -214,9 +215,11 @@ def _generic(lines: Iterable[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
+_ONE_NUM = r"[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
+"""`NUM` with one way to match a run of digits: a long number on a line fails in linear time."""
 _COLUMNS = re.compile(rf"^\s*(?:(?:[^\n]*?[ \t,;])?(batch|step|iter|iteration|epoch)\s*[:,]?\s*)?"
-                      rf"(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({NUM})((?:[ \t,;]+{NUM})*)\s*$",
-                      re.IGNORECASE)
+                      rf"(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({_ONE_NUM})((?:[ \t,;]+{_ONE_NUM})*)"
+                      rf"\s*$", re.IGNORECASE)
 """`counter value...`, the counter alone or after its name (`batch: 383 0.64`, after whatever
 a logger writes first: `INFO:run, 2022-03-11 11:44:36,164, epoch, 0138, 0.7617, 0.3218`)."""
 COLUMNS_SHARE = 0.9
@@ -255,7 +258,7 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
     if more and whole:
         return 0  # a second column of counts (a batch size, an epoch total) is no loss
     if named:
-        log.step_unit = max(set(named), key=named.count)
+        log.step_unit = max(named, key=named.count)  # the first of the most used
     if more:
         log.notes.append("the lines name no column: the first is read as the step and the "
                          "second as the loss")
@@ -271,9 +274,9 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "rl": (rl_tables.read_rows, "row"),
     "yolo": (yolo.read_rows, "epoch"),
     "boosting": (boosting.read_rows, "iteration"),
-    "history": (history.read_rows, "epoch"),
     "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),
+    "history": (history.read_rows, "epoch"),
     "columns": (_columns, "step"),
 }
 """name -> (reader of the lines, the unit its steps count), in order of preference on a tie."""
@@ -296,7 +299,7 @@ def read(path: str | Path, grammar: str | None = None) -> Log:
     best: tuple[int, LogBuilder] | None = None
     for name in ([grammar] if grammar else list(GRAMMARS)):
         if name in ("generic", "columns") and best is not None:  # a trainer's own lines first
-            break
+            break  # (a printed history competes with the generic lines on rows read)
         parse, unit = GRAMMARS[name]
         log = LogBuilder(path, f"{FORMAT}:{name}", step_unit=unit)
         found = parse(lines, log)
