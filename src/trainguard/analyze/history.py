@@ -26,6 +26,8 @@ _LIST = re.compile(rf"""(['"])([^'"\n]{{1,120}})\1\s*:\s*\[\s*({NUM}(?:\s*,\s*{N
                    re.IGNORECASE)
 """A key and its list of numbers, up to its `]` (or up to where a copy cut off inside it)."""
 _VALUE = re.compile(NUM, re.IGNORECASE)
+_CLOSE = re.compile(r"\s*\]")
+"""A list's closing bracket (read where its numbers end, without copying the text after)."""
 _LOSS = re.compile(r"(^|_)loss$", re.IGNORECASE)
 
 
@@ -39,7 +41,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     repeated = False
     for match in _LIST.finditer(text):
         values = _VALUE.findall(match.group(3))
-        if not match.group(4) and not text[match.end():].lstrip().startswith("]"):
+        if not match.group(4) and not _CLOSE.match(text, match.end()):
             values = values[:-1]  # the copy ends inside this list: its last number may be cut
         if len(values) >= 2:
             name = match.group(2).strip()
