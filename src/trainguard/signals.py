@@ -159,6 +159,12 @@ class RobustBaseline:
         ordered, n = self._sorted, len(self._sorted)
         return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
+    def lowest_median(self, admits: int) -> float | None:
+        """A value the median cannot go under within `admits` more admitted values: each moves
+        a place of the sorted window by one at most (None: the window is too short to tell)."""
+        place = (len(self._sorted) - 1) // 2 - admits
+        return self._sorted[place] if place >= 0 else None
+
     def stats(self) -> tuple[float, float]:
         """(median, robust standard deviation) of the admitted log values."""
         median = self.median()

@@ -41,6 +41,8 @@ from trainguard.detect.base import (
 from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.calm import RowJudge, SignalColumns
 from trainguard.detect.fp16_overflow import ScaleCalibration
+from trainguard.detect.instability_precursor import SkippedSteps
+from trainguard.detect.loss_divergence import LanePlan
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.on_duty import OnDuty
 from trainguard.detect.output_growth import OutputGrowth, Streaks
@@ -77,7 +79,7 @@ HELPERS: tuple[type, ...] = (Detector, OutlierDetector, StreakDetector, Unlearne
                              Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
                              StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack,
-                             EntropyFall, OnDuty, RowJudge)
+                             EntropyFall, OnDuty, RowJudge, SkippedSteps, LanePlan)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
 (the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
@@ -86,7 +88,9 @@ and the columns of a log's rows the offline
 fast paths read (and what their driver asks of a detector): their conformance is their
 detector's; and the judge of the samples a model
 makes, fed by the Guard, not by step signals (`tests/detect/test_sample_judge.py`); and the
-roster of the detectors a live step concerns (`tests/detect/test_on_duty.py`)."""
+roster of the detectors a live step concerns (`tests/detect/test_on_duty.py`); and the plans
+the calm lane follows for the precursor's skipped steps and the divergence's levels
+(`tests/detect/test_instability_precursor.py`, `tests/detect/test_loss_divergence.py`)."""
 SETTINGS = "trainguard.detect.settings"
 """The module of the detectors' configuration sections: plain data, checked by tests/test_config.py
 and tests/test_layers.py."""

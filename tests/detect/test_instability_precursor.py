@@ -456,3 +456,31 @@ def test_whether_a_streak_runs_is_kept_with_the_streaks() -> None:
                 assert restored.streaking == detector.streaking
                 detector = restored
         assert ran, seed  # a streak ran
+
+
+def test_the_calm_lanes_plan_for_skipped_steps_leaves_what_take_calm_leaves() -> None:
+    """`skipped_steps`, `SkippedSteps.quiet` and `stand`: the steps the probes skip, taken in
+    one go, leave the state (and so every later decision) as `calm_at` and `take_calm` at each."""
+    stepped = InstabilityPrecursor(DetectorConfig())
+    planned = InstabilityPrecursor(DetectorConfig())
+    rng = np.random.default_rng(0)
+    plan = None
+    for step in range(120):
+        norms = np.array([0.9, 1.0, 1.1]) * np.exp(rng.normal(0.0, 0.1, 3))
+        measured = step % 8 == 0
+        row = signals(step, names=NAMES, param_grad_norm=norms, loss=2.0 - step / 100,
+                      precursors={"adam_ratio_rms": norms / 2} if measured else {})
+        if measured:
+            if plan is not None:
+                planned.stand(plan)
+            assert stepped.check(row) == [] and planned.check(row) == []
+            plan = planned.skipped_steps()
+            continue
+        assert stepped.calm_at(row) and stepped.take_calm(row) == []
+        assert plan is not None
+        quiet, peak = plan.quiet(row.param_grad_norm)
+        assert quiet
+        plan.keep(2.0 - step / 100, peak)
+    assert plan is not None
+    planned.stand(plan)
+    assert json.dumps(planned.state_dict()) == json.dumps(stepped.state_dict())

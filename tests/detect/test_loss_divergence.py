@@ -191,3 +191,28 @@ def test_the_start_scale_survives_a_state_round_trip() -> None:
     detector = LossDivergence(default_config())
     run(detector, loss_run(losses[:600]))
     assert run(restored(detector), loss_run(losses[600:], start=600)) == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_lane_plan_admits_no_loss_that_could_count_towards_a_divergence(seed: int) -> None:
+    """`calm_plan`: while every step keeps the plan, `check` (run on the same steps) never
+    counts one above its best; a climb is refused at the step `check` starts counting."""
+    detector = LossDivergence(default_config())
+    assert detector.calm_plan() is None  # nothing seen
+    steps = loss_run(healthy_losses(200, seed))
+    run(detector, steps)
+    plan = detector.calm_plan()
+    assert plan is not None
+    climb = np.concatenate([plateau(40, level=0.7, seed=seed),
+                            0.7 * np.exp(np.linspace(0.0, 1.5, 80))])
+    refused = None
+    for i, loss in enumerate(climb):
+        if not plan.admits(float(loss)):
+            refused = i
+            break
+        assert run(detector, loss_run([float(loss)], start=200 + i)) == []
+        assert detector.above == 0
+    assert refused is not None and refused >= 40  # the plateau kept it, the climb did not
+    run(detector, loss_run([float(climb[refused])], start=200 + refused))
+    assert detector.above == 1  # refused where `check` starts counting, not before
+    assert plan.admits(math.nan) and plan.admits(0.0)  # no log: `check` passes over it

@@ -94,3 +94,45 @@ def test_a_failing_rule_leaves_the_global_clip_standing(caplog: pytest.LogCaptur
     for grad, old in zip([p.grad for p in params], before, strict=True):
         assert torch.allclose(grad, old * 0.25)  # type: ignore[arg-type]
     assert "clipping rule failed at step 7" in caplog.text
+
+
+@pytest.mark.parametrize("warm_steps", range(78, 86))  # every phase of the spread's refresh
+def test_a_plans_bound_holds_while_its_steps_admit_norms_under_it(warm_steps: int) -> None:
+    """`lowest_in_force`: no limit the chain holds over the planned steps falls under it, and
+    `catch_up` leaves the chain as `limits` then `update` at each step would."""
+    rng = np.random.default_rng(0)
+    warm = [float(n) for n in np.exp(rng.normal(0.0, 1.0, warm_steps))]
+    stepped, caught = ClipChain.init(GuardConfig()), ClipChain.init(GuardConfig())
+    for chain in (stepped, caught):
+        for norm in warm:
+            chain.update(norm, chain.limits(0).in_force())
+    assert stepped.adaptive is not None and caught.adaptive is not None
+    steps = 12
+    bound = stepped.lowest_in_force(warm_steps, steps)
+    assert bound is not None and 0 < bound < math.inf
+    # the lowest norms the run could see: each drags the median down as far as it can go
+    norms = [float(n) for n in np.exp(rng.normal(-3.0, 0.1, steps))]
+    for i, norm in enumerate(norms):
+        limit = stepped.limits(warm_steps + i).in_force()
+        assert limit is not None and limit >= bound
+        stepped.update(norm, limit)
+    caught.catch_up(norms)
+    assert caught.adaptive.state_dict() == stepped.adaptive.state_dict()
+    for i, norm in enumerate(np.exp(rng.normal(0.0, 1.0, 20)), start=warm_steps + steps):
+        assert caught.limits(i) == stepped.limits(i)  # the spread refreshed at the same steps
+        for chain in (stepped, caught):
+            chain.update(float(norm), chain.in_force(i))
+
+
+def test_no_plan_while_warming_up_in_an_alarm_or_past_what_the_window_can_tell() -> None:
+    chain = ClipChain.init(GuardConfig())
+    assert chain.adaptive is not None
+    assert chain.lowest_in_force(0, 12) is None  # no norm yet
+    _warm(chain, (1.0,) * 50)
+    assert chain.lowest_in_force(50, 12) == pytest.approx(20.0)
+    assert chain.lowest_in_force(50, 25) is None  # more steps than half the window
+    chain.alarm(50, trouble=True)
+    assert chain.lowest_in_force(51, 12) is None
+    fixed = ClipChain.init(GuardConfig(clip={"max_grad_norm": 1.0}))
+    assert fixed.lowest_in_force(0, 12) == 1.0
+    assert ClipChain.init(GuardConfig(policy="observe")).lowest_in_force(0, 12) == math.inf

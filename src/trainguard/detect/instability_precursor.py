@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,38 @@ HOLD_MATCH = math.log(1.05)
 SAID_DISCOUNT = 1.05
 """What the batch explains is told from this share of the rise on (a loss 1.003x the typical one
 took off 1.0017x and read "once the 1x that its batch explains ... is taken off")."""
+
+@dataclass(slots=True, eq=False)
+class SkippedSteps:
+    """The calm lane's plan for the steps the precursor probes skip (`skipped_steps`), and the
+    steps it took on it, until `InstabilityPrecursor.stand` hands them over. With no streak or
+    episode open, and the ratio last measured standing in for each parameter, such a step is
+    quiet when every estimate (`per_norm` times its gradient norm; the lane's steps are never
+    clipped) is under `bound`; whatever the estimate, its episode stays closed and `near`
+    stays as it was."""
+
+    per_norm: np.ndarray | None
+    """The precursor's `per_norm` (None: no estimate yet, every such step is quiet)."""
+    bound: float
+    losses: list[float] = field(default_factory=list)
+    """The losses of the steps taken, in order."""
+    count: int = 0
+    peak: float | None = None
+    """The largest estimate of the last step taken (None: no estimate)."""
+
+    def quiet(self, norms: np.ndarray) -> tuple[bool, float | None]:
+        """Whether a step with these gradient norms is quiet, and its peak estimate."""
+        per_norm = self.per_norm
+        if per_norm is None or per_norm.shape != norms.shape:
+            return True, None
+        peak = float(np.fmax.reduce(per_norm * norms, initial=0.0))
+        return peak < self.bound, peak
+
+    def keep(self, loss: float, peak: float | None) -> None:
+        self.losses.append(loss)
+        self.count += 1
+        self.peak = peak
+
 
 class InstabilityPrecursor(Detector):
     kind = "instability_precursor"
@@ -296,6 +329,32 @@ class InstabilityPrecursor(Detector):
         self._stand(peak)
         self.near = self.growth_near or self._ratio_near()
         return []
+
+    def skipped_steps(self) -> SkippedSteps | None:
+        """For the calm lane, after a step the probes measured (or at `reopen`): what the steps
+        they skip must show to be quiet for `check` (`_far`), so that the lane tests each with
+        one product and a maximum and hands them over in one go (`stand`). None: the lane asks
+        `calm_at` at each step (a streak or an episode open, no baseline yet)."""
+        if self.per_norm is not None and (not self.history or self.streaking
+                                          or self.episode.active):
+            return None
+        return SkippedSteps(per_norm=self.per_norm,
+                            bound=NEAR * self.config.instability_precursor.abs_min)
+
+    def stand(self, skipped: SkippedSteps) -> None:
+        """The steps the lane took while the probes skipped them, as `take_calm` on each: their
+        losses kept, the ratios last judged standing for each (when there is an estimate)."""
+        if not skipped.count:
+            return
+        for loss in skipped.losses:
+            self.growth.calm_row(loss)
+        if skipped.peak is None:  # no estimate: nothing judged
+            self.judged = False
+        else:
+            self.judged, self.last_max = True, skipped.peak
+            self.history.extend([self.history[-1]] * skipped.count)
+            self.near = self.growth_near or self._ratio_near()
+        skipped.losses, skipped.count, skipped.peak = [], 0, None
 
     def _far(self, estimate: np.ndarray, signals: StepSignals) -> bool:
         """A skipped step whose estimate is far from every bound (the discounts only lower it),

@@ -17,6 +17,7 @@ large its ratio near zero.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -29,6 +30,51 @@ from trainguard.detect.calm import SignalColumns, window_medians
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
 from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log, settled_at
+
+
+class LanePlan:
+    """`LossDivergence.calm_plan`: the levels `check` compares, carried over the steps the lane
+    takes (the moving average and the best level recursed as `check` recurses them, the window's
+    median kept sorted), so that a step which could count towards a divergence (its window's
+    median `ratio` above the best) is known before it is taken."""
+
+    def __init__(self, detector: LossDivergence) -> None:
+        self.raw, self.seen, self.best = detector.raw, detector.seen, detector.best
+        self.recent = deque(detector.recent, maxlen=detector.recent.maxlen)
+        self.ordered = sorted(self.recent)
+        self.margin = math.log(detector.config.loss_divergence.ratio)
+        self.decay = 1.0 - 2.0 / (detector.config.loss_divergence.span + 1)
+
+    def admits(self, loss: float) -> bool:
+        """Whether a step of this loss keeps the plan (and, when it does, is taken into it):
+        its window's median stays under `ratio` times the best level (a loss whose log is not
+        finite, which `check` passes over, keeps it)."""
+        value = safe_log(loss)
+        if not math.isfinite(value):
+            return True
+        decay, margin, seen = self.decay, self.margin, self.seen
+        capped = min(value, self.raw / (1.0 - decay ** seen) + 2 * margin) if seen else value
+        raw = decay * self.raw + (1 - decay) * capped
+        best = min(self.best, raw / (1.0 - decay ** (seen + 1)))
+        ordered = self.ordered
+        dropped = self.recent[0] if len(self.recent) == self.recent.maxlen else None
+        if dropped is not None:
+            del ordered[bisect.bisect_left(ordered, dropped)]
+        bisect.insort(ordered, value)
+        if not _median(ordered) - best < margin:
+            del ordered[bisect.bisect_left(ordered, value)]
+            if dropped is not None:
+                bisect.insort(ordered, dropped)
+            return False
+        self.recent.append(value)
+        self.raw, self.seen, self.best = raw, seen + 1, best
+        return True
+
+
+def _median(ordered: list[float]) -> float:
+    """`statistics.median` of a sorted list, in its arithmetic."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 class LossDivergence(Detector):
@@ -106,6 +152,18 @@ class LossDivergence(Detector):
                            accelerating=accelerating)]
 
     live_in_lane = True
+
+    def calm_plan(self) -> LanePlan | None:
+        """For the calm lane, at its opening: a plan under which the steps it takes need no
+        `check` of their own until they are handed over (`skip_calm` then moves the state past
+        them exactly). A step counts towards a divergence only when the median of the last
+        `window` log losses is `ratio` above the best level (and far outside the noise): the
+        plan follows those two levels as `check` would and refuses a step that reaches it.
+        None: the warm-up is not over, or a rise or an episode is under way."""
+        if (self.above or self.episode.active or self.seen <= self.config.common.warmup_steps
+                or not self.recent):
+            return None
+        return LanePlan(self)
 
     def calm_at(self, signals: StepSignals) -> bool:
         """A divergence is a level up `patience` steps in a row: a step that cannot complete

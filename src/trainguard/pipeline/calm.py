@@ -40,6 +40,8 @@ import torch
 
 from trainguard.detect.base import Detector
 from trainguard.detect.calm import SignalColumns, run_rows
+from trainguard.detect.instability_precursor import InstabilityPrecursor, SkippedSteps
+from trainguard.detect.loss_divergence import LanePlan, LossDivergence
 from trainguard.diagnose.batch import batch_elements_of
 from trainguard.events import Event, StepReport, at_least
 from trainguard.pipeline.context import Measured
@@ -48,15 +50,21 @@ from trainguard.pipeline.services import Services
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
+from trainguard.probes.logz import LOGZ_KEYS
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import StepSignals
+from trainguard.transfer import to_host
 
 log = logging.getLogger("trainguard")
 
 MAX_ROWS = 64
 """The most rows kept before they are handed over: what a detector raises on a calm row is told
 at most this many steps late."""
+CLIP_HORIZON = 12
+"""The steps a plan of the clip (`CalmLane.clip_bound`) holds for before it is made again: a
+quarter of the adaptive clip's window of 50 norms, whose median those steps can move by as
+many places."""
 LR_RISE = 1.5
 """A group's LR above this many times its LR at the step before leaves the lane (a schedule's
 step is far smaller; `lr_change` judges a rise of 3x)."""
@@ -100,6 +108,25 @@ class CalmLane:
     """The detectors checked at each step the lane takes (`Detector.live_in_lane`: the
     precursor, which decides when its probes measure next; a divergence's patience, the stall's
     judgement), each asked first whether the step is calm for it (`Detector.calm_at`)."""
+    precursor: InstabilityPrecursor | None = None
+    """The live precursor, whose steps its probes skip the lane tests in one product
+    (`skipped`) and hands over in one go."""
+    skipped: SkippedSteps | None = None
+    """The precursor's plan for the steps its probes skip, and the steps taken on it (None: it
+    is asked at each step, as the other live detectors are)."""
+    clip_bound: float | None = None
+    """The clip's plan: a limit under every one in force for the next `clip_left` steps; a
+    step whose norm is under it reads no limit (None: each step reads its own)."""
+    clip_left: int = 0
+    clip_pending: list[float] = field(default_factory=list)
+    """The norms of the steps taken on the plan, which the clip chain has not heard yet."""
+    planned: bool = False
+    """The last step taken was on the clip's plan."""
+    divergence: LanePlan | None = None
+    """`loss_divergence`'s plan (`LossDivergence.calm_plan`): while the lane's steps keep it,
+    the detector judges them when they are handed over, not at each step. None: it is live."""
+    live_others: list[Detector] = field(default_factory=list)
+    """`live` without the precursor: those checked at a step it skips under its plan."""
     raised: list[Event] = field(default_factory=list)
     """What the live detectors raised at the steps the lane took (nothing, unless `calm_at` was
     wrong), told with the rows."""
@@ -109,6 +136,9 @@ class CalmLane:
     the optimizer stay so; one that wakes or falls silent is a full step's). None: not known."""
     any_silent: bool = False
     """Whether `silent` names any parameter (read once, not at every step)."""
+    plain: list[torch.Tensor] | None = None
+    """The watched parameters when `_measure_plain` can measure them (one device, no float16
+    or float64 among them; under one process), set at `reopen`; None: the general measure."""
 
     # -- a step in the lane ------------------------------------------------------------------------
     def may_take(self, loss: Any, batch: Any, metrics: Any) -> bool:
@@ -140,20 +170,40 @@ class CalmLane:
         if loss_t is None:
             return None
         signals, grads, limits = self._measure(loss, loss_t, lrs, batch)
+        bound = self.clip_bound
+        if limits is None and not (bound is not None and signals.grad_norm <= bound):  # NaN too
+            limits = self._clip_exact(signals)
         value, norm, limit = signals.loss, signals.grad_norm, signals.clip_limit
+        if self.divergence is not None and not (value is not None
+                                                and self.divergence.admits(value)):
+            self._divergence_live()
+        skipped, live, peak = self.skipped, self.live, None
+        if skipped is not None and not signals.precursors:  # a step the precursor skips
+            live = self.live_others
+        elif skipped is not None:  # the precursor measures: it hears the steps it skipped
+            self._stand()
+            skipped = None
         calm = (value is not None and value <= bounds.loss  # NaN fails too
                 and 0.0 < norm <= bounds.grad_norm and (limit is None or norm <= limit)
-                and self._same_silent(signals.param_grad_norm)
-                and all(detector.calm_at(signals) for detector in self.live))
+                and self._same_silent(signals.param_grad_norm))
+        if calm and skipped is not None:
+            calm, peak = skipped.quiet(signals.param_grad_norm)
+        calm = calm and all(detector.calm_at(signals) for detector in live)
         signals.loss_curvature = state.curvature.observe(value)
         if not calm:
+            if limits is None:
+                limits = self._clip_exact(signals)
             return Measured(signals=signals, grads=grads, limits=limits)
         # the step is the lane's: what the full check leaves on a calm step
         state.data_position += 1
         if batch is not None:
             state.batches.saw_usual(batch)
-        for detector in self.live:  # nothing, as `calm_at` said
+        if skipped is not None:
+            skipped.keep(value, peak)  # type: ignore[arg-type]  # calm: a finite loss
+        for detector in live:  # nothing, as `calm_at` said
             self.raised.extend(detector.take_calm(signals))
+        if self.precursor is not None and signals.precursors:  # its plan after a measurement
+            self.skipped = self.precursor.skipped_steps()
         state.prover.see_calm(signals, batch)
         if services.step_rng is not None:  # a proof of a later step keeps its own forward's
             services.step_rng.take()
@@ -162,7 +212,70 @@ class CalmLane:
                             signals=signals)
         self.rows.append(Row(signals, report))
         self.lrs, self.limit = lrs, limit  # type: ignore[assignment]
+        self.planned = limits is None
         return report
+
+    def _limits(self) -> ClipLimits | None:
+        """The clip limits of this step, read where `measure` reads them; None under the clip's
+        plan (`clip_bound`), whose horizon a step past it renews first."""
+        state = self.state
+        if self.clip_bound is not None and self.clip_left <= 0:
+            self._clip_plan()
+        if self.clip_bound is not None:
+            self.clip_left -= 1
+            return None
+        return state.clip.limits(state.step)
+
+    def _clip_plan(self) -> None:
+        """The clip chain brought up to date with the steps taken on the plan so far, and a
+        new plan from there: a limit under every one the chain can hold for the next
+        `CLIP_HORIZON` steps that apply a norm under it (`ClipChain.lowest_in_force`); a step
+        under it needs no limit of its own, and the chain hears its norm later
+        (`ClipChain.catch_up`)."""
+        state = self.state
+        state.clip.catch_up(self.clip_pending)
+        self.clip_pending = []
+        self.clip_bound = state.clip.lowest_in_force(state.step, CLIP_HORIZON)
+        self.clip_left = CLIP_HORIZON
+
+    def _clip_exact(self, signals: StepSignals) -> ClipLimits:
+        """A step past the clip's plan: the chain brought up to date, and the step's limits
+        read as `measure` reads them (the plan is over until the lane opens again)."""
+        state = self.state
+        state.clip.catch_up(self.clip_pending)
+        self.clip_pending, self.clip_bound = [], None
+        limits = state.clip.limits(state.step)
+        signals.clip_limit = limits.in_force()
+        return limits
+
+    def _divergence_live(self) -> None:
+        """A step outside `loss_divergence`'s plan: the detector judges the steps taken on the
+        plan now, and each step from here, as the other live detectors do."""
+        planned = next(d for d in self.detectors if isinstance(d, LossDivergence))
+        self.divergence = None
+        self.detectors.remove(planned)
+        self.live.append(planned)
+        self.live_others.append(planned)
+        if not self.rows:
+            return
+        rows = self.rows
+
+        def fill(position: int) -> tuple[int, StepSignals]:
+            return position, rows[position].signals
+
+        try:
+            self.raised.extend(event for _, event in run_rows(
+                planned, _columns([row.signals for row in rows]), fill))
+        except Exception as exc:  # a detector bug must not kill the run
+            log.error("trainguard: detector %s failed on the steps up to %d (%s: %s); they "
+                      "are skipped", planned.kind, rows[-1].signals.step, type(exc).__name__,
+                      exc)
+
+    def _stand(self) -> None:
+        """The steps the lane took while the precursor probes skipped them, handed to the
+        precursor (before it measures, hands rows over or plans again)."""
+        if self.skipped is not None and self.precursor is not None:
+            self.precursor.stand(self.skipped)
 
     def _same_silent(self, norms: np.ndarray) -> bool:
         """The step's zero gradient norms are those of the last full step (a NaN is not zero)."""
@@ -174,19 +287,22 @@ class CalmLane:
         return bool(np.array_equal(norms == 0.0, silent))
 
     def _measure(self, loss: Any, loss_t: torch.Tensor, lrs: tuple[Any, ...], batch: Any
-                 ) -> tuple[StepSignals, list[torch.Tensor], ClipLimits]:
+                 ) -> tuple[StepSignals, list[torch.Tensor], ClipLimits | None]:
         """What `measure` measures on a step with nothing sampled, followed or handed over:
         the loss, the gradient norms and the precursor probes' values when due, in one
         transfer (the loss curvature is left to the caller)."""
         state, services = self.state, self.services
+        due = services.config.detectors.instability_precursor.probe and state.precursors_due
+        if self.plain is not None and not (due and state.ratio_due):
+            measured = self._measure_plain(self.plain, loss, loss_t, lrs, batch, logz_due=due)
+            if measured is not None:
+                return measured
         pack = DevicePack(services.device)
         pack.add("loss", loss_t)
         present, grads, grad_norms, _ = services.watch.grad_probe.measure(pack, services.device)
-        pack_precursors(pack, services, grad_norms, due=(
-            services.config.detectors.instability_precursor.probe and state.precursors_due),
-            ratio=state.ratio_due)
+        pack_precursors(pack, services, grad_norms, due=due, ratio=state.ratio_due)
         host = pack.fetch()
-        limits = state.clip.limits(state.step)  # read where `measure` reads them
+        limits = self._limits()
         signals = StepSignals(
             step=state.step, loss=float(host["loss"][0]), grad_norm=float(host["grad_norm"][0]),
             param_grad_norm=host["param_grad_norm"], param_names=services.watched.names,
@@ -195,8 +311,46 @@ class CalmLane:
             batch_elements=None if batch is None else batch_elements_of(batch),
             fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
                               else None),
-            clip_limit=limits.in_force(), grads_absent=absent_from(present, len(services.watched)),
+            clip_limit=None if limits is None else limits.in_force(),
+            grads_absent=absent_from(present, len(services.watched)),
             precursors=precursors_of(host))
+        return signals, grads, limits
+
+    def _measure_plain(self, params: list[torch.Tensor], loss: Any, loss_t: torch.Tensor,
+                       lrs: tuple[Any, ...], batch: Any, *, logz_due: bool
+                       ) -> tuple[StepSignals, list[torch.Tensor], ClipLimits | None] | None:
+        """`_measure` on the usual step of a one-device model whose every gradient is there
+        and none float16 or float64, with Adam's ratio not due: the same values from four
+        operator calls (the fused norm, its stack, the global norm, a stack with the loss for
+        the one transfer; a fifth joins log Z's values when due) and none of the pack's
+        bookkeeping. None: a gradient is missing."""
+        grads: list[torch.Tensor] = [p.grad for p in params]  # type: ignore[misc]
+        try:  # (a missing one is a None, which the fused norm refuses)
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        except TypeError:  # a parameter without a gradient: the general measure
+            return None
+        per_param = torch.stack(norms)
+        device = per_param.device
+        if loss_t.dtype is not torch.float32 or loss_t.device != device:
+            loss_t = loss_t.to(device=device, dtype=torch.float32)
+        packed = torch.stack([*norms, torch.linalg.vector_norm(per_param), loss_t])
+        services, state = self.services, self.state
+        probe = services.logz_probe
+        logz = probe.take_stats() if probe is not None else None  # read or dropped, as packed
+        if logz is not None and logz_due:
+            packed = torch.cat([packed, logz.to(device=device, dtype=torch.float32)])
+        host = to_host(packed)
+        count = len(norms)
+        precursors = ({key: host[count + 2 + i:count + 3 + i] for i, key in enumerate(LOGZ_KEYS)}
+                      if logz is not None and logz_due else {})
+        limits = self._limits()
+        signals = StepSignals(
+            step=state.step, loss=float(host[count + 1]), grad_norm=float(host[count]),
+            param_grad_norm=host[:count], param_names=services.watched.names, precursors=precursors,
+            lr=lrs[0], group_lrs=lrs,
+            loss_requires_grad=loss.requires_grad if isinstance(loss, torch.Tensor) else None,
+            batch_elements=None if batch is None else batch_elements_of(batch),
+            clip_limit=None if limits is None else limits.in_force())
         return signals, grads, limits
 
     def settle(self) -> None:
@@ -205,7 +359,10 @@ class CalmLane:
         state = self.state
         row = self.rows[-1]
         state.journal.sinks.on_step(row.report)
-        state.clip.update(row.signals.grad_norm, self.limit)
+        if self.planned:  # under the clip's plan: the chain hears it later
+            self.clip_pending.append(row.signals.grad_norm)
+        else:
+            state.clip.update(row.signals.grad_norm, self.limit)
         self.services.watch.weight_probe.forget()
         state.consecutive_skips = 0
         state.step += 1
@@ -217,6 +374,9 @@ class CalmLane:
     def hand_over(self) -> list[Event]:
         """Hand the rows to the detectors, then to the verdict, in step order, and close the
         lane; returns what the detectors raised on them (each with its own step)."""
+        self._stand()
+        self.state.clip.catch_up(self.clip_pending)
+        self.clip_pending, self.clip_bound = [], None
         rows, self.rows = self.rows, []
         self.bounds = None
         raised, self.raised = self.raised, []
@@ -260,8 +420,17 @@ class CalmLane:
         them holds an episode or an outlier."""
         state, services = self.state, self.services
         on_duty = state.on_duty(_PLAIN)
-        self.live = [d for d in on_duty if d.live_in_lane]
-        self.detectors = [d for d in on_duty if not d.live_in_lane]
+        self._stand()
+        plans = {id(d): d.calm_plan() for d in on_duty if isinstance(d, LossDivergence)}
+        self.divergence = next((plan for plan in plans.values() if plan is not None), None)
+        self.live = [d for d in on_duty if d.live_in_lane and plans.get(id(d)) is None]
+        self.precursor = next((d for d in self.live if isinstance(d, InstabilityPrecursor)),
+                              None)
+        self.live_others = [d for d in self.live if d is not self.precursor]
+        self.skipped = (self.precursor.skipped_steps() if self.precursor is not None
+                        else None)
+        self.detectors = [d for d in on_duty
+                          if not d.live_in_lane or plans.get(id(d)) is not None]
         self.bounds = None
         if not _lane_possible(state, services):
             return
@@ -269,6 +438,11 @@ class CalmLane:
         if not all(type(g.get("lr")) is float for g in groups):
             return
         self.lrs = tuple(g["lr"] for g in groups)
+        probe = services.watch.grad_probe
+        self.plain = (list(services.watched.params)
+                      if probe.one_device and not probe.has_half and not any(
+                          p.dtype == torch.float64 for p in services.watched.params)
+                      else None)
         loss, norm = math.inf, math.inf
         for detector in self.detectors:
             limits = detector.calm_bounds()
@@ -276,6 +450,7 @@ class CalmLane:
                 return
             loss, norm = min(loss, limits[0]), min(norm, limits[1])
         self.bounds = Bounds(loss=loss, grad_norm=norm)
+        self._clip_plan()
 
 
 _PLAIN = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=np.zeros(0),

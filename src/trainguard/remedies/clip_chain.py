@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from trainguard.config import GuardConfig
@@ -61,6 +62,26 @@ class ClipChain:
     def limits(self, step: int) -> ClipLimits:
         """The global limits the links hold for `step`."""
         return clip_limits(self.fixed_limit, self.adaptive, self.configured_limit, step)
+
+    def lowest_in_force(self, step: int, steps: int) -> float | None:
+        """A limit no lower than the one in force at any of the `steps` steps from `step`,
+        while each applies a norm under it and its `update` waits (`RobustClipLimit.
+        lowest_limit`); math.inf without clipping. None: no such bound is known."""
+        fixed = self.fixed_limit
+        if self.adaptive is None:
+            limit = fixed if fixed is not None else self.configured_limit
+            return math.inf if limit is None else limit
+        adaptive = self.adaptive.lowest_limit(step, steps)
+        if adaptive is None:
+            return None
+        return adaptive if fixed is None else min(fixed, adaptive)
+
+    def catch_up(self, norms: Sequence[float]) -> None:
+        """The `update`s of applied steps whose norms were under the limit in force, each of
+        which read the limit first, made at once (as `limits` then `update` at each)."""
+        if self.adaptive is not None and norms:
+            self.adaptive.baseline.admit_all(
+                np.array([math.log(norm) for norm in norms]), stats_first=True)
 
     def in_force(self, step: int) -> float | None:
         """The global limit in force for `step` before its own events (None: no clipping)."""

@@ -81,6 +81,19 @@ class RobustClipLimit:
         return min(self.ceiling, math.exp(median + max(math.log(self.ratio),
                                                        self.zscore * scale)))
 
+    def lowest_limit(self, step: int, steps: int) -> float | None:
+        """A limit no lower than any this clip holds for the `steps` steps from `step` while
+        each of them admits a norm under it (the calm lane's plan: their `observe`s may then
+        wait, `RobustBaseline.admit_all` catching up exactly): each admitted value moves the
+        median down one place at most, and the warm limit is at least `ratio` times the median.
+        None: warming up, an alarm within those steps, or a window too short for the bound."""
+        if not self.warm or step < self.alarm_until:
+            return None
+        median = self.baseline.lowest_median(steps)
+        if median is None:
+            return None
+        return min(self.ceiling, math.exp(median) * self.ratio) * (1.0 - 1e-9)
+
     def alarm_limit(self) -> float:
         """The limit while in an alarm: the typical norm (the ceiling before the first norm)."""
         if not len(self.baseline):
