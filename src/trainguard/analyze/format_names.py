@@ -13,6 +13,9 @@ FORMATS: dict[str, str] = {
              "folder of runs",
     "mlflow": "MLflow run: mlflow.db, an mlruns folder, or a sqlite:/// or file:// tracking URI",
     "jsonl": "JSON Lines, one object per logged step",
+    "metric-csv": "one metric's CSV without a header ('epoch,step,value' lines, the file named "
+                  "after the metric, as d3rlpy writes them)",
+    "monitor": "Gym / Stable-Baselines3 Monitor file (monitor.csv: one line per episode, 'r,l,t')",
     "text": "text log (Megatron, word_language_model, nanoGPT, mlx-lm, generic lines or bare "
             "'step loss' columns)",
     "text:megatron": "text log, Megatron-LM / Megatron-DeepSpeed iteration lines only",
@@ -23,6 +26,8 @@ FORMATS: dict[str, str] = {
     "text:rl": "text log, OpenAI baselines / stable-baselines console tables only",
     "text:yolo": "text log, the Ultralytics YOLO / YOLOv5 training console only",
     "text:boosting": "text log, CatBoost / XGBoost / LightGBM iteration lines only",
+    "text:deepxde": "text log, DeepXDE's loss.dat ('# step, loss_train, loss_test, "
+                    "metrics_test') only",
     "text:history": "text log, Keras's History.history dict printed ({'loss': [...], ...}) "
                     "only",
     "text:table": "text log, a header line of column names (one a loss) over rows of numbers "

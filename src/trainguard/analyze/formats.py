@@ -16,6 +16,9 @@
                       TensorBoard's `Wall time,Step,Value` -> tensorboard-csv; W&B's
                       `"Step","<run> - <metric>",...` -> wandb-csv;
                       a CSV header beginning with `epoch`, without `step` -> keras;
+                      a `#{...}` line over `r,l,t` (Gym's and Stable-Baselines3's `Monitor`)
+                      -> monitor; `epoch,step,value` lines with no header, a file per
+                      metric named after it (d3rlpy's `critic_loss.csv`) -> metric-csv;
                       a CSV header with a `step` column -> lightning; anything else -> text
     a tracking URI    sqlite:///... or file:///... -> mlflow (a server's URI is refused)
 
@@ -36,7 +39,9 @@ from trainguard.analyze import (
     jsonl,
     keras,
     lightning,
+    metric_csv,
     mlflow_run,
+    monitor,
     source,
     store,
     tensorboard,
@@ -49,7 +54,8 @@ from trainguard.analyze.log import Log, LogError
 _READERS: dict[str, Callable[[Path], Log]] = {
     "hf": hf.read, "lightning": lightning.read, "tensorboard": tensorboard.read,
     "store": store.read, "jsonl": jsonl.read, "text": text.read, "keras": keras.read,
-    "tensorboard-csv": exported.read, "wandb-csv": exported.read,
+    "tensorboard-csv": exported.read, "wandb-csv": exported.read, "monitor": monitor.read,
+    "metric-csv": metric_csv.read,
 }
 _RUN_READERS: dict[str, Callable[[Path, str | None], Log]] = {
     "wandb": wandb_run.read, "mlflow": mlflow_run.read,
@@ -170,7 +176,12 @@ def detect_format(path: Path) -> str:
         return "text"  # a Python dict per line: the console of the HF Trainer, pasted
     if path.suffix == ".json":
         return "hf"
-    first = start.split(b"\n", 1)[0].decode("utf-8", "replace")
+    first, second = (line.decode("utf-8", "replace").strip()
+                     for line in [*start.split(b"\n", 2)[:2], b""][:2])
+    if monitor.is_monitor(first, second):
+        return "monitor"
+    if metric_csv.is_metric_csv(first, second):
+        return "metric-csv"
     exported_as = exported.sniff(first)
     if exported_as is not None:
         return exported_as

@@ -37,6 +37,9 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                XGBoost (`[0] train-rmse:17.1 eval-rmse:17.2`) and LightGBM (`[10] training's
                l2: 0.23 valid_1's l2: 0.25`) (`trainguard.analyze.boosting`): one row per
                iteration, the training set's loss metric the loss, the other sets evaluations.
+    deepxde    DeepXDE's `loss.dat` (`# step, loss_train, loss_test, metrics_test`, then rows of
+               numbers; `trainguard.analyze.deepxde`): the loss the sum of the training terms,
+               the test terms' sum an evaluation.
     history    Keras's `History.history` printed (`{'loss': [0.69, 0.52], 'val_loss': [0.71,
                0.60]}`), whole or cut off (`trainguard.analyze.history`): one row per epoch.
     generic    any other line holding a loss, as people write and paste them
@@ -65,7 +68,15 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from trainguard.analyze import boosting, header_table, history, pasted, rl_tables, yolo
+from trainguard.analyze import (
+    boosting,
+    deepxde,
+    header_table,
+    history,
+    pasted,
+    rl_tables,
+    yolo,
+)
 from trainguard.analyze.log import Log, LogBuilder, LogError, number
 from trainguard.analyze.source import Lines, head
 
@@ -274,6 +285,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "rl": (rl_tables.read_rows, "row"),
     "yolo": (yolo.read_rows, "epoch"),
     "boosting": (boosting.read_rows, "iteration"),
+    "deepxde": (deepxde.read_rows, "step"),
     "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),
     "history": (history.read_rows, "epoch"),
