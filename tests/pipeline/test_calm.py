@@ -3,6 +3,7 @@ same run checked in full at every step."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable
@@ -31,14 +32,22 @@ class Outcome:
 
 
 def _train(lane: bool, *, steps: int = 360, policy: str = "protect", fault: Fault | None = None,
-           batch: bool = True, seed: int = 0) -> Outcome:
+           batch: bool = True, seed: int = 0, model: Callable[[], nn.Module] | None = None,
+           regression: bool = False, sgd: bool = False, config: dict[str, Any] | None = None,
+           between: Callable[[int, trainguard.Guard], None] | None = None) -> Outcome:
+    """`model`: another model than the MLP classifier; `regression`: a regression of the sum of
+    the first three inputs (one output); `sgd`: SGD with momentum instead of AdamW; `between`:
+    called after each step with the Guard."""
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    net = (model() if model is not None
+           else nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1 if regression else 4)))
+    optimizer = (torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9) if sgd
+                 else torch.optim.AdamW(net.parameters(), lr=3e-3))
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
-    guard = trainguard.Guard(model, optimizer, scheduler,
+    guard = trainguard.Guard(net, optimizer, scheduler,
                              config=trainguard.GuardConfig(policy=policy,
-                                                           sinks={"console": False}))
+                                                           sinks={"console": False},
+                                                           **(config or {})))
     if not lane:
         guard.run.calm = None
     out = Outcome()
@@ -49,13 +58,17 @@ def _train(lane: bool, *, steps: int = 360, policy: str = "protect", fault: Faul
             data["y"] = (data["x"][:, :4].argmax(dim=1) + (step % 7 == 0)) % 4
             if fault is not None:
                 fault(step, data, optimizer)
-            loss = nn.functional.cross_entropy(model(data["x"]), data["y"])
+            scores = net(data["x"])
+            loss = (nn.functional.mse_loss(scores.squeeze(-1), data["x"][:, :3].sum(1))
+                    if regression else nn.functional.cross_entropy(scores, data["y"]))
             loss.backward()
             rows = len(guard.run.calm.rows) if guard.run.calm is not None else 0
             report = guard.step(loss, batch=data if batch else None)
             if guard.run.calm is not None and len(guard.run.calm.rows) > rows:
                 out.lane_steps += 1
             optimizer.zero_grad(set_to_none=True)
+            if between is not None:
+                between(step, guard)
             assert report is not None
             out.reports.append(repr((report.step, report.loss, report.grad_norm, report.action,
                                      report.clip_coef, report.lr)))
@@ -64,7 +77,7 @@ def _train(lane: bool, *, steps: int = 360, policy: str = "protect", fault: Faul
     guard.close()
     out.events = [(e.kind, e.step, e.severity, e.message) for e in guard.events]
     out.state = json.dumps(guard.run.state.detector_state(), sort_keys=True, default=str)
-    out.weights = [p.detach().clone() for p in model.parameters()]
+    out.weights = [p.detach().clone() for p in net.parameters()]
     out.verdict = repr(guard.verdict)
     return out
 
@@ -132,6 +145,64 @@ def test_a_faulty_run_is_told_and_acted_on_as_checked_in_full(fault: Fault, poli
     _same(lane, full)
     assert lane.lane_steps >= 50
     assert full.events
+
+
+class _Gated(nn.Module):
+    """A classifier with a branch its gate holds at 0 for the first 200 training forwards: the
+    branch's gradients are computed, and exactly zero, until the gate opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.main = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+        self.branch = nn.Linear(16, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.main(x) + float(self.calls > 200) * self.branch(x)
+
+
+def test_a_branch_whose_gradients_are_zero_then_flow_is_told_as_checked_in_full() -> None:
+    """The lane's usual step measures gradients that are there (zeros included): the branch
+    that opens is told as a path that was blocked, as the full check tells it."""
+    lane, full = (_train(on, model=_Gated) for on in (True, False))
+    _same(lane, full)
+    assert lane.lane_steps >= 150
+    assert any(kind == "params_unfrozen" and "blocked" in message
+               for kind, _, _, message in lane.events)
+
+
+def test_norms_within_the_clips_epsilon_of_its_limit_are_clipped_as_in_full() -> None:
+    """A linear regression that converges until its norms are millionths: the adaptive limit
+    falls under the clip's 1e-6, which the full check clips at and the lane must leave to it."""
+    lane, full = (_train(on, steps=500, regression=True, sgd=True,
+                         model=lambda: nn.Linear(16, 1),
+                         config={"probes": {"sample_every": 100000}}) for on in (True, False))
+    _same(lane, full)
+    assert lane.lane_steps >= 250
+    assert any("'clipped'" in report for report in full.reports)
+
+
+def test_a_state_loaded_in_the_middle_of_the_lane_trains_on_as_checked_in_full() -> None:
+    """`Guard.load_state_dict` between two calm steps: the rows before are told to the state it
+    replaces, and the loaded state (here one in the adaptive clip's alarm) is what the next
+    steps are checked against."""
+    saved: dict[str, Any] = {}
+
+    def save_then_load(step: int, guard: trainguard.Guard) -> None:
+        if step == 103:
+            saved["state"] = copy.deepcopy(guard.state_dict())
+        if step == 230:
+            guard.load_state_dict(copy.deepcopy(saved["state"]))
+
+    lane, full = (_train(on, fault=_spike100, between=save_then_load) for on in (True, False))
+    _same(lane, full)
+    assert lane.lane_steps >= 150
+
+
+def _spike100(step: int, data: dict[str, torch.Tensor], _: torch.optim.Optimizer) -> None:
+    if step == 100:
+        data["x"] = data["x"] * 300.0
 
 
 def test_a_layer_frozen_in_the_optimizer_keeps_the_lane_open_until_it_wakes() -> None:

@@ -96,12 +96,14 @@ def test_a_failing_rule_leaves_the_global_clip_standing(caplog: pytest.LogCaptur
     assert "clipping rule failed at step 7" in caplog.text
 
 
-@pytest.mark.parametrize("warm_steps", range(78, 86))  # every phase of the spread's refresh
-def test_a_plans_bound_holds_while_its_steps_admit_norms_under_it(warm_steps: int) -> None:
+@pytest.mark.parametrize(("warm_steps", "spread"), [*((n, 1.0) for n in range(78, 86)),
+                                                   (80, 0.01)])  # each refresh phase; a tight
+def test_a_plans_bound_holds_while_its_steps_admit_norms_under_it(warm_steps: int,  # window
+                                                                    spread: float) -> None:
     """`lowest_in_force`: no limit the chain holds over the planned steps falls under it, and
     `catch_up` leaves the chain as `limits` then `update` at each step would."""
     rng = np.random.default_rng(0)
-    warm = [float(n) for n in np.exp(rng.normal(0.0, 1.0, warm_steps))]
+    warm = [float(n) for n in np.exp(rng.normal(0.0, spread, warm_steps))]
     stepped, caught = ClipChain.init(GuardConfig()), ClipChain.init(GuardConfig())
     for chain in (stepped, caught):
         for norm in warm:

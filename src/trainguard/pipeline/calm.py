@@ -52,6 +52,7 @@ from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
 from trainguard.probes.logz import LOGZ_KEYS
 from trainguard.probes.packing import DevicePack
+from trainguard.remedies.clip import EPS as CLIP_EPS
 from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import StepSignals
 from trainguard.transfer import to_host
@@ -122,6 +123,8 @@ class CalmLane:
     """The norms of the steps taken on the plan, which the clip chain has not heard yet."""
     planned: bool = False
     """The last step taken was on the clip's plan."""
+    divergent: LossDivergence | None = None
+    """The `loss_divergence` detector whose plan `divergence` is."""
     divergence: LanePlan | None = None
     """`loss_divergence`'s plan (`LossDivergence.calm_plan`): while the lane's steps keep it,
     the detector judges them when they are handed over, not at each step. None: it is live."""
@@ -171,7 +174,7 @@ class CalmLane:
             return None
         signals, grads, limits = self._measure(loss, loss_t, lrs, batch)
         bound = self.clip_bound
-        if limits is None and not (bound is not None and signals.grad_norm <= bound):  # NaN too
+        if limits is None and not (bound is not None and _unclipped(signals.grad_norm, bound)):
             limits = self._clip_exact(signals)
         value, norm, limit = signals.loss, signals.grad_norm, signals.clip_limit
         if self.divergence is not None and not (value is not None
@@ -184,7 +187,7 @@ class CalmLane:
             self._stand()
             skipped = None
         calm = (value is not None and value <= bounds.loss  # NaN fails too
-                and 0.0 < norm <= bounds.grad_norm and (limit is None or norm <= limit)
+                and 0.0 < norm <= bounds.grad_norm and (limit is None or _unclipped(norm, limit))
                 and self._same_silent(signals.param_grad_norm))
         if calm and skipped is not None:
             calm, peak = skipped.quiet(signals.param_grad_norm)
@@ -199,7 +202,8 @@ class CalmLane:
         if batch is not None:
             state.batches.saw_usual(batch)
         if skipped is not None:
-            skipped.keep(value, peak)  # type: ignore[arg-type]  # calm: a finite loss
+            assert value is not None  # calm: a finite loss
+            skipped.keep(value, peak)
         for detector in live:  # nothing, as `calm_at` said
             self.raised.extend(detector.take_calm(signals))
         if self.precursor is not None and signals.precursors:  # its plan after a measurement
@@ -251,25 +255,15 @@ class CalmLane:
     def _divergence_live(self) -> None:
         """A step outside `loss_divergence`'s plan: the detector judges the steps taken on the
         plan now, and each step from here, as the other live detectors do."""
-        planned = next(d for d in self.detectors if isinstance(d, LossDivergence))
-        self.divergence = None
-        self.detectors.remove(planned)
-        self.live.append(planned)
-        self.live_others.append(planned)
-        if not self.rows:
-            return
-        rows = self.rows
-
-        def fill(position: int) -> tuple[int, StepSignals]:
-            return position, rows[position].signals
-
-        try:
-            self.raised.extend(event for _, event in run_rows(
-                planned, _columns([row.signals for row in rows]), fill))
-        except Exception as exc:  # a detector bug must not kill the run
-            log.error("trainguard: detector %s failed on the steps up to %d (%s: %s); they "
-                      "are skipped", planned.kind, rows[-1].signals.step, type(exc).__name__,
-                      exc)
+        divergent = self.divergent
+        assert divergent is not None
+        self.divergent, self.divergence = None, None
+        self.detectors.remove(divergent)
+        self.live = [*self.live, divergent]
+        self.live_others = [*self.live_others, divergent]
+        if self.rows:
+            self.raised.extend(_judged(divergent, self.rows,
+                                       _columns([row.signals for row in self.rows])))
 
     def _stand(self) -> None:
         """The steps the lane took while the precursor probes skipped them, handed to the
@@ -327,7 +321,8 @@ class CalmLane:
         grads: list[torch.Tensor] = [p.grad for p in params]  # type: ignore[misc]
         try:  # (a missing one is a None, which the fused norm refuses)
             norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-        except TypeError:  # a parameter without a gradient: the general measure
+        except (TypeError, RuntimeError):  # the general measure, until the lane opens again
+            self.plain = None
             return None
         per_param = torch.stack(norms)
         device = per_param.device
@@ -350,7 +345,7 @@ class CalmLane:
             lr=lrs[0], group_lrs=lrs,
             loss_requires_grad=loss.requires_grad if isinstance(loss, torch.Tensor) else None,
             batch_elements=None if batch is None else batch_elements_of(batch),
-            clip_limit=None if limits is None else limits.in_force())
+            clip_limit=None if limits is None else limits.in_force(), grads_absent=())
         return signals, grads, limits
 
     def settle(self) -> None:
@@ -384,18 +379,9 @@ class CalmLane:
             return raised
         state = self.state
         columns = _columns([row.signals for row in rows])
-
-        def fill(position: int) -> tuple[int, StepSignals]:
-            return position, rows[position].signals
-
         events: list[Event] = raised
         for detector in self.detectors:
-            try:
-                events.extend(event for _, event in run_rows(detector, columns, fill))
-            except Exception as exc:  # a detector bug must not kill the run
-                log.error("trainguard: detector %s failed on the steps up to %d (%s: %s); they "
-                          "are skipped", detector.kind, rows[-1].signals.step,
-                          type(exc).__name__, exc)
+            events.extend(_judged(detector, rows, columns))
         events.sort(key=lambda event: event.step)
         troubled = {e.step for e in events if at_least(e.severity, "warning")}
         for row in rows:
@@ -419,18 +405,12 @@ class CalmLane:
         over between steps), from the detectors' state now; the lane stays closed while one of
         them holds an episode or an outlier."""
         state, services = self.state, self.services
-        on_duty = state.on_duty(_PLAIN)
         self._stand()
-        plans = {id(d): d.calm_plan() for d in on_duty if isinstance(d, LossDivergence)}
-        self.divergence = next((plan for plan in plans.values() if plan is not None), None)
-        self.live = [d for d in on_duty if d.live_in_lane and plans.get(id(d)) is None]
-        self.precursor = next((d for d in self.live if isinstance(d, InstabilityPrecursor)),
-                              None)
-        self.live_others = [d for d in self.live if d is not self.precursor]
-        self.skipped = (self.precursor.skipped_steps() if self.precursor is not None
-                        else None)
-        self.detectors = [d for d in on_duty
-                          if not d.live_in_lane or plans.get(id(d)) is not None]
+        on_duty = state.on_duty(_PLAIN)
+        self.live = [d for d in on_duty if d.live_in_lane]
+        self.detectors = [d for d in on_duty if not d.live_in_lane]
+        self.live_others, self.precursor, self.skipped = self.live, None, None
+        self.divergent, self.divergence = None, None
         self.bounds = None
         if not _lane_possible(state, services):
             return
@@ -450,12 +430,52 @@ class CalmLane:
                 return
             loss, norm = min(loss, limits[0]), min(norm, limits[1])
         self.bounds = Bounds(loss=loss, grad_norm=norm)
+        self._plan_detectors()
         self._clip_plan()
+
+    def _plan_detectors(self) -> None:
+        """The plans that spare the live precursor and `loss_divergence` a call at each step:
+        the precursor's for the steps its probes skip (`InstabilityPrecursor.skipped_steps`),
+        the divergence's levels (`LossDivergence.calm_plan`), which hands it the rows with the
+        others while the steps keep it."""
+        divergent = next((d for d in self.live if isinstance(d, LossDivergence)), None)
+        plan = divergent.calm_plan() if divergent is not None else None
+        if divergent is not None and plan is not None:
+            self.divergent, self.divergence = divergent, plan
+            self.live = [d for d in self.live if d is not divergent]
+            self.detectors.append(divergent)
+        self.precursor = next((d for d in self.live if isinstance(d, InstabilityPrecursor)),
+                              None)
+        self.live_others = [d for d in self.live if d is not self.precursor]
+        self.skipped = (self.precursor.skipped_steps() if self.precursor is not None
+                        else None)
 
 
 _PLAIN = StepSignals(step=0, loss=None, grad_norm=0.0, param_grad_norm=np.zeros(0),
                      param_names=[])
 """The shape of a lane step (no trainer metrics, nothing sampled), for `RunState.on_duty`."""
+
+
+def _judged(detector: Detector, rows: list[Row], columns: SignalColumns) -> list[Event]:
+    """What `detector` raises on `rows` (their signals as `columns`), in step order; a detector
+    that fails on them is logged and its rows are passed over (a bug must not kill the run)."""
+
+    def fill(position: int) -> tuple[int, StepSignals]:
+        return position, rows[position].signals
+
+    try:
+        return [event for _, event in run_rows(detector, columns, fill)]
+    except Exception as exc:
+        log.error("trainguard: detector %s failed on the steps up to %d (%s: %s); they are "
+                  "skipped", detector.kind, rows[-1].signals.step, type(exc).__name__, exc)
+        return []
+
+
+def _unclipped(norm: float, limit: float) -> bool:
+    """Whether a step of this norm is sure to be left as it is under this limit: the clip scales
+    by limit / (norm + 1e-6) in float32 (`remedies/clip.py`), so a norm within a few millionths
+    of the limit is one the full check decides (False for NaN)."""
+    return norm * (1.0 + CLIP_EPS) + 2.0 * CLIP_EPS <= limit
 
 
 def _lane_possible(state: RunState, services: Services) -> bool:

@@ -466,12 +466,15 @@ class Run:
         return portable(self.state.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.calm_handed_over()  # the calm steps before it, told to the state it replaces
         self.state.load_state_dict(state)
         if self.state.recovery is not None:
             self.state.recovery.restart(self.state.step, self.state.rewind_state())
         if self.state.anchor is not None:
             self.state.anchor.restart(self.state.step)
         self.schedule_sampling()
+        if self.calm is not None:  # its bounds and plans were the old state's: closed until
+            self.calm.hand_over()  # the next full step opens it from the loaded one
 
     def close(self, status: Status | None = None, *, error: BaseException | None = None
               ) -> list[RankedCause]:

@@ -64,7 +64,7 @@ class ClipChain:
         return clip_limits(self.fixed_limit, self.adaptive, self.configured_limit, step)
 
     def lowest_in_force(self, step: int, steps: int) -> float | None:
-        """A limit no lower than the one in force at any of the `steps` steps from `step`,
+        """A limit no higher than the one in force at any of the `steps` steps from `step`,
         while each applies a norm under it and its `update` waits (`RobustClipLimit.
         lowest_limit`); math.inf without clipping. None: no such bound is known."""
         fixed = self.fixed_limit

@@ -82,7 +82,7 @@ class RobustClipLimit:
                                                        self.zscore * scale)))
 
     def lowest_limit(self, step: int, steps: int) -> float | None:
-        """A limit no lower than any this clip holds for the `steps` steps from `step` while
+        """A limit no higher than any this clip holds for the `steps` steps from `step` while
         each of them admits a norm under it (the calm lane's plan: their `observe`s may then
         wait, `RobustBaseline.admit_all` catching up exactly): each admitted value moves the
         median down one place at most, and the warm limit is at least `ratio` times the median.
