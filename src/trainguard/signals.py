@@ -156,8 +156,7 @@ class RobustBaseline:
             self._scale = None
 
     def median(self) -> float:
-        ordered, n = self._sorted, len(self._sorted)
-        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+        return sorted_median(self._sorted)
 
     def lowest_median(self, admits: int) -> float | None:
         """A value the median cannot go under within `admits` more admitted values: each moves
@@ -362,7 +361,11 @@ def settled_at(decay: float) -> int:
 
 
 def _median(values: list[float]) -> float:
-    ordered = sorted(values)
+    return sorted_median(sorted(values))
+
+
+def sorted_median(ordered: list[float]) -> float:
+    """The median of values already sorted (`statistics.median`'s, without sorting again)."""
     n = len(ordered)
     return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 

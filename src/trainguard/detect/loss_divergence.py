@@ -29,7 +29,14 @@ from trainguard.detect.base import Detector, Episode
 from trainguard.detect.calm import SignalColumns, window_medians
 from trainguard.detect.settings import DetectorConfig
 from trainguard.events import Event
-from trainguard.signals import LossOrigin, RobustBaseline, StepSignals, safe_log, settled_at
+from trainguard.signals import (
+    LossOrigin,
+    RobustBaseline,
+    StepSignals,
+    safe_log,
+    settled_at,
+    sorted_median,
+)
 
 
 class LanePlan:
@@ -61,7 +68,7 @@ class LanePlan:
         if dropped is not None:
             del ordered[bisect.bisect_left(ordered, dropped)]
         bisect.insort(ordered, value)
-        if not _median(ordered) - best < margin:
+        if not sorted_median(ordered) - best < margin:
             del ordered[bisect.bisect_left(ordered, value)]
             if dropped is not None:
                 bisect.insort(ordered, dropped)
@@ -69,12 +76,6 @@ class LanePlan:
         self.recent.append(value)
         self.raw, self.seen, self.best = raw, seen + 1, best
         return True
-
-
-def _median(ordered: list[float]) -> float:
-    """`statistics.median` of a sorted list, in its arithmetic."""
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 class LossDivergence(Detector):

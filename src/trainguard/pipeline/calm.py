@@ -22,6 +22,14 @@ first asked whether the step is calm for it (`calm_at`): the precursor, which sc
 probes (a step they measure is taken too when their values are far from their bounds), and those
 that count steps towards a verdict (a divergence's patience, the stall's judgement).
 
+Plans made when the lane opens spare most steps even those calls, each exact against `check`:
+the precursor's steps that its probes skip are tested with one product and handed to it in one go
+(`InstabilityPrecursor.skipped_steps`), `loss_divergence`'s levels are followed so that it judges
+the rows with the others unless a step could count towards a divergence
+(`LossDivergence.calm_plan`), and the adaptive clip's limit is bounded from below for
+`CLIP_HORIZON` steps, its norms heard later (`ClipChain.lowest_in_force`, `ClipChain.catch_up`).
+The usual step is measured in four operator calls (`_measure_plain`).
+
 A step takes the full check whenever anything else needs it: sampled
 probes due, a batch finding followed, an AMP scaler, a proof anchor, a recovery, an LR brake or
 a KL controller in force, several processes, the deferred mode, metrics handed to the step,
