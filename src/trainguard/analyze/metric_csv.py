@@ -20,16 +20,15 @@ from trainguard.analyze.log import LOSS, Log, LogBuilder, LogError, number
 from trainguard.analyze.source import MAX_RECORD, Lines
 
 FORMAT = "metric-csv"
-_LINE = re.compile(r"^\s*\d+\s*,\s*\d+\s*,\s*[-+]?[\d.eEinfatyINFATY+-]+\s*$")
+_LINE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*,\s*([^,\s]+)\s*$")
 
 
 def is_metric_csv(first: str, second: str) -> bool:
-    """Two lines of `whole,whole,number`, the counters growing."""
-    if not (_LINE.match(first) and _LINE.match(second)):
-        return False
-    a, b = ([number(v) for v in line.split(",")] for line in (first, second))
-    return (a[2] is not None and b[2] is not None and a[0] is not None and b[0] is not None
-            and a[1] is not None and b[1] is not None and b[0] >= a[0] and b[1] > a[1])
+    """Two lines of `whole,whole,number`, the epoch not going back and the step growing."""
+    a, b = _LINE.match(first), _LINE.match(second)
+    return (a is not None and b is not None
+            and number(a.group(3)) is not None and number(b.group(3)) is not None
+            and int(b.group(1)) >= int(a.group(1)) and int(b.group(2)) > int(a.group(2)))
 
 
 def read(path: str | Path) -> Log:
