@@ -18,7 +18,7 @@ from trainguard.diagnose.loss_bound import (
     ceiling_of,
     check_first_loss,
 )
-from trainguard.probes.logz import LogZProbe
+from trainguard.probes.logz import LogZProbe, logz_values
 
 from ..conftest import torch_threads
 
@@ -33,7 +33,9 @@ def _ceiling(model: TinyCausalLM, tokens: torch.Tensor) -> tuple[torch.Tensor, f
     probe = LogZProbe(model)
     with torch.enable_grad():  # the probe reads the forwards training learns from
         logits = model(tokens[:, :-1]).detach()
-    measured = ceiling_of(probe.take())
+    rows = probe.take()
+    assert rows is not None
+    measured = ceiling_of(logz_values(rows.numpy().astype('float64')))
     probe.close()
     assert measured is not None
     return logits, measured

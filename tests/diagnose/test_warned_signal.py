@@ -16,7 +16,7 @@ from trainguard.diagnose.counterfactual import Baseline, Outcome
 from trainguard.diagnose.warned_signal import WarnedSignal, adam_ratio
 from trainguard.events import Event
 from trainguard.probes.attention_logits import AttentionLogitProbe
-from trainguard.probes.logz import logz_stats
+from trainguard.probes.logz import logz_rows, logz_values
 
 from ..probes.test_adam_ratio import by_hand, model_and_adam
 from ..probes.test_attention_logits import Fused
@@ -88,7 +88,9 @@ def test_the_log_z_reading_is_the_largest_logsumexp() -> None:
     out = model(x)
     out.sum().backward()
     value = reading.finish(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    assert value == pytest.approx(float(logz_stats(out)[1]))
+    rows = logz_rows(out)
+    assert rows is not None
+    assert value == pytest.approx(float(logz_values(rows.numpy())["logz_max"][0]))
     assert not model._forward_hooks
 
 

@@ -29,7 +29,8 @@ from trainguard.detect.instability_precursor import SIGNAL as ADAM_RATIO
 from trainguard.detect.output_growth import LOGZ
 from trainguard.events import Event
 from trainguard.probes.attention_logits import AttentionLogitProbe
-from trainguard.probes.logz import LogZProbe
+from trainguard.probes.logz import LogZProbe, logz_values
+from trainguard.transfer import to_host
 
 KINDS = frozenset({"instability_precursor", "bad_start"})
 """The warnings that come before any bad step."""
@@ -96,8 +97,8 @@ class Reading:
                     return math.nan
                 return float(found[1][found[0].index(self.signal.name)])
             if self._logz is not None:
-                value = self._logz.take().get(LOGZ)
-                return math.nan if value is None else float(value)
+                rows = self._logz.take()
+                return math.nan if rows is None else float(logz_values(to_host(rows))[LOGZ][0])
             if self.signal.signal == LOSS:
                 return math.nan
             return adam_ratio(model, optimizer, self.signal.name)

@@ -58,7 +58,7 @@ from trainguard.pipeline.services import Services
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
-from trainguard.probes.logz import LOGZ_KEYS
+from trainguard.probes.logz import logz_values
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.clip import EPS as CLIP_EPS
 from trainguard.remedies.limit import ClipLimits
@@ -339,13 +339,12 @@ class CalmLane:
         packed = torch.stack([*norms, torch.linalg.vector_norm(per_param), loss_t])
         services, state = self.services, self.state
         probe = services.logz_probe
-        logz = probe.take_stats() if probe is not None else None  # read or dropped, as packed
+        logz = probe.take() if probe is not None else None  # read or dropped, as packed
         if logz is not None and logz_due:
             packed = torch.cat([packed, logz.to(device=device, dtype=torch.float32)])
         host = to_host(packed)
         count = len(norms)
-        precursors = ({key: host[count + 2 + i:count + 3 + i] for i, key in enumerate(LOGZ_KEYS)}
-                      if logz is not None and logz_due else {})
+        precursors = (logz_values(host[count + 2:]) if logz is not None and logz_due else {})
         limits = self._limits()
         signals = StepSignals(
             step=state.step, loss=float(host[count + 1]), grad_norm=float(host[count]),

@@ -29,7 +29,7 @@ from trainguard.pipeline.context import (
 )
 from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
-from trainguard.probes.logz import LOGZ_KEYS
+from trainguard.probes.logz import logz_values
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import SampledStats, StepSignals
@@ -40,8 +40,8 @@ PRECURSOR = "pre:"
 """The pack's prefix of the every-step precursor values (`StepSignals.precursors`)."""
 METRIC = "metric:"
 """The prefix of a loop's step metrics handed as device tensors, among the pack's extras."""
-LOGZ_PACKED = tuple(f"{PRECURSOR}{key}" for key in LOGZ_KEYS)
-"""The pack's names of the log Z probe's values, in its order."""
+LOGZ_PACKED = f"{PRECURSOR}logz_rows"
+"""The pack's name of the log Z probe's values (`logz_rows`), read with `logz_values`."""
 
 
 def loss_tensor(loss: Any) -> torch.Tensor | None:
@@ -148,16 +148,21 @@ def pack_precursors(pack: DevicePack, services: Services, grad_norms: torch.Tens
             for key, tensor in services.watch.adam_probe.measure(services.device,
                                                                   grad_norms).items():
                 pack.add(f"{PRECURSOR}{key}", tensor)
-        logz = services.logz_probe.take_stats() if services.logz_probe is not None else None
+        logz = services.logz_probe.take() if services.logz_probe is not None else None
         if logz is not None:
-            pack.add_parts(LOGZ_PACKED, logz)
+            pack.add(LOGZ_PACKED, logz)
     elif services.logz_probe is not None:
-        services.logz_probe.take_stats()
+        services.logz_probe.take()
 
 
 def precursors_of(host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The precursor probes' values among a step's host arrays, by signal name."""
-    return {k[len(PRECURSOR):]: v for k, v in host.items() if k.startswith(PRECURSOR)}
+    found = {k[len(PRECURSOR):]: v for k, v in host.items()
+             if k.startswith(PRECURSOR) and k != LOGZ_PACKED}
+    rows = host.get(LOGZ_PACKED)
+    if rows is not None:
+        found.update(logz_values(rows))
+    return found
 
 
 def absent_from(present: list[int], watched: int) -> tuple[int, ...]:
