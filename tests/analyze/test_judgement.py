@@ -503,3 +503,27 @@ def test_a_trend_before_the_trouble_is_no_noise(tmp_path: Path) -> None:
     path = tmp_path / "train.log"
     path.write_text("\n".join(lines) + "\n")
     assert analyze(path).verdict == "degraded"
+
+
+def keras_epochs(path: Path, losses: list[float], first: int = 140) -> Path:
+    """Keras's progress output, one line of epoch means per epoch (28980 batches each)."""
+    lines = []
+    for epoch, value in enumerate(losses, start=first):
+        lines += [f"Epoch {epoch}/500", "28980/28980 [==============================] - 25s "
+                  f"873us/step - loss: {value:.4f} - val_loss: {value + 2.4:.4f}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("bump", "verdict"), [(1.07, "healthy"), (1.3, "healthy"),
+                                               (1.6, "recovered"), (3.0, "recovered")])
+def test_an_epoch_mean_that_bumps_and_comes_back_is_a_spike_only_from_1_5x(
+        tmp_path: Path, bump: float, verdict: str) -> None:
+    """Epoch means of a flat loss: a bump the next epochs come back from, a few percent up,
+    is no spike however smooth the means around it; one 1.5x its level or more is."""
+    rng = random.Random(0)
+    losses = [15.5 * (1 + 0.008 * rng.gauss(0, 1)) for _ in range(11)]
+    losses[2], losses[3] = 15.5 * bump, 15.5 * (1 + 0.4 * (bump - 1))
+    result = analyze(keras_epochs(tmp_path / "log.txt", losses))
+    assert result.verdict == verdict, result.evidence
+    assert [e.kind for e in result.events] == ["loss_spike"]

@@ -100,6 +100,12 @@ NEGLIGIBLE_SHARE = 0.1
 down from its start is noise near its floor, not trouble (chosen on the tuning half of the real
 logs: a healthy run's one-batch jumps took back 2% of its fall there; every degraded run with a
 level before its trouble took back more than its whole fall)."""
+SMALL_JUMP = 1.5
+"""A loss that came back from jumps to under this many times its level did not spike: a bump
+(an epoch's mean a few percent above the one before, which the log's averaged rows let the spike
+detector see) is no incident a run is told by. Chosen on the tuning half of the real logs: a
+healthy run's recovered bump stood 1.07x its level, every run labelled spike-recovered jumped
+2x or more."""
 FAR = DetectorConfig().loss_spike.error_ratio
 """A loss this many times its level (two orders of magnitude: the ratio at which the spike
 detector calls a jump an error) has left it: never a transient jump, never healthy."""
@@ -518,6 +524,8 @@ def _negligible(incident: list[Event], log: Log, rows: list[int],
     if not incident or any(e.kind not in (*JUMPS, "loss_divergence") or _far(e, log, rows)
                            for e in incident):
         return None
+    if (small := _small_jumps(incident)) is not None:
+        return small
     losses = log.values(LOSS)
     start = _start_level(losses, rows)
     if start is None or start <= reference:
@@ -531,6 +539,21 @@ def _negligible(incident: list[Event], log: Log, rows: list[int],
     return (f"the jumps after it (to {_fmt(peak)} at most) took back less than "
             f"{NEGLIGIBLE_SHARE:.0%} of its fall from {_fmt(start)} to {_fmt(reference)}: "
             "the noise of a loss near its floor")
+
+
+def _small_jumps(incident: list[Event]) -> str | None:
+    """Why loss jumps that came back are no trouble, when every one stood under `SMALL_JUMP`
+    times its level (None when one did not, or is not a loss spike)."""
+    ratios: list[float] = []
+    for event in incident:
+        ratio = event.details.get("ratio")
+        if event.kind != Kind.LOSS_SPIKE or not isinstance(ratio, (int, float)):
+            return None
+        ratios.append(float(ratio))
+    if max(ratios) >= SMALL_JUMP:
+        return None
+    return (f"the loss's largest jump stood {max(ratios):.3g}x its level and came back: a "
+            "bump, not a spike")
 
 
 def _finite(value: float | None) -> TypeGuard[float]:
