@@ -159,3 +159,18 @@ def test_a_nan_score_is_a_nan_log_z() -> None:
     logits = torch.tensor([[1.0, float("nan"), 3.0], [0.0, 0.0, 0.0]])
     mean, high, ceiling = logz_stats(logits)  # type: ignore[misc]
     assert math.isnan(mean) and math.isnan(high) and math.isnan(ceiling)
+
+
+def test_float64_scores_keep_their_ceiling_and_a_masked_row_warns_nothing() -> None:
+    """The ceiling's subtraction is made in the scores' precision (float64 scores of 1e8 differ
+    by units), and a position whose scores are all -inf (masked) gives NaN, not a warning."""
+    import warnings
+
+    _, _, ceiling = logz_stats(torch.tensor([[1e8, 1e8 + 3, 1e8 + 1]],  # type: ignore[misc]
+                                            dtype=torch.float64))
+    assert ceiling == pytest.approx(3.0 + math.log(1 + math.exp(-2) + math.exp(-3)), rel=1e-6)
+    masked = torch.tensor([[float("-inf")] * 3, [1.0, 2.0, 3.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mean, _, ceiling = logz_stats(masked)  # type: ignore[misc]
+    assert mean == -math.inf and math.isnan(ceiling)
