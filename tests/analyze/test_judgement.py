@@ -527,3 +527,18 @@ def test_an_epoch_mean_that_bumps_and_comes_back_is_a_spike_only_from_1_5x(
     result = analyze(keras_epochs(tmp_path / "log.txt", losses))
     assert result.verdict == verdict, result.evidence
     assert [e.kind for e in result.events] == ["loss_spike"]
+
+
+@pytest.mark.parametrize("interval", [10, 50, 500])
+def test_a_spike_whose_first_row_is_small_is_judged_by_how_far_it_went(
+        tmp_path: Path, interval: int) -> None:
+    """Rows of averaged steps: 1.4x, then 20x, then back. The episode's one event carries the
+    first row's ratio; the verdict reads how far the loss went (a recovered spike, not a bump)."""
+    rng = random.Random(0)
+    losses = [2.0 + 3.0 * math.exp(-i / 15) + rng.gauss(0, 0.02) for i in range(120)]
+    for row, factor in zip((80, 81, 82), (1.4, 20.0, 1.3), strict=True):
+        losses[row] *= factor
+    rows = [{"loss": v, "grad_norm": 1.0, "learning_rate": 1e-4, "step": (i + 1) * interval}
+            for i, v in enumerate(losses)]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows))
+    assert result.verdict == "recovered", result.evidence

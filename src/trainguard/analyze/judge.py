@@ -524,7 +524,7 @@ def _negligible(incident: list[Event], log: Log, rows: list[int],
     if not incident or any(e.kind not in (*JUMPS, "loss_divergence") or _far(e, log, rows)
                            for e in incident):
         return None
-    if (small := _small_jumps(incident)) is not None:
+    if (small := _small_jumps(incident, log, rows)) is not None:
         return small
     losses = log.values(LOSS)
     start = _start_level(losses, rows)
@@ -541,19 +541,22 @@ def _negligible(incident: list[Event], log: Log, rows: list[int],
             "the noise of a loss near its floor")
 
 
-def _small_jumps(incident: list[Event]) -> str | None:
-    """Why loss jumps that came back are no trouble, when every one stood under `SMALL_JUMP`
-    times its level (None when one did not, or is not a loss spike)."""
-    ratios: list[float] = []
-    for event in incident:
-        ratio = event.details.get("ratio")
-        if event.kind != Kind.LOSS_SPIKE or not isinstance(ratio, (int, float)):
-            return None
-        ratios.append(float(ratio))
-    if max(ratios) >= SMALL_JUMP:
+def _small_jumps(incident: list[Event], log: Log, rows: list[int]) -> str | None:
+    """Why loss jumps that came back are no trouble, when the loss never stood `SMALL_JUMP`
+    times the level of the first one from its row to the end of the log (an episode's later,
+    larger rows fold into its first event: the rows say how far it went). None when it did,
+    or when an event is not a loss spike."""
+    first = incident[0]
+    level = first.details.get("baseline")
+    if (not all(e.kind == Kind.LOSS_SPIKE for e in incident)
+            or not isinstance(level, (int, float)) or not level > 0):
         return None
-    return (f"the loss's largest jump stood {max(ratios):.3g}x its level and came back: a "
-            "bump, not a spike")
+    losses = log.values(LOSS)
+    since = [v for i in rows if i >= first.details["row"] and _finite(v := losses[i])]
+    if not since or max(since) >= SMALL_JUMP * level:
+        return None
+    return (f"the loss stood {max(since) / level:.3g}x its level {_fmt(level)} at most and came "
+            "back: a bump, not a spike")
 
 
 def _finite(value: float | None) -> TypeGuard[float]:
