@@ -186,3 +186,33 @@ def test_a_term_that_repeats_is_not_frozen_on_weak_evidence(name: str, term: lis
                                                             ) -> None:
     total = [13.0 - 0.1 * i + 0.03 * (i % 2) for i in range(len(term))]
     assert analyze_log(_log(total, hm_loss=term)).verdict == "healthy", name
+
+
+LEARNED_THEN_FROZE = [2.8488, 2.9312, 3.0591, 3.0616, 3.0618, 3.0619, 3.0617, 3.0617, 3.0618,
+                      3.0618, 3.0616, 3.0618]
+"""A contrastive loss's epoch means: it moves, then holds to within 1e-4 of itself (its
+collapsed value) on every epoch to the end."""
+
+
+@pytest.mark.parametrize(("name", "losses", "onset"), [
+    ("held to the end", LEARNED_THEN_FROZE, 3),
+    # a converged run's epoch means still move by more than the band
+    ("converging", [2.0 * 0.9 ** i + 0.5 for i in range(12)], None),
+    ("a plateau that moves", [2.85, 2.40, 1.5012, 1.5031, 1.4998, 1.5025, 1.5007, 1.4991,
+                              1.5019, 1.5003], None),
+    ("too few epochs", [2.8488, 2.9312, 3.0591, 3.0616, 3.0618, 3.0619, 3.0617], None),
+    ("written too coarsely", [2.8, 2.9, 3.1, 3.1, 3.1, 3.1, 3.2, 3.1, 3.1, 3.1], None),
+])
+def test_epoch_means_that_hold_to_the_tight_band_after_moving_are_stalled(
+        name: str, losses: list[float], onset: int | None) -> None:
+    result = analyze_log(_epochs(losses))
+    if onset is None:
+        assert result.verdict != "stalled", (name, result.evidence)
+    else:
+        assert (result.verdict, result.onset_step) == ("stalled", onset), result.evidence
+        assert "stayed within 0.01%" in result.evidence[0]
+
+
+def test_the_tight_tail_is_read_on_epochs_only() -> None:
+    """The same values on rows of steps: one batch's loss is no epoch's mean."""
+    assert analyze_log(_log(LEARNED_THEN_FROZE)).verdict != "stalled"

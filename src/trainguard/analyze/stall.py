@@ -242,7 +242,42 @@ def went_frozen(log: Log) -> tuple[int, str] | None:
         found = _frozen_tail(log, name)
         if found is not None:
             return found
-    return None
+    return _tight_tail(log)
+
+
+def _tight_tail(log: Log) -> tuple[int, str] | None:
+    """The epoch from which the loss (each row an epoch's mean) stays within `TIGHT_BAND` on
+    each of its last `TIGHT_ROWS` epochs or more, written finely enough to show it, after an
+    epoch outside that band; and why in words. The band `_pinned` holds a loss to from its
+    first epoch, reached later: a model that learns anything in an epoch moves the next one's
+    mean by more, and one whose outputs stopped changing (a contrastive loss at its collapsed
+    value) moves it only in the last digits. None otherwise."""
+    if log.step_unit != "epoch" or log.row_span > 1:
+        return None
+    values = log.values(LOSS)
+    rows = [i for i, v in enumerate(values) if v is not None]
+    seen = [values[i] for i in rows]
+    if len(seen) <= TIGHT_ROWS or not all(v is not None and math.isfinite(v) and v > 0
+                                          for v in seen):
+        return None
+    unit = resolution.quantum(seen)
+    low = high = seen[-1]
+    assert low is not None and high is not None
+    if unit is None or unit > TIGHT_BAND * low:
+        return None
+    start = len(seen) - 1
+    while start > 0:
+        value = seen[start - 1]
+        assert value is not None
+        if max(high, value) - min(low, value) > TIGHT_BAND * min(low, value):
+            break
+        low, high, start = min(low, value), max(high, value), start - 1
+    if start == 0 or len({log.steps[i] for i in rows[start:]}) < TIGHT_ROWS:
+        return None  # (pinned from the first epoch is `_pinned`'s)
+    return rows[start], (
+        f"the loss stayed within {TIGHT_BAND:.2%} ({low:.5g} to {high:.5g}) on all "
+        f"{len(seen) - start} epochs from {log.label(rows[start])} to the end, after it moved "
+        "before: the outputs it scores stopped changing, and the model learns nothing")
 
 
 def _frozen_tail(log: Log, name: str) -> tuple[int, str] | None:
