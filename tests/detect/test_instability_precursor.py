@@ -484,3 +484,53 @@ def test_the_calm_lanes_plan_for_skipped_steps_leaves_what_take_calm_leaves() ->
     assert plan is not None
     planned.stand(plan)
     assert json.dumps(planned.state_dict()) == json.dumps(stepped.state_dict())
+
+
+def test_the_plan_takes_quiet_log_z_measurements_as_check_does() -> None:
+    """Steps where the probes measure log Z alone join the plan while log Z stays under the
+    lowest value kept (the plan's own included) plus the margin at which `near` turns; the state
+    is then what `check` at each leaves. A dip lowers that floor: the usual level after it is
+    no longer the plan's, and the precursor hears it itself."""
+    stepped = InstabilityPrecursor(DetectorConfig())
+    planned = InstabilityPrecursor(DetectorConfig())
+    rng = np.random.default_rng(1)
+    plan, taken, refused = None, 0, 0
+    for step in range(480):
+        norms = np.array([0.9, 1.0, 1.1]) * np.exp(rng.normal(0.0, 0.1, 3))
+        logz = 3.0 if step == 324 else 5.0 + rng.normal(0.0, 0.1)
+        precursors: dict[str, Any] = {}
+        if step % 4 == 0:
+            precursors = {"logz_max": np.array([logz]), "logz_mean": np.array([logz - 1.0]),
+                          "ce_ceiling": np.array([logz + 1.0])}
+        if step % 16 == 0:
+            precursors["adam_ratio_rms"] = norms / 2
+        loss = 2.0 - step / 1000
+        row = signals(step, names=NAMES, param_grad_norm=norms, loss=loss,
+                      precursors=precursors)
+        if precursors:
+            assert stepped.check(row) == []
+        else:
+            assert stepped.calm_at(row) and stepped.take_calm(row) == []
+        found = plan.logz_row(precursors) if plan is not None and precursors else None
+        if plan is None or (precursors and found is None):
+            if plan is not None:
+                planned.stand(plan)
+                refused += step % 16 != 0
+            assert planned.check(row) == []
+            plan = planned.skipped_steps()
+            continue
+        quiet, peak = plan.quiet(row.param_grad_norm)
+        assert quiet
+        if found is not None:  # what the plan takes leaves `near` as it was, as check does
+            assert not stepped.near and not stepped.growth_near, step
+            plan.keep(loss, peak, (planned.measured_at(step), *found))
+            taken += 1
+        else:
+            plan.keep(loss, peak)
+        if step % 50 == 0:  # handed over now and then, as a full step does
+            planned.stand(plan)
+            assert json.dumps(planned.state_dict()) == json.dumps(stepped.state_dict()), step
+    assert plan is not None
+    planned.stand(plan)
+    assert json.dumps(planned.state_dict()) == json.dumps(stepped.state_dict())
+    assert taken > 40 and refused >= 1, (taken, refused)

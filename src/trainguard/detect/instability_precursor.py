@@ -56,7 +56,7 @@ from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
 from trainguard.detect.batch_noise import BatchNoise
 from trainguard.detect.columns import column_medians
-from trainguard.detect.output_growth import NEAR, OutputGrowth
+from trainguard.detect.output_growth import LOGZ, LOGZ_MEAN, NEAR, UPDATE, OutputGrowth
 from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
@@ -97,18 +97,28 @@ took off 1.0017x and read "once the 1x that its batch explains ... is taken off"
 
 @dataclass(slots=True, eq=False)
 class SkippedSteps:
-    """The calm lane's plan for the steps the precursor probes skip (`skipped_steps`), and the
-    steps it took on it, until `InstabilityPrecursor.stand` hands them over. With no streak or
-    episode open, and the ratio last measured standing in for each parameter, such a step is
-    quiet when every estimate (`per_norm` times its gradient norm; the lane's steps are never
-    clipped) is under `bound`; whatever the estimate, its episode stays closed and `near`
-    stays as it was."""
+    """The calm lane's plan for the steps the precursor probes skip (`skipped_steps`), and for
+    those where they measure log Z alone, and the steps it took on it, until
+    `InstabilityPrecursor.stand` hands them over. With no streak or episode open, and the ratio
+    last measured standing in for each parameter, such a step is quiet when every estimate
+    (`per_norm` times its gradient norm; the lane's steps are never clipped) is under `bound`;
+    whatever the estimate, its episode stays closed and `near` stays as it was. A step whose
+    log Z was measured is quiet for it too when its largest log Z is under `logz_floor` (the
+    lowest log Z kept at the plan, or a lower one taken on it since) plus `logz_margin`: under
+    every lowest value the baseline holds until then plus the margin at which `near` would
+    turn, so `check` would take its quiet path and leave `near` as it was (`logz_floor` None:
+    such a step is the precursor's own, as every measurement of the ratio is)."""
 
     per_norm: np.ndarray | None
     """The precursor's `per_norm` (None: no estimate yet, every such step is quiet)."""
     bound: float
+    logz_floor: float | None = None
+    logz_margin: float = 0.0
     losses: list[float] = field(default_factory=list)
     """The losses of the steps taken, in order."""
+    logz: list[tuple[int, np.ndarray, float] | None] = field(default_factory=list)
+    """For each step taken, in order: (the steps before it the probes skipped, its largest log
+    Z as measured, its mean log Z) where log Z was measured, None where it was not."""
     count: int = 0
     peak: float | None = None
     """The largest estimate of the last step taken (None: no estimate)."""
@@ -121,8 +131,26 @@ class SkippedSteps:
         peak = float(np.fmax.reduce(per_norm * norms, initial=0.0))
         return peak < self.bound, peak
 
-    def keep(self, loss: float, peak: float | None) -> None:
+    def logz_row(self, precursors: dict[str, Any]) -> tuple[np.ndarray, float] | None:
+        """A step where the probes measured log Z alone, quiet for it on the plan: (its largest
+        log Z, its mean); None when the step is not one (the ratio measured too, no plan for
+        log Z, or a value at or above the bound, NaN included)."""
+        floor = self.logz_floor
+        if (floor is None or LOGZ not in precursors or LOGZ_MEAN not in precursors
+                or SIGNAL in precursors or UPDATE in precursors):
+            return None
+        value = np.asarray(precursors[LOGZ], dtype=np.float64).reshape(-1)[:1]
+        if not float(value[0]) < floor + self.logz_margin:
+            return None
+        mean = float(np.asarray(precursors[LOGZ_MEAN], dtype=np.float64).reshape(-1)[0])
+        return value, mean
+
+    def keep(self, loss: float, peak: float | None,
+             logz: tuple[int, np.ndarray, float] | None = None) -> None:
         self.losses.append(loss)
+        self.logz.append(logz)
+        if logz is not None and self.logz_floor is not None:
+            self.logz_floor = min(self.logz_floor, float(logz[1][0]))
         self.count += 1
         self.peak = peak
 
@@ -202,12 +230,17 @@ class InstabilityPrecursor(Detector):
         return (cfg.every <= 1 or self.near or last is None or step <= last
                 or step - last >= self.hold or self.per_norm is None or cfg.update_rms)
 
+    def measured_at(self, step: int) -> int:
+        """The probes measured `step`: it is the last measured, and the steps they skipped
+        since the one before (whose values stand for them) are returned."""
+        last, self.measured = self.measured, step
+        if last is not None and step > last:
+            return min(step - last - 1, self.config.common.baseline_window)
+        return 0
+
     def check(self, signals: StepSignals) -> list[Event]:
-        held = 0
-        if signals.precursors:  # the probes measured this step
-            last, self.measured = self.measured, signals.step
-            if last is not None and signals.step > last:
-                held = min(signals.step - last - 1, self.config.common.baseline_window)
+        # the probes measured this step, or not
+        held = self.measured_at(signals.step) if signals.precursors else 0
         events = (self._check_ratio(signals) + self.attention.check(signals, self.event)
                   + self.growth.check(signals, self.event, held))
         if signals.precursors:  # log Z moves only when measured
@@ -333,28 +366,37 @@ class InstabilityPrecursor(Detector):
     def skipped_steps(self) -> SkippedSteps | None:
         """For the calm lane, after a step the probes measured (or at `reopen`): what the steps
         they skip must show to be quiet for `check` (`_far`), so that the lane tests each with
-        one product and a maximum and hands them over in one go (`stand`). None: the lane asks
-        `calm_at` at each step (a streak or an episode open, no baseline yet)."""
+        one product and a maximum and hands them over in one go (`stand`); and, while log Z is
+        far from its bound with its baseline grown, what a step where they measure log Z alone
+        must show (`OutputGrowth.logz_floor`). None: the lane asks `calm_at` at each step (a
+        streak or an episode open, no baseline yet)."""
         if self.per_norm is not None and (not self.history or self.streaking
                                           or self.episode.active):
             return None
+        floor = (None if self.growth_near or self.config.instability_precursor.update_rms
+                 else self.growth.logz_floor())
         return SkippedSteps(per_norm=self.per_norm,
-                            bound=NEAR * self.config.instability_precursor.abs_min)
+                            bound=NEAR * self.config.instability_precursor.abs_min,
+                            logz_floor=floor,
+                            logz_margin=NEAR * self.config.instability_precursor.logz_rise)
 
     def stand(self, skipped: SkippedSteps) -> None:
-        """The steps the lane took while the probes skipped them, as `take_calm` on each: their
-        losses kept, the ratios last judged standing for each (when there is an estimate)."""
+        """The steps the lane took on the plan, as `check` (or `take_calm`) on each: their
+        losses kept, log Z where it was measured taken on the quiet path, the ratios last
+        judged standing for each (when there is an estimate)."""
         if not skipped.count:
             return
-        for loss in skipped.losses:
-            self.growth.calm_row(loss)
+        growth = self.growth
+        # every step keeps its loss, as `calm_row` and `check` do, before log Z reads them
+        growth.losses.extend(loss for loss in skipped.losses if math.isfinite(loss))
+        growth.quiet_logz([logz for logz in skipped.logz if logz is not None])
         if skipped.peak is None:  # no estimate: nothing judged
             self.judged = False
         else:
             self.judged, self.last_max = True, skipped.peak
             self.history.extend([self.history[-1]] * skipped.count)
             self.near = self.growth_near or self._ratio_near()
-        skipped.losses, skipped.count, skipped.peak = [], 0, None
+        skipped.losses, skipped.logz, skipped.count, skipped.peak = [], [], 0, None
 
     def _far(self, estimate: np.ndarray, signals: StepSignals) -> bool:
         """A skipped step whose estimate is far from every bound (the discounts only lower it),

@@ -138,6 +138,41 @@ class Streaks:
             self._remember(row)
         self.streak = np.zeros(last.shape, dtype=np.int64)
 
+    def quiet_rows(self, measured: list[tuple[int, np.ndarray]]) -> None:
+        """`hold` and `update` of rows the caller knows take the quiet path (a grown baseline,
+        no streak, every value finite and under its lowest value kept plus the margin), in one
+        go: each (steps the probe skipped before it, its values), in order."""
+        if not measured:
+            return
+        size = len(self._ring)
+        ring_rows: list[np.ndarray] = []
+        recent_rows: list[np.ndarray] = []
+        held_ring, held_recent = self._ring[(self._next - 1) % size], self.recent[-1]
+        for held, values in measured:  # as `hold`, then `update`'s quiet path
+            copies = min(held, size)
+            ring_rows += [held_ring] * copies + [values]
+            recent_rows += [held_recent] * copies + [values]
+            held_ring = held_recent = values
+        count = len(ring_rows)
+        kept = ring_rows[-size:]  # the rows the ring still holds after all of them
+        where = (self._next + count - len(kept) + np.arange(len(kept))) % size
+        self._ring[where] = np.stack(kept)
+        self._next = (self._next + count) % size
+        self._count = min(self._count + count, size)
+        self.recent.extend(recent_rows[-RECENT:])
+        quiet = np.zeros(measured[-1][1].shape, dtype=bool)
+        self.hits.extend([quiet] * min(count, self.hits.maxlen or count))
+        self.streak = np.zeros(quiet.shape, dtype=np.int64)
+
+    def floor(self) -> float | None:
+        """The lowest value kept of a single column whose baseline has grown, with no episode or
+        streak open: what a plan of its quiet rows starts from (None otherwise)."""
+        if (self._count < self.warmup or self.episode.active or self.streak.shape != (1,)
+                or self.streak.any() or not self.recent):
+            return None
+        lowest = float(self._lowest()[0])
+        return lowest if math.isfinite(lowest) else None
+
     def calm_at(self, value: float, margin: float) -> bool:
         """Whether one more row of `value` (a single column) is sure to raise nothing: no
         episode or streak open, and the baseline young or the value under `margin` above the
@@ -260,6 +295,29 @@ class OutputGrowth:
         if loss is not None and math.isfinite(loss):
             self.losses.append(loss)
 
+    def logz_floor(self) -> float | None:
+        """The lowest log Z kept, while its baseline has grown and no episode or streak is
+        open and no update RMS is measured (`Streaks.floor`); None otherwise."""
+        if self.updates.recent:
+            return None
+        return self.logz.floor()
+
+    def quiet_logz(self, measured: list[tuple[int, np.ndarray, float]]) -> None:
+        """`check` of steps where log Z alone was measured, each (the steps the probes skipped
+        before it, its largest log Z, its mean log Z), known to take the quiet path (the calm
+        lane's plan, `SkippedSteps.logz_row`), in one go after their losses were kept: the
+        values before each standing for the steps between, each largest log Z into the baseline,
+        each mean into the means."""
+        if not measured:
+            return
+        self.logz.quiet_rows([(held, value) for held, value, _ in measured])
+        means = self.means
+        for held, _, mean in measured:
+            if held and means:
+                means.extend([means[-1]] * min(held, means.maxlen or held))
+            if math.isfinite(mean):
+                means.append(mean)
+        self.logz_reported = None  # as `_logz_further` leaves it outside an episode
     def check(self, signals: StepSignals, make: MakeEvent, held: int = 0) -> list[Event]:
         """`held`: steps since the last measurement that the probes skipped (their values held)."""
         events: list[Event] = []

@@ -23,7 +23,8 @@ probes (a step they measure is taken too when their values are far from their bo
 that count steps towards a verdict (a divergence's patience, the stall's judgement).
 
 Plans made when the lane opens spare most steps even those calls, each exact against `check`:
-the precursor's steps that its probes skip are tested with one product and handed to it in one go
+the precursor's steps that its probes skip are tested with one product, those where they measure
+log Z alone with one comparison more, and handed to it in one go
 (`InstabilityPrecursor.skipped_steps`), `loss_divergence`'s levels are followed so that it judges
 the rows with the others unless a step could count towards a divergence
 (`LossDivergence.calm_plan`), and the adaptive clip's limit is bounded from below for
@@ -188,12 +189,14 @@ class CalmLane:
         if self.divergence is not None and not (value is not None
                                                 and self.divergence.admits(value)):
             self._divergence_live()
-        skipped, live, peak = self.skipped, self.live, None
-        if skipped is not None and not signals.precursors:  # a step the precursor skips
+        skipped, live, peak, logz = self.skipped, self.live, None, None
+        if skipped is not None and signals.precursors:
+            logz = skipped.logz_row(signals.precursors)
+            if logz is None:  # the precursor measures more: it hears the steps taken first
+                self._stand()
+                skipped = None
+        if skipped is not None:  # a step the precursor skips, or log Z alone and quiet
             live = self.live_others
-        elif skipped is not None:  # the precursor measures: it hears the steps it skipped
-            self._stand()
-            skipped = None
         calm = (value is not None and value <= bounds.loss  # NaN fails too
                 and 0.0 < norm <= bounds.grad_norm and (limit is None or _unclipped(norm, limit))
                 and self._same_silent(signals.param_grad_norm))
@@ -210,12 +213,13 @@ class CalmLane:
         if batch is not None:
             state.batches.saw_usual(batch)
         if skipped is not None:
-            assert value is not None  # calm: a finite loss
-            skipped.keep(value, peak)
+            assert value is not None and self.precursor is not None  # calm: a finite loss
+            skipped.keep(value, peak, None if logz is None else (
+                self.precursor.measured_at(state.step), *logz))
         for detector in live:  # nothing, as `calm_at` said
             self.raised.extend(detector.take_calm(signals))
-        if self.precursor is not None and signals.precursors:  # its plan after a measurement
-            self.skipped = self.precursor.skipped_steps()
+        if self.precursor is not None and signals.precursors and skipped is None:
+            self.skipped = self.precursor.skipped_steps()  # its plan after a measurement
         state.prover.see_calm(signals, batch)
         if services.step_rng is not None:  # a proof of a later step keeps its own forward's
             services.step_rng.take()
