@@ -299,8 +299,9 @@ class CalmLane:
         transfer (the loss curvature is left to the caller)."""
         state, services = self.state, self.services
         due = services.config.detectors.instability_precursor.probe and state.precursors_due
-        if self.plain is not None and not (due and state.ratio_due):
-            measured = self._measure_plain(self.plain, loss, loss_t, lrs, batch, logz_due=due)
+        if self.plain is not None:
+            measured = self._measure_plain(self.plain, loss, loss_t, lrs, batch, logz_due=due,
+                                           ratio_due=due and state.ratio_due)
             if measured is not None:
                 return measured
         pack = DevicePack(services.device)
@@ -323,13 +324,13 @@ class CalmLane:
         return signals, grads, limits
 
     def _measure_plain(self, params: list[torch.Tensor], loss: Any, loss_t: torch.Tensor,
-                       lrs: tuple[Any, ...], batch: Any, *, logz_due: bool
+                       lrs: tuple[Any, ...], batch: Any, *, logz_due: bool, ratio_due: bool
                        ) -> tuple[StepSignals, list[torch.Tensor], ClipLimits | None] | None:
         """`_measure` on the usual step of a one-device model whose every gradient is there
-        and none float16 or float64, with Adam's ratio not due: the same values from four
-        operator calls (the fused norm, its stack, the global norm, a stack with the loss for
-        the one transfer; a fifth joins log Z's values when due) and none of the pack's
-        bookkeeping. None: a gradient is missing."""
+        and none float16 or float64: the same values from four operator calls (the fused norm,
+        its stack, the global norm, a stack with the loss for the one transfer; a fifth joins
+        the precursor probes' values when due: Adam's ratio, from the norms, and log Z's) and
+        none of the pack's bookkeeping. None: a gradient is missing."""
         grads: list[torch.Tensor] = [p.grad for p in params]  # type: ignore[misc]
         try:  # (a missing one is a None, which the fused norm refuses)
             norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
@@ -342,13 +343,24 @@ class CalmLane:
             loss_t = loss_t.to(device=device, dtype=torch.float32)
         packed = torch.stack([*norms, torch.linalg.vector_norm(per_param), loss_t])
         services, state = self.services, self.state
+        ratios = (services.watch.adam_probe.measure(device, per_param) if ratio_due else {})
         probe = services.logz_probe
         logz = probe.take() if probe is not None else None  # read or dropped, as packed
-        if logz is not None and logz_due:
-            packed = torch.cat([packed, logz.to(device=device, dtype=torch.float32)])
+        logz = logz if logz_due else None
+        if ratios or logz is not None:
+            packed = torch.cat([packed, *(t.to(device=device, dtype=torch.float32)
+                                          for t in ratios.values()),
+                                *(() if logz is None
+                                  else (logz.to(device=device, dtype=torch.float32),))])
         host = to_host(packed)
         count = len(norms)
-        precursors = (logz_values(host[count + 2:]) if logz is not None and logz_due else {})
+        precursors: dict[str, np.ndarray] = {}
+        start = count + 2
+        for key, tensor in ratios.items():  # in the order packed
+            precursors[key] = host[start:start + tensor.numel()]
+            start += tensor.numel()
+        if logz is not None:
+            precursors.update(logz_values(host[start:]))
         limits = self._limits()
         signals = StepSignals(
             step=state.step, loss=float(host[count + 1]), grad_norm=float(host[count]),
