@@ -74,6 +74,19 @@ def _model_card(rows: list[tuple[str, float, int, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def test_rows_that_end_in_an_elapsed_time_the_header_does_not_name(tmp_path: Path) -> None:
+    """A GAN's table: `D_loss  acc  G_loss`, then rows split at bars that print a `timedelta`
+    after the values (`2 days, 12:04:16.416641`): the values under their names, the time passed
+    over."""
+    lines = ["D_loss       acc     G_loss"]
+    lines += [f"{0.004 + 0.0003 * (i % 3):.6f} | 100 | {5.0 + 0.2 * i:.6f} | 2 days, "
+              f"12:0{i}:16.416641" for i in range(7)]
+    log = read_log(write(tmp_path / "log.txt", "\n".join(lines) + "\n"))
+    assert log.format == "text:table" and len(log.steps) == 7
+    assert log.values("G_loss")[6] == pytest.approx(6.2)
+    assert log.values("acc") == [100.0] * 7
+
+
 def test_a_model_card_table_is_read_at_its_steps(tmp_path: Path) -> None:
     rows = [("No log", 0.32, 500, "2.9449"), ("2.9728", 0.64, 1000, "1.8492")]
     rows += [(f"{1.0 - 0.05 * i:.4f}", round(0.96 + 0.32 * i, 2), 1500 + 500 * i,

@@ -9,9 +9,10 @@ accuracy`, then `0, 9.15762, 9486.43847,0.014`) and other printed tables read al
   training or of an evaluation: `main/loss`, `validation/main/loss`);
 - its rows are the lines after it with as many fields, every one a number (`nan` and `inf`
   included) or a duration or a timestamp (fastai's `time` column, `00:05`; a `created_at`
-  column's `2020-02-03 16:53:44.934109`: passed over); a line of
-  another shape between them is passed over, and a header printed again starts the table
-  again under its names;
+  column's `2020-02-03 16:53:44.934109`: passed over), and after them a row may print an
+  elapsed time the header does not name (`0.004 | 100 | 6.25 | 2 days, 12:04:16.416641`,
+  a `timedelta`); a line of another shape between them is passed over, and a header printed
+  again starts the table again under its names;
 - a column named as a counter (`epoch`, `iteration`, `step`...) whose whole numbers go up numbers
   the rows, named as it is (the first such, in that order: an HF model card's `Epoch` of
   fractions leaves its `Step`); otherwise they are numbered from 1;
@@ -55,8 +56,9 @@ CLOCK = re.compile(r"(?:\d{4}-\d{2}-\d{2}[ T])?\d+:\d{2}(?::\d{2})?(?:\.\d+)?"
                    r"(?:Z|[+-]\d{2}:?\d{2})?")
 """A duration, a time of day or a date and time (fastai's `time` column, `00:05`; a logger's
 `created_at`, `2020-02-03 16:53:44.934109`): a field with no value, passed over."""
-DURATION = re.compile(r"\d+(?:\.\d+)?\s?(?:ms|s|sec|min|h)", re.IGNORECASE)
-"""A duration with its unit (nolearn's `dur` column, `0.6s`): passed over like a clock."""
+DURATION = re.compile(r"\d+(?:\.\d+)?\s?(?:ms|s|sec|min|h|days?)", re.IGNORECASE)
+"""A duration with its unit (nolearn's `dur` column, `0.6s`; a `timedelta`'s `2 days`): passed
+over like a clock."""
 FEWEST_ROWS = 5
 """Rows of numbers under a header for the lines to be read as a table."""
 HTML_ROW = re.compile(r"<tr[\s>]", re.IGNORECASE)
@@ -100,7 +102,12 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         if _is_header(fields):
             header = fields
             continue
-        if header is None or len(fields) != len(header):
+        if header is None:
+            continue
+        if len(fields) > len(header) and all(CLOCK.fullmatch(field) or DURATION.fullmatch(field)
+                                             for field in fields[len(header):]):
+            fields = fields[:len(header)]  # an elapsed time printed after the values, unnamed
+        if len(fields) != len(header):
             continue
         if RULE.match(line):
             continue
