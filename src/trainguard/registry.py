@@ -461,6 +461,8 @@ class Scope(str, Enum):
     """One value per hooked module, in the order the modules ran."""
     GROUP = "group"
     """One value per optimizer parameter group, in the optimizer's order."""
+    POSITION = "position"
+    """Values per position of the step's output read (a sample, or a token of one), in order."""
 
 
 class Reduction(str, Enum):
@@ -594,6 +596,10 @@ for _metric in (
     MetricKey("ce_ceiling", Scope.STEP, "max over positions of logsumexp minus the smallest "
               "class score: the most a cross-entropy of these scores can cost, whatever the "
               "target (probes/logz.py)", _LOCAL, False),
+    MetricKey("logz_rows", Scope.POSITION, "logsumexp of the class scores at each position read, "
+              "then each one minus the position's smallest score: what the step's transfer "
+              "carries, from which the host takes logz_mean, logz_max and ce_ceiling "
+              "(probes/logz.py)", _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),
     MetricKey("weight_std", Scope.PARAM, "standard deviation of the weights after the step",
