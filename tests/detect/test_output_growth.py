@@ -209,3 +209,26 @@ def test_a_rise_of_log_z_past_what_a_float_shows_is_told_as_a_power_of_e() -> No
 
     assert _z_times(3.0) == "20.1x"
     assert _z_times(1776.4) == "e^1776x"  # exp() would overflow (a capped ratio says 1e304)
+
+
+def test_quiet_rows_in_one_go_are_hold_and_update_row_by_row() -> None:
+    """`Streaks.quiet_rows`: rows known to take the quiet path, each after the steps held before
+    it, leave the state `hold` and `update` leave one at a time, however many rows wrap the
+    ring (more than its size in one go included)."""
+    rng = np.random.default_rng(0)
+    for held_most, rows in ((3, 12), (7, 40), (60, 3)):
+        one, batch = Streaks(50, 20, 5, 4), Streaks(50, 20, 5, 4)
+        for _ in range(30):  # a grown baseline, level 5
+            value = np.array([5.0 + rng.normal(0.0, 0.1)])
+            one.update(value, 3.0, 6.0, 0.05)
+            batch.update(value, 3.0, 6.0, 0.05)
+        measured = [(int(rng.integers(0, held_most + 1)),
+                     np.array([5.0 + rng.normal(0.0, 0.1)])) for _ in range(rows)]
+        for held, value in measured:
+            one.hold(held)
+            assert one.update(value, 3.0, 6.0, 0.05) is not None
+            assert not one.streak.any()  # each row takes the quiet path
+        batch.quiet_rows(measured)
+        assert json.dumps(batch.state_dict()) == json.dumps(one.state_dict()), held_most
+        assert [r.tolist() for r in batch.recent] == [r.tolist() for r in one.recent]
+        assert batch.near(3.0) == one.near(3.0)
