@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trainguard.config import DetectorConfig
-from trainguard.detect.instability_precursor import InstabilityPrecursor
+from trainguard.detect.instability_precursor import InstabilityPrecursor, SkippedSteps
 from trainguard.events import Event
 
 from .synth import signals
@@ -534,3 +534,14 @@ def test_the_plan_takes_quiet_log_z_measurements_as_check_does() -> None:
     planned.stand(plan)
     assert json.dumps(planned.state_dict()) == json.dumps(stepped.state_dict())
     assert taken > 40 and refused >= 1, (taken, refused)
+
+
+@pytest.mark.parametrize("value", [float("-inf"), float("nan"), float("inf"), 6.6])
+def test_the_plan_refuses_a_log_z_that_is_not_finite_or_not_under_its_bound(value: float) -> None:
+    """`check` keeps a non-finite log Z as NaN and judges it on its own path: the plan takes
+    only a finite value under its floor plus the margin (5.0 + 1.5 here)."""
+    plan = SkippedSteps(per_norm=None, bound=1.25, logz_floor=5.0, logz_margin=1.5)
+    logz = {"logz_max": np.array([value]), "logz_mean": np.array([4.0]),
+            "ce_ceiling": np.array([7.0])}
+    assert plan.logz_row(logz) is None
+    assert plan.logz_row({**logz, "logz_max": np.array([6.4])}) is not None

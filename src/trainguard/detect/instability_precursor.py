@@ -134,13 +134,14 @@ class SkippedSteps:
     def logz_row(self, precursors: dict[str, Any]) -> tuple[np.ndarray, float] | None:
         """A step where the probes measured log Z alone, quiet for it on the plan: (its largest
         log Z, its mean); None when the step is not one (the ratio measured too, no plan for
-        log Z, or a value at or above the bound, NaN included)."""
+        log Z, or a value at or above the bound or not finite)."""
         floor = self.logz_floor
         if (floor is None or LOGZ not in precursors or LOGZ_MEAN not in precursors
                 or SIGNAL in precursors or UPDATE in precursors):
             return None
         value = np.asarray(precursors[LOGZ], dtype=np.float64).reshape(-1)[:1]
-        if not float(value[0]) < floor + self.logz_margin:
+        first = float(value[0])  # (`check` keeps a non-finite value as NaN: not the plan's)
+        if not (math.isfinite(first) and first < floor + self.logz_margin):
             return None
         mean = float(np.asarray(precursors[LOGZ_MEAN], dtype=np.float64).reshape(-1)[0])
         return value, mean
