@@ -539,7 +539,7 @@ class InstabilityPrecursorConfig:
     every this many steps and each value stands for the steps until the next; near a bound, after
     any event and on sampled steps they measure every step. 1: every step always. Adam's ratio,
     while each of its measurements matches the estimate made for it from the gradient norms, is
-    measured at every second, then every fourth, of these steps."""
+    measured at every second, fourth, then eighth of these steps."""
     ratio: float = 2.0
     """A parameter's Adam ratio this many times its own median of the last
     `common.baseline_window` steps..."""
