@@ -6,7 +6,6 @@ import math
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -46,41 +45,3 @@ def test_a_tensor_in_autograd_or_of_other_shape_is_flattened_and_detached() -> N
     host = pack.fetch()
     np.testing.assert_array_equal(host["w"], np.full(6, 2.0))
     assert host["scalar"].shape == (1,) and math.isnan(host["scalar"][0])
-
-
-def test_parts_read_as_if_each_value_were_added_alone() -> None:
-    stats = torch.tensor([1.5, math.inf, -2.0])
-    names = ("a", "b", "c")
-    whole, alone = DevicePack(torch.device("cpu")), DevicePack(torch.device("cpu"))
-    whole.add("before", torch.tensor([7.0, 8.0]))
-    whole.add_parts(names, stats)
-    whole.add("after", torch.tensor(9.0))
-    alone.add("before", torch.tensor([7.0, 8.0]))
-    for i, name in enumerate(names):
-        alone.add(name, stats[i])
-    alone.add("after", torch.tensor(9.0))
-    fetched, expected = whole.fetch(), alone.fetch()
-    assert list(fetched) == list(expected) == ["before", "a", "b", "c", "after"]
-    for key in expected:
-        np.testing.assert_array_equal(fetched[key], expected[key])
-    started = whole.start_fetch().result()
-    for key in expected:
-        np.testing.assert_array_equal(started[key], expected[key])
-    with pytest.raises(ValueError):
-        whole.add_parts(("only",), stats)
-
-
-def test_a_pack_that_routes_by_name_is_handed_each_part() -> None:
-    class Routing(DevicePack):
-        def __init__(self) -> None:
-            super().__init__(torch.device("cpu"))
-            self.seen: list[str] = []
-
-        def add(self, name: str, tensor: torch.Tensor) -> None:
-            self.seen.append(name)
-            super().add(name, tensor)
-
-    pack = Routing()
-    pack.add_parts(["x", "y"], torch.tensor([3.0, 4.0]))
-    assert pack.seen == ["x", "y"]
-    assert {k: float(v[0]) for k, v in pack.fetch().items()} == {"x": 3.0, "y": 4.0}

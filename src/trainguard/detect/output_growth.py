@@ -318,6 +318,7 @@ class OutputGrowth:
             if math.isfinite(mean):
                 means.append(mean)
         self.logz_reported = None  # as `_logz_further` leaves it outside an episode
+
     def check(self, signals: StepSignals, make: MakeEvent, held: int = 0) -> list[Event]:
         """`held`: steps since the last measurement that the probes skipped (their values held)."""
         events: list[Event] = []

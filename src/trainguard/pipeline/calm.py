@@ -347,11 +347,10 @@ class CalmLane:
         probe = services.logz_probe
         logz = probe.take() if probe is not None else None  # read or dropped, as packed
         logz = logz if logz_due else None
-        if ratios or logz is not None:
+        extra = [*ratios.values(), *(() if logz is None else (logz,))]
+        if extra:
             packed = torch.cat([packed, *(t.to(device=device, dtype=torch.float32)
-                                          for t in ratios.values()),
-                                *(() if logz is None
-                                  else (logz.to(device=device, dtype=torch.float32),))])
+                                          for t in extra)])
         host = to_host(packed)
         count = len(norms)
         precursors: dict[str, np.ndarray] = {}

@@ -27,20 +27,6 @@ class DevicePack:
         self._sizes.append(flat.numel())
         self._tensors.append(flat)
 
-    def add_parts(self, names: list[str] | tuple[str, ...], tensor: torch.Tensor) -> None:
-        """One value of `tensor` per name, in order: a probe that computes several scalars
-        together adds them without a select per scalar."""
-        flat = _flat(tensor)
-        if flat.numel() != len(names):
-            raise ValueError(f"{len(names)} names for {flat.numel()} values")
-        if type(self).add is not DevicePack.add:  # a pack that routes by name sees each one
-            for i, name in enumerate(names):
-                self.add(name, flat[i])
-            return
-        self._names.extend(names)
-        self._sizes.extend([1] * len(names))
-        self._tensors.append(flat)
-
     def __bool__(self) -> bool:
         return bool(self._tensors)
 
