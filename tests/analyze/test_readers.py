@@ -189,8 +189,19 @@ def test_lightning_a_last_line_cut_short_is_left_out(tmp_path: Path) -> None:
 def test_lightning_a_csv_without_a_step_column_is_an_error(tmp_path: Path) -> None:
     path = write(tmp_path / "metrics.csv", "loss,epoch\n1.5,0\n")
     with pytest.raises(LogError, match="no 'step' column") as info:
-        read_log(path)
+        read_log(path, "lightning")
     assert str(path) in str(info.value)
+
+
+def test_a_csv_without_a_step_column_is_read_as_its_header_table(tmp_path: Path) -> None:
+    # a baselines / GAIL `progress.csv`: a header of names, one row per update, no step column
+    rows = [f"{0.7 - 0.01 * i:.3f},{10.0 / (i + 1) + (30.0 if i == 5 else 0.0):.4f},"
+            f"{20 + 3 * i},{1e-4 * (i % 3):.5f}" for i in range(12)]
+    path = write(tmp_path / "progress.csv", "\n".join(
+        ["discriminator loss,loss,mean 100 episode reward,kl", *rows]) + "\n")
+    log = read_log(path)
+    assert log.format == "text:table" and len(log.steps) == 12
+    assert log.values("loss")[5] == pytest.approx(10.0 / 6 + 30.0, abs=1e-4)  # as written
 
 
 # -- JSON Lines -----------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ FORMATS: dict[str, str] = {
              "folder of runs",
     "mlflow": "MLflow run: mlflow.db, an mlruns folder, or a sqlite:/// or file:// tracking URI",
     "jsonl": "JSON Lines, one object per logged step",
+    "json-series": "one JSON object of values by metric ({\"lm loss\": {\"values\": {...}}}, "
+                   "Megatron-LM's golden values) or by step ({\"0\": {\"lm loss\": ...}})",
     "metric-csv": "one metric's CSV without a header ('epoch,step,value' lines, the file named "
                   "after the metric, as d3rlpy writes them)",
     "monitor": "Gym / Stable-Baselines3 Monitor file (monitor.csv: one line per episode, 'r,l,t')",
@@ -26,6 +28,7 @@ FORMATS: dict[str, str] = {
     "text:rl": "text log, OpenAI baselines / stable-baselines console tables only",
     "text:yolo": "text log, the Ultralytics YOLO / YOLOv5 training console only",
     "text:boosting": "text log, CatBoost / XGBoost / LightGBM iteration lines only",
+    "text:mllog": "text log, MLPerf's ':::MLLOG {...}' event lines only",
     "text:deepxde": "text log, DeepXDE's loss.dat ('# step, loss_train, loss_test, "
                     "metrics_test') only",
     "text:history": "text log, Keras's History.history dict printed ({'loss': [...], ...}) "

@@ -10,7 +10,9 @@
                       another -> store; a `.wandb` run log -> wandb; a name with `tfevents` ->
                       tensorboard;
                       JSON holding `log_history` -> hf; JSON objects, one per line -> jsonl
-                      (also under a `.json` name: MMEngine's `*.log.json`)
+                      (also under a `.json` name: MMEngine's `*.log.json`); one JSON object
+                      of values by metric or by step (Megatron-LM's golden values) ->
+                      json-series
                       (Python dicts, one per line, as the HF Trainer prints them -> text;
                       a dict of lists, Keras's `History.history` printed or saved -> text);
                       TensorBoard's `Wall time,Step,Value` -> tensorboard-csv; W&B's
@@ -19,7 +21,8 @@
                       a `#{...}` line over `r,l,t` (Gym's and Stable-Baselines3's `Monitor`)
                       -> monitor; `epoch,step,value` lines with no header, a file per
                       metric named after it (d3rlpy's `critic_loss.csv`) -> metric-csv;
-                      a CSV header with a `step` column -> lightning; anything else -> text
+                      a CSV header with a `step` column -> lightning; anything else (a CSV
+                      without a `step` column among them: its header table) -> text
     a tracking URI    sqlite:///... or file:///... -> mlflow (a server's URI is refused)
 
 `run_id` picks a run of a store of several (`--run-id`): of a W&B folder or an MLflow store.
@@ -36,6 +39,7 @@ from pathlib import Path
 from trainguard.analyze import (
     exported,
     hf,
+    json_series,
     jsonl,
     keras,
     lightning,
@@ -55,7 +59,7 @@ _READERS: dict[str, Callable[[Path], Log]] = {
     "hf": hf.read, "lightning": lightning.read, "tensorboard": tensorboard.read,
     "store": store.read, "jsonl": jsonl.read, "text": text.read, "keras": keras.read,
     "tensorboard-csv": exported.read, "wandb-csv": exported.read, "monitor": monitor.read,
-    "metric-csv": metric_csv.read,
+    "metric-csv": metric_csv.read, "json-series": json_series.read,
 }
 _RUN_READERS: dict[str, Callable[[Path, str | None], Log]] = {
     "wandb": wandb_run.read, "mlflow": mlflow_run.read,
@@ -169,6 +173,8 @@ def detect_format(path: Path) -> str:
             return "text"  # a Python dict printed (single quotes, never JSON's): pasted
         if _HISTORY.match(start) and b'"log_history"' not in head:
             return "text"  # a dict of lists: Keras's `History.history`, printed or saved
+        if b'"log_history"' not in head and json_series.sniff(start):
+            return "json-series"  # values by metric or by step (a framework's golden values)
         if path.suffix == ".json" or b'"log_history"' in head or not first_line.endswith(b"}"):
             return "hf"
         if _is_json(first_line):
@@ -187,7 +193,7 @@ def detect_format(path: Path) -> str:
         return exported_as
     if keras.is_header(first):
         return "keras"
-    if path.suffix == ".csv" or ("," in first and "step" in [c.strip() for c in first.split(",")]):
+    if "," in first and "step" in [c.strip() for c in first.split(",")]:
         return "lightning"
     if len(head) >= 12 and _looks_like_tfrecord(head):
         return "tensorboard"

@@ -66,6 +66,9 @@ BOOKKEEPING = frozenset({
     "samples per second", "tflops", "global batch size", "num zeros", "ms/batch", "it/sec",
     "tokens/sec", "trained tokens", "peak mem", "mfu", "epoch_time", "eta", "data_time",
     "max_mem", "memory", "batch_cost", "data_cost", "ips",
+    # Megatron-LM's golden values and Megatron-Bridge's: clocks and memory counters
+    "num-zeros", "iteration-time", "mem-allocated-bytes", "mem-max-allocated-bytes",
+    "gpu utilization",
 })
 """Counters, clocks and run-level totals: not training signals."""
 

@@ -37,6 +37,10 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                XGBoost (`[0] train-rmse:17.1 eval-rmse:17.2`) and LightGBM (`[10] training's
                l2: 0.23 valid_1's l2: 0.25`) (`trainguard.analyze.boosting`): one row per
                iteration, the training set's loss metric the loss, the other sets evaluations.
+    mllog      MLPerf's `:::MLLOG {"key": "tracked_stats", "value": {"train_loss": 2.1},
+               "metadata": {"samples_count": 160, ...}}` lines (`trainguard.analyze.mllog`): rows
+               by the samples counted, `eval_accuracy` an evaluation (a loss or an accuracy, as
+               the benchmark defines it).
     deepxde    DeepXDE's `loss.dat` (`# step, loss_train, loss_test, metrics_test`, then rows of
                numbers; `trainguard.analyze.deepxde`): the loss the sum of the training terms,
                the test terms' sum an evaluation.
@@ -73,6 +77,7 @@ from trainguard.analyze import (
     deepxde,
     header_table,
     history,
+    mllog,
     pasted,
     rl_tables,
     yolo,
@@ -285,6 +290,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "rl": (rl_tables.read_rows, "row"),
     "yolo": (yolo.read_rows, "epoch"),
     "boosting": (boosting.read_rows, "iteration"),
+    "mllog": (mllog.read_rows, "samples_count"),
     "deepxde": (deepxde.read_rows, "step"),
     "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),

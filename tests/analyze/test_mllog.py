@@ -1,0 +1,66 @@
+"""MLPerf's `:::MLLOG` event lines (`analyze/mllog.py`), as a training result file holds them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trainguard.analyze import analyze, read_log
+
+
+def _event(key: str, value: object, prefix: str = "", **metadata: object) -> str:
+    meta = {"file": "train.py", "lineno": 7, **metadata}
+    return prefix + ":::MLLOG " + json.dumps({
+        "namespace": "", "time_ms": 1759677925155, "event_type": "POINT_IN_TIME", "key": key,
+        "value": value, "metadata": meta})
+
+
+def _lora_result(losses: list[float], evals: dict[int, float]) -> str:
+    lines = [_event("submission_benchmark", "llama2_70b_lora", "0: "),
+             _event("opt_base_learning_rate", 0.0004, "0: "),
+             _event("tracked_stats", {"warmup_time": 164.4}, "0: ", step=0)]
+    for i, loss in enumerate(losses):
+        samples = 160 * (i + 1)
+        lines.append(_event("tracked_stats", {"train_loss": loss}, "0: ", samples_count=samples,
+                            lr=0.0004 - 1e-6 * i, step=10 * (i + 1)))
+        if samples in evals:
+            lines.append(_event("eval_accuracy", evals[samples], "0: ", samples_count=samples))
+    lines.append(_event("run_stop", None, "0: ", status="success"))
+    return "\n".join(lines) + "\n"
+
+
+def test_training_rows_by_samples_counted_and_the_evaluation_loss(tmp_path: Path) -> None:
+    path = tmp_path / "result_0.txt"
+    losses = [3.2 / (1 + 0.1 * i) for i in range(20)]
+    path.write_text(_lora_result(losses, {800: 0.95, 1600: 0.93, 3200: 0.92}))
+    log = read_log(path)
+    assert log.format == "text:mllog" and log.step_unit == "samples_count"
+    assert log.steps[:3] == [160, 320, 480] and len(log.steps) == 20  # the set-up's clock: no row
+    assert math.isclose(log.values("loss")[19], losses[19])
+    assert math.isclose(log.values("lr")[0], 0.0004)
+    assert dict(log.evals)[1600] == {"eval_loss": 0.93}  # Llama 2 LoRA: an evaluation loss
+    assert analyze(path).verdict == "healthy"
+
+
+def test_a_result_with_evaluations_only_is_judged_on_its_log_perplexity(tmp_path: Path) -> None:
+    path = tmp_path / "result_1.txt"
+    ppl = [2.75 - 0.003 * i for i in range(10)] + [math.nan]
+    lines = [_event("submission_benchmark", "gpt3"),
+             *(_event("eval_accuracy", v, epoch_num=50331648 * (i + 1))
+               for i, v in enumerate(ppl))]
+    path.write_text("\n".join(lines) + "\n")
+    log = read_log(path)
+    assert log.loss_is_evaluation and "evaluation loss" in log.notes[0]
+    assert log.steps[1] == 2 * 50331648 and math.isnan(log.series["loss"][10])
+    assert analyze(path).verdict == "degraded"
+
+
+def test_an_accuracy_benchmark_keeps_its_quality_metric_under_its_name(tmp_path: Path) -> None:
+    path = tmp_path / "result_2.txt"
+    lines = [_event("submission_benchmark", "resnet"),
+             *(_event("eval_accuracy", 0.3 + 0.05 * i, epoch_num=4 * (i + 1)) for i in range(8))]
+    path.write_text("\n".join(lines) + "\n")
+    log = read_log(path)
+    assert "loss" not in log.series and log.values("accuracy")[7] == 0.3 + 0.05 * 7
+    assert not log.loss_is_evaluation
