@@ -149,7 +149,8 @@ def onset_row(log: Log, text: str) -> int | None:
     if nth:
         return int(next(g for g in nth.groups() if g)) - 1
     main = text.split(" (")[0].strip()
-    named = re.fullmatch(r"epoch\s+(\d+),\s*(?:batch|iter|step|it)\s+(\d+)", main)
+    named = re.fullmatch(r"epoch\s+(\d+),\s*(?:batch|iteration|iter|step|it)\s+(\d+)",
+                         main)
     if named:
         want = f"epoch {named.group(1)}, batch {named.group(2)}"
         found = next((i for i in range(len(log)) if log.label(i) == want), None)

@@ -906,3 +906,19 @@ def test_a_very_long_number_on_a_line_is_refused_in_linear_time(tmp_path: Path) 
 
     assert _COLUMNS.match("run epoch 1 " + "7" * 20_000 + " x") is None
     assert parse_line("[INFO]: 3 items, [rank0]: 12 done")[0] == {}
+
+
+def test_a_markdown_heading_over_a_pasted_log_is_no_row(tmp_path: Path) -> None:
+    # a README: `### loss NAN` titles the mmdetection console pasted under it
+    lines = ["# Detector", "", "### loss NAN", "", "```"]
+    for i in range(1, 13):
+        loss = "nan" if i >= 6 else f"{1.4 - 0.05 * i:.4f}"
+        lines.append(f"2021-01-25 19:25:44,459 - mmdet - INFO - Epoch [1][{50 * i}/5455]\t"
+                     f"lr: 4.983e-04, eta: 8:02:25, time: 0.443, loss_rpn_cls: 0.1925, "
+                     f"loss: {loss}, grad_norm: 10.6679")
+    path = tmp_path / "README.md"
+    path.write_text("\n".join([*lines, "```", ""]))
+    log = read_log(path)
+    assert len(log.steps) == 12 and log.label(0) == "epoch 1, batch 50"
+    result = analyze(path)
+    assert result.verdict == "degraded" and result.onset == "epoch 1, batch 300"

@@ -78,6 +78,9 @@ _BRACKETED_NAME = re.compile(
 """A name in brackets before its value (`[epoch]: 199, [loss]: 4.99`): the name, unbracketed
 (`[train]:  48%|` is a progress bar's prefix, no value; a log level or a launcher's rank,
 `[INFO]:`, `[rank0]:`, is no name)."""
+_HEADING = re.compile(r"^ {0,3}#{2,6}[ \t]")
+"""A Markdown heading (`### loss NAN` over a pasted log in a README): a title, never a logged
+row (one `#` is left alone: a comment line a logger writes)."""
 _EMPHASIS = re.compile(r"\*\*|__|`|\\(?=[*_])")
 """Markdown around a pasted value (`loss = **0.0002**`, `\\*`): not part of it."""
 _TENSOR = re.compile(rf"tensor\(\s*\[?\s*({NUM})\s*\]?\s*(?:,[^()]*(?:\([^()]*\)[^()]*)*)?\)",
@@ -468,6 +471,8 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
     for line in _records(_joined_objects(part for raw in lines for part in raw.split("\r"))):
         if OVERFLOW.search(line):
             overflow = True
+            continue
+        if _HEADING.match(line):
             continue
         header = _EPOCH_HEADER.match(_ANSI.sub("", line))
         if header:
