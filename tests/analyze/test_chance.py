@@ -62,3 +62,30 @@ def test_a_high_first_classification_loss_that_comes_down_below_chance_is_no_blo
                                    (150, 0.9, 2.2, 9.0), (200, 0.7, 1.9, 8.5)]))
     result = analyze(path)
     assert "loss_above_chance" not in {e.kind for e in result.events}
+
+
+def _caffe(totals: list[float], aux: list[float]) -> str:
+    lines = []
+    for i, (total, term) in enumerate(zip(totals, aux, strict=True)):
+        lines += [f"I1010 16:55:58.493882 142934 solver.cpp:229] Iteration {20 * i}, "
+                  f"loss = {total}",
+                  f"I1010 16:55:58.493966 142934 solver.cpp:245]     Train net output #1: "
+                  f"loss_aux = {term} (* 0.4 = {0.4 * term:.4f} loss)",
+                  f"I1010 16:55:58.494001 142934 sgd_solver.cpp:106] Iteration {20 * i}, "
+                  "lr = 0.0001"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_loss_term_saturated_at_float32s_floor_is_a_blow_up(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"  # Caffe's SoftmaxWithLoss stops at -ln(FLT_MIN) = 87.3365
+    path.write_text(_caffe([92.0984, 122.271, 122.271, 122.271, 122.271],
+                           [11.9047, 87.3365, 87.3365, 87.3365, 87.3365]))
+    result = analyze(path)
+    assert result.verdict == "degraded" and result.kind == "explosion"
+    assert result.onset == "iteration 20"  # the term's first saturated row, not the total's
+
+
+def test_a_loss_that_passes_the_saturated_value_once_is_not_one(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_text(_caffe([1.2, 1.1, 1.0, 0.95, 0.9], [90.1, 87.3365, 60.2, 30.5, 12.0]))
+    assert "loss_above_chance" not in {e.kind for e in analyze(path).events}

@@ -284,8 +284,8 @@ def _config(log: Log) -> DetectorConfig:
 
 def _above_chance(log: Log) -> list[Event]:
     """A cross-entropy worse than any uniform guess from the first row (the log reports its
-    perplexity, so the loss is one), or a classification loss the log names that is so on every
-    row (`analyze/chance.py`)."""
+    perplexity, so the loss is one), a loss term saturated at float32's floor, or a
+    classification loss the log names that is so on every row (`analyze/chance.py`)."""
     most = chance_level.MAX_CLASSES
     ceiling = f"ln {most} = {chance_loss(most):.3g}"
     if any("ppl" in name.lower() or "perplexity" in name.lower() for name in log.series):
@@ -297,6 +297,15 @@ def _above_chance(log: Log) -> list[Event]:
                                   "worse than a uniform guess over any vocabulary: the weights "
                                   "blew up before the first logged step",
                           value=value, details={"row": row})]
+    found = chance_level.saturated(log)
+    if found is not None:
+        row, name = found
+        return [Event(kind="loss_above_chance", step=log.steps[row], severity="error",
+                      message=f"{name} sits at {chance_level.SATURATED:.6g} = -ln(float32's "
+                              "smallest normal number): the softmax's probability of the true "
+                              "class underflowed (Caffe's SoftmaxWithLoss stops there), the "
+                              "logits blew up",
+                      param=name, value=chance_level.SATURATED, details={"row": row})]
     for name in log.series:
         if not chance_level.is_classification_loss(name):
             continue

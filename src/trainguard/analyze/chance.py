@@ -27,7 +27,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from trainguard.analyze.log import Log, is_bookkeeping, is_eval_name
+from trainguard.analyze.log import LOSS, Log, is_bookkeeping, is_eval_name, is_train_loss
 from trainguard.chance_level import chance_loss
 
 TOLERANCE = 0.05
@@ -139,3 +139,26 @@ def always_above_any_chance(values: list[float]) -> bool:
     uniform guess over any number of classes on every row."""
     ceiling = chance_loss(MAX_CLASSES)
     return len(values) >= 2 and all(math.isfinite(v) and v > ceiling for v in values)
+
+
+SATURATED = -math.log(1.1754943508222875e-38)
+"""-ln of float32's smallest normal number (87.3365): the loss of a softmax whose true class's
+probability underflowed, where Caffe's `SoftmaxWithLoss` and any log of a probability clamped
+at that floor stop; a loss term that sits there has logits that blew up."""
+SATURATED_ROWS = 2
+
+
+def saturated(log: Log) -> tuple[int, str] | None:
+    """The first row at which a loss series of the log (the loss or a term: `loss_aux`) sits at
+    `SATURATED`, when it does on `SATURATED_ROWS` rows or more, and the series' name; None
+    otherwise. (A weighted sum of terms passes 87.34 without any term saturated: the term's own
+    rows say when.)"""
+    for name in log.series:
+        if name != LOSS and not is_train_loss(name):
+            continue
+        rows, values = log.series.points(name)
+        at = [row for row, value in zip(rows, values, strict=True)
+              if abs(value - SATURATED) < 5e-4]
+        if len(at) >= SATURATED_ROWS:
+            return at[0], name
+    return None
