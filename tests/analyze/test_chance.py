@@ -89,3 +89,12 @@ def test_a_loss_that_passes_the_saturated_value_once_is_not_one(tmp_path: Path) 
     path = tmp_path / "train.log"
     path.write_text(_caffe([1.2, 1.1, 1.0, 0.95, 0.9], [90.1, 87.3365, 60.2, 30.5, 12.0]))
     assert "loss_above_chance" not in {e.kind for e in analyze(path).events}
+
+
+def test_a_loss_that_passes_87_34_on_its_way_down_is_no_saturation(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"  # two rows at 87.3365 by chance, then lower: no saturation
+    values = [95.1, 91.2, 89.0, 88.1, 87.7, 87.3365, 87.3365, 87.1, 86.9, 86.5, 86.2, 85.9]
+    path.write_text("".join(f"iter {i} loss {v}\n" for i, v in enumerate(values)))
+    result = analyze(path)
+    assert "loss_above_chance" not in {e.kind for e in result.events}
+    assert result.verdict == "healthy"

@@ -67,3 +67,13 @@ def test_a_json_object_of_neither_shape_is_left_to_the_trainer_state_reader(
     path.write_text(json.dumps({"model": {"n_layer": 2}, "lr": 0.001}))
     with pytest.raises(LogError, match="log_history"):
         read_log(path)
+
+
+def test_keys_that_are_no_step_number_are_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "golden.json"
+    data: dict[str, object] = {str(i): {"lm loss": 2.0 - 0.1 * i} for i in range(8)}
+    data["\u00b2"] = {"lm loss": 0.7}  # a superscript digit: no step
+    data["9" * 5000] = {"lm loss": 0.7}  # longer than any step
+    path.write_text(json.dumps(data))
+    log = read_log(path)
+    assert log.steps == list(range(8))

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from trainguard.analyze import analyze, read_log
 
 
@@ -64,3 +66,35 @@ def test_an_accuracy_benchmark_keeps_its_quality_metric_under_its_name(tmp_path:
     log = read_log(path)
     assert "loss" not in log.series and log.values("accuracy")[7] == 0.3 + 0.05 * 7
     assert not log.loss_is_evaluation
+
+
+def test_rnnt_word_error_rate_goes_down_and_stable_diffusion_names_its_metric(
+        tmp_path: Path) -> None:
+    path = tmp_path / "rnnt.txt"
+    lines = [_event("submission_benchmark", "rnnt")]
+    for epoch in range(1, 11):
+        lines.append(_event("train_loss", 40.0 / epoch, epoch_num=epoch))
+        lines.append(_event("eval_accuracy", 0.9 / epoch, epoch_num=epoch))
+    path.write_text("\n".join(lines) + "\n")
+    assert dict(read_log(path).evals)[10] == {"eval_wer": pytest.approx(0.09)}
+    assert analyze(path).verdict == "healthy"
+    path = tmp_path / "sd.txt"
+    lines = [_event("submission_benchmark", "stable_diffusion")]
+    for i in range(1, 9):
+        lines.append(_event("tracked_stats", {"loss": 0.2 - 0.01 * i}, step_num=1000 * i))
+        lines += [_event("eval_accuracy", 90.0 / i, step_num=1000 * i, metric="FID"),
+                  _event("eval_accuracy", 0.1 + 0.01 * i, step_num=1000 * i, metric="CLIP")]
+    path.write_text("\n".join(lines) + "\n")
+    log = read_log(path)
+    assert log.step_unit == "step_num" and set(dict(log.evals)[8000]) == {"eval_fid", "eval_clip"}
+
+
+def test_evaluations_on_another_counter_than_the_training_rows_are_left_out(
+        tmp_path: Path) -> None:
+    path = tmp_path / "result.txt"
+    lines = [_event("tracked_stats", {"train_loss": 3.0 - 0.1 * i}, samples_count=1000 * i)
+             for i in range(1, 9)]
+    lines.append(_event("eval_accuracy", 0.9, epoch_num=5))  # not a samples count
+    path.write_text("\n".join(lines) + "\n")
+    log = read_log(path)
+    assert log.steps[0] == 1000 and not log.evals

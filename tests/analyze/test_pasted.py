@@ -922,3 +922,11 @@ def test_a_markdown_heading_over_a_pasted_log_is_no_row(tmp_path: Path) -> None:
     assert len(log.steps) == 12 and log.label(0) == "epoch 1, batch 50"
     result = analyze(path)
     assert result.verdict == "degraded" and result.onset == "epoch 1, batch 300"
+
+
+def test_a_heading_that_holds_a_number_may_be_a_trainers_line(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_text("".join(f"### Epoch {i}/10 - loss: {1.9 - 0.1 * i:.3f}\n"
+                            for i in range(1, 11)))
+    log = read_log(path)
+    assert len(log.steps) == 10 and log.values("loss")[9] == pytest.approx(0.9)

@@ -729,3 +729,15 @@ def test_many_series_names_cost_what_their_values_cost(writer: Callable[[Path], 
     assert peak < 64e6 + 30 * path.stat().st_size, f"{peak / 1e6:.0f} MB traced"
     result = analyze_log(log)
     assert result.rows == len(log) and result.verdict == "healthy"
+
+
+def test_a_csv_whose_step_header_is_quoted_is_lightnings(tmp_path: Path) -> None:
+    path = write(tmp_path / "metrics.csv", '"epoch","step","train_loss"\n0,0,1.5\n0,1,1.25\n')
+    assert read_log(path).format == "lightning"
+
+
+def test_a_csv_without_a_step_or_a_loss_column_is_a_clear_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "rewards.csv", "iteration,mean_reward\n" + "".join(
+        f"{i},{10 + i}\n" for i in range(40)))
+    with pytest.raises(LogError, match="no training log lines recognised"):
+        read_log(path)

@@ -146,19 +146,23 @@ SATURATED = -math.log(1.1754943508222875e-38)
 probability underflowed, where Caffe's `SoftmaxWithLoss` and any log of a probability clamped
 at that floor stop; a loss term that sits there has logits that blew up."""
 SATURATED_ROWS = 2
+SATURATED_TOLERANCE = 5e-5
+"""Printed to six significant digits (Caffe's `87.3365`), float32's value is within this."""
 
 
 def saturated(log: Log) -> tuple[int, str] | None:
-    """The first row at which a loss series of the log (the loss or a term: `loss_aux`) sits at
-    `SATURATED`, when it does on `SATURATED_ROWS` rows or more, and the series' name; None
-    otherwise. (A weighted sum of terms passes 87.34 without any term saturated: the term's own
-    rows say when.)"""
+    """The first row of the run of rows at `SATURATED` that ends a loss series of the log (the
+    loss or a term: `loss_aux`), when the run holds `SATURATED_ROWS` rows or more, and the
+    series' name; None otherwise. A saturated softmax stays saturated: a loss that passes
+    87.34 on its way down is no such run. (A weighted sum of terms passes 87.34 without any
+    term saturated: the term's own rows say when.)"""
     for name in log.series:
         if name != LOSS and not is_train_loss(name):
             continue
         rows, values = log.series.points(name)
-        at = [row for row, value in zip(rows, values, strict=True)
-              if abs(value - SATURATED) < 5e-4]
-        if len(at) >= SATURATED_ROWS:
-            return at[0], name
+        run = 0
+        while run < len(values) and abs(values[-1 - run] - SATURATED) < SATURATED_TOLERANCE:
+            run += 1
+        if run >= SATURATED_ROWS:
+            return rows[-run], name
     return None

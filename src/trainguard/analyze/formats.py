@@ -21,8 +21,8 @@
                       a `#{...}` line over `r,l,t` (Gym's and Stable-Baselines3's `Monitor`)
                       -> monitor; `epoch,step,value` lines with no header, a file per
                       metric named after it (d3rlpy's `critic_loss.csv`) -> metric-csv;
-                      a CSV header with a `step` column -> lightning; anything else (a CSV
-                      without a `step` column among them: its header table) -> text
+                      a CSV header with a `step` column -> lightning; another `.csv` ->
+                      text:table (its header's names); anything else -> text
     a tracking URI    sqlite:///... or file:///... -> mlflow (a server's URI is refused)
 
 `run_id` picks a run of a store of several (`--run-id`): of a W&B folder or an MLflow store.
@@ -193,8 +193,11 @@ def detect_format(path: Path) -> str:
         return exported_as
     if keras.is_header(first):
         return "keras"
-    if "," in first and "step" in [c.strip() for c in first.split(",")]:
+    columns = [c.strip().strip('"') for c in first.split(",")]
+    if "," in first and "step" in columns:
         return "lightning"
+    if path.suffix == ".csv":  # its header names the columns: read as that table alone
+        return "text:table"
     if len(head) >= 12 and _looks_like_tfrecord(head):
         return "tensorboard"
     return "text"

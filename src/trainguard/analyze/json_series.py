@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainguard.analyze.log import Log, LogBuilder, LogError
+from trainguard.analyze.log import Log, LogBuilder, LogError, is_bookkeeping
 from trainguard.analyze.source import MAX_RECORD
 
 FORMAT = "json-series"
@@ -60,7 +60,7 @@ def read(path: str | Path) -> Log:
             points = _points(series)
             if points is None:
                 continue
-            numbered = numbered or _numbered(series)
+            numbered = numbered or (_numbered(series) and not is_bookkeeping(label))
             for step, value in points:
                 log.add_values(step, [(label, value)])
         if numbered:
@@ -69,7 +69,9 @@ def read(path: str | Path) -> Log:
 
 
 def _whole_key(key: str) -> bool:
-    return key.strip().isdigit()
+    """A step number as a key: ASCII digits, no longer than a 64-bit step."""
+    key = key.strip()
+    return key.isascii() and key.isdigit() and len(key) <= 18
 
 
 def _points(series: Any) -> list[tuple[int, Any]] | None:

@@ -4,12 +4,13 @@ after a rank prefix such as `0: `).
 
     training   `"key": "tracked_stats"` with a dict value that holds a loss
                (`{"train_loss": 2.1}`; the set-up's clocks are left out), or a key
-               that names a loss (`train_loss`, `loss`) with a number; the row is the
-               metadata's `step`, else its `samples_count`, else its `epoch_num`
+               that names a loss (`train_loss`, `loss`) with a number; rows are numbered by
+               one of the metadata's counters (`COUNTERS`: `samples_count` first)
     evaluation `"key": "eval_accuracy"`: MLPerf's quality metric, whose direction is the
                benchmark's (`submission_benchmark`): a log perplexity or a loss for the
-               language models (`LOSS_BENCHMARKS`), read as `eval_loss`; an accuracy, a mAP, a
-               Dice score for the others, read as `eval_accuracy`
+               language models, read as `eval_loss`, RNN-T's word error rate as `eval_wer`
+               (`LOWER_IS_BETTER`); an accuracy, a mAP, a Dice score for the others, read as
+               `eval_accuracy`; a metric the metadata names (`FID`) under its name
     skipped    the run's set-up events (`submission_*`, `opt_*`, `init_start`, `block_start`):
                strings, or numbers that are settings, not measurements
 
@@ -30,24 +31,26 @@ from trainguard.analyze.log import LOSS, LR, LogBuilder, number
 _LINE = re.compile(r":::MLLOG\s+(\{.*\})\s*$")
 TRAIN_KEYS = frozenset({"train_loss", "loss", "training_loss"})
 """Event keys that carry the training loss as a number."""
-LOSS_BENCHMARKS = ("gpt3", "llama2_70b_lora", "llama31_")
-"""Benchmarks (by the start of `submission_benchmark`) whose `eval_accuracy` is a log
-perplexity or an evaluation loss, where lower is better (MLPerf Training rules: GPT-3's and
-Llama 3.1's log perplexity, GPT-3's target 2.69; Llama 2 70B LoRA's evaluation loss, target
-0.925)."""
-COUNTERS = ("samples_count", "step", "epoch_num")
+LOWER_IS_BETTER = {"gpt3": "eval_loss", "llama2_70b_lora": "eval_loss", "llama31_": "eval_loss",
+                   "rnnt": "eval_wer"}
+"""Benchmarks (by the start of `submission_benchmark`) whose `eval_accuracy` goes down as the
+model learns, and the name it is read under (MLPerf Training rules: GPT-3's and Llama 3.1's log
+perplexity, GPT-3's target 2.69; Llama 2 70B LoRA's evaluation loss, target 0.925; RNN-T's word
+error rate); the others' is an accuracy, a mAP, a Dice score. An event whose metadata names its
+metric (Stable Diffusion's `FID`, `CLIP`) is read under that name."""
+COUNTERS = ("samples_count", "step", "step_num", "epoch_num")
 """The metadata's counters, in the order a row is numbered by: `samples_count` is the one
 MLPerf's training and evaluation events share (`epoch_num` counts samples too in some
-results)."""
+results); one counter numbers every row of a file, the first that its training events (else
+its evaluations) carry."""
 
 
 def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     """Add the training rows (or, without any, the quality metric's evaluations as rows) of
     the MLLOG lines among `lines` to `log`; the number of rows."""
     benchmark = ""
-    train: list[tuple[int, dict[str, float]]] = []
-    quality: list[tuple[int, float]] = []
-    units: dict[str, str] = {}  # the counter of the first row of each kind
+    train: list[tuple[dict[str, Any], dict[str, float]]] = []
+    quality: list[tuple[dict[str, Any], str, float]] = []
     for line in lines:
         if ":::MLLOG" not in line:
             continue
@@ -65,57 +68,62 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         meta = meta if isinstance(meta, dict) else {}
         if key == "submission_benchmark" and isinstance(value, str):
             benchmark = value.lower()
-            continue
-        at = _counter(meta)
-        if at is None:
-            continue
-        step, name = at
-        if key == "tracked_stats" and isinstance(value, dict):
-            if not any("loss" in str(k).lower() for k in value):
-                continue  # the set-up's clocks (`warmup_time`, `before_model_init`)
-            values = {k: v for k, v in ((k, number(v)) for k, v in value.items())
-                      if v is not None}
-        elif key in TRAIN_KEYS and number(value) is not None:
-            values = {LOSS: number(value)}  # type: ignore[dict-item]
-        elif key == "eval_accuracy" and number(value) is not None:
-            quality.append((step, number(value)))  # type: ignore[arg-type]
-            units.setdefault("quality", name)
-            continue
-        else:
-            continue
-        lr = number(meta.get("lr"))
-        if lr is not None:
-            values[LR] = lr
-        if values:
-            train.append((step, values))
-            units.setdefault("train", name)
-    if not train and not quality:
+        elif key == "tracked_stats" and isinstance(value, dict):
+            if any("loss" in str(k).lower() for k in value):  # not the set-up's clocks
+                values = {k: v for k, v in ((k, number(v)) for k, v in value.items())
+                          if v is not None}
+                _with_lr(values, meta)
+                train.append((meta, values))
+        elif key in TRAIN_KEYS and (loss := number(value)) is not None:
+            train.append((meta, _with_lr({LOSS: loss}, meta)))
+        elif key == "eval_accuracy" and (score := number(value)) is not None:
+            metric = meta.get("metric")
+            quality.append((meta, f"eval_{metric.lower()}" if isinstance(metric, str) else "",
+                            score))
+    counter = _counter([meta for meta, _ in train] or [meta for meta, _, _ in quality])
+    if counter is None:
         return 0
-    lower = benchmark.startswith(LOSS_BENCHMARKS)
-    quality_name = "eval_loss" if lower else "eval_accuracy"
-    log.step_unit = units.get("train") or units["quality"]
-    if train:
-        for step, values in train:
+    default = next((name for prefix, name in LOWER_IS_BETTER.items()
+                    if benchmark.startswith(prefix)), "eval_accuracy")
+    log.step_unit = counter
+    rows = [(meta[counter], values) for meta, values in train if _whole(meta.get(counter))]
+    evals = [(meta[counter], name or default, score) for meta, name, score in quality
+             if _whole(meta.get(counter))]
+    if rows:
+        for step, values in rows:
             log.add_entry(step, values)
-        for step, value in quality:
-            log.add_eval(step, {quality_name: value})
-        return len(train)
-    if lower:
+        for step, name, score in evals:
+            log.add_eval(step, {name: score})
+        return len(rows)
+    if not evals:
+        return 0
+    if default == "eval_loss":
         log.notes.append("the log holds no training loss: its evaluation loss (MLPerf's "
                          f"eval_accuracy of {benchmark}, lower is better) is judged")
         log.loss_is_evaluation = True
     else:
         log.notes.append("the log holds no training loss: its quality metric (MLPerf's "
                          "eval_accuracy) is all it says of the run")
-    for step, value in quality:
-        log.add(step, {LOSS if lower else "accuracy": value})
-    return len(quality)
+    for step, name, score in evals:
+        log.add(step, {LOSS if name == "eval_loss" else name.removeprefix("eval_"): score})
+    return len(evals)
 
 
-def _counter(meta: dict[str, Any]) -> tuple[int, str] | None:
-    """The event's step from its metadata, and the counter's name."""
-    for name in COUNTERS:
-        value = meta.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, name
-    return None
+def _with_lr(values: dict[str, float], meta: dict[str, Any]) -> dict[str, float]:
+    lr = number(meta.get("lr"))
+    if lr is not None:
+        values[LR] = lr
+    return values
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _counter(metas: list[dict[str, Any]]) -> str | None:
+    """The first of `COUNTERS` that the events' metadata carry (the most of them)."""
+    best = max(COUNTERS, key=lambda name: (sum(_whole(m.get(name)) for m in metas),
+                                           -COUNTERS.index(name)), default=None)
+    if best is None or not any(_whole(m.get(best)) for m in metas):
+        return None
+    return best

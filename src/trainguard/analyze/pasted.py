@@ -78,9 +78,10 @@ _BRACKETED_NAME = re.compile(
 """A name in brackets before its value (`[epoch]: 199, [loss]: 4.99`): the name, unbracketed
 (`[train]:  48%|` is a progress bar's prefix, no value; a log level or a launcher's rank,
 `[INFO]:`, `[rank0]:`, is no name)."""
-_HEADING = re.compile(r"^ {0,3}#{2,6}[ \t]")
-"""A Markdown heading (`### loss NAN` over a pasted log in a README): a title, never a logged
-row (one `#` is left alone: a comment line a logger writes)."""
+_HEADING = re.compile(r"^ {0,3}#{2,6}[ \t][^0-9]*$")
+"""A Markdown heading without a digit (`### loss NAN` over a pasted log in a README): a title,
+never a logged row (one `#` is left alone: a comment line a logger writes; a heading with a
+number, `### Epoch 1/10 - loss: 1.900`, may be a trainer's line)."""
 _EMPHASIS = re.compile(r"\*\*|__|`|\\(?=[*_])")
 """Markdown around a pasted value (`loss = **0.0002**`, `\\*`): not part of it."""
 _TENSOR = re.compile(rf"tensor\(\s*\[?\s*({NUM})\s*\]?\s*(?:,[^()]*(?:\([^()]*\)[^()]*)*)?\)",
