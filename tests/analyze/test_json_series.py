@@ -77,3 +77,9 @@ def test_keys_that_are_no_step_number_are_left_out(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     log = read_log(path)
     assert log.steps == list(range(8))
+
+
+def test_a_step_written_twice_with_a_value_as_text_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "golden.json"  # "1" and " 1": one step; "nan" a value as text
+    path.write_text('{"lm loss": {"values": {"1": 2.0, " 1": "nan", "2": 1.9, "3": 1.8}}}')
+    assert read_log(path).steps == [1, 2, 3]

@@ -83,7 +83,7 @@ def _points(series: Any) -> list[tuple[int, Any]] | None:
     values = series["values"]
     if isinstance(values, dict):
         points = [(int(k), v) for k, v in values.items() if _whole_key(str(k))]
-        return sorted(points)
+        return sorted(points, key=lambda point: point[0])  # by step alone: values may be text
     start = series.get("start_step")
     interval = series.get("step_interval")
     start = start if isinstance(start, int) and not isinstance(start, bool) else 1
