@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainguard.analyze.log import Log, LogBuilder, LogError, is_bookkeeping
+from trainguard.analyze.log import Log, LogBuilder, LogError, is_bookkeeping, whole_number
 from trainguard.analyze.source import MAX_RECORD
 
 FORMAT = "json-series"
@@ -86,9 +86,8 @@ def _points(series: Any) -> list[tuple[int, Any]] | None:
         return sorted(points, key=lambda point: point[0])  # by step alone: values may be text
     start = series.get("start_step")
     interval = series.get("step_interval")
-    start = start if isinstance(start, int) and not isinstance(start, bool) else 1
-    interval = (interval if isinstance(interval, int) and not isinstance(interval, bool)
-                and interval > 0 else 1)
+    start = start if whole_number(start) else 1
+    interval = interval if whole_number(interval) and interval > 0 else 1
     return [(start + i * interval, v) for i, v in enumerate(values)]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainguard.analyze.log import Log, LogBuilder, LogError
+from trainguard.analyze.log import Log, LogBuilder, LogError, whole_number
 from trainguard.analyze.source import MAX_RECORD, Lines
 
 FORMAT = "jsonl"
@@ -59,7 +59,7 @@ def read(path: str | Path) -> Log:
                 continue
             step = next((record[k] for k in STEP_KEYS if isinstance(record.get(k), int)
                          and not isinstance(record.get(k), bool)), None)
-            if step is None and _whole(record.get("epoch")) and "iter" not in record:
+            if step is None and whole_number(record.get("epoch")) and "iter" not in record:
                 # one record per epoch (DeiT, MAE, ConvNeXt's `log.txt`): the epoch numbers it
                 log.add_entry(int(record["epoch"]), record)
                 by_epoch = True
@@ -84,11 +84,6 @@ def read(path: str | Path) -> Log:
     elif by_epoch:
         log.step_unit = "epoch"
     return log.build(what="training values (no line with a numeric metric)")
-
-
-def _whole(value: object) -> bool:
-    """A whole number as JSON writes one (`4`, not `4.5`, not `true`)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 EVAL_MODES = frozenset({"val", "valid", "validation", "test", "eval"})

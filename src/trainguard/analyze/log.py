@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from trainguard.analyze import windows
 from trainguard.errors import TrainguardError
@@ -566,6 +566,11 @@ def _classify(name: str) -> tuple[int, str]:
     if is_eval_name(name):
         return _EVAL, name.strip()
     return _TRAIN, canonical_name(name)
+
+
+def whole_number(value: object) -> TypeGuard[int]:
+    """A whole number as JSON writes one (`4`, not `4.5`, not `true`)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def number(raw: Any) -> float | None:

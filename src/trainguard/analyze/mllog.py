@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from trainguard.analyze.log import LOSS, LR, LogBuilder, number
+from trainguard.analyze.log import LOSS, LR, LogBuilder, number, whole_number
 
 _LINE = re.compile(r":::MLLOG\s+(\{.*\})\s*$")
 TRAIN_KEYS = frozenset({"train_loss", "loss", "training_loss"})
@@ -72,8 +72,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             if any("loss" in str(k).lower() for k in value):  # not the set-up's clocks
                 values = {k: v for k, v in ((k, number(v)) for k, v in value.items())
                           if v is not None}
-                _with_lr(values, meta)
-                train.append((meta, values))
+                train.append((meta, _with_lr(values, meta)))
         elif key in TRAIN_KEYS and (loss := number(value)) is not None:
             train.append((meta, _with_lr({LOSS: loss}, meta)))
         elif key == "eval_accuracy" and (score := number(value)) is not None:
@@ -86,9 +85,9 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     default = next((name for prefix, name in LOWER_IS_BETTER.items()
                     if benchmark.startswith(prefix)), "eval_accuracy")
     log.step_unit = counter
-    rows = [(meta[counter], values) for meta, values in train if _whole(meta.get(counter))]
+    rows = [(meta[counter], values) for meta, values in train if whole_number(meta.get(counter))]
     evals = [(meta[counter], name or default, score) for meta, name, score in quality
-             if _whole(meta.get(counter))]
+             if whole_number(meta.get(counter))]
     if rows:
         for step, values in rows:
             log.add_entry(step, values)
@@ -116,14 +115,8 @@ def _with_lr(values: dict[str, float], meta: dict[str, Any]) -> dict[str, float]
     return values
 
 
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _counter(metas: list[dict[str, Any]]) -> str | None:
     """The first of `COUNTERS` that the events' metadata carry (the most of them)."""
-    best = max(COUNTERS, key=lambda name: (sum(_whole(m.get(name)) for m in metas),
-                                           -COUNTERS.index(name)), default=None)
-    if best is None or not any(_whole(m.get(best)) for m in metas):
-        return None
-    return best
+    best = max(COUNTERS, key=lambda name: (sum(whole_number(m.get(name)) for m in metas),
+                                           -COUNTERS.index(name)))
+    return best if any(whole_number(m.get(best)) for m in metas) else None
