@@ -18,7 +18,7 @@ from trainguard.diagnose.loss_bound import (
     ceiling_of,
     check_first_loss,
 )
-from trainguard.probes.logz import LogZProbe, logz_values
+from trainguard.probes.logz import LogZProbe
 
 from ..conftest import torch_threads
 
@@ -35,7 +35,7 @@ def _ceiling(model: TinyCausalLM, tokens: torch.Tensor) -> tuple[torch.Tensor, f
         logits = model(tokens[:, :-1]).detach()
     rows = probe.take()
     assert rows is not None
-    measured = ceiling_of(logz_values(rows.numpy().astype('float64')))
+    measured = ceiling_of(probe.values(rows.numpy().astype('float64')))
     probe.close()
     assert measured is not None
     return logits, measured

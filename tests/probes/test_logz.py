@@ -14,6 +14,7 @@ from trainguard.probes.logz import (
     MAX_ROWS,
     MIN_ROWS,
     LogZProbe,
+    host_rows,
     logz_rows,
     logz_values,
 )
@@ -96,7 +97,7 @@ def test_the_hook_keeps_the_last_training_forward_and_skips_evaluation() -> None
     model(x)
     model.eval()
     model(torch.full((2, 3), 100.0))  # an evaluation does not count
-    seen = logz_values(probe.take().numpy())  # type: ignore[union-attr]
+    seen = probe.values(probe.take().numpy())  # type: ignore[union-attr]
     assert set(seen) == set(LOGZ_KEYS)
     expected = math.log(math.exp(1) + math.exp(2) + math.exp(3) + 1)
     assert float(seen["logz_mean"][0]) == pytest.approx(expected, rel=1e-6)
@@ -114,6 +115,7 @@ def test_a_failing_measurement_never_reaches_the_forward_pass(monkeypatch) -> No
         raise RuntimeError("boom")
 
     monkeypatch.setattr("trainguard.probes.logz.logz_rows", broken)
+    monkeypatch.setattr("trainguard.probes.logz._host_scores", broken)
     assert model(torch.zeros(2, 3)).shape == (2, 4)
     assert probe.take() is None
 
@@ -138,7 +140,7 @@ def test_a_sampling_pass_without_gradients_is_not_read() -> None:
     model(x).sum().backward()
     with torch.no_grad():
         model(torch.full((2, 3), 100.0))  # sampling after the training forward
-    seen = logz_values(probe.take().numpy())  # type: ignore[union-attr]
+    seen = probe.values(probe.take().numpy())  # type: ignore[union-attr]
     expected = math.log(math.exp(1) + math.exp(2) + math.exp(3) + 1)
     assert float(seen["logz_mean"][0]) == pytest.approx(expected, rel=1e-6)
     probe.close()
@@ -174,3 +176,91 @@ def test_float64_scores_keep_their_ceiling_and_a_masked_row_warns_nothing() -> N
         warnings.simplefilter("error")
         mean, _, ceiling = logz_stats(masked)  # type: ignore[misc]
     assert mean == -math.inf and math.isnan(ceiling)
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize("scores", [
+    [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [10.0, -5.0, 2.0]],
+    [[1.0, float("nan"), 3.0], [0.0, 0.0, 0.0]],
+    [[INF, 1.0], [-INF, -INF], [-INF, 2.0], [INF, -INF]],
+    [[3e38, 3e38], [-3e38, 1.0]],
+])
+def test_the_hosts_log_z_is_the_devices(scores: list[list[float]]) -> None:
+    """Small outputs ride the transfer as they are and log Z is taken of them on the host: the
+    same values as the device's logsumexp, NaN, inf and -inf included."""
+    t = torch.tensor(scores)
+    device = logz_rows(t)
+    assert device is not None
+    host = host_rows(t.numpy().reshape(-1), t.shape[-1])
+    assert host == pytest.approx(device.numpy().astype("float64"), rel=1e-6, nan_ok=True)
+
+
+def _probe_reads(model: nn.Module, x: torch.Tensor) -> tuple[LogZProbe, torch.Tensor]:
+    probe = LogZProbe(model)
+    model(x)
+    taken = probe.take()
+    assert taken is not None
+    return probe, taken
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_small_output_is_read_on_the_host_with_the_same_values(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 10).to(dtype)
+    x = torch.randn(64, 8, dtype=dtype)
+    probe, taken = _probe_reads(model, x)
+    assert probe.taken_classes == 10 and taken.numel() == 640  # the scores, not two reductions
+    seen = probe.values(taken.float().numpy())
+    expected = logz_values(logz_rows(model(x)).numpy().astype("float64"))  # type: ignore[union-attr]
+    for key in LOGZ_KEYS:
+        assert float(seen[key][0]) == pytest.approx(float(expected[key][0]), rel=1e-3)
+    probe.close()
+
+
+def test_large_and_float64_outputs_keep_the_devices_reductions() -> None:
+    model = nn.Linear(8, 512)
+    probe, taken = _probe_reads(model, torch.randn(64, 8))  # 32768 scores
+    assert probe.taken_classes is None and taken.numel() == 2 * 64
+    probe.close()
+    model64 = nn.Linear(8, 10).double()
+    probe, taken = _probe_reads(model64, torch.randn(4, 8, dtype=torch.float64))
+    assert probe.taken_classes is None and taken.numel() == 2 * 4
+    probe.close()
+
+
+def test_strided_positions_are_copied_and_a_whole_output_is_not() -> None:
+    """A read of some positions copies them (the output's storage is not held until the step is
+    measured); a small output read whole is a view of it."""
+    class Seq(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    model = Seq()
+    x = torch.randn(1, 1024, 3)  # 1024 positions: strided to MAX_ROWS
+    probe = LogZProbe(model)
+    out = model(x)
+    taken = probe.take()
+    assert taken is not None and taken.numel() == MAX_ROWS * 3
+    assert taken.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+    small = model(torch.randn(4, 3))
+    taken = probe.take()
+    assert taken is not None and taken.untyped_storage().data_ptr() == (
+        small.untyped_storage().data_ptr())
+    probe.close()
+
+
+def test_scores_written_in_place_after_the_forward_are_not_read() -> None:
+    class Seq(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2.0
+
+    model = Seq()
+    probe = LogZProbe(model)
+    out = model(torch.randn(4, 3))
+    out.mul_(1e6)  # the loop rescales its logits in place: the forward's scores are gone
+    assert probe.take() is None
+    model(torch.randn(4, 3))
+    assert probe.take() is not None
+    probe.close()

@@ -29,7 +29,7 @@ from trainguard.detect.instability_precursor import SIGNAL as ADAM_RATIO
 from trainguard.detect.output_growth import LOGZ
 from trainguard.events import Event
 from trainguard.probes.attention_logits import AttentionLogitProbe
-from trainguard.probes.logz import LogZProbe, logz_values
+from trainguard.probes.logz import LogZProbe
 from trainguard.transfer import to_host
 
 KINDS = frozenset({"instability_precursor", "bad_start"})
@@ -98,7 +98,8 @@ class Reading:
                 return float(found[1][found[0].index(self.signal.name)])
             if self._logz is not None:
                 rows = self._logz.take()
-                return math.nan if rows is None else float(logz_values(to_host(rows))[LOGZ][0])
+                return (math.nan if rows is None
+                        else float(self._logz.values(to_host(rows))[LOGZ][0]))
             if self.signal.signal == LOSS:
                 return math.nan
             return adam_ratio(model, optimizer, self.signal.name)

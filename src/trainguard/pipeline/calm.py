@@ -59,7 +59,6 @@ from trainguard.pipeline.services import Services
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
-from trainguard.probes.logz import logz_values
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.clip import EPS as CLIP_EPS
 from trainguard.remedies.limit import ClipLimits
@@ -320,7 +319,7 @@ class CalmLane:
                               else None),
             clip_limit=None if limits is None else limits.in_force(),
             grads_absent=absent_from(present, len(services.watched)),
-            precursors=precursors_of(host))
+            precursors=precursors_of(host, services.logz_probe))
         return signals, grads, limits
 
     def _measure_plain(self, params: list[torch.Tensor], loss: Any, loss_t: torch.Tensor,
@@ -359,7 +358,8 @@ class CalmLane:
             precursors[key] = host[start:start + tensor.numel()]
             start += tensor.numel()
         if logz is not None:
-            precursors.update(logz_values(host[start:]))
+            assert probe is not None
+            precursors.update(probe.values(host[start:]))
         limits = self._limits()
         signals = StepSignals(
             step=state.step, loss=float(host[count + 1]), grad_norm=float(host[count]),

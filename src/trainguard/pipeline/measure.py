@@ -29,7 +29,7 @@ from trainguard.pipeline.context import (
 )
 from trainguard.pipeline.services import Services, new_params_notice
 from trainguard.pipeline.state import RunState
-from trainguard.probes.logz import logz_values
+from trainguard.probes.logz import LogZProbe
 from trainguard.probes.packing import DevicePack
 from trainguard.remedies.limit import ClipLimits
 from trainguard.signals import SampledStats, StepSignals
@@ -41,7 +41,7 @@ PRECURSOR = "pre:"
 METRIC = "metric:"
 """The prefix of a loop's step metrics handed as device tensors, among the pack's extras."""
 LOGZ_PACKED = f"{PRECURSOR}logz_rows"
-"""The pack's name of the log Z probe's values (`logz_rows`), read with `logz_values`."""
+"""The pack's name of the log Z probe's values, read with `LogZProbe.values`."""
 
 
 def loss_tensor(loss: Any) -> torch.Tensor | None:
@@ -155,13 +155,15 @@ def pack_precursors(pack: DevicePack, services: Services, grad_norms: torch.Tens
         services.logz_probe.take()
 
 
-def precursors_of(host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The precursor probes' values among a step's host arrays, by signal name."""
+def precursors_of(host: dict[str, np.ndarray], logz: LogZProbe | None
+                  ) -> dict[str, np.ndarray]:
+    """The precursor probes' values among a step's host arrays, by signal name (`logz`: the
+    probe whose values the pack carries, which reads them)."""
     found = {k[len(PRECURSOR):]: v for k, v in host.items()
              if k.startswith(PRECURSOR) and k != LOGZ_PACKED}
     rows = host.get(LOGZ_PACKED)
-    if rows is not None:
-        found.update(logz_values(rows))
+    if rows is not None and logz is not None:
+        found.update(logz.values(rows))
     return found
 
 
@@ -238,7 +240,7 @@ def _signals(ctx: StepContext, state: RunState, services: Services,
         fp16_grad_maxabs=(float(host["fp16_grad_maxabs"][0]) if "fp16_grad_maxabs" in host
                           else None),
         sampled=unpack_pending(host, step.pending),
-        precursors=precursors_of(host),
+        precursors=precursors_of(host, services.logz_probe),
         trainer_metrics={name: (float(host[f"x:{METRIC}{name}"][0])
                                 if isinstance(value, torch.Tensor) else value)
                          for name, value in ctx.metrics.items()},

@@ -72,6 +72,12 @@ MAX_ELEMENTS = 1 << 19
 a large one)..."""
 MIN_ROWS = 16
 """...but never fewer positions than this."""
+HOST_VALUES = 4096
+"""Class scores read this few (after the striding) ride the step's transfer as they are, and log
+Z is taken of them on the host (`host_rows`): the device's two reductions are some ten operator
+calls, which on a small model's step cost more than the values they would save from the
+transfer (on the MLP of `benchmarks/overhead.py`, 64 x 10 scores, one CPU thread: 180-250 us in
+the forward hook against about 20 us of NumPy)."""
 
 
 def logz_rows(t: torch.Tensor) -> torch.Tensor | None:
@@ -94,10 +100,27 @@ def logz_rows(t: torch.Tensor) -> torch.Tensor | None:
     return torch.cat([logz, logz - rows.amin(dim=-1)]).float()
 
 
-def logz_values(rows: np.ndarray) -> dict[str, np.ndarray]:
+def host_rows(scores: np.ndarray, classes: int) -> np.ndarray:
+    """`logz_rows` of class scores read as they are (`classes` to a position), on the host in
+    float64: the same values, NaN, inf and -inf as the device's logsumexp gives them."""
+    rows = np.asarray(scores, dtype=np.float64).reshape(-1, classes)
+    top = np.maximum.reduce(rows, axis=1)  # (ufuncs: the methods' bookkeeping costs more here)
+    if np.isfinite(top).all():  # the usual step: nothing to warn of, no context to enter
+        logz = np.log(np.add.reduce(np.exp(rows - top[:, None]), axis=1)) + top
+        return np.concatenate([logz, logz - np.minimum.reduce(rows, axis=1)])
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        shift = np.where(np.isinf(top), 0.0, top)  # as torch.logsumexp: inf - inf is no NaN
+        logz = np.log(np.add.reduce(np.exp(rows - shift[:, None]), axis=1)) + shift
+        return np.concatenate([logz, logz - np.minimum.reduce(rows, axis=1)])
+
+
+def logz_values(rows: np.ndarray, classes: int | None = None) -> dict[str, np.ndarray]:
     """`LOGZ_KEYS` from `logz_rows`' values on the host (one value each, float64): the mean and
     the largest log Z over the positions, and the largest log Z minus smallest score of a
-    position (`ce_ceiling`). A NaN among them is kept (a max or a mean of it is NaN)."""
+    position (`ce_ceiling`). A NaN among them is kept (a max or a mean of it is NaN).
+    `classes`: `rows` are the class scores themselves, that many to a position (`host_rows`)."""
+    if classes is not None:
+        rows = host_rows(rows, classes)
     half = len(rows) // 2
     logz = rows[:half]
     # the reductions as ufuncs: `ndarray.mean`'s own bookkeeping cost more than its sum here
@@ -116,6 +139,14 @@ class LogZProbe:
         """Whether the next forward is measured (the precursor's cadence,
         `detectors.instability_precursor.every`); a forward of a step not measured costs nothing."""
         self._rows: torch.Tensor | None = None
+        self._classes: int | None = None
+        """The scores per position of `_rows` when they are the scores themselves (None: log Z
+        was taken on the device)."""
+        self._version = 0
+        """The scores' version when the forward made them: scores written in place since are
+        not read."""
+        self.taken_classes: int | None = None
+        """`_classes` of what `take` returned last, which `values` reads."""
         self._handle: torch.utils.hooks.RemovableHandle | None = (
             model.register_forward_hook(self._hook))
 
@@ -125,19 +156,46 @@ class LogZProbe:
         try:
             tensor = model_output_tensor(output)
             if tensor is not None:  # detached: no graph is recorded
-                self._rows = logz_rows(tensor)
+                self._rows, self._classes = _host_scores(tensor) or (logz_rows(tensor), None)
+                self._version = 0 if self._rows is None else self._rows._version
         except Exception as exc:  # never break the user's forward pass
-            self._rows = None
+            self._rows, self._classes = None, None
             log.debug("trainguard: log Z probe skipped (%s)", exc)
 
     def take(self) -> torch.Tensor | None:
         """The step's `logz_rows`, as one tensor (None when no class scores were seen since the
         last call): what the step's pack adds in one piece, read with `logz_values`."""
         rows, self._rows = self._rows, None
+        self.taken_classes = self._classes
+        if rows is not None and self._classes is not None and rows._version != self._version:
+            return None  # the scores were written in place after the forward
         return rows
+
+    def values(self, host: np.ndarray) -> dict[str, np.ndarray]:
+        """`LOGZ_KEYS` from what `take` returned last, read on the host."""
+        return logz_values(host, self.taken_classes)
 
     def close(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
         self._rows = None
+
+
+def _host_scores(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """The class scores `logz_rows` reads, as they are (flat, `HOST_VALUES` at most) with the
+    classes of a position, when they are few enough for the host and float32 or narrower (a
+    float32 transfer keeps them; float64 scores keep the device's reductions); None else. A view
+    of the output when it is read whole, else a copy of the positions read, which `reshape`
+    makes of strided rows (the output's storage is not held until the step is measured)."""
+    if (t.dim() not in (2, 3) or t.shape[-1] < 2 or not t.is_floating_point()
+            or t.dtype is torch.float64 or not t.numel()):
+        return None
+    classes = t.shape[-1]
+    rows = t.detach().reshape(-1, classes)
+    most = max(MIN_ROWS, min(MAX_ROWS, MAX_ELEMENTS // classes))
+    if rows.shape[0] > most:
+        rows = rows[::-(-rows.shape[0] // most)]
+    if rows.numel() > HOST_VALUES:
+        return None
+    return rows.reshape(-1), classes  # (a copy of strided positions)
