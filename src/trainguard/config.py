@@ -231,7 +231,13 @@ class ProbesConfig:
 
     sample_every: int = 50
     """Heavy probes (weights, update ratio, activations, optimizer state) run every this many
-    steps, and on the step after any event."""
+    steps (or a multiple of it, under `sample_budget`), and on the step after any event."""
+    sample_budget: float | None = 0.01
+    """The share of the run's time the heavy probes may cost: on steps so short that sampling
+    every `sample_every` steps costs more, they run every 2, 4 or 8 times `sample_every` steps
+    instead (after a run's first 500 steps, or its first 10 samples; `probes/sample_cadence.py`).
+    None (and every run under torch.distributed): every `sample_every` steps exactly, whatever
+    the timings."""
     sample_all_steps: bool = False
     """Run the heavy probes on every step (for debugging; costs more)."""
     inspect_batches: bool = True
@@ -260,6 +266,8 @@ class ProbesConfig:
     def __post_init__(self) -> None:
         sections.at_least(self, 1, "sample_every", "samples_every")
         sections.share(self, "samples_budget")
+        if self.sample_budget is not None:
+            sections.share(self, "sample_budget")
         sections.flag(self, "sample_all_steps", "inspect_batches", "preflight", "activations",
                       "outputs")
         if self.batch_size is not None:

@@ -62,6 +62,7 @@ from trainguard.pipeline.services import build_services
 from trainguard.pipeline.settle import schedule_sampling
 from trainguard.pipeline.state import RunState
 from trainguard.pipeline.steps import StepPipeline
+from trainguard.probes.sample_cadence import SampleCadence
 from trainguard.ranked_cause import RankedCause
 from trainguard.recovery import Recovery, Verdict
 from trainguard.recovery.brake import PrecursorBrake
@@ -140,7 +141,7 @@ class Run:
             run_dir=self.run_dir, rewind_schedulers=rewind_schedulers,
             noise_scheduler=noise_scheduler)
         self.state = _initial_state(config, BatchWatch(model, config.probes.batch_size),
-                                    journal)
+                                    journal, distributed=dist is not None)
         self.closed = False
         self.verdict: RunVerdict | None = None
         self.samples_broken: tuple[int, str] | None = None
@@ -159,7 +160,7 @@ class Run:
         if config.policy == "recover":
             self.state.recovery = Recovery(
                 dist=dist, model=model, optimizers=[optimizer], scheduler=scheduler,
-                scaler=self.services.scaler, config=config)
+                scaler=self.services.scaler, config=config, sampling=self.state.cadence)
             self.state.recovery.start(self.state.step, self.state.rewind_state())
         if config.policy != "observe":  # under recover the recovery keeps its ceiling
             self.state.brake = PrecursorBrake(
@@ -682,10 +683,14 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
             "parameter names": hashlib.sha1(names.encode()).hexdigest()[:16]}
 
 
-def _initial_state(config: GuardConfig, batches: BatchWatch, journal: Journal) -> RunState:
+def _initial_state(config: GuardConfig, batches: BatchWatch, journal: Journal, *,
+                   distributed: bool) -> RunState:
+    probes = config.probes
     return RunState(
         clip=ClipChain.init(config), batches=batches, journal=journal, prover=IncidentProver(),
         detectors=default_detectors(config.detectors),
+        # ranks sample the same steps: their timings differ
+        cadence=SampleCadence(probes.sample_every, None if distributed else probes.sample_budget),
         losses=LossTrack(stall_steps=config.detectors.no_progress.steps),
         metric_watch=MetricCollapse(config.detectors))
 

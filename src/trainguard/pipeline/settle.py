@@ -68,8 +68,8 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
     and output hooks if so. `ahead`: that step is `state.step + ahead` (1 under
     `sync="deferred"`, whose steps are settled one step late)."""
     config = services.config
-    scheduled = (config.probes.sample_all_steps
-                 or (state.step + ahead) % config.probes.sample_every == 0)
+    state.cadence.observe(state.sampled_now)  # the step that ended
+    scheduled = config.probes.sample_all_steps or state.cadence.scheduled(state.step + ahead)
     state.sampled_now = scheduled or state.sample_next or after_event
     state.sample_next = False
     if state.sampled_now:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard.detect import Detector
 from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.detect.on_duty import OnDuty
+from trainguard.probes.sample_cadence import SampleCadence
 from trainguard.signals import LossCurvature, StepSignals
 from trainguard.stateful import Stateful, gather, restore
 from trainguard.verdict import LossTrack
@@ -76,6 +77,8 @@ class RunState:
     sampled_now: bool = False
     """Whether the step about to be measured runs the heavy probes (decided before its forward
     pass, by `Run.schedule_sampling`)."""
+    cadence: SampleCadence = field(default_factory=lambda: SampleCadence(50, None))
+    """The heavy probes' interval in force, as their cost allows (`probes/sample_cadence.py`)."""
     precursors_due: bool = True
     """Whether the step about to be measured runs the precursor probes (Adam's ratio, log Z),
     decided before its forward pass with the sampling (`InstabilityPrecursor.due`)."""

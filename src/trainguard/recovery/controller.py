@@ -36,6 +36,7 @@ from typing import Any, Literal
 from trainguard.config import DetectorConfig, RecoveryConfig
 from trainguard.detect import DETECTOR_TYPES
 from trainguard.events import Event
+from trainguard.probes.sample_cadence import SampleCadence
 from trainguard.registry import (
     Onset,
     Reaction,
@@ -92,10 +93,12 @@ def troubling(events: list[Event]) -> list[Event]:
 
 class RecoveryController:
     def __init__(self, config: RecoveryConfig, detectors: DetectorConfig,
-                 sample_every: int) -> None:
+                 sample_every: int, sampling: SampleCadence | None = None) -> None:
         self.config = config
         self.detectors = detectors
         self.sample_every = sample_every
+        self.sampling = sampling
+        """The heavy probes' cadence in force (None: every `sample_every` steps)."""
         self.rollbacks = 0
         self.calm_losses: deque[float] = deque(maxlen=REFERENCE_LOSSES)
         self.trouble: _Trouble | None = None
@@ -252,7 +255,8 @@ class RecoveryController:
             return (step - det.loss_divergence.patience - det.loss_divergence.window // 2
                     - det.loss_divergence.span // 2)
         if rule is Onset.SAMPLED:  # seen on a sampled step: went bad since the last one
-            return step - self.sample_every
+            return step - (self.sample_every if self.sampling is None
+                           else self.sampling.interval(step))
         if rule is Onset.LAST_AGREED:  # the replicas were last seen equal then
             return int(event.details.get("last_agreed_step", 0))
         return step

@@ -26,6 +26,7 @@ from torch import nn
 from trainguard.config import GuardConfig
 from trainguard.distributed import DistributedContext
 from trainguard.events import Event
+from trainguard.probes.sample_cadence import SampleCadence
 from trainguard.recovery.cadence import RingCadence, RingFeeder
 from trainguard.recovery.controller import RecoveryController, Verdict, troubling
 from trainguard.recovery.data import flatten_ids
@@ -103,7 +104,7 @@ class Rollback:
 class Recovery:
     def __init__(self, *, dist: DistributedContext | None, model: nn.Module,
                  optimizers: list[torch.optim.Optimizer], scheduler: Any, scaler: Any,
-                 config: GuardConfig) -> None:
+                 config: GuardConfig, sampling: SampleCadence | None = None) -> None:
         self.dist = dist
         self.model = model
         self.optimizers = optimizers
@@ -116,7 +117,7 @@ class Recovery:
         self.cadence = RingCadence(self.config.ring_every, self.config.ring_budget)
         self.feeder = RingFeeder(self.ring, self.cadence)
         self.controller = RecoveryController(self.config, config.detectors,
-                                             config.probes.sample_every)
+                                             config.probes.sample_every, sampling)
         self.lr = LRBackoff(optimizers, [scheduler] if scheduler is not None else [],
                             self.config.lr_ramp_steps)
         self.skipped_data: set[Any] = set()
