@@ -597,9 +597,9 @@ for _metric in (
               "class score: the most a cross-entropy of these scores can cost, whatever the "
               "target (probes/logz.py)", _LOCAL, False),
     MetricKey("logz_rows", Scope.POSITION, "logsumexp of the class scores at each position read, "
-              "then each one minus the position's smallest score: what the step's transfer "
-              "carries, from which the host takes logz_mean, logz_max and ce_ceiling "
-              "(probes/logz.py)", _LOCAL, False),
+              "then each one minus the position's smallest score (or, for at most 4096 scores, "
+              "the scores themselves): what the step's transfer carries, from which the host "
+              "takes logz_mean, logz_max and ce_ceiling (probes/logz.py)", _LOCAL, False),
     # sampled steps: weights (probes/weights.py)
     MetricKey("weight_mean", Scope.PARAM, "mean of the weights after the step", _LOCAL, True),
     MetricKey("weight_std", Scope.PARAM, "standard deviation of the weights after the step",

@@ -33,6 +33,7 @@ def run(cadence: SampleCadence, clock: Clock, steps: int, step_s: float, extra_s
         now = cadence.scheduled(step)
         if now:
             sampled.append(step)
+            cadence.ran(step)
         clock.now += step_s + (extra_s if now else 0.0) + (60.0 if step == pause_at else 0.0)
         cadence.observe(now)
     return sampled
@@ -100,12 +101,17 @@ def test_a_pause_between_steps_moves_neither_the_step_time_nor_the_interval(cloc
 
 def test_the_recover_policy_dates_a_sampled_fault_from_the_interval_in_force(
         clock: Clock) -> None:
+    """A fault the heavy probes find went bad since the probes ran last: at the interval in
+    force, and whatever it is when the fault is judged (a deferred run judges it a step late)."""
     cadence = SampleCadence(50, 0.01)
-    run(cadence, clock, 1000, step_s=0.002, extra_s=0.003)
+    run(cadence, clock, 1200, step_s=0.002, extra_s=0.003)
+    assert cadence.interval(1200) == 200 and list(cadence.samples) == [800, 1000]
+    cadence.ran(1200)
     controller = RecoveryController(RecoveryConfig(), DetectorConfig(), 50, cadence)
     fixed = RecoveryController(RecoveryConfig(), DetectorConfig(), 50)
-    assert controller.sample_every == 50 and cadence.interval(1200) == 200
     event = Event(kind="nonfinite_weight", severity="error", step=1200, message="")
+    assert controller._onset(event, 1200) == 1000
+    cadence.multiple = 1
     assert controller._onset(event, 1200) == 1000
     assert fixed._onset(event, 1200) == 1150
 
@@ -147,6 +153,22 @@ def test_a_tiny_model_samples_less_often_after_its_early_steps_and_not_without_a
     assert later == list(range(520, steps, 40))
     dense = _sampled_steps(trainguard.GuardConfig(probes={"sample_every": 2}, **quiet), steps)
     assert dense == list(range(0, steps, 2))
+
+
+def test_a_resumed_run_goes_on_at_the_interval_in_force() -> None:
+    model = nn.Linear(4, 2)
+    guard = trainguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                             config=trainguard.GuardConfig(sinks={"console": False}))
+    guard.run.state.cadence.multiple = 4
+    state = guard.state_dict()
+    guard.close()
+    for budget, multiple in ((0.01, 4), (None, 1)):
+        fresh = trainguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                 config=trainguard.GuardConfig(sinks={"console": False},
+                                                               probes={"sample_budget": budget}))
+        fresh.load_state_dict(state)
+        assert fresh.run.state.cadence.multiple == multiple
+        fresh.close()
 
 
 def test_the_budget_is_a_share() -> None:

@@ -473,6 +473,7 @@ class Run:
             self.state.recovery.restart(self.state.step, self.state.rewind_state())
         if self.state.anchor is not None:
             self.state.anchor.restart(self.state.step)
+        self.state.cadence.restart()
         self.schedule_sampling()
         if self.calm is not None:  # its bounds and plans were the old state's: closed until
             self.calm.hand_over()  # the next full step opens it from the loaded one

@@ -73,6 +73,7 @@ def schedule_sampling(state: RunState, services: Services, after_event: bool = F
     state.sampled_now = scheduled or state.sample_next or after_event
     state.sample_next = False
     if state.sampled_now:
+        state.cadence.ran(state.step + ahead)
         for probe in (services.activation_probe, services.output_probe):
             if probe is not None:
                 probe.attach()

@@ -210,16 +210,19 @@ class _Baselines:
 
 
 class _Sampling:
-    """The sampling schedule's memory: whether the step after an event runs the heavy probes
-    (the rest follows from the step and the configuration)."""
+    """The sampling schedule's memory: whether the step after an event runs the heavy probes,
+    and the interval in force (the rest follows from the step and the configuration)."""
 
     def __init__(self, state: RunState) -> None:
         self.state = state
 
     def state_dict(self) -> dict[str, Any]:
         # between steps the next step's sampling is already decided (`sampled_now`): a resumed
-        # job must sample it too, whether by the schedule or after an event
-        return {"sample_next": self.state.sample_next or self.state.sampled_now}
+        # job must sample it too, whether by the schedule or after an event; and it goes on at
+        # the interval in force (a checkpoint from before the budget: the shortest)
+        return {"sample_next": self.state.sample_next or self.state.sampled_now,
+                "multiple": self.state.cadence.multiple}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.sample_next = bool(state.get("sample_next", False))
+        self.state.cadence.load(state.get("multiple", 1))

@@ -38,9 +38,11 @@ and the ceiling a loss is judged against keeps its factor-2 margin (`diagnose/lo
 Cost: one logsumexp over at most `MAX_ROWS` positions and about `MAX_ELEMENTS` values, a min
 over the same values, a subtraction and a concatenation, on the device: at most 512 values join
 the step's pack as one tensor, and the mean and the two maxima are taken on the host
-(`logz_values`). On a 512-512-10 MLP's step (64 positions, one CPU thread) the hook took 44 us
+(`logz_values`); on a 512-512-10 MLP's step (64 positions, one CPU thread) the hook took 44 us
 where the five reductions and the stack it had before took 66 us, and 12 us more under
-`torch.no_grad()`, which a detached tensor does not need. On the steps the precursor's cadence skips
+`torch.no_grad()`, which a detached tensor does not need. Scores that few (`HOST_VALUES`, after
+the striding) are copied as they are instead, one operator call, and reduced on the host
+(`host_rows`). On the steps the precursor's cadence skips
 (`detectors.instability_precursor.every`: far from every bound, no event) the hook is disarmed
 and returns at once.
 
@@ -142,9 +144,6 @@ class LogZProbe:
         self._classes: int | None = None
         """The scores per position of `_rows` when they are the scores themselves (None: log Z
         was taken on the device)."""
-        self._version = 0
-        """The scores' version when the forward made them: scores written in place since are
-        not read."""
         self.taken_classes: int | None = None
         """`_classes` of what `take` returned last, which `values` reads."""
         self._handle: torch.utils.hooks.RemovableHandle | None = (
@@ -157,18 +156,16 @@ class LogZProbe:
             tensor = model_output_tensor(output)
             if tensor is not None:  # detached: no graph is recorded
                 self._rows, self._classes = _host_scores(tensor) or (logz_rows(tensor), None)
-                self._version = 0 if self._rows is None else self._rows._version
         except Exception as exc:  # never break the user's forward pass
             self._rows, self._classes = None, None
             log.debug("trainguard: log Z probe skipped (%s)", exc)
 
     def take(self) -> torch.Tensor | None:
-        """The step's `logz_rows`, as one tensor (None when no class scores were seen since the
-        last call): what the step's pack adds in one piece, read with `logz_values`."""
+        """The step's `logz_rows`, or the scores themselves when they are few, as one tensor
+        (None when no class scores were seen since the last call): what the step's pack adds in
+        one piece, read on the host with `values`."""
         rows, self._rows = self._rows, None
         self.taken_classes = self._classes
-        if rows is not None and self._classes is not None and rows._version != self._version:
-            return None  # the scores were written in place after the forward
         return rows
 
     def values(self, host: np.ndarray) -> dict[str, np.ndarray]:
@@ -183,19 +180,20 @@ class LogZProbe:
 
 
 def _host_scores(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """The class scores `logz_rows` reads, as they are (flat, `HOST_VALUES` at most) with the
-    classes of a position, when they are few enough for the host and float32 or narrower (a
-    float32 transfer keeps them; float64 scores keep the device's reductions); None else. A view
-    of the output when it is read whole, else a copy of the positions read, which `reshape`
-    makes of strided rows (the output's storage is not held until the step is measured)."""
+    """The class scores `logz_rows` reads, as they are (flat, `HOST_VALUES` at most, float32)
+    with the classes of a position, when they are few enough for the host and float32 or
+    narrower (a float32 transfer keeps them; float64 scores keep the device's reductions); None
+    else. Always a copy, in one operator call: the forward's scores are read even if the loop
+    writes its logits in place later (a mask, a temperature), and the output's storage is not
+    held through the backward."""
     if (t.dim() not in (2, 3) or t.shape[-1] < 2 or not t.is_floating_point()
             or t.dtype is torch.float64 or not t.numel()):
         return None
     classes = t.shape[-1]
-    rows = t.detach().reshape(-1, classes)
+    positions = t.numel() // classes
     most = max(MIN_ROWS, min(MAX_ROWS, MAX_ELEMENTS // classes))
-    if rows.shape[0] > most:
-        rows = rows[::-(-rows.shape[0] // most)]
-    if rows.numel() > HOST_VALUES:
+    stride = -(-positions // most) if positions > most else 1
+    if -(-positions // stride) * classes > HOST_VALUES:  # before any copy of a large output
         return None
-    return rows.reshape(-1), classes  # (a copy of strided positions)
+    rows = t.detach().reshape(-1, classes)[::stride]
+    return rows.reshape(-1).to(torch.float32, copy=True), classes

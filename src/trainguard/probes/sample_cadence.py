@@ -63,6 +63,8 @@ class SampleCadence:
         self._clock: float | None = None
         self._sampled_s: float | None = None
         """The wall time of a sampled step, waiting for the step after it."""
+        self.samples: deque[int] = deque(maxlen=2)
+        """The last steps that ran the heavy probes (by the schedule or after an event)."""
 
     def interval(self, step: int) -> int:
         """The steps between two scheduled samples at `step`."""
@@ -73,6 +75,27 @@ class SampleCadence:
     def scheduled(self, step: int) -> bool:
         """Whether the schedule samples `step`."""
         return step % self.interval(step) == 0
+
+    def ran(self, step: int) -> None:
+        """`step` runs the heavy probes."""
+        if not self.samples or self.samples[-1] != step:
+            self.samples.append(step)
+
+    def before(self, step: int) -> int:
+        """The last step before `step` that ran the heavy probes (what a fault they find at
+        `step` went bad since); `step - sample_every` before any."""
+        earlier = [s for s in self.samples if s < step]
+        return earlier[-1] if earlier else step - self.every
+
+    def load(self, multiple: object) -> None:
+        """The interval in force a checkpoint kept (under a budget; one it does not know of is
+        the shortest)."""
+        known = type(multiple) is int and multiple in MULTIPLES
+        self.multiple = multiple if self.budget is not None and known else 1  # type: ignore[assignment]
+
+    def restart(self) -> None:
+        """The run's state was loaded: the time until the next step is no step's."""
+        self._clock, self._sampled_s = None, None
 
     def observe(self, sampled: bool) -> None:
         """A step ended (`sampled`: whether it ran the heavy probes); called once per step, as

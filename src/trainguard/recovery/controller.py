@@ -255,8 +255,8 @@ class RecoveryController:
             return (step - det.loss_divergence.patience - det.loss_divergence.window // 2
                     - det.loss_divergence.span // 2)
         if rule is Onset.SAMPLED:  # seen on a sampled step: went bad since the last one
-            return step - (self.sample_every if self.sampling is None
-                           else self.sampling.interval(step))
+            return (step - self.sample_every if self.sampling is None
+                    else self.sampling.before(step))
         if rule is Onset.LAST_AGREED:  # the replicas were last seen equal then
             return int(event.details.get("last_agreed_step", 0))
         return step
