@@ -105,7 +105,7 @@ def test_the_recover_policy_dates_a_sampled_fault_from_the_interval_in_force(
     force, and whatever it is when the fault is judged (a deferred run judges it a step late)."""
     cadence = SampleCadence(50, 0.01)
     run(cadence, clock, 1200, step_s=0.002, extra_s=0.003)
-    assert cadence.interval(1200) == 200 and list(cadence.samples) == [800, 1000]
+    assert cadence.interval(1200) == 200 and list(cadence.samples)[-2:] == [800, 1000]
     cadence.ran(1200)
     controller = RecoveryController(RecoveryConfig(), DetectorConfig(), 50, cadence)
     fixed = RecoveryController(RecoveryConfig(), DetectorConfig(), 50)

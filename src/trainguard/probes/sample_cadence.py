@@ -63,7 +63,7 @@ class SampleCadence:
         self._clock: float | None = None
         self._sampled_s: float | None = None
         """The wall time of a sampled step, waiting for the step after it."""
-        self.samples: deque[int] = deque(maxlen=2)
+        self.samples: deque[int] = deque(maxlen=4)
         """The last steps that ran the heavy probes (by the schedule or after an event)."""
 
     def interval(self, step: int) -> int:
