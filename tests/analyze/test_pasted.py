@@ -930,3 +930,30 @@ def test_a_heading_that_holds_a_number_may_be_a_trainers_line(tmp_path: Path) ->
                             for i in range(1, 11)))
     log = read_log(path)
     assert len(log.steps) == 10 and log.values("loss")[9] == pytest.approx(0.9)
+
+
+def test_a_value_before_its_loss_word_is_the_loss(tmp_path: Path) -> None:
+    """Neon's progress bar writes the cost after its value: `118/118  batches, 0.419 cost`."""
+    lines = [f"Epoch {i}   [Train |####################|  117/117  batches, "
+             f"{0.42 * 0.85 ** i:.3f} cost, 0.93s]" for i in range(10)]
+    path = write(tmp_path / "neon.txt", "\n".join(lines) + "\n")
+    log = read_log(path)
+    assert log.values("loss")[0] == 0.42 and log.label(0) == "epoch 0"
+    assert analyze(path).verdict == "healthy"
+    assert parse_line("step 3 | 2.31 loss | lr 0.1")[0] == {"loss": 2.31, "lr": 0.1}
+    # a loss named the usual way round keeps it: the value after `loss` is not read again
+    assert parse_line("loss: 0.5, 0.7 cost")[0] == {"loss": 0.5}
+
+
+def test_numpy_savetxt_columns_number_the_rows_by_their_whole_first_column(
+        tmp_path: Path) -> None:
+    """`np.savetxt("loss.dat", np.column_stack([steps, losses, ...]))` writes every number as
+    `1.000000000000000000e+03`: the first column, whole numbers, is the step."""
+    rows = [f"{i * 1000:.18e} {5.0 * 0.8 ** i:.18e} {0.3:.18e}" for i in range(12)]
+    path = write(tmp_path / "loss.dat", "\n".join(rows) + "\n")
+    log = read_log(path)
+    assert log.format == "text:columns" and list(log.steps) == [i * 1000 for i in range(12)]
+    assert log.values("loss")[1] == pytest.approx(4.0)
+    fractional = [f"{i * 0.5 + 0.25:.6e} {1.0 - 0.01 * i:.6e}" for i in range(12)]
+    with pytest.raises(LogError):  # a first column of fractions counts nothing
+        read_log(write(tmp_path / "fractions.dat", "\n".join(fractional) + "\n"))

@@ -33,6 +33,8 @@ FORMATS: dict[str, str] = {
                     "metrics_test') only",
     "text:history": "text log, Keras's History.history dict printed ({'loss': [...], ...}) "
                     "only",
+    "text:rvector": "text log, R's printed numeric vectors ('> log$train', then '[1] 0.69 "
+                    "0.52 ...') only",
     "text:table": "text log, a header line of column names (one a loss) over rows of numbers "
                   "only (Chainer's PrintReport, CSV lines pasted under prose)",
     "text:generic": "text log, generic 'step N ... loss X' lines only",

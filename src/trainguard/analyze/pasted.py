@@ -99,6 +99,11 @@ _IS = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})[ \t]+(?:is|was)
                  rf"(?:=+>[ \t]*)?({NUM})(?=[\s.,;)]|$)", re.IGNORECASE)
 """`Loss is NaN.`, `Current learning rate is 0.08` (a sentence, as BigDL and others print),
 `Avg Reward is ==> -1020.8` (with an arrow)."""
+_TRAILING_LOSS = re.compile(rf"(?<![\w./:=-])({NUM})[ \t]+(loss|cost)(?=[ \t]*(?:[,;|\])]|$))",
+                            re.IGNORECASE)
+"""`0.419 cost,` (Neon's progress bar: `[Train |####|  118/118  batches, 0.419 cost, 0.93s]`), `2.31
+loss |`: a value before the loss's own name, at the end of its field (read when nothing on the
+line names a value `loss` or `cost` the usual way round)."""
 _LABELLED = re.compile(rf"(?<![\w./-])((?:[A-Za-z_]+[ \t]){{0,2}}[A-Za-z_]+)[ \t]+(\d+)[ \t]*:"
                        rf"[ \t]+({NUM}){_END}(?!:)", re.IGNORECASE)
 """`Validation loss 6312:  0.149928`, `Average loss at step 2000 : 4.39`: a name in letters
@@ -280,6 +285,11 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         value = number(match.group(2))
         if value is not None:
             values.setdefault(match.group(1), value)
+    if not any(name.lower() in ("loss", "cost") for name in values):
+        for match in _TRAILING_LOSS.finditer(remaining):
+            value = number(match.group(1))
+            if value is not None:
+                values.setdefault(match.group(2).lower(), value)
     for name in list(values):
         lowered = _counter_name(ABBREVIATED.get(name.lower(), name.lower()), values[name])
         if lowered in COUNTERS:

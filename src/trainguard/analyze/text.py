@@ -53,12 +53,16 @@ file; the generic grammar only reads files no trainer's grammar recognises. `nan
                counter the lines carry (`step`, `iter`, a progress counter, an epoch), else rows
                numbered from 1. For example `step 120 | loss 2.31 | lr 3e-4 | grad_norm 0.87` or
                `2024-05-01 12:00:00 global_step=120 loss=2.31 learning_rate=0.0003`.
+    rvector    R's printed numeric vectors (`> log$train`, then `[1] 0.69 0.52 ...`: keras for
+               R's `history$metrics`, mxnet's metric logger; `trainguard.analyze.r_vectors`):
+               one row per epoch, `val_*` and `eval` vectors the evaluations.
     columns    a file of bare `counter value` lines (after a logger's prefix when the counter
                is named) and nothing else (`print(epoch, loss)`:
                `788 41.23225021362305`; or the counter of a total, `10000/ 200000: 2.1775`, as
                makemore prints it; or a CSV without its header, `201,4.3742,4.1354,7.63`; or
-               the counter named, `batch: 383 0.6420 0.6281`, the rows then in its unit): the
-               first column, an integer that only grows, numbers the rows, the second is the
+               the counter named, `batch: 383 0.6420 0.6281`, the rows then in its unit; or
+               NumPy's `savetxt`, `1.000000000000000000e+03 5.13e+02 ...`): the first
+               column, a whole number that only grows, numbers the rows, the second is the
                loss (with more columns after it, only when it is not whole numbers only, and
                said in a note). Read only when no other grammar recognises a line, and only
                when such lines are at least `COLUMNS_SHARE` of the file's non-blank lines and
@@ -79,6 +83,7 @@ from trainguard.analyze import (
     history,
     mllog,
     pasted,
+    r_vectors,
     rl_tables,
     yolo,
 )
@@ -234,7 +239,8 @@ def _generic(lines: Iterable[str], log: LogBuilder) -> int:
 _ONE_NUM = r"[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 """`NUM` with one way to match a run of digits: a long number on a line fails in linear time."""
 _COLUMNS = re.compile(rf"^\s*(?:(?:[^\n]*?[ \t,;])?(batch|step|iter|iteration|epoch)\s*[:,]?\s*)?"
-                      rf"(\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({_ONE_NUM})((?:[ \t,;]+{_ONE_NUM})*)"
+                      rf"(\d+|\d\.\d+[eE][-+]?\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({_ONE_NUM})"
+                      rf"((?:[ \t,;]+{_ONE_NUM})*)"
                       rf"\s*$", re.IGNORECASE)
 """`counter value...`, the counter alone or after its name (`batch: 383 0.64`, after whatever
 a logger writes first: `INFO:run, 2022-03-11 11:44:36,164, epoch, 0138, 0.7617, 0.3218`)."""
@@ -258,8 +264,11 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
         match = _COLUMNS.match(line)
         if match is None:
             continue
+        counter = float(match.group(2))  # a whole number, or one in exponent form
+        if not counter.is_integer():  # (NumPy's `savetxt` writes `1.000000000000000000e+03`)
+            continue
         found += 1
-        step = int(match.group(2))
+        step = int(counter)
         ascending = ascending and (last is None or step > last)
         last = step
         value = number(match.group(3))
@@ -295,6 +304,7 @@ GRAMMARS: dict[str, tuple[Callable[[Iterable[str], LogBuilder], int], str]] = {
     "table": (header_table.read_rows, "row"),
     "generic": (_generic, "step"),
     "history": (history.read_rows, "epoch"),
+    "rvector": (r_vectors.read_rows, "epoch"),
     "columns": (_columns, "step"),
 }
 """name -> (reader of the lines, the unit its steps count), in order of preference on a tie."""
