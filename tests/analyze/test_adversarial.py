@@ -53,3 +53,36 @@ def test_a_pix2pix_visualizer_log_is_read_as_a_gan(tmp_path: Path) -> None:
     result = analyze(path)
     assert result.verdict == "healthy", result.evidence
     assert any("discriminator's loss" in note for note in result.notes)
+
+
+def _cyclegan(path: Path, d_a: list[float]) -> Path:
+    """pytorch-CycleGAN-and-pix2pix's `loss_log.txt`: the A side's discriminator loss as
+    given, the rest a live game; three decimals, as the visualizer writes them."""
+    lines = [f"(epoch: {1 + i // 20}, iters: {100 * (1 + i % 20)}, time: 0.5, data: 0.002) "
+             f"D_A: {value:.3f} G_A: {1.0 if value < 0.01 else 0.5 + 0.1 * (i % 4):.3f} "
+             f"cycle_A: {2.0 * 0.995 ** i:.3f} D_B: {0.15 + 0.05 * (i % 3):.3f} "
+             f"G_B: {0.6 + 0.1 * (i % 5):.3f} " for i, value in enumerate(d_a)]
+    path.write_text("================ Training Loss ================\n" + "\n".join(lines)
+                    + "\n", encoding="utf-8")
+    return path
+
+
+GAME = [0.12 + 0.06 * ((i * 7) % 5) for i in range(120)]  # 0.12-0.36, a live discriminator
+
+
+def test_a_discriminator_that_wins_for_good_is_a_collapse(tmp_path: Path) -> None:
+    """From row 121 on the A discriminator's loss is 0.000-0.004 on most rows (a confident
+    batch back at 0.2 now and then): it tells every fake from a real image, and its generator
+    learns nothing from the game while the cycle loss keeps falling."""
+    won = [0.2 if i % 6 == 5 else 0.001 * (i % 5) for i in range(300)]
+    result = analyze(_cyclegan(tmp_path / "loss_log.txt", GAME + won))
+    assert (result.verdict, result.onset) == ("stalled", "epoch 7, iters 100"), result.evidence
+    assert "discriminator's loss loss_D_A is at its floor" in result.evidence[0]
+
+
+def test_a_discriminator_confident_on_some_batches_only_is_the_game(tmp_path: Path) -> None:
+    """Near 0 on a third of the rows, or on a short stretch at the end: no collapse."""
+    some = [0.002 if i % 3 == 0 else value for i, value in enumerate(GAME * 3)]
+    assert analyze(_cyclegan(tmp_path / "some.txt", some)).verdict == "healthy"
+    late = GAME * 3 + [0.001] * 30  # 30 rows at the floor: under `WON_ROWS`
+    assert analyze(_cyclegan(tmp_path / "late.txt", late)).verdict == "healthy"

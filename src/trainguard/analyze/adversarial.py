@@ -8,11 +8,17 @@ read the game as trouble. So a log that holds a discriminator's loss (`loss_dis`
 `loss_D`, `Dis Loss`: no other kind of training has one) has its loss set aside as `GAME`, a
 further training loss: still watched for NaN and inf, each loss of the log is, and a value that
 stays non-finite to the end breaks the run (`analyze.lossless`), but no level is judged.
+
+One way a game ends is read (`discriminator_won`): a discriminator whose loss sits at its floor
+from some row to the end tells every generated sample from a real one, and the run learns
+nothing more from the game: `stalled`, as the live verdict says of a run that learns nothing.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 
 from trainguard.analyze.log import LOSS, Log, is_train_loss
 
@@ -49,3 +55,66 @@ def progress(log: Log) -> str | None:
     parts = [said for name in (GAME, discriminator_loss(log))
              if name is not None and (said := log.went(name)) is not None]
     return "; ".join(parts) + " (levels not judged)" if parts else None
+
+
+WON_LEVEL = 0.05
+"""A discriminator's loss at or under this share of its early level (the median of its first
+`EARLY_ROWS` rows) is at its floor: it tells every real sample from every generated one..."""
+WON_SHARE = 0.5
+"""...and on at least this share of the rows from the first such row to the end, the
+discriminator has won the game for good..."""
+WON_ROWS = 50
+"""...over at least this many rows, and at least `WON_PART` of the log's rows: a run of a few
+confident batches is part of the game."""
+WON_PART = 0.1
+EARLY_ROWS = 20
+
+
+def discriminator_won(log: Log) -> tuple[int, str] | None:
+    """The row from which a GAN's discriminator has won for good, and why in words; None
+    otherwise. A discriminator loss at its floor (at most `WON_LEVEL` of its early level) on
+    most rows from some row to the end (`WON_SHARE`, over at least `WON_ROWS` rows) means it
+    tells every generated sample from a real one: its generator gets no gradient it can use
+    from the adversarial term (the CycleGAN maintainers: a discriminator loss near 0 for a
+    while means the training has collapsed), whatever the other terms do (a cycle or
+    reconstruction loss keeps falling). The first row at the floor from which that holds is
+    the onset."""
+    for name in log.series:
+        named = log.loss_from if name == LOSS else name  # `loss_D_A` read as the loss
+        if named is None or not (name == LOSS or is_train_loss(name)):
+            continue
+        if not DISCRIMINATOR.search(named):
+            continue
+        found = _won(log, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _won(log: Log, name: str) -> tuple[int, str] | None:
+    rows, values = log.series.points(name)
+    finite = [(row, value) for row, value in zip(rows, values, strict=True)
+              if value is not None and math.isfinite(value)]
+    if len(finite) < EARLY_ROWS + WON_ROWS:
+        return None
+    early = statistics.median(abs(v) for _, v in finite[:EARLY_ROWS])
+    if not early > 0:
+        return None
+    floor = WON_LEVEL * early
+    won = [abs(v) <= floor for _, v in finite]
+    shortest = max(WON_ROWS, int(WON_PART * len(finite)))
+    count, onset = 0, None
+    for at in range(len(won) - 1, EARLY_ROWS - 1, -1):  # the suffixes, shortest first
+        count += won[at]
+        if won[at] and len(won) - at >= shortest and count >= WON_SHARE * (len(won) - at):
+            onset = at
+    if onset is None:
+        return None
+    tail = len(won) - onset
+    share = sum(won[onset:]) / tail
+    named = log.loss_from if name == LOSS else name
+    return finite[onset][0], (
+        f"the discriminator's loss {named} is at its floor (at most {floor:.3g}, "
+        f"{WON_LEVEL:.0%} of its early level {early:.3g}) on {share:.0%} of the {tail} rows "
+        f"from here to the end: the discriminator tells every generated sample from a real "
+        f"one, and its generator gets nothing from the adversarial term (the game collapsed)")

@@ -110,7 +110,9 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     if judgement.verdict == HEALTHY and (why := stall.learns_nothing(raw)) is not None:
         judgement = Judgement(STALLED, None, rows[0] if rows else 0, ending=why)
     elif judgement.verdict == HEALTHY and (zero := (stall.went_to_zero(raw)
-                                                   or stall.went_frozen(raw))) is not None:
+                                                   or stall.went_frozen(raw)
+                                                   or adversarial.discriminator_won(raw))
+                                           ) is not None:
         judgement = Judgement(STALLED, None, zero[0], ending=zero[1])
     judgement = _untrained_to_the_end(judgement, log, replayed.untrained)
     if rl_log.set_aside(log) or (not log.has(LOSS) and rl_log.reward_column(log)):

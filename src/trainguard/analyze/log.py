@@ -262,6 +262,9 @@ class Log:
     single_batch: bool = False
     """Each row's loss is one batch's (printed beside its running average), not the mean of the
     steps since the last row: as noisy as a live step, however far apart the rows are."""
+    loss_from: str | None = None
+    """The series read as the loss, where the log names none `loss` (`total_loss`, a GAN's
+    `loss_D_A`: `choose_loss`); None when the log names its loss so."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.series, Series):
@@ -502,7 +505,7 @@ class LogBuilder:
         for name, (rows, values) in points.items():
             series.set_points(name, rows, values)
         del points
-        choose_loss(series, self.notes)
+        loss_from = choose_loss(series, self.notes)
         choose_lr(series, self.notes)
         labels = self._labels if any(self._labels) else None
         skipped = self._skipped if any(self._skipped) else None
@@ -511,32 +514,33 @@ class LogBuilder:
                    evals=sorted(self.evals.items()), step_unit=self.step_unit,
                    notes=list(self.notes), from_start=self.from_start,
                    loss_is_evaluation=self.loss_is_evaluation, row_span=self.stride,
-                   single_batch=self.single_batch)
+                   single_batch=self.single_batch, loss_from=loss_from)
 
 
 def _stand_in(series: Series, notes: list[str], canonical: str, fits: Callable[[str], bool],
-              role: str) -> None:
+              role: str) -> str | None:
     """A log without the series `canonical` reads its first series that `fits` as it, and says
-    so."""
+    so; returns that series' name (None: none read so)."""
     if canonical in series:
-        return
+        return None
     name = next((name for name in series if fits(name)), None)
     if name is not None:
         series.rename(name, canonical)
         notes.append(f"{name} is read as {role}")
+    return name
 
 
 _TOTAL = re.compile(r"(?<![a-z])total(?![a-z])")
 
 
-def choose_loss(series: Series, notes: list[str]) -> None:
+def choose_loss(series: Series, notes: list[str]) -> str | None:
     """A log without a series named as the training loss reads another training-loss series
     as the loss, and says so: a total where the log has one (`total_loss`, `Loss/total_loss`,
     `loss/train/total`: the sum of the terms, what the optimizer minimises), else the first
     (`data_loss`)."""
     totals = [name for name in series if is_train_loss(name) and _TOTAL.search(name.lower())]
-    _stand_in(series, notes, LOSS,
-              (lambda name: name == totals[0]) if totals else is_train_loss, "the training loss")
+    return _stand_in(series, notes, LOSS, (lambda name: name == totals[0]) if totals
+                     else is_train_loss, "the training loss")
 
 
 def is_part_lr(name: str) -> bool:

@@ -131,7 +131,7 @@ def _build(path: Path, tags: Mapping[str, Points], notes: list[str]) -> Log:
         what = "scalars" if not tags else f"training scalars (its tags: {listed})"
         raise LogError(f"{path}: no {what} in the TensorBoard events")
     all_steps, series, labels, stride = _series(train, notes)
-    choose_loss(series, notes)
+    loss_from = choose_loss(series, notes)
     choose_lr(series, notes)
     by_step: dict[int, dict[str, float]] = {}
     for name, (eval_steps, eval_values) in evals.items():
@@ -142,7 +142,8 @@ def _build(path: Path, tags: Mapping[str, Points], notes: list[str]) -> Log:
             by_step = windows.halve_evals(by_step)
         notes.append(windows.EVALS_NOTE)
     return Log(path=str(path), format=FORMAT, steps=all_steps, series=series, labels=labels,
-               evals=sorted(by_step.items()), notes=notes, row_span=stride)
+               evals=sorted(by_step.items()), notes=notes, row_span=stride,
+               loss_from=loss_from)
 
 
 def _series(train: dict[str, Points], notes: list[str],
