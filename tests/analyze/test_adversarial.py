@@ -48,11 +48,16 @@ def test_a_pix2pix_visualizer_log_is_read_as_a_gan(tmp_path: Path) -> None:
     lines = [f"(epoch: {1 + i // 10}, iters: {100 * (1 + i % 10)}, time: 0.189, data: 0.002) "
              f"G_GAN: {1.5 + 0.02 * i:.3f} G_L1: {40 - 0.2 * i:.3f} D_real: "
              f"{0.5 / (1 + 0.05 * i):.3f} D_fake: {0.4 / (1 + 0.05 * i):.3f} " for i in range(60)]
-    path = tmp_path / "loss_log.txt"
+    assert_a_healthy_game(tmp_path / "loss_log.txt", lines, "discriminator's loss")
+
+
+def assert_a_healthy_game(path: Path, lines: list[str], note: str) -> None:
+    """The lines, written to `path`, are a GAN's log judged healthy, with `note` among its
+    notes."""
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     result = analyze(path)
     assert result.verdict == "healthy", result.evidence
-    assert any("discriminator's loss" in note for note in result.notes)
+    assert any(note in said for said in result.notes), result.notes
 
 
 def _cyclegan(path: Path, d_a: list[float]) -> Path:
@@ -86,3 +91,26 @@ def test_a_discriminator_confident_on_some_batches_only_is_the_game(tmp_path: Pa
     assert analyze(_cyclegan(tmp_path / "some.txt", some)).verdict == "healthy"
     late = GAME * 3 + [0.001] * 30  # 30 rows at the floor: under `WON_ROWS`
     assert analyze(_cyclegan(tmp_path / "late.txt", late)).verdict == "healthy"
+
+
+def test_a_discriminator_caught_up_before_the_end_is_the_game(tmp_path: Path) -> None:
+    """At the floor for 150 rows, then a live game again to the end: no collapse."""
+    d_a = GAME[:20] + [0.002] * 150 + GAME[:130]
+    assert analyze(_cyclegan(tmp_path / "loss_log.txt", d_a)).verdict == "healthy"
+
+
+def test_a_wasserstein_critic_near_zero_is_a_close_game(tmp_path: Path) -> None:
+    """A WGAN critic's loss is negative; its size falling towards 0 is the generator catching
+    up, not a discriminator that won."""
+    lines = [f"iter {100 * i} | loss_G: {2.0 + 0.01 * i:.3f} | "
+             f"loss_D: {-30 * math.exp(-i / 40) - 0.05 * (i % 3):.4f} | gp: 0.1"
+             for i in range(400)]
+    assert_a_healthy_game(tmp_path / "wgan.txt", lines, "discriminator's loss (loss_D)")
+
+
+def test_a_log_whose_first_loss_is_the_discriminators_is_a_gan(tmp_path: Path) -> None:
+    """PyTorch-GAN prints `[D loss: x] [G loss: y]`: the discriminator's is read as the loss, and
+    the log is still a game's, its levels not judged."""
+    lines = [f"[Epoch {i // 50}/10] [Batch {i % 50}/50] [D loss: {1.2 - 0.002 * i:.4f}] "
+             f"[G loss: {0.7 + 0.01 * i + 0.5 * (i % 7 == 0):.4f}]" for i in range(300)]
+    assert_a_healthy_game(tmp_path / "gan.txt", lines, "discriminator's loss (D loss)")

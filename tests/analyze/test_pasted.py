@@ -957,3 +957,15 @@ def test_numpy_savetxt_columns_number_the_rows_by_their_whole_first_column(
     fractional = [f"{i * 0.5 + 0.25:.6e} {1.0 - 0.01 * i:.6e}" for i in range(12)]
     with pytest.raises(LogError):  # a first column of fractions counts nothing
         read_log(write(tmp_path / "fractions.dat", "\n".join(fractional) + "\n"))
+
+
+def test_a_price_or_a_sentence_before_the_loss_word_is_no_loss() -> None:
+    assert parse_line("step 3 | tokens 1532 | $0.0042 cost")[0] == {"tokens": 1532.0}
+    assert "loss" not in parse_line("WARNING: skipping batch with nan loss")[0]
+    assert parse_line(" " + "1" * 100_000 + "x")[0] == {}  # in linear time
+
+
+def test_a_bare_column_counter_keeps_every_digit(tmp_path: Path) -> None:
+    rows = [f"{1714560000123456789 + i} {1.0 - 0.01 * i:.4f}" for i in range(12)]
+    log = read_log(write(tmp_path / "loss.txt", "\n".join(rows) + "\n"))
+    assert log.steps[0] == 1714560000123456789

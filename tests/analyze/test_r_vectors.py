@@ -65,3 +65,31 @@ def test_vectors_that_hold_no_loss_curve_are_not_read(tmp_path: Path, text: str)
     path.write_text(text)
     with pytest.raises(LogError):
         read_log(path)
+
+
+def test_na_is_a_missing_value_and_nested_headings_name_the_vector(tmp_path: Path) -> None:
+    """`print(unclass(history))` heads each vector with its whole path (`$metrics$loss`); `NA`
+    is an epoch without a value."""
+    loss = [round(0.9 * 0.9 ** i, 4) for i in range(12)]
+    printed = r_print(loss).replace(f"{loss[4]:.6g}", "NA")
+    path = tmp_path / "console.txt"
+    path.write_text(f"> unclass(history)\n$params$epochs\n[1] 12\n\n$metrics$loss\n{printed}\n")
+    log = read_log(path)
+    assert log.values("loss") == [*loss[:4], *loss[5:]] and 5 not in log.steps
+
+
+def test_mxnets_train_vector_that_rises_is_an_accuracy_not_a_loss(tmp_path: Path) -> None:
+    """mxnet's logger keeps whatever metric the run names (`mx.metric.accuracy` in its
+    tutorials): a `train` vector that rises is no loss, and is not read as one."""
+    path = tmp_path / "console.txt"
+    path.write_text(f"> logger$train\n{r_print([0.5 + 0.04 * i for i in range(12)])}\n")
+    with pytest.raises(LogError):
+        read_log(path)
+
+
+def test_a_long_run_of_digits_is_read_in_linear_time(tmp_path: Path) -> None:
+    """Each value matches one way: a 100k-digit token is passed over at once (a pattern that
+    splits a run of digits in as many ways as it has digits took minutes)."""
+    path = tmp_path / "console.txt"
+    path.write_text("[1] " + "1" * 100_000 + "x\n> losses\n[1] 0.5 0.4 0.3\n")
+    assert read_log(path).values("loss") == [0.5, 0.4, 0.3]

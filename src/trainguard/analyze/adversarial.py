@@ -30,7 +30,10 @@ DISCRIMINATOR = re.compile(r"(?:^|[\s_/.-])(?:d|dis|disc|discriminator|netd)(?:$
 
 
 def discriminator_loss(log: Log) -> str | None:
-    """The log's first training loss named for a discriminator, or None."""
+    """The log's first training loss named for a discriminator, or None (the loss itself when it
+    was read from one: `[D loss: 0.6] [G loss: 0.9]`, its first series the discriminator's)."""
+    if log.loss_from is not None and DISCRIMINATOR.search(log.loss_from):
+        return log.loss_from
     return next((name for name in log.series
                  if name != LOSS and is_train_loss(name) and DISCRIMINATOR.search(name)), None)
 
@@ -52,8 +55,8 @@ def progress(log: Log) -> str | None:
     summary; None where the log's loss was not set aside as a game's."""
     if GAME not in log.series:
         return None
-    parts = [said for name in (GAME, discriminator_loss(log))
-             if name is not None and (said := log.went(name)) is not None]
+    parts = [said for name in dict.fromkeys((GAME, discriminator_loss(log)))
+             if name is not None and name in log.series and (said := log.went(name)) is not None]
     return "; ".join(parts) + " (levels not judged)" if parts else None
 
 
@@ -73,7 +76,8 @@ EARLY_ROWS = 20
 def discriminator_won(log: Log) -> tuple[int, str] | None:
     """The row from which a GAN's discriminator has won for good, and why in words; None
     otherwise. A discriminator loss at its floor (at most `WON_LEVEL` of its early level) on
-    most rows from some row to the end (`WON_SHARE`, over at least `WON_ROWS` rows) means it
+    most rows from some row to the end (`WON_SHARE`, over at least `WON_ROWS` rows, and on the
+last ones too) means it
     tells every generated sample from a real one: its generator gets no gradient it can use
     from the adversarial term (the CycleGAN maintainers: a discriminator loss near 0 for a
     while means the training has collapsed), whatever the other terms do (a cycle or
@@ -95,14 +99,16 @@ def _won(log: Log, name: str) -> tuple[int, str] | None:
     rows, values = log.series.points(name)
     finite = [(row, value) for row, value in zip(rows, values, strict=True)
               if value is not None and math.isfinite(value)]
-    if len(finite) < EARLY_ROWS + WON_ROWS:
-        return None
-    early = statistics.median(abs(v) for _, v in finite[:EARLY_ROWS])
+    if len(finite) < EARLY_ROWS + WON_ROWS or any(v < 0 for _, v in finite):
+        return None  # (a Wasserstein critic's loss is negative: near 0 is a close game)
+    early = statistics.median(v for _, v in finite[:EARLY_ROWS])
     if not early > 0:
         return None
     floor = WON_LEVEL * early
-    won = [abs(v) <= floor for _, v in finite]
+    won = [v <= floor for _, v in finite]
     shortest = max(WON_ROWS, int(WON_PART * len(finite)))
+    if sum(won[-shortest:]) < WON_SHARE * shortest:
+        return None  # the game goes on at the end: a discriminator caught up is no collapse
     count, onset = 0, None
     for at in range(len(won) - 1, EARLY_ROWS - 1, -1):  # the suffixes, shortest first
         count += won[at]

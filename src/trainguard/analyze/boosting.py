@@ -29,8 +29,11 @@ _CATBOOST = re.compile(rf"^\s*(\d+):\s+learn:\s*({NUM})((?:\s+test\d*:\s*{NUM})*
                        rf"(?:\s+best:\s*({NUM})\s*\(\d+\))?\s+total:", re.IGNORECASE)
 _CATBOOST_TEST = re.compile(rf"test(\d*):\s*({NUM})", re.IGNORECASE)
 _ITERATION = re.compile(r"^\s*\[(\d+)\]\s+(.*)$")
-_XGBOOST_PAIR = re.compile(rf"([\w.]+)-([\w@.+-]+?):({NUM})(?=\s|$)", re.IGNORECASE)
-_LIGHTGBM_PAIR = re.compile(rf"([\w.]+)'s\s+([\w@.+-]+):\s*({NUM})(?=\s|$)", re.IGNORECASE)
+_XGBOOST_PAIR = re.compile(rf"(?<![\w.])([\w.]+)-([\w@.+-]+?):({NUM})(?=\s|$)", re.IGNORECASE)
+_LIGHTGBM_PAIR = re.compile(rf"(?<![\w.])([\w.]+)'s\s+([\w@.+-]+):\s*({NUM})(?=\s|$)",
+                            re.IGNORECASE)
+"""(A name starts where no word character is before it: a long run of them is tried once, not
+from each of its characters.)"""
 _TRAINING_SETS = frozenset({"train", "training", "learn"})
 _HIGHER = re.compile(r"^(auc|aucpr|average_precision|ndcg|map|accuracy|pre|"
                      r"interval-regression-accuracy)(@|$)", re.IGNORECASE)

@@ -99,11 +99,15 @@ _IS = re.compile(rf"(?<![\w./-])((?:{_WORD}[ \t]){{0,2}}{_WORD})[ \t]+(?:is|was)
                  rf"(?:=+>[ \t]*)?({NUM})(?=[\s.,;)]|$)", re.IGNORECASE)
 """`Loss is NaN.`, `Current learning rate is 0.08` (a sentence, as BigDL and others print),
 `Avg Reward is ==> -1020.8` (with an arrow)."""
-_TRAILING_LOSS = re.compile(rf"(?<![\w./:=-])({NUM})[ \t]+(loss|cost)(?=[ \t]*(?:[,;|\])]|$))",
-                            re.IGNORECASE)
+DIGITS = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+r"""A number written in digits, with one way to match each run of them (`NUM`'s `\d+\.?\d*`
+splits a long run in as many ways as it has digits: a line of 20k digits took seconds)."""
+_TRAILING_LOSS = re.compile(rf"(?<![\w./:=$€£¥-])({DIGITS})[ \t]+(loss|cost)"
+                            rf"(?=[ \t]*(?:[,;|\])]|$))", re.IGNORECASE)
 """`0.419 cost,` (Neon's progress bar: `[Train |####|  118/118  batches, 0.419 cost, 0.93s]`), `2.31
-loss |`: a value before the loss's own name, at the end of its field (read when nothing on the
-line names a value `loss` or `cost` the usual way round)."""
+loss |`: a value in digits before the loss's own name, at the end of its field (read when nothing
+on the line names a value `loss` or `cost` the usual way round; not a price, `$0.004 cost`, nor
+prose, `skipping a batch with nan loss`)."""
 _LABELLED = re.compile(rf"(?<![\w./-])((?:[A-Za-z_]+[ \t]){{0,2}}[A-Za-z_]+)[ \t]+(\d+)[ \t]*:"
                        rf"[ \t]+({NUM}){_END}(?!:)", re.IGNORECASE)
 """`Validation loss 6312:  0.149928`, `Average loss at step 2000 : 4.39`: a name in letters

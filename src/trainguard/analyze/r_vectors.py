@@ -8,8 +8,10 @@ vector per metric (`history$metrics$loss`, `$val_loss`), mxnet's `mx.metric.logg
 (`> log$train`: the last `$` name) or a list element's heading (`$loss`); its k-th value is epoch
 k. A vector named as a training loss is the loss; evaluations (`val_*`, `eval`, `valid`, `test`)
 are each epoch's evaluation. With no loss among the names, mxnet's logger's `train` vector (its
-training metric: the loss or an error the run minimises) is read as the loss, said in a note.
-Printing the same vector again (from `[1]`) restarts it: the last print is read.
+training metric: the loss or an error the run minimises) is read as the loss when it ends no
+higher than it began (an accuracy, the other metric such a logger keeps, rises), said in a note.
+`NA` is a value missing. Printing the same vector again (from `[1]`) restarts it: the last print
+is read.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import re
 from collections.abc import Iterable
 
 from trainguard.analyze.log import LOSS, LogBuilder, is_eval_name, is_train_loss, number
-from trainguard.analyze.pasted import NUM
+from trainguard.analyze.pasted import DIGITS
 
-_NAME = re.compile(r"^\s*(?:>\s*)?([A-Za-z.][\w.]*(?:\$[A-Za-z.][\w.]*)*|\$[A-Za-z.][\w.]*)"
+_NAME = re.compile(r"^\s*(?:>\s*)?([A-Za-z.][\w.]*(?:\$[A-Za-z.][\w.]*)*|(?:\$[A-Za-z.][\w.]*)+)"
                    r"\s*`*\s*$")
-"""`> log$train`, `> losses`, `$val_loss` (a list element's heading)."""
-_VALUES = re.compile(rf"^\s*\[(\d+)\]((?:[ \t]+{NUM})+)[ \t]*`*\s*$", re.IGNORECASE)
+"""`> log$train`, `> losses`, `$val_loss`, `$metrics$loss` (a list element's heading)."""
+_VALUE = rf"(?:{DIGITS}|NA|NaN|-?Inf)"
+"""One value as R prints it: `NA` is a missing one, `NaN` and `Inf` are kept as such."""
+_VALUES = re.compile(rf"^\s*\[(\d+)\]((?:[ \t]+{_VALUE})+)[ \t]*`*\s*$", re.IGNORECASE)
 """`[17] 0.0009034858 0.0009034850` (a markdown backtick left at its end is no value)."""
-_NUMBER = re.compile(NUM, re.IGNORECASE)
 EVALUATIONS = frozenset({"eval", "evaluation", "val", "valid", "validation", "test"})
 TRAIN = "train"
 """mxnet's `mx.metric.logger`'s vector of the training metric."""
@@ -47,7 +50,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             continue
         if name is None:
             continue
-        at, found = int(values.group(1)), _NUMBER.findall(values.group(2))
+        at, found = int(values.group(1)), values.group(2).split()
         kept = vectors.setdefault(name, [])
         if at == 1:
             kept.clear()  # printed again: the last print
@@ -57,10 +60,10 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             continue
         kept.extend(found)
     losses = [n for n in vectors if (n == LOSS or is_train_loss(n)) and len(vectors[n]) >= 2]
-    if not losses and len(vectors.get(TRAIN, ())) >= 2:
+    if not losses and _falls(vectors.get(TRAIN, [])):
         losses = [TRAIN]
-        log.notes.append("the vector `train` (mxnet's metric logger: the training metric) is "
-                         "read as the training loss")
+        log.notes.append("the vector `train` (mxnet's metric logger: the training metric, which "
+                         "falls here as a loss or an error does) is read as the training loss")
     if not losses:
         return 0
     evaluations = [n for n in vectors
@@ -68,9 +71,21 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     epochs = max(len(vectors[n]) for n in losses)
     for epoch in range(epochs):
         row = {LOSS if n == TRAIN else n: value for n in losses
-               if epoch < len(vectors[n]) and (value := number(vectors[n][epoch])) is not None}
+               if epoch < len(vectors[n]) and (value := _number(vectors[n][epoch])) is not None}
         if row:
             log.add_values(epoch + 1, row.items())
         log.add_eval(epoch + 1, {n: value for n in evaluations if epoch < len(vectors[n])
-                                 and (value := number(vectors[n][epoch])) is not None})
+                                 and (value := _number(vectors[n][epoch])) is not None})
     return epochs
+
+
+def _falls(values: list[str]) -> bool:
+    """Whether a metric ends no higher than it began (two numbers at least): a loss or an
+    error the run minimises, not an accuracy."""
+    found = [v for v in (_number(value) for value in values) if v is not None]
+    return len(found) >= 2 and found[-1] <= found[0]
+
+
+def _number(value: str) -> float | None:
+    """A value as R prints it (`NA`: None; `Inf`, `-Inf` and `NaN` as such)."""
+    return None if value.upper() == "NA" else number(value)

@@ -264,11 +264,15 @@ def _columns(lines: Iterable[str], log: LogBuilder) -> int:
         match = _COLUMNS.match(line)
         if match is None:
             continue
-        counter = float(match.group(2))  # a whole number, or one in exponent form
-        if not counter.is_integer():  # (NumPy's `savetxt` writes `1.000000000000000000e+03`)
-            continue
+        written = match.group(2)
+        if written.isdigit():
+            step = int(written)
+        else:  # a whole number in exponent form (NumPy's `savetxt`: `1.000000000000000000e+03`)
+            counter = float(written)
+            if not counter.is_integer():
+                continue
+            step = int(counter)
         found += 1
-        step = int(counter)
         ascending = ascending and (last is None or step > last)
         last = step
         value = number(match.group(3))
