@@ -102,7 +102,9 @@ def letters_reward(completions: list[str], **kwargs: Any) -> list[float]:
 
 def grpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 12, beta: float = 0.0,
          reward: Reward | list[Reward] = letters_reward, max_completion_length: int = 8,
-         policy: str = "protect") -> Ran:
+         policy: str = "protect", schedule: str = "linear") -> Ran:
+    """`schedule`: the Trainer's `lr_scheduler_type` (its default decays the LR to 0 over the
+    run: a fault of the LR in a short run fades with it)."""
     tok = tokenizer()
     model: Any = tiny_gpt2(tok, seed)
     if beta:  # GRPO builds its reference model from the policy's path
@@ -111,7 +113,7 @@ def grpo(tmp: Path, *, seed: int = 0, lr: float = 1e-3, steps: int = 12, beta: f
     rows = [{"prompt": f"say a{i % 5} "} for i in range(64)]
     args = trl.GRPOConfig(per_device_train_batch_size=8, num_generations=4, beta=beta,
                           max_completion_length=max_completion_length,
-                          **_common(tmp / "out", seed, steps, lr, 4))
+                          lr_scheduler_type=schedule, **_common(tmp / "out", seed, steps, lr, 4))
     callback = TrainguardCallback(GuardConfig(policy=policy))
     rewards = reward if isinstance(reward, list) else [reward]
     trainer = trl.GRPOTrainer(model=model, reward_funcs=rewards, args=args,

@@ -289,16 +289,23 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         value = number(match.group(2))
         if value is not None:
             values.setdefault(match.group(1), value)
-    if not any(name.lower() in ("loss", "cost") for name in values):
-        for match in _TRAILING_LOSS.finditer(remaining):
-            value = number(match.group(1))
-            if value is not None:
-                values.setdefault(match.group(2).lower(), value)
+    _trailing_loss(remaining, values)
     for name in list(values):
         lowered = _counter_name(ABBREVIATED.get(name.lower(), name.lower()), values[name])
         if lowered in COUNTERS:
             _count(counters, spellings, lowered, values.pop(name))
     return values, counters | spellings
+
+
+def _trailing_loss(text: str, values: dict[str, float]) -> None:
+    """`0.419 cost` (`_TRAILING_LOSS`) added to `values`, when none of them is named `loss` or
+    `cost` the usual way round."""
+    if any(name.lower() in ("loss", "cost") for name in values):
+        return
+    for match in _TRAILING_LOSS.finditer(text):
+        value = number(match.group(1))
+        if value is not None:
+            values.setdefault(match.group(2).lower(), value)
 
 
 def _train_epoch(text: str, counters: dict[str, float], spellings: dict[str, Any]) -> str:
