@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -54,9 +55,28 @@ def test_a_forgotten_backward_is_reported_within_three_steps() -> None:
         loss = model(torch.randn(8, 4)).square().mean()  # no loss.backward()
         events += guard.step(loss).events
         optimizer.zero_grad(set_to_none=True)
-    assert [e.kind for e in events] == ["no_gradients"]
-    assert events[0].step == 2 and "loss.backward()" in events[0].message
+    assert [(e.kind, e.severity, e.step) for e in events] == [
+        ("no_gradients", "info", 0), ("no_gradients", "warning", 2)]
+    assert "loss.backward()" in events[1].message
     assert guard.diagnose()[0].code == "no_gradients"
+    guard.close()
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_one_step_backward_did_not_reach_is_told_as_info(set_to_none: bool) -> None:
+    """One forgotten backward() in a healthy run: an `info` at that step, when no parameter has
+    a gradient tensor; gradients of zeros (`zero_grad(set_to_none=False)`) may be a blocked
+    path as well, and say nothing alone."""
+    model, optimizer = _model()
+    guard = Guard(model, optimizer, config=GuardConfig(**QUIET))
+    said = []
+    for step in range(12):
+        loss = model(torch.randn(8, 4)).square().mean()
+        if step != 6:
+            loss.backward()
+        said += [(e.kind, e.severity, e.step) for e in guard.step(loss).events]
+        optimizer.zero_grad(set_to_none=set_to_none)
+    assert said == ([("no_gradients", "info", 6)] if set_to_none else [])
     guard.close()
 
 
@@ -84,9 +104,9 @@ def test_a_model_frozen_mid_run_is_reported() -> None:
         x = torch.randn(8, 4)
         loss = model(x).square().mean() + x.new_zeros((), requires_grad=True)
         loss.backward()
-        kinds += [e.kind for e in guard.step(loss).events]
+        kinds += [(e.kind, e.severity, e.step) for e in guard.step(loss).events]
         optimizer.zero_grad(set_to_none=True)
-    assert kinds == ["no_gradients"]
+    assert kinds == [("no_gradients", "info", 3), ("no_gradients", "warning", 5)]
     guard.close()
 
 

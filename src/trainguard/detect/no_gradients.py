@@ -7,6 +7,13 @@ trains and the optimizer steps do nothing (or only decay the weights). Reported 
 episode; the message says when the loss handed to the Guard does not require grad, which
 points at a detached loss rather than a forgotten backward. A loss of exactly 0 has zero
 gradients by right (a saturated cross-entropy on data the model fits perfectly): no alarm.
+
+One such step alone is told as `info` when it is sure: the loss handed to the Guard requires
+grad and not one watched parameter has a gradient tensor (`grads_absent`), so backward()
+reached none of them (forgotten on one path of the loop, the gradients cleared between
+backward() and the step, every parameter frozen) and its optimizer step changed nothing. A step
+whose gradients are present and zero (`zero_grad(set_to_none=False)`, a reward with no spread)
+is not: zeros are also what a blocked path gives.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from trainguard.signals import StepSignals
 
 class NoGradients(Detector):
     kind = "no_gradients"
-    reads = frozenset({"amp_overflow", "grad_norm", "loss", "loss_requires_grad"})
+    reads = frozenset({"amp_overflow", "grad_norm", "loss", "loss_requires_grad", "grads_absent",
+                       "param_names"})
 
     def __init__(self, config: DetectorConfig) -> None:
         super().__init__(config)
@@ -40,7 +48,7 @@ class NoGradients(Detector):
         empty = signals.grad_norm == 0.0  # NaN compares unequal: a NaN step is not empty
         self.streak = self.streak + 1 if empty else 0
         if not self.episode.update(self.streak >= self.config.no_gradients.steps):
-            return []
+            return self._backward_missed(signals, loss) if self.streak == 1 else []
         first = signals.step - self.streak + 1
         if signals.loss_requires_grad is False:
             why = ("the loss handed to trainguard does not require grad: it was computed "
@@ -54,6 +62,19 @@ class NoGradients(Detector):
                            f"is training; {why}",
                            value=float(self.streak), since=first,
                            loss_requires_grad=signals.loss_requires_grad)]
+
+    def _backward_missed(self, signals: StepSignals, loss: float) -> list[Event]:
+        """The `info` of one step that backward() did not reach (see the module's text)."""
+        absent, names = signals.grads_absent, signals.param_names
+        if not (signals.loss_requires_grad and names and absent is not None
+                and len(absent) == len(names)):
+            return []
+        return [self.event(signals.step, "info",
+                           f"step {signals.step}: backward() reached no watched parameter (not "
+                           f"one has a gradient) although the loss ({loss:.4g}) requires grad: "
+                           "loss.backward() not called for this step, the gradients cleared "
+                           "before it, or every parameter frozen; its optimizer step changed "
+                           "nothing", value=0.0, symptom="backward_missed")]
 
     def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
         """Calm rows, while no streak or episode is under way: any row but one with a finite,
