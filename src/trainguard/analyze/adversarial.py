@@ -77,12 +77,11 @@ def discriminator_won(log: Log) -> tuple[int, str] | None:
     """The row from which a GAN's discriminator has won for good, and why in words; None
     otherwise. A discriminator loss at its floor (at most `WON_LEVEL` of its early level) on
     most rows from some row to the end (`WON_SHARE`, over at least `WON_ROWS` rows, and on the
-last ones too) means it
-    tells every generated sample from a real one: its generator gets no gradient it can use
-    from the adversarial term (the CycleGAN maintainers: a discriminator loss near 0 for a
-    while means the training has collapsed), whatever the other terms do (a cycle or
-    reconstruction loss keeps falling). The first row at the floor from which that holds is
-    the onset."""
+    last ones too) means it tells every generated sample from a real one: its generator gets no
+    gradient it can use from the adversarial term (the CycleGAN maintainers: a discriminator
+    loss near 0 for a while means the training has collapsed), whatever the other terms do (a
+    cycle or reconstruction loss keeps falling). The first row at the floor from which that
+    holds is the onset."""
     for name in log.series:
         named = log.loss_from if name == LOSS else name  # `loss_D_A` read as the loss
         if named is None or not (name == LOSS or is_train_loss(name)):

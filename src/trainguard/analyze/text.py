@@ -236,7 +236,7 @@ def _generic(lines: Iterable[str], log: LogBuilder) -> int:
     return pasted.read_rows(lines, log)
 
 
-_ONE_NUM = r"[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
+_ONE_NUM = rf"(?:{pasted.DIGITS}|[-+]?(?:nan|inf(?:inity)?))"
 """`NUM` with one way to match a run of digits: a long number on a line fails in linear time."""
 _COLUMNS = re.compile(rf"^\s*(?:(?:[^\n]*?[ \t,;])?(batch|step|iter|iteration|epoch)\s*[:,]?\s*)?"
                       rf"(\d+|\d\.\d+[eE][-+]?\d+)(?:\s*/\s*\d+\s*:\s*|[ \t,;]+)({_ONE_NUM})"
