@@ -54,7 +54,7 @@ EXCERPT = "incident_excerpt.txt"
 # index.csv `batch`: the batches collected after the tuning, never looked at while tuning
 NEW_BATCHES = ("2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
                "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28",
-               "29", "30", "31", "32", "33")
+               "29", "30", "31", "32", "33", "34")
 HALVES = ("tune", "held-out")
 
 
@@ -135,15 +135,20 @@ def log_files(folder: Path) -> list[Path]:
     return files
 
 
+def names_no_onset(text: str) -> bool:
+    """A label's onset that names no row: `none`, or `none (a note on why)`."""
+    return text.strip().lower().split(" (")[0] in ("none", "")
+
+
 def onset_row(log: Log, text: str) -> int | None:
     """The row of `log` a label's onset names (None for "none", or a row the log lacks).
 
-    Labels name a row in the log's own terms: a step (`3010`, `step 41`, `iter 1152`, `epoch 0
-    (step 198, ...)`), `epoch E, batch B`, `epoch 3451` (a log counted in epochs), or for lines
-    without a step counter the n-th logged value (`row 1`, `2nd printed value`, `line 6`) or
-    the first row at an epoch (`epoch 0.01`)."""
+    Labels name a row in the log's own terms: a step (`3010`, `step 41`, `iter 1152`, a boosting
+    `round 180`, `epoch 0 (step 198, ...)`), `epoch E, batch B`, `epoch 3451` (a log counted in
+    epochs), or for lines without a step counter the n-th logged value (`row 1`, `2nd printed
+    value`, `line 6`) or the first row at an epoch (`epoch 0.01`)."""
     text = text.strip()
-    if text.lower() in ("none", ""):
+    if names_no_onset(text):
         return None
     nth = re.search(r"\brow\s+(\d+)|(\d+)(?:st|nd|rd|th) printed value|^line\s+(\d+)", text)
     if nth:
@@ -158,8 +163,8 @@ def onset_row(log: Log, text: str) -> int | None:
             found = next((i for i, s in enumerate(log.steps) if s == int(named.group(2))), None)
         return found
     inner = re.search(r"\((?:step|global batch)\s+(\d+)", text)
-    step = re.fullmatch(r"(?:(?:global\s+)?step|iter|iteration|num_updates|update)?\s*(\d+)",
-                        main)
+    step = re.fullmatch(
+        r"(?:(?:global\s+)?step|iter|iteration|num_updates|update|round)?\s*(\d+)", main)
     epoch = re.fullmatch(r"epoch\s+([\d.]+)", main)
     if inner or step:
         wanted = int((inner or step).group(1))  # type: ignore[union-attr]
@@ -189,7 +194,7 @@ def score(label: Label, path: Path) -> Scored:
     seconds = time.perf_counter() - start
     assert result.log is not None
     got = result.judgement.onset_row if result.judgement is not None else None
-    if label.onset.lower() in ("none", ""):
+    if names_no_onset(label.onset):
         onset_ok = near = got is None
     else:
         want = onset_row(result.log, label.onset)

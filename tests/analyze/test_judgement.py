@@ -375,6 +375,21 @@ def test_a_metric_cliff_lasts_only_when_no_later_evaluation_shows_it_back(
     assert (result.verdict, result.kind) == (verdict, kind), result.evidence
 
 
+@pytest.mark.parametrize("metric, kind", [("eval_loss", "nan"), ("eval_perplexity", "nan"),
+                                          ("eval_accuracy", "collapse")])
+def test_an_evaluation_loss_that_is_nan_is_a_nan_not_a_collapse(
+        tmp_path: Path, metric: str, kind: str) -> None:
+    """fp16 fine-tuning whose every step overflowed from the first: the Trainer logs `loss: 0.0`
+    for each all-NaN window at a frozen LR, and the evaluations give NaN. An evaluation's own loss
+    (or perplexity) that is NaN is the model's forward pass overflowing, a NaN in the weights or
+    activations; an accuracy that is NaN says only that the evaluation broke."""
+    rows = [{"loss": 0.0, "learning_rate": 1.0533245556287031e-07, "step": 10 * (i + 1)}
+            for i in range(11)]
+    evals = [{"step": 10, metric: NAN}, {"step": 60, metric: NAN}]
+    result = analyze(trainer_state(tmp_path / "trainer_state.json", rows, evals))
+    assert (result.verdict, result.kind) == ("degraded", kind), result.evidence
+
+
 @pytest.mark.parametrize("swung, verdict", [(True, "healthy"), (False, "degraded")])
 def test_a_cliff_no_deeper_than_swings_the_metric_came_back_from_is_its_noise(
         tmp_path: Path, swung: bool, verdict: str) -> None:

@@ -41,3 +41,17 @@ def test_the_help_describes_the_script_in_whole_sentences(
     described = " ".join(capsys.readouterr().out.split("options:")[0].split("[--json]")[1].split())
     assert described == ("Score `trainguard analyze` on hand-labelled real logs: the shared "
                          "evaluation set and this repository's own corpus (benchmarks/realdata).")
+
+
+def test_an_onset_named_by_its_boosting_round_or_none_with_a_note_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "xgboost.txt"
+    path.write_text("".join(f"[{r}]\ttrain-logloss:{v}\teval-logloss:{v}\n"
+                            for r, v in [(160, "0.045664"), (170, "0.044242"), (180, "nan"),
+                                         (190, "nan")]))
+    broken = score(Label("issue_cv_nan", "degraded", "nan", "round 180 (nan from here)"), path)
+    assert broken.verdict == "degraded" and broken.onset_ok
+    assert not score(Label("issue_cv_nan", "degraded", "nan", "round 170"), path).onset_ok
+    healthy = tmp_path / "fine.txt"
+    healthy.write_text("".join(f"step {s}: loss {2.0 - s / 100:.3f}\n" for s in range(1, 60)))
+    noted = score(Label("issue_fine", "healthy", None, "none (a steady fall)"), healthy)
+    assert noted.verdict == "healthy" and noted.onset_ok

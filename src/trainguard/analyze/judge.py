@@ -177,7 +177,7 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
     span = max(WINDOW, log.interval())  # the live verdict's last 20 steps, or the last row
     tail = [v for i in after if _finite(v := losses[i]) and log.steps[i] > end - span]
     final = statistics.median(tail) if tail else None
-    if kinds & set(NONFINITE_KINDS) or skipping_end:
+    if kinds & set(NONFINITE_KINDS) or skipping_end or _nonfinite_evaluation_loss(incident):
         kind = NAN
     elif kinds <= {"metric_collapse"} or (_frozen(final_rows) and not _risen(
             final_rows[-1], reference, config)):
@@ -234,6 +234,14 @@ def _judge(log: Log, rows: list[int], events: list[Event], config: DetectorConfi
               "it was before the trouble")
     return (Judgement(DEGRADED, kind, onset, incident, isolated, reference, final, ending),
                 earlier)
+
+
+def _nonfinite_evaluation_loss(incident: list[Event]) -> bool:
+    """An evaluation loss (or perplexity) of the incident was NaN or inf: the model's own
+    forward pass on held-out data overflowed, which is a NaN in the weights or the activations,
+    not a model that collapsed to a constant prediction (an accuracy's cliff)."""
+    return any(e.kind == "metric_collapse" and e.details.get("rule") == "nonfinite"
+               and lower_is_better(str(e.details.get("metric", ""))) for e in incident)
 
 
 def _worse(final: float, reference: float, tail: list[float], losses: list[float | None],
