@@ -99,6 +99,28 @@ def test_a_healthy_run_takes_most_steps_in_the_lane_and_ends_as_checked_in_full(
     assert lane.lane_steps >= 120 and full.lane_steps == 0
 
 
+def test_rows_that_raise_nothing_are_handed_over_between_steps_and_the_lane_stays_open() -> None:
+    """After `MAX_ROWS` calm steps the rows go to the detectors between two steps; when they
+    raise nothing the next step is the lane's too, not a full check that would only hand them
+    over (the run still ends as checked in full)."""
+    from trainguard.pipeline.calm import MAX_ROWS
+
+    kept: list[int] = []
+
+    def rows_after(step: int, guard: trainguard.Guard) -> None:
+        assert guard.run.calm is not None
+        kept.append(len(guard.run.calm.rows))
+
+    # a smooth regression sampled every 100 steps exactly (no cadence set by timing)
+    setup: dict[str, Any] = {"regression": True, "batch": False, "steps": 500,
+                             "config": {"probes": {"sample_every": 100, "sample_budget": None}}}
+    lane = _train(True, between=rows_after, **setup)
+    _same(lane, _train(False, **setup))
+    assert max(kept) < MAX_ROWS
+    handed = [i for i in range(1, len(kept) - 1) if kept[i - 1] == MAX_ROWS - 1 and kept[i] == 0]
+    assert handed and all(kept[i + 1] == 1 for i in handed)  # the step after: in the lane
+
+
 def test_without_a_batch_too() -> None:
     _same(_train(True, batch=False), _train(False, batch=False))
 

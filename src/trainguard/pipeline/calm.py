@@ -9,13 +9,15 @@ the run's last full step (`Detector.calm_bounds`: finite, halfway on a log scale
 explosion, under the clip limit in force, no LR rise), takes the update at once and keeps the
 step as a row.
 
-The rows reach the detectors together at the next full step (or when the run is read, saved or
-closed): `Detector.skip_calm` moves a detector's state past its calm rows with array operations,
-exactly as `check` row by row would, and `check` runs on the others (`detect.calm.run_rows`), so
-every detector sees every step, in order; the run's verdict then hears each row. (The sinks hear
-each step's report when it is taken.) What a detector raises on a row (a slow divergence, a rise
-short of the bounds) is told at that full step with its own step, and that step's decision reads
-it, as it reads the heavy probes' events of the step before.
+The rows reach the detectors together at the next full step, or between two steps once
+`MAX_ROWS` are kept (or when the run is read, saved or closed): `Detector.skip_calm` moves a
+detector's state past its calm rows with array operations, exactly as `check` row by row would,
+and `check` runs on the others (`detect.calm.run_rows`), so every detector sees every step, in
+order; the run's verdict then hears each row. (The sinks hear each step's report when it is
+taken.) What a detector raises on a row (a slow divergence, a rise short of the bounds) is told
+at the next full step with its own step, and that step's decision reads it, as it reads the
+heavy probes' events of the step before; rows handed over between steps that raise nothing
+open the lane again at once.
 
 A few detectors are checked at each step the lane takes instead (`Detector.live_in_lane`), each
 first asked whether the step is calm for it (`calm_at`): the precursor, which schedules its
@@ -68,8 +70,8 @@ from trainguard.transfer import to_host
 log = logging.getLogger("trainguard")
 
 MAX_ROWS = 64
-"""The most rows kept before they are handed over: what a detector raises on a calm row is told
-at most this many steps late."""
+"""The most rows kept before they are handed over, between two steps: what a detector raises on
+a calm row is told at most this many steps late (at the next step, which takes the full check)."""
 CLIP_HORIZON = 12
 """The steps a plan of the clip (`CalmLane.clip_bound`) holds for before it is made again: a
 quarter of the adaptive clip's window of 50 norms, whose median those steps can move by as
@@ -141,6 +143,9 @@ class CalmLane:
     raised: list[Event] = field(default_factory=list)
     """What the live detectors raised at the steps the lane took (nothing, unless `calm_at` was
     wrong), told with the rows."""
+    held: list[Event] = field(default_factory=list)
+    """What the detectors raised on rows handed over after `MAX_ROWS` of them, kept for the
+    next full step, whose decision reads them (`hand_over` returns them first)."""
     silent: np.ndarray | None = None
     """Which parameters' gradient norms were zero (no gradient, or an all-zero one) at the last
     full step: a step takes the lane only with the same ones silent (parameters frozen but in
@@ -385,7 +390,12 @@ class CalmLane:
         state.step += 1
         schedule_sampling(state, self.services)
         if len(self.rows) >= MAX_ROWS:
-            self.bounds = None
+            # handed over between steps: a full check of the next step would only hand them
+            # over and open the lane again, unless the rows raised something, which the next
+            # step's decision reads as it reads what a full step's hand-over raises
+            self.held = self.hand_over()
+            if not self.held:
+                self.reopen()
 
     # -- the rows handed over ----------------------------------------------------------------------
     def hand_over(self) -> list[Event]:
@@ -396,7 +406,7 @@ class CalmLane:
         self.clip_pending, self.clip_bound = [], None
         rows, self.rows = self.rows, []
         self.bounds = None
-        raised, self.raised = self.raised, []
+        raised, self.raised, self.held = [*self.held, *self.raised], [], []
         if not rows:
             return raised
         state = self.state
