@@ -137,7 +137,7 @@ def log_files(folder: Path) -> list[Path]:
 
 def names_no_onset(text: str) -> bool:
     """A label's onset that names no row: `none`, or `none (a note on why)`."""
-    return text.strip().lower().split(" (")[0] in ("none", "")
+    return re.fullmatch(r"(none\b.*)?", text.strip(), re.IGNORECASE | re.DOTALL) is not None
 
 
 def onset_row(log: Log, text: str) -> int | None:

@@ -376,7 +376,8 @@ def test_a_metric_cliff_lasts_only_when_no_later_evaluation_shows_it_back(
 
 
 @pytest.mark.parametrize("metric, kind", [("eval_loss", "nan"), ("eval_perplexity", "nan"),
-                                          ("eval_accuracy", "collapse")])
+                                          ("eval_accuracy", "collapse"),
+                                          ("eval_answer_accuracy", "collapse")])
 def test_an_evaluation_loss_that_is_nan_is_a_nan_not_a_collapse(
         tmp_path: Path, metric: str, kind: str) -> None:
     """fp16 fine-tuning whose every step overflowed from the first: the Trainer logs `loss: 0.0`

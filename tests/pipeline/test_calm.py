@@ -121,6 +121,111 @@ def test_rows_that_raise_nothing_are_handed_over_between_steps_and_the_lane_stay
     assert handed and all(kept[i + 1] == 1 for i in handed)  # the step after: in the lane
 
 
+def _regression_run(lane: bool, steps: int, lr_at: Callable[[int], float] = lambda _: 1.0,
+                    stop: Callable[[trainguard.Guard], bool] | None = None
+                    ) -> tuple[list[tuple[Any, ...]], trainguard.Guard]:
+    """A smooth regression sampled every 100 steps exactly, under a `LambdaLR` of `lr_at`: its
+    reports (step, action, event kinds) and its Guard, still open; `stop(guard)` True after a
+    step ends the loop there."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    guard = trainguard.Guard(net, optimizer, scheduler, config=trainguard.GuardConfig(
+        policy="protect", sinks={"console": False},
+        probes={"sample_every": 100, "sample_budget": None}))
+    if not lane:
+        guard.run.calm = None
+    generator = torch.Generator().manual_seed(0)
+    reports: list[tuple[Any, ...]] = []
+    for _ in range(steps):
+        x = torch.randn(32, 16, generator=generator)
+        loss = nn.functional.mse_loss(net(x).squeeze(-1), x[:, :3].sum(1))
+        loss.backward()
+        report = guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        assert report is not None
+        reports.append((report.step, report.action, sorted(e.kind for e in report.events)))
+        if stop is not None and stop(guard):
+            break
+    return reports, guard
+
+
+def test_an_lr_jump_just_after_rows_handed_over_between_steps_is_the_full_checks() -> None:
+    """The scheduler's step after the lane handed its rows over raises the LR 100x: the next
+    step is compared with the LR of the step before it, as every lane step is, and goes to the
+    full check, which tells the jump at that step."""
+    from trainguard.pipeline.calm import MAX_ROWS
+
+    kept: list[int] = []
+
+    def rows_kept(guard: trainguard.Guard) -> bool:
+        assert guard.run.calm is not None
+        kept.append(len(guard.run.calm.rows))
+        return False
+
+    _, guard = _regression_run(True, 600, stop=rows_kept)
+    guard.close()
+    handed = next(i for i in range(1, len(kept)) if kept[i - 1] == MAX_ROWS - 1 and kept[i] == 0)
+
+    def jump(step: int) -> float:  # the scheduler's step after step `handed` takes it up
+        return 1.0 if step <= handed else 100.0
+
+    lane, guard = _regression_run(True, handed + 3, jump)
+    guard.close()
+    full, guard = _regression_run(False, handed + 3, jump)
+    guard.close()
+    assert lane == full and "lr_change" in lane[handed + 1][2]
+
+
+@pytest.mark.parametrize("read_between", [False, True])
+def test_what_rows_handed_over_between_steps_raise_is_told(
+        monkeypatch: pytest.MonkeyPatch, read_between: bool) -> None:
+    """A detector raises on the rows handed over after `MAX_ROWS` (a warning made up here, on
+    the last row): the lane stays closed, and the next step, a full one, reports it with its
+    row's step for its decision to read; the run's events read between the two steps tell it
+    too, once."""
+    from trainguard.events import Event
+    from trainguard.pipeline import calm
+
+    judged = calm._judged
+
+    def raising(detector: Any, rows: list[Any], columns: Any) -> list[Event]:
+        found = judged(detector, rows, columns)
+        if len(rows) >= calm.MAX_ROWS and detector.kind == "loss_spike":
+            found.append(Event(kind="loss_spike", step=rows[-1].signals.step,
+                               severity="warning", message="made up on the last calm row"))
+        return found
+
+    monkeypatch.setattr(calm, "_judged", raising)
+    made_up: list[int] = []
+
+    def held(guard: trainguard.Guard) -> bool:
+        lane = guard.run.calm
+        assert lane is not None
+        made_up.extend(e.step for e in lane.held)
+        return bool(lane.held)
+
+    _, guard = _regression_run(True, 600, stop=held)
+    assert made_up and guard.run.calm is not None and guard.run.calm.bounds is None
+    told_between = ([e.step for e in guard.events if e.message.startswith("made up")]
+                    if read_between else [])  # (reading the events hands them over)
+    x = torch.randn(32, 16)
+    model = guard.model
+    loss = nn.functional.mse_loss(model(x).squeeze(-1), x[:, :3].sum(1))
+    loss.backward()
+    report = guard.step(loss)
+    guard.close()
+    assert report is not None and report.step == made_up[0] + 1
+    in_report = [e.step for e in report.events if e.message.startswith("made up")]
+    told = [e.step for e in guard.events if e.message.startswith("made up")]
+    assert told == made_up
+    if read_between:
+        assert told_between == made_up and in_report == []
+    else:
+        assert in_report == made_up
+
+
 def test_without_a_batch_too() -> None:
     _same(_train(True, batch=False), _train(False, batch=False))
 

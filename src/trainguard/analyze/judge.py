@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import TypeGuard
@@ -241,7 +242,16 @@ def _nonfinite_evaluation_loss(incident: list[Event]) -> bool:
     forward pass on held-out data overflowed, which is a NaN in the weights or the activations,
     not a model that collapsed to a constant prediction (an accuracy's cliff)."""
     return any(e.kind == "metric_collapse" and e.details.get("rule") == "nonfinite"
-               and lower_is_better(str(e.details.get("metric", ""))) for e in incident)
+               and _names_a_loss(str(e.details.get("metric", ""))) for e in incident)
+
+
+_LOSS_WORDS = frozenset({"loss", "nll", "perplexity", "ppl"})
+
+
+def _names_a_loss(name: str) -> bool:
+    """A metric named as a loss or a perplexity, by whole word (`eval_loss`, `val/ppl`, not
+    `eval_answer_accuracy`, whose `wer` a substring test would find)."""
+    return any(word in _LOSS_WORDS for word in re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def _worse(final: float, reference: float, tail: list[float], losses: list[float | None],

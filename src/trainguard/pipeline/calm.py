@@ -395,7 +395,7 @@ class CalmLane:
             # step's decision reads as it reads what a full step's hand-over raises
             self.held = self.hand_over()
             if not self.held:
-                self.reopen()
+                self.reopen(self.lrs)  # the LRs of the step taken last
 
     # -- the rows handed over ----------------------------------------------------------------------
     def hand_over(self) -> list[Event]:
@@ -430,12 +430,15 @@ class CalmLane:
         self.silent = (norms == 0.0 if isinstance(norms, np.ndarray) and norms.ndim == 1
                        else None)
         self.any_silent = self.silent is not None and bool(self.silent.any())
-        self.reopen()
+        lrs = None if signals is None else tuple(signals.group_lrs or ())
+        self.reopen(lrs if lrs and all(type(lr) is float for lr in lrs) else None)
 
-    def reopen(self) -> None:
+    def reopen(self, lrs: tuple[float, ...] | None = None) -> None:
         """The bounds for the steps after the last full step (or after the rows were handed
         over between steps), from the detectors' state now; the lane stays closed while one of
-        them holds an episode or an outlier."""
+        them holds an episode or an outlier. `lrs`: the group LRs of the step before, which the
+        next step's are compared with (the scheduler has stepped since: a jump it made is the
+        full check's); None: those the optimizer holds now (a lane opened before any step)."""
         state, services = self.state, self.services
         self._stand()
         on_duty = state.on_duty(_PLAIN)
@@ -449,7 +452,7 @@ class CalmLane:
         groups = services.optimizer.param_groups
         if not all(type(g.get("lr")) is float for g in groups):
             return
-        self.lrs = tuple(g["lr"] for g in groups)
+        self.lrs = lrs if lrs is not None else tuple(g["lr"] for g in groups)
         probe = services.watch.grad_probe
         self.plain = (list(services.watched.params)
                       if probe.one_device and not probe.has_half and not any(

@@ -452,13 +452,13 @@ class Run:
         the sinks now (between steps: what they raise is told, and the lane stays closed until
         the next full step)."""
         calm = self.calm
-        if calm is None or not calm.rows or self.closed:
+        if calm is None or not (calm.rows or calm.held) or self.closed:
             return
-        late = calm.hand_over()
+        late = calm.hand_over()  # what rows handed over before raised comes first
         for event in late:
             self.emit_event(event)
         if not late:
-            calm.reopen()
+            calm.reopen(calm.lrs)  # the LRs of the step the lane took last
 
     def state_dict(self) -> dict[str, Any]:
         """The run's state between two steps (under `sync="deferred"`, with the last step
