@@ -54,7 +54,7 @@ EXCERPT = "incident_excerpt.txt"
 # index.csv `batch`: the batches collected after the tuning, never looked at while tuning
 NEW_BATCHES = ("2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
                "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28",
-               "29", "30", "31", "32", "33", "34")
+               "29", "30", "31", "32", "33", "34", "35")
 HALVES = ("tune", "held-out")
 
 
@@ -164,7 +164,8 @@ def onset_row(log: Log, text: str) -> int | None:
         return found
     inner = re.search(r"\((?:step|global batch)\s+(\d+)", text)
     step = re.fullmatch(
-        r"(?:(?:global\s+)?step|iter|iteration|num_updates|update|round)?\s*(\d+)", main)
+        r"(?:(?:global[\s_]+)?steps?|iter|iteration|num_updates|update|round)?\s*(\d+)", main,
+        re.IGNORECASE)
     epoch = re.fullmatch(r"epoch\s+([\d.]+)", main)
     if inner or step:
         wanted = int((inner or step).group(1))  # type: ignore[union-attr]
