@@ -98,3 +98,28 @@ def test_evaluations_on_another_counter_than_the_training_rows_are_left_out(
     path.write_text("\n".join(lines) + "\n")
     log = read_log(path)
     assert log.steps[0] == 1000 and not log.evals
+
+
+def test_a_benchmarks_own_training_prints_are_read_when_the_events_hold_evaluations_only(
+        tmp_path: Path) -> None:
+    """An MLPerf RNN-T result whose training loss is printed by the benchmark's own logger
+    (NVIDIA's DLLogger lines), its MLLOG events holding the word error rate only: the training
+    lines, which say more of the run, are read. A result of evaluations alone is still judged
+    on them."""
+    lines = [_event("submission_benchmark", "rnnt")]
+    for epoch in range(1, 7):
+        for it in range(10, 140, 10):
+            loss = 30.0 / epoch if epoch < 5 else 30.0 * 40 * (it / 10)  # blows up in epoch 5
+            lines.append(f"DLL 2023-10-04 04:30:58.300416 - epoch {epoch:4d} | iter {it:4d}/136 "
+                         f"| loss {loss:.2f} | utts/s   548 | took  3.74 s | lrate 9.42e-05")
+        lines.append(_event("eval_accuracy", 0.5 / epoch if epoch < 5 else 1.0,
+                            epoch_num=epoch))
+    path = tmp_path / "result_0.txt"
+    path.write_text("\n".join(lines) + "\n")
+    result = analyze(path)
+    assert result.log is not None and result.log.format == "text:generic"
+    assert result.verdict == "degraded" and result.onset is not None
+    assert result.onset.startswith("epoch 5")
+    only = tmp_path / "result_1.txt"
+    only.write_text("\n".join(line for line in lines if ":::MLLOG" in line) + "\n")
+    assert read_log(only).format == "text:mllog"

@@ -251,3 +251,24 @@ def test_a_clip_fraction_marks_a_ppo_surrogate(tmp_path: Path) -> None:
         assert scored_samples_named(name.lower()), name
     for name in ("clip_frac", "grad/clip_frac", "grad_clip"):  # a clipper's, DP-SGD's
         assert not scored_samples_named(name), name
+
+
+@pytest.mark.parametrize(("kl_after", "reward_after", "verdict"), [
+    (5e-3, 0.9, "healthy"),  # back at its level, the reward climbing on: a note
+    (0.8, 0.9, "degraded"),  # the policy stayed far from its reference
+    (5e-3, 0.05, "degraded"),  # back, but the reward lost what it had learned
+])
+def test_a_kl_that_jumped_and_came_back_is_judged_by_its_reward(
+        tmp_path: Path, kl_after: float, reward_after: float, verdict: str) -> None:
+    """The KL to the reference jumps 100x on one row (a GRPO log every step swings); the KL
+    says how far the policy went, the reward what it learned: back at its level with the
+    reward no lower is a note, not a verdict."""
+    rows = grpo_rows(kl=lambda i: 5e-3)
+    rows[25]["kl"] = 1.0
+    for row in rows[26:]:
+        row["kl"], row["reward"] = kl_after, reward_after
+    analysis = analyze(_write(tmp_path / "trainer_state.json", rows))
+    assert analysis.verdict == verdict, analysis.evidence
+    assert any(e.kind == "kl_blowup" for e in analysis.events)
+    if verdict == "healthy":
+        assert "came back to its level" in " ".join(analysis.evidence)

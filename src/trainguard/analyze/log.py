@@ -335,6 +335,9 @@ class LogBuilder:
         self.from_start: bool | None = None
         self.single_batch = False
         self.loss_is_evaluation = False
+        self.rows_are_evaluations = False
+        """The reader found evaluations only and made them the rows: the training lines of
+        another grammar in the same file, if it reads more of them, tell more of the run."""
         self._plans: dict[tuple[str, ...], list[tuple[str, int, str]]] = {}
         self._evals_halved = False
         self._windows: list[windows.Window] | None = None

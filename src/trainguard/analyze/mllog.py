@@ -96,6 +96,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
         return len(rows)
     if not evals:
         return 0
+    log.rows_are_evaluations = True  # a benchmark's own training prints may say more
     if default == "eval_loss":
         log.notes.append("the log holds no training loss: its evaluation loss (MLPerf's "
                          f"eval_accuracy of {benchmark}, lower is better) is judged")

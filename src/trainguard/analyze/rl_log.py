@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 
 from trainguard.analyze.log import LOSS, Log
+from trainguard.detect.kl_blowup import HISTORY
+from trainguard.detect.settings import KLBlowupConfig
 from trainguard.detect.trainer_metrics import KL
 
 SAMPLED_SCORES = re.compile(
@@ -93,6 +96,54 @@ def progress(log: Log) -> str | None:
         if said is not None:
             parts.append(said)
     return "; ".join(parts) if parts else None
+
+
+KL_BACK = 2.0
+"""A KL whose median over its last `TYPICAL_ROWS` rows is within this many times its level
+before a blow-up is back at that level (a policy that left its reference for good stays far
+above it; a KL logged every step swings 2-4x from row to row, so one row says little)."""
+TYPICAL_ROWS = 10
+"""Rows of a KL or a reward whose median is its level at the end (a reward's before a blow-up
+too)."""
+
+
+def kl_came_back(log: Log, onset_row: int) -> str | None:
+    """How a run whose only trouble was its KL to the reference blowing up came back, in words,
+    or None when it did not: the KL finite on its rows after the onset (at least
+    `TYPICAL_ROWS`), its median over the last `TYPICAL_ROWS` within `KL_BACK` times its level
+    before the onset (`kl_blowup`'s: its median over the last `HISTORY` values, at least the
+    detector's floor), and the reward, where the log holds one,
+    no lower at the end (the median of its last `TYPICAL_ROWS` rows) than before the onset. The
+    KL says how far the policy went, the reward what it learned: a KL that jumped and came back
+    while the reward held is a note, not a verdict."""
+    by_lower = {n.lower(): n for n in log.series}
+    name = next((by_lower[n] for n in KL if n in by_lower), None)
+    if name is None:
+        return None
+    rows, values = log.series.points(name)
+    before = [v for r, v in zip(rows, values, strict=True) if r < onset_row and math.isfinite(v)]
+    after = [v for r, v in zip(rows, values, strict=True) if r > onset_row]
+    if not before or len(after) < TYPICAL_ROWS or not all(math.isfinite(v) for v in after):
+        return None
+    # its level as `kl_blowup` judged it: the median of its recent values, at least its floor
+    level = max(statistics.median(before[-HISTORY:]), KLBlowupConfig().floor)
+    end = statistics.median(after[-TYPICAL_ROWS:])
+    if end > KL_BACK * level:
+        return None
+    said = (f"{name} came back to its level (a median of {end:.4g} over its last "
+            f"{TYPICAL_ROWS} rows, against {level:.4g} before {log.label(onset_row)})")
+    reward = reward_column(log)
+    if reward is None:
+        return said
+    reward_rows, rewards = log.series.points(reward)
+    was = [v for r, v in zip(reward_rows, rewards, strict=True)
+           if r < onset_row and math.isfinite(v)][-TYPICAL_ROWS:]
+    end = [v for r, v in zip(reward_rows, rewards, strict=True) if r > onset_row][-TYPICAL_ROWS:]
+    if not end or not all(math.isfinite(v) for v in end) or (
+            was and statistics.median(end) < statistics.median(was)):
+        return None
+    return (f"{said}, and {reward} ended at a median of {statistics.median(end):.4g}"
+            + (f", no lower than the {statistics.median(was):.4g} before it" if was else ""))
 
 
 def came_back(log: Log, onset_row: int) -> str | None:

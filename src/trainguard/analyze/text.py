@@ -330,8 +330,11 @@ def read(path: str | Path, grammar: str | None = None) -> Log:
     lines = read_lines(path)
     best: tuple[int, LogBuilder] | None = None
     for name in ([grammar] if grammar else list(GRAMMARS)):
-        if name in ("generic", "columns") and best is not None:  # a trainer's own lines first
-            break  # (a printed history competes with the generic lines on rows read)
+        if (name in ("generic", "columns") and best is not None
+                and not best[1].rows_are_evaluations):  # a trainer's own lines first
+            break  # (a printed history competes with the generic lines on rows read; the
+            # training lines of a file whose trainer's grammar found evaluations only, an
+            # MLPerf result whose benchmark prints its own losses, compete with them too)
         parse, unit = GRAMMARS[name]
         log = LogBuilder(path, f"{FORMAT}:{name}", step_unit=unit)
         found = parse(lines, log)
