@@ -197,14 +197,14 @@ def _rl_progress(judgement: Judgement, log: Log) -> Judgement:
                 and all(e.kind == "nonfinite_loss" for e in judgement.incident) else None)
         if back is not None:  # a NaN the run stepped over, told by what the log holds
             return dataclasses.replace(judgement, verdict=RECOVERED, ending=back)
-        held = (rl_log.kl_came_back(log, judgement.onset_row)
-                if judgement.onset_row is not None and judgement.incident
+        onset = judgement.onset_row
+        held = (rl_log.kl_came_back(log, onset) if onset is not None and judgement.incident
                 and all(e.kind == Kind.KL_BLOWUP for e in judgement.incident) else None)
-        if held is not None:  # the KL is a diagnostic: the reward says what the run learned
-            return Judgement(HEALTHY, None, None,
+        if held is not None and onset is not None:  # the KL is a diagnostic: the reward
+            return Judgement(HEALTHY, None, None,  # says what the run learned
                              isolated=judgement.isolated + judgement.incident,
-                             ending=f"{said}; the KL jumped at {log.label(judgement.onset_row)} "
-                                    f"and {held}: a note, not a verdict")
+                             ending=f"{said}; the KL jumped at {log.label(onset)} and {held}: "
+                                    "a note, not a verdict")
         if judgement.reference is not None or judgement.kind == "nan":
             return judgement
         said = (f"{said}; the log holds no loss level to come back to (its loss is the RL "

@@ -138,11 +138,11 @@ def kl_came_back(log: Log, onset_row: int) -> str | None:
     reward_rows, rewards = log.series.points(reward)
     was = [v for r, v in zip(reward_rows, rewards, strict=True)
            if r < onset_row and math.isfinite(v)][-TYPICAL_ROWS:]
-    end = [v for r, v in zip(reward_rows, rewards, strict=True) if r > onset_row][-TYPICAL_ROWS:]
-    if not end or not all(math.isfinite(v) for v in end) or (
-            was and statistics.median(end) < statistics.median(was)):
+    last = [v for r, v in zip(reward_rows, rewards, strict=True) if r > onset_row][-TYPICAL_ROWS:]
+    if not last or not all(math.isfinite(v) for v in last) or (
+            was and statistics.median(last) < statistics.median(was)):
         return None
-    return (f"{said}, and {reward} ended at a median of {statistics.median(end):.4g}"
+    return (f"{said}, and {reward} ended at a median of {statistics.median(last):.4g}"
             + (f", no lower than the {statistics.median(was):.4g} before it" if was else ""))
 
 
