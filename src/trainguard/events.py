@@ -20,6 +20,19 @@ def at_least(severity: str, threshold: str) -> bool:
     return SEVERITY_RANK[severity] >= SEVERITY_RANK[threshold]
 
 
+NO_TROUBLE_TO_COME_BACK_FROM = frozenset({"no_progress"})
+"""Warnings that mark no trouble a loss comes back from: `no_progress` says the loss is not
+coming down, which the verdict judges apart (`stalled`); a run that learned on after it did not
+`recover` from anything."""
+
+
+def marks_trouble(event: Event) -> bool:
+    """Whether the run verdict counts `event`'s step as trouble (a warning or worse that a loss
+    can come back from)."""
+    return (at_least(event.severity, "warning")
+            and event.kind not in NO_TROUBLE_TO_COME_BACK_FROM)
+
+
 @dataclass(slots=True)
 class Event:
     """One finding at one step. `kind` is a stable code (for example `nonfinite_grad`)."""

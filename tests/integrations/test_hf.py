@@ -547,3 +547,25 @@ def test_a_diffusion_target_the_scheduler_does_not_name_is_found(tmp_path: Path)
         assert callback.run is not None
         found = [f.cause for f in callback.run.findings if f.check == "diffusion_target"]
         assert found == (["prediction_type_mismatch"] if velocity else [])
+
+
+def test_a_slow_learner_warned_of_no_progress_ends_healthy_not_recovered(tmp_path: Path) -> None:
+    """The Trainer's default LR (5e-5) on a GPT-2 built from scratch: the loss falls 2% in its
+    first 100 steps (`no_progress` warns, rightly) and goes on falling. It never had trouble
+    to come back from: its verdict says how the loss went, not `recovered`."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256,
+                                       n_positions=64))
+    data = []
+    for i in range(512):
+        ids = (torch.arange(32) * (1 + i % 5) + i) % 256
+        data.append({"input_ids": ids, "labels": ids.clone()})
+    args = make_args(tmp_path, max_steps=300, per_device_train_batch_size=8,
+                     learning_rate=5e-5, logging_steps=50)
+    callback = TrainguardCallback(GuardConfig(sinks={"console": False}))
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+    trainer.train()
+    run = callback.run
+    assert run is not None and run.verdict is not None
+    assert [e.kind for e in callback.events if e.severity == "warning"] == ["no_progress"]
+    assert run.verdict.verdict == "healthy", run.verdict.message

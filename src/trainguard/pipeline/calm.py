@@ -54,7 +54,7 @@ from trainguard.detect.calm import SignalColumns, run_rows
 from trainguard.detect.instability_precursor import InstabilityPrecursor, SkippedSteps
 from trainguard.detect.loss_divergence import LanePlan, LossDivergence
 from trainguard.diagnose.batch import batch_elements_of
-from trainguard.events import Event, StepReport, at_least
+from trainguard.events import Event, StepReport, marks_trouble
 from trainguard.pipeline.context import Measured
 from trainguard.pipeline.measure import absent_from, loss_tensor, pack_precursors, precursors_of
 from trainguard.pipeline.services import Services
@@ -415,7 +415,7 @@ class CalmLane:
         for detector in self.detectors:
             events.extend(_judged(detector, rows, columns))
         events.sort(key=lambda event: event.step)
-        troubled = {e.step for e in events if at_least(e.severity, "warning")}
+        troubled = {e.step for e in events if marks_trouble(e)}
         for row in rows:
             state.losses.observe(row.report.step, row.report.loss,
                                  trouble=row.report.step in troubled)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from trainguard.events import StepReport, at_least
+from trainguard.events import StepReport, marks_trouble
 from trainguard.pipeline.context import PendingStats, Settled, StepContext
 from trainguard.pipeline.services import Services
 from trainguard.pipeline.state import RunState
@@ -38,7 +38,7 @@ def settle(ctx: StepContext, state: RunState, services: Services) -> Settled:
                             sampled=ctx.sampled, loss_curvature=signals.loss_curvature,
                             signals=signals)
     state.losses.observe(ctx.step, signals.loss, trouble=any(
-        at_least(e.severity, "warning") for e in ctx.events))
+        marks_trouble(e) for e in ctx.events))
     state.step += 1
     if halted:
         return Settled(report, queued)
