@@ -54,11 +54,17 @@ REWARD_NAME = re.compile(r"(^|[\s_/])(rewards?|score|returns?)($|[\s_/])", re.IG
 a log without a loss says of the run."""
 
 
+def named_column(log: Log, names: tuple[str, ...]) -> str | None:
+    """The log's series named one of `names` (in their order, whatever the case), or None."""
+    by_lower = {n.lower(): n for n in log.series}
+    return next((by_lower[n] for n in names if n in by_lower), None)
+
+
 def reward_column(log: Log) -> str | None:
     """The log's reward column: one of `REWARD`, else the first named as a reward."""
-    by_lower = {n.lower(): n for n in log.series}
-    return next((by_lower[n] for n in REWARD if n in by_lower),
-                next((n for n in log.series if REWARD_NAME.search(n)), None))
+    found = named_column(log, REWARD)
+    return found if found is not None else next(
+        (n for n in log.series if REWARD_NAME.search(n)), None)
 
 
 def scored_samples(log: Log) -> str | None:
@@ -89,9 +95,7 @@ def progress(log: Log) -> str | None:
     healthy verdict's summary; None where the log holds neither."""
     parts = []
     for names in (REWARD, KL):
-        by_lower = {n.lower(): n for n in log.series}
-        name = (reward_column(log) if names is REWARD
-                else next((by_lower[n] for n in names if n in by_lower), None))
+        name = reward_column(log) if names is REWARD else named_column(log, names)
         said = log.went(name) if name is not None else None
         if said is not None:
             parts.append(said)
@@ -116,8 +120,7 @@ def kl_came_back(log: Log, onset_row: int) -> str | None:
     no lower at the end (the median of its last `TYPICAL_ROWS` rows) than before the onset. The
     KL says how far the policy went, the reward what it learned: a KL that jumped and came back
     while the reward held is a note, not a verdict."""
-    by_lower = {n.lower(): n for n in log.series}
-    name = next((by_lower[n] for n in KL if n in by_lower), None)
+    name = named_column(log, KL)
     if name is None:
         return None
     rows, values = log.series.points(name)
@@ -160,8 +163,7 @@ def came_back(log: Log, onset_row: int) -> str | None:
     if not bad or not after:
         return None
     said = f"the loss finite again from {log.label(after[0])} to the end"
-    by_lower = {n.lower(): n for n in log.series}
-    name = next((by_lower[n] for n in REWARD if n in by_lower), None)
+    name = named_column(log, REWARD)
     if name is None:
         return said
     reward_rows, rewards = log.series.points(name)
