@@ -236,7 +236,12 @@ class InstabilityPrecursor(Detector):
     def measured_at(self, step: int) -> int:
         """The probes measured `step`: it is the last measured, and the steps they skipped
         since the one before (whose values stand for them) are returned."""
-        last, self.measured = self.measured, step
+        held, self.measured = self._held_at(step), step
+        return held
+
+    def _held_at(self, step: int) -> int:
+        """The steps the probes skipped between the last they measured and `step`."""
+        last = self.measured
         if last is not None and step > last:
             return min(step - last - 1, self.config.common.baseline_window)
         return 0
@@ -322,41 +327,42 @@ class InstabilityPrecursor(Detector):
 
     def calm_at(self, signals: StepSignals) -> bool:
         """Whether `check` is sure to raise nothing on this step, known before it runs (the
-        calm lane asks, then runs `take_calm`): a step the probes skip whose estimate `_far` takes
-        as quiet (or with no estimate yet); a step they measure whose ratios, at the clipped
-        gradient, are under `abs_min` and whose log Z is under its quiet bound
-        (`Streaks.calm_at`), with no streak or episode open. False when it may raise, or when
-        that is not known cheaply."""
+        calm lane asks, then runs `take_calm`): with no streak or episode open, a step whose
+        ratios (measured, or the estimate of a step the probes skip), at the clipped gradient,
+        are under `abs_min` (the estimate under `NEAR` of it: `_far`'s quiet step, taken
+        without `check`) and whose log Z may not warn (`OutputGrowth.calm_at`). False when it
+        may raise, or when that is not known cheaply."""
         if signals.attention_logits:
             return False
         cfg = self.config.instability_precursor
         self._calm_peak = None
         measured = signals.precursors.get(SIGNAL)
-        if signals.precursors and not self.growth.calm_at(signals):
+        if signals.precursors and not self.growth.calm_at(signals, self._held_at(signals.step)):
+            return False
+        if self.streaking or self.episode.active:
             return False
         if measured is None:  # the ratio not measured (log Z may be)
             estimate = self._estimate(signals)
             if estimate is None:
                 return True
-            # what `_far` takes as quiet
-            values, bound, need_history = estimate, NEAR * cfg.abs_min, True
+            peak = float(np.fmax.reduce(estimate, initial=0.0)) * clip_factor(signals)
+            if peak < NEAR * cfg.abs_min and self.history:
+                self._calm_peak = peak  # what `_far` takes as quiet
+                return True
         else:
-            # nothing up to `abs_min` (the discounts only lower the values): `_quiet`
-            values, bound = np.asarray(measured, dtype=np.float64), cfg.abs_min
-            need_history = False
-        peak = float(np.fmax.reduce(values, initial=0.0)) * clip_factor(signals)
-        calm = (peak < bound and (bool(self.history) or not need_history)
-                and not self.streaking and not self.episode.active)
-        if calm and need_history:
-            self._calm_peak = peak
-        return calm
+            measured = np.asarray(measured, dtype=np.float64)
+            peak = float(np.fmax.reduce(measured, initial=0.0)) * clip_factor(signals)
+        # nothing up to `abs_min` (the discounts only lower the values): `_quiet`, or the
+        # baseline still young; `take_calm` runs `check`
+        return peak < cfg.abs_min
 
     def take_calm(self, signals: StepSignals) -> list[Event]:
         """`check` of the step `calm_at` just called calm: on a step the probes skipped, what
         `check` does there (the ratios last judged stand for it, `_far`), without computing the
-        estimate again; on a step they measured, `check` itself."""
+        estimate again; on a step they measured, or one whose estimate is nearer its bound,
+        `check` itself."""
         peak, self._calm_peak = self._calm_peak, None
-        if signals.precursors:
+        if signals.precursors or (peak is None and self._estimate(signals) is not None):
             return self.check(signals)
         self.growth.calm_row(signals.loss)
         if peak is None:  # no estimate yet: nothing judged

@@ -418,22 +418,59 @@ class OutputGrowth:
         if UPDATE in signals.precursors:
             self.updates.hold(steps)
 
-    def calm_at(self, signals: StepSignals) -> bool:
+    def calm_at(self, signals: StepSignals, held: int = 0) -> bool:
         """Whether `check` is sure to raise nothing on a step the probes measured (the calm
-        lane's question): log Z far from its bound (`Streaks.calm_at`), no update RMS."""
+        lane's question), `held` steps after the last they measured: no update RMS, and log Z
+        far from its bound (`Streaks.calm_at`) or, nearer, kept from warning at this step
+        (`allowed`: the mean log Z not up, or the loss still coming down, as on a classifier
+        that learns, whose log Z climbs with its confidence)."""
         if UPDATE in signals.precursors:
             return False
         logz = signals.precursors.get(LOGZ)
         if logz is None:
             return True
         value = float(np.asarray(logz, dtype=np.float64).reshape(-1)[0])
-        return self.logz.calm_at(value, self.config.instability_precursor.logz_rise)
+        tracker = self.logz
+        if tracker.calm_at(value, self.config.instability_precursor.logz_rise):
+            return True
+        return (math.isfinite(value) and not tracker.episode.active and not tracker.streak.any()
+                and not self._allowed_at(signals, held))
+
+    def _allowed_at(self, signals: StepSignals, held: int) -> bool:
+        """What `check`'s `allowed` will say on this step, from the state before it: the means
+        as `_hold` extends them, the losses with this step's."""
+        mean = signals.precursors.get(LOGZ_MEAN)
+        value = (math.nan if mean is None
+                 else float(np.asarray(mean, dtype=np.float64).reshape(-1)[0]))
+        size = self.means.maxlen or len(self.means)
+        means = list(self.means)
+        if held and means:
+            means = (means + [means[-1]] * min(held, size))[-size:]
+        if not (math.isfinite(value) and len(means) >= self.config.instability_precursor.warmup
+                and value >= float(np.median(means)) + MEAN_RISE):
+            return False
+        losses = list(self.losses)
+        if signals.loss is not None and math.isfinite(signals.loss):
+            losses = [*losses, signals.loss][-(self.losses.maxlen or len(losses) + 1):]
+        return not _learning(losses)
 
     def near(self) -> bool:
-        """Whether log Z or the update RMS is near its bound (`Streaks.near`)."""
+        """Whether log Z or the update RMS is near its bound (`Streaks.near`); log Z only while
+        it may warn (its mean within `NEAR` of `MEAN_RISE` above the means before, the loss no
+        longer coming down): kept from warning, its rise is measured at the cadence."""
         cfg = self.config.instability_precursor
-        return (self.logz.near(cfg.logz_rise)
+        tracker = self.logz
+        if tracker.episode.active or tracker.streak.any():
+            return True
+        return ((tracker.near(cfg.logz_rise) and self._may_warn())
                 or self.updates.near(math.log(cfg.ratio)))
+
+    def _may_warn(self) -> bool:
+        """Whether log Z's gate (`allowed`) is near open, by the last mean and loss kept."""
+        means = list(self.means)
+        if len(means) < 2 or not means[-1] >= float(np.median(means[:-1])) + NEAR * MEAN_RISE:
+            return False
+        return not self.learning()
 
     def _fired(self, tracker: Streaks, judged: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """(which columns fire, their levels) when this step opens an episode of `tracker`,
@@ -449,11 +486,7 @@ class OutputGrowth:
     def learning(self) -> bool:
         """Whether the loss is still coming down (see `LEARNING`), by the losses up to the last
         step `check` was handed."""
-        if len(self.losses) < 2 * LEARNING_STEPS:
-            return False
-        losses = list(self.losses)
-        recent = float(np.median(losses[-LEARNING_STEPS:]))
-        return recent < LEARNING * float(np.median(losses))
+        return _learning(list(self.losses))
 
     def _updates(self, signals: StepSignals, values: np.ndarray,
                  make: MakeEvent) -> Event | None:
@@ -501,6 +534,14 @@ class OutputGrowth:
         reported = state.get("logz_reported")
         self.logz_reported = (None if reported is None
                               else (int(reported[0]), float(reported[1])))
+
+
+def _learning(losses: list[float]) -> bool:
+    """`OutputGrowth.learning` of these losses (oldest first)."""
+    if len(losses) < 2 * LEARNING_STEPS:
+        return False
+    recent = float(np.median(losses[-LEARNING_STEPS:]))
+    return recent < LEARNING * float(np.median(losses))
 
 
 def _z_times(rise: float) -> str:

@@ -205,7 +205,10 @@ class CalmLane:
                 and 0.0 < norm <= bounds.grad_norm and (limit is None or _unclipped(norm, limit))
                 and self._same_silent(signals.param_grad_norm))
         if calm and skipped is not None:
-            calm, peak = skipped.quiet(signals.param_grad_norm)
+            quiet, peak = skipped.quiet(signals.param_grad_norm)
+            if not quiet:  # nearer its bound than the plan holds: the precursor is asked
+                self._stand()
+                skipped, live, peak = None, self.live, None
         calm = calm and all(detector.calm_at(signals) for detector in live)
         signals.loss_curvature = state.curvature.observe(value)
         if not calm:
