@@ -209,7 +209,8 @@ class LossTrack:
             return RunVerdict(RECOVERED, f"the loss ended at {final:.4g}, {how} the "
                               f"{reference:.4g} it was {against}", start, self.before_trouble,
                               final, self.trouble_step)
-        return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g}", start,
+        return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g} (the medians "
+                          f"of its first {self.window // 2} and last {len(tail)} losses)", start,
                           None, final, None)
 
     def _shown_at_the_end(self, start: float, final: float,
