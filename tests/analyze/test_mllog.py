@@ -123,3 +123,15 @@ def test_a_benchmarks_own_training_prints_are_read_when_the_events_hold_evaluati
     only = tmp_path / "result_1.txt"
     only.write_text("\n".join(line for line in lines if ":::MLLOG" in line) + "\n")
     assert read_log(only).format == "text:mllog"
+
+
+def test_a_dict_of_scores_is_one_series_per_metric(tmp_path: Path) -> None:
+    # Mask R-CNN's results log its box and mask mAP in one event
+    path = tmp_path / "result_0.txt"
+    lines = [_event("submission_benchmark", "maskrcnn"),
+             *(_event("eval_accuracy", {"BBOX": 0.05 * (i + 1), "SEGM": 0.04 * (i + 1)},
+                      epoch_num=i + 1) for i in range(4))]
+    path.write_text("\n".join(lines) + "\n")
+    log = read_log(path)
+    assert log.format == "text:mllog" and log.steps == [1, 2, 3, 4]
+    assert math.isclose(log.values("bbox")[3], 0.2) and math.isclose(log.values("segm")[0], 0.04)
