@@ -455,22 +455,10 @@ class OutputGrowth:
         return not _learning(losses)
 
     def near(self) -> bool:
-        """Whether log Z or the update RMS is near its bound (`Streaks.near`); log Z only while
-        it may warn (its mean within `NEAR` of `MEAN_RISE` above the means before, the loss no
-        longer coming down): kept from warning, its rise is measured at the cadence."""
+        """Whether log Z or the update RMS is near its bound (`Streaks.near`)."""
         cfg = self.config.instability_precursor
-        tracker = self.logz
-        if tracker.episode.active or tracker.streak.any():
-            return True
-        return ((tracker.near(cfg.logz_rise) and self._may_warn())
+        return (self.logz.near(cfg.logz_rise)
                 or self.updates.near(math.log(cfg.ratio)))
-
-    def _may_warn(self) -> bool:
-        """Whether log Z's gate (`allowed`) is near open, by the last mean and loss kept."""
-        means = list(self.means)
-        if len(means) < 2 or not means[-1] >= float(np.median(means[:-1])) + NEAR * MEAN_RISE:
-            return False
-        return not self.learning()
 
     def _fired(self, tracker: Streaks, judged: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """(which columns fire, their levels) when this step opens an episode of `tracker`,
