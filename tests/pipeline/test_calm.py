@@ -110,7 +110,7 @@ def _deeper() -> nn.Module:
 
 def test_a_classifier_that_learns_takes_its_steps_in_the_lane_as_checked_in_full() -> None:
     # its log Z climbs with its confidence while the loss comes down: the precursor may not
-    # warn then, and the lane takes those steps (136 of 400 when it asked for log Z's bound)
+    # warn then, and the lane takes those steps (142 of 400 when it asked for log Z's bound)
     lane = _train(True, steps=400, fault=_clean_labels, model=_deeper)
     full = _train(False, steps=400, fault=_clean_labels, model=_deeper)
     _same(lane, full)
