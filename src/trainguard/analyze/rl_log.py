@@ -123,9 +123,7 @@ def kl_came_back(log: Log, onset_row: int) -> str | None:
     name = named_column(log, KL)
     if name is None:
         return None
-    rows, values = log.series.points(name)
-    before = [v for r, v in zip(rows, values, strict=True) if r < onset_row and math.isfinite(v)]
-    after = [v for r, v in zip(rows, values, strict=True) if r > onset_row]
+    before, after = _around(log, name, onset_row)
     if not before or len(after) < TYPICAL_ROWS or not all(math.isfinite(v) for v in after):
         return None
     # its level as `kl_blowup` judged it: the median of its recent values, at least its floor
@@ -138,15 +136,20 @@ def kl_came_back(log: Log, onset_row: int) -> str | None:
     reward = reward_column(log)
     if reward is None:
         return said
-    reward_rows, rewards = log.series.points(reward)
-    was = [v for r, v in zip(reward_rows, rewards, strict=True)
-           if r < onset_row and math.isfinite(v)][-TYPICAL_ROWS:]
-    last = [v for r, v in zip(reward_rows, rewards, strict=True) if r > onset_row][-TYPICAL_ROWS:]
+    was, last = _around(log, reward, onset_row)
+    was, last = was[-TYPICAL_ROWS:], last[-TYPICAL_ROWS:]
     if not last or not all(math.isfinite(v) for v in last) or (
             was and statistics.median(last) < statistics.median(was)):
         return None
     return (f"{said}, and {reward} ended at a median of {statistics.median(last):.4g}"
             + (f", no lower than the {statistics.median(was):.4g} before it" if was else ""))
+
+
+def _around(log: Log, name: str, onset_row: int) -> tuple[list[float], list[float]]:
+    """Series `name`'s finite values before `onset_row`, and its values after it."""
+    rows, values = log.series.points(name)
+    before = [v for r, v in zip(rows, values, strict=True) if r < onset_row and math.isfinite(v)]
+    return before, [v for r, v in zip(rows, values, strict=True) if r > onset_row]
 
 
 def came_back(log: Log, onset_row: int) -> str | None:
@@ -166,9 +169,8 @@ def came_back(log: Log, onset_row: int) -> str | None:
     name = named_column(log, REWARD)
     if name is None:
         return said
-    reward_rows, rewards = log.series.points(name)
-    before = [v for r, v in zip(reward_rows, rewards, strict=True)
-              if r < onset_row and math.isfinite(v)]
+    before, _ = _around(log, name, onset_row)
+    _, rewards = log.series.points(name)
     last = rewards[-1] if rewards else math.nan
     if not math.isfinite(last) or (before and last < before[-1]):
         return None
