@@ -145,7 +145,8 @@ def onset_row(log: Log, text: str) -> int | None:
 
     Labels name a row in the log's own terms: a step (`3010`, `step 41`, `iter 1152`, a boosting
     `round 180`, `epoch 0 (step 198, ...)`), `epoch E, batch B`, `epoch 3451` (a log counted in
-    epochs), or for lines without a step counter the n-th logged value (`row 1`, `2nd printed
+    epochs, MLPerf's `epoch_num` too), the log's own counter by its name (`samples_count
+    1022976`), or for lines without a step counter the n-th logged value (`row 1`, `2nd printed
     value`, `line 6`) or the first row at an epoch (`epoch 0.01`)."""
     text = text.strip()
     if names_no_onset(text):
@@ -162,6 +163,9 @@ def onset_row(log: Log, text: str) -> int | None:
         if found is None:  # a log that counts its rows across epochs names the step alone
             found = next((i for i, s in enumerate(log.steps) if s == int(named.group(2))), None)
         return found
+    own = re.search(rf"\b{re.escape(log.step_unit)}\s+(\d+)", main)
+    if own and log.step_unit not in ("step", "epoch"):  # the log's own counter, by its name
+        return next((i for i, s in enumerate(log.steps) if s == int(own.group(1))), None)
     inner = re.search(r"\((?:step|global batch)\s+(\d+)", text)
     step = re.fullmatch(
         r"(?:(?:global[\s_]+)?steps?|iter|iteration|num_updates|update|round)?\s*(\d+)", main,
@@ -172,7 +176,7 @@ def onset_row(log: Log, text: str) -> int | None:
         return next((i for i, s in enumerate(log.steps) if s == wanted), None)
     if epoch:
         value = float(epoch.group(1))
-        if log.step_unit == "epoch":
+        if log.step_unit in ("epoch", "epoch_num"):
             return next((i for i, s in enumerate(log.steps) if s == value), None)
         pattern = re.compile(r"\bepoch\s+([\d.]+)")
         for i in range(len(log)):

@@ -134,4 +134,5 @@ def test_a_dict_of_scores_is_one_series_per_metric(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     log = read_log(path)
     assert log.format == "text:mllog" and log.steps == [1, 2, 3, 4]
-    assert math.isclose(log.values("bbox")[3], 0.2) and math.isclose(log.values("segm")[0], 0.04)
+    assert math.isclose(log.values("accuracy/bbox")[3], 0.2)
+    assert math.isclose(log.values("accuracy/segm")[0], 0.04)

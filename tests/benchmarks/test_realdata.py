@@ -55,3 +55,22 @@ def test_an_onset_named_by_its_boosting_round_or_none_with_a_note_is_read(tmp_pa
     healthy.write_text("".join(f"step {s}: loss {2.0 - s / 100:.3f}\n" for s in range(1, 60)))
     noted = score(Label("issue_fine", "healthy", None, "none (a steady fall)"), healthy)
     assert noted.verdict == "healthy" and noted.onset_ok
+
+
+def test_an_onset_named_by_the_logs_own_counter_is_read(tmp_path: Path) -> None:
+    # MLPerf numbers its rows by samples counted, or by `epoch_num`, which a label may call epoch
+    def event(value: str, counter: str, at: int) -> str:
+        return (f':::MLLOG {{"key": "eval_accuracy", "value": {value}, '
+                f'"metadata": {{"{counter}": {at}}}}}\n')
+
+    frozen = tmp_path / "sd.txt"
+    frozen.write_text("".join(event("646.0821975894278", "samples_count", 511488 * k)
+                              for k in range(1, 6)))
+    first = "first evaluation, samples_count 511488"
+    assert score(Label("file_sd", "stalled", None, first), frozen).onset_ok
+    assert not score(Label("file_sd", "stalled", None, "samples_count 1022976"), frozen).onset_ok
+    fallen = tmp_path / "maskrcnn.txt"
+    fallen.write_text("".join(event(v, "epoch_num", k) for k, v in
+                              enumerate(["0.1", "0.2", "0.21", "0.0001", "0.0001"], start=1)))
+    assert score(Label("file_mrcnn", "degraded", "explosion", "epoch 4 (mAP 0.0001)"),
+                 fallen).onset_ok

@@ -118,6 +118,18 @@ def test_accuracy_back_at_chance_after_it_learned_is_reported_once() -> None:
     assert fired == [5]
 
 
+@pytest.mark.parametrize("name, values, fired", [
+    ("eval_fid", [174.0, 90.0, 40.0, 20.0, 9.9], []),  # FID falls as a generator learns
+    ("eval_fid", [60.0, 30.0, 20.0, 70.0], [3]),       # and more than triples when it breaks
+    ("eval_mIoU", [60.0, 64.0, 65.0, 12.0], [3]),      # mean IoU, the segmentation metric
+])
+def test_fid_is_lower_is_better_and_mean_iou_a_quality_metric(
+        name: str, values: list[float], fired: list[int]) -> None:
+    watch = MetricCollapse(DetectorConfig())
+    assert [i for i, v in enumerate(values)
+            for _ in watch.observe({name: v}, i, classes=None, train_loss=None)] == fired
+
+
 def test_an_eval_loss_rising_while_the_train_loss_falls_needs_patience() -> None:
     watch = MetricCollapse(DetectorConfig())
     evals = [(2.0, 2.1), (1.5, 1.6), (1.2, 1.3), (1.0, 1.35), (0.8, 1.45), (0.7, 1.6),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.analyze import adversarial, periodic, resolution, rl_log, stall, text
+from trainguard.analyze import adversarial, periodic, resolution, rl_log, scores, stall, text
 from trainguard.analyze import chance as chance_level
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
@@ -114,6 +114,9 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
                                                    or adversarial.discriminator_won(raw))
                                            ) is not None:
         judgement = Judgement(STALLED, None, zero[0], ending=zero[1])
+    if (judgement.verdict == HEALTHY and not raw.has(LOSS)
+            and (scored := scores.judge_scores(log)) is not None):
+        judgement = scored  # no loss: its quality metrics say what the run did
     judgement = _untrained_to_the_end(judgement, log, replayed.untrained)
     if rl_log.set_aside(log) or (not log.has(LOSS) and rl_log.reward_column(log)):
         judgement = _rl_progress(judgement, log)

@@ -11,7 +11,8 @@ after a rank prefix such as `0: `).
                language models, read as `eval_loss`, RNN-T's word error rate as `eval_wer`
                (`LOWER_IS_BETTER`); an accuracy, a mAP, a Dice score for the others, read as
                `eval_accuracy`; a metric the metadata names (`FID`) under its name, and each
-               of a dict of scores (Mask R-CNN's `{"BBOX": 0.21, "SEGM": 0.19}`) under its own
+               of a dict of scores (Mask R-CNN's `{"BBOX": 0.21, "SEGM": 0.19}`) under
+               `eval_accuracy/` and its own (`eval_accuracy/bbox`)
     skipped    the run's set-up events (`submission_*`, `opt_*`, `init_start`, `block_start`):
                strings, or numbers that are settings, not measurements
 
@@ -81,7 +82,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             quality.append((meta, f"eval_{metric.lower()}" if isinstance(metric, str) else "",
                             score))
         elif key == "eval_accuracy" and isinstance(value, dict):  # one score per metric
-            quality.extend((meta, f"eval_{str(name).lower()}", score) for name, score
+            quality.extend((meta, f"eval_accuracy/{str(name).lower()}", score) for name, score
                            in ((k, number(v)) for k, v in value.items()) if score is not None)
     counter = _counter([meta for meta, _ in train] or [meta for meta, _, _ in quality])
     if counter is None:

@@ -41,14 +41,15 @@ CLIFF_RISE = 3.0
 RISE_MARGIN = 1.1
 HISTORY = 20
 """Evaluations of a metric kept to judge its trend."""
-LOWER_IS_BETTER = ("loss", "perplex", "ppl", "error", "wer", "cer", "mse", "mae", "nll")
+LOWER_IS_BETTER = ("loss", "perplex", "ppl", "error", "wer", "cer", "mse", "mae", "nll", "fid")
 """Parts of the names of metrics that fall as the model improves (`perplex`: the stem, as the
-quality rule reads it, so a log's own spelling, `perplextity`, counts too)."""
+quality rule reads it, so a log's own spelling, `perplextity`, counts too; `fid`: the Frechet
+inception distance of generated images)."""
 
 
 QUALITY = ("loss", "acc", "f1", "bleu", "rouge", "meteor", "chrf", "perplexity", "ppl",
            "error", "wer", "cer", "mse", "mae", "rmse", "auc", "auroc", "precision", "recall",
-           "iou", "dice", "map", "exact", "em", "matthews", "mcc", "spearman", "pearson",
+           "iou", "miou", "dice", "map", "exact", "em", "matthews", "mcc", "spearman", "pearson",
            "r2", "score", "reward", "top1", "top5", "psnr", "ssim", "fid", "kl", "nll")
 """Words that name what a model is judged on; only such metrics can collapse."""
 NOT_QUALITY = ("runtime", "per_second", "samples_per", "steps_per", "tokens_per", "_time",

@@ -1,0 +1,75 @@
+"""A log without a loss judged on its quality metrics (`trainguard.analyze.scores`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.analyze import analyze
+from trainguard.analyze.analysis import analyze_log
+from trainguard.analyze.log import Log
+
+
+def _log(series: dict[str, list[float | None]]) -> Log:
+    rows = len(next(iter(series.values())))
+    return Log(path="evals.txt", format="text:generic", steps=list(range(1, rows + 1)),
+               series=series, step_unit="epoch")
+
+
+@pytest.mark.parametrize("series, verdict, kind, onset", [
+    # an accuracy that falls off a cliff in one evaluation and stays there
+    ({"val_accuracy": [0.20, 0.40, 0.55, 0.61, 0.02, 0.01, 0.01]}, "degraded", "explosion", 5),
+    # the same, slid to it over several evaluations
+    ({"val_accuracy": [0.5, 0.6, 0.62, 0.45, 0.38, 0.29, 0.2]}, "degraded", "slow-divergence", 6),
+    # a drop below half its best that comes back
+    ({"mIoU": [60.0, 64.0, 65.0, 12.0, 63.0, 66.0]}, "recovered", "explosion", 4),
+    # a lower-is-better metric three times its best, to the end
+    ({"val_wer": [0.5, 0.3, 0.2, 0.9, 0.95]}, "degraded", "explosion", 4),
+    # FID falls as a generator learns: healthy, not a cliff
+    ({"fid": [174.0, 90.0, 40.0, 20.0, 9.9]}, "healthy", None, None),
+    # a dip that stays within the cliff's bound
+    ({"mIoU": [59.0, 62.0, 67.0, 50.0, 66.0]}, "healthy", None, None),
+    # an accuracy that creeps up from near chance is not judged on its level
+    ({"acc": [8.62, 9.1, 10.5, 11.9, 12.4, 13.97]}, "healthy", None, None),
+    # an RL trainer's reward and score are left to the RL rules
+    ({"ep_reward": [10.0, 50.0, 80.0, 5.0, 4.0]}, "healthy", None, None),
+    # the same value, to every digit, at every evaluation: outputs that never changed
+    ({"fid": [646.0821975894278] * 5, "clip": [0.1606282740831375] * 5}, "stalled", None, 1),
+    # an accuracy of 1.0 repeated, or a rounded score: a converged run
+    ({"val_accuracy": [1.0] * 6}, "healthy", None, None),
+    ({"val_accuracy": [0.9375] * 6}, "healthy", None, None),
+    # too few evaluations to say the outputs never changed
+    ({"fid": [646.0821975894278] * 4}, "healthy", None, None),
+])
+def test_a_log_without_a_loss_is_judged_on_its_quality_metric(
+        series: dict[str, list[float | None]], verdict: str, kind: str | None,
+        onset: int | None) -> None:
+    result = analyze_log(_log(series))
+    assert (result.verdict, result.kind, result.onset_step) == (verdict, kind, onset)
+
+
+def test_a_log_with_a_loss_is_judged_on_the_loss() -> None:
+    # the accuracy's cliff is the evaluations' rule beside a loss, not this one
+    result = analyze_log(_log({"loss": [2.0, 1.5, 1.2, 1.1, 1.0, 0.9],
+                               "val_accuracy": [0.5, 0.6, 0.7, 0.2, 0.2, 0.2]}))
+    assert result.verdict == "healthy"
+
+
+def test_an_mllog_result_whose_map_collapses_is_degraded_at_its_epoch(tmp_path: Path) -> None:
+    """An MLPerf Mask R-CNN result logs only its box and mask mAP: both falling to 0 after
+    three good evaluations is where the run broke."""
+    lines = [':::MLLOG {"key": "submission_benchmark", "value": "maskrcnn", "metadata": {}}']
+    for epoch, (box, mask) in enumerate([(0.1, 0.09), (0.18, 0.17), (0.21, 0.2),
+                                         (0.00015, 0.0), (0.0001, 0.0), (0.0002, 0.0)],
+                                        start=1):
+        lines.append(':::MLLOG {"key": "eval_accuracy", "value": {"BBOX": '
+                     f'{box}, "SEGM": {mask}}}, "metadata": {{"epoch_num": {epoch}}}}}')
+    path = tmp_path / "result_0.txt"
+    path.write_text("\n".join(lines) + "\n")
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "explosion",
+                                                            "epoch_num 4")
+    assert any("accuracy/bbox fell to 0.00015 from its best 0.21" in line
+               for line in result.evidence)
+    assert any("shows no recovery" in line for line in result.evidence)
