@@ -163,10 +163,10 @@ def onset_row(log: Log, text: str) -> int | None:
         if found is None:  # a log that counts its rows across epochs names the step alone
             found = next((i for i, s in enumerate(log.steps) if s == int(named.group(2))), None)
         return found
-    own = re.search(rf"\b{re.escape(log.step_unit)}\s+(\d+)", main)
-    if own and log.step_unit not in ("step", "epoch"):  # the log's own counter, by its name
-        return next((i for i, s in enumerate(log.steps) if s == int(own.group(1))), None)
     inner = re.search(r"\((?:step|global batch)\s+(\d+)", text)
+    own = re.search(rf"\b{re.escape(log.step_unit)}\s+(\d+)", main)
+    if own and not inner and log.step_unit not in ("step", "epoch"):  # the log's own counter
+        return next((i for i, s in enumerate(log.steps) if s == int(own.group(1))), None)
     step = re.fullmatch(
         r"(?:(?:global[\s_]+)?steps?|iter|iteration|num_updates|update|round)?\s*(\d+)", main,
         re.IGNORECASE)

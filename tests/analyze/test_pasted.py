@@ -969,3 +969,30 @@ def test_a_bare_column_counter_keeps_every_digit(tmp_path: Path) -> None:
     rows = [f"{1714560000123456789 + i} {1.0 - 0.01 * i:.4f}" for i in range(12)]
     log = read_log(write(tmp_path / "loss.txt", "\n".join(rows) + "\n"))
     assert log.steps[0] == 1714560000123456789
+
+
+@pytest.mark.parametrize("lines, unit, steps, label", [
+    # char-rnn: the step of the planned steps, then the epoch it reached
+    ([f"{s}/9500 (epoch {s / 190:.3f}), train_loss = {2.5 - s / 1e4:.8f}, grad/param norm = "
+      "7.6e-02, time/batch = 0.168s" for s in range(228, 240)], "step", list(range(228, 240)),
+     "step 230"),
+    # a DQN's printed progress, spaced around the slash
+    ([f"{s} / 1000000 eps 0.899 |  avgR -0.997 | Loss {1e-2 + s % 7 * 1e-3:.3e} | Grad 5.6e-03"
+      for s in range(51000, 57000, 500)], "step", list(range(51000, 57000, 500)), "step 52000"),
+])
+def test_a_bare_step_of_its_total_at_the_head_of_a_line_numbers_the_rows(
+        tmp_path: Path, lines: list[str], unit: str, steps: list[int], label: str) -> None:
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n")
+    log = read_log(path)
+    assert (log.step_unit, log.steps) == (unit, steps)
+    assert log.label(2) == label
+
+
+@pytest.mark.parametrize("line", [
+    "25/25 \u2501\u2501\u2501\u2501\u2501\u2501 1s 3ms/step - accuracy: 0.51 - loss: 0.7088",
+    "12/05 10:00:01 loss: 0.71",  # a date's day and month, the day past the month
+])
+def test_a_progress_bar_or_a_date_at_the_head_of_a_line_is_no_step(line: str) -> None:
+    _, counters = parse_line(line)
+    assert "step" not in counters

@@ -9,6 +9,7 @@ import pytest
 from trainguard.analyze import analyze
 from trainguard.analyze.analysis import analyze_log
 from trainguard.analyze.log import Log
+from trainguard.analyze.scores import judged_metrics
 
 
 def _log(series: dict[str, list[float | None]]) -> Log:
@@ -25,7 +26,7 @@ def _log(series: dict[str, list[float | None]]) -> Log:
     # a drop below half its best that comes back
     ({"mIoU": [60.0, 64.0, 65.0, 12.0, 63.0, 66.0]}, "recovered", "explosion", 4),
     # a lower-is-better metric three times its best, to the end
-    ({"val_wer": [0.5, 0.3, 0.2, 0.9, 0.95]}, "degraded", "explosion", 4),
+    ({"val_wer": [0.5, 0.3, 0.2, 0.21, 0.9, 0.95]}, "degraded", "explosion", 5),
     # FID falls as a generator learns: healthy, not a cliff
     ({"fid": [174.0, 90.0, 40.0, 20.0, 9.9]}, "healthy", None, None),
     # a dip that stays within the cliff's bound
@@ -41,6 +42,21 @@ def _log(series: dict[str, list[float | None]]) -> Log:
     ({"val_accuracy": [0.9375] * 6}, "healthy", None, None),
     # too few evaluations to say the outputs never changed
     ({"fid": [646.0821975894278] * 4}, "healthy", None, None),
+    # 29 right of 30 at each evaluation: a small validation set whose predictions settled
+    ({"val_acc": [29 / 30] * 6}, "healthy", None, None),
+    ({"val_acc": [100 * 29 / 30] * 6}, "healthy", None, None),
+    # a small first best is noise, not a level the metric held
+    ({"val_mAP": [0.02, 0.008, 0.05, 0.1, 0.2, 0.3, 0.35]}, "healthy", None, None),
+    ({"eval_accuracy": [0.03, 0.012, 0.18, 0.4, 0.6, 0.759]}, "healthy", None, None),
+    # a training accuracy swings with each batch
+    ({"train_acc": [0.5, 0.75, 0.625, 0.875, 0.25, 0.75, 0.875]}, "healthy", None, None),
+    ({"acc": [0.5, 0.75, 0.625, 0.875, 0.25, 0.75, 0.875], "lr": [1e-3] * 7},
+     "healthy", None, None),
+    # an error rate falls as the model learns; an answer's F1 is no word error rate
+    ({"top1_err": [90.0, 70.0, 50.0, 40.0, 30.0, 25.0]}, "healthy", None, None),
+    ({"answer_f1": [0.1, 0.3, 0.5, 0.6, 0.65]}, "healthy", None, None),
+    # an F1 written as a score is judged as an F1
+    ({"f1_score": [0.6, 0.7, 0.72, 0.1, 0.1]}, "degraded", "explosion", 4),
 ])
 def test_a_log_without_a_loss_is_judged_on_its_quality_metric(
         series: dict[str, list[float | None]], verdict: str, kind: str | None,
@@ -49,11 +65,18 @@ def test_a_log_without_a_loss_is_judged_on_its_quality_metric(
     assert (result.verdict, result.kind, result.onset_step) == (verdict, kind, onset)
 
 
-def test_a_log_with_a_loss_is_judged_on_the_loss() -> None:
+@pytest.mark.parametrize("loss", ["loss", "loss_total", "l_pix"])
+def test_a_log_with_a_loss_under_any_name_is_judged_on_the_loss(loss: str) -> None:
     # the accuracy's cliff is the evaluations' rule beside a loss, not this one
-    result = analyze_log(_log({"loss": [2.0, 1.5, 1.2, 1.1, 1.0, 0.9],
-                               "val_accuracy": [0.5, 0.6, 0.7, 0.2, 0.2, 0.2]}))
+    result = analyze_log(_log({loss: [2.0, 1.5, 1.2, 1.1, 1.0, 0.9],
+                               "val_accuracy": [0.5, 0.6, 0.7, 0.2, 0.72, 0.75]}))
     assert result.verdict == "healthy"
+
+
+def test_a_log_of_evaluations_without_rows_is_no_crash() -> None:
+    log = Log(path="evals.txt", format="text:generic", steps=[], series={}, step_unit="step",
+              evals=[(10, {"eval_accuracy": 0.5}), (20, {"eval_accuracy": 0.1})])
+    assert judged_metrics(log) == {}
 
 
 def test_an_mllog_result_whose_map_collapses_is_degraded_at_its_epoch(tmp_path: Path) -> None:

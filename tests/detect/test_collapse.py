@@ -122,6 +122,9 @@ def test_accuracy_back_at_chance_after_it_learned_is_reported_once() -> None:
     ("eval_fid", [174.0, 90.0, 40.0, 20.0, 9.9], []),  # FID falls as a generator learns
     ("eval_fid", [60.0, 30.0, 20.0, 70.0], [3]),       # and more than triples when it breaks
     ("eval_mIoU", [60.0, 64.0, 65.0, 12.0], [3]),      # mean IoU, the segmentation metric
+    ("eval_confidence_score", [0.2, 0.4, 0.7], []),   # no FID, though its letters are there
+    ("eval_answer_accuracy", [0.1, 0.3, 0.5], []),    # no word error rate either
+    ("top1_err", [40.0, 30.0, 25.0, 90.0], [3]),      # an error rate, by its short name
 ])
 def test_fid_is_lower_is_better_and_mean_iou_a_quality_metric(
         name: str, values: list[float], fired: list[int]) -> None:

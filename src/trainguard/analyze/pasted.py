@@ -134,6 +134,10 @@ MNIST example's `Train Epoch: 3 [6400/60000 (11%)]`: the epoch, then its progres
 _HASH_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*#\s*(\d+)(?!\w)",
                         re.IGNORECASE)
 """`Epoch #3`: a counter numbered with `#`."""
+_LEADING_OF_TOTAL = re.compile(r"\s*(\d+)\s*/\s*(\d+)(?=\s)(?!\s*[\u2500-\u259f|#=>\[])")
+"""A bare `1920/191900 (epoch 1) loss: ...` at the head of a line: the step, of the steps the
+run plans (a progress bar's `41/3280 [` and a bracketed `[41/3280]` are `_PROGRESS`'s, and
+Keras 3's `25/25 ━━━━` is a bar's progress within the epoch, not a step: no bar may follow)."""
 _COUNTER_AT = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*[#:=]?\s*(\d+)(?![\w.])",
                          re.IGNORECASE)
 """Where a record starts on a line: a counter and its whole number."""
@@ -264,6 +268,10 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         counters["progress"] = float(done)
         counters[TOTAL] = float(total)
         remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
+    elif (leading := _LEADING_OF_TOTAL.match(remaining)) and (
+            int(leading.group(1)) <= int(leading.group(2))):  # (not a date's 12/05)
+        _count(counters, spellings, "step", float(leading.group(1)))
+        remaining = remaining[leading.end():]
     for match in _labelled(remaining):
         words, counted = _named_counter(match.group(1))
         name = _name(words)

@@ -6,63 +6,87 @@ says of the run. They are read as the live `metric_collapse` reads evaluations
 (`detect/metric_collapse.py`: its cliff, its words), metric by metric, in the log's order:
 
 - a metric that fell off a cliff (a higher-is-better one below half its best so far, a
-  lower-is-better one above three times it) and is still off at its last value: degraded from
+  lower-is-better one above three times it, that best a level held on `HELD` evaluations or
+  more, not one noisy value) and is still off at its last value: degraded from
   the first value off (an explosion when the value before it was within `SUDDEN` of the best,
   a slow divergence when the metric had been sliding to it);
 - one that is back within the cliff's bound of its best at its last value: recovered;
 - every quality metric of the log the same, to each of at least `FROZEN_DIGITS` significant
   digits, at each of at least `FROZEN_EVALS` evaluations: stalled (the model scores the
-  held-out data the same way each time: its outputs never changed; an accuracy of 1.0 or a
-  score written to few digits repeats on a converged run and says nothing).
+  held-out data the same way each time: its outputs never changed; an accuracy of 1.0, a
+  ratio of counts such as 29/30, or a score written to few digits repeats on a converged run
+  and says nothing).
 
 A metric's level is not judged (an accuracy near chance from the start may be a hard task), nor
-are rewards, scores and KLs (an RL log's, `analyze/rl_log.py`).
+are rewards, returns and KLs (an RL log's, `analyze/rl_log.py`), nor a training accuracy (named
+so, or logged on the rows of the LR or the gradient norm: it swings with each batch). A log
+with a loss under any name is the loss's to judge.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+import re
+from fractions import Fraction
 
 from trainguard.analyze.judge import EXPLOSION, SLOW, Judgement
-from trainguard.analyze.log import CANONICAL, LOSS, Log
+from trainguard.analyze.log import CANONICAL, GRAD_NORM, LOSS, LR, Log, is_train_loss
 from trainguard.analyze.stall import _significant_digits
 from trainguard.detect.metric_collapse import (
     CLIFF_DROP,
     CLIFF_RISE,
+    QUALITY,
+    QUALITY_PREFIXES,
     is_quality_metric,
     lower_is_better,
 )
 from trainguard.events import Event
 from trainguard.vocabulary import DEGRADED, RECOVERED, STALLED
 
-NOT_JUDGED = ("reward", "score", "kl", "return", "loss", "nll")
-"""Words of quality metrics left to other rules: an RL trainer's rewards, scores and KLs move
-with the policy's exploration, and a loss is the loss's rules' (`analyze/judge.py`)."""
+NOT_JUDGED = frozenset({"reward", "rewards", "return", "returns", "kl", "train", "training"})
+"""Words of metrics left to other rules: an RL trainer's rewards, returns and KLs move with the
+policy's exploration; a training accuracy swings with each batch."""
+NOT_ENOUGH = frozenset({"score", "loss", "nll"})
+"""Quality words that say nothing alone: a score of any kind (`f1_score` says F1), and a loss
+(the loss's rules', `analyze/judge.py`)."""
 SUDDEN = 0.8
 """A cliff whose value before it was at least this share of the best (or at most its inverse,
 for a lower-is-better metric) came in one evaluation: an explosion, not a slide."""
 FROZEN_EVALS = 5
 """Evaluations a metric must repeat its value on to say that the outputs never changed..."""
 FROZEN_DIGITS = 6
-"""...written with this many significant digits or more (a rounded score repeats on a plateau)."""
+"""...written with this many significant digits or more (a rounded score repeats on a plateau),
+and no ratio of counts (`RATIO_OF_COUNTS`): 29 right of 30, 0.9666666666666667, repeats on a
+small validation set whose predictions settled."""
+RATIO_OF_COUNTS = 100_000
+"""The largest denominator a value is tested against as a ratio of counts (or a percentage)."""
+HELD = 2
+"""Evaluations within `SUDDEN` of the best before a cliff, the best among them: a level the
+metric held, not one noisy value (an mAP of 0.02 then 0.008 on a model that has learned
+nothing yet is no fall)."""
 
 
 def judged_metrics(log: Log) -> dict[str, tuple[list[int], list[float]]]:
     """The quality metrics of a log without a loss, by name: (rows, finite values), in order of
     rows (the evaluations' own, at the row of their step or the one before)."""
-    if log.has(LOSS):
+    if not log.steps or log.has(LOSS) or any(is_train_loss(name) for name in log.series):
         return {}
     found: dict[str, tuple[list[int], list[float]]] = {}
+    training = {row for name in (LR, GRAD_NORM) if log.series.holds(name)
+                for row in log.series.points(name)[0]}
     for name in log.series:
         if name in CANONICAL or not _judged(name):
             continue
         rows, values = log.series.points(name)
+        if 2 * sum(row in training for row in rows) > len(rows):
+            continue  # a training row's metric (its LR beside it): a batch's, which swings
         kept = [(r, v) for r, v in zip(rows, values, strict=True)
                 if v is not None and math.isfinite(v)]
         if kept:
             found[name] = ([r for r, _ in kept], [v for _, v in kept])
     for step, metrics in log.evals:
-        row = max((i for i, s in enumerate(log.steps) if s <= step), default=0)
+        row = max(bisect.bisect_right(log.steps, step) - 1, 0)  # (steps never go back)
         for name, value in metrics.items():
             if _judged(name) and math.isfinite(value) and name not in log.series:
                 rows, values = found.setdefault(name, ([], []))
@@ -72,8 +96,12 @@ def judged_metrics(log: Log) -> dict[str, tuple[list[int], list[float]]]:
 
 
 def _judged(name: str) -> bool:
-    words = name.lower()
-    return is_quality_metric(name) and not any(word in words for word in NOT_JUDGED)
+    """A quality metric by a word that says which (an accuracy, an IoU, an error rate, FID),
+    none of `NOT_JUDGED`'s."""
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    quality = {w for w in words if w in QUALITY or w.startswith(QUALITY_PREFIXES)}
+    return (is_quality_metric(name) and bool(quality - NOT_ENOUGH)
+            and NOT_JUDGED.isdisjoint(words))
 
 
 def judge_scores(log: Log) -> Judgement | None:
@@ -112,13 +140,21 @@ def judge_scores(log: Log) -> Judgement | None:
 
 
 def _cliff(name: str, values: list[float]) -> tuple[int, float] | None:
-    """The first value of a metric off a cliff from its best so far: (its index, the best)."""
+    """The first value of a metric off a cliff from its best so far, that best a level the
+    metric held (`HELD`): (its index, the best)."""
     best = values[0]
     for k, value in enumerate(values[1:], start=1):
-        if best > 0 and not _back(name, value, best):
+        if best > 0 and not _back(name, value, best) and _held(name, values[:k], best):
             return k, best
         best = min(best, value) if lower_is_better(name) else max(best, value)
     return None
+
+
+def _held(name: str, before: list[float], best: float) -> bool:
+    """Whether `HELD` values before the cliff stood within `SUDDEN` of the best."""
+    if lower_is_better(name):
+        return sum(v <= best / SUDDEN for v in before) >= HELD
+    return sum(v >= SUDDEN * best for v in before) >= HELD
 
 
 def _back(name: str, value: float, best: float) -> bool:
@@ -140,7 +176,8 @@ def _frozen(metrics: dict[str, tuple[list[int], list[float]]]) -> Judgement | No
     said = []
     for name, (_, values) in metrics.items():
         if (len(values) < FROZEN_EVALS or len(set(values)) != 1
-                or _significant_digits(values[0]) < FROZEN_DIGITS):
+                or _significant_digits(values[0]) < FROZEN_DIGITS
+                or _ratio_of_counts(values[0])):
             return None
         said.append(f"{name} {values[0]:.10g}")
     rows = next(iter(metrics.values()))[0]
@@ -148,3 +185,14 @@ def _frozen(metrics: dict[str, tuple[list[int], list[float]]]) -> Judgement | No
     return Judgement(STALLED, None, rows[0], ending=(
         f"{' and '.join(said)} at each of {count} evaluations, to every digit written: the "
         "model scores the held-out data the same way each time, its outputs never changed"))
+
+
+def _ratio_of_counts(value: float) -> bool:
+    """Whether `value` is a ratio of whole counts (or a percentage of one) up to
+    `RATIO_OF_COUNTS`, to two units of the float's last place: 0.9666666666666667 is 29/30
+    (a value that is no such ratio is some 1e-10 from the nearest one)."""
+    for scaled in (value, value / 100):
+        near = Fraction(scaled).limit_denominator(RATIO_OF_COUNTS)
+        if abs(float(near) - scaled) <= 2 * math.ulp(scaled):
+            return True
+    return False

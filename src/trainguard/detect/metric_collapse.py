@@ -41,10 +41,13 @@ CLIFF_RISE = 3.0
 RISE_MARGIN = 1.1
 HISTORY = 20
 """Evaluations of a metric kept to judge its trend."""
-LOWER_IS_BETTER = ("loss", "perplex", "ppl", "error", "wer", "cer", "mse", "mae", "nll", "fid")
+LOWER_IS_BETTER = ("loss", "perplex", "ppl", "error", "nll")
 """Parts of the names of metrics that fall as the model improves (`perplex`: the stem, as the
-quality rule reads it, so a log's own spelling, `perplextity`, counts too; `fid`: the Frechet
-inception distance of generated images)."""
+quality rule reads it, so a log's own spelling, `perplextity`, counts too)..."""
+LOWER_IS_BETTER_WORDS = frozenset({"wer", "cer", "mse", "mae", "rmse", "err", "fid"})
+"""...and whole words of them, too short to find inside a word (`answer_f1` is no word error
+rate, `eval_confidence` no FID: the Frechet inception distance of generated images; `top1_err`
+an error rate)."""
 
 
 QUALITY = ("loss", "acc", "f1", "bleu", "rouge", "meteor", "chrf", "perplexity", "ppl",
@@ -59,7 +62,9 @@ NOT_QUALITY = ("runtime", "per_second", "samples_per", "steps_per", "tokens_per"
 
 
 def lower_is_better(name: str) -> bool:
-    return any(word in name.lower() for word in LOWER_IS_BETTER)
+    lowered = name.lower()
+    return (any(part in lowered for part in LOWER_IS_BETTER)
+            or not LOWER_IS_BETTER_WORDS.isdisjoint(re.split(r"[^a-z0-9]+", lowered)))
 
 
 def is_quality_metric(name: str) -> bool:
