@@ -996,3 +996,15 @@ def test_a_bare_step_of_its_total_at_the_head_of_a_line_numbers_the_rows(
 def test_a_progress_bar_or_a_date_at_the_head_of_a_line_is_no_step(line: str) -> None:
     _, counters = parse_line(line)
     assert "step" not in counters
+
+
+def test_a_validations_scores_alone_are_the_rows(tmp_path: Path) -> None:
+    """`epoch 5 | val_acc 0.102`: a log of evaluations only is judged on its quality metric."""
+    accs = [0.412, 0.533, 0.611, 0.648, 0.102, 0.1, 0.1]
+    path = tmp_path / "evals.log"
+    path.write_text("".join(f"epoch {e} | val_acc {a} | val_f1 {a - 0.01:.3f}\n"
+                            for e, a in enumerate(accs, start=1)))
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset) == ("degraded", "explosion", "epoch 5")
+    assert result.causes == []  # a metric's cliff alone tells no cause from another
+    assert any("holds no loss" in note for note in result.notes)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from trainguard.analyze import analyze
-from trainguard.analyze.rl_log import SURROGATE, scored_samples
+from trainguard.analyze.rl_log import SURROGATE, is_reward_name, scored_samples
 
 ROWS = 50
 
@@ -272,3 +272,14 @@ def test_a_kl_that_jumped_and_came_back_is_judged_by_its_reward(
     assert any(e.kind == "kl_blowup" for e in analysis.events)
     if verdict == "healthy":
         assert "came back to its level" in " ".join(analysis.evidence)
+
+
+@pytest.mark.parametrize("name, reward", [
+    ("Average Score", True), ("score", True), ("ep_reward", True), ("episodic_return", True),
+    ("avg_score", True),
+    # a score that names what it measures is a model's quality, not an episode's reward
+    ("inception_score", False), ("f1_score", False), ("clip_score", False),
+    ("dice_score", False), ("eval_loss", False),
+])
+def test_a_named_quality_score_is_no_reward(name: str, reward: bool) -> None:
+    assert is_reward_name(name) is reward

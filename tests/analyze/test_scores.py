@@ -96,3 +96,13 @@ def test_an_mllog_result_whose_map_collapses_is_degraded_at_its_epoch(tmp_path: 
     assert any("accuracy/bbox fell to 0.00015 from its best 0.21" in line
                for line in result.evidence)
     assert any("shows no recovery" in line for line in result.evidence)
+
+
+def test_a_generators_fid_log_is_judged_on_fid_not_as_an_rl_run(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    rows = [(1000, 180.2, 3.1), (2000, 95.4, 5.2), (3000, 51.0, 7.9), (4000, 33.8, 9.8),
+            (5000, 29.9, 10.4), (6000, 141.7, 3.3), (7000, 160.3, 3.0)]
+    path.write_text("step,fid,inception_score\n" + "".join(f"{s},{f},{i}\n" for s, f, i in rows))
+    result = analyze(path)
+    assert (result.verdict, result.kind, result.onset_step) == ("degraded", "explosion", 6000)
+    assert not any("RL" in line for line in result.evidence) and result.causes == []

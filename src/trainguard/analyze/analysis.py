@@ -114,8 +114,9 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
                                                    or adversarial.discriminator_won(raw))
                                            ) is not None:
         judgement = Judgement(STALLED, None, zero[0], ending=zero[1])
-    if (judgement.verdict == HEALTHY and not raw.has(LOSS)
-            and (scored := scores.judge_scores(log)) is not None):
+    scored = (scores.judge_scores(log) if judgement.verdict == HEALTHY and not raw.has(LOSS)
+              else None)
+    if scored is not None:
         judgement = scored  # no loss: its quality metrics say what the run did
     judgement = _untrained_to_the_end(judgement, log, replayed.untrained)
     if rl_log.set_aside(log) or (not log.has(LOSS) and rl_log.reward_column(log)):
@@ -127,8 +128,9 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
     troubled = judgement.verdict not in (HEALTHY, STALLED)
     findings = log_findings(log, judgement) if troubled else []
     # a stall a detector told (a dead reward, an unlearned preference) says why in its events
+    # (a metric's cliff alone, with no training value beside it, tells no cause from another)
     causes = (rank_causes(_ranked_events(judgement, events), findings, batches=False)
-              if troubled or judgement.incident else [])
+              if (troubled or judgement.incident) and scored is None else [])
     for cause in causes:
         cause.evidence = [_in_log_terms(log, line) for line in cause.evidence]
     onset_row = judgement.onset_row

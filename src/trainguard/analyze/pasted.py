@@ -56,7 +56,7 @@ from trainguard.analyze.log import (
     is_train_loss,
     number,
 )
-from trainguard.analyze.rl_log import REWARD_NAME
+from trainguard.analyze.rl_log import is_reward_name
 
 NUM = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf(?:inity)?)"
 _END = r"(?![\w%/]|\.\S)"
@@ -538,6 +538,9 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
                     rows[-1].values.setdefault(name, value)
             elif not rows and not evaluation and (kind := _stand_in(values)) is not None:
                 stand_ins.keep(kind, _line_row(values, counters, epoch))
+            elif not rows and evaluation and _stand_in(evaluation) == QUALITY_ONLY:
+                # a validation's scores alone (`epoch 3 | val_acc 0.61`): its quality metric
+                stand_ins.keep(QUALITY_ONLY, _line_row(values, counters, epoch))
             elif not evaluation and _ahead(counters) is not None:
                 ahead = counters
             continue
@@ -559,7 +562,7 @@ def _stand_in(values: dict[str, float]) -> str | None:
     norm, a reward or a score, in that order (None: none of them)."""
     if GRAD_NORM in map(canonical_name, values):
         return GRAD_NORM
-    if any(REWARD_NAME.search(name) for name in values):
+    if any(is_reward_name(name) for name in values):
         return REWARD_ONLY
     if any(QUALITY_NAME.search(name) for name in values):
         return QUALITY_ONLY
@@ -958,7 +961,8 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
                          "for NaN and inf; a reward's level is not judged)")
     elif stand_in == QUALITY_ONLY:
         log.notes.append("the log holds no loss: its scores are all it says of the run "
-                         "(watched for NaN and inf; a score's level is not judged)")
+                         "(watched for NaN and inf and for a fall off a cliff; a score's level "
+                         "is not judged)")
     if empty:
         terms = sorted({name for name in empty
                         if name.lower().endswith(("_loss", " loss")) and len(name) > 5})
@@ -993,7 +997,11 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             label = f"row {step}" + (f" (epoch {row.epoch:g})" if row.epoch is not None
                                      else "")
         steps.append(step)
-        log.add_values(step, list(row.values.items()), label=label, skipped=row.skipped)
+        if stand_in == QUALITY_ONLY and all(is_eval_name(name) for name in row.values):
+            # a validation's scores alone are the rows (`analyze/scores.py` judges them)
+            log.add(step, row.values, label=label, skipped=row.skipped)
+        else:
+            log.add_values(step, list(row.values.items()), label=label, skipped=row.skipped)
     for after, values in evals:
         log.add_eval(steps[after], values)
     if counter is None:

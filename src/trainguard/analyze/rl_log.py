@@ -52,6 +52,17 @@ REWARD = ("reward", "objective/scores", "objective/rlhf_reward", "ep_rew_mean", 
 REWARD_NAME = re.compile(r"(^|[\s_/])(rewards?|score|returns?)($|[\s_/])", re.IGNORECASE)
 """A value an RL loop prints of its episodes (`Average Score`, `reward avg`, `ep_reward`): what
 a log without a loss says of the run."""
+SCORED = frozenset({"f1", "bleu", "rouge", "dice", "iou", "map", "auc", "r2", "fid",
+                    "inception", "clip", "bert", "meteor", "chrf", "accuracy", "acc"})
+"""Words that name what a score measures, which no RL loop's episode score does
+(`f1_score`, `inception_score`, `clip_score`): a model's quality, not a reward."""
+
+
+def is_reward_name(name: str) -> bool:
+    """A value an RL loop prints of its episodes (`REWARD_NAME`), not a named quality score."""
+    if REWARD_NAME.search(name) is None:
+        return False
+    return SCORED.isdisjoint(re.split(r"[^a-z0-9]+", name.lower()))
 
 
 def named_column(log: Log, names: tuple[str, ...]) -> str | None:
@@ -64,7 +75,7 @@ def reward_column(log: Log) -> str | None:
     """The log's reward column: one of `REWARD`, else the first named as a reward."""
     found = named_column(log, REWARD)
     return found if found is not None else next(
-        (n for n in log.series if REWARD_NAME.search(n)), None)
+        (n for n in log.series if is_reward_name(n)), None)
 
 
 def scored_samples(log: Log) -> str | None:

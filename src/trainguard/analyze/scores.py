@@ -135,7 +135,7 @@ def judge_scores(log: Log) -> Judgement | None:
     still, its_best = lasting[0]
     ending = (f"{still} is still off its best {its_best:.4g} at its last value "
               f"{metrics[still][1][-1]:.4g}: the log holds no loss, and its quality metric "
-              "shows no recovery")
+              "shows no recovery (with no training value beside it, no cause is ranked)")
     return Judgement(DEGRADED, kind, row, [event], ending=ending)
 
 
