@@ -62,9 +62,9 @@ small validation set whose predictions settled."""
 RATIO_OF_COUNTS = 100_000
 """The largest denominator a value is tested against as a ratio of counts (or a percentage)."""
 HELD = 2
-"""Evaluations within `SUDDEN` of the best before a cliff, the best among them: a level the
-metric held, not one noisy value (an mAP of 0.02 then 0.008 on a model that has learned
-nothing yet is no fall)."""
+"""Evaluations within `SUDDEN` of the best before a cliff, the best among them (`_cliff` keeps
+the best two): a level the metric held, not one noisy value (an mAP of 0.02 then 0.008 on a
+model that has learned nothing yet is no fall)."""
 
 
 def judged_metrics(log: Log) -> dict[str, tuple[list[int], list[float]]]:
@@ -141,20 +141,22 @@ def judge_scores(log: Log) -> Judgement | None:
 
 def _cliff(name: str, values: list[float]) -> tuple[int, float] | None:
     """The first value of a metric off a cliff from its best so far, that best a level the
-    metric held (`HELD`): (its index, the best)."""
-    best = values[0]
+    metric held (`HELD` = 2: the runner-up so far within `SUDDEN` of it): (its index, the best).
+    One pass, the best two values kept."""
+    lower = lower_is_better(name)
+    sign = -1.0 if lower else 1.0  # the two largest of sign x value are the best two
+    best, second = sign * values[0], -math.inf
     for k, value in enumerate(values[1:], start=1):
-        if best > 0 and not _back(name, value, best) and _held(name, values[:k], best):
-            return k, best
-        best = min(best, value) if lower_is_better(name) else max(best, value)
+        top = sign * best
+        held = (second >= sign * top / SUDDEN) if lower else (second >= SUDDEN * top)
+        if top > 0 and held and not _back(name, value, top):
+            return k, top
+        signed = sign * value
+        if signed > best:
+            best, second = signed, best
+        elif signed > second:
+            second = signed
     return None
-
-
-def _held(name: str, before: list[float], best: float) -> bool:
-    """Whether `HELD` values before the cliff stood within `SUDDEN` of the best."""
-    if lower_is_better(name):
-        return sum(v <= best / SUDDEN for v in before) >= HELD
-    return sum(v >= SUDDEN * best for v in before) >= HELD
 
 
 def _back(name: str, value: float, best: float) -> bool:
