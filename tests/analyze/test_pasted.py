@@ -989,13 +989,32 @@ def test_a_bare_step_of_its_total_at_the_head_of_a_line_numbers_the_rows(
     assert log.label(2) == label
 
 
-@pytest.mark.parametrize("line", [
-    "25/25 \u2501\u2501\u2501\u2501\u2501\u2501 1s 3ms/step - accuracy: 0.51 - loss: 0.7088",
-    "12/05 10:00:01 loss: 0.71",  # a date's day and month, the day past the month
+@pytest.mark.parametrize("line, step", [
+    ("25/25 \u2501\u2501\u2501\u2501\u2501\u2501 1s 3ms/step - accuracy: 0.51 - loss: 0.7088",
+     None),
+    ("1875/1875 - 3s - loss: 0.3012 - 3s/epoch - 2ms/step", None),  # Keras 2, verbose=2
+    ("12/05 10:00:01 loss: 0.71", None),  # a date's day and month, the day past the month
+    ("05/12 10:00:01 step 100 loss: 0.7", 100.0),  # a date, then the line's own step
+    ("0/8 step 100 loss 0.5", 100.0),  # the step the line names
 ])
-def test_a_progress_bar_or_a_date_at_the_head_of_a_line_is_no_step(line: str) -> None:
+def test_a_progress_bar_a_date_or_a_named_step_overrules_the_head_of_a_line(
+        line: str, step: float | None) -> None:
     _, counters = parse_line(line)
-    assert "step" not in counters
+    assert counters.get("step") == step
+
+
+@pytest.mark.parametrize("lines", [
+    [f"Test: [{10 * i}/200] | val_acc {0.2 + 0.7 * (i % 3) / 2:.3f}" for i in range(20)],
+    [f"fold {i} val_acc {a}" for i, a in enumerate([0.9, 0.91, 0.88, 0.4, 0.42])],
+    [f"trial {i} | lr {10 ** -i:g} | val_acc {a}" for i, a in
+     enumerate([0.5, 0.6, 0.7, 0.1, 0.1, 0.1])],
+])
+def test_scores_of_an_evaluation_loop_folds_or_a_sweep_are_no_run(
+        tmp_path: Path, lines: list[str]) -> None:
+    path = tmp_path / "evals.log"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(LogError):
+        read_log(path)
 
 
 def test_a_validations_scores_alone_are_the_rows(tmp_path: Path) -> None:

@@ -55,6 +55,14 @@ def _log(series: dict[str, list[float | None]]) -> Log:
     # an error rate falls as the model learns; an answer's F1 is no word error rate
     ({"top1_err": [90.0, 70.0, 50.0, 40.0, 30.0, 25.0]}, "healthy", None, None),
     ({"answer_f1": [0.1, 0.3, 0.5, 0.6, 0.65]}, "healthy", None, None),
+    ({"batch_acc": [0.5, 0.75, 0.625, 0.875, 0.25, 0.75, 0.875]}, "healthy", None, None),
+    # values before the model learned anything swing by halves: no level to fall from
+    ({"val_mAP": [0.0004, 0.0005, 0.0002, 0.003, 0.02, 0.1, 0.2, 0.3]}, "healthy", None, None),
+    # a climb, then a fall that lasts: no level held, but it stays down
+    ({"val_acc": [0.1, 0.2, 0.4, 0.8, 0.1, 0.1, 0.1]}, "degraded", "explosion", 5),
+    # 29/30 as a float32 gives it, or printed to six digits
+    ({"val_acc": [0.9666666388511658] * 6}, "healthy", None, None),
+    ({"val_acc": [0.966667] * 6}, "healthy", None, None),
     # an F1 written as a score is judged as an F1
     ({"f1_score": [0.6, 0.7, 0.72, 0.1, 0.1]}, "degraded", "explosion", 4),
 ])

@@ -134,13 +134,18 @@ MNIST example's `Train Epoch: 3 [6400/60000 (11%)]`: the epoch, then its progres
 _HASH_WORD = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*#\s*(\d+)(?!\w)",
                         re.IGNORECASE)
 """`Epoch #3`: a counter numbered with `#`."""
-_LEADING_OF_TOTAL = re.compile(r"\s*(\d+)\s*/\s*(\d+)(?=\s)(?!\s*[\u2500-\u259f|#=>\[])")
+_LEADING_OF_TOTAL = re.compile(
+    r"\s*(\d+)\s*/\s*(\d+)(?=\s)(?!\s*[\u2500-\u259f|#=>\[-])(?!\s+\d{1,2}:\d{2})")
 """A bare `1920/191900 (epoch 1) loss: ...` at the head of a line: the step, of the steps the
-run plans (a progress bar's `41/3280 [` and a bracketed `[41/3280]` are `_PROGRESS`'s, and
-Keras 3's `25/25 ━━━━` is a bar's progress within the epoch, not a step: no bar may follow)."""
+run plans (a progress bar's `41/3280 [` and a bracketed `[41/3280]` are `_PROGRESS`'s; Keras
+3's `25/25 ━━━━` and Keras 2's `1875/1875 - 3s - loss: ...` are a bar's progress within the
+epoch, not a step: no bar or dash may follow, nor a time, as after a date's `05/12`)."""
 _COUNTER_AT = re.compile(r"(?<![\w./-])(epoch|step|iter|iteration|batch)\s*[#:=]?\s*(\d+)(?![\w.])",
                          re.IGNORECASE)
 """Where a record starts on a line: a counter and its whole number."""
+_NAMED_STEP = re.compile(r"(?<![\w./-])(step|iter|iteration|it|batch|global_step|num_updates)"
+                         r"\s*[#:=]?\s*\d", re.IGNORECASE)
+"""A step-like counter named on the line (an epoch is no step)."""
 _EPOCH_HEADER = re.compile(r"^\W*epoch\s*[:=]?\s*\[?\s*(\d+)\s*(?:/\s*\d+)?\s*\]?\W*$",
                            re.IGNORECASE)
 _QUOTED_NAME = re.compile(rf"([\"'])({_WORD})\1(?=\s*[:=])")
@@ -268,10 +273,8 @@ def parse_line(line: str) -> tuple[dict[str, float], dict[str, float]]:
         counters["progress"] = float(done)
         counters[TOTAL] = float(total)
         remaining = remaining[:progress.start()] + " " + remaining[progress.end():]
-    elif (leading := _LEADING_OF_TOTAL.match(remaining)) and (
-            int(leading.group(1)) <= int(leading.group(2))):  # (not a date's 12/05)
-        _count(counters, spellings, "step", float(leading.group(1)))
-        remaining = remaining[leading.end():]
+    else:
+        remaining = _leading_step(remaining, counters, spellings)
     for match in _labelled(remaining):
         words, counted = _named_counter(match.group(1))
         name = _name(words)
@@ -328,6 +331,18 @@ def _train_epoch(text: str, counters: dict[str, float], spellings: dict[str, Any
     if head.group(1):
         spellings[WITHIN] = "sample"
     return text[:head.start()] + " " + text[head.end():]
+
+
+def _leading_step(remaining: str, counters: dict[str, float], spellings: dict[str, Any]) -> str:
+    """A bare step of its total at the head of the line (`_LEADING_OF_TOTAL`) counted as the
+    step, when the line names no step of its own (`0/8 step 100`: the step is 100) and the
+    step is within its total (a date's `12/05` is not); the rest of the line."""
+    leading = _LEADING_OF_TOTAL.match(remaining)
+    if (leading is None or int(leading.group(1)) > int(leading.group(2))
+            or "step" in counters or _NAMED_STEP.search(remaining, leading.end())):
+        return remaining
+    _count(counters, spellings, "step", float(leading.group(1)))
+    return remaining[leading.end():]
 
 
 def _count(counters: dict[str, float], spellings: dict[str, Any], name: str,
@@ -538,9 +553,9 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
                     rows[-1].values.setdefault(name, value)
             elif not rows and not evaluation and (kind := _stand_in(values)) is not None:
                 stand_ins.keep(kind, _line_row(values, counters, epoch))
-            elif not rows and evaluation and _stand_in(evaluation) == QUALITY_ONLY:
+            elif not rows and _epochs_scores(evaluation, values, counters):
                 # a validation's scores alone (`epoch 3 | val_acc 0.61`): its quality metric
-                stand_ins.keep(QUALITY_ONLY, _line_row(values, counters, epoch))
+                stand_ins.keep(EVALUATION_QUALITY, _line_row(values, counters, epoch))
             elif not evaluation and _ahead(counters) is not None:
                 ahead = counters
             continue
@@ -555,6 +570,16 @@ def rows_of(lines: Iterable[str], empty: list[str] | None = None
         return picked[0], [], picked[1]
     rows, evals = _one_rank(rows, evals)
     return _merge_reprints(rows), evals, None
+
+
+def _epochs_scores(evaluation: dict[str, float], values: dict[str, float],
+                   counters: dict[str, float]) -> bool:
+    """Whether a line with no loss is an epoch's validation scores (`epoch 3 | val_acc 0.61`):
+    its epoch named, its values an evaluation's quality scores only, no LR beside them (a
+    sweep's trials, a fold's or a class's results, an evaluation loop's batches are no run's
+    course)."""
+    return ("epoch" in counters and bool(evaluation) and len(evaluation) == len(values)
+            and _stand_in(evaluation) == QUALITY_ONLY)
 
 
 def _stand_in(values: dict[str, float]) -> str | None:
@@ -584,10 +609,12 @@ class _StandIns:
 
     def pick(self) -> tuple[list[LineRow], str] | None:
         """The rows an evaluation's loss stands in for, failing them a gradient norm's, a
-        reward's, then a score's (at least `QUALITY_FEWEST` of them), with their kind."""
-        for kind in (EVALUATION_LOSS, GRAD_NORM, REWARD_ONLY, QUALITY_ONLY):
+        reward's, then a score's, then an epoch's validation scores' (at least `QUALITY_FEWEST` of
+        either), with their kind."""
+        for kind in (EVALUATION_LOSS, GRAD_NORM, REWARD_ONLY, QUALITY_ONLY, EVALUATION_QUALITY):
             rows = self.rows.get(kind, [])
-            if rows and (kind != QUALITY_ONLY or len(rows) >= QUALITY_FEWEST):
+            if rows and (kind not in (QUALITY_ONLY, EVALUATION_QUALITY)
+                         or len(rows) >= QUALITY_FEWEST):
                 return (rows if kind == GRAD_NORM else _merge_reprints(rows)), kind
         return None
 
@@ -616,6 +643,7 @@ def _one_rank(rows: list[LineRow], evals: list[tuple[int, dict[str, float]]]
 EVALUATION_LOSS = "evaluation loss"
 REWARD_ONLY = "reward"
 QUALITY_ONLY = "quality"
+EVALUATION_QUALITY = "evaluation quality"
 QUALITY_NAME = re.compile(r"(^|[\s_/])(psnr|ssim|acc|accuracy|top-?[15]|f1|bleu|rouge\w*|m?iou|"
                           r"map|auc)($|[\s_/@])", re.IGNORECASE)
 """A measure of quality where higher is better (`psnr`, `top1`, `BLEU`): what a log that prints
@@ -959,7 +987,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
     elif stand_in == REWARD_ONLY:
         log.notes.append("the log holds no loss: its reward is all it says of the run (watched "
                          "for NaN and inf; a reward's level is not judged)")
-    elif stand_in == QUALITY_ONLY:
+    elif stand_in in (QUALITY_ONLY, EVALUATION_QUALITY):
         log.notes.append("the log holds no loss: its scores are all it says of the run "
                          "(watched for NaN and inf and for a fall off a cliff; a score's level "
                          "is not judged)")
@@ -997,7 +1025,7 @@ def read_rows(lines: Iterable[str], log: LogBuilder) -> int:
             label = f"row {step}" + (f" (epoch {row.epoch:g})" if row.epoch is not None
                                      else "")
         steps.append(step)
-        if stand_in == QUALITY_ONLY and all(is_eval_name(name) for name in row.values):
+        if stand_in == EVALUATION_QUALITY:
             # a validation's scores alone are the rows (`analyze/scores.py` judges them)
             log.add(step, row.values, label=label, skipped=row.skipped)
         else:

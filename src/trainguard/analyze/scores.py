@@ -44,9 +44,10 @@ from trainguard.detect.metric_collapse import (
 from trainguard.events import Event
 from trainguard.vocabulary import DEGRADED, RECOVERED, STALLED
 
-NOT_JUDGED = frozenset({"reward", "rewards", "return", "returns", "kl", "train", "training"})
+NOT_JUDGED = frozenset({"reward", "rewards", "return", "returns", "kl", "train", "training",
+                        "batch"})
 """Words of metrics left to other rules: an RL trainer's rewards, returns and KLs move with the
-policy's exploration; a training accuracy swings with each batch."""
+policy's exploration; a training (or a batch's) accuracy swings with each batch."""
 NOT_ENOUGH = frozenset({"score", "loss", "nll"})
 """Quality words that say nothing alone: a score of any kind (`f1_score` says F1), and a loss
 (the loss's rules', `analyze/judge.py`)."""
@@ -61,6 +62,12 @@ and no ratio of counts (`RATIO_OF_COUNTS`): 29 right of 30, 0.9666666666666667, 
 small validation set whose predictions settled."""
 RATIO_OF_COUNTS = 100_000
 """The largest denominator a value is tested against as a ratio of counts (or a percentage)."""
+FEW_COUNTS = 1000
+"""...and, to a float32's or six digits' precision, this one (a validation set of up to 1000)."""
+EARLY = 0.1
+"""A best before a cliff under this share of the metric's best over the log (over its inverse,
+lower-is-better) is a model that had learned nothing yet: an mAP of 0.0005 before it reaches
+0.3 swings by halves."""
 HELD = 2
 """Evaluations within `SUDDEN` of the best before a cliff, the best among them (`_cliff` keeps
 the best two): a level the metric held, not one noisy value (an mAP of 0.02 then 0.008 on a
@@ -140,23 +147,33 @@ def judge_scores(log: Log) -> Judgement | None:
 
 
 def _cliff(name: str, values: list[float]) -> tuple[int, float] | None:
-    """The first value of a metric off a cliff from its best so far, that best a level the
-    metric held (`HELD` = 2: the runner-up so far within `SUDDEN` of it): (its index, the best).
-    One pass, the best two values kept."""
+    """The first value of a metric off a cliff from its best so far: (its index, the best).
+    That best is a level the metric held (`HELD` = 2: the runner-up so far within `SUDDEN` of
+    it) or the cliff lasts (the next value is off too), and it stood within `EARLY` of the
+    metric's best over the log (values before the model learned anything are noise). One pass,
+    the best two values kept."""
     lower = lower_is_better(name)
     sign = -1.0 if lower else 1.0  # the two largest of sign x value are the best two
+    overall = sign * max(sign * v for v in values)
     best, second = sign * values[0], -math.inf
     for k, value in enumerate(values[1:], start=1):
         top = sign * best
-        held = (second >= sign * top / SUDDEN) if lower else (second >= SUDDEN * top)
-        if top > 0 and held and not _back(name, value, top):
-            return k, top
+        if top > 0 and not _back(name, value, top) and _early_enough(lower, top, overall):
+            held = (second >= sign * top / SUDDEN) if lower else (second >= SUDDEN * top)
+            lasts = k + 1 < len(values) and not _back(name, values[k + 1], top)
+            if held or lasts:
+                return k, top
         signed = sign * value
         if signed > best:
             best, second = signed, best
         elif signed > second:
             second = signed
     return None
+
+
+def _early_enough(lower: bool, top: float, overall: float) -> bool:
+    """Whether the best before a cliff stood within `EARLY` of the metric's best over the log."""
+    return top <= overall / EARLY if lower else top >= EARLY * overall
 
 
 def _back(name: str, value: float, best: float) -> bool:
@@ -190,11 +207,18 @@ def _frozen(metrics: dict[str, tuple[list[int], list[float]]]) -> Judgement | No
 
 
 def _ratio_of_counts(value: float) -> bool:
-    """Whether `value` is a ratio of whole counts (or a percentage of one) up to
-    `RATIO_OF_COUNTS`, to two units of the float's last place: 0.9666666666666667 is 29/30
-    (a value that is no such ratio is some 1e-10 from the nearest one)."""
+    """Whether `value` is a share of whole counts (or a percentage of one): up to
+    `RATIO_OF_COUNTS` to two units of the float's last place (0.9666666666666667 is 29/30; a
+    value that is no such ratio is some 1e-10 from the nearest one), or up to
+    `FEW_COUNTS` to the precision a float32 or six printed digits keep (0.9666666388511658,
+    0.966667)."""
     for scaled in (value, value / 100):
+        if not 0.0 <= scaled <= 1.0:  # a share of counts, or a percentage of one
+            continue
         near = Fraction(scaled).limit_denominator(RATIO_OF_COUNTS)
         if abs(float(near) - scaled) <= 2 * math.ulp(scaled):
+            return True
+        few = Fraction(scaled).limit_denominator(FEW_COUNTS)
+        if abs(float(few) - scaled) <= 6e-7:
             return True
     return False
