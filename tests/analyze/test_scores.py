@@ -114,3 +114,23 @@ def test_a_generators_fid_log_is_judged_on_fid_not_as_an_rl_run(tmp_path: Path) 
     result = analyze(path)
     assert (result.verdict, result.kind, result.onset_step) == ("degraded", "explosion", 6000)
     assert not any("RL" in line for line in result.evidence) and result.causes == []
+
+
+@pytest.mark.parametrize("accs, verdict, onset", [
+    ([0.5, 0.6, 0.65, 0.1, 0.66, 0.7, 0.72], "recovered", 190),  # a dip, back
+    ([0.5, 0.6, 0.65, 0.1, 0.1, 0.1, 0.1], "degraded", 190),     # a fall that stays
+    ([0.02, 0.008, 0.3, 0.5, 0.6, 0.65, 0.7], "healthy", None),  # noise before it learned
+])
+def test_a_lightning_csv_of_lr_and_validation_accuracy_is_judged_on_the_accuracy(
+        tmp_path: Path, accs: list[float], verdict: str, onset: int | None) -> None:
+    """`LearningRateMonitor` and `self.log("val_acc")`, no training loss logged: the LR's rows
+    are no level to judge the accuracy's fall from, the accuracy's own best is."""
+    lines = ["epoch,step,lr-Adam,val_acc"]
+    for epoch, acc in enumerate(accs):
+        lines += [f"{epoch},{epoch * 50 + s * 10},0.001," for s in range(5)]
+        lines.append(f"{epoch},{epoch * 50 + 49},,{acc}")
+    path = tmp_path / "metrics.csv"
+    path.write_text("\n".join(lines) + "\n")
+    result = analyze(path)
+    assert (result.verdict, result.onset_step) == (verdict, onset)
+    assert not any("first logged row" in line for line in result.evidence)

@@ -114,10 +114,14 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
                                                    or adversarial.discriminator_won(raw))
                                            ) is not None:
         judgement = Judgement(STALLED, None, zero[0], ending=zero[1])
-    scored = (scores.judge_scores(log) if judgement.verdict == HEALTHY and not raw.has(LOSS)
-              else None)
+    scored = (scores.judge_scores(log) if not raw.has(LOSS) and (
+        judgement.verdict == HEALTHY or _evaluations_alone(judgement)) else None)
     if scored is not None:
         judgement = scored  # no loss: its quality metrics say what the run did
+    elif judgement.verdict != HEALTHY and not raw.has(LOSS) and _evaluations_alone(judgement):
+        judgement = Judgement(HEALTHY, None, None, isolated=judgement.isolated,
+                              ending="no finite loss logged; the evaluations fell off no level "
+                                     "they held")
     judgement = _untrained_to_the_end(judgement, log, replayed.untrained)
     if rl_log.set_aside(log) or (not log.has(LOSS) and rl_log.reward_column(log)):
         judgement = _rl_progress(judgement, log)
@@ -160,6 +164,14 @@ def _in_log_terms(log: Log, text: str) -> str:
         return log.label(row) if row is not None else match.group(0)
 
     return _STEP.sub(name, text)
+
+
+def _evaluations_alone(judgement: Judgement) -> bool:
+    """Whether only the evaluations' metrics made the trouble, none of them NaN (a log with no
+    loss, whose LR rows are no level to judge a fall from: `analyze/scores.py` judges them)."""
+    return bool(judgement.incident) and all(
+        e.kind == Kind.METRIC_COLLAPSE and e.details.get("rule") != "nonfinite"
+        for e in judgement.incident)
 
 
 def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:
