@@ -167,10 +167,11 @@ def _in_log_terms(log: Log, text: str) -> str:
 
 
 def _evaluations_alone(judgement: Judgement) -> bool:
-    """Whether only the evaluations' metrics made the trouble, none of them NaN (a log with no
-    loss, whose LR rows are no level to judge a fall from: `analyze/scores.py` judges them)."""
+    """Whether only the evaluations' cliffs made the trouble (in a log with no loss, whose LR
+    rows are no level to judge a fall from: `analyze/scores.py` judges them; a NaN, or an
+    accuracy back at the chance the user named, stays the evaluations' own verdict)."""
     return bool(judgement.incident) and all(
-        e.kind == Kind.METRIC_COLLAPSE and e.details.get("rule") != "nonfinite"
+        e.kind == Kind.METRIC_COLLAPSE and e.details.get("rule") == "cliff"
         for e in judgement.incident)
 
 
