@@ -167,12 +167,13 @@ def _in_log_terms(log: Log, text: str) -> str:
 
 
 def _evaluations_alone(judgement: Judgement) -> bool:
-    """Whether only the evaluations' cliffs made the trouble (in a log with no loss, whose LR
-    rows are no level to judge a fall from: `analyze/scores.py` judges them; a NaN, or an
-    accuracy back at the chance the user named, stays the evaluations' own verdict)."""
+    """Whether only the evaluations' cliffs made the trouble, each of a metric
+    `analyze/scores.py` judges (in a log with no loss, whose LR rows are no level to judge a
+    fall from; a NaN, an accuracy back at the chance the user named, a reward's fall stay the
+    evaluations' own verdict)."""
     return bool(judgement.incident) and all(
         e.kind == Kind.METRIC_COLLAPSE and e.details.get("rule") == "cliff"
-        for e in judgement.incident)
+        and scores.judges(str(e.details.get("metric", ""))) for e in judgement.incident)
 
 
 def _ranked_events(judgement: Judgement, events: list[Event]) -> list[Event]:

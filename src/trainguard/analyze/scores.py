@@ -83,7 +83,7 @@ def judged_metrics(log: Log) -> dict[str, tuple[list[int], list[float]]]:
     training = {row for name in (LR, GRAD_NORM) if log.series.holds(name)
                 for row in log.series.points(name)[0]}
     for name in log.series:
-        if name in CANONICAL or not _judged(name):
+        if name in CANONICAL or not judges(name):
             continue
         rows, values = log.series.points(name)
         if 2 * sum(row in training for row in rows) > len(rows):
@@ -95,14 +95,14 @@ def judged_metrics(log: Log) -> dict[str, tuple[list[int], list[float]]]:
     for step, metrics in log.evals:
         row = max(bisect.bisect_right(log.steps, step) - 1, 0)  # (steps never go back)
         for name, value in metrics.items():
-            if _judged(name) and math.isfinite(value) and name not in log.series:
+            if judges(name) and math.isfinite(value) and name not in log.series:
                 rows, values = found.setdefault(name, ([], []))
                 rows.append(row)
                 values.append(value)
     return found
 
 
-def _judged(name: str) -> bool:
+def judges(name: str) -> bool:
     """A quality metric by a word that says which (an accuracy, an IoU, an error rate, FID),
     none of `NOT_JUDGED`'s."""
     words = set(re.split(r"[^a-z0-9]+", name.lower()))
