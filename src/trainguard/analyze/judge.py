@@ -70,7 +70,7 @@ from trainguard.analyze.chance import AtChance
 from trainguard.analyze.log import GRAD_NORM, LOSS, Log
 from trainguard.analyze.quirks import whole_interval_skips
 from trainguard.config import DetectorConfig
-from trainguard.detect.metric_collapse import CLIFF_DROP, CLIFF_RISE, lower_is_better
+from trainguard.detect.metric_collapse import lower_is_better, within_cliff
 from trainguard.events import Event, at_least
 from trainguard.registry import Kind
 from trainguard.signals import MAD_TO_STD
@@ -356,7 +356,7 @@ def _collapse_lasts(log: Log, incident: list[Event]) -> str | None:
         after = log.steps[event.details["row"]]
         later = [m[name] for step, m in log.evals
                  if step > after and name in m and math.isfinite(m[name])]
-        if any(_back(name, value, best) for value in later):
+        if any(within_cliff(name, value, best) for value in later):
             continue
         where = "its last evaluation" if not later else f"all {len(later)} evaluations after it"
         return (f"eval {name} is still off its best {best:.4g} at {where}: the evaluations "
@@ -388,11 +388,11 @@ def _swung_before(log: Log, event: Event) -> bool:
     swing: float | None = None  # the largest swing so far that has not yet come back
     for _, seen in series[1:]:
         off = _off_best(name, seen, best)
-        if swing is not None and _back(name, seen, best):
+        if swing is not None and within_cliff(name, seen, best):
             if swing >= now:
                 return True
             swing = None
-        if off > 1.0 and not _back(name, seen, best):
+        if off > 1.0 and not within_cliff(name, seen, best):
             swing = max(swing or 0.0, off)
         best = min(best, seen) if lower_is_better(name) else max(best, seen)
     return False
@@ -416,12 +416,6 @@ def _eval_loss_held(log: Log, event: Event) -> bool:
         if before and math.isfinite(now) and now <= EVAL_LOSS_HELD * min(before):
             return True
     return False
-
-
-def _back(name: str, value: float, best: float) -> bool:
-    if lower_is_better(name):
-        return value <= CLIFF_RISE * best
-    return value >= CLIFF_DROP * best
 
 
 def _trouble(log: Log, rows: list[int], events: list[Event], config: DetectorConfig,

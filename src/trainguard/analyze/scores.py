@@ -32,14 +32,13 @@ from fractions import Fraction
 
 from trainguard.analyze.judge import EXPLOSION, SLOW, Judgement
 from trainguard.analyze.log import CANONICAL, GRAD_NORM, LOSS, LR, Log, is_train_loss
-from trainguard.analyze.stall import _significant_digits
+from trainguard.analyze.stall import significant_digits
 from trainguard.detect.metric_collapse import (
-    CLIFF_DROP,
-    CLIFF_RISE,
     QUALITY,
     QUALITY_PREFIXES,
     is_quality_metric,
     lower_is_better,
+    within_cliff,
 )
 from trainguard.events import Event
 from trainguard.vocabulary import DEGRADED, RECOVERED, STALLED
@@ -133,7 +132,7 @@ def judge_scores(log: Log) -> Judgement | None:
                           "cliff", param=name, value=value,
                   details={"metric": name, "rule": "cliff", "best": best, "row": row})
     kind = _kind(name, values, at, best)
-    lasting = [(n, b) for _, n, _, b in cliffs if not _back(n, metrics[n][1][-1], b)]
+    lasting = [(n, b) for _, n, _, b in cliffs if not within_cliff(n, metrics[n][1][-1], b)]
     if not lasting:
         last = values[-1]
         ending = (f"{name} ends at {last:.4g}, back within the cliff's bound of its best "
@@ -158,9 +157,9 @@ def _cliff(name: str, values: list[float]) -> tuple[int, float] | None:
     best, second = sign * values[0], -math.inf
     for k, value in enumerate(values[1:], start=1):
         top = sign * best
-        if top > 0 and not _back(name, value, top) and _early_enough(lower, top, overall):
+        if top > 0 and not within_cliff(name, value, top) and _early_enough(lower, top, overall):
             held = (second >= sign * top / SUDDEN) if lower else (second >= SUDDEN * top)
-            lasts = k + 1 < len(values) and not _back(name, values[k + 1], top)
+            lasts = k + 1 < len(values) and not within_cliff(name, values[k + 1], top)
             if held or lasts:
                 return k, top
         signed = sign * value
@@ -176,13 +175,6 @@ def _early_enough(lower: bool, top: float, overall: float) -> bool:
     return top <= overall / EARLY if lower else top >= EARLY * overall
 
 
-def _back(name: str, value: float, best: float) -> bool:
-    """Within the cliff's bound of the best."""
-    if lower_is_better(name):
-        return value <= CLIFF_RISE * best
-    return value >= CLIFF_DROP * best
-
-
 def _kind(name: str, values: list[float], at: int, best: float) -> str:
     """An explosion when the value before the cliff stood near the best, else a slow slide."""
     before = values[at - 1]
@@ -195,7 +187,7 @@ def _frozen(metrics: dict[str, tuple[list[int], list[float]]]) -> Judgement | No
     said = []
     for name, (_, values) in metrics.items():
         if (len(values) < FROZEN_EVALS or len(set(values)) != 1
-                or _significant_digits(values[0]) < FROZEN_DIGITS
+                or significant_digits(values[0]) < FROZEN_DIGITS
                 or _ratio_of_counts(values[0])):
             return None
         said.append(f"{name} {values[0]:.10g}")

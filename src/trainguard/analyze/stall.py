@@ -98,14 +98,14 @@ def _frozen_loss(log: Log, value: float) -> str | None:
     every digit. A progress bar reprinting one value on the same step is no such log."""
     rows = [i for i, v in enumerate(log.values(LOSS)) if v is not None]
     steps = {log.steps[i] for i in rows}
-    if len(steps) < FROZEN_ROWS or _significant_digits(value) < SIGNIFICANT_DIGITS:
+    if len(steps) < FROZEN_ROWS or significant_digits(value) < SIGNIFICANT_DIGITS:
         return None
     return (f"the loss is {value:g} on all {len(rows)} rows ({log.label(rows[0])} to "
             f"{log.label(rows[-1])}), to every digit written: the model's outputs never "
             "changed, so it learned nothing")
 
 
-def _significant_digits(value: float) -> int:
+def significant_digits(value: float) -> int:
     """Significant digits of the shortest text that writes `value` (0.01: 1; 7.7125: 5)."""
     mantissa = repr(abs(value)).split("e")[0].replace(".", "").lstrip("0").rstrip("0")
     return len(mantissa)
@@ -287,7 +287,7 @@ def _frozen_tail(log: Log, name: str) -> tuple[int, str] | None:
         return None
     last = values[rows[-1]]
     if (last is None or not math.isfinite(last) or last == 0
-            or _significant_digits(last) < TAIL_DIGITS):
+            or significant_digits(last) < TAIL_DIGITS):
         return None
     start = len(rows)
     while start > 0 and values[rows[start - 1]] == last:

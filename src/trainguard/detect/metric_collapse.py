@@ -67,6 +67,14 @@ def lower_is_better(name: str) -> bool:
             or not LOWER_IS_BETTER_WORDS.isdisjoint(re.split(r"[^a-z0-9]+", lowered)))
 
 
+def within_cliff(name: str, value: float, best: float) -> bool:
+    """Whether `value` is within the cliff's bound of `best`: a lower-is-better metric at most
+    `CLIFF_RISE` times it, another at least `CLIFF_DROP` of it."""
+    if lower_is_better(name):
+        return value <= CLIFF_RISE * best
+    return value >= CLIFF_DROP * best
+
+
 def is_quality_metric(name: str) -> bool:
     """A metric of the model's quality (a loss, an accuracy, an F1, a BLEU score...), by name:
     never a throughput, a runtime or a memory figure (`eval_samples_per_second` falling is a
@@ -156,12 +164,13 @@ class MetricCollapse:
         best = self.best.get(name)
         if best is None:
             return []
-        if lower_is_better(name):
-            cliff = best > 0 and value > CLIFF_RISE * best
-            what = f"rose to {value:.4g}, {value / best:.3g}x its best {best:.4g}" if cliff else ""
+        cliff = best > 0 and not within_cliff(name, value, best)
+        if not cliff:
+            what = ""
+        elif lower_is_better(name):
+            what = f"rose to {value:.4g}, {value / best:.3g}x its best {best:.4g}"
         else:
-            cliff = best > 0 and value < CLIFF_DROP * best
-            what = f"fell to {value:.4g} from its best {best:.4g}" if cliff else ""
+            what = f"fell to {value:.4g} from its best {best:.4g}"
         return self._once(name, "cliff", cliff, step, "warning",
                           f"eval {name} {what}: it fell off a cliff", value, best=best)
 
