@@ -29,6 +29,7 @@ from tests.detect.synth import (
 from trainguard import registry
 from trainguard.config import SEVERITIES, DetectorConfig
 from trainguard.detect import DETECTOR_TYPES, KINDS, Detector, default_detectors
+from trainguard.detect.aftermath import Aftermath
 from trainguard.detect.attention_logits import AttentionLogitTracker, AttentionTrack
 from trainguard.detect.base import (
     Episode,
@@ -79,9 +80,10 @@ HELPERS: tuple[type, ...] = (Detector, OutlierDetector, StreakDetector, Unlearne
                              Outlier, AttentionLogitTracker,
                              AttentionTrack, OutputGrowth, Streaks, BatchNoise, ScaleCalibration,
                              StallEvidence, StallReason, SignalColumns, SampleJudge, RewardTrack,
-                             EntropyFall, OnDuty, RowJudge, SkippedSteps, LanePlan)
+                             EntropyFall, OnDuty, RowJudge, SkippedSteps, LanePlan, Aftermath)
 """The base classes, helpers detectors share, the trackers `InstabilityPrecursor` composes
-(the attention-logit side, log Z and the update RMS, the batch's size), the GradScaler's
+(the attention-logit side, log Z and the update RMS, the batch's size, the trouble its
+warnings would come after), the GradScaler's
 calibration `Fp16Overflow` follows, the evidence `NoProgress` gathers of why a run
 stalled, the reward tracks `RewardHacking` keeps, the entropy's fall the completion detectors read,
 and the columns of a log's rows the offline

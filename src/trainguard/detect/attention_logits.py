@@ -23,6 +23,7 @@ import statistics
 from collections import deque
 from typing import Any
 
+from trainguard.detect.aftermath import AHEAD
 from trainguard.detect.settings import DetectorConfig
 from trainguard.detect.trend import since, trend
 from trainguard.events import Event
@@ -136,7 +137,7 @@ class AttentionLogitTracker:
             f"largest attention logit of {name} at {value:.3g}, {ratio:.3g}x its median "
             f"{typical:.3g}, above it for {layer.streak} measurements, "
             f"{since(rise, layer.first)}: attention logits that keep growing make the softmax "
-            f"one-hot, and a loss spike often follows within {EXPECTED_LEAD} steps",
+            f"one-hot{AHEAD}{EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, layer=name, baseline=typical, ratio=ratio,
             bound=max(self.config.attention_logits.abs_min,
                       self.config.attention_logits.ratio * typical),

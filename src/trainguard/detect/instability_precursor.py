@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.detect.aftermath import AHEAD, Aftermath
 from trainguard.detect.attention_logits import AttentionLogitTracker
 from trainguard.detect.base import Detector, Episode
 from trainguard.detect.batch_noise import BatchNoise
@@ -180,6 +181,8 @@ class InstabilityPrecursor(Detector):
         self.episode = Episode(config.common.rearm_steps)
         self.attention = AttentionLogitTracker(config)
         """The attention layers' largest logits (`detect/attention_logits.py`)."""
+        self.aftermath = Aftermath()
+        """The trouble this detector's warnings would come after (`detect/aftermath.py`)."""
         self.growth = OutputGrowth(config)
         """log Z and Adam's update RMS (`detect/output_growth.py`): events of this kind."""
         self.batch_noise = BatchNoise(config.common.baseline_window)
@@ -519,8 +522,7 @@ class InstabilityPrecursor(Detector):
             signals.step, "warning",
             f"Adam g/sqrt(v) RMS of {name}{clipped} at {value:.3g}{smaller}, {ratio:.3g}x its "
             f"median {typical:.3g}, above it for {steps} steps, {since(rise, first)}: the gradient "
-            f"outgrows Adam's second moment, and a loss spike often follows within "
-            f"{EXPECTED_LEAD} steps",
+            f"outgrows Adam's second moment{AHEAD}{EXPECTED_LEAD} steps",
             param=name, value=value, signal=SIGNAL, baseline=typical, ratio=ratio,
             bound=max(self.config.instability_precursor.abs_min,
                       self.config.instability_precursor.ratio * typical),
@@ -546,6 +548,7 @@ class InstabilityPrecursor(Detector):
                 "sudden": [bool(v) for v in self.sudden],
                 "episode": self.episode.state_dict(),
                 "attention": self.attention.state_dict(), "growth": self.growth.state_dict(),
+                "aftermath": self.aftermath.state_dict(),
                 "batch_noise": self.batch_noise.state_dict(),
                 "measured": self.measured, "ratio_measured": self.ratio_measured,
                 "hold": self.hold, "near": self.near, "last_max": self.last_max,
@@ -565,6 +568,7 @@ class InstabilityPrecursor(Detector):
             self.episode.load_state_dict(state["episode"])
         self.attention.load_state_dict(state.get("attention", {}))
         self.growth.load_state_dict(state.get("growth", {}))
+        self.aftermath.load_state_dict(state.get("aftermath", {}))
         self.batch_noise.load_state_dict(state.get("batch_noise", {}))
         measured = state.get("measured")
         self.measured = None if measured is None else int(measured)

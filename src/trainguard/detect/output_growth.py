@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.detect.aftermath import AHEAD
 from trainguard.detect.base import Episode
 from trainguard.detect.columns import column_medians
 from trainguard.detect.settings import DetectorConfig
@@ -374,8 +375,8 @@ class OutputGrowth:
             f"log Z of the output logits (largest logsumexp over positions) at {value:.3g}, "
             f"{value - typical:.3g} above its median {typical:.3g} "
             f"(Z {_z_times(value - typical)}), above it on {steps} of the last {LOGZ_WITHIN} "
-            f"steps, {since(rise, first)}: the output logits keep growing, and a loss spike "
-            f"often follows within {LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
+            f"steps, {since(rise, first)}: the output logits keep growing{AHEAD}"
+            f"{LOGZ_LEAD} steps (a z-loss or a lower LR holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical, ratio=ratio,
             bound=typical + self.config.instability_precursor.logz_rise,
             steps_above=steps, trend=rise, before=first, expected_lead=LOGZ_LEAD,
@@ -401,7 +402,7 @@ class OutputGrowth:
             signals.step, "warning",
             f"log Z of the output logits at {value:.3g}, a further {value - reported[1]:.3g} "
             f"above the {reported[1]:.3g} it was reported at (step {reported[0]}): the output "
-            f"logits are still growing, and a loss spike often follows within {LOGZ_LEAD} steps "
+            f"logits are still growing{AHEAD}{LOGZ_LEAD} steps "
             "(a lower LR or a z-loss holds them)",
             param="logits", value=value, signal=LOGZ, baseline=typical,
             bound=typical + self.config.instability_precursor.logz_rise,
@@ -499,8 +500,7 @@ class OutputGrowth:
             signals.step, "warning",
             f"Adam update RMS of {name} at {value:.3g} of the LR, {ratio:.3g}x its median "
             f"{typical:.3g}, above it for {steps} steps, {since(rise, first)}: the gradient "
-            f"keeps one direction step after step, and a loss spike often follows within "
-            f"{UPDATE_LEAD} steps",
+            f"keeps one direction step after step{AHEAD}{UPDATE_LEAD} steps",
             param=name, value=value, signal=UPDATE, baseline=typical, ratio=ratio,
             steps_above=steps, trend=rise, before=first, expected_lead=UPDATE_LEAD)
 

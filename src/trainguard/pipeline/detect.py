@@ -98,6 +98,9 @@ def _detect(ctx: StepContext, state: RunState, services: Services, measured: Mea
                                                            ctx.step))
     found.events.extend(ctx.late)
     found.events.extend(run_detectors(state.on_duty(signals), signals))
+    precursor = state.precursor()
+    if precursor is not None and found.events:  # a warning during trouble is its aftermath
+        found.events = precursor.aftermath.tell(found.events)
     found.fired = bool(found.events)
     batch_events: list[Event] = []
     if ctx.batch is not None and config.probes.inspect_batches:
