@@ -42,6 +42,8 @@ class Workload:
     make them: an LR changed, a layer unfrozen and added to the optimizer)."""
     skips_backward: Callable[[int], bool] | None = None
     """True for the steps whose loop forgets `loss.backward()`."""
+    skips_zero_grad: Callable[[int], bool] | None = None
+    """True for the steps after which the loop forgets `optimizer.zero_grad()`."""
     eval_every: int = 0
     eval_metrics: Callable[[nn.Module], dict[str, float]] | None = None
     """Every `eval_every` steps the loop evaluates the model and hands the metrics over."""

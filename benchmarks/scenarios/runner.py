@@ -125,7 +125,8 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
                  else scaled).backward()
         step_loss = step_loss + scaled.detach().float()
     action = stepper.step(step_loss, batch)
-    workload.optimizer.zero_grad(set_to_none=True)
+    if workload.skips_zero_grad is None or not workload.skips_zero_grad(step):
+        workload.optimizer.zero_grad(set_to_none=True)
     return action, float(step_loss)
 
 

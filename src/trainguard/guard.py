@@ -44,6 +44,7 @@ from trainguard.remedies.device import skip_on_device
 from trainguard.run_end import exit_status
 from trainguard.samples_seen import SamplesSeen
 from trainguard.sinks import Sink
+from trainguard.stale_grads import StaleGrads
 from trainguard.verdict import RunVerdict
 from trainguard.vocabulary import Status
 
@@ -85,6 +86,8 @@ class Guard:
         self.config = self.run.config
         self._outside = OutsideSteps(optimizer)
         """The loop's own `optimizer.step()` calls, told once (`outside_steps.py`)."""
+        self._stale = StaleGrads(_trained(model, optimizer))
+        """Gradients the loop never clears, told once (`stale_grads.py`)."""
         self._samples = (SamplesSeen(sample_fn, self.config) if sample_fn is not None
                          else None)
         self.run.open_calm_lane()  # calm steps in a few operations (`pipeline/calm.py`)
@@ -147,15 +150,16 @@ class Guard:
         if self.run.closed:
             self.run.raise_if_peer_lost()
             raise UsageError("this Guard is closed; create a new one to keep training")
-        outside = self._outside.check(self.run.steps_taken)
-        if outside is not None:
-            self.run.emit_event(outside)
+        for event in (self._outside.check(self.run.steps_taken), self._stale.check()):
+            if event is not None:
+                self.run.emit_event(event)
         if self._samples is not None:
             self._samples.before_first_update(self.model, self.run)
         try:
             report = self._step(loss, batch, data_ids, metrics)
         finally:
             self._outside.step_ended()
+            self._stale.step_ended(self.run.steps_taken)
         if self._samples is not None and report is not None:
             self._samples.after_step(self.model, self.run, report.step)
         return report
@@ -246,6 +250,7 @@ class Guard:
             raise UsageError("this Guard is closed")
         self.run.calm_handed_over()
         start = self._outside.since_last_step()
+        self._stale.pause()  # the replays' backward passes are the Guard's own
         try:
             return self.run.prover.prove_now(self.run.state, self.run.services, batch)
         finally:  # the replays' optimizer steps are the Guard's own, not the loop's
@@ -263,6 +268,7 @@ class Guard:
         an exception is under way, `interrupted` (Ctrl-C, a signal) or `crashed` (any other
         error), its type stored; `finished` otherwise."""
         self._outside.close()
+        self._stale.close()
         self.run.close(status)
 
     def __enter__(self) -> Guard:
@@ -270,6 +276,7 @@ class Guard:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._outside.close()
+        self._stale.close()
         # the block's own exception, not one an enclosing `except:` clause is handling
         self.run.close(status=exit_status(exc), error=exc)
 
@@ -352,3 +359,10 @@ def _step_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float | torch.
         elif isinstance(value, torch.Tensor) and value.numel() == 1:
             kept[str(key)] = value.detach().reshape(())
     return kept
+
+
+def _trained(model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.nn.Parameter]]:
+    """The model's parameters the optimizer trains, with their names."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [(name, p) for name, p in model.named_parameters() if id(p) in stepped]

@@ -255,6 +255,7 @@ class Kind:
     UPDATE_TOO_LARGE = "update_too_large"
     PARAMS_UNFROZEN = "params_unfrozen"
     OPTIMIZER_STEP_OUTSIDE = "optimizer_step_outside"
+    GRADS_NOT_CLEARED = "grads_not_cleared"
     KL_BLOWUP = "kl_blowup"
     REWARD_DEAD = "reward_dead"
     PREFERENCE_UNLEARNED = "preference_unlearned"
@@ -439,6 +440,11 @@ _kind("precision_fault", "a replay confirmed a float16 overflow and the faults c
 _kind("monitor_error", "trainguard could not check a step; it was applied unguarded", "warning")
 _kind("optimizer_step_outside", "optimizer.step() ran outside guard.step (a loop that still "
       "calls it updates twice per batch)", "warning")
+_kind("grads_not_cleared", "a step's backward added to the gradients of the step before: the "
+      "loop never calls optimizer.zero_grad(), so each update applies the sum of every gradient "
+      "so far", "error",
+      votes=(CauseVote("grads_not_cleared", 4.0, "the gradients were never cleared: {message}",
+                       each_event=True),))
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
 _kind("poisoned_checkpoint", "a checkpoint was saved with non-finite weights or optimizer "
       "moments (marked poisoned in its trainguard.json)", "error")

@@ -259,6 +259,8 @@ class Recipe:
     optimizer; at this step the loop unfreezes it and adds it with `late_group_lr`."""
     no_backward_from: int | None = None
     """no_gradients: from this step the loop forgets `loss.backward()`."""
+    no_zero_grad_from: int | None = None
+    """grads_not_cleared: from this step the loop forgets `optimizer.zero_grad()`."""
     summed_loss_from: int | None = None
     """loss_reduction: from this step the loop sums the token losses instead of averaging
     them."""
@@ -360,14 +362,16 @@ def build(seed: int, recipe: Recipe) -> Workload:
                        else SANE_TEMPERATURE)
         return task + REGULARISER_WEIGHT * confidence_regulariser(logits, temperature)
 
-    no_backward = recipe.no_backward_from
+    no_backward, no_zero_grad = recipe.no_backward_from, recipe.no_zero_grad_from
     return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
                     evaluate=lambda m: lm_eval(m, held_out, loss), scheduler=scheduler,
                     autocast=recipe.autocast, accumulation=recipe.accumulation,
                     batch_size=recipe.batch_size,
                     before_step=before_step if recipe.late_group_at is not None else None,
                     skips_backward=(None if no_backward is None
-                                    else lambda step: step >= no_backward))
+                                    else lambda step: step >= no_backward),
+                    skips_zero_grad=(None if no_zero_grad is None
+                                     else lambda step: step >= no_zero_grad))
 
 
 def sequence_length(step: int, recipe: Recipe, generator: torch.Generator) -> int:
@@ -419,6 +423,7 @@ BASELINES: dict[str, str] = {
     "gpt2_lr_ramp": "gpt2_healthy",
     "gpt2_late_group_lr": "gpt2_healthy",
     "gpt2_forgotten_backward": "gpt2_healthy",
+    "gpt2_forgotten_zero_grad": "gpt2_healthy",
     "gpt2_loss_summed": "gpt2_healthy",
     "gpt2_lr_too_low": "gpt2_healthy",
     # LoRA r=8 at the sane LoRA LR
@@ -539,6 +544,12 @@ def scenarios() -> list[Scenario]:
         _scenario("gpt2_forgotten_backward", replace(full, no_backward_from=ONSET_STEP),
                   f"from step {ONSET_STEP} the loop forgets loss.backward(): nothing trains",
                   cause="no_gradients", onset_step=ONSET_STEP, sudden=True, recoverable=False),
+        _scenario("gpt2_forgotten_zero_grad", replace(full, no_zero_grad_from=ONSET_STEP - 1),
+                  f"from step {ONSET_STEP} the loop no longer clears the gradients (its "
+                  "optimizer.zero_grad() moved under a branch that stopped running): each "
+                  "update applies the sum of every gradient since",
+                  cause="grads_not_cleared", onset_step=ONSET_STEP, sudden=True,
+                  recoverable=False),
         _scenario("gpt2_loss_summed", replace(full, summed_loss_from=ONSET_STEP),
                   f"from step {ONSET_STEP} the loop sums the token losses where it averaged "
                   f"them ({BATCH_SIZE} x {SEQ_LEN - 1} = {BATCH_SIZE * (SEQ_LEN - 1)}x the "

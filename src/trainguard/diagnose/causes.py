@@ -72,6 +72,11 @@ _ALL = (
     Cause("no_gradients", "Nothing trains: no gradients reach the weights", "3.4",
           "Call loss.backward() on the loss itself before the optimizer step; check that the "
           "parameters to train have requires_grad=True and the loss is not detached."),
+    Cause("grads_not_cleared", "Gradients never cleared between steps: each update applies the "
+          "sum of every gradient so far", "3.4",
+          "Call optimizer.zero_grad(set_to_none=True) once per optimizer step, after it (or "
+          "before loss.backward()); with gradient accumulation, after the step that ends the "
+          "accumulation."),
     Cause("lr_too_low", "Learning rate too low to move the weights", "3.1",
           f"Raise the LR into the range for the mode and the model ({GUIDE_RANGES} for "
           "7B-class pre-trained models; smaller ones take more); check the scheduler did not "
