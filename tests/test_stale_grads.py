@@ -47,14 +47,14 @@ def test_a_loop_without_zero_grad_is_told_once_with_the_fix_and_the_cause(
     guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run")
     loop(guard, model, optimizer, 12)
     [event] = stale(guard)
-    assert event.step == 1 and event.severity == "error" and event.param == "0.weight"
+    assert event.step == 1 and event.severity == "error" and event.param == "2.bias"
     assert "optimizer.zero_grad(set_to_none=True)" in event.message
     assert guard.diagnose()[0].code == "grads_not_cleared"
     guard.close()
 
 
 @pytest.mark.parametrize("how", ["to_none", "zeroed", "model", "before_backward", "by_hand",
-                                 "accumulating"])
+                                 "accumulating", "through_data", "extra_backward_first"])
 def test_every_way_of_clearing_the_gradients_is_quiet(tmp_path: Path, how: str) -> None:
     model, optimizer = setup()
     guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run")
@@ -63,6 +63,16 @@ def test_every_way_of_clearing_the_gradients_is_quiet(tmp_path: Path, how: str) 
         for p in m.parameters():
             p.grad = None
 
+    def through_data(m: nn.Module, _: torch.optim.Optimizer) -> None:
+        for p in m.parameters():  # the old idiom: moves no version counter
+            p.grad.data.zero_()
+
+    def extra_backward_first(m: nn.Module, o: torch.optim.Optimizer) -> None:
+        # a second loss's backward before the loop clears (a GAN's discriminator pass, a
+        # logging pass): it adds to the last step's gradients, which the clearing then drops
+        m(torch.randn(4, 8)).sum().backward()
+        o.zero_grad()
+
     clears: dict[str, dict] = {
         "to_none": {"clear_after": lambda _, o: o.zero_grad(set_to_none=True)},
         "zeroed": {"clear_after": lambda _, o: o.zero_grad(set_to_none=False)},
@@ -70,6 +80,8 @@ def test_every_way_of_clearing_the_gradients_is_quiet(tmp_path: Path, how: str) 
         "before_backward": {"clear_before": lambda _, o: o.zero_grad()},
         "by_hand": {"clear_after": by_hand},
         "accumulating": {"clear_after": lambda _, o: o.zero_grad(), "micro": 4},
+        "through_data": {"clear_after": through_data},
+        "extra_backward_first": {"clear_after": extra_backward_first},
     }
     loop(guard, model, optimizer, 12, **clears[how])
     guard.close()
@@ -108,9 +120,9 @@ def test_the_hook_leaves_the_gradients_and_the_weights_as_they_were(tmp_path: Pa
                 optimizer.step()
             optimizer.zero_grad(set_to_none=False)
         if guard is not None:
-            assert model[0].weight._backward_hooks  # step 10 is checked
+            assert model[2].bias._backward_hooks  # step 10 is checked
             guard.close()
-            assert not model[0].weight._backward_hooks
+            assert not model[2].bias._backward_hooks
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
 
@@ -123,5 +135,5 @@ def test_a_loop_that_stops_clearing_mid_run_is_told_within_the_checks_cadence(
     loop(guard, model, optimizer, 15)  # its zero_grad() no longer runs
     [event] = stale(guard)
     assert 23 < event.step <= 23 + EVERY
-    assert not model[0].weight._backward_hooks  # told once: the hook is gone
+    assert not model[2].bias._backward_hooks  # told once: the hook is gone
     guard.close()

@@ -4,22 +4,29 @@ Autograd adds each backward's gradients to what `.grad` already holds. A loop th
 them steps, at step N, on the sum of every gradient since the first: nothing fails, the updates
 grow step after step until the run degrades (the gradient norm climbs like a sum, not like
 noise). Norms alone cannot tell that from a run whose gradients grow; the gradient's own tensor
-can. When `Guard.step` returns, the Guard notes one trained parameter's `.grad` (a weak
-reference, and its version counter, which every in-place change bumps); a hook on that parameter
-looks at the first backward after it, before its gradient is added: the same tensor at the same
-version is the last step's gradient, neither set to None nor zeroed. No device work: the hook
-is in place for the first `FIRST` steps, then one step in `EVERY` (a loop that stops clearing
-mid-run is told within `EVERY` steps), a few microseconds each: under a microsecond a step.
+can. When `Guard.step` returns, the Guard notes one trained parameter's `.grad` (the smallest
+with a gradient: a weak reference, and its version counter, which every in-place change bumps);
+a hook on that parameter sees each backward before its gradient is added. The gradients were
+cleared when one of them finds `.grad` set to None, another tensor, or a version that moved
+(`zero_grad()` in either form). When none did, and the gradient the first of them found was
+not all zeros (`p.grad.data.zero_()` moves no version), the next `Guard.step` tells it: the step
+applied the last step's gradients again. A backward before the loop clears (a second loss, a
+logging pass) is no fault when a clearing follows it.
+
+Cheap: the hook is in place for the first `FIRST` steps, then one step in `EVERY` (a loop that
+stops clearing mid-run is told within `EVERY` steps); a few microseconds each, under a
+microsecond a step. The one device value (the largest magnitude of the gradient found) is
+computed, and read by the next step, only when no clearing was seen.
 
 Only the plain-loop Guard watches: under a trainer (the HF and Lightning callbacks) the trainer
-clears the gradients.
+clears the gradients. Under FSDP a step's gradients are new tensors, and nothing is told.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -35,80 +42,102 @@ EVERY = 10
 
 
 class StaleGrads:
-    """Tells, once per run, a step whose backward added to the step before's gradients."""
+    """Tells, once per run, a step that applied the step before's gradients again."""
 
-    def __init__(self, named: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
-        first = next(((n, p) for n, p in named if p.requires_grad), None)
-        self.name = first[0] if first is not None else ""
-        self.param: torch.nn.Parameter | None = first[1] if first is not None else None
+    def __init__(self, trained: Sequence[tuple[str, torch.nn.Parameter]]) -> None:
+        self.trained = [(name, p) for name, p in trained if p.requires_grad]
+        self.name = ""
+        self.param: torch.nn.Parameter | None = None
+        """The parameter watched: chosen at the first checked step it has a gradient."""
         self.seen: weakref.ref[torch.Tensor] | None = None
-        """The parameter's `.grad` when the last `Guard.step` returned (None: none, or not
-        watching until the next one returns)."""
+        """The parameter's `.grad` when the last checked `Guard.step` returned (None: not
+        checking, or a clearing was seen since)."""
         self.version = -1
+        """The version `.grad` has if nothing but autograd's additions touched it since."""
+        self.found: torch.Tensor | None = None
+        """The largest magnitude of the gradient the first backward found (on the device)."""
         self.stale_at: int | None = None
-        """The step whose backward found the gradients not cleared (None: none did)."""
-        self.reported = False
         self.steps = 0
         self._handle: RemovableHandle | None = None
         """The hook, in place from a checked step's end to the next step's end."""
 
     def _before_added(self, grad: torch.Tensor) -> None:
-        """The first backward after a step: is `.grad` still that step's?"""
-        seen, self.seen = self.seen, None
+        """A backward is about to add to the watched `.grad`: was it cleared since the step?"""
+        seen = self.seen
         if seen is None or self.param is None:
             return
         try:
             held = self.param.grad
-            if held is not None and held is seen() and held._version == self.version:
-                self.stale_at = self.steps if self.stale_at is None else self.stale_at
+            if held is None or held is not seen() or held._version != self.version:
+                self.seen = None  # cleared: nothing to tell for this step
+                return
+            if self.found is None:
+                self.found = held.detach().abs().amax()
+            self.version = held._version + 1  # autograd adds this backward's gradient in place
         except Exception as exc:  # a hook in the loop's backward must never fail it
             log.debug("trainguard: the gradient check failed (%s)", exc)
-
-    def step_ended(self, steps: int) -> None:
-        """`Guard.step` returned; `steps`, the index of the next step, whose first backward is
-        checked when it is due (`FIRST`, `EVERY`)."""
-        self.steps, self.seen = steps, None
-        param = self.param
-        due = param is not None and not self.reported and (steps <= FIRST or steps % EVERY == 0)
-        if not due:
-            if self._handle is not None:
-                self._handle.remove()
-                self._handle = None
-            return
-        assert param is not None
-        grad = param.grad
-        if grad is None:
-            return
-        if self._handle is None:
-            try:
-                self._handle = param.register_hook(self._before_added)
-            except RuntimeError:  # a parameter that takes no hooks: nothing is watched
-                self.param = None
-                return
-        self.seen, self.version = weakref.ref(grad), grad._version
-
-    def pause(self) -> None:
-        """Backward passes of trainguard's own (a proof's replays) until `step_ended`."""
-        self.seen = None
+            self.seen = None
 
     def check(self) -> Event | None:
-        """The warning, the first time a step's backward found the gradients not cleared."""
-        step = self.stale_at
-        if step is None or self.reported:
+        """Before a step: the error, the first time the gradients it is about to apply hold
+        the last step's (once per run)."""
+        found, self.found = self.found, None
+        if self.stale_at is not None or found is None or self.seen is None:
             return None
-        self.reported = True
+        if not float(found) > 0:  # zeroed through `.data`: cleared
+            return None
+        step = self.stale_at = self.steps
         return Event(
             kind="grads_not_cleared", step=step, severity="error",
             message=(f"the gradients of step {step - 1} were still in .grad ({self.name}'s, "
                      f"neither set to None nor zeroed) when the backward of step {step} added "
-                     "to them: the loop never clears them, so each update applies the sum of "
+                     "to them: the loop does not clear them, so each update applies the sum of "
                      "every gradient so far and the steps grow until the run degrades. Fix: "
                      "call optimizer.zero_grad(set_to_none=True) after guard.step (or before "
                      "loss.backward())"),
             param=self.name, details={"cause": "grads_not_cleared"})
 
-    def close(self) -> None:
+    def step_ended(self, steps: int) -> None:
+        """`Guard.step` returned; `steps`, the index of the next step, whose backward passes
+        are watched when it is due (`FIRST`, `EVERY`)."""
+        self.steps, self.seen, self.found = steps, None, None
+        due = self.stale_at is None and (steps <= FIRST or steps % EVERY == 0)
+        if not due:
+            self._unhook()
+            return
+        if self.param is None or self.param.grad is None:
+            self._watch()
+        param = self.param
+        grad = param.grad if param is not None else None
+        if param is None or grad is None:
+            return
+        if self._handle is None:
+            try:
+                self._handle = param.register_hook(self._before_added)
+            except RuntimeError:  # a parameter that takes no hooks: nothing is watched
+                self.trained = [(n, p) for n, p in self.trained if p is not param]
+                self.param = None
+                return
+        self.seen, self.version = weakref.ref(grad), grad._version
+
+    def _watch(self) -> None:
+        """Watch the smallest trained parameter that has a gradient (a hook moves with it)."""
+        with_grad = [(p.numel(), i) for i, (_, p) in enumerate(self.trained)
+                     if p.grad is not None]
+        if not with_grad:
+            return
+        self._unhook()
+        self.name, self.param = self.trained[min(with_grad)[1]]
+
+    def pause(self) -> None:
+        """Backward passes of trainguard's own (a proof's replays) until `step_ended`."""
+        self.seen, self.found = None, None
+
+    def _unhook(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        self.seen = None
+
+    def close(self) -> None:
+        self._unhook()
+        self.seen, self.found = None, None

@@ -24,6 +24,7 @@ def _precursor(step: int) -> Event:
     ("bad_start", "warning", True),
     ("nonfinite_loss", "error", True),
     ("nonfinite_grad", "error", True),
+    ("nonfinite_metric", "warning", False),  # a trainer's metric, not the loss or gradients
     ("update_too_large", "warning", False),  # the weights moved far, the loss not yet
     ("lr_change", "info", False),
     ("instability_precursor", "warning", False),
@@ -53,6 +54,18 @@ def test_a_precursor_told_late_from_before_the_trouble_stays_a_warning() -> None
     # a calm row's event comes at the next full step, ahead of that step's own events
     told = Aftermath().tell([_precursor(40), Event("grad_explosion", 41, "error", "norm")])
     assert told[0].severity == "warning"
+
+
+def test_each_precursor_is_told_after_the_latest_trouble_before_it() -> None:
+    """Rows told late hold several troubles: a precursor after the first, one after the second,
+    and one before both, in the order the detectors raised them."""
+    told = Aftermath().tell([_precursor(10), Event("loss_divergence", 11, "error", "up"),
+                             _precursor(12), Event("grad_explosion", 40, "error", "norm"),
+                             _precursor(41), _precursor(40)])
+    assert [e.severity for e in told if e.kind == "instability_precursor"] == [
+        "warning", "info", "info", "info"]
+    assert [e.details.get("aftermath_step") for e in told
+            if e.kind == "instability_precursor"] == [None, 11, 40, 40]
 
 
 def test_the_window_survives_a_checkpoint() -> None:

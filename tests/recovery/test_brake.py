@@ -235,7 +235,8 @@ def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
     from trainguard.remedies.clip_chain import ClipChain
     from trainguard.sinks import SinkSet
 
-    def warned_at(step: int, alarms: list[tuple[int, bool]]) -> list[str]:
+    def warned_at(step: int, alarms: list[tuple[int, bool]],
+                  severity: str = "warning") -> list[str]:
         model = nn.Linear(2, 1)
         optimizer = torch.optim.Adam(model.parameters(), lr=LR)
         state = RunState(clip=ClipChain.init(GuardConfig()), batches=BatchWatch(model, None),
@@ -244,7 +245,7 @@ def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
         for at, trouble in alarms:
             state.clip.alarm(at, trouble=trouble)
         ctx = StepContext(step=step, loss=None)
-        ctx.events = [Event(kind="instability_precursor", step=step, severity="warning",
+        ctx.events = [Event(kind="instability_precursor", step=step, severity=severity,  # type: ignore[arg-type]
                             message="rising", param="w", details={"signal": "logz_max"})]
         pull_brake(ctx, state)
         return [a.kind for a in ctx.actions]
@@ -253,3 +254,6 @@ def test_a_warning_after_a_spike_is_the_damage_and_pulls_no_brake() -> None:
     assert warned_at(80, [(80, True), (80, False)]) == []  # in the spike's own step
     assert warned_at(81, [(81, False)]) == ["lr_change"]  # a precursor before any trouble
     assert warned_at(130, [(80, True)]) == ["lr_change"]  # long after the trouble
+    # told as a trouble's aftermath (`detect/aftermath.py`: after a blown-up start or a NaN,
+    # which do not alarm the clip, or with the adaptive clip off): no brake either
+    assert warned_at(81, [], severity="info") == []

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainguard.detect.trainer_metrics import KL, first
-from trainguard.events import Event
+from trainguard.events import Event, at_least
 from trainguard.pipeline.context import Measured, StepContext
 from trainguard.pipeline.policy import Decision
 from trainguard.pipeline.services import Services
@@ -97,7 +97,8 @@ def pull_brake(ctx: StepContext, state: RunState) -> None:
     """An `instability_precursor` warning pulls the LR brake before the update is applied; one
     that comes back sets a lasting LR ceiling (`recovery.brake`)."""
     brake, recovery = state.brake, state.recovery
-    warning = next((e for e in ctx.events if e.kind == Kind.INSTABILITY_PRECURSOR), None)
+    warning = next((e for e in ctx.events if e.kind == Kind.INSTABILITY_PRECURSOR
+                    and at_least(e.severity, "warning")), None)  # not a trouble's aftermath
     if brake is None or warning is None or (recovery is not None and recovery.lr.active):
         return
     if state.clip.after_trouble(ctx.step):

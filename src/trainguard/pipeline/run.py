@@ -455,6 +455,9 @@ class Run:
         if calm is None or not (calm.rows or calm.held) or self.closed:
             return
         late = calm.hand_over()  # what rows handed over before raised comes first
+        precursor = self.state.precursor()
+        if precursor is not None and late:  # as `detect` tells them (`detect/aftermath.py`)
+            late = precursor.aftermath.tell(late)
         for event in late:
             self.emit_event(event)
         if not late:
