@@ -54,7 +54,8 @@ def test_a_loop_without_zero_grad_is_told_once_with_the_fix_and_the_cause(
 
 
 @pytest.mark.parametrize("how", ["to_none", "zeroed", "model", "before_backward", "by_hand",
-                                 "accumulating", "through_data", "extra_backward_first"])
+                                 "accumulating", "through_data", "extra_backward_first",
+                                 "autograd_grad_first", "functional"])
 def test_every_way_of_clearing_the_gradients_is_quiet(tmp_path: Path, how: str) -> None:
     model, optimizer = setup()
     guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run")
@@ -73,6 +74,11 @@ def test_every_way_of_clearing_the_gradients_is_quiet(tmp_path: Path, how: str) 
         m(torch.randn(4, 8)).sum().backward()
         o.zero_grad()
 
+    def autograd_grad_first(m: nn.Module, o: torch.optim.Optimizer) -> None:
+        # a gradient probe through torch.autograd.grad (adds nothing to .grad), then the clearing
+        torch.autograd.grad(m(torch.randn(4, 8)).pow(2).mean(), list(m.parameters()))
+        o.zero_grad(set_to_none=False)
+
     clears: dict[str, dict] = {
         "to_none": {"clear_after": lambda _, o: o.zero_grad(set_to_none=True)},
         "zeroed": {"clear_after": lambda _, o: o.zero_grad(set_to_none=False)},
@@ -82,8 +88,17 @@ def test_every_way_of_clearing_the_gradients_is_quiet(tmp_path: Path, how: str) 
         "accumulating": {"clear_after": lambda _, o: o.zero_grad(), "micro": 4},
         "through_data": {"clear_after": through_data},
         "extra_backward_first": {"clear_after": extra_backward_first},
+        "autograd_grad_first": {"clear_after": autograd_grad_first},
     }
-    loop(guard, model, optimizer, 12, **clears[how])
+    if how == "functional":  # gradients from torch.autograd.grad, assigned: nothing adds
+        for _ in range(12):
+            loss = nn.functional.mse_loss(model(torch.randn(16, 8)), torch.randn(16, 1))
+            params = list(model.parameters())
+            for p, grad in zip(params, torch.autograd.grad(loss, params), strict=True):
+                p.grad = grad
+            guard.step(loss.detach())
+    else:
+        loop(guard, model, optimizer, 12, **clears[how])
     guard.close()
     assert stale(guard) == []
 
@@ -136,4 +151,18 @@ def test_a_loop_that_stops_clearing_mid_run_is_told_within_the_checks_cadence(
     [event] = stale(guard)
     assert 23 < event.step <= 23 + EVERY
     assert not model[2].bias._backward_hooks  # told once: the hook is gone
+    guard.close()
+
+
+def test_a_parameter_of_no_elements_is_not_the_one_watched(tmp_path: Path) -> None:
+    model, _ = setup()
+    model.register_parameter("empty", nn.Parameter(torch.zeros(0)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    for _ in range(3):
+        x = torch.randn(16, 8)
+        (nn.functional.mse_loss(model(x), torch.randn(16, 1)) + model.empty.sum()).backward()
+        guard.step(None)
+    [event] = stale(guard)
+    assert event.param == "2.bias"
     guard.close()

@@ -6,12 +6,13 @@ grow step after step until the run degrades (the gradient norm climbs like a sum
 noise). Norms alone cannot tell that from a run whose gradients grow; the gradient's own tensor
 can. When `Guard.step` returns, the Guard notes one trained parameter's `.grad` (the smallest
 with a gradient: a weak reference, and its version counter, which every in-place change bumps);
-a hook on that parameter sees each backward before its gradient is added. The gradients were
-cleared when one of them finds `.grad` set to None, another tensor, or a version that moved
-(`zero_grad()` in either form). When none did, and the gradient the first of them found was
-not all zeros (`p.grad.data.zero_()` moves no version), the next `Guard.step` tells it: the step
-applied the last step's gradients again. A backward before the loop clears (a second loss, a
-logging pass) is no fault when a clearing follows it.
+hooks on that parameter see each backward before and after its gradient is added. The gradients
+were cleared when one of them finds `.grad` set to None, another tensor, or a version that moved
+other than by autograd's own additions (`zero_grad()` in either form; `torch.autograd.grad`
+adds nothing, and only an addition autograd confirms counts). When none did, and the gradient
+the first addition found was not all zeros (`p.grad.data.zero_()` moves no version), the next
+`Guard.step` tells it: the step applied the last step's gradients again. A backward before the
+loop clears (a second loss, a logging pass) is no fault when a clearing follows it.
 
 Cheap: the hook is in place for the first `FIRST` steps, then one step in `EVERY` (a loop that
 stops clearing mid-run is told within `EVERY` steps); a few microseconds each, under a
@@ -55,14 +56,19 @@ class StaleGrads:
         self.version = -1
         """The version `.grad` has if nothing but autograd's additions touched it since."""
         self.found: torch.Tensor | None = None
-        """The largest magnitude of the gradient the first backward found (on the device)."""
+        """The largest magnitude of the gradient the first backward that added to it found
+        (on the device)."""
+        self.pending: torch.Tensor | None = None
+        """The same, measured before the add, until autograd confirms it added."""
         self.stale_at: int | None = None
         self.steps = 0
-        self._handle: RemovableHandle | None = None
-        """The hook, in place from a checked step's end to the next step's end."""
+        self._handles: list[RemovableHandle] = []
+        """The hooks (before and after the add), in place from a checked step's end to the
+        next step's end."""
 
     def _before_added(self, grad: torch.Tensor) -> None:
-        """A backward is about to add to the watched `.grad`: was it cleared since the step?"""
+        """A backward (or `torch.autograd.grad`, which adds nothing) reached the watched
+        parameter: was `.grad` cleared since the step?"""
         seen = self.seen
         if seen is None or self.param is None:
             return
@@ -71,17 +77,34 @@ class StaleGrads:
             if held is None or held is not seen() or held._version != self.version:
                 self.seen = None  # cleared: nothing to tell for this step
                 return
-            if self.found is None:
-                self.found = held.detach().abs().amax()
-            self.version = held._version + 1  # autograd adds this backward's gradient in place
+            if self.found is None and self.pending is None:
+                self.pending = held.detach().abs().amax()
         except Exception as exc:  # a hook in the loop's backward must never fail it
+            log.debug("trainguard: the gradient check failed (%s)", exc)
+            self.seen = None
+
+    def _added(self, param: torch.Tensor) -> None:
+        """Autograd added to the watched `.grad`: in place, on the tensor the step left, it
+        is that gradient plus this one."""
+        seen = self.seen
+        if seen is None:
+            return
+        try:
+            held = param.grad
+            if held is None or held is not seen() or held._version != self.version + 1:
+                self.seen = None  # added out of place, or touched besides: not followed
+                return
+            self.version = held._version
+            if self.found is None:
+                self.found = self.pending
+        except Exception as exc:
             log.debug("trainguard: the gradient check failed (%s)", exc)
             self.seen = None
 
     def check(self) -> Event | None:
         """Before a step: the error, the first time the gradients it is about to apply hold
         the last step's (once per run)."""
-        found, self.found = self.found, None
+        found, self.found, self.pending = self.found, None, None
         if self.stale_at is not None or found is None or self.seen is None:
             return None
         if not float(found) > 0:  # zeroed through `.data`: cleared
@@ -100,7 +123,7 @@ class StaleGrads:
     def step_ended(self, steps: int) -> None:
         """`Guard.step` returned; `steps`, the index of the next step, whose backward passes
         are watched when it is due (`FIRST`, `EVERY`)."""
-        self.steps, self.seen, self.found = steps, None, None
+        self.steps, self.seen, self.found, self.pending = steps, None, None, None
         due = self.stale_at is None and (steps <= FIRST or steps % EVERY == 0)
         if not due:
             self._unhook()
@@ -111,10 +134,12 @@ class StaleGrads:
         grad = param.grad if param is not None else None
         if param is None or grad is None:
             return
-        if self._handle is None:
+        if not self._handles:
             try:
-                self._handle = param.register_hook(self._before_added)
+                self._handles = [param.register_hook(self._before_added),
+                                 param.register_post_accumulate_grad_hook(self._added)]
             except RuntimeError:  # a parameter that takes no hooks: nothing is watched
+                self._unhook()
                 self.trained = [(n, p) for n, p in self.trained if p is not param]
                 self.param = None
                 return
@@ -123,7 +148,7 @@ class StaleGrads:
     def _watch(self) -> None:
         """Watch the smallest trained parameter that has a gradient (a hook moves with it)."""
         with_grad = [(p.numel(), i) for i, (_, p) in enumerate(self.trained)
-                     if p.grad is not None]
+                     if p.grad is not None and p.numel() > 0 and not p.grad.is_sparse]
         if not with_grad:
             return
         self._unhook()
@@ -131,13 +156,13 @@ class StaleGrads:
 
     def pause(self) -> None:
         """Backward passes of trainguard's own (a proof's replays) until `step_ended`."""
-        self.seen, self.found = None, None
+        self.seen, self.found, self.pending = None, None, None
 
     def _unhook(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def close(self) -> None:
         self._unhook()
-        self.seen, self.found = None, None
+        self.seen, self.found, self.pending = None, None, None
