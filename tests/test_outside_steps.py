@@ -46,14 +46,21 @@ def test_the_loops_own_optimizer_step_is_named_once_with_the_fix(tmp_path: Path)
         assert "remove the loop's optimizer.step()" in event.message
 
 
-def test_the_readme_loop_and_a_proof_between_steps_are_not_outside_steps(tmp_path: Path) -> None:
-    model, optimizer = setup()
+def guard_with_replay(model: nn.Module, optimizer: torch.optim.Optimizer,
+                      run_dir: Path) -> Guard:
+    """A Guard that can prove steps between them (`guard.prove`), whose replays take steps
+    and run backward passes of their own."""
 
     def replay(model: nn.Module, batch: dict) -> torch.Tensor:
         return nn.functional.mse_loss(model(batch["x"]), batch["y"])
 
-    guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run",
-                  replay_fn=replay)
+    return Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=run_dir,
+                 replay_fn=replay)
+
+
+def test_the_readme_loop_and_a_proof_between_steps_are_not_outside_steps(tmp_path: Path) -> None:
+    model, optimizer = setup()
+    guard = guard_with_replay(model, optimizer, tmp_path / "run")
     loop(guard, model, optimizer, 10)
     guard.prove({"x": torch.randn(16, 8), "y": torch.randn(16, 1)})  # replays take steps
     loop(guard, model, optimizer, 10)

@@ -12,6 +12,8 @@ from torch import nn
 from trainguard import Guard, GuardConfig
 from trainguard.stale_grads import EVERY
 
+from .test_outside_steps import guard_with_replay
+
 QUIET = {"sinks": {"console": False}, "probes": {"preflight": False}}
 Clear = Callable[[nn.Module, torch.optim.Optimizer], None]
 
@@ -105,12 +107,7 @@ def test_every_way_of_clearing_the_gradients_is_quiet(tmp_path: Path, how: str) 
 
 def test_a_proof_between_steps_is_not_the_loop_forgetting(tmp_path: Path) -> None:
     model, optimizer = setup()
-
-    def replay(model: nn.Module, batch: dict) -> torch.Tensor:
-        return nn.functional.mse_loss(model(batch["x"]), batch["y"])
-
-    guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run",
-                  replay_fn=replay)
+    guard = guard_with_replay(model, optimizer, tmp_path / "run")
     clear = {"clear_after": lambda _, o: o.zero_grad(set_to_none=False)}
     loop(guard, model, optimizer, 5, **clear)
     guard.prove({"x": torch.randn(16, 8), "y": torch.randn(16, 1)})
