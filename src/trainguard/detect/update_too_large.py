@@ -86,7 +86,8 @@ class UpdateTooLarge(Detector):
             return [self.event(
                 sample.step, "warning",
                 f"the update of step {sample.step} moved the typical weight by "
-                f"{typical:.0%} of its norm (median ||dW||/||W|| over {len(sized)} weights of "
+                f"{typical:.0%} of its norm (median ||dW||/||W|| over {len(sized)} "
+                f"weight{'s' if len(sized) != 1 else ''} of "
                 f"{MIN_ELEMENTS}+ elements; the most, {values[worst]:.0%}, {largest}): a healthy "
                 f"fine-tuning step moves weights by 0.1-1%, and at this LR the weights are "
                 f"rewritten within a few steps",

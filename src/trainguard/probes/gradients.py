@@ -26,6 +26,8 @@ class GradientProbe:
         devices = {p.device for p in watched.params}
         self.one_device = len(devices) == 1
         self.has_half = any(p.dtype == torch.float16 for p in watched.params)
+        self.sparse = False
+        """A gradient was sparse (`nn.Embedding(sparse=True)`): norms are taken of the values."""
 
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
         """Indices (into the watched list) and tensors of the gradients present this step."""
@@ -46,7 +48,7 @@ class GradientProbe:
         global norm."""
         index, grads = self.grads()
         if grads:
-            norms = float32_norms(grads)
+            norms = self._norms(grads)
             stacked = torch.stack(norms if self.one_device else [n.to(device) for n in norms])
             if len(grads) == len(self.watched):
                 per_param = stacked
@@ -59,9 +61,27 @@ class GradientProbe:
             global_norm = per_param.sum()
         pack.add("grad_norm", global_norm)
         pack.add("param_grad_norm", per_param)
-        half = [g for g in grads if g.dtype == torch.float16] if self.has_half else []
+        half = ([_values(g) for g in grads if g.dtype == torch.float16] if self.has_half
+                else [])
         if half:
             maxes = torch._foreach_norm(half, float("inf"), dtype=torch.float32)
             pack.add("fp16_grad_maxabs", torch.stack([m.to(device) for m in maxes]).amax())
         return index, grads, per_param, global_norm
 
+
+    def _norms(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`float32_norms` of the gradients; a sparse one, which the fused norm cannot take,
+        by its values (its other elements are zeros: the same norm, the same NaN)."""
+        if not self.sparse:
+            try:
+                return float32_norms(grads)
+            except (NotImplementedError, RuntimeError):
+                if not any(g.is_sparse for g in grads):
+                    raise
+                self.sparse = True
+        return float32_norms([_values(g) for g in grads])
+
+
+def _values(grad: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient's values, its duplicate indices summed; a dense one as it is."""
+    return grad.coalesce()._values() if grad.is_sparse else grad
