@@ -343,3 +343,23 @@ def test_a_run_that_ends_inside_trouble_is_judged_by_the_losses_since_it_began()
     # trouble on the very last steps leaves too few losses after it to judge by
     last = _track([*calm, 1000.0, 900.0], trouble={150})
     assert last.verdict() is not None and last.verdict().verdict == "recovered"
+
+
+def test_trouble_from_the_first_steps_and_back_to_the_start_says_it_ended_no_lower() -> None:
+    """An LR far too high from step 0: the loss blows up at once and comes back to where the
+    model started. Recovered, and said to have ended no lower than where it started; a run
+    whose trouble came after it had learned is told as before."""
+    early = LossTrack()
+    for step, loss in enumerate([5.1, 9.0, 24.0] + [5.2 + 15 * math.exp(-i / 8)
+                                                    for i in range(100)]):
+        early.observe(step, loss, trouble=1 <= step <= 2)
+    verdict = early.verdict()
+    assert verdict is not None and verdict.verdict == "recovered"
+    assert verdict.message.endswith("(step 1), where it started: it ended no lower")
+    later = LossTrack()
+    losses = [5.1 - 0.02 * i for i in range(40)] + [24.0, 10.0] + [4.3] * 100
+    for step, loss in enumerate(losses):
+        later.observe(step, loss, trouble=40 <= step <= 41)
+    told = later.verdict()
+    assert told is not None and told.verdict == "recovered"
+    assert "where it started" not in told.message

@@ -99,12 +99,16 @@ class LossTrack:
         """The steps of `recent`'s losses."""
         self.trouble_steps: deque[int] = deque(maxlen=window)
         """The last steps with trouble (a warning or worse)."""
+        self.trouble_at_start = False
+        """The first trouble came before the run's third loss: the level before it is where
+        the run started."""
 
     def observe(self, step: int, loss: float | None, *, trouble: bool) -> None:
         if trouble and self.trouble_step is None:
             self.trouble_step = step
-            self.before_trouble = (statistics.median(self.recent) if len(self.recent) >= 3
-                                   else self._start())
+            self.trouble_at_start = len(self.recent) < 3
+            self.before_trouble = (self._start() if self.trouble_at_start
+                                   else statistics.median(self.recent))
         if trouble:
             self.trouble_steps.append(step)
         if loss is None:
@@ -206,9 +210,11 @@ class LossTrack:
         if self.trouble_step is not None:
             how = ("no worse than" if final <= reference
                    else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
+            unlearned = (", where it started: it ended no lower"
+                         if self.trouble_at_start and final >= reference else "")
             return RunVerdict(RECOVERED, f"the loss ended at {final:.4g}, {how} the "
-                              f"{reference:.4g} it was {against}", start, self.before_trouble,
-                              final, self.trouble_step)
+                              f"{reference:.4g} it was {against}{unlearned}", start,
+                              self.before_trouble, final, self.trouble_step)
         return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g} (the medians "
                           f"of its first {self.window // 2} and last {len(tail)} losses)", start,
                           None, final, None)
@@ -269,6 +275,7 @@ class LossTrack:
                 "trouble_steps": list(self.trouble_steps),
                 "before_trouble": self.before_trouble, "trouble_step": self.trouble_step,
                 "nonfinite_tail": self.nonfinite_tail, "start": list(self.start),
+                "trouble_at_start": self.trouble_at_start,
                 "best": self.best, "seen": self.seen, "history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -278,6 +285,7 @@ class LossTrack:
         trouble = state.get("trouble_step")
         self.trouble_step = None if trouble is None else int(trouble)
         self.nonfinite_tail = int(state.get("nonfinite_tail", 0))
+        self.trouble_at_start = bool(state.get("trouble_at_start", False))
         self.start = [float(v) for v in state.get("start", state["first"])]
         best = state.get("best")
         self.best = None if best is None else float(best)
