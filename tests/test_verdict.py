@@ -363,3 +363,14 @@ def test_trouble_from_the_first_steps_and_back_to_the_start_says_it_ended_no_low
     told = later.verdict()
     assert told is not None and told.verdict == "recovered"
     assert "where it started" not in told.message
+
+
+def test_trouble_at_the_very_first_step_adds_no_clause() -> None:
+    """Trouble before any loss: the level before it is unknown and the run is judged against
+    its start, told once."""
+    track = LossTrack()
+    for step, loss in enumerate([5.1] + [5.3] * 30):
+        track.observe(step, loss, trouble=step == 0)
+    verdict = track.verdict()
+    assert verdict is not None and verdict.verdict == "recovered"
+    assert "where it started" not in verdict.message

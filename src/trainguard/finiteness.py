@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from trainguard.errors import UsageError
+from trainguard.probes.norms import dense_values
 from trainguard.transfer import to_host
 
 
@@ -38,7 +39,7 @@ def _floats(tensors: Iterable[Any]) -> list[torch.Tensor]:
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0:
             local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
-            found.append(local.detach())
+            found.append(dense_values(local.detach()))  # a sparse momentum: its values
     return found
 
 

@@ -211,7 +211,8 @@ class LossTrack:
             how = ("no worse than" if final <= reference
                    else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
             unlearned = (", where it started: it ended no lower"
-                         if self.trouble_at_start and final >= reference else "")
+                         if self.trouble_at_start and self.before_trouble is not None
+                         and final >= reference else "")
             return RunVerdict(RECOVERED, f"the loss ended at {final:.4g}, {how} the "
                               f"{reference:.4g} it was {against}{unlearned}", start,
                               self.before_trouble, final, self.trouble_step)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -52,3 +54,24 @@ def test_a_sparse_gradient_is_measured_clipped_and_its_nan_found(tmp_path: Path)
     assert "monitor_error" not in kinds
     assert "nonfinite_grad" in kinds
     assert torch.isfinite(model.emb.weight).all()  # the NaN step skipped
+
+
+def test_sgd_momentum_of_a_sparse_gradient_is_read_on_sampled_steps_and_at_a_checkpoint(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SGD keeps a sparse momentum for a sparse gradient: the sampled probes and the
+    checkpoint's finiteness check read it by its values."""
+    torch.manual_seed(0)
+    model = Bag()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    guard = Guard(model, optimizer, config=GuardConfig(**QUIET), run_dir=tmp_path / "run")
+    with caplog.at_level(logging.ERROR, logger="trainguard"):
+        for _ in range(55):  # sampled at steps 0 and 50
+            loss = _step(model, torch.randint(0, 100, (16, 6)))
+            guard.step(loss.detach())
+            optimizer.zero_grad()
+        health = guard.checkpoint_health()
+        assert health is not None and health.weights_finite and health.optimizer_finite
+    guard.close()
+    assert optimizer.state[model.emb.weight]["momentum_buffer"].is_sparse
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "monitor_error" not in {e.kind for e in guard.events}

@@ -458,7 +458,7 @@ class CalmLane:
         self.lrs = lrs if lrs is not None else tuple(g["lr"] for g in groups)
         probe = services.watch.grad_probe
         self.plain = (list(services.watched.params)
-                      if probe.one_device and not probe.has_half and not any(
+                      if probe.one_device and not probe.has_half and not probe.sparse and not any(
                           p.dtype == torch.float64 for p in services.watched.params)
                       else None)
         loss, norm = math.inf, math.inf
