@@ -208,17 +208,22 @@ class LossTrack:
                               + (f"; {stall_reason}" if stall_reason else ""), start,
                               self.before_trouble, final, self.trouble_step)
         if self.trouble_step is not None:
-            how = ("no worse than" if final <= reference
-                   else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
-            unlearned = (", where it started: it ended no lower"
-                         if self.trouble_at_start and self.before_trouble is not None
-                         and final >= reference else "")
-            return RunVerdict(RECOVERED, f"the loss ended at {final:.4g}, {how} the "
-                              f"{reference:.4g} it was {against}{unlearned}", start,
-                              self.before_trouble, final, self.trouble_step)
+            return self._recovered(start, reference, final, against)
         return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g} (the medians "
                           f"of its first {self.window // 2} and last {len(tail)} losses)", start,
                           None, final, None)
+
+    def _recovered(self, start: float, reference: float, final: float,
+                   against: str) -> RunVerdict:
+        how = ("no worse than" if final <= reference
+               else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
+        # trouble before the third loss: the level before it is where the run started
+        unlearned = (", where it started: it ended no lower"
+                     if self.trouble_at_start and self.before_trouble is not None
+                     and final >= reference else "")
+        return RunVerdict(RECOVERED, f"the loss ended at {final:.4g}, {how} the "
+                          f"{reference:.4g} it was {against}{unlearned}", start,
+                          self.before_trouble, final, self.trouble_step)
 
     def _shown_at_the_end(self, start: float, final: float,
                           broken_output: tuple[int, str] | None,
