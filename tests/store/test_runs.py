@@ -12,7 +12,7 @@ import pytest
 
 from trainguard import RunReader, StoreError
 from trainguard.cli import main
-from trainguard.events import Event
+from trainguard.events import Event, RunError
 from trainguard.store import DB_NAME, RunStore, RunStoreSink, schema
 
 from .helpers import cli, listing, run_info, step_report
@@ -221,3 +221,27 @@ def test_resume_from_an_older_checkpoint_keeps_the_steps_after_it(tmp_path: Path
         assert [r["loss"] for r in rows[10:]] == [1.0, 1.0]
         [resume] = reader.meta()["resumes"]
         assert (resume["at"], resume["counted_from"], resume["offset"]) == (10, 6, 4)
+
+
+def test_a_run_resumed_after_ctrl_c_that_finishes_is_finished(tmp_path: Path, capsys) -> None:
+    """The Ctrl-C ended the first process, not the run the second one finished: `show` says
+    finished, and when it was resumed and why."""
+    sink = RunStoreSink(tmp_path)
+    sink.on_run_start(run_info(tmp_path))
+    for step in range(5):
+        sink.on_step(step_report(step, loss=2.0))
+    sink.on_run_error(RunError(type="KeyboardInterrupt", message=""))
+    sink.on_run_end("interrupted")
+    sink.close()
+    record(tmp_path, 3, loss=1.0, resume=True)
+    with RunReader(tmp_path) as reader:
+        summary = reader.summary()
+        assert summary["status"] == "finished" and summary["error"] is None
+        [resume] = reader.meta()["resumes"]
+        assert resume["after"] == "KeyboardInterrupt"
+    assert main(["show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "finished by" not in out
+    assert "resumed at step 5 after the process before it ended by KeyboardInterrupt" in out
+    assert main(["runs", str(tmp_path)]) == 0
+    assert "ended by" not in capsys.readouterr().out

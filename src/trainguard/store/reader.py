@@ -653,6 +653,10 @@ class RunReader:
                          "records of a run that never closed may be missing")
         resumes = meta.get("resumes", [])
         for resume in resumes if isinstance(resumes, list) else []:
+            after = resume.get("after") if isinstance(resume, dict) else None
+            if isinstance(after, str) and isinstance(resume.get("at"), int):
+                notes.append(f"resumed at step {resume['at']} after the process before it "
+                             f"ended by {after}")
             if isinstance(resume, dict) and all(isinstance(resume.get(k), int)
                                                 for k in ("at", "counted_from", "offset")) \
                     and resume["offset"] > 0:

@@ -107,6 +107,8 @@ class RunStore:
         was dropped."""
         self.resumed = False
         """True when this store continues an earlier run (`resume=True` and there was one)."""
+        self._earlier_error: str | None = None
+        """What ended the process this one resumes from (an exception's type), when known."""
         self._last_stored: int | None = None
         """The last step the run held when this process resumed it (None: nothing stored)."""
         self.offset: int | None = 0
@@ -327,6 +329,18 @@ class RunStore:
                                       "actions")
                  for row in conn.execute(f"SELECT max(step) FROM {table} WHERE run_id = ?",
                                          (run_id,)) if row[0] is not None), default=None)
+            # what ended the process before (Ctrl-C, a crash) ended that process, not the run
+            # this one continues: kept with this resume, no longer the run's own end
+            ended = conn.execute("SELECT value FROM meta WHERE run_id = ? AND key = 'error'",
+                                 (run_id,)).fetchone()
+            if ended is not None:
+                try:
+                    earlier = json.loads(ended[0])
+                except ValueError:
+                    earlier = None
+                self._earlier_error = (earlier.get("type") if isinstance(earlier, dict)
+                                       and isinstance(earlier.get("type"), str) else None)
+                conn.execute("DELETE FROM meta WHERE run_id = ? AND key = 'error'", (run_id,))
         else:
             cursor = conn.execute("INSERT INTO runs (started, status, pid, hostname) "
                                   "VALUES (?, 'running', ?, ?)", (time.time(), pid, host))
@@ -548,7 +562,8 @@ class RunStore:
                 listing = []
             listing = listing if isinstance(listing, list) else []
             listing.append({"at": step + self.offset, "counted_from": step,
-                            "offset": self.offset, "pid": os.getpid(), "time": time.time()})
+                            "offset": self.offset, "pid": os.getpid(), "time": time.time(),
+                            "after": self._earlier_error})
             conn.execute("INSERT OR REPLACE INTO meta VALUES (?, 'resumes', ?)",
                          (self.run_id, to_json(listing)))
         return step + self.offset
