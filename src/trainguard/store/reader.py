@@ -651,19 +651,7 @@ class RunReader:
         if self.wal_unread:
             notes.append("read from read-only media without its write-ahead log: the last "
                          "records of a run that never closed may be missing")
-        resumes = meta.get("resumes", [])
-        for resume in resumes if isinstance(resumes, list) else []:
-            after = resume.get("after") if isinstance(resume, dict) else None
-            if isinstance(after, str) and isinstance(resume.get("at"), int):
-                notes.append(f"resumed at step {resume['at']} after the process before it "
-                             f"ended by {after}")
-            if isinstance(resume, dict) and all(isinstance(resume.get(k), int)
-                                                for k in ("at", "counted_from", "offset")) \
-                    and resume["offset"] > 0:
-                notes.append(f"resumed at step {resume['at']}: that process counted its steps "
-                             f"from {resume['counted_from']}, so they are stored "
-                             f"{resume['offset']} later, after the steps already recorded "
-                             f"(which are kept)")
+        notes.extend(_resume_notes(meta.get("resumes", [])))
         return {
             "run_dir": str(self.run_dir),
             "run_id": self.run_id,
@@ -759,3 +747,23 @@ def lr_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "min": min(values, default=None), "max": max(values, default=None),
                     "largest_rise": {"ratio": ratio, "step": at} if ratio > 1.0 else None})
     return out
+
+
+def _resume_notes(resumes: Any) -> list[str]:
+    """What `summary` notes of each time the run was resumed: what ended the process before,
+    and where steps counted again were stored."""
+    notes = []
+    for resume in resumes if isinstance(resumes, list) else []:
+        if not isinstance(resume, dict):
+            continue
+        after = resume.get("after")
+        if isinstance(after, str) and isinstance(resume.get("at"), int):
+            notes.append(f"resumed at step {resume['at']} after the process before it "
+                         f"ended by {after}")
+        if all(isinstance(resume.get(k), int) for k in ("at", "counted_from", "offset")) \
+                and resume["offset"] > 0:
+            notes.append(f"resumed at step {resume['at']}: that process counted its steps "
+                         f"from {resume['counted_from']}, so they are stored "
+                         f"{resume['offset']} later, after the steps already recorded "
+                         f"(which are kept)")
+    return notes
