@@ -15,8 +15,8 @@ the first addition found was not all zeros (`p.grad.data.zero_()` moves no versi
 loop clears (a second loss, a logging pass) is no fault when a clearing follows it.
 
 Cheap: the hook is in place for the first `FIRST` steps, then one step in `EVERY` (a loop that
-stops clearing mid-run is told within `EVERY` steps); a few microseconds each, under a
-microsecond a step. The one device value (the largest magnitude of the gradient found) is
+stops clearing mid-run is told within `EVERY` steps); 5-10 microseconds each, about one a
+step. The one device value (the largest magnitude of the gradient found) is
 computed, and read by the next step, only when no clearing was seen.
 
 Only the plain-loop Guard watches: under a trainer (the HF and Lightning callbacks) the trainer
