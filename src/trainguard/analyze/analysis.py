@@ -114,11 +114,12 @@ def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
                                                    or adversarial.discriminator_won(raw))
                                            ) is not None:
         judgement = Judgement(STALLED, None, zero[0], ending=zero[1])
-    scored = (scores.judge_scores(log) if not raw.has(LOSS) and (
-        judgement.verdict == HEALTHY or _evaluations_alone(judgement)) else None)
+    by_scores = not raw.has(LOSS) and (judgement.verdict == HEALTHY
+                                       or _evaluations_alone(judgement))
+    scored = scores.judge_scores(log) if by_scores else None
     if scored is not None:
         judgement = scored  # no loss: its quality metrics say what the run did
-    elif judgement.verdict != HEALTHY and not raw.has(LOSS) and _evaluations_alone(judgement):
+    elif by_scores and judgement.verdict != HEALTHY:  # a cliff of its evaluations alone
         judgement = Judgement(HEALTHY, None, None, isolated=judgement.isolated,
                               ending="no finite loss logged; the evaluations fell off no level "
                                      "they held")
