@@ -232,6 +232,7 @@ class Kind:
     FP16_OVERFLOW = "fp16_overflow"
     BAD_START = "bad_start"
     LR_CHANGE = "lr_change"
+    LR_AT_ZERO = "lr_at_zero"
     DEAD_UNITS = "dead_units"
     OUTPUT_COLLAPSE = "output_collapse"
     METRIC_COLLAPSE = "metric_collapse"
@@ -301,6 +302,9 @@ _kind("update_too_large", "the first update measured moved the typical weight by
       rank_local=True, tags=(_I, Tag.START))
 _kind("lr_change", "a parameter group's LR rose far above anything it had used, in one step",
       "info", tags=(Tag.LR,))
+_kind("lr_at_zero", "every parameter group's LR held at exactly 0 after it was positive: the "
+      "optimizer steps change nothing (a scheduler shorter than the run, or code that sets the LR)",
+      "warning", votes=(CauseVote("lr_at_zero", 3.0, "{message}", each_event=True),))
 _kind("params_unfrozen", "parameters without a gradient for a while get one again: a layer "
       "unfrozen, or a branch now used, trains from here at its group's LR", "info")
 _kind("dead_units", "a layer that was alive has gone dead, or gives every sample the same "

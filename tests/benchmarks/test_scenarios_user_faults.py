@@ -23,7 +23,8 @@ def _healthy_eval(steps: int) -> float:
 
 @pytest.mark.parametrize(("name", "steps", "worse"), [
     ("gpt2_user_lr_jump", 80, 2.0), ("gpt2_late_group_lr", 80, 1.5),
-    ("gpt2_forgotten_backward", 120, 1.02), ("gpt2_forgotten_zero_grad", 120, 1.02)])
+    ("gpt2_forgotten_backward", 120, 1.02), ("gpt2_forgotten_zero_grad", 120, 1.02),
+    ("gpt2_schedule_too_short", 200, 1.02)])
 def test_the_fault_really_hurts_an_unguarded_run(name: str, steps: int, worse: float) -> None:
     unguarded = run_scenario(scenario(name), "none", steps=steps)
     assert unguarded.final_eval_loss > worse * _healthy_eval(steps)

@@ -90,6 +90,10 @@ def _series(shape: str, n: int, rng: np.random.Generator) -> list[StepSignals]:
     elif shape == "lr_jumps":
         lr[n // 4:] *= 10
         lr[n // 2:] *= 1000
+    elif shape == "lr_zero":  # a blip at 0, a stretch at 0, back, and 0 to the end
+        lr[n // 4:n // 4 + 5] = 0.0
+        lr[n // 2:n // 2 + 30] = 0.0
+        lr[n - 100:] = 0.0
     elif shape == "heavy_tails":  # jumps of every size, many of them near the thresholds
         loss = loss * np.exp(0.3 * rng.standard_t(2, n))
         grad = np.exp(0.8 * rng.standard_t(2, n))
@@ -112,7 +116,7 @@ def _series(shape: str, n: int, rng: np.random.Generator) -> list[StepSignals]:
 
 
 SHAPES = ("calm", "spikes", "nan", "slow_divergence", "sawtooth", "plateaus", "lr_jumps",
-          "heavy_tails")
+          "lr_zero", "heavy_tails")
 CONFIGS: dict[str, Callable[[], DetectorConfig]] = {
     "default": DetectorConfig,
     # a log written every 10 steps: windows of a few rows (a spread refreshed at every value)

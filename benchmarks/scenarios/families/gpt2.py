@@ -47,6 +47,8 @@ Faults (guide sections from `trainguard.diagnose.causes`):
                                learns).
     lr_too_low (3.1)           1e-5x the sane full fine-tuning LR: the loss never comes down,
                                with nothing else wrong (a stall: `no_progress`, `stalled`).
+    lr_at_zero (3.1)           the scheduler is told half the run's length: its cosine reaches
+                               0 halfway and holds it there, so the second half trains nothing.
     loss_reduction (3.4)       from the onset step the loop sums the token losses where it
                                averaged them (the division by their count forgotten): the loss
                                and every gradient are 16 x 31 = 496 times larger. Adam's steps
@@ -261,6 +263,9 @@ class Recipe:
     """no_gradients: from this step the loop forgets `loss.backward()`."""
     no_zero_grad_from: int | None = None
     """grads_not_cleared: from this step the loop forgets `optimizer.zero_grad()`."""
+    schedule_steps: int | None = None
+    """lr_at_zero: the scheduler is told the run is this many steps long (one epoch of two
+    counted), so its decay reaches 0 there and holds it for the rest of the run."""
     summed_loss_from: int | None = None
     """loss_reduction: from this step the loop sums the token losses instead of averaging
     them."""
@@ -390,7 +395,7 @@ def user_schedule(step: int, recipe: Recipe) -> float:
     if recipe.restart_every is not None and step >= recipe.warmup_steps:
         into = (step - recipe.warmup_steps) % recipe.restart_every
         return 0.5 * (1.0 + math.cos(math.pi * into / recipe.restart_every))
-    factor = warmup_cosine(step, recipe.warmup_steps, recipe.steps)
+    factor = warmup_cosine(step, recipe.warmup_steps, recipe.schedule_steps or recipe.steps)
     if recipe.lr_jump_at is not None and step >= recipe.lr_jump_at and (
             recipe.lr_jump_steps is None or step < recipe.lr_jump_at + recipe.lr_jump_steps):
         factor *= recipe.lr_jump
@@ -424,6 +429,7 @@ BASELINES: dict[str, str] = {
     "gpt2_late_group_lr": "gpt2_healthy",
     "gpt2_forgotten_backward": "gpt2_healthy",
     "gpt2_forgotten_zero_grad": "gpt2_healthy",
+    "gpt2_schedule_too_short": "gpt2_healthy",
     "gpt2_loss_summed": "gpt2_healthy",
     "gpt2_lr_too_low": "gpt2_healthy",
     # LoRA r=8 at the sane LoRA LR
@@ -550,6 +556,11 @@ def scenarios() -> list[Scenario]:
                   "update applies the sum of every gradient since",
                   cause="grads_not_cleared", onset_step=ONSET_STEP, sudden=True,
                   recoverable=False),
+        _scenario("gpt2_schedule_too_short", replace(full, schedule_steps=STEPS // 2),
+                  f"the scheduler is told the run lasts {STEPS // 2} steps (one epoch of two "
+                  f"counted): its cosine reaches 0 at step {STEPS // 2} and the LR stays there "
+                  "for the rest of the run, which trains nothing",
+                  cause="lr_at_zero", onset_step=STEPS // 2, sudden=False, recoverable=False),
         _scenario("gpt2_loss_summed", replace(full, summed_loss_from=ONSET_STEP),
                   f"from step {ONSET_STEP} the loop sums the token losses where it averaged "
                   f"them ({BATCH_SIZE} x {SEQ_LEN - 1} = {BATCH_SIZE * (SEQ_LEN - 1)}x the "

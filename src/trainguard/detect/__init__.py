@@ -16,6 +16,7 @@ from trainguard.detect.instability_precursor import InstabilityPrecursor
 from trainguard.detect.kl_blowup import KLBlowup
 from trainguard.detect.loss_divergence import LossDivergence
 from trainguard.detect.loss_spike import LossSpike
+from trainguard.detect.lr_at_zero import LRAtZero
 from trainguard.detect.lr_change import LRChange
 from trainguard.detect.margins_exploding import MarginsExploding
 from trainguard.detect.no_gradients import NoGradients
@@ -38,8 +39,8 @@ from trainguard.detect.update_too_large import UpdateTooLarge
 DETECTOR_TYPES: tuple[type[Detector], ...] = (
     NonFiniteLoss, NonFiniteGrad, NonFiniteWeight, NonFiniteOptimizerState, GradExplosion,
     LossSpike, LossDivergence, ExtremeWeight, Fp16Overflow, BadStart, NoGradients,
-    LRChange, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor, UpdateTooLarge,
-    ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
+    LRChange, LRAtZero, DeadUnits, OutputCollapse, NoProgress, InstabilityPrecursor,
+    UpdateTooLarge, ParamsUnfrozen, KLBlowup, RewardDead, PreferenceUnlearned, NonFiniteMetric,
     EntropyCollapse, MarginsExploding, ChosenLikelihoodFalling,
     RewardHacking, PolicyOffReference, RatioFarFromOne, CompletionLengthCollapse,
     CompletionsTruncated,

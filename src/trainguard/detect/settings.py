@@ -225,6 +225,22 @@ class LRChangeConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class LRAtZeroConfig:
+    """Threshold of `lr_at_zero`."""
+
+    PATH: ClassVar[str] = "detectors.lr_at_zero"
+
+    steps: int = 10
+    """Optimizer steps in a row with every group's LR exactly 0 (after it was positive) before
+    it is told: a schedule touches 0 for a step at the low point of a cosine cycle or the end
+    of a decay; ten in a row is a schedule, or code, that left it there."""
+
+    def __post_init__(self) -> None:
+        sections.at_least(self, 1, "steps")
+
+
+
+@dataclass(kw_only=True, slots=True)
 class DeadUnitsConfig:
     """Thresholds of `dead_units`."""
 
@@ -696,6 +712,7 @@ class DetectorConfig:
     extreme_weight: ExtremeWeightConfig = field(default_factory=ExtremeWeightConfig)
     fp16_overflow: Fp16OverflowConfig = field(default_factory=Fp16OverflowConfig)
     lr_change: LRChangeConfig = field(default_factory=LRChangeConfig)
+    lr_at_zero: LRAtZeroConfig = field(default_factory=LRAtZeroConfig)
     dead_units: DeadUnitsConfig = field(default_factory=DeadUnitsConfig)
     output_collapse: OutputCollapseConfig = field(default_factory=OutputCollapseConfig)
     metric_collapse: MetricCollapseConfig = field(default_factory=MetricCollapseConfig)

@@ -81,6 +81,10 @@ _ALL = (
           f"Raise the LR into the range for the mode and the model ({GUIDE_RANGES} for "
           "7B-class pre-trained models; smaller ones take more); check the scheduler did not "
           "decay it to ~0."),
+    Cause("lr_at_zero", "The LR held at 0: a schedule shorter than the run, or code that sets it",
+          "3.1", "Give the scheduler the optimizer steps the run takes (num_training_steps = "
+          "len(loader) * epochs / gradient_accumulation_steps; total_iters, T_max), step it once "
+          "per optimizer step, and check code that writes param_group['lr']."),
     Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
           "Check DDP initialisation and that every parameter's gradient is all-reduced."),
     Cause("loss_reduction", "The loss's reduction or normalisation: a scale factor, a sum "
