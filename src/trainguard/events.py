@@ -20,10 +20,10 @@ def at_least(severity: str, threshold: str) -> bool:
     return SEVERITY_RANK[severity] >= SEVERITY_RANK[threshold]
 
 
-NO_TROUBLE_TO_COME_BACK_FROM = frozenset({"no_progress"})
+NO_TROUBLE_TO_COME_BACK_FROM = frozenset({"no_progress", "lr_at_zero"})
 """Warnings that mark no trouble a loss comes back from: `no_progress` says the loss is not
-coming down, which the verdict judges apart (`stalled`); a run that learned on after it did not
-`recover` from anything."""
+coming down, and `lr_at_zero` that nothing trains, which the verdict judges apart (`stalled`);
+a run that learned on after it did not `recover` from anything."""
 
 
 def marks_trouble(event: Event) -> bool:

@@ -13,6 +13,7 @@ from torch import nn
 
 from trainguard import Guard, GuardConfig
 from trainguard.config import DetectorConfig
+from trainguard.detect.calm import SignalColumns, run_rows
 from trainguard.detect.lr_at_zero import LRAtZero
 from trainguard.signals import StepSignals
 
@@ -35,6 +36,19 @@ def test_ten_steps_at_zero_after_a_positive_lr_are_told_once_per_episode() -> No
     assert detector.untrained() == (12, "the LR at 0 in every parameter group")
 
 
+def test_one_positive_step_between_two_stretches_at_zero_does_not_tell_it_again() -> None:
+    lrs = [(1e-3,)] * 20 + [(0.0,)] * 30 + [(1e-3,)] + [(0.0,)] * 30
+    assert _told(LRAtZero(DetectorConfig()), lrs) == [29]
+
+
+def test_a_short_stretch_at_the_end_of_a_long_run_leaves_the_verdict_to_the_loss() -> None:
+    detector = LRAtZero(DetectorConfig())
+    assert _told(detector, [(1e-3,)] * 990 + [(0.0,)] * 60) == [999]
+    assert detector.untrained() is None  # 60 of 1050 steps: the run trained most of the way
+    assert _told(detector, [(0.0,)] * 60) == []
+    assert detector.untrained() == (120, "the LR at 0 in every parameter group")
+
+
 @pytest.mark.parametrize("lrs", [
     [(0.0,)] * 30 + [(1e-3,)] * 10,  # a warm-up that starts at 0
     ([(1e-3,)] * 20 + [(0.0,)] * 9) * 3,  # nine steps at 0 at a time (cycles that touch it)
@@ -55,11 +69,13 @@ def test_the_state_carries_over_a_resume() -> None:
     assert [s for s in range(11, 20) if second.check(_signals(s, 0.0))] == [14]
 
 
-def _run(set_lr: dict[int, float], steps: int, scheduler_steps: int | None = None
-         ) -> tuple[list[tuple[str, str, int]], Guard]:
+def _run(set_lr: dict[int, float], steps: int, scheduler_steps: int | None = None,
+         rprop: bool = False) -> tuple[list[tuple[str, str, int, int]], Guard]:
+    """The events (kind, severity, step, and the step whose `guard.step` returned it)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = (torch.optim.Rprop(model.parameters(), lr=1e-3) if rprop
+                 else torch.optim.AdamW(model.parameters(), lr=1e-2))
     scheduler = (None if scheduler_steps is None else torch.optim.lr_scheduler.PolynomialLR(
         optimizer, total_iters=scheduler_steps, power=1.0))
     guard = Guard(model, optimizer, config=GuardConfig(**QUIET))
@@ -72,7 +88,7 @@ def _run(set_lr: dict[int, float], steps: int, scheduler_steps: int | None = Non
         i = torch.randint(0, 256, (32,))
         loss = nn.functional.mse_loss(model(x[i]), y[i])
         loss.backward()
-        told += [(e.kind, e.severity, e.step) for e in guard.step(loss).events]
+        told += [(e.kind, e.severity, e.step, step) for e in guard.step(loss).events]
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
             scheduler.step()
@@ -80,9 +96,9 @@ def _run(set_lr: dict[int, float], steps: int, scheduler_steps: int | None = Non
     return told, guard
 
 
-def test_the_loops_own_lr_set_to_zero_is_told_and_the_run_is_stalled() -> None:
-    told, guard = _run({60: 0.0}, 150)
-    assert ("lr_at_zero", "warning", 69) in told
+def test_the_loops_own_lr_set_to_zero_is_told_at_once_and_the_run_is_stalled() -> None:
+    told, guard = _run({60: 0.0}, 300)
+    assert [t for t in told if t[0] == "lr_at_zero"] == [("lr_at_zero", "warning", 69, 69)]
     verdict = guard.verdict
     assert verdict is not None and verdict.verdict == "stalled"
     assert "the LR at 0 in every parameter group from step 60 to the end" in verdict.message
@@ -91,7 +107,7 @@ def test_the_loops_own_lr_set_to_zero_is_told_and_the_run_is_stalled() -> None:
 
 def test_a_scheduler_shorter_than_the_run_is_told() -> None:
     told, guard = _run({}, 120, scheduler_steps=60)
-    assert [t for t in told if t[0] == "lr_at_zero"] == [("lr_at_zero", "warning", 69)]
+    assert [t for t in told if t[0] == "lr_at_zero"] == [("lr_at_zero", "warning", 69, 69)]
     assert guard.verdict is not None and guard.verdict.verdict == "stalled"
 
 
@@ -101,7 +117,36 @@ def test_a_scheduler_that_ends_with_the_run_is_not() -> None:
     assert guard.verdict is not None and guard.verdict.verdict == "healthy"
 
 
-def test_an_lr_set_back_after_a_pause_is_told_but_the_run_learned() -> None:
+def test_an_lr_set_back_after_a_pause_is_told_and_the_run_is_no_recovery() -> None:
     told, guard = _run({40: 0.0, 70: 1e-2}, 200)
-    assert [t for t in told if t[0] == "lr_at_zero"] == [("lr_at_zero", "warning", 49)]
+    assert [t for t in told if t[0] == "lr_at_zero"] == [("lr_at_zero", "warning", 49, 49)]
+    assert guard.verdict is not None and guard.verdict.verdict == "healthy"
+
+
+def test_rprop_which_the_lr_does_not_hold_back_is_not_judged() -> None:
+    told, guard = _run({60: 0.0}, 120, rprop=True)
+    assert [t for t in told if t[0] == "lr_at_zero"] == []
     assert guard.verdict is not None and guard.verdict.verdict != "stalled"
+
+
+@pytest.mark.parametrize("rows", [
+    [(1e-3, 1e-3)] * 20 + [(0.0,)] * 100,  # fewer groups than the columns hold: NaN-padded
+    [(1e-3,)] * 20 + [(0.0,)] * 5 + [(1e-3,)] * 30 + [(0.0,)] * 40 + [()] * 3 + [(0.0,)] * 9,
+], ids=["ragged", "stretches"])
+def test_the_fast_path_decides_as_check(rows: list[tuple[float, ...]]) -> None:
+    width = max(len(r) for r in rows)
+    lrs = np.full((len(rows), width), math.nan)
+    for i, row in enumerate(rows):
+        lrs[i, :len(row)] = row
+    count = len(rows)
+    columns = SignalColumns(
+        step=np.arange(count), loss=np.ones(count), has_loss=np.ones(count, dtype=bool),
+        grad_norm=np.ones(count), amp_overflow=np.zeros(count, dtype=bool), group_lrs=lrs,
+        has_lr=np.array([bool(r) for r in rows]), loss_curvature=np.full(count, math.nan),
+        has_curvature=np.zeros(count, dtype=bool))
+    slow, fast = LRAtZero(DetectorConfig()), LRAtZero(DetectorConfig())
+    expected = [(e.step, e.message) for step, row in enumerate(rows)
+                for e in slow.check(_signals(step, *row))]
+    found = run_rows(fast, columns, lambda i: (i, _signals(i, *rows[i])))
+    assert [(e.step, e.message) for _, e in found] == expected != []
+    assert fast.state_dict() == slow.state_dict()

@@ -414,3 +414,28 @@ def test_a_diffusion_target_the_scheduler_does_not_name_is_found(pl: ModuleType,
         found = [f.cause for f in callback.run.findings if f.check == "diffusion_target"]
         assert found == (["prediction_type_mismatch"] if velocity else [])
         assert "add_noise" not in vars(module.scheduler)
+
+
+@pytest.mark.parametrize("bound", ["max_steps", "epochs"])
+def test_a_one_cycle_shorter_than_the_fit_is_told_before_it_stops_it(pl: ModuleType,
+                                                                     tmp_path: Path,
+                                                                     bound: str) -> None:
+    """The fit's length, from `max_steps` or from its epochs and the loader's length, against
+    a OneCycleLR sized for fewer steps: told before the first step, as the fit then stops."""
+
+    class OneCycle(regression_module(pl).__class__):  # type: ignore[misc]
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.AdamW(self.parameters(), lr=LR)
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=LR, total_steps=10)
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    callback = TrainguardCallback(GuardConfig(**QUIET))
+    length = {"max_steps": 24} if bound == "max_steps" else {"max_steps": -1, "max_epochs": 2}
+    trainer = make_trainer(pl, tmp_path, callback, **length)
+    with pytest.raises(ValueError, match="Tried to step 11 times"):
+        trainer.fit(OneCycle(), loader(12))
+    assert callback.run is not None
+    [finding] = [f for f in callback.run.findings if f.check == "schedule_end"]
+    assert "sized for 10 optimizer steps and the run takes 24" in finding.message
+    assert "after 11 optimizer steps" in finding.message

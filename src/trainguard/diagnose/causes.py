@@ -83,8 +83,8 @@ _ALL = (
           "decay it to ~0."),
     Cause("lr_at_zero", "The LR held at 0: a schedule shorter than the run, or code that sets it",
           "3.1", "Give the scheduler the optimizer steps the run takes (num_training_steps = "
-          "len(loader) * epochs / gradient_accumulation_steps; total_iters, T_max), step it once "
-          "per optimizer step, and check code that writes param_group['lr']."),
+          "ceil(len(loader) / gradient_accumulation_steps) * epochs; total_iters, T_max), step "
+          "it once per optimizer step, and check code that writes param_group['lr']."),
     Cause("ddp_desync", "Replicas out of sync across ranks", "3.4.1",
           "Check DDP initialisation and that every parameter's gradient is all-reduced."),
     Cause("loss_reduction", "The loss's reduction or normalisation: a scale factor, a sum "

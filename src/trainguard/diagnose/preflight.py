@@ -46,6 +46,7 @@ from trainguard.diagnose.lr_range import (
     sane_lr,
 )
 from trainguard.diagnose.model_parts import fixed_parts
+from trainguard.diagnose.schedule_end import run_length, schedule_end
 from trainguard.events import Severity
 from trainguard.finding import Finding
 
@@ -118,26 +119,6 @@ def _is_rectified(optimizer: torch.optim.Optimizer) -> bool:
 
 def _total_steps(setup: RunSetup) -> int | None:
     return setup.total_steps or run_length(setup.scheduler)
-
-
-def run_length(scheduler: Any) -> int | None:
-    """The run's length in scheduler steps, where the scheduler says it: OneCycleLR's
-    `total_steps`, CosineAnnealingLR's `T_max`, PolynomialLR's `total_iters`, and for a LambdaLR
-    the `total_steps` of trainguard's `WarmupSchedule` or the `num_training_steps` of the
-    transformers schedules (`get_linear_schedule_with_warmup` and its kin)."""
-    if scheduler is None:
-        return None
-    known = [getattr(scheduler, name, None) for name in ("total_steps", "T_max")]
-    if type(scheduler).__name__ == "PolynomialLR":
-        known.append(getattr(scheduler, "total_iters", None))
-    for schedule in getattr(scheduler, "lr_lambdas", None) or []:
-        known.append(getattr(schedule, "total_steps", None))
-        keywords = getattr(schedule, "keywords", None)  # a functools.partial's
-        if isinstance(keywords, dict):
-            known.append(keywords.get("num_training_steps"))
-    steps = [int(k) for k in known if isinstance(k, (int, float)) and not isinstance(k, bool)
-             and math.isfinite(k) and k > 0]
-    return steps[0] if steps else None
 
 
 def warmup_advice(total_steps: int | None) -> str:
@@ -490,6 +471,12 @@ def check_frozen_parts(setup: RunSetup) -> list[Finding]:
     return findings
 
 
+def check_schedule_end(setup: RunSetup) -> list[Finding]:
+    """A scheduler that ends at LR 0 before the run does (`schedule_end.py`), where the run's
+    length is known (under a trainer)."""
+    return schedule_end(setup.scheduler, setup.total_steps)
+
+
 def check_clipping(setup: RunSetup) -> list[Finding]:
     if not setup.clipping_known or setup.max_grad_norm is not None:
         return []
@@ -499,7 +486,7 @@ def check_clipping(setup: RunSetup) -> list[Finding]:
 
 CHECKS: tuple[Callable[[RunSetup], list[Finding]], ...] = (
     check_mode_and_lr, check_warmup, check_lora_scaling, check_adam_settings, check_layer_init,
-    check_precision, check_frozen_parts, check_clipping)
+    check_precision, check_frozen_parts, check_schedule_end, check_clipping)
 
 
 def preflight(model: nn.Module, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer],

@@ -211,7 +211,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
                            replay_fn=self.replay_fn, noise_scheduler=self.noise_scheduler,
                            resume=resume, mid_run=bool(carried or state.global_step),
                            trackers=TrackerHints.of(args.report_to),
-                           kl_penalty=trainer if trl and holds_beta(trainer) else None)
+                           kl_penalty=trainer if trl and holds_beta(trainer) else None,
+                           total_steps=state.max_steps if state.max_steps > 0 else None)
         except BaseException:
             self._release()  # the Trainer keeps its own clipping
             raise

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,9 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
             carried = carried or self.run.state_dict()
             self.close(status="finished")
         optimizer = unwrap_optimizer(trainer.optimizers[0])
-        schedulers = [c.scheduler for c in trainer.lr_scheduler_configs
-                      if c.interval == "step" and not c.reduce_on_plateau]
+        configs = [c for c in trainer.lr_scheduler_configs
+                   if c.interval == "step" and not c.reduce_on_plateau]
+        schedulers = [c.scheduler for c in configs]
         limit = _clip_limit(trainer, pl_module)
         config = self.config
         if limit is not None:
@@ -161,7 +163,9 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
                            rewind_schedulers=schedulers, integration=_trainer_name(trainer),
                            replay_fn=self.replay_fn, noise_scheduler=self.noise_scheduler,
                            resume=resume, mid_run=bool(carried or trainer.global_step),
-                           trackers=TrackerHints.of(loggers=trainer.loggers))
+                           trackers=TrackerHints.of(loggers=trainer.loggers),
+                           total_steps=(_total_steps(trainer) if configs
+                                        and configs[0].frequency == 1 else None))
         except BaseException:
             self.close()  # the trainer keeps its own clipping
             raise
@@ -240,3 +244,14 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
             trainer.gradient_clip_val, self._clipping = value, None
         if self.run is not None:
             self.run.close(status, error=error)
+
+
+def _total_steps(trainer: Any) -> int | None:
+    """The optimizer steps the fit takes, where Lightning knows them (`max_steps`, else its
+    estimate from the epochs and the loader's length); None when it does not."""
+    try:
+        steps = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+    except Exception:  # a loader without a length: the run's length is unknown
+        return None
+    return int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) and steps > 0 \
+        else None

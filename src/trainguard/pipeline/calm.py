@@ -180,8 +180,8 @@ class CalmLane:
         lrs = tuple(group.get("lr") for group in services.optimizer.param_groups)
         if len(lrs) != len(self.lrs) or not all(
                 type(lr) is float and lr <= LR_RISE * before
-                for lr, before in zip(lrs, self.lrs, strict=True)):
-            return None
+                for lr, before in zip(lrs, self.lrs, strict=True)) or not any(lrs):
+            return None  # a step at LR 0 everywhere is `lr_at_zero`'s to count at once
         loss_t = loss_tensor(loss)
         if loss_t is None:
             return None

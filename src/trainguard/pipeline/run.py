@@ -25,6 +25,7 @@ from torch import nn
 from trainguard import lifecycle
 from trainguard.config import GuardConfig
 from trainguard.detect import default_detectors
+from trainguard.detect.lr_at_zero import LRAtZero, lr_scales_steps
 from trainguard.detect.metric_collapse import MetricCollapse
 from trainguard.detect.no_progress import NoProgress
 from trainguard.diagnose import Finding, preflight
@@ -98,7 +99,8 @@ class Run:
     `noise_scheduler`: a diffusion run's, whose `prediction_type` the first steps' loss is checked
     against (`probes/diffusion_target.py`). `kl_penalty`: an object whose `beta` the loss reads
     every step (a TRL trainer), raised when the KL drifts away unheld
-    (`recovery/kl_penalty.py`)."""
+    (`recovery/kl_penalty.py`). `total_steps`: the run's length in optimizer steps, where a
+    trainer knows it (the preflight checks the scheduler against it)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  config: GuardConfig | None = None, run_dir: str | Path | None = None,
@@ -107,7 +109,7 @@ class Run:
                  owns_scaler_step: bool = False, integration: str = "", resume: bool = False,
                  mid_run: bool = False, owns_optimizer_step: bool = False,
                  trackers: TrackerHints | None = None, noise_scheduler: Any = None,
-                 kl_penalty: Any = None) -> None:
+                 kl_penalty: Any = None, total_steps: int | None = None) -> None:
         config = _checked(config, model, optimizer)
         check_holder(kl_penalty)
         self.config = config
@@ -141,7 +143,7 @@ class Run:
             run_dir=self.run_dir, rewind_schedulers=rewind_schedulers,
             noise_scheduler=noise_scheduler)
         self.state = _initial_state(config, BatchWatch(model, config.probes.batch_size),
-                                    journal, distributed=dist is not None)
+                                    journal, distributed=dist is not None, optimizer=optimizer)
         self.closed = False
         self.verdict: RunVerdict | None = None
         self.samples_broken: tuple[int, str] | None = None
@@ -156,7 +158,7 @@ class Run:
                         "{'trackers': False}) turns this off)",
                 details={"tracker": tracker.tracker}))
         if config.probes.preflight and not mid_run:
-            self._run_preflight()
+            self._run_preflight(total_steps)
         if config.policy == "recover":
             self.state.recovery = Recovery(
                 dist=dist, model=model, optimizers=[optimizer], scheduler=scheduler,
@@ -611,10 +613,11 @@ class Run:
         self._lifecycle = lifecycle.track(_closer(self)) if self.is_main else None
         clean_stale_temps(services.snapshot_dir())
 
-    def _run_preflight(self) -> None:
+    def _run_preflight(self, total_steps: int | None) -> None:
         try:
             findings = preflight(self.model, self.optimizer, self.scheduler, scaler=self.scaler,
-                                 max_grad_norm=self.state.clip_limit(), clipping_known=True)
+                                 max_grad_norm=self.state.clip_limit(), clipping_known=True,
+                                 total_steps=total_steps)
         except Exception as exc:  # an audit bug must not stop training
             log.error("trainguard: preflight audit failed (%s: %s)", type(exc).__name__, exc)
             return
@@ -688,11 +691,15 @@ def _agreed_setup(config: GuardConfig, watched: WatchedParams) -> dict[str, Any]
 
 
 def _initial_state(config: GuardConfig, batches: BatchWatch, journal: Journal, *,
-                   distributed: bool) -> RunState:
+                   distributed: bool, optimizer: torch.optim.Optimizer) -> RunState:
     probes = config.probes
+    detectors = default_detectors(config.detectors)
+    for detector in detectors:
+        if isinstance(detector, LRAtZero):  # an LR of 0 stops only the steps it scales
+            detector.judged = lr_scales_steps(optimizer)
     return RunState(
         clip=ClipChain.init(config), batches=batches, journal=journal, prover=IncidentProver(),
-        detectors=default_detectors(config.detectors),
+        detectors=detectors,
         # ranks sample the same steps: their timings differ
         cadence=SampleCadence(probes.sample_every, None if distributed else probes.sample_budget),
         losses=LossTrack(stall_steps=config.detectors.no_progress.steps),
