@@ -423,6 +423,8 @@ for _name, _description, _severity in (
     ("batch_outlier", "a field far above its typical magnitude in earlier batches", "warning"),
     ("batch_labels", "every label of the batch is ignored (-100): the loss averages nothing",
      "error"),
+    ("batch_label_order", "the batches inspected each hold one label, a different one from "
+     "stretch to stretch: the data is ordered by label, not shuffled", "warning"),
     ("batch_size", "batches smaller than configured: silently truncated", "warning"),
     ("batch_above_chance", "a language model's loss far above chance level on this batch",
      "warning"),

@@ -63,10 +63,17 @@ def test_reading_past_the_end_leaves_the_scheduler_as_it_was() -> None:
     optimizer = _optimizer()
     scheduler = torch.optim.lr_scheduler.PolynomialLR(optimizer, total_iters=50, power=1.0)
     before = (scheduler.last_epoch, scheduler.get_last_lr(), optimizer.param_groups[0]["lr"])
-    assert lrs_at(scheduler, 60) == [0.0]
-    assert lrs_at(scheduler, 25) == pytest.approx([5e-4])
+    assert list(lrs_at(scheduler, [60, 25])) == [[0.0], pytest.approx([5e-4])]
     assert (scheduler.last_epoch, scheduler.get_last_lr(),
             optimizer.param_groups[0]["lr"]) == before
+
+
+@pytest.mark.parametrize("total", [101, 409_501])
+def test_a_cosine_that_goes_round_again_or_a_step_at_zero_is_not_told(total: int) -> None:
+    """Past T_max a cosine is back up a step later: read at a stride of 2 T_max over a long
+    run, every value would be one of its zeros; and one step at 0 is no news."""
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(_optimizer(), T_max=100)
+    assert schedule_end(scheduler, total) == []
 
 
 def test_the_preflight_tells_it_when_given_the_runs_length() -> None:
@@ -87,14 +94,14 @@ def test_the_hf_trainer_hands_its_length_to_the_preflight(tmp_path: object) -> N
         n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=16))
     rows = [{"input_ids": torch.arange(16) % 50, "labels": torch.arange(16) % 50}] * 32
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    # sized for one epoch of the two trained
+    # sized for one epoch of the three trained
     scheduler = transformers.get_linear_schedule_with_warmup(optimizer, 2, 8)
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), num_train_epochs=2, per_device_train_batch_size=4,
+        output_dir=str(tmp_path), num_train_epochs=3, per_device_train_batch_size=4,
         report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
     callback = TrainguardCallback(run_dir=None)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows,
                                    optimizers=(optimizer, scheduler), callbacks=[callback])
     trainer.train()
     [finding] = [f for f in callback.run.findings if f.check == "schedule_end"]
-    assert "sized for 8 optimizer steps and the run takes 16" in finding.message
+    assert "sized for 8 optimizer steps and the run takes 24" in finding.message

@@ -439,3 +439,21 @@ def test_a_one_cycle_shorter_than_the_fit_is_told_before_it_stops_it(pl: ModuleT
     [finding] = [f for f in callback.run.findings if f.check == "schedule_end"]
     assert "sized for 10 optimizer steps and the run takes 24" in finding.message
     assert "after 11 optimizer steps" in finding.message
+
+
+def test_a_one_cycle_sized_as_lightning_says_is_not_told(pl: ModuleType, tmp_path: Path) -> None:
+    """Lightning's own recipe, `total_steps=trainer.estimated_stepping_batches`, under a
+    `max_steps` the epochs end before: the fit takes the epochs' steps."""
+
+    class OneCycle(regression_module(pl).__class__):  # type: ignore[misc]
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.AdamW(self.parameters(), lr=LR)
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                optimizer, max_lr=LR, total_steps=int(self.trainer.estimated_stepping_batches))
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    callback = TrainguardCallback(GuardConfig(**QUIET))
+    make_trainer(pl, tmp_path, callback, max_steps=1000, max_epochs=2).fit(OneCycle(), loader(10))
+    assert callback.run is not None
+    assert [f for f in callback.run.findings if f.check == "schedule_end"] == []

@@ -18,6 +18,10 @@ Scenarios:
                          labelled i + 1): the train loss jumps, then falls again as the model
                          learns the wrong mapping, while the held-out accuracy (correct labels)
                          drops far below chance.
+    mlp_cls_unshuffled   (§3.2) the loader is built without shuffling over data stored class by
+                         class: 75 batches of class 0, then 75 of class 1, and so on, an epoch of
+                         300 steps. The model predicts the class of the moment, its loss
+                         jumps at every change of class, and it never learns to tell them apart.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ EVAL_EVERY = 25
 GLITCH_STEPS = (80, 81)
 GLITCH_LR = 300.0
 LABEL_SHIFT_AT = 120
+RUN_OF_CLASS = 75
+"""Batches of one class in a row when the data is not shuffled."""
 
 
 def _generator(seed: int, stream: int, step: int) -> torch.Generator:
@@ -50,6 +56,7 @@ def _generator(seed: int, stream: int, step: int) -> torch.Generator:
 class Recipe:
     glitch: bool = False
     label_shift_at: int | None = None
+    unshuffled: bool = False
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -59,14 +66,17 @@ def build(seed: int, recipe: Recipe) -> Workload:
                           nn.Linear(64, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
-    def sample(generator: torch.Generator, size: int) -> dict[str, torch.Tensor]:
-        y = torch.randint(0, CLASSES, (size,), generator=generator)
+    def sample(generator: torch.Generator, size: int, label: int | None = None
+               ) -> dict[str, torch.Tensor]:
+        y = (torch.randint(0, CLASSES, (size,), generator=generator) if label is None
+             else torch.full((size,), label))
         return {"x": centers[y] + torch.randn(size, 16, generator=generator), "y": y}
 
     held_out = sample(_generator(seed, 1, 0), 512)
 
     def batch(step: int, micro: int) -> dict[str, torch.Tensor]:
-        data = sample(_generator(seed, 0, step), BATCH_SIZE)
+        label = (step // RUN_OF_CLASS) % CLASSES if recipe.unshuffled else None
+        data = sample(_generator(seed, 0, step), BATCH_SIZE, label)
         if recipe.label_shift_at is not None and step >= recipe.label_shift_at:
             data = {"x": data["x"], "y": (data["y"] + 1) % CLASSES}
         return data
@@ -94,7 +104,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
 
 
 BASELINES: dict[str, str] = {"mlp_cls_dead_relu": "mlp_cls_healthy",
-                             "mlp_cls_label_shift": "mlp_cls_healthy"}
+                             "mlp_cls_label_shift": "mlp_cls_healthy",
+                             "mlp_cls_unshuffled": "mlp_cls_healthy"}
 
 
 def scenarios() -> list[Scenario]:
@@ -112,4 +123,8 @@ def scenarios() -> list[Scenario]:
                  recoverable=False,
                  description=f"from step {LABEL_SHIFT_AT} the training labels are shifted by "
                              "one class; held-out accuracy falls below chance"),
+        Scenario("mlp_cls_unshuffled", FAMILY, partial(build, recipe=Recipe(unshuffled=True)),
+                 STEPS, cause="unshuffled_data", onset_step=0, sudden=False, recoverable=False,
+                 description=f"the data is not shuffled: {RUN_OF_CLASS} batches of one class, "
+                             "then the next; the model predicts the class of the moment"),
     ]

@@ -26,6 +26,7 @@ from trainguard.diagnose.batch import (
     describe_batch,
     inspect_batch,
 )
+from trainguard.diagnose.batch_label_order import LabelOrder
 from trainguard.diagnose.data_runs import RunTracker
 from trainguard.events import Event
 from trainguard.finding import Finding
@@ -51,6 +52,7 @@ class BatchWatch:
         self._history = BatchHistory()
         self._active: set[str] = set()
         self._runs = RunTracker()
+        self._order = LabelOrder()
 
     @property
     def following(self) -> bool:
@@ -99,6 +101,7 @@ class BatchWatch:
                 stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
             findings = inspect_batch(batch, model=self.model, history=self._history,
                                      stats=stats)
+            ordered = self._order.observe(stats, step)
             above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}",
                                              ceiling=ceiling)
                      if level is not None else None)
@@ -110,6 +113,8 @@ class BatchWatch:
             seen.inspected = True
             seen.nonfinite = "batch_nonfinite" in current
             events.extend(finding_event(f, step) for f in findings if f.check not in self._active)
+            if ordered is not None:  # about the batches so far, not this one: told apart
+                events.append(finding_event(ordered, step))
             self._active = current
             self._runs.observe(findings, step, data_ids)
             if not findings:
@@ -136,7 +141,8 @@ class BatchWatch:
                 "short_steps": self._short_steps,
                 "history": {"typical": dict(self._history.typical),
                             "seen": dict(self._history.seen)},
-                "active": sorted(self._active), "runs": self._runs.state_dict()}
+                "active": sorted(self._active), "runs": self._runs.state_dict(),
+                "label_order": self._order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         reference = state.get("reference_batch_size")
@@ -149,6 +155,8 @@ class BatchWatch:
         self._active = {str(c) for c in state.get("active", [])}
         self._runs = RunTracker()
         self._runs.load_state_dict(state.get("runs", {}))
+        self._order = LabelOrder()
+        self._order.load_state_dict(state.get("label_order", {}))
 
     def usual_size(self, batch: Any) -> bool:
         """Whether `batch` holds as many samples as the batches before (or no size is read from

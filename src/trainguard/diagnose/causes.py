@@ -65,6 +65,9 @@ _ALL = (
     Cause("label_problem", "Wrong or shuffled labels", "3.2",
           "Check the label pipeline: the mapping of classes to ids, shuffling of inputs without "
           "their labels, and the evaluation set's labels."),
+    Cause("unshuffled_data", "Training data ordered by label, not shuffled: one class at a "
+          "time", "3.2", "Shuffle the training data (DataLoader(..., shuffle=True), or a sampler "
+          "that mixes the classes)."),
     Cause("empty_loss", "Nothing for the loss to average: every label of a batch ignored", "3.2",
           "Check the label masking (a prompt mask or a truncation that left no answer token, "
           "labels all -100); drop batches without a single target, or divide by "

@@ -136,10 +136,7 @@ def rank_causes(events: list[Event], findings: list[Finding] | None = None,
     symptoms = [e for e in serious if e.kind not in batch_kinds and event_kind(e.kind).tags
                 and e.kind not in kinds_tagged(Tag.LR_CUT) | kinds_tagged(Tag.STALL)]
     data_runs = _bad_runs(votes, runs, symptoms)
-    against_lr = ""
-    if data_runs and symptoms and min(e.step for e in symptoms) >= min(
-            r.evidence["first_step"] for r, _ in data_runs):
-        against_lr = "the trouble began with a run of bad batches"
+    against_lr = _against_lr(data_runs, symptoms, serious)
 
     _vote_findings(votes, findings, kinds)
     # a missing warmup inflates the first steps of an adaptive optimizer (its moment estimates
@@ -284,6 +281,25 @@ def _vote_findings(votes: _Votes, findings: list[Finding], kinds: set[str]) -> N
         if f.cause in CONFIG_CAUSES and not instability:
             weight *= 0.25  # a bad setting explains instability, not a sudden NaN mid-run
         votes.add(f.cause, weight, f.message, f.fix)
+
+
+def _against_lr(data_runs: list[tuple[Finding, str]], symptoms: list[Event],
+                serious: list[Event]) -> str:
+    """Why the trouble is the data's rather than the LR's, where the run shows it: it began
+    with a run of bad batches, or the data comes ordered by label (`batch_label_order`: the
+    loss's jumps at each change of class, and a model that predicts the class of the moment,
+    are that order's); "" otherwise."""
+    if data_runs and symptoms and min(e.step for e in symptoms) >= min(
+            r.evidence["first_step"] for r, _ in data_runs):
+        return "the trouble began with a run of bad batches"
+    if any(e.details.get("cause") == "unshuffled_data" for e in serious):
+        return ORDERED
+    return ""
+
+
+ORDERED = "the data comes ordered by label: the model is trained one class at a time"
+"""Why trouble is the data order's: a first loss that collapses on the first class (read as a
+bad start), jumps at each change of class (read as an LR too high) are what it does."""
 
 
 def _vote_batch_events(votes: _Votes, serious: list[Event],
@@ -603,7 +619,7 @@ def _weigh_down_lr(votes: _Votes, events: list[Event], symptoms: list[Event],
             votes.add(code, 2.0 / max(len(data), 1), outlasted)
         against_lr = against_lr or outlasted
     if against_lr and not lr_changed:
-        for code in ("lr_too_high", "missing_warmup"):
+        for code in CONFIG_CAUSES if against_lr == ORDERED else ("lr_too_high", "missing_warmup"):
             if code in votes.score:
                 votes.score[code] *= DATA_DISCOUNT
                 votes.evidence[code].insert(0, f"weighed down: {against_lr}")

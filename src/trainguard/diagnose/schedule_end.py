@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,11 @@ import torch
 from trainguard.finding import Finding
 
 PROBED = 2048
-"""Steps past the scheduler's end whose LR is read (evenly spread over a longer stretch)."""
+"""Steps past the scheduler's end whose LR is read in a row, and as many more spread over the
+rest of a longer run."""
+MIN_STEPS = 10
+"""Steps at 0 past the scheduler's end that are told (`detectors.lr_at_zero.steps`' default:
+a decay that lands on 0 for its last step or two is no news)."""
 
 
 def run_length(scheduler: Any) -> int | None:
@@ -43,54 +48,60 @@ def run_length(scheduler: Any) -> int | None:
     return steps[0] if steps else None
 
 
-def lrs_at(scheduler: Any, step: int) -> list[float] | None:
-    """The groups' LRs the scheduler gives at `step` (its `last_epoch`), from its closed form
-    (a LambdaLR's lambdas, the `_get_closed_form_lr` of the torch schedulers that have one),
-    leaving it as it was; None where it has none. Raises what the scheduler raises there."""
+def lrs_at(scheduler: Any, steps: Iterable[int]) -> Iterator[list[float] | None]:
+    """The groups' LRs the scheduler gives at each of `steps` (its `last_epoch`), from its
+    closed form (a LambdaLR's lambdas, the `_get_closed_form_lr` of the torch schedulers that
+    have one), leaving it as it was; None where it has none. Raises what the scheduler raises."""
     if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
         read = scheduler.get_lr
-    elif isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
-        read = scheduler.get_lr  # computed from `last_epoch` alone
     elif callable(getattr(scheduler, "_get_closed_form_lr", None)):
         read = scheduler._get_closed_form_lr
     else:
-        return None
+        yield None
+        return
     saved = scheduler.last_epoch
     try:
-        scheduler.last_epoch = step
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "use get_last_lr()": this is no step
-            return [float(lr) for lr in read()]
+            for step in steps:
+                scheduler.last_epoch = step
+                yield [float(lr) for lr in read()]
     finally:
         scheduler.last_epoch = saved
 
 
+def _probed(length: int, total_steps: int) -> list[int]:
+    """The steps past the scheduler's end whose LR is read: the first `PROBED` in a row (a
+    schedule that goes round again leaves 0 at once), then `PROBED` spread over the rest."""
+    first = list(range(length, min(total_steps, length + PROBED)))
+    if length + PROBED >= total_steps:
+        return first
+    rest = np.linspace(length + PROBED, total_steps - 1, PROBED).round().astype(int)
+    return first + sorted(set(rest.tolist()))
+
+
 def schedule_end(scheduler: Any, total_steps: int | None) -> list[Finding]:
     """The finding for a fresh scheduler (`last_epoch` 0) shorter than a run of `total_steps`
-    optimizer steps, where what it does past its end is known; none otherwise."""
+    optimizer steps by `MIN_STEPS` or more, where what it does past its end is known; none
+    otherwise."""
     length = run_length(scheduler)
-    if (length is None or total_steps is None or length >= total_steps
+    if (length is None or total_steps is None or total_steps - length < MIN_STEPS
             or getattr(scheduler, "last_epoch", None) != 0):
         return []
     name = type(scheduler).__name__
     evidence = {"scheduler": name, "scheduler_steps": length, "total_steps": total_steps}
     if isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR):
-        try:
-            lrs_at(scheduler, length + 1)  # its step after the optimizer's `length + 1`th
-        except ValueError as exc:
-            return [Finding(
-                "schedule_end", "warning",
-                f"the LR scheduler ({name}) is sized for {length} optimizer steps and the run "
-                f"takes {total_steps}: it refuses to step past its end, so the run stops with a "
-                f"ValueError after {length + 1} optimizer steps ({exc}).",
-                f"give it the optimizer steps the run takes: total_steps={total_steps}.",
-                evidence=evidence)]
-        return []
-    probed = (range(length, total_steps) if total_steps - length <= PROBED
-              else np.linspace(length, total_steps - 1, PROBED).round().astype(int).tolist())
+        # it refuses a step past `total_steps`: the one after the optimizer's `length + 1`th
+        return [Finding(
+            "schedule_end", "warning",
+            f"the LR scheduler ({name}) is sized for {length} optimizer steps and the run "
+            f"takes {total_steps}: it refuses to step past its end, so the run stops with a "
+            f"ValueError after {length + 1} optimizer steps.",
+            f"give it the optimizer steps the run takes: total_steps={total_steps}.",
+            evidence=evidence)]
     try:
-        zero = all((lrs := lrs_at(scheduler, step)) is not None and lrs and not any(lrs)
-                   for step in probed)
+        zero = all(lrs is not None and lrs and not any(lrs)
+                   for lrs in lrs_at(scheduler, _probed(length, total_steps)))
     except Exception:  # a schedule of the user's own that fails here is not this check's
         return []
     if not zero:

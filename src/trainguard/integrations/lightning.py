@@ -247,10 +247,11 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
 
 
 def _total_steps(trainer: Any) -> int | None:
-    """The optimizer steps the fit takes, where Lightning knows them (`max_steps`, else its
-    estimate from the epochs and the loader's length); None when it does not."""
+    """The optimizer steps the fit takes, where Lightning knows them (its
+    `estimated_stepping_batches`: the lesser of `max_steps` and the epochs' batches over the
+    accumulation); None when it does not."""
     try:
-        steps = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        steps = trainer.estimated_stepping_batches
     except Exception:  # a loader without a length: the run's length is unknown
         return None
     return int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) and steps > 0 \
