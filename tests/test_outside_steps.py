@@ -67,3 +67,51 @@ def test_the_readme_loop_and_a_proof_between_steps_are_not_outside_steps(tmp_pat
     guard.close()
     assert outside(guard) == []
     assert not optimizer._optimizer_step_post_hooks  # closing the Guard removed its hooks
+
+
+def schedule_loop(steps: int, own_step: bool, *, load_at: int | None = None,
+                  policy: str = "protect") -> tuple[Guard, list]:
+    """The README's loop with a warmup scheduler given to the Guard; `own_step`: the loop also
+    calls `scheduler.step()` (as it did before trainguard); `load_at`: the loop loads a
+    checkpoint's scheduler state (far ahead) before that step."""
+    model, optimizer = setup()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
+    ahead = torch.optim.lr_scheduler.LambdaLR(_optimizer(), lambda s: 1.0)
+    for _ in range(200):
+        ahead.optimizer.step()
+        ahead.step()
+    guard = Guard(model, optimizer, scheduler, config=GuardConfig(policy=policy, **QUIET))
+    told = []
+    for step in range(steps):
+        if step == load_at:
+            scheduler.load_state_dict(ahead.state_dict())
+        x, y = torch.randn(16, 8), torch.randn(16, 1)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        report = guard.step(loss)
+        told += [e for e in report.events if e.kind == "scheduler_step_outside"]
+        optimizer.zero_grad(set_to_none=True)
+        if own_step:
+            scheduler.step()
+    guard.close()
+    return guard, told
+
+
+def _optimizer() -> torch.optim.Optimizer:
+    return torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+
+
+def test_the_loops_own_scheduler_step_is_told_once_with_the_pace() -> None:
+    guard, told = schedule_loop(20, own_step=True)
+    [event] = [e for e in guard.events if e.kind == "scheduler_step_outside"]
+    assert told == [event]  # with the step's report, as its other events
+    assert event.step == 3 and event.severity == "warning"
+    assert "runs 2x as fast" in event.message and "remove the loop's scheduler.step()" in (
+        event.message)
+
+
+def test_the_guard_stepping_its_scheduler_alone_or_a_loaded_checkpoint_is_not() -> None:
+    for guard, _ in (schedule_loop(20, own_step=False),
+                     schedule_loop(20, own_step=False, load_at=7),
+                     schedule_loop(20, own_step=False, policy="observe")):
+        assert [e for e in guard.events if e.kind == "scheduler_step_outside"] == []

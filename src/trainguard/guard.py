@@ -18,6 +18,7 @@ callbacks use too: the Guard only takes the optimizer step.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -35,7 +36,7 @@ from trainguard.diagnose.counterfactual import Proof
 from trainguard.diagnose.replay import LossFn
 from trainguard.errors import UsageError
 from trainguard.events import Event, StepReport
-from trainguard.outside_steps import OutsideSteps
+from trainguard.outside_steps import OutsideScheduleSteps, OutsideSteps
 from trainguard.pipeline.run import Run
 from trainguard.probes.samples import SampleFn
 from trainguard.ranked_cause import RankedCause
@@ -86,6 +87,8 @@ class Guard:
         self.config = self.run.config
         self._outside = OutsideSteps(optimizer)
         """The loop's own `optimizer.step()` calls, told once (`outside_steps.py`)."""
+        self._outside_schedule = OutsideScheduleSteps(scheduler)
+        """The loop's own `scheduler.step()` calls on the Guard's scheduler, told once."""
         self._stale = StaleGrads(_trained(model, optimizer))
         """Gradients the loop never clears, told once (`stale_grads.py`)."""
         self._samples = (SamplesSeen(sample_fn, self.config) if sample_fn is not None
@@ -150,18 +153,23 @@ class Guard:
         if self.run.closed:
             self.run.raise_if_peer_lost()
             raise UsageError("this Guard is closed; create a new one to keep training")
-        for event in (self._outside.check(self.run.steps_taken), self._stale.check()):
-            if event is not None:
-                self.run.emit_event(event)
+        loop_faults = [event for event in (self._outside.check(self.run.steps_taken),
+                                           self._outside_schedule.check(self.run.steps_taken),
+                                           self._stale.check()) if event is not None]
+        for event in loop_faults:
+            self.run.emit_event(event)
         if self._samples is not None:
             self._samples.before_first_update(self.model, self.run)
         try:
             report = self._step(loss, batch, data_ids, metrics)
         finally:
             self._outside.step_ended()
+            self._outside_schedule.step_ended()
             self._stale.step_ended(self.run.steps_taken)
         if self._samples is not None and report is not None:
             self._samples.after_step(self.model, self.run, report.step)
+        if report is not None and loop_faults:  # the loop's own faults, told with the step
+            report = dataclasses.replace(report, events=[*loop_faults, *report.events])
         return report
 
     @property

@@ -257,6 +257,7 @@ class Kind:
     PARAMS_UNFROZEN = "params_unfrozen"
     OPTIMIZER_STEP_OUTSIDE = "optimizer_step_outside"
     GRADS_NOT_CLEARED = "grads_not_cleared"
+    SCHEDULER_STEP_OUTSIDE = "scheduler_step_outside"
     KL_BLOWUP = "kl_blowup"
     REWARD_DEAD = "reward_dead"
     PREFERENCE_UNLEARNED = "preference_unlearned"
@@ -423,8 +424,9 @@ for _name, _description, _severity in (
     ("batch_outlier", "a field far above its typical magnitude in earlier batches", "warning"),
     ("batch_labels", "every label of the batch is ignored (-100): the loss averages nothing",
      "error"),
-    ("batch_label_order", "the batches inspected each hold one label, a different one from "
-     "stretch to stretch: the data is ordered by label, not shuffled", "warning"),
+    ("batch_label_order", "the batches inspected each hold one label (or a few neighbouring "
+     "ones), different ones from stretch to stretch: the data is ordered by label, not "
+     "shuffled", "warning"),
     ("batch_size", "batches smaller than configured: silently truncated", "warning"),
     ("batch_above_chance", "a language model's loss far above chance level on this batch",
      "warning"),
@@ -446,6 +448,8 @@ _kind("precision_fault", "a replay confirmed a float16 overflow and the faults c
 _kind("monitor_error", "trainguard could not check a step; it was applied unguarded", "warning")
 _kind("optimizer_step_outside", "optimizer.step() ran outside guard.step (a loop that still "
       "calls it updates twice per batch)", "warning")
+_kind("scheduler_step_outside", "scheduler.step() ran outside guard.step on the scheduler the "
+      "Guard steps: the schedule runs at twice its pace", "warning")
 _kind("grads_not_cleared", "a step's backward added to the gradients of the step before: the "
       "loop never calls optimizer.zero_grad(), so each update applies the sum of every gradient "
       "so far", "error",

@@ -70,7 +70,8 @@ def test_the_state_carries_over_a_resume() -> None:
 
 
 def _run(set_lr: dict[int, float], steps: int, scheduler_steps: int | None = None,
-         rprop: bool = False) -> tuple[list[tuple[str, str, int, int]], Guard]:
+         rprop: bool = False, per_batch_step_lr: bool = False
+         ) -> tuple[list[tuple[str, str, int, int]], Guard]:
     """The events (kind, severity, step, and the step whose `guard.step` returned it)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -78,6 +79,8 @@ def _run(set_lr: dict[int, float], steps: int, scheduler_steps: int | None = Non
                  else torch.optim.AdamW(model.parameters(), lr=1e-2))
     scheduler = (None if scheduler_steps is None else torch.optim.lr_scheduler.PolynomialLR(
         optimizer, total_iters=scheduler_steps, power=1.0))
+    if per_batch_step_lr:  # written for epochs of 10 batches, stepped every batch
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.1)
     guard = Guard(model, optimizer, config=GuardConfig(**QUIET))
     x, y = torch.randn(256, 8), torch.randn(256, 1)
     told = []
@@ -123,6 +126,15 @@ def test_an_lr_set_back_after_a_pause_is_told_and_the_run_is_no_recovery() -> No
     assert guard.verdict is not None and guard.verdict.verdict == "healthy"
 
 
+def test_a_step_schedule_stepped_per_batch_is_told_once_it_is_below_1e12() -> None:
+    told, guard = _run({}, 300, per_batch_step_lr=True)
+    [event] = [t for t in told if t[0] == "lr_at_zero"]
+    assert event[:3] == ("lr_at_zero", "warning", 139)  # 1e-14 from step 130
+    assert guard.verdict is not None and guard.verdict.verdict == "stalled"
+    assert "the LR under 1e-12 of its highest in every parameter group from step 130" in (
+        guard.verdict.message)
+
+
 def test_rprop_which_the_lr_does_not_hold_back_is_not_judged() -> None:
     told, guard = _run({60: 0.0}, 120, rprop=True)
     assert [t for t in told if t[0] == "lr_at_zero"] == []
@@ -132,7 +144,9 @@ def test_rprop_which_the_lr_does_not_hold_back_is_not_judged() -> None:
 @pytest.mark.parametrize("rows", [
     [(1e-3, 1e-3)] * 20 + [(0.0,)] * 100,  # fewer groups than the columns hold: NaN-padded
     [(1e-3,)] * 20 + [(0.0,)] * 5 + [(1e-3,)] * 30 + [(0.0,)] * 40 + [()] * 3 + [(0.0,)] * 9,
-], ids=["ragged", "stretches"])
+    [(10.0 ** -k, 10.0 ** -(k + 1)) for k in range(40)] + [(1e-3, 1e-3)] * 5
+    + [(1e-20, 0.0)] * 12 + [(1e-3, math.nan)] * 4 + [(1e-30, 1e-30)] * 12,
+], ids=["ragged", "stretches", "tiny"])
 def test_the_fast_path_decides_as_check(rows: list[tuple[float, ...]]) -> None:
     width = max(len(r) for r in rows)
     lrs = np.full((len(rows), width), math.nan)

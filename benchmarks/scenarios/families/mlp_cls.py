@@ -19,9 +19,11 @@ Scenarios:
                          learns the wrong mapping, while the held-out accuracy (correct labels)
                          drops far below chance.
     mlp_cls_unshuffled   (§3.2) the loader is built without shuffling over data stored class by
-                         class: 75 batches of class 0, then 75 of class 1, and so on, an epoch of
-                         300 steps. The model predicts the class of the moment, its loss
-                         jumps at every change of class, and it never learns to tell them apart.
+                         class: 4760 samples of class 0 (74 batches and a half), then of class
+                         1, and so on, an epoch of 300 steps. The model predicts the class of
+                         the moment and its loss jumps at every change of class: unguarded, its
+                         held-out loss ends at 0.21-0.78 on seeds 0-2, the shuffled run's at
+                         0.002.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ EVAL_EVERY = 25
 GLITCH_STEPS = (80, 81)
 GLITCH_LR = 300.0
 LABEL_SHIFT_AT = 120
-RUN_OF_CLASS = 75
-"""Batches of one class in a row when the data is not shuffled."""
+SAMPLES_PER_CLASS = 4760
+"""Samples of each class in a row when the data is not shuffled (74 batches and some: the batch
+at each change of class holds two)."""
 
 
 def _generator(seed: int, stream: int, step: int) -> torch.Generator:
@@ -66,17 +69,17 @@ def build(seed: int, recipe: Recipe) -> Workload:
                           nn.Linear(64, CLASSES))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
-    def sample(generator: torch.Generator, size: int, label: int | None = None
+    def sample(generator: torch.Generator, size: int, labels: torch.Tensor | None = None
                ) -> dict[str, torch.Tensor]:
-        y = (torch.randint(0, CLASSES, (size,), generator=generator) if label is None
-             else torch.full((size,), label))
+        y = torch.randint(0, CLASSES, (size,), generator=generator) if labels is None else labels
         return {"x": centers[y] + torch.randn(size, 16, generator=generator), "y": y}
 
     held_out = sample(_generator(seed, 1, 0), 512)
 
     def batch(step: int, micro: int) -> dict[str, torch.Tensor]:
-        label = (step // RUN_OF_CLASS) % CLASSES if recipe.unshuffled else None
-        data = sample(_generator(seed, 0, step), BATCH_SIZE, label)
+        stored = ((step * BATCH_SIZE + torch.arange(BATCH_SIZE)) // SAMPLES_PER_CLASS) % CLASSES
+        data = sample(_generator(seed, 0, step), BATCH_SIZE,
+                      stored if recipe.unshuffled else None)
         if recipe.label_shift_at is not None and step >= recipe.label_shift_at:
             data = {"x": data["x"], "y": (data["y"] + 1) % CLASSES}
         return data
@@ -125,6 +128,6 @@ def scenarios() -> list[Scenario]:
                              "one class; held-out accuracy falls below chance"),
         Scenario("mlp_cls_unshuffled", FAMILY, partial(build, recipe=Recipe(unshuffled=True)),
                  STEPS, cause="unshuffled_data", onset_step=0, sudden=False, recoverable=False,
-                 description=f"the data is not shuffled: {RUN_OF_CLASS} batches of one class, "
-                             "then the next; the model predicts the class of the moment"),
+                 description=f"the data is not shuffled: {SAMPLES_PER_CLASS} samples of one "
+                             "class, then the next; the model predicts the class of the moment"),
     ]

@@ -1,4 +1,7 @@
-"""`lr_at_zero`: every parameter group's LR has been exactly 0 for a while, after it was positive.
+"""`lr_at_zero`: every parameter group's LR has been 0 for a while, after it was positive.
+
+"0" is exactly 0, or under `TINY` of the highest LR the run had (a scheduler stepped per batch
+where it was written per epoch decays it geometrically without ever reaching 0).
 
 At LR 0 the step of an optimizer that scales it by the LR (SGD, Adam and their kin, weight decay
 included) changes nothing, so the run goes on spending compute and learns nothing. What leaves
@@ -28,10 +31,14 @@ from typing import Any
 import numpy as np
 
 from trainguard.detect.base import StreakDetector
-from trainguard.detect.calm import SignalColumns, finite_positive
+from trainguard.detect.calm import SignalColumns
 from trainguard.events import Event
 from trainguard.signals import StepSignals
 
+TINY = 1e-12
+"""An LR under this share of the highest the run had moves nothing either (a float32 weight
+resolves 1e-7 of itself): where a scheduler stepped per batch decays it, geometrically, without
+ever reaching 0. A cosine ends above it but for its last step or two on runs of millions."""
 UNTRAINED_SHARE = 0.1
 """A stretch at 0 to the run's end makes it `stalled` when it is at least this share of the
 steps seen."""
@@ -53,10 +60,12 @@ class LRAtZero(StreakDetector):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.last_positive = 0.0
-        """The largest LR of the last step at which any group's LR was positive (0: none yet)."""
+        self.highest = 0.0
+        """The highest finite LR any group has had (0: none positive yet)."""
         self.seen = 0
         """Steps seen with an LR."""
+        self.streak_top = 0.0
+        """The highest LR of the steps in the streak (0: all exactly 0)."""
         self.judged = True
         """False for an optimizer whose step the LR does not scale (`lr_scales_steps`)."""
 
@@ -69,56 +78,68 @@ class LRAtZero(StreakDetector):
         if not lrs or not self.judged:
             return []
         self.seen += 1
-        if all(lr == 0.0 for lr in lrs):
-            if not self.last_positive:
+        highest = self.highest
+        if all(lr == 0.0 or (math.isfinite(lr) and lr <= TINY * highest) for lr in lrs):
+            if not highest:
                 return []  # a warm-up from 0
             self.streak += 1  # neither calm nor told yet: the episode does not re-arm at 0
+            self.streak_top = max(self.streak_top, *lrs)
             if self.streak < self.needed or not self.episode.update(True):
                 return []
             first = signals.step - self.streak + 1
+            what = ("0" if not self.streak_top
+                    else f"under {TINY:g} of its highest (at most {self.streak_top:.3g})")
             return [self.event(
                 signals.step, "warning",
-                f"the LR has been 0 in every parameter group for {self.streak} steps (since "
-                f"step {first}; it was {self.last_positive:.3g} before): the optimizer steps "
+                f"the LR has been {what} in every parameter group for {self.streak} steps "
+                f"(since step {first}; its highest was {highest:.3g}): the optimizer steps "
                 "change nothing, so nothing trains. A scheduler shorter than the run "
-                "(num_training_steps, total_iters below the optimizer steps taken) leaves it "
-                "there, as does code that sets param_group['lr']",
-                value=0.0, since=first, before=self.last_positive)]
-        positive = [lr for lr in lrs if lr > 0.0 and math.isfinite(lr)]
-        if positive:
-            self.last_positive = max(positive)
+                "(num_training_steps, total_iters below the optimizer steps taken) or stepped "
+                "per batch where it was written per epoch leaves it there, as does code that "
+                "sets param_group['lr']",
+                value=self.streak_top, since=first, highest=highest)]
+        finite = [lr for lr in lrs if math.isfinite(lr)]
+        if finite:
+            self.highest = max(highest, *finite)
+        self.streak_top = 0.0
         self.count(False)
         return []
 
     def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
-        """Calm rows, while no streak is under way: rows up to the first whose LRs are all 0 or
-        missing (NaN: `check` may read fewer groups there). The state follows from the rows
-        with an LR and the last with a positive one."""
+        """Calm rows, while no streak is under way: rows up to the first whose LRs are all at 0
+        (or under `TINY` of the highest before them) or missing (NaN: `check` may read fewer
+        groups there). The state follows from the rows' highest LR and their count."""
         if not self.judged:
             return end
         if self.streak or self.episode.active:
             return start
         given = columns.has_lr[start:end]
         rows = columns.group_lrs[start:end]
-        zero = given & ((rows == 0.0) | np.isnan(rows)).all(axis=1)
+        finite = np.isfinite(rows)
+        row_top = np.where(given, np.where(finite, rows, -np.inf).max(axis=1, initial=-np.inf),
+                           -np.inf)
+        before = np.maximum.accumulate(np.concatenate([[self.highest], row_top]))[:-1]
+        with np.errstate(invalid="ignore"):
+            low = (rows == 0.0) | (finite & (rows <= TINY * before[:, None])) | ~finite
+        zero = given & low.all(axis=1)
         stop = int(np.argmax(zero)) if zero.any() else len(rows)
-        positive = finite_positive(rows[:stop]) & given[:stop, None]
-        with_positive = np.flatnonzero(positive.any(axis=1))
-        if len(with_positive):
-            last = rows[with_positive[-1]]
-            self.last_positive = float(last[positive[with_positive[-1]]].max())
+        if stop:
+            self.highest = max(self.highest, float(before[stop - 1]), float(row_top[stop - 1]))
         self.seen += int(given[:stop].sum())
         return start + stop
 
     def untrained(self) -> tuple[int, str] | None:
         if self.streak >= max(self.needed, UNTRAINED_SHARE * self.seen):
-            return self.streak, "the LR at 0 in every parameter group"
+            what = "at 0" if not self.streak_top else f"under {TINY:g} of its highest"
+            return self.streak, f"the LR {what} in every parameter group"
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "last_positive": self.last_positive, "seen": self.seen}
+        return {**super().state_dict(), "highest": self.highest, "seen": self.seen,
+                "streak_top": self.streak_top}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.last_positive = float(state.get("last_positive", 0.0))
+        self.highest = float(state.get("highest", 0.0))
+        self.streak_top = float(state.get("streak_top", 0.0))
         self.seen = int(state.get("seen", 0))

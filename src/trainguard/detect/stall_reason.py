@@ -15,6 +15,8 @@ cause code it points at):
   it at 0);
 - the parameters that get gradients took no update at any measured step, while some groups'
   LR is 0 (`lr_too_low`: the LR of their groups);
+- the LR fell, within those steps, to `LR_FELL` of the highest it had among them or below
+  (`lr_too_low`: a schedule stepped per batch where it was written per epoch);
 - the updates are too small to move the weights: the typical parameter's update, over the steps
   judged, adds up to less than `MOVED` of its norm even if every step pointed the same way
   (`lr_too_low`);
@@ -57,6 +59,9 @@ TREND_Z = 3.0
 (slowly: an LR too low, or a model thrown around by one too high), not held there."""
 NAMED = 3
 """Parameters named in a message."""
+LR_FELL = 1e-3
+"""An LR that fell to this share of the highest it had over the steps judged has left the
+run nothing to train with, whatever the updates measured earlier in them."""
 SAMPLES = 16
 """The sampled updates kept (the steps judged hold `stall_steps / sample_every` of them)."""
 
@@ -93,6 +98,8 @@ class StallEvidence:
         self.zero_lr = 0
         """Steps at which every group's LR was 0."""
         self.top_lr = 0.0
+        self.last_lr: float | None = None
+        """The LR of the last step judged."""
         self.with_grad = 0
         """Steps with any gradient (a finite norm above 0)."""
         self.got_grad: np.ndarray | None = None
@@ -106,6 +113,7 @@ class StallEvidence:
         if lr is not None and math.isfinite(lr):
             self.zero_lr += lr == 0
             self.top_lr = max(self.top_lr, lr)
+            self.last_lr = lr
         grad = signals.grad_norm
         self.with_grad += bool(math.isfinite(grad) and grad > 0)
         norms = np.asarray(signals.param_grad_norm, dtype=np.float64)
@@ -162,6 +170,14 @@ class StallEvidence:
                                f"at any of the {len(self.updates)} steps measured (||dW|| = 0), "
                                f"and {zero_groups} of the {len(group_lrs)} parameter groups are "
                                "at LR 0: the LR of their groups", {"lr": lr, "update": 0.0})
+        last = self.last_lr
+        if last is not None and 0 < last <= LR_FELL * lr:
+            return StallReason("lr_too_low", f"the LR fell to {last:.3g} by the last of those "
+                               f"steps, {lr / last:.3g}x below the {lr:.3g} it had among "
+                               "them: a schedule that decays per batch where it was written "
+                               "per epoch (StepLR, ExponentialLR stepped in the batch loop), or "
+                               "one far shorter than the run, leaves the weights nothing to "
+                               "move with", {"lr": last, "highest": lr, "update": typical})
         if typical is not None and typical * steps < MOVED:
             return StallReason("lr_too_low", f"the updates moved the typical weight by "
                                f"{typical:.2g} of its norm per step (median of {len(self.updates)} "

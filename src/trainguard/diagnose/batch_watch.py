@@ -101,7 +101,6 @@ class BatchWatch:
                 stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
             findings = inspect_batch(batch, model=self.model, history=self._history,
                                      stats=stats)
-            ordered = self._order.observe(stats, step)
             above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}",
                                              ceiling=ceiling)
                      if level is not None else None)
@@ -113,6 +112,7 @@ class BatchWatch:
             seen.inspected = True
             seen.nonfinite = "batch_nonfinite" in current
             events.extend(finding_event(f, step) for f in findings if f.check not in self._active)
+            ordered = self._order.observe(stats, step, fired)
             if ordered is not None:  # about the batches so far, not this one: told apart
                 events.append(finding_event(ordered, step))
             self._active = current

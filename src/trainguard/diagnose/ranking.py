@@ -288,11 +288,15 @@ def _against_lr(data_runs: list[tuple[Finding, str]], symptoms: list[Event],
     """Why the trouble is the data's rather than the LR's, where the run shows it: it began
     with a run of bad batches, or the data comes ordered by label (`batch_label_order`: the
     loss's jumps at each change of class, and a model that predicts the class of the moment,
-    are that order's); "" otherwise."""
+    are that order's; not trouble at the first step, which has seen one batch, nor a
+    non-finite value, which no order makes); "" otherwise."""
     if data_runs and symptoms and min(e.step for e in symptoms) >= min(
             r.evidence["first_step"] for r, _ in data_runs):
         return "the trouble began with a run of bad batches"
-    if any(e.details.get("cause") == "unshuffled_data" for e in serious):
+    nonfinite = kinds_tagged(Tag.NONFINITE)
+    if (any(e.details.get("cause") == "unshuffled_data" for e in serious) and symptoms
+            and min(e.step for e in symptoms) >= 1
+            and not any(e.kind in nonfinite for e in serious)):
         return ORDERED
     return ""
 
