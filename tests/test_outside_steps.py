@@ -115,3 +115,21 @@ def test_the_guard_stepping_its_scheduler_alone_or_a_loaded_checkpoint_is_not() 
                      schedule_loop(20, own_step=False, load_at=7),
                      schedule_loop(20, own_step=False, policy="observe")):
         assert [e for e in guard.events if e.kind == "scheduler_step_outside"] == []
+
+
+def test_a_deferred_guard_concluding_its_step_between_calls_is_not_told() -> None:
+    """Under sync="deferred", `state_dict` concludes the pending step, and with it steps the
+    scheduler, between two calls: the Guard's own step."""
+    model, optimizer = setup()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
+    guard = Guard(model, optimizer, scheduler, config=GuardConfig(sync="deferred", **QUIET))
+    for _ in range(12):
+        loss = nn.functional.mse_loss(model(torch.randn(16, 8)), torch.randn(16, 1))
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+        guard.state_dict()
+    guard.close()
+    assert [e for e in guard.events if e.kind == "scheduler_step_outside"] == []
+    assert scheduler.last_epoch == 12

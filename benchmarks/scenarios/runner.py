@@ -124,7 +124,9 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
                 (workload.scaler.scale(scaled) if workload.scaler is not None
                  else scaled).backward()
         step_loss = step_loss + scaled.detach().float()
-    action = stepper.step(step_loss, batch)
+    # one micro-batch: the loss as a loop hands it over, its graph included
+    handed = loss.float() if workload.accumulation == 1 else step_loss
+    action = stepper.step(handed, batch)
     if workload.skips_zero_grad is None or not workload.skips_zero_grad(step):
         workload.optimizer.zero_grad(set_to_none=True)
     return action, float(step_loss)

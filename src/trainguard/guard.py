@@ -87,8 +87,10 @@ class Guard:
         self.config = self.run.config
         self._outside = OutsideSteps(optimizer)
         """The loop's own `optimizer.step()` calls, told once (`outside_steps.py`)."""
-        self._outside_schedule = OutsideScheduleSteps(scheduler)
-        """The loop's own `scheduler.step()` calls on the Guard's scheduler, told once."""
+        self._outside_schedule = OutsideScheduleSteps(
+            scheduler if self.config.sync != "deferred" else None)
+        """The loop's own `scheduler.step()` calls on the Guard's scheduler, told once (not
+        under `sync="deferred"`, whose pending step the Guard may conclude between calls)."""
         self._stale = StaleGrads(_trained(model, optimizer))
         """Gradients the loop never clears, told once (`stale_grads.py`)."""
         self._samples = (SamplesSeen(sample_fn, self.config) if sample_fn is not None

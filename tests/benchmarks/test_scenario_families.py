@@ -150,6 +150,7 @@ CAUGHT = [
     # checked on one step in 10 after the first 10 (`stale_grads.EVERY`)
     Caught("gpt2_forgotten_zero_grad", after=20, latency=10, first_cause="grads_not_cleared",
            kinds=frozenset({"grads_not_cleared"}), needs="transformers"),
+    Caught("mlp_cls_double_softmax", first_cause="double_activation"),
     Caught("mlp_cls_unshuffled", latency=10, first_cause="unshuffled_data",
            kinds=frozenset({"batch_label_order"})),
     Caught("gpt2_schedule_too_short", after=110, latency=9, first_cause="lr_at_zero",

@@ -135,6 +135,16 @@ def test_a_step_schedule_stepped_per_batch_is_told_once_it_is_below_1e12() -> No
         guard.verdict.message)
 
 
+def test_an_lr_set_under_1e12_of_its_highest_is_told_at_its_step() -> None:
+    told, _ = _run({60: 1e-15}, 120)
+    assert [t for t in told if t[0] == "lr_at_zero"] == [("lr_at_zero", "warning", 69, 69)]
+
+
+def test_a_negative_lr_is_no_zero() -> None:
+    detector = LRAtZero(DetectorConfig())
+    assert _told(detector, [(1e-3,)] * 20 + [(-1e-4,)] * 30) == []
+
+
 def test_rprop_which_the_lr_does_not_hold_back_is_not_judged() -> None:
     told, guard = _run({60: 0.0}, 120, rprop=True)
     assert [t for t in told if t[0] == "lr_at_zero"] == []

@@ -49,7 +49,8 @@ def train_lm(lr: float, steps: int = 130, *, zero_schedule: bool = False,
     return guard
 
 
-def train_classifier(optimizer: str, *, random_labels: bool, steps: int = 130) -> Guard:
+def train_classifier(optimizer: str, *, random_labels: bool, steps: int = 130,
+                     schedule: str | None = None) -> Guard:
     """A ReLU MLP on 4 classes, a fresh batch of Gaussian inputs each step; the labels drawn
     apart from the inputs (`random_labels`) or read from them (the argmax of a fixed
     projection). The new head starts small, as heads are initialised (its first loss is at
@@ -60,7 +61,13 @@ def train_classifier(optimizer: str, *, random_labels: bool, steps: int = 130) -
     nn.init.zeros_(model[2].bias)
     opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw"
            else torch.optim.SGD(model.parameters(), lr=0.05))
-    guard = Guard(model, opt, config=QUIET)
+    scheduler = {
+        None: None,
+        # written for epochs of 10 batches, stepped every batch
+        "step_per_batch": lambda: torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.1),
+        "warm_restarts": lambda: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, 100),
+    }[schedule]
+    guard = Guard(model, opt, scheduler() if scheduler else None, config=QUIET)
     generator = torch.Generator().manual_seed(1)
     projection = torch.randn(16, 4, generator=generator)
     for _ in range(steps):
@@ -102,6 +109,22 @@ def test_labels_drawn_apart_from_the_inputs_stall_at_chance_and_are_named(optimi
     learning = train_classifier(optimizer, random_labels=False)
     assert learning.events == []
     assert learning.verdict is not None and learning.verdict.verdict == "healthy"
+
+
+def test_an_lr_that_fell_1000x_within_the_steps_judged_is_named() -> None:
+    guard = train_classifier("adamw", random_labels=True, schedule="step_per_batch")
+    event, = stalls(guard)
+    assert event.details["cause"] == "lr_too_low"
+    assert "the LR fell to 1e-13 by the last of those steps" in event.message
+    assert guard.diagnose()[0].code == "lr_too_low"
+
+
+def test_the_end_of_a_cosine_cycle_is_no_fallen_lr() -> None:
+    """Judged as a cosine cycle ends: its last two steps are under 1/1000 of the top, which
+    says nothing of the 98 before them; the labels are what the run shows."""
+    guard = train_classifier("adamw", random_labels=True, schedule="warm_restarts")
+    event, = stalls(guard)
+    assert event.details["cause"] == "label_problem"
 
 
 def test_an_lr_too_low_to_move_the_weights_is_named() -> None:

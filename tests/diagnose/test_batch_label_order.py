@@ -159,3 +159,19 @@ def test_the_order_weighs_the_configuration_down_only_where_it_can_explain(
     with_order = score([*symptoms, ORDER])
     assert (with_order < first.score) == weighed_down
     assert with_order <= first.score
+
+
+@pytest.mark.parametrize("skew", ["one_class_97", "zipf_1000"])
+def test_shuffled_skewed_labels_are_not_told(skew: str) -> None:
+    """Skewed labels give narrow batches around their common classes, and single-label ones
+    of the most common class only."""
+    for seed in range(10):
+        generator = torch.Generator().manual_seed(seed)
+        if skew == "one_class_97":
+            weights = torch.full((20,), 0.03 / 19)
+            weights[10] = 0.97
+        else:
+            weights = 1.0 / torch.arange(1, 1001).float() ** 1.5
+        batches = [_xy(torch.multinomial(weights, 8, replacement=True,
+                                         generator=generator).tolist()) for _ in range(64)]
+        assert _told(batches) == [], seed

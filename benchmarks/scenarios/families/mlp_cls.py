@@ -18,6 +18,9 @@ Scenarios:
                          labelled i + 1): the train loss jumps, then falls again as the model
                          learns the wrong mapping, while the held-out accuracy (correct labels)
                          drops far below chance.
+    mlp_cls_double_softmax (§3.3.1) the model ends in `nn.Softmax` and `cross_entropy` applies its
+                         own: the loss sees probabilities in [0, 1], cannot fall below
+                         ln(1 + 3/e) = 0.74, and its gradients shrink as the model grows sure.
     mlp_cls_unshuffled   (§3.2) the loader is built without shuffling over data stored class by
                          class: 4760 samples of class 0 (74 batches and a half), then of class
                          1, and so on, an epoch of 300 steps. The model predicts the class of
@@ -60,13 +63,15 @@ class Recipe:
     glitch: bool = False
     label_shift_at: int | None = None
     unshuffled: bool = False
+    double_softmax: bool = False
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
     centers = torch.randn(CLASSES, 16, generator=_generator(0, 9, 0)) * 2
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                          nn.Linear(64, CLASSES))
+                          nn.Linear(64, CLASSES), *([nn.Softmax(dim=1)] if recipe.double_softmax
+                                                    else []))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
     def sample(generator: torch.Generator, size: int, labels: torch.Tensor | None = None
@@ -107,6 +112,7 @@ def build(seed: int, recipe: Recipe) -> Workload:
 
 
 BASELINES: dict[str, str] = {"mlp_cls_dead_relu": "mlp_cls_healthy",
+                             "mlp_cls_double_softmax": "mlp_cls_healthy",
                              "mlp_cls_label_shift": "mlp_cls_healthy",
                              "mlp_cls_unshuffled": "mlp_cls_healthy"}
 
@@ -126,6 +132,11 @@ def scenarios() -> list[Scenario]:
                  recoverable=False,
                  description=f"from step {LABEL_SHIFT_AT} the training labels are shifted by "
                              "one class; held-out accuracy falls below chance"),
+        Scenario("mlp_cls_double_softmax", FAMILY,
+                 partial(build, recipe=Recipe(double_softmax=True)), STEPS,
+                 cause="double_activation", onset_step=0, sudden=False, recoverable=False,
+                 description="the model ends in nn.Softmax and cross_entropy applies its own: "
+                             "the loss sees probabilities, and learns ever more slowly"),
         Scenario("mlp_cls_unshuffled", FAMILY, partial(build, recipe=Recipe(unshuffled=True)),
                  STEPS, cause="unshuffled_data", onset_step=0, sudden=False, recoverable=False,
                  description=f"the data is not shuffled: {SAMPLES_PER_CLASS} samples of one "

@@ -79,7 +79,7 @@ class LRAtZero(StreakDetector):
             return []
         self.seen += 1
         highest = self.highest
-        if all(lr == 0.0 or (math.isfinite(lr) and lr <= TINY * highest) for lr in lrs):
+        if self.idle(lrs):
             if not highest:
                 return []  # a warm-up from 0
             self.streak += 1  # neither calm nor told yet: the episode does not re-arm at 0
@@ -105,6 +105,13 @@ class LRAtZero(StreakDetector):
         self.count(False)
         return []
 
+    def idle(self, lrs: tuple[float, ...]) -> bool:
+        """Whether every group's LR is 0 (or under `TINY` of the highest so far, not
+        negative): what this detector counts; the calm lane leaves such a step to the full
+        check, so that the warning comes at its step."""
+        return all(lr == 0.0 or (math.isfinite(lr) and 0.0 <= lr <= TINY * self.highest)
+                   for lr in lrs)
+
     def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
         """Calm rows, while no streak is under way: rows up to the first whose LRs are all at 0
         (or under `TINY` of the highest before them) or missing (NaN: `check` may read fewer
@@ -120,7 +127,8 @@ class LRAtZero(StreakDetector):
                            -np.inf)
         before = np.maximum.accumulate(np.concatenate([[self.highest], row_top]))[:-1]
         with np.errstate(invalid="ignore"):
-            low = (rows == 0.0) | (finite & (rows <= TINY * before[:, None])) | ~finite
+            low = ((rows == 0.0) | (finite & (rows >= 0.0) & (rows <= TINY * before[:, None]))
+                   | ~finite)
         zero = given & low.all(axis=1)
         stop = int(np.argmax(zero)) if zero.any() else len(rows)
         if stop:

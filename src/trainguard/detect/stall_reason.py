@@ -15,8 +15,9 @@ cause code it points at):
   it at 0);
 - the parameters that get gradients took no update at any measured step, while some groups'
   LR is 0 (`lr_too_low`: the LR of their groups);
-- the LR fell, within those steps, to `LR_FELL` of the highest it had among them or below
-  (`lr_too_low`: a schedule stepped per batch where it was written per epoch);
+- the LR fell, within those steps, to `LR_FELL` of the highest it had among them or below,
+  and stayed there for half of them or more (`lr_too_low`: a schedule stepped per batch where
+  it was written per epoch; the end of a cosine cycle passes by);
 - the updates are too small to move the weights: the typical parameter's update, over the steps
   judged, adds up to less than `MOVED` of its norm even if every step pointed the same way
   (`lr_too_low`);
@@ -100,6 +101,8 @@ class StallEvidence:
         self.top_lr = 0.0
         self.last_lr: float | None = None
         """The LR of the last step judged."""
+        self.fallen = 0
+        """Steps judged whose LR was at most `LR_FELL` of the highest before them."""
         self.with_grad = 0
         """Steps with any gradient (a finite norm above 0)."""
         self.got_grad: np.ndarray | None = None
@@ -112,6 +115,7 @@ class StallEvidence:
         self.steps += 1
         if lr is not None and math.isfinite(lr):
             self.zero_lr += lr == 0
+            self.fallen += 0 <= lr <= LR_FELL * self.top_lr
             self.top_lr = max(self.top_lr, lr)
             self.last_lr = lr
         grad = signals.grad_norm
@@ -171,7 +175,7 @@ class StallEvidence:
                                f"and {zero_groups} of the {len(group_lrs)} parameter groups are "
                                "at LR 0: the LR of their groups", {"lr": lr, "update": 0.0})
         last = self.last_lr
-        if last is not None and 0 < last <= LR_FELL * lr:
+        if last is not None and 0 <= last <= LR_FELL * lr and 2 * self.fallen >= steps:
             return StallReason("lr_too_low", f"the LR fell to {last:.3g} by the last of those "
                                f"steps, {lr / last:.3g}x below the {lr:.3g} it had among "
                                "them: a schedule that decays per batch where it was written "
@@ -232,7 +236,7 @@ class StallEvidence:
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "zero_lr": self.zero_lr, "top_lr": self.top_lr,
-                "with_grad": self.with_grad,
+                "last_lr": self.last_lr, "fallen": self.fallen, "with_grad": self.with_grad,
                 "got_grad": None if self.got_grad is None else self.got_grad.tolist(),
                 "updates": [u.tolist() for u in self.updates], "classes": self.classes,
                 "sizes": None if self.sizes is None else self.sizes.tolist()}
@@ -242,6 +246,9 @@ class StallEvidence:
         self.steps = int(state.get("steps", 0))
         self.zero_lr = int(state.get("zero_lr", 0))
         self.top_lr = float(state.get("top_lr", 0.0))
+        last = state.get("last_lr")
+        self.last_lr = None if last is None else float(last)
+        self.fallen = int(state.get("fallen", 0))
         self.with_grad = int(state.get("with_grad", 0))
         got = state.get("got_grad")
         self.got_grad = None if got is None else np.asarray(got, dtype=bool)

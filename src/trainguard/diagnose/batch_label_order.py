@@ -10,12 +10,14 @@ smallest and largest value), at no cost of its own.
 A batch is *narrow* when its labels span at most a quarter of the labels the run's inspected
 batches span (`NARROW_SHARE`; one label, on data of up to 7 classes): a shuffled batch of
 `MIN_BATCH` samples or more spans nearly all of them. It is told once per run when at least
-`MIN_BATCHES` of the last `KEPT` inspected batches were narrow, at `MIN_CLASSES` places or more
-(their smallest labels differ), and at most one in `MIXED_SHARE` of the others was wide (the
-batch at a change of class is). Batches inspected because their step raised an event are the
-ones at a change of class more often than not: they count when narrow, never as wide. A shuffled
-loader almost never gives a narrow batch (on balanced binary labels at most 2^(1-MIN_BATCH)); the
-single-class batches of skewed data are all of its common class, at one place.
+`MIN_BATCHES` of the last `KEPT` inspected batches were narrow, among them batches of a single
+label for `MIN_CLASSES` different labels or more, and at most one in `MIXED_SHARE` of the others
+was wide (the batch at a change of class is). The single labels tell order from skew: shuffled
+data whose labels are mostly one class (or a long tail over many) gives narrow batches around
+its common classes, and single-label ones of its most common class only. Batches inspected
+because their step raised an event are the ones at a change of class more often than not: they
+count when narrow, never as wide. A shuffled loader with balanced labels almost never gives a
+narrow batch (at most 2^(1-MIN_BATCH) on binary labels).
 
 The label field is found by its place: the second element of a tuple or list batch (`(x, y)`,
 `(x, y, index)`, `(x, y, task)`), or a mapping key named as labels are (`LABEL_NAMES`);
@@ -38,8 +40,8 @@ MIN_BATCH = 8
 MIN_BATCHES = 3
 """Narrow batches among those kept before it is told."""
 MIN_CLASSES = 2
-"""Places (smallest labels) among them: batches of the one common class of skewed data are no
-order."""
+"""Different labels among the single-label batches: batches of the one common class of skewed
+data are no order."""
 MIXED_SHARE = 4
 """Wide batches allowed per narrow one, at most 1 in this many: data stored class by class
 gives one at each change of class, a shuffled loader nearly every batch."""
@@ -95,8 +97,8 @@ class LabelOrder:
         narrow_span = max(1, span // NARROW_SHARE)
         narrow = [(lo, hi) for lo, hi, _ in kept if hi - lo + 1 <= narrow_span]
         wide = sum(1 for lo, hi, fired in kept if hi - lo + 1 > narrow_span and not fired)
-        places = sorted({lo for lo, _ in narrow})
-        if (len(narrow) < MIN_BATCHES or len(places) < MIN_CLASSES
+        single = sorted({lo for lo, hi in narrow if lo == hi})
+        if (len(narrow) < MIN_BATCHES or len(single) < MIN_CLASSES
                 or wide * MIXED_SHARE > len(narrow)):
             return None
         shown = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in narrow[-8:])

@@ -65,6 +65,9 @@ _ALL = (
     Cause("label_problem", "Wrong or shuffled labels", "3.2",
           "Check the label pipeline: the mapping of classes to ids, shuffling of inputs without "
           "their labels, and the evaluation set's labels."),
+    Cause("double_activation", "The loss applies a softmax (or sigmoid) the model already "
+          "applied", "3.3.1", "Drop the model's final softmax (or sigmoid) while training and "
+          "hand the loss the logits; apply it only to read probabilities."),
     Cause("unshuffled_data", "Training data ordered by label, not shuffled: one class at a "
           "time", "3.2", "Shuffle the training data (DataLoader(..., shuffle=True), or a sampler "
           "that mixes the classes)."),

@@ -53,6 +53,7 @@ from trainguard.detect.base import Detector
 from trainguard.detect.calm import SignalColumns, run_rows
 from trainguard.detect.instability_precursor import InstabilityPrecursor, SkippedSteps
 from trainguard.detect.loss_divergence import LanePlan, LossDivergence
+from trainguard.detect.lr_at_zero import LRAtZero
 from trainguard.diagnose.batch import batch_elements_of
 from trainguard.events import Event, StepReport, marks_trouble
 from trainguard.pipeline.context import Measured
@@ -180,8 +181,8 @@ class CalmLane:
         lrs = tuple(group.get("lr") for group in services.optimizer.param_groups)
         if len(lrs) != len(self.lrs) or not all(
                 type(lr) is float and lr <= LR_RISE * before
-                for lr, before in zip(lrs, self.lrs, strict=True)) or not any(lrs):
-            return None  # a step at LR 0 everywhere is `lr_at_zero`'s to count at once
+                for lr, before in zip(lrs, self.lrs, strict=True)) or self._idle(lrs):
+            return None
         loss_t = loss_tensor(loss)
         if loss_t is None:
             return None
@@ -425,6 +426,14 @@ class CalmLane:
         if events:  # the step after one that raised anything is sampled, as a full one's
             state.sample_next = True
         return events
+
+    def _idle(self, lrs: tuple[Any, ...]) -> bool:
+        """A step at LR 0 everywhere (or under 1e-12 of the highest): `lr_at_zero`'s to count
+        at its step, in the full check."""
+        if any(lrs):
+            zero = next((d for d in self.state.detectors if isinstance(d, LRAtZero)), None)
+            return zero is not None and zero.judged and zero.highest > 0 and zero.idle(lrs)
+        return True
 
     def reopen_after(self, signals: StepSignals | None) -> None:
         """`reopen` at the end of a full step, whose gradients' zeros (its `signals`; None: it

@@ -96,6 +96,7 @@ def _detect(ctx: StepContext, state: RunState, services: Services, measured: Mea
     if ctx.sampled:
         found.findings.extend(state.journal.observe_unheld(services.model, services.watched,
                                                            ctx.step))
+    found.findings.extend(state.journal.observe_loss(ctx.loss))
     found.events.extend(ctx.late)
     found.events.extend(run_detectors(state.on_duty(signals), signals))
     precursor = state.precursor()

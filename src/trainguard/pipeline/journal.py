@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from trainguard.diagnose.double_activation import double_activation
 from trainguard.diagnose.unheld_params import UnheldParams
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.events import ActionRecord, Event
@@ -36,6 +37,8 @@ class Journal:
     """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
     unheld: UnheldParams = field(default_factory=UnheldParams)
     """Trainable parameters whose gradients no optimizer applies (checked on sampled steps)."""
+    graph_read: bool = False
+    """The loss's autograd graph was read for an activation applied twice (once a run)."""
 
     def emit_event(self, event: Event) -> None:
         self.events.append(event)
@@ -76,6 +79,21 @@ class Journal:
             log.error("trainguard: unheld-parameter check failed (%s: %s)",
                       type(exc).__name__, exc)
             return []
+
+    def observe_loss(self, loss: Any) -> list[Finding]:
+        """The first loss with an autograd graph: does it apply a softmax (or sigmoid) twice
+        (`diagnose/double_activation`)? Returns the finding made now."""
+        if self.graph_read or getattr(loss, "grad_fn", None) is None:
+            return []
+        self.graph_read = True
+        if any(f.check == "double_activation" for f in self.findings):
+            return []  # told before a resume
+        try:
+            found = double_activation(loss)
+        except Exception as exc:  # advisory
+            log.error("trainguard: loss graph check failed (%s: %s)", type(exc).__name__, exc)
+            return []
+        return [found] if found is not None else []
 
     def settle_warmup(self) -> None:
         """A run that ended within the warmup watch: judged on the steps it had."""

@@ -1,0 +1,82 @@
+"""A loss that applies a softmax (or sigmoid) the model already applied is read from the loss's
+autograd graph: told once, as a warning finding at the first step; the right pairings are not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trainguard import Guard, GuardConfig
+from trainguard.diagnose.double_activation import double_activation
+
+QUIET = {"sinks": {"console": False}, "probes": {"preflight": False}}
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(8, 5, generator=torch.Generator().manual_seed(0))
+
+
+Y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+SOFTMAX = nn.Sequential(nn.Linear(5, 3), nn.Softmax(dim=1))
+LOGITS = nn.Linear(5, 3)
+SIGMOID = nn.Sequential(nn.Linear(5, 1), nn.Sigmoid())
+TARGET = (Y % 2).float().unsqueeze(1)
+
+TOLD: dict[str, Callable[[], torch.Tensor]] = {
+    "cross_entropy_on_softmax": lambda: F.cross_entropy(SOFTMAX(_x()), Y),
+    "module_after_a_view": lambda: nn.CrossEntropyLoss()(SOFTMAX(_x()).view(8, 3), Y),
+    "plus_a_regulariser": lambda: F.cross_entropy(SOFTMAX(_x()), Y)
+    + 0.01 * sum(p.square().sum() for p in SOFTMAX.parameters()),
+    "label_smoothing": lambda: F.cross_entropy(SOFTMAX(_x()), Y, label_smoothing=0.1),
+    "bce_with_logits_on_sigmoid": lambda: F.binary_cross_entropy_with_logits(SIGMOID(_x()),
+                                                                             TARGET),
+}
+QUIET_LOSSES: dict[str, Callable[[], torch.Tensor]] = {
+    "cross_entropy_on_logits": lambda: F.cross_entropy(LOGITS(_x()), Y),
+    "nll_on_log_softmax": lambda: F.nll_loss(torch.log(SOFTMAX(_x())), Y),
+    "cross_entropy_on_log_softmax": lambda: F.cross_entropy(F.log_softmax(LOGITS(_x()), 1), Y),
+    "bce_on_sigmoid": lambda: F.binary_cross_entropy(SIGMOID(_x()), TARGET),
+    "mse": lambda: F.mse_loss(SOFTMAX(_x()), F.one_hot(Y, 3).float()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOLD))
+def test_an_activation_applied_twice_is_told(name: str) -> None:
+    loss = TOLD[name]()
+    loss.backward()  # read after the backward, as the Guard does
+    found = double_activation(loss)
+    assert found is not None and found.cause == "double_activation"
+    assert found.evidence["activation"] == ("sigmoid" if "sigmoid" in name else "softmax")
+
+
+@pytest.mark.parametrize("name", sorted(QUIET_LOSSES))
+def test_the_right_pairings_are_not(name: str) -> None:
+    assert double_activation(QUIET_LOSSES[name]()) is None
+
+
+def test_a_loss_without_a_graph_says_nothing() -> None:
+    assert double_activation(F.cross_entropy(SOFTMAX(_x()), Y).detach()) is None
+    assert double_activation(1.5) is None
+
+
+@pytest.mark.parametrize("softmax", [True, False])
+def test_the_guard_tells_it_once_at_the_first_step(softmax: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3),
+                          *([nn.Softmax(dim=1)] if softmax else []))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = Guard(model, optimizer, config=GuardConfig(**QUIET))
+    for _ in range(30):
+        loss = F.cross_entropy(model(_x()), Y)
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    told = [f for f in guard.findings if f.check == "double_activation"]
+    assert len(told) == (1 if softmax else 0)
+    if softmax:
+        assert guard.diagnose()[0].code == "double_activation"
+    guard.close()
