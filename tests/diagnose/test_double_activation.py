@@ -80,3 +80,63 @@ def test_the_guard_tells_it_once_at_the_first_step(softmax: bool) -> None:
     if softmax:
         assert guard.diagnose()[0].code == "double_activation"
     guard.close()
+
+
+def test_a_target_that_went_through_a_sigmoid_is_not_the_input() -> None:
+    """Soft targets from a sigmoid (a teacher's, trained too) on the target side of the
+    logits BCE: the input is the student's logits."""
+    student, teacher = nn.Linear(5, 1), SIGMOID
+    loss = F.binary_cross_entropy_with_logits(student(_x()).detach(), teacher(_x()))
+    assert double_activation(loss) is None
+
+
+class _SoftmaxClassifier(nn.Module):
+    """A model that computes its own loss on its softmax output, as a custom model handed to
+    the HF Trainer does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(5, 3), nn.Softmax(dim=-1))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": F.cross_entropy(self.net(x), labels)}
+
+
+def test_the_hf_trainer_shows_the_loss_before_it_detaches_it(tmp_path: object) -> None:
+    transformers = pytest.importorskip("transformers")
+    from trainguard.hf import TrainguardCallback
+
+    torch.manual_seed(0)
+    rows = [{"x": torch.randn(5), "labels": torch.tensor(i % 3)} for i in range(32)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8, report_to=[],
+        save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    callback = TrainguardCallback(GuardConfig(**QUIET), run_dir=None)
+    transformers.Trainer(model=_SoftmaxClassifier(), args=args, train_dataset=rows,
+                         callbacks=[callback]).train()
+    assert [f.check for f in callback.run.findings].count("double_activation") == 1
+
+
+def test_lightning_shows_the_loss_before_it_detaches_it(tmp_path: object) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from trainguard.lightning import TrainguardCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(5, 3), nn.Softmax(dim=-1))
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor],
+                          index: int) -> torch.Tensor:
+            return F.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    data = torch.utils.data.TensorDataset(torch.randn(32, 5), torch.arange(32) % 3)
+    callback = TrainguardCallback(GuardConfig(**QUIET))
+    pl.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=str(tmp_path), callbacks=[callback]).fit(
+        Module(), torch.utils.data.DataLoader(data, batch_size=8))
+    assert [f.check for f in callback.run.findings].count("double_activation") == 1

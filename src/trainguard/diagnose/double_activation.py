@@ -7,7 +7,9 @@ gradients shrink as the model grows sure, so training crawls without ever failin
 holds for `binary_cross_entropy_with_logits` on a sigmoid's outputs. Nothing in the numbers says
 it for sure; the loss's own autograd graph does: the loss node's input, through ops that only
 reshape or cast, is a softmax's (or a sigmoid's) output. Read once, at the first step whose loss
-has a graph (a few Python attribute reads), and told as a warning finding.
+has a graph (a few Python attribute reads), and told as a warning finding. A compiled model
+(`torch.compile`: one node for the whole graph) or a reentrant activation checkpoint around the
+last layer hides its softmax, and is not told.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackw
                       "TransposeBackward0", "PermuteBackward0", "ToCopyBackward0",
                       "CloneBackward0", "SqueezeBackward0", "SqueezeBackward1",
                       "UnsqueezeBackward0", "ExpandBackward0", "SliceBackward0",
-                      "SelectBackward0", "IndexBackward0", "ContiguousBackward0"})
-"""Autograd nodes that move values without changing them."""
+                      "SelectBackward0", "IndexBackward0", "ContiguousBackward0",
+                      "_DDPSinkBackward"})
+"""Autograd nodes that move values without changing them (DDP's sink, which it puts between
+the loss and the output under `find_unused_parameters` or `static_graph`, included)."""
 LOSSES = {"LogSoftmaxBackward0": ("SoftmaxBackward0", "cross_entropy", "softmax", "nn.Softmax"),
           "BinaryCrossEntropyWithLogitsBackward0": ("SigmoidBackward0",
                                                     "binary_cross_entropy_with_logits",
@@ -34,13 +38,12 @@ never deep into the model."""
 
 
 def _input(node: Any) -> Any:
-    """The first differentiable input of a node, past reshapes and casts."""
+    """What a loss node's input (its first argument: a target that needs a gradient is its
+    second) came from, past reshapes and casts; None when the input needs no gradient."""
     for _ in range(VISITED):
-        inputs = [n for n, _ in getattr(node, "next_functions", ()) if n is not None]
-        if not inputs:
-            return None
-        node = inputs[0]
-        if type(node).__name__ not in RESHAPES:
+        inputs = getattr(node, "next_functions", ())
+        node = inputs[0][0] if inputs else None
+        if node is None or type(node).__name__ not in RESHAPES:
             return node
     return None
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +81,11 @@ class _LossTap:
     its micro-batch losses add up; otherwise the Trainer averages them, and so does `take`.
     """
 
-    def __init__(self, model: nn.Module, world_factor: float) -> None:
+    def __init__(self, model: nn.Module, world_factor: float,
+                 on_loss: Callable[[torch.Tensor], None] | None = None) -> None:
         self.world_factor = world_factor
+        self.on_loss = on_loss
+        """Shown each micro-batch's loss with its graph, before it is detached."""
         """The Trainer multiplies a token-normalised loss by the number of processes
         (average_tokens_across_devices); the same factor keeps the two equal."""
         self.total: torch.Tensor | None = None
@@ -103,6 +106,8 @@ class _LossTap:
             self.batch = {k: v for k, v in kwargs.items() if k != "num_items_in_batch"}
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 return
+            if self.on_loss is not None:
+                self.on_loss(loss)
             loss = loss.detach().reshape(())
             if kwargs.get("num_items_in_batch") is not None:
                 self.token_normalised = True
@@ -224,7 +229,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
             self.run.load_state_dict({**self.run.state_dict(), "step": state.global_step})
         self._pending_state = None
         world = args.world_size if getattr(args, "average_tokens_across_devices", False) else 1
-        self._tap = _LossTap(model, float(world))
+        self._tap = _LossTap(model, float(world), on_loss=self.run.observe_loss_graph)
         if trl:
             self._objective, self._metrics = ObjectiveTap(trainer), MetricsTap(trainer)
             self._surrogate = not minimises_objective(trainer)

@@ -188,6 +188,7 @@ class TrainguardCallback(CallbackState, *_BASES):  # type: ignore[misc]
         if self.run is None:
             return
         try:
+            self.run.observe_loss_graph(loss)
             value = loss.detach().reshape(()).float()
             scale = getattr(self.run.scaler, "_scale", None)
             if isinstance(scale, torch.Tensor):  # float16 AMP hands over the scaled loss

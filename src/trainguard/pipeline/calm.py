@@ -111,6 +111,8 @@ class CalmLane:
     rows: list[Row] = field(default_factory=list)
     lrs: tuple[float, ...] = ()
     """The group LRs of the step before."""
+    zero_lr: LRAtZero | None = None
+    """`lr_at_zero`, when on duty: a step whose LRs it counts goes to the full check."""
     limit: float | None = None
     """The clip limit in force at the step the lane took last (None: none)."""
     detectors: list[Detector] = field(default_factory=list)
@@ -431,8 +433,8 @@ class CalmLane:
         """A step at LR 0 everywhere (or under 1e-12 of the highest): `lr_at_zero`'s to count
         at its step, in the full check."""
         if any(lrs):
-            zero = next((d for d in self.state.detectors if isinstance(d, LRAtZero)), None)
-            return zero is not None and zero.judged and zero.highest > 0 and zero.idle(lrs)
+            zero = self.zero_lr
+            return zero is not None and zero.highest > 0 and zero.idle(lrs)
         return True
 
     def reopen_after(self, signals: StepSignals | None) -> None:
@@ -456,6 +458,7 @@ class CalmLane:
         on_duty = state.on_duty(_PLAIN)
         self.live = [d for d in on_duty if d.live_in_lane]
         self.detectors = [d for d in on_duty if not d.live_in_lane]
+        self.zero_lr = next((d for d in on_duty if isinstance(d, LRAtZero) and d.judged), None)
         self.live_others, self.precursor, self.skipped = self.live, None, None
         self.divergent, self.divergence = None, None
         self.bounds = None

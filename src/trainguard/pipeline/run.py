@@ -613,6 +613,11 @@ class Run:
         self._lifecycle = lifecycle.track(_closer(self)) if self.is_main else None
         clean_stale_temps(services.snapshot_dir())
 
+    def observe_loss_graph(self, loss: Any) -> None:
+        """A trainer's loss, shown with its graph before the trainer detaches it: read once
+        for an activation applied twice (`diagnose/double_activation.py`)."""
+        self.state.journal.add_findings(self.state.journal.observe_loss(loss))
+
     def _run_preflight(self, total_steps: int | None) -> None:
         try:
             findings = preflight(self.model, self.optimizer, self.scheduler, scaler=self.scaler,
