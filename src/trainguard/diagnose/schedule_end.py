@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -48,24 +48,26 @@ def run_length(scheduler: Any) -> int | None:
     return steps[0] if steps else None
 
 
-def lrs_at(scheduler: Any, steps: Iterable[int]) -> Iterator[list[float] | None]:
+def lrs_at(scheduler: Any, steps: Iterable[int]) -> list[list[float]] | None:
     """The groups' LRs the scheduler gives at each of `steps` (its `last_epoch`), from its
     closed form (a LambdaLR's lambdas, the `_get_closed_form_lr` of the torch schedulers that
-    have one), leaving it as it was; None where it has none. Raises what the scheduler raises."""
+    have one), the scheduler left as it was; None where it has none. Raises what the scheduler
+    raises."""
     if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
         read = scheduler.get_lr
     elif callable(getattr(scheduler, "_get_closed_form_lr", None)):
         read = scheduler._get_closed_form_lr
     else:
-        yield None
-        return
+        return None
     saved = scheduler.last_epoch
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "use get_last_lr()": this is no step
+            found = []
             for step in steps:
                 scheduler.last_epoch = step
-                yield [float(lr) for lr in read()]
+                found.append([float(lr) for lr in read()])
+            return found
     finally:
         scheduler.last_epoch = saved
 
@@ -100,8 +102,8 @@ def schedule_end(scheduler: Any, total_steps: int | None) -> list[Finding]:
             f"give it the optimizer steps the run takes: total_steps={total_steps}.",
             evidence=evidence)]
     try:
-        zero = all(lrs is not None and lrs and not any(lrs)
-                   for lrs in lrs_at(scheduler, _probed(length, total_steps)))
+        past_end = lrs_at(scheduler, _probed(length, total_steps))
+        zero = past_end is not None and all(lrs and not any(lrs) for lrs in past_end)
     except Exception:  # a schedule of the user's own that fails here is not this check's
         return []
     if not zero:

@@ -71,7 +71,6 @@ class GradientProbe:
             pack.add("fp16_grad_maxabs", torch.stack([m.to(device) for m in maxes]).amax())
         return index, grads, per_param, global_norm
 
-
     def _norms(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """`float32_norms` of the gradients: by their values from the first sparse one on
         (whose exception the fused norm then no longer pays)."""
