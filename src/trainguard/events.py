@@ -20,10 +20,11 @@ def at_least(severity: str, threshold: str) -> bool:
     return SEVERITY_RANK[severity] >= SEVERITY_RANK[threshold]
 
 
-NO_TROUBLE_TO_COME_BACK_FROM = frozenset({"no_progress", "lr_at_zero"})
+NO_TROUBLE_TO_COME_BACK_FROM = frozenset({"no_progress", "lr_at_zero", "model_in_eval_mode"})
 """Warnings that mark no trouble a loss comes back from: `no_progress` says the loss is not
-coming down, and `lr_at_zero` that nothing trains, which the verdict judges apart (`stalled`);
-a run that learned on after it did not `recover` from anything."""
+coming down, `lr_at_zero` that nothing trains, which the verdict judges apart (`stalled`), and
+`model_in_eval_mode` how the model trains from then on; a run that learned on after it did not
+`recover` from anything."""
 
 
 def marks_trouble(event: Event) -> bool:

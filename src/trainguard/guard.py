@@ -35,6 +35,7 @@ from trainguard.diagnose import Finding
 from trainguard.diagnose.counterfactual import Proof
 from trainguard.diagnose.replay import LossFn
 from trainguard.errors import UsageError
+from trainguard.eval_mode import EvalModeSteps
 from trainguard.events import Event, StepReport
 from trainguard.outside_steps import OutsideScheduleSteps, OutsideSteps
 from trainguard.pipeline.run import Run
@@ -93,6 +94,8 @@ class Guard:
         under `sync="deferred"`, whose pending step the Guard may conclude between calls)."""
         self._stale = StaleGrads(_trained(model, optimizer))
         """Gradients the loop never clears, told once (`stale_grads.py`)."""
+        self._eval_mode = EvalModeSteps(model)
+        """A model that trains in eval mode, told once (`eval_mode.py`)."""
         self._samples = (SamplesSeen(sample_fn, self.config) if sample_fn is not None
                          else None)
         self.run.open_calm_lane()  # calm steps in a few operations (`pipeline/calm.py`)
@@ -157,7 +160,9 @@ class Guard:
             raise UsageError("this Guard is closed; create a new one to keep training")
         loop_faults = [event for event in (self._outside.check(self.run.steps_taken),
                                            self._outside_schedule.check(self.run.steps_taken),
-                                           self._stale.check()) if event is not None]
+                                           self._stale.check(),
+                                           self._eval_mode.check(self.run.steps_taken))
+                       if event is not None]
         for event in loop_faults:
             self.run.emit_event(event)
         if self._samples is not None:
@@ -279,6 +284,7 @@ class Guard:
         error), its type stored; `finished` otherwise."""
         self._outside.close()
         self._stale.close()
+        self._eval_mode.close()
         self.run.close(status)
 
     def __enter__(self) -> Guard:
@@ -287,6 +293,7 @@ class Guard:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._outside.close()
         self._stale.close()
+        self._eval_mode.close()
         # the block's own exception, not one an enclosing `except:` clause is handling
         self.run.close(status=exit_status(exc), error=exc)
 

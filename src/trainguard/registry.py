@@ -258,6 +258,7 @@ class Kind:
     OPTIMIZER_STEP_OUTSIDE = "optimizer_step_outside"
     GRADS_NOT_CLEARED = "grads_not_cleared"
     SCHEDULER_STEP_OUTSIDE = "scheduler_step_outside"
+    MODEL_IN_EVAL_MODE = "model_in_eval_mode"
     KL_BLOWUP = "kl_blowup"
     REWARD_DEAD = "reward_dead"
     PREFERENCE_UNLEARNED = "preference_unlearned"
@@ -454,6 +455,11 @@ _kind("grads_not_cleared", "a step's backward added to the gradients of the step
       "loop never calls optimizer.zero_grad(), so each update applies the sum of every gradient "
       "so far", "error",
       votes=(CauseVote("grads_not_cleared", 4.0, "the gradients were never cleared: {message}",
+                       each_event=True),))
+_kind("model_in_eval_mode", "the model trains in eval mode (a model.eval() for an evaluation "
+      "never undone, or never switched to train mode): its dropout is off and its batch norm "
+      "normalises with frozen running statistics", "warning",
+      votes=(CauseVote("model_in_eval_mode", 3.0, "the model trains in eval mode: {message}",
                        each_event=True),))
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
 _kind("poisoned_checkpoint", "a checkpoint was saved with non-finite weights or optimizer "

@@ -151,6 +151,8 @@ CAUGHT = [
     Caught("gpt2_forgotten_zero_grad", after=20, latency=10, first_cause="grads_not_cleared",
            kinds=frozenset({"grads_not_cleared"}), needs="transformers"),
     Caught("mlp_cls_double_softmax", first_cause="double_activation"),
+    Caught("mlp_cls_eval_mode", after=5, latency=1, first_cause="model_in_eval_mode",
+           kinds=frozenset({"model_in_eval_mode"})),
     Caught("mlp_cls_unshuffled", latency=10, first_cause="unshuffled_data",
            kinds=frozenset({"batch_label_order"})),
     Caught("gpt2_schedule_too_short", after=110, latency=9, first_cause="lr_at_zero",

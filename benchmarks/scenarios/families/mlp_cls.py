@@ -21,6 +21,9 @@ Scenarios:
     mlp_cls_double_softmax (§3.3.1) the model ends in `nn.Softmax` and `cross_entropy` applies its
                          own: the loss sees probabilities in [0, 1], cannot fall below
                          ln(1 + 3/e) = 0.74, and its gradients shrink as the model grows sure.
+    mlp_cls_eval_mode    (§3.4) a model with dropout (0.1 after each hidden layer) whose
+                         evaluation calls model.eval() and never model.train(): from the first
+                         evaluation (after step 24) it trains with its dropout off.
     mlp_cls_unshuffled   (§3.2) the loader is built without shuffling over data stored class by
                          class: 4760 samples of class 0 (74 batches and a half), then of class
                          1, and so on, an epoch of 300 steps. The model predicts the class of
@@ -49,6 +52,7 @@ EVAL_EVERY = 25
 GLITCH_STEPS = (80, 81)
 GLITCH_LR = 300.0
 LABEL_SHIFT_AT = 120
+DROPOUT = 0.1
 SAMPLES_PER_CLASS = 4760
 """Samples of each class in a row when the data is not shuffled (74 batches and some: the batch
 at each change of class holds two)."""
@@ -64,14 +68,19 @@ class Recipe:
     label_shift_at: int | None = None
     unshuffled: bool = False
     double_softmax: bool = False
+    eval_mode_left: bool = False
+    """The model has dropout, and its evaluation leaves it in eval mode."""
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
     centers = torch.randn(CLASSES, 16, generator=_generator(0, 9, 0)) * 2
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                          nn.Linear(64, CLASSES), *([nn.Softmax(dim=1)] if recipe.double_softmax
-                                                    else []))
+    def dropout() -> list[nn.Module]:
+        return [nn.Dropout(DROPOUT)] if recipe.eval_mode_left else []
+
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), *dropout(), nn.Linear(64, 64),
+                          nn.ReLU(), *dropout(), nn.Linear(64, CLASSES),
+                          *([nn.Softmax(dim=1)] if recipe.double_softmax else []))
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
     def sample(generator: torch.Generator, size: int, labels: torch.Tensor | None = None
@@ -102,7 +111,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
             logits = model(held_out["x"])
             accuracy = (logits.argmax(1) == held_out["y"]).float().mean()
             value = F.cross_entropy(logits, held_out["y"])
-        model.train(was_training)
+        if not recipe.eval_mode_left:  # the fault: the loop never switches it back
+            model.train(was_training)
         return {"eval_accuracy": float(accuracy), "eval_loss": float(value)}
 
     return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
@@ -113,6 +123,7 @@ def build(seed: int, recipe: Recipe) -> Workload:
 
 BASELINES: dict[str, str] = {"mlp_cls_dead_relu": "mlp_cls_healthy",
                              "mlp_cls_double_softmax": "mlp_cls_healthy",
+                             "mlp_cls_eval_mode": "mlp_cls_healthy",
                              "mlp_cls_label_shift": "mlp_cls_healthy",
                              "mlp_cls_unshuffled": "mlp_cls_healthy"}
 
@@ -137,6 +148,12 @@ def scenarios() -> list[Scenario]:
                  cause="double_activation", onset_step=0, sudden=False, recoverable=False,
                  description="the model ends in nn.Softmax and cross_entropy applies its own: "
                              "the loss sees probabilities, and learns ever more slowly"),
+        Scenario("mlp_cls_eval_mode", FAMILY, partial(build, recipe=Recipe(eval_mode_left=True)),
+                 STEPS, cause="model_in_eval_mode", onset_step=EVAL_EVERY, sudden=True,
+                 recoverable=False,
+                 description=f"dropout {DROPOUT:g} after each hidden layer; the evaluation "
+                             "calls model.eval() and never model.train(): from the first one "
+                             "on, the model trains with its dropout off"),
         Scenario("mlp_cls_unshuffled", FAMILY, partial(build, recipe=Recipe(unshuffled=True)),
                  STEPS, cause="unshuffled_data", onset_step=0, sudden=False, recoverable=False,
                  description=f"the data is not shuffled: {SAMPLES_PER_CLASS} samples of one "

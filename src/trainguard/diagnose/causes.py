@@ -83,6 +83,11 @@ _ALL = (
           "Call optimizer.zero_grad(set_to_none=True) once per optimizer step, after it (or "
           "before loss.backward()); with gradient accumulation, after the step that ends the "
           "accumulation."),
+    Cause("model_in_eval_mode", "The model trains in eval mode: dropout off, batch norm on "
+          "frozen running statistics", "3.4",
+          "Call model.train() before the training steps: after each evaluation (or at the "
+          "start of each epoch), and once after from_pretrained, which returns the model in "
+          "eval mode."),
     Cause("lr_too_low", "Learning rate too low to move the weights", "3.1",
           f"Raise the LR into the range for the mode and the model ({GUIDE_RANGES} for "
           "7B-class pre-trained models; smaller ones take more); check the scheduler did not "
