@@ -34,6 +34,17 @@ TOLD: dict[str, Callable[[], torch.Tensor]] = {
     "label_smoothing": lambda: F.cross_entropy(SOFTMAX(_x()), Y, label_smoothing=0.1),
     "bce_with_logits_on_sigmoid": lambda: F.binary_cross_entropy_with_logits(SIGMOID(_x()),
                                                                              TARGET),
+    "cross_entropy_on_sigmoid": lambda: F.cross_entropy(torch.sigmoid(LOGITS(_x())), Y),
+    "bce_with_logits_on_softmax": lambda: F.binary_cross_entropy_with_logits(
+        SOFTMAX(_x()), F.one_hot(Y, 3).float()),
+}
+NLL_TOLD: dict[str, Callable[[], torch.Tensor]] = {
+    "nll_on_softmax": lambda: F.nll_loss(SOFTMAX(_x()), Y),
+    "nll_on_logits": lambda: F.nll_loss(LOGITS(_x()), Y),
+    "nll_module_on_sequence_logits": lambda: nn.NLLLoss()(
+        nn.Linear(5, 3)(torch.randn(2, 4, 5)).transpose(1, 2), Y[:8].view(2, 4)),
+    "nll_on_a_convolution": lambda: F.nll_loss(nn.Conv2d(5, 3, 1)(torch.randn(2, 5, 4, 4)),
+                                               torch.randint(0, 3, (2, 4, 4))),
 }
 QUIET_LOSSES: dict[str, Callable[[], torch.Tensor]] = {
     "cross_entropy_on_logits": lambda: F.cross_entropy(LOGITS(_x()), Y),
@@ -41,6 +52,10 @@ QUIET_LOSSES: dict[str, Callable[[], torch.Tensor]] = {
     "cross_entropy_on_log_softmax": lambda: F.cross_entropy(F.log_softmax(LOGITS(_x()), 1), Y),
     "bce_on_sigmoid": lambda: F.binary_cross_entropy(SIGMOID(_x()), TARGET),
     "mse": lambda: F.mse_loss(SOFTMAX(_x()), F.one_hot(Y, 3).float()),
+    "nll_on_a_log_softmax_module": lambda: F.nll_loss(
+        nn.Sequential(nn.Linear(5, 3), nn.LogSoftmax(dim=1))(_x()), Y),
+    "nll_on_log_probabilities_by_hand": lambda: F.nll_loss(
+        LOGITS(_x()) - LOGITS(_x()).logsumexp(1, keepdim=True), Y),
 }
 
 
@@ -51,6 +66,14 @@ def test_an_activation_applied_twice_is_told(name: str) -> None:
     found = double_activation(loss)
     assert found is not None and found.cause == "double_activation"
     assert found.evidence["activation"] == ("sigmoid" if "sigmoid" in name else "softmax")
+
+
+@pytest.mark.parametrize("name", sorted(NLL_TOLD))
+def test_nll_loss_on_what_is_not_log_probabilities_is_told(name: str) -> None:
+    found = double_activation(NLL_TOLD[name]())
+    assert found is not None and (found.check, found.cause) == ("nll_input", "nll_input")
+    assert found.evidence["input"] == ("probabilities" if "softmax" in name else "scores")
+    assert "log_softmax" in found.fix
 
 
 @pytest.mark.parametrize("name", sorted(QUIET_LOSSES))

@@ -68,6 +68,9 @@ _ALL = (
     Cause("double_activation", "The loss applies a softmax (or sigmoid) the model already "
           "applied", "3.3.1", "Drop the model's final softmax (or sigmoid) while training and "
           "hand the loss the logits; apply it only to read probabilities."),
+    Cause("nll_input", "nll_loss handed probabilities or raw scores, not log-probabilities",
+          "3.3.1", "Apply log_softmax before nll_loss (nn.LogSoftmax as the model's last layer), "
+          "or hand the raw scores to cross_entropy, which applies it."),
     Cause("unshuffled_data", "Training data ordered by label, not shuffled: one class at a "
           "time", "3.2", "Shuffle the training data (DataLoader(..., shuffle=True), or a sampler "
           "that mixes the classes)."),

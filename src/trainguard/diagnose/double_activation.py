@@ -4,12 +4,17 @@
 `nn.Softmax` hands it probabilities, and the loss becomes log_softmax(softmax(z)): the scores it
 sees lie in [0, 1], the loss cannot fall below ln(1 + (C - 1)/e) (1.46 for 10 classes) and its
 gradients shrink as the model grows sure, so training crawls without ever failing. The same
-holds for `binary_cross_entropy_with_logits` on a sigmoid's outputs. Nothing in the numbers says
-it for sure; the loss's own autograd graph does: the loss node's input, through ops that only
-reshape or cast, is a softmax's (or a sigmoid's) output. Read once, at the first step whose loss
-has a graph (a few Python attribute reads), and told as a warning finding. A compiled model
-(`torch.compile`: one node for the whole graph) or a reentrant activation checkpoint around the
-last layer hides its softmax, and is not told.
+holds for `binary_cross_entropy_with_logits` on a sigmoid's outputs, and for either loss on the
+other's squashing (a sigmoid before `cross_entropy`, a softmax before the logits BCE). Its
+cousin: `nll_loss` takes log-probabilities, and fed a softmax's probabilities its loss is
+-p[y], bounded in [-1, 0] with gradients that vanish as p grows sure; fed a linear layer's raw
+scores, -z[y], it falls without bound, and its fall says nothing of what is learned (finding
+`nll_input`). Nothing in the numbers says it for sure; the loss's own autograd graph does: the
+loss node's input, through ops that only reshape or cast, is a softmax's (or a sigmoid's, or a
+linear layer's) output. Read once, at the first step whose loss has a graph (a few Python
+attribute reads), and told as a warning finding. A compiled model (`torch.compile`: one node for
+the whole graph) or a reentrant activation checkpoint around the last layer hides its softmax,
+and is not told.
 """
 
 from __future__ import annotations
@@ -26,12 +31,17 @@ RESHAPES = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackw
                       "_DDPSinkBackward"})
 """Autograd nodes that move values without changing them (DDP's sink, which it puts between
 the loss and the output under `find_unused_parameters` or `static_graph`, included)."""
-LOSSES = {"LogSoftmaxBackward0": ("SoftmaxBackward0", "cross_entropy", "softmax", "nn.Softmax"),
-          "BinaryCrossEntropyWithLogitsBackward0": ("SigmoidBackward0",
-                                                    "binary_cross_entropy_with_logits",
-                                                    "sigmoid", "nn.Sigmoid")}
-"""The node a loss applies its activation with -> the node of that activation already applied,
-the loss's name, the activation's, its module's."""
+ACTIVATIONS = {"SoftmaxBackward0": ("softmax", "nn.Softmax"),
+               "SigmoidBackward0": ("sigmoid", "nn.Sigmoid")}
+"""A squashing activation's node -> its name, its module's."""
+LOSSES = {"LogSoftmaxBackward0": ("cross_entropy", "softmax"),
+          "BinaryCrossEntropyWithLogitsBackward0": ("binary_cross_entropy_with_logits",
+                                                    "sigmoid")}
+"""The node a loss applies its own activation with -> the loss's name, that activation's."""
+NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
+RAW_SCORES = frozenset({"AddmmBackward0", "MmBackward0", "BmmBackward0", "LinearBackward0",
+                        "ConvolutionBackward0"})
+"""A linear layer's (or a convolution's) output: scores, not log-probabilities."""
 VISITED = 32
 """Nodes looked at back from the loss (the sum of several losses, their reductions, reshapes):
 never deep into the model."""
@@ -49,30 +59,52 @@ def _input(node: Any) -> Any:
 
 
 def double_activation(loss: Any) -> Finding | None:
-    """The finding when the loss's graph applies an activation twice; None otherwise (no graph,
-    or none found among the `VISITED` nodes nearest the loss)."""
+    """The finding when the loss's graph applies an activation twice, or hands `nll_loss`
+    what is not log-probabilities; None otherwise (no graph, or none found among the `VISITED`
+    nodes nearest the loss)."""
     root = getattr(loss, "grad_fn", None)
     queue, seen = ([root] if root is not None else []), 0
     while queue and seen < VISITED:
         node = queue.pop(0)
         seen += 1
         name = type(node).__name__
-        if name in LOSSES:
+        if name in LOSSES or name in NLL:
             inner = _input(node)
-            if inner is not None and type(inner).__name__ == LOSSES[name][0]:
-                return _finding(*LOSSES[name][1:])
+            found = type(inner).__name__ if inner is not None else None
+            if name in LOSSES and found in ACTIVATIONS:
+                return _finding(*LOSSES[name], *ACTIVATIONS[found])
+            if name in NLL and (found in RAW_SCORES or found == "SoftmaxBackward0"):
+                return _nll_finding(probabilities=found == "SoftmaxBackward0")
+            if name in NLL and inner is not None:
+                queue.append(inner)  # a log_softmax: cross_entropy's, whose input is read next
             continue  # the loss's input: the model's side, not looked into
         queue.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
     return None
 
 
-def _finding(loss_name: str, activation: str, module: str) -> Finding:
+def _finding(loss_name: str, own: str, activation: str, module: str) -> Finding:
+    twice = own == activation
     return Finding(
         "double_activation", "warning",
-        f"the loss applies {activation} to outputs that already went through one: {loss_name} "
-        f"(or its nn module) computes its own {activation}, and the model's last step is a "
-        f"{activation} too, so the loss sees squashed scores, cannot fall to 0 and trains ever "
-        "more slowly as the model grows sure.",
+        f"the loss applies {own} to outputs that already went through "
+        f"{'one' if twice else 'a ' + activation}: {loss_name} (or its nn module) computes its "
+        f"own {own}, and the model's last step is a {activation}{' too' if twice else ''}, "
+        "so the loss sees squashed scores, cannot fall to 0 and trains ever more slowly as the "
+        "model grows sure.",
         f"drop the model's final {module} while training (hand the loss the logits), and apply "
         f"{activation} only to read probabilities.",
         cause="double_activation", evidence={"activation": activation, "loss": loss_name})
+
+
+def _nll_finding(probabilities: bool) -> Finding:
+    said = ("a softmax's probabilities p, so its loss is -p[y]: between -1 and 0, never the "
+            "cross-entropy, with gradients that vanish as the model grows sure"
+            if probabilities else
+            "a linear layer's raw scores z, so its loss is -z[y]: it falls without bound as the "
+            "scores grow, and a falling loss says nothing of what is learned")
+    return Finding(
+        "nll_input", "warning",
+        f"nll_loss takes log-probabilities and is handed {said}.",
+        "apply log_softmax to the scores before nll_loss (nn.LogSoftmax as the model's last "
+        "layer), or hand the raw scores to cross_entropy, which applies it.",
+        cause="nll_input", evidence={"input": "probabilities" if probabilities else "scores"})

@@ -81,12 +81,13 @@ class Journal:
             return []
 
     def observe_loss(self, loss: Any) -> list[Finding]:
-        """The first loss with an autograd graph: does it apply a softmax (or sigmoid) twice
-        (`diagnose/double_activation`)? Returns the finding made now."""
+        """The first loss with an autograd graph: does it apply a softmax (or sigmoid) twice,
+        or hand `nll_loss` what is not log-probabilities (`diagnose/double_activation`)?
+        Returns the finding made now."""
         if self.graph_read or getattr(loss, "grad_fn", None) is None:
             return []
         self.graph_read = True
-        if any(f.check == "double_activation" for f in self.findings):
+        if any(f.check in ("double_activation", "nll_input") for f in self.findings):
             return []  # told before a resume
         try:
             found = double_activation(loss)
