@@ -130,6 +130,69 @@ def test_attention_masks() -> None:
     assert inspect_batch({"input_ids": ids, "attention_mask": torch.ones(2, 4)}) == []
 
 
+def padded(lengths: list[int], width: int = 12, pad_label: int | None = 0
+           ) -> dict[str, torch.Tensor]:
+    """A right-padded language-model batch: `labels` a copy of the ids with the padding's
+    labels left at `pad_label` (None: -100, as a collator sets them)."""
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.arange(1, n + 1)
+        mask[row, :n] = 1
+    labels = ids.clone()
+    labels[mask == 0] = -100 if pad_label is None else pad_label
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def test_labels_left_on_the_padding_are_named() -> None:
+    [found] = [f for f in inspect_batch(padded([3, 5, 12, 7]))
+               if f.check == "batch_padding_labels"]
+    assert found.severity == "warning" and found.cause == "padding_labels"
+    assert found.evidence == {"field": "labels", "labelled_padding": 21, "padding": 21}
+    assert "labels[attention_mask == 0] = -100" in found.fix
+
+
+@pytest.mark.parametrize("case", ["masked", "no_padding", "first_pad_labelled", "mask_bool",
+                                  "classification", "encoder_decoder"])
+def test_labels_that_leave_the_padding_out_are_not(case: str) -> None:
+    batch = padded([3, 5, 12, 7], pad_label=None)
+    model = None
+    if case == "no_padding":
+        batch = padded([12, 12], pad_label=0)
+    elif case == "first_pad_labelled":  # the end-of-text token doubling as the pad keeps a label
+        batch = padded([3, 5, 11, 7], pad_label=None)
+        for row, n in enumerate([3, 5, 11, 7]):
+            batch["labels"][row, n] = 0
+    elif case == "mask_bool":
+        batch["attention_mask"] = batch["attention_mask"].bool()
+    elif case == "classification":  # one label a sequence: not of the positions
+        batch["labels"] = torch.tensor([0, 1, 0, 1])
+    elif case == "encoder_decoder":  # the mask is the source's, the labels the target's
+        batch = padded([3, 5, 12, 7])
+        model = nn.Linear(2, 2)
+        model.config = type("Config", (), {"is_encoder_decoder": True})()  # type: ignore
+    assert "batch_padding_labels" not in checks(inspect_batch(batch, model=model))
+
+
+def test_a_plain_loop_with_labels_on_the_padding_is_told_once() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       probes={"preflight": False}))
+    events = []
+    for _ in range(6):
+        batch = padded([3, 5, 12, 7])
+        logits = model(batch["input_ids"])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 16), batch["labels"].reshape(-1))
+        loss.backward()
+        events += guard.step(loss, batch=batch).events
+        optimizer.zero_grad(set_to_none=True)
+    assert [e.kind for e in events] == ["batch_padding_labels"]
+    assert guard.diagnose()[0].code == "padding_labels"
+    guard.close()
+
+
 def test_outlier_batch_against_running_statistics() -> None:
     history = BatchHistory()
     for seed in range(5):

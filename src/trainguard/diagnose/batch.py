@@ -3,7 +3,9 @@
 `describe_batch` summarises every tensor field (shape, dtype, range, mean/std, non-finite counts)
 with one transfer; `inspect_batch` turns that summary into findings: non-finite inputs, images
 outside the expected normalisation range, token ids outside the embedding table, attention masks
-that are not 0/1 or empty, labels that are all ignored (-100: the loss's mean is 0/0), a batch
+that are not 0/1 or empty, labels that are all ignored (-100: the loss's mean is 0/0), labels
+left on padding (`labels` not -100 where `attention_mask` is 0: the loss trains the model to
+predict padding), a batch
 smaller than configured (silent truncation), and, given the running statistics of earlier batches
 (`BatchHistory`), fields far outside their usual range, and images whose pixels were scrambled by
 a `view`/`reshape` from height-width-channel order instead of a `permute`. Meant for the first
@@ -29,6 +31,13 @@ TOKEN_FIELDS = ("input_ids", "tokens", "labels", "decoder_input_ids", "token_typ
 IGNORE_INDEX = -100
 """The label cross-entropy (PyTorch's and the Hugging Face models') leaves out of its mean."""
 MASK_FIELDS = ("attention_mask",)
+PADDED_LABELS = "labels_on_padding"
+"""A field derived on the device when a batch holds `labels` and an `attention_mask` of the same
+shape: True where a position is padding (mask 0) and its label is not `IGNORE_INDEX`."""
+PADDED_SHARE = 0.5
+"""Labels on at least this share of the padding positions (and more than one a sequence: a pad
+token that doubles as the end-of-text token may keep its first label) are a collator that did
+not mask them."""
 OUTLIER_RATIO = 50.0
 """A field whose max |x| is this many times its running typical value is an outlier batch."""
 PIXEL_MAX_WITH_HISTORY = 127.0
@@ -122,8 +131,12 @@ class BatchStatsOnDevice:
 
     WIDTH = 9
 
-    def __init__(self, batch: Any) -> None:
+    def __init__(self, batch: Any, labels_follow_mask: bool = True) -> None:
+        """`labels_follow_mask`: the batch's `labels` and `attention_mask` are of one sequence
+        (not an encoder-decoder's target and source), so its labels on padding are read."""
         self.fields = [(n, t) for n, t in named_tensors(batch) if t.numel() > 0]
+        if labels_follow_mask:
+            self.fields += _labels_on_padding(self.fields)
         self.tensor = _field_stats(self.fields) if self.fields else None
 
     def read(self, host: Any) -> list[FieldStats]:
@@ -136,9 +149,32 @@ class BatchStatsOnDevice:
                 for (name, t), r in zip(self.fields, rows, strict=True)]
 
 
-def describe_batch(batch: Any) -> list[FieldStats]:
+def labels_follow_mask(model: nn.Module | None) -> bool:
+    """Whether a batch's `labels` and `attention_mask` are of one sequence: not under an
+    encoder-decoder (its config says so), whose mask is the source's and labels the target's."""
+    config = getattr(model, "config", None)
+    return not getattr(config, "is_encoder_decoder", False)
+
+
+def _labels_on_padding(fields: list[tuple[str, torch.Tensor]]
+                       ) -> list[tuple[str, torch.Tensor]]:
+    """`PADDED_LABELS` for each `labels` field beside an `attention_mask` of its shape."""
+    tensors = dict(fields)
+    derived = []
+    for name, labels in fields:
+        prefix = name[:-len("labels")]
+        mask = tensors.get(prefix + "attention_mask")
+        if (name.rsplit(".", 1)[-1] == "labels" and mask is not None
+                and mask.shape == labels.shape and not labels.is_floating_point()):
+            with torch.no_grad():
+                derived.append((prefix + PADDED_LABELS,
+                                (labels.detach() != IGNORE_INDEX) & (mask.detach() == 0)))
+    return derived
+
+
+def describe_batch(batch: Any, labels_follow_mask: bool = True) -> list[FieldStats]:
     """Statistics of every tensor in a batch (dict, tuple, list or tensor), one transfer."""
-    on_device = BatchStatsOnDevice(batch)
+    on_device = BatchStatsOnDevice(batch, labels_follow_mask)
     if on_device.tensor is None:
         return []
     return on_device.read(to_host(on_device.tensor))
@@ -238,7 +274,7 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
                   history: BatchHistory | None = None,
                   stats: list[FieldStats] | None = None) -> list[Finding]:
     """Findings about one batch; `stats` may be passed when already described."""
-    stats = describe_batch(batch) if stats is None else stats
+    stats = describe_batch(batch, labels_follow_mask(model)) if stats is None else stats
     findings: list[Finding] = []
     vocab = embedding_size(model)
     for s in stats:
@@ -247,6 +283,7 @@ def inspect_batch(batch: Any, *, model: nn.Module | None = None,
         findings += _id_findings(s, base, vocab)
         findings += _label_mask_findings(s, base)
         findings += _outlier_findings(s, history)
+    findings += _padding_label_findings(stats)
     findings += _size_findings(stats, expected_batch_size)
     return findings
 
@@ -331,6 +368,37 @@ def _label_mask_findings(s: FieldStats, base: str) -> list[Finding]:
                 "batch_attention_mask", "error",
                 f"'{s.name}' masks every position: the batch has no tokens to attend to.",
                 "check padding and truncation.", evidence={"field": s.name}))
+    return findings
+
+
+def _padding_label_findings(stats: list[FieldStats]) -> list[Finding]:
+    """Labels on the padding positions: a collator (or `labels = input_ids.clone()`) that did
+    not set them to `IGNORE_INDEX`, so the loss trains the model to predict padding."""
+    named = {s.name: s for s in stats}
+    findings: list[Finding] = []
+    for s in stats:
+        if s.name.rsplit(".", 1)[-1] != PADDED_LABELS or not s.shape:
+            continue
+        prefix = s.name[:-len(PADDED_LABELS)]
+        mask = named.get(prefix + "attention_mask")
+        if mask is None or mask.min < 0 or mask.max > 1:  # not a 0/1 mask: told apart
+            continue
+        labelled = round(s.mean * s.numel)
+        padding = round((1.0 - mask.mean) * mask.numel)
+        if labelled <= s.shape[0] or labelled < PADDED_SHARE * padding:
+            continue
+        labels = prefix + "labels"
+        findings.append(Finding(
+            "batch_padding_labels", "warning",
+            f"{labelled} of the {padding} padding positions of the batch (attention_mask 0) "
+            f"have a label in '{labels}' that is not {IGNORE_INDEX}: the loss trains the model "
+            "to predict the padding, which is easy, so the loss falls faster than the model "
+            "learns the text, and the model learns to emit padding.",
+            f"set the labels of padding to {IGNORE_INDEX} (labels[attention_mask == 0] = "
+            f"{IGNORE_INDEX}); DataCollatorForLanguageModeling(tokenizer, mlm=False), "
+            "DataCollatorForSeq2Seq and DataCollatorForTokenClassification do it.",
+            cause="padding_labels",
+            evidence={"field": labels, "labelled_padding": labelled, "padding": padding}))
     return findings
 
 

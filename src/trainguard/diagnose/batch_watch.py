@@ -25,6 +25,7 @@ from trainguard.diagnose.batch import (
     check_loss_above_chance,
     describe_batch,
     inspect_batch,
+    labels_follow_mask,
 )
 from trainguard.diagnose.batch_label_order import LabelOrder
 from trainguard.diagnose.data_runs import RunTracker
@@ -53,6 +54,9 @@ class BatchWatch:
         self._active: set[str] = set()
         self._runs = RunTracker()
         self._order = LabelOrder()
+        self.labels_follow_mask = labels_follow_mask(model)
+        """The batch's `labels` and `attention_mask` are of one sequence: not an
+        encoder-decoder's, whose mask is the source's (`batch_padding_labels`)."""
 
     @property
     def following(self) -> bool:
@@ -67,7 +71,7 @@ class BatchWatch:
     def stats_on_device(self, batch: Any) -> BatchStatsOnDevice | None:
         """Per-field statistics computed on the device, to travel with the step's transfer."""
         try:
-            stats = BatchStatsOnDevice(batch)
+            stats = BatchStatsOnDevice(batch, self.labels_follow_mask)
         except Exception as exc:  # inspection is advisory
             log.error("trainguard: batch statistics failed (%s: %s)", type(exc).__name__, exc)
             return None
@@ -98,7 +102,8 @@ class BatchWatch:
             if stats is None:
                 if not fired:
                     return seen
-                stats = describe_batch(batch)  # an anomalous step: one more transfer is worth it
+                # an anomalous step: one more transfer is worth it
+                stats = describe_batch(batch, self.labels_follow_mask)
             findings = inspect_batch(batch, model=self.model, history=self._history,
                                      stats=stats)
             above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}",
