@@ -173,6 +173,7 @@ class Guard:
             self._outside.step_ended()
             self._outside_schedule.step_ended()
             self._stale.step_ended(self.run.steps_taken)
+            self._eval_mode.step_ended()
         if self._samples is not None and report is not None:
             self._samples.after_step(self.model, self.run, report.step)
         if report is not None and loop_faults:  # the loop's own faults, told with the step
@@ -266,10 +267,12 @@ class Guard:
         self.run.calm_handed_over()
         start = self._outside.since_last_step()
         self._stale.pause()  # the replays' backward passes are the Guard's own
+        self._eval_mode.pause()  # and their forwards
         try:
             return self.run.prover.prove_now(self.run.state, self.run.services, batch)
         finally:  # the replays' optimizer steps are the Guard's own, not the loop's
             self._outside.discount(self._outside.since_last_step() - start)
+            self._eval_mode.step_ended()
 
     def diagnose(self) -> list[RankedCause]:
         """Ranked likely causes of what went wrong so far. When nothing did, the configuration

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -148,12 +150,21 @@ def test_labels_left_on_the_padding_are_named() -> None:
     [found] = [f for f in inspect_batch(padded([3, 5, 12, 7]))
                if f.check == "batch_padding_labels"]
     assert found.severity == "warning" and found.cause == "padding_labels"
-    assert found.evidence == {"field": "labels", "labelled_padding": 21, "padding": 21}
+    # 21 padding positions, 18 past the first of each sequence (9 + 7 + 0 + 5, less 3)
+    assert found.evidence == {"field": "labels", "labelled_padding": 18, "padding": 21}
     assert "labels[attention_mask == 0] = -100" in found.fix
 
 
+def test_two_labelled_pads_in_half_the_sequences_are_told() -> None:
+    """More than one a sequence, counted sequence by sequence (not against the batch size)."""
+    batch = padded([10] * 16 + [12] * 16, pad_label=None)
+    batch["labels"][:16, 10:] = 0
+    assert "batch_padding_labels" in checks(inspect_batch(batch))
+
+
 @pytest.mark.parametrize("case", ["masked", "no_padding", "first_pad_labelled", "mask_bool",
-                                  "classification", "encoder_decoder"])
+                                  "classification", "encoder_decoder",
+                                  "wrapped_encoder_decoder", "additive_mask"])
 def test_labels_that_leave_the_padding_out_are_not(case: str) -> None:
     batch = padded([3, 5, 12, 7], pad_label=None)
     model = None
@@ -167,10 +178,16 @@ def test_labels_that_leave_the_padding_out_are_not(case: str) -> None:
         batch["attention_mask"] = batch["attention_mask"].bool()
     elif case == "classification":  # one label a sequence: not of the positions
         batch["labels"] = torch.tensor([0, 1, 0, 1])
-    elif case == "encoder_decoder":  # the mask is the source's, the labels the target's
+    elif case in ("encoder_decoder", "wrapped_encoder_decoder"):
+        # the mask is the source's, the labels the target's
         batch = padded([3, 5, 12, 7])
         model = nn.Linear(2, 2)
         model.config = type("Config", (), {"is_encoder_decoder": True})()  # type: ignore
+        if case == "wrapped_encoder_decoder":  # a user's module (or DDP) around the model
+            model = nn.Sequential(model)
+    elif case == "additive_mask":  # 0 and -inf: not a 0/1 mask, told apart
+        batch = padded([3, 5, 12, 7], pad_label=None)
+        batch["attention_mask"] = torch.where(batch["attention_mask"] == 1, 0.0, -math.inf)
     assert "batch_padding_labels" not in checks(inspect_batch(batch, model=model))
 
 
@@ -190,6 +207,9 @@ def test_a_plain_loop_with_labels_on_the_padding_is_told_once() -> None:
         optimizer.zero_grad(set_to_none=True)
     assert [e.kind for e in events] == ["batch_padding_labels"]
     assert guard.diagnose()[0].code == "padding_labels"
+    # told once per run: the inspector does not follow every batch (its cost, the calm lane)
+    assert not guard.run.state.batches.following
+    assert not [f for f in guard.findings if f.check == "batch_run"]
     guard.close()
 
 

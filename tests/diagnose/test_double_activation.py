@@ -45,6 +45,7 @@ NLL_TOLD: dict[str, Callable[[], torch.Tensor]] = {
         nn.Linear(5, 3)(torch.randn(2, 4, 5)).transpose(1, 2), Y[:8].view(2, 4)),
     "nll_on_a_convolution": lambda: F.nll_loss(nn.Conv2d(5, 3, 1)(torch.randn(2, 5, 4, 4)),
                                                torch.randint(0, 3, (2, 4, 4))),
+    "nll_on_sigmoid": lambda: F.nll_loss(torch.sigmoid(LOGITS(_x())), Y),
 }
 QUIET_LOSSES: dict[str, Callable[[], torch.Tensor]] = {
     "cross_entropy_on_logits": lambda: F.cross_entropy(LOGITS(_x()), Y),
@@ -56,6 +57,13 @@ QUIET_LOSSES: dict[str, Callable[[], torch.Tensor]] = {
         nn.Sequential(nn.Linear(5, 3), nn.LogSoftmax(dim=1))(_x()), Y),
     "nll_on_log_probabilities_by_hand": lambda: F.nll_loss(
         LOGITS(_x()) - LOGITS(_x()).logsumexp(1, keepdim=True), Y),
+    # linear ops that mix log-probabilities: an ensemble's weighted sum, a verbalizer's map
+    "nll_on_an_ensemble_of_log_probabilities": lambda: F.nll_loss(torch.einsum(
+        "e,ebc->bc", torch.ones(2).softmax(0),
+        torch.stack([F.log_softmax(LOGITS(_x()), -1), F.log_softmax(SOFTMAX[0](_x()), -1)])),
+        Y),
+    "nll_on_a_verbalizer": lambda: F.nll_loss(F.log_softmax(LOGITS(_x()), -1) @ torch.eye(3),
+                                              Y),
 }
 
 
@@ -72,7 +80,8 @@ def test_an_activation_applied_twice_is_told(name: str) -> None:
 def test_nll_loss_on_what_is_not_log_probabilities_is_told(name: str) -> None:
     found = double_activation(NLL_TOLD[name]())
     assert found is not None and (found.check, found.cause) == ("nll_input", "nll_input")
-    assert found.evidence["input"] == ("probabilities" if "softmax" in name else "scores")
+    assert found.evidence["input"] == ("probabilities" if "sigmoid" in name or "softmax" in name
+                                       else "scores")
     assert "log_softmax" in found.fix
 
 

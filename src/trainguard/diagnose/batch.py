@@ -33,11 +33,12 @@ IGNORE_INDEX = -100
 MASK_FIELDS = ("attention_mask",)
 PADDED_LABELS = "labels_on_padding"
 """A field derived on the device when a batch holds `labels` and an `attention_mask` of the same
-shape: True where a position is padding (mask 0) and its label is not `IGNORE_INDEX`."""
+shape: True where a position is padding (mask 0) and its label is not `IGNORE_INDEX`, past the
+first such position of each sequence (a pad token that doubles as the end-of-text token may
+keep its first label)."""
 PADDED_SHARE = 0.5
-"""Labels on at least this share of the padding positions (and more than one a sequence: a pad
-token that doubles as the end-of-text token may keep its first label) are a collator that did
-not mask them."""
+"""Labels on at least this share of the padding positions past each sequence's first are a
+collator that did not mask them."""
 OUTLIER_RATIO = 50.0
 """A field whose max |x| is this many times its running typical value is an outlier batch."""
 PIXEL_MAX_WITH_HISTORY = 127.0
@@ -151,9 +152,13 @@ class BatchStatsOnDevice:
 
 def labels_follow_mask(model: nn.Module | None) -> bool:
     """Whether a batch's `labels` and `attention_mask` are of one sequence: not under an
-    encoder-decoder (its config says so), whose mask is the source's and labels the target's."""
-    config = getattr(model, "config", None)
-    return not getattr(config, "is_encoder_decoder", False)
+    encoder-decoder (the config of the first module that has one says so, a wrapper's inner
+    model's included), whose mask is the source's and labels the target's."""
+    for module in model.modules() if model is not None else ():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "is_encoder_decoder"):
+            return not config.is_encoder_decoder
+    return True
 
 
 def _labels_on_padding(fields: list[tuple[str, torch.Tensor]]
@@ -164,11 +169,16 @@ def _labels_on_padding(fields: list[tuple[str, torch.Tensor]]
     for name, labels in fields:
         prefix = name[:-len("labels")]
         mask = tensors.get(prefix + "attention_mask")
-        if (name.rsplit(".", 1)[-1] == "labels" and mask is not None
+        if (name.rsplit(".", 1)[-1] == "labels" and mask is not None and labels.dim() > 0
                 and mask.shape == labels.shape and not labels.is_floating_point()):
-            with torch.no_grad():
-                derived.append((prefix + PADDED_LABELS,
-                                (labels.detach() != IGNORE_INDEX) & (mask.detach() == 0)))
+            try:  # (a loss moves the labels to the logits' device itself: they may differ)
+                with torch.no_grad():
+                    padded = (labels.detach() != IGNORE_INDEX) & (
+                        mask.detach().to(labels.device) == 0)
+                    derived.append((prefix + PADDED_LABELS,
+                                    padded & (padded.cumsum(-1) > 1)))
+            except RuntimeError:
+                continue
     return derived
 
 
@@ -381,17 +391,19 @@ def _padding_label_findings(stats: list[FieldStats]) -> list[Finding]:
             continue
         prefix = s.name[:-len(PADDED_LABELS)]
         mask = named.get(prefix + "attention_mask")
-        if mask is None or mask.min < 0 or mask.max > 1:  # not a 0/1 mask: told apart
+        if mask is None or mask.nonfinite or mask.min < 0 or mask.max > 1:  # not 0/1: told apart
             continue
-        labelled = round(s.mean * s.numel)
+        labelled = round(s.mean * s.numel)  # past each sequence's first
+        sequences = s.numel // s.shape[-1]
         padding = round((1.0 - mask.mean) * mask.numel)
-        if labelled <= s.shape[0] or labelled < PADDED_SHARE * padding:
+        if labelled == 0 or labelled < PADDED_SHARE * (padding - sequences):
             continue
         labels = prefix + "labels"
         findings.append(Finding(
             "batch_padding_labels", "warning",
-            f"{labelled} of the {padding} padding positions of the batch (attention_mask 0) "
-            f"have a label in '{labels}' that is not {IGNORE_INDEX}: the loss trains the model "
+            f"{labelled} of the {padding} padding positions of the batch (attention_mask 0), "
+            f"past the first of each sequence, have a label in '{labels}' that is not "
+            f"{IGNORE_INDEX}: the loss trains the model "
             "to predict the padding, which is easy, so the loss falls faster than the model "
             "learns the text, and the model learns to emit padding.",
             f"set the labels of padding to {IGNORE_INDEX} (labels[attention_mask == 0] = "

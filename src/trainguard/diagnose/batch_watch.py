@@ -34,6 +34,11 @@ from trainguard.finding import Finding
 
 log = logging.getLogger("trainguard")
 
+ONCE_PER_RUN = frozenset({"batch_padding_labels"})
+"""Batch findings of a fault that every batch shows (a collator's): told once per run, kept
+out of the inspector's following (which would inspect every batch and shut the calm lane), of
+the runs of bad batches and of what keeps a batch out of the outlier history."""
+
 @dataclass(slots=True)
 class BatchLook:
     """What one step's batch was: its events, whether it was inspected in full, and whether it
@@ -54,6 +59,8 @@ class BatchWatch:
         self._active: set[str] = set()
         self._runs = RunTracker()
         self._order = LabelOrder()
+        self._told: set[str] = set()
+        """The `ONCE_PER_RUN` findings told."""
         self.labels_follow_mask = labels_follow_mask(model)
         """The batch's `labels` and `attention_mask` are of one sequence: not an
         encoder-decoder's, whose mask is the source's (`batch_padding_labels`)."""
@@ -106,6 +113,9 @@ class BatchWatch:
                 stats = describe_batch(batch, self.labels_follow_mask)
             findings = inspect_batch(batch, model=self.model, history=self._history,
                                      stats=stats)
+            # a fault of every batch, told once per run: it holds the inspector on no batch
+            once = [f for f in findings if f.check in ONCE_PER_RUN]
+            findings = [f for f in findings if f.check not in ONCE_PER_RUN]
             above = (check_loss_above_chance(loss, batch, self.model, when=f"step {step}",
                                              ceiling=ceiling)
                      if level is not None else None)
@@ -117,6 +127,8 @@ class BatchWatch:
             seen.inspected = True
             seen.nonfinite = "batch_nonfinite" in current
             events.extend(finding_event(f, step) for f in findings if f.check not in self._active)
+            events.extend(finding_event(f, step) for f in once if f.check not in self._told)
+            self._told.update(f.check for f in once)
             ordered = self._order.observe(stats, step, fired)
             if ordered is not None:  # about the batches so far, not this one: told apart
                 events.append(finding_event(ordered, step))
@@ -147,7 +159,7 @@ class BatchWatch:
                 "history": {"typical": dict(self._history.typical),
                             "seen": dict(self._history.seen)},
                 "active": sorted(self._active), "runs": self._runs.state_dict(),
-                "label_order": self._order.state_dict()}
+                "label_order": self._order.state_dict(), "told": sorted(self._told)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         reference = state.get("reference_batch_size")
@@ -162,6 +174,7 @@ class BatchWatch:
         self._runs.load_state_dict(state.get("runs", {}))
         self._order = LabelOrder()
         self._order.load_state_dict(state.get("label_order", {}))
+        self._told = {str(c) for c in state.get("told", [])}
 
     def usual_size(self, batch: Any) -> bool:
         """Whether `batch` holds as many samples as the batches before (or no size is read from

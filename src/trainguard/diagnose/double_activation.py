@@ -39,9 +39,15 @@ LOSSES = {"LogSoftmaxBackward0": ("cross_entropy", "softmax"),
                                                     "sigmoid")}
 """The node a loss applies its own activation with -> the loss's name, that activation's."""
 NLL = frozenset({"NllLossBackward0", "NllLoss2DBackward0"})
-RAW_SCORES = frozenset({"AddmmBackward0", "MmBackward0", "BmmBackward0", "LinearBackward0",
-                        "ConvolutionBackward0"})
-"""A linear layer's (or a convolution's) output: scores, not log-probabilities."""
+RAW_SCORES = frozenset({"AddmmBackward0", "MmBackward0", "BmmBackward0", "BaddbmmBackward0",
+                        "LinearBackward0", "ConvolutionBackward0", "EmbeddingBackward0"})
+"""A linear layer's (or a convolution's, or an embedding table's) output: scores, not
+log-probabilities..."""
+LOG_PROBABILITIES = frozenset({"LogSoftmaxBackward0", "LogSigmoidBackward0"})
+"""...unless it mixes log-probabilities made just before it (an ensemble's weighted sum, a
+verbalizer's or a permutation's matrix, a fixed upsampling of a segmentation's): one of these
+among the `MIXED` nodes it is made from."""
+MIXED = 16
 VISITED = 32
 """Nodes looked at back from the loss (the sum of several losses, their reductions, reshapes):
 never deep into the model."""
@@ -73,13 +79,30 @@ def double_activation(loss: Any) -> Finding | None:
             found = type(inner).__name__ if inner is not None else None
             if name in LOSSES and found in ACTIVATIONS:
                 return _finding(*LOSSES[name], *ACTIVATIONS[found])
-            if name in NLL and (found in RAW_SCORES or found == "SoftmaxBackward0"):
-                return _nll_finding(probabilities=found == "SoftmaxBackward0")
+            if name in NLL and found in ACTIVATIONS:
+                return _nll_finding(ACTIVATIONS[found][0])
+            if name in NLL and found in RAW_SCORES and not _mixes_log_probabilities(inner):
+                return _nll_finding(None)
             if name in NLL and inner is not None:
                 queue.append(inner)  # a log_softmax: cross_entropy's, whose input is read next
             continue  # the loss's input: the model's side, not looked into
         queue.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
     return None
+
+
+def _mixes_log_probabilities(node: Any) -> bool:
+    """Whether a linear op's output is made from log-probabilities: a log_softmax (or a
+    log_sigmoid) among the `MIXED` nodes nearest it, the weights' leaves not followed."""
+    queue, seen = [n for n, _ in getattr(node, "next_functions", ()) if n is not None], 0
+    while queue and seen < MIXED:
+        node = queue.pop(0)
+        seen += 1
+        name = type(node).__name__
+        if name in LOG_PROBABILITIES:
+            return True
+        if name != "AccumulateGrad" and name not in RAW_SCORES:
+            queue.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
+    return False
 
 
 def _finding(loss_name: str, own: str, activation: str, module: str) -> Finding:
@@ -96,10 +119,11 @@ def _finding(loss_name: str, own: str, activation: str, module: str) -> Finding:
         cause="double_activation", evidence={"activation": activation, "loss": loss_name})
 
 
-def _nll_finding(probabilities: bool) -> Finding:
-    said = ("a softmax's probabilities p, so its loss is -p[y]: between -1 and 0, never the "
-            "cross-entropy, with gradients that vanish as the model grows sure"
-            if probabilities else
+def _nll_finding(activation: str | None) -> Finding:
+    """`activation`: the one whose probabilities nll_loss was handed; None: raw scores."""
+    said = (f"a {activation}'s probabilities p, so its loss is -p[y]: between -1 and 0, never "
+            "the cross-entropy, with gradients that vanish as the model grows sure"
+            if activation is not None else
             "a linear layer's raw scores z, so its loss is -z[y]: it falls without bound as the "
             "scores grow, and a falling loss says nothing of what is learned")
     return Finding(
@@ -107,4 +131,5 @@ def _nll_finding(probabilities: bool) -> Finding:
         f"nll_loss takes log-probabilities and is handed {said}.",
         "apply log_softmax to the scores before nll_loss (nn.LogSoftmax as the model's last "
         "layer), or hand the raw scores to cross_entropy, which applies it.",
-        cause="nll_input", evidence={"input": "probabilities" if probabilities else "scores"})
+        cause="nll_input", evidence={"input": "scores" if activation is None else "probabilities",
+                                     "activation": activation})
