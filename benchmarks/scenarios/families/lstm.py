@@ -32,6 +32,11 @@ Scenarios:
                             labels not ignored. At the onset step a prompt-masking bug marks every
                             label of the batch -100: the mean over nothing is NaN. One bad batch:
                             skipping it saves the run.
+    lstm_padding_labelled   (§3.2) the SGD run fed Hugging Face style with an `attention_mask`,
+                            by a collator that copies the next tokens as labels where the pad
+                            token doubles as token 0 (the end-of-text token some tokenizers pad
+                            with): every padding position is labelled 0, and the loss trains
+                            the model to predict it.
     lstm_lr_spike           (§3.1) the SGD run with a misconfigured schedule restart: for 3
                             scheduler steps from step 100 the LR is 50x, then back to 1.0. The
                             spiked updates throw the weights as in lstm_lr_too_high_x50, with
@@ -225,7 +230,8 @@ def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, lay
              hidden: int = 64, batch_size: int = BATCH, warmup: int = 0, cosine: bool = False,
              empty_batch_at: int | None = None, lr_spike_at: int | None = None,
              transient_lr_at: int | None = None, labels_ignored_at: int | None = None,
-             hf_labels: bool = False) -> Callable[[int], Workload]:
+             hf_labels: bool = False, padding_labelled: bool = False
+             ) -> Callable[[int], Workload]:
     def build(seed: int) -> Workload:
         model = _base_model(layers, hidden)
         model.train()
@@ -248,6 +254,10 @@ def _builder(steps: int, *, optimizer: str = "sgd", lr: float = SGD_SANE_LR, lay
             data = labelled(plain(step, micro))
             if step == labels_ignored_at:  # the whole document taken for the prompt
                 data["labels"] = torch.full_like(data["labels"], IGNORE_INDEX)
+            if padding_labelled:  # a collator that masks nothing, padding with token 0
+                padding = data["input_ids"] == PAD
+                data["attention_mask"] = (~padding).long()
+                data["labels"] = data["labels"].masked_fill(padding, 0)
             return data
 
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -283,6 +293,7 @@ BASELINES: dict[str, str] = {
     "lstm_lr_spike": "lstm_healthy_sgd",
     "lstm_transient_lr": "lstm_healthy_sgd",
     "lstm_labels_ignored": "lstm_healthy_sgd",
+    "lstm_padding_labelled": "lstm_healthy_sgd",
 }
 """The healthy scenario of the same model and precision that each faulty one is measured
 against (its final eval loss under no protection is the reference)."""
@@ -324,6 +335,12 @@ def scenarios() -> list[Scenario]:
                  description="input_ids and labels (-100 on padding), mean cross-entropy over "
                              f"the labels kept; every label of the batch at step "
                              f"{LABELS_IGNORED_ONSET} is -100 (NaN); {sgd}"),
+        Scenario("lstm_padding_labelled", FAMILY,
+                 sgd_at(1, hf_labels=True, padding_labelled=True), STEPS,
+                 cause="padding_labels", onset_step=0, sudden=False, recoverable=False,
+                 description="input_ids, an attention_mask and labels copied from the next "
+                             "tokens with the padding labelled 0 (not -100): the loss trains "
+                             f"the model to predict the padding; {sgd}"),
         Scenario("lstm_lr_spike", FAMILY, sgd_at(1, lr_spike_at=LR_SPIKE_ONSET), STEPS,
                  cause="lr_too_high", onset_step=LR_SPIKE_ONSET, sudden=True, recoverable=True,
                  description=f"a misconfigured schedule restart: {spike}; {sgd}"),

@@ -21,6 +21,9 @@ Scenarios:
     mlp_cls_double_softmax (§3.3.1) the model ends in `nn.Softmax` and `cross_entropy` applies its
                          own: the loss sees probabilities in [0, 1], cannot fall below
                          ln(1 + 3/e) = 0.74, and its gradients shrink as the model grows sure.
+    mlp_cls_nll_on_logits (§3.3.1) the loop hands the model's raw scores to `nll_loss`, which
+                         takes log-probabilities: its loss is -z[y], falls without bound as
+                         the scores grow, and says nothing of what is learned.
     mlp_cls_eval_mode    (§3.4) a model with dropout (0.1 after each hidden layer) whose
                          evaluation calls model.eval() and never model.train(): from the first
                          evaluation (after step 24) it trains with its dropout off.
@@ -68,6 +71,8 @@ class Recipe:
     label_shift_at: int | None = None
     unshuffled: bool = False
     double_softmax: bool = False
+    nll_on_logits: bool = False
+    """The loss is `nll_loss` on the raw scores (no `log_softmax`)."""
     eval_mode_left: bool = False
     """The model has dropout, and its evaluation leaves it in eval mode."""
 
@@ -99,6 +104,8 @@ def build(seed: int, recipe: Recipe) -> Workload:
         return data
 
     def loss(model: nn.Module, data: dict[str, torch.Tensor], step: int) -> torch.Tensor:
+        if recipe.nll_on_logits:
+            return F.nll_loss(model(data["x"]), data["y"])
         return F.cross_entropy(model(data["x"]), data["y"])
 
     def before_step(step: int) -> None:
@@ -124,6 +131,7 @@ def build(seed: int, recipe: Recipe) -> Workload:
 BASELINES: dict[str, str] = {"mlp_cls_dead_relu": "mlp_cls_healthy",
                              "mlp_cls_double_softmax": "mlp_cls_healthy",
                              "mlp_cls_eval_mode": "mlp_cls_healthy",
+                             "mlp_cls_nll_on_logits": "mlp_cls_healthy",
                              "mlp_cls_label_shift": "mlp_cls_healthy",
                              "mlp_cls_unshuffled": "mlp_cls_healthy"}
 
@@ -148,6 +156,11 @@ def scenarios() -> list[Scenario]:
                  cause="double_activation", onset_step=0, sudden=False, recoverable=False,
                  description="the model ends in nn.Softmax and cross_entropy applies its own: "
                              "the loss sees probabilities, and learns ever more slowly"),
+        Scenario("mlp_cls_nll_on_logits", FAMILY,
+                 partial(build, recipe=Recipe(nll_on_logits=True)), STEPS, cause="nll_input",
+                 onset_step=0, sudden=False, recoverable=False,
+                 description="nll_loss on the raw scores (no log_softmax): the loss is -z[y] "
+                             "and falls without bound"),
         Scenario("mlp_cls_eval_mode", FAMILY, partial(build, recipe=Recipe(eval_mode_left=True)),
                  STEPS, cause="model_in_eval_mode", onset_step=EVAL_EVERY, sudden=True,
                  recoverable=False,
