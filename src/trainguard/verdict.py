@@ -140,7 +140,8 @@ class LossTrack:
                 weights_finite: bool | None = None,
                 untrained: tuple[int, str] | None = None,
                 stall_reason: str = "",
-                broken_output: tuple[int, str] | None = None) -> RunVerdict | None:
+                broken_output: tuple[int, str] | None = None,
+                unjudged: str = "") -> RunVerdict | None:
         """None when no loss was ever seen. `halted`: the run was stopped by the Guard, so it did
         not recover, whatever the losses before the halt said; `halt_step`, the step it stopped
         at, when known (the trouble may have begun many steps before it).
@@ -153,7 +154,10 @@ class LossTrack:
         the last update left it, or a saturated objective reads low).
         `stall_reason`: what the run showed of why it did not learn (`no_progress`'s reason),
         said after a `stalled` verdict. `broken_output`: since when and how the model's samples
-        were broken up to the last check (`detect/sample_judge.py`): degraded, whatever the loss."""
+        were broken up to the last check (`detect/sample_judge.py`): degraded, whatever the loss.
+        `unjudged`: why the loss's level says nothing of training (`nll_loss` of raw scores,
+        which falls without bound whatever is learned): no verdict from it, unless a non-finite
+        end or a halt says one."""
         start = self._start()
         if start is None:
             return None
@@ -171,6 +175,9 @@ class LossTrack:
         if self.nonfinite_tail >= self.window // 2 or not self.recent:
             return RunVerdict(DEGRADED, f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
+        if unjudged:
+            return RunVerdict(None, f"no verdict from the loss: {unjudged}", start,
+                              self.before_trouble, None, self.trouble_step)
         # The start level is the median of the first window // 2 losses, the end level that of
         # the last `window`: with fewer losses than a window, most of the end's are the start's
         # own and its median is the start's level whatever came after ("5.103 to 5.103").

@@ -33,7 +33,8 @@ judged at its close by `trainguard.verdict`) and for a log (`trainguard analyze`
     stalled     the loss never came down beyond its own noise (a guarded run only: a log's
                 loss alone does not tell a stall from a slow task)
 
-No verdict (None) where the run or log does not show one (too short to judge)."""
+No verdict (None) where the run or log does not show one (too short to judge, or a loss whose
+level says nothing of training: `nll_loss` of raw scores)."""
 
 HEALTHY: Final = "healthy"
 RECOVERED: Final = "recovered"

@@ -95,18 +95,25 @@ def test_a_loss_without_a_graph_says_nothing() -> None:
     assert double_activation(1.5) is None
 
 
+def _guarded(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], steps: int,
+             lr: float) -> Guard:
+    """A plain loop of `steps` steps under a Guard (left open)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    guard = Guard(model, optimizer, config=GuardConfig(**QUIET))
+    for _ in range(steps):
+        loss = loss_fn(model(_x()))
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    return guard
+
+
 @pytest.mark.parametrize("softmax", [True, False])
 def test_the_guard_tells_it_once_at_the_first_step(softmax: bool) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3),
                           *([nn.Softmax(dim=1)] if softmax else []))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    guard = Guard(model, optimizer, config=GuardConfig(**QUIET))
-    for _ in range(30):
-        loss = F.cross_entropy(model(_x()), Y)
-        loss.backward()
-        guard.step(loss)
-        optimizer.zero_grad(set_to_none=True)
+    guard = _guarded(model, lambda out: F.cross_entropy(out, Y), 30, 1e-3)
     told = [f for f in guard.findings if f.check == "double_activation"]
     assert len(told) == (1 if softmax else 0)
     if softmax:
@@ -172,3 +179,13 @@ def test_lightning_shows_the_loss_before_it_detaches_it(tmp_path: object) -> Non
                default_root_dir=str(tmp_path), callbacks=[callback]).fit(
         Module(), torch.utils.data.DataLoader(data, batch_size=8))
     assert [f.check for f in callback.run.findings].count("double_activation") == 1
+
+
+def test_a_run_whose_loss_is_nll_of_raw_scores_gets_no_verdict_from_it() -> None:
+    """-z[y] falls without bound whatever the model learns: its fall is no `healthy`."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+    guard = _guarded(model, lambda out: F.nll_loss(out, Y), 60, 1e-2)
+    guard.close()
+    assert guard.verdict.verdict is None
+    assert guard.verdict.message.startswith("no verdict from the loss: it is nll_loss of raw")

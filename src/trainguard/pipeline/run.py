@@ -534,7 +534,8 @@ class Run:
             self.verdict = self.state.losses.verdict(
                 halted=self.halted or status == "halted", halt_step=self.halt_step,
                 weights_finite=self._weights_finite(), untrained=self._untrained(),
-                stall_reason=self._stall_reason(), broken_output=self.samples_broken)
+                stall_reason=self._stall_reason(), broken_output=self.samples_broken,
+                unjudged=self._unjudged())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
@@ -546,6 +547,15 @@ class Run:
         return diagnosis
 
     # -- internals -------------------------------------------------------------------------------
+    def _unjudged(self) -> str:
+        """Why the loss's level says nothing of training, when the loss's graph showed it
+        (`diagnose/double_activation.py`'s `nll_input` on raw scores); "" otherwise."""
+        if any(f.check == "nll_input" and f.evidence.get("input") == "scores"
+               for f in self.findings):
+            return ("it is nll_loss of raw scores (-z[y]), which falls without bound whatever "
+                    "the model learns (finding nll_input)")
+        return ""
+
     def _untrained(self) -> tuple[int, str] | None:
         """The first step of the longest stretch that lasted to the end over which nothing was
         learned (a detector's, `Detector.untrained`, or steps the Guard skipped, none applied),
