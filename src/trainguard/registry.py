@@ -425,6 +425,8 @@ for _name, _description, _severity in (
     ("batch_outlier", "a field far above its typical magnitude in earlier batches", "warning"),
     ("batch_labels", "every label of the batch is ignored (-100): the loss averages nothing",
      "error"),
+    ("batch_repeated", "the first steps' batches are one batch (a loader re-created at each "
+     "step, or full-batch training)", "info"),
     ("batch_padding_labels", "labels that are not -100 on the padding positions (attention_mask "
      "0): the loss trains the model to predict padding", "warning"),
     ("batch_label_order", "the batches inspected each hold one label (or a few neighbouring "

@@ -167,17 +167,9 @@ class LossTrack:
                    if self.before_trouble is not None else "at the start")
         if halted or halt_step is not None:
             return self._halted(start, halt_step)
-        if weights_finite is False:
-            return RunVerdict(DEGRADED, "the model's weights are not all finite at the end of "
-                              "the run" + (f" (the last {self.nonfinite_tail} losses were not "
-                                           "finite)" if self.nonfinite_tail else ""), start,
-                              self.before_trouble, math.nan, self.trouble_step)
-        if self.nonfinite_tail >= self.window // 2 or not self.recent:
-            return RunVerdict(DEGRADED, f"the last {self.nonfinite_tail} losses were not "
-                              "finite", start, self.before_trouble, math.nan, self.trouble_step)
-        if unjudged:
-            return RunVerdict(None, f"no verdict from the loss: {unjudged}", start,
-                              self.before_trouble, None, self.trouble_step)
+        known = self._known_end(start, weights_finite, unjudged)
+        if known is not None:
+            return known
         # The start level is the median of the first window // 2 losses, the end level that of
         # the last `window`: with fewer losses than a window, most of the end's are the start's
         # own and its median is the start's level whatever came after ("5.103 to 5.103").
@@ -219,6 +211,23 @@ class LossTrack:
         return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g} (the medians "
                           f"of its first {self.window // 2} and last {len(tail)} losses)", start,
                           None, final, None)
+
+    def _known_end(self, start: float, weights_finite: bool | None,
+                   unjudged: str) -> RunVerdict | None:
+        """What the end shows whatever the loss's level: weights or losses not finite
+        (degraded), or a loss whose level says nothing (no verdict)."""
+        if weights_finite is False:
+            return RunVerdict(DEGRADED, "the model's weights are not all finite at the end of "
+                              "the run" + (f" (the last {self.nonfinite_tail} losses were not "
+                                           "finite)" if self.nonfinite_tail else ""), start,
+                              self.before_trouble, math.nan, self.trouble_step)
+        if self.nonfinite_tail >= self.window // 2 or not self.recent:
+            return RunVerdict(DEGRADED, f"the last {self.nonfinite_tail} losses were not "
+                              "finite", start, self.before_trouble, math.nan, self.trouble_step)
+        if unjudged:
+            return RunVerdict(None, f"no verdict from the loss: {unjudged}", start,
+                              self.before_trouble, None, self.trouble_step)
+        return None
 
     def _recovered(self, start: float, reference: float, final: float,
                    against: str) -> RunVerdict:

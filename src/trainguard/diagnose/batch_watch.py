@@ -28,6 +28,7 @@ from trainguard.diagnose.batch import (
     labels_follow_mask,
 )
 from trainguard.diagnose.batch_label_order import LabelOrder
+from trainguard.diagnose.batch_repeat import BatchRepeat
 from trainguard.diagnose.data_runs import RunTracker
 from trainguard.events import Event
 from trainguard.finding import Finding
@@ -59,6 +60,7 @@ class BatchWatch:
         self._active: set[str] = set()
         self._runs = RunTracker()
         self._order = LabelOrder()
+        self._repeat = BatchRepeat()
         self._told: set[str] = set()
         """The `ONCE_PER_RUN` findings told."""
         self.labels_follow_mask = labels_follow_mask(model)
@@ -68,8 +70,9 @@ class BatchWatch:
     @property
     def following(self) -> bool:
         """The last inspected batch had a finding: inspect the next one too, to see whether the
-        fault lasts (its statistics ride the next step's transfer)."""
-        return bool(self._active)
+        fault lasts (its statistics ride the next step's transfer); and the first steps' batches,
+        compared for one batch repeated (`batch_repeat`)."""
+        return bool(self._active) or self._repeat.watching
 
     def run_findings(self) -> list[Finding]:
         """The runs of consecutive batches with the same finding (`data_runs`), as findings."""
@@ -132,6 +135,9 @@ class BatchWatch:
             ordered = self._order.observe(stats, step, fired)
             if ordered is not None:  # about the batches so far, not this one: told apart
                 events.append(finding_event(ordered, step))
+            repeated = self._repeat.observe(stats, step)
+            if repeated is not None:
+                events.append(finding_event(repeated, step))
             self._active = current
             self._runs.observe(findings, step, data_ids)
             if not findings:
@@ -159,7 +165,8 @@ class BatchWatch:
                 "history": {"typical": dict(self._history.typical),
                             "seen": dict(self._history.seen)},
                 "active": sorted(self._active), "runs": self._runs.state_dict(),
-                "label_order": self._order.state_dict(), "told": sorted(self._told)}
+                "label_order": self._order.state_dict(), "told": sorted(self._told),
+                "repeat": self._repeat.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         reference = state.get("reference_batch_size")
@@ -175,6 +182,8 @@ class BatchWatch:
         self._order = LabelOrder()
         self._order.load_state_dict(state.get("label_order", {}))
         self._told = {str(c) for c in state.get("told", [])}
+        self._repeat = BatchRepeat()
+        self._repeat.load_state_dict(state.get("repeat", {}))
 
     def usual_size(self, batch: Any) -> bool:
         """Whether `batch` holds as many samples as the batches before (or no size is read from
