@@ -67,7 +67,8 @@ def run_health(run: Run, step: int) -> tuple[Health, list[dict[str, Any]], str |
         health = "recovered"
     verdict = None
     with contextlib.suppress(Exception):  # the verdict is advisory
-        judged = run.state.losses.verdict(halted=run.halted, halt_step=run.halt_step)
+        judged = run.state.losses.verdict(halted=run.halted, halt_step=run.halt_step,
+                                          unjudged=run.unjudged())
         verdict = judged.verdict if judged is not None else None
     return health, [{"kind": e.kind, "step": e.step, "severity": e.severity}
                     for e in serious[-20:]], verdict

@@ -463,8 +463,7 @@ _kind("grads_not_cleared", "a step's backward added to the gradients of the step
 _kind("model_in_eval_mode", "the model trains in eval mode (a model.eval() for an evaluation "
       "never undone, or never switched to train mode): its dropout is off and its batch norm "
       "normalises with frozen running statistics", "warning",
-      votes=(CauseVote("model_in_eval_mode", 3.0, "the model trains in eval mode: {message}",
-                       each_event=True),))
+      votes=(CauseVote("model_in_eval_mode", 3.0, "{message}", each_event=True),))
 _kind("snapshot_failed", "the crash snapshot could not be written", "error")
 _kind("poisoned_checkpoint", "a checkpoint was saved with non-finite weights or optimizer "
       "moments (marked poisoned in its trainguard.json)", "error")

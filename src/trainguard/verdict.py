@@ -167,7 +167,7 @@ class LossTrack:
                    if self.before_trouble is not None else "at the start")
         if halted or halt_step is not None:
             return self._halted(start, halt_step)
-        known = self._known_end(start, weights_finite, unjudged)
+        known = self._known_end(start, weights_finite)
         if known is not None:
             return known
         # The start level is the median of the first window // 2 losses, the end level that of
@@ -180,6 +180,10 @@ class LossTrack:
                               self.before_trouble, None, self.trouble_step)
         tail = self._final_tail()
         final = statistics.median(tail)
+        if unjudged:  # what the run showed apart from the loss's level still holds
+            return self._shown_at_the_end(start, final, broken_output, untrained) or RunVerdict(
+                None, f"no verdict from the loss: {unjudged}", start, self.before_trouble, None,
+                self.trouble_step)
         stalled = (self.seen >= self.stall_steps and len(self.start) == self.window
                    and not progressed(self.start, list(self.recent), list(self.history))
                    and flat(self.start, list(self.recent), list(self.history))
@@ -212,10 +216,8 @@ class LossTrack:
                           f"of its first {self.window // 2} and last {len(tail)} losses)", start,
                           None, final, None)
 
-    def _known_end(self, start: float, weights_finite: bool | None,
-                   unjudged: str) -> RunVerdict | None:
-        """What the end shows whatever the loss's level: weights or losses not finite
-        (degraded), or a loss whose level says nothing (no verdict)."""
+    def _known_end(self, start: float, weights_finite: bool | None) -> RunVerdict | None:
+        """What the end shows whatever the loss's level: weights or losses not finite."""
         if weights_finite is False:
             return RunVerdict(DEGRADED, "the model's weights are not all finite at the end of "
                               "the run" + (f" (the last {self.nonfinite_tail} losses were not "
@@ -224,9 +226,6 @@ class LossTrack:
         if self.nonfinite_tail >= self.window // 2 or not self.recent:
             return RunVerdict(DEGRADED, f"the last {self.nonfinite_tail} losses were not "
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
-        if unjudged:
-            return RunVerdict(None, f"no verdict from the loss: {unjudged}", start,
-                              self.before_trouble, None, self.trouble_step)
         return None
 
     def _recovered(self, start: float, reference: float, final: float,

@@ -49,6 +49,24 @@ def test_batches_that_differ_or_repeat_epoch_after_epoch_are_not() -> None:
     assert repeated(run(lambda step: DATA[step % 2])) == []  # steps 0, 2, 4: one batch each
 
 
+def test_the_same_values_in_another_order_are_another_batch() -> None:
+    """A sorting task: each batch's rows are permutations of the same values, its labels a
+    balanced set in another order; range, mean and spread alike, the order (the checksum)
+    not."""
+    watch, found = BatchRepeat(), []
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        x = torch.stack([torch.randperm(4, generator=g) for _ in range(16)]).float()
+        found.append(watch.observe(describe_batch((x, torch.randperm(16, generator=g) % 2)),
+                                   step))
+    assert found == [None, None, None] and not watch.watching
+
+
+def test_a_batch_without_tensors_holds_nothing_shut() -> None:
+    watch = BatchRepeat()
+    assert watch.observe([], 0) is None and not watch.watching
+
+
 def test_a_batch_with_a_nan_compares_by_its_count() -> None:
     x = DATA[0][0].clone()
     x[0, 0] = float("nan")

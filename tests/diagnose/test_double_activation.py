@@ -64,6 +64,12 @@ QUIET_LOSSES: dict[str, Callable[[], torch.Tensor]] = {
         Y),
     "nll_on_a_verbalizer": lambda: F.nll_loss(F.log_softmax(LOGITS(_x()), -1) @ torch.eye(3),
                                               Y),
+    # nll_loss as a gather inside another loss (Q(s, a) under a squared error), and a
+    # cross-entropy written out by hand (its logsumexp added)
+    "nll_as_a_gather_in_q_learning": lambda: F.mse_loss(
+        -F.nll_loss(LOGITS(_x()), Y, reduction="none"), torch.zeros(8)),
+    "cross_entropy_by_hand": lambda: (lambda z: F.nll_loss(z, Y) + z.logsumexp(-1).mean())(
+        LOGITS(_x())),
 }
 
 

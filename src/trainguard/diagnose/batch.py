@@ -48,6 +48,8 @@ size (raw values 100x the normal [0, 1]) is the outlier check's matter."""
 SMOOTH = 0.5
 """Roughness (neighbour differences against the image's own variance, 1 for white noise) under
 which an image's neighbouring pixels are correlated, as a picture's are."""
+CHECKSUM_VALUES = 4096
+"""Values a field's order-sensitive checksum reads at most (evenly strided)."""
 ROUGHNESS_IMAGES, ROUGHNESS_ROWS = 2, 64
 """The roughness is measured on the first images' first rows only: the cost stays that of a
 small image whatever the batch."""
@@ -74,6 +76,10 @@ class FieldStats:
     """Of an image field only: how little its neighbouring pixels agree (`_roughness`)."""
     roughness_hwc: float = math.nan
     """The same, its memory read as height-width-channel and permuted to channel-first."""
+    checksum: float = math.nan
+    """The sum of at most `CHECKSUM_VALUES` of its values (evenly strided), each times its
+    place: what tells two batches of the same values in another order apart
+    (`batch_repeat`)."""
 
     @property
     def is_float(self) -> bool:
@@ -130,7 +136,7 @@ class BatchStatsOnDevice:
     """The statistics of a batch's fields, computed on the device and not yet transferred, so
     that they can travel with a step's single transfer."""
 
-    WIDTH = 9
+    WIDTH = 10
 
     def __init__(self, batch: Any, labels_follow_mask: bool = True) -> None:
         """`labels_follow_mask`: the batch's `labels` and `attention_mask` are of one sequence
@@ -146,7 +152,8 @@ class BatchStatsOnDevice:
                            dtype=str(t.dtype).replace("torch.", ""), numel=t.numel(),
                            min=float(r[0]), max=float(r[1]), mean=float(r[2]), std=float(r[3]),
                            maxabs=float(r[4]), nonfinite=int(r[5]), nan=int(r[6]),
-                           roughness=float(r[7]), roughness_hwc=float(r[8]))
+                           roughness=float(r[7]), roughness_hwc=float(r[8]),
+                           checksum=float(r[9]))
                 for (name, t), r in zip(self.fields, rows, strict=True)]
 
 
@@ -214,10 +221,14 @@ def _field_stats(fields: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
                 rough_hwc = _roughness(sample.reshape(b, h, w, c).permute(0, 3, 1, 2)[:, :, :top])
             else:
                 rough, rough_hwc = nan, nan
+            flat = clean.reshape(-1)
+            if flat.numel() > CHECKSUM_VALUES:
+                flat = flat[::-(-flat.numel() // CHECKSUM_VALUES)]
+            places = torch.arange(1, flat.numel() + 1, dtype=flat.dtype, device=flat.device)
             rows.append(torch.stack([
                 torch.where(finite, values, big).min(), torch.where(finite, values, -big).max(),
                 mean, var.sqrt(), clean.abs().max(), (~finite).sum(), torch.isnan(values).sum(),
-                rough.to(values.dtype), rough_hwc.to(values.dtype),
+                rough.to(values.dtype), rough_hwc.to(values.dtype), (flat * places).sum(),
             ]).double().to(device))
     return torch.stack(rows).reshape(-1)
 

@@ -6,9 +6,11 @@ batch: its loss falls towards 0 as the model memorises it, and nothing fails. Fu
 training (a small tabular set, a physics-informed network's fixed collocation points) does the
 same on purpose, so this is an info, stated as a fact of the run, not a fault.
 
-Seen from the batch inspector's statistics (`FieldStats`: every field's shape, range, mean and
-spread) of the first `STEPS` steps in a row, inspected for it: the same to the last digit in
-every field. Two different batches of real data agree so in no field that varies. Compared
+Seen from the batch inspector's statistics (`FieldStats`: every field's shape, range, mean,
+spread and a checksum that weighs each value by its place) of the first `STEPS` steps in a row,
+inspected for it: the same to the last digit in every field. Two different batches agree so in
+no field that varies, the same values shuffled (a sorting task's rows, balanced one-hot codes)
+included. Compared
 step after step, not at the sampled steps far apart (a loader of 50 batches an epoch gives the
 same batch at steps 0, 50 and 100, each step training on its own). Told at most once per run,
 and only on the run's first steps.
@@ -26,10 +28,11 @@ STEPS = 3
 
 
 def fingerprint(stats: list[FieldStats]) -> tuple[Any, ...]:
-    """What two batches must share to be the same: each field's name, shape, range, mean and
-    spread, and its count of non-finite values (NaN compares unequal: its count stands in)."""
+    """What two batches must share to be the same: each field's name, shape, range, mean,
+    spread and order-sensitive checksum (the same values in another order differ there), and
+    its count of non-finite values (NaN compares unequal: its count stands in)."""
     return tuple((s.name, s.shape, s.nonfinite, *(v if v == v else "nan" for v in (
-        s.min, s.max, s.mean, s.std))) for s in stats
+        s.min, s.max, s.mean, s.std, s.checksum))) for s in stats
         if s.name.rsplit(".", 1)[-1] != PADDED_LABELS)
 
 
@@ -66,7 +69,8 @@ class BatchRepeat:
             f"the batches of steps {steps} are the same (every field's shape, range, mean and "
             "spread equal): the run may train on one batch, as a loader re-created at each "
             "step gives (next(iter(loader)) inside the loop returns the loader's first batch "
-            "every time without shuffle=True); full-batch training does so on purpose.",
+            "every time without shuffle=True); full-batch training, or passes over one "
+            "rollout, do so on purpose.",
             "iterate the loader once per epoch (for batch in loader:), or keep one iterator "
             "and call next() on it.",
             evidence={"steps": list(self.steps)})

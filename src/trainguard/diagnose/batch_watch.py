@@ -110,6 +110,7 @@ class BatchWatch:
             if truncated is not None:
                 events.append(truncated)
             if stats is None:
+                self._repeat.watching = False  # nothing to compare: the lane is not held shut
                 if not fired:
                     return seen
                 # an anomalous step: one more transfer is worth it

@@ -48,6 +48,13 @@ LOG_PROBABILITIES = frozenset({"LogSoftmaxBackward0", "LogSigmoidBackward0"})
 verbalizer's or a permutation's matrix, a fixed upsampling of a segmentation's): one of these
 among the `MIXED` nodes it is made from."""
 MIXED = 16
+COMBINERS = frozenset({"AddBackward0", "AddBackward1", "SubBackward0", "SubBackward1",
+                       "MulBackward0", "MulBackward1", "DivBackward0", "DivBackward1",
+                       "SumBackward0", "SumBackward1", "MeanBackward0", "MeanBackward1",
+                       "NegBackward0", "StackBackward0", "CatBackward0"})
+"""What makes a loss of its terms (sums, means, weights, a division by the accumulation): an
+`nll_loss` reached through these alone is the loss, not a value inside another one (a
+Q-learning loss that picks Q(s, a) with `-nll_loss(q, a)` under its squared error)."""
 VISITED = 32
 """Nodes looked at back from the loss (the sum of several losses, their reductions, reshapes):
 never deep into the model."""
@@ -69,9 +76,10 @@ def double_activation(loss: Any) -> Finding | None:
     what is not log-probabilities; None otherwise (no graph, or none found among the `VISITED`
     nodes nearest the loss)."""
     root = getattr(loss, "grad_fn", None)
-    queue, seen = ([root] if root is not None else []), 0
+    queue: list[tuple[Any, bool]] = [(root, True)] if root is not None else []
+    seen, scores, normalised = 0, [], set()
     while queue and seen < VISITED:
-        node = queue.pop(0)
+        node, direct = queue.pop(0)  # direct: reached through `COMBINERS` and reshapes alone
         seen += 1
         name = type(node).__name__
         if name in LOSSES or name in NLL:
@@ -79,14 +87,21 @@ def double_activation(loss: Any) -> Finding | None:
             found = type(inner).__name__ if inner is not None else None
             if name in LOSSES and found in ACTIVATIONS:
                 return _finding(*LOSSES[name], *ACTIVATIONS[found])
-            if name in NLL and found in ACTIVATIONS:
+            if name in NLL and direct and found in ACTIVATIONS:
                 return _nll_finding(ACTIVATIONS[found][0])
-            if name in NLL and found in RAW_SCORES and not _mixes_log_probabilities(inner):
-                return _nll_finding(None)
-            if name in NLL and inner is not None:
-                queue.append(inner)  # a log_softmax: cross_entropy's, whose input is read next
+            if (name in NLL and direct and found in RAW_SCORES
+                    and not _mixes_log_probabilities(inner)):
+                scores.append(inner)  # unless the loss adds their logsumexp (read on)
+            elif name in NLL and inner is not None:
+                queue.append((inner, False))  # cross_entropy's log_softmax, read next
             continue  # the loss's input: the model's side, not looked into
-        queue.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
+        if name == "LogsumexpBackward0":
+            normalised.add(id(_input(node)))  # nll_loss(z, y) + logsumexp(z): a cross-entropy
+        further = direct and (name in COMBINERS or name in RESHAPES)
+        queue.extend((n, further) for n, _ in getattr(node, "next_functions", ())
+                     if n is not None)
+    if any(id(inner) not in normalised for inner in scores):
+        return _nll_finding(None)
     return None
 
 

@@ -535,7 +535,7 @@ class Run:
                 halted=self.halted or status == "halted", halt_step=self.halt_step,
                 weights_finite=self._weights_finite(), untrained=self._untrained(),
                 stall_reason=self._stall_reason(), broken_output=self.samples_broken,
-                unjudged=self._unjudged())
+                unjudged=self.unjudged())
         except Exception as exc:  # the verdict is advisory
             log.error("trainguard: no verdict (%s: %s)", type(exc).__name__, exc)
         if self.verdict is not None:
@@ -547,7 +547,7 @@ class Run:
         return diagnosis
 
     # -- internals -------------------------------------------------------------------------------
-    def _unjudged(self) -> str:
+    def unjudged(self) -> str:
         """Why the loss's level says nothing of training, when the loss's graph showed it
         (`diagnose/double_activation.py`'s `nll_input` on raw scores); "" otherwise."""
         if any(f.check == "nll_input" and f.evidence.get("input") == "scores"
