@@ -362,6 +362,16 @@ def test_model_without_trainable_parameters() -> None:
         Guard(model, optimizer)
 
 
+def test_a_lazy_module_before_its_first_forward_is_a_clear_error() -> None:
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(UsageError, match=r"parameter 0\.weight is not initialised yet.*one "
+                                         "forward pass"):
+        Guard(model, optimizer)
+    model(torch.randn(2, 5))  # the dry run that gives its parameters their shapes
+    Guard(model, optimizer).close()
+
+
 def test_optimizer_with_parameters_not_in_the_model() -> None:
     model = nn.Linear(4, 4)
     stranger = nn.Parameter(torch.zeros(3, 2))

@@ -690,6 +690,12 @@ def _checked(config: Any, model: Any, optimizer: Any) -> GuardConfig:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise UsageError(f"optimizer must be a torch.optim.Optimizer, got "
                          f"{type(optimizer).__name__}")
+    lazy = next((name for name, p in model.named_parameters()
+                 if isinstance(p, nn.parameter.UninitializedParameter)), None)
+    if lazy is not None:  # its shape is not known until the first forward pass
+        raise UsageError(f"the model's parameter {lazy} is not initialised yet (a lazy module, "
+                         "nn.LazyLinear and the like): run one forward pass on a batch before "
+                         "creating the Guard")
     return config
 
 
