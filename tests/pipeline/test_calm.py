@@ -99,6 +99,14 @@ def test_a_healthy_run_takes_most_steps_in_the_lane_and_ends_as_checked_in_full(
     assert lane.lane_steps >= 120 and full.lane_steps == 0
 
 
+def test_a_batch_given_with_batch_inspection_off_takes_the_lane_as_well() -> None:
+    """Nothing reads the batch's size then (its reference is set by the inspection)."""
+    off = {"probes": {"inspect_batches": False}}
+    lane, full = _train(True, config=off), _train(False, config=off)
+    _same(lane, full)
+    assert lane.lane_steps >= 120
+
+
 def _clean_labels(step: int, data: dict[str, torch.Tensor], _: torch.optim.Optimizer) -> None:
     data["y"] = data["x"][:, :4].argmax(dim=1)
 

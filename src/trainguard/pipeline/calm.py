@@ -168,8 +168,8 @@ class CalmLane:
                 and not state.sampled_now and not self.steps.queued
                 and (attention is None or not attention.attached)
                 and (state.brake is None or not state.brake.active)
-                and (batch is None or (not state.batches.following
-                                       and state.batches.usual_size(batch)))
+                and (batch is None or not self.services.config.probes.inspect_batches
+                     or (not state.batches.following and state.batches.usual_size(batch)))
                 and self.services.watch.unchanged())
 
     def take(self, loss: Any, batch: Any) -> StepReport | Measured | None:
