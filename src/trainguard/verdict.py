@@ -156,8 +156,8 @@ class LossTrack:
         said after a `stalled` verdict. `broken_output`: since when and how the model's samples
         were broken up to the last check (`detect/sample_judge.py`): degraded, whatever the loss.
         `unjudged`: why the loss's level says nothing of training (`nll_loss` of raw scores,
-        which falls without bound whatever is learned): no verdict from it, unless a non-finite
-        end or a halt says one."""
+        which falls without bound whatever is learned): no verdict from it, unless a halt, a
+        non-finite end, a stretch that learned nothing or broken samples say one."""
         start = self._start()
         if start is None:
             return None
