@@ -44,6 +44,8 @@ class Workload:
     """True for the steps whose loop forgets `loss.backward()`."""
     skips_zero_grad: Callable[[int], bool] | None = None
     """True for the steps after which the loop forgets `optimizer.zero_grad()`."""
+    after_backward: Callable[[int], None] | None = None
+    """The loop's own code between the backward passes and the step (a clip of its own)."""
     eval_every: int = 0
     eval_metrics: Callable[[nn.Module], dict[str, float]] | None = None
     """Every `eval_every` steps the loop evaluates the model and hands the metrics over."""

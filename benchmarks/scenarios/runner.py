@@ -126,6 +126,8 @@ def one_step(workload: Workload, stepper: Stepper, step: int) -> tuple[str, floa
         step_loss = step_loss + scaled.detach().float()
     # one micro-batch: the loss as a loop hands it over, its graph included
     handed = loss.float() if workload.accumulation == 1 else step_loss
+    if workload.after_backward is not None:
+        workload.after_backward(step)
     action = stepper.step(handed, batch)
     if workload.skips_zero_grad is None or not workload.skips_zero_grad(step):
         workload.optimizer.zero_grad(set_to_none=True)

@@ -156,6 +156,8 @@ CAUGHT = [
            kinds=frozenset({"batch_padding_labels"})),
     Caught("mlp_cls_eval_mode", after=5, latency=1, first_cause="model_in_eval_mode",
            kinds=frozenset({"model_in_eval_mode"})),
+    Caught("mlp_cls_clip_too_tight", steps=110, latency=100, first_cause="clip_too_tight",
+           kinds=frozenset({"no_progress"})),
     Caught("mlp_cls_unshuffled", latency=10, first_cause="unshuffled_data",
            kinds=frozenset({"batch_label_order"})),
     Caught("gpt2_schedule_too_short", after=110, latency=9, first_cause="lr_at_zero",

@@ -50,11 +50,11 @@ def train_lm(lr: float, steps: int = 130, *, zero_schedule: bool = False,
 
 
 def train_classifier(optimizer: str, *, random_labels: bool, steps: int = 130,
-                     schedule: str | None = None) -> Guard:
+                     schedule: str | None = None, clip: float | None = None) -> Guard:
     """A ReLU MLP on 4 classes, a fresh batch of Gaussian inputs each step; the labels drawn
     apart from the inputs (`random_labels`) or read from them (the argmax of a fixed
     projection). The new head starts small, as heads are initialised (its first loss is at
-    chance)."""
+    chance). `clip`: the loop clips the gradients to this norm before `Guard.step`."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
     nn.init.normal_(model[2].weight, std=0.01)
@@ -76,6 +76,8 @@ def train_classifier(optimizer: str, *, random_labels: bool, steps: int = 130,
              else (x @ projection).argmax(1))
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         guard.step(loss, batch={"x": x, "labels": y})
         opt.zero_grad(set_to_none=True)
     guard.close()
@@ -136,6 +138,43 @@ def test_an_lr_too_low_to_move_the_weights_is_named() -> None:
     assert guard.diagnose()[0].code == "lr_too_low"
 
 
+@pytest.mark.parametrize("max_norm", [1e-2, 1e-4])
+def test_a_loop_that_clips_every_step_to_a_tiny_norm_names_its_clip(max_norm: float) -> None:
+    """SGD whose loop clips to a max_norm far under the gradients' norm: every update is scaled
+    down, the loss stays at chance. Not the labels, not the LR: the clip."""
+    guard = train_classifier("sgd", random_labels=False, clip=max_norm)
+    event, = stalls(guard)
+    assert event.details["cause"] == "clip_too_tight"
+    assert event.details["grad_norm"] == pytest.approx(max_norm, rel=1e-3)
+    assert f"the gradient norm was {max_norm:.3g} at" in event.message
+    assert guard.diagnose()[0].code == "clip_too_tight"
+
+
+def test_a_clip_every_step_under_adam_is_no_reason() -> None:
+    """Adam divides the clip's scale out: its updates keep their size, the run learns."""
+    guard = train_classifier("adamw", random_labels=False, clip=1e-2)
+    assert not stalls(guard)
+
+
+def test_a_clip_that_leaves_the_updates_their_size_is_not_why_labels_stall() -> None:
+    """Labels drawn apart from the inputs under a loop clip of 1.0 that every step reaches:
+    the weights move, the loss sits at chance, the labels are named."""
+    guard = train_classifier("sgd", random_labels=True, clip=1e-1)
+    event, = stalls(guard)
+    assert event.details["cause"] == "label_problem"
+
+
+def test_a_pinned_norm_is_counted_in_a_row_and_kept_across_a_resume() -> None:
+    evidence = StallEvidence()
+    for norm in (0.5, 0.01, 0.0100001, 0.01, float("nan"), 0.01):
+        evidence.see(StepSignals(step=0, loss=1.0, grad_norm=norm,
+                                 param_grad_norm=np.ones(2), param_names=["a", "b"]), 0.1)
+    assert (evidence.pin, evidence.pinned) == (0.01, 1)  # the NaN broke the row
+    restored = StallEvidence()
+    restored.load_state_dict(json.loads(json.dumps(evidence.state_dict())))
+    assert (restored.pin, restored.pinned) == (0.01, 1)
+
+
 def test_a_model_frozen_but_for_its_final_norm_names_the_frozen_weights() -> None:
     """Every parameter frozen but the final LayerNorm, the optimizer built over all of them:
     the few weights that train cannot move the loss."""
@@ -151,8 +190,11 @@ def test_a_model_frozen_but_for_its_final_norm_names_the_frozen_weights() -> Non
 NAMES = ["body.weight", "head.weight"]
 
 
-def step(i: int, loss: float, *, lrs: tuple[float, ...] = (1e-3,), grads: tuple = (1.0, 1.0),
+def step(i: int, loss: float, *, lrs: tuple[float, ...] = (1e-3,), grads: tuple | None = None,
          update: tuple | None = None, classes: int | None = None) -> StepSignals:
+    """One step's signals; `grads`: its parameters' gradient norms (by default a batch's noise
+    around 1, so that the norm is not one value at every step, as a loop's clip leaves it)."""
+    grads = grads if grads is not None else (1.0 + 0.05 * math.sin(i), 1.0)
     signals = StepSignals(step=i, loss=loss, grad_norm=float(np.hypot(*grads)),
                           param_grad_norm=np.asarray(grads, dtype=np.float32),
                           param_names=list(NAMES), lr=lrs[0], group_lrs=lrs)
@@ -209,6 +251,19 @@ def test_a_stall_below_chance_with_moving_weights_names_no_cause() -> None:
 def test_a_loss_at_chance_with_weights_that_barely_move_is_the_lr() -> None:
     event, = judge(flat(math.log(4)), classes=4, update=(1e-6, 1e-6))
     assert event.details["cause"] == "lr_too_low"
+
+
+def test_a_norm_pinned_by_the_loops_clip_with_weights_that_barely_move_is_the_clip() -> None:
+    event, = judge(flat(math.log(4)), classes=4, update=(1e-4, 1e-4), grads=(0.006, 0.008))
+    assert event.details["cause"] == "clip_too_tight"
+    assert event.details["grad_norm"] == pytest.approx(0.01)
+
+
+def test_a_pinned_norm_with_updates_of_a_healthy_size_is_no_reason() -> None:
+    """Every step clipped to 1.0 (a fine-tune whose norms are all above it) while the weights
+    move 1% a step: the clip leaves the updates their size; the stall is the labels'."""
+    event, = judge(flat(math.log(4)), classes=4, grads=(0.6, 0.8))
+    assert event.details["cause"] == "label_problem"
 
 
 def test_the_evidence_survives_a_checkpoint() -> None:

@@ -27,6 +27,10 @@ Scenarios:
     mlp_cls_eval_mode    (§3.4) a model with dropout (0.1 after each hidden layer) whose
                          evaluation calls model.eval() and never model.train(): from the first
                          evaluation (after step 24) it trains with its dropout off.
+    mlp_cls_clip_too_tight (§2.1) the loop clips the gradients itself, with
+                         `clip_grad_norm_(model.parameters(), 0.001)`, under every step's norm:
+                         each SGD update is a few hundredths of its size and the model stays
+                         near chance for the whole run.
     mlp_cls_unshuffled   (§3.2) the loader is built without shuffling over data stored class by
                          class: 4760 samples of class 0 (74 batches and a half), then of class
                          1, and so on, an epoch of 300 steps. The model predicts the class of
@@ -56,6 +60,8 @@ GLITCH_STEPS = (80, 81)
 GLITCH_LR = 300.0
 LABEL_SHIFT_AT = 120
 DROPOUT = 0.1
+LOOP_CLIP = 1e-3
+"""The max_norm of the loop's own clip in `mlp_cls_clip_too_tight`."""
 SAMPLES_PER_CLASS = 4760
 """Samples of each class in a row when the data is not shuffled (74 batches and some: the batch
 at each change of class holds two)."""
@@ -75,6 +81,8 @@ class Recipe:
     """The loss is `nll_loss` on the raw scores (no `log_softmax`)."""
     eval_mode_left: bool = False
     """The model has dropout, and its evaluation leaves it in eval mode."""
+    loop_clip: float | None = None
+    """The loop clips the gradients to this norm before the step."""
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -122,13 +130,19 @@ def build(seed: int, recipe: Recipe) -> Workload:
             model.train(was_training)
         return {"eval_accuracy": float(accuracy), "eval_loss": float(value)}
 
+    def clip(step: int) -> None:
+        assert recipe.loop_clip is not None
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.loop_clip)
+
     return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss,
+                    after_backward=clip if recipe.loop_clip is not None else None,
                     evaluate=lambda m: metrics(m)["eval_loss"], batch_size=BATCH_SIZE,
                     before_step=before_step if recipe.glitch else None,
                     eval_every=EVAL_EVERY, eval_metrics=metrics)
 
 
-BASELINES: dict[str, str] = {"mlp_cls_dead_relu": "mlp_cls_healthy",
+BASELINES: dict[str, str] = {"mlp_cls_clip_too_tight": "mlp_cls_healthy",
+                             "mlp_cls_dead_relu": "mlp_cls_healthy",
                              "mlp_cls_double_softmax": "mlp_cls_healthy",
                              "mlp_cls_eval_mode": "mlp_cls_healthy",
                              "mlp_cls_nll_on_logits": "mlp_cls_healthy",
@@ -167,6 +181,12 @@ def scenarios() -> list[Scenario]:
                  description=f"dropout {DROPOUT:g} after each hidden layer; the evaluation "
                              "calls model.eval() and never model.train(): from the first one "
                              "on, the model trains with its dropout off"),
+        Scenario("mlp_cls_clip_too_tight", FAMILY,
+                 partial(build, recipe=Recipe(loop_clip=LOOP_CLIP)), STEPS,
+                 cause="clip_too_tight", onset_step=0, sudden=False, recoverable=False,
+                 description=f"the loop clips the gradients to max_norm {LOOP_CLIP:g} before "
+                             "the step: every update is scaled down and the model stays near "
+                             "chance"),
         Scenario("mlp_cls_unshuffled", FAMILY, partial(build, recipe=Recipe(unshuffled=True)),
                  STEPS, cause="unshuffled_data", onset_step=0, sudden=False, recoverable=False,
                  description=f"the data is not shuffled: {SAMPLES_PER_CLASS} samples of one "

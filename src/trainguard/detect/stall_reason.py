@@ -18,6 +18,12 @@ cause code it points at):
 - the LR fell, within those steps, to `LR_FELL` of the highest it had among them or below,
   and stayed there for half of them or more (`lr_too_low`: a schedule stepped per batch where
   it was written per epoch; the end of a cosine cycle passes by);
+- the gradient norm the Guard read was one value (within `PIN_TOLERANCE`) at nearly every step
+  judged, and the updates add up to less than `SLOW` of the typical weight's norm or the loss
+  falls steadily but too slowly to count: what a
+  `clip_grad_norm_` in the loop leaves when its `max_norm` is under every step's norm, each
+  update scaled to that size whatever the loss asks (`clip_too_tight`; under Adam the scale
+  cancels and the updates keep their size, so this reason does not show);
 - the updates are too small to move the weights: the typical parameter's update, over the steps
   judged, adds up to less than `MOVED` of its norm even if every step pointed the same way
   (`lr_too_low`);
@@ -63,6 +69,15 @@ NAMED = 3
 LR_FELL = 1e-3
 """An LR that fell to this share of the highest it had over the steps judged has left the
 run nothing to train with, whatever the updates measured earlier in them."""
+PIN_TOLERANCE = 1e-3
+"""Gradient norms within this share of one value are that value: a clip to `max_norm` leaves
+`max_norm * n / (n + 1e-6)`, which moves by under 1e-3 of it whenever the norm before the clip
+`n` is above 1e-3; a batch's own noise moves a norm by percents from step to step."""
+PINNED_SHARE = 0.9
+"""The share of the steps judged at one gradient norm for the loop's clip to be a reason."""
+SLOW = 0.1
+"""Updates adding up to less than this share of a weight's norm over the steps judged are slow
+enough for a clip that scales every one of them down to be why (`MOVED` is "none at all")."""
 SAMPLES = 16
 """The sampled updates kept (the steps judged hold `stall_steps / sample_every` of them)."""
 
@@ -109,6 +124,10 @@ class StallEvidence:
         """Per parameter: whether it got a gradient at any step."""
         self.updates: deque[np.ndarray] = deque(maxlen=SAMPLES)
         """Per sampled step: each parameter's update ratio."""
+        self.pin: float | None = None
+        """The gradient norm of the steps in a row that read it (within `PIN_TOLERANCE`)."""
+        self.pinned = 0
+        """Those steps: since a step that read another norm."""
 
     def see(self, signals: StepSignals, lr: float | None) -> None:
         """Take one step judged."""
@@ -120,6 +139,12 @@ class StallEvidence:
             self.last_lr = lr
         grad = signals.grad_norm
         self.with_grad += bool(math.isfinite(grad) and grad > 0)
+        pin = self.pin
+        if pin is not None and abs(grad - pin) <= PIN_TOLERANCE * pin:  # NaN: not pinned
+            self.pinned += 1
+        else:
+            self.pin = grad if math.isfinite(grad) and grad > 0 else None
+            self.pinned = int(self.pin is not None)
         norms = np.asarray(signals.param_grad_norm, dtype=np.float64)
         got = np.isfinite(norms) & (norms > 0)
         if self.got_grad is None or self.got_grad.shape != got.shape:
@@ -182,6 +207,17 @@ class StallEvidence:
                                "per epoch (StepLR, ExponentialLR stepped in the batch loop), or "
                                "one far shorter than the run, leaves the weights nothing to "
                                "move with", {"lr": last, "highest": lr, "update": typical})
+        pin = self.pin
+        if (pin is not None and steps and self.pinned >= PINNED_SHARE * steps
+                and typical is not None and (typical * steps < SLOW or trend <= -TREND_Z)):
+            return StallReason("clip_too_tight", f"the gradient norm was {pin:.3g} at "
+                               f"{self.pinned} of those {steps} steps in a row (within "
+                               f"{PIN_TOLERANCE:.1%}), the norm a clip_grad_norm_ in the loop "
+                               f"leaves when its max_norm is under every step's norm: each "
+                               f"update is scaled to it whatever the loss asks, and the updates "
+                               f"moved the typical weight by {typical:.2g} of its norm per step "
+                               f"(median of {len(self.updates)} steps measured)",
+                               {"grad_norm": pin, "lr": lr, "update": typical})
         if typical is not None and typical * steps < MOVED:
             return StallReason("lr_too_low", f"the updates moved the typical weight by "
                                f"{typical:.2g} of its norm per step (median of {len(self.updates)} "
@@ -239,7 +275,8 @@ class StallEvidence:
                 "last_lr": self.last_lr, "fallen": self.fallen, "with_grad": self.with_grad,
                 "got_grad": None if self.got_grad is None else self.got_grad.tolist(),
                 "updates": [u.tolist() for u in self.updates], "classes": self.classes,
-                "sizes": None if self.sizes is None else self.sizes.tolist()}
+                "sizes": None if self.sizes is None else self.sizes.tolist(),
+                "pin": self.pin, "pinned": self.pinned}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.clear()
@@ -258,3 +295,6 @@ class StallEvidence:
         self.classes = None if classes is None else int(classes)
         sizes = state.get("sizes")
         self.sizes = None if sizes is None else np.asarray(sizes, dtype=np.float64)
+        pin = state.get("pin")
+        self.pin = None if pin is None else float(pin)
+        self.pinned = int(state.get("pinned", 0))

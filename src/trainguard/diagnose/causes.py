@@ -99,6 +99,10 @@ _ALL = (
           f"Raise the LR into the range for the mode and the model ({GUIDE_RANGES} for "
           "7B-class pre-trained models; smaller ones take more); check the scheduler did not "
           "decay it to ~0."),
+    Cause("clip_too_tight", "The loop's gradient clip scales every update down to nothing",
+          "2.1", "Raise the max_norm of the loop's clip_grad_norm_ (1.0 is the usual; it should "
+          "clip the rare large step, not every step), or leave clipping to the Guard "
+          "(policy='protect' clips only a step that explodes)."),
     Cause("lr_at_zero", "The LR held at 0: a schedule shorter than the run, or code that sets it",
           "3.1", "Give the scheduler the optimizer steps the run takes (num_training_steps = "
           "ceil(len(loader) / gradient_accumulation_steps) * epochs; total_iters, T_max), step "
