@@ -207,17 +207,9 @@ class StallEvidence:
                                "per epoch (StepLR, ExponentialLR stepped in the batch loop), or "
                                "one far shorter than the run, leaves the weights nothing to "
                                "move with", {"lr": last, "highest": lr, "update": typical})
-        pin = self.pin
-        if (pin is not None and steps and self.pinned >= PINNED_SHARE * steps
-                and typical is not None and (typical * steps < SLOW or trend <= -TREND_Z)):
-            return StallReason("clip_too_tight", f"the gradient norm was {pin:.3g} at "
-                               f"{self.pinned} of those {steps} steps in a row (within "
-                               f"{PIN_TOLERANCE:.1%}), the norm a clip_grad_norm_ in the loop "
-                               f"leaves when its max_norm is under every step's norm: each "
-                               f"update is scaled to it whatever the loss asks, and the updates "
-                               f"moved the typical weight by {typical:.2g} of its norm per step "
-                               f"(median of {len(self.updates)} steps measured)",
-                               {"grad_norm": pin, "lr": lr, "update": typical})
+        clipped = self._clip_reason(typical, lr, trend)
+        if clipped is not None:
+            return clipped
         if typical is not None and typical * steps < MOVED:
             return StallReason("lr_too_low", f"the updates moved the typical weight by "
                                f"{typical:.2g} of its norm per step (median of {len(self.updates)} "
@@ -259,6 +251,21 @@ class StallEvidence:
         facts = f"{', '.join(seen[:-1])} and {seen[-1]}" if len(seen) > 1 else seen[0]
         return StallReason(None, f"{facts}; no cause shows (the LR may be too high or too low "
                            "for this model)", {"update": typical})
+
+    def _clip_reason(self, typical: float | None, lr: float, trend: float) -> StallReason | None:
+        """`clip_too_tight` when the loop's clip pinned the norm and the updates are small."""
+        pin, steps = self.pin, self.steps
+        if not (pin is not None and steps and self.pinned >= PINNED_SHARE * steps
+                and typical is not None and (typical * steps < SLOW or trend <= -TREND_Z)):
+            return None
+        return StallReason("clip_too_tight", f"the gradient norm was {pin:.3g} at "
+                           f"{self.pinned} of those {steps} steps in a row (within "
+                           f"{PIN_TOLERANCE:.1%}), the norm a clip_grad_norm_ in the loop leaves "
+                           f"when its max_norm is under every step's norm: each update is scaled "
+                           f"to it whatever the loss asks, and the updates moved the typical "
+                           f"weight by {typical:.2g} of its norm per step (median of "
+                           f"{len(self.updates)} steps measured)",
+                           {"grad_norm": pin, "lr": lr, "update": typical})
 
     def _trained_share(self) -> float | None:
         """The share of the watched weights (by elements, or by parameters when their sizes
