@@ -152,6 +152,7 @@ CAUGHT = [
            kinds=frozenset({"grads_not_cleared"}), needs="transformers"),
     Caught("mlp_cls_double_softmax", first_cause="double_activation"),
     Caught("mlp_cls_nll_on_logits", steps=5, first_cause="nll_input"),
+    Caught("regression_target_broadcast", steps=5, first_cause="loss_broadcast"),
     Caught("lstm_padding_labelled", steps=5, first_cause="padding_labels",
            kinds=frozenset({"batch_padding_labels"})),
     Caught("mlp_cls_eval_mode", after=5, latency=1, first_cause="model_in_eval_mode",

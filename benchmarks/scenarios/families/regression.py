@@ -21,10 +21,15 @@ Scenarios:
                                    mid-run): the fault lasts, whatever the LR.
     regression_bad_shard           (§3.2) the 10 batches from step 100 come from one shard whose
                                    inputs are 1e4x larger, then the data are clean again.
+    regression_target_broadcast    (§3.3.1) the loop hands `mse_loss` targets of shape (B,)
+                                   against predictions of shape (B, 1): both are broadcast to
+                                   (B, B), every prediction is scored against every target, and
+                                   the model learns the batch mean whatever its input.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -65,6 +70,9 @@ class Recipe:
     """Batches from this step on have inputs DRIFT_SCALE times larger..."""
     scaled_batches: int | None = None
     """...for this many batches (None: to the end of the run)."""
+    flat_targets: bool = False
+    """The loss is handed the targets as a (B,) vector (a dataset of scalars), against the
+    model's (B, 1) output."""
 
 
 def build(seed: int, recipe: Recipe) -> Workload:
@@ -99,7 +107,10 @@ def build(seed: int, recipe: Recipe) -> Workload:
         return data
 
     def loss(model: nn.Module, data: dict[str, torch.Tensor], step: int) -> torch.Tensor:
-        return F.mse_loss(model(data["x"]), data["y"])
+        target = data["y"].squeeze(-1) if recipe.flat_targets else data["y"]
+        with warnings.catch_warnings():  # torch's own size warning: the loop does not see it
+            warnings.simplefilter("ignore", UserWarning)
+            return F.mse_loss(model(data["x"]), target)
 
     def evaluate(model: nn.Module) -> float:
         with torch.no_grad():
@@ -150,4 +161,9 @@ def scenarios() -> list[Scenario]:
                  cause="outlier_batch", onset_step=DRIFT_STEP, sudden=True, recoverable=True,
                  description=f"the {SHARD_BATCHES} batches from step {DRIFT_STEP} come from a "
                              f"shard whose inputs are {DRIFT_SCALE:g}x larger"),
+        Scenario("regression_target_broadcast", FAMILY,
+                 partial(build, recipe=Recipe(flat_targets=True)), STEPS,
+                 cause="loss_broadcast", onset_step=0, sudden=False, recoverable=False,
+                 description="mse_loss of the (B, 1) predictions against (B,) targets: both "
+                             "broadcast to (B, B), the model learns the batch mean"),
     ]

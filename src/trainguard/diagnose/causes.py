@@ -71,6 +71,10 @@ _ALL = (
     Cause("nll_input", "nll_loss handed probabilities or raw scores, not log-probabilities",
           "3.3.1", "Apply log_softmax before nll_loss (nn.LogSoftmax as the model's last layer), "
           "or hand the raw scores to cross_entropy, which applies it."),
+    Cause("loss_broadcast", "The loss broadcast predictions against targets of another shape "
+          "((N, 1) against (N,)): every prediction scored against every target", "3.3.1",
+          "Give the predictions and the targets the same shape before the loss "
+          "(pred.squeeze(-1), or y.view_as(pred))."),
     Cause("padding_labels", "The loss counts the padding: labels not -100 where the attention "
           "mask is 0", "3.2", "Set the labels of padding to -100 (labels[attention_mask == 0] "
           "= -100), or use a collator that does (DataCollatorForLanguageModeling(tokenizer, "

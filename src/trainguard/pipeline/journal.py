@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from trainguard.diagnose.double_activation import double_activation
+from trainguard.diagnose.loss_broadcast import loss_broadcast
 from trainguard.diagnose.unheld_params import UnheldParams
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.events import ActionRecord, Event
@@ -26,6 +27,9 @@ from trainguard.params import WatchedParams
 from trainguard.sinks import SinkSet
 
 log = logging.getLogger("trainguard")
+
+GRAPH_CHECKS = frozenset({"double_activation", "nll_input", "loss_broadcast"})
+"""The findings read from the first loss's autograd graph (`Journal.observe_loss`)."""
 
 
 @dataclass
@@ -82,19 +86,25 @@ class Journal:
 
     def observe_loss(self, loss: Any) -> list[Finding]:
         """The first loss with an autograd graph: does it apply a softmax (or sigmoid) twice,
-        or hand `nll_loss` what is not log-probabilities (`diagnose/double_activation`)?
-        Returns the finding made now."""
+        or hand `nll_loss` what is not log-probabilities (`diagnose/double_activation`), or
+        broadcast predictions against targets of another shape (`diagnose/loss_broadcast`)?
+        Returns the findings made now."""
         if self.graph_read or getattr(loss, "grad_fn", None) is None:
             return []
         self.graph_read = True
-        if any(f.check in ("double_activation", "nll_input") for f in self.findings):
+        if any(f.check in GRAPH_CHECKS for f in self.findings):
             return []  # told before a resume
-        try:
-            found = double_activation(loss)
-        except Exception as exc:  # advisory
-            log.error("trainguard: loss graph check failed (%s: %s)", type(exc).__name__, exc)
-            return []
-        return [found] if found is not None else []
+        found = []
+        for check in (double_activation, loss_broadcast):
+            try:
+                finding = check(loss)
+            except Exception as exc:  # advisory
+                log.error("trainguard: loss graph check failed (%s: %s)",
+                          type(exc).__name__, exc)
+                continue
+            if finding is not None:
+                found.append(finding)
+        return found
 
     def settle_warmup(self) -> None:
         """A run that ended within the warmup watch: judged on the steps it had."""
