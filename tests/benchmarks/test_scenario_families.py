@@ -153,6 +153,7 @@ CAUGHT = [
     Caught("mlp_cls_double_softmax", first_cause="double_activation"),
     Caught("mlp_cls_nll_on_logits", steps=5, first_cause="nll_input"),
     Caught("regression_target_broadcast", steps=5, first_cause="loss_broadcast"),
+    Caught("mlp_cls_weight_decay", steps=5, first_cause="weight_decay_too_high"),
     Caught("lstm_padding_labelled", steps=5, first_cause="padding_labels",
            kinds=frozenset({"batch_padding_labels"})),
     Caught("mlp_cls_eval_mode", after=5, latency=1, first_cause="model_in_eval_mode",

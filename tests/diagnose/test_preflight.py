@@ -220,6 +220,49 @@ def test_risky_adam_settings() -> None:
     assert found["precision"][0].severity == "error", "float16 weights are trained"
 
 
+WEIGHT_DECAYS: dict[str, tuple[Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+                               float | None]] = {
+    # told: lr x weight_decay (over 1 - momentum for SGD) is 1% of the weights a step or more
+    "sgd_0.1_x_0.5": (lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.5), 0.05),
+    "sgd_momentum_sums_it": (lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9,
+                                                         weight_decay=0.1), 0.01),
+    "adamw_1e-2_x_1": (lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=1.0), 0.01),
+    "adam_decoupled": (lambda p: torch.optim.Adam(p, lr=0.1, weight_decay=0.5,
+                                                  decoupled_weight_decay=True), 0.05),
+    # quiet: the usual settings, and a coupled decay that Adam's normalisation rescales
+    "sgd_imagenet": (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-4),
+                     None),
+    "adamw_pretraining": (lambda p: torch.optim.AdamW(p, lr=6e-4, weight_decay=0.1), None),
+    "adamw_grokking": (lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=1.0), None),
+    "adam_coupled": (lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=0.5), None),
+    "no_decay": (lambda p: torch.optim.SGD(p, lr=1.0), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHT_DECAYS))
+def test_a_weight_decay_that_takes_a_share_of_the_weights_every_step(name: str) -> None:
+    make, rate = WEIGHT_DECAYS[name]
+    model = Classifier()
+    found = checks(preflight(model, make(model.parameters()))).get("weight_decay", [])
+    if rate is None:
+        assert found == []
+        return
+    [finding] = found
+    assert finding.severity == "warning" and finding.cause == "weight_decay_too_high"
+    assert finding.evidence["decay_per_step"] == pytest.approx(rate)
+    assert "lower weight_decay to" in finding.fix
+
+
+def test_the_weight_decay_is_judged_at_the_schedules_peak_lr() -> None:
+    """A warm-up starts the LR near 0: the decay is judged at the LR the schedule rises to."""
+    model = Classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5)
+    scheduler = cosine_with_warmup(optimizer, warmup=100)
+    assert optimizer.param_groups[0]["lr"] < 0.01
+    [finding] = checks(preflight(model, optimizer, scheduler))["weight_decay"]
+    assert finding.evidence["lr"] == 0.1
+
+
 @pytest.mark.parametrize("std, severity", [(10.0, "warning"), (100.0, "error")])
 def test_badly_initialised_new_head(std: float, severity: str) -> None:
     model, optimizer, scheduler = sane(Classifier(head_std=std))

@@ -71,6 +71,9 @@ _ALL = (
     Cause("nll_input", "nll_loss handed probabilities or raw scores, not log-probabilities",
           "3.3.1", "Apply log_softmax before nll_loss (nn.LogSoftmax as the model's last layer), "
           "or hand the raw scores to cross_entropy, which applies it."),
+    Cause("weight_decay_too_high", "A weight decay that shrinks every weight faster than the "
+          "gradients can train it", "3.1", "Lower weight_decay until lr x weight_decay is about "
+          "1e-4 a step or less (1e-4 to 5e-4 for SGD at LR 0.1, 0.01 to 0.1 for AdamW)."),
     Cause("loss_broadcast", "The loss broadcast predictions against targets of another shape "
           "((N, 1) against (N,)): every prediction scored against every target", "3.3.1",
           "Give the predictions and the targets the same shape before the loss "

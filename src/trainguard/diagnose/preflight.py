@@ -22,6 +22,9 @@ Checks (name: what it looks at, guide section):
     precision         float16 autocast without a GradScaler; float16 weights being trained (§3.3.2)
     frozen_parts      an autoencoder (VAE) or text encoder beside the denoiser, found by what it
                       is, whose parameters are in the optimizer (§5.2)
+    weight_decay      a weight decay that alone takes 1% or more of every weight's norm a
+                      step (lr x weight_decay, decoupled or SGD's), which the gradients cannot
+                      outpace (§3.1)
     clipping          no gradient clipping configured (§2.1)
 """
 
@@ -70,6 +73,17 @@ weight grows with alpha/r. Already at 4 (alpha=32, r=8), an LR of 2e-4 is a repo
 instability in LLaMA-class fine-tunes: beyond it the risk is real. 4 itself is the PEFT README's
 example (r=8, lora_alpha=32), widely run without trouble: a note, not a warning."""
 LORA_SCALING_ERROR = 16.0
+
+
+DECAY_PER_STEP = 1e-2
+"""A weight decay that takes this share of every weight's norm a step on its own (lr x
+weight_decay when the decay is decoupled, as AdamW's and Lion's; lr x weight_decay / (1 -
+momentum) for SGD's, whose momentum sums the decay term with the gradient) halves an untrained
+weight in under 70 steps (ln 2 / 0.01): the gradients must restore that share at every step
+just to stand still. The usual settings take 1e-7 to 1e-4 a step (AdamW at 2e-5 x 0.01 in a
+fine-tune, 6e-4 x 0.1 in pre-training; SGD at 0.1 x 1e-4 with momentum 0.9)."""
+USUAL_DECAY = 1e-4
+"""The per-step decay the advice aims at: the top of the usual range."""
 
 
 @dataclass
@@ -477,6 +491,55 @@ def check_schedule_end(setup: RunSetup) -> list[Finding]:
     return schedule_end(setup.scheduler, setup.total_steps)
 
 
+def decay_per_step(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> float | None:
+    """The share of every weight's norm the group's weight decay alone takes a step, at the
+    group's peak LR (`initial_lr`, which a scheduler sets, or its LR); None when it has none or
+    it is not a rate of its own: an adaptive optimizer's coupled decay (Adam's, RMSprop's)
+    joins the gradient before the normalisation, which rescales it."""
+    decay = float(group.get("weight_decay") or 0.0)
+    lr = group.get("initial_lr", group.get("lr"))
+    if not decay > 0 or not isinstance(lr, (int, float)) or not lr > 0:
+        return None
+    name = type(optimizer).__name__.lower()
+    if group.get("decoupled_weight_decay") or "adamw" in name or "lion" in name:
+        return float(lr) * decay
+    if name == "sgd":
+        momentum = float(group.get("momentum") or 0.0)
+        if momentum == 0.0:
+            return float(lr) * decay
+        if momentum >= 1.0:
+            return None
+        return float(lr) * decay * (1.0 - float(group.get("dampening") or 0.0)) / (1.0 - momentum)
+    return None
+
+
+def check_weight_decay(setup: RunSetup) -> list[Finding]:
+    """A weight decay that takes `DECAY_PER_STEP` or more of every weight's norm a step."""
+    findings = []
+    for optimizer in setup.optimizers:
+        for index, group in enumerate(optimizer.param_groups):
+            rate = decay_per_step(optimizer, group)
+            if rate is None or rate < DECAY_PER_STEP:
+                continue
+            decay, lr = float(group["weight_decay"]), group.get("initial_lr", group.get("lr"))
+            sgd = type(optimizer).__name__.lower() == "sgd" and float(group.get("momentum") or 0)
+            findings.append(Finding(
+                "weight_decay", "warning",
+                f"{type(optimizer).__name__} group {index}: weight_decay {decay:g} at LR "
+                f"{lr:.3g} takes {rate:.2%} of every weight's norm a step on its own"
+                f"{' (its momentum sums the decay too)' if sgd else ''}, half of it in "
+                f"{math.log(2) / min(rate, 0.99):.0f} steps: the gradients must win that back "
+                "at every step, so the weights shrink toward 0 and the model stays near a "
+                f"constant output (the usual settings take 1e-7 to 1e-4 a step).",
+                f"lower weight_decay to {decay * USUAL_DECAY / rate:.2g} or less (1e-4 of the "
+                "weights a step at this LR; the usual values: 1e-4 to 5e-4 for SGD at LR 0.1, "
+                "0.01 to 0.1 for AdamW).",
+                cause="weight_decay_too_high",
+                evidence={"weight_decay": decay, "lr": lr, "decay_per_step": rate,
+                          "group": index}))
+    return findings
+
+
 def check_clipping(setup: RunSetup) -> list[Finding]:
     if not setup.clipping_known or setup.max_grad_norm is not None:
         return []
@@ -486,7 +549,7 @@ def check_clipping(setup: RunSetup) -> list[Finding]:
 
 CHECKS: tuple[Callable[[RunSetup], list[Finding]], ...] = (
     check_mode_and_lr, check_warmup, check_lora_scaling, check_adam_settings, check_layer_init,
-    check_precision, check_frozen_parts, check_schedule_end, check_clipping)
+    check_precision, check_frozen_parts, check_schedule_end, check_weight_decay, check_clipping)
 
 
 def preflight(model: nn.Module, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer],

@@ -25,12 +25,14 @@ FINDING_WEIGHT = {"critical": 3.0, "error": 2.0, "warning": 1.0, "info": 0.2}
 BATCH_FINDING_WEIGHT = 4.0
 """A data fault seen in the very batch of a bad step is the most specific evidence there is."""
 CONFIG_CAUSES = {"lr_too_high", "missing_warmup", "lora_scaling", "bad_init"}
-GRAPH_CAUSES = frozenset({"double_activation", "nll_input", "loss_broadcast"})
+GRAPH_CAUSES = frozenset({"double_activation", "nll_input", "loss_broadcast",
+                          "weight_decay_too_high"})
 GRAPH_WEIGHT = 6.0
 """A loss whose own autograd graph is wrong (an activation applied twice, `nll_loss` handed
-scores, predictions broadcast against targets of another shape) is no risk but a fault in every
-step: as strong as an LR change, the trouble that follows is its doing (`nll_loss` on raw
-scores drives them up until they explode)."""
+scores, predictions broadcast against targets of another shape), or a weight decay that takes
+1% of every weight a step, is no risk but a fault in every step: as strong as an LR change, the
+trouble that follows is its doing (`nll_loss` on raw scores drives them up until they
+explode)."""
 EARLY_STEPS = 20
 """Trouble within this many steps of the start points at the configuration."""
 LR_CHANGE_WINDOW = 100
