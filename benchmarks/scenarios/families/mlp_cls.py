@@ -156,7 +156,8 @@ BASELINES: dict[str, str] = {"mlp_cls_clip_too_tight": "mlp_cls_healthy",
                              "mlp_cls_eval_mode": "mlp_cls_healthy",
                              "mlp_cls_nll_on_logits": "mlp_cls_healthy",
                              "mlp_cls_label_shift": "mlp_cls_healthy",
-                             "mlp_cls_unshuffled": "mlp_cls_healthy"}
+                             "mlp_cls_unshuffled": "mlp_cls_healthy",
+                             "mlp_cls_weight_decay": "mlp_cls_healthy"}
 
 
 def scenarios() -> list[Scenario]:

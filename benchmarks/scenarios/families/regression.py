@@ -132,7 +132,8 @@ def _scaled(recipe: Recipe, step: int) -> bool:
 
 BASELINES: dict[str, str] = {"regression_outlier_batch": "regression_healthy_student_t",
                              "regression_input_scale_drift": "regression_healthy_student_t",
-                             "regression_bad_shard": "regression_healthy_student_t"}
+                             "regression_bad_shard": "regression_healthy_student_t",
+                             "regression_target_broadcast": "regression_healthy_student_t"}
 
 
 def scenarios() -> list[Scenario]:
