@@ -50,7 +50,8 @@ def train_lm(lr: float, steps: int = 130, *, zero_schedule: bool = False,
 
 
 def train_classifier(optimizer: str, *, random_labels: bool, steps: int = 130,
-                     schedule: str | None = None, clip: float | None = None) -> Guard:
+                     schedule: str | None = None, clip: float | None = None,
+                     weight_decay: float = 0.0) -> Guard:
     """A ReLU MLP on 4 classes, a fresh batch of Gaussian inputs each step; the labels drawn
     apart from the inputs (`random_labels`) or read from them (the argmax of a fixed
     projection). The new head starts small, as heads are initialised (its first loss is at
@@ -60,7 +61,7 @@ def train_classifier(optimizer: str, *, random_labels: bool, steps: int = 130,
     nn.init.normal_(model[2].weight, std=0.01)
     nn.init.zeros_(model[2].bias)
     opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw"
-           else torch.optim.SGD(model.parameters(), lr=0.05))
+           else torch.optim.SGD(model.parameters(), lr=0.05, weight_decay=weight_decay))
     scheduler = {
         None: None,
         # written for epochs of 10 batches, stepped every batch
@@ -175,6 +176,26 @@ def test_a_pinned_norm_is_counted_in_a_row_and_kept_across_a_resume() -> None:
     assert (restored.pin, restored.pinned) == (0.01, 1)
 
 
+def test_a_weight_decay_that_takes_the_weights_names_itself_not_the_labels() -> None:
+    """SGD 0.05 with weight_decay 0.5 (2.5% of every weight a step): the loss stays near
+    chance while the weights "move"; the movement is the decay's, and the preflight found it."""
+    guard = train_classifier("sgd", random_labels=False, weight_decay=0.5)
+    event, = stalls(guard)
+    assert event.details["cause"] == "weight_decay_too_high"
+    assert event.details["decay_per_step"] == pytest.approx(0.025)
+    assert "the weight decay takes 2.50% of every weight's norm a step" in event.message
+    assert guard.diagnose()[0].code == "weight_decay_too_high"
+
+
+def test_a_usual_weight_decay_leaves_the_labels_named() -> None:
+    """Labels drawn apart from the inputs under SGD's usual weight_decay (5e-4): the preflight
+    says nothing of it and the stall is the labels'."""
+    guard = train_classifier("sgd", random_labels=True, weight_decay=5e-4)
+    event, = stalls(guard)
+    assert event.details["cause"] == "label_problem"
+    assert not [f for f in guard.findings if f.check == "weight_decay"]
+
+
 def test_a_model_frozen_but_for_its_final_norm_names_the_frozen_weights() -> None:
     """Every parameter frozen but the final LayerNorm, the optimizer built over all of them:
     the few weights that train cannot move the loss."""
@@ -264,6 +285,23 @@ def test_a_pinned_norm_with_updates_of_a_healthy_size_is_no_reason() -> None:
     move 1% a step: the clip leaves the updates their size; the stall is the labels'."""
     event, = judge(flat(math.log(4)), classes=4, grads=(0.6, 0.8))
     assert event.details["cause"] == "label_problem"
+
+
+def test_a_decay_that_moves_the_weights_as_much_as_they_moved_is_the_reason() -> None:
+    """The preflight's decay (1% a step) against updates of 1% a step: the decay's; against
+    updates of 5% a step, the gradients move the weights and the decay is not why."""
+    for update, cause in ((0.01, "weight_decay_too_high"), (0.05, "label_problem")):
+        detector = NoProgress(DetectorConfig())
+        detector.decay = 0.01
+        events = []
+        for i, loss in enumerate(flat(math.log(4))):
+            events += detector.check(step(i, loss, update=(update, update) if i % 25 == 1
+                                          else None, classes=4))
+        event, = events
+        assert event.details["cause"] == cause
+        restored = NoProgress(DetectorConfig())
+        restored.load_state_dict(json.loads(json.dumps(detector.state_dict())))
+        assert restored.decay == 0.01
 
 
 def test_the_evidence_survives_a_checkpoint() -> None:

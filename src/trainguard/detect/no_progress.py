@@ -134,6 +134,9 @@ class NoProgress(Detector):
         self.done = False
         self.reason = ""
         """What the stall showed of why, once judged stalled (the verdict repeats it)."""
+        self.decay: float | None = None
+        """The share of every weight a step that a weight decay the preflight found too strong
+        takes (its `weight_decay` finding), which the reason weighs; None: none found."""
 
     live_in_lane = True
 
@@ -203,14 +206,15 @@ class NoProgress(Detector):
                                    "killed the network (LR far too high)",
                                    {"grad_collapse": early / late})
         return self.evidence.explain(list(self.recent), signals.param_names, signals.group_lrs,
-                                     trend_z(history))
+                                     trend_z(history), decay=self.decay)
 
     def state_dict(self) -> dict[str, Any]:
         return {"start": list(self.start), "recent": list(self.recent),
                 "history": list(self.history),
                 "grad_start": list(self.grad_start), "grad_recent": list(self.grad_recent),
                 "top_lr": self.top_lr, "working_steps": self.working_steps, "done": self.done,
-                "evidence": self.evidence.state_dict(), "reason": self.reason}
+                "evidence": self.evidence.state_dict(), "reason": self.reason,
+                "decay": self.decay}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.start = [float(v) for v in state.get("start", [])]
@@ -226,3 +230,5 @@ class NoProgress(Detector):
         self.evidence = StallEvidence()
         self.evidence.load_state_dict(state.get("evidence", {}))
         self.reason = str(state.get("reason", ""))
+        decay = state.get("decay")
+        self.decay = float(decay) if isinstance(decay, (int, float)) else None

@@ -24,6 +24,10 @@ cause code it points at):
   `clip_grad_norm_` in the loop leaves when its `max_norm` is under every step's norm, each
   update scaled to that size whatever the loss asks (`clip_too_tight`; under Adam the scale
   cancels and the updates keep their size, so this reason does not show);
+- a weight decay the preflight found taking 1% of every weight a step or more (`weight_decay`)
+  moves each weight by at least `1 / DECAY_SHARE` of what the weights moved: the updates are
+  mostly the decay's, which holds the weights small whatever the loss asks
+  (`weight_decay_too_high`);
 - the updates are too small to move the weights: the typical parameter's update, over the steps
   judged, adds up to less than `MOVED` of its norm even if every step pointed the same way
   (`lr_too_low`);
@@ -78,6 +82,9 @@ PINNED_SHARE = 0.9
 SLOW = 0.1
 """Updates adding up to less than this share of a weight's norm over the steps judged are slow
 enough for a clip that scales every one of them down to be why (`MOVED` is "none at all")."""
+DECAY_SHARE = 2.0
+"""A weight decay that alone moves every weight by at least half of what the typical weight
+moved (the sampled update ratios) is what the updates are, more than the loss's gradients."""
 SAMPLES = 16
 """The sampled updates kept (the steps judged hold `stall_steps / sample_every` of them)."""
 
@@ -178,9 +185,10 @@ class StallEvidence:
         return float(np.median(per_param))
 
     def explain(self, recent: list[float], names: list[str], group_lrs: tuple[float, ...],
-                trend: float) -> StallReason:
+                trend: float, decay: float | None = None) -> StallReason:
         """The reason the run shows, from the steps judged. `recent`: the last losses (their
-        median is the level); `trend`: the Kendall z of the losses judged."""
+        median is the level); `trend`: the Kendall z of the losses judged; `decay`: the share
+        of every weight a step that a weight decay the preflight found too strong takes."""
         steps = self.steps
         flowing = 2 * self.with_grad >= steps  # a gradient on most steps, not one now and then
         if self.with_grad == 0:
@@ -207,9 +215,9 @@ class StallEvidence:
                                "per epoch (StepLR, ExponentialLR stepped in the batch loop), or "
                                "one far shorter than the run, leaves the weights nothing to "
                                "move with", {"lr": last, "highest": lr, "update": typical})
-        clipped = self._clip_reason(typical, lr, trend)
-        if clipped is not None:
-            return clipped
+        settings = self._clip_reason(typical, lr, trend) or self._decay_reason(typical, lr, decay)
+        if settings is not None:
+            return settings
         if typical is not None and typical * steps < MOVED:
             return StallReason("lr_too_low", f"the updates moved the typical weight by "
                                f"{typical:.2g} of its norm per step (median of {len(self.updates)} "
@@ -266,6 +274,19 @@ class StallEvidence:
                            f"weight by {typical:.2g} of its norm per step (median of "
                            f"{len(self.updates)} steps measured)",
                            {"grad_norm": pin, "lr": lr, "update": typical})
+
+    def _decay_reason(self, typical: float | None, lr: float,
+                      decay: float | None) -> StallReason | None:
+        """`weight_decay_too_high` when the weights moved at most `DECAY_SHARE` times what the
+        decay alone takes."""
+        if decay is None or typical is None or typical > DECAY_SHARE * decay:
+            return None
+        return StallReason("weight_decay_too_high", f"the weight decay takes {decay:.2%} of "
+                           f"every weight's norm a step on its own, and the weights moved "
+                           f"{typical:.2g} of their norm per step (median of {len(self.updates)} "
+                           "steps measured): the updates are mostly the decay's, which holds "
+                           "the weights small whatever the loss asks",
+                           {"decay_per_step": decay, "lr": lr, "update": typical})
 
     def _trained_share(self) -> float | None:
         """The share of the watched weights (by elements, or by parameters when their sizes

@@ -642,6 +642,11 @@ class Run:
                 model=self.model, optimizers=[self.optimizer], scheduler=self.scheduler))
             findings = [f for f in findings if f.check != "warmup"]
         self.state.journal.findings.extend(findings)
+        decays = [f.evidence["decay_per_step"] for f in findings
+                  if f.check == "weight_decay" and "decay_per_step" in f.evidence]
+        for detector in self.state.detectors:  # a stall then weighs the decay in its reason
+            if isinstance(detector, NoProgress) and decays:
+                detector.decay = max(decays)
         self.sinks.on_findings(list(self.findings))
 
     def _flush_pending(self) -> None:
