@@ -25,9 +25,9 @@ FINDING_WEIGHT = {"critical": 3.0, "error": 2.0, "warning": 1.0, "info": 0.2}
 BATCH_FINDING_WEIGHT = 4.0
 """A data fault seen in the very batch of a bad step is the most specific evidence there is."""
 CONFIG_CAUSES = {"lr_too_high", "missing_warmup", "lora_scaling", "bad_init"}
-GRAPH_CAUSES = frozenset({"double_activation", "nll_input", "loss_broadcast",
-                          "weight_decay_too_high"})
-GRAPH_WEIGHT = 6.0
+STANDING_FAULTS = frozenset({"double_activation", "nll_input", "loss_broadcast",
+                             "weight_decay_too_high"})
+STANDING_FAULT_WEIGHT = 6.0
 """A loss whose own autograd graph is wrong (an activation applied twice, `nll_loss` handed
 scores, predictions broadcast against targets of another shape), or a weight decay that takes
 1% of every weight a step, is no risk but a fault in every step: as strong as an LR change, the
@@ -285,7 +285,7 @@ def _vote_findings(votes: _Votes, findings: list[Finding], kinds: set[str]) -> N
     """The preflight's and runtime's findings (runs of bad batches aside)."""
     instability = kinds & kinds_tagged(Tag.INSTABILITY)
     for f in findings:
-        weight = GRAPH_WEIGHT if f.cause in GRAPH_CAUSES else FINDING_WEIGHT[f.severity]
+        weight = STANDING_FAULT_WEIGHT if f.cause in STANDING_FAULTS else FINDING_WEIGHT[f.severity]
         if f.cause in CONFIG_CAUSES and not instability:
             weight *= 0.25  # a bad setting explains instability, not a sudden NaN mid-run
         votes.add(f.cause, weight, f.message, f.fix)
