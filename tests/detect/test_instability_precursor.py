@@ -381,6 +381,16 @@ def test_a_ratio_its_estimates_match_is_measured_less_often() -> None:
         detector.ratio_due(s) for s in range(100, 120)]
 
 
+def test_log_z_near_its_bound_leaves_the_ratio_on_its_hold() -> None:
+    """log Z near its bound brings log Z in at every step; a ratio far from its own bound stays
+    on its hold, its estimate from the gradient norms standing for it."""
+    detector = InstabilityPrecursor(DetectorConfig())
+    detector.growth.near = lambda: True  # type: ignore[method-assign]
+    events, measured = run_with_ratio_hold(detector, [np.array([0.9, 1.0, 1.1])] * 100)
+    assert events == [] and all(detector.due(s) for s in range(100, 110))
+    assert measured == [0, 4, 12, 28, 60, 92]  # as far from every bound
+
+
 def test_every_step_means_the_ratio_too() -> None:
     detector = InstabilityPrecursor(DetectorConfig(instability_precursor={"every": 1}))
     _, measured = run_with_ratio_hold(detector, [np.array([0.9, 1.0, 1.1])] * 30)

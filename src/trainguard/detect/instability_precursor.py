@@ -230,10 +230,13 @@ class InstabilityPrecursor(Detector):
 
     def ratio_due(self, step: int) -> bool:
         """Whether the Adam ratio is measured at `step`, a step `due` says the probes measure:
-        at every one of them near a bound, else once the ratio last measured has stood for
-        `hold` steps (log Z, a cheap reduction of the step's logits, keeps `due`'s cadence)."""
+        at every one of them near the ratio's bound, else once the ratio last measured has
+        stood for `hold` steps (log Z, a cheap reduction of the step's logits, keeps `due`'s
+        cadence). log Z near its own bound does not bring the ratio in: the estimate from the
+        gradient norms stands for it (on the overhead MLP, whose log Z grows as it fits its
+        batches, that measured the ratio on one step in eight where its hold was 32)."""
         cfg, last = self.config.instability_precursor, self.ratio_measured
-        return (cfg.every <= 1 or self.near or last is None or step <= last
+        return (cfg.every <= 1 or self._ratio_near() or last is None or step <= last
                 or step - last >= self.hold or self.per_norm is None or cfg.update_rms)
 
     def measured_at(self, step: int) -> int:
