@@ -126,13 +126,68 @@ def test_an_lr_set_back_after_a_pause_is_told_and_the_run_is_no_recovery() -> No
     assert guard.verdict is not None and guard.verdict.verdict == "healthy"
 
 
-def test_a_step_schedule_stepped_per_batch_is_told_once_it_is_below_1e12() -> None:
+def test_a_step_schedule_stepped_per_batch_is_told_once_it_has_stayed_faded_as_long() -> None:
     told, guard = _run({}, 300, per_batch_step_lr=True)
     [event] = [t for t in told if t[0] == "lr_at_zero"]
-    assert event[:3] == ("lr_at_zero", "warning", 139)  # 1e-14 from step 130
+    # at the highest to step 9, under 1e-4 of it from step 40: told 31 steps later, and the
+    # same stretch is not told again at 1e-12 (step 139)
+    assert event[:3] == ("lr_at_zero", "warning", 70)
     assert guard.verdict is not None and guard.verdict.verdict == "stalled"
     assert "the LR under 1e-12 of its highest in every parameter group from step 130" in (
         guard.verdict.message)
+    [message] = [e.message for e in guard.events if e.kind == "lr_at_zero"]
+    assert message.startswith("the LR has been under 1e-04 of its highest in every parameter "
+                              "group for 31 steps (since step 40")
+    assert guard.diagnose()[0].code == "lr_at_zero"
+
+
+def _schedule(name: str, steps: int) -> list[tuple[float, ...]]:
+    """The LRs a scheduler stepped once per optimizer step gives over `steps` steps."""
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler: torch.optim.lr_scheduler.LRScheduler = {
+        "cosine": lambda: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps),
+        "warmup_cosine": lambda: torch.optim.lr_scheduler.SequentialLR(optimizer, [
+            torch.optim.lr_scheduler.LinearLR(optimizer, 0.01, total_iters=steps // 10),
+            torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps - steps // 10)],
+            milestones=[steps // 10]),
+        "multistep": lambda: torch.optim.lr_scheduler.MultiStepLR(
+            optimizer, [steps // 3, 2 * steps // 3, 8 * steps // 9], gamma=0.1),
+        "exponential": lambda: torch.optim.lr_scheduler.ExponentialLR(optimizer, 0.99),
+        "cosine_restarts": lambda: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(
+            optimizer, steps // 5),
+        "per_batch_step": lambda: torch.optim.lr_scheduler.StepLR(optimizer, 30, gamma=0.1),
+        "per_batch_exponential": lambda: torch.optim.lr_scheduler.ExponentialLR(
+            optimizer, 0.95),
+    }[name]()
+    lrs = []
+    for _ in range(steps):
+        lrs.append((optimizer.param_groups[0]["lr"],))
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+@pytest.mark.parametrize("name", ["cosine", "warmup_cosine", "multistep", "exponential",
+                                  "cosine_restarts"])
+def test_a_schedule_that_decays_over_the_run_is_not_told(name: str) -> None:
+    """A cosine spends its last 0.6% under 1e-4 of its peak, three 0.1 decays stop at 1e-3, an
+    exponential decay of 0.99 a step over 1000 steps spends its last 83 there after 917."""
+    detector = LRAtZero(DetectorConfig())
+    assert _told(detector, _schedule(name, 1000)) == []
+
+
+@pytest.mark.parametrize(("name", "step"), [("per_batch_step", 210),
+                                           ("per_batch_exponential", 359)])
+def test_a_schedule_written_per_epoch_and_stepped_per_batch_is_told(name: str, step: int) -> None:
+    """StepLR(30, 0.1) is at the highest to step 29 and under 1e-4 of it from step 120: told 91
+    steps later; ExponentialLR(0.95), under it from step 180, 180 steps later."""
+    detector = LRAtZero(DetectorConfig())
+    assert _told(detector, _schedule(name, 1000)) == [step]
+
+
+def test_an_lr_the_loop_cuts_a_million_times_is_told_after_steps() -> None:
+    detector = LRAtZero(DetectorConfig())
+    assert _told(detector, [(1e-3,)] * 100 + [(1e-9,)] * 50) == [109]
 
 
 def test_an_lr_set_under_1e12_of_its_highest_is_told_at_its_step() -> None:
@@ -156,7 +211,9 @@ def test_rprop_which_the_lr_does_not_hold_back_is_not_judged() -> None:
     [(1e-3,)] * 20 + [(0.0,)] * 5 + [(1e-3,)] * 30 + [(0.0,)] * 40 + [()] * 3 + [(0.0,)] * 9,
     [(10.0 ** -k, 10.0 ** -(k + 1)) for k in range(40)] + [(1e-3, 1e-3)] * 5
     + [(1e-20, 0.0)] * 12 + [(1e-3, math.nan)] * 4 + [(1e-30, 1e-30)] * 12,
-], ids=["ragged", "stretches", "tiny"])
+    [(1e-2 * 0.1 ** (k // 10),) for k in range(90)] + [(1e-2,)] * 5
+    + [(1e-2 * 0.5 ** k,) for k in range(60)] + [(math.nan,)] * 3 + [(1e-7,)] * 20,
+], ids=["ragged", "stretches", "tiny", "faded"])
 def test_the_fast_path_decides_as_check(rows: list[tuple[float, ...]]) -> None:
     width = max(len(r) for r in rows)
     lrs = np.full((len(rows), width), math.nan)

@@ -15,6 +15,13 @@ the LR must have been positive first. One group at 0 beside others that train is
 people make to freeze a part; only every group at 0 is told. `Rprop` sizes its steps from its
 own state once started, and is not judged (`lr_scales_steps`).
 
+An LR under `FADED` of the highest is told too, once it has stayed there as many steps as it took
+to fall there from the last step at the highest (and at least `steps`): a scheduler stepped per
+batch where it was written per epoch takes a few hundred steps to fall four decades and then
+holds it there, where a decay meant for the run spends its last sliver there (a cosine its last
+0.6%) and a step schedule stops at three decades. One stretch is told once, whichever comes
+first.
+
 A run whose LR stays at 0 to its end is `stalled` from the first step at 0 (`untrained`) when
 that stretch is at least `UNTRAINED_SHARE` of the steps seen: a schedule one epoch short of a
 long run trained most of it, and its verdict is its loss's.
@@ -39,6 +46,10 @@ TINY = 1e-12
 """An LR under this share of the highest the run had moves nothing either (a float32 weight
 resolves 1e-7 of itself): where a scheduler stepped per batch decays it, geometrically, without
 ever reaching 0. A cosine ends above it but for its last step or two on runs of millions."""
+FADED = 1e-4 * (1 + 1e-9)
+"""An LR under this share of the highest (four decades: four decays by 0.1 land on it, give or
+take their last bits) moves the weights at most that much of what a step at the highest did:
+told once it has stayed so as long as it took to fall there."""
 UNTRAINED_SHARE = 0.1
 """A stretch at 0 to the run's end makes it `stalled` when it is at least this share of the
 steps seen."""
@@ -54,7 +65,7 @@ def lr_scales_steps(optimizer: Any) -> bool:
 
 class LRAtZero(StreakDetector):
     kind = "lr_at_zero"
-    budget_us = 3.0  # a max over the groups' LRs
+    budget_us = 3.5  # two passes over the groups' LRs (3.1 -> 3.4 us with the second)
     reads = frozenset({"group_lrs"})
     live_only = True
 
@@ -68,6 +79,14 @@ class LRAtZero(StreakDetector):
         """The highest LR of the steps in the streak (0: all exactly 0)."""
         self.judged = True
         """False for an optimizer whose step the LR does not scale (`lr_scales_steps`)."""
+        self.top_seen = 0
+        """`seen` at the last step whose LR was the highest so far."""
+        self.faded_run = 0
+        """Steps in a row with every group's LR under `FADED` of the highest."""
+        self.fall = 0
+        """The steps from the last at the highest to the first of that stretch."""
+        self.told = False
+        """This stretch was told (at 0 or faded): once per stretch."""
 
     @property
     def needed(self) -> int:
@@ -79,13 +98,21 @@ class LRAtZero(StreakDetector):
             return []
         self.seen += 1
         highest = self.highest
+        if highest and self._under(lrs, FADED):
+            self.faded_run += 1
+            if self.faded_run == 1:
+                self.fall = self.seen - self.top_seen
+        else:
+            self.faded_run, self.told = 0, False
         if self.idle(lrs):
             if not highest:
                 return []  # a warm-up from 0
             self.streak += 1  # neither calm nor told yet: the episode does not re-arm at 0
             self.streak_top = max(self.streak_top, *lrs)
-            if self.streak < self.needed or not self.episode.update(True):
+            if (self.streak < self.needed or not self.episode.update(True)
+                    or self.told):
                 return []
+            self.told = True
             first = signals.step - self.streak + 1
             what = ("0" if not self.streak_top
                     else f"under {TINY:g} of its highest (at most {self.streak_top:.3g})")
@@ -98,18 +125,43 @@ class LRAtZero(StreakDetector):
                 "per batch where it was written per epoch leaves it there, as does code that "
                 "sets param_group['lr']",
                 value=self.streak_top, since=first, highest=highest)]
+        events = self._faded(signals, lrs)
         finite = [lr for lr in lrs if math.isfinite(lr)]
         if finite:
             self.highest = max(highest, *finite)
+            if max(finite) >= self.highest:
+                self.top_seen = self.seen
         self.streak_top = 0.0
         self.count(False)
-        return []
+        return events
+
+    def _faded(self, signals: StepSignals, lrs: tuple[float, ...]) -> list[Event]:
+        """The faded stretch told, once it has lasted as long as the fall into it."""
+        if self.told or not self.faded_run or self.faded_run < max(self.needed, self.fall):
+            return []
+        self.told = True
+        first = signals.step - self.faded_run + 1
+        top = max(lr for lr in lrs if math.isfinite(lr))
+        return [self.event(
+            signals.step, "warning",
+            f"the LR has been under {FADED:.0e} of its highest in every parameter group for "
+            f"{self.faded_run} steps (since step {first}, at most {top:.3g} now; its highest was "
+            f"{self.highest:.3g}), as long as it took to fall there ({self.fall} steps): the "
+            f"steps since move the weights at most {FADED:.0e} of what a step at the highest "
+            "did. A scheduler stepped per batch where it was written per epoch (StepLR, "
+            "MultiStepLR and ExponentialLR count epochs) decays this fast, as does a decay far "
+            "shorter than the run",
+            value=top, since=first, highest=self.highest)]
 
     def idle(self, lrs: tuple[float, ...]) -> bool:
         """Whether every group's LR is 0 (or under `TINY` of the highest so far, not
         negative): what this detector counts; the calm lane leaves such a step to the full
         check, so that the warning comes at its step."""
-        return all(lr == 0.0 or (math.isfinite(lr) and 0.0 <= lr <= TINY * self.highest)
+        return self._under(lrs, TINY)
+
+    def _under(self, lrs: tuple[float, ...], share: float) -> bool:
+        """Whether every group's LR is 0 or under `share` of the highest so far (not negative)."""
+        return all(lr == 0.0 or (math.isfinite(lr) and 0.0 <= lr <= share * self.highest)
                    for lr in lrs)
 
     def skip_calm(self, columns: SignalColumns, start: int, end: int) -> int:
@@ -118,7 +170,7 @@ class LRAtZero(StreakDetector):
         groups there). The state follows from the rows' highest LR and their count."""
         if not self.judged:
             return end
-        if self.streak or self.episode.active:
+        if self.streak or self.episode.active or self.faded_run:
             return start
         given = columns.has_lr[start:end]
         rows = columns.group_lrs[start:end]
@@ -127,12 +179,16 @@ class LRAtZero(StreakDetector):
                            -np.inf)
         before = np.maximum.accumulate(np.concatenate([[self.highest], row_top]))[:-1]
         with np.errstate(invalid="ignore"):
-            low = ((rows == 0.0) | (finite & (rows >= 0.0) & (rows <= TINY * before[:, None]))
+            low = ((rows == 0.0) | (finite & (rows >= 0.0) & (rows <= FADED * before[:, None]))
                    | ~finite)
         zero = given & low.all(axis=1)
         stop = int(np.argmax(zero)) if zero.any() else len(rows)
         if stop:
             self.highest = max(self.highest, float(before[stop - 1]), float(row_top[stop - 1]))
+            seen = self.seen + np.cumsum(given[:stop])
+            top = given[:stop] & (row_top[:stop] >= before[:stop]) & (row_top[:stop] > -np.inf)
+            if top.any():
+                self.top_seen = int(seen[np.flatnonzero(top)[-1]])
         self.seen += int(given[:stop].sum())
         return start + stop
 
@@ -144,10 +200,15 @@ class LRAtZero(StreakDetector):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "highest": self.highest, "seen": self.seen,
-                "streak_top": self.streak_top}
+                "streak_top": self.streak_top, "top_seen": self.top_seen,
+                "faded_run": self.faded_run, "fall": self.fall, "told": self.told}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.highest = float(state.get("highest", 0.0))
         self.streak_top = float(state.get("streak_top", 0.0))
         self.seen = int(state.get("seen", 0))
+        self.top_seen = int(state.get("top_seen", 0))
+        self.faded_run = int(state.get("faded_run", 0))
+        self.fall = int(state.get("fall", 0))
+        self.told = bool(state.get("told", False))
