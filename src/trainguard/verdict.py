@@ -205,7 +205,8 @@ class LossTrack:
         if shown is not None:
             return shown
         if stalled:
-            return RunVerdict(STALLED, f"the loss never came down in {self.seen} steps "
+            return RunVerdict(STALLED, f"the loss never came down beyond its noise at the start "
+                              f"in {self.seen} steps "
                               f"(from {statistics.median(self.start):.4g} at the start to "
                               f"{final:.4g}): the run did not learn"
                               + (f"; {stall_reason}" if stall_reason else ""), start,

@@ -251,11 +251,23 @@ def test_the_groups_at_lr_0_of_weights_that_take_no_update_are_named() -> None:
 
 
 def test_a_loss_at_chance_that_falls_steadily_is_not_the_labels() -> None:
-    """At chance, and falling by 1% over the steps judged (a slow learner, or a model thrown
-    around by its LR): coming down, slowly, is no sign of labels without signal."""
+    """At chance, and falling by 1% over the steps judged under updates of 0.5% of the weights
+    a step: coming down, slowly, is no sign of labels without signal, and steps of that size
+    are what holds it back."""
     chance = math.log(4)
     losses = [v * (1 - 0.0001 * i) for i, v in enumerate(flat(chance, sd=0.002))]
-    event, = judge(losses, classes=4)
+    event, = judge(losses, classes=4, update=(0.005, 0.005))
+    assert event.details["cause"] == "lr_too_low"
+    assert "the loss falls steadily, but slowly (its trend" in event.message
+    assert "the updates move the typical weight by 0.005 of its norm per step" in event.message
+
+
+def test_a_steady_fall_under_large_updates_names_no_cause() -> None:
+    """The same fall under updates of 3% of the weights a step: the steps are not small, and
+    an LR too high may be what keeps the fall slow."""
+    chance = math.log(4)
+    losses = [v * (1 - 0.0001 * i) for i, v in enumerate(flat(chance, sd=0.002))]
+    event, = judge(losses, classes=4, update=(0.03, 0.03))
     assert "cause" not in event.details
     assert "the loss falls steadily, but slowly" in event.message
 

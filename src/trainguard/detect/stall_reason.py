@@ -36,7 +36,11 @@ cause code it points at):
 - the loss sits at chance level, ln(C) for a model with C class scores (within
   `CHANCE_TOLERANCE`), with no downward trend, while the weights move and the gradients flow:
   what a model can do when the labels carry no signal of the inputs is to predict their
-  marginal, the uniform guess for balanced labels, whatever it learns (`label_problem`).
+  marginal, the uniform guess for balanced labels, whatever it learns (`label_problem`);
+- the loss falls steadily (a Kendall trend `TREND_Z` standard errors below none) while the
+  typical update stays under `STEADY_STEP` of its weight's norm: each step helps and the steps
+  are small for what is left to learn (`lr_too_low`; an LR too high throws the loss around
+  rather than letting it fall steadily, or moves the weights by more).
 
 Else the stall names no cause, and says what the run ruled out.
 """
@@ -85,6 +89,9 @@ enough for a clip that scales every one of them down to be why (`MOVED` is "none
 DECAY_SHARE = 2.0
 """A weight decay that alone moves every weight by at least half of what the typical weight
 moved (the sampled update ratios) is what the updates are, more than the loss's gradients."""
+STEADY_STEP = 0.01
+"""A loss that falls steadily under updates below this share of their weight's norm a step (the
+top of a healthy step's 0.1-1%) is held back by the step's size: a larger one would help more."""
 SAMPLES = 16
 """The sampled updates kept (the steps judged hold `stall_steps / sample_every` of them)."""
 
@@ -246,6 +253,15 @@ class StallEvidence:
                                "signal of the inputs (labels drawn apart from them, or shuffled "
                                "away from them)",
                                {"chance": chance, "classes": self.classes, "update": typical})
+        if trend <= -TREND_Z and typical is not None and typical < STEADY_STEP and flowing:
+            return StallReason("lr_too_low", f"the loss falls steadily, but slowly (its trend "
+                               f"{-trend:.1f} standard errors below none over those {steps} "
+                               f"steps), and the updates move the typical weight by "
+                               f"{typical:.2g} of its norm per step (median of "
+                               f"{len(self.updates)} steps measured): each step helps, and at "
+                               f"LR {lr:.3g} the steps are small for what is left to learn (an "
+                               "LR too high throws the loss around instead)",
+                               {"lr": lr, "update": typical})
         seen = []
         if trend <= -TREND_Z:
             seen.append("the loss falls steadily, but slowly")
