@@ -154,6 +154,8 @@ CAUGHT = [
     Caught("mlp_cls_nll_on_logits", steps=5, first_cause="nll_input"),
     Caught("regression_target_broadcast", steps=5, first_cause="loss_broadcast"),
     Caught("mlp_cls_weight_decay", steps=5, first_cause="weight_decay_too_high"),
+    Caught("gpt2_adam_coupled_decay", steps=5, latency=1, first_cause="weight_decay_coupled",
+           needs="transformers"),
     Caught("mlp_cls_schedule_per_batch", steps=120, latency=106, first_cause="lr_at_zero",
            kinds=frozenset({"lr_at_zero"})),
     Caught("lstm_padding_labelled", steps=5, first_cause="padding_labels",

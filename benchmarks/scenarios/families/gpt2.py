@@ -49,6 +49,11 @@ Faults (guide sections from `trainguard.diagnose.causes`):
                                with nothing else wrong (a stall: `no_progress`, `stalled`).
     lr_at_zero (3.1)           the scheduler is told half the run's length: its cosine reaches
                                0 halfway and holds it there, so the second half trains nothing.
+    weight_decay_coupled (3.1) the loop builds torch.optim.Adam with weight_decay=0.1, AdamW's
+                               setting: Adam adds it to the gradient as an L2 term, which
+                               outweighs the gradient on most weights and steers every step
+                               toward 0 (unguarded, the held-out loss ends at 1.59 on seed 0
+                               against the AdamW run's 0.93).
     loss_reduction (3.4)       from the onset step the loop sums the token losses where it
                                averaged them (the division by their count forgotten): the loss
                                and every gradient are 16 x 31 = 496 times larger. Adam's steps
@@ -257,6 +262,9 @@ class Recipe:
     scheduler stepped far too often, a warmup that never stops)."""
     late_group_at: int | None = None
     late_group_lr: float = 0.0
+    coupled_decay: float | None = None
+    """weight_decay_coupled: the optimizer is torch.optim.Adam with this weight_decay (AdamW's
+    setting given to Adam, which adds it to the gradient)."""
     """lr_too_high (a late group): the first transformer block starts frozen and outside the
     optimizer; at this step the loop unfreezes it and adds it with `late_group_lr`."""
     no_backward_from: int | None = None
@@ -316,7 +324,9 @@ def build(seed: int, recipe: Recipe) -> Workload:
     for p in late:
         p.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, weight_decay=0.01)
+    optimizer = (torch.optim.AdamW(trainable, lr=recipe.lr, weight_decay=0.01)
+                 if recipe.coupled_decay is None else
+                 torch.optim.Adam(trainable, lr=recipe.lr, weight_decay=recipe.coupled_decay))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, partial(user_schedule, recipe=recipe))
 
@@ -432,6 +442,7 @@ BASELINES: dict[str, str] = {
     "gpt2_schedule_too_short": "gpt2_healthy",
     "gpt2_loss_summed": "gpt2_healthy",
     "gpt2_lr_too_low": "gpt2_healthy",
+    "gpt2_adam_coupled_decay": "gpt2_healthy",
     # LoRA r=8 at the sane LoRA LR
     "gpt2_lora_lr_too_high": "gpt2_lora_healthy",
     "gpt2_lora_scaling": "gpt2_lora_healthy",
@@ -547,6 +558,10 @@ def scenarios() -> list[Scenario]:
                   f"full fine-tune at {1e-5 * SANE_FULL_LR:g} = 1e-5x the sane LR (warmup + "
                   "cosine kept): nothing moves, everything stays calm and finite",
                   cause="lr_too_low", onset_step=0, sudden=False, recoverable=False),
+        _scenario("gpt2_adam_coupled_decay", replace(full, coupled_decay=0.1),
+                  "full fine-tune with torch.optim.Adam(weight_decay=0.1), AdamW's setting: the "
+                  "L2 term Adam adds to the gradient outweighs it and steers every step toward 0",
+                  cause="weight_decay_coupled", onset_step=0, sudden=False, recoverable=False),
         _scenario("gpt2_forgotten_backward", replace(full, no_backward_from=ONSET_STEP),
                   f"from step {ONSET_STEP} the loop forgets loss.backward(): nothing trains",
                   cause="no_gradients", onset_step=ONSET_STEP, sudden=True, recoverable=False),

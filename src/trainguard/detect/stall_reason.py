@@ -253,15 +253,9 @@ class StallEvidence:
                                "signal of the inputs (labels drawn apart from them, or shuffled "
                                "away from them)",
                                {"chance": chance, "classes": self.classes, "update": typical})
-        if trend <= -TREND_Z and typical is not None and typical < STEADY_STEP and flowing:
-            return StallReason("lr_too_low", f"the loss falls steadily, but slowly (its trend "
-                               f"{-trend:.1f} standard errors below none over those {steps} "
-                               f"steps), and the updates move the typical weight by "
-                               f"{typical:.2g} of its norm per step (median of "
-                               f"{len(self.updates)} steps measured): each step helps, and at "
-                               f"LR {lr:.3g} the steps are small for what is left to learn (an "
-                               "LR too high throws the loss around instead)",
-                               {"lr": lr, "update": typical})
+        steady = self._steady_reason(typical, lr, trend) if flowing else None
+        if steady is not None:
+            return steady
         seen = []
         if trend <= -TREND_Z:
             seen.append("the loss falls steadily, but slowly")
@@ -275,6 +269,19 @@ class StallEvidence:
         facts = f"{', '.join(seen[:-1])} and {seen[-1]}" if len(seen) > 1 else seen[0]
         return StallReason(None, f"{facts}; no cause shows (the LR may be too high or too low "
                            "for this model)", {"update": typical})
+
+    def _steady_reason(self, typical: float | None, lr: float, trend: float
+                       ) -> StallReason | None:
+        """`lr_too_low` when the loss falls steadily under updates below `STEADY_STEP`."""
+        if not (trend <= -TREND_Z and typical is not None and typical < STEADY_STEP):
+            return None
+        return StallReason("lr_too_low", f"the loss falls steadily, but slowly (its trend "
+                           f"{-trend:.1f} standard errors below none over those {self.steps} "
+                           f"steps), and the updates move the typical weight by {typical:.2g} "
+                           f"of its norm per step (median of {len(self.updates)} steps "
+                           f"measured): each step helps, and at LR {lr:.3g} the steps are "
+                           "small for what is left to learn (an LR too high throws the loss "
+                           "around instead)", {"lr": lr, "update": typical})
 
     def _clip_reason(self, typical: float | None, lr: float, trend: float) -> StallReason | None:
         """`clip_too_tight` when the loop's clip pinned the norm and the updates are small."""

@@ -74,6 +74,11 @@ _ALL = (
     Cause("weight_decay_too_high", "A weight decay that shrinks every weight faster than the "
           "gradients can train it", "3.1", "Lower weight_decay until lr x weight_decay is about "
           "1e-4 a step or less (1e-4 to 5e-4 for SGD at LR 0.1, 0.01 to 0.1 for AdamW)."),
+    Cause("weight_decay_coupled", "A weight decay added to the gradient of an optimizer that "
+          "normalises it (Adam's L2 term where AdamW's decay was meant), outweighing the "
+          "gradient", "3.1", "Use torch.optim.AdamW with this weight_decay (or Adam(..., "
+          "decoupled_weight_decay=True)), or lower weight_decay until the term is well under "
+          "the gradient."),
     Cause("loss_broadcast", "The loss broadcast predictions against targets of another shape "
           "((N, 1) against (N,)): every prediction scored against every target", "3.3.1",
           "Give the predictions and the targets the same shape before the loss "

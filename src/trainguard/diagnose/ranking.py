@@ -26,13 +26,13 @@ BATCH_FINDING_WEIGHT = 4.0
 """A data fault seen in the very batch of a bad step is the most specific evidence there is."""
 CONFIG_CAUSES = {"lr_too_high", "missing_warmup", "lora_scaling", "bad_init"}
 STANDING_FAULTS = frozenset({"double_activation", "nll_input", "loss_broadcast",
-                             "weight_decay_too_high"})
+                             "weight_decay_too_high", "weight_decay_coupled"})
 STANDING_FAULT_WEIGHT = 6.0
 """A loss whose own autograd graph is wrong (an activation applied twice, `nll_loss` handed
 scores, predictions broadcast against targets of another shape), or a weight decay that takes
-1% of every weight a step, is no risk but a fault in every step: as strong as an LR change, the
-trouble that follows is its doing (`nll_loss` on raw scores drives them up until they
-explode)."""
+1% of every weight a step or weighs on the gradient it is added to, is no risk but a fault in
+every step: as strong as an LR change, the trouble that follows is its doing (`nll_loss` on raw
+scores drives them up until they explode)."""
 EARLY_STEPS = 20
 """Trouble within this many steps of the start points at the configuration."""
 LR_CHANGE_WINDOW = 100

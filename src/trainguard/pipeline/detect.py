@@ -96,6 +96,9 @@ def _detect(ctx: StepContext, state: RunState, services: Services, measured: Mea
     if ctx.sampled:
         found.findings.extend(state.journal.observe_unheld(services.model, services.watched,
                                                            ctx.step))
+    if not state.journal.coupled_decay.done:  # the run's first steps
+        found.findings.extend(state.journal.observe_coupled_decay([services.optimizer],
+                                                                  ctx.step))
     found.findings.extend(state.journal.observe_loss(ctx.loss))
     found.events.extend(ctx.late)
     found.events.extend(run_detectors(state.on_duty(signals), signals))

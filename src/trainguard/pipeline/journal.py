@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from trainguard.diagnose.coupled_decay import CoupledDecay
 from trainguard.diagnose.double_activation import double_activation
 from trainguard.diagnose.loss_broadcast import loss_broadcast
 from trainguard.diagnose.unheld_params import UnheldParams
@@ -41,6 +42,8 @@ class Journal:
     """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
     unheld: UnheldParams = field(default_factory=UnheldParams)
     """Trainable parameters whose gradients no optimizer applies (checked on sampled steps)."""
+    coupled_decay: CoupledDecay = field(default_factory=CoupledDecay)
+    """A weight decay added to a normalised gradient (checked on the run's first steps)."""
     graph_read: bool = False
     """The loss's autograd graph was read for an activation applied twice (once a run)."""
 
@@ -82,6 +85,18 @@ class Journal:
         except Exception as exc:  # advisory
             log.error("trainguard: unheld-parameter check failed (%s: %s)",
                       type(exc).__name__, exc)
+            return []
+
+    def observe_coupled_decay(self, optimizers: list[Any], step: int) -> list[Finding]:
+        """One of the run's first steps' check for a weight decay that weighs on the gradient it
+        is added to (`diagnose/coupled_decay`); returns the findings made now."""
+        if self.coupled_decay.done:
+            return []
+        try:
+            return self.coupled_decay.check(optimizers, step)
+        except Exception as exc:  # advisory
+            self.coupled_decay.done = True
+            log.error("trainguard: weight-decay check failed (%s: %s)", type(exc).__name__, exc)
             return []
 
     def observe_loss(self, loss: Any) -> list[Finding]:
