@@ -84,6 +84,8 @@ def test_lora_adapters_keep_their_range_whatever_the_base() -> None:
     assert (sane.mode, sane.low, sane.high, sane.allowance) == ("lora", 1e-4, 5e-3, 1.0)
     assert "Adam(W) 0.0001..0.005 for LoRA, whatever the base's size" in \
         sane.fixes()["lr_too_high"]
+    # an LR inside the range can still be too low for the run: raised toward the top, not "into"
+    assert sane.fixes()["lr_too_low"].startswith("Raise the LR, 10x at a time, to at most 0.005")
 
 
 def test_an_optimizer_the_guide_gives_no_range_for_is_advised_none() -> None:

@@ -185,8 +185,9 @@ class SaneLR:
                                   "did not decay it to about 0."}
         return {"lr_too_high": f"Use at most {self.high:.3g}: {self.sized()}. Warm it up, then "
                                "cosine decay; to rescue a run, divide the LR by 10.",
-                "lr_too_low": f"Raise the LR into {self.sized()}; check the scheduler did not "
-                              "decay it to about 0."}
+                "lr_too_low": f"Raise the LR, 10x at a time, to at most {self.high:.3g} "
+                              f"({self.sized()}); check the scheduler did not decay it to "
+                              "about 0."}
 
 
 def sane_lr(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> SaneLR:
