@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from trainguard.events import Event
 from trainguard.finding import Finding
 from trainguard.pipeline.journal import Journal
@@ -35,3 +37,13 @@ def test_an_unreadable_finding_is_left_out_and_an_old_checkpoint_loads() -> None
     assert [f.check for f in journal.findings] == ["lr_range"]
     journal.load_state_dict({})  # a checkpoint from before the journal kept state
     assert [f.check for f in journal.findings] == ["lr_range"]
+
+
+def test_a_coupled_decay_told_before_a_resume_is_not_measured_again() -> None:
+    journal = Journal(SinkSet([]))
+    journal.add_findings([_finding("weight_decay_coupled")])
+    model = torch.nn.Linear(4, 2)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer = torch.optim.Adam(model.parameters(), weight_decay=10.0)
+    assert journal.observe_coupled_decay([optimizer], 0) == []
+    assert journal.coupled_decay.done and journal.coupled_decay.medians == []

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from trainguard.diagnose.coupled_decay import CHECK as COUPLED_DECAY
 from trainguard.diagnose.coupled_decay import CoupledDecay
 from trainguard.diagnose.double_activation import double_activation
 from trainguard.diagnose.loss_broadcast import loss_broadcast
@@ -91,6 +92,9 @@ class Journal:
         """One of the run's first steps' check for a weight decay that weighs on the gradient it
         is added to (`diagnose/coupled_decay`); returns the findings made now."""
         if self.coupled_decay.done:
+            return []
+        if any(f.check == COUPLED_DECAY for f in self.findings):  # told before a resume
+            self.coupled_decay.done = True
             return []
         try:
             return self.coupled_decay.check(optimizers, step)
