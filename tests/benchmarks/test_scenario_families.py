@@ -156,6 +156,7 @@ CAUGHT = [
     Caught("mlp_cls_weight_decay", steps=5, first_cause="weight_decay_too_high"),
     Caught("gpt2_adam_coupled_decay", steps=5, latency=1, first_cause="weight_decay_coupled",
            needs="transformers"),
+    Caught("mlp_cls_detached_layer", steps=60, first_cause="no_gradients"),
     Caught("mlp_cls_schedule_per_batch", steps=120, latency=106, first_cause="lr_at_zero",
            kinds=frozenset({"lr_at_zero"})),
     Caught("lstm_padding_labelled", steps=5, first_cause="padding_labels",

@@ -96,6 +96,8 @@ def _detect(ctx: StepContext, state: RunState, services: Services, measured: Mea
     if ctx.sampled:
         found.findings.extend(state.journal.observe_unheld(services.model, services.watched,
                                                            ctx.step))
+    if not state.journal.unreached.done and (ctx.sampled or ctx.step < 2):
+        found.findings.extend(state.journal.observe_unreached(services.watched, ctx.step))
     if not state.journal.coupled_decay.done:  # the run's first steps
         found.findings.extend(state.journal.observe_coupled_decay([services.optimizer],
                                                                   ctx.step))

@@ -22,6 +22,8 @@ from trainguard.diagnose.coupled_decay import CoupledDecay
 from trainguard.diagnose.double_activation import double_activation
 from trainguard.diagnose.loss_broadcast import loss_broadcast
 from trainguard.diagnose.unheld_params import UnheldParams
+from trainguard.diagnose.unreached_params import CHECK as UNREACHED
+from trainguard.diagnose.unreached_params import UnreachedParams
 from trainguard.diagnose.warmup_watch import WarmupWatch
 from trainguard.events import ActionRecord, Event
 from trainguard.finding import Finding
@@ -43,6 +45,8 @@ class Journal:
     """The preflight's `warmup` finding, held until the first steps' LRs decide it."""
     unheld: UnheldParams = field(default_factory=UnheldParams)
     """Trainable parameters whose gradients no optimizer applies (checked on sampled steps)."""
+    unreached: UnreachedParams = field(default_factory=UnreachedParams)
+    """Trainable parameters the loss never reaches (checked on the first steps)."""
     coupled_decay: CoupledDecay = field(default_factory=CoupledDecay)
     """A weight decay added to a normalised gradient (checked on the run's first steps)."""
     graph_read: bool = False
@@ -85,6 +89,22 @@ class Journal:
             return self.unheld.check(model, watched, step)
         except Exception as exc:  # advisory
             log.error("trainguard: unheld-parameter check failed (%s: %s)",
+                      type(exc).__name__, exc)
+            return []
+
+    def observe_unreached(self, watched: WatchedParams, step: int) -> list[Finding]:
+        """One of the run's first steps' or sampled steps' check for trainable parameters the
+        loss never reaches (`diagnose/unreached_params`); returns the findings made now."""
+        if self.unreached.done:
+            return []
+        if any(f.check == UNREACHED for f in self.findings):  # told before a resume
+            self.unreached.done = True
+            return []
+        try:
+            return self.unreached.check(watched, step)
+        except Exception as exc:  # advisory
+            self.unreached.done = True
+            log.error("trainguard: unreached-parameter check failed (%s: %s)",
                       type(exc).__name__, exc)
             return []
 
