@@ -15,12 +15,12 @@ Checked on the run's first `CHECKED` steps (those the full check sees: steps 0 a
 plain loop), before the decay has shrunk the weights (at step 50 of that fine-tune the term was
 down to 0.37x: the weights had lost most of their norm), for the groups of the optimizers in
 `NORMALISING` with `weight_decay > 0` and no `decoupled_weight_decay`: the norms of their weights
-and gradients (two fused passes, one transfer), the median over the parameters of
-`wd * ||w|| / ||g||`. Told (a warning finding, cause `weight_decay_coupled`) when that median
-is at least `SHARE` at every one of them: the term weighs as much as half the gradient or more
-for most weights, for more than a step, and the update's direction is as much the decay's as
-the loss's. SGD's coupled decay is plain L2 (its step is not normalised) and is judged by the
-preflight's `weight_decay` check; so is AdamW's.
+and gradients (two fused passes, one transfer through `transfer.to_host`), the median over the
+parameters of `wd * ||w|| / ||g||`. Told (a warning finding, cause `weight_decay_coupled`)
+when that median is at least `SHARE` at every one of them: the term weighs as much as half the
+gradient or more for most weights, for more than a step, and the update's direction is as much
+the decay's as the loss's. SGD's coupled decay is plain L2 (its step is not normalised) and is
+judged by the preflight's `weight_decay` check; so is AdamW's.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 
 from trainguard.finding import Finding
 from trainguard.probes.local import local_tensor
+from trainguard.transfer import to_host
 
 CHECK = "weight_decay_coupled"
 CHECKED = 2
@@ -76,9 +77,10 @@ class CoupledDecay:
         with torch.no_grad():
             weights = [local_tensor(p) for _, _, _, p in rows]
             grads = [local_tensor(p.grad) for _, _, _, p in rows]  # type: ignore[arg-type]
-            norms = torch.stack([n.float().cpu() for n in torch._foreach_norm(weights)]
-                                + [n.float().cpu() for n in torch._foreach_norm(grads)])
-        values = norms.tolist()
+            norms = [*torch._foreach_norm(weights), *torch._foreach_norm(grads)]
+            device = norms[0].device  # parameters on several devices meet on the first's
+            values = to_host(torch.stack([n.to(device=device, dtype=torch.float32)
+                                          for n in norms])).tolist()
         count = len(rows)
         ratios = [decay * w / g for (_, _, decay, _), w, g
                   in zip(rows, values[:count], values[count:], strict=True) if g > 0.0]
