@@ -11,7 +11,7 @@ rollback unsays nothing, so the journal is not rewound.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,32 +95,29 @@ class Journal:
     def observe_unreached(self, watched: WatchedParams, step: int) -> list[Finding]:
         """One of the run's first steps' or sampled steps' check for trainable parameters the
         loss never reaches (`diagnose/unreached_params`); returns the findings made now."""
-        if self.unreached.done:
-            return []
-        if any(f.check == UNREACHED for f in self.findings):  # told before a resume
-            self.unreached.done = True
-            return []
-        try:
-            return self.unreached.check(watched, step)
-        except Exception as exc:  # advisory
-            self.unreached.done = True
-            log.error("trainguard: unreached-parameter check failed (%s: %s)",
-                      type(exc).__name__, exc)
-            return []
+        return self._early_check(self.unreached, UNREACHED,
+                                 lambda: self.unreached.check(watched, step))
 
     def observe_coupled_decay(self, optimizers: list[Any], step: int) -> list[Finding]:
         """One of the run's first steps' check for a weight decay that weighs on the gradient it
         is added to (`diagnose/coupled_decay`); returns the findings made now."""
-        if self.coupled_decay.done:
+        return self._early_check(self.coupled_decay, COUPLED_DECAY,
+                                 lambda: self.coupled_decay.check(optimizers, step))
+
+    def _early_check(self, check: CoupledDecay | UnreachedParams, name: str,
+                     run: Callable[[], list[Finding]]) -> list[Finding]:
+        """A check that judges a few early steps and is then done: not again once its finding
+        is there (told before a resume), and never the cause of a failed step."""
+        if check.done:
             return []
-        if any(f.check == COUPLED_DECAY for f in self.findings):  # told before a resume
-            self.coupled_decay.done = True
+        if any(f.check == name for f in self.findings):
+            check.done = True
             return []
         try:
-            return self.coupled_decay.check(optimizers, step)
+            return run()
         except Exception as exc:  # advisory
-            self.coupled_decay.done = True
-            log.error("trainguard: weight-decay check failed (%s: %s)", type(exc).__name__, exc)
+            check.done = True
+            log.error("trainguard: %s check failed (%s: %s)", name, type(exc).__name__, exc)
             return []
 
     def observe_loss(self, loss: Any) -> list[Finding]:
