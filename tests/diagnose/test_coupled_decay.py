@@ -113,3 +113,13 @@ def test_a_guarded_loop_with_adam_given_adamws_decay_names_it() -> None:
 def test_a_guarded_loop_with_the_usual_decay_is_quiet() -> None:
     guard = _guarded(0.01)
     assert [f for f in guard.findings if f.check == "weight_decay_coupled"] == []
+
+
+def test_gradients_of_zero_end_the_check_at_once() -> None:
+    """Nothing to weigh the decay against: the check is done, not repeated at every step."""
+    model = _mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=1.0)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    check = CoupledDecay()
+    assert check.check([optimizer], 0) == [] and check.done and check.medians == []

@@ -84,7 +84,8 @@ class CoupledDecay:
         count = len(rows)
         ratios = [decay * w / g for (_, _, decay, _), w, g
                   in zip(rows, values[:count], values[count:], strict=True) if g > 0.0]
-        if not ratios:
+        if not ratios:  # no finite gradient to weigh against: `no_gradients`' (or a
+            self.done = True  # GradScaler's skip), and no norms read again at every step
             return []
         self.medians.append((step, statistics.median(ratios)))
         if len(self.medians) < CHECKED:
