@@ -124,6 +124,9 @@ class RunInfo:
     """Rank, world size and backend under torch.distributed (empty for one process)."""
     resume: bool = False
     """True when the run continues an earlier one (`Guard(resume=True)`)."""
+    preflight: bool = False
+    """True when the preflight audit runs before the first step: the first `on_findings` call
+    is then its findings (possibly none); every later call comes from a check during the run."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,3 +219,37 @@ def test_a_healthy_run_prints_nothing() -> None:
     out = io.StringIO()
     nan_weights_run(out, steps=30, nan_from=None)
     assert out.getvalue() == ""
+
+
+class _CutOff(nn.Module):
+    """A two-layer net whose second layer's output is detached: the first layer never learns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 16), nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x).relu().detach())
+
+
+def _lines_of_a_run_with_a_finding_at_its_first_step(preflight: bool) -> list[str]:
+    torch.manual_seed(0)
+    model = _CutOff()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    out = io.StringIO()
+    guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False},
+                                                       probes={"preflight": preflight}),
+                  sinks=[ConsoleSink(out)])
+    for _ in range(60):  # the check's last step is the first sampled one (50)
+        loss = model(torch.randn(8, 4)).square().mean()
+        loss.backward()
+        guard.step(loss)
+        optimizer.zero_grad(set_to_none=True)
+    guard.close()
+    return [line for line in out.getvalue().splitlines() if "unreached_params" in line]
+
+
+def test_a_finding_of_the_first_steps_is_labelled_a_check_not_the_preflight() -> None:
+    for preflight in (True, False):
+        lines = _lines_of_a_run_with_a_finding_at_its_first_step(preflight)
+        assert lines and all(line.startswith("trainguard check ") for line in lines), lines

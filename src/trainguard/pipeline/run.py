@@ -150,14 +150,15 @@ class Run:
         """Set by a Guard with a `sample_fn` while its last samples were broken (the step first
         seen, how): the verdict's `broken_output`."""
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
-        self._announce(integration, resume)
+        audit = config.probes.preflight and not mid_run
+        self._announce(integration, resume, audit)
         for tracker in self._trackers:
             self.emit_action(ActionRecord(
                 kind="report_to", step=self.state.step,
                 message=f"reporting to {tracker.where} too (GuardConfig(sinks="
                         "{'trackers': False}) turns this off)",
                 details={"tracker": tracker.tracker}))
-        if config.probes.preflight and not mid_run:
+        if audit:
             self._run_preflight(total_steps)
         if config.policy == "recover":
             self.state.recovery = Recovery(
@@ -610,7 +611,7 @@ class Run:
                 self.store = store_sink.store
         return SinkSet([*chosen, *sinks, *(tracker.sink for tracker in self._trackers)])
 
-    def _announce(self, integration: str, resume: bool) -> None:
+    def _announce(self, integration: str, resume: bool, preflight: bool) -> None:
         """Tell the sinks the run started; close it if the process ends first; clear the
         snapshot folder of the temporaries a killed process left (as large as a snapshot)."""
         services, watched = self.services, self.services.watched
@@ -619,7 +620,7 @@ class Run:
             config=self.config.to_dict(), param_names=list(watched.names),
             param_shapes=[list(p.shape) for p in watched.params],
             trainguard_version=__version__, integration=integration,
-            distributed=describe(services.dist), resume=resume))
+            distributed=describe(services.dist), resume=resume, preflight=preflight))
         self._lifecycle = lifecycle.track(_closer(self)) if self.is_main else None
         clean_stale_temps(services.snapshot_dir())
 
@@ -635,6 +636,7 @@ class Run:
                                  total_steps=total_steps)
         except Exception as exc:  # an audit bug must not stop training
             log.error("trainguard: preflight audit failed (%s: %s)", type(exc).__name__, exc)
+            self.sinks.on_findings(list(self.findings))  # the audit's turn, told as over
             return
         # the loop may warm the LR up itself: "no warmup" waits for the LRs the steps use
         if any(f.check == "warmup" for f in findings):

@@ -71,6 +71,8 @@ class ConsoleSink(Sink):
         self.live = live
         self.min_interval = 1.0 / refresh_per_second
         self._findings_seen = 0
+        self._audit_pending = False
+        """The next findings are the preflight audit's (`RunInfo.preflight`)."""
         self._causes_shown: tuple[str, ...] = ()
         """The ranking (cause codes, best first) the last likely-causes line showed."""
         self._diagnosis: list[RankedCause] = []
@@ -103,6 +105,7 @@ class ConsoleSink(Sink):
 
     # -- the live line ---------------------------------------------------------------------------
     def on_run_start(self, run: RunInfo) -> None:
+        self._audit_pending = run.preflight
         stream = self._target()
         wanted = self.live if self.live is not None else (_isatty(stream)
                                                             and not run.integration)
@@ -154,7 +157,8 @@ class ConsoleSink(Sink):
 
     # -- what the run says -----------------------------------------------------------------------
     def on_findings(self, findings: list[Finding]) -> None:
-        label = "preflight" if self._findings_seen == 0 else "check"
+        label = "preflight" if self._audit_pending else "check"
+        self._audit_pending = False
         for finding in findings[self._findings_seen:]:
             if finding.severity != "info":
                 self._write(f"trainguard {label} {finding}", finding.severity)
