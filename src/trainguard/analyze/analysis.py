@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.analyze import adversarial, periodic, resolution, rl_log, scores, stall, text
+from trainguard.analyze import (
+    adversarial,
+    periodic,
+    resolution,
+    rl_log,
+    runs,
+    scores,
+    stall,
+    text,
+)
 from trainguard.analyze import chance as chance_level
 from trainguard.analyze.findings import log_findings
 from trainguard.analyze.formats import read_log
@@ -92,6 +101,29 @@ def analyze(path: str | Path, *, fmt: str | None = None, num_classes: int | None
 
 
 def analyze_log(raw: Log, *, num_classes: int | None = None) -> Analysis:
+    """The analysis of a log read already; a log of several runs that is not healthy read as
+    one is judged run by run (`analyze/runs.py`)."""
+    whole = _analyze_one(raw, num_classes)
+    if whole.verdict == HEALTHY or not (starts := runs.run_starts(raw)):
+        return whole
+    bounds = list(zip([0, *starts], [*starts, len(raw)], strict=True))
+    where = ", ".join(raw.label(row) for row in starts)
+    for number, (start, end) in enumerate(bounds, 1):
+        part = _analyze_one(runs.run_of(raw, start, end), num_classes)
+        if part.verdict != HEALTHY:
+            note = (f"the log holds {len(bounds)} runs (its counter starts again at {where}), "
+                    f"judged one by one: this is run {number} ({raw.label(start)} to "
+                    f"{raw.label(end - 1)}), the first that is not healthy")
+            return dataclasses.replace(part, notes=[*whole.notes, note])
+    why = (f"the log holds {len(bounds)} runs (its counter starts again at {where}); each, "
+           "judged from its own start, is healthy: the rise at each new start is a fresh "
+           "model's first losses")
+    return dataclasses.replace(
+        whole, verdict=HEALTHY, kind=None, onset_step=None, onset=None, evidence=[why],
+        causes=[], findings=[], judgement=Judgement(HEALTHY, None, None, ending=why))
+
+
+def _analyze_one(raw: Log, num_classes: int | None) -> Analysis:
     log = prepare(adversarial.set_aside_game(rl_log.set_aside_surrogate(raw)))
     config = _config(log)
     replayed = replay(log, config, num_classes=num_classes)
