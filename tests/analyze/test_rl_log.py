@@ -283,3 +283,46 @@ def test_a_kl_that_jumped_and_came_back_is_judged_by_its_reward(
 ])
 def test_a_named_quality_score_is_no_reward(name: str, reward: bool) -> None:
     assert is_reward_name(name) is reward
+
+
+def _keras_rl(path: Path, first: float = math.nan, warmup: int = 30, episodes: int = 120,
+              nan_at: int | None = None) -> Path:
+    """A keras-rl `FileLogger` JSON: one value per episode for each key; the update's values
+    (loss, mean_q, mean_eps) are `first` until the replay warm-up ends."""
+    noise = random.Random(1)
+    log: dict[str, list[float]] = {k: [] for k in (
+        "loss", "mean_absolute_error", "mean_q", "mean_eps", "episode_reward",
+        "nb_episode_steps", "nb_steps", "episode", "duration")}
+    steps = 0
+    for episode in range(episodes):
+        length = 150 + noise.randrange(100)
+        steps += length
+        learning = episode >= warmup
+        loss = 0.004 + 0.002 * noise.random() if learning else first
+        if episode == nan_at:
+            loss = math.nan
+        log["loss"].append(loss)
+        log["mean_absolute_error"].append(0.03 + 0.01 * noise.random() if learning else first)
+        log["mean_q"].append(0.01 * noise.random() if learning else first)
+        log["mean_eps"].append(1.0 - 0.9 * steps / (steps + 50000) if learning else first)
+        log["episode_reward"].append(float(noise.randrange(4)))
+        log["nb_episode_steps"].append(float(length))
+        log["nb_steps"].append(float(steps))
+        log["episode"].append(float(episode))
+        log["duration"].append(0.5 + noise.random())
+    path.write_text(json.dumps(log))  # NaN as JSON's NaN token, as the logger writes it
+    return path
+
+
+def test_nan_until_the_first_update_is_a_warmup_not_a_blowup(tmp_path: Path) -> None:
+    analysis = analyze(_keras_rl(tmp_path / "dqn_log.json"))
+    assert analysis.verdict == "healthy", analysis.evidence
+    assert "before its first update" in " ".join(analysis.evidence)
+    assert any("mean_q: 30 non-finite" in note for note in analysis.notes)  # still counted
+
+
+@pytest.mark.parametrize("kwargs", [{"first": math.inf}, {"nan_at": 60}])
+def test_an_inf_start_or_a_nan_after_updates_began_is_still_trouble(
+        tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    analysis = analyze(_keras_rl(tmp_path / "dqn_log.json", **kwargs))
+    assert analysis.verdict != "healthy" and analysis.kind == "nan", analysis.evidence

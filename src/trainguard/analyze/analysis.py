@@ -244,12 +244,16 @@ def _rl_progress(judgement: Judgement, log: Log) -> Judgement:
     if said is None or judgement.verdict not in (HEALTHY, DEGRADED):
         return judgement
     if judgement.verdict == DEGRADED:
-        back = (rl_log.came_back(log, judgement.onset_row) if judgement.kind == "nan"
-                and judgement.onset_row is not None
-                and all(e.kind == "nonfinite_loss" for e in judgement.incident) else None)
+        onset = judgement.onset_row
+        surrogate_nan = (judgement.kind == "nan" and onset is not None
+                         and all(e.kind == "nonfinite_loss" for e in judgement.incident))
+        unborn = rl_log.before_first_update(log) if surrogate_nan else None
+        if unborn is not None:  # no update had been made: nothing went wrong
+            return Judgement(HEALTHY, None, None, isolated=judgement.isolated,
+                             ending=f"{said}; {unborn}")
+        back = rl_log.came_back(log, onset) if surrogate_nan and onset is not None else None
         if back is not None:  # a NaN the run stepped over, told by what the log holds
             return dataclasses.replace(judgement, verdict=RECOVERED, ending=back)
-        onset = judgement.onset_row
         held = (rl_log.kl_came_back(log, onset) if onset is not None and judgement.incident
                 and all(e.kind == Kind.KL_BLOWUP for e in judgement.incident) else None)
         if held is not None and onset is not None:  # the KL is a diagnostic: the reward

@@ -163,6 +163,25 @@ def _around(log: Log, name: str, onset_row: int) -> tuple[list[float], list[floa
     return before, [v for r, v in zip(rows, values, strict=True) if r > onset_row]
 
 
+def before_first_update(log: Log) -> str | None:
+    """How the set-aside loss shows an RL loop that acted before it learned, in words, or None:
+    NaN (not inf) from the first row that holds it, then finite on every row to the end. An
+    RL loop collects episodes before its first update (a replay buffer's warm-up,
+    `learning_starts`) and logs the mean of no updates' values as NaN; a NaN that an update
+    made would have stayed (NaN weights make NaN losses), and an overflow is inf."""
+    if SURROGATE not in log.series:
+        return None
+    rows, values = log.series.points(SURROGATE)
+    leading = next((k for k, value in enumerate(values) if not math.isnan(value)), len(values))
+    if leading == 0 or leading == len(values) or not all(
+            math.isfinite(v) for v in values[leading:]):
+        return None
+    return (f"the loss is NaN from {log.label(rows[0])} to {log.label(rows[leading - 1])} and "
+            f"finite on every row from {log.label(rows[leading])} to the end: the loop acted "
+            "before its first update (a replay buffer's warm-up) and logged the mean of no "
+            "updates' values, not a blow-up")
+
+
 def came_back(log: Log, onset_row: int) -> str | None:
     """How a run whose only trouble was its set-aside loss turning non-finite came back, in
     words, or None when it did not: the loss finite on every row after its last non-finite one
