@@ -77,6 +77,19 @@ def test_a_run_back_below_its_level_recovered() -> None:
     assert verdict is not None and verdict.verdict == "recovered"
 
 
+def test_a_recovery_within_its_swings_says_how_far_above_it_ended() -> None:
+    """A final median 1.6x the level before the trouble, within the swings of the last losses,
+    is recovered by the rule; the words say the ratio and the swings, not "within 10%"."""
+    rng = np.random.default_rng(0)
+    losses = [3.0 - 0.033 * i for i in range(60)] + [9.0] * 3 + list(
+        1.7 + 1.5 * rng.uniform(-1, 1, size=40))
+    verdict = track(losses, trouble_at=60).verdict()
+    assert verdict is not None and verdict.verdict == "recovered", verdict
+    assert "before the first trouble (step 60), within the swings of its last" in verdict.message
+    assert verdict.final is not None and verdict.final > 1.1 * verdict.before_trouble
+    assert "10%" not in verdict.message
+
+
 def test_a_run_that_ends_in_nan_is_degraded() -> None:
     verdict = track([2.0] * 30 + [math.nan] * 15, trouble_at=30).verdict()
     assert verdict is not None and verdict.verdict == "degraded"

@@ -212,7 +212,7 @@ class LossTrack:
                               + (f"; {stall_reason}" if stall_reason else ""), start,
                               self.before_trouble, final, self.trouble_step)
         if self.trouble_step is not None:
-            return self._recovered(start, reference, final, against)
+            return self._recovered(start, reference, final, against, tail)
         return RunVerdict(HEALTHY, f"the loss went from {start:.4g} to {final:.4g} (the medians "
                           f"of its first {self.window // 2} and last {len(tail)} losses)", start,
                           None, final, None)
@@ -229,16 +229,23 @@ class LossTrack:
                               "finite", start, self.before_trouble, math.nan, self.trouble_step)
         return None
 
-    def _recovered(self, start: float, reference: float, final: float,
-                   against: str) -> RunVerdict:
-        how = ("no worse than" if final <= reference
-               else f"within {DEGRADED_RATIO - 1:.0%} (or the noise) of")
+    def _recovered(self, start: float, reference: float, final: float, against: str,
+                   tail: list[float]) -> RunVerdict:
+        swings = ""
+        if final <= reference:
+            how = "no worse than"
+        elif final <= DEGRADED_RATIO * reference:
+            how = f"within {DEGRADED_RATIO - 1:.0%} of"
+        else:  # above by more, within the swings of its last losses (`ended_worse`)
+            how = times(final, reference)
+            spread = MAD_TO_STD * statistics.median(abs(v - final) for v in tail)
+            swings = f", within the swings of its last {len(tail)} losses (+-{spread:.3g})"
         # trouble before the third loss: the level before it is where the run started
         unlearned = (", where it started: it ended no lower"
                      if self.trouble_at_start and self.before_trouble is not None
                      and final >= reference else "")
         return RunVerdict(RECOVERED, f"the loss ended at {final:.4g}, {how} the "
-                          f"{reference:.4g} it was {against}{unlearned}", start,
+                          f"{reference:.4g} it was {against}{unlearned}{swings}", start,
                           self.before_trouble, final, self.trouble_step)
 
     def _shown_at_the_end(self, start: float, final: float,
