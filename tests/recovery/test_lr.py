@@ -245,3 +245,39 @@ def test_without_a_floor_the_backoff_is_as_before_and_old_states_load() -> None:
     other = LRBackoff([plain], [], ramp_steps=4)
     other.load_state_dict(state)
     assert other.floors == [None] and other.lifts == [0.0]
+
+
+def test_a_loop_that_scales_a_cut_lr_is_told_and_never_put_above_what_it_wrote() -> None:
+    """`lr /= 100` on an LR the backoff had cut divides the cut too: the run cannot tell it
+    from a value meant as such, takes it as the schedule's (never above it) and says so; a
+    value of the loop's own is taken so without a word."""
+    opt = _optimizer(1.0)
+    backoff = LRBackoff([opt], [], ramp_steps=4)
+    backoff.begin(0.2, [None], applied=[1.0])
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
+    opt.param_groups[0]["lr"] /= 100  # the loop undoes a raise it made, relative to what it read
+    said = backoff.enforce()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.2 * 0.002)  # the schedule, cut again
+    assert len(said) == 1 and "x0.01 the 0.2 it read" in said[0] and "is 0.01;" in said[0]
+    for _ in range(4):
+        backoff.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.002)
+    opt.param_groups[0]["lr"] = 0.0123  # a value of the loop's own, the cut ramped out
+    assert backoff.enforce() == []
+    fresh = _optimizer(1.0)
+    absolute = LRBackoff([fresh], [], ramp_steps=4)
+    absolute.begin(0.2, [None], applied=[1.0])
+    fresh.param_groups[0]["lr"] = 0.0123
+    assert absolute.enforce() == []
+    assert fresh.param_groups[0]["lr"] == pytest.approx(0.2 * 0.0123)
+
+
+@pytest.mark.parametrize(("read", "written", "ratio"), [
+    (0.0086, 0.0086 / 100, 0.01), (0.0086, 0.0086 * 2, 2.0), (1e-3, 0.5e-3, 0.5),
+    (0.0086, 1e-3, None), (1e-3, 1e-3, None), (1e-3, 1.5e-3, None), (0.0, 1e-3, None)])
+def test_a_scaling_is_a_whole_number_times_or_parts(read: float, written: float,
+                                                     ratio: float | None) -> None:
+    from trainguard.recovery.lr import scaling
+
+    found = scaling(read, written)
+    assert (found is None) if ratio is None else found == pytest.approx(ratio)

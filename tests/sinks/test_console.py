@@ -253,3 +253,16 @@ def test_a_finding_of_the_first_steps_is_labelled_a_check_not_the_preflight() ->
     for preflight in (True, False):
         lines = _lines_of_a_run_with_a_finding_at_its_first_step(preflight)
         assert lines and all(line.startswith("trainguard check ") for line in lines), lines
+
+
+def test_an_lr_change_trainguard_makes_is_printed_unless_its_rollback_said_it() -> None:
+    from trainguard.events import ActionRecord
+
+    out = io.StringIO()
+    sink = ConsoleSink(out)
+    sink.on_action(ActionRecord("lr_change", 138, "LR x0.5 ahead of a likely loss spike"))
+    sink.on_action(ActionRecord("rollback", 150, "rolled back to step 140, LR x0.05 ramping"))
+    sink.on_action(ActionRecord("lr_change", 150, "LR x0.05 after the rollback, ramping back"))
+    text = out.getvalue()
+    assert "LR x0.5 ahead of a likely loss spike" in text
+    assert "after the rollback" not in text

@@ -90,12 +90,14 @@ def pack_step(ctx: StepContext, state: RunState, services: Services) -> PackedSt
         batch_stats = state.batches.stats_on_device(ctx.batch)
         if batch_stats is not None:
             extra[BATCH_KEY] = batch_stats.tensor
-    if state.brake is not None:
-        state.brake.before_measure()
+    # the LR backoffs over an LR the loop wrote
+    scaled = state.brake.before_measure() if state.brake is not None else []
     recovery = state.recovery
     if recovery is not None:
-        recovery.before_measure()  # the LR backoff over an LR the loop wrote
+        scaled += recovery.before_measure()
         extra.update(recovery.extra())
+    for said in scaled:
+        ctx.act("lr_change", said, written_by_loop=True)
     if state.anchor is not None:
         extra.update(state.anchor.extra())
     if services.target_probe is not None:  # the first steps of a diffusion run

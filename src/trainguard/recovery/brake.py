@@ -86,9 +86,10 @@ class PrecursorBrake:
         self.backoff.begin(1.0, [None] * count, list(self.backoff.applied))
         self.backoff.active = False
 
-    def before_measure(self) -> None:
-        """Before the step's LR is read: put the factor back on an LR the loop wrote."""
-        self.backoff.enforce()
+    def before_measure(self) -> list[str]:
+        """Before the step's LR is read: put the factor back on an LR the loop wrote; returns
+        what the loop did to a cut LR (`LRBackoff.enforce`)."""
+        return self.backoff.enforce()
 
     def after_schedule(self) -> None:
         """After the scheduler step of an applied update: release the brake by one step."""

@@ -43,6 +43,22 @@ def set_lr(group: dict[str, Any], value: Any) -> None:
         group["lr"] = value
 
 
+WHOLE = 1e-9
+"""Relative error within which a ratio of two LRs is a whole number: a loop's `lr /= 100` is
+the value it read divided by 100 to the last bits, an LR it writes itself is not."""
+
+
+def scaling(read: float, written: float) -> float | None:
+    """written / read where one is the other times a whole number of 2 or more (the loop
+    scaled the LR it read), else None."""
+    if not (read > 0 and written > 0 and math.isfinite(read) and math.isfinite(written)):
+        return None
+    ratio = written / read
+    whole = ratio if ratio >= 1 else 1 / ratio
+    nearest = round(whole)
+    return ratio if nearest >= 2 and abs(whole - nearest) <= WHOLE * whole else None
+
+
 def _check_factor(factor: Any) -> None:
     if (not isinstance(factor, (int, float)) or isinstance(factor, bool)
             or not math.isfinite(factor) or not factor > 0):
@@ -167,22 +183,37 @@ class LRBackoff:
         if self.progress >= self.ramp_steps and all(c is None for c in self.ceilings):
             self.active = False  # fully back on the plain schedule: nothing more to do per step
 
-    def enforce(self) -> None:
+    def enforce(self) -> list[str]:
         """Before the step's LR is read and used: a group whose LR is no longer the value the
         backoff left was set by the loop. That value is the schedule's, without the factor: put
         the factor and the ceiling back on it (and on the schedulers' bases, which carried the
-        old factor)."""
+        old factor). The LR is never put above the value the loop wrote. Returns, one line per
+        group, where the value written is the one left times or divided by a whole number
+        (`lr /= 100`): a loop that scales the LR it reads scales the cut too, which the run
+        then keeps (it cannot tell `lr /= 100` from a value meant as such), so it is said."""
         if not self.active:
-            return
+            return []
         groups = self._groups()
         overwritten = [i for i, g in enumerate(groups) if not isinstance(g["lr"], torch.Tensor)
                        and self._left[i] is not None and g["lr"] != self._left[i]]
-        if not overwritten:
-            return
+        said = []
         for i in overwritten:
+            left, written = self._left[i], float(groups[i]["lr"])
+            ratio = scaling(left, written) if left is not None else None
+            if ratio is not None and self.applied[i] < 1.0:
+                meant = written / self.applied[i]
+                said.append(
+                    f"the loop set group {i}'s LR to {written:.3g}, x{ratio:.3g} the "
+                    f"{left:.3g} it read while recovery held it at x{self.applied[i]:.3g} of "
+                    f"the schedule: taken as the schedule's LR from here. If the loop "
+                    f"scaled the LR it read (lr *= or /=), it scaled recovery's cut too: x"
+                    f"{ratio:.3g} the schedule is {meant:.3g}; write the LR itself "
+                    "(param_group['lr'] = value) while recovery is on")
             self._rescale_schedulers(i, 1.0 / self.applied[i])
             self.applied[i] = 1.0
-        self._follow(groups)
+        if overwritten:
+            self._follow(groups)
+        return said
 
     def observe(self, lrs: Sequence[float]) -> None:
         """With the LR of every group as the step's transfer brought it, before the update: keep

@@ -146,10 +146,11 @@ class Recovery:
             log.error("trainguard: the initial weights or optimizer state are not finite; "
                       "there is no good state to roll back to yet")
 
-    def before_measure(self) -> None:
+    def before_measure(self) -> list[str]:
         """At the start of a step's measurement, before its LR is read: put the LR backoff back
-        on a learning rate the loop wrote itself since the last step."""
-        self.lr.enforce()
+        on a learning rate the loop wrote itself since the last step; returns what the loop did
+        to a cut LR (`LRBackoff.enforce`)."""
+        return self.lr.enforce()
 
     def extra(self) -> dict[str, torch.Tensor]:
         flag = self.ring.pending_flag()

@@ -71,6 +71,7 @@ class ConsoleSink(Sink):
         self.live = live
         self.min_interval = 1.0 / refresh_per_second
         self._findings_seen = 0
+        self._rolled_back_at: int | None = None
         self._audit_pending = False
         """The next findings are the preflight audit's (`RunInfo.preflight`)."""
         self._causes_shown: tuple[str, ...] = ()
@@ -182,7 +183,10 @@ class ConsoleSink(Sink):
     def on_action(self, action: ActionRecord) -> None:
         if action.kind == "rollback":
             self._rollbacks += 1
-        if action.kind in _SHOWN_ACTIONS:
+            self._rolled_back_at = action.step
+        # an LR cut that comes with a rollback is in the rollback's own line
+        if action.kind in _SHOWN_ACTIONS or (action.kind == "lr_change"
+                                              and action.step != self._rolled_back_at):
             self._write(f"trainguard: {action.message}",
                         "critical" if action.kind == "halt" else None)
 
