@@ -569,3 +569,36 @@ def test_a_slow_learner_warned_of_no_progress_ends_healthy_not_recovered(tmp_pat
     assert run is not None and run.verdict is not None
     assert [e.kind for e in callback.events if e.severity == "warning"] == ["no_progress"]
     assert run.verdict.verdict == "healthy", run.verdict.message
+
+
+def test_the_trainers_max_grad_norm_is_its_own_between_steps(tmp_path: Path) -> None:
+    """0 inside each step only: the checkpoint a save writes, and a train() stopped by an
+    exception between two steps, keep the value the user set; the steps are still clipped at
+    it, by trainguard."""
+    from transformers import TrainerCallback
+
+    seen_in_steps: list[float] = []
+
+    class Stop(TrainerCallback):
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            seen_in_steps.append(args.max_grad_norm)  # after trainguard's: given back
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if state.global_step == 5:
+                raise KeyboardInterrupt
+
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    args = make_args(tmp_path, max_steps=8, save_strategy="steps", save_steps=2,
+                     max_grad_norm=0.3)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=token_data(),
+                      callbacks=[callback, Stop()])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert args.max_grad_norm == 0.3
+    saved = torch.load(tmp_path / "out" / "checkpoint-4" / "training_args.bin",
+                       weights_only=False)
+    assert saved.max_grad_norm == 0.3
+    assert seen_in_steps == [0.3] * 5
+    assert any(r.action == "clipped" for r in recorder.reports)  # trainguard clipped at 0.3
+    callback.close()

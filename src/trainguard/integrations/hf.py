@@ -10,8 +10,10 @@ How it fits the Trainer's loop (see docs/integrations.md for the reasons):
 
 - clipping: the Trainer clips before `on_pre_optimizer_step`, which would hide the pre-clip
   norm. At `on_train_begin` the callback takes `args.max_grad_norm` (its default included) as its
-  own limit and sets it to 0 so that trainguard clips instead, at the same limit, from norms it
-  measures anyway; restored at the end;
+  own limit, so that trainguard clips instead, at the same limit, from norms it measures anyway,
+  and sets it to 0 inside each step only (`on_step_begin` to `on_pre_optimizer_step`, where the
+  Trainer reads it): the checkpoints saved, the logs and a loop that stops between steps keep
+  the value the user set;
 - loss: read from the model's own output by a forward hook (the Trainer's logs replace a NaN loss
   with a finite one), kept on the device and summed over gradient-accumulation micro-batches;
   under a TRL trainer (DPO, GRPO...), the trainer's own objective instead, from its
@@ -238,6 +240,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kwargs: Any) -> None:
+        self._clipping_off(True)
         if self._tap is not None:
             self._tap.reset()
         if self._objective is not None:
@@ -245,6 +248,7 @@ class TrainguardCallback(CallbackState, TrainerCallback):
 
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState,
                               control: TrainerControl, **kwargs: Any) -> None:
+        self._clipping_off(False)  # the Trainer has read its limit for this step
         if self.run is None or self._tap is None:
             return
         loss = self._tap.take()
@@ -362,8 +366,15 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if float(value) == _trainer_default_max_grad_norm() and own != "auto":
             limit = own
         self._clipping_args, self._trainer_max_grad_norm = args, float(value)
-        args.max_grad_norm = 0.0
-        return limit
+        return limit  # set to 0 inside each step (`_clipping_off`)
+
+    def _clipping_off(self, off: bool) -> None:
+        """The Trainer's clipping off for the step under way (`off`), or given back after it
+        read its limit: off from the step's start to its optimizer step only, so that a
+        checkpoint's `training_args.bin`, a log, an evaluation and a loop that stops between
+        steps see the value the user set."""
+        if self._clipping_args is not None and self._trainer_max_grad_norm is not None:
+            self._clipping_args.max_grad_norm = 0.0 if off else self._trainer_max_grad_norm
 
     def _announce(self, limit: float | str) -> None:
         if self._announced or self.run is None:
@@ -376,8 +387,9 @@ class TrainguardCallback(CallbackState, TrainerCallback):
             how = f"trainguard clips gradients at max_grad_norm={limit:g}, as the Trainer would"
         self.run.emit_action(ActionRecord(
             kind="clip_takeover", step=self.run.state.step,
-            message=f"{how} (TrainingArguments.max_grad_norm is set to 0 during training so "
-                    "that the Trainer does not clip before trainguard sees the gradients)",
+            message=f"{how} (TrainingArguments.max_grad_norm is set to 0 inside each step, "
+                    "so that the Trainer does not clip before trainguard sees the gradients, and "
+                    "holds its value between steps: in checkpoints, logs and after train())",
             details={"max_grad_norm": limit}))
 
     def _release(self) -> None:
