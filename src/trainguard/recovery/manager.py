@@ -84,7 +84,7 @@ class Rollback:
         else:
             lr = "LR kept"
         clipping = ("no clipping" if clip is None else
-                    f"clipping above the run's typical norm ({clip:.3g})"
+                    f"clipping a step whose norm is abnormal for this run (above {clip:.3g})"
                     if adaptive else f"clipping at {clip:g}")
         blamed = self.skipped_data
         return Event(
