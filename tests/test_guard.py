@@ -300,6 +300,29 @@ def test_the_crash_snapshot_holds_the_rng_its_step_started_its_forward_from(tmp_
     assert not torch.equal(snapshot["rng"]["torch"], torch.get_rng_state())
 
 
+def test_a_halt_on_a_nan_sample_says_it_in_sentences(tmp_path) -> None:
+    """The halt's message joins the events' own sentences: no doubled full stop before the
+    snapshot's path, the parameters listed once."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    guard = Guard(model, optimizer, config=GuardConfig(policy="halt", sinks={"console": False}),
+                  run_dir=tmp_path / "run")
+    with pytest.raises(TrainingDiverged) as info:
+        for step in range(30):
+            x, y = torch.randn(32, 20), torch.randint(0, 4, (32,))
+            if step == 20:
+                x[3, 5] = float("nan")
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            guard.step(loss, batch=(x, y))
+            optimizer.zero_grad(set_to_none=True)
+    said = str(info.value)
+    assert ". Crash snapshot: " in said and ".." not in said
+    assert "(in the model's order): 0.weight, 0.bias" in said
+    guard.close()
+
+
 def test_protect_halts_after_too_many_consecutive_skips(tmp_path) -> None:
     setup = make_setup()
     guard = Guard(setup.model, setup.optimizer,

@@ -34,8 +34,8 @@ class NonFiniteGrad(Detector):
         names = [signals.param_names[i] for i in bad]
         if names:
             what = "NaN" if math.isnan(norms[bad[0]]) else "inf"
-            message = (f"{what} gradient in {len(names)} parameter(s), first "
-                       f"{names[0]}: {self.name_list(names)}")
+            message = (f"{what} gradient in {len(names)} parameter(s) (in the model's "
+                       f"order): {self.name_list(names)}")
         else:  # every gradient finite but their total overflowed
             message = f"global gradient norm overflowed to {signals.grad_norm}"
         return [self.event(signals.step, "error", message, param=names[0] if names else None,

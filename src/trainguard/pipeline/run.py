@@ -287,8 +287,9 @@ class Run:
         threshold = self.config.recovery.halt_severity
         causes: list[Event] = ([e for e in ctx.events if at_least(e.severity, threshold)]
                                or ctx.events)
-        raise TrainingDiverged(
-            f"training halted at step {ctx.step}: " + "; ".join(e.message for e in causes)
+        said = "; ".join(e.message for e in causes).rstrip(".")  # a message may end its
+        raise TrainingDiverged(  # sentence itself
+            f"training halted at step {ctx.step}: {said}"
             + (f". Crash snapshot: {ctx.snapshot_path}" if ctx.snapshot_path else ""),
             snapshot_path=ctx.snapshot_path, events=causes, report=report,
             diagnosis=diagnosis)
