@@ -150,8 +150,7 @@ class Run:
         """Set by a Guard with a `sample_fn` while its last samples were broken (the step first
         seen, how): the verdict's `broken_output`."""
         """Whether training worked (healthy, recovered, degraded), known once the run closed."""
-        audit = config.probes.preflight and not mid_run
-        self._announce(integration, resume, audit)
+        self._announce(integration, resume, audit := config.probes.preflight and not mid_run)
         for tracker in self._trackers:
             self.emit_action(ActionRecord(
                 kind="report_to", step=self.state.step,
