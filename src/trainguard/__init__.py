@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # what static tools see; at run time `__getattr__` imports th
     )
     from trainguard.events import Event, StepReport
     from trainguard.guard import Guard
+    from trainguard.lifecycle import close_open_runs
     from trainguard.snapshot import load_snapshot
     from trainguard.store import RunReader
 
@@ -51,6 +52,7 @@ _LAZY: dict[str, str] = {
     "TrainingDiverged": "trainguard.errors", "UsageError": "trainguard.errors",
     "Event": "trainguard.events", "StepReport": "trainguard.events",
     "Guard": "trainguard.guard",
+    "close_open_runs": "trainguard.lifecycle",
     "load_snapshot": "trainguard.snapshot",
     "RunReader": "trainguard.store",
 }
@@ -60,7 +62,8 @@ __all__ = [
     "ConfigError", "DetectorConfig", "Event", "Finding", "Guard", "GuardConfig", "PeerLost",
     "RecoveryConfig", "RunReader",
     "SnapshotError", "StepReport", "StoreError", "TrainguardError", "TrainingDiverged",
-    "UsageError", "__version__", "last_healthy_checkpoint", "list_checkpoints", "load_snapshot",
+    "UsageError", "__version__", "close_open_runs", "last_healthy_checkpoint",
+    "list_checkpoints", "load_snapshot",
     "mark_checkpoint", "preflight", "recipes", "replay", "resume_guard",
 ]
 

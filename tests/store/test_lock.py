@@ -67,3 +67,38 @@ def test_a_second_store_in_the_same_process_is_refused(tmp_path: Path) -> None:
     second = RunStore(tmp_path)
     assert second.run_id == 2
     second.close()
+
+
+def test_a_guard_no_longer_at_hand_is_closed_by_close_open_runs(tmp_path: Path) -> None:
+    """A notebook cell run twice: the first Guard, no longer referenced, still holds the run
+    directory (a run is never left open by garbage collection alone); the refusal says how to
+    free it, and `trainguard.close_open_runs()` closes that run as interrupted."""
+    import gc
+
+    import torch
+
+    import trainguard
+    from trainguard import Guard, GuardConfig
+
+    def cell() -> Guard:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        guard = Guard(model, optimizer, config=GuardConfig(sinks={"console": False}),
+                      run_dir=tmp_path)
+        loss = model(torch.randn(8, 4)).square().mean()
+        loss.backward()
+        guard.step(loss)
+        return guard
+
+    cell()
+    gc.collect()
+    with pytest.raises(RunDirInUse) as info:
+        cell()
+    assert "trainguard.close_open_runs()" in str(info.value)
+    assert trainguard.close_open_runs() >= 1
+    second = cell()
+    second.close()
+    with RunReader(tmp_path, run=1) as first:
+        assert first.meta()["status"] == "interrupted"
+    with RunReader(tmp_path, run=2) as latest:
+        assert latest.meta()["status"] == "finished"

@@ -226,8 +226,9 @@ class RunStore:
         pid = read_holder(self.lock_path)
         if pid == os.getpid():
             message = (f"the run directory {self.run_dir} is already being written by this "
-                       f"process (pid {pid}): close the Guard or store that writes it first, or "
-                       f"use another run_dir")
+                       f"process (pid {pid}): close the Guard or store that writes it first "
+                       "(one no longer at hand, as after re-running a notebook cell: "
+                       "trainguard.close_open_runs()), or use another run_dir")
         else:
             holder = f"process {pid}" if pid is not None else "another process"
             message = (f"the run directory {self.run_dir} is in use by {holder}: use another "
