@@ -71,6 +71,6 @@ class WarmupWatch:
     def _judge(self) -> list[Finding]:
         seen = len(self.lrs)
         return judge_warmup(self.setup, self.lrs, self.others,
-                            f"the first {seen} steps ran at LR {{first}}, peak {{peak}}",
+                            f"the first {seen} steps ran at LR {{first}}, at most {{peak}}",
                             extra={"observed_steps": seen})
 
