@@ -177,6 +177,27 @@ def test_a_warning_that_comes_back_after_the_release_holds_a_ceiling_for_the_res
     assert advance(optimizer, scheduler, brake, 3) == [pytest.approx(BRAKE_FACTOR * ceiling)] * 3
 
 
+def test_a_return_no_higher_than_the_one_that_set_the_ceiling_leaves_it() -> None:
+    """A signal that stands where it stood when the ceiling was set is the instability the
+    ceiling answers: lowering again at each return took a memorising run's LR x0.5 every epoch
+    (2^-400 over 30000 steps); a return that stands higher lowers it as before."""
+    brake, optimizer, scheduler, _ = brake_on_rising_schedule()
+    assert brake.pull(0, "logz_max logits", 49.7) == "brake"
+    advance(optimizer, scheduler, brake, BRAKE_STEPS + 5)
+    assert brake.pull(BRAKE_STEPS + 5, "logz_max logits", 37.3) == "ceiling"
+    ceiling = brake.ceilings[0]
+    assert ceiling is not None
+    for step in range(60, 600, 60):  # the same fixed batches, the same log Z, every epoch
+        assert brake.pull(step, "logz_max logits", 37.3) is None
+    assert brake.ceilings == [pytest.approx(ceiling)]
+    assert brake.pull(700, "adam_ratio_rms 0.weight", 3.0) == "ceiling"  # another signal
+    assert brake.pull(760, "logz_max logits", 41.0) == "ceiling"  # higher: it grew on
+    assert brake.ceilings[0] is not None and brake.ceilings[0] < ceiling
+    restored = PrecursorBrake(optimizer, scheduler)
+    restored.load_state_dict(brake.state_dict())
+    assert restored.levels == {"logz_max logits": 41.0, "adam_ratio_rms 0.weight": 3.0}
+
+
 def test_a_warning_during_the_ramp_sets_the_ceiling_below_the_braked_lr() -> None:
     brake, optimizer, scheduler, _ = brake_on_rising_schedule()
     brake.pull(0)

@@ -18,6 +18,7 @@ standing; a rollback that fails halts the run cleanly.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,7 +107,9 @@ def pull_brake(ctx: StepContext, state: RunState) -> None:
         # precursor: the adaptive clip's alarm is in charge, and a brake would only slow the
         # run down for good (an outlier batch's Adam ratio and log Z rise after it)
         return
-    pulled = brake.pull(ctx.step)
+    signal = f"{warning.details.get('signal') or 'adam_ratio_rms'} {warning.param or ''}"
+    pulled = brake.pull(ctx.step, signal, float(warning.value)
+                        if isinstance(warning.value, (int, float)) else math.nan)
     where = (f"{warning.param or 'a parameter'}'s Adam ratio rose"
              if warning.details.get("signal") in (None, "adam_ratio_rms")
              else f"{warning.details['signal']} of {warning.param or 'a parameter'} rose")

@@ -11,7 +11,11 @@ A warning that comes back (while the brake is released or after; for log Z also 
 reported within the same episode, `detect/output_growth.py`) says the run's LR is where
 instability starts, not that one stretch of data was rough: the brake then holds an LR ceiling,
 `BRAKE_FACTOR` x the LR in force at that warning, for the rest of the run (a schedule that decays
-below it takes over again). Each further warning lowers the ceiling the same way. A schedule that
+below it takes over again). Each further warning lowers the ceiling the same way, when what it
+measures stands higher than at the warning that set the ceiling (the growth went on under it): a
+warning at a level already seen under the ceiling is the instability the ceiling answers, and
+lowering it again on each return would take the LR towards 0 while nothing grows (a memorising
+run whose fixed batches give the same log Z every epoch). A schedule that
 keeps raising the LR (a warmup without an end, a scheduler stepped per batch) otherwise brings
 the spike back a few dozen updates later. No warning, no action: a run that never warns keeps
 its schedule untouched.
@@ -50,15 +54,21 @@ class PrecursorBrake:
         """The steps at which the brake was pulled."""
         self.ceilings: list[float | None] = []
         """The LR ceilings the brake set, one per parameter group (empty: none)."""
+        self.levels: dict[str, float] = {}
+        """The highest level each warned signal (`signal param`) stood at when the ceiling was
+        set or lowered: a return no higher leaves the ceiling as it is."""
 
     @property
     def active(self) -> bool:
         return self.backoff.active
 
-    def pull(self, step: int) -> str | None:
+    def pull(self, step: int, signal: str = "", level: float = math.nan) -> str | None:
         """Act on a warning at `step`, before its update: "brake" (the LR of this step halved,
         ramped back after) on the first warning, "ceiling" (a lasting ceiling at `factor` x the
-        LR now) on any later one; None when nothing changed."""
+        LR now) on a later one, unless a ceiling stands and the warned `signal` is at a `level`
+        no higher than when the ceiling was set; None when nothing changed."""
+        if self.ceilings and signal in self.levels and level <= self.levels[signal]:
+            return None  # (a NaN level compares False: it lowers the ceiling as before)
         if not self.pulled:
             count = len(self.backoff.ceilings_now())
             self.backoff.begin(self.factor, [None] * count, [1.0] * count)
@@ -76,6 +86,8 @@ class PrecursorBrake:
         self.keeper.begin(1.0, ceilings, applied)
         self.ceilings = ceilings
         self.pulled.append(step)
+        if math.isfinite(level):
+            self.levels[signal] = max(level, self.levels.get(signal, -math.inf))
         return "ceiling"
 
     def _release(self) -> None:
@@ -97,13 +109,14 @@ class PrecursorBrake:
 
     def state_dict(self) -> dict[str, Any]:
         return {"backoff": self.backoff.state_dict(), "pulled": list(self.pulled),
-                "ceilings": list(self.ceilings)}
+                "ceilings": list(self.ceilings), "levels": dict(self.levels)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "backoff" in state:
             self.backoff.load_state_dict(state["backoff"])
         self.pulled = [int(s) for s in state.get("pulled", [])]
         self.ceilings = [None if c is None else float(c) for c in state.get("ceilings", [])]
+        self.levels = {str(k): float(v) for k, v in (state.get("levels") or {}).items()}
 
 
 def _value(lr: Any) -> float | None:
