@@ -602,3 +602,26 @@ def test_the_trainers_max_grad_norm_is_its_own_between_steps(tmp_path: Path) -> 
     assert seen_in_steps == [0.3] * 5
     assert any(r.action == "clipped" for r in recorder.reports)  # trainguard clipped at 0.3
     callback.close()
+
+
+def test_a_loss_the_trainer_makes_outside_the_model_is_the_one_judged(tmp_path: Path) -> None:
+    """A Trainer subclass whose `compute_loss` turns the loss NaN at one step (the model's own
+    output still finite): the step's loss is NaN and told as such, not the model's; the other
+    steps report the loss the subclass minimises (here twice the model's)."""
+
+    class Doubled(Trainer):
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            loss = 2.0 * model(**inputs).loss
+            return loss * math.nan if self.state.global_step == 5 else loss
+
+    recorder = Recorder()
+    callback = TrainguardCallback(GuardConfig(**QUIET), sinks=[recorder])
+    model = tiny_gpt2()
+    Doubled(model=model, args=make_args(tmp_path), train_dataset=token_data(),
+            callbacks=[callback]).train()
+    bad = recorder.reports[5]
+    assert math.isnan(bad.loss) and bad.action == "skipped"
+    assert "nonfinite_loss" in {e.kind for e in bad.events}
+    first = recorder.reports[0].loss
+    assert first == pytest.approx(2.0 * math.log(64), rel=0.05)  # the doubled loss, not ln 64
+    assert all_finite(model)

@@ -235,6 +235,8 @@ class TrainguardCallback(CallbackState, TrainerCallback):
         if trl:
             self._objective, self._metrics = ObjectiveTap(trainer), MetricsTap(trainer)
             self._surrogate = not minimises_objective(trainer)
+        elif trainer is not None and _loss_outside_the_model(trainer):
+            self._objective = ObjectiveTap(trainer)  # what the Trainer minimises
         self._model = model
         self._samples_before(model)
 
@@ -253,8 +255,9 @@ class TrainguardCallback(CallbackState, TrainerCallback):
             return
         loss = self._tap.take()
         metrics: dict[str, float] = {}
-        if self._objective is not None and self._metrics is not None:
-            loss, metrics = self._objective.take(), self._metrics.take()
+        if self._objective is not None:
+            loss = self._objective.take()
+            metrics = self._metrics.take() if self._metrics is not None else {}
             if self._surrogate:
                 loss = None
         try:
@@ -414,6 +417,19 @@ def _note_hidden_loss(events: list[Event]) -> None:
             event.message += (" (hidden from the Trainer's logged loss: logging_nan_inf_filter "
                               "replaces a non-finite loss with the average of the logged ones; "
                               "this is the model's real loss)")
+
+
+def _loss_outside_the_model(trainer: Any) -> bool:
+    """Whether the Trainer minimises a loss its model's output does not hold: a subclass's own
+    `compute_loss` (a loss reweighted, a term added), a `compute_loss_func`, label smoothing
+    (applied to the logits after the forward). The callback then reads `compute_loss`'s value:
+    a NaN made there is the step's loss, not hidden behind the model's finite one."""
+    from transformers import Trainer
+
+    args = getattr(trainer, "args", None)
+    return (getattr(type(trainer), "compute_loss", None) is not Trainer.compute_loss
+            or getattr(trainer, "compute_loss_func", None) is not None
+            or bool(getattr(args, "label_smoothing_factor", 0)))
 
 
 def _checkpoint_folder(args: TrainingArguments, state: TrainerState) -> Path | None:
