@@ -109,7 +109,8 @@ def log_findings(log: Log, judgement: Judgement) -> list[Finding]:
     if count:
         first_skip = skipped.index(True)
         found.append(Finding("log_skipped", "warning",
-                             f"{count} logged step(s) were skipped by the optimizer (fp16 "
-                             f"overflows), the first at {log.label(first_skip)}",
+                             f"{count} logged step(s) were skipped (no update: an fp16 "
+                             "loss scaler's overflow, or a step a guard dropped; the log does "
+                             f"not say which), the first at {log.label(first_skip)}",
                              CAUSES["fp16_overflow"].fix, "fp16_overflow", {"skipped": count}))
     return found
