@@ -104,7 +104,9 @@ def _dpo_alone(tmp: Path, steps: int) -> Any:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_healthy_grpo_raises_nothing(tmp_path: Path, seed: int) -> None:
     """GRPO's loss is a surrogate near 0 by design: its level is not judged, its rewards are."""
-    assert grpo(tmp_path, seed=seed).kinds() == set()
+    ran = grpo(tmp_path, seed=seed)
+    assert ran.kinds() == set()
+    assert ran.verdict is None  # no loss judged, nothing stalled: no verdict is known
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -120,6 +122,9 @@ def test_a_reward_function_that_returns_0_is_named(tmp_path: Path) -> None:
     assert "reward_dead" in ran.kinds()
     assert ran.top_cause() == "reward_constant"
     assert "zero_reward" in next(e for e in ran.events if e.kind == "reward_dead").message
+    # no loss is judged in GRPO (a surrogate), yet a reward dead to the end is a verdict
+    assert ran.verdict is not None and ran.verdict.verdict == "stalled", ran.verdict
+    assert "to the end of the run" in ran.verdict.message
 
 
 def test_completions_cut_before_the_reward_can_see_them(tmp_path: Path) -> None:
