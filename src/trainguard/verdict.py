@@ -143,8 +143,9 @@ class LossTrack:
                 broken_output: tuple[int, str] | None = None,
                 unjudged: str = "") -> RunVerdict | None:
         """None when no loss was ever seen, unless `untrained` says the run learned nothing (a
-        policy-gradient run, whose surrogate loss is not judged, with a dead reward). `halted`: the run was stopped by the Guard, so it did
-        not recover, whatever the losses before the halt said; `halt_step`, the step it stopped
+        policy-gradient run, whose surrogate loss is not judged, with a dead reward).
+        `halted`: the run was stopped by the Guard, so it did not recover, whatever the losses
+        before the halt said; `halt_step`, the step it stopped
         at, when known (the trouble may have begun many steps before it).
         `weights_finite`: whether the model's weights are all finite at the end (None: not
         checked); a model with a NaN in it is degraded, whatever its last finite losses said.
