@@ -142,11 +142,9 @@ class LossTrack:
                 stall_reason: str = "",
                 broken_output: tuple[int, str] | None = None,
                 unjudged: str = "") -> RunVerdict | None:
-        """None when no loss was ever seen, unless `untrained` says the run learned nothing (a
-        policy-gradient run, whose surrogate loss is not judged, with a dead reward).
-        `halted`: the run was stopped by the Guard, so it did not recover, whatever the losses
-        before the halt said; `halt_step`, the step it stopped
-        at, when known (the trouble may have begun many steps before it).
+        """None when no loss was ever seen (`_without_loss`). `halted`: the run was stopped by
+        the Guard, so it did not recover, whatever the losses before the halt said; `halt_step`,
+        the step it stopped at, when known (the trouble may have begun many steps before it).
         `weights_finite`: whether the model's weights are all finite at the end (None: not
         checked); a model with a NaN in it is degraded, whatever its last finite losses said.
         `untrained`: the first step of a stretch that lasted to the end over which nothing was
@@ -161,13 +159,8 @@ class LossTrack:
         which falls without bound whatever is learned): no verdict from it, unless a halt, a
         non-finite end, a stretch that learned nothing or broken samples say one."""
         start = self._start()
-        if start is None:  # no loss judged (a policy-gradient surrogate): what the run showed
-            if untrained is None:
-                return None
-            since, what = untrained
-            return RunVerdict(STALLED, f"{what} from step {since} to the end of the run: "
-                              "nothing trained after it (no loss was judged)", None, None,
-                              None, self.trouble_step)
+        if start is None:
+            return self._without_loss(untrained)
         reference = self.before_trouble if self.before_trouble is not None else start
         against = ("before the first trouble" + (f" (step {self.trouble_step})"
                                                   if self.trouble_step is not None else "")
@@ -272,6 +265,16 @@ class LossTrack:
                               f"nothing trained after it (the loss ended at {final:.4g})",
                               start, self.before_trouble, final, self.trouble_step)
         return None
+
+    def _without_loss(self, untrained: tuple[int, str] | None) -> RunVerdict | None:
+        """No loss judged (a policy-gradient surrogate): `stalled` when a stretch that learned
+        nothing lasted to the end (a reward dead to the last step), else no verdict."""
+        if untrained is None:
+            return None
+        since, what = untrained
+        return RunVerdict(STALLED, f"{what} from step {since} to the end of the run: nothing "
+                          "trained after it (no loss was judged)", None, None, None,
+                          self.trouble_step)
 
     def _halted(self, start: float, halt_step: int | None) -> RunVerdict:
         """A halted run is degraded: it stopped at the trouble, and the losses before it say
