@@ -90,6 +90,22 @@ def test_a_recovery_within_its_swings_says_how_far_above_it_ended() -> None:
     assert "10%" not in verdict.message
 
 
+def test_with_no_finite_loss_only_what_the_run_showed_is_a_verdict() -> None:
+    """No loss judged (a GRPO surrogate passed as None, or every loss non-finite): no verdict,
+    unless the run halted (degraded) or a stretch that learned nothing lasted to the end
+    (stalled)."""
+    empty = LossTrack()
+    assert empty.verdict() is None
+    stalled = empty.verdict(untrained=(4, "every group of completions scored alike"))
+    assert stalled is not None and stalled.verdict == "stalled"
+    assert stalled.message.startswith("every group of completions scored alike from step 4 "
+                                      "to the end of the run")
+    nan = track([math.nan] * 5)
+    halted = nan.verdict(halted=True, halt_step=4, untrained=(0, "steps all skipped"))
+    assert halted is not None and halted.verdict == "degraded"
+    assert halted.message == "the run was halted at step 4 on a non-finite loss"
+
+
 def test_a_run_that_ends_in_nan_is_degraded() -> None:
     verdict = track([2.0] * 30 + [math.nan] * 15, trouble_at=30).verdict()
     assert verdict is not None and verdict.verdict == "degraded"

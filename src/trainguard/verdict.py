@@ -160,7 +160,7 @@ class LossTrack:
         non-finite end, a stretch that learned nothing or broken samples say one."""
         start = self._start()
         if start is None:
-            return self._without_loss(untrained)
+            return self._without_loss(halted or halt_step is not None, halt_step, untrained)
         reference = self.before_trouble if self.before_trouble is not None else start
         against = ("before the first trouble" + (f" (step {self.trouble_step})"
                                                   if self.trouble_step is not None else "")
@@ -266,9 +266,13 @@ class LossTrack:
                               start, self.before_trouble, final, self.trouble_step)
         return None
 
-    def _without_loss(self, untrained: tuple[int, str] | None) -> RunVerdict | None:
-        """No loss judged (a policy-gradient surrogate): `stalled` when a stretch that learned
-        nothing lasted to the end (a reward dead to the last step), else no verdict."""
+    def _without_loss(self, halted: bool, halt_step: int | None,
+                      untrained: tuple[int, str] | None) -> RunVerdict | None:
+        """No finite loss judged (a policy-gradient surrogate, losses all NaN): `degraded` when
+        halted, `stalled` when a stretch that learned nothing lasted to the end (a reward dead
+        to the last step), else no verdict."""
+        if halted:
+            return self._halted(None, halt_step)
         if untrained is None:
             return None
         since, what = untrained
@@ -276,7 +280,7 @@ class LossTrack:
                           "trained after it (no loss was judged)", None, None, None,
                           self.trouble_step)
 
-    def _halted(self, start: float, halt_step: int | None) -> RunVerdict:
+    def _halted(self, start: float | None, halt_step: int | None) -> RunVerdict:
         """A halted run is degraded: it stopped at the trouble, and the losses before it say
         nothing of coming back."""
         at = f" at step {halt_step}" if halt_step is not None else ""
