@@ -204,11 +204,11 @@ class LRBackoff:
                 meant = written / self.applied[i]
                 said.append(
                     f"the loop set group {i}'s LR to {written:.3g}, x{ratio:.3g} the "
-                    f"{left:.3g} it read while recovery held it at x{self.applied[i]:.3g} of "
+                    f"{left:.3g} it read while trainguard held it at x{self.applied[i]:.3g} of "
                     f"the schedule: taken as the schedule's LR from here. If the loop "
-                    f"scaled the LR it read (lr *= or /=), it scaled recovery's cut too: x"
+                    f"scaled the LR it read (lr *= or /=), it scaled trainguard's cut too: x"
                     f"{ratio:.3g} the schedule is {meant:.3g}; write the LR itself "
-                    "(param_group['lr'] = value) while recovery is on")
+                    "(param_group['lr'] = value) while the cut is on")
             self._rescale_schedulers(i, 1.0 / self.applied[i])
             self.applied[i] = 1.0
         if overwritten:
